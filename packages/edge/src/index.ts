@@ -1,0 +1,1 @@
+export { mount, umount, MS, MNT, mountsUnder, SyscallError } from './sys/linux.js';

@@ -1,0 +1,3 @@
+export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.js';
+export type { ErrorCode, ErrorDetails } from './errors.js';
+export * from './types.js';
