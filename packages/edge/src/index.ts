@@ -1,1 +1,12 @@
+export { Edge, DEFAULT_MAX_OUTPUT_BYTES, MAX_FILE_READ_BYTES } from './edge.js';
+export type { EdgeOptions, ExecOptions, SandboxInfo } from './edge.js';
+export type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from './backend.js';
+export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES } from './backends/container/backend.js';
+export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';
+export { ChronusClient, Attachment, DEFAULT_WINDOW_BYTES, signalNumber } from './chronus/client.js';
+export type { AgentExit, AgentInfo, AgentProcess, OutputEvent, SpawnOptions } from './chronus/client.js';
+export { Cgroups, detectCgroupMode } from './host/cgroups.js';
+export type { CgroupMode, CgroupStats } from './host/cgroups.js';
+export { LayerStore } from './layers/index.js';
+export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError } from './sys/linux.js';

@@ -1,0 +1,63 @@
+// The interface every isolation backend implements (fncall, container, microvm, vm).
+import type { BackendKind, LayerInfo, SandboxSpec, SandboxStats } from '@dsec/protocol';
+import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
+import type { FileStat } from '@dsec/protocol';
+
+/**
+ * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
+ * or a virtio-serial port (microVMs); a full VM implements it over the QEMU guest agent.
+ */
+export interface SandboxAgent {
+  ping(): Promise<AgentInfo>;
+  spawn(opts: SpawnOptions): Promise<Attachment>;
+  attach(proc: number, from?: { stdout?: number; stderr?: number }): Promise<Attachment>;
+  wait(proc: number, signal?: AbortSignal): Promise<AgentExit>;
+  signal(proc: number, sig: string | number, group?: boolean): Promise<void>;
+  list(): Promise<AgentProcess[]>;
+  release(proc: number): Promise<void>;
+  stat(path: string, opts?: { followSymlinks?: boolean }): Promise<FileStat>;
+  readFile(path: string, opts?: { offset?: number; length?: number; maxBytes?: number }): Promise<Buffer>;
+  writeFile(path: string, data: Uint8Array | string, opts?: { mode?: number; uid?: number; gid?: number; append?: boolean }): Promise<void>;
+  listDir(path: string): Promise<FileStat[]>;
+  mkdir(path: string, opts?: { parents?: boolean; mode?: number; uid?: number; gid?: number }): Promise<void>;
+  remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
+  rename(from: string, to: string): Promise<void>;
+  readonly connected: boolean;
+  close(): void;
+}
+
+/** What a backend is asked to create: a validated spec with its layers resolved. */
+export interface BackendCreateRequest {
+  id: string;
+  spec: SandboxSpec;
+  /** Layers bottom first: base, workspace, toolkits in the order given. */
+  layers: LayerInfo[];
+}
+
+/** A sandbox as a backend knows it; persisted so a restarted edge can find it again. */
+export interface BackendSandbox {
+  id: string;
+  backend: BackendKind;
+  spec: SandboxSpec;
+  layers: LayerInfo[];
+  createdAt: string;
+}
+
+/** One isolation backend. */
+export interface Backend {
+  readonly kind: BackendKind;
+  /** Creates and starts a sandbox; on failure nothing of it is left behind. */
+  create(req: BackendCreateRequest, signal?: AbortSignal): Promise<BackendSandbox>;
+  /** Sandboxes that survived an edge restart, running and usable again. */
+  recover(): Promise<BackendSandbox[]>;
+  /** A connection to the sandbox's agent (reused while it is alive). */
+  agent(id: string): Promise<SandboxAgent>;
+  /** Stops a sandbox and removes everything it had: processes, mounts, cgroups, files. */
+  destroy(id: string): Promise<void>;
+  /** Current resource use. */
+  stats(id: string): Promise<SandboxStats>;
+  /** True while the sandbox's processes exist. */
+  isAlive(id: string): Promise<boolean>;
+  /** Releases what the backend holds in this process (connections); sandboxes keep running. */
+  close(): Promise<void>;
+}

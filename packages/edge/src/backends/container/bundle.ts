@@ -1,0 +1,89 @@
+// Writes the OCI runtime config of a container sandbox: chronus as PID 1 with the agent socket
+// inherited as fd 3, Docker-like hardening, and the sandbox's resource limits.
+import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DEFAULT_OPEN_FILES, DEFAULT_PIDS } from '@dsec/protocol';
+import type { SandboxSpec } from '@dsec/protocol';
+import { defaultSeccompProfile } from './seccomp.js';
+
+/** Where chronus appears inside a container (bind-mounted read-only from the host). */
+export const AGENT_PATH_IN_SANDBOX = '/.dsec/chronus';
+/** CFS period used for CPU quotas. */
+const CPU_PERIOD_US = 100_000;
+
+/** Capabilities a container sandbox keeps (Docker's default set less NET_RAW and MKNOD). */
+export const DEFAULT_CAPABILITIES = [
+  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_SETGID', 'CAP_SETUID',
+  'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
+];
+
+/** /proc and /sys paths hidden from sandboxes (runc's and Docker's list plus the kpage files). */
+export const MASKED_PATHS = [
+  '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
+  '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/proc/kpagecgroup', '/proc/kpageflags',
+  '/proc/kpagecount', '/proc/sysrq-trigger', '/sys/firmware', '/sys/devices/virtual/powercap',
+  '/sys/kernel/debug', '/sys/fs/cgroup',
+];
+
+/** /proc paths mounted read-only. */
+export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys'];
+
+/** Inputs of {@link buildOciConfig}. */
+export interface OciConfigOptions {
+  id: string;
+  spec: SandboxSpec;
+  rootfs: string;
+  agentBinary: string;
+  cgroupsPath: string;
+  outputCapBytes: number;
+  /** Hard RLIMIT_NOFILE of the host: a sandbox may not ask for more. */
+  hostNofileHard: number;
+}
+
+/** Builds the OCI config.json object for one sandbox. */
+export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
+  const r = o.spec.resources ?? {};
+  const cpu = r.cpu ?? DEFAULT_CPU;
+  const memoryBytes = (r.memoryMiB ?? DEFAULT_MEMORY_MIB) * 1024 * 1024;
+  const nofile = Math.min(r.openFiles ?? DEFAULT_OPEN_FILES, o.hostNofileHard);
+  const bestEffort = r.cpuClass === 'best-effort';
+  const env = Object.entries(o.spec.env ?? {}).map(([k, v]) => `${k}=${v}`);
+  const caps = DEFAULT_CAPABILITIES;
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: [AGENT_PATH_IN_SANDBOX, '--listen-fd', '3', '--output-cap', String(o.outputCapBytes)],
+      env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', ...env],
+      cwd: '/',
+      capabilities: { bounding: caps, effective: caps, permitted: caps },
+      rlimits: [{ type: 'RLIMIT_NOFILE', hard: nofile, soft: nofile }],
+      noNewPrivileges: true,
+      oomScoreAdj: bestEffort ? 1000 : 500,
+    },
+    root: { path: o.rootfs, readonly: false },
+    hostname: o.spec.hostname ?? 'sandbox',
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+      { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'] },
+      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
+      { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: o.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+    ],
+    linux: {
+      namespaces: [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'cgroup' }],
+      cgroupsPath: o.cgroupsPath,
+      resources: {
+        devices: [{ allow: false, access: 'rwm' }],
+        memory: { limit: memoryBytes, swap: memoryBytes },
+        cpu: { shares: bestEffort ? 2 : Math.max(2, Math.round(1024 * cpu)), quota: Math.round(cpu * CPU_PERIOD_US), period: CPU_PERIOD_US },
+        pids: { limit: r.pids ?? DEFAULT_PIDS },
+      },
+      seccomp: defaultSeccompProfile(),
+      maskedPaths: MASKED_PATHS,
+      readonlyPaths: READONLY_PATHS,
+      rootfsPropagation: 'private',
+    },
+  };
+}

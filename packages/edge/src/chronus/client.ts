@@ -1,0 +1,599 @@
+// Client side of the chronus wire protocol: one connection, many concurrent requests and
+// attachments multiplexed by request id, with window-based flow control on output.
+import net from 'node:net';
+import { constants as osConstants } from 'node:os';
+import type { Duplex } from 'node:stream';
+import { DsecError } from '@dsec/protocol';
+import type { FileStat, FileType } from '@dsec/protocol';
+import { encodeFrame, F, FrameReader, MAX_IO_BYTES, T } from './wire.js';
+import type { Field, Fields, Frame } from './wire.js';
+
+/** Default flow-control window per output stream. */
+export const DEFAULT_WINDOW_BYTES = 262_144;
+/** Default time to wait for a connection to the agent. */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
+
+/** What the agent says about itself. */
+export interface AgentInfo {
+  version: string;
+  pid: number;
+  uptimeMs: number;
+  processes: number;
+  outputCapBytes: number;
+}
+
+/** How a process ended, as the agent reports it. */
+export interface AgentExit {
+  proc: number;
+  pid: number;
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  durationMs: number;
+  cpuUserMs: number;
+  cpuSysMs: number;
+  peakMemoryKiB: number;
+  stdoutBytes: number;
+  stderrBytes: number;
+}
+
+/** A process in the agent's table. */
+export interface AgentProcess {
+  proc: number;
+  pid: number;
+  argv: string[];
+  running: boolean;
+  stdoutBytes: number;
+  stderrBytes: number;
+  exit?: AgentExit;
+}
+
+/** What to run. */
+export interface SpawnOptions {
+  argv?: string[];
+  /** Run through `/bin/sh -c`. */
+  shell?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  uid?: number;
+  gid?: number;
+  /** Keep stdin open as a pipe (else /dev/null). */
+  stdin?: boolean;
+  pty?: { rows: number; cols: number };
+  /** SIGKILL the process group after this long. */
+  timeoutMs?: number;
+  windowBytes?: number;
+}
+
+/** One chunk of output or a reported loss. */
+export type OutputEvent =
+  | { kind: 'data'; stream: 'stdout' | 'stderr'; offset: number; data: Buffer }
+  | { kind: 'gap'; stream: 'stdout' | 'stderr'; offset: number; bytes: number };
+
+const SIGNAL_NAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([name, n]) => [n, name]));
+
+/** Maps a signal name or number to its number. */
+export function signalNumber(sig: string | number): number {
+  if (typeof sig === 'number') return sig;
+  const n = (osConstants.signals as Record<string, number>)[sig.startsWith('SIG') ? sig : `SIG${sig}`];
+  if (n === undefined) throw new DsecError('INVALID_ARGUMENT', `unknown signal ${sig}`, { field: 'signal' });
+  return n;
+}
+
+const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND' | 'INVALID_ARGUMENT' | 'CONFLICT' | 'PERMISSION_DENIED' | 'PAYLOAD_TOO_LARGE'; name: string }> = {
+  2: { code: 'FILE_NOT_FOUND', name: 'ENOENT' },
+  1: { code: 'PERMISSION_DENIED', name: 'EPERM' },
+  13: { code: 'PERMISSION_DENIED', name: 'EACCES' },
+  17: { code: 'CONFLICT', name: 'EEXIST' },
+  20: { code: 'INVALID_ARGUMENT', name: 'ENOTDIR' },
+  21: { code: 'INVALID_ARGUMENT', name: 'EISDIR' },
+  22: { code: 'INVALID_ARGUMENT', name: 'EINVAL' },
+  39: { code: 'CONFLICT', name: 'ENOTEMPTY' },
+  28: { code: 'PAYLOAD_TOO_LARGE', name: 'ENOSPC' },
+  122: { code: 'PAYLOAD_TOO_LARGE', name: 'EDQUOT' },
+};
+
+function agentError(fields: Fields, what: string): DsecError {
+  const errno = fields.num(F.ERRNO) ?? 0;
+  const message = fields.str(F.MESSAGE) ?? `errno ${errno}`;
+  const mapped = ERRNO_CODES[errno];
+  return new DsecError(mapped?.code ?? 'BACKEND_FAILED', `${what}: ${message}`, { errno: mapped?.name ?? String(errno) });
+}
+
+function parseExit(f: Fields): AgentExit {
+  const sig = f.num(F.SIGNAL) ?? 0;
+  return {
+    proc: f.num(F.PROC) ?? 0,
+    pid: f.num(F.PID) ?? 0,
+    exitCode: sig === 0 ? (f.num(F.EXIT_CODE) ?? 0) : null,
+    signal: sig === 0 ? null : (SIGNAL_NAMES.get(sig) ?? `SIG${sig}`),
+    timedOut: f.has(F.TIMED_OUT),
+    durationMs: f.num(F.DURATION_MS) ?? 0,
+    cpuUserMs: f.num(F.CPU_USER_MS) ?? 0,
+    cpuSysMs: f.num(F.CPU_SYS_MS) ?? 0,
+    peakMemoryKiB: f.num(F.MAXRSS_KIB) ?? 0,
+    stdoutBytes: f.num(F.STDOUT_END) ?? 0,
+    stderrBytes: f.num(F.STDERR_END) ?? 0,
+  };
+}
+
+const FTYPES: Record<number, FileType> = { 1: 'file', 2: 'dir', 3: 'symlink', 4: 'other' };
+
+function parseStat(f: Fields, name: string): FileStat {
+  const stat: FileStat = {
+    name,
+    type: FTYPES[f.num(F.FTYPE) ?? 4] ?? 'other',
+    mode: (f.num(F.MODE) ?? 0) & 0o7777,
+    size: f.num(F.SIZE) ?? 0,
+    mtimeMs: f.num(F.MTIME_MS) ?? 0,
+  };
+  const uid = f.num(F.UID_OUT);
+  const gid = f.num(F.GID_OUT);
+  const link = f.str(F.LINK);
+  if (uid !== undefined) stat.uid = uid;
+  if (gid !== undefined) stat.gid = gid;
+  if (link !== undefined) stat.linkTarget = link;
+  return stat;
+}
+
+interface AttachMeta {
+  proc: number;
+  windowBytes: number;
+  from: { stdout: number; stderr: number };
+  attachment?: Attachment;
+}
+
+type Pending = { resolve: (f: Frame) => void; reject: (e: Error) => void; what: string };
+
+/**
+ * A running (or finished) process seen through one attachment: output events in order, then
+ * the exit. Output is acknowledged as it is consumed, so an unread attachment applies
+ * back-pressure to the process instead of buffering without bound.
+ */
+export class Attachment {
+  readonly proc: number;
+  readonly pid: number;
+  /** Resolves with the exit report; rejects if the connection is lost first. */
+  readonly exited: Promise<AgentExit>;
+  private readonly queue: OutputEvent[] = [];
+  private waiter: (() => void) | undefined;
+  private done = false;
+  private failure: Error | undefined;
+  private listener: ((ev: OutputEvent) => void) | undefined;
+  private readonly consumed = { stdout: 0, stderr: 0 };
+  private readonly acked = { stdout: 0, stderr: 0 };
+  private resolveExit!: (e: AgentExit) => void;
+  private rejectExit!: (e: Error) => void;
+
+  constructor(
+    private readonly client: ChronusClient,
+    readonly requestId: number,
+    proc: number,
+    pid: number,
+    private readonly windowBytes: number,
+    from: { stdout: number; stderr: number },
+  ) {
+    this.proc = proc;
+    this.pid = pid;
+    this.consumed = { ...from };
+    this.acked = { ...from };
+    this.exited = new Promise<AgentExit>((resolve, reject) => {
+      this.resolveExit = resolve;
+      this.rejectExit = reject;
+    });
+    // The exit promise is also observed through wait(); never let it go unhandled.
+    this.exited.catch(() => undefined);
+  }
+
+  /** Delivers every output event to `fn` as it arrives (instead of the async iterator). */
+  onOutput(fn: (ev: OutputEvent) => void): void {
+    this.listener = fn;
+    for (const ev of this.queue.splice(0)) this.deliver(ev);
+  }
+
+  /** Output events in order; ends after the exit. */
+  async *[Symbol.asyncIterator](): AsyncIterator<OutputEvent> {
+    for (;;) {
+      const ev = this.queue.shift();
+      if (ev !== undefined) {
+        this.consume(ev);
+        yield ev;
+        continue;
+      }
+      if (this.failure) throw this.failure;
+      if (this.done) return;
+      await new Promise<void>((r) => (this.waiter = r));
+    }
+  }
+
+  /** Writes to the process's stdin; resolves when the agent has put it in the pipe. */
+  async write(data: Uint8Array | string, eof = false): Promise<void> {
+    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
+    for (let off = 0; off < buf.length || (off === 0 && eof); off += MAX_IO_BYTES) {
+      const chunk = buf.subarray(off, off + MAX_IO_BYTES);
+      const last = off + MAX_IO_BYTES >= buf.length;
+      const fields: Field[] = [[F.PROC, this.proc], [F.DATA, chunk]];
+      if (eof && last) fields.push([F.EOF, true]);
+      await this.client.request(T.STDIN, fields, 'stdin');
+      if (buf.length === 0) break;
+    }
+  }
+
+  /** Closes the process's stdin. */
+  closeStdin(): Promise<void> {
+    return this.write(Buffer.alloc(0), true);
+  }
+
+  /** Sends a signal to the process (or its whole group). */
+  kill(signal: string | number = 'SIGKILL', group = true): Promise<void> {
+    return this.client.signal(this.proc, signal, group);
+  }
+
+  /** Stops receiving events; the process keeps running. */
+  async detach(): Promise<void> {
+    this.client.forget(this.requestId);
+    this.finish();
+    await this.client.request(T.DETACH, [[F.PROC, this.proc]], 'detach').catch(() => undefined);
+  }
+
+  /** @internal */
+  handle(frame: Frame): void {
+    const f = frame.fields;
+    if (frame.type === T.OUTPUT || frame.type === T.GAP) {
+      const stream = f.num(F.STREAM) === 2 ? 'stderr' : 'stdout';
+      const offset = f.num(F.OFFSET) ?? 0;
+      const ev: OutputEvent =
+        frame.type === T.OUTPUT
+          ? { kind: 'data', stream, offset, data: f.bytes(F.DATA) ?? Buffer.alloc(0) }
+          : { kind: 'gap', stream, offset, bytes: f.num(F.COUNT) ?? 0 };
+      if (this.listener) this.deliver(ev);
+      else this.push(ev);
+    } else if (frame.type === T.EXIT) {
+      this.client.forget(this.requestId);
+      this.resolveExit(parseExit(f));
+      this.finish();
+    } else if (frame.type === T.ERROR) {
+      this.fail(agentError(f, 'attachment'));
+    }
+  }
+
+  /** @internal */
+  fail(err: Error): void {
+    if (this.done) return;
+    this.failure = err;
+    this.rejectExit(err);
+    this.finish();
+  }
+
+  private deliver(ev: OutputEvent): void {
+    this.consume(ev);
+    this.listener?.(ev);
+  }
+
+  private push(ev: OutputEvent): void {
+    this.queue.push(ev);
+    this.wake();
+  }
+
+  private finish(): void {
+    this.done = true;
+    this.wake();
+  }
+
+  private wake(): void {
+    const w = this.waiter;
+    this.waiter = undefined;
+    w?.();
+  }
+
+  private consume(ev: OutputEvent): void {
+    const end = ev.kind === 'data' ? ev.offset + ev.data.length : ev.offset + ev.bytes;
+    this.consumed[ev.stream] = Math.max(this.consumed[ev.stream], end);
+    if (this.consumed[ev.stream] - this.acked[ev.stream] >= this.windowBytes / 4) {
+      this.acked[ev.stream] = this.consumed[ev.stream];
+      this.client.send(T.ACK, 0, [[F.PROC, this.proc], [F.STREAM, ev.stream === 'stdout' ? 1 : 2], [F.OFFSET, this.acked[ev.stream]]]);
+    }
+  }
+}
+
+/** One connection to a sandbox's chronus agent. */
+export class ChronusClient {
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+  private readonly attachments = new Map<number, Attachment>();
+  private readonly attachMeta = new Map<number, AttachMeta>();
+  private readonly reader = new FrameReader();
+  private closedError: Error | undefined;
+
+  constructor(private readonly socket: Duplex) {
+    socket.on('data', (chunk: Buffer) => this.onData(chunk));
+    socket.on('error', (err) => this.shutdown(err));
+    socket.on('close', () => this.shutdown(new DsecError('UNAVAILABLE', 'connection to the sandbox agent closed')));
+  }
+
+  /** Connects to an agent's unix socket. */
+  static connect(path: string, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<ChronusClient> {
+    return new Promise((resolve, reject) => {
+      const sock = net.createConnection({ path });
+      const timer = setTimeout(() => fail(new DsecError('TIMEOUT', `connecting to agent at ${path} timed out`)), opts.timeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS);
+      const onAbort = (): void => fail(new DsecError('TIMEOUT', 'connect aborted'));
+      opts.signal?.addEventListener('abort', onAbort, { once: true });
+      const cleanup = (): void => {
+        clearTimeout(timer);
+        opts.signal?.removeEventListener('abort', onAbort);
+        sock.removeListener('error', fail);
+      };
+      function fail(err: Error): void {
+        cleanup();
+        sock.destroy();
+        reject(err instanceof DsecError ? err : new DsecError('UNAVAILABLE', `sandbox agent unreachable: ${err.message}`));
+      }
+      sock.once('error', fail);
+      sock.once('connect', () => {
+        cleanup();
+        resolve(new ChronusClient(sock));
+      });
+    });
+  }
+
+  /** True until the connection is lost or closed. */
+  get connected(): boolean {
+    return this.closedError === undefined;
+  }
+
+  /** Closes the connection; running processes are not affected. */
+  close(): void {
+    this.socket.destroy();
+    this.shutdown(new DsecError('UNAVAILABLE', 'connection closed'));
+  }
+
+  /** @internal Sends a frame with no reply expected. */
+  send(type: number, id: number, fields: readonly Field[]): void {
+    if (this.closedError) return;
+    this.socket.write(encodeFrame(type, id, fields));
+  }
+
+  /** @internal Sends a request and resolves with its reply (ERROR rejects). */
+  request(type: number, fields: readonly Field[], what: string, id = this.allocId()): Promise<Frame> {
+    if (this.closedError) return Promise.reject(this.closedError);
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, what });
+      this.socket.write(encodeFrame(type, id, fields));
+    });
+  }
+
+  /** @internal */
+  forget(id: number): void {
+    this.attachments.delete(id);
+  }
+
+  /** Agent version and counters. */
+  async ping(): Promise<AgentInfo> {
+    const f = (await this.request(T.PING, [], 'ping')).fields;
+    return {
+      version: f.str(F.VERSION) ?? '',
+      pid: f.num(F.PID) ?? 0,
+      uptimeMs: f.num(F.UPTIME_MS) ?? 0,
+      processes: f.num(F.NPROCS) ?? 0,
+      outputCapBytes: f.num(F.OUTPUT_CAP) ?? 0,
+    };
+  }
+
+  /** Starts a process and attaches to its output from offset 0. */
+  async spawn(opts: SpawnOptions): Promise<Attachment> {
+    const fields: Field[] = [];
+    if (opts.shell !== undefined) fields.push([F.SHELL, opts.shell]);
+    for (const a of opts.argv ?? []) fields.push([F.ARGV, a]);
+    for (const [k, v] of Object.entries(opts.env ?? {})) fields.push([F.ENV, `${k}=${v}`]);
+    if (opts.cwd !== undefined) fields.push([F.CWD, opts.cwd]);
+    if (opts.uid !== undefined) fields.push([F.UID, opts.uid]);
+    if (opts.gid !== undefined) fields.push([F.GID, opts.gid]);
+    if (opts.stdin) fields.push([F.STDIN, true]);
+    if (opts.pty) fields.push([F.PTY, true], [F.ROWS, opts.pty.rows], [F.COLS, opts.pty.cols]);
+    if (opts.timeoutMs !== undefined) fields.push([F.TIMEOUT_MS, opts.timeoutMs]);
+    const windowBytes = opts.windowBytes ?? DEFAULT_WINDOW_BYTES;
+    fields.push([F.ATTACH, true], [F.WINDOW, windowBytes]);
+    return this.attachWith(T.EXEC, fields, windowBytes, { stdout: 0, stderr: 0 }, 'exec');
+  }
+
+  /** Attaches to a process from the given offsets (reattach after a reconnect). */
+  attach(proc: number, from: { stdout?: number; stderr?: number } = {}, windowBytes = DEFAULT_WINDOW_BYTES): Promise<Attachment> {
+    const start = { stdout: from.stdout ?? 0, stderr: from.stderr ?? 0 };
+    const fields: Field[] = [[F.PROC, proc], [F.FROM_STDOUT, start.stdout], [F.FROM_STDERR, start.stderr], [F.WINDOW, windowBytes]];
+    return this.attachWith(T.ATTACH, fields, windowBytes, start, 'attach');
+  }
+
+  private async attachWith(type: number, fields: Field[], windowBytes: number, from: { stdout: number; stderr: number }, what: string): Promise<Attachment> {
+    const id = this.allocId();
+    const proc = type === T.ATTACH ? (fields[0]?.[1] as number) : 0;
+    const meta: AttachMeta = { proc, windowBytes, from };
+    this.attachMeta.set(id, meta);
+    try {
+      await this.request(type, fields, what, id);
+    } finally {
+      this.attachMeta.delete(id);
+    }
+    if (!meta.attachment) throw new DsecError('INTERNAL', `${what}: agent reply opened no attachment`);
+    return meta.attachment;
+  }
+
+  /** Waits for a process to exit (without attaching to its output). */
+  async wait(proc: number, signal?: AbortSignal): Promise<AgentExit> {
+    const id = this.allocId();
+    const onAbort = (): void => {
+      const p = this.pending.get(id);
+      this.pending.delete(id);
+      p?.reject(new DsecError('TIMEOUT', 'wait aborted'));
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      return parseExit((await this.request(T.WAIT, [[F.PROC, proc]], 'wait', id)).fields);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Sends a signal to a process (or its group). */
+  async signal(proc: number, sig: string | number, group = true): Promise<void> {
+    const fields: Field[] = [[F.PROC, proc], [F.SIGNAL, signalNumber(sig)]];
+    if (group) fields.push([F.GROUP, true]);
+    await this.request(T.SIGNAL, fields, 'signal');
+  }
+
+  /** Resizes a process's terminal. */
+  async resize(proc: number, rows: number, cols: number): Promise<void> {
+    await this.request(T.RESIZE, [[F.PROC, proc], [F.ROWS, rows], [F.COLS, cols]], 'resize');
+  }
+
+  /** Forgets an exited process and frees its output. */
+  async release(proc: number): Promise<void> {
+    await this.request(T.RELEASE, [[F.PROC, proc]], 'release');
+  }
+
+  /** Running and retained exited processes. */
+  async list(): Promise<AgentProcess[]> {
+    const f = (await this.request(T.LIST, [], 'list')).fields;
+    return f.nested(F.PROCENTRY).map((e) => {
+      const p: AgentProcess = {
+        proc: e.num(F.PROC) ?? 0,
+        pid: e.num(F.PID) ?? 0,
+        argv: e.all(F.ARGV).map((b) => b.toString('utf8')),
+        running: e.num(F.STATE) !== 2,
+        stdoutBytes: e.num(F.STDOUT_END) ?? 0,
+        stderrBytes: e.num(F.STDERR_END) ?? 0,
+      };
+      if (!p.running) p.exit = parseExit(e);
+      return p;
+    });
+  }
+
+  /** Metadata of one path. */
+  async stat(path: string, opts: { followSymlinks?: boolean } = {}): Promise<FileStat> {
+    const fields: Field[] = [[F.PATH, path]];
+    if (opts.followSymlinks === false) fields.push([F.NOFOLLOW, true]);
+    const f = (await this.request(T.STAT, fields, `stat ${path}`)).fields;
+    return parseStat(f, path.split('/').filter(Boolean).pop() ?? '/');
+  }
+
+  /** Reads up to `length` bytes (at most 1 MiB) at `offset`. */
+  async readChunk(path: string, offset: number, length: number): Promise<{ data: Buffer; size: number; eof: boolean }> {
+    const f = (await this.request(T.READ, [[F.PATH, path], [F.OFFSET, offset], [F.LENGTH, Math.min(length, MAX_IO_BYTES)]], `read ${path}`)).fields;
+    return { data: f.bytes(F.DATA) ?? Buffer.alloc(0), size: f.num(F.SIZE) ?? 0, eof: f.has(F.EOF) };
+  }
+
+  /** Reads a byte range (whole file by default) in 1 MiB chunks, refusing more than `maxBytes`. */
+  async readFile(path: string, opts: { offset?: number; length?: number; maxBytes?: number } = {}): Promise<Buffer> {
+    const chunks: Buffer[] = [];
+    let offset = opts.offset ?? 0;
+    let left = opts.length ?? Number.MAX_SAFE_INTEGER;
+    let total = 0;
+    while (left > 0) {
+      const { data, eof } = await this.readChunk(path, offset, Math.min(left, MAX_IO_BYTES));
+      chunks.push(data);
+      total += data.length;
+      if (opts.maxBytes !== undefined && total > opts.maxBytes) {
+        throw new DsecError('PAYLOAD_TOO_LARGE', `${path} is larger than ${opts.maxBytes} bytes`, { path });
+      }
+      offset += data.length;
+      left -= data.length;
+      if (eof || data.length === 0) break;
+    }
+    return Buffer.concat(chunks);
+  }
+
+  /** Writes a whole file (created or truncated), in 1 MiB frames. */
+  async writeFile(path: string, data: Uint8Array | string, opts: { mode?: number; uid?: number; gid?: number; append?: boolean } = {}): Promise<void> {
+    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    let offset = 0;
+    do {
+      const chunk = buf.subarray(offset, offset + MAX_IO_BYTES);
+      const first = offset === 0;
+      const flags = 1 | (first && !opts.append ? 2 : 0) | (!first || opts.append ? 4 : 0);
+      const fields: Field[] = [[F.PATH, path], [F.OPEN_FLAGS, flags], [F.MODE, opts.mode ?? 0o644], [F.DATA, chunk]];
+      if (opts.uid !== undefined) fields.push([F.UID, opts.uid]);
+      if (opts.gid !== undefined) fields.push([F.GID, opts.gid]);
+      await this.request(T.WRITE, fields, `write ${path}`);
+      offset += chunk.length;
+    } while (offset < buf.length);
+  }
+
+  /** Lists a directory. */
+  async listDir(path: string): Promise<FileStat[]> {
+    const f = (await this.request(T.LISTDIR, [[F.PATH, path]], `list ${path}`)).fields;
+    return f.nested(F.ENTRY).map((e) => parseStat(e, e.str(F.NAME) ?? ''));
+  }
+
+  /** Creates a directory (with parents when asked). */
+  async mkdir(path: string, opts: { parents?: boolean; mode?: number; uid?: number; gid?: number } = {}): Promise<void> {
+    const fields: Field[] = [[F.PATH, path], [F.MODE, opts.mode ?? 0o755]];
+    if (opts.parents) fields.push([F.PARENTS, true]);
+    if (opts.uid !== undefined) fields.push([F.UID, opts.uid]);
+    if (opts.gid !== undefined) fields.push([F.GID, opts.gid]);
+    await this.request(T.MKDIR, fields, `mkdir ${path}`);
+  }
+
+  /** Removes a file or (with recursive) a directory tree, never following symlinks. */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    const fields: Field[] = [[F.PATH, path]];
+    if (opts.recursive) fields.push([F.RECURSIVE, true]);
+    await this.request(T.REMOVE, fields, `remove ${path}`);
+  }
+
+  /** Renames a path. */
+  async rename(from: string, to: string): Promise<void> {
+    await this.request(T.RENAME, [[F.PATH, from], [F.PATH2, to]], `rename ${from}`);
+  }
+
+  private allocId(): number {
+    const id = this.nextId;
+    this.nextId = this.nextId >= 0xfffffff0 ? 1 : this.nextId + 1;
+    return id;
+  }
+
+  private onData(chunk: Buffer): void {
+    let frames: Frame[];
+    try {
+      frames = this.reader.push(chunk);
+    } catch (err) {
+      this.socket.destroy();
+      this.shutdown(new DsecError('BACKEND_FAILED', `protocol error from sandbox agent: ${(err as Error).message}`));
+      return;
+    }
+    for (const frame of frames) this.onFrame(frame);
+  }
+
+  private onFrame(frame: Frame): void {
+    const pending = this.pending.get(frame.id);
+    if (pending) {
+      this.pending.delete(frame.id);
+      if (frame.type === T.ERROR) {
+        pending.reject(agentError(frame.fields, pending.what));
+        return;
+      }
+      // An EXEC or ATTACH reply opens an attachment before any of its events are dispatched.
+      if (frame.type === T.STARTED || (frame.type === T.OK && pending.what === 'attach')) {
+        this.openAttachment(frame);
+      }
+      pending.resolve(frame);
+      return;
+    }
+    this.attachments.get(frame.id)?.handle(frame);
+  }
+
+  private openAttachment(frame: Frame): void {
+    const meta = this.attachMeta.get(frame.id);
+    if (!meta) return;
+    const proc = frame.fields.num(F.PROC) ?? meta.proc;
+    meta.attachment = new Attachment(this, frame.id, proc, frame.fields.num(F.PID) ?? 0, meta.windowBytes, meta.from);
+    this.attachments.set(frame.id, meta.attachment);
+  }
+
+  private shutdown(err: Error): void {
+    if (this.closedError) return;
+    this.closedError = err;
+    for (const p of this.pending.values()) p.reject(err);
+    this.pending.clear();
+    for (const a of this.attachments.values()) a.fail(err);
+    this.attachments.clear();
+  }
+}

@@ -1,0 +1,374 @@
+// Edge: the node agent. Owns the layer store and the backends, keeps the node's sandboxes, and
+// turns exec requests into results (or handles) over each sandbox's agent.
+import { randomBytes } from 'node:crypto';
+import { access, mkdir } from 'node:fs/promises';
+import { hostname } from 'node:os';
+import path from 'node:path';
+import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
+import type { BackendKind, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import type { z } from 'zod';
+import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
+import { ContainerBackend } from './backends/container/backend.js';
+import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
+import { Cgroups, detectCgroupMode } from './host/cgroups.js';
+import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
+import type { RuntimeNamespace } from './host/runtime-ns.js';
+import { LayerStore } from './layers/index.js';
+
+/** Default cap on stdout and stderr collected into one ExecResult (each). */
+export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
+/** Largest file read in one call. */
+export const MAX_FILE_READ_BYTES = 256 * 1024 * 1024;
+
+/** Options of {@link Edge.open}. */
+export interface EdgeOptions {
+  /** State directory (layers, sandboxes). Default `/var/lib/dsec`. */
+  home?: string;
+  /** Host path of the static chronus binary. */
+  agentBinary: string;
+  /** Name of this node, encoded in sandbox ids. Default: the host name. */
+  nodeName?: string;
+  /** Bytes of output chronus keeps per stream. */
+  outputCapBytes?: number;
+  /** cgroup parent of the node's sandboxes. Default `dsec`. */
+  cgroupParent?: string;
+}
+
+/** A sandbox as edge reports it. */
+export interface SandboxInfo {
+  id: string;
+  node: string;
+  backend: BackendKind;
+  state: SandboxState;
+  spec: SandboxSpec;
+  layers: string[];
+  createdAt: string;
+}
+
+/** Options of {@link Edge.exec}. */
+export interface ExecOptions {
+  signal?: AbortSignal;
+  /** Called with each chunk of output as it arrives. */
+  onOutput?: (ev: OutputEvent) => void;
+  /** Cap on collected stdout and stderr (each); the rest is drained and `truncated` set. */
+  maxOutputBytes?: number;
+}
+
+interface Entry {
+  record: BackendSandbox;
+  backend: Backend;
+  state: SandboxState;
+  oomKills: number;
+}
+
+const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
+
+function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
+  const res = schema.safeParse(value);
+  if (res.success) return res.data;
+  const issue = res.error.issues[0];
+  const field = [prefix, ...(issue?.path ?? []).map(String)].filter(Boolean).join('.');
+  throw invalidArgument(field || prefix, issue?.message ?? 'invalid');
+}
+
+/** The node agent. */
+export class Edge {
+  private readonly sandboxes = new Map<string, Entry>();
+
+  private constructor(
+    readonly home: string,
+    readonly nodeName: string,
+    readonly layers: LayerStore,
+    private readonly backends: Map<BackendKind, Backend>,
+    private readonly runtimeNs: RuntimeNamespace,
+    /** The cgroups of this node's sandboxes. */
+    readonly cgroups: Cgroups,
+  ) {}
+
+  /** Opens the node: prepares the host, finds sandboxes that survived a restart. */
+  static async open(opts: EdgeOptions): Promise<Edge> {
+    const home = path.resolve(opts.home ?? '/var/lib/dsec');
+    await access(opts.agentBinary).catch(() => {
+      throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
+    });
+    await mkdir(home, { recursive: true, mode: 0o700 });
+    const mode = await detectCgroupMode();
+    const runtimeNs = await prepareRuntimeNamespace(home, mode);
+    const layers = new LayerStore({ root: path.join(home, 'layers') });
+    await layers.init();
+    const sandboxesDir = path.join(home, 'sandboxes');
+    await mkdir(sandboxesDir, { recursive: true });
+    const crunRoot = path.join(runDirFor(home), 'crun');
+    await mkdir(crunRoot, { recursive: true });
+    const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
+    const container = new ContainerBackend({
+      sandboxesDir,
+      crunRoot,
+      runtimePrefix: runtimeNs.prefix,
+      layers,
+      cgroups,
+      agentBinary: path.resolve(opts.agentBinary),
+      ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
+    });
+    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups);
+    for (const backend of edge.backends.values()) {
+      for (const record of await backend.recover()) {
+        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomKills: 0 });
+      }
+    }
+    return edge;
+  }
+
+  /** A new sandbox id that names this node. */
+  newId(): string {
+    return `${this.nodeName.slice(0, 24)}-${randomBytes(8).toString('hex')}`.replace(/^-+/, 'n');
+  }
+
+  /** Creates a sandbox and waits until its agent answers. */
+  async create(input: unknown, opts: { id?: string; signal?: AbortSignal } = {}): Promise<SandboxInfo> {
+    const spec = parse(SandboxSpecSchema, input, '');
+    const kind = spec.backend ?? 'container';
+    const backend = this.backends.get(kind);
+    if (!backend) throw new DsecError('INVALID_ARGUMENT', `backend: ${kind} is not available on this node`, { field: 'backend' });
+    const id = opts.id ?? this.newId();
+    if (!ID_RE.test(id)) throw invalidArgument('id', 'must be 3-63 characters of a-z, 0-9 and -');
+    if (this.sandboxes.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
+    const layers: LayerInfo[] = [];
+    const refs: Array<[string, string]> = [['image.base', spec.image.base]];
+    if (spec.image.workspace) refs.push(['image.workspace', spec.image.workspace]);
+    (spec.image.toolkits ?? []).forEach((t, i) => refs.push([`image.toolkits.${i}`, t]));
+    for (const [field, ref] of refs) {
+      const layer = await this.layers.resolve(ref).catch((err: unknown) => {
+        if (err instanceof DsecError) err.details.field = field;
+        throw err;
+      });
+      layers.push(layer);
+    }
+    const record = await backend.create({ id, spec, layers }, opts.signal);
+    this.sandboxes.set(id, { record, backend, state: 'running', oomKills: 0 });
+    return this.info(id);
+  }
+
+  private entry(id: string): Entry {
+    const e = this.sandboxes.get(id);
+    if (!e) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
+    return e;
+  }
+
+  private toInfo(e: Entry): SandboxInfo {
+    return {
+      id: e.record.id,
+      node: this.nodeName,
+      backend: e.record.backend,
+      state: e.state,
+      spec: e.record.spec,
+      layers: e.record.layers.map((l) => l.digest),
+      createdAt: e.record.createdAt,
+    };
+  }
+
+  /** One sandbox. */
+  info(id: string): SandboxInfo {
+    return this.toInfo(this.entry(id));
+  }
+
+  /** Every sandbox on this node. */
+  list(): SandboxInfo[] {
+    return [...this.sandboxes.values()].map((e) => this.toInfo(e));
+  }
+
+  /** The agent of a running sandbox. */
+  async agent(id: string): Promise<SandboxAgent> {
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    return e.backend.agent(id);
+  }
+
+  /** Starts a command and returns its attachment (output, stdin, kill, exit). */
+  async spawn(id: string, input: unknown): Promise<Attachment> {
+    const spec = parse(ExecSpecSchema, input, '');
+    const agent = await this.agent(id);
+    const att = await agent.spawn(toSpawnOptions(spec, this.entry(id).record.spec.env));
+    if (spec.stdin !== undefined) await att.write(spec.stdin, !spec.keepStdinOpen);
+    return att;
+  }
+
+  /** Runs a command to completion and collects its output. */
+  async exec(id: string, input: unknown, opts: ExecOptions = {}): Promise<ExecResult> {
+    const spec = parse(ExecSpecSchema, input, '');
+    const agent = await this.agent(id);
+    const att = await agent.spawn(toSpawnOptions(spec, this.entry(id).record.spec.env));
+    const max = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
+    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+    const size = { stdout: 0, stderr: 0 };
+    let truncated = false;
+    att.onOutput((ev) => {
+      opts.onOutput?.(ev);
+      if (ev.kind !== 'data') return;
+      const room = max - size[ev.stream];
+      if (room <= 0) {
+        truncated = true;
+        return;
+      }
+      const chunk = ev.data.length > room ? ev.data.subarray(0, room) : ev.data;
+      if (chunk.length < ev.data.length) truncated = true;
+      out[ev.stream].push(chunk);
+      size[ev.stream] += chunk.length;
+    });
+    const onAbort = (): void => void att.kill('SIGKILL').catch(() => undefined);
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      if (spec.stdin !== undefined) await att.write(spec.stdin, true);
+      const exit = await att.exited;
+      opts.signal?.throwIfAborted();
+      const result = await this.exitInfo(id, exit);
+      await agent.release(att.proc).catch(() => undefined);
+      return { ...result, stdout: Buffer.concat(out.stdout).toString('utf8'), stderr: Buffer.concat(out.stderr).toString('utf8'), truncated };
+    } finally {
+      opts.signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Converts an agent exit report, telling OOM kills from other SIGKILLs. */
+  async exitInfo(id: string, exit: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr' | 'truncated'>> {
+    let oomKilled = false;
+    const e = this.sandboxes.get(id);
+    if (exit.signal === 'SIGKILL' && !exit.timedOut && e?.backend instanceof ContainerBackend) {
+      const kills = await e.backend.oomKills(id);
+      oomKilled = kills > e.oomKills;
+      e.oomKills = kills;
+    }
+    return {
+      exitCode: exit.exitCode,
+      signal: exit.signal,
+      timedOut: exit.timedOut,
+      oomKilled,
+      durationMs: exit.durationMs,
+      cpuUserMs: exit.cpuUserMs,
+      cpuSysMs: exit.cpuSysMs,
+      peakMemoryKiB: exit.peakMemoryKiB,
+      stdoutBytes: exit.stdoutBytes,
+      stderrBytes: exit.stderrBytes,
+    };
+  }
+
+  /** Running and recently exited processes of a sandbox. */
+  async processes(id: string): Promise<ProcessInfo[]> {
+    const agent = await this.agent(id);
+    const list = await agent.list();
+    const out: ProcessInfo[] = [];
+    for (const p of list) {
+      const info: ProcessInfo = { id: p.proc, pid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
+      if (p.exit) info.exit = await this.exitInfo(id, p.exit);
+      out.push(info);
+    }
+    return out;
+  }
+
+  /** Reattaches to a process from byte offsets. */
+  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
+    return (await this.agent(id)).attach(proc, from);
+  }
+
+  /** Reads a file (or a byte range of it). */
+  async readFile(id: string, file: string, opts: { offset?: number; length?: number } = {}): Promise<Buffer> {
+    checkPath(file);
+    return (await this.agent(id)).readFile(file, { ...opts, maxBytes: MAX_FILE_READ_BYTES });
+  }
+
+  /** Writes a whole file. */
+  async writeFile(id: string, file: string, data: Uint8Array | string, opts: { mode?: number; append?: boolean } = {}): Promise<void> {
+    checkPath(file);
+    await (await this.agent(id)).writeFile(file, data, opts);
+  }
+
+  /** Lists a directory. */
+  async listDir(id: string, dir: string): Promise<FileStat[]> {
+    checkPath(dir);
+    return (await this.agent(id)).listDir(dir);
+  }
+
+  /** Metadata of a path. */
+  async stat(id: string, file: string): Promise<FileStat> {
+    checkPath(file);
+    return (await this.agent(id)).stat(file, { followSymlinks: false });
+  }
+
+  /** `mkdir -p`. */
+  async mkdir(id: string, dir: string): Promise<void> {
+    checkPath(dir);
+    await (await this.agent(id)).mkdir(dir, { parents: true });
+  }
+
+  /** Removes a file or a directory tree. */
+  async remove(id: string, file: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    checkPath(file);
+    await (await this.agent(id)).remove(file, opts);
+  }
+
+  /** Renames a path. */
+  async rename(id: string, from: string, to: string): Promise<void> {
+    checkPath(from);
+    checkPath(to);
+    await (await this.agent(id)).rename(from, to);
+  }
+
+  /** Resource use of a sandbox. */
+  async stats(id: string): Promise<SandboxStats> {
+    const e = this.entry(id);
+    return e.backend.stats(id);
+  }
+
+  /** Destroys a sandbox and everything it had. */
+  async destroy(id: string): Promise<void> {
+    const e = this.entry(id);
+    e.state = 'stopped';
+    try {
+      await e.backend.destroy(id);
+    } catch (err) {
+      e.state = 'failed';
+      throw err;
+    }
+    this.sandboxes.delete(id);
+  }
+
+  /**
+   * Lets go of this process's hold on the node: connections close, sandboxes keep running and
+   * a later `Edge.open` on the same home finds them again.
+   */
+  async close(): Promise<void> {
+    for (const b of this.backends.values()) await b.close();
+  }
+
+  /** Destroys every sandbox, unmounts every layer and removes the runtime namespace (tests). */
+  async shutdown(): Promise<void> {
+    for (const id of [...this.sandboxes.keys()]) await this.destroy(id).catch(() => undefined);
+    await this.close();
+    await this.layers.close();
+    await this.cgroups.removeParent();
+    await this.runtimeNs.destroy();
+  }
+}
+
+function checkPath(p: string): void {
+  if (typeof p !== 'string' || !p.startsWith('/') || p.length > 4096 || p.includes('\0')) {
+    throw invalidArgument('path', 'must be an absolute path of at most 4096 bytes without NUL');
+  }
+}
+
+/** Environment every command starts with, below the sandbox's and the command's own. */
+const BASE_ENV = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', HOME: '/root' };
+
+function toSpawnOptions(spec: ExecSpec, sandboxEnv: Record<string, string> | undefined): SpawnOptions {
+  const o: SpawnOptions = {};
+  if (spec.cmd !== undefined) o.shell = spec.cmd;
+  if (spec.argv !== undefined) o.argv = spec.argv;
+  if (spec.env !== undefined || sandboxEnv !== undefined) o.env = { ...BASE_ENV, ...sandboxEnv, ...spec.env };
+  if (spec.cwd !== undefined) o.cwd = spec.cwd;
+  if (spec.uid !== undefined) o.uid = spec.uid;
+  if (spec.gid !== undefined) o.gid = spec.gid;
+  if (spec.stdin !== undefined || spec.keepStdinOpen) o.stdin = true;
+  if (spec.pty !== undefined) o.pty = spec.pty;
+  if (spec.timeoutMs !== undefined) o.timeoutMs = spec.timeoutMs;
+  return o;
+}

@@ -1,0 +1,141 @@
+// Reads a sandbox's resource use from its cgroups. crun creates and removes the cgroups; edge
+// only reads them (and checks that none are left behind). Works with cgroup v1 (including this
+// machine's hybrid layout) and v2.
+import { readFile, readdir, rmdir, stat } from 'node:fs/promises';
+import path from 'node:path';
+
+/** The cgroup layout of the host. */
+export type CgroupMode = 'v1' | 'hybrid' | 'v2';
+
+const CGROUP_ROOT = '/sys/fs/cgroup';
+/** v1 controllers a sandbox gets a cgroup in (crun's cgroupfs manager creates them). */
+export const V1_CONTROLLERS = ['cpu', 'cpuacct', 'cpuset', 'memory', 'devices', 'freezer', 'blkio', 'pids'] as const;
+
+/** Detects v2 (unified), v1, or hybrid (v1 controllers plus a v2 mount at /sys/fs/cgroup/unified). */
+export async function detectCgroupMode(): Promise<CgroupMode> {
+  const mounts = await readFile('/proc/self/mounts', 'utf8');
+  let rootIsV2 = false;
+  let unified = false;
+  for (const line of mounts.split('\n')) {
+    const [, target, fstype] = line.split(' ');
+    if (target === CGROUP_ROOT && fstype === 'cgroup2') rootIsV2 = true;
+    if (target === `${CGROUP_ROOT}/unified` && fstype === 'cgroup2') unified = true;
+  }
+  if (rootIsV2) return 'v2';
+  return unified ? 'hybrid' : 'v1';
+}
+
+async function readNum(file: string): Promise<number> {
+  try {
+    const text = (await readFile(file, 'utf8')).trim();
+    return text === 'max' ? Infinity : Number(text.split(/\s+/)[0]);
+  } catch {
+    return 0;
+  }
+}
+
+async function readKeyed(file: string): Promise<Map<string, number>> {
+  const out = new Map<string, number>();
+  try {
+    for (const line of (await readFile(file, 'utf8')).split('\n')) {
+      const [k, v] = line.split(' ');
+      if (k && v) out.set(k, Number(v));
+    }
+  } catch {
+    // a missing file reads as empty
+  }
+  return out;
+}
+
+/** Resource counters of one cgroup. */
+export interface CgroupStats {
+  cpuUsageMs: number;
+  memoryBytes: number;
+  memoryPeakBytes: number;
+  memoryLimitBytes: number;
+  pids: number;
+  pidsLimit: number;
+  oomKills: number;
+}
+
+/** Access to the cgroups of sandboxes under one parent (`/dsec` by default). */
+export class Cgroups {
+  constructor(
+    readonly mode: CgroupMode,
+    readonly parent: string = 'dsec',
+  ) {}
+
+  /** The OCI `cgroupsPath` for a sandbox. */
+  pathFor(id: string): string {
+    return `/${this.parent}/${id}`;
+  }
+
+  private dir(controller: string, id: string): string {
+    return this.mode === 'v2' ? path.join(CGROUP_ROOT, this.parent, id) : path.join(CGROUP_ROOT, controller, this.parent, id);
+  }
+
+  /** Counters of a sandbox's cgroup. */
+  async stats(id: string): Promise<CgroupStats> {
+    if (this.mode === 'v2') {
+      const d = this.dir('', id);
+      const cpu = await readKeyed(path.join(d, 'cpu.stat'));
+      const events = await readKeyed(path.join(d, 'memory.events'));
+      return {
+        cpuUsageMs: (cpu.get('usage_usec') ?? 0) / 1000,
+        memoryBytes: await readNum(path.join(d, 'memory.current')),
+        memoryPeakBytes: await readNum(path.join(d, 'memory.peak')),
+        memoryLimitBytes: await readNum(path.join(d, 'memory.max')),
+        pids: await readNum(path.join(d, 'pids.current')),
+        pidsLimit: await readNum(path.join(d, 'pids.max')),
+        oomKills: events.get('oom_kill') ?? 0,
+      };
+    }
+    const mem = (f: string): string => path.join(this.dir('memory', id), f);
+    const oom = await readKeyed(mem('memory.oom_control'));
+    return {
+      cpuUsageMs: (await readNum(path.join(this.dir('cpuacct', id), 'cpuacct.usage'))) / 1e6,
+      memoryBytes: await readNum(mem('memory.usage_in_bytes')),
+      memoryPeakBytes: await readNum(mem('memory.max_usage_in_bytes')),
+      memoryLimitBytes: await readNum(mem('memory.limit_in_bytes')),
+      pids: await readNum(path.join(this.dir('pids', id), 'pids.current')),
+      pidsLimit: await readNum(path.join(this.dir('pids', id), 'pids.max')),
+      oomKills: oom.get('oom_kill') ?? 0,
+    };
+  }
+
+  /** OOM kills so far in a sandbox's memory cgroup. */
+  async oomKills(id: string): Promise<number> {
+    if (this.mode === 'v2') return (await readKeyed(path.join(this.dir('', id), 'memory.events'))).get('oom_kill') ?? 0;
+    return (await readKeyed(path.join(this.dir('memory', id), 'memory.oom_control'))).get('oom_kill') ?? 0;
+  }
+
+  /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
+  async existing(id: string): Promise<string[]> {
+    const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_CONTROLLERS.map((c) => this.dir(c, id));
+    const out: string[] = [];
+    for (const d of dirs) {
+      if (await stat(d).then(() => true, () => false)) out.push(d);
+    }
+    return out;
+  }
+
+  /** Removes a sandbox's (empty) cgroups that the runtime left behind. */
+  async remove(id: string): Promise<void> {
+    for (const d of await this.existing(id)) {
+      await rmdir(d).catch(() => undefined);
+    }
+  }
+
+  /** Removes the (empty) parent cgroups of this node's sandboxes. */
+  async removeParent(): Promise<void> {
+    const dirs = this.mode === 'v2' ? [path.join(CGROUP_ROOT, this.parent)] : V1_CONTROLLERS.map((c) => path.join(CGROUP_ROOT, c, this.parent));
+    for (const d of dirs) await rmdir(d).catch(() => undefined);
+  }
+
+  /** Ids of sandboxes that have a cgroup under the parent. */
+  async list(): Promise<string[]> {
+    const d = this.mode === 'v2' ? path.join(CGROUP_ROOT, this.parent) : path.join(CGROUP_ROOT, 'memory', this.parent);
+    const entries = await readdir(d, { withFileTypes: true }).catch(() => []);
+    return entries.filter((e) => e.isDirectory()).map((e) => e.name);
+  }
+}

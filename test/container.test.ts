@@ -1,0 +1,281 @@
+// End-to-end tests of the edge core: real crun sandboxes on EROFS layers with chronus as PID 1.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, readFile, rm, writeFile, readdir } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import { after, before, describe, test } from 'node:test';
+import { isDsecError } from '@dsec/protocol';
+import type { LayerInfo } from '@dsec/protocol';
+import { startNode } from './helpers/node.js';
+import type { TestNode } from './helpers/node.js';
+
+let node: TestNode;
+let base: LayerInfo;
+let workspace: LayerInfo;
+let toolkit: LayerInfo;
+let scratch: string;
+
+/** A minimal ustar archive of regular files (enough for a toolkit layer). */
+function tarOf(files: Record<string, string>): Buffer {
+  const blocks: Buffer[] = [];
+  for (const [name, content] of Object.entries(files)) {
+    const h = Buffer.alloc(512);
+    h.write(name, 0);
+    h.write('0000755\0', 100);
+    h.write('0000000\0', 108);
+    h.write('0000000\0', 116);
+    h.write(Buffer.byteLength(content).toString(8).padStart(11, '0') + '\0', 124);
+    h.write('00000000000\0', 136);
+    h.write('        ', 148);
+    h.write('0', 156);
+    h.write('ustar\0', 257);
+    h.write('00', 263);
+    let sum = 0;
+    for (const b of h) sum += b;
+    h.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
+    const body = Buffer.alloc(Math.ceil(Buffer.byteLength(content) / 512) * 512);
+    body.write(content);
+    blocks.push(h, body);
+  }
+  blocks.push(Buffer.alloc(1024));
+  return Buffer.concat(blocks);
+}
+
+before(async () => {
+  node = await startNode();
+  scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-'));
+  base = await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
+  const ws = path.join(scratch, 'ws');
+  await mkdir(path.join(ws, 'project/tests'), { recursive: true });
+  await writeFile(path.join(ws, 'project/README'), 'workspace readme\n');
+  await writeFile(path.join(ws, 'project/tests/test.sh'), '#!/bin/sh\necho tests-pass\n', { mode: 0o755 });
+  await writeFile(path.join(ws, 'project/shadowed'), 'from workspace\n');
+  workspace = await node.edge.layers.build({ type: 'dir', path: ws }, { kind: 'workspace', name: 'ws-test' });
+  toolkit = await node.edge.layers.build(
+    { type: 'tar', stream: Readable.from([tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' })]) },
+    { kind: 'toolkit', name: 'tool-test' },
+  );
+});
+
+after(async () => {
+  await node?.cleanup();
+  await rm(scratch, { recursive: true, force: true });
+});
+
+const image = () => ({ base: 'busybox', workspace: 'ws-test', toolkits: ['tool-test'] });
+
+describe('container sandboxes', () => {
+  test('layers stack with the right precedence and writes land only in the upper dir', async () => {
+    const sb = await node.edge.create({ image: image() });
+    try {
+      const r = await node.edge.exec(sb.id, { cmd: 'cat /project/README /project/shadowed && /opt/tool/bin/hello && /project/tests/test.sh' });
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, 'workspace readme\nfrom toolkit\nhello from toolkit\ntests-pass\n');
+      const w = await node.edge.exec(sb.id, { cmd: 'echo changed > /project/README && rm /bin/ls && echo new > /root/new' });
+      assert.equal(w.exitCode, 0, w.stderr);
+      const upper = path.join(node.home, 'sandboxes', sb.id, 'rw/upper');
+      assert.equal(await readFile(path.join(upper, 'project/README'), 'utf8'), 'changed\n');
+      assert.equal(await readFile(path.join(upper, 'root/new'), 'utf8'), 'new\n');
+      // The shared layer mount is untouched.
+      const other = await node.edge.create({ image: image() });
+      try {
+        const o = await node.edge.exec(other.id, { cmd: 'cat /project/README; ls /bin/ls' });
+        assert.equal(o.stdout, 'workspace readme\n/bin/ls\n');
+      } finally {
+        await node.edge.destroy(other.id);
+      }
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('exec: exit codes, stdin, env, cwd, signals and timeouts', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' }, env: { FROM_SANDBOX: 'yes' } });
+    try {
+      assert.equal((await node.edge.exec(sb.id, { argv: ['sh', '-c', 'exit 7'] })).exitCode, 7);
+      const cat = await node.edge.exec(sb.id, { argv: ['cat'], stdin: 'piped input' });
+      assert.equal(cat.stdout, 'piped input');
+      const env = await node.edge.exec(sb.id, { cmd: 'echo $FROM_SANDBOX $MINE; pwd', env: { MINE: 'ok' }, cwd: '/tmp' });
+      assert.equal(env.stdout, 'yes ok\n/tmp\n');
+      const user = await node.edge.exec(sb.id, { argv: ['id', '-u'], uid: 65534, gid: 65534 });
+      assert.equal(user.stdout.trim(), '65534');
+      const err = await node.edge.exec(sb.id, { cmd: 'echo oops >&2; exit 3' });
+      assert.deepEqual([err.exitCode, err.stderr], [3, 'oops\n']);
+      const slow = await node.edge.exec(sb.id, { argv: ['sleep', '30'], timeoutMs: 300 });
+      assert.equal(slow.timedOut, true);
+      assert.equal(slow.signal, 'SIGKILL');
+      assert.equal(slow.exitCode, null);
+      const handle = await node.edge.spawn(sb.id, { argv: ['sleep', '30'] });
+      await handle.kill('SIGTERM');
+      const exit = await handle.exited;
+      assert.equal(exit.signal, 'SIGTERM');
+      await assert.rejects(node.edge.exec(sb.id, { argv: ['/no/such/binary'] }), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND'));
+      await assert.rejects(node.edge.exec(sb.id, { cwd: 'relative', cmd: 'true' }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('100 MB of output through one command arrives complete', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const handle = await node.edge.spawn(sb.id, { cmd: 'i=0; while [ $i -lt 100 ]; do head -c 1000000 /dev/urandom; i=$((i+1)); done | tee /tmp/out | md5sum >&2' });
+      const hash = createHash('md5');
+      let bytes = 0;
+      let expectOffset = 0;
+      for await (const ev of handle) {
+        assert.equal(ev.kind, 'data');
+        if (ev.kind !== 'data' || ev.stream !== 'stdout') continue;
+        assert.equal(ev.offset, expectOffset);
+        expectOffset += ev.data.length;
+        bytes += ev.data.length;
+        hash.update(ev.data);
+      }
+      const exit = await handle.exited;
+      assert.equal(exit.exitCode, 0);
+      assert.equal(bytes, 100_000_000);
+      assert.equal(exit.stdoutBytes, 100_000_000);
+      const inside = await node.edge.exec(sb.id, { cmd: 'md5sum < /tmp/out' });
+      assert.equal(inside.stdout.split(' ')[0], hash.digest('hex'));
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('20 concurrent commands in one sandbox', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const results = await Promise.all(Array.from({ length: 20 }, (_, i) => node.edge.exec(sb.id, { cmd: `sleep 0.2; echo ${i}; exit ${i}` })));
+      results.forEach((r, i) => {
+        assert.equal(r.exitCode, i);
+        assert.equal(r.stdout, `${i}\n`);
+      });
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('50 sandboxes at once', async () => {
+    const ids: string[] = [];
+    try {
+      const created = await Promise.all(Array.from({ length: 50 }, () => node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } })));
+      ids.push(...created.map((s) => s.id));
+      const outs = await Promise.all(ids.map((id) => node.edge.exec(id, { cmd: 'hostname; echo $$' })));
+      for (const o of outs) assert.equal(o.stdout, 'sandbox\n' + o.stdout.split('\n')[1] + '\n');
+      assert.equal(new Set(ids).size, 50);
+    } finally {
+      await Promise.all(ids.map((id) => node.edge.destroy(id)));
+    }
+  });
+
+  test('an edge restart does not disturb a running command; output is read on from an offset', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const handle = await node.edge.spawn(sb.id, { cmd: 'for i in 1 2 3 4 5 6 7 8; do echo line$i; sleep 0.15; done' });
+      let seen = '';
+      for await (const ev of handle) {
+        if (ev.kind === 'data') seen += ev.data.toString();
+        if (seen.includes('line2')) break;
+      }
+      const offset = Buffer.byteLength(seen);
+      const edge = await node.restart();
+      assert.deepEqual(edge.list().map((s) => s.id), [sb.id]);
+      const procs = await edge.processes(sb.id);
+      const proc = procs.find((p) => p.state === 'running');
+      assert.ok(proc, 'the command is still running after the restart');
+      const again = await edge.attach(sb.id, proc.id, { stdout: offset });
+      let rest = '';
+      for await (const ev of again) if (ev.kind === 'data') rest += ev.data.toString();
+      const exit = await again.exited;
+      assert.equal(exit.exitCode, 0);
+      assert.equal(seen + rest, [1, 2, 3, 4, 5, 6, 7, 8].map((i) => `line${i}\n`).join(''));
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('limits: memory gives an OOM kill, pids stops fork, disk gives ENOSPC', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 32, pids: 16, diskMiB: 8 } });
+    try {
+      const oom = await node.edge.exec(sb.id, { cmd: 'head -c 200m /dev/zero | tail -c 100m > /dev/null' });
+      assert.equal(oom.signal, 'SIGKILL', JSON.stringify(oom));
+      assert.equal(oom.oomKilled, true);
+      const fork = await node.edge.exec(sb.id, { cmd: 'for i in $(seq 1 40); do sleep 5 & done; wait; echo done' });
+      assert.match(fork.stderr, /can't fork|Resource temporarily unavailable|fork/i);
+      await node.edge.exec(sb.id, { cmd: 'pkill sleep; true' });
+      const disk = await node.edge.exec(sb.id, { cmd: 'head -c 20m /dev/zero > /root/big' });
+      assert.notEqual(disk.exitCode, 0);
+      assert.match(disk.stderr, /No space left on device/);
+      const stats = await node.edge.stats(sb.id);
+      assert.ok(stats.diskUsedBytes > 0 && stats.diskUsedBytes <= 8 * 1024 * 1024);
+      assert.equal(stats.memoryLimitBytes, 32 * 1024 * 1024);
+      assert.equal(stats.pidsLimit, 16);
+      assert.ok(stats.oomKills >= 1);
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('hardening: masked /proc, no cgroupfs, seccomp, no capabilities beyond the default set, agent not dumpable', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const run = (cmd: string) => node.edge.exec(sb.id, { cmd });
+      assert.equal((await run('cat /proc/kpagecgroup | head -c 1 | wc -c')).stdout.trim(), '0');
+      assert.equal((await run('ls /sys/fs/cgroup | wc -l')).stdout.trim(), '0');
+      assert.notEqual((await run('unshare -U true')).exitCode, 0);
+      assert.notEqual((await run('mount -t tmpfs none /mnt')).exitCode, 0);
+      assert.notEqual((await run('cat /proc/1/environ')).exitCode, 0);
+      assert.notEqual((await run('ls /proc/1/fd')).exitCode, 0);
+      assert.notEqual((await run('echo x > /.dsec/chronus')).exitCode, 0);
+      assert.notEqual((await run('mknod /tmp/sda b 8 0')).exitCode, 0);
+      assert.equal((await run('ip link 2>/dev/null | grep -c mtu || cat /proc/net/dev | tail -n +3 | wc -l')).stdout.trim(), '1');
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('files: write, read ranges, list, stat, mkdir, rename, remove', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const big = Buffer.alloc(3 * 1024 * 1024 + 17, 7);
+      await node.edge.mkdir(sb.id, '/work/a/b');
+      await node.edge.writeFile(sb.id, '/work/a/b/big.bin', big);
+      assert.deepEqual(await node.edge.readFile(sb.id, '/work/a/b/big.bin'), big);
+      assert.deepEqual(await node.edge.readFile(sb.id, '/work/a/b/big.bin', { offset: 1024 * 1024 - 2, length: 5 }), big.subarray(0, 5));
+      const st = await node.edge.stat(sb.id, '/work/a/b/big.bin');
+      assert.equal(st.type, 'file');
+      assert.equal(st.size, big.length);
+      await node.edge.rename(sb.id, '/work/a/b/big.bin', '/work/a/moved');
+      assert.deepEqual((await node.edge.listDir(sb.id, '/work/a')).map((e) => [e.name, e.type]).sort(), [['b', 'dir'], ['moved', 'file']]);
+      await node.edge.remove(sb.id, '/work', { recursive: true });
+      await assert.rejects(node.edge.stat(sb.id, '/work'), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND'));
+      const seen = await node.edge.exec(sb.id, { cmd: 'ls /work 2>&1 || echo gone' });
+      assert.match(seen.stdout, /gone/);
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('destroy leaves no mount, cgroup or process; bad specs create nothing', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    const r = await node.edge.exec(sb.id, { cmd: 'sleep 1000 & echo $!' });
+    assert.equal(r.exitCode, 0);
+    await node.edge.destroy(sb.id);
+    const mounts = await readFile('/proc/self/mountinfo', 'utf8');
+    assert.ok(!mounts.includes(sb.id), 'no mount of the sandbox is left');
+    assert.deepEqual(await node.edge.cgroups.existing(sb.id), []);
+    assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
+    const ps = await readdir('/proc');
+    for (const pid of ps.filter((p) => /^\d+$/.test(p))) {
+      const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+      assert.ok(!cmdline.includes('sleep\u00001000'), 'no process of the sandbox is left');
+    }
+    await assert.rejects(node.edge.create({ image: { base: 'no-such-layer' } }), (e: unknown) => isDsecError(e, 'LAYER_NOT_FOUND'));
+    await assert.rejects(node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB');
+    await assert.rejects(node.edge.create({ image: {} }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base');
+    assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
+    assert.deepEqual(node.edge.list(), []);
+  });
+});

@@ -1,0 +1,46 @@
+// Test fixture: a real edge on a throw-away state directory, torn down even when a test fails.
+import { mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Edge, mountsUnder, umount, MNT } from '@dsec/edge';
+
+/** Repository root (test/dist/helpers -> ../../..). */
+export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+/** The chronus binary built by the install step. */
+export const AGENT_BINARY = path.join(REPO_ROOT, 'chronus/build/chronus');
+
+/** A test node: an edge plus its temp home. */
+export interface TestNode {
+  edge: Edge;
+  home: string;
+  cgroupParent: string;
+  /** Reopens the edge on the same home (an edge restart). */
+  restart(): Promise<Edge>;
+  /** Destroys every sandbox and removes every mount, cgroup and file. */
+  cleanup(): Promise<void>;
+}
+
+/** Opens an edge on a fresh temp home with its own cgroup parent. */
+export async function startNode(opts: { outputCapBytes?: number } = {}): Promise<TestNode> {
+  const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-test-'));
+  const cgroupParent = `dsec-test-${path.basename(home).slice(-6)}`;
+  const open = (): Promise<Edge> =>
+    Edge.open({ home, agentBinary: AGENT_BINARY, nodeName: 'test', cgroupParent, ...(opts.outputCapBytes ? { outputCapBytes: opts.outputCapBytes } : {}) });
+  const node: TestNode = {
+    edge: await open(),
+    home,
+    cgroupParent,
+    async restart() {
+      await node.edge.close();
+      node.edge = await open();
+      return node.edge;
+    },
+    async cleanup() {
+      await node.edge.shutdown().catch(() => undefined);
+      for (const m of await mountsUnder(home)) umount(m, MNT.DETACH);
+      await rm(home, { recursive: true, force: true });
+    },
+  };
+  return node;
+}
