@@ -1,0 +1,10 @@
+// The layer store: content-addressed EROFS layers, their builders, and safe tar extraction.
+export { LayerStore, DEFAULT_UNMOUNT_LINGER_MS } from './store.js';
+export type { LayerStoreOptions, LayerSource, BuildLayerOptions, LayerGcResult } from './store.js';
+export { DEFAULT_TAR_LIMITS, TarExtractor } from './tar-extract.js';
+export type { TarLimits, TarInput, WhiteoutMode, TarExtractorOptions } from './tar-extract.js';
+export { DEFAULT_CHUNK_SIZE_BYTES, LAYER_UUID } from './erofs.js';
+export { DEFAULT_DEBIAN_SUITE } from './debian.js';
+export { BUSYBOX_PATH } from './busybox.js';
+export { DEFAULT_TAG, normalizeName as normalizeLayerName } from './names.js';
+export { OVERLAY_OPAQUE_XATTR } from './native.js';

@@ -1,0 +1,461 @@
+// The node's layer store: builds content-addressed EROFS layers, names them, and mounts each
+// one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
+import { randomBytes } from 'node:crypto';
+import { lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DsecError } from '@dsec/protocol';
+import type { LayerInfo, LayerKind } from '@dsec/protocol';
+import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
+import { buildBusyboxTree } from './busybox.js';
+import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
+import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs } from './erofs.js';
+import { digestHex, normalizeName } from './names.js';
+import { importOci } from './oci.js';
+import { TarExtractor } from './tar-extract.js';
+import type { TarInput, TarLimits } from './tar-extract.js';
+
+/** How long an unused layer stays mounted after its last release. */
+export const DEFAULT_UNMOUNT_LINGER_MS = 10_000;
+
+/** Options of {@link LayerStore}. */
+export interface LayerStoreOptions {
+  /** Directory the store owns, e.g. `$DSEC_HOME/layers`. */
+  root: string;
+  /** Chunk size of data blobs in bytes (power of two >= 4096); default 1 MiB. */
+  chunkSizeBytes?: number;
+  /** Limits applied to tar and OCI sources; defaults in {@link DEFAULT_TAR_LIMITS}. */
+  tarLimits?: Partial<TarLimits>;
+  /** Milliseconds an unreferenced layer stays mounted; default 10 s, 0 unmounts at once. */
+  unmountLingerMs?: number;
+}
+
+/** Where a layer's files come from. */
+export type LayerSource =
+  | { type: 'dir'; path: string }
+  | { type: 'tar'; stream: TarInput }
+  | { type: 'oci'; path: string }
+  | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
+  | { type: 'busybox' };
+
+/** Options of {@link LayerStore.build}. */
+export interface BuildLayerOptions {
+  kind: LayerKind;
+  /** `name` or `name:tag` (tag defaults to `latest`) to point at the layer. */
+  name?: string;
+  /** Merged into the layer's labels (also when the layer already existed). */
+  labels?: Record<string, string>;
+  onProgress?: (msg: string) => void;
+  signal?: AbortSignal;
+}
+
+/** Result of {@link LayerStore.gc}. */
+export interface LayerGcResult {
+  /** Digests of the deleted layers. */
+  removed: string[];
+}
+
+type StoredLayer = Omit<LayerInfo, 'names'>;
+
+const META_FILE = 'meta.erofs';
+const BLOB_FILE = 'data.blob';
+const INFO_FILE = 'layer.json';
+const NAMES_FILE = 'names.json';
+const EBUSY = 16;
+
+/** Content-addressed EROFS layers on one node: build, name, mount, collect. */
+export class LayerStore {
+  private readonly root: string;
+  private readonly blobsDir: string;
+  private readonly mntDir: string;
+  private readonly tmpDir: string;
+  private readonly chunkSizeBytes: number;
+  private readonly lingerMs: number;
+  private readonly layers = new Map<string, StoredLayer>();
+  /** `name:tag` -> hex digest. */
+  private readonly names = new Map<string, string>();
+  private readonly refs = new Map<string, number>();
+  private readonly mounted = new Set<string>();
+  private readonly lingering = new Map<string, NodeJS.Timeout>();
+  private initialized: Promise<void> | undefined;
+  private chain: Promise<unknown> = Promise.resolve();
+
+  constructor(private readonly opts: LayerStoreOptions) {
+    this.root = opts.root;
+    this.blobsDir = join(opts.root, 'blobs');
+    this.mntDir = join(opts.root, 'mnt');
+    this.tmpDir = join(opts.root, 'tmp');
+    this.chunkSizeBytes = opts.chunkSizeBytes ?? DEFAULT_CHUNK_SIZE_BYTES;
+    this.lingerMs = opts.unmountLingerMs ?? DEFAULT_UNMOUNT_LINGER_MS;
+  }
+
+  /** Creates the directories, loads the index, removes half-built layers, adopts mounts. */
+  init(): Promise<void> {
+    this.initialized ??= this.load().catch((err: unknown) => {
+      this.initialized = undefined;
+      throw err;
+    });
+    return this.initialized;
+  }
+
+  private async load(): Promise<void> {
+    for (const dir of [this.root, this.blobsDir, this.mntDir, this.tmpDir]) await mkdir(dir, { recursive: true });
+    for (const name of await readdir(this.tmpDir)) await safeRemove(join(this.tmpDir, name));
+    for (const hex of await readdir(this.blobsDir)) {
+      const dir = join(this.blobsDir, hex);
+      const info = await readFile(join(dir, INFO_FILE), 'utf8')
+        .then((t) => JSON.parse(t) as LayerInfo)
+        .catch(() => null);
+      if (digestHex(hex) !== hex || info === null || info.digest !== `sha256:${hex}`) {
+        // Not something this store committed (commits rename a complete directory into place).
+        await safeRemove(dir);
+        continue;
+      }
+      const { names: _names, ...stored } = info;
+      this.layers.set(hex, stored);
+    }
+    const names = await readFile(join(this.root, NAMES_FILE), 'utf8')
+      .then((t) => JSON.parse(t) as Record<string, string>)
+      .catch(() => ({}) as Record<string, string>);
+    for (const [name, digest] of Object.entries(names)) {
+      const hex = digestHex(digest);
+      if (hex !== null && this.layers.has(hex)) this.names.set(name, hex);
+    }
+    for (const target of await mountsUnder(this.mntDir)) {
+      const hex = target.slice(this.mntDir.length + 1);
+      if (this.layers.has(hex)) this.mounted.add(hex);
+    }
+  }
+
+  /** Builds a layer from `source`; an existing identical layer only gains the name and labels. */
+  async build(source: LayerSource, opts: BuildLayerOptions): Promise<LayerInfo> {
+    await this.init();
+    const { signal } = opts;
+    const progress = opts.onProgress ?? (() => undefined);
+    const name = opts.name === undefined ? undefined : normalizeName(opts.name);
+    signal?.throwIfAborted();
+    const work = await mkdtemp(join(this.tmpDir, 'build-'));
+    try {
+      let tree = join(work, 'root');
+      const limits = this.opts.tarLimits;
+      switch (source.type) {
+        case 'dir': {
+          const st = await stat(source.path).catch(() => null);
+          if (!st?.isDirectory()) throw new DsecError('INVALID_ARGUMENT', `source.path: not a directory: ${source.path}`, { field: 'source.path', path: source.path });
+          tree = source.path;
+          break;
+        }
+        case 'tar': {
+          await mkdir(tree);
+          progress('extracting tar');
+          const extractor = new TarExtractor(tree, { whiteouts: 'record', limits, signal, onProgress: progress });
+          await extractor.extract(source.stream);
+          const { entries } = await extractor.finish();
+          progress(`extracted ${entries} entries`);
+          break;
+        }
+        case 'oci':
+          await mkdir(tree);
+          await importOci(source.path, tree, { workDir: work, limits, signal, onProgress: progress });
+          break;
+        case 'debian':
+          await buildDebianTree(tree, {
+            suite: source.suite ?? DEFAULT_DEBIAN_SUITE,
+            packages: source.packages,
+            variant: source.variant ?? 'minbase',
+            signal,
+            onProgress: progress,
+          });
+          // mmdebstrap unmounts what it mounted; make sure before the tree is read.
+          for (const m of await mountsUnder(tree)) umount(m, MNT.DETACH);
+          break;
+        case 'busybox':
+          await mkdir(tree);
+          await buildBusyboxTree(tree);
+          break;
+        default:
+          throw new DsecError('INVALID_ARGUMENT', `source.type: unknown layer source ${(source as { type: string }).type}`, { field: 'source.type' });
+      }
+      signal?.throwIfAborted();
+      const { files, contentBytes } = await countTree(tree);
+      const out = join(work, 'out');
+      await mkdir(out);
+      progress(`mkfs.erofs: ${files} files, ${contentBytes} bytes`);
+      await mkfsErofs(tree, join(out, META_FILE), join(out, BLOB_FILE), { chunkSizeBytes: this.chunkSizeBytes, signal });
+      const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
+      signal?.throwIfAborted();
+      const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
+      const layer: StoredLayer = {
+        digest,
+        kind: opts.kind,
+        labels: { ...opts.labels },
+        contentBytes,
+        metaBytes: meta.size,
+        blobBytes: blob.size,
+        files,
+        createdAt: new Date().toISOString(),
+      };
+      const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
+      progress(`layer ${digest}`);
+      return info;
+    } finally {
+      await safeRemove(work);
+    }
+  }
+
+  private async commit(out: string, layer: StoredLayer, labels: Record<string, string> | undefined, name: string | undefined): Promise<LayerInfo> {
+    const hex = layer.digest.slice('sha256:'.length);
+    const existing = this.layers.get(hex);
+    if (existing !== undefined) {
+      if (labels !== undefined && Object.keys(labels).length > 0) {
+        existing.labels = { ...existing.labels, ...labels };
+        await this.writeInfo(hex);
+      }
+    } else {
+      await writeFile(join(out, INFO_FILE), JSON.stringify({ ...layer, names: [] }, null, 2));
+      await rename(out, join(this.blobsDir, hex));
+      this.layers.set(hex, layer);
+    }
+    if (name !== undefined) {
+      this.names.set(name, hex);
+      await this.saveNames();
+    }
+    return this.info(hex);
+  }
+
+  /** Looks up `sha256:<hex>`, bare hex, `name` or `name:tag`; LAYER_NOT_FOUND when unknown. */
+  async resolve(ref: string): Promise<LayerInfo> {
+    await this.init();
+    return this.info(this.hexOf(ref));
+  }
+
+  /** All layers, oldest first, optionally of one kind. */
+  async list(filter?: { kind?: LayerKind }): Promise<LayerInfo[]> {
+    await this.init();
+    return [...this.layers.keys()]
+      .map((hex) => this.info(hex))
+      .filter((l) => filter?.kind === undefined || l.kind === filter.kind)
+      .sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.digest.localeCompare(b.digest));
+  }
+
+  /** Points `name` (moved if it pointed elsewhere) at the layer `ref`. */
+  async tag(ref: string, name: string): Promise<LayerInfo> {
+    await this.init();
+    const full = normalizeName(name);
+    return this.locked(async () => {
+      const hex = this.hexOf(ref);
+      this.names.set(full, hex);
+      await this.saveNames();
+      return this.info(hex);
+    });
+  }
+
+  /** Drops a name; the layer stays until removed or collected. */
+  async untag(name: string): Promise<void> {
+    await this.init();
+    const full = normalizeName(name);
+    await this.locked(async () => {
+      if (!this.names.delete(full)) throw new DsecError('LAYER_NOT_FOUND', `no layer named ${full}`, { layer: name });
+      await this.saveNames();
+    });
+  }
+
+  /** Deletes a layer and every name pointing at it; CONFLICT while a sandbox uses it. */
+  async remove(ref: string): Promise<void> {
+    await this.init();
+    await this.locked(async () => {
+      const hex = this.hexOf(ref);
+      if ((this.refs.get(hex) ?? 0) > 0) {
+        throw new DsecError('CONFLICT', `layer sha256:${hex} is in use by ${this.refs.get(hex)} sandbox(es)`, { layer: ref });
+      }
+      if (!this.tryUnmount(hex)) throw new DsecError('CONFLICT', `layer sha256:${hex} is mounted and busy`, { layer: ref });
+      for (const [name, target] of this.names) if (target === hex) this.names.delete(name);
+      await this.saveNames();
+      await this.deleteLayer(hex);
+    });
+  }
+
+  /**
+   * Mounts the layer (once per node; an existing mount, also one left by a previous edge
+   * process, is reused), counts one more user, and returns the read-only mount directory.
+   */
+  async acquire(digest: string): Promise<string> {
+    await this.init();
+    return this.locked(async () => {
+      const hex = this.hexOf(digest);
+      const target = join(this.mntDir, hex);
+      this.cancelLinger(hex);
+      if (!this.mounted.has(hex)) {
+        await mkdir(target, { recursive: true });
+        if (!(await mountsUnder(target)).includes(target)) {
+          const dir = join(this.blobsDir, hex);
+          mount(join(dir, META_FILE), target, 'erofs', MS.RDONLY | MS.NODEV, `device=${join(dir, BLOB_FILE)}`);
+        }
+        this.mounted.add(hex);
+      }
+      this.refs.set(hex, (this.refs.get(hex) ?? 0) + 1);
+      return target;
+    });
+  }
+
+  /** One user fewer; at zero the layer is unmounted (after the linger time). */
+  async release(digest: string): Promise<void> {
+    await this.init();
+    await this.locked(async () => {
+      const hex = this.hexOf(digest);
+      const n = (this.refs.get(hex) ?? 0) - 1;
+      if (n > 0) {
+        this.refs.set(hex, n);
+        return;
+      }
+      this.refs.delete(hex);
+      if (this.lingerMs <= 0) {
+        this.tryUnmount(hex);
+        return;
+      }
+      this.cancelLinger(hex);
+      const timer = setTimeout(() => {
+        this.lingering.delete(hex);
+        this.locked(async () => {
+          if ((this.refs.get(hex) ?? 0) === 0) this.tryUnmount(hex);
+        }).catch(() => undefined); // a busy mount simply stays; the next release or close retries
+      }, this.lingerMs);
+      timer.unref();
+      this.lingering.set(hex, timer);
+    });
+  }
+
+  /** Deletes every layer that has no name and no user; returns their digests. */
+  async gc(): Promise<LayerGcResult> {
+    await this.init();
+    return this.locked(async () => {
+      const named = new Set(this.names.values());
+      const removed: string[] = [];
+      for (const hex of [...this.layers.keys()]) {
+        if (named.has(hex) || (this.refs.get(hex) ?? 0) > 0) continue;
+        if (!this.tryUnmount(hex)) continue;
+        await this.deleteLayer(hex);
+        removed.push(`sha256:${hex}`);
+      }
+      return { removed };
+    });
+  }
+
+  /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */
+  async close(): Promise<void> {
+    if (this.initialized === undefined) return;
+    await this.init();
+    await this.locked(async () => {
+      for (const timer of this.lingering.values()) clearTimeout(timer);
+      this.lingering.clear();
+      this.refs.clear();
+      for (const hex of [...this.mounted]) this.tryUnmount(hex);
+    });
+  }
+
+  private info(hex: string): LayerInfo {
+    const layer = this.layers.get(hex);
+    if (layer === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer sha256:${hex}`, { layer: `sha256:${hex}` });
+    const names = [...this.names].filter(([, h]) => h === hex).map(([n]) => n).sort();
+    return { ...layer, labels: { ...layer.labels }, names };
+  }
+
+  private hexOf(ref: string): string {
+    const hex = digestHex(ref);
+    if (hex !== null) {
+      if (this.layers.has(hex)) return hex;
+    } else {
+      let full: string | undefined;
+      try {
+        full = normalizeName(ref, 'layer');
+      } catch {
+        full = undefined;
+      }
+      const target = full === undefined ? undefined : this.names.get(full);
+      if (target !== undefined) return target;
+    }
+    throw new DsecError('LAYER_NOT_FOUND', `no layer ${ref}`, { layer: ref });
+  }
+
+  /** Unmounts the layer if mounted; false when the mount is busy. */
+  private tryUnmount(hex: string): boolean {
+    this.cancelLinger(hex);
+    if (!this.mounted.has(hex)) return true;
+    try {
+      umount(join(this.mntDir, hex));
+    } catch (err) {
+      if (err instanceof SyscallError && err.errno === EBUSY) return false;
+      throw err;
+    }
+    this.mounted.delete(hex);
+    return true;
+  }
+
+  private cancelLinger(hex: string): void {
+    const timer = this.lingering.get(hex);
+    if (timer !== undefined) clearTimeout(timer);
+    this.lingering.delete(hex);
+  }
+
+  private async deleteLayer(hex: string): Promise<void> {
+    // Rename first so that a crash mid-delete leaves only a temp dir, which init removes.
+    const doomed = join(this.tmpDir, `delete-${hex}-${randomBytes(4).toString('hex')}`);
+    await rename(join(this.blobsDir, hex), doomed);
+    this.layers.delete(hex);
+    await rm(doomed, { recursive: true, force: true });
+    await rmdir(join(this.mntDir, hex)).catch(() => undefined);
+  }
+
+  private async writeInfo(hex: string): Promise<void> {
+    await atomicWrite(join(this.blobsDir, hex, INFO_FILE), JSON.stringify(this.info(hex), null, 2));
+  }
+
+  private async saveNames(): Promise<void> {
+    const obj: Record<string, string> = {};
+    for (const [name, hex] of [...this.names].sort((a, b) => a[0].localeCompare(b[0]))) obj[name] = `sha256:${hex}`;
+    await atomicWrite(join(this.root, NAMES_FILE), JSON.stringify(obj, null, 2) + '\n');
+  }
+
+  /** Runs `fn` after every earlier locked call: index and mount changes are serialized. */
+  private locked<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.chain.then(fn, fn);
+    this.chain = run.catch(() => undefined);
+    return run;
+  }
+}
+
+async function atomicWrite(path: string, text: string): Promise<void> {
+  const tmp = `${path}.tmp-${randomBytes(4).toString('hex')}`;
+  await writeFile(tmp, text);
+  await rename(tmp, path);
+}
+
+/** Removes a directory tree, first detaching anything mounted inside it (a crashed build's). */
+async function safeRemove(dir: string): Promise<void> {
+  for (const m of await mountsUnder(dir)) umount(m, MNT.DETACH);
+  await rm(dir, { recursive: true, force: true });
+}
+
+/** Number of entries below `dir` and bytes of regular-file content (hard links once). */
+async function countTree(dir: string): Promise<{ files: number; contentBytes: number }> {
+  let files = 0;
+  let contentBytes = 0;
+  const seen = new Set<number>();
+  const walk = async (path: string): Promise<void> => {
+    for (const ent of await readdir(path, { withFileTypes: true })) {
+      files++;
+      const child = join(path, ent.name);
+      if (ent.isDirectory()) await walk(child);
+      else if (ent.isFile()) {
+        const st = await lstat(child);
+        if (st.nlink > 1) {
+          if (seen.has(st.ino)) continue;
+          seen.add(st.ino);
+        }
+        contentBytes += st.size;
+      }
+    }
+  };
+  await walk(dir);
+  return { files, contentBytes };
+}
+
