@@ -185,7 +185,7 @@ export class TarExtractor {
       if (base === OPAQUE_MARKER) return this.opaque(parent);
       const target = base.slice(WHITEOUT_PREFIX.length);
       if (target === '' || target === '.' || target === '..') throw invalid(`bad whiteout ${h.name}`, h.name);
-      return this.whiteout([...parent, target]);
+      return this.whiteout([...parent, target], h.mtime);
     }
     if (comps.length === 0 && type !== 'directory') throw invalid(`entry ${JSON.stringify(h.name)} of type ${type} has an empty path`, h.name);
 
@@ -263,7 +263,7 @@ export class TarExtractor {
       case 'character-device':
         await drain(entry);
         // A char device 0:0 is how overlayfs itself stores a whiteout; accept it as one.
-        if ((h.devmajor ?? 0) === 0 && (h.devminor ?? 0) === 0) return this.whiteout(comps);
+        if ((h.devmajor ?? 0) === 0 && (h.devminor ?? 0) === 0) return this.whiteout(comps, mtime);
         throw invalid(`device node ${h.name} not allowed in a layer`, h.name);
       case 'block-device':
         throw invalid(`device node ${h.name} not allowed in a layer`, h.name);
@@ -325,11 +325,13 @@ export class TarExtractor {
     return join(path, comps[comps.length - 1]!);
   }
 
-  private async whiteout(comps: string[]): Promise<void> {
+  private async whiteout(comps: string[], mtime: Date | undefined): Promise<void> {
     const rel = comps.join('/');
     if (this.opts.whiteouts === 'record') {
       const path = await this.prepare(comps);
       mkWhiteout(path);
+      const when = mtime instanceof Date && !Number.isNaN(mtime.getTime()) ? mtime : EPOCH;
+      await lutimes(path, when, when);
       return;
     }
     if (this.touched.has(rel)) return; // the same layer also writes it: that entry wins
