@@ -220,7 +220,7 @@ static void finish_exit(struct proc *p)
 	p->exited = true;
 	nexited++;
 	for (struct proc *q = head; q && nexited > MAX_EXITED_PROCS; q = q->next)
-		if (q->exited && !q->released)
+		if (q->exited && !q->released && q != p)
 			release(q);
 }
 
@@ -444,24 +444,37 @@ void proc_conn_closed(struct conn *c)
 
 /* ---- pipes ---- */
 
+/* Stores n bytes read from a stream; drops the oldest beyond output_cap. Out of memory, the
+ * bytes are counted but lost, so an attachment sees a GAP rather than silence. */
+static void ring_append(struct ring *r, const unsigned char *d, size_t n)
+{
+	if (ring_prepare(r, n)) {
+		size_t idx = (size_t)(r->end % output_cap);
+		size_t first = n < output_cap - idx ? n : output_cap - idx;
+		memcpy(r->buf + idx, d, first);
+		memcpy(r->buf, d + first, n - first);
+		r->end += n;
+	} else {
+		r->end += n;
+		r->start = r->end;
+	}
+	if (r->end - r->start > output_cap)
+		r->start = r->end - output_cap;
+}
+
 static void on_output(void *obj, int s, short revents)
 {
 	(void)revents;
+	static unsigned char chunk[OUTPUT_CHUNK_BYTES];
 	struct proc *p = obj;
 	if (p->released || p->out_fd[s] < 0)
 		return;
-	struct ring *r = &p->ring[s];
 	size_t room = read_room(p, s);
-	if (!room || !ring_prepare(r, room))
+	if (!room)
 		return;
-	size_t idx = (size_t)(r->end % output_cap);
-	if (room > output_cap - idx)
-		room = output_cap - idx;
-	ssize_t n = read(p->out_fd[s], r->buf + idx, room);
+	ssize_t n = read(p->out_fd[s], chunk, room);
 	if (n > 0) {
-		r->end += (uint64_t)n;
-		if (r->end - r->start > output_cap)
-			r->start = r->end - output_cap;
+		ring_append(&p->ring[s], chunk, (size_t)n);
 		return;
 	}
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
