@@ -176,7 +176,8 @@ export class TarExtractor {
     if (this.entries % 10_000 === 0) this.opts.onProgress?.(`extracted ${this.entries} entries`);
     const comps = this.cleanPath(h.name);
     const rel = comps.join('/');
-    const type = h.type ?? 'file';
+    // tar-stream reports typeflags it does not know (GNU sparse, volume labels...) as null.
+    const type = h.type ?? 'unknown';
     const base = comps[comps.length - 1];
 
     if (base !== undefined && base.startsWith(WHITEOUT_PREFIX)) {
