@@ -484,16 +484,15 @@ describe('untrusted tars', () => {
     await expectRejected('long path', long, /longer/);
   });
 
-  test('an aborted build leaves nothing behind', async () => {
+  test('an aborted build leaves nothing behind, even when the source stalls', async () => {
     const ac = new AbortController();
-    async function* slow(): AsyncGenerator<Uint8Array> {
+    async function* stalled(): AsyncGenerator<Uint8Array> {
       const t = await makeTar([{ name: 'a', content: 'a' }]);
       yield t.subarray(0, 512);
-      ac.abort(new Error('stop'));
-      await new Promise((r) => setTimeout(r, 50));
-      yield t.subarray(512);
+      setTimeout(() => ac.abort(new Error('stop')), 50);
+      await new Promise(() => undefined); // never sends the rest
     }
-    await assert.rejects(store.build({ type: 'tar', stream: slow() }, { kind: 'base', signal: ac.signal }), /stop|abort/i);
+    await assert.rejects(store.build({ type: 'tar', stream: stalled() }, { kind: 'base', signal: ac.signal }), /stop/);
     assert.deepEqual(readdirSync(join(fx.dir, 'layers/tmp')), []);
     assert.deepEqual(await store.list(), []);
   });
