@@ -233,7 +233,9 @@ export class Edge {
   async exitInfo(id: string, exit: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr' | 'truncated'>> {
     let oomKilled = false;
     const e = this.sandboxes.get(id);
-    if (exit.signal === 'SIGKILL' && !exit.timedOut && e?.backend instanceof ContainerBackend) {
+    // A shell reports a child's SIGKILL as status 137: check the counter for both.
+    const killed = exit.signal === 'SIGKILL' || exit.exitCode === 137;
+    if (killed && !exit.timedOut && e?.backend instanceof ContainerBackend) {
       const kills = await e.backend.oomKills(id);
       oomKilled = kills > e.oomKills;
       e.oomKills = kills;

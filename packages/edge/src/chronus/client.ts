@@ -517,10 +517,16 @@ export class ChronusClient {
     } while (offset < buf.length);
   }
 
-  /** Lists a directory. */
-  async listDir(path: string): Promise<FileStat[]> {
-    const f = (await this.request(T.LISTDIR, [[F.PATH, path]], `list ${path}`)).fields;
-    return f.nested(F.ENTRY).map((e) => parseStat(e, e.str(F.NAME) ?? ''));
+  /** Lists a directory (in as many requests as its size needs), refusing more than `maxEntries`. */
+  async listDir(path: string, maxEntries = 100_000): Promise<FileStat[]> {
+    const out: FileStat[] = [];
+    for (;;) {
+      const f = (await this.request(T.LISTDIR, [[F.PATH, path], [F.OFFSET, out.length]], `list ${path}`)).fields;
+      const entries = f.nested(F.ENTRY);
+      for (const e of entries) out.push(parseStat(e, e.str(F.NAME) ?? ''));
+      if (out.length > maxEntries) throw new DsecError('PAYLOAD_TOO_LARGE', `${path} has more than ${maxEntries} entries`, { path });
+      if (f.has(F.EOF) || entries.length === 0) return out;
+    }
   }
 
   /** Creates a directory (with parents when asked). */

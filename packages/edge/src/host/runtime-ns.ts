@@ -39,7 +39,7 @@ export async function makeSharedMount(dir: string): Promise<void> {
 export interface RuntimeNamespace {
   /** argv prefix that runs a command inside the namespace (empty when none is needed). */
   readonly prefix: string[];
-  /** Removes the namespace (tests; a node keeps it). */
+  /** Removes the namespace and the home's bind mount (tests; a node keeps both). */
   destroy(): Promise<void>;
 }
 
@@ -55,7 +55,8 @@ export function runDirFor(home: string): string {
  */
 export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): Promise<RuntimeNamespace> {
   await makeSharedMount(home);
-  if (mode !== 'hybrid') return { prefix: [], destroy: async () => undefined };
+  const unmountHome = (): void => void umount(home, MNT.DETACH);
+  if (mode !== 'hybrid') return { prefix: [], destroy: async () => unmountHome() };
 
   const runDir = runDirFor(home);
   const nsFile = path.join(runDir, 'mntns');
@@ -81,6 +82,7 @@ export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): P
       umount(nsFile, MNT.DETACH);
       umount(runDir, MNT.DETACH);
       await rm(runDir, { recursive: true, force: true });
+      unmountHome();
     },
   };
 }
