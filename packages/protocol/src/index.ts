@@ -1,3 +1,4 @@
 export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.js';
 export type { ErrorCode, ErrorDetails } from './errors.js';
 export * from './types.js';
+export * from './api.js';

@@ -1,0 +1,294 @@
+// Request and response schemas of the HTTP API (/v1). The apiserver validates with them, the SDK
+// infers its types from them, and the OpenAPI document is generated from them.
+import { z } from 'zod';
+import {
+  BackendKindSchema,
+  EnvSchema,
+  ImageSpecSchema,
+  LabelsSchema,
+  LayerKindSchema,
+  ResourcesSchema,
+  SandboxStateSchema,
+  MAX_COMMAND_BYTES,
+} from './types.js';
+
+/** Default and largest page of a listing. */
+export const DEFAULT_PAGE_SIZE = 100;
+export const MAX_PAGE_SIZE = 1000;
+/** Default sandbox lifetime when the create request gives none. */
+export const DEFAULT_SANDBOX_TIMEOUT_MS = 3_600_000;
+/** Longest lifetime a create request may ask for. */
+export const MAX_SANDBOX_TIMEOUT_MS = 7 * 86_400_000;
+
+/** POST /v1/sandboxes */
+export const CreateSandboxRequestSchema = z.strictObject({
+  backend: BackendKindSchema.optional(),
+  image: ImageSpecSchema,
+  resources: ResourcesSchema.optional(),
+  env: EnvSchema.optional(),
+  labels: LabelsSchema.optional(),
+  /** Lifetime in ms from creation; the sandbox is destroyed when it elapses. */
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+});
+export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequestSchema>;
+
+/** Resources as granted (defaults filled in). */
+export const GrantedResourcesSchema = z.object({
+  cpu: z.number(),
+  memoryMiB: z.number(),
+  diskMiB: z.number(),
+  pids: z.number(),
+  cpuClass: z.enum(['latency-sensitive', 'best-effort']),
+});
+export type GrantedResources = z.infer<typeof GrantedResourcesSchema>;
+
+/** A sandbox as the API returns it. */
+export const SandboxSchema = z.object({
+  id: z.string(),
+  project: z.string(),
+  node: z.string(),
+  backend: BackendKindSchema,
+  state: SandboxStateSchema,
+  image: ImageSpecSchema,
+  layers: z.array(z.string()),
+  resources: GrantedResourcesSchema,
+  labels: z.record(z.string(), z.string()),
+  /** Names of the environment variables set at create (values are not returned). */
+  envKeys: z.array(z.string()),
+  createdAt: z.string(),
+  expiresAt: z.string(),
+});
+export type Sandbox = z.infer<typeof SandboxSchema>;
+
+/** GET /v1/sandboxes query. `label` repeats as `key=value`. */
+export const ListSandboxesQuerySchema = z.strictObject({
+  label: z.array(z.string().regex(/^[^=]+=.*$/, 'must be key=value')).max(16).optional(),
+  state: SandboxStateSchema.optional(),
+  limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
+  cursor: z.string().max(256).optional(),
+});
+export type ListSandboxesQuery = z.infer<typeof ListSandboxesQuerySchema>;
+
+/** A page of a listing. */
+export function pageOf<T extends z.ZodType>(item: T) {
+  return z.object({ items: z.array(item), nextCursor: z.string().nullable() });
+}
+
+/** POST /v1/sandboxes/{id}/exec */
+export const ExecRequestSchema = z
+  .strictObject({
+    cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
+    argv: z.array(z.string().max(MAX_COMMAND_BYTES)).min(1).max(65_536).optional(),
+    cwd: z.string().startsWith('/', 'must be absolute').max(4096).optional(),
+    env: EnvSchema.optional(),
+    uid: z.number().int().min(0).max(4_294_967_294).optional(),
+    gid: z.number().int().min(0).max(4_294_967_294).optional(),
+    /** Text written to stdin, then stdin is closed. */
+    stdin: z.string().max(16 * 1024 * 1024).optional(),
+    /** Base64 bytes written to stdin, then stdin is closed (binary-safe form of `stdin`). */
+    stdinBase64: z.string().max(22 * 1024 * 1024).optional(),
+    timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
+  })
+  .refine((s) => (s.cmd === undefined) !== (s.argv === undefined), { message: 'give exactly one of cmd or argv', path: ['cmd'] })
+  .refine((s) => s.stdin === undefined || s.stdinBase64 === undefined, { message: 'give at most one of stdin or stdinBase64', path: ['stdin'] });
+export type ExecRequest = z.infer<typeof ExecRequestSchema>;
+
+/** How a process ended. */
+export const ExitInfoSchema = z.object({
+  exitCode: z.number().nullable(),
+  signal: z.string().nullable(),
+  timedOut: z.boolean(),
+  oomKilled: z.boolean(),
+  durationMs: z.number(),
+  cpuUserMs: z.number(),
+  cpuSysMs: z.number(),
+  peakMemoryKiB: z.number(),
+  stdoutBytes: z.number(),
+  stderrBytes: z.number(),
+});
+
+/** 200 reply of exec (without streaming). */
+export const ExecResultSchema = ExitInfoSchema.extend({
+  /** The process's handle in this sandbox (the `{pid}` of the process routes). */
+  pid: z.number(),
+  stdout: z.string(),
+  stderr: z.string(),
+  truncated: z.boolean(),
+});
+export type ExecResultBody = z.infer<typeof ExecResultSchema>;
+
+/**
+ * One line of an `application/x-ndjson` exec or output stream (and one WebSocket message).
+ * Output data is base64 so that any bytes pass.
+ */
+export const ExecEventSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('start'), pid: z.number(), osPid: z.number() }),
+  z.object({ type: z.literal('output'), stream: z.enum(['stdout', 'stderr']), offset: z.number(), data: z.string() }),
+  z.object({ type: z.literal('gap'), stream: z.enum(['stdout', 'stderr']), offset: z.number(), bytes: z.number() }),
+  ExitInfoSchema.extend({ type: z.literal('exit'), pid: z.number() }),
+  z.object({ type: z.literal('error'), error: z.object({ code: z.string(), message: z.string() }) }),
+]);
+export type ExecEvent = z.infer<typeof ExecEventSchema>;
+
+/** First WebSocket message of /v1/sandboxes/{id}/exec/ws: what to run. */
+export const WsExecRequestSchema = z.strictObject({
+  cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
+  argv: z.array(z.string()).min(1).max(65_536).optional(),
+  cwd: z.string().startsWith('/').max(4096).optional(),
+  env: EnvSchema.optional(),
+  timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
+  pty: z.strictObject({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).optional(),
+});
+
+/** Later WebSocket messages from the client. */
+export const WsClientMessageSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('stdin'), data: z.string().max(2 * 1024 * 1024) }),
+  z.object({ type: z.literal('eof') }),
+  z.object({ type: z.literal('resize'), rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }),
+  z.object({ type: z.literal('signal'), signal: z.string().max(16) }),
+]);
+export type WsClientMessage = z.infer<typeof WsClientMessageSchema>;
+
+/** A process of a sandbox. */
+export const ProcessSchema = z.object({
+  pid: z.number(),
+  osPid: z.number(),
+  argv: z.array(z.string()),
+  state: z.enum(['running', 'exited']),
+  stdoutBytes: z.number(),
+  stderrBytes: z.number(),
+  exit: ExitInfoSchema.optional(),
+});
+export type ProcessBody = z.infer<typeof ProcessSchema>;
+
+/** GET /v1/sandboxes/{id}/processes/{pid}/output query. */
+export const OutputQuerySchema = z.strictObject({
+  from: z.coerce.number().int().min(0).optional(),
+  fromStderr: z.coerce.number().int().min(0).optional(),
+});
+
+/** POST /v1/sandboxes/{id}/processes/{pid}/signal */
+export const SignalRequestSchema = z.strictObject({ signal: z.string().regex(/^(SIG)?[A-Z0-9]+$/).max(16) });
+
+/** Query of the file routes. */
+export const FilePathQuerySchema = z.strictObject({
+  path: z.string().startsWith('/', 'must be absolute').max(4096),
+  offset: z.coerce.number().int().min(0).optional(),
+  length: z.coerce.number().int().min(0).optional(),
+  mode: z.string().regex(/^[0-7]{3,4}$/, 'octal mode').optional(),
+  append: z.enum(['true', 'false']).optional(),
+  recursive: z.enum(['true', 'false']).optional(),
+});
+
+/** POST /v1/sandboxes/{id}/files/rename */
+export const RenameRequestSchema = z.strictObject({
+  from: z.string().startsWith('/', 'must be absolute').max(4096),
+  to: z.string().startsWith('/', 'must be absolute').max(4096),
+});
+
+/** A file's metadata. */
+export const FileStatSchema = z.object({
+  name: z.string(),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  mode: z.number(),
+  size: z.number(),
+  mtimeMs: z.number(),
+  uid: z.number().optional(),
+  gid: z.number().optional(),
+  linkTarget: z.string().optional(),
+});
+
+/** POST /v1/layers query (the body is a tar stream, optionally gzip-compressed). */
+export const UploadLayerQuerySchema = z.strictObject({
+  kind: LayerKindSchema,
+  name: z.string().max(256).optional(),
+  /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
+  format: z.enum(['tar', 'oci']).optional(),
+});
+
+/** POST /v1/layers/debian */
+export const DebianLayerRequestSchema = z.strictObject({
+  kind: LayerKindSchema,
+  name: z.string().max(256).optional(),
+  packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
+  suite: z.string().regex(/^[a-z]+$/).optional(),
+});
+
+/** A layer as the API returns it. */
+export const LayerSchema = z.object({
+  digest: z.string(),
+  kind: LayerKindSchema,
+  names: z.array(z.string()),
+  /** `public` for the node's built-in layers, else the owning project. */
+  project: z.string(),
+  contentBytes: z.number(),
+  files: z.number(),
+  createdAt: z.string(),
+});
+export type Layer = z.infer<typeof LayerSchema>;
+
+/** Roles of an API key, most powerful first. */
+export const RoleSchema = z.enum(['admin', 'member', 'viewer']);
+export type Role = z.infer<typeof RoleSchema>;
+
+/** Limits of a project; usage of sub-projects counts toward every ancestor. */
+export const QuotaSchema = z.strictObject({
+  sandboxes: z.number().int().min(0).max(10_000_000),
+  cpu: z.number().min(0).max(10_000_000),
+  memoryMiB: z.number().int().min(0).max(1_000_000_000),
+});
+export type Quota = z.infer<typeof QuotaSchema>;
+
+/** POST /v1/projects: a sub-project of the caller's project (or of `parent`, one of its descendants). */
+export const CreateProjectRequestSchema = z.strictObject({
+  name: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and -'),
+  parent: z.string().max(64).optional(),
+  quota: QuotaSchema.partial().optional(),
+});
+
+/** A project. */
+export const ProjectSchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  parent: z.string().nullable(),
+  quota: QuotaSchema,
+  usage: QuotaSchema,
+  createdAt: z.string(),
+});
+export type Project = z.infer<typeof ProjectSchema>;
+
+/** POST /v1/keys */
+export const CreateKeyRequestSchema = z.strictObject({
+  name: z.string().min(1).max(64),
+  role: RoleSchema,
+  /** Project the key acts in; default the caller's. Must be the caller's or a descendant. */
+  project: z.string().max(64).optional(),
+});
+
+/** An API key (the secret is returned once, at creation). */
+export const ApiKeySchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  role: RoleSchema,
+  project: z.string(),
+  createdAt: z.string(),
+  revokedAt: z.string().nullable(),
+  key: z.string().optional(),
+});
+export type ApiKey = z.infer<typeof ApiKeySchema>;
+
+/** A node's capacity and use. */
+export const NodeSchema = z.object({
+  name: z.string(),
+  healthy: z.boolean(),
+  backends: z.array(BackendKindSchema),
+  capacity: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),
+  allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }),
+  allocated: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),
+});
+export type NodeBody = z.infer<typeof NodeSchema>;
+
+/** Every error body: `{error: {code, message, field?, ...}}`. */
+export const ErrorBodySchema = z.object({
+  error: z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough(),
+});
