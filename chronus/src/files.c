@@ -438,3 +438,15 @@ void file_rename(struct conn *c, const struct msg *m)
 	}
 	reply_ok(c, m->id);
 }
+
+void file_symlink(struct conn *c, const struct msg *m)
+{
+	char from[PATH_MAX], to[PATH_MAX];
+	if (!get_path(c, m, F_PATH, from) || !get_path(c, m, F_PATH2, to))
+		return;
+	if (symlink(to, from) < 0) {
+		fail(c, m, "symlink", from, errno);
+		return;
+	}
+	reply_ok(c, m->id);
+}

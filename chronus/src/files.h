@@ -11,5 +11,6 @@ void file_listdir(struct conn *c, const struct msg *m);
 void file_mkdir(struct conn *c, const struct msg *m);
 void file_remove(struct conn *c, const struct msg *m);
 void file_rename(struct conn *c, const struct msg *m);
+void file_symlink(struct conn *c, const struct msg *m);
 
 #endif

@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,7 @@ struct options {
 	const char *stream_path;
 	uint64_t output_cap;
 	uint64_t grace_ms;
+	bool best_effort;
 };
 
 static struct options opt = { .listen_fd = -1, .stream_fd = -1,
@@ -42,7 +45,8 @@ uint64_t agent_uptime_ms(void)
 static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr, "usage: chronus (--listen-fd N | --stream-fd N | --stream-path PATH)"
-			" [--output-cap BYTES] [--grace-ms MS]\n");
+			" [--output-cap BYTES] [--grace-ms MS]"
+			" [--cpu-class latency-sensitive|best-effort]\n");
 	exit(2);
 }
 
@@ -73,6 +77,10 @@ static void parse_args(int argc, char **argv)
 			opt.output_cap = parse_u64(v, MIN_OUTPUT_CAP_BYTES, MAX_OUTPUT_CAP_BYTES);
 		else if (!strcmp(a, "--grace-ms"))
 			opt.grace_ms = parse_u64(v, 0, 24ull * 3600 * 1000);
+		else if (!strcmp(a, "--cpu-class") && !strcmp(v, "best-effort"))
+			opt.best_effort = true;
+		else if (!strcmp(a, "--cpu-class") && !strcmp(v, "latency-sensitive"))
+			opt.best_effort = false;
 		else
 			usage();
 	}
@@ -120,6 +128,10 @@ static void become_init(void)
 		log_msg("PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
 	if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
 		log_msg("SIGPIPE: %s", strerror(errno));
+	/* Best-effort sandboxes run under SCHED_IDLE; every command inherits it. */
+	struct sched_param sp = { .sched_priority = 0 };
+	if (opt.best_effort && sched_setscheduler(0, SCHED_IDLE, &sp) < 0)
+		log_msg("SCHED_IDLE: %s", strerror(errno));
 }
 
 static int make_signalfd(void)

@@ -13,6 +13,8 @@ export interface SandboxAgent {
   attach(proc: number, from?: { stdout?: number; stderr?: number }): Promise<Attachment>;
   wait(proc: number, signal?: AbortSignal): Promise<AgentExit>;
   signal(proc: number, sig: string | number, group?: boolean): Promise<void>;
+  writeStdin(proc: number, data: Uint8Array | string, eof?: boolean): Promise<void>;
+  resize(proc: number, rows: number, cols: number): Promise<void>;
   list(): Promise<AgentProcess[]>;
   release(proc: number): Promise<void>;
   stat(path: string, opts?: { followSymlinks?: boolean }): Promise<FileStat>;
@@ -22,6 +24,7 @@ export interface SandboxAgent {
   mkdir(path: string, opts?: { parents?: boolean; mode?: number; uid?: number; gid?: number }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
   rename(from: string, to: string): Promise<void>;
+  symlink(path: string, target: string): Promise<void>;
   readonly connected: boolean;
   close(): void;
 }

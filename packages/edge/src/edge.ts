@@ -2,7 +2,7 @@
 // turns exec requests into results (or handles) over each sandbox's agent.
 import { randomBytes } from 'node:crypto';
 import { access, mkdir } from 'node:fs/promises';
-import { hostname } from 'node:os';
+import os, { hostname } from 'node:os';
 import path from 'node:path';
 import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
 import type { BackendKind, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
@@ -32,6 +32,19 @@ export interface EdgeOptions {
   outputCapBytes?: number;
   /** cgroup parent of the node's sandboxes. Default `dsec`. */
   cgroupParent?: string;
+  /** Most sandboxes this node admits. Default {@link DEFAULT_MAX_SANDBOXES}. */
+  maxSandboxes?: number;
+}
+
+/** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
+export const DEFAULT_MAX_SANDBOXES = 4000;
+
+/** What a node offers, before over-commit. */
+export interface NodeCapacity {
+  cpu: number;
+  memoryMiB: number;
+  sandboxes: number;
+  backends: BackendKind[];
 }
 
 /** A sandbox as edge reports it. */
@@ -74,6 +87,7 @@ function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
 /** The node agent. */
 export class Edge {
   private readonly sandboxes = new Map<string, Entry>();
+  private creating = 0;
 
   private constructor(
     readonly home: string,
@@ -83,7 +97,18 @@ export class Edge {
     private readonly runtimeNs: RuntimeNamespace,
     /** The cgroups of this node's sandboxes. */
     readonly cgroups: Cgroups,
+    private readonly maxSandboxes: number,
   ) {}
+
+  /** What this node offers to the scheduler. */
+  capacity(): NodeCapacity {
+    return {
+      cpu: os.cpus().length,
+      memoryMiB: Math.floor(os.totalmem() / 1048576),
+      sandboxes: this.maxSandboxes,
+      backends: [...this.backends.keys()],
+    };
+  }
 
   /** Opens the node: prepares the host, finds sandboxes that survived a restart. */
   static async open(opts: EdgeOptions): Promise<Edge> {
@@ -110,7 +135,7 @@ export class Edge {
       agentBinary: path.resolve(opts.agentBinary),
       ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
     });
-    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups);
+    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         edge.sandboxes.set(record.id, { record, backend, state: 'running', oomKills: 0 });
@@ -133,6 +158,9 @@ export class Edge {
     const id = opts.id ?? this.newId();
     if (!ID_RE.test(id)) throw invalidArgument('id', 'must be 3-63 characters of a-z, 0-9 and -');
     if (this.sandboxes.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
+    if (this.sandboxes.size + this.creating >= this.maxSandboxes) {
+      throw new DsecError('CAPACITY_EXHAUSTED', `node ${this.nodeName} is full (${this.maxSandboxes} sandboxes)`, { retryAfterMs: 1000 });
+    }
     const layers: LayerInfo[] = [];
     const refs: Array<[string, string]> = [['image.base', spec.image.base]];
     if (spec.image.workspace) refs.push(['image.workspace', spec.image.workspace]);
@@ -144,7 +172,13 @@ export class Edge {
       });
       layers.push(layer);
     }
-    const record = await backend.create({ id, spec, layers }, opts.signal);
+    this.creating++;
+    let record: BackendSandbox;
+    try {
+      record = await backend.create({ id, spec, layers }, opts.signal);
+    } finally {
+      this.creating--;
+    }
     this.sandboxes.set(id, { record, backend, state: 'running', oomKills: 0 });
     return this.info(id);
   }
@@ -272,6 +306,21 @@ export class Edge {
     return (await this.agent(id)).attach(proc, from);
   }
 
+  /** Writes to a running process's stdin (and closes it after when `eof`). */
+  async writeStdin(id: string, proc: number, data: Uint8Array | string, eof = false): Promise<void> {
+    await (await this.agent(id)).writeStdin(proc, data, eof);
+  }
+
+  /** Sends a signal to a process's group. */
+  async signal(id: string, proc: number, sig: string | number): Promise<void> {
+    await (await this.agent(id)).signal(proc, sig, true);
+  }
+
+  /** Resizes a process's terminal. */
+  async resize(id: string, proc: number, rows: number, cols: number): Promise<void> {
+    await (await this.agent(id)).resize(proc, rows, cols);
+  }
+
   /** Reads a file (or a byte range of it). */
   async readFile(id: string, file: string, opts: { offset?: number; length?: number } = {}): Promise<Buffer> {
     checkPath(file);
@@ -313,6 +362,13 @@ export class Edge {
     checkPath(from);
     checkPath(to);
     await (await this.agent(id)).rename(from, to);
+  }
+
+  /** Creates a symbolic link in a sandbox. */
+  async symlink(id: string, link: string, target: string): Promise<void> {
+    checkPath(link);
+    if (target.length === 0 || target.length > 4096 || target.includes('\0')) throw invalidArgument('target', 'must be 1-4096 bytes without NUL');
+    await (await this.agent(id)).symlink(link, target);
   }
 
   /** Resource use of a sandbox. */

@@ -1,5 +1,5 @@
-export { Edge, DEFAULT_MAX_OUTPUT_BYTES, MAX_FILE_READ_BYTES } from './edge.js';
-export type { EdgeOptions, ExecOptions, SandboxInfo } from './edge.js';
+export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES } from './edge.js';
+export type { EdgeOptions, ExecOptions, NodeCapacity, SandboxInfo } from './edge.js';
 export type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from './backend.js';
 export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES } from './backends/container/backend.js';
 export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';

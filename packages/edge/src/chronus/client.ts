@@ -207,16 +207,8 @@ export class Attachment {
   }
 
   /** Writes to the process's stdin; resolves when the agent has put it in the pipe. */
-  async write(data: Uint8Array | string, eof = false): Promise<void> {
-    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
-    for (let off = 0; off < buf.length || (off === 0 && eof); off += MAX_IO_BYTES) {
-      const chunk = buf.subarray(off, off + MAX_IO_BYTES);
-      const last = off + MAX_IO_BYTES >= buf.length;
-      const fields: Field[] = [[F.PROC, this.proc], [F.DATA, chunk]];
-      if (eof && last) fields.push([F.EOF, true]);
-      await this.client.request(T.STDIN, fields, 'stdin');
-      if (buf.length === 0) break;
-    }
+  write(data: Uint8Array | string, eof = false): Promise<void> {
+    return this.client.writeStdin(this.proc, data, eof);
   }
 
   /** Closes the process's stdin. */
@@ -433,6 +425,19 @@ export class ChronusClient {
     }
   }
 
+  /** Writes to a process's stdin in 1 MiB frames (one in flight), closing it after when `eof`. */
+  async writeStdin(proc: number, data: Uint8Array | string, eof = false): Promise<void> {
+    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    let off = 0;
+    do {
+      const chunk = buf.subarray(off, off + MAX_IO_BYTES);
+      off += chunk.length;
+      const fields: Field[] = [[F.PROC, proc], [F.DATA, chunk]];
+      if (eof && off >= buf.length) fields.push([F.EOF, true]);
+      await this.request(T.STDIN, fields, 'stdin');
+    } while (off < buf.length);
+  }
+
   /** Sends a signal to a process (or its group). */
   async signal(proc: number, sig: string | number, group = true): Promise<void> {
     const fields: Field[] = [[F.PROC, proc], [F.SIGNAL, signalNumber(sig)]];
@@ -548,6 +553,11 @@ export class ChronusClient {
   /** Renames a path. */
   async rename(from: string, to: string): Promise<void> {
     await this.request(T.RENAME, [[F.PATH, from], [F.PATH2, to]], `rename ${from}`);
+  }
+
+  /** Creates a symbolic link at `path` pointing to `target` (stored as given). */
+  async symlink(path: string, target: string): Promise<void> {
+    await this.request(T.SYMLINK, [[F.PATH, path], [F.PATH2, target]], `symlink ${path}`);
   }
 
   private allocId(): number {

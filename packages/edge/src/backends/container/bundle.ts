@@ -52,7 +52,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     process: {
       terminal: false,
       user: { uid: 0, gid: 0 },
-      args: [AGENT_PATH_IN_SANDBOX, '--listen-fd', '3', '--output-cap', String(o.outputCapBytes)],
+      args: [AGENT_PATH_IN_SANDBOX, '--listen-fd', '3', '--output-cap', String(o.outputCapBytes), '--cpu-class', bestEffort ? 'best-effort' : 'latency-sensitive'],
       env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', ...env],
       cwd: '/',
       capabilities: { bounding: caps, effective: caps, permitted: caps },
