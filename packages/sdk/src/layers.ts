@@ -1,0 +1,102 @@
+// Image layers: upload a tar or OCI image, build from Debian packages, list, remove.
+import { Readable } from 'node:stream';
+import { DebianLayerRequestSchema, DsecError, ERROR_STATUS, LayerKindSchema, LayerRefSchema, UploadLayerQuerySchema } from '@dsec/protocol';
+import type { ErrorCode } from '@dsec/protocol';
+import type { CallOptions, DsecClient } from './client.js';
+import { readNdjson } from './ndjson.js';
+import type { DebianLayerRequest, LayerInfo, LayerUploadQuery } from './types.js';
+import { validate } from './validate.js';
+
+/** Options of a layer upload. Uploads and builds have no deadline unless `requestTimeoutMs` is given. */
+export interface LayerUploadOptions extends CallOptions {
+  /** Called as the body is sent, with the bytes sent so far. */
+  onProgress?: (bytesSent: number) => void;
+}
+
+/** Options of a Debian layer build. */
+export interface DebianBuildOptions extends CallOptions {
+  /** Called with each progress line of the build (mmdebstrap's). */
+  onProgress?: (message: string) => void;
+}
+
+/** Image layers of the caller's project, plus the public ones. */
+export class LayersApi {
+  constructor(private readonly client: DsecClient) {}
+
+  /**
+   * Uploads a layer: a tar (optionally gzip) by default, or with `format: 'oci'` an OCI layout or
+   * `docker save` tarball, squashed into one layer.
+   */
+  async upload(source: Buffer | Uint8Array | Readable | AsyncIterable<Uint8Array>, query: LayerUploadQuery, opts: LayerUploadOptions = {}): Promise<LayerInfo> {
+    const q = validate(UploadLayerQuerySchema, query, 'query');
+    let body = source;
+    if (opts.onProgress && (Buffer.isBuffer(source) || source instanceof Uint8Array)) {
+      // Send buffers as a stream of chunks so that progress is reported as they go out.
+      const buf = Buffer.from(source.buffer, source.byteOffset, source.byteLength);
+      body = Readable.from(chunksOf(buf, 1 << 20));
+    }
+    return this.client.json<LayerInfo>(
+      {
+        method: 'POST',
+        path: '/v1/layers',
+        query: { kind: q.kind, name: q.name, format: q.format },
+        body,
+        contentType: 'application/x-tar',
+        onUploadProgress: opts.onProgress,
+        timeoutMs: opts.requestTimeoutMs ?? 0,
+      },
+      opts,
+    );
+  }
+
+  /** Builds a layer from Debian packages with mmdebstrap on the server, streaming its progress. */
+  async buildDebian(req: DebianLayerRequest, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
+    const body = validate(DebianLayerRequestSchema, req);
+    const reply = await this.client.stream(
+      { method: 'POST', path: '/v1/layers/debian', body, accept: 'application/x-ndjson', timeoutMs: opts.requestTimeoutMs ?? 0 },
+      opts,
+    );
+    if (!String(reply.headers['content-type'] ?? '').includes('ndjson')) {
+      const chunks: Buffer[] = [];
+      for await (const c of reply.body) chunks.push(c as Buffer);
+      return JSON.parse(Buffer.concat(chunks).toString('utf8')) as LayerInfo;
+    }
+    type Line = { type: 'progress'; message: string } | { type: 'layer'; layer: LayerInfo } | { type: 'error'; error: { code: string; message: string } };
+    for await (const line of readNdjson<Line>(reply.body)) {
+      if (line.type === 'progress') opts.onProgress?.(line.message);
+      else if (line.type === 'layer') {
+        reply.body.resume();
+        return line.layer;
+      } else if (line.type === 'error') throw streamedError(line.error);
+    }
+    throw new DsecError('UNAVAILABLE', 'debian build: the stream ended without a layer');
+  }
+
+  /** Lists the project's layers and the public ones, optionally of one kind. */
+  async list(opts: CallOptions & { kind?: LayerInfo['kind'] } = {}): Promise<LayerInfo[]> {
+    const kind = opts.kind === undefined ? undefined : validate(LayerKindSchema, opts.kind, 'kind');
+    return (await this.client.json<{ items: LayerInfo[] }>({ method: 'GET', path: '/v1/layers', query: { kind } }, opts)).items;
+  }
+
+  /** One layer by reference (`name:tag`, `sha256:<hex>`). */
+  async get(ref: string, opts: CallOptions = {}): Promise<LayerInfo> {
+    const r = validate(LayerRefSchema, ref, 'ref');
+    return this.client.json({ method: 'GET', path: `/v1/layers/${encodeURIComponent(r)}` }, opts);
+  }
+
+  /** Removes a layer (CONFLICT while a sandbox uses it). */
+  async remove(ref: string, opts: CallOptions = {}): Promise<void> {
+    const r = validate(LayerRefSchema, ref, 'ref');
+    await this.client.request({ method: 'DELETE', path: `/v1/layers/${encodeURIComponent(r)}` }, opts);
+  }
+}
+
+function* chunksOf(buf: Buffer, size: number): Generator<Buffer> {
+  for (let i = 0; i < buf.length; i += size) yield buf.subarray(i, i + size);
+}
+
+/** An `{type:"error"}` event of a stream as a DsecError. */
+export function streamedError(e: { code: string; message: string } & Record<string, unknown>): DsecError {
+  const { code, message, ...details } = e;
+  return new DsecError(code in ERROR_STATUS ? (code as ErrorCode) : 'INTERNAL', message, details);
+}

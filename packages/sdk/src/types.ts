@@ -1,0 +1,77 @@
+// SDK types, inferred from the protocol's zod schemas so that they follow the API.
+import type { z } from 'zod';
+import type {
+  ApiKeySchema,
+  CreateKeyRequestSchema,
+  CreateProjectRequestSchema,
+  CreateSandboxRequestSchema,
+  DebianLayerRequestSchema,
+  ExecResultSchema,
+  ExitInfoSchema,
+  FileStatSchema,
+  LayerSchema,
+  NodeSchema,
+  ProcessSchema,
+  ProjectSchema,
+  SandboxSchema,
+  SandboxState,
+  UploadLayerQuerySchema,
+} from '@dsec/protocol';
+
+/** A sandbox as the API describes it (`GET /v1/sandboxes/{id}`). */
+export type SandboxInfo = z.infer<typeof SandboxSchema>;
+/** What `Sandbox.create` sends: image, resources, env, labels, lifetime. */
+export type SandboxCreateOptions = z.input<typeof CreateSandboxRequestSchema>;
+/** How a process ended. */
+export type ExitInfo = z.infer<typeof ExitInfoSchema>;
+/** A command run to completion: its exit and its collected output. */
+export type ExecResult = z.infer<typeof ExecResultSchema>;
+/** A process of a sandbox (`GET /v1/sandboxes/{id}/processes`). */
+export type ProcessInfo = z.infer<typeof ProcessSchema>;
+/** Metadata of one file in a sandbox. */
+export type FileInfo = z.infer<typeof FileStatSchema>;
+/** An image layer. */
+export type LayerInfo = z.infer<typeof LayerSchema>;
+/** Where and how a layer upload is stored (`kind`, `name`, `format`). */
+export type LayerUploadQuery = z.input<typeof UploadLayerQuerySchema>;
+/** A Debian layer build request. */
+export type DebianLayerRequest = z.input<typeof DebianLayerRequestSchema>;
+/** An API key (`key`, the secret, only in the reply of create). */
+export type ApiKeyInfo = z.infer<typeof ApiKeySchema>;
+/** A key create request. */
+export type KeyCreateRequest = z.input<typeof CreateKeyRequestSchema>;
+/** A project with its quota and usage. */
+export type ProjectInfo = z.infer<typeof ProjectSchema>;
+/** A project create request. */
+export type ProjectCreateRequest = z.input<typeof CreateProjectRequestSchema>;
+/** A node with its capacity. */
+export type NodeInfo = z.infer<typeof NodeSchema>;
+
+/** Resource use of a sandbox (`GET /v1/sandboxes/{id}/stats`). */
+export interface SandboxStats {
+  cpuUsageMs: number;
+  memoryBytes: number;
+  memoryPeakBytes: number;
+  memoryLimitBytes: number;
+  pids: number;
+  pidsLimit: number;
+  diskUsedBytes: number;
+  diskLimitBytes: number;
+  oomKills: number;
+}
+
+/** A filter for sandbox listings. */
+export interface SandboxListOptions {
+  /** Only sandboxes carrying all these labels. */
+  labels?: Record<string, string>;
+  state?: SandboxState;
+  /** Page size (1-1000); default the server's (100). */
+  limit?: number;
+  signal?: AbortSignal;
+}
+
+/** One page of a listing. */
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}

@@ -1,0 +1,19 @@
+// Argument checks with the protocol's zod schemas, before anything is sent.
+import { invalidArgument } from '@dsec/protocol';
+import type { DsecError } from '@dsec/protocol';
+import type { z } from 'zod';
+
+/** Parses `value` with `schema`; a failure is an INVALID_ARGUMENT naming the field (`prefix.path`). */
+export function validate<S extends z.ZodType>(schema: S, value: unknown, prefix = ''): z.infer<S> {
+  const parsed = schema.safeParse(value);
+  if (parsed.success) return parsed.data;
+  throw toInvalidArgument(parsed.error, prefix);
+}
+
+/** The first issue of a zod error as a DsecError. */
+export function toInvalidArgument(error: z.ZodError, prefix = ''): DsecError {
+  const issue = error.issues[0];
+  const parts = [prefix, ...(issue?.path ?? []).map(String)].filter((p) => p !== '');
+  const field = parts.join('.') || prefix || 'request';
+  return invalidArgument(field, issue?.message ?? 'invalid');
+}
