@@ -4,6 +4,7 @@ import { DebianLayerRequestSchema, DsecError, ERROR_STATUS, LayerKindSchema, Lay
 import type { ErrorCode } from '@dsec/protocol';
 import type { CallOptions, DsecClient } from './client.js';
 import { readNdjson } from './ndjson.js';
+import { packDir } from './tar.js';
 import type { DebianLayerRequest, LayerInfo, LayerUploadQuery } from './types.js';
 import { validate } from './validate.js';
 
@@ -47,6 +48,11 @@ export class LayersApi {
       },
       opts,
     );
+  }
+
+  /** Uploads the content of a local directory as a layer (packed into a tar as it is sent). */
+  async uploadDir(localDir: string, query: LayerUploadQuery, opts: LayerUploadOptions = {}): Promise<LayerInfo> {
+    return this.upload(packDir(localDir), { ...query, format: 'tar' }, opts);
   }
 
   /** Builds a layer from Debian packages with mmdebstrap on the server, streaming its progress. */

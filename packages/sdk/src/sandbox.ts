@@ -148,6 +148,12 @@ export class Sandbox {
     return sandbox;
   }
 
+  /** Destroys a sandbox by id without fetching it first. */
+  static async kill(id: string, conn: ConnectionOptions & CallOptions = {}): Promise<void> {
+    const client = clientFrom(conn);
+    await new Sandbox(client, checkSandboxId(id)).kill(defined({ signal: conn.signal, requestTimeoutMs: conn.requestTimeoutMs }));
+  }
+
   /**
    * Lists sandboxes, fetching pages as the result is iterated
    * (`for await (const s of Sandbox.list(...))`, or `.toArray()`). `limit` is the page size.

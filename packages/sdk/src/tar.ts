@@ -49,6 +49,8 @@ export async function unpackInto(stream: NodeJS.ReadableStream, dir: string): Pr
   let files = 0;
   let bytes = 0;
   const done = pipeline(stream, extract);
+  // Observed below; an early throw leaves it rejected with a premature close.
+  done.catch(() => undefined);
   for await (const entry of extract) {
     const h = entry.header;
     const rel = h.name.replace(/^(\.\/)+/, '').replace(/\/+$/, '');

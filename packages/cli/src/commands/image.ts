@@ -1,0 +1,102 @@
+// dsec image build | ls | rm: image layers.
+import { createReadStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import type { Command } from 'commander';
+import { InvalidArgumentError } from 'commander';
+import type { LayerInfo } from '@dsec/sdk';
+import type { LayerKind } from '@dsec/protocol';
+import { clientFor } from '../connection.js';
+import type { ConnectionFlags } from '../connection.js';
+import { formatAge, formatBytes, printJson, printTable } from '../output.js';
+import { commaList } from '../parse.js';
+
+/** How often upload progress is printed at most. */
+const PROGRESS_INTERVAL_MS = 500;
+
+function progressPrinter(totalBytes?: number): { update(bytes: number): void; done(): void } {
+  let last = 0;
+  let sent = 0;
+  const print = (): void => {
+    const total = totalBytes ? ` / ${formatBytes(totalBytes)}` : '';
+    process.stderr.write(`uploaded ${formatBytes(sent)}${total}\n`);
+  };
+  return {
+    update(bytes) {
+      sent = bytes;
+      const now = Date.now();
+      if (now - last >= PROGRESS_INTERVAL_MS) {
+        last = now;
+        print();
+      }
+    },
+    done: print,
+  };
+}
+
+/** Registers `dsec image ...`. */
+export function registerImage(program: Command): void {
+  const image = program.command('image').alias('layer').description('build, list and remove image layers');
+
+  image
+    .command('build')
+    .description('build a layer from a directory, a tar, an OCI image or Debian packages')
+    .argument('<name>', 'name[:tag]')
+    .requiredOption('--kind <kind>', 'base, workspace or toolkit')
+    .option('--from-dir <dir>', 'a directory')
+    .option('--from-tar <file>', 'a tar (optionally gzip) file')
+    .option('--from-oci <file>', 'an OCI layout or docker save tarball (squashed)')
+    .option('--debian <pkgs>', 'comma-separated Debian packages (built with mmdebstrap on the server)', commaList)
+    .option('--suite <suite>', 'Debian suite for --debian')
+    .option('--json', 'print the layer as JSON')
+    .action(async (name: string, flags: { kind: string; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean }, cmd: Command) => {
+      const sources = [flags.fromDir, flags.fromTar, flags.fromOci, flags.debian].filter((s) => s !== undefined);
+      if (sources.length !== 1) throw new InvalidArgumentError('give exactly one of --from-dir, --from-tar, --from-oci, --debian');
+      if (flags.suite && !flags.debian) throw new InvalidArgumentError('--suite goes with --debian');
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const kind = flags.kind as LayerKind;
+      let layer: LayerInfo;
+      if (flags.debian) {
+        layer = await client.layers.buildDebian(
+          { kind, name, packages: flags.debian, ...(flags.suite ? { suite: flags.suite } : {}) },
+          { onProgress: (message) => process.stderr.write(`${message}\n`) },
+        );
+      } else if (flags.fromDir) {
+        if (!(await stat(flags.fromDir)).isDirectory()) throw new InvalidArgumentError(`not a directory: ${flags.fromDir}`);
+        const progress = progressPrinter();
+        layer = await client.layers.uploadDir(flags.fromDir, { kind, name }, { onProgress: (n) => progress.update(n) });
+        progress.done();
+      } else {
+        const file = (flags.fromTar ?? flags.fromOci) as string;
+        const size = (await stat(file)).size;
+        const progress = progressPrinter(size);
+        layer = await client.layers.upload(createReadStream(file), { kind, name, format: flags.fromOci ? 'oci' : 'tar' }, { onProgress: (n) => progress.update(n) });
+        progress.done();
+      }
+      if (flags.json) printJson(layer);
+      else process.stdout.write(`${layer.digest}\n`);
+    });
+
+  image
+    .command('ls')
+    .alias('list')
+    .description('list layers (the project\'s and the public ones)')
+    .option('--kind <kind>', 'only this kind')
+    .option('--json', 'print JSON')
+    .action(async (flags: { kind?: string; json?: boolean }, cmd: Command) => {
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const items = await client.layers.list(flags.kind ? { kind: flags.kind as LayerKind } : {});
+      if (flags.json) return printJson(items);
+      printTable(
+        ['name', 'kind', 'digest', 'size', 'files', 'project', 'age'],
+        items.map((l) => [l.names.join(',') || '-', l.kind, l.digest.replace(/^sha256:/, '').slice(0, 12), formatBytes(l.contentBytes), String(l.files), l.project, formatAge(l.createdAt)]),
+      );
+    });
+
+  image
+    .command('rm')
+    .description('remove a layer (refused while a sandbox uses it)')
+    .argument('<ref>', 'name[:tag] or sha256:...')
+    .action(async (ref: string, _flags: object, cmd: Command) => {
+      await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).layers.remove(ref);
+    });
+}

@@ -1,0 +1,43 @@
+// dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground.
+import type { Command } from 'commander';
+
+/** The part of `@dsec/apiserver` that `dsec up` uses. */
+interface PlatformModule {
+  startPlatform(opts: { home?: string; addr?: string; log?: (line: string) => void }): Promise<{ url: string; adminKey?: string; adminKeyFile: string; close(): Promise<void> }>;
+}
+
+/** Registers `dsec up`. */
+export function registerUp(program: Command): void {
+  program
+    .command('up')
+    .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
+    .option('--home <dir>', 'state directory (default $DSEC_HOME or /var/lib/dsec)')
+    .option('--addr <host:port>', 'listen address (default $DSEC_ADDR or 127.0.0.1:7878)')
+    .option('-q, --quiet', 'do not print the server log')
+    .action(async (flags: { home?: string; addr?: string; quiet?: boolean }) => {
+      // Loaded here so that the other commands never load the server.
+      const { startPlatform } = (await import('@dsec/apiserver')) as PlatformModule;
+      const platform = await startPlatform({
+        ...(flags.home ? { home: flags.home } : {}),
+        ...(flags.addr ? { addr: flags.addr } : {}),
+        ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
+      });
+      process.stdout.write(`dsec is listening on ${platform.url}\n`);
+      if (platform.adminKey) {
+        process.stdout.write(`admin key (shown once, also written to ${platform.adminKeyFile}):\n${platform.adminKey}\n`);
+      } else {
+        process.stdout.write(`admin key: ${platform.adminKeyFile}\n`);
+      }
+      await new Promise<void>((resolve) => {
+        const stop = (sig: NodeJS.Signals): void => {
+          process.stderr.write(`dsec: ${sig}, shutting down\n`);
+          process.off('SIGINT', stop);
+          process.off('SIGTERM', stop);
+          resolve();
+        };
+        process.on('SIGINT', stop);
+        process.on('SIGTERM', stop);
+      });
+      await platform.close();
+    });
+}
