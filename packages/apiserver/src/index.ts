@@ -1,1 +1,14 @@
-export {};
+export { startPlatform, DEFAULT_ADDR, DEFAULT_HOME, BUILTIN_BASE } from './platform.js';
+export type { Platform, PlatformOptions } from './platform.js';
+export { createApp, MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './http/app.js';
+export { ControlPlane, parseInput } from './control-plane.js';
+export { StateStore, ROOT_PROJECT_ID, PUBLIC_PROJECT_ID } from './db/store.js';
+export type { SqliteDatabase, Reservation } from './db/store.js';
+export { Authenticator, hashKey, newKeySecret, roleAtLeast } from './auth.js';
+export type { Principal } from './auth.js';
+export { Placement, DEFAULT_CPU_OVERCOMMIT, DEFAULT_MEMORY_OVERCOMMIT, DEFAULT_SAMPLE_K, BEST_EFFORT_CPU_FACTOR } from './scheduler.js';
+export type { NodeView, PlacementOptions, PlacementRequest } from './scheduler.js';
+export { NodeRegistry } from './nodes.js';
+export type { EdgeClient, NodeEntry } from './nodes.js';
+export { Metrics } from './metrics.js';
+export { openApiDocument } from './openapi.js';

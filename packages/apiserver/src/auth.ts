@@ -1,0 +1,129 @@
+// Identity and access: API keys (stored as SHA-256 hashes), roles, the project tree, and a
+// per-key token bucket.
+import { createHash, randomBytes } from 'node:crypto';
+import { DsecError } from '@dsec/protocol';
+import type { Role } from '@dsec/protocol';
+import type { StateStore } from './db/store.js';
+
+/** Prefix of every API key secret. */
+export const KEY_PREFIX = 'dsec_';
+/** Requests per second a key may make on average. */
+export const DEFAULT_RATE_PER_SECOND = 100;
+/** Requests a key may make in a burst. */
+export const DEFAULT_RATE_BURST = 1000;
+
+const ROLE_RANK: Record<Role, number> = { viewer: 0, member: 1, admin: 2 };
+
+/** Who is calling: a key acting in one project with one role. */
+export interface Principal {
+  keyId: string;
+  projectId: string;
+  role: Role;
+  /** The key's project and all its descendants. */
+  visibleProjects: Set<string>;
+}
+
+/** A new secret key and its hash. */
+export function newKeySecret(): { secret: string; hash: string } {
+  const secret = KEY_PREFIX + randomBytes(24).toString('base64url');
+  return { secret, hash: hashKey(secret) };
+}
+
+/** The stored form of a key. */
+export function hashKey(secret: string): string {
+  return createHash('sha256').update(secret).digest('hex');
+}
+
+/** True when `role` is at least `min`. */
+export function roleAtLeast(role: Role, min: Role): boolean {
+  return ROLE_RANK[role] >= ROLE_RANK[min];
+}
+
+/** Throws PERMISSION_DENIED unless the principal's role is at least `min`. */
+export function requireRole(p: Principal, min: Role): void {
+  if (!roleAtLeast(p.role, min)) throw new DsecError('PERMISSION_DENIED', `this needs the ${min} role; the key has ${p.role}`);
+}
+
+class TokenBucket {
+  private tokens: number;
+  private last = Date.now();
+  constructor(
+    private readonly ratePerSecond: number,
+    private readonly burst: number,
+  ) {
+    this.tokens = burst;
+  }
+  /** Takes a token, or returns the ms until one is available. */
+  take(): number {
+    const t = Date.now();
+    this.tokens = Math.min(this.burst, this.tokens + ((t - this.last) / 1000) * this.ratePerSecond);
+    this.last = t;
+    if (this.tokens >= 1) {
+      this.tokens -= 1;
+      return 0;
+    }
+    return Math.ceil(((1 - this.tokens) / this.ratePerSecond) * 1000);
+  }
+}
+
+/** Resolves bearer tokens to principals, with a small cache and per-key rate limits. */
+export class Authenticator {
+  private readonly cache = new Map<string, { principal: Principal; at: number }>();
+  private readonly buckets = new Map<string, TokenBucket>();
+  private tree: Map<string, string[]> | undefined;
+
+  constructor(
+    private readonly store: StateStore,
+    private readonly rate = { perSecond: DEFAULT_RATE_PER_SECOND, burst: DEFAULT_RATE_BURST },
+    private readonly cacheTtlMs = 5_000,
+  ) {}
+
+  /** Forgets cached keys and the project tree (after a revoke or a new project). */
+  invalidate(): void {
+    this.cache.clear();
+    this.tree = undefined;
+  }
+
+  /** Every project below `id` (and `id` itself). */
+  async descendants(id: string): Promise<Set<string>> {
+    if (!this.tree) {
+      const tree = new Map<string, string[]>();
+      for (const p of await this.store.projects()) {
+        if (p.parent_id) (tree.get(p.parent_id) ?? tree.set(p.parent_id, []).get(p.parent_id)!).push(p.id);
+      }
+      this.tree = tree;
+    }
+    const out = new Set<string>([id]);
+    const stack = [id];
+    while (stack.length) {
+      for (const child of this.tree.get(stack.pop()!) ?? []) {
+        if (!out.has(child)) {
+          out.add(child);
+          stack.push(child);
+        }
+      }
+    }
+    return out;
+  }
+
+  /** The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED. */
+  async authenticate(header: string | undefined): Promise<Principal> {
+    const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
+    if (!m) throw new DsecError('UNAUTHENTICATED', 'missing API key: send Authorization: Bearer <key>');
+    const hash = hashKey(m[1]!);
+    let principal: Principal | undefined;
+    const hit = this.cache.get(hash);
+    if (hit && Date.now() - hit.at < this.cacheTtlMs) principal = hit.principal;
+    else {
+      const row = await this.store.keyByHash(hash);
+      if (!row || row.revoked_at) throw new DsecError('UNAUTHENTICATED', 'unknown or revoked API key');
+      principal = { keyId: row.id, projectId: row.project_id, role: row.role, visibleProjects: await this.descendants(row.project_id) };
+      this.cache.set(hash, { principal, at: Date.now() });
+    }
+    let bucket = this.buckets.get(principal.keyId);
+    if (!bucket) this.buckets.set(principal.keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
+    const waitMs = bucket.take();
+    if (waitMs > 0) throw new DsecError('RATE_LIMITED', `too many requests for this key; retry in ${waitMs} ms`, { retryAfterMs: waitMs });
+    return principal;
+  }
+}

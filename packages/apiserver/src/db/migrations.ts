@@ -1,0 +1,79 @@
+// Schema migrations, written with Kysely's schema builder so that they run on SQLite and
+// PostgreSQL alike.
+import type { Kysely, Migration, MigrationProvider } from 'kysely';
+
+const migrations: Record<string, Migration> = {
+  '0001_initial': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      await db.schema
+        .createTable('projects')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('name', 'text', (c) => c.notNull())
+        .addColumn('parent_id', 'text', (c) => c.references('projects.id'))
+        .addColumn('quota_sandboxes', 'integer', (c) => c.notNull())
+        .addColumn('quota_cpu', 'double precision', (c) => c.notNull())
+        .addColumn('quota_memory_mib', 'integer', (c) => c.notNull())
+        .addColumn('used_sandboxes', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('used_cpu', 'double precision', (c) => c.notNull().defaultTo(0))
+        .addColumn('used_memory_mib', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('projects_parent').on('projects').column('parent_id').execute();
+      await db.schema.createIndex('projects_parent_name').on('projects').columns(['parent_id', 'name']).unique().execute();
+
+      await db.schema
+        .createTable('api_keys')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('name', 'text', (c) => c.notNull())
+        .addColumn('role', 'text', (c) => c.notNull())
+        .addColumn('key_hash', 'text', (c) => c.notNull().unique())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('revoked_at', 'text')
+        .execute();
+
+      await db.schema
+        .createTable('sandboxes')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('node', 'text', (c) => c.notNull())
+        .addColumn('backend', 'text', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('layers', 'text', (c) => c.notNull())
+        .addColumn('cpu', 'double precision', (c) => c.notNull())
+        .addColumn('memory_mib', 'integer', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('expires_at', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('sandboxes_project').on('sandboxes').columns(['project_id', 'id']).execute();
+      await db.schema.createIndex('sandboxes_expiry').on('sandboxes').column('expires_at').execute();
+
+      await db.schema
+        .createTable('sandbox_labels')
+        .addColumn('sandbox_id', 'text', (c) => c.notNull().references('sandboxes.id').onDelete('cascade'))
+        .addColumn('key', 'text', (c) => c.notNull())
+        .addColumn('value', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('sandbox_labels_pk', ['sandbox_id', 'key'])
+        .execute();
+      await db.schema.createIndex('sandbox_labels_kv').on('sandbox_labels').columns(['key', 'value']).execute();
+
+      await db.schema
+        .createTable('layers')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('digest', 'text', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('name', 'text')
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('layers_project_name').on('layers').columns(['project_id', 'name']).unique().execute();
+      await db.schema.createIndex('layers_digest').on('layers').column('digest').execute();
+    },
+  },
+};
+
+/** The migrations of the state store, in order. */
+export const migrationProvider: MigrationProvider = {
+  getMigrations: async () => migrations,
+};

@@ -1,0 +1,320 @@
+// The HTTP API (docs/api.md) on Hono. Handlers parse input with the protocol's schemas, call
+// the control plane, and route sandbox work to the sandbox's node.
+import { Hono } from 'hono';
+import type { Context } from 'hono';
+import { Readable } from 'node:stream';
+import { mkdtemp, rm, writeFile as writeHostFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  DebianLayerRequestSchema,
+  DsecError,
+  ExecRequestSchema,
+  FilePathQuerySchema,
+  OutputQuerySchema,
+  RenameRequestSchema,
+  SignalRequestSchema,
+  UploadLayerQuerySchema,
+  LayerKindSchema,
+  invalidArgument,
+} from '@dsec/protocol';
+import type { ExecEvent, LayerInfo } from '@dsec/protocol';
+import type { Principal } from '../auth.js';
+import { requireRole } from '../auth.js';
+import type { ControlPlane } from '../control-plane.js';
+import { parseInput } from '../control-plane.js';
+import type { Metrics } from '../metrics.js';
+import { openApiDocument } from '../openapi.js';
+import { errorResponse } from './errors.js';
+import { attachmentEvents, ndjsonResponse } from './streams.js';
+import { downloadTar, uploadTar, writeStreamToFile } from './tar-files.js';
+
+/** Largest JSON request body. */
+export const MAX_JSON_BYTES = 32 * 1024 * 1024;
+/** Largest upload (file, tar, layer). */
+export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
+
+type Env = { Variables: { principal: Principal } };
+
+async function readJson(c: Context): Promise<unknown> {
+  const len = Number(c.req.header('content-length') ?? 0);
+  if (len > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `JSON bodies are limited to ${MAX_JSON_BYTES} bytes`);
+  const text = await c.req.text();
+  if (text.length > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `JSON bodies are limited to ${MAX_JSON_BYTES} bytes`);
+  if (text.trim() === '') return {};
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw invalidArgument('body', 'not valid JSON');
+  }
+}
+
+function query(c: Context): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  const url = new URL(c.req.url);
+  for (const key of new Set(url.searchParams.keys())) {
+    const all = url.searchParams.getAll(key);
+    out[key] = key === 'label' ? all : (all[all.length - 1] ?? '');
+  }
+  return out;
+}
+
+function bodyStream(c: Context): AsyncIterable<Uint8Array> {
+  const len = Number(c.req.header('content-length') ?? 0);
+  if (len > MAX_UPLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
+  const body = c.req.raw.body;
+  if (!body) return (async function* () {})();
+  return body as unknown as AsyncIterable<Uint8Array>;
+}
+
+function wantsNdjson(c: Context): boolean {
+  return (c.req.header('accept') ?? '').includes('application/x-ndjson');
+}
+
+function procParam(c: Context): number {
+  const raw = c.req.param('pid') ?? '';
+  if (!/^\d{1,15}$/.test(raw)) throw invalidArgument('pid', 'must be a process handle (a non-negative integer)');
+  return Number(raw);
+}
+
+/** Builds the Hono app. */
+export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string) => void): Hono<Env> {
+  const app = new Hono<Env>();
+
+  app.onError((err) => errorResponse(err, log));
+  app.notFound(() => errorResponse(new DsecError('NOT_FOUND', 'no such route')));
+
+  app.use('*', async (c, next) => {
+    const start = performance.now();
+    await next();
+    metrics.observeRequest(c.req.method, c.req.routePath, c.res.status, performance.now() - start);
+  });
+
+  app.get('/healthz', (c) => c.json({ status: 'ok' }));
+  app.get('/metrics', (c) => c.text(metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
+  app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
+
+  app.use('/v1/*', async (c, next) => {
+    c.set('principal', await cp.auth.authenticate(c.req.header('authorization')));
+    await next();
+  });
+
+  // ---- identity ----
+  app.post('/v1/keys', async (c) => c.json(await cp.createKey(c.get('principal'), await readJson(c)), 201));
+  app.get('/v1/keys', async (c) => c.json({ items: await cp.listKeys(c.get('principal')), nextCursor: null }));
+  app.delete('/v1/keys/:id', async (c) => {
+    await cp.revokeKey(c.get('principal'), c.req.param('id'));
+    return c.body(null, 204);
+  });
+  app.post('/v1/projects', async (c) => c.json(await cp.createProject(c.get('principal'), await readJson(c)), 201));
+  app.get('/v1/projects', async (c) => c.json({ items: await cp.listProjects(c.get('principal')), nextCursor: null }));
+  app.get('/v1/projects/:id', async (c) => c.json(await cp.getProject(c.get('principal'), c.req.param('id'))));
+
+  // ---- nodes ----
+  app.get('/v1/nodes', (c) => c.json({ items: cp.listNodes(c.get('principal')), nextCursor: null }));
+
+  // ---- sandboxes ----
+  app.post('/v1/sandboxes', async (c) => c.json(await cp.createSandbox(c.get('principal'), await readJson(c), c.req.raw.signal), 201));
+  app.get('/v1/sandboxes', async (c) => c.json(await cp.listSandboxes(c.get('principal'), query(c))));
+  app.get('/v1/sandboxes/:id', async (c) => c.json(await cp.getSandbox(c.get('principal'), c.req.param('id'))));
+  app.delete('/v1/sandboxes/:id', async (c) => {
+    await cp.deleteSandbox(c.get('principal'), c.req.param('id'));
+    return c.body(null, 204);
+  });
+  app.get('/v1/sandboxes/:id/stats', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    return c.json(await edge.stats(row.id));
+  });
+
+  // ---- commands ----
+  app.post('/v1/sandboxes/:id/exec', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const req = parseInput(ExecRequestSchema, await readJson(c));
+    const { stdinBase64, ...rest } = req;
+    const spec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
+    if (wantsNdjson(c)) {
+      const att = await edge.spawn(row.id, spec);
+      metrics.execs++;
+      return ndjsonResponse(attachmentEvents(edge, row.id, att, true), () => void att.detach());
+    }
+    const ac = new AbortController();
+    const result = await edge.exec(row.id, spec, { signal: ac.signal });
+    metrics.execs++;
+    return c.json(result);
+  });
+
+  app.get('/v1/sandboxes/:id/processes', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    const items = (await edge.processes(row.id)).map((p) => ({ pid: p.id, osPid: p.pid, argv: p.argv, state: p.state, stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes, ...(p.exit ? { exit: p.exit } : {}) }));
+    return c.json({ items, nextCursor: null });
+  });
+
+  app.get('/v1/sandboxes/:id/processes/:pid/output', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    const proc = procParam(c);
+    const q = parseInput(OutputQuerySchema, query(c), 'query');
+    const att = await edge.attach(row.id, proc, { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 }).catch((err: unknown) => {
+      if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND') throw new DsecError('PROCESS_NOT_FOUND', `process ${proc} not found`, { pid: proc });
+      throw err;
+    });
+    return ndjsonResponse(attachmentEvents(edge, row.id, att, false), () => void att.detach());
+  });
+
+  app.post('/v1/sandboxes/:id/processes/:pid/stdin', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const proc = procParam(c);
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of bodyStream(c)) {
+      size += chunk.byteLength;
+      if (size > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `stdin writes are limited to ${MAX_JSON_BYTES} bytes per request`);
+      chunks.push(Buffer.from(chunk));
+    }
+    await edge.writeStdin(row.id, proc, Buffer.concat(chunks), c.req.query('eof') === 'true').catch(mapProcessError(proc));
+    return c.body(null, 204);
+  });
+
+  app.post('/v1/sandboxes/:id/processes/:pid/signal', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const proc = procParam(c);
+    const { signal } = parseInput(SignalRequestSchema, await readJson(c));
+    await edge.signal(row.id, proc, signal).catch(mapProcessError(proc));
+    return c.body(null, 204);
+  });
+
+  // ---- files ----
+  const fileQuery = (c: Context) => parseInput(FilePathQuerySchema, query(c), 'query');
+
+  app.put('/v1/sandboxes/:id/files', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const q = fileQuery(c);
+    await writeStreamToFile(edge, row.id, q.path, bodyStream(c), { ...(q.mode ? { mode: parseInt(q.mode, 8) } : {}), append: q.append === 'true', limitBytes: MAX_UPLOAD_BYTES });
+    return c.body(null, 204);
+  });
+  app.get('/v1/sandboxes/:id/files', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    const q = fileQuery(c);
+    const data = await edge.readFile(row.id, q.path, { ...(q.offset !== undefined ? { offset: q.offset } : {}), ...(q.length !== undefined ? { length: q.length } : {}) });
+    return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' });
+  });
+  app.delete('/v1/sandboxes/:id/files', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const q = fileQuery(c);
+    await edge.remove(row.id, q.path, { recursive: q.recursive === 'true' });
+    return c.body(null, 204);
+  });
+  app.get('/v1/sandboxes/:id/files/list', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    return c.json({ items: await edge.listDir(row.id, fileQuery(c).path), nextCursor: null });
+  });
+  app.get('/v1/sandboxes/:id/files/stat', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    return c.json(await edge.stat(row.id, fileQuery(c).path));
+  });
+  app.post('/v1/sandboxes/:id/files/mkdir', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    await edge.mkdir(row.id, fileQuery(c).path);
+    return c.body(null, 204);
+  });
+  app.post('/v1/sandboxes/:id/files/rename', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const { from, to } = parseInput(RenameRequestSchema, await readJson(c));
+    await edge.rename(row.id, from, to);
+    return c.body(null, 204);
+  });
+  app.put('/v1/sandboxes/:id/files/tar', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
+    const result = await uploadTar(edge, row.id, fileQuery(c).path, bodyStream(c), MAX_UPLOAD_BYTES);
+    return c.json(result, 200);
+  });
+  app.get('/v1/sandboxes/:id/files/tar', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    const dir = fileQuery(c).path;
+    await edge.stat(row.id, dir);
+    const stream = downloadTar(edge, row.id, dir);
+    return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
+  });
+
+  // ---- layers ----
+  app.post('/v1/layers', async (c) => {
+    const p = c.get('principal');
+    requireRole(p, 'member');
+    const q = parseInput(UploadLayerQuerySchema, query(c), 'query');
+    const edge = cp.anyEdge();
+    let info: LayerInfo;
+    if (q.format === 'oci') {
+      const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-oci-'));
+      try {
+        const file = path.join(dir, 'image.tar');
+        const chunks: Buffer[] = [];
+        for await (const chunk of bodyStream(c)) chunks.push(Buffer.from(chunk));
+        await writeHostFile(file, Buffer.concat(chunks));
+        info = await edge.layers.build({ type: 'oci', path: file }, { kind: q.kind });
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
+    } else {
+      info = await edge.layers.build({ type: 'tar', stream: bodyStream(c) }, { kind: q.kind });
+    }
+    return c.json(await cp.registerLayer(p.projectId, info, q.name ?? null), 201);
+  });
+
+  app.post('/v1/layers/debian', async (c) => {
+    const p = c.get('principal');
+    requireRole(p, 'member');
+    const req = parseInput(DebianLayerRequestSchema, await readJson(c));
+    const edge = cp.anyEdge();
+    const build = (onProgress: (m: string) => void) =>
+      edge.layers.build({ type: 'debian', packages: req.packages, ...(req.suite ? { suite: req.suite } : {}) }, { kind: req.kind, onProgress, signal: c.req.raw.signal });
+    if (!wantsNdjson(c)) return c.json(await cp.registerLayer(p.projectId, await build(() => undefined), req.name ?? null), 201);
+    const queue: string[] = [];
+    let wake: (() => void) | undefined;
+    let done = false;
+    const push = (line: object): void => {
+      queue.push(JSON.stringify(line) + '\n');
+      wake?.();
+    };
+    build((message) => push({ type: 'progress', message }))
+      .then(async (info) => push({ type: 'layer', layer: await cp.registerLayer(p.projectId, info, req.name ?? null) }))
+      .catch((err: unknown) => {
+        const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
+        push({ type: 'error', error: { code: e.code, message: e.message } });
+      })
+      .finally(() => {
+        done = true;
+        wake?.();
+      });
+    const encoder = new TextEncoder();
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        while (queue.length === 0 && !done) await new Promise<void>((r) => (wake = r));
+        const line = queue.shift();
+        if (line !== undefined) controller.enqueue(encoder.encode(line));
+        else controller.close();
+      },
+    });
+    return new Response(body, { status: 201, headers: { 'content-type': 'application/x-ndjson' } });
+  });
+
+  app.get('/v1/layers', async (c) => {
+    const kind = c.req.query('kind');
+    const parsed = kind === undefined ? undefined : parseInput(LayerKindSchema, kind, 'query.kind');
+    return c.json({ items: await cp.listLayers(c.get('principal'), parsed), nextCursor: null });
+  });
+  app.get('/v1/layers/:ref{.+}', async (c) => c.json(await cp.getLayer(c.get('principal'), decodeURIComponent(c.req.param('ref')))));
+  app.delete('/v1/layers/:ref{.+}', async (c) => {
+    await cp.deleteLayer(c.get('principal'), decodeURIComponent(c.req.param('ref')));
+    return c.body(null, 204);
+  });
+
+  return app;
+}
+
+function mapProcessError(proc: number) {
+  return (err: unknown): never => {
+    if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND') throw new DsecError('PROCESS_NOT_FOUND', `process ${proc} not found`, { pid: proc });
+    throw err;
+  };
+}
+
+export type { ExecEvent };

@@ -1,0 +1,43 @@
+// ndjson streams of command output, pulled from an attachment so that a slow HTTP client
+// back-pressures the command instead of filling the server's memory.
+import type { Attachment, OutputEvent } from '@dsec/edge';
+import type { ExecEvent } from '@dsec/protocol';
+import type { EdgeClient } from '../nodes.js';
+import { toDsecError } from './errors.js';
+
+/** One output event as the API sends it. */
+export function outputEvent(ev: OutputEvent): ExecEvent {
+  return ev.kind === 'data'
+    ? { type: 'output', stream: ev.stream, offset: ev.offset, data: ev.data.toString('base64') }
+    : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
+}
+
+/** Events of an attachment: optional start, output, then exit (or an error event). */
+export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: Attachment, withStart: boolean): AsyncGenerator<ExecEvent> {
+  if (withStart) yield { type: 'start', pid: att.proc, osPid: att.pid };
+  try {
+    for await (const ev of att) yield outputEvent(ev);
+    const exit = await att.exited;
+    yield { type: 'exit', pid: att.proc, ...(await edge.exitInfo(sandboxId, exit)) };
+  } catch (err) {
+    const e = toDsecError(err);
+    yield { type: 'error', error: { code: e.code, message: e.message } };
+  }
+}
+
+/** An ndjson HTTP response from a generator of events; a disconnect runs `onCancel`. */
+export function ndjsonResponse(events: AsyncGenerator<ExecEvent>, onCancel: () => void): Response {
+  const encoder = new TextEncoder();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = await events.next();
+      if (next.done) controller.close();
+      else controller.enqueue(encoder.encode(JSON.stringify(next.value) + '\n'));
+    },
+    cancel() {
+      onCancel();
+      void events.return(undefined);
+    },
+  });
+  return new Response(body, { status: 200, headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' } });
+}

@@ -1,0 +1,139 @@
+// Directory upload and download as tar, through the sandbox's agent (paths resolve inside the
+// sandbox, so a symlink in the archive or the tree can never reach the host).
+import path from 'node:path';
+import { PassThrough, Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
+import tar from 'tar-stream';
+import { DsecError, invalidArgument } from '@dsec/protocol';
+import type { EdgeClient } from '../nodes.js';
+
+/** Largest tar a directory download produces. */
+export const MAX_TAR_DOWNLOAD_BYTES = 1024 * 1024 * 1024;
+/** Largest entry count of a directory download. */
+export const MAX_TAR_ENTRIES = 200_000;
+const CHUNK_BYTES = 1024 * 1024;
+
+/** Splits a stream into chunks of at most `size` bytes, counting against `limit`. */
+async function* limited(source: AsyncIterable<Uint8Array>, limit: { left: number }): AsyncGenerator<Buffer> {
+  for await (const chunk of source) {
+    limit.left -= chunk.byteLength;
+    if (limit.left < 0) throw new DsecError('PAYLOAD_TOO_LARGE', 'upload exceeds the size limit');
+    yield Buffer.from(chunk);
+  }
+}
+
+/** Streams a request body into a file in 1 MiB writes (first creates or truncates). */
+export async function writeStreamToFile(edge: EdgeClient, id: string, file: string, body: AsyncIterable<Uint8Array>, opts: { mode?: number; append?: boolean; limitBytes: number }): Promise<number> {
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  let written = 0;
+  let first = true;
+  const flush = async (): Promise<void> => {
+    const data = Buffer.concat(pending);
+    pending = [];
+    pendingBytes = 0;
+    await edge.writeFile(id, file, data, { ...(opts.mode !== undefined ? { mode: opts.mode } : {}), append: opts.append === true || !first });
+    first = false;
+    written += data.length;
+  };
+  for await (const chunk of limited(body, { left: opts.limitBytes })) {
+    pending.push(chunk);
+    pendingBytes += chunk.length;
+    if (pendingBytes >= CHUNK_BYTES) await flush();
+  }
+  if (pendingBytes > 0 || first) await flush();
+  return written;
+}
+
+function safeJoin(root: string, name: string): string {
+  const rel = path.posix.normalize(name.replace(/^\/+/, ''));
+  if (rel === '..' || rel.startsWith('../')) throw invalidArgument('body', `tar entry ${name} leaves the target directory`);
+  return rel === '.' || rel === '' ? root : path.posix.join(root, rel);
+}
+
+/** Unpacks a tar (or gzip-compressed tar) body into `dir` inside a sandbox. */
+export async function uploadTar(edge: EdgeClient, id: string, dir: string, body: AsyncIterable<Uint8Array>, limitBytes: number): Promise<{ files: number }> {
+  const limit = { left: limitBytes };
+  const source = Readable.from(limited(body, limit));
+  const head = await new Promise<Buffer>((resolve, reject) => {
+    source.once('readable', () => resolve((source.read(2) as Buffer | null) ?? Buffer.alloc(0)));
+    source.once('error', reject);
+    source.once('end', () => resolve(Buffer.alloc(0)));
+  });
+  if (head.length) source.unshift(head);
+  const input = head[0] === 0x1f && head[1] === 0x8b ? source.pipe(createGunzip()) : source;
+  source.on('error', (err) => input.destroy(err));
+  const extract = tar.extract();
+  input.pipe(extract);
+  input.on('error', (err) => extract.destroy(err));
+  await edge.mkdir(id, dir);
+  let files = 0;
+  try {
+    for await (const entry of extract) {
+      const h = entry.header;
+      const target = safeJoin(dir, h.name);
+      const mode = (h.mode ?? 0o644) & 0o777;
+      if (h.type === 'directory') {
+        await edge.mkdir(id, target);
+      } else if (h.type === 'file' || h.type === 'contiguous-file') {
+        await edge.mkdir(id, path.posix.dirname(target));
+        await writeStreamToFile(edge, id, target, entry as unknown as AsyncIterable<Uint8Array>, { mode, limitBytes });
+        files++;
+        continue;
+      } else if (h.type === 'symlink') {
+        await edge.mkdir(id, path.posix.dirname(target));
+        await edge.remove(id, target).catch(() => undefined);
+        await edge.symlink(id, target, h.linkname ?? '');
+      } else {
+        throw invalidArgument('body', `tar entry ${h.name} has unsupported type ${h.type ?? 'unknown'}`);
+      }
+      entry.resume();
+    }
+  } catch (err) {
+    if (err instanceof DsecError) throw err;
+    throw invalidArgument('body', `not a valid tar stream: ${(err as Error).message}`);
+  }
+  return { files };
+}
+
+/** A tar stream of the tree at `dir` inside a sandbox. */
+export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable {
+  const pack = tar.pack();
+  const out = new PassThrough();
+  pack.pipe(out);
+  const addEntry = (header: Partial<tar.Header> & { name: string }, data: Buffer = Buffer.alloc(0)): Promise<void> =>
+    new Promise((resolve, reject) => {
+      pack.entry(header, data, (err) => (err ? reject(err) : resolve()));
+    });
+  const walk = async (): Promise<void> => {
+    let bytes = 0;
+    let entries = 0;
+    const rootStat = await edge.stat(id, dir);
+    if (rootStat.type !== 'dir') throw invalidArgument('path', `${dir} is not a directory`);
+    const stack: string[] = [''];
+    while (stack.length) {
+      const rel = stack.pop()!;
+      const abs = rel ? path.posix.join(dir, rel) : dir;
+      for (const e of await edge.listDir(id, abs)) {
+        const name = rel ? `${rel}/${e.name}` : e.name;
+        const full = path.posix.join(abs, e.name);
+        if (++entries > MAX_TAR_ENTRIES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} has more than ${MAX_TAR_ENTRIES} entries`);
+        const base = { name, mode: e.mode, mtime: new Date(e.mtimeMs), ...(e.uid !== undefined ? { uid: e.uid } : {}), ...(e.gid !== undefined ? { gid: e.gid } : {}) };
+        if (e.type === 'dir') {
+          await addEntry({ ...base, type: 'directory' });
+          stack.push(name);
+        } else if (e.type === 'symlink') {
+          await addEntry({ ...base, type: 'symlink', linkname: e.linkTarget ?? '' });
+        } else if (e.type === 'file') {
+          const data = await edge.readFile(id, full);
+          bytes += data.length;
+          if (bytes > MAX_TAR_DOWNLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} holds more than ${MAX_TAR_DOWNLOAD_BYTES} bytes`);
+          await addEntry({ ...base, type: 'file', size: data.length }, data);
+        }
+      }
+    }
+    pack.finalize();
+  };
+  walk().catch((err: unknown) => out.destroy(err as Error));
+  return out;
+}

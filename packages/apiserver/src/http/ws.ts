@@ -1,0 +1,91 @@
+// Interactive commands over WebSocket: GET /v1/sandboxes/{id}/exec/ws. The first client
+// message says what to run; later ones carry stdin, EOF, resizes and signals. The server sends
+// the same events as the ndjson stream, one per message, and waits for each send to complete
+// (so a slow client back-pressures the command).
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer } from 'ws';
+import type { WebSocket } from 'ws';
+import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
+import type { ControlPlane } from '../control-plane.js';
+import { parseInput } from '../control-plane.js';
+import { toDsecError } from './errors.js';
+import { attachmentEvents } from './streams.js';
+
+const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
+/** Largest WebSocket message accepted. */
+const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
+
+function reject(socket: Duplex, err: unknown): void {
+  const e = toDsecError(err);
+  const body = JSON.stringify(e.toJSON());
+  socket.end(`HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+}
+
+/** Handles HTTP upgrades for the WebSocket route; returns false for other paths. */
+export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
+  const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
+  return {
+    handle(req, socket, head) {
+      const m = ROUTE.exec(new URL(req.url ?? '/', 'http://x').pathname);
+      if (!m) return reject(socket, new DsecError('NOT_FOUND', 'no such route'));
+      const id = m[1]!;
+      cp.auth
+        .authenticate(req.headers.authorization)
+        .then((p) => cp.route(p, id))
+        .then(({ edge, row }) => {
+          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id));
+        })
+        .catch((err: unknown) => reject(socket, err));
+    },
+    close() {
+      for (const c of wss.clients) c.terminate();
+      wss.close();
+    },
+  };
+}
+
+type Edge = Awaited<ReturnType<ControlPlane['route']>>['edge'];
+
+function serve(ws: WebSocket, edge: Edge, id: string): void {
+  const send = (obj: unknown): Promise<void> =>
+    new Promise((resolve) => {
+      if (ws.readyState !== ws.OPEN) return resolve();
+      ws.send(JSON.stringify(obj), () => resolve());
+    });
+  const fail = (err: unknown): void => {
+    const e = toDsecError(err);
+    void send({ type: 'error', error: { code: e.code, message: e.message } }).then(() => ws.close(1011, e.code));
+  };
+  ws.once('message', (first) => {
+    let spec;
+    try {
+      spec = parseInput(WsExecRequestSchema, JSON.parse(first.toString()));
+    } catch (err) {
+      return fail(err instanceof SyntaxError ? new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' }) : err);
+    }
+    edge
+      .spawn(id, { ...spec, keepStdinOpen: true, stdin: '' })
+      .then(async (att) => {
+        // Client messages are handled in order: each stdin write completes before the next.
+        let chain = Promise.resolve();
+        ws.on('message', (raw) => {
+          chain = chain.then(async () => {
+            try {
+              const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
+              if (msg.type === 'stdin') await att.write(Buffer.from(msg.data, 'base64'));
+              else if (msg.type === 'eof') await att.closeStdin();
+              else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
+              else await att.kill(msg.signal);
+            } catch (err) {
+              await send({ type: 'error', error: { code: toDsecError(err).code, message: toDsecError(err).message } });
+            }
+          });
+        });
+        ws.on('close', () => void att.detach().catch(() => undefined));
+        for await (const ev of attachmentEvents(edge, id, att, true)) await send(ev);
+        ws.close(1000, 'exited');
+      })
+      .catch(fail);
+  });
+}

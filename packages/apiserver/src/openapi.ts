@@ -1,0 +1,95 @@
+// The OpenAPI 3.1 document, generated from the protocol's zod schemas.
+import { z } from 'zod';
+import * as api from '@dsec/protocol';
+
+type Schema = z.ZodType;
+interface Route {
+  method: 'get' | 'post' | 'put' | 'delete';
+  path: string;
+  summary: string;
+  body?: Schema | 'binary';
+  query?: Schema;
+  reply?: Schema | 'binary' | 'ndjson';
+  status?: number;
+}
+
+const page = (item: Schema): Schema => api.pageOf(item);
+
+const ROUTES: Route[] = [
+  { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201 },
+  { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
+  { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
+  { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
+  { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
+  { method: 'get', path: '/v1/sandboxes/{id}/processes/{pid}/output', summary: 'Read output from byte offsets', query: api.OutputQuerySchema, reply: 'ndjson' },
+  { method: 'post', path: '/v1/sandboxes/{id}/processes/{pid}/stdin', summary: 'Write to stdin', body: 'binary', status: 204 },
+  { method: 'post', path: '/v1/sandboxes/{id}/processes/{pid}/signal', summary: 'Signal a process', body: api.SignalRequestSchema, status: 204 },
+  { method: 'put', path: '/v1/sandboxes/{id}/files', summary: 'Write a file', query: api.FilePathQuerySchema, body: 'binary', status: 204 },
+  { method: 'get', path: '/v1/sandboxes/{id}/files', summary: 'Read a file', query: api.FilePathQuerySchema, reply: 'binary' },
+  { method: 'delete', path: '/v1/sandboxes/{id}/files', summary: 'Remove a file or tree', query: api.FilePathQuerySchema, status: 204 },
+  { method: 'get', path: '/v1/sandboxes/{id}/files/list', summary: 'List a directory', query: api.FilePathQuerySchema, reply: page(api.FileStatSchema) },
+  { method: 'get', path: '/v1/sandboxes/{id}/files/stat', summary: 'Stat a path', query: api.FilePathQuerySchema, reply: api.FileStatSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/files/mkdir', summary: 'mkdir -p', query: api.FilePathQuerySchema, status: 204 },
+  { method: 'post', path: '/v1/sandboxes/{id}/files/rename', summary: 'Rename a path', body: api.RenameRequestSchema, status: 204 },
+  { method: 'put', path: '/v1/sandboxes/{id}/files/tar', summary: 'Unpack a tar into a directory', query: api.FilePathQuerySchema, body: 'binary' },
+  { method: 'get', path: '/v1/sandboxes/{id}/files/tar', summary: 'Download a directory as tar', query: api.FilePathQuerySchema, reply: 'binary' },
+  { method: 'post', path: '/v1/layers', summary: 'Upload a layer (tar or OCI image)', query: api.UploadLayerQuerySchema, body: 'binary', reply: api.LayerSchema, status: 201 },
+  { method: 'post', path: '/v1/layers/debian', summary: 'Build a Debian layer', body: api.DebianLayerRequestSchema, reply: api.LayerSchema, status: 201 },
+  { method: 'get', path: '/v1/layers', summary: 'List layers', reply: page(api.LayerSchema) },
+  { method: 'get', path: '/v1/layers/{ref}', summary: 'Get a layer', reply: api.LayerSchema },
+  { method: 'delete', path: '/v1/layers/{ref}', summary: 'Delete a layer', status: 204 },
+  { method: 'post', path: '/v1/keys', summary: 'Create an API key', body: api.CreateKeyRequestSchema, reply: api.ApiKeySchema, status: 201 },
+  { method: 'get', path: '/v1/keys', summary: 'List API keys', reply: page(api.ApiKeySchema) },
+  { method: 'delete', path: '/v1/keys/{id}', summary: 'Revoke an API key', status: 204 },
+  { method: 'post', path: '/v1/projects', summary: 'Create a sub-project', body: api.CreateProjectRequestSchema, reply: api.ProjectSchema, status: 201 },
+  { method: 'get', path: '/v1/projects', summary: 'List projects', reply: page(api.ProjectSchema) },
+  { method: 'get', path: '/v1/projects/{id}', summary: 'Get a project', reply: api.ProjectSchema },
+  { method: 'get', path: '/v1/nodes', summary: 'Nodes with capacity and use', reply: page(api.NodeSchema) },
+];
+
+function jsonSchema(s: Schema, io: 'input' | 'output'): unknown {
+  return z.toJSONSchema(s, { io, unrepresentable: 'any', target: 'draft-2020-12' });
+}
+
+let cached: unknown;
+
+/** The OpenAPI document of the HTTP API. */
+export function openApiDocument(): unknown {
+  if (cached) return cached;
+  const paths: Record<string, Record<string, unknown>> = {};
+  for (const r of ROUTES) {
+    const op: Record<string, unknown> = { summary: r.summary, security: [{ bearer: [] }] };
+    const params = [...r.path.matchAll(/\{(\w+)\}/g)].map((m) => ({ name: m[1], in: 'path', required: true, schema: { type: 'string' } }));
+    if (r.query) {
+      const q = jsonSchema(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
+      for (const [name, schema] of Object.entries(q.properties ?? {})) params.push({ name, in: 'query', required: (q.required ?? []).includes(name), schema } as never);
+    }
+    if (params.length) op.parameters = params;
+    if (r.body === 'binary') op.requestBody = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
+    else if (r.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(r.body, 'input') } } };
+    const status = String(r.status ?? 200);
+    const content =
+      r.reply === 'binary'
+        ? { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } }
+        : r.reply === 'ndjson'
+          ? { 'application/x-ndjson': { schema: jsonSchema(api.ExecEventSchema, 'output') } }
+          : r.reply
+            ? { 'application/json': { schema: jsonSchema(r.reply, 'output') } }
+            : undefined;
+    op.responses = {
+      [status]: content ? { description: 'OK', content } : { description: 'OK' },
+      default: { description: 'Error', content: { 'application/json': { schema: jsonSchema(api.ErrorBodySchema, 'output') } } },
+    };
+    (paths[r.path] ??= {})[r.method] = op;
+  }
+  cached = {
+    openapi: '3.1.0',
+    info: { title: 'dsec API', version: '1' },
+    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+    paths,
+  };
+  return cached;
+}

@@ -1,0 +1,160 @@
+// dsec on one machine: apiserver + edge + watcher in one process, state in SQLite under
+// DSEC_HOME. This is what `dsec up` (and `npm start`) runs.
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Database from 'better-sqlite3';
+import { getRequestListener } from '@hono/node-server';
+import { Edge } from '@dsec/edge';
+import { DsecError } from '@dsec/protocol';
+import { Watcher } from '@dsec/watcher';
+import { Authenticator } from './auth.js';
+import { ControlPlane } from './control-plane.js';
+import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
+import { createApp } from './http/app.js';
+import { createWsHandler } from './http/ws.js';
+import { Metrics } from './metrics.js';
+import { NodeRegistry } from './nodes.js';
+import { Placement } from './scheduler.js';
+import type { PlacementOptions } from './scheduler.js';
+
+/** Default state directory. */
+export const DEFAULT_HOME = '/var/lib/dsec';
+/** Default listen address. */
+export const DEFAULT_ADDR = '127.0.0.1:7878';
+/** Name of the built-in base layer. */
+export const BUILTIN_BASE = 'busybox';
+
+/** Options of {@link startPlatform}. */
+export interface PlatformOptions {
+  /** State directory. Default `$DSEC_HOME` or `/var/lib/dsec`. */
+  home?: string;
+  /** `host:port` to listen on (port 0 picks a free one). Default `$DSEC_ADDR` or `127.0.0.1:7878`. */
+  addr?: string;
+  /** Host path of the chronus binary. Default: the one built in this checkout. */
+  agentBinary?: string;
+  /** Where progress and errors go. Default: stderr. */
+  log?: (line: string) => void;
+  /** Scheduler over-commit and sampling. */
+  placement?: PlacementOptions;
+  /** Interval of the watcher's passes. */
+  watchIntervalMs?: number;
+}
+
+/** A running platform. */
+export interface Platform {
+  /** Base URL of the API. */
+  url: string;
+  /** The first admin key: set only on the first start (it is printed once). */
+  adminKey?: string;
+  /** File holding the admin key (mode 0600). */
+  adminKeyFile: string;
+  /** The in-process edge and control plane (for tests and embedding). */
+  edge: Edge;
+  controlPlane: ControlPlane;
+  /** Stops serving; sandboxes keep running and are found again by the next start. */
+  close(): Promise<void>;
+}
+
+function parseAddr(addr: string): { host: string; port: number } {
+  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(addr);
+  if (!m || Number(m[2]) > 65535) throw new DsecError('INVALID_ARGUMENT', `DSEC_ADDR: ${addr} is not host:port`, { field: 'addr' });
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+function defaultAgentBinary(): string {
+  return process.env.DSEC_AGENT ?? path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../chronus/build/chronus');
+}
+
+/** Starts apiserver, edge and watcher in this process. */
+export async function startPlatform(opts: PlatformOptions = {}): Promise<Platform> {
+  const log = opts.log ?? ((line: string) => process.stderr.write(line + '\n'));
+  const home = path.resolve(opts.home ?? process.env.DSEC_HOME ?? DEFAULT_HOME);
+  const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
+  await mkdir(home, { recursive: true, mode: 0o700 });
+
+  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary() });
+  const sqlite = new Database(path.join(home, 'dsec.db'));
+  const store = await StateStore.openSqlite(sqlite);
+  const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];
+  try {
+    const auth = new Authenticator(store);
+    const nodes = new NodeRegistry();
+    nodes.add(edge);
+    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement));
+    await cp.loadAllocations();
+
+    // The built-in base, built on first start (seconds) and public to every project.
+    let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);
+    if (!base) {
+      log(`dsec: building the built-in ${BUILTIN_BASE} base layer`);
+      base = await edge.layers.build({ type: 'busybox' }, { kind: 'base', name: BUILTIN_BASE });
+    }
+    const publicRows = await store.layers([PUBLIC_PROJECT_ID]);
+    if (!publicRows.some((r) => r.name === `${BUILTIN_BASE}:latest` && r.digest === base.digest)) {
+      await cp.registerLayer(PUBLIC_PROJECT_ID, base, BUILTIN_BASE);
+    }
+
+    // The first admin key, written where the local CLI finds it.
+    const adminKeyFile = path.join(home, 'admin.key');
+    let adminKey: string | undefined;
+    if ((await store.keys([ROOT_PROJECT_ID])).length === 0) {
+      adminKey = (await cp.issueKey(ROOT_PROJECT_ID, 'admin', 'admin')).key;
+      await writeFile(adminKeyFile, adminKey + '\n', { mode: 0o600 });
+    }
+
+    const metrics = new Metrics(cp);
+    const app = createApp(cp, metrics, log);
+    const ws = createWsHandler(cp);
+    const server = createServer(getRequestListener(app.fetch));
+    server.keepAliveTimeout = 65_000;
+    server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, host, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    closers.unshift(() => ws.close(), () => new Promise<void>((r) => server.close(() => r())), () => void server.closeAllConnections());
+    const actual = server.address() as AddressInfo;
+    const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
+
+    const watcher = new Watcher(
+      {
+        nodes: () => nodes.all().map((n) => ({ name: n.name, sandboxIds: async () => n.client.list().map((s) => s.id), destroyOrphan: (id) => n.client.destroy(id) })),
+        sandboxes: async () => (await store.allSandboxes()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
+        setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
+        expire: async (id) => {
+          const row = await store.sandbox(id);
+          if (!row) return;
+          await cp.destroyRow(row);
+          cp.counters.sandboxesExpired++;
+        },
+        markLost: (id) => store.setSandboxState(id, 'lost'),
+      },
+      { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}) },
+    );
+    watcher.start();
+    closers.unshift(() => watcher.stop());
+
+    let closed = false;
+    return {
+      url,
+      ...(adminKey ? { adminKey } : {}),
+      adminKeyFile,
+      edge,
+      controlPlane: cp,
+      async close() {
+        if (closed) return;
+        closed = true;
+        for (const c of closers) await c();
+      },
+    };
+  } catch (err) {
+    for (const c of closers) await Promise.resolve().then(c).catch(() => undefined);
+    throw err;
+  }
+}
