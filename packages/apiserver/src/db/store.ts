@@ -120,8 +120,8 @@ export class StateStore {
   }
 
   /** Ids of the project and its ancestors, nearest first. */
-  async ancestry(projectId: string): Promise<string[]> {
-    const all = new Map((await this.db.selectFrom('projects').select(['id', 'parent_id']).execute()).map((r) => [r.id, r.parent_id]));
+  async ancestry(projectId: string, db: Kysely<Database> | Transaction<Database> = this.db): Promise<string[]> {
+    const all = new Map((await db.selectFrom('projects').select(['id', 'parent_id']).execute()).map((r) => [r.id, r.parent_id]));
     const chain: string[] = [];
     for (let id: string | null | undefined = projectId; id; id = all.get(id)) {
       if (chain.includes(id)) break;
@@ -135,8 +135,8 @@ export class StateStore {
    * if its usage stays within its quota, and one refusal rolls the whole reservation back.
    */
   async reserve(projectId: string, r: Reservation): Promise<void> {
-    const chain = await this.ancestry(projectId);
     await this.db.transaction().execute(async (tx) => {
+      const chain = await this.ancestry(projectId, tx);
       for (const id of chain) {
         const res = await tx
           .updateTable('projects')
@@ -164,7 +164,7 @@ export class StateStore {
 
   /** Returns a reservation to a project and its ancestors. */
   async unreserve(projectId: string, r: Reservation, tx: Kysely<Database> | Transaction<Database> = this.db): Promise<void> {
-    const chain = await this.ancestry(projectId);
+    const chain = await this.ancestry(projectId, tx);
     for (const id of chain) {
       await tx
         .updateTable('projects')
