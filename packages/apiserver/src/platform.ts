@@ -56,6 +56,8 @@ export interface Platform {
   controlPlane: ControlPlane;
   /** Stops serving; sandboxes keep running and are found again by the next start. */
   close(): Promise<void>;
+  /** Stops serving and removes every sandbox, layer mount and runtime namespace (tests). */
+  shutdown(): Promise<void>;
 }
 
 function parseAddr(addr: string): { host: string; port: number } {
@@ -141,7 +143,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     closers.unshift(() => watcher.stop());
 
     let closed = false;
-    return {
+    const platform: Platform = {
       url,
       ...(adminKey ? { adminKey } : {}),
       adminKeyFile,
@@ -152,7 +154,14 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         closed = true;
         for (const c of closers) await c();
       },
+      async shutdown() {
+        await watcher.stop();
+        for (const row of await store.allSandboxes()) await cp.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
+        await platform.close();
+        await edge.shutdown();
+      },
     };
+    return platform;
   } catch (err) {
     for (const c of closers) await Promise.resolve().then(c).catch(() => undefined);
     throw err;
