@@ -40,7 +40,7 @@ export async function startTestPlatform(): Promise<TestPlatform> {
     await rm(home, { recursive: true, force: true });
   };
   try {
-    const platform = await startPlatform({ home, addr: `127.0.0.1:${await freePort()}`, agentBinary: AGENT_BINARY, log: () => undefined });
+    const platform = await startPlatform({ home, addr: `127.0.0.1:${await freePort()}`, agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
     const adminKey = platform.adminKey ?? (await readFile(platform.adminKeyFile, 'utf8')).trim();
     return {
       url: platform.url,
