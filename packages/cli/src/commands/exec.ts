@@ -1,6 +1,7 @@
 // dsec exec: run a command in a sandbox, streaming its output, exiting with its exit code.
 import { constants } from 'node:os';
 import type { Command } from 'commander';
+import { InvalidArgumentError } from 'commander';
 import { Sandbox } from '@dsec/sdk';
 import type { ExecHandle, ExitInfo } from '@dsec/sdk';
 import { clientFor } from '../connection.js';
@@ -48,8 +49,10 @@ export function registerExec(program: Command): void {
     .option('--timeout <ms>', 'kill the command after this long', number(true))
     .option('-i, --interactive', "forward this process's stdin")
     .option('-t, --tty', 'run under a terminal (with -i, when stdin is a terminal)')
-    .passThroughOptions()
-    .action(async (id: string, argv: string[], flags: { cwd?: string; env?: Record<string, string>; timeout?: number; interactive?: boolean; tty?: boolean }, cmd: Command) => {
+    .action(async (id: string, rawArgv: string[], flags: { cwd?: string; env?: Record<string, string>; timeout?: number; interactive?: boolean; tty?: boolean }, cmd: Command) => {
+      // Defensive: a `--` left in the operands is the end of dsec's options, not the command.
+      const argv = rawArgv[0] === '--' ? rawArgv.slice(1) : rawArgv;
+      if (argv.length === 0) throw new InvalidArgumentError('missing the command to run');
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
       const sandbox = await Sandbox.connect(id, { client });
       const tty = Boolean(flags.tty && process.stdin.isTTY && process.stdout.isTTY);

@@ -1,11 +1,6 @@
 // dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground.
 import type { Command } from 'commander';
 
-/** The part of `@dsec/apiserver` that `dsec up` uses. */
-interface PlatformModule {
-  startPlatform(opts: { home?: string; addr?: string; log?: (line: string) => void }): Promise<{ url: string; adminKey?: string; adminKeyFile: string; close(): Promise<void> }>;
-}
-
 /** Registers `dsec up`. */
 export function registerUp(program: Command): void {
   program
@@ -16,7 +11,7 @@ export function registerUp(program: Command): void {
     .option('-q, --quiet', 'do not print the server log')
     .action(async (flags: { home?: string; addr?: string; quiet?: boolean }) => {
       // Loaded here so that the other commands never load the server.
-      const { startPlatform } = (await import('@dsec/apiserver')) as PlatformModule;
+      const { startPlatform } = await import('@dsec/apiserver');
       const platform = await startPlatform({
         ...(flags.home ? { home: flags.home } : {}),
         ...(flags.addr ? { addr: flags.addr } : {}),
