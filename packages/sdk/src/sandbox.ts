@@ -279,6 +279,11 @@ export class Sandbox {
     if (ev.type === 'error') throw streamedError(ev.error);
     if (ev.type !== 'start') throw new DsecError('INTERNAL', `exec: expected a start event, got ${ev.type}`);
     const control = this.#restControl(ev.pid, opts.signal, !headersOnly);
+    // The ndjson form closes stdin once the request's stdin (if any) is written.
+    control.writeStdin = async () => {
+      throw new DsecError('CONFLICT', `process ${ev.pid}: stdin is closed; spawn with stdin: true to write to it`, { sandboxId: this.id, pid: ev.pid });
+    };
+    control.closeStdin = async () => undefined;
     return new ExecHandle({ sandboxId: this.id, pid: ev.pid, source, control, callbacks: opts });
   }
 

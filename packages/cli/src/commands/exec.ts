@@ -58,7 +58,8 @@ export function registerExec(program: Command): void {
       const tty = Boolean(flags.tty && process.stdin.isTTY && process.stdout.isTTY);
       const handle = await sandbox.spawn(argv, {
         ...(flags.cwd ? { cwd: flags.cwd } : {}),
-        ...(flags.env ? { env: flags.env } : {}),
+        // A terminal program needs to know the terminal, as with ssh and docker exec -t.
+        ...(flags.env || tty ? { env: { ...(tty ? { TERM: process.env.TERM || 'xterm' } : {}), ...flags.env } } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
         ...(flags.interactive ? { stdin: true } : {}),
         ...(tty ? { pty: { rows: process.stdout.rows || 24, cols: process.stdout.columns || 80 } } : {}),
