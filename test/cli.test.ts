@@ -43,7 +43,7 @@ function dsec(args: string[], opts: { input?: string; env?: Record<string, strin
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
   child.stdin.end(opts.input ?? '');
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), 60_000);
+    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
     child.on('error', reject);
     child.on('close', (code) => {
       clearTimeout(timer);

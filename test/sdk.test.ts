@@ -236,7 +236,7 @@ describe('files', () => {
     assert.equal(await sandbox.files.exists('/work/sub'), false);
   });
 
-  test('uploadDir and downloadDir round-trip a tree', async () => {
+  test('uploadDir and downloadDir round-trip a tree', { timeout: 30_000 }, async () => {
     const src = path.join(scratch, 'src');
     await mkdir(path.join(src, 'deep/er'), { recursive: true });
     await writeFile(path.join(src, 'top.txt'), 'top\n');
