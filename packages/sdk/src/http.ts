@@ -75,6 +75,16 @@ function isBodyStream(body: unknown): body is Readable | AsyncIterable<Uint8Arra
 export async function send(target: HttpTarget, opts: HttpRequestOptions & { stream: true }): Promise<HttpStreamReply>;
 export async function send(target: HttpTarget, opts: HttpRequestOptions): Promise<HttpReply>;
 export async function send(target: HttpTarget, opts: HttpRequestOptions): Promise<HttpReply | HttpStreamReply> {
+  try {
+    return await sendOnce(target, opts);
+  } catch (err) {
+    // A kept-alive socket the server closed while idle fails at once; repeat reads once.
+    if (opts.method === 'GET' && err instanceof DsecError && err.details.staleSocket === true) return sendOnce(target, opts);
+    throw err;
+  }
+}
+
+async function sendOnce(target: HttpTarget, opts: HttpRequestOptions): Promise<HttpReply | HttpStreamReply> {
   opts.signal?.throwIfAborted();
   const what = `${opts.method} ${opts.path}`;
   const headers: Record<string, string> = { accept: opts.accept ?? 'application/json' };
@@ -159,7 +169,10 @@ export async function send(target: HttpTarget, opts: HttpRequestOptions): Promis
   } catch (err) {
     cleanup();
     bodyStream?.destroy();
-    throw failure(err);
+    const e = failure(err);
+    const errno = (err as NodeJS.ErrnoException).code;
+    if (req.reusedSocket && (errno === 'ECONNRESET' || errno === 'EPIPE') && e instanceof DsecError) e.details.staleSocket = true;
+    throw e;
   }
 
   try {
