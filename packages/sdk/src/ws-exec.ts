@@ -48,14 +48,18 @@ export async function openWsExec(client: DsecClient, sandboxId: string, request:
       clearTimeout(timer);
       reject(opts.signal?.aborted ? opts.signal.reason : err);
     };
+    // A refused upgrade carries the API's error body; read it before the socket goes.
+    let refused = false;
     ws.once('unexpected-response', (_req, res) => {
+      refused = true;
       readAll(res).then(
-        (raw) => fail(errorFromReply(res.statusCode ?? 0, raw, res.headers)),
-        (err: unknown) => fail(networkError(err, target.apiUrl)),
+        (raw) => (fail(errorFromReply(res.statusCode ?? 0, raw, res.headers)), ws.terminate()),
+        (err: unknown) => (fail(networkError(err, target.apiUrl)), ws.terminate()),
       );
-      ws.terminate();
     });
-    ws.once('error', (err) => fail(networkError(err, target.apiUrl)));
+    ws.once('error', (err) => {
+      if (!refused) fail(networkError(err, target.apiUrl));
+    });
     ws.once('open', () => ws.send(JSON.stringify(request)));
     events
       .next()
