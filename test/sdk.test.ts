@@ -292,5 +292,6 @@ describe('kill', () => {
     const sb = await Sandbox.create({ image: { base: 'busybox' }, labels: { run: RUN } }, { client });
     await sb.kill();
     await assert.rejects(sb.exec('true'), isCode('SANDBOX_NOT_FOUND'));
+    await assert.rejects(sb.spawn('cat', { stdin: true }), isCode('SANDBOX_NOT_FOUND'), 'the WebSocket route maps errors too');
   });
 });
