@@ -16,7 +16,10 @@ const PROGRESS_INTERVAL_MS = 500;
 function progressPrinter(totalBytes?: number): { update(bytes: number): void; done(): void } {
   let last = 0;
   let sent = 0;
+  let printed = -1;
   const print = (): void => {
+    if (printed === sent) return;
+    printed = sent;
     const total = totalBytes ? ` / ${formatBytes(totalBytes)}` : '';
     process.stderr.write(`uploaded ${formatBytes(sent)}${total}\n`);
   };
