@@ -426,7 +426,11 @@ function toSpawnOptions(spec: ExecSpec, sandboxEnv: Record<string, string> | und
   if (spec.uid !== undefined) o.uid = spec.uid;
   if (spec.gid !== undefined) o.gid = spec.gid;
   if (spec.stdin !== undefined || spec.keepStdinOpen) o.stdin = true;
-  if (spec.pty !== undefined) o.pty = spec.pty;
+  if (spec.pty !== undefined) {
+    o.pty = spec.pty;
+    // A terminal without TERM confuses most programs; default it as ssh and docker do.
+    if (!o.env?.TERM) o.env = { ...BASE_ENV, ...sandboxEnv, TERM: 'xterm', ...spec.env };
+  }
   if (spec.timeoutMs !== undefined) o.timeoutMs = spec.timeoutMs;
   return o;
 }

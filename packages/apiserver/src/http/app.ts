@@ -224,8 +224,8 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
   app.put('/v1/sandboxes/:id/files/tar', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
-    const result = await uploadTar(edge, row.id, fileQuery(c).path, bodyStream(c), MAX_UPLOAD_BYTES);
-    return c.json(result, 200);
+    await uploadTar(edge, row.id, fileQuery(c).path, bodyStream(c), MAX_UPLOAD_BYTES);
+    return c.body(null, 204);
   });
   app.get('/v1/sandboxes/:id/files/tar', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');

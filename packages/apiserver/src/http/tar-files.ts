@@ -53,20 +53,24 @@ function safeJoin(root: string, name: string): string {
 
 /** Unpacks a tar (or gzip-compressed tar) body into `dir` inside a sandbox. */
 export async function uploadTar(edge: EdgeClient, id: string, dir: string, body: AsyncIterable<Uint8Array>, limitBytes: number): Promise<{ files: number }> {
-  const limit = { left: limitBytes };
-  const source = Readable.from(limited(body, limit));
-  const head = await new Promise<Buffer>((resolve, reject) => {
-    source.once('readable', () => resolve((source.read(2) as Buffer | null) ?? Buffer.alloc(0)));
-    source.once('error', reject);
-    source.once('end', () => resolve(Buffer.alloc(0)));
-  });
-  if (head.length) source.unshift(head);
+  // Peek at the first chunk to tell gzip from plain tar (before anything is piped).
+  const it = limited(body, { left: limitBytes });
+  const first = await it.next();
+  const head = first.done ? Buffer.alloc(0) : first.value;
+  const source = Readable.from(
+    (async function* () {
+      if (head.length) yield head;
+      yield* it;
+    })(),
+    { objectMode: false },
+  );
   const input = head[0] === 0x1f && head[1] === 0x8b ? source.pipe(createGunzip()) : source;
   source.on('error', (err) => input.destroy(err));
+  await edge.mkdir(id, dir);
+  // Iterate as soon as the stream is piped: entries must not arrive before the loop runs.
   const extract = tar.extract();
   input.pipe(extract);
   input.on('error', (err) => extract.destroy(err));
-  await edge.mkdir(id, dir);
   let files = 0;
   try {
     for await (const entry of extract) {

@@ -7,6 +7,7 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
+import type { Attachment } from '@dsec/edge';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import { toDsecError } from './errors.js';
@@ -57,35 +58,43 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
     const e = toDsecError(err);
     void send({ type: 'error', error: { code: e.code, message: e.message } }).then(() => ws.close(1011, e.code));
   };
-  ws.once('message', (first) => {
-    let spec;
-    try {
-      spec = parseInput(WsExecRequestSchema, JSON.parse(first.toString()));
-    } catch (err) {
-      return fail(err instanceof SyntaxError ? new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' }) : err);
-    }
-    edge
-      .spawn(id, { ...spec, keepStdinOpen: true, stdin: '' })
-      .then(async (att) => {
-        // Client messages are handled in order: each stdin write completes before the next.
-        let chain = Promise.resolve();
-        ws.on('message', (raw) => {
-          chain = chain.then(async () => {
-            try {
-              const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
-              if (msg.type === 'stdin') await att.write(Buffer.from(msg.data, 'base64'));
-              else if (msg.type === 'eof') await att.closeStdin();
-              else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
-              else await att.kill(msg.signal);
-            } catch (err) {
-              await send({ type: 'error', error: { code: toDsecError(err).code, message: toDsecError(err).message } });
-            }
-          });
-        });
-        ws.on('close', () => void att.detach().catch(() => undefined));
-        for await (const ev of attachmentEvents(edge, id, att, true)) await send(ev);
-        ws.close(1000, 'exited');
-      })
-      .catch(fail);
+  // Messages are handled strictly in order, including those that arrive while the command is
+  // still starting: each one waits for the previous (and for the spawn).
+  let chain: Promise<Attachment | undefined> = Promise.resolve(undefined);
+  let first = true;
+  ws.on('message', (raw) => {
+    const isFirst = first;
+    first = false;
+    chain = chain.then(async (att) => {
+      try {
+        if (isFirst) {
+          let body: unknown;
+          try {
+            body = JSON.parse(raw.toString());
+          } catch {
+            throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
+          }
+          const spec = parseInput(WsExecRequestSchema, body);
+          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' });
+          ws.on('close', () => void started.detach().catch(() => undefined));
+          void pump(started);
+          return started;
+        }
+        if (!att) return att;
+        const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
+        if (msg.type === 'stdin') await att.write(Buffer.from(msg.data, 'base64'));
+        else if (msg.type === 'eof') await att.closeStdin();
+        else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
+        else await att.kill(msg.signal);
+      } catch (err) {
+        if (isFirst) fail(err);
+        else await send({ type: 'error', error: { code: toDsecError(err).code, message: toDsecError(err).message } });
+      }
+      return att;
+    });
   });
+  const pump = async (att: Attachment): Promise<void> => {
+    for await (const ev of attachmentEvents(edge, id, att, true)) await send(ev);
+    ws.close(1000, 'exited');
+  };
 }

@@ -4,7 +4,7 @@ import net from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Duplex } from 'node:stream';
 import { DsecError } from '@dsec/protocol';
-import type { FileStat, FileType } from '@dsec/protocol';
+import type { ErrorDetails, FileStat, FileType } from '@dsec/protocol';
 import { encodeFrame, F, FrameReader, MAX_IO_BYTES, T } from './wire.js';
 import type { Field, Fields, Frame } from './wire.js';
 
@@ -82,6 +82,11 @@ export function signalNumber(sig: string | number): number {
 
 const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND' | 'INVALID_ARGUMENT' | 'CONFLICT' | 'PERMISSION_DENIED' | 'PAYLOAD_TOO_LARGE'; name: string }> = {
   2: { code: 'FILE_NOT_FOUND', name: 'ENOENT' },
+  9: { code: 'CONFLICT', name: 'EBADF' },
+  11: { code: 'CONFLICT', name: 'EAGAIN' },
+  32: { code: 'CONFLICT', name: 'EPIPE' },
+  3: { code: 'PROCESS_NOT_FOUND', name: 'ESRCH' },
+  16: { code: 'CONFLICT', name: 'EBUSY' },
   1: { code: 'PERMISSION_DENIED', name: 'EPERM' },
   13: { code: 'PERMISSION_DENIED', name: 'EACCES' },
   17: { code: 'CONFLICT', name: 'EEXIST' },
@@ -93,11 +98,16 @@ const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND'
   122: { code: 'PAYLOAD_TOO_LARGE', name: 'EDQUOT' },
 };
 
-function agentError(fields: Fields, what: string): DsecError {
+function agentError(fields: Fields, what: string, path?: string): DsecError {
   const errno = fields.num(F.ERRNO) ?? 0;
-  const message = fields.str(F.MESSAGE) ?? `errno ${errno}`;
+  const message = fields.str(F.MESSAGE) ?? `${what}: errno ${errno}`;
   const mapped = ERRNO_CODES[errno];
-  return new DsecError(mapped?.code ?? 'BACKEND_FAILED', `${what}: ${message}`, { errno: mapped?.name ?? String(errno) });
+  const details: ErrorDetails = { errno: mapped?.name ?? String(errno) };
+  if (path !== undefined) {
+    details.path = path;
+    if (mapped?.code === 'INVALID_ARGUMENT') details.field = 'path';
+  }
+  return new DsecError(mapped?.code ?? 'BACKEND_FAILED', message, details);
 }
 
 function parseExit(f: Fields): AgentExit {
@@ -143,7 +153,7 @@ interface AttachMeta {
   attachment?: Attachment;
 }
 
-type Pending = { resolve: (f: Frame) => void; reject: (e: Error) => void; what: string };
+type Pending = { resolve: (f: Frame) => void; reject: (e: Error) => void; what: string; path?: string };
 
 /**
  * A running (or finished) process seen through one attachment: output events in order, then
@@ -348,8 +358,9 @@ export class ChronusClient {
   /** @internal Sends a request and resolves with its reply (ERROR rejects). */
   request(type: number, fields: readonly Field[], what: string, id = this.allocId()): Promise<Frame> {
     if (this.closedError) return Promise.reject(this.closedError);
+    const pathField = fields.find(([t]) => t === F.PATH)?.[1];
     return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject, what });
+      this.pending.set(id, { resolve, reject, what, ...(typeof pathField === 'string' ? { path: pathField } : {}) });
       this.socket.write(encodeFrame(type, id, fields));
     });
   }
@@ -583,7 +594,7 @@ export class ChronusClient {
     if (pending) {
       this.pending.delete(frame.id);
       if (frame.type === T.ERROR) {
-        pending.reject(agentError(frame.fields, pending.what));
+        pending.reject(agentError(frame.fields, pending.what, pending.path));
         return;
       }
       // An EXEC or ATTACH reply opens an attachment before any of its events are dispatched.

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Removes what interrupted test or benchmark runs left behind: their sandboxes (processes and
+# cgroups), mounts, runtime namespaces and temp homes. Safe to run at any time; touches only
+# dsec's temp homes under /tmp and their runtime dirs under /run/dsec.
+set -uo pipefail
+shopt -s nullglob
+
+kill_sandboxes() { # crun state root, ns file
+  local root=$1 ns=$2 id
+  [ -d "$root" ] || return 0
+  for id in $(ls "$root"); do
+    if [ -e "$ns" ] && nsenter --mount="$ns" true 2>/dev/null; then
+      nsenter --mount="$ns" -- crun --root "$root" delete --force "$id" >/dev/null 2>&1
+    else
+      unshare -m sh -c "umount /sys/fs/cgroup/unified 2>/dev/null; crun --root '$root' delete --force '$id'" >/dev/null 2>&1
+    fi
+  done
+}
+
+unmount_under() {
+  local dir=$1
+  awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print length($2), $2}' /proc/self/mounts | sort -rn | cut -d' ' -f2- |
+    while read -r m; do umount -l "$m" 2>/dev/null; done
+}
+
+for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/dsec-cli-*/node /tmp/dsec-sdk-*/node; do
+  [ -d "$home" ] || continue
+  hash=$(printf '%s' "$home" | sha256sum | cut -c1-12)
+  run=/run/dsec/$hash
+  kill_sandboxes "$run/crun" "$run/mntns"
+  unmount_under "$home"
+  unmount_under "$run"
+  rm -rf "$run"
+done
+for dir in /tmp/dsec-test-* /tmp/dsec-platform-* /tmp/dsec-bench-* /tmp/dsec-scratch-* /tmp/dsec-cli-* /tmp/dsec-sdk-*; do
+  unmount_under "$dir"
+  rm -rf "$dir"
+done
+for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-*; do
+  for cg in "$parent"/*/; do rmdir "$cg" 2>/dev/null; done
+  rmdir "$parent" 2>/dev/null
+done
+exit 0
