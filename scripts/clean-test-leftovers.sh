@@ -36,6 +36,16 @@ for dir in /tmp/dsec-test-* /tmp/dsec-platform-* /tmp/dsec-bench-* /tmp/dsec-scr
   unmount_under "$dir"
   rm -rf "$dir"
 done
+# Runtime dirs whose home is gone (a node that was removed without shutting down).
+for run in /run/dsec/*/; do
+  run=${run%/}
+  home=$(cat "$run/home" 2>/dev/null || true)
+  if [ -z "$home" ] || [ ! -d "$home" ]; then
+    kill_sandboxes "$run/crun" "$run/mntns"
+    unmount_under "$run"
+    rm -rf "$run"
+  fi
+done
 for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-*; do
   for cg in "$parent"/*/; do rmdir "$cg" 2>/dev/null; done
   rmdir "$parent" 2>/dev/null

@@ -61,6 +61,8 @@ export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): P
   const runDir = runDirFor(home);
   const nsFile = path.join(runDir, 'mntns');
   await mkdir(runDir, { recursive: true });
+  // Lets a cleanup tell whose namespace this is once the home is gone.
+  await writeFile(path.join(runDir, 'home'), path.resolve(home));
   // The nsfs bind mount must not sit on a shared mount: give the run dir a private mount.
   const infos = await mountInfo();
   if (!infos.some((m) => m.target === runDir)) {
