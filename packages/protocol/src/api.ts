@@ -9,7 +9,10 @@ import {
   LayerKindSchema,
   ResourcesSchema,
   SandboxStateSchema,
-  MAX_COMMAND_BYTES,
+  CommandFieldsSchema,
+  ONE_COMMAND,
+  PtySchema,
+  oneCommand,
 } from './types.js';
 
 /** Default and largest page of a listing. */
@@ -75,21 +78,13 @@ export function pageOf<T extends z.ZodType>(item: T) {
 }
 
 /** POST /v1/sandboxes/{id}/exec */
-export const ExecRequestSchema = z
-  .strictObject({
-    cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
-    argv: z.array(z.string().max(MAX_COMMAND_BYTES)).min(1).max(65_536).optional(),
-    cwd: z.string().startsWith('/', 'must be absolute').max(4096).optional(),
-    env: EnvSchema.optional(),
-    uid: z.number().int().min(0).max(4_294_967_294).optional(),
-    gid: z.number().int().min(0).max(4_294_967_294).optional(),
-    /** Text written to stdin, then stdin is closed. */
-    stdin: z.string().max(16 * 1024 * 1024).optional(),
-    /** Base64 bytes written to stdin, then stdin is closed (binary-safe form of `stdin`). */
-    stdinBase64: z.string().max(22 * 1024 * 1024).optional(),
-    timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
-  })
-  .refine((s) => (s.cmd === undefined) !== (s.argv === undefined), { message: 'give exactly one of cmd or argv', path: ['cmd'] })
+export const ExecRequestSchema = CommandFieldsSchema.extend({
+  /** Text written to stdin, then stdin is closed. */
+  stdin: z.string().max(16 * 1024 * 1024).optional(),
+  /** Base64 bytes written to stdin, then stdin is closed (binary-safe form of `stdin`). */
+  stdinBase64: z.string().max(22 * 1024 * 1024).optional(),
+})
+  .refine(oneCommand, ONE_COMMAND)
   .refine((s) => s.stdin === undefined || s.stdinBase64 === undefined, { message: 'give at most one of stdin or stdinBase64', path: ['stdin'] });
 export type ExecRequest = z.infer<typeof ExecRequestSchema>;
 
@@ -131,14 +126,7 @@ export const ExecEventSchema = z.discriminatedUnion('type', [
 export type ExecEvent = z.infer<typeof ExecEventSchema>;
 
 /** First WebSocket message of /v1/sandboxes/{id}/exec/ws: what to run. */
-export const WsExecRequestSchema = z.strictObject({
-  cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
-  argv: z.array(z.string()).min(1).max(65_536).optional(),
-  cwd: z.string().startsWith('/').max(4096).optional(),
-  env: EnvSchema.optional(),
-  timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
-  pty: z.strictObject({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).optional(),
-});
+export const WsExecRequestSchema = CommandFieldsSchema.extend({ pty: PtySchema.optional() }).refine(oneCommand, ONE_COMMAND);
 
 /** Later WebSocket messages from the client. */
 export const WsClientMessageSchema = z.discriminatedUnion('type', [

@@ -80,21 +80,33 @@ export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;
 /** Largest single command line (argv bytes, or a shell string). */
 export const MAX_COMMAND_BYTES = 1_048_576;
 
-/** One command to run in a sandbox. */
-export const ExecSpecSchema = z
-  .strictObject({
-    cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
-    argv: z.array(z.string().max(MAX_COMMAND_BYTES)).min(1).max(65_536).optional(),
-    cwd: z.string().startsWith('/', 'must be absolute').max(4096).optional(),
-    env: EnvSchema.optional(),
-    uid: z.number().int().min(0).max(4_294_967_294).optional(),
-    gid: z.number().int().min(0).max(4_294_967_294).optional(),
-    stdin: z.union([z.string(), z.instanceof(Uint8Array)]).optional(),
-    keepStdinOpen: z.boolean().optional(),
-    pty: z.strictObject({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).optional(),
-    timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
-  })
-  .refine((s) => (s.cmd === undefined) !== (s.argv === undefined), { message: 'give exactly one of cmd or argv', path: ['cmd'] });
+/** The fields every way of running a command shares (exec, streaming exec, WebSocket). */
+export const CommandFieldsSchema = z.strictObject({
+  cmd: z.string().min(1).max(MAX_COMMAND_BYTES).optional(),
+  argv: z.array(z.string().max(MAX_COMMAND_BYTES)).min(1).max(65_536).optional(),
+  cwd: z.string().startsWith('/', 'must be absolute').max(4096).optional(),
+  env: EnvSchema.optional(),
+  uid: z.number().int().min(0).max(4_294_967_294).optional(),
+  gid: z.number().int().min(0).max(4_294_967_294).optional(),
+  timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
+});
+
+/** A terminal size. */
+export const PtySchema = z.strictObject({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) });
+
+/** Refinement: exactly one of `cmd` (a shell string) or `argv`. */
+export function oneCommand(s: { cmd?: string | undefined; argv?: string[] | undefined }): boolean {
+  return (s.cmd === undefined) !== (s.argv === undefined);
+}
+/** The message and field of {@link oneCommand}'s refusal. */
+export const ONE_COMMAND = { message: 'give exactly one of cmd or argv', path: ['cmd'] };
+
+/** One command to run in a sandbox, as edge takes it. */
+export const ExecSpecSchema = CommandFieldsSchema.extend({
+  stdin: z.union([z.string(), z.instanceof(Uint8Array)]).optional(),
+  keepStdinOpen: z.boolean().optional(),
+  pty: PtySchema.optional(),
+}).refine(oneCommand, ONE_COMMAND);
 /** One command to run in a sandbox. */
 export type ExecSpec = z.infer<typeof ExecSpecSchema>;
 

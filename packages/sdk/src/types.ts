@@ -48,17 +48,7 @@ export type ProjectCreateRequest = z.input<typeof CreateProjectRequestSchema>;
 export type NodeInfo = z.infer<typeof NodeSchema>;
 
 /** Resource use of a sandbox (`GET /v1/sandboxes/{id}/stats`). */
-export interface SandboxStats {
-  cpuUsageMs: number;
-  memoryBytes: number;
-  memoryPeakBytes: number;
-  memoryLimitBytes: number;
-  pids: number;
-  pidsLimit: number;
-  diskUsedBytes: number;
-  diskLimitBytes: number;
-  oomKills: number;
-}
+export type { SandboxStats } from '@dsec/protocol';
 
 /** A filter for sandbox listings. */
 export interface SandboxListOptions {

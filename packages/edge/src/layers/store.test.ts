@@ -15,7 +15,7 @@ import { isDsecError } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, umount } from '../sys/linux.js';
 import { LayerStore } from './index.js';
 import type { LayerStoreOptions } from './index.js';
-import { lgetxattr, OVERLAY_OPAQUE_XATTR } from './native.js';
+import { lgetxattr, OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';
 
 type TarEntrySpec = Partial<Header> & { name: string; content?: string | Buffer };
 

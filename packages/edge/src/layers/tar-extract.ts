@@ -13,7 +13,7 @@ import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import type { Header } from 'tar-stream';
 import { DsecError, isDsecError } from '@dsec/protocol';
-import { lsetxattr, mkWhiteout, OVERLAY_OPAQUE_XATTR } from './native.js';
+import { lsetxattr, mkWhiteout, OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';
 
 /** Limits on one extraction (summed over all layers of a squashed image). */
 export interface TarLimits {
