@@ -240,6 +240,47 @@ describe('container sandboxes', () => {
     }
   });
 
+  test('agent: a pty, no inherited fds, rlimits, CPU quota, orphans reaped', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' }, resources: { cpu: 0.5, openFiles: 1024 } });
+    try {
+      const pty = await node.edge.exec(sb.id, { cmd: 'tty; stty size; echo $TERM', pty: { rows: 33, cols: 99 } });
+      assert.equal(pty.stdout.replace(/\r/g, ''), '/dev/pts/0\n33 99\nxterm\n');
+      const fds = await node.edge.exec(sb.id, { cmd: 'ls /proc/self/fd' });
+      assert.deepEqual(fds.stdout.trim().split(/\s+/).map(Number).sort(), [0, 1, 2, 3], 'only stdio (and ls own dir fd)');
+      assert.equal((await node.edge.exec(sb.id, { cmd: 'ulimit -n' })).stdout.trim(), '1024');
+      const quota = await readFile(`/sys/fs/cgroup/cpu/${node.cgroupParent}/${sb.id}/cpu.cfs_quota_us`, 'utf8').catch(() => '');
+      if (node.edge.cgroups.mode !== 'v2') assert.equal(quota.trim(), '50000');
+      await node.edge.exec(sb.id, { cmd: 'for i in 1 2 3 4 5; do (sleep 0.05 &) ; done; true' });
+      await new Promise((r) => setTimeout(r, 300));
+      const zombies = await node.edge.exec(sb.id, { cmd: "ps -o stat | grep -c '^Z' || true" });
+      assert.equal(zombies.stdout.trim(), '0', 'PID 1 reaps orphans');
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('output beyond the kept buffer is reported as a gap, never dropped silently', async () => {
+    const small = await startNode({ outputCapBytes: 65536 });
+    try {
+      await small.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
+      const sb = await small.edge.create({ image: { base: 'busybox' } });
+      const handle = await small.edge.spawn(sb.id, { cmd: 'head -c 1000000 /dev/zero; echo end' });
+      await handle.detach();
+      const exit = await (await small.edge.agent(sb.id)).wait(handle.proc);
+      assert.equal(exit.stdoutBytes, 1_000_004);
+      const again = await small.edge.attach(sb.id, handle.proc, { stdout: 0 });
+      const events = [];
+      for await (const ev of again) events.push(ev);
+      const gap = events.find((e) => e.kind === 'gap');
+      assert.ok(gap && gap.kind === 'gap' && gap.offset === 0 && gap.bytes > 0, 'the lost bytes are reported');
+      const held = events.filter((e) => e.kind === 'data').reduce((n, e) => n + (e.kind === 'data' ? e.data.length : 0), 0);
+      assert.equal(gap.bytes + held, 1_000_004, 'lost + held = everything the command wrote');
+      assert.ok(held <= 65536);
+    } finally {
+      await small.cleanup();
+    }
+  });
+
   test('files: write, read ranges, list, stat, mkdir, rename, remove', async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' } });
     try {
