@@ -259,6 +259,22 @@ describe('container sandboxes', () => {
     }
   });
 
+  test('best-effort sandboxes run under SCHED_IDLE with a low CPU weight', async () => {
+    const be = await node.edge.create({ image: { base: 'busybox' }, resources: { cpuClass: 'best-effort' } });
+    const ls = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const policy = async (id: string) => (await node.edge.exec(id, { cmd: "grep '^policy' /proc/self/sched | tr -dc 0-9" })).stdout;
+      assert.equal(await policy(be.id), '5', 'SCHED_IDLE');
+      assert.equal(await policy(ls.id), '0', 'SCHED_OTHER');
+      if (node.edge.cgroups.mode !== 'v2') {
+        assert.equal((await readFile(`/sys/fs/cgroup/cpu/${node.cgroupParent}/${be.id}/cpu.shares`, 'utf8')).trim(), '2');
+      }
+    } finally {
+      await node.edge.destroy(be.id);
+      await node.edge.destroy(ls.id);
+    }
+  });
+
   test('output beyond the kept buffer is reported as a gap, never dropped silently', async () => {
     const small = await startNode({ outputCapBytes: 65536 });
     try {
