@@ -158,6 +158,50 @@ describe('input validation', () => {
     assert.deepEqual((await call('GET', '/v1/sandboxes')).body.items, []);
     assert.equal((await call('GET', '/v1/nope')).status, 404);
   });
+
+  test('junk on every route is a 4xx, never a 500', async () => {
+    const sb = await create(undefined);
+    assert.equal(sb.status, 201);
+    const id = sb.body.id as string;
+    try {
+      const junk: Array<[string, string, unknown?]> = [
+        ['GET', `/v1/sandboxes/${'x'.repeat(5000)}`],
+        ['GET', '/v1/sandboxes/%E0%A4%A'],
+        ['GET', '/v1/sandboxes?cursor=%%%'],
+        ['GET', '/v1/sandboxes?cursor=AAAA'],
+        ['GET', '/v1/sandboxes?state=sleeping'],
+        ['GET', '/v1/sandboxes?label=novalue'],
+        ['POST', `/v1/sandboxes/${id}/exec`, { argv: [] }],
+        ['POST', `/v1/sandboxes/${id}/exec`, { cmd: 'true', env: { A: 5 } }],
+        ['POST', `/v1/sandboxes/${id}/exec`, { cmd: 'true', timeoutMs: -1 }],
+        ['POST', `/v1/sandboxes/${id}/exec`, [1, 2, 3]],
+        ['POST', `/v1/sandboxes/${id}/exec`, 'null'],
+        ['GET', `/v1/sandboxes/${id}/files?path=/etc/passwd&offset=-1`],
+        ['GET', `/v1/sandboxes/${id}/files?path=/etc`],
+        ['GET', `/v1/sandboxes/${id}/files?path=/a%00b`],
+        ['GET', `/v1/sandboxes/${id}/files/list?path=/etc/passwd`],
+        ['POST', `/v1/sandboxes/${id}/files/rename`, { from: '/nope', to: 'rel' }],
+        ['GET', `/v1/sandboxes/${id}/processes/abc/output`],
+        ['GET', `/v1/sandboxes/${id}/processes/1/output?from=-5`],
+        ['POST', `/v1/sandboxes/${id}/processes/424242/signal`, { signal: 'SIGTERM' }],
+        ['POST', '/v1/layers?kind=base&name=UPPER', ''],
+        ['GET', '/v1/layers/sha256:nothex'],
+        ['DELETE', '/v1/layers/no-such-layer'],
+        ['POST', '/v1/projects', { name: 'Bad Name' }],
+        ['POST', '/v1/projects', { name: 'ok', parent: 'prj_nope' }],
+        ['POST', '/v1/keys', { name: 'k', role: 'god' }],
+        ['DELETE', '/v1/keys/key_nope'],
+        ['GET', '/v1/projects/prj_nope'],
+      ];
+      for (const [method, route, json] of junk) {
+        const r = await call(method, route, json === undefined ? {} : typeof json === 'string' ? { body: json } : { json });
+        assert.ok(r.status >= 400 && r.status < 500, `${method} ${route} ${JSON.stringify(json)} -> ${r.status} ${JSON.stringify(r.body)}`);
+        assert.equal(typeof r.body.error?.code, 'string', `${method} ${route}: an error body`);
+      }
+    } finally {
+      await call('DELETE', `/v1/sandboxes/${id}`);
+    }
+  });
 });
 
 describe('sandboxes, commands and files', () => {
