@@ -9,6 +9,7 @@ import type { BackendKind, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInf
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
+import { FnCallBackend } from './backends/fncall/backend.js';
 import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
@@ -98,6 +99,8 @@ export class Edge {
     /** The cgroups of this node's sandboxes. */
     readonly cgroups: Cgroups,
     private readonly maxSandboxes: number,
+    /** Stateless function calls (the fncall backend's pools). */
+    readonly calls: FnCallBackend,
   ) {}
 
   /** What this node offers to the scheduler. */
@@ -135,7 +138,9 @@ export class Edge {
       agentBinary: path.resolve(opts.agentBinary),
       ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
     });
-    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES);
+    const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
+    await calls.init();
+    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         edge.sandboxes.set(record.id, { record, backend, state: 'running', oomKills: 0 });
@@ -395,6 +400,8 @@ export class Edge {
    * a later `Edge.open` on the same home finds them again.
    */
   async close(): Promise<void> {
+    // Calls keep no state: their pooled sandboxes go with this process.
+    await this.calls.close();
     for (const b of this.backends.values()) await b.close();
   }
 

@@ -10,3 +10,7 @@ export type { CgroupMode, CgroupStats } from './host/cgroups.js';
 export { LayerStore } from './layers/index.js';
 export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError } from './sys/linux.js';
+export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.js';
+export type { FnCallBackendOptions } from './backends/fncall/backend.js';
+export { RUNTIMES } from './backends/fncall/runtimes.js';
+export type { RuntimeDefinition } from './backends/fncall/runtimes.js';

@@ -1,0 +1,474 @@
+// The fncall backend: stateless calls. Each call claims a pre-created crun sandbox (read-only
+// root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
+// backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
+// process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
+import { createHash, randomBytes } from 'node:crypto';
+import { constants as fsConstants, readFileSync } from 'node:fs';
+import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import {
+  CallBatchRequestSchema,
+  CallRequestSchema,
+  DEFAULT_CALL_MEMORY_MIB,
+  DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
+  DEFAULT_CALL_TIMEOUT_MS,
+  DsecError,
+  invalidArgument,
+} from '@dsec/protocol';
+import type { CallBatchItem, CallBatchResult, CallRequest, CallResult, LayerInfo } from '@dsec/protocol';
+import type { z } from 'zod';
+import { ChronusClient } from '../../chronus/client.js';
+import type { AgentExit, Attachment } from '../../chronus/client.js';
+import type { Cgroups } from '../../host/cgroups.js';
+import type { LayerStore } from '../../layers/index.js';
+import { closeFd, listenUnix, mount, mountsUnder, MNT, MS, umount } from '../../sys/linux.js';
+import { Crun } from '../container/crun.js';
+import { buildFnCallConfig, CALL_UID, CALL_WORKDIR } from './bundle.js';
+import { WarmPool } from './pool.js';
+import type { WarmPoolOptions } from './pool.js';
+import { RUNTIMES } from './runtimes.js';
+
+/** Calls one node runs at once; further calls wait for a slot. */
+export const MAX_CONCURRENT_CALLS = 64;
+/** crun creates and deletes run at once (each is a few ms of CPU). */
+export const MAX_PARALLEL_RUNTIME_OPS = 4;
+/** Calls of one batch run at once. */
+export const BATCH_PARALLELISM = 8;
+/** A pool unused this long is drained and its root unmounted. */
+export const POOL_IDLE_MS = 60_000;
+/** Past timeoutMs, how long edge waits for chronus's own kill before killing the sandbox. */
+const HARD_KILL_GRACE_MS = 1_000;
+/** After an output overflow, how long the group kill may take before the sandbox is killed. */
+const OVERFLOW_KILL_GRACE_MS = 250;
+/** Output chronus keeps per stream (calls are always attached, so this only bounds buffers). */
+const AGENT_OUTPUT_CAP_BYTES = 1_048_576;
+const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** Name of the small layer on top of every call root: the mount points a read-only root needs. */
+const SKELETON_LAYER = 'fncall-skeleton';
+
+/** Options of {@link FnCallBackend}. */
+export interface FnCallBackendOptions {
+  /** Directory the backend owns (`$home/fncall`). */
+  dir: string;
+  crunRoot: string;
+  runtimePrefix: string[];
+  layers: LayerStore;
+  cgroups: Cgroups;
+  agentBinary: string;
+  crunBinary?: string;
+  /** Sizing of each pool. */
+  pool?: WarmPoolOptions;
+}
+
+/** A pre-created sandbox waiting for its one call. */
+interface WarmSandbox {
+  id: string;
+  dir: string;
+  agent: ChronusClient;
+}
+
+interface RootMount {
+  dir: string;
+  digests: string[];
+  users: number;
+}
+
+interface PoolEntry {
+  pool: WarmPool<WarmSandbox>;
+  root: RootMount;
+}
+
+/** A counting semaphore. */
+class Limiter {
+  private active = 0;
+  private readonly queue: Array<() => void> = [];
+  constructor(private readonly limit: number) {}
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.active >= this.limit) await new Promise<void>((r) => this.queue.push(r));
+    else this.active++;
+    try {
+      return await fn();
+    } finally {
+      const next = this.queue.shift();
+      if (next) next();
+      else this.active--;
+    }
+  }
+}
+
+function parse<T>(schema: z.ZodType<T>, value: unknown): T {
+  const res = schema.safeParse(value);
+  if (res.success) return res.data;
+  const issue = res.error.issues[0];
+  const field = (issue?.path ?? []).map(String).join('.');
+  throw invalidArgument(field || 'body', issue?.message ?? 'invalid');
+}
+
+/** Stateless function calls on pools of pre-created, single-use sandboxes. */
+export class FnCallBackend {
+  readonly kind = 'fncall' as const;
+  private readonly crun: Crun;
+  private readonly pools = new Map<string, PoolEntry>();
+  private readonly roots = new Map<string, RootMount>();
+  private readonly runtimeLayers = new Map<string, Promise<LayerInfo>>();
+  private skeleton: Promise<LayerInfo> | undefined;
+  private readonly runtimeOps = new Limiter(MAX_PARALLEL_RUNTIME_OPS);
+  private readonly slots = new Limiter(MAX_CONCURRENT_CALLS);
+  private readonly destroying = new Set<Promise<void>>();
+  private readonly hostNofileHard = hostNofileHard();
+  private readonly sweeper: NodeJS.Timeout;
+  private closed = false;
+
+  constructor(private readonly o: FnCallBackendOptions) {
+    this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
+    this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
+    this.sweeper.unref();
+  }
+
+  private get sandboxesDir(): string {
+    return path.join(this.o.dir, 'sandboxes');
+  }
+
+  private get rootsDir(): string {
+    return path.join(this.o.dir, 'roots');
+  }
+
+  /** Removes what a previous edge process left behind (calls do not survive a restart). */
+  async init(): Promise<void> {
+    await mkdir(this.sandboxesDir, { recursive: true });
+    await mkdir(this.rootsDir, { recursive: true });
+    for (const id of await readdir(this.sandboxesDir)) await this.destroySandbox(id);
+    for (const m of await mountsUnder(this.rootsDir)) umount(m, MNT.DETACH);
+    await rm(this.rootsDir, { recursive: true, force: true });
+    await mkdir(this.rootsDir, { recursive: true });
+  }
+
+  /** Runs one call in a fresh sandbox and returns its result. */
+  async run(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallResult> {
+    const spec = parse(CallRequestSchema, input);
+    return this.runParsed(spec, opts.signal);
+  }
+
+  /** Runs up to 1,000 calls (a few at a time) and returns their results in request order. */
+  async runBatch(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
+    const { calls } = parse(CallBatchRequestSchema, input);
+    const results: CallBatchItem[] = new Array<CallBatchItem>(calls.length);
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      for (let i = next++; i < calls.length; i = next++) {
+        try {
+          results[i] = await this.runParsed(calls[i] as CallRequest, opts.signal);
+        } catch (err) {
+          const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
+          results[i] = { error: { code: e.code, message: e.message } };
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(BATCH_PARALLELISM, calls.length) }, worker));
+    return { results };
+  }
+
+  private async runParsed(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
+    if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
+    const layers = await this.layersOf(spec);
+    const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+    return this.slots.run(async () => {
+      const sb = await entry.pool.claim(signal);
+      try {
+        return await this.execute(sb, spec);
+      } finally {
+        this.discard(sb);
+      }
+    });
+  }
+
+  /** The call's layers, bottom first. */
+  private async layersOf(spec: CallRequest): Promise<LayerInfo[]> {
+    if (spec.runtime !== undefined) return [await this.runtimeLayer(spec.runtime)];
+    const image = spec.image;
+    if (!image) throw invalidArgument('runtime', 'give exactly one of runtime or image');
+    const refs: Array<[string, string]> = [['image.base', image.base]];
+    if (image.workspace) refs.push(['image.workspace', image.workspace]);
+    (image.toolkits ?? []).forEach((t, i) => refs.push([`image.toolkits.${i}`, t]));
+    const out: LayerInfo[] = [];
+    for (const [field, ref] of refs) {
+      out.push(
+        await this.o.layers.resolve(ref).catch((err: unknown) => {
+          if (err instanceof DsecError) err.details.field = field;
+          throw err;
+        }),
+      );
+    }
+    return out;
+  }
+
+  /** A built-in runtime's layer, built on first use (once, however many calls ask). */
+  private runtimeLayer(name: keyof typeof RUNTIMES): Promise<LayerInfo> {
+    let p = this.runtimeLayers.get(name);
+    if (!p) {
+      const def = RUNTIMES[name];
+      p = this.o.layers.resolve(def.layerName).catch(() => this.o.layers.build(def.source, { kind: 'base', name: def.layerName }));
+      p.catch(() => this.runtimeLayers.delete(name));
+      this.runtimeLayers.set(name, p);
+    }
+    return p;
+  }
+
+  /** The layer with the mount points (/proc, /dev, /sys, /tmp, /work, chronus) of a read-only root. */
+  private skeletonLayer(): Promise<LayerInfo> {
+    this.skeleton ??= (async () => {
+      const existing = await this.o.layers.resolve(SKELETON_LAYER).catch(() => undefined);
+      if (existing) return existing;
+      const tree = path.join(this.o.dir, `skeleton-${randomBytes(4).toString('hex')}`);
+      try {
+        for (const d of ['proc', 'sys', 'dev', 'tmp', 'work', '.dsec']) await mkdir(path.join(tree, d), { recursive: true, mode: 0o755 });
+        await writeFile(path.join(tree, '.dsec/chronus'), '', { mode: 0o755 });
+        const { utimes } = await import('node:fs/promises');
+        const epoch = new Date(0);
+        for (const p of ['proc', 'sys', 'dev', 'tmp', 'work', '.dsec/chronus', '.dsec', '.']) await utimes(path.join(tree, p), epoch, epoch);
+        return await this.o.layers.build({ type: 'dir', path: tree }, { kind: 'toolkit', name: SKELETON_LAYER });
+      } finally {
+        await rm(tree, { recursive: true, force: true });
+      }
+    })();
+    this.skeleton.catch(() => (this.skeleton = undefined));
+    return this.skeleton;
+  }
+
+  private async poolFor(layers: LayerInfo[], memoryMiB: number): Promise<PoolEntry> {
+    const skeleton = await this.skeletonLayer();
+    // overlayfs lists lower dirs top first.
+    const digests = [skeleton.digest, ...layers.map((l) => l.digest).reverse()];
+    const key = `${digests.join(',')}@${memoryMiB}`;
+    let entry = this.pools.get(key);
+    if (entry) return entry;
+    const root = await this.acquireRoot(digests);
+    entry = this.pools.get(key);
+    if (entry) {
+      await this.releaseRoot(root);
+      return entry;
+    }
+    const pool = new WarmPool<WarmSandbox>(
+      {
+        create: () => this.runtimeOps.run(() => this.createSandbox(root.dir, memoryMiB)),
+        discard: (sb) => this.discard(sb),
+        healthy: (sb) => sb.agent.connected,
+      },
+      this.o.pool,
+    );
+    entry = { pool, root };
+    this.pools.set(key, entry);
+    return entry;
+  }
+
+  /** Mounts (or shares) the read-only overlay of a layer stack; one mount serves every sandbox. */
+  private async acquireRoot(digests: string[]): Promise<RootMount> {
+    const key = digests.join(',');
+    const known = this.roots.get(key);
+    if (known) {
+      known.users++;
+      return known;
+    }
+    const dirs: string[] = [];
+    const taken: string[] = [];
+    const dir = path.join(this.rootsDir, createHash('sha256').update(key).digest('hex').slice(0, 16));
+    try {
+      for (const d of digests) {
+        dirs.push(await this.o.layers.acquire(d));
+        taken.push(d);
+      }
+      const again = this.roots.get(key);
+      if (again) {
+        for (const d of taken) await this.o.layers.release(d);
+        again.users++;
+        return again;
+      }
+      await mkdir(dir, { recursive: true });
+      mount('overlay', dir, 'overlay', MS.RDONLY | MS.NODEV | MS.NOSUID, `lowerdir=${dirs.join(':')}`);
+    } catch (err) {
+      for (const d of taken) await this.o.layers.release(d).catch(() => undefined);
+      throw err;
+    }
+    const root: RootMount = { dir, digests, users: 1 };
+    this.roots.set(key, root);
+    return root;
+  }
+
+  private async releaseRoot(root: RootMount): Promise<void> {
+    if (--root.users > 0) return;
+    this.roots.delete(root.digests.join(','));
+    umount(root.dir, MNT.DETACH);
+    await rm(root.dir, { recursive: true, force: true });
+    for (const d of root.digests) await this.o.layers.release(d).catch(() => undefined);
+  }
+
+  private async createSandbox(rootfs: string, memoryMiB: number): Promise<WarmSandbox> {
+    const id = `fn-${randomBytes(8).toString('hex')}`;
+    const dir = path.join(this.sandboxesDir, id);
+    const socket = path.join(dir, 'agent.sock');
+    const logFile = path.join(dir, 'runtime.log');
+    let agent: ChronusClient | undefined;
+    try {
+      await mkdir(dir);
+      const config = buildFnCallConfig({
+        id,
+        rootfs,
+        agentBinary: this.o.agentBinary,
+        cgroupsPath: this.o.cgroups.pathFor(id),
+        memoryMiB,
+        outputCapBytes: AGENT_OUTPUT_CAP_BYTES,
+        hostNofileHard: this.hostNofileHard,
+      });
+      await writeFile(path.join(dir, 'config.json'), JSON.stringify(config));
+      const sockFd = listenUnix(socket);
+      const log = await open(logFile, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      try {
+        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id], `create call sandbox ${id}`, { extraFds: [sockFd], logFd: log.fd });
+      } catch (err) {
+        const detail = await readFile(logFile, 'utf8').catch(() => '');
+        if (err instanceof DsecError && detail.trim()) err.message += ` (${detail.trim().split('\n').slice(-3).join('; ')})`;
+        throw err;
+      } finally {
+        closeFd(sockFd);
+        await log.close();
+      }
+      agent = await ChronusClient.connect(socket);
+      await agent.ping();
+      return { id, dir, agent };
+    } catch (err) {
+      agent?.close();
+      await this.destroySandbox(id);
+      throw err;
+    }
+  }
+
+  /** Destroys a used (or dead) sandbox in the background. */
+  private discard(sb: WarmSandbox): void {
+    sb.agent.close();
+    const p = this.runtimeOps.run(() => this.destroySandbox(sb.id)).finally(() => this.destroying.delete(p));
+    this.destroying.add(p);
+  }
+
+  /** Kills every process of a sandbox and removes its cgroups and files. */
+  private async destroySandbox(id: string): Promise<void> {
+    await this.crun.run(['delete', '--force', id]).catch(() => undefined);
+    await this.o.cgroups.remove(id);
+    await rm(path.join(this.sandboxesDir, id), { recursive: true, force: true });
+  }
+
+  /** Runs the call's one process in a claimed sandbox. */
+  private async execute(sb: WarmSandbox, spec: CallRequest): Promise<CallResult> {
+    const { agent } = sb;
+    const owner = { uid: CALL_UID, gid: CALL_UID };
+    for (const [rel, content] of Object.entries(spec.files ?? {})) {
+      const file = path.posix.join(CALL_WORKDIR, rel);
+      const parent = path.posix.dirname(file);
+      if (parent !== CALL_WORKDIR) await agent.mkdir(parent, { parents: true, ...owner });
+      await agent.writeFile(file, content, { mode: 0o644, ...owner });
+    }
+    const argv = spec.argv ?? (spec.runtime !== undefined ? RUNTIMES[spec.runtime].argv(spec.code ?? '') : ['/bin/sh', '-c', spec.code ?? '']);
+    const timeoutMs = spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS;
+    const limit = spec.outputLimitBytes ?? DEFAULT_CALL_OUTPUT_LIMIT_BYTES;
+    const started = performance.now();
+    let att: Attachment;
+    try {
+      att = await agent.spawn({
+        argv,
+        env: { PATH: CALL_PATH, HOME: CALL_WORKDIR, LANG: 'C.UTF-8', ...spec.env },
+        cwd: CALL_WORKDIR,
+        ...owner,
+        stdin: spec.stdin !== undefined,
+        timeoutMs,
+      });
+    } catch (err) {
+      // A command that cannot be started is the caller's result, as in a shell.
+      if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PERMISSION_DENIED')) {
+        const exitCode = err.code === 'FILE_NOT_FOUND' ? 127 : 126;
+        return { exitCode, signal: null, stdout: '', stderr: `${argv[0]}: ${err.message}\n`, durationMs: 0, cpuMs: 0, peakMemoryKiB: 0, truncated: false, timedOut: false, oomKilled: false };
+      }
+      throw err;
+    }
+    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+    const size = { stdout: 0, stderr: 0 };
+    let truncated = false;
+    let hardKilled = false;
+    const killSandbox = (): void => {
+      hardKilled = true;
+      void this.crun.run(['kill', '--all', sb.id, 'KILL']).catch(() => undefined);
+    };
+    let overflowTimer: NodeJS.Timeout | undefined;
+    att.onOutput((ev) => {
+      if (ev.kind !== 'data') return;
+      const room = limit - size[ev.stream];
+      const chunk = ev.data.length > room ? ev.data.subarray(0, Math.max(0, room)) : ev.data;
+      if (chunk.length > 0) {
+        out[ev.stream].push(chunk);
+        size[ev.stream] += chunk.length;
+      }
+      if (chunk.length < ev.data.length && !truncated) {
+        truncated = true;
+        void att.kill('SIGKILL').catch(() => undefined);
+        overflowTimer = setTimeout(killSandbox, OVERFLOW_KILL_GRACE_MS);
+      }
+    });
+    const deadline = setTimeout(killSandbox, timeoutMs + HARD_KILL_GRACE_MS);
+    let exit: AgentExit | undefined;
+    try {
+      if (spec.stdin !== undefined) await att.write(spec.stdin, true).catch(() => undefined);
+      exit = await att.exited.catch(() => undefined);
+    } finally {
+      clearTimeout(deadline);
+      clearTimeout(overflowTimer);
+    }
+    const wallMs = Math.round(performance.now() - started);
+    const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
+    const timedOut = exit?.timedOut === true || (hardKilled && !truncated && wallMs >= timeoutMs);
+    const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > 0;
+    return {
+      exitCode: exit ? exit.exitCode : null,
+      signal: exit ? exit.signal : 'SIGKILL',
+      stdout: Buffer.concat(out.stdout).toString('utf8'),
+      stderr: Buffer.concat(out.stderr).toString('utf8'),
+      durationMs: exit ? exit.durationMs : wallMs,
+      cpuMs: exit ? exit.cpuUserMs + exit.cpuSysMs : 0,
+      peakMemoryKiB: exit ? exit.peakMemoryKiB : 0,
+      truncated,
+      timedOut,
+      oomKilled,
+    };
+  }
+
+  private async sweepIdlePools(): Promise<void> {
+    for (const [key, entry] of [...this.pools]) {
+      if (entry.pool.idleMs < POOL_IDLE_MS) continue;
+      this.pools.delete(key);
+      await entry.pool.close();
+      await this.releaseRoot(entry.root).catch(() => undefined);
+    }
+  }
+
+  /** Destroys every pooled sandbox and unmounts every root (calls do not outlive the edge). */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.sweeper);
+    for (const [key, entry] of [...this.pools]) {
+      this.pools.delete(key);
+      await entry.pool.close();
+    }
+    while (this.destroying.size > 0) await Promise.allSettled([...this.destroying]);
+    for (const root of [...this.roots.values()]) {
+      root.users = 1;
+      await this.releaseRoot(root).catch(() => undefined);
+    }
+  }
+}
+
+function hostNofileHard(): number {
+  try {
+    const limits = readFileSync('/proc/self/limits', 'utf8');
+    const hard = limits.split('\n').find((l) => l.startsWith('Max open files'))?.trim().split(/\s+/)[4];
+    return hard && hard !== 'unlimited' ? Number(hard) : 1_048_576;
+  } catch {
+    return 1_048_576;
+  }
+}

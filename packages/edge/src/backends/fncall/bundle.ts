@@ -1,0 +1,47 @@
+// The OCI config of a function-call sandbox: the container backend's hardening (capabilities,
+// seccomp, masked paths, no network, cgroup limits) with a read-only root and fresh tmpfs mounts
+// for /tmp and the working directory.
+import type { SandboxSpec } from '@dsec/protocol';
+import { buildOciConfig } from '../container/bundle.js';
+
+/** Working directory of every call (a fresh tmpfs). */
+export const CALL_WORKDIR = '/work';
+/** The user calls run as (no capabilities once chronus drops root for them). */
+export const CALL_UID = 65534;
+/** Size limit of each of /tmp and /work; their pages also count toward the memory limit. */
+export const CALL_TMPFS_MIB = 512;
+/** Process (and thread) limit of one call: stops fork bombs. */
+export const CALL_PIDS = 128;
+/** Open-file limit of one call. */
+export const CALL_OPEN_FILES = 1024;
+
+/** Inputs of {@link buildFnCallConfig}. */
+export interface FnCallConfigOptions {
+  id: string;
+  rootfs: string;
+  agentBinary: string;
+  cgroupsPath: string;
+  memoryMiB: number;
+  outputCapBytes: number;
+  hostNofileHard: number;
+}
+
+/** Builds config.json for one function-call sandbox. */
+export function buildFnCallConfig(o: FnCallConfigOptions): Record<string, unknown> {
+  const spec: SandboxSpec = {
+    backend: 'fncall',
+    image: { base: 'unused' },
+    resources: { cpu: 1, memoryMiB: o.memoryMiB, pids: CALL_PIDS, openFiles: CALL_OPEN_FILES },
+    hostname: 'fncall',
+  };
+  const config = buildOciConfig({ id: o.id, spec, rootfs: o.rootfs, agentBinary: o.agentBinary, cgroupsPath: o.cgroupsPath, outputCapBytes: o.outputCapBytes, hostNofileHard: o.hostNofileHard });
+  config.root = { path: o.rootfs, readonly: true };
+  const tmpfs = (destination: string, mode: string): Record<string, unknown> => ({
+    destination,
+    type: 'tmpfs',
+    source: 'tmpfs',
+    options: ['nosuid', 'nodev', `mode=${mode}`, `size=${CALL_TMPFS_MIB}m`, 'nr_inodes=65536', `uid=${CALL_UID}`, `gid=${CALL_UID}`],
+  });
+  (config.mounts as unknown[]).push(tmpfs('/tmp', '1777'), tmpfs(CALL_WORKDIR, '0755'));
+  return config;
+}
