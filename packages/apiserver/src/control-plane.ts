@@ -2,6 +2,8 @@
 // node), layers owned by projects, projects and keys.
 import { randomBytes } from 'node:crypto';
 import {
+  CallBatchRequestSchema,
+  CallRequestSchema,
   CreateKeyRequestSchema,
   CreateProjectRequestSchema,
   CreateSandboxRequestSchema,
@@ -15,7 +17,7 @@ import {
   ListSandboxesQuerySchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { ApiKey, GrantedResources, Layer, LayerInfo, LayerKind, NodeBody, Project, Quota, Sandbox, SandboxSpec } from '@dsec/protocol';
+import type { ApiKey, CallBatchItem, CallBatchResult, CallRequest, CallResult, GrantedResources, Layer, LayerInfo, LayerKind, NodeBody, Project, Quota, Sandbox, SandboxSpec } from '@dsec/protocol';
 import type { z } from 'zod';
 import { newKeySecret, requireRole, roleAtLeast } from './auth.js';
 import type { Authenticator, Principal } from './auth.js';
@@ -307,6 +309,45 @@ export class ControlPlane {
     if (mine.length === all.length) {
       for (const n of this.nodes.all()) await n.client.layers.remove(digest).catch(() => undefined);
     }
+  }
+
+  // ---- function calls ----
+
+  /** Runs one stateless call on a healthy node (counts against nothing but the key's rate limit). */
+  async runCall(p: Principal, body: unknown, signal?: AbortSignal): Promise<CallResult> {
+    requireRole(p, 'member');
+    const spec = await this.resolveCall(p, parseInput(CallRequestSchema, body), '');
+    return this.callNode().calls.run(spec, signal ? { signal } : {});
+  }
+
+  /** Runs up to 1,000 calls; results come back in request order. */
+  async runCalls(p: Principal, body: unknown, signal?: AbortSignal): Promise<CallBatchResult> {
+    requireRole(p, 'member');
+    const { calls } = parseInput(CallBatchRequestSchema, body);
+    const resolved: CallRequest[] = [];
+    for (const [i, c] of calls.entries()) resolved.push(await this.resolveCall(p, c, `calls.${i}.`));
+    const reply = await this.callNode().calls.runBatch({ calls: resolved }, signal ? { signal } : {});
+    return { results: reply.results as CallBatchItem[] };
+  }
+
+  /** A call with its image's layer references resolved to digests in the caller's project. */
+  private async resolveCall(p: Principal, spec: CallRequest, prefix: string): Promise<CallRequest> {
+    if (!spec.image) return spec;
+    const image: NonNullable<CallRequest['image']> = { base: await this.resolveLayer(p.projectId, spec.image.base, `${prefix}image.base`) };
+    if (spec.image.workspace) image.workspace = await this.resolveLayer(p.projectId, spec.image.workspace, `${prefix}image.workspace`);
+    if (spec.image.toolkits?.length) {
+      image.toolkits = [];
+      for (const [i, t] of spec.image.toolkits.entries()) image.toolkits.push(await this.resolveLayer(p.projectId, t, `${prefix}image.toolkits.${i}`));
+    }
+    return { ...spec, image };
+  }
+
+  /** A healthy node for a call: calls hold no state, so any node will do. */
+  private callNode(): EdgeClient {
+    const healthy = this.nodes.all().filter((n) => n.healthy);
+    const n = healthy[Math.floor(Math.random() * healthy.length)];
+    if (!n) throw new DsecError('CAPACITY_EXHAUSTED', 'no healthy node can run calls', { retryAfterMs: 1000 });
+    return n.client;
   }
 
   /** An edge that holds layers (every node builds the same layers in this single-node form). */

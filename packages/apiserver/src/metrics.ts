@@ -6,6 +6,7 @@ const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 /** Counters and latency histograms, rendered on GET /metrics. */
 export class Metrics {
   execs = 0;
+  calls = 0;
   private readonly requests = new Map<string, number>();
   private readonly latency = new Map<string, { buckets: number[]; sum: number; count: number }>();
 
@@ -37,6 +38,7 @@ export class Metrics {
       out.push(`dsec_http_request_duration_ms_sum{${k}} ${h.sum.toFixed(3)}`, `dsec_http_request_duration_ms_count{${k}} ${h.count}`);
     }
     out.push('# HELP dsec_execs_total Commands run through the API.', '# TYPE dsec_execs_total counter', `dsec_execs_total ${this.execs}`);
+    out.push('# HELP dsec_calls_total Function calls run through the API.', '# TYPE dsec_calls_total counter', `dsec_calls_total ${this.calls}`);
     if (this.cp) {
       const c = this.cp.counters;
       out.push('# TYPE dsec_sandboxes_created_total counter', `dsec_sandboxes_created_total ${c.sandboxesCreated}`);

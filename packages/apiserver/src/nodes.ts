@@ -32,6 +32,7 @@ export type EdgeClient = Pick<
   | 'symlink'
   | 'stats'
   | 'layers'
+  | 'calls'
 >;
 
 /** A node as the control plane tracks it. */

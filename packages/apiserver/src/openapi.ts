@@ -36,6 +36,8 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/sandboxes/{id}/files/rename', summary: 'Rename a path', body: api.RenameRequestSchema, status: 204 },
   { method: 'put', path: '/v1/sandboxes/{id}/files/tar', summary: 'Unpack a tar into a directory', query: api.FilePathQuerySchema, body: 'binary' },
   { method: 'get', path: '/v1/sandboxes/{id}/files/tar', summary: 'Download a directory as tar', query: api.FilePathQuerySchema, reply: 'binary' },
+  { method: 'post', path: '/v1/calls', summary: 'Run one stateless call in a fresh sandbox', body: api.CallRequestSchema, reply: api.CallResultSchema },
+  { method: 'post', path: '/v1/calls/batch', summary: 'Run up to 1,000 calls; results in request order', body: api.CallBatchRequestSchema, reply: api.CallBatchResultSchema },
   { method: 'post', path: '/v1/layers', summary: 'Upload a layer (tar or OCI image)', query: api.UploadLayerQuerySchema, body: 'binary', reply: api.LayerSchema, status: 201 },
   { method: 'post', path: '/v1/layers/debian', summary: 'Build a Debian layer', body: api.DebianLayerRequestSchema, reply: api.LayerSchema, status: 201 },
   { method: 'get', path: '/v1/layers', summary: 'List layers', reply: page(api.LayerSchema) },

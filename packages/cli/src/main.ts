@@ -3,6 +3,7 @@
 import { Command, CommanderError } from 'commander';
 import { isDsecError } from '@dsec/sdk';
 import { registerKeys, registerNodes, registerProjects } from './commands/admin.js';
+import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
@@ -28,6 +29,7 @@ export function buildProgram(): Command {
   registerUp(program);
   registerSandbox(program);
   registerExec(program);
+  registerCall(program);
   registerCp(program);
   registerImage(program);
   registerKeys(program);

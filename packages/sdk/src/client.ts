@@ -1,5 +1,6 @@
 // DsecClient: connection settings plus the project-wide APIs (layers, keys, projects, nodes).
 import { invalidArgument } from '@dsec/protocol';
+import { CallsApi } from './calls.js';
 import { send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
@@ -44,6 +45,8 @@ export class DsecClient {
   readonly keys: KeysApi;
   /** The caller's project and its sub-projects. */
   readonly projects: ProjectsApi;
+  /** Stateless function calls: `calls.run({runtime: 'python3', code})`. */
+  readonly calls: CallsApi;
   /** Nodes and their capacity. */
   readonly nodes: { list(opts?: CallOptions): Promise<NodeInfo[]> };
   readonly #target: HttpTarget;
@@ -65,6 +68,7 @@ export class DsecClient {
     this.layers = new LayersApi(this);
     this.keys = new KeysApi(this);
     this.projects = new ProjectsApi(this);
+    this.calls = new CallsApi(this);
     this.nodes = {
       list: async (o: CallOptions = {}) => (await this.json<{ items: NodeInfo[] }>({ method: 'GET', path: '/v1/nodes' }, o)).items,
     };

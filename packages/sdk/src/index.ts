@@ -7,12 +7,13 @@ export { ExecHandle, MAX_QUEUED_OUTPUT_BYTES } from './exec-handle.js';
 export type { OutputCallbacks, OutputEvent, OutputOffsets } from './exec-handle.js';
 export { Files } from './files.js';
 export type { DirTransferResult, FileReadOptions, FileWriteOptions } from './files.js';
+export { CallsApi } from './calls.js';
 export { LayersApi } from './layers.js';
 export type { DebianBuildOptions, LayerUploadOptions } from './layers.js';
 export { KeysApi, ProjectsApi } from './iam.js';
 export { CommandExitError } from './errors.js';
 export { DsecError, isDsecError } from '@dsec/protocol';
-export type { ErrorCode, ErrorDetails } from '@dsec/protocol';
+export type { CallBatchItem, CallRequest, CallResult, CallRuntime, ErrorCode, ErrorDetails } from '@dsec/protocol';
 export type {
   ApiKeyInfo,
   DebianLayerRequest,

@@ -235,6 +235,18 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
   });
 
+  // ---- function calls ----
+  app.post('/v1/calls', async (c) => {
+    const result = await cp.runCall(c.get('principal'), await readJson(c), c.req.raw.signal);
+    metrics.calls++;
+    return c.json(result);
+  });
+  app.post('/v1/calls/batch', async (c) => {
+    const reply = await cp.runCalls(c.get('principal'), await readJson(c), c.req.raw.signal);
+    metrics.calls += reply.results.length;
+    return c.json(reply);
+  });
+
   // ---- layers ----
   app.post('/v1/layers', async (c) => {
     const p = c.get('principal');

@@ -9,7 +9,7 @@ import type { ConnectionFlags } from '../connection.js';
 import { keyValue, number } from '../parse.js';
 
 /** The shell convention: the exit code, or 128 + the signal's number. */
-export function exitCodeOf(exit: ExitInfo): number {
+export function exitCodeOf(exit: Pick<ExitInfo, 'exitCode' | 'signal'>): number {
   if (exit.exitCode !== null) return exit.exitCode;
   const signum = exit.signal ? (constants.signals as Record<string, number>)[exit.signal] : undefined;
   return 128 + (signum ?? 9);
