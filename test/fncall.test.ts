@@ -1,0 +1,257 @@
+// End-to-end tests of the fncall backend: stateless calls on pooled single-use sandboxes, at the
+// edge and through the API, SDK and CLI.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { mountsUnder } from '@dsec/edge';
+import { DsecError } from '@dsec/protocol';
+import type { CallResult } from '@dsec/protocol';
+import { DsecClient } from '@dsec/sdk';
+import { REPO_ROOT, startNode } from './helpers/node.js';
+import type { TestNode } from './helpers/node.js';
+import { startTestPlatform } from './helpers/platform.js';
+import type { TestPlatform } from './helpers/platform.js';
+
+function rejectsWith(code: string, field?: string) {
+  return (err: unknown): boolean => {
+    assert.ok(err instanceof DsecError, `expected a DsecError, got ${String(err)}`);
+    assert.equal(err.code, code, err.message);
+    if (field !== undefined) assert.equal(err.details.field, field, err.message);
+    return true;
+  };
+}
+
+describe('fncall at the edge (sh runtime)', () => {
+  let node: TestNode;
+  const call = (req: Record<string, unknown>): Promise<CallResult> => node.edge.calls.run({ runtime: 'sh', ...req });
+
+  before(async () => {
+    node = await startNode();
+  });
+  after(async () => {
+    await node?.cleanup();
+  });
+
+  test('runs code, argv, stdin, files and env; reports exit code and usage', async () => {
+    const r = await call({ code: 'echo hi; echo err >&2; exit 3' });
+    assert.equal(r.stdout, 'hi\n');
+    assert.equal(r.stderr, 'err\n');
+    assert.equal(r.exitCode, 3);
+    assert.equal(r.signal, null);
+    assert.equal(r.truncated, false);
+    assert.equal(r.timedOut, false);
+    assert.ok(r.peakMemoryKiB > 0);
+    const io = await call({ argv: ['sh', 'main.sh', 'arg1'], files: { 'main.sh': 'read x; echo "$x $1 $GREETING $(pwd) $(id -u)"; cat lib/data.txt', 'lib/data.txt': 'data\n' }, stdin: 'line\n', env: { GREETING: 'hello' } });
+    assert.equal(io.stdout, 'line arg1 hello /work 65534\ndata\n');
+    assert.equal(io.exitCode, 0);
+    const missing = await call({ argv: ['/no/such/binary'] });
+    assert.equal(missing.exitCode, 127);
+  });
+
+  test('the root is read-only and nothing survives from one call to the next', async () => {
+    const first = await call({ code: 'echo a > /tmp/left; echo b > /work/left; echo c > /dev/shm/left; (sleep 100 &); touch /etc/x 2>&1; echo rc=$?' });
+    assert.match(first.stdout, /Read-only file system/);
+    assert.match(first.stdout, /rc=1/);
+    for (let i = 0; i < 3; i++) {
+      const next = await call({ code: 'ls -A /tmp /work /dev/shm; ps -o comm | grep -c sleep; true' });
+      assert.equal(next.stdout, '/dev/shm:\n\n/tmp:\n\n/work:\n0\n', 'no files, no processes from the earlier call');
+    }
+  });
+
+  test('time limit: the call is killed and the timeout reported', async () => {
+    const start = performance.now();
+    const r = await call({ code: 'echo started; sleep 30', timeoutMs: 300 });
+    assert.equal(r.timedOut, true);
+    assert.equal(r.signal, 'SIGKILL');
+    assert.equal(r.stdout, 'started\n');
+    assert.ok(r.durationMs >= 300 && r.durationMs < 1500, `durationMs ${r.durationMs}`);
+    assert.ok(performance.now() - start < 3000);
+  });
+
+  test('output limit: infinite output is cut at the limit and the call killed', async () => {
+    const r = await call({ code: 'yes', outputLimitBytes: 1000, timeoutMs: 10_000 });
+    assert.equal(r.truncated, true);
+    assert.equal(r.stdout.length, 1000);
+    assert.equal(r.timedOut, false);
+    assert.ok(r.durationMs < 5000);
+  });
+
+  test('memory limit: a call that allocates past it is OOM-killed and that is reported', async () => {
+    const r = await call({ code: 'awk \'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }\'', memoryMiB: 32, timeoutMs: 10_000 });
+    assert.equal(r.oomKilled, true, JSON.stringify(r));
+    assert.equal(r.signal, 'SIGKILL');
+    const ok = await call({ code: 'echo fine' });
+    assert.equal(ok.stdout, 'fine\n');
+  });
+
+  test('a fork bomb is contained and the next call is unaffected', async () => {
+    const r = await call({ code: 'bomb() { bomb | bomb & }; bomb; sleep 5', timeoutMs: 1500 });
+    assert.equal(r.timedOut, true);
+    const start = performance.now();
+    const next = await call({ code: 'echo alive; ps -o pid | wc -l' });
+    assert.equal(next.stdout.split('\n')[0], 'alive');
+    assert.ok(Number(next.stdout.split('\n')[1]) <= 6, `processes seen: ${next.stdout}`);
+    assert.ok(performance.now() - start < 2000, 'the next call is not slowed down');
+  });
+
+  test('no network: only loopback, and connecting out fails at once', async () => {
+    const r = await call({ code: 'cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "; nc -w 2 10.255.255.1 80 </dev/null 2>&1; echo rc=$?', timeoutMs: 5000 });
+    assert.match(r.stdout, /^lo\n/);
+    assert.match(r.stdout, /unreachable/i);
+    assert.match(r.stdout, /rc=1/);
+  });
+
+  test('batch results come back in request order, a failed call as an error item', async () => {
+    const calls = Array.from({ length: 30 }, (_, i) => ({ runtime: 'sh', code: `sleep 0.0$((${i} % 3)); echo ${i}` }));
+    const { results } = await node.edge.calls.runBatch({ calls: [...calls, { image: { base: 'no-such-layer' }, code: 'true' }] });
+    assert.equal(results.length, 31);
+    results.slice(0, 30).forEach((r, i) => assert.equal((r as CallResult).stdout, `${i}\n`));
+    assert.equal((results[30] as { error: { code: string } }).error.code, 'LAYER_NOT_FOUND');
+  });
+
+  test('any layer set plus a command: a toolkit layer over busybox', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-fncall-toolkit-'));
+    try {
+      await writeFile(path.join(dir, 'compile'), '#!/bin/sh\nsed "s/^/compiled: /" "$1" > "$2" && chmod +x "$2"\n', { mode: 0o755 });
+      await node.edge.layers.build({ type: 'dir', path: dir }, { kind: 'toolkit', name: 'fake-cc' });
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+    const r = await node.edge.calls.run({ image: { base: 'busybox', toolkits: ['fake-cc'] }, files: { 'prog.src': 'echo run\n' }, code: '/compile prog.src prog && cat prog' });
+    assert.equal(r.stdout, 'compiled: echo run\n', r.stderr);
+  });
+
+  test('bad input is refused naming the field', async () => {
+    await assert.rejects(node.edge.calls.run({ runtime: 'ruby', code: 'x' }), rejectsWith('INVALID_ARGUMENT', 'runtime'));
+    await assert.rejects(node.edge.calls.run({ code: 'x' }), rejectsWith('INVALID_ARGUMENT', 'runtime'));
+    await assert.rejects(call({ code: 'x', argv: ['y'] }), rejectsWith('INVALID_ARGUMENT', 'code'));
+    await assert.rejects(call({ code: 'x', files: { '../etc/passwd': 'x' } }), rejectsWith('INVALID_ARGUMENT'));
+    await assert.rejects(call({ code: 'x', timeoutMs: -1 }), rejectsWith('INVALID_ARGUMENT', 'timeoutMs'));
+    await assert.rejects(call({ code: 'x', memoryMiB: 1 }), rejectsWith('INVALID_ARGUMENT', 'memoryMiB'));
+    await assert.rejects(node.edge.calls.runBatch({ calls: [] }), rejectsWith('INVALID_ARGUMENT', 'calls'));
+  });
+
+  test('closing the edge leaves no call sandbox, cgroup or mount behind', async () => {
+    await Promise.all(Array.from({ length: 6 }, () => call({ code: 'true' })));
+    await node.edge.calls.close();
+    assert.deepEqual((await node.edge.cgroups.list()).filter((id) => id.startsWith('fn-')), []);
+    assert.deepEqual(await mountsUnder(path.join(node.home, 'fncall')), []);
+    assert.deepEqual(await readdir(path.join(node.home, 'fncall/sandboxes')), []);
+  });
+});
+
+describe('fncall runtimes built from Debian packages (python3, node)', () => {
+  let node: TestNode;
+  before(async () => {
+    node = await startNode();
+    // Both runtimes are built on first use; build them side by side.
+    await Promise.all([node.edge.calls.run({ runtime: 'python3', code: 'pass' }), node.edge.calls.run({ runtime: 'node', code: '0' })]);
+  });
+  after(async () => {
+    await node?.cleanup();
+  });
+
+  test('python3 runs code, files and stdin', async () => {
+    const r = await node.edge.calls.run({ runtime: 'python3', code: 'import sys, json; print(json.dumps(sum(map(int, sys.stdin.read().split()))))', stdin: '1 2 3' });
+    assert.equal(r.stdout, '6\n', r.stderr);
+    const f = await node.edge.calls.run({ runtime: 'python3', argv: ['python3', 'main.py'], files: { 'main.py': 'from helper import f\nprint(f(20))\n', 'helper.py': 'def f(n):\n    return n * 2\n' } });
+    assert.equal(f.stdout, '40\n', f.stderr);
+    const err = await node.edge.calls.run({ runtime: 'python3', code: 'raise SystemExit(4)' });
+    assert.equal(err.exitCode, 4);
+  });
+
+  test('python3 past its memory limit is OOM-killed', async () => {
+    const r = await node.edge.calls.run({ runtime: 'python3', code: 'x = bytearray(512 << 20)\nprint("no")', memoryMiB: 64 });
+    assert.equal(r.oomKilled, true, JSON.stringify(r));
+    assert.equal(r.stdout, '');
+  });
+
+  test('node runs code and reads stdin', async () => {
+    const r = await node.edge.calls.run({ runtime: 'node', code: 'let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => console.log(s.trim().toUpperCase(), process.version.startsWith("v")))', stdin: 'abc\n' });
+    assert.equal(r.stdout, 'ABC true\n', r.stderr);
+  });
+});
+
+describe('fncall through the API, SDK and CLI', () => {
+  let platform: TestPlatform;
+  let client: DsecClient;
+  before(async () => {
+    platform = await startTestPlatform();
+    client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
+  });
+  after(async () => {
+    await platform?.close();
+  });
+
+  const post = async (route: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> => {
+    const res = await fetch(`${platform.url}${route}`, { method: 'POST', headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    return { status: res.status, json: (await res.json()) as Record<string, unknown> };
+  };
+
+  test('POST /v1/calls and the batch form', async () => {
+    const one = await post('/v1/calls', { runtime: 'sh', code: 'echo hi' });
+    assert.equal(one.status, 200);
+    assert.equal(one.json.stdout, 'hi\n');
+    const batch = await post('/v1/calls/batch', { calls: [0, 1, 2].map((i) => ({ runtime: 'sh', code: `echo ${i}` })) });
+    assert.equal(batch.status, 200);
+    assert.deepEqual((batch.json.results as CallResult[]).map((r) => r.stdout), ['0\n', '1\n', '2\n']);
+    const img = await post('/v1/calls', { image: { base: 'busybox' }, argv: ['echo', 'layers'] });
+    assert.equal(img.json.stdout, 'layers\n');
+  });
+
+  test('bad input is a 400 naming the field, never a 500', async () => {
+    const cases: Array<[unknown, string]> = [
+      [{ runtime: 'sh' }, 'code'],
+      [{ runtime: 'sh', code: 'x', timeoutMs: 'soon' }, 'timeoutMs'],
+      [{ runtime: 'sh', code: 'x', bogus: 1 }, ''],
+      [{ image: { base: 'no-such' }, code: 'x' }, 'image.base'],
+      ['{not json', 'body'],
+    ];
+    for (const [body, field] of cases) {
+      const r = await post('/v1/calls', body);
+      const err = r.json.error as { code: string; field?: string };
+      assert.ok(r.status === 400 || r.status === 404, `${JSON.stringify(body)} -> ${r.status}`);
+      if (field) assert.equal(err.field, field, JSON.stringify(r.json));
+    }
+    const big = await post('/v1/calls/batch', { calls: Array.from({ length: 1001 }, () => ({ runtime: 'sh', code: 'true' })) });
+    assert.equal(big.status, 400);
+    assert.equal((big.json.error as { field: string }).field, 'calls');
+  });
+
+  test('SDK client.calls.run and runBatch', async () => {
+    const r = await client.calls.run({ runtime: 'sh', code: 'cat', stdin: 'piped' });
+    assert.equal(r.stdout, 'piped');
+    const items = await client.calls.runBatch([{ runtime: 'sh', code: 'echo a' }, { runtime: 'sh', code: 'exit 2' }]);
+    assert.equal((items[0] as CallResult).stdout, 'a\n');
+    assert.equal((items[1] as CallResult).exitCode, 2);
+  });
+
+  test('dsec call', async () => {
+    const dsec = (args: string[], input?: string): Promise<{ code: number | null; stdout: string; stderr: string }> =>
+      new Promise((resolve, reject) => {
+        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { ...process.env, DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey } });
+        let stdout = '';
+        let stderr = '';
+        child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code, stdout, stderr }));
+        child.stdin.end(input ?? '');
+      });
+    const hi = await dsec(['call', '--runtime', 'sh', '-c', 'echo hi; exit 5']);
+    assert.equal(hi.stdout, 'hi\n');
+    assert.equal(hi.code, 5);
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-fncall-cli-'));
+    try {
+      await writeFile(path.join(dir, 'prog.sh'), 'read x; echo "got $x"\n');
+      const f = await dsec(['call', '--runtime', 'sh', '--file', path.join(dir, 'prog.sh'), '--stdin'], 'input\n');
+      assert.equal(f.stdout, 'got input\n', f.stderr);
+      assert.equal(f.code, 0);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
