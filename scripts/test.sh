@@ -9,4 +9,12 @@ files=(packages/*/dist/**/*.test.js test/dist/*.test.js)
 if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then
   files=("${files[@]/*debian.test.js}")
 fi
-exec node --test --test-concurrency=1 --test-reporter=spec "${files[@]}"
+status=0
+node --test --test-concurrency=1 --test-reporter=spec "${files[@]}" || status=$?
+# The benchmark, small, so that it never rots: it fails only when a scenario crashes, never on
+# speed. DSEC_SKIP_SLOW=1 leaves out the episode scenario (its first run builds a Debian base).
+only=()
+if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then only=(--only create,sustained,exec,density,stream); fi
+echo "dsec: benchmark (--quick)"
+node bench/dist/main.js --quick --no-docs "${only[@]}" || status=$?
+exit "$status"

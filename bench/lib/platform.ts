@@ -1,0 +1,122 @@
+// The platform under test: apiserver + edge + watcher in this process (startPlatform) on a temp
+// home under /tmp/dsec-bench-* and a free loopback port, reached through the SDK.
+import { cp, mkdir, mkdtemp, rm } from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startPlatform, ROOT_PROJECT_ID } from '@dsec/apiserver';
+import type { Platform } from '@dsec/apiserver';
+import { mountsUnder, umount, MNT } from '@dsec/edge';
+import { DsecClient, isDsecError } from '@dsec/sdk';
+import { onCleanup } from './cleanup.js';
+import { sleep } from './stats.js';
+
+/** The static chronus binary built in this checkout. */
+export const AGENT_BINARY = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../chronus/build/chronus');
+
+/**
+ * Placement over-commit for the bench. The defaults (CPU x8, memory x1.5) admit 16 one-core
+ * sandboxes on 2 cores; density needs 3,200 idle ones, which DSec's nodes admit because idle
+ * sandboxes use almost nothing. With these settings the edge's own limit (maxSandboxes) binds.
+ */
+export const BENCH_PLACEMENT = { cpuOvercommit: 200, memoryOvercommit: 3 };
+
+/** Resources of the idle sandboxes of the sustained-creation and density scenarios. */
+export const IDLE_RESOURCES = { cpu: 0.1, memoryMiB: 16, diskMiB: 16 };
+
+/** A running platform and the clients the scenarios use. */
+export interface BenchPlatform {
+  platform: Platform;
+  url: string;
+  /** A client with the admin key. */
+  admin: DsecClient;
+  /**
+   * A client with a fresh member key. The API limits each key to 100 requests/s (bursts of
+   * 1000); a trainer with many workers gives each its own key, and so does the bench.
+   */
+  newClient(): Promise<DsecClient>;
+  /** Registers a layer built outside the platform (the bench's cache) under `name`. */
+  adoptLayer(info: { digest: string }, name: string): Promise<void>;
+}
+
+/** Layers copied into the node's store before it opens (cached builds). */
+export interface PreloadedLayer {
+  /** Directory `blobs/<hex>` of another layer store. */
+  blobDir: string;
+}
+
+async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+/** A temp dir named /tmp/dsec-bench-* (the test suite's leftover cleanup knows the pattern). */
+export async function benchTempDir(): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-bench-'));
+  onCleanup(`temp dir ${dir}`, async () => {
+    for (const m of (await mountsUnder(dir).catch(() => [] as string[])).sort((a, b) => b.length - a.length)) {
+      try {
+        umount(m, MNT.DETACH);
+      } catch {
+        // already gone
+      }
+    }
+    await rm(dir, { recursive: true, force: true });
+  });
+  return dir;
+}
+
+/** Starts the platform under `home`; it is shut down (every sandbox removed) at cleanup. */
+export async function startBenchPlatform(home: string, preload: PreloadedLayer[] = []): Promise<BenchPlatform> {
+  for (const l of preload) {
+    const blobs = path.join(home, 'node', 'layers', 'blobs');
+    await mkdir(blobs, { recursive: true });
+    await cp(l.blobDir, path.join(blobs, path.basename(l.blobDir)), { recursive: true });
+  }
+  const platform = await startPlatform({
+    home,
+    addr: `127.0.0.1:${await freePort()}`,
+    agentBinary: AGENT_BINARY,
+    placement: BENCH_PLACEMENT,
+    log: () => undefined,
+  });
+  onCleanup('platform', () => platform.shutdown());
+  const adminKey = platform.adminKey;
+  if (!adminKey) throw new Error('a fresh platform home gave no admin key');
+  const admin = new DsecClient({ apiUrl: platform.url, apiKey: adminKey, requestTimeoutMs: 120_000 });
+  let keys = 0;
+  return {
+    platform,
+    url: platform.url,
+    admin,
+    async newClient() {
+      const k = await admin.keys.create({ name: `bench-${keys++}`, role: 'member' });
+      return new DsecClient({ apiUrl: platform.url, apiKey: k.key, requestTimeoutMs: 120_000 });
+    },
+    async adoptLayer(info, name) {
+      const stored = await platform.edge.layers.resolve(info.digest);
+      await platform.edge.layers.tag(stored.digest, name);
+      await platform.controlPlane.registerLayer(ROOT_PROJECT_ID, stored, name);
+    },
+  };
+}
+
+/** Calls `fn`, waiting and repeating while the API answers RATE_LIMITED. */
+export async function retryRateLimited<T>(fn: () => Promise<T>): Promise<T> {
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (!isDsecError(err) || err.code !== 'RATE_LIMITED') throw err;
+      rateLimitedHits++;
+      await sleep(Number(err.details.retryAfterMs ?? 50));
+    }
+  }
+}
+
+/** How often the bench was told RATE_LIMITED (reported; 0 means the limit never interfered). */
+export let rateLimitedHits = 0;

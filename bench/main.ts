@@ -1,0 +1,136 @@
+// dsec's benchmark: scenarios that measure dsec and its peers (podman, crun, bubblewrap) side by
+// side in one run; prints a table, writes JSON to bench/results/, regenerates docs/benchmarks.md.
+// Usage: node bench/dist/main.js [--quick] [--only create,exec,...] [--density N] [--no-docs]
+//        node bench/dist/main.js --render bench/results/<file>.json   (docs from a saved run)
+import { cp, mkdir, readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { cleanupAll, cleanupOnSignals } from './lib/cleanup.js';
+import { Peers, peerVersions } from './lib/peers.js';
+import { BENCH_PLACEMENT, benchTempDir, IDLE_RESOURCES, rateLimitedHits, startBenchPlatform } from './lib/platform.js';
+import type { PreloadedLayer } from './lib/platform.js';
+import { machineInfo, markdown, textTable, writeJson } from './lib/report.js';
+import type { Row, RunReport } from './lib/report.js';
+import type { Scenario } from './lib/scenario.js';
+import { nowMs, progress } from './lib/stats.js';
+import { createScenario } from './scenarios/create.js';
+import { densityScenario } from './scenarios/density.js';
+import { episodeScenario } from './scenarios/episode.js';
+import { execScenario } from './scenarios/exec.js';
+import { streamScenario } from './scenarios/stream.js';
+import { sustainedScenario } from './scenarios/sustained.js';
+
+const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario];
+/** Idle sandboxes of the density scenario (DSec's per-node figure). */
+const DEFAULT_DENSITY = 3200;
+const QUICK_DENSITY = 20;
+/** Persistent cache across runs: the Debian base layer, downloaded packages. */
+const CACHE_DIR = '/var/tmp/dsec-bench-cache';
+const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+
+function usage(msg: string): never {
+  process.stderr.write(`${msg}\nusage: node bench/dist/main.js [--quick] [--only ${SCENARIOS.map((s) => s.name).join(',')}] [--density N] [--no-docs]\n`);
+  process.exit(2);
+}
+
+async function main(): Promise<number> {
+  const argv = process.argv.slice(2);
+  const { values } = parseArgs({
+    args: argv,
+    options: { quick: { type: 'boolean', default: false }, only: { type: 'string' }, density: { type: 'string' }, 'no-docs': { type: 'boolean', default: false }, render: { type: 'string' } },
+  });
+  if (values.render) {
+    // Regenerates docs/benchmarks.md from a saved run (after editing the analysis notes).
+    const report = JSON.parse(await readFile(values.render, 'utf8')) as RunReport;
+    await writeDocs(report);
+    return 0;
+  }
+  const quick = values.quick ?? false;
+  const density = values.density !== undefined ? Number(values.density) : quick ? QUICK_DENSITY : DEFAULT_DENSITY;
+  if (!Number.isInteger(density) || density < 1) usage(`--density: not a positive integer: ${values.density}`);
+  const only = values.only?.split(',').map((s) => s.trim()).filter(Boolean);
+  for (const name of only ?? []) if (!SCENARIOS.some((s) => s.name === name)) usage(`--only: no scenario ${name}`);
+  const selected = SCENARIOS.filter((s) => !only || only.includes(s.name));
+  if (process.getuid?.() !== 0) usage('the benchmark creates containers, mounts and cgroups: run it as root');
+
+  cleanupOnSignals();
+  const started = nowMs();
+  const date = new Date().toISOString();
+  const dir = await benchTempDir();
+  await mkdir(CACHE_DIR, { recursive: true });
+
+  const preload: PreloadedLayer[] = [];
+  for (const s of selected) if (s.prepare) preload.push(...(await s.prepare({ cacheDir: CACHE_DIR, quick })));
+  progress('starting the platform');
+  const bench = await startBenchPlatform(path.join(dir, 'home'), preload);
+
+  // The peers run on the very rootfs of dsec's busybox base layer.
+  const edge = bench.platform.edge;
+  const busybox = await edge.layers.resolve('busybox');
+  const rootfs = path.join(dir, 'rootfs');
+  const mounted = await edge.layers.acquire(busybox.digest);
+  try {
+    await cp(mounted, rootfs, { recursive: true, verbatimSymlinks: true });
+  } finally {
+    await edge.layers.release(busybox.digest);
+  }
+  progress('preparing the peers (podman image, crun bundle)');
+  const peers = await Peers.open(path.join(dir, 'peers'), rootfs);
+
+  const rows: Row[] = [];
+  const report: RunReport = {
+    date,
+    command: process.env.npm_lifecycle_event === 'bench' ? `npm run bench${argv.length ? ' -- ' + argv.join(' ') : ''}` : `node bench/dist/main.js${argv.length ? ' ' + argv.join(' ') : ''}`,
+    quick,
+    durationS: 0,
+    machine: await machineInfo(await peerVersions()),
+    scenarios: [],
+    rows,
+    notes: [
+      `The platform runs in-process (apiserver + edge + watcher, SQLite state) on a temp home, reached over loopback HTTP. Placement over-commit is raised to CPU x${BENCH_PLACEMENT.cpuOvercommit} and memory x${BENCH_PLACEMENT.memoryOvercommit} so that the edge's own admission limit (4,000 sandboxes) binds, not the scheduler's (the defaults admit 16 one-core sandboxes on 2 cores). Idle sandboxes request cpu ${IDLE_RESOURCES.cpu}, ${IDLE_RESOURCES.memoryMiB} MiB memory, ${IDLE_RESOURCES.diskMiB} MiB disk; the others use the API defaults (1 cpu, 512 MiB, 1 GiB disk) unless noted.`,
+      'The API limits each key to 100 requests/s on average (bursts of 1,000). The bench gives each concurrent worker its own key, as a trainer with many workers would.',
+    ],
+  };
+  let failed = 0;
+  for (const s of selected) {
+    const notes: string[] = [];
+    const entry: RunReport['scenarios'][number] = { name: s.name, title: s.title, method: s.method, notes };
+    report.scenarios.push(entry);
+    progress(`scenario ${s.name}`);
+    const t0 = nowMs();
+    try {
+      await s.run({ quick, density, bench, peers, dir, cacheDir: CACHE_DIR, record: (r) => rows.push(r), note: (n) => notes.push(n) });
+    } catch (err) {
+      failed++;
+      entry.error = (err as Error).stack ?? String(err);
+      progress(`scenario ${s.name} FAILED: ${entry.error}`);
+    }
+    progress(`scenario ${s.name} took ${((nowMs() - t0) / 1000).toFixed(1)} s`);
+  }
+  report.notes.push(`RATE_LIMITED answers during the run (retried after Retry-After): ${rateLimitedHits}.`);
+  report.durationS = (nowMs() - started) / 1000;
+
+  process.stdout.write(textTable(rows) + '\n');
+  const json = await writeJson(path.join(REPO, 'bench', 'results'), report);
+  progress(`wrote ${path.relative(REPO, json)}`);
+  if (!values['no-docs']) await writeDocs(report);
+  return failed ? 1 : 0;
+}
+
+async function writeDocs(report: RunReport): Promise<void> {
+  const extra = await readFile(path.join(REPO, 'bench', 'notes', 'where-the-time-goes.md'), 'utf8').catch(() => '');
+  await writeFile(path.join(REPO, 'docs', 'benchmarks.md'), markdown(report, extra));
+  progress('wrote docs/benchmarks.md');
+}
+
+let code = 1;
+try {
+  code = await main();
+} catch (err) {
+  progress(`failed: ${(err as Error).stack ?? String(err)}`);
+} finally {
+  progress('cleaning up');
+  await cleanupAll();
+}
+process.exit(code);
