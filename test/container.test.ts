@@ -254,6 +254,12 @@ describe('container sandboxes', () => {
       await new Promise((r) => setTimeout(r, 300));
       const zombies = await node.edge.exec(sb.id, { cmd: "ps -o stat | grep -c '^Z' || true" });
       assert.equal(zombies.stdout.trim(), '0', 'PID 1 reaps orphans');
+      const oom = (await node.edge.exec(sb.id, { cmd: 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj' })).stdout.split('\n').map(Number);
+      assert.equal(oom[1], 500);
+      assert.ok(oom[0]! < oom[1]!, 'the agent is the OOM killer last choice in its sandbox');
+      const kill1 = await node.edge.exec(sb.id, { cmd: 'kill -TERM 1; kill -INT 1; kill -HUP 1; sleep 0.2; echo alive' });
+      assert.equal(kill1.stdout, 'alive\n');
+      assert.equal((await node.edge.exec(sb.id, { argv: ['true'] })).exitCode, 0, 'kill 1 from inside does not stop the sandbox');
     } finally {
       await node.edge.destroy(sb.id);
     }

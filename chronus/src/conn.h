@@ -41,5 +41,7 @@ void reply_error(struct conn *c, uint32_t id, int err, const char *fmt, ...)
 void stream_lost(void);
 /* Implemented by main.c: milliseconds since the agent started. */
 uint64_t agent_uptime_ms(void);
+/* oom_score_adj given to every command (-1: leave as inherited). */
+int agent_child_oom_score_adj(void);
 
 #endif

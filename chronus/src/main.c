@@ -29,10 +29,17 @@ struct options {
 	uint64_t output_cap;
 	uint64_t grace_ms;
 	bool best_effort;
+	int child_oom_score_adj;
 };
 
 static struct options opt = { .listen_fd = -1, .stream_fd = -1,
-			      .output_cap = DEFAULT_OUTPUT_CAP_BYTES, .grace_ms = DEFAULT_GRACE_MS };
+			      .output_cap = DEFAULT_OUTPUT_CAP_BYTES, .grace_ms = DEFAULT_GRACE_MS,
+			      .child_oom_score_adj = -1 };
+
+int agent_child_oom_score_adj(void)
+{
+	return opt.child_oom_score_adj;
+}
 static int64_t start_ns;
 static int64_t stream_reopen_ns = -1;
 static int64_t shutdown_ns = -1;
@@ -46,7 +53,7 @@ static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr, "usage: chronus (--listen-fd N | --stream-fd N | --stream-path PATH)"
 			" [--output-cap BYTES] [--grace-ms MS]"
-			" [--cpu-class latency-sensitive|best-effort]\n");
+			" [--cpu-class latency-sensitive|best-effort] [--child-oom-score-adj N]\n");
 	exit(2);
 }
 
@@ -77,6 +84,8 @@ static void parse_args(int argc, char **argv)
 			opt.output_cap = parse_u64(v, MIN_OUTPUT_CAP_BYTES, MAX_OUTPUT_CAP_BYTES);
 		else if (!strcmp(a, "--grace-ms"))
 			opt.grace_ms = parse_u64(v, 0, 24ull * 3600 * 1000);
+		else if (!strcmp(a, "--child-oom-score-adj"))
+			opt.child_oom_score_adj = (int)parse_u64(v, 0, 1000);
 		else if (!strcmp(a, "--cpu-class") && !strcmp(v, "best-effort"))
 			opt.best_effort = true;
 		else if (!strcmp(a, "--cpu-class") && !strcmp(v, "latency-sensitive"))
@@ -175,6 +184,10 @@ static void on_signal(void *obj, int fd, short revents)
 			break;
 		if (si.ssi_signo == SIGCHLD)
 			child = true;
+		else if (getpid() == 1 && si.ssi_pid != 0)
+			/* From inside the sandbox (kill 1): an agent may not stop the sandbox. Signals
+			 * from the runtime or the host arrive from outside the pid namespace (pid 0). */
+			log_msg("ignoring signal %u from pid %u", si.ssi_signo, si.ssi_pid);
 		else
 			begin_shutdown((int)si.ssi_signo);
 	}

@@ -215,8 +215,9 @@ static void finish_exit(struct proc *p)
 	stdin_done(p, EPIPE);
 	p->exited = true;
 	nexited++;
+	/* Trim the oldest exited processes, but never one a client is still reading. */
 	for (struct proc *q = head; q && nexited > MAX_EXITED_PROCS; q = q->next)
-		if (q->exited && !q->released && q != p)
+		if (q->exited && !q->released && q != p && !q->attach)
 			release(q);
 }
 

@@ -66,6 +66,22 @@ static void __attribute__((noreturn)) child_fail(int status_fd, int step)
 	_exit(127);
 }
 
+/* Commands are the OOM killer's first choice; the agent itself (PID 1) is its last. */
+static void set_oom_score_adj(int v)
+{
+	if (v < 0)
+		return;
+	char buf[16];
+	int n = snprintf(buf, sizeof buf, "%d\n", v);
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	if (write(fd, buf, (size_t)n) < 0) {
+		/* best effort: the command keeps the agent's score */
+	}
+	close(fd);
+}
+
 static void __attribute__((noreturn)) child_run(const struct spawn *q, struct child_fds f)
 {
 	sigset_t none;
@@ -86,6 +102,7 @@ static void __attribute__((noreturn)) child_run(const struct spawn *q, struct ch
 	}
 	if (dup2(f.in, 0) < 0 || dup2(f.out, 1) < 0 || dup2(f.err, 2) < 0)
 		child_fail(f.status, STEP_STDIO);
+	set_oom_score_adj(agent_child_oom_score_adj());
 	if (q->set_ids &&
 	    (setgroups(0, NULL) < 0 || setgid(q->gid) < 0 || setuid(q->uid) < 0))
 		child_fail(f.status, STEP_IDS);

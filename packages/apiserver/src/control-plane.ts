@@ -37,6 +37,8 @@ export function parseInput<T>(schema: z.ZodType<T>, value: unknown, prefix = '')
 }
 
 const DIGEST_RE = /^(sha256:)?[0-9a-f]{64}$/;
+/** States from which a sandbox may be destroyed. */
+const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost'];
 
 /** Normalizes a layer name to `name:tag`. */
 export function layerName(ref: string): string {
@@ -148,7 +150,7 @@ export class ControlPlane {
       throw err;
     }
     row.state = 'running';
-    await this.store.setSandboxState(id, 'running');
+    await this.store.transitionSandbox(id, ['creating'], 'running');
     return this.toSandbox({ ...row, labels: req.labels ?? {} });
   }
 
@@ -160,9 +162,11 @@ export class ControlPlane {
   }
 
   /** The node client of a visible, running sandbox. */
-  async route(p: Principal, id: string, minRole: 'viewer' | 'member' = 'member'): Promise<{ row: SandboxRow; edge: EdgeClient }> {
+  async route(p: Principal, id: string, minRole: 'viewer' | 'member' = 'member'): Promise<{ row: SandboxTable; edge: EdgeClient }> {
     requireRole(p, minRole);
-    const row = await this.sandboxRow(p, id);
+    // The hot path (every exec and file operation): one indexed read, no labels.
+    const row = typeof id === 'string' && id.length <= 128 ? await this.store.sandboxOnly(id) : undefined;
+    if (!row || !p.visibleProjects.has(row.project_id)) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
     const node = this.nodes.get(row.node);
     if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${id} is not reachable`, { sandboxId: id });
     if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${row.state}`, { sandboxId: id });
@@ -200,12 +204,23 @@ export class ControlPlane {
 
   /** Destroys a sandbox by its row (the watcher uses this for expiry and orphans). */
   async destroyRow(row: SandboxTable): Promise<void> {
-    await this.store.setSandboxState(row.id, 'stopped');
+    // Claim the row first: one destroyer per sandbox, and never one that is still being
+    // created (its quota and node charge belong to the create until it finishes).
+    if (!(await this.store.transitionSandbox(row.id, DESTROYABLE_STATES, 'stopping'))) {
+      const now = await this.store.sandbox(row.id);
+      if (!now) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${row.id} not found`, { sandboxId: row.id });
+      throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
+    }
     const node = this.nodes.get(row.node);
     if (node) {
-      await node.client.destroy(row.id).catch((err: unknown) => {
-        if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) throw err;
-      });
+      try {
+        await node.client.destroy(row.id);
+      } catch (err) {
+        if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) {
+          await this.store.setSandboxState(row.id, 'failed');
+          throw err;
+        }
+      }
       this.nodes.charge(row.node, this.cpuCharge(row), row.memory_mib, -1);
     }
     await this.store.deleteSandbox(row);

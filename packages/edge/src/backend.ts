@@ -55,6 +55,8 @@ export interface Backend {
   recover(): Promise<BackendSandbox[]>;
   /** A connection to the sandbox's agent (reused while it is alive). */
   agent(id: string): Promise<SandboxAgent>;
+  /** A new connection of the caller's own, for a reader that must not share one. */
+  connectAgent(id: string): Promise<SandboxAgent>;
   /** Stops a sandbox and removes everything it had: processes, mounts, cgroups, files. */
   destroy(id: string): Promise<void>;
   /** Current resource use. */

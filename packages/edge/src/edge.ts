@@ -72,8 +72,14 @@ interface Entry {
   record: BackendSandbox;
   backend: Backend;
   state: SandboxState;
-  oomKills: number;
+  /** The memory cgroup's OOM-kill count when each process started (to tell OOM kills apart). */
+  oomAtSpawn: Map<number, number>;
+  /** A destroy in progress (concurrent destroys share it). */
+  destroying?: Promise<void>;
 }
+
+/** Processes whose OOM baseline is remembered per sandbox. */
+const MAX_OOM_BASELINES = 4096;
 
 const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
 
@@ -140,10 +146,10 @@ export class Edge {
     });
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
-    const edge = new Edge(home, opts.nodeName ?? hostname().toLowerCase().replace(/[^a-z0-9-]/g, '-'), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
-        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomKills: 0 });
+        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map() });
       }
     }
     return edge;
@@ -151,7 +157,7 @@ export class Edge {
 
   /** A new sandbox id that names this node. */
   newId(): string {
-    return `${this.nodeName.slice(0, 24)}-${randomBytes(8).toString('hex')}`.replace(/^-+/, 'n');
+    return `${this.nodeName}-${randomBytes(8).toString('hex')}`;
   }
 
   /** Creates a sandbox and waits until its agent answers. */
@@ -184,7 +190,7 @@ export class Edge {
     } finally {
       this.creating--;
     }
-    this.sandboxes.set(id, { record, backend, state: 'running', oomKills: 0 });
+    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map() });
     return this.info(id);
   }
 
@@ -226,17 +232,32 @@ export class Edge {
   /** Starts a command and returns its attachment (output, stdin, kill, exit). */
   async spawn(id: string, input: unknown): Promise<Attachment> {
     const spec = parse(ExecSpecSchema, input, '');
-    const agent = await this.agent(id);
-    const att = await agent.spawn(toSpawnOptions(spec, this.entry(id).record.spec.env));
-    if (spec.stdin !== undefined) await att.write(spec.stdin, !spec.keepStdinOpen);
+    const att = await this.start(id, spec);
+    if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, !spec.keepStdinOpen);
     return att;
+  }
+
+  /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
+  private async start(id: string, spec: ExecSpec): Promise<Attachment> {
+    const e = this.entry(id);
+    const agent = await this.agent(id);
+    const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
+    const att = await agent.spawn(toSpawnOptions(spec, e.record.spec.env));
+    if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
+    e.oomAtSpawn.set(att.proc, oomBefore);
+    return att;
+  }
+
+  /** Forgets an exited process (its output and exit report). */
+  async release(id: string, proc: number): Promise<void> {
+    this.sandboxes.get(id)?.oomAtSpawn.delete(proc);
+    await (await this.agent(id)).release(proc);
   }
 
   /** Runs a command to completion and collects its output. */
   async exec(id: string, input: unknown, opts: ExecOptions = {}): Promise<ExecResult> {
     const spec = parse(ExecSpecSchema, input, '');
-    const agent = await this.agent(id);
-    const att = await agent.spawn(toSpawnOptions(spec, this.entry(id).record.spec.env));
+    const att = await this.start(id, spec);
     const max = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
     const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
     const size = { stdout: 0, stderr: 0 };
@@ -257,14 +278,14 @@ export class Edge {
     const onAbort = (): void => void att.kill('SIGKILL').catch(() => undefined);
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     try {
-      if (spec.stdin !== undefined) await att.write(spec.stdin, true);
+      if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, true);
       const exit = await att.exited;
       opts.signal?.throwIfAborted();
       const result = await this.exitInfo(id, exit);
-      await agent.release(att.proc).catch(() => undefined);
       return { ...result, stdout: Buffer.concat(out.stdout).toString('utf8'), stderr: Buffer.concat(out.stderr).toString('utf8'), truncated };
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
+      await this.release(id, att.proc).catch(() => undefined);
     }
   }
 
@@ -272,12 +293,12 @@ export class Edge {
   async exitInfo(id: string, exit: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr' | 'truncated'>> {
     let oomKilled = false;
     const e = this.sandboxes.get(id);
-    // A shell reports a child's SIGKILL as status 137: check the counter for both.
+    // A shell reports a child's SIGKILL as status 137: check the counter for both. An OOM
+    // kill in the sandbox since the process started is attributed to it.
     const killed = exit.signal === 'SIGKILL' || exit.exitCode === 137;
-    if (killed && !exit.timedOut && e?.backend instanceof ContainerBackend) {
-      const kills = await e.backend.oomKills(id);
-      oomKilled = kills > e.oomKills;
-      e.oomKills = kills;
+    const before = e?.oomAtSpawn.get(exit.proc);
+    if (killed && !exit.timedOut && before !== undefined && e?.backend instanceof ContainerBackend) {
+      oomKilled = e.backend.oomKillsNow(id) > before;
     }
     return {
       exitCode: exit.exitCode,
@@ -308,7 +329,23 @@ export class Edge {
 
   /** Reattaches to a process from byte offsets. */
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
-    return (await this.agent(id)).attach(proc, from);
+    // A connection holds one attachment per process; a reader that comes back gets a
+    // connection of its own, closed when its attachment ends.
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    const agent = await e.backend.connectAgent(id);
+    try {
+      const att = await agent.attach(proc, from);
+      void att.exited.then(
+        () => agent.close(),
+        () => agent.close(),
+      );
+      att.onDetach(() => agent.close());
+      return att;
+    } catch (err) {
+      agent.close();
+      throw err;
+    }
   }
 
   /** Writes to a running process's stdin (and closes it after when `eof`). */
@@ -383,16 +420,20 @@ export class Edge {
   }
 
   /** Destroys a sandbox and everything it had. */
-  async destroy(id: string): Promise<void> {
+  destroy(id: string): Promise<void> {
     const e = this.entry(id);
-    e.state = 'stopped';
-    try {
-      await e.backend.destroy(id);
-    } catch (err) {
-      e.state = 'failed';
-      throw err;
-    }
-    this.sandboxes.delete(id);
+    e.destroying ??= (async () => {
+      e.state = 'stopped';
+      try {
+        await e.backend.destroy(id);
+      } catch (err) {
+        e.state = 'failed';
+        delete e.destroying;
+        throw err;
+      }
+      this.sandboxes.delete(id);
+    })();
+    return e.destroying;
   }
 
   /**
@@ -412,6 +453,24 @@ export class Edge {
     await this.layers.close();
     await this.cgroups.removeParent();
     await this.runtimeNs.destroy();
+  }
+}
+
+/** Longest node name: sandbox ids are `<node>-<16 hex>` and must stay short (crun ids, socket paths). */
+const MAX_NODE_NAME = 40;
+
+/** A node name usable in sandbox ids: lowercase letters, digits and `-`. */
+function nodeNameOf(name: string): string {
+  const clean = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, MAX_NODE_NAME);
+  return clean.length >= 1 ? clean : 'node';
+}
+
+/** Writes stdin; a command that already exited (or closed stdin) is not an error here. */
+async function writeStdinIgnoringExit(att: Attachment, data: string | Uint8Array, eof: boolean): Promise<void> {
+  try {
+    await att.write(data, eof);
+  } catch (err) {
+    if (!(err instanceof DsecError && err.code === 'CONFLICT')) throw err;
   }
 }
 

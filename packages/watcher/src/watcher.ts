@@ -70,44 +70,50 @@ export class Watcher {
   async pass(): Promise<void> {
     const log = this.o.log ?? (() => undefined);
     try {
-      const records = await this.target.sandboxes();
       const now = Date.now();
-      for (const s of records) {
-        if (Date.parse(s.expiresAt) <= now) {
+      for (const s of await this.target.sandboxes()) {
+        if (s.state !== 'creating' && Date.parse(s.expiresAt) <= now) {
           await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
         }
       }
-      const byNode = new Map<string, WatchedSandbox[]>();
-      for (const s of records) (byNode.get(s.node) ?? byNode.set(s.node, []).get(s.node)!).push(s);
-      for (const node of this.target.nodes()) {
-        let running: Set<string>;
-        try {
-          running = new Set(await node.sandboxIds());
-          this.target.setNodeHealthy(node.name, true);
-        } catch (err) {
-          this.target.setNodeHealthy(node.name, false);
-          log(`watcher: node ${node.name} unreachable: ${(err as Error).message}`);
-          continue;
-        }
-        const known = new Set((byNode.get(node.name) ?? []).map((s) => s.id));
-        for (const id of running) {
-          if (!known.has(id)) await node.destroyOrphan(id).catch((err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`));
-        }
-        for (const s of byNode.get(node.name) ?? []) {
-          if (s.state !== 'running' || running.has(s.id)) {
-            this.missingSince.delete(s.id);
-            continue;
-          }
-          const since = this.missingSince.get(s.id) ?? now;
-          this.missingSince.set(s.id, since);
-          if (now - since >= (this.o.lostAfterMs ?? 5000)) {
-            this.missingSince.delete(s.id);
-            await this.target.markLost(s.id).catch(() => undefined);
-          }
-        }
-      }
+      for (const node of this.target.nodes()) await this.reconcile(node, log);
     } catch (err) {
       log(`watcher: pass failed: ${(err as Error).message}`);
+    }
+  }
+
+  /**
+   * Compares a node with the records. The node is asked first and the records read after: a
+   * record is written before its sandbox is created, so everything the node reported is known
+   * by then, and a sandbox created meanwhile is never taken for an orphan.
+   */
+  private async reconcile(node: WatchedNode, log: (line: string) => void): Promise<void> {
+    let running: Set<string>;
+    try {
+      running = new Set(await node.sandboxIds());
+      this.target.setNodeHealthy(node.name, true);
+    } catch (err) {
+      this.target.setNodeHealthy(node.name, false);
+      log(`watcher: node ${node.name} unreachable: ${(err as Error).message}`);
+      return;
+    }
+    const records = (await this.target.sandboxes()).filter((s) => s.node === node.name);
+    const known = new Set(records.map((s) => s.id));
+    for (const id of running) {
+      if (!known.has(id)) await node.destroyOrphan(id).catch((err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`));
+    }
+    const now = Date.now();
+    for (const s of records) {
+      if (s.state !== 'running' || running.has(s.id)) {
+        this.missingSince.delete(s.id);
+        continue;
+      }
+      const since = this.missingSince.get(s.id) ?? now;
+      this.missingSince.set(s.id, since);
+      if (now - since >= (this.o.lostAfterMs ?? 5000)) {
+        this.missingSince.delete(s.id);
+        await this.target.markLost(s.id).catch(() => undefined);
+      }
     }
   }
 }

@@ -218,6 +218,12 @@ export class StateStore {
     });
   }
 
+  /** Moves a sandbox to `to` only if it is in one of `from`; true when it moved. */
+  async transitionSandbox(id: string, from: string[], to: string): Promise<boolean> {
+    const res = await this.db.updateTable('sandboxes').set({ state: to }).where('id', '=', id).where('state', 'in', from).executeTakeFirst();
+    return Number(res.numUpdatedRows) === 1;
+  }
+
   async setSandboxState(id: string, state: string): Promise<void> {
     await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
   }
@@ -230,6 +236,11 @@ export class StateStore {
         await this.unreserve(row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, tx);
       }
     });
+  }
+
+  /** A sandbox row without its labels. */
+  async sandboxOnly(id: string): Promise<SandboxTable | undefined> {
+    return this.db.selectFrom('sandboxes').selectAll().where('id', '=', id).executeTakeFirst();
   }
 
   async sandbox(id: string): Promise<(SandboxTable & { labels: Record<string, string> }) | undefined> {

@@ -3,7 +3,9 @@
 import { Hono } from 'hono';
 import type { Context } from 'hono';
 import { Readable } from 'node:stream';
-import { mkdtemp, rm, writeFile as writeHostFile } from 'node:fs/promises';
+import { createWriteStream } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { pipeline } from 'node:stream/promises';
 import os from 'node:os';
 import path from 'node:path';
 import {
@@ -37,15 +39,28 @@ export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 type Env = { Variables: { principal: Principal } };
 
 async function readJson(c: Context): Promise<unknown> {
-  const len = Number(c.req.header('content-length') ?? 0);
-  if (len > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `JSON bodies are limited to ${MAX_JSON_BYTES} bytes`);
-  const text = await c.req.text();
-  if (text.length > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `JSON bodies are limited to ${MAX_JSON_BYTES} bytes`);
+  const chunks: Buffer[] = [];
+  for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'JSON bodies')) chunks.push(chunk);
+  const text = Buffer.concat(chunks).toString('utf8');
   if (text.trim() === '') return {};
   try {
     return JSON.parse(text);
   } catch {
     throw invalidArgument('body', 'not valid JSON');
+  }
+}
+
+/** The request body as chunks, refused past `limit` bytes whether or not a length was sent. */
+async function* limitedBody(c: Context, limit: number, what: string): AsyncGenerator<Buffer> {
+  const tooLarge = (): DsecError => new DsecError('PAYLOAD_TOO_LARGE', `${what} are limited to ${limit} bytes`);
+  if (Number(c.req.header('content-length') ?? 0) > limit) throw tooLarge();
+  const body = c.req.raw.body as unknown as AsyncIterable<Uint8Array> | null;
+  if (!body) return;
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.byteLength;
+    if (size > limit) throw tooLarge();
+    yield Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
   }
 }
 
@@ -59,12 +74,8 @@ function query(c: Context): Record<string, string | string[]> {
   return out;
 }
 
-function bodyStream(c: Context): AsyncIterable<Uint8Array> {
-  const len = Number(c.req.header('content-length') ?? 0);
-  if (len > MAX_UPLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
-  const body = c.req.raw.body;
-  if (!body) return (async function* () {})();
-  return body as unknown as AsyncIterable<Uint8Array>;
+function bodyStream(c: Context, limit = MAX_UPLOAD_BYTES): AsyncIterable<Uint8Array> {
+  return limitedBody(c, limit, 'uploads');
 }
 
 function wantsNdjson(c: Context): boolean {
@@ -137,8 +148,8 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
       metrics.execs++;
       return ndjsonResponse(attachmentEvents(edge, row.id, att, true), () => void att.detach());
     }
-    const ac = new AbortController();
-    const result = await edge.exec(row.id, spec, { signal: ac.signal });
+    // A client that goes away takes its command with it.
+    const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal });
     metrics.execs++;
     return c.json(result);
   });
@@ -164,12 +175,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
     const proc = procParam(c);
     const chunks: Buffer[] = [];
-    let size = 0;
-    for await (const chunk of bodyStream(c)) {
-      size += chunk.byteLength;
-      if (size > MAX_JSON_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `stdin writes are limited to ${MAX_JSON_BYTES} bytes per request`);
-      chunks.push(Buffer.from(chunk));
-    }
+    for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'stdin writes')) chunks.push(chunk);
     await edge.writeStdin(row.id, proc, Buffer.concat(chunks), c.req.query('eof') === 'true').catch(mapProcessError(proc));
     return c.body(null, 204);
   });
@@ -230,7 +236,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.get('/v1/sandboxes/:id/files/tar', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
     const dir = fileQuery(c).path;
-    await edge.stat(row.id, dir);
+    if ((await edge.stat(row.id, dir)).type !== 'dir') throw invalidArgument('query.path', `${dir} is not a directory`);
     const stream = downloadTar(edge, row.id, dir);
     return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
   });
@@ -258,9 +264,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
       const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-oci-'));
       try {
         const file = path.join(dir, 'image.tar');
-        const chunks: Buffer[] = [];
-        for await (const chunk of bodyStream(c)) chunks.push(Buffer.from(chunk));
-        await writeHostFile(file, Buffer.concat(chunks));
+        await pipeline(Readable.from(bodyStream(c)), createWriteStream(file, { mode: 0o600 }));
         info = await edge.layers.build({ type: 'oci', path: file }, { kind: q.kind });
       } finally {
         await rm(dir, { recursive: true, force: true });
@@ -313,9 +317,9 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const parsed = kind === undefined ? undefined : parseInput(LayerKindSchema, kind, 'query.kind');
     return c.json({ items: await cp.listLayers(c.get('principal'), parsed), nextCursor: null });
   });
-  app.get('/v1/layers/:ref{.+}', async (c) => c.json(await cp.getLayer(c.get('principal'), decodeURIComponent(c.req.param('ref')))));
+  app.get('/v1/layers/:ref{.+}', async (c) => c.json(await cp.getLayer(c.get('principal'), c.req.param('ref'))));
   app.delete('/v1/layers/:ref{.+}', async (c) => {
-    await cp.deleteLayer(c.get('principal'), decodeURIComponent(c.req.param('ref')));
+    await cp.deleteLayer(c.get('principal'), c.req.param('ref'));
     return c.body(null, 204);
   });
 

@@ -112,8 +112,6 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
   const walk = async (): Promise<void> => {
     let bytes = 0;
     let entries = 0;
-    const rootStat = await edge.stat(id, dir);
-    if (rootStat.type !== 'dir') throw invalidArgument('path', `${dir} is not a directory`);
     const stack: string[] = [''];
     while (stack.length) {
       const rel = stack.pop()!;

@@ -76,6 +76,15 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
           }
           const spec = parseInput(WsExecRequestSchema, body);
           const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' });
+          const stop = (): void => {
+            void started.kill('SIGKILL').catch(() => undefined);
+            void started.detach().catch(() => undefined);
+          };
+          // The client may have gone while the command started: nobody can end it then.
+          if (ws.readyState !== ws.OPEN) {
+            stop();
+            return started;
+          }
           ws.on('close', () => void started.detach().catch(() => undefined));
           void pump(started);
           return started;

@@ -170,6 +170,7 @@ export class Attachment {
   private done = false;
   private failure: Error | undefined;
   private listener: ((ev: OutputEvent) => void) | undefined;
+  private readonly detachHooks: Array<() => void> = [];
   private readonly consumed = { stdout: 0, stderr: 0 };
   private readonly acked = { stdout: 0, stderr: 0 };
   private resolveExit!: (e: AgentExit) => void;
@@ -236,6 +237,12 @@ export class Attachment {
     this.client.forget(this.requestId);
     this.finish();
     await this.client.request(T.DETACH, [[F.PROC, this.proc]], 'detach').catch(() => undefined);
+    for (const fn of this.detachHooks.splice(0)) fn();
+  }
+
+  /** Runs `fn` once the attachment is detached. */
+  onDetach(fn: () => void): void {
+    this.detachHooks.push(fn);
   }
 
   /** @internal */
@@ -536,12 +543,15 @@ export class ChronusClient {
   /** Lists a directory (in as many requests as its size needs), refusing more than `maxEntries`. */
   async listDir(path: string, maxEntries = 100_000): Promise<FileStat[]> {
     const out: FileStat[] = [];
+    let offset = 0;
     for (;;) {
-      const f = (await this.request(T.LISTDIR, [[F.PATH, path], [F.OFFSET, out.length]], `list ${path}`)).fields;
+      const f = (await this.request(T.LISTDIR, [[F.PATH, path], [F.OFFSET, offset]], `list ${path}`)).fields;
       const entries = f.nested(F.ENTRY);
       for (const e of entries) out.push(parseStat(e, e.str(F.NAME) ?? ''));
       if (out.length > maxEntries) throw new DsecError('PAYLOAD_TOO_LARGE', `${path} has more than ${maxEntries} entries`, { path });
-      if (f.has(F.EOF) || entries.length === 0) return out;
+      const next = f.num(F.OFFSET);
+      if (f.has(F.EOF) || entries.length === 0 || next === undefined || next <= offset) return out;
+      offset = next;
     }
   }
 

@@ -124,21 +124,46 @@ export class Fields {
 
 /** Splits a byte stream into frames; throws on a frame larger than the protocol allows. */
 export class FrameReader {
-  private buf: Buffer = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private buffered = 0;
+  /** Bytes the frame being assembled needs in all (0 until its header is complete). */
+  private need = 0;
 
   push(chunk: Buffer): Frame[] {
-    this.buf = this.buf.length === 0 ? chunk : Buffer.concat([this.buf, chunk]);
+    this.chunks.push(chunk);
+    this.buffered += chunk.length;
     const frames: Frame[] = [];
-    while (this.buf.length >= HEADER_BYTES) {
-      const len = this.buf.readUInt32LE(0);
-      if (len > MAX_PAYLOAD_BYTES) throw new Error(`frame of ${len} bytes exceeds the protocol maximum`);
-      if (this.buf.length < HEADER_BYTES + len) break;
-      const type = this.buf.readUInt16LE(4);
-      const id = this.buf.readUInt32LE(8);
-      const payload = this.buf.subarray(HEADER_BYTES, HEADER_BYTES + len);
-      frames.push({ type, id, fields: new Fields(payload) });
-      this.buf = this.buf.subarray(HEADER_BYTES + len);
+    for (;;) {
+      if (this.need === 0) {
+        if (this.buffered < HEADER_BYTES) break;
+        const head = this.peek(HEADER_BYTES);
+        const len = head.readUInt32LE(0);
+        if (len > MAX_PAYLOAD_BYTES) throw new Error(`frame of ${len} bytes exceeds the protocol maximum`);
+        this.need = HEADER_BYTES + len;
+      }
+      // Chunks are joined only once a whole frame is there, not on every read.
+      if (this.buffered < this.need) break;
+      const buf = this.take(this.need);
+      this.need = 0;
+      frames.push({ type: buf.readUInt16LE(4), id: buf.readUInt32LE(8), fields: new Fields(buf.subarray(HEADER_BYTES)) });
     }
     return frames;
+  }
+
+  private peek(n: number): Buffer {
+    const first = this.chunks[0]!;
+    if (first.length >= n) return first;
+    const joined = Buffer.concat(this.chunks);
+    this.chunks = [joined];
+    return joined;
+  }
+
+  private take(n: number): Buffer {
+    const joined = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
+    const frame = joined.subarray(0, n);
+    const rest = joined.subarray(n);
+    this.chunks = rest.length ? [rest] : [];
+    this.buffered = rest.length;
+    return frame;
   }
 }

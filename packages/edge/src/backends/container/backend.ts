@@ -1,6 +1,7 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
@@ -124,8 +125,9 @@ export class ContainerBackend implements Backend {
       // The agent's socket lives on the host, outside the sandbox's file system; chronus
       // inherits the listening fd and edge connects to the path, as often as it needs.
       const sockFd = listenUnix(p.socket);
-      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      let log: FileHandle | undefined;
       try {
+        log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
         undo.push(() => this.crun.run(['delete', '--force', req.id]));
         await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], `create ${req.id}`, {
           extraFds: [sockFd],
@@ -137,7 +139,7 @@ export class ContainerBackend implements Backend {
         throw err;
       } finally {
         closeFd(sockFd);
-        await log.close();
+        await log?.close();
       }
       const agent = await this.agent(req.id);
       await agent.ping();
@@ -181,6 +183,10 @@ export class ContainerBackend implements Backend {
 
   agent(id: string): Promise<SandboxAgent> {
     return this.connect(id);
+  }
+
+  connectAgent(id: string): Promise<SandboxAgent> {
+    return ChronusClient.connect(this.paths(id).socket);
   }
 
   private async connect(id: string): Promise<ChronusClient> {
@@ -248,9 +254,9 @@ export class ContainerBackend implements Backend {
     return (await this.crun.status(id)) === 'running';
   }
 
-  /** OOM kills so far in a sandbox (used to tell an OOM kill from another SIGKILL). */
-  oomKills(id: string): Promise<number> {
-    return this.o.cgroups.oomKills(id);
+  /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
+  oomKillsNow(id: string): number {
+    return this.o.cgroups.oomKillsSync(id);
   }
 
   async close(): Promise<void> {

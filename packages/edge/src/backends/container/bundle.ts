@@ -52,13 +52,20 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     process: {
       terminal: false,
       user: { uid: 0, gid: 0 },
-      args: [AGENT_PATH_IN_SANDBOX, '--listen-fd', '3', '--output-cap', String(o.outputCapBytes), '--cpu-class', bestEffort ? 'best-effort' : 'latency-sensitive'],
+      args: [
+        AGENT_PATH_IN_SANDBOX,
+        '--listen-fd', '3',
+        '--output-cap', String(o.outputCapBytes),
+        '--cpu-class', bestEffort ? 'best-effort' : 'latency-sensitive',
+        // The agent keeps the node's OOM score (lowering it needs privileges a runtime may not
+        // have); its commands get 500, or 1000 in best-effort sandboxes, and die first.
+        '--child-oom-score-adj', String(bestEffort ? 1000 : 500),
+      ],
       env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', ...env],
       cwd: '/',
       capabilities: { bounding: caps, effective: caps, permitted: caps },
       rlimits: [{ type: 'RLIMIT_NOFILE', hard: nofile, soft: nofile }],
       noNewPrivileges: true,
-      oomScoreAdj: bestEffort ? 1000 : 500,
     },
     root: { path: o.rootfs, readonly: false },
     hostname: o.spec.hostname ?? 'sandbox',
