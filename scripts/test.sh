@@ -10,11 +10,12 @@ if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then
   files=("${files[@]/*debian.test.js}")
 fi
 status=0
-node --test --test-concurrency=1 --test-reporter=spec "${files[@]}" || status=$?
 # The benchmark, small, so that it never rots: it fails only when a scenario crashes, never on
 # speed. DSEC_SKIP_SLOW=1 leaves out the episode scenario (its first run builds a Debian base).
+# It runs first so that the test runner's summary closes the output.
 only=()
 if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then only=(--only create,sustained,exec,density,stream); fi
 echo "dsec: benchmark (--quick)"
 node bench/dist/main.js --quick --no-docs "${only[@]}" || status=$?
+node --test --test-concurrency=1 --test-reporter=spec "${files[@]}" || status=$?
 exit "$status"

@@ -67,7 +67,7 @@ after(async () => {
 const image = () => ({ base: 'busybox', workspace: 'ws-test', toolkits: ['tool-test'] });
 
 describe('container sandboxes', () => {
-  test('layers stack with the right precedence and writes land only in the upper dir', async () => {
+  test('layers stack with the right precedence; writes stay in the sandbox, out of the layers and the host mount table', async () => {
     const sb = await node.edge.create({ image: image() });
     try {
       const r = await node.edge.exec(sb.id, { cmd: 'cat /project/README /project/shadowed && /opt/tool/bin/hello && /project/tests/test.sh' });
@@ -75,9 +75,12 @@ describe('container sandboxes', () => {
       assert.equal(r.stdout, 'workspace readme\nfrom toolkit\nhello from toolkit\ntests-pass\n');
       const w = await node.edge.exec(sb.id, { cmd: 'echo changed > /project/README && rm /bin/ls && echo new > /root/new' });
       assert.equal(w.exitCode, 0, w.stderr);
-      const upper = path.join(node.home, 'sandboxes', sb.id, 'rw/upper');
-      assert.equal(await readFile(path.join(upper, 'project/README'), 'utf8'), 'changed\n');
-      assert.equal(await readFile(path.join(upper, 'root/new'), 'utf8'), 'new\n');
+      const changed = await node.edge.exec(sb.id, { cmd: 'cat /project/README /root/new; ls /bin/ls 2>&1' });
+      assert.equal(changed.stdout, 'changed\nnew\nls: /bin/ls: No such file or directory\n');
+      // The sandbox's mounts live in its own mount namespace, not in the host's table.
+      assert.ok(!(await readFile('/proc/self/mountinfo', 'utf8')).includes(sb.id), 'no host mount names the sandbox');
+      const layerDir = path.join(node.home, 'layers/mnt', workspace.digest.replace('sha256:', ''));
+      assert.equal(await readFile(path.join(layerDir, 'project/README'), 'utf8'), 'workspace readme\n', 'the layer itself is unchanged');
       // The shared layer mount is untouched.
       const other = await node.edge.create({ image: image() });
       try {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define READ_MAX_BYTES (1024u * 1024)
@@ -92,6 +93,25 @@ void file_stat(struct conn *c, const struct msg *m)
 	struct buf *b = conn_out(c);
 	size_t at = frame_begin(b, RP_STAT, m->id);
 	put_stat_fields(b, &st, AT_FDCWD, path);
+	frame_end(b, at);
+}
+
+void file_statfs(struct conn *c, const struct msg *m)
+{
+	char path[PATH_MAX];
+	if (!get_path(c, m, F_PATH, path))
+		return;
+	struct statvfs sv;
+	if (statvfs(path, &sv) < 0) {
+		fail(c, m, "statfs", path, errno);
+		return;
+	}
+	struct buf *b = conn_out(c);
+	size_t at = frame_begin(b, RP_STATFS, m->id);
+	put_u64(b, F_BYTES_TOTAL, (uint64_t)sv.f_blocks * sv.f_frsize);
+	put_u64(b, F_BYTES_FREE, (uint64_t)sv.f_bfree * sv.f_frsize);
+	put_u64(b, F_FILES_TOTAL, (uint64_t)sv.f_files);
+	put_u64(b, F_FILES_FREE, (uint64_t)sv.f_ffree);
 	frame_end(b, at);
 }
 

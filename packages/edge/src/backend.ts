@@ -25,6 +25,7 @@ export interface SandboxAgent {
   remove(path: string, opts?: { recursive?: boolean }): Promise<void>;
   rename(from: string, to: string): Promise<void>;
   symlink(path: string, target: string): Promise<void>;
+  statfs(path: string): Promise<{ totalBytes: number; freeBytes: number; files: number; freeFiles: number }>;
   readonly connected: boolean;
   close(): void;
 }

@@ -139,6 +139,8 @@ export class Edge {
       sandboxesDir,
       crunRoot,
       runtimePrefix: runtimeNs.prefix,
+      ...(runtimeNs.nsFile ? { runtimeNsFile: runtimeNs.nsFile } : {}),
+      launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
       layers,
       cgroups,
       agentBinary: path.resolve(opts.agentBinary),

@@ -576,6 +576,12 @@ export class ChronusClient {
     await this.request(T.RENAME, [[F.PATH, from], [F.PATH2, to]], `rename ${from}`);
   }
 
+  /** Size and free space of the file system holding `path`. */
+  async statfs(path: string): Promise<{ totalBytes: number; freeBytes: number; files: number; freeFiles: number }> {
+    const f = (await this.request(T.STATFS, [[F.PATH, path]], `statfs ${path}`)).fields;
+    return { totalBytes: f.num(F.BYTES_TOTAL) ?? 0, freeBytes: f.num(F.BYTES_FREE) ?? 0, files: f.num(F.FILES_TOTAL) ?? 0, freeFiles: f.num(F.FILES_FREE) ?? 0 };
+  }
+
   /** Creates a symbolic link at `path` pointing to `target` (stored as given). */
   async symlink(path: string, target: string): Promise<void> {
     await this.request(T.SYMLINK, [[F.PATH, path], [F.PATH2, target]], `symlink ${path}`);

@@ -39,6 +39,8 @@ export async function makeSharedMount(dir: string): Promise<void> {
 export interface RuntimeNamespace {
   /** argv prefix that runs a command inside the namespace (empty when none is needed). */
   readonly prefix: string[];
+  /** The namespace's nsfs file, when there is one. */
+  readonly nsFile?: string;
   /** Removes the namespace and the home's bind mount (tests; a node keeps both). */
   destroy(): Promise<void>;
 }
@@ -80,6 +82,7 @@ export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): P
   }
   return {
     prefix: ['nsenter', `--mount=${nsFile}`, '--'],
+    nsFile,
     destroy: async () => {
       umount(nsFile, MNT.DETACH);
       umount(runDir, MNT.DETACH);

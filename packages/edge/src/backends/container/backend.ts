@@ -1,6 +1,6 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
 import { constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
@@ -8,7 +8,7 @@ import type { SandboxStats } from '@dsec/protocol';
 import type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
-import { closeFd, listenUnix, mount, MNT, umount, mountsUnder } from '../../sys/linux.js';
+import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import { Crun } from './crun.js';
 
@@ -32,6 +32,10 @@ export interface ContainerBackendOptions {
   crunRoot: string;
   /** argv prefix that enters the runtime mount namespace (empty on hosts that need none). */
   runtimePrefix: string[];
+  /** The runtime mount namespace's nsfs file, when the host needs one. */
+  runtimeNsFile?: string;
+  /** Host path of dsec-launch (built beside chronus). */
+  launcherBinary: string;
   layers: LayerMounter;
   cgroups: Cgroups;
   /** Host path of the static chronus binary. */
@@ -96,17 +100,22 @@ export class ContainerBackend implements Backend {
       }
       signal?.throwIfAborted();
 
-      // The writable layer is a size-limited tmpfs: writing past diskMiB fails with ENOSPC
-      // inside the sandbox, and nothing outside it is touched.
+      // The writable layer is a size-limited tmpfs (writing past diskMiB fails with ENOSPC
+      // inside the sandbox, and nothing outside it is touched) under an overlay of the layers.
+      // dsec-launch mounts both in a mount namespace of the sandbox's own, right before crun:
+      // they never enter the host's mount table, so creates stay flat as the node fills.
       const diskMiB = req.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB;
       await mkdir(p.rw);
-      mount('tmpfs', p.rw, 'tmpfs', 0x2 | 0x4, `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`);
-      undo.push(() => umount(p.rw, MNT.DETACH));
-      await mkdir(p.upper, { mode: 0o755 });
-      await mkdir(p.work);
       await mkdir(p.rootfs);
-      mount('overlay', p.rootfs, 'overlay', 0, `lowerdir=${lowers.join(':')},upperdir=${p.upper},workdir=${p.work}`);
-      undo.push(() => umount(p.rootfs, MNT.DETACH));
+      const launch = [
+        this.o.launcherBinary,
+        ...(this.o.runtimeNsFile ? ['--ns', this.o.runtimeNsFile] : []),
+        '--rw', p.rw,
+        '--tmpfs', `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
+        '--rootfs', p.rootfs,
+        '--lower', lowers.join(':'),
+        '--',
+      ];
 
       const config = buildOciConfig({
         id: req.id,
@@ -132,6 +141,7 @@ export class ContainerBackend implements Backend {
         await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], `create ${req.id}`, {
           extraFds: [sockFd],
           logFd: log.fd,
+          prefix: launch,
         });
       } catch (err) {
         const detail = await readFile(p.log, 'utf8').catch(() => '');
@@ -238,16 +248,9 @@ export class ContainerBackend implements Backend {
   async stats(id: string): Promise<SandboxStats> {
     const p = this.paths(id);
     const cg = await this.o.cgroups.stats(id);
-    let diskUsedBytes = 0;
-    let diskLimitBytes = 0;
-    try {
-      const fs = await statfs(p.rw);
-      diskLimitBytes = fs.blocks * fs.bsize;
-      diskUsedBytes = (fs.blocks - fs.bfree) * fs.bsize;
-    } catch {
-      throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
-    }
-    return { ...cg, diskUsedBytes, diskLimitBytes };
+    // The overlay root reports its upper file system: the sandbox's tmpfs.
+    const fs = await (await this.connect(id)).statfs('/');
+    return { ...cg, diskUsedBytes: fs.totalBytes - fs.freeBytes, diskLimitBytes: fs.totalBytes };
   }
 
   async isAlive(id: string): Promise<boolean> {

@@ -25,10 +25,11 @@ export class Crun {
 
   /**
    * Runs `crun --root R <args>`. `extraFds` are passed as fds 3, 4, ... of crun; `logFd`, when
-   * given, receives crun's (and a detached container's) stdout and stderr.
+   * given, receives crun's (and a detached container's) stdout and stderr; `prefix` replaces
+   * the default way into the runtime namespace (dsec-launch on create).
    */
-  run(args: string[], opts: { extraFds?: number[]; logFd?: number; timeoutMs?: number } = {}): Promise<CrunResult> {
-    const argv = [...this.prefix, this.binary, '--root', this.stateRoot, ...args];
+  run(args: string[], opts: { extraFds?: number[]; logFd?: number; timeoutMs?: number; prefix?: string[] } = {}): Promise<CrunResult> {
+    const argv = [...(opts.prefix ?? this.prefix), this.binary, '--root', this.stateRoot, ...args];
     const out = opts.logFd ?? 'pipe';
     const stdio: StdioOptions = ['ignore', out, out, ...(opts.extraFds ?? [])];
     return new Promise((resolve, reject) => {
@@ -54,7 +55,7 @@ export class Crun {
   }
 
   /** Runs crun and throws BACKEND_FAILED with its message when it fails. */
-  async check(args: string[], what: string, opts: { extraFds?: number[]; logFd?: number } = {}): Promise<CrunResult> {
+  async check(args: string[], what: string, opts: { extraFds?: number[]; logFd?: number; prefix?: string[] } = {}): Promise<CrunResult> {
     const res = await this.run(args, opts);
     if (res.code !== 0) {
       throw new DsecError('BACKEND_FAILED', `${what}: crun ${args[0]} failed: ${(res.stderr || res.stdout).trim() || `exit ${res.code}`}`);
