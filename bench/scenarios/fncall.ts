@@ -1,0 +1,96 @@
+// Function calls (the fncall backend): latency and rate of a trivial call and of `python3 -c`,
+// against a bubblewrap one-shot and `podman run --rm` of the same busybox rootfs.
+import { retryRateLimited } from '../lib/platform.js';
+import { latencyRow } from '../lib/report.js';
+import type { Scenario, ScenarioContext } from '../lib/scenario.js';
+import { nowMs, progress, summarize } from '../lib/stats.js';
+
+const WARMUP = 10;
+/** Pause between sequential calls, so a pool that refills in the background keeps up. */
+const PACE_MS = 20;
+const RATE_CONCURRENCY = 8;
+
+async function rate(durationMs: number, fn: () => Promise<unknown>): Promise<number> {
+  let done = 0;
+  const t0 = nowMs();
+  await Promise.all(
+    Array.from({ length: RATE_CONCURRENCY }, async () => {
+      while (nowMs() - t0 < durationMs) {
+        await fn();
+        done++;
+      }
+    }),
+  );
+  return done / ((nowMs() - t0) / 1000);
+}
+
+export const fncallScenario: Scenario = {
+  name: 'fncall',
+  title: '7. Function calls',
+  method: [
+    'A trivial call (`true` in the `sh` runtime) through `client.calls.run`: each call claims a pre-created single-use',
+    'sandbox from the runtime\'s pool and runs one process in it. Latency is measured paced (a call every',
+    `${PACE_MS} ms, what an online-judge agent does) and back to back (the pool cannot refill between calls);`,
+    `the rate with ${RATE_CONCURRENCY} calls in flight. Peers: a bubblewrap one-shot (\`bwrap --unshare-all\`, no cgroups:`,
+    'the floor) and `podman run --rm` of the same busybox rootfs, alternating per iteration. `python3 -c \'print(1)\'`',
+    'runs in the Debian python3 runtime (built on first use; the full run only); it has no peer rows.',
+  ].join(' '),
+  async run(ctx: ScenarioContext) {
+    const { bench, peers } = ctx;
+    const client = await bench.newClient();
+    const trivial = (): Promise<unknown> => retryRateLimited(() => client.calls.run({ runtime: 'sh', code: 'true' }));
+    const systems: Array<[string, () => Promise<unknown>]> = [
+      ['dsec', trivial],
+      ['bwrap', () => peers.bwrapRun()],
+      ['podman run --rm', () => peers.podmanRun()],
+    ];
+    for (let i = 0; i < WARMUP; i++) for (const [, fn] of systems) await fn();
+    const iterations = ctx.quick ? 10 : 100;
+    const paced = new Map<string, number[]>(systems.map(([n]) => [n, []]));
+    for (let i = 0; i < iterations; i++) {
+      for (const [name, fn] of systems) {
+        const t0 = nowMs();
+        await fn();
+        paced.get(name)!.push(nowMs() - t0);
+        await new Promise((r) => setTimeout(r, PACE_MS));
+      }
+      if ((i + 1) % 25 === 0) progress(`fncall: ${i + 1}/${iterations}`);
+    }
+    for (const [name] of systems) {
+      const s = summarize(paced.get(name)!);
+      const targets = name === 'dsec' ? [{ text: 'p50 <= 5 ms', met: s.p50 <= 5 }] : undefined;
+      ctx.record(latencyRow('fncall', 'trivial call, paced', name, s, targets ? { targets } : {}));
+    }
+    const backToBack: number[] = [];
+    for (let i = 0; i < iterations; i++) {
+      const t0 = nowMs();
+      await trivial();
+      backToBack.push(nowMs() - t0);
+    }
+    ctx.record(latencyRow('fncall', 'trivial call, back to back', 'dsec', summarize(backToBack)));
+
+    const seconds = ctx.quick ? 2 : 10;
+    progress(`fncall: rate for ${seconds} s per system`);
+    const dsecRate = await rate(seconds * 1000, trivial);
+    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'dsec', unit: 'calls/s', value: dsecRate, higherIsBetter: true, targets: [{ text: '>= 300 calls/s', met: dsecRate >= 300 }] });
+    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'bwrap', unit: 'calls/s', value: await rate(seconds * 1000, () => peers.bwrapRun()), higherIsBetter: true });
+    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'podman run --rm', unit: 'calls/s', value: await rate(seconds * 1000, () => peers.podmanRun()), higherIsBetter: true });
+
+    if (ctx.quick) {
+      ctx.note('`--quick` leaves out the python3 runtime (its first use builds a Debian layer).');
+      return;
+    }
+    progress('fncall: python3 runtime (built on first use)');
+    const py = (): Promise<unknown> => retryRateLimited(() => client.calls.run({ runtime: 'python3', code: 'print(1)' }));
+    for (let i = 0; i < WARMUP; i++) await py();
+    const pySamples: number[] = [];
+    for (let i = 0; i < 50; i++) {
+      const t0 = nowMs();
+      await py();
+      pySamples.push(nowMs() - t0);
+      await new Promise((r) => setTimeout(r, PACE_MS));
+    }
+    ctx.record(latencyRow('fncall', "python3 -c 'print(1)', paced", 'dsec', summarize(pySamples)));
+    ctx.record({ scenario: 'fncall', metric: `python3 calls per second, ${RATE_CONCURRENCY} in flight`, system: 'dsec', unit: 'calls/s', value: await rate(seconds * 1000, py), higherIsBetter: true });
+  },
+};
