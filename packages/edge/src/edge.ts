@@ -287,7 +287,8 @@ export class Edge {
       return { ...result, stdout: Buffer.concat(out.stdout).toString('utf8'), stderr: Buffer.concat(out.stderr).toString('utf8'), truncated };
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
-      await this.release(id, att.proc).catch(() => undefined);
+      // Nobody reattaches to a command whose result was returned: free it without waiting.
+      this.release(id, att.proc).catch(() => undefined);
     }
   }
 

@@ -2,6 +2,7 @@
 // the control plane, and route sandbox work to the sandbox's node.
 import { Hono } from 'hono';
 import type { Context } from 'hono';
+import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
 import { createWriteStream } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -39,9 +40,20 @@ export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 type Env = { Variables: { principal: Principal } };
 
 async function readJson(c: Context): Promise<unknown> {
-  const chunks: Buffer[] = [];
-  for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'JSON bodies')) chunks.push(chunk);
-  const text = Buffer.concat(chunks).toString('utf8');
+  let text: string;
+  const length = c.req.header('content-length');
+  const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
+  if (incoming && length !== undefined && Number(length) <= MAX_JSON_BYTES) {
+    // A declared length within the limit: the body cannot be longer. Read it from Node's
+    // request directly; the web-stream view of it costs a quarter of a millisecond per request.
+    const chunks: Buffer[] = [];
+    for await (const chunk of incoming) chunks.push(chunk as Buffer);
+    text = Buffer.concat(chunks).toString('utf8');
+  } else {
+    const chunks: Buffer[] = [];
+    for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'JSON bodies')) chunks.push(chunk);
+    text = Buffer.concat(chunks).toString('utf8');
+  }
   if (text.trim() === '') return {};
   try {
     return JSON.parse(text);
