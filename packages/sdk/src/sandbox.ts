@@ -1,6 +1,6 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
 import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { ExecEvent } from '@dsec/protocol';
+import type { ExecEvent, ExecRequest } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -206,19 +206,7 @@ export class Sandbox {
     const timeoutMs = opts.timeoutMs ?? DEFAULT_EXEC_TIMEOUT_MS;
     if (!Number.isInteger(timeoutMs) || timeoutMs < 0) throw invalidArgument('timeoutMs', 'must be an integer >= 0');
     const stdin = opts.stdin;
-    const body = validate(
-      ExecRequestSchema,
-      defined({
-        ...commandFields(cmd),
-        cwd: opts.cwd,
-        env: opts.env,
-        uid: opts.uid,
-        gid: opts.gid,
-        stdin: typeof stdin === 'string' ? stdin : undefined,
-        stdinBase64: stdin instanceof Uint8Array ? Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength).toString('base64') : undefined,
-        timeoutMs: timeoutMs > 0 ? timeoutMs : undefined,
-      }),
-    );
+    const body = execBody(cmd, opts, stdin, timeoutMs > 0 ? timeoutMs : undefined);
     // The server ends the command at timeoutMs; allow it the request timeout on top to answer.
     const deadlineMs = timeoutMs > 0 ? timeoutMs + this.client.requestTimeoutMs : 0;
     let result: ExecResult;
@@ -245,19 +233,7 @@ export class Sandbox {
       return new ExecHandle({ sandboxId: this.id, pid: ws.pid, source: ws.source, control: ws.control, callbacks: opts });
     }
     const stdin = opts.stdin === false ? undefined : opts.stdin;
-    const body = validate(
-      ExecRequestSchema,
-      defined({
-        ...commandFields(cmd),
-        cwd: opts.cwd,
-        env: opts.env,
-        uid: opts.uid,
-        gid: opts.gid,
-        stdin: typeof stdin === 'string' ? stdin : undefined,
-        stdinBase64: stdin instanceof Uint8Array ? Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength).toString('base64') : undefined,
-        timeoutMs,
-      }),
-    );
+    const body = execBody(cmd, opts, stdin, timeoutMs);
     return this.#spawnNdjson(body, opts, opts.requestTimeoutMs ?? this.client.requestTimeoutMs, true);
   }
 
@@ -361,4 +337,26 @@ async function collect(handle: ExecHandle): Promise<ExecResult> {
   const exit: ExitInfo = await handle.wait();
   if (handle.lostBytes.stdout > 0 || handle.lostBytes.stderr > 0) truncated = true;
   return { ...exit, pid: handle.pid, stdout: Buffer.concat(chunks.stdout).toString('utf8'), stderr: Buffer.concat(chunks.stderr).toString('utf8'), truncated };
+}
+
+/** The validated body of an exec request (JSON and ndjson forms). */
+function execBody(
+  cmd: string | readonly string[],
+  opts: { cwd?: string | undefined; env?: Record<string, string> | undefined; uid?: number | undefined; gid?: number | undefined },
+  stdin: string | Uint8Array | undefined,
+  timeoutMs: number | undefined,
+): ExecRequest {
+  return validate(
+    ExecRequestSchema,
+    defined({
+      ...commandFields(cmd),
+      cwd: opts.cwd,
+      env: opts.env,
+      uid: opts.uid,
+      gid: opts.gid,
+      stdin: typeof stdin === 'string' ? stdin : undefined,
+      stdinBase64: stdin instanceof Uint8Array ? Buffer.from(stdin.buffer, stdin.byteOffset, stdin.byteLength).toString('base64') : undefined,
+      timeoutMs,
+    }),
+  );
 }

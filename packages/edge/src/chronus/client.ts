@@ -4,7 +4,7 @@ import net from 'node:net';
 import { constants as osConstants } from 'node:os';
 import type { Duplex } from 'node:stream';
 import { DsecError } from '@dsec/protocol';
-import type { ErrorDetails, FileStat, FileType } from '@dsec/protocol';
+import type { ErrorDetails, ExitInfo, FileStat, FileType } from '@dsec/protocol';
 import { encodeFrame, F, FrameReader, MAX_IO_BYTES, T } from './wire.js';
 import type { Field, Fields, Frame } from './wire.js';
 
@@ -22,20 +22,8 @@ export interface AgentInfo {
   outputCapBytes: number;
 }
 
-/** How a process ended, as the agent reports it. */
-export interface AgentExit {
-  proc: number;
-  pid: number;
-  exitCode: number | null;
-  signal: string | null;
-  timedOut: boolean;
-  durationMs: number;
-  cpuUserMs: number;
-  cpuSysMs: number;
-  peakMemoryKiB: number;
-  stdoutBytes: number;
-  stderrBytes: number;
-}
+/** How a process ended, as the agent reports it (edge adds whether it was an OOM kill). */
+export type AgentExit = Omit<ExitInfo, 'oomKilled'> & { proc: number; pid: number };
 
 /** A process in the agent's table. */
 export interface AgentProcess {

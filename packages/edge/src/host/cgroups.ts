@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { readFile, readdir, rmdir, stat } from 'node:fs/promises';
 import path from 'node:path';
+import type { SandboxStats } from '@dsec/protocol';
 
 /** The cgroup layout of the host. */
 export type CgroupMode = 'v1' | 'hybrid' | 'v2';
@@ -48,16 +49,8 @@ async function readKeyed(file: string): Promise<Map<string, number>> {
   return out;
 }
 
-/** Resource counters of one cgroup. */
-export interface CgroupStats {
-  cpuUsageMs: number;
-  memoryBytes: number;
-  memoryPeakBytes: number;
-  memoryLimitBytes: number;
-  pids: number;
-  pidsLimit: number;
-  oomKills: number;
-}
+/** Resource counters of one cgroup (a sandbox's stats less its disk). */
+export type CgroupStats = Omit<SandboxStats, 'diskUsedBytes' | 'diskLimitBytes'>;
 
 /** Access to the cgroups of sandboxes under one parent (`/dsec` by default). */
 export class Cgroups {
