@@ -62,8 +62,6 @@ export interface Backend {
   destroy(id: string): Promise<void>;
   /** Current resource use. */
   stats(id: string): Promise<SandboxStats>;
-  /** True while the sandbox's processes exist. */
-  isAlive(id: string): Promise<boolean>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

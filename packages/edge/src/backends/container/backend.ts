@@ -253,9 +253,6 @@ export class ContainerBackend implements Backend {
     return { ...cg, diskUsedBytes: fs.totalBytes - fs.freeBytes, diskLimitBytes: fs.totalBytes };
   }
 
-  async isAlive(id: string): Promise<boolean> {
-    return (await this.crun.status(id)) === 'running';
-  }
 
   /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
   oomKillsNow(id: string): number {
