@@ -317,6 +317,10 @@ describe('container sandboxes', () => {
       const st = await node.edge.stat(sb.id, '/work/a/b/big.bin');
       assert.equal(st.type, 'file');
       assert.equal(st.size, big.length);
+      await node.edge.symlink(sb.id, '/work/link', 'a/b/big.bin');
+      const link = await node.edge.stat(sb.id, '/work/link');
+      assert.deepEqual([link.type, link.linkTarget], ['symlink', 'a/b/big.bin']);
+      await node.edge.remove(sb.id, '/work/link');
       await node.edge.rename(sb.id, '/work/a/b/big.bin', '/work/a/moved');
       assert.deepEqual((await node.edge.listDir(sb.id, '/work/a')).map((e) => [e.name, e.type]).sort(), [['b', 'dir'], ['moved', 'file']]);
       await node.edge.remove(sb.id, '/work', { recursive: true });

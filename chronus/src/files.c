@@ -447,26 +447,32 @@ void file_remove(struct conn *c, const struct msg *m)
 	reply_ok(c, m->id);
 }
 
-void file_rename(struct conn *c, const struct msg *m)
+
+/* An operation on two paths (PATH, PATH2) that answers OK or the call's errno. */
+static void two_paths(struct conn *c, const struct msg *m, const char *op, int (*fn)(const char *, const char *))
 {
-	char from[PATH_MAX], to[PATH_MAX];
-	if (!get_path(c, m, F_PATH, from) || !get_path(c, m, F_PATH2, to))
+	char path[PATH_MAX], path2[PATH_MAX];
+	if (!get_path(c, m, F_PATH, path) || !get_path(c, m, F_PATH2, path2))
 		return;
-	if (rename(from, to) < 0) {
-		fail(c, m, "rename", from, errno);
+	if (fn(path, path2) < 0) {
+		fail(c, m, op, path, errno);
 		return;
 	}
 	reply_ok(c, m->id);
 }
 
+/* symlink(2) with the link first, like rename's source first. */
+static int make_symlink(const char *link, const char *target)
+{
+	return symlink(target, link);
+}
+
+void file_rename(struct conn *c, const struct msg *m)
+{
+	two_paths(c, m, "rename", rename);
+}
+
 void file_symlink(struct conn *c, const struct msg *m)
 {
-	char from[PATH_MAX], to[PATH_MAX];
-	if (!get_path(c, m, F_PATH, from) || !get_path(c, m, F_PATH2, to))
-		return;
-	if (symlink(to, from) < 0) {
-		fail(c, m, "symlink", from, errno);
-		return;
-	}
-	reply_ok(c, m->id);
+	two_paths(c, m, "symlink", make_symlink);
 }
