@@ -1,4 +1,5 @@
 // sandbox.files: read, write, list and move files inside a sandbox; directories as tar.
+import { Transform } from 'node:stream';
 import type { Readable } from 'node:stream';
 import { FilePathQuerySchema, RenameRequestSchema, isDsecError } from '@dsec/protocol';
 import type { CallOptions, DsecClient } from './client.js';
@@ -125,8 +126,18 @@ export class Files {
     const remote = this.#path(remoteDir, 'remoteDir');
     const reply = await this.client.stream({ method: 'GET', path: this.#route('/tar'), query: { path: remote }, accept: 'application/x-tar' }, opts);
     let tarBytes = 0;
-    reply.body.on('data', (c: Buffer) => (tarBytes += c.length));
-    await unpackInto(reply.body, localDir);
+    // Count through a pipe, not a 'data' listener: a listener would start the flow before the
+    // unpacker is attached, and the first chunks would be lost.
+    const counted = reply.body.pipe(
+      new Transform({
+        transform(chunk: Buffer, _enc, done) {
+          tarBytes += chunk.length;
+          done(null, chunk);
+        },
+      }),
+    );
+    reply.body.on('error', (err) => counted.destroy(err));
+    await unpackInto(counted, localDir);
     return { tarBytes };
   }
 
