@@ -1,7 +1,6 @@
 // The platform under test: apiserver + edge + watcher in this process (startPlatform) on a temp
 // home under /tmp/dsec-bench-* and a free loopback port, reached through the SDK.
 import { cp, mkdir, mkdtemp, rm } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -46,14 +45,6 @@ export interface PreloadedLayer {
   blobDir: string;
 }
 
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
-
 /** A temp dir named /tmp/dsec-bench-* (the test suite's leftover cleanup knows the pattern). */
 export async function benchTempDir(): Promise<string> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-bench-'));
@@ -79,7 +70,7 @@ export async function startBenchPlatform(home: string, preload: PreloadedLayer[]
   }
   const platform = await startPlatform({
     home,
-    addr: `127.0.0.1:${await freePort()}`,
+    addr: '127.0.0.1:0',
     agentBinary: AGENT_BINARY,
     placement: BENCH_PLACEMENT,
     log: () => undefined,

@@ -1,7 +1,6 @@
 // Test fixture: the whole platform (apiserver + edge) in-process on a throw-away home and a free
 // loopback port, closed and removed even when a test fails.
 import { readFile, mkdtemp, rm } from 'node:fs/promises';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
@@ -15,15 +14,6 @@ export interface TestPlatform {
   home: string;
   /** Closes the platform and removes its home (mounts included). */
   close(): Promise<void>;
-}
-
-/** A loopback port that was free a moment ago. */
-export async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => server.once('error', reject).listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
 }
 
 /** Starts a platform on a temp home (its name contains 'dsec'). */
@@ -40,7 +30,7 @@ export async function startTestPlatform(): Promise<TestPlatform> {
     await rm(home, { recursive: true, force: true });
   };
   try {
-    const platform = await startPlatform({ home, addr: `127.0.0.1:${await freePort()}`, agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
+    const platform = await startPlatform({ home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
     const adminKey = platform.adminKey ?? (await readFile(platform.adminKeyFile, 'utf8')).trim();
     return {
       url: platform.url,

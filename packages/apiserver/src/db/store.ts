@@ -136,25 +136,8 @@ export class StateStore {
    */
   async reserve(projectId: string, r: Reservation): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
-      const chain = await this.ancestry(projectId, tx);
-      for (const id of chain) {
-        const res = await tx
-          .updateTable('projects')
-          .set((eb) => ({
-            used_sandboxes: eb('used_sandboxes', '+', r.sandboxes),
-            used_cpu: eb('used_cpu', '+', r.cpu),
-            used_memory_mib: eb('used_memory_mib', '+', r.memoryMiB),
-          }))
-          .where('id', '=', id)
-          .where((eb) =>
-            eb.and([
-              eb(eb('used_sandboxes', '+', r.sandboxes), '<=', eb.ref('quota_sandboxes')),
-              eb(eb('used_cpu', '+', r.cpu), '<=', eb.ref('quota_cpu')),
-              eb(eb('used_memory_mib', '+', r.memoryMiB), '<=', eb.ref('quota_memory_mib')),
-            ]),
-          )
-          .executeTakeFirst();
-        if (Number(res.numUpdatedRows) !== 1) {
+      for (const id of await this.ancestry(projectId, tx)) {
+        if (!(await this.addUsage(tx, id, r, 1, true))) {
           const row = await tx.selectFrom('projects').selectAll().where('id', '=', id).executeTakeFirst();
           throw quotaError(row, r);
         }
@@ -164,18 +147,30 @@ export class StateStore {
 
   /** Returns a reservation to a project and its ancestors. */
   async unreserve(projectId: string, r: Reservation, tx: Kysely<Database> | Transaction<Database> = this.db): Promise<void> {
-    const chain = await this.ancestry(projectId, tx);
-    for (const id of chain) {
-      await tx
-        .updateTable('projects')
-        .set((eb) => ({
-          used_sandboxes: eb('used_sandboxes', '-', r.sandboxes),
-          used_cpu: eb('used_cpu', '-', r.cpu),
-          used_memory_mib: eb('used_memory_mib', '-', r.memoryMiB),
-        }))
-        .where('id', '=', id)
-        .execute();
+    for (const id of await this.ancestry(projectId, tx)) await this.addUsage(tx, id, r, -1, false);
+  }
+
+  /** Adds `sign * r` to one project's usage; with `withinQuota`, only if it stays within; true when applied. */
+  private async addUsage(db: Kysely<Database> | Transaction<Database>, id: string, r: Reservation, sign: 1 | -1, withinQuota: boolean): Promise<boolean> {
+    const d = { sandboxes: sign * r.sandboxes, cpu: sign * r.cpu, memoryMiB: sign * r.memoryMiB };
+    let q = db
+      .updateTable('projects')
+      .set((eb) => ({
+        used_sandboxes: eb('used_sandboxes', '+', d.sandboxes),
+        used_cpu: eb('used_cpu', '+', d.cpu),
+        used_memory_mib: eb('used_memory_mib', '+', d.memoryMiB),
+      }))
+      .where('id', '=', id);
+    if (withinQuota) {
+      q = q.where((eb) =>
+        eb.and([
+          eb(eb('used_sandboxes', '+', d.sandboxes), '<=', eb.ref('quota_sandboxes')),
+          eb(eb('used_cpu', '+', d.cpu), '<=', eb.ref('quota_cpu')),
+          eb(eb('used_memory_mib', '+', d.memoryMiB), '<=', eb.ref('quota_memory_mib')),
+        ]),
+      );
     }
+    return Number((await q.executeTakeFirst()).numUpdatedRows) === 1;
   }
 
   // ---- keys ----
