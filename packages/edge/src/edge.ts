@@ -5,7 +5,7 @@ import { access, mkdir } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
 import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
@@ -95,6 +95,7 @@ function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
 export class Edge {
   private readonly sandboxes = new Map<string, Entry>();
   private creating = 0;
+  private readonly eventSinks = new Set<EventSink>();
 
   private constructor(
     readonly home: string,
@@ -155,6 +156,24 @@ export class Edge {
       }
     }
     return edge;
+  }
+
+  /** Subscribes to the events this node raises; returns the unsubscribe function. */
+  onEvent(sink: EventSink): () => void {
+    this.eventSinks.add(sink);
+    return () => this.eventSinks.delete(sink);
+  }
+
+  /** Raises an event to every subscriber (node name and time filled in). Never throws. */
+  raise(ev: RaisedEvent): void {
+    const full: RaisedEvent = { ...ev, node: ev.node ?? this.nodeName, at: ev.at ?? new Date().toISOString() };
+    for (const sink of this.eventSinks) {
+      try {
+        sink(full);
+      } catch {
+        // A sink's failure is its own; the node carries on.
+      }
+    }
   }
 
   /** A new sandbox id that names this node. */

@@ -2,3 +2,4 @@ export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.
 export type { ErrorCode, ErrorDetails } from './errors.js';
 export * from './types.js';
 export * from './api.js';
+export * from './events.js';
