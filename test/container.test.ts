@@ -1,7 +1,7 @@
 // End-to-end tests of the edge core: real crun sandboxes on EROFS layers with chronus as PID 1.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { mkdir, mkdtemp, readFile, rm, writeFile, readdir } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, stat, writeFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
@@ -77,8 +77,15 @@ describe('container sandboxes', () => {
       assert.equal(w.exitCode, 0, w.stderr);
       const changed = await node.edge.exec(sb.id, { cmd: 'cat /project/README /root/new; ls /bin/ls 2>&1' });
       assert.equal(changed.stdout, 'changed\nnew\nls: /bin/ls: No such file or directory\n');
-      // The sandbox's mounts live in its own mount namespace, not in the host's table.
-      assert.ok(!(await readFile('/proc/self/mountinfo', 'utf8')).includes(sb.id), 'no host mount names the sandbox');
+      // The overlay root lives in the sandbox's own mount namespace; the host's table holds only
+      // its writable tmpfs, whose upper directory edge reads (deletions are whiteouts: 0/0 char devices).
+      const hostMounts = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((l) => l.includes(sb.id));
+      assert.equal(hostMounts.length, 1, hostMounts.join('\n'));
+      assert.match(hostMounts[0]!, / - tmpfs /);
+      const upper = node.edge.upperDir(sb.id);
+      assert.equal(await readFile(path.join(upper, 'project/README'), 'utf8'), 'changed\n');
+      const whiteout = await stat(path.join(upper, 'bin/ls'));
+      assert.ok(whiteout.isCharacterDevice() && whiteout.rdev === 0, 'a deleted file is a whiteout in the upper directory');
       const layerDir = path.join(node.home, 'layers/mnt', workspace.digest.replace('sha256:', ''));
       assert.equal(await readFile(path.join(layerDir, 'project/README'), 'utf8'), 'workspace readme\n', 'the layer itself is unchanged');
       // The shared layer mount is untouched.

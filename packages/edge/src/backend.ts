@@ -62,6 +62,11 @@ export interface Backend {
   destroy(id: string): Promise<void>;
   /** Current resource use. */
   stats(id: string): Promise<SandboxStats>;
+  /**
+   * Host path of the sandbox's upper directory: its changes over its layers, deletions as
+   * overlayfs whiteouts. Backends whose writable state is not a host directory (VMs) omit it.
+   */
+  upperDir?(id: string): string;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

@@ -135,12 +135,15 @@ export class Edge {
     await mkdir(sandboxesDir, { recursive: true });
     const crunRoot = path.join(runDirFor(home), 'crun');
     await mkdir(crunRoot, { recursive: true });
+    const writableDir = path.join(runDirFor(home), 'rw');
+    await mkdir(writableDir, { recursive: true });
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
     const container = new ContainerBackend({
       sandboxesDir,
       crunRoot,
       runtimePrefix: runtimeNs.prefix,
-      ...(runtimeNs.nsFile ? { runtimeNsFile: runtimeNs.nsFile } : {}),
+      runtimeNsFile: runtimeNs.nsFile,
+      writableDir,
       launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
       layers,
       cgroups,
@@ -433,6 +436,17 @@ export class Edge {
     checkPath(link);
     if (target.length === 0 || target.length > 4096 || target.includes('\0')) throw invalidArgument('target', 'must be 1-4096 bytes without NUL');
     await (await this.agent(id)).symlink(link, target);
+  }
+
+  /**
+   * Host path of a sandbox's upper directory (its changes over its layers, deletions as
+   * overlayfs whiteouts), for snapshots and diffs. Read it while the sandbox is frozen for a
+   * consistent view.
+   */
+  upperDir(id: string): string {
+    const e = this.entry(id);
+    if (!e.backend.upperDir) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
+    return e.backend.upperDir(id);
   }
 
   /** Resource use of a sandbox. */

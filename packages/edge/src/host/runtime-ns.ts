@@ -1,8 +1,10 @@
-// On a host with hybrid cgroups, crun refuses to run ("cgroups in hybrid mode not supported").
-// It works in a private mount namespace where /sys/fs/cgroup/unified is unmounted. dsec keeps one
-// such namespace per state directory, pinned by a bind mount of its nsfs file, and enters it for
-// every crun call. The state directory is made a shared mount first, so the layer and overlay
-// mounts that edge makes on the host propagate into that namespace.
+// crun runs in a mount namespace of dsec's own, one per state directory, pinned by a bind mount
+// of its nsfs file and entered for every crun call. On a host with hybrid cgroups crun refuses to
+// run ("cgroups in hybrid mode not supported") unless /sys/fs/cgroup/unified is unmounted, which
+// this namespace does. On every host it keeps the sandboxes' writable-layer mounts (on the host,
+// under the private run directory) out of the table that each sandbox create copies. The state
+// directory is made a shared mount first, so the layer mounts that edge makes on the host
+// propagate into that namespace.
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -35,12 +37,12 @@ export async function makeSharedMount(dir: string): Promise<void> {
   if (!again.some((m) => m.optional.includes('shared:'))) mount('none', dir, null, MS.SHARED);
 }
 
-/** A mount namespace crun runs in, or none when the host needs none. */
+/** The mount namespace crun runs in. */
 export interface RuntimeNamespace {
-  /** argv prefix that runs a command inside the namespace (empty when none is needed). */
+  /** argv prefix that runs a command inside the namespace. */
   readonly prefix: string[];
-  /** The namespace's nsfs file, when there is one. */
-  readonly nsFile?: string;
+  /** The namespace's nsfs file. */
+  readonly nsFile: string;
   /** Removes the namespace and the home's bind mount (tests; a node keeps both). */
   destroy(): Promise<void>;
 }
@@ -52,13 +54,12 @@ export function runDirFor(home: string): string {
 }
 
 /**
- * Prepares the namespace crun needs on this host. `home` becomes a shared mount; on hybrid
- * cgroups a persistent mount namespace without /sys/fs/cgroup/unified is created (or reused).
+ * Prepares the namespace crun runs in: `home` becomes a shared mount, and a persistent mount
+ * namespace (without /sys/fs/cgroup/unified on hybrid cgroups) is created or reused.
  */
 export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): Promise<RuntimeNamespace> {
   await makeSharedMount(home);
   const unmountHome = (): void => void umount(home, MNT.DETACH);
-  if (mode !== 'hybrid') return { prefix: [], destroy: async () => unmountHome() };
 
   const runDir = runDirFor(home);
   const nsFile = path.join(runDir, 'mntns');
@@ -75,7 +76,8 @@ export async function prepareRuntimeNamespace(home: string, mode: CgroupMode): P
   if (!pinned) {
     await writeFile(nsFile, '');
     try {
-      await run('unshare', [`--mount=${nsFile}`, '--propagation', 'slave', 'umount', '-l', '/sys/fs/cgroup/unified']);
+      const inside = mode === 'hybrid' ? ['umount', '-l', '/sys/fs/cgroup/unified'] : ['true'];
+      await run('unshare', [`--mount=${nsFile}`, '--propagation', 'slave', ...inside]);
     } catch (err) {
       throw new DsecError('INTERNAL', `cannot create the runtime mount namespace: ${(err as Error).message}`);
     }

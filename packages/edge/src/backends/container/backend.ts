@@ -1,6 +1,6 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
 import { constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, writeFile, rename } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
@@ -30,10 +30,15 @@ export interface ContainerBackendOptions {
   sandboxesDir: string;
   /** crun's state root. */
   crunRoot: string;
-  /** argv prefix that enters the runtime mount namespace (empty on hosts that need none). */
+  /** argv prefix that enters the runtime mount namespace. */
   runtimePrefix: string[];
-  /** The runtime mount namespace's nsfs file, when the host needs one. */
-  runtimeNsFile?: string;
+  /** The runtime mount namespace's nsfs file. */
+  runtimeNsFile: string;
+  /**
+   * Host directory (on a private mount, outside the state directory's shared mount) where each
+   * sandbox's writable-layer tmpfs is mounted, one folder per sandbox.
+   */
+  writableDir: string;
   /** Host path of dsec-launch (built beside chronus). */
   launcherBinary: string;
   layers: LayerMounter;
@@ -72,9 +77,9 @@ export class ContainerBackend implements Backend {
     const dir = path.join(this.o.sandboxesDir, id);
     return {
       dir,
-      rw: path.join(dir, 'rw'),
-      upper: path.join(dir, 'rw', 'upper'),
-      work: path.join(dir, 'rw', 'work'),
+      rw: path.join(this.o.writableDir, id),
+      upper: path.join(this.o.writableDir, id, 'upper'),
+      work: path.join(this.o.writableDir, id, 'work'),
       rootfs: path.join(dir, 'rootfs'),
       socket: path.join(dir, 'agent.sock'),
       record: path.join(dir, 'sandbox.json'),
@@ -102,14 +107,15 @@ export class ContainerBackend implements Backend {
 
       // The writable layer is a size-limited tmpfs (writing past diskMiB fails with ENOSPC
       // inside the sandbox, and nothing outside it is touched) under an overlay of the layers.
-      // dsec-launch mounts both in a mount namespace of the sandbox's own, right before crun:
-      // they never enter the host's mount table, so creates stay flat as the node fills.
+      // dsec-launch mounts the tmpfs on the host (edge reads its upper directory for snapshots
+      // and diffs) and the overlay in a mount namespace of the sandbox's own, right before crun.
       const diskMiB = req.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB;
       await mkdir(p.rw);
+      undo.push(() => this.unmountWritable(p.rw));
       await mkdir(p.rootfs);
       const launch = [
         this.o.launcherBinary,
-        ...(this.o.runtimeNsFile ? ['--ns', this.o.runtimeNsFile] : []),
+        '--ns', this.o.runtimeNsFile,
         '--rw', p.rw,
         '--tmpfs', `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
         '--rootfs', p.rootfs,
@@ -169,6 +175,11 @@ export class ContainerBackend implements Backend {
   async recover(): Promise<BackendSandbox[]> {
     const found: BackendSandbox[] = [];
     const entries = await readdir(this.o.sandboxesDir).catch(() => [] as string[]);
+    // Writable layers whose sandbox folder is gone (an edge that died mid-create or mid-destroy).
+    const known = new Set(entries);
+    for (const id of await readdir(this.o.writableDir).catch(() => [] as string[])) {
+      if (!known.has(id)) await this.unmountWritable(path.join(this.o.writableDir, id));
+    }
     for (const id of entries) {
       const p = this.paths(id);
       let record: BackendSandbox;
@@ -240,17 +251,28 @@ export class ContainerBackend implements Backend {
       throw new DsecError('BACKEND_FAILED', `destroy ${id}: ${res.stderr.trim()}`, { sandboxId: id });
     }
     for (const m of await mountsUnder(p.dir)) umount(m, MNT.DETACH);
+    await this.unmountWritable(p.rw);
     for (const d of digests) await this.o.layers.release(d);
     await this.o.cgroups.remove(id);
     await rm(p.dir, { recursive: true, force: true });
   }
 
+  /** Unmounts and removes a writable layer's folder; a no-op when it is not there. */
+  private async unmountWritable(rw: string): Promise<void> {
+    // Without reading the mount table (it holds one tmpfs per sandbox): unmount until nothing is left.
+    for (let i = 0; i < 4 && umount(rw, MNT.DETACH); i++);
+    await rm(rw, { recursive: true, force: true });
+  }
+
+  /** Host path of a sandbox's upper directory (its changes over the layers, with whiteouts). */
+  upperDir(id: string): string {
+    return this.paths(id).upper;
+  }
+
   async stats(id: string): Promise<SandboxStats> {
-    const p = this.paths(id);
     const cg = await this.o.cgroups.stats(id);
-    // The overlay root reports its upper file system: the sandbox's tmpfs.
-    const fs = await (await this.connect(id)).statfs('/');
-    return { ...cg, diskUsedBytes: fs.totalBytes - fs.freeBytes, diskLimitBytes: fs.totalBytes };
+    const fs = await statfs(this.paths(id).rw);
+    return { ...cg, diskUsedBytes: (fs.blocks - fs.bfree) * fs.bsize, diskLimitBytes: fs.blocks * fs.bsize };
   }
 
 
