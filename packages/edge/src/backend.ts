@@ -45,6 +45,24 @@ export interface BackendSandbox {
   spec: SandboxSpec;
   layers: LayerInfo[];
   createdAt: string;
+  /** Set by `recover` for a sandbox that was paused when the edge stopped (never persisted). */
+  paused?: boolean;
+}
+
+/** What pausing a sandbox did to its memory. */
+export interface BackendPauseResult {
+  /** Memory charged to the sandbox before and after the reclaim. */
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  /** The sandbox's memory in swap afterwards (0 without swap). */
+  swapBytes: number;
+}
+
+/** What resuming a sandbox did. */
+export interface BackendResumeResult {
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  swapBytes: number;
 }
 
 /** One isolation backend. */
@@ -67,6 +85,14 @@ export interface Backend {
    * overlayfs whiteouts. Backends whose writable state is not a host directory (VMs) omit it.
    */
   upperDir?(id: string): string;
+  /**
+   * Freezes every process of the sandbox and makes its memory reclaimable. Its processes, open
+   * files and file system stay exactly as they are; its agent does not answer until resumed.
+   * Backends that cannot pause omit it.
+   */
+  pause?(id: string): Promise<BackendPauseResult>;
+  /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
+  resume?(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

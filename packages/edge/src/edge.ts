@@ -7,13 +7,14 @@ import path from 'node:path';
 import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
 import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
-import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
+import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
 import { FnCallBackend } from './backends/fncall/backend.js';
 import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
+import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
@@ -35,6 +36,25 @@ export interface EdgeOptions {
   cgroupParent?: string;
   /** Most sandboxes this node admits. Default {@link DEFAULT_MAX_SANDBOXES}. */
   maxSandboxes?: number;
+  /**
+   * Size in MiB of a zram swap device that paused sandboxes' memory is compressed into (see
+   * host/swap.ts). Default none: a pause then drops only page cache. `shutdown` removes it;
+   * `close` leaves it for the paused sandboxes that survive the edge.
+   */
+  zramSwapMiB?: number;
+}
+
+/** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
+export const PAUSE_DRAIN_TIMEOUT_MS = 10_000;
+
+/** What a pause did. */
+export interface PauseResult extends BackendPauseResult {
+  durationMs: number;
+}
+
+/** What a resume did. */
+export interface ResumeResult extends BackendResumeResult {
+  durationMs: number;
 }
 
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
@@ -76,6 +96,12 @@ interface Entry {
   oomAtSpawn: Map<number, number>;
   /** A destroy in progress (concurrent destroys share it). */
   destroying?: Promise<void>;
+  /** Agent calls under way (spawns, file operations); a pause waits until none are. */
+  busy: number;
+  /** Called when `busy` drops to 0. */
+  onIdle?: () => void;
+  /** A pause or resume under way; new agent calls wait for it. */
+  transition?: Promise<unknown>;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -108,6 +134,8 @@ export class Edge {
     private readonly maxSandboxes: number,
     /** Stateless function calls (the fncall backend's pools). */
     readonly calls: FnCallBackend,
+    /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
+    readonly swap: ZramSwap | undefined,
   ) {}
 
   /** What this node offers to the scheduler. */
@@ -152,13 +180,22 @@ export class Edge {
     });
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
+    const swap = opts.zramSwapMiB !== undefined ? await Edge.zramSwap(opts.zramSwapMiB) : undefined;
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, swap);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
-        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map() });
+        const { paused, ...rest } = record;
+        edge.sandboxes.set(record.id, { record: rest, backend, state: paused ? 'paused' : 'running', oomAtSpawn: new Map(), busy: 0 });
       }
     }
     return edge;
+  }
+
+  /** The node's zram swap: one that an earlier edge set up and left on, or a new one. */
+  private static async zramSwap(sizeMiB: number): Promise<ZramSwap | undefined> {
+    const active = await ZramSwap.active();
+    if (active.some((d) => /^\/dev\/zram\d+$/.test(d))) return undefined;
+    return ZramSwap.enable({ sizeMiB });
   }
 
   /** Subscribes to the events this node raises; returns the unsubscribe function. */
@@ -214,7 +251,7 @@ export class Edge {
     } finally {
       this.creating--;
     }
-    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map() });
+    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map(), busy: 0 });
     return this.info(id);
   }
 
@@ -246,11 +283,98 @@ export class Edge {
     return [...this.sandboxes.values()].map((e) => this.toInfo(e));
   }
 
+  /** A sandbox's entry once no pause or resume is under way. */
+  private async settled(id: string): Promise<Entry> {
+    let e = this.entry(id);
+    while (e.transition) {
+      await e.transition.catch(() => undefined);
+      e = this.entry(id);
+    }
+    return e;
+  }
+
   /** The agent of a running sandbox. */
   async agent(id: string): Promise<SandboxAgent> {
-    const e = this.entry(id);
-    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    const e = await this.settled(id);
+    if (e.state !== 'running') throw notRunning(id, e.state);
     return e.backend.agent(id);
+  }
+
+  /**
+   * Runs one agent call with the sandbox held running: a pause waits for calls under way and
+   * calls that arrive during a pause or resume wait for it. A paused sandbox's agent cannot
+   * answer, so nothing is ever sent to it.
+   */
+  private async withAgent<T>(id: string, fn: (agent: SandboxAgent) => Promise<T>): Promise<T> {
+    const e = await this.settled(id);
+    if (e.state !== 'running') throw notRunning(id, e.state);
+    e.busy++;
+    try {
+      return await fn(await e.backend.agent(id));
+    } finally {
+      if (--e.busy === 0) e.onIdle?.();
+    }
+  }
+
+  /**
+   * Pauses a sandbox: waits for agent calls under way, freezes every process and makes its
+   * memory reclaimable. Commands keep their state (and their output offsets); attachments
+   * simply see no output until the sandbox is resumed. Pausing a paused sandbox is a no-op.
+   */
+  async pause(id: string, opts: { reason?: string } = {}): Promise<PauseResult> {
+    const e = await this.settled(id);
+    if (!e.backend.pause || !e.backend.resume) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
+    if (e.state === 'paused') {
+      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
+    }
+    if (e.state !== 'running') throw notRunning(id, e.state);
+    const pause = e.backend.pause.bind(e.backend);
+    return this.transition(e, async () => {
+      const t0 = performance.now();
+      await drain(e, id);
+      const r = await pause(id);
+      e.state = 'paused';
+      const result = { ...r, durationMs: performance.now() - t0 };
+      this.raise({
+        kind: 'sandbox.paused',
+        severity: 'info',
+        sandboxId: id,
+        message: `sandbox ${id} paused (${opts.reason ?? 'api'}): memory ${mib(r.memoryBeforeBytes)} -> ${mib(r.memoryAfterBytes)} MiB`,
+        data: { reason: opts.reason ?? 'api', ...result },
+      });
+      return result;
+    });
+  }
+
+  /** Resumes a paused sandbox (prefetching its swapped-out memory unless `prefetch: false`). */
+  async resume(id: string, opts: { reason?: string; prefetch?: boolean } = {}): Promise<ResumeResult> {
+    const e = await this.settled(id);
+    if (e.state === 'running') {
+      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
+    }
+    if (e.state !== 'paused' || !e.backend.resume) throw notRunning(id, e.state);
+    const resume = e.backend.resume.bind(e.backend);
+    return this.transition(e, async () => {
+      const t0 = performance.now();
+      const r = await resume(id, opts.prefetch === false ? { prefetch: false } : {});
+      e.state = 'running';
+      const result = { ...r, durationMs: performance.now() - t0 };
+      this.raise({ kind: 'sandbox.resumed', severity: 'info', sandboxId: id, message: `sandbox ${id} resumed (${opts.reason ?? 'api'})`, data: { reason: opts.reason ?? 'api', ...result } });
+      return result;
+    });
+  }
+
+  /** Runs a pause or resume as the sandbox's one transition; agent calls wait for it. */
+  private async transition<T>(e: Entry, fn: () => Promise<T>): Promise<T> {
+    const run = fn();
+    e.transition = run;
+    try {
+      return await run;
+    } finally {
+      if (e.transition === run) delete e.transition;
+    }
   }
 
   /** Starts a command and returns its attachment (output, stdin, kill, exit). */
@@ -264,9 +388,8 @@ export class Edge {
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
   private async start(id: string, spec: ExecSpec): Promise<Attachment> {
     const e = this.entry(id);
-    const agent = await this.agent(id);
     const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
-    const att = await agent.spawn(toSpawnOptions(spec, e.record.spec.env));
+    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, e.record.spec.env)));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
     return att;
@@ -275,7 +398,7 @@ export class Edge {
   /** Forgets an exited process (its output and exit report). */
   async release(id: string, proc: number): Promise<void> {
     this.sandboxes.get(id)?.oomAtSpawn.delete(proc);
-    await (await this.agent(id)).release(proc);
+    await this.withAgent(id, (agent) => agent.release(proc));
   }
 
   /** Runs a command to completion and collects its output. */
@@ -341,8 +464,7 @@ export class Edge {
 
   /** Running and recently exited processes of a sandbox. */
   async processes(id: string): Promise<ProcessInfo[]> {
-    const agent = await this.agent(id);
-    const list = await agent.list();
+    const list = await this.withAgent(id, (agent) => agent.list());
     const out: ProcessInfo[] = [];
     for (const p of list) {
       const info: ProcessInfo = { id: p.proc, pid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
@@ -356,86 +478,93 @@ export class Edge {
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends.
-    const e = this.entry(id);
-    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
-    const agent = await e.backend.connectAgent(id);
+    const e = await this.settled(id);
+    if (e.state !== 'running') throw notRunning(id, e.state);
+    // Held like any agent call until the attachment is made (a pause waits for it); the
+    // attachment itself then outlives pauses, seeing no output while the sandbox is frozen.
+    e.busy++;
+    let agent: SandboxAgent | undefined;
     try {
+      agent = await e.backend.connectAgent(id);
       const att = await agent.attach(proc, from);
+      const conn = agent;
       void att.exited.then(
-        () => agent.close(),
-        () => agent.close(),
+        () => conn.close(),
+        () => conn.close(),
       );
-      att.onDetach(() => agent.close());
+      att.onDetach(() => conn.close());
       return att;
     } catch (err) {
-      agent.close();
+      agent?.close();
       throw err;
+    } finally {
+      if (--e.busy === 0) e.onIdle?.();
     }
   }
 
   /** Writes to a running process's stdin (and closes it after when `eof`). */
   async writeStdin(id: string, proc: number, data: Uint8Array | string, eof = false): Promise<void> {
-    await (await this.agent(id)).writeStdin(proc, data, eof);
+    await this.withAgent(id, (agent) => agent.writeStdin(proc, data, eof));
   }
 
   /** Sends a signal to a process's group. */
   async signal(id: string, proc: number, sig: string | number): Promise<void> {
-    await (await this.agent(id)).signal(proc, sig, true);
+    await this.withAgent(id, (agent) => agent.signal(proc, sig, true));
   }
 
   /** Resizes a process's terminal. */
   async resize(id: string, proc: number, rows: number, cols: number): Promise<void> {
-    await (await this.agent(id)).resize(proc, rows, cols);
+    await this.withAgent(id, (agent) => agent.resize(proc, rows, cols));
   }
 
   /** Reads a file (or a byte range of it). */
   async readFile(id: string, file: string, opts: { offset?: number; length?: number } = {}): Promise<Buffer> {
     checkPath(file);
-    return (await this.agent(id)).readFile(file, { ...opts, maxBytes: MAX_FILE_READ_BYTES });
+    return this.withAgent(id, (agent) => agent.readFile(file, { ...opts, maxBytes: MAX_FILE_READ_BYTES }));
   }
 
   /** Writes a whole file. */
   async writeFile(id: string, file: string, data: Uint8Array | string, opts: { mode?: number; append?: boolean } = {}): Promise<void> {
     checkPath(file);
-    await (await this.agent(id)).writeFile(file, data, opts);
+    await this.withAgent(id, (agent) => agent.writeFile(file, data, opts));
   }
 
   /** Lists a directory. */
   async listDir(id: string, dir: string): Promise<FileStat[]> {
     checkPath(dir);
-    return (await this.agent(id)).listDir(dir);
+    return this.withAgent(id, (agent) => agent.listDir(dir));
   }
 
   /** Metadata of a path. */
   async stat(id: string, file: string): Promise<FileStat> {
     checkPath(file);
-    return (await this.agent(id)).stat(file, { followSymlinks: false });
+    return this.withAgent(id, (agent) => agent.stat(file, { followSymlinks: false }));
   }
 
   /** `mkdir -p`. */
   async mkdir(id: string, dir: string): Promise<void> {
     checkPath(dir);
-    await (await this.agent(id)).mkdir(dir, { parents: true });
+    await this.withAgent(id, (agent) => agent.mkdir(dir, { parents: true }));
   }
 
   /** Removes a file or a directory tree. */
   async remove(id: string, file: string, opts: { recursive?: boolean } = {}): Promise<void> {
     checkPath(file);
-    await (await this.agent(id)).remove(file, opts);
+    await this.withAgent(id, (agent) => agent.remove(file, opts));
   }
 
   /** Renames a path. */
   async rename(id: string, from: string, to: string): Promise<void> {
     checkPath(from);
     checkPath(to);
-    await (await this.agent(id)).rename(from, to);
+    await this.withAgent(id, (agent) => agent.rename(from, to));
   }
 
   /** Creates a symbolic link in a sandbox. */
   async symlink(id: string, link: string, target: string): Promise<void> {
     checkPath(link);
     if (target.length === 0 || target.length > 4096 || target.includes('\0')) throw invalidArgument('target', 'must be 1-4096 bytes without NUL');
-    await (await this.agent(id)).symlink(link, target);
+    await this.withAgent(id, (agent) => agent.symlink(link, target));
   }
 
   /**
@@ -459,6 +588,8 @@ export class Edge {
   destroy(id: string): Promise<void> {
     const e = this.entry(id);
     e.destroying ??= (async () => {
+      // A pause or resume under way finishes first (the runtime kills frozen processes too).
+      await e.transition?.catch(() => undefined);
       e.state = 'stopped';
       try {
         await e.backend.destroy(id);
@@ -489,7 +620,33 @@ export class Edge {
     await this.layers.close();
     await this.cgroups.removeParent();
     await this.runtimeNs.destroy();
+    await this.swap?.disable();
   }
+}
+
+function notRunning(id: string, state: SandboxState): DsecError {
+  const hint = state === 'paused' ? ' (resume it first)' : '';
+  return new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${state}${hint}`, { sandboxId: id, state });
+}
+
+function mib(bytes: number): string {
+  return (bytes / 1048576).toFixed(1);
+}
+
+/** Waits until no agent call is under way in a sandbox (CONFLICT after PAUSE_DRAIN_TIMEOUT_MS). */
+async function drain(e: Entry, id: string): Promise<void> {
+  if (e.busy === 0) return;
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      delete e.onIdle;
+      reject(new DsecError('CONFLICT', `sandbox ${id}: agent calls still under way after ${PAUSE_DRAIN_TIMEOUT_MS} ms; retry the pause`, { sandboxId: id, retryAfterMs: 1000 }));
+    }, PAUSE_DRAIN_TIMEOUT_MS);
+    e.onIdle = () => {
+      clearTimeout(timer);
+      delete e.onIdle;
+      resolve();
+    };
+  });
 }
 
 /** Longest node name: sandbox ids are `<node>-<16 hex>` and must stay short (crun ids, socket paths). */

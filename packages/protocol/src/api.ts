@@ -23,6 +23,56 @@ export const DEFAULT_SANDBOX_TIMEOUT_MS = 3_600_000;
 /** Longest lifetime a create request may ask for. */
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 86_400_000;
 
+// ---- leases and owners (docs/architecture.md, Lifecycle) ----
+
+/** Idle time (no API activity) after which a sandbox's `onIdle` action is taken. */
+export const DEFAULT_IDLE_TIMEOUT_MS = 600_000;
+/** How long an owner may go without a heartbeat before it is lost. */
+export const DEFAULT_OWNER_GRACE_MS = 60_000;
+/** Shortest and longest owner grace period. */
+export const MIN_OWNER_GRACE_MS = 1000;
+export const MAX_OWNER_GRACE_MS = 86_400_000;
+/** Longest heartbeat interval an owner is told to keep (a third of its grace, at most this). */
+export const MAX_HEARTBEAT_INTERVAL_MS = 10_000;
+
+/** What happens when a lease runs out: the sandbox is frozen (kept) or destroyed. */
+export const LeaseActionSchema = z.enum(['pause', 'kill']);
+export type LeaseAction = z.infer<typeof LeaseActionSchema>;
+
+/**
+ * A sandbox's lease: how long it may live and what happens when it is idle or its owner goes
+ * away. Every field is optional at create (defaults below) and may be changed later (PATCH).
+ */
+export const LeaseSchema = z.strictObject({
+  /** No API activity (exec, files, processes, output) for this long triggers `onIdle`; 0: never. Default {@link DEFAULT_IDLE_TIMEOUT_MS}. */
+  idleTimeoutMs: z.number().int().min(0).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /** Lifetime from creation; the sandbox is destroyed when it elapses. Default {@link DEFAULT_SANDBOX_TIMEOUT_MS}. */
+  maxLifetimeMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /** What the idle timeout does. Default `pause`. */
+  onIdle: LeaseActionSchema.optional(),
+  /** Time without an owner heartbeat before `onOwnerLost`; default the owner's `graceMs`. */
+  ownerGraceMs: z.number().int().min(0).max(MAX_OWNER_GRACE_MS).optional(),
+  /** What losing (or closing) the owner does. Default `pause`. */
+  onOwnerLost: LeaseActionSchema.optional(),
+  /** A request to a paused sandbox resumes it first (else 409 SANDBOX_NOT_RUNNING). Default true. */
+  autoResume: z.boolean().optional(),
+});
+export type Lease = z.infer<typeof LeaseSchema>;
+
+/** A lease as granted: defaults filled in (`ownerGraceMs` null: the owner's). */
+export const GrantedLeaseSchema = z.object({
+  idleTimeoutMs: z.number(),
+  maxLifetimeMs: z.number(),
+  onIdle: LeaseActionSchema,
+  ownerGraceMs: z.number().nullable(),
+  onOwnerLost: LeaseActionSchema,
+  autoResume: z.boolean(),
+});
+export type GrantedLease = z.infer<typeof GrantedLeaseSchema>;
+
+/** An owner id (`own_<hex>`). */
+export const OwnerIdSchema = z.string().regex(/^own_[0-9a-f]{1,64}$/, 'not an owner id');
+
 /** POST /v1/sandboxes */
 export const CreateSandboxRequestSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
@@ -30,8 +80,11 @@ export const CreateSandboxRequestSchema = z.strictObject({
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
-  /** Lifetime in ms from creation; the sandbox is destroyed when it elapses. */
+  /** Lifetime in ms from creation (the same as `lease.maxLifetimeMs`; give at most one). */
   timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  lease: LeaseSchema.optional(),
+  /** The owner session whose heartbeats keep this sandbox running. */
+  owner: OwnerIdSchema.optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequestSchema>;
 
@@ -60,8 +113,67 @@ export const SandboxSchema = z.object({
   envKeys: z.array(z.string()),
   createdAt: z.string(),
   expiresAt: z.string(),
+  lease: GrantedLeaseSchema,
+  /** The owner session, or null. */
+  owner: z.string().nullable(),
+  /** Last API activity (recorded to within about a second). */
+  lastActiveAt: z.string(),
+  /** When it was paused, and why (`api`, `idle`, `owner-lost`); null while running. */
+  pausedAt: z.string().nullable(),
+  pauseReason: z.string().nullable(),
 });
 export type Sandbox = z.infer<typeof SandboxSchema>;
+
+/** PATCH /v1/sandboxes/{id}: change the lease, or hand the sandbox to another owner (null: none). */
+export const UpdateSandboxRequestSchema = z.strictObject({
+  lease: LeaseSchema.optional(),
+  owner: OwnerIdSchema.nullable().optional(),
+});
+export type UpdateSandboxRequest = z.infer<typeof UpdateSandboxRequestSchema>;
+
+/** POST /v1/sandboxes/{id}/resume */
+export const ResumeRequestSchema = z.strictObject({
+  /** Read swapped-out process memory back in before answering. Default true. */
+  prefetch: z.boolean().optional(),
+});
+
+/** 200 reply of POST /v1/sandboxes/{id}/pause and /resume. */
+export const PauseResultSchema = z.object({
+  sandbox: SandboxSchema,
+  /** Time the node took (freeze and reclaim, or thaw and prefetch). */
+  durationMs: z.number(),
+  /** The sandbox's memory (its cgroup's usage) before and after. */
+  memoryBeforeBytes: z.number(),
+  memoryAfterBytes: z.number(),
+  /** Memory of the sandbox held in swap afterwards (0 without swap). */
+  swapBytes: z.number(),
+});
+export type PauseResult = z.infer<typeof PauseResultSchema>;
+
+/** POST /v1/owners: an owner session (a trainer, a job) that keeps its sandboxes by heartbeating. */
+export const CreateOwnerRequestSchema = z.strictObject({
+  name: z.string().min(1).max(128).optional(),
+  /** Time without a heartbeat before the owner is lost. Default {@link DEFAULT_OWNER_GRACE_MS}. */
+  graceMs: z.number().int().min(MIN_OWNER_GRACE_MS).max(MAX_OWNER_GRACE_MS).optional(),
+});
+export type CreateOwnerRequest = z.infer<typeof CreateOwnerRequestSchema>;
+
+/** An owner session. */
+export const OwnerSchema = z.object({
+  id: z.string(),
+  project: z.string(),
+  name: z.string().nullable(),
+  /** `active` while heartbeating; `lost` past its grace; `closed` after DELETE. */
+  state: z.enum(['active', 'lost', 'closed']),
+  graceMs: z.number(),
+  /** How often to heartbeat. */
+  heartbeatIntervalMs: z.number(),
+  createdAt: z.string(),
+  heartbeatAt: z.string(),
+  /** Sandboxes it owns now. */
+  sandboxes: z.number(),
+});
+export type Owner = z.infer<typeof OwnerSchema>;
 
 /** GET /v1/sandboxes query. `label` repeats as `key=value`. */
 export const ListSandboxesQuerySchema = z.strictObject({

@@ -1,10 +1,13 @@
-// Reads a sandbox's resource use from its cgroups. crun creates and removes the cgroups; edge
-// only reads them (and checks that none are left behind). Works with cgroup v1 (including this
-// machine's hybrid layout) and v2.
+// Reads a sandbox's resource use from its cgroups, and freezes, reclaims and thaws them for
+// pause and resume. crun creates and removes the cgroups; edge reads them, changes only the
+// freezer and (while paused) the memory controller's reclaim settings, and checks that none are
+// left behind. Works with cgroup v1 (including this machine's hybrid layout) and v2.
 import { readFileSync } from 'node:fs';
-import { readFile, readdir, rmdir, stat } from 'node:fs/promises';
+import { readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { DsecError } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
+import { closeFd, MADV_WILLNEED, pidfdOpen, processMadvise } from '../sys/linux.js';
 
 /** The cgroup layout of the host. */
 export type CgroupMode = 'v1' | 'hybrid' | 'v2';
@@ -51,6 +54,54 @@ async function readKeyed(file: string): Promise<Map<string, number>> {
 
 /** Resource counters of one cgroup (a sandbox's stats less its disk). */
 export type CgroupStats = Omit<SandboxStats, 'diskUsedBytes' | 'diskLimitBytes'>;
+
+/** Longest wait for a sandbox's processes to freeze. */
+export const FREEZE_TIMEOUT_MS = 5000;
+/**
+ * memory.swappiness of a paused sandbox (v1): its anonymous and tmpfs pages may go to swap.
+ * Running sandboxes are created with 0 (limit reclaim drops page cache, never swaps).
+ */
+export const PAUSED_SWAPPINESS = 100;
+
+/** Memory settings a pause changed, to be put back on resume. */
+export interface MemorySettings {
+  /** v1: memory.swappiness before the pause. */
+  swappiness?: number;
+  /** v2: memory.swap.max before the pause. */
+  swapMax?: string;
+}
+
+/** What reclaiming a frozen sandbox's memory did. */
+export interface ReclaimResult {
+  beforeBytes: number;
+  afterBytes: number;
+  /** The sandbox's pages in swap afterwards. */
+  swapBytes: number;
+  /** What to put back on resume. */
+  restore: MemorySettings;
+}
+
+/** What a prefetch after resume did. */
+export interface PrefetchResult {
+  processes: number;
+  /** Bytes of address space advised (MADV_WILLNEED), not bytes read. */
+  advisedBytes: number;
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Address ranges of a process worth reading back in: everything but the kernel's own pages. */
+async function prefetchRanges(pid: number): Promise<Array<[bigint, bigint]>> {
+  const maps = await readFile(`/proc/${pid}/maps`, 'utf8').catch(() => '');
+  const out: Array<[bigint, bigint]> = [];
+  for (const line of maps.split('\n')) {
+    const m = /^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$/.exec(line);
+    if (!m || /^\[(vvar|vvar_vclock|vdso|vsyscall)\]$/.test(m[4] ?? '') || m[3]?.startsWith('---')) continue;
+    const start = BigInt(`0x${m[1]}`);
+    out.push([start, BigInt(`0x${m[2]}`) - start]);
+  }
+  return out;
+}
 
 /** Access to the cgroups of sandboxes under one parent (`/dsec` by default). */
 export class Cgroups {
@@ -112,6 +163,127 @@ export class Cgroups {
     } catch {
       return 0;
     }
+  }
+
+  private async usage(id: string): Promise<{ usageBytes: number; swapBytes: number }> {
+    if (this.mode === 'v2') {
+      const d = this.dir('', id);
+      return { usageBytes: await readNum(path.join(d, 'memory.current')), swapBytes: await readNum(path.join(d, 'memory.swap.current')) };
+    }
+    const d = this.dir('memory', id);
+    return { usageBytes: await readNum(path.join(d, 'memory.usage_in_bytes')), swapBytes: (await readKeyed(path.join(d, 'memory.stat'))).get('swap') ?? 0 };
+  }
+
+  /** Memory (cgroup usage) and swap of a sandbox. */
+  async memory(id: string): Promise<{ usageBytes: number; swapBytes: number }> {
+    return this.usage(id);
+  }
+
+  /** True when a sandbox's processes are frozen. */
+  async frozen(id: string): Promise<boolean> {
+    if (this.mode === 'v2') return (await readKeyed(path.join(this.dir('', id), 'cgroup.events'))).get('frozen') === 1;
+    return (await readFile(path.join(this.dir('freezer', id), 'freezer.state'), 'utf8').catch(() => '')).trim() === 'FROZEN';
+  }
+
+  /**
+   * Freezes every process of a sandbox (v1 freezer, v2 cgroup.freeze) and waits until the
+   * kernel reports them frozen. A sandbox that does not freeze in time is thawed again and
+   * the call fails: it is never left half-frozen.
+   */
+  async freeze(id: string, timeoutMs = FREEZE_TIMEOUT_MS): Promise<void> {
+    await this.writeFreezer(id, true);
+    const deadline = Date.now() + timeoutMs;
+    for (let wait = 1; !(await this.frozen(id)); wait = Math.min(wait * 2, 20)) {
+      if (Date.now() >= deadline) {
+        await this.writeFreezer(id, false).catch(() => undefined);
+        throw new DsecError('TIMEOUT', `sandbox ${id}: its processes did not freeze within ${timeoutMs} ms`, { sandboxId: id });
+      }
+      await sleep(wait);
+    }
+  }
+
+  /** Thaws a sandbox's processes. */
+  async thaw(id: string): Promise<void> {
+    await this.writeFreezer(id, false);
+  }
+
+  private async writeFreezer(id: string, frozen: boolean): Promise<void> {
+    const file = this.mode === 'v2' ? path.join(this.dir('', id), 'cgroup.freeze') : path.join(this.dir('freezer', id), 'freezer.state');
+    const value = this.mode === 'v2' ? (frozen ? '1' : '0') : frozen ? 'FROZEN' : 'THAWED';
+    await writeFile(file, value).catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no cgroup`, { sandboxId: id });
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: ${frozen ? 'freeze' : 'thaw'}: ${err.message}`, { sandboxId: id });
+    });
+  }
+
+  /**
+   * Makes a frozen sandbox's memory reclaimable and reclaims it: page cache is dropped, and
+   * where the node has swap, anonymous and tmpfs pages are swapped out. cgroup v1 has no
+   * memory.reclaim: `memory.force_empty` reclaims a cgroup that still has tasks (with the
+   * cgroup's swappiness raised first); v2 writes the usage to `memory.reclaim` with
+   * `memory.swap.max` lifted. Reclaim is best effort; whatever it could not free stays.
+   */
+  async reclaim(id: string): Promise<ReclaimResult> {
+    const before = await this.usage(id);
+    const restore: MemorySettings = {};
+    if (this.mode === 'v2') {
+      const d = this.dir('', id);
+      const swapMax = (await readFile(path.join(d, 'memory.swap.max'), 'utf8').catch(() => '')).trim();
+      if (swapMax && swapMax !== 'max') {
+        restore.swapMax = swapMax;
+        await writeFile(path.join(d, 'memory.swap.max'), 'max').catch(() => undefined);
+      }
+      // EAGAIN when less than asked could be reclaimed: the rest is simply not reclaimable.
+      await writeFile(path.join(d, 'memory.reclaim'), String(before.usageBytes)).catch(() => undefined);
+    } else {
+      const d = this.dir('memory', id);
+      const swappiness = await readNum(path.join(d, 'memory.swappiness'));
+      if (swappiness !== PAUSED_SWAPPINESS) {
+        restore.swappiness = swappiness;
+        await writeFile(path.join(d, 'memory.swappiness'), String(PAUSED_SWAPPINESS)).catch(() => undefined);
+      }
+      await writeFile(path.join(d, 'memory.force_empty'), '0').catch(() => undefined);
+    }
+    const after = await this.usage(id);
+    return { beforeBytes: before.usageBytes, afterBytes: after.usageBytes, swapBytes: after.swapBytes, restore };
+  }
+
+  /** Puts back the memory settings a pause changed. */
+  async restoreMemory(id: string, s: MemorySettings): Promise<void> {
+    if (this.mode === 'v2') {
+      if (s.swapMax !== undefined) await writeFile(path.join(this.dir('', id), 'memory.swap.max'), s.swapMax).catch(() => undefined);
+    } else if (s.swappiness !== undefined) {
+      await writeFile(path.join(this.dir('memory', id), 'memory.swappiness'), String(s.swappiness)).catch(() => undefined);
+    }
+  }
+
+  /** Processes in a sandbox's cgroup. */
+  async pids(id: string): Promise<number[]> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('memory', id), 'cgroup.procs');
+    const text = await readFile(file, 'utf8').catch(() => '');
+    return text.split('\n').filter(Boolean).map(Number);
+  }
+
+  /**
+   * Reads a resumed sandbox's swapped-out process memory back in (MADV_WILLNEED on each of its
+   * processes' mappings through process_madvise(2)), so that its first steps do not fault page
+   * by page. Does nothing when none of it is in swap. tmpfs files come back on first access.
+   */
+  async prefetch(id: string): Promise<PrefetchResult> {
+    if ((await this.usage(id)).swapBytes === 0) return { processes: 0, advisedBytes: 0 };
+    let processes = 0;
+    let advised = 0n;
+    for (const pid of await this.pids(id)) {
+      const fd = pidfdOpen(pid);
+      if (fd === undefined) continue;
+      try {
+        advised += processMadvise(fd, await prefetchRanges(pid), MADV_WILLNEED);
+        processes++;
+      } finally {
+        closeFd(fd);
+      }
+    }
+    return { processes, advisedBytes: Number(advised) };
   }
 
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */

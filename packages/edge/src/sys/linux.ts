@@ -27,6 +27,8 @@ const c = {
   mknod: libc.func('int mknod(const char *path, uint32_t mode, uint64_t dev)'),
   lsetxattr: libc.func('int lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags)'),
   lgetxattr: libc.func('intptr_t lgetxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
+  pidfdOpen: libc.func('int pidfd_open(int pid, unsigned int flags)'),
+  processMadvise: libc.func('intptr_t process_madvise(int pidfd, const void *iovec, size_t vlen, int advice, unsigned int flags)'),
 };
 
 /** mount(2) flags used by dsec. */
@@ -48,6 +50,7 @@ export const MNT = { FORCE: 1, DETACH: 2 } as const;
 const ERRNO_NAMES: Record<number, string> = {
   1: 'EPERM', 2: 'ENOENT', 5: 'EIO', 13: 'EACCES', 16: 'EBUSY', 17: 'EEXIST', 20: 'ENOTDIR',
   22: 'EINVAL', 28: 'ENOSPC', 36: 'ENAMETOOLONG', 98: 'EADDRINUSE', 19: 'ENODEV', 61: 'ENODATA',
+  3: 'ESRCH', 12: 'ENOMEM', 38: 'ENOSYS',
 };
 
 /** An error from a failed system call, carrying its errno name. */
@@ -148,4 +151,50 @@ export function lgetxattr(path: string, name: string): string | null {
     throw new SyscallError('lgetxattr', koffi.errno(), path);
   }
   return buf.subarray(0, n).toString();
+}
+
+/** madvise(2) advice that reads pages back in (swap-in for anonymous memory, readahead for files). */
+export const MADV_WILLNEED = 3;
+/** Most address ranges one process_madvise(2) call takes (UIO_MAXIOV). */
+const MAX_IOVECS = 1024;
+
+/** Opens a pidfd for `pid`; undefined when the process is gone. */
+export function pidfdOpen(pid: number): number | undefined {
+  const fd = c.pidfdOpen(pid, 0);
+  if (fd >= 0) return fd;
+  const errno = koffi.errno();
+  if (errno === 3) return undefined;
+  throw new SyscallError('pidfd_open', errno, String(pid));
+}
+
+/**
+ * Gives `advice` for address ranges of another process (process_madvise(2), Linux 5.10+).
+ * Ranges the kernel refuses (device mappings) are skipped; returns the bytes advised.
+ */
+export function processMadvise(pidfd: number, ranges: ReadonlyArray<readonly [start: bigint, length: bigint]>, advice: number): bigint {
+  let advised = 0n;
+  for (let i = 0; i < ranges.length; i += MAX_IOVECS) {
+    const batch = ranges.slice(i, i + MAX_IOVECS);
+    const iov = Buffer.alloc(16 * batch.length);
+    batch.forEach(([start, length], j) => {
+      iov.writeBigUInt64LE(start, 16 * j);
+      iov.writeBigUInt64LE(length, 16 * j + 8);
+    });
+    const n = Number(c.processMadvise(pidfd, iov, batch.length, advice, 0));
+    if (n >= 0) {
+      advised += BigInt(n);
+      continue;
+    }
+    const errno = koffi.errno();
+    if (errno === 3 || errno === 38) return advised;
+    // One refused range fails the whole call: go range by range.
+    for (const [start, length] of batch) {
+      const one = Buffer.alloc(16);
+      one.writeBigUInt64LE(start, 0);
+      one.writeBigUInt64LE(length, 8);
+      const m = Number(c.processMadvise(pidfd, one, 1, advice, 0));
+      if (m > 0) advised += BigInt(m);
+    }
+  }
+  return advised;
 }

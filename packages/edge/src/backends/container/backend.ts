@@ -5,9 +5,9 @@ import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
-import type { Cgroups } from '../../host/cgroups.js';
+import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
 import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import { Crun } from './crun.js';
@@ -58,6 +58,8 @@ interface Paths {
   socket: string;
   record: string;
   log: string;
+  /** Present while the sandbox is paused: the memory settings to put back on resume. */
+  paused: string;
 }
 
 /** Container sandboxes: crun + overlayfs over shared EROFS layer mounts + chronus. */
@@ -84,6 +86,7 @@ export class ContainerBackend implements Backend {
       socket: path.join(dir, 'agent.sock'),
       record: path.join(dir, 'sandbox.json'),
       log: path.join(dir, 'runtime.log'),
+      paused: path.join(dir, 'paused.json'),
     };
   }
 
@@ -131,6 +134,7 @@ export class ContainerBackend implements Backend {
         cgroupsPath: this.o.cgroups.pathFor(req.id),
         outputCapBytes: this.o.outputCapBytes ?? DEFAULT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
+        ...(this.o.cgroups.mode !== 'v2' ? { swappiness: 0 } : {}),
       });
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
       const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString() };
@@ -190,7 +194,8 @@ export class ContainerBackend implements Backend {
         continue;
       }
       const status = await this.crun.status(id);
-      if (status !== 'running') {
+      if (status === 'paused') record.paused = true;
+      else if (status !== 'running') {
         // Its processes are gone (the node rebooted or PID 1 died): the sandbox is lost.
         await this.teardown(id, []);
         continue;
@@ -267,6 +272,33 @@ export class ContainerBackend implements Backend {
   /** Host path of a sandbox's upper directory (its changes over the layers, with whiteouts). */
   upperDir(id: string): string {
     return this.paths(id).upper;
+  }
+
+  /** Freezes the container (cgroup freezer), then reclaims its memory (see Cgroups.reclaim). */
+  async pause(id: string): Promise<BackendPauseResult> {
+    const p = this.paths(id);
+    await this.o.cgroups.freeze(id);
+    try {
+      const r = await this.o.cgroups.reclaim(id);
+      await writeJsonAtomic(p.paused, r.restore);
+      return { memoryBeforeBytes: r.beforeBytes, memoryAfterBytes: r.afterBytes, swapBytes: r.swapBytes };
+    } catch (err) {
+      await this.o.cgroups.thaw(id).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Puts the memory settings back, thaws, and prefetches swapped-out process memory. */
+  async resume(id: string, opts: { prefetch?: boolean } = {}): Promise<BackendResumeResult> {
+    const p = this.paths(id);
+    const before = await this.o.cgroups.memory(id);
+    const settings = await readFile(p.paused, 'utf8').then((t) => JSON.parse(t) as MemorySettings, () => ({}) as MemorySettings);
+    await this.o.cgroups.restoreMemory(id, settings);
+    await this.o.cgroups.thaw(id);
+    await rm(p.paused, { force: true });
+    if (opts.prefetch !== false) await this.o.cgroups.prefetch(id);
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
 
   async stats(id: string): Promise<SandboxStats> {

@@ -36,6 +36,11 @@ export interface OciConfigOptions {
   outputCapBytes: number;
   /** Hard RLIMIT_NOFILE of the host: a sandbox may not ask for more. */
   hostNofileHard: number;
+  /**
+   * memory.swappiness of the sandbox's cgroup (cgroup v1 only; omit on v2). 0 keeps a running
+   * sandbox out of swap when it reaches its own limit; a pause raises it.
+   */
+  swappiness?: number;
 }
 
 /** Builds the OCI config.json object for one sandbox. */
@@ -83,7 +88,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
       cgroupsPath: o.cgroupsPath,
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
-        memory: { limit: memoryBytes, swap: memoryBytes },
+        memory: { limit: memoryBytes, swap: memoryBytes, ...(o.swappiness !== undefined ? { swappiness: o.swappiness } : {}) },
         cpu: { shares: bestEffort ? 2 : Math.max(2, Math.round(1024 * cpu)), quota: Math.round(cpu * CPU_PERIOD_US), period: CPU_PERIOD_US },
         pids: { limit: r.pids ?? DEFAULT_PIDS },
       },
