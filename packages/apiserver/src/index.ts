@@ -12,3 +12,5 @@ export { NodeRegistry } from './nodes.js';
 export type { EdgeClient, NodeEntry } from './nodes.js';
 export { Metrics } from './metrics.js';
 export { openApiDocument } from './openapi.js';
+export { ActivityTracker, ACTIVITY_FLUSH_INTERVAL_MS, grantLease, heartbeatIntervalMs, leaseOf, mergeLease } from './leases.js';
+export type { ActivityStore, PauseReason } from './leases.js';

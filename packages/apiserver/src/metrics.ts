@@ -45,6 +45,8 @@ export class Metrics {
       out.push('# TYPE dsec_sandbox_create_failures_total counter', `dsec_sandbox_create_failures_total ${c.sandboxCreateFailures}`);
       out.push('# TYPE dsec_sandboxes_destroyed_total counter', `dsec_sandboxes_destroyed_total ${c.sandboxesDestroyed}`);
       out.push('# TYPE dsec_sandboxes_expired_total counter', `dsec_sandboxes_expired_total ${c.sandboxesExpired}`);
+      out.push('# TYPE dsec_sandboxes_paused_total counter', `dsec_sandboxes_paused_total ${c.sandboxesPaused}`);
+      out.push('# TYPE dsec_sandboxes_resumed_total counter', `dsec_sandboxes_resumed_total ${c.sandboxesResumed}`);
       out.push('# HELP dsec_node_sandboxes Sandboxes allocated per node.', '# TYPE dsec_node_sandboxes gauge');
       for (const n of this.cp.nodes.all()) {
         out.push(`dsec_node_sandboxes{node="${n.name}"} ${n.allocated.sandboxes}`);

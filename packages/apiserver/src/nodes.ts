@@ -31,6 +31,8 @@ export type EdgeClient = Pick<
   | 'rename'
   | 'symlink'
   | 'stats'
+  | 'pause'
+  | 'resume'
   | 'layers'
   | 'calls'
 >;
@@ -76,6 +78,15 @@ export class NodeRegistry {
     n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
     n.allocated.memoryMiB = Math.max(0, n.allocated.memoryMiB + sign * memoryMiB);
     n.allocated.sandboxes = Math.max(0, n.allocated.sandboxes + sign);
+  }
+
+  /**
+   * Adds (or removes) CPU alone: a paused sandbox gives its CPU back to the node and keeps its
+   * memory and its place in the sandbox count.
+   */
+  chargeCpu(name: string, cpu: number, sign: 1 | -1): void {
+    const n = this.nodes.get(name);
+    if (n) n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
   }
 
   /** Marks a node healthy or not (the watcher's verdict). */

@@ -4,7 +4,7 @@ import * as api from '@dsec/protocol';
 
 type Schema = z.ZodType;
 interface Route {
-  method: 'get' | 'post' | 'put' | 'delete';
+  method: 'get' | 'post' | 'put' | 'patch' | 'delete';
   path: string;
   summary: string;
   body?: Schema | 'binary';
@@ -20,7 +20,14 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
   { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
+  { method: 'patch', path: '/v1/sandboxes/{id}', summary: 'Change the lease or the owner of a sandbox', body: api.UpdateSandboxRequestSchema, reply: api.SandboxSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/pause', summary: 'Pause a sandbox (freeze it, reclaim its memory)', reply: api.PauseResultSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/resume', summary: 'Resume a paused sandbox', body: api.ResumeRequestSchema, reply: api.PauseResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  { method: 'post', path: '/v1/owners', summary: 'Open an owner session', body: api.CreateOwnerRequestSchema, reply: api.OwnerSchema, status: 201 },
+  { method: 'get', path: '/v1/owners/{id}', summary: 'Get an owner session', reply: api.OwnerSchema },
+  { method: 'post', path: '/v1/owners/{id}/heartbeat', summary: 'Keep an owner session alive', reply: api.OwnerSchema },
+  { method: 'delete', path: '/v1/owners/{id}', summary: 'Close an owner session (its sandboxes get their onOwnerLost action)', status: 204 },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },

@@ -15,6 +15,7 @@ import { ControlPlane } from './control-plane.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
+import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
 import { Metrics } from './metrics.js';
 import { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
@@ -41,6 +42,11 @@ export interface PlatformOptions {
   placement?: PlacementOptions;
   /** Interval of the watcher's passes. */
   watchIntervalMs?: number;
+  /**
+   * Size in MiB of a zram swap device for paused sandboxes' memory (EdgeOptions.zramSwapMiB).
+   * Default `$DSEC_ZRAM_SWAP_MIB`, else none.
+   */
+  zramSwapMiB?: number;
 }
 
 /** A running platform. */
@@ -77,7 +83,9 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
   await mkdir(home, { recursive: true, mode: 0o700 });
 
-  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary() });
+  const zramEnv = process.env.DSEC_ZRAM_SWAP_MIB;
+  const zramSwapMiB = opts.zramSwapMiB ?? (zramEnv ? Number(zramEnv) : undefined);
+  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}) });
   const sqlite = new Database(path.join(home, 'dsec.db'));
   const store = await StateStore.openSqlite(sqlite);
   const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];
@@ -87,6 +95,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     nodes.add(edge);
     const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement));
     await cp.loadAllocations();
+    // Lifecycle events of the control plane join the node's event stream (one place to subscribe).
+    cp.onEvent((ev) => edge.raise(ev));
 
     // The built-in base, built on first start (seconds) and public to every project.
     let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);
@@ -132,15 +142,22 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         expire: async (id) => {
           const row = await store.sandbox(id);
           if (!row) return;
-          await cp.destroyRow(row);
-          cp.counters.sandboxesExpired++;
+          await cp.expireRow(row);
         },
         markLost: (id) => store.setSandboxState(id, 'lost'),
+        leases: () => cp.enforceLeases(log),
       },
       { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}) },
     );
     watcher.start();
     closers.unshift(() => watcher.stop());
+    // API activity is recorded in memory and written about once a second (idle timeouts).
+    const flush = setInterval(() => void cp.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)), ACTIVITY_FLUSH_INTERVAL_MS);
+    flush.unref();
+    closers.unshift(async () => {
+      clearInterval(flush);
+      await cp.flushActivity().catch(() => undefined);
+    });
 
     let closed = false;
     const platform: Platform = {

@@ -1,5 +1,5 @@
-// The watcher: polls nodes for health, destroys sandboxes whose lifetime has elapsed, and
-// reconciles the control plane's records with what the nodes actually run (orphans on a node
+// The watcher: polls nodes for health, destroys sandboxes whose lifetime has elapsed, enforces
+// leases (idle timeouts, lost owners), and reconciles the control plane's records with what the nodes actually run (orphans on a node
 // are destroyed; records whose sandbox vanished are marked lost).
 
 /** Default interval between two passes. */
@@ -29,6 +29,8 @@ export interface WatcherTarget {
   setNodeHealthy(name: string, healthy: boolean): void;
   expire(id: string): Promise<void>;
   markLost(id: string): Promise<void>;
+  /** Enforces idle timeouts and owner leases (pauses or kills); called once per pass. */
+  leases?(): Promise<void>;
 }
 
 /** Options of {@link Watcher}. */
@@ -76,6 +78,7 @@ export class Watcher {
           await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
         }
       }
+      await this.target.leases?.().catch((err: unknown) => log(`watcher: lease pass failed: ${(err as Error).message}`));
       for (const node of this.target.nodes()) await this.reconcile(node, log);
     } catch (err) {
       log(`watcher: pass failed: ${(err as Error).message}`);
@@ -104,7 +107,8 @@ export class Watcher {
     }
     const now = Date.now();
     for (const s of records) {
-      if (s.state !== 'running' || running.has(s.id)) {
+      // Paused sandboxes are on their node too (frozen); one that vanished is lost as well.
+      if ((s.state !== 'running' && s.state !== 'paused') || running.has(s.id)) {
         this.missingSince.delete(s.id);
         continue;
       }

@@ -71,6 +71,28 @@ const migrations: Record<string, Migration> = {
       await db.schema.createIndex('layers_digest').on('layers').column('digest').execute();
     },
   },
+  '0002_lifecycle': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      await db.schema
+        .createTable('owners')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('name', 'text')
+        .addColumn('grace_ms', 'integer', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('heartbeat_at', 'text', (c) => c.notNull())
+        .addColumn('closed_at', 'text')
+        .execute();
+      await db.schema.createIndex('owners_state').on('owners').column('state').execute();
+      // One column per statement: SQLite adds one at a time.
+      for (const column of ['owner_id', 'lease', 'last_active_at', 'paused_at', 'pause_reason']) {
+        await db.schema.alterTable('sandboxes').addColumn(column, 'text').execute();
+      }
+      await db.schema.createIndex('sandboxes_owner').on('sandboxes').column('owner_id').execute();
+      await db.schema.createIndex('sandboxes_state').on('sandboxes').column('state').execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

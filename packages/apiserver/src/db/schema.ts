@@ -38,6 +38,30 @@ export interface SandboxTable {
   memory_mib: number;
   created_at: string;
   expires_at: string;
+  // Lifecycle columns (migration 0002_lifecycle); optional so that rows can be written
+  // without them (they default to NULL).
+  /** Owner session (owners.id), or null. */
+  owner_id?: string | null | undefined;
+  /** The granted lease (GrantedLease) as JSON; null for rows made before leases: the defaults. */
+  lease?: string | null | undefined;
+  /** Last API activity, written about once a second from memory. */
+  last_active_at?: string | null | undefined;
+  /** When and why the sandbox was paused; null while it runs. */
+  paused_at?: string | null | undefined;
+  pause_reason?: string | null | undefined;
+}
+
+/** An owner session: a client that keeps its sandboxes by heartbeating. */
+export interface OwnerTable {
+  id: string;
+  project_id: string;
+  name: string | null;
+  grace_ms: number;
+  /** `active`, `lost` (no heartbeat within the grace) or `closed` (DELETE). */
+  state: string;
+  created_at: string;
+  heartbeat_at: string;
+  closed_at: string | null;
 }
 
 export interface SandboxLabelTable {
@@ -64,4 +88,5 @@ export interface Database {
   sandboxes: SandboxTable;
   sandbox_labels: SandboxLabelTable;
   layers: LayerTable;
+  owners: OwnerTable;
 }

@@ -5,7 +5,7 @@ import { Kysely, Migrator, SqliteDialect } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
-import type { ApiKeyTable, Database, LayerTable, ProjectTable, SandboxTable } from './schema.js';
+import type { ApiKeyTable, Database, LayerTable, OwnerTable, ProjectTable, SandboxTable } from './schema.js';
 import { migrationProvider } from './migrations.js';
 
 /** The id of the root project every tree hangs from. */
@@ -213,10 +213,78 @@ export class StateStore {
     });
   }
 
-  /** Moves a sandbox to `to` only if it is in one of `from`; true when it moved. */
-  async transitionSandbox(id: string, from: string[], to: string): Promise<boolean> {
-    const res = await this.db.updateTable('sandboxes').set({ state: to }).where('id', '=', id).where('state', 'in', from).executeTakeFirst();
+  /** Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it); true when it moved. */
+  async transitionSandbox(id: string, from: string[], to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
+    const res = await this.db.updateTable('sandboxes').set({ ...also, state: to }).where('id', '=', id).where('state', 'in', from).executeTakeFirst();
     return Number(res.numUpdatedRows) === 1;
+  }
+
+  /** Changes lifecycle fields of a sandbox (lease, owner, expiry). */
+  async updateSandbox(id: string, set: Partial<Pick<SandboxTable, 'lease' | 'owner_id' | 'expires_at'>>): Promise<void> {
+    if (Object.keys(set).length) await this.db.updateTable('sandboxes').set(set).where('id', '=', id).execute();
+  }
+
+  /** Records API activity of sandboxes (many at once: the activity tracker's flush). */
+  async touchSandboxes(ids: string[], at: string): Promise<void> {
+    for (let i = 0; i < ids.length; i += 500) {
+      await this.db.updateTable('sandboxes').set({ last_active_at: at }).where('id', 'in', ids.slice(i, i + 500)).execute();
+    }
+  }
+
+  /** Sandboxes in one of the given states. */
+  async sandboxesInStates(states: string[]): Promise<SandboxTable[]> {
+    return this.db.selectFrom('sandboxes').selectAll().where('state', 'in', states).execute();
+  }
+
+  /** Sandboxes of an owner. */
+  async sandboxesOfOwner(ownerId: string): Promise<SandboxTable[]> {
+    return this.db.selectFrom('sandboxes').selectAll().where('owner_id', '=', ownerId).execute();
+  }
+
+  // ---- owners ----
+
+  async insertOwner(row: OwnerTable): Promise<void> {
+    await this.db.insertInto('owners').values(row).execute();
+  }
+
+  async owner(id: string): Promise<OwnerTable | undefined> {
+    return this.db.selectFrom('owners').selectAll().where('id', '=', id).executeTakeFirst();
+  }
+
+  async ownersByIds(ids: string[]): Promise<OwnerTable[]> {
+    if (ids.length === 0) return [];
+    const out: OwnerTable[] = [];
+    for (let i = 0; i < ids.length; i += 500) out.push(...(await this.db.selectFrom('owners').selectAll().where('id', 'in', ids.slice(i, i + 500)).execute()));
+    return out;
+  }
+
+  /** Active owners whose last heartbeat is older than their grace. */
+  async expiredOwners(now: number): Promise<OwnerTable[]> {
+    const active = await this.db.selectFrom('owners').selectAll().where('state', '=', 'active').execute();
+    return active.filter((o) => Date.parse(o.heartbeat_at) + o.grace_ms < now);
+  }
+
+  /** Records a heartbeat (an owner that was lost is active again); undefined for a closed or unknown owner. */
+  async heartbeatOwner(id: string, at: string): Promise<OwnerTable | undefined> {
+    const res = await this.db.updateTable('owners').set({ heartbeat_at: at, state: 'active' }).where('id', '=', id).where('state', '!=', 'closed').executeTakeFirst();
+    return Number(res.numUpdatedRows) === 1 ? this.owner(id) : undefined;
+  }
+
+  /** Moves an owner from one of `from` to `to`; true when it moved. */
+  async transitionOwner(id: string, from: string[], to: string, closedAt?: string): Promise<boolean> {
+    const res = await this.db
+      .updateTable('owners')
+      .set({ state: to, ...(closedAt ? { closed_at: closedAt } : {}) })
+      .where('id', '=', id)
+      .where('state', 'in', from)
+      .executeTakeFirst();
+    return Number(res.numUpdatedRows) === 1;
+  }
+
+  /** Sandboxes an owner holds now. */
+  async ownedCount(ownerId: string): Promise<number> {
+    const row = await this.db.selectFrom('sandboxes').select((eb) => eb.fn.countAll<number>().as('n')).where('owner_id', '=', ownerId).executeTakeFirst();
+    return Number(row?.n ?? 0);
   }
 
   async setSandboxState(id: string, state: string): Promise<void> {

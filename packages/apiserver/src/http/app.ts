@@ -144,9 +144,22 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     await cp.deleteSandbox(c.get('principal'), c.req.param('id'));
     return c.body(null, 204);
   });
+  app.patch('/v1/sandboxes/:id', async (c) => c.json(await cp.updateSandbox(c.get('principal'), c.req.param('id'), await readJson(c))));
+  app.post('/v1/sandboxes/:id/pause', async (c) => c.json(await cp.pauseSandbox(c.get('principal'), c.req.param('id'))));
+  app.post('/v1/sandboxes/:id/resume', async (c) => c.json(await cp.resumeSandbox(c.get('principal'), c.req.param('id'), await readJson(c))));
   app.get('/v1/sandboxes/:id/stats', async (c) => {
-    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    // Reads cgroups on the host: a paused sandbox is measured as it is, not resumed.
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer', { paused: 'allow' });
     return c.json(await edge.stats(row.id));
+  });
+
+  // ---- owners ----
+  app.post('/v1/owners', async (c) => c.json(await cp.createOwner(c.get('principal'), await readJson(c)), 201));
+  app.get('/v1/owners/:id', async (c) => c.json(await cp.getOwner(c.get('principal'), c.req.param('id'))));
+  app.post('/v1/owners/:id/heartbeat', async (c) => c.json(await cp.heartbeatOwner(c.get('principal'), c.req.param('id'))));
+  app.delete('/v1/owners/:id', async (c) => {
+    await cp.closeOwner(c.get('principal'), c.req.param('id'));
+    return c.body(null, 204);
   });
 
   // ---- commands ----
@@ -158,12 +171,17 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     if (wantsNdjson(c)) {
       const att = await edge.spawn(row.id, spec);
       metrics.execs++;
-      return ndjsonResponse(attachmentEvents(edge, row.id, att, true), () => void att.detach());
+      return ndjsonResponse(heldEvents(cp, row.id, attachmentEvents(edge, row.id, att, true)), () => void att.detach());
     }
-    // A client that goes away takes its command with it.
-    const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal });
-    metrics.execs++;
-    return c.json(result);
+    // A client that goes away takes its command with it. Waiting for it counts as activity.
+    const release = cp.activity.hold(row.id);
+    try {
+      const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal });
+      metrics.execs++;
+      return c.json(result);
+    } finally {
+      release();
+    }
   });
 
   app.get('/v1/sandboxes/:id/processes', async (c) => {
@@ -180,7 +198,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
       if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND') throw new DsecError('PROCESS_NOT_FOUND', `process ${proc} not found`, { pid: proc });
       throw err;
     });
-    return ndjsonResponse(attachmentEvents(edge, row.id, att, false), () => void att.detach());
+    return ndjsonResponse(heldEvents(cp, row.id, attachmentEvents(edge, row.id, att, false)), () => void att.detach());
   });
 
   app.post('/v1/sandboxes/:id/processes/:pid/stdin', async (c) => {
@@ -336,6 +354,16 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
 
   return app;
+}
+
+/** A stream of events that holds its sandbox active (no idle timeout) until it ends. */
+async function* heldEvents(cp: ControlPlane, id: string, events: AsyncGenerator<ExecEvent>): AsyncGenerator<ExecEvent> {
+  const release = cp.activity.hold(id);
+  try {
+    yield* events;
+  } finally {
+    release();
+  }
 }
 
 function mapProcessError(proc: number) {

@@ -35,7 +35,11 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
         .authenticate(req.headers.authorization)
         .then((p) => cp.route(p, id))
         .then(({ edge, row }) => {
-          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id));
+          wss.handleUpgrade(req, socket, head, (ws) => {
+            // An open session counts as the sandbox's activity until it closes.
+            ws.once('close', cp.activity.hold(row.id));
+            serve(ws, edge, row.id);
+          });
         })
         .catch((err: unknown) => reject(socket, err));
     },
