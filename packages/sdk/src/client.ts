@@ -5,7 +5,8 @@ import { send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
 import { LayersApi } from './layers.js';
-import type { NodeInfo } from './types.js';
+import { OwnerSession, OwnersApi } from './owners.js';
+import type { NodeInfo, OwnerCreateOptions } from './types.js';
 
 /** API URL used when neither the options nor `DSEC_API_URL` give one. */
 export const DEFAULT_API_URL = 'http://127.0.0.1:7878';
@@ -20,6 +21,13 @@ export interface DsecClientOptions {
   apiKey?: string;
   /** Deadline of each API call in ms (0: none); default {@link DEFAULT_REQUEST_TIMEOUT_MS}. */
   requestTimeoutMs?: number;
+  /**
+   * Own the sandboxes this client creates through an owner session that the client heartbeats
+   * by itself (`true`, or the session's `{graceMs, name}`). If the process dies, its sandboxes
+   * are paused after the grace period and kept; a client that connects to them again takes
+   * them over and resumes them. `close()` ends the session. Default: no session.
+   */
+  owner?: boolean | OwnerCreateOptions;
 }
 
 /** Options every call takes. */
@@ -49,6 +57,10 @@ export class DsecClient {
   readonly calls: CallsApi;
   /** Nodes and their capacity. */
   readonly nodes: { list(opts?: CallOptions): Promise<NodeInfo[]> };
+  /** Owner sessions (the low-level API). */
+  readonly owners: OwnersApi;
+  /** This client's own owner session (set with the `owner` option). */
+  readonly ownerSession: OwnerSession | undefined;
   readonly #target: HttpTarget;
 
   constructor(opts: DsecClientOptions = {}) {
@@ -69,9 +81,16 @@ export class DsecClient {
     this.keys = new KeysApi(this);
     this.projects = new ProjectsApi(this);
     this.calls = new CallsApi(this);
+    this.owners = new OwnersApi(this);
+    this.ownerSession = opts.owner ? new OwnerSession(this.owners, opts.owner === true ? {} : opts.owner) : undefined;
     this.nodes = {
       list: async (o: CallOptions = {}) => (await this.json<{ items: NodeInfo[] }>({ method: 'GET', path: '/v1/nodes' }, o)).items,
     };
+  }
+
+  /** Ends this client's owner session, if it has one (its sandboxes then get their `onOwnerLost` action). */
+  async close(opts: CallOptions = {}): Promise<void> {
+    await this.ownerSession?.close(opts);
   }
 
   /** True when the API answers `/healthz`. */

@@ -15,7 +15,7 @@ export type QueryValues = Record<string, string | number | boolean | readonly st
 
 /** What to send. A plain object body is sent as JSON. */
 export interface HttpRequestOptions {
-  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
   path: string;
   query?: QueryValues | undefined;
   body?: Buffer | string | Readable | AsyncIterable<Uint8Array> | object | undefined;

@@ -8,6 +8,7 @@ export type { OutputCallbacks, OutputEvent, OutputOffsets } from './exec-handle.
 export { Files } from './files.js';
 export type { DirTransferResult, FileReadOptions, FileWriteOptions } from './files.js';
 export { CallsApi } from './calls.js';
+export { OwnersApi, OwnerSession } from './owners.js';
 export { LayersApi } from './layers.js';
 export type { DebianBuildOptions, LayerUploadOptions } from './layers.js';
 export { KeysApi, ProjectsApi } from './iam.js';
@@ -23,7 +24,11 @@ export type {
   KeyCreateRequest,
   LayerInfo,
   LayerUploadQuery,
+  LeaseOptions,
   NodeInfo,
+  OwnerCreateOptions,
+  OwnerInfo,
+  PauseResult,
   Page,
   ProcessInfo,
   ProjectCreateRequest,

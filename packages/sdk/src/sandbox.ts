@@ -1,5 +1,5 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
-import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, LeaseSchema, ListSandboxesQuerySchema, ResumeRequestSchema, UpdateSandboxRequestSchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
 import type { ExecEvent, ExecRequest } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
@@ -9,7 +9,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, Page, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { ExecResult, ExitInfo, LeaseOptions, Page, PauseResult, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -131,21 +131,45 @@ export class Sandbox {
     this.lastInfo = info;
   }
 
-  /** Creates a sandbox and returns once it is running. */
+  /**
+   * Creates a sandbox and returns once it is running. A client with an owner session (the
+   * `owner` option) makes it the sandbox's owner unless `owner` is given.
+   */
   static async create(opts: SandboxCreateOptions & CallOptions, conn: ConnectionOptions = {}): Promise<Sandbox> {
     const { signal, requestTimeoutMs, ...spec } = opts;
-    const body = validate(CreateSandboxRequestSchema, defined(spec));
     const client = clientFrom(conn);
-    const info = await client.json<SandboxInfo>({ method: 'POST', path: '/v1/sandboxes', body }, defined({ signal, requestTimeoutMs }));
+    const call = defined({ signal, requestTimeoutMs });
+    const owner = spec.owner ?? (client.ownerSession ? await client.ownerSession.id(call) : undefined);
+    const body = validate(CreateSandboxRequestSchema, defined({ ...spec, owner }));
+    const info = await client.json<SandboxInfo>({ method: 'POST', path: '/v1/sandboxes', body }, call);
     return new Sandbox(client, info.id, info);
   }
 
-  /** Finds an existing sandbox by id (SANDBOX_NOT_FOUND when it does not exist). */
-  static async connect(id: string, conn: ConnectionOptions & CallOptions = {}): Promise<Sandbox> {
+  /**
+   * Finds an existing sandbox by id (SANDBOX_NOT_FOUND when it does not exist). A client with
+   * an owner session takes the sandbox over (`claim: false` to only look): after a crash, the
+   * new process's client connects and the sandbox is its own again, resumed if its old
+   * owner's disappearance had paused it.
+   */
+  static async connect(id: string, conn: ConnectionOptions & CallOptions & { claim?: boolean } = {}): Promise<Sandbox> {
     const client = clientFrom(conn);
     const sandbox = new Sandbox(client, checkSandboxId(id));
-    await sandbox.info(defined({ signal: conn.signal, requestTimeoutMs: conn.requestTimeoutMs }));
+    const call = defined({ signal: conn.signal, requestTimeoutMs: conn.requestTimeoutMs });
+    if (client.ownerSession && conn.claim !== false) await sandbox.setOwner(await client.ownerSession.id(call), call);
+    else await sandbox.info(call);
     return sandbox;
+  }
+
+  /** Connects to every sandbox with these labels (and state), as {@link Sandbox.connect} does. */
+  static async find(opts: SandboxListOptions, conn: ConnectionOptions & { claim?: boolean } = {}): Promise<Sandbox[]> {
+    const client = clientFrom(conn);
+    const out: Sandbox[] = [];
+    for await (const info of Sandbox.list(opts, { client })) {
+      const sandbox = new Sandbox(client, info.id, info);
+      if (client.ownerSession && conn.claim !== false) await sandbox.setOwner(await client.ownerSession.id(defined({ signal: opts.signal })), defined({ signal: opts.signal }));
+      out.push(sandbox);
+    }
+    return out;
   }
 
   /** Destroys a sandbox by id without fetching it first. */
@@ -195,6 +219,40 @@ export class Sandbox {
   /** Destroys the sandbox and everything in it. */
   async kill(opts: CallOptions = {}): Promise<void> {
     await this.client.request({ method: 'DELETE', path: this.#route() }, opts);
+  }
+
+  /**
+   * Pauses the sandbox: every process is frozen and its memory made reclaimable; processes,
+   * open files and the file system are kept exactly. Requests resume it again (unless its
+   * lease says `autoResume: false`), as does {@link Sandbox.resume}.
+   */
+  async pause(opts: CallOptions = {}): Promise<PauseResult> {
+    const reply = await this.client.json<PauseResult>({ method: 'POST', path: this.#route('/pause') }, opts);
+    this.lastInfo = reply.sandbox;
+    return reply;
+  }
+
+  /** Resumes a paused sandbox (`prefetch: false` skips reading swapped-out memory back first). */
+  async resume(opts: CallOptions & { prefetch?: boolean } = {}): Promise<PauseResult> {
+    const { prefetch, ...call } = opts;
+    const body = validate(ResumeRequestSchema, defined({ prefetch }));
+    const reply = await this.client.json<PauseResult>({ method: 'POST', path: this.#route('/resume'), body }, call);
+    this.lastInfo = reply.sandbox;
+    return reply;
+  }
+
+  /** Changes the lease: the fields given replace the current ones. */
+  async setLease(lease: LeaseOptions, opts: CallOptions = {}): Promise<SandboxInfo> {
+    const body = validate(UpdateSandboxRequestSchema, { lease: validate(LeaseSchema, lease, 'lease') });
+    this.lastInfo = await this.client.json<SandboxInfo>({ method: 'PATCH', path: this.#route(), body }, opts);
+    return this.lastInfo;
+  }
+
+  /** Hands the sandbox to an owner session (null: none); resumes it if its old owner's loss paused it. */
+  async setOwner(owner: string | null, opts: CallOptions = {}): Promise<SandboxInfo> {
+    const body = validate(UpdateSandboxRequestSchema, { owner });
+    this.lastInfo = await this.client.json<SandboxInfo>({ method: 'PATCH', path: this.#route(), body }, opts);
+    return this.lastInfo;
   }
 
   /**

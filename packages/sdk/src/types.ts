@@ -3,6 +3,7 @@ import type { z } from 'zod';
 import type {
   ApiKeySchema,
   CreateKeyRequestSchema,
+  CreateOwnerRequestSchema,
   CreateProjectRequestSchema,
   CreateSandboxRequestSchema,
   DebianLayerRequestSchema,
@@ -10,7 +11,10 @@ import type {
   ExitInfoSchema,
   FileStatSchema,
   LayerSchema,
+  LeaseSchema,
   NodeSchema,
+  OwnerSchema,
+  PauseResultSchema,
   ProcessSchema,
   ProjectSchema,
   SandboxSchema,
@@ -46,6 +50,15 @@ export type ProjectInfo = z.infer<typeof ProjectSchema>;
 export type ProjectCreateRequest = z.input<typeof CreateProjectRequestSchema>;
 /** A node with its capacity. */
 export type NodeInfo = z.infer<typeof NodeSchema>;
+
+/** A sandbox's lease: idle timeout, lifetime, what losing its owner does (every field optional). */
+export type LeaseOptions = z.input<typeof LeaseSchema>;
+/** What opening an owner session takes (`graceMs`, `name`). */
+export type OwnerCreateOptions = z.input<typeof CreateOwnerRequestSchema>;
+/** An owner session. */
+export type OwnerInfo = z.infer<typeof OwnerSchema>;
+/** What a pause or resume did (the sandbox after it, time taken, memory before and after). */
+export type PauseResult = z.infer<typeof PauseResultSchema>;
 
 /** Resource use of a sandbox (`GET /v1/sandboxes/{id}/stats`). */
 export type { SandboxStats } from '@dsec/protocol';

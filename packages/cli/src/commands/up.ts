@@ -1,5 +1,6 @@
 // dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground.
 import type { Command } from 'commander';
+import { number } from '../parse.js';
 
 /** Registers `dsec up`. */
 export function registerUp(program: Command): void {
@@ -8,13 +9,15 @@ export function registerUp(program: Command): void {
     .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
     .option('--home <dir>', 'state directory (default $DSEC_HOME or /var/lib/dsec)')
     .option('--addr <host:port>', 'listen address (default $DSEC_ADDR or 127.0.0.1:7878)')
+    .option('--zram-swap <MiB>', 'swap paused sandboxes to a compressed zram device of this size (default $DSEC_ZRAM_SWAP_MIB, else none)', number(true))
     .option('-q, --quiet', 'do not print the server log')
-    .action(async (flags: { home?: string; addr?: string; quiet?: boolean }) => {
+    .action(async (flags: { home?: string; addr?: string; quiet?: boolean; zramSwap?: number }) => {
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const platform = await startPlatform({
         ...(flags.home ? { home: flags.home } : {}),
         ...(flags.addr ? { addr: flags.addr } : {}),
+        ...(flags.zramSwap !== undefined ? { zramSwapMiB: flags.zramSwap } : {}),
         ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
