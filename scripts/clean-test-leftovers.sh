@@ -36,6 +36,15 @@ for dir in /tmp/dsec-test-* /tmp/dsec-platform-* /tmp/dsec-bench-* /tmp/dsec-scr
   unmount_under "$dir"
   rm -rf "$dir"
 done
+# zram swap devices that an edge set up for paused sandboxes (EdgeOptions.zramSwapMiB, tests,
+# the pause benchmark) and did not take down: swap off, reset, and remove the ones it added.
+for marker in /run/dsec/zram/zram*; do
+  dev=$(basename "$marker")
+  swapoff "/dev/$dev" 2>/dev/null
+  echo 1 > "/sys/block/$dev/reset" 2>/dev/null
+  if grep -q hot-added "$marker"; then echo "${dev#zram}" > /sys/class/zram-control/hot_remove 2>/dev/null; fi
+  rm -f "$marker"
+done
 # Runtime dirs whose home is gone (a node that was removed without shutting down).
 for run in /run/dsec/*/; do
   run=${run%/}

@@ -283,19 +283,23 @@ export class Edge {
     return [...this.sandboxes.values()].map((e) => this.toInfo(e));
   }
 
-  /** A sandbox's entry once no pause or resume is under way. */
-  private async settled(id: string): Promise<Entry> {
-    let e = this.entry(id);
-    while (e.transition) {
-      await e.transition.catch(() => undefined);
-      e = this.entry(id);
-    }
-    return e;
+  /**
+   * Waits while a pause or resume of the sandbox is under way. Callers must read the entry
+   * again and act on it without awaiting anything in between (`while (e.transition)` in their
+   * own body): a resolved promise reaches its caller a turn later, time enough for a pause to
+   * begin, and a call that slipped in behind a freeze would hang until the resume.
+   */
+  private async afterTransition(e: Entry): Promise<void> {
+    await e.transition?.catch(() => undefined);
   }
 
   /** The agent of a running sandbox. */
   async agent(id: string): Promise<SandboxAgent> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) {
+      await this.afterTransition(e);
+      e = this.entry(id);
+    }
     if (e.state !== 'running') throw notRunning(id, e.state);
     return e.backend.agent(id);
   }
@@ -306,7 +310,11 @@ export class Edge {
    * answer, so nothing is ever sent to it.
    */
   private async withAgent<T>(id: string, fn: (agent: SandboxAgent) => Promise<T>): Promise<T> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) {
+      await this.afterTransition(e);
+      e = this.entry(id);
+    }
     if (e.state !== 'running') throw notRunning(id, e.state);
     e.busy++;
     try {
@@ -322,7 +330,11 @@ export class Edge {
    * simply see no output until the sandbox is resumed. Pausing a paused sandbox is a no-op.
    */
   async pause(id: string, opts: { reason?: string } = {}): Promise<PauseResult> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) {
+      await this.afterTransition(e);
+      e = this.entry(id);
+    }
     if (!e.backend.pause || !e.backend.resume) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     if (e.state === 'paused') {
       const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
@@ -349,7 +361,11 @@ export class Edge {
 
   /** Resumes a paused sandbox (prefetching its swapped-out memory unless `prefetch: false`). */
   async resume(id: string, opts: { reason?: string; prefetch?: boolean } = {}): Promise<ResumeResult> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) {
+      await this.afterTransition(e);
+      e = this.entry(id);
+    }
     if (e.state === 'running') {
       const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
       return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
@@ -478,7 +494,11 @@ export class Edge {
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends.
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) {
+      await this.afterTransition(e);
+      e = this.entry(id);
+    }
     if (e.state !== 'running') throw notRunning(id, e.state);
     // Held like any agent call until the attachment is made (a pause waits for it); the
     // attachment itself then outlives pauses, seeing no output while the sandbox is frozen.

@@ -88,6 +88,11 @@ export interface PrefetchResult {
   advisedBytes: number;
 }
 
+/** Most reclaim passes over a paused sandbox (v1). */
+const MAX_RECLAIM_PASSES = 4;
+/** A pass that frees less than this ends the reclaim. */
+const RECLAIM_PROGRESS_BYTES = 1048576;
+
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Address ranges of a process worth reading back in: everything but the kernel's own pages. */
@@ -242,7 +247,15 @@ export class Cgroups {
         restore.swappiness = swappiness;
         await writeFile(path.join(d, 'memory.swappiness'), String(PAUSED_SWAPPINESS)).catch(() => undefined);
       }
-      await writeFile(path.join(d, 'memory.force_empty'), '0').catch(() => undefined);
+      // One pass reclaims the inactive pages and moves the active ones to the inactive list;
+      // further passes take those, until a pass frees little.
+      let usage = before.usageBytes;
+      for (let pass = 0; pass < MAX_RECLAIM_PASSES; pass++) {
+        await writeFile(path.join(d, 'memory.force_empty'), '0').catch(() => undefined);
+        const now = (await this.usage(id)).usageBytes;
+        if (usage - now < RECLAIM_PROGRESS_BYTES) break;
+        usage = now;
+      }
     }
     const after = await this.usage(id);
     return { beforeBytes: before.usageBytes, afterBytes: after.usageBytes, swapBytes: after.swapBytes, restore };

@@ -66,14 +66,15 @@ export class ZramSwap {
     const swap = new ZramSwap(`/dev/zram${index}`, index, hotAdded);
     const sys = `/sys/block/zram${index}`;
     try {
+      // Recorded first, so that a crash at any later step leaves a trace for the cleanup.
+      await mkdir(ZRAM_MARKER_DIR, { recursive: true });
+      await writeFile(path.join(ZRAM_MARKER_DIR, `zram${index}`), `${hotAdded ? 'hot-added' : 'existing'}\n`);
       const algorithms = await readFile(`${sys}/comp_algorithm`, 'utf8');
       const algorithm = opts.algorithm ?? (/\blz4\b/.test(algorithms) ? 'lz4' : undefined);
       if (algorithm) await writeFile(`${sys}/comp_algorithm`, algorithm);
       await writeFile(`${sys}/disksize`, `${opts.sizeMiB}M`);
       await run('mkswap', [swap.device]);
       await run('swapon', ['-p', String(ZRAM_SWAP_PRIORITY), swap.device]);
-      await mkdir(ZRAM_MARKER_DIR, { recursive: true });
-      await writeFile(path.join(ZRAM_MARKER_DIR, `zram${index}`), `${hotAdded ? 'hot-added' : 'existing'}\n`);
     } catch (err) {
       await swap.disable().catch(() => undefined);
       throw new DsecError('UNAVAILABLE', `zram swap on ${swap.device}: ${(err as Error).message}`);
@@ -103,8 +104,18 @@ export class ZramSwap {
    */
   async disable(): Promise<void> {
     if ((await ZramSwap.active()).includes(this.device)) await run('swapoff', [this.device]);
-    await writeFile(`/sys/block/zram${this.index}/reset`, '1').catch(() => undefined);
-    if (this.hotAdded) await writeFile('/sys/class/zram-control/hot_remove', String(this.index)).catch(() => undefined);
+    // The device may still be held open for a moment after swapoff (EBUSY): try a few times.
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await writeFile(`/sys/block/zram${this.index}/reset`, '1');
+        if (this.hotAdded) await writeFile('/sys/class/zram-control/hot_remove', String(this.index));
+        break;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') break;
+        if (attempt >= 20) throw new DsecError('BACKEND_FAILED', `zram swap: releasing ${this.device}: ${(err as Error).message}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
     await rm(path.join(ZRAM_MARKER_DIR, `zram${this.index}`), { force: true });
   }
 }
