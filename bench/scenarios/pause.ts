@@ -134,6 +134,10 @@ async function reclaim(ctx: ScenarioContext): Promise<void> {
       ctx.record({ scenario: 'pause', metric: `host memory freed per paused sandbox (MemAvailable), ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(availAfter - availBefore), higherIsBetter: true });
       ctx.record({ scenario: 'pause', metric: `sandbox cgroup memory before -> after pause, ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(cgAfter), note: `from ${perSandbox(cgBefore).toFixed(1)} MiB per sandbox` });
       if (z) {
+        // The same figure from the kernel's own accounting, free of other processes' noise:
+        // what left the sandboxes' cgroups, less the RAM zram took to hold it.
+        const freed = cgBefore - cgAfter - (z.memoryUsedBytes - zramBefore);
+        ctx.record({ scenario: 'pause', metric: `host memory freed per paused sandbox (cgroups less zram RAM), ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(freed), higherIsBetter: true });
         ctx.note(`${config}: zram holds ${(z.storedBytes / MiB).toFixed(1)} MiB of swapped pages in ${((z.memoryUsedBytes - zramBefore) / MiB).toFixed(1)} MiB of RAM (compression ${(z.storedBytes / Math.max(1, z.compressedBytes)).toFixed(2)}x).`);
       }
       const resumes: number[] = [];
