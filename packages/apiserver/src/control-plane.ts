@@ -53,6 +53,10 @@ const PAUSING = 'pausing';
 const RESUMING = 'resuming';
 /** Pause reasons that mean "the owner went away": the owner (or a new one) coming back resumes. */
 const OWNER_GONE_REASONS = ['owner-lost', 'owner-closed'];
+/** Most active owner sessions per project. */
+export const MAX_OWNERS_PER_PROJECT = 10_000;
+/** Lost or closed owners that own nothing are forgotten this long after their last heartbeat. */
+const STALE_OWNER_MS = 7 * 86_400_000;
 
 /** Normalizes a layer name to `name:tag`. */
 export function layerName(ref: string): string {
@@ -86,6 +90,8 @@ export class ControlPlane {
   private readonly eventSinks = new Set<EventSink>();
   /** Pauses and resumes under way in this process, by sandbox id; requests wait for them. */
   private readonly transitions = new Map<string, Promise<unknown>>();
+  /** When stale owner sessions were last deleted. */
+  private ownersCollectedAt = 0;
 
   constructor(
     readonly store: StateStore,
@@ -342,7 +348,7 @@ export class ControlPlane {
       }
       // A sandbox whose owner went away is no longer held by that owner once someone resumes it.
       const current = await this.store.sandboxOnly(row.id);
-      const ownerGone = OWNER_GONE_REASONS.includes(current?.pause_reason ?? '') && current?.owner_id ? !(await this.ownerIsActive(current.owner_id)) : false;
+      const ownerGone = current?.owner_id ? !(await this.ownerIsActive(current.owner_id)) : false;
       await this.store.transitionSandbox(row.id, [RESUMING], 'running', { paused_at: null, pause_reason: null, ...(ownerGone ? { owner_id: null } : {}) });
       this.activity.touch(row.id);
       this.nodes.chargeCpu(row.node, this.cpuCharge(row), 1);
@@ -412,6 +418,10 @@ export class ControlPlane {
       const count = await this.store.ownedCount(o.id);
       this.raise({ kind: 'owner.lost', severity: 'warning', message: `owner ${o.id}${o.name ? ` (${o.name})` : ''} sent no heartbeat for ${o.grace_ms} ms; it holds ${count} sandboxes`, data: { owner: o.id, project: o.project_id, graceMs: o.grace_ms, heartbeatAt: o.heartbeat_at, sandboxes: count } });
     }
+    if (now - this.ownersCollectedAt >= 60_000) {
+      this.ownersCollectedAt = now;
+      await this.store.deleteStaleOwners(new Date(now - STALE_OWNER_MS).toISOString());
+    }
     const rows = await this.store.sandboxesInStates(['running']);
     const ownerIds = [...new Set(rows.map((r) => r.owner_id).filter((o): o is string => !!o))];
     const owners = new Map((await this.store.ownersByIds(ownerIds)).map((o) => [o.id, o]));
@@ -476,6 +486,9 @@ export class ControlPlane {
   async createOwner(p: Principal, body: unknown): Promise<Owner> {
     requireRole(p, 'member');
     const req = parseInput(CreateOwnerRequestSchema, body);
+    if ((await this.store.activeOwnerCount(p.projectId)) >= MAX_OWNERS_PER_PROJECT) {
+      throw new DsecError('QUOTA_EXCEEDED', `project ${p.projectId} has ${MAX_OWNERS_PER_PROJECT} active owner sessions; close some`, { retryAfterMs: 1000 });
+    }
     const now = new Date().toISOString();
     const row: OwnerTable = { id: newId('own'), project_id: p.projectId, name: req.name ?? null, grace_ms: req.graceMs ?? DEFAULT_OWNER_GRACE_MS, state: 'active', created_at: now, heartbeat_at: now, closed_at: null };
     await this.store.insertOwner(row);

@@ -191,10 +191,14 @@ export class Edge {
     return edge;
   }
 
-  /** The node's zram swap: one that an earlier edge set up and left on, or a new one. */
+  /**
+   * The node's zram swap: the one an earlier edge set up and left on, or a new one. A zram swap
+   * the host configured itself is used as it is (and left alone).
+   */
   private static async zramSwap(sizeMiB: number): Promise<ZramSwap | undefined> {
-    const active = await ZramSwap.active();
-    if (active.some((d) => /^\/dev\/zram\d+$/.test(d))) return undefined;
+    const earlier = await ZramSwap.adopt();
+    if (earlier) return earlier;
+    if ((await ZramSwap.active()).some((d) => /^\/dev\/zram\d+$/.test(d))) return undefined;
     return ZramSwap.enable({ sizeMiB });
   }
 

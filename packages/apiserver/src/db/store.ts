@@ -281,6 +281,23 @@ export class StateStore {
     return Number(res.numUpdatedRows) === 1;
   }
 
+  /** Active owner sessions of a project. */
+  async activeOwnerCount(projectId: string): Promise<number> {
+    const row = await this.db.selectFrom('owners').select((eb) => eb.fn.countAll<number>().as('n')).where('project_id', '=', projectId).where('state', '=', 'active').executeTakeFirst();
+    return Number(row?.n ?? 0);
+  }
+
+  /** Deletes lost or closed owners last heard of before `before` that own no sandbox; returns how many. */
+  async deleteStaleOwners(before: string): Promise<number> {
+    const res = await this.db
+      .deleteFrom('owners')
+      .where('state', 'in', ['lost', 'closed'])
+      .where('heartbeat_at', '<', before)
+      .where((eb) => eb.not(eb.exists(eb.selectFrom('sandboxes').select('sandboxes.id').whereRef('sandboxes.owner_id', '=', 'owners.id'))))
+      .executeTakeFirst();
+    return Number(res.numDeletedRows);
+  }
+
   /** Sandboxes an owner holds now. */
   async ownedCount(ownerId: string): Promise<number> {
     const row = await this.db.selectFrom('sandboxes').select((eb) => eb.fn.countAll<number>().as('n')).where('owner_id', '=', ownerId).executeTakeFirst();

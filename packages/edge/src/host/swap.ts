@@ -3,7 +3,7 @@
 // anonymous and tmpfs pages are compressed (typically 2-4x) and the rest of the node gets the
 // difference. Running sandboxes do not swap (their cgroups' swappiness is 0).
 import { execFile } from 'node:child_process';
-import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DsecError } from '@dsec/protocol';
@@ -80,6 +80,18 @@ export class ZramSwap {
       throw new DsecError('UNAVAILABLE', `zram swap on ${swap.device}: ${(err as Error).message}`);
     }
     return swap;
+  }
+
+  /** The zram swap an earlier edge set up and left on (recorded under ZRAM_MARKER_DIR), if any. */
+  static async adopt(): Promise<ZramSwap | undefined> {
+    const active = new Set(await ZramSwap.active());
+    for (const name of await readdir(ZRAM_MARKER_DIR).catch(() => [] as string[])) {
+      const m = /^zram(\d+)$/.exec(name);
+      if (!m || !active.has(`/dev/${name}`)) continue;
+      const how = await readFile(path.join(ZRAM_MARKER_DIR, name), 'utf8').catch(() => '');
+      return new ZramSwap(`/dev/${name}`, Number(m[1]), how.startsWith('hot-added'));
+    }
+    return undefined;
   }
 
   private static async unusedDevice(): Promise<number | undefined> {
