@@ -469,6 +469,14 @@ describe('platform: leases, owners, reattach', () => {
       const bad = await cli(['sandbox', 'lease', sb.id, '--idle-timeout', '-5']);
       assert.notEqual(bad.code, 0);
       assert.match(bad.stderr, /lease\.idleTimeoutMs/);
+      const made = await cli(['sandbox', 'create', '--base', 'busybox', '--label', `run=${RUN}`, '--idle-timeout', '0', '--on-owner-lost', 'kill', '--no-auto-resume', '--json']);
+      assert.equal(made.code, 0, made.stderr);
+      const info = JSON.parse(made.stdout) as SandboxInfo;
+      assert.deepEqual(info.lease, { idleTimeoutMs: 0, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'kill', autoResume: false });
+      const leased = await cli(['sandbox', 'lease', info.id, '--auto-resume', '--json']);
+      assert.equal(leased.code, 0, leased.stderr);
+      assert.equal((JSON.parse(leased.stdout) as SandboxInfo).lease.autoResume, true);
+      await Sandbox.kill(info.id, { client });
     } finally {
       await sb.kill();
     }
