@@ -237,17 +237,19 @@ export class ControlPlane {
   /**
    * The node client of a visible, running sandbox. The request counts as the sandbox's API
    * activity; a paused sandbox is resumed first when its lease says `autoResume` (else 409).
-   * With `paused: 'allow'` (stats), a paused sandbox is routed to as it is.
+   * With `paused: 'allow'` (stats), a paused sandbox is routed to as it is, and the request is
+   * not activity.
    */
   async route(p: Principal, id: string, minRole: 'viewer' | 'member' = 'member', opts: { paused?: 'resume' | 'allow' } = {}): Promise<{ row: SandboxTable; edge: EdgeClient }> {
     requireRole(p, minRole);
     if (typeof id !== 'string' || id.length > 128) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${String(id)} not found`, { sandboxId: String(id) });
     // Recorded before the read: an idle pause that claims the row after this read sees it.
-    const touched = this.activity.touch(id);
+    // Reading stats (host-side, `paused: 'allow'`) is not activity: monitoring never keeps a sandbox awake.
+    const touched = opts.paused === 'allow' ? undefined : this.activity.touch(id);
     // The hot path (every exec and file operation): one indexed read, no labels.
     let row = await this.store.sandboxOnly(id);
     if (!row || !p.visibleProjects.has(row.project_id)) {
-      this.activity.forget(id, touched);
+      if (touched !== undefined) this.activity.forget(id, touched);
       throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
     }
     const node = this.nodes.get(row.node);
