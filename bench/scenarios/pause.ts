@@ -65,7 +65,7 @@ async function latency(ctx: ScenarioContext): Promise<void> {
   const rounds = ctx.quick ? 2 : 4;
   const sandboxes = await pool(count, 4, () => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: IDLE_RESOURCES }, { client })));
   try {
-    for (const sb of sandboxes) (await sb.spawn('sleep 1000000')).disconnect();
+    for (const sb of sandboxes) (await sb.spawn('sleep 86400')).disconnect();
     const ms = { apiPause: [] as number[], apiResume: [] as number[], edgePause: [] as number[], edgeResume: [] as number[], nodePause: [] as number[], nodeResume: [] as number[] };
     for (let r = 0; r < rounds; r++) {
       for (const sb of sandboxes) {
