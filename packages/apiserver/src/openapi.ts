@@ -17,10 +17,15 @@ const page = (item: Schema): Schema => api.pageOf(item);
 
 const ROUTES: Route[] = [
   { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201 },
+  { method: 'post', path: '/v1/sandboxes:batch', summary: 'Create up to 10,000 sandboxes, one result per item (ndjson progress with Accept: application/x-ndjson)', body: api.CreateSandboxBatchRequestSchema, reply: api.CreateSandboxBatchResultSchema },
   { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
   { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
   { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  { method: 'put', path: '/v1/pools/{name}', summary: 'Create or replace a warm pool', body: api.PutPoolRequestSchema, reply: api.PoolSchema },
+  { method: 'get', path: '/v1/pools', summary: 'List warm pools', reply: page(api.PoolSchema) },
+  { method: 'get', path: '/v1/pools/{name}', summary: 'Get a warm pool', reply: api.PoolSchema },
+  { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
