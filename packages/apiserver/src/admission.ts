@@ -53,6 +53,16 @@ export interface AdmissionCounters {
   queueFull: number;
 }
 
+/** Bounds of an {@link AdmissionQueue}. */
+export interface AdmissionQueueOptions {
+  /** Default {@link MAX_QUEUED_ADMISSIONS}. */
+  maxQueued?: number;
+  /** Default {@link MAX_QUEUED_PER_PROJECT}. */
+  maxQueuedPerProject?: number;
+  /** Default {@link ADMISSION_RECHECK_MS}. */
+  recheckMs?: number;
+}
+
 /** The fair admission queue. */
 export class AdmissionQueue {
   readonly counters: AdmissionCounters = { waited: 0, timedOut: 0, cancelled: 0, queueFull: 0 };
@@ -65,6 +75,15 @@ export class AdmissionQueue {
   private passAgain = false;
   private timer: NodeJS.Timeout | undefined;
   private closed = false;
+  private readonly maxQueued: number;
+  private readonly maxQueuedPerProject: number;
+  private readonly recheckMs: number;
+
+  constructor(o: AdmissionQueueOptions = {}) {
+    this.maxQueued = o.maxQueued ?? MAX_QUEUED_ADMISSIONS;
+    this.maxQueuedPerProject = o.maxQueuedPerProject ?? MAX_QUEUED_PER_PROJECT;
+    this.recheckMs = o.recheckMs ?? ADMISSION_RECHECK_MS;
+  }
 
   /** Requests waiting (of one project, or of all). */
   waiting(projectId?: string): number {
@@ -93,7 +112,8 @@ export class AdmissionQueue {
     }
     o.signal?.throwIfAborted();
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the server is shutting down');
-    if (this.queued >= MAX_QUEUED_ADMISSIONS || (ahead?.length ?? 0) >= MAX_QUEUED_PER_PROJECT) {
+    const mine = this.queues.get(projectId)?.length ?? 0;
+    if (this.queued >= this.maxQueued || mine >= this.maxQueuedPerProject) {
       this.counters.queueFull++;
       throw new DsecError('ADMISSION_QUEUE_FULL', `the admission queue is full (${this.queued} waiting); ${refusal.message}`, { retryAfterMs: ADMISSION_RETRY_AFTER_MS, reason: refusal.code });
     }
@@ -174,7 +194,7 @@ export class AdmissionQueue {
         this.passAgain = false;
         this.kick();
       } else if (this.queued > 0 && !this.closed) {
-        this.timer = setTimeout(() => this.kick(), ADMISSION_RECHECK_MS);
+        this.timer = setTimeout(() => this.kick(), this.recheckMs);
         this.timer.unref();
       }
     });
