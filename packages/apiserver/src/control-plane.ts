@@ -76,7 +76,7 @@ const DIGEST_RE = /^(sha256:)?[0-9a-f]{64}$/;
 /** States from which a sandbox may be destroyed. */
 const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
 /** Creates of one batch that run at once (the node's cores, not the batch size, set the pace). */
-export const DEFAULT_BATCH_CONCURRENCY = 8;
+export const DEFAULT_BATCH_CONCURRENCY = 16;
 /** Fields of a create request a pool claim applies; every other field must match the pool's spec. */
 const CLAIM_FIELDS = ['env', 'labels', 'timeoutMs'] as const;
 

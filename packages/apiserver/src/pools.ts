@@ -128,10 +128,15 @@ export class PoolManager {
 
   private async pass(): Promise<void> {
     const store = this.host.store;
-    for (const row of await store.orphanedPoolMembers()) await this.destroy(row);
+    const pools = await store.pools();
     const counts = await store.poolMemberCounts();
+    // Ready members of pools that are gone (deleted, or replaced by a new spec).
+    const live = new Set(pools.map((p) => p.id));
+    for (const [poolId, states] of counts) {
+      if (!live.has(poolId) && (states[POOLED_STATE] ?? 0) > 0) await this.drain(poolId);
+    }
     const now = Date.now();
-    for (const pool of await store.pools()) {
+    for (const pool of pools) {
       if (this.stopped) return;
       const ready = counts.get(pool.id)?.[POOLED_STATE] ?? 0;
       const target = poolIsIdle(pool, now) ? 0 : pool.size;

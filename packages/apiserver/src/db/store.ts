@@ -396,17 +396,6 @@ export class StateStore {
     return this.db.selectFrom('sandboxes').selectAll().where('pool_id', '=', poolId).where('state', '=', 'pooled').orderBy('created_at').limit(limit).execute();
   }
 
-  /** Ready members whose pool is gone (deleted, or replaced by a new spec). */
-  async orphanedPoolMembers(): Promise<SandboxTable[]> {
-    return this.db
-      .selectFrom('sandboxes')
-      .selectAll()
-      .where('pool_id', 'is not', null)
-      .where('state', '=', 'pooled')
-      .where((eb) => eb.not(eb.exists(eb.selectFrom('pools').select('pools.id').whereRef('pools.id', '=', 'sandboxes.pool_id'))))
-      .execute();
-  }
-
   /**
    * Claims the oldest ready member of a project's pools whose spec hashes to `specKey`, in one
    * transaction: the row leaves its pool and becomes the claimer's (`running`, its spec, labels
@@ -414,6 +403,9 @@ export class StateStore {
    * idle pool wakes up and refills).
    */
   async claimPooled(c: { projectId: string; specKey: string; spec: string; labels: Record<string, string>; createdAt: string; expiresAt: string }): Promise<SandboxTable | undefined> {
+    // Most creates match no pool: one indexed read, no transaction.
+    const any = await this.db.selectFrom('pools').select('id').where('project_id', '=', c.projectId).where('spec_key', '=', c.specKey).limit(1).executeTakeFirst();
+    if (!any) return undefined;
     return this.db.transaction().execute(async (tx) => {
       for (;;) {
         const cand = await tx
@@ -441,7 +433,9 @@ export class StateStore {
         if (!row) continue;
         const entries = Object.entries(c.labels);
         if (entries.length > 0) await tx.insertInto('sandbox_labels').values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value }))).execute();
-        await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).execute();
+        // Idle detection needs the time of use only roughly: skip the write within a second.
+        const recent = new Date(Date.parse(c.createdAt) - 1000).toISOString();
+        await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).where('last_used_at', '<', recent).execute();
         return row;
       }
     });
