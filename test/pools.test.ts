@@ -2,11 +2,13 @@
 // configuration, quota, claims that are indistinguishable from fresh sandboxes, refill, idle
 // shrink and removal.
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DsecClient, DsecError, Sandbox } from '@dsec/sdk';
 import type { PoolInfo, SandboxCreateOptions } from '@dsec/sdk';
+import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 
@@ -269,5 +271,44 @@ describe('pool lifecycle', () => {
     assert.equal(claimed.id, members[0]);
     assert.equal(claimed.lastInfo!.resources.memoryMiB, 40);
     await cleanup(p);
+  });
+});
+
+describe('cli', () => {
+  /** Runs `dsec args...` as a real process with a project's key. */
+  function dsec(p: TestProject, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+    return new Promise((resolve) => {
+      execFile(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: p.key }, timeout: 60_000 }, (err, stdout, stderr) =>
+        resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+      );
+    });
+  }
+
+  test('dsec pools put/ls/get/rm and dsec sandbox create --count', async () => {
+    const p = await project({ sandboxes: 4 });
+    const put = await dsec(p, ['pools', 'put', 'cli', '--base', 'busybox', '--cpu', '0.1', '--memory', '32', '--disk', '16', '--size', '1']);
+    assert.equal(put.code, 0, put.stderr);
+    assert.equal(put.stdout, 'cli\n');
+    await readyCount(p, 'cli', 1);
+    const ls = await dsec(p, ['pools', 'ls']);
+    assert.match(ls.stdout, /^NAME +PROJECT/);
+    assert.match(ls.stdout, /\ncli +prj_\w+ +busybox +1 +1 +0 +no/);
+    const get = JSON.parse((await dsec(p, ['pools', 'get', 'cli', '--json'])).stdout) as PoolInfo;
+    assert.equal(get.size, 1);
+    const tooBig = await dsec(p, ['pools', 'put', 'cli', '--base', 'busybox', '--size', '5']);
+    assert.equal(tooBig.code, 1);
+    assert.match(tooBig.stderr, /INVALID_ARGUMENT: size:/);
+    const rm = await dsec(p, ['pools', 'rm', 'cli']);
+    assert.equal(rm.code, 0, rm.stderr);
+    await usageIs(p, 0);
+    // A batch of 4 against a quota of 3: three ids on stdout, one refusal on stderr, exit 1.
+    const q = await project({ sandboxes: 3 });
+    const batch = await dsec(q, ['sandbox', 'create', '--base', 'busybox', '--cpu', '0.1', '--memory', '32', '--disk', '16', '--count', '4', '--label', 'via=cli']);
+    assert.equal(batch.code, 1, 'a failed item makes the exit status 1');
+    const ids = batch.stdout.trim().split('\n');
+    assert.equal(ids.length, 3);
+    assert.match(batch.stderr, /QUOTA_EXCEEDED: item \d/);
+    assert.deepEqual((await Sandbox.list({ labels: { via: 'cli' } }, { client: q.client }).toArray()).map((s) => s.id).sort(), ids.sort());
+    await cleanup(q);
   });
 });
