@@ -242,6 +242,23 @@ describe('admission', () => {
     await next.kill();
   });
 
+  test('a waiting batch whose client goes away gives back what it had not created', async () => {
+    const p = await project({ sandboxes: 2 });
+    const created: Sandbox[] = [];
+    const ac = new AbortController();
+    const batch = Sandbox.createBatch({ spec: SPEC, count: 6, admission: { wait: true, timeoutMs: 60_000 } }, { signal: ac.signal, onItem: (i) => i.sandbox && created.push(i.sandbox) }, { client: p.client });
+    await eventually('two sandboxes', async () => created.length === 2);
+    ac.abort();
+    await assert.rejects(batch);
+    for (const s of created) await s.kill();
+    // The four items that were waiting left the queue: the freed quota stays free.
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal(await usage(p), 0);
+    assert.deepEqual(await Sandbox.list({}, { client: p.client }).toArray(), []);
+    const next = await Sandbox.create({ ...SPEC, admission: { wait: true, timeoutMs: 5_000 } }, { client: p.client });
+    await next.kill();
+  });
+
   test('a waiting batch creates what fits, then the rest as sandboxes are destroyed', async () => {
     const p = await project({ sandboxes: 3 });
     const created: Sandbox[] = [];

@@ -7,8 +7,11 @@ import { DEFAULT_IDEMPOTENCY_TTL_MS, DsecError, IDEMPOTENCY_KEY_HEADER } from '@
 import type { IdempotencyKeyTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
 
-/** A pending key older than this belongs to a request that died with its server (ms). */
-export const IDEMPOTENCY_PENDING_STALE_MS = 600_000;
+/**
+ * A pending key older than this belongs to a request that died with its server (ms): well past
+ * the longest admission wait (10 min) plus a create.
+ */
+export const IDEMPOTENCY_PENDING_STALE_MS = 1_800_000;
 /** How often a retry looks again at a key another server holds (ms). */
 export const IDEMPOTENCY_POLL_MS = 100;
 /** How often expired keys are purged (ms). */

@@ -73,9 +73,10 @@ const migrations: Record<string, Migration> = {
   },
   '0003_admission': {
     async up(db: Kysely<unknown>): Promise<void> {
-      // Pool members are sandbox rows that name their pool until a claim clears it.
+      // Pool members are sandbox rows that name their pool until a claim clears it. The index
+      // serves a claim (a pool's oldest ready member) without a sort.
       await db.schema.alterTable('sandboxes').addColumn('pool_id', 'text').execute();
-      await db.schema.createIndex('sandboxes_pool').on('sandboxes').columns(['pool_id', 'state']).execute();
+      await db.schema.createIndex('sandboxes_pool').on('sandboxes').columns(['pool_id', 'state', 'created_at']).execute();
 
       await db.schema
         .createTable('pools')

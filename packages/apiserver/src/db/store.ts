@@ -397,7 +397,7 @@ export class StateStore {
   }
 
   /**
-   * Claims the oldest ready member of a project's pools whose spec hashes to `specKey`, in one
+   * Claims a ready member (the oldest) of a project's pools whose spec hashes to `specKey`, in one
    * transaction: the row leaves its pool and becomes the claimer's (`running`, its spec, labels
    * and lifetime). Undefined when none is ready; a miss counts as use of the matching pools (an
    * idle pool wakes up and refills).
@@ -415,7 +415,8 @@ export class StateStore {
           .where('pools.project_id', '=', c.projectId)
           .where('pools.spec_key', '=', c.specKey)
           .where('sandboxes.state', '=', 'pooled')
-          .orderBy('sandboxes.created_at')
+          // No ORDER BY: the index (pool_id, state, created_at) yields a pool's oldest member
+          // first, and a sort would make a claim cost O(pool size).
           .limit(1)
           .executeTakeFirst();
         if (!cand) {
