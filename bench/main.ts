@@ -14,6 +14,7 @@ import { machineInfo, markdown, textTable, writeJson } from './lib/report.js';
 import type { Row, RunReport } from './lib/report.js';
 import type { Scenario } from './lib/scenario.js';
 import { nowMs, progress } from './lib/stats.js';
+import { batchScenario } from './scenarios/batch.js';
 import { createScenario } from './scenarios/create.js';
 import { densityScenario } from './scenarios/density.js';
 import { episodeScenario } from './scenarios/episode.js';
@@ -22,7 +23,7 @@ import { fncallScenario } from './scenarios/fncall.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 
-const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario];
+const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, batchScenario];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
 const QUICK_DENSITY = 20;

@@ -2,6 +2,15 @@
 // node), layers owned by projects, projects and keys.
 import { randomBytes } from 'node:crypto';
 import {
+  CreateSandboxBatchRequestSchema,
+  DEFAULT_POOL_IDLE_TIMEOUT_MS,
+  IDEMPOTENCY_KEY_HEADER,
+  IdempotencyKeySchema,
+  MAX_POOLS_PER_PROJECT,
+  MAX_SANDBOX_TIMEOUT_MS,
+  PoolNameSchema,
+  PutPoolRequestSchema,
+  SandboxRequestSchema,
   CallBatchRequestSchema,
   CallRequestSchema,
   CreateKeyRequestSchema,
@@ -17,15 +26,42 @@ import {
   ListSandboxesQuerySchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { ApiKey, CallBatchItem, CallBatchResult, CallRequest, CallResult, GrantedResources, Layer, LayerInfo, LayerKind, NodeBody, Project, Quota, Sandbox, SandboxSpec } from '@dsec/protocol';
+import type {
+  Admission,
+  ApiKey,
+  BackendKind,
+  BatchItemResult,
+  CallBatchItem,
+  CallBatchResult,
+  CallRequest,
+  CallResult,
+  CreateSandboxBatchResult,
+  GrantedResources,
+  ItemError,
+  Layer,
+  LayerInfo,
+  LayerKind,
+  NodeBody,
+  Pool,
+  Project,
+  Quota,
+  Sandbox,
+  SandboxRequest,
+  SandboxSpec,
+} from '@dsec/protocol';
 import type { z } from 'zod';
+import { AdmissionQueue } from './admission.js';
+import type { Admitted } from './admission.js';
 import { newKeySecret, requireRole, roleAtLeast } from './auth.js';
 import type { Authenticator, Principal } from './auth.js';
-import type { ApiKeyTable, LayerTable, ProjectTable, SandboxTable } from './db/schema.js';
+import type { ApiKeyTable, IdempotencyKeyTable, LayerTable, PoolTable, ProjectTable, SandboxTable } from './db/schema.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID } from './db/store.js';
-import type { StateStore } from './db/store.js';
+import type { Reservation, StateStore } from './db/store.js';
+import { IdempotencyKeys, hashOf } from './idempotency.js';
 import type { EdgeClient, NodeEntry, NodeRegistry } from './nodes.js';
-import type { Placement } from './scheduler.js';
+import { POOLED_STATE, PoolManager, poolIsIdle } from './pools.js';
+import type { PoolHost } from './pools.js';
+import type { Placement, PlacementRequest } from './scheduler.js';
 
 /** Parses `value` with a schema; the first issue becomes a 400 naming its field. */
 export function parseInput<T>(schema: z.ZodType<T>, value: unknown, prefix = ''): T {
@@ -38,7 +74,88 @@ export function parseInput<T>(schema: z.ZodType<T>, value: unknown, prefix = '')
 
 const DIGEST_RE = /^(sha256:)?[0-9a-f]{64}$/;
 /** States from which a sandbox may be destroyed. */
-const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost'];
+const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
+/** Creates of one batch that run at once (the node's cores, not the batch size, set the pace). */
+export const DEFAULT_BATCH_CONCURRENCY = 16;
+/** Fields of a create request a pool claim applies; every other field must match the pool's spec. */
+const CLAIM_FIELDS = ['env', 'labels', 'timeoutMs'] as const;
+
+/** A create request, validated and resolved: what the create pipeline works on. */
+interface CreateItem {
+  /** The request as given (no admission option). */
+  req: SandboxRequest;
+  /** What edge creates: layers as digests, resources granted, env and labels. */
+  spec: SandboxSpec;
+  resources: GrantedResources;
+  backend: BackendKind;
+  /** Hash of what the sandbox is, less what a claim applies: pools match on it. */
+  poolKey: string;
+  /** Hash of the whole request: idempotency keys match on it. */
+  requestHash: string;
+}
+
+/** Capacity held for one create: its quota reservation and a charge on its node. */
+interface Ticket extends Admitted {
+  node: NodeEntry;
+  reservation: Reservation;
+}
+
+/** Options of {@link ControlPlane.createSandbox}. */
+export interface CreateSandboxOptions {
+  /** The `Idempotency-Key` header. */
+  idempotencyKey?: string | undefined;
+  /** Called when the reply is a replay of an earlier request with the same key. */
+  onReplay?: () => void;
+}
+
+/** Options of {@link ControlPlane.createSandboxes}. */
+export interface CreateBatchOptions {
+  signal?: AbortSignal | undefined;
+  /** The batch's `Idempotency-Key`: item i is created under `<key>#<i>`. */
+  idempotencyKey?: string | undefined;
+  /** Called with each item as it finishes (in completion order). */
+  onItem?: (item: BatchItemResult) => void;
+  /** Creates that run at once; default {@link DEFAULT_BATCH_CONCURRENCY}. */
+  concurrency?: number;
+  /** Called once the batch as a whole is accepted (before any item is created). */
+  onStart?: () => void;
+}
+
+/** The header's name, used as the field of its errors. */
+const IDEMPOTENCY_FIELD = IDEMPOTENCY_KEY_HEADER;
+
+function reservationOf(item: CreateItem): Reservation {
+  return { sandboxes: 1, cpu: item.resources.cpu, memoryMiB: item.resources.memoryMiB };
+}
+
+function placementOf(item: CreateItem): PlacementRequest {
+  return { backend: item.backend, cpu: item.resources.cpu, memoryMiB: item.resources.memoryMiB, cpuClass: item.resources.cpuClass };
+}
+
+function capacityError(item: CreateItem): DsecError {
+  const r = item.resources;
+  return new DsecError('CAPACITY_EXHAUSTED', `no node has room for this sandbox (${item.backend}, ${r.cpu} cpu, ${r.memoryMiB} MiB)`, { retryAfterMs: 1000 });
+}
+
+/** The sandbox spec JSON kept in a row: the request with its backend and granted resources. */
+function rowSpecOf(item: CreateItem): string {
+  return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources });
+}
+
+/** Finds a layer reference among the rows of a project's layer scope (nearest project first). */
+function matchLayer(rows: LayerTable[], scope: string[], ref: string, field: string): string {
+  let match: LayerTable | undefined;
+  if (DIGEST_RE.test(ref)) {
+    const digest = ref.startsWith('sha256:') ? ref : `sha256:${ref}`;
+    match = rows.find((r) => r.digest === digest);
+  } else {
+    const name = layerName(ref);
+    const named = rows.filter((r) => r.name === name);
+    match = scope.map((s) => named.find((r) => r.project_id === s)).find(Boolean);
+  }
+  if (!match) throw new DsecError('LAYER_NOT_FOUND', `${field}: layer ${ref} not found`, { field, layer: ref });
+  return match.digest;
+}
 
 /** Normalizes a layer name to `name:tag`. */
 export function layerName(ref: string): string {
@@ -54,18 +171,32 @@ export interface ControlPlaneCounters {
   sandboxCreateFailures: number;
   sandboxesDestroyed: number;
   sandboxesExpired: number;
+  /** Creates answered by a warm pool's sandbox. */
+  poolClaims: number;
+  /** Creates answered by replaying an earlier request with the same idempotency key. */
+  idempotentReplays: number;
 }
 
 /** The control plane. */
-export class ControlPlane {
-  readonly counters: ControlPlaneCounters = { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0 };
+export class ControlPlane implements PoolHost {
+  readonly counters: ControlPlaneCounters = { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0, poolClaims: 0, idempotentReplays: 0 };
+  /** Creates waiting for quota or node capacity. */
+  readonly admission = new AdmissionQueue();
+  /** Idempotency keys of creates. */
+  readonly idempotency: IdempotencyKeys;
+  /** Keeps warm pools full (started by the platform). */
+  readonly pools: PoolManager;
 
   constructor(
     readonly store: StateStore,
     readonly auth: Authenticator,
     readonly nodes: NodeRegistry,
     readonly placement: Placement,
-  ) {}
+    private readonly log: (line: string) => void = () => undefined,
+  ) {
+    this.idempotency = new IdempotencyKeys(store);
+    this.pools = new PoolManager(this, log);
+  }
 
   /** Rebuilds node allocations from the stored sandboxes (after a restart). */
   async loadAllocations(): Promise<void> {
@@ -79,17 +210,24 @@ export class ControlPlane {
 
   // ---- sandboxes ----
 
-  /** Creates a sandbox: quota, placement, then the node; nothing is left behind on failure. */
-  async createSandbox(p: Principal, body: unknown, signal?: AbortSignal): Promise<Sandbox> {
-    requireRole(p, 'member');
-    const req = parseInput(CreateSandboxRequestSchema, body);
+  private chargeNode(node: NodeEntry, item: CreateItem, sign: 1 | -1): void {
+    this.nodes.charge(node.name, this.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign);
+  }
+
+  /** A resolver of layer references in a project (one read of its layer scope for many refs). */
+  private async layerResolver(projectId: string): Promise<(ref: string, field: string) => string> {
+    const scope = await this.layerScope(projectId);
+    const rows = await this.store.layers(scope);
+    return (ref, field) => matchLayer(rows, scope, ref, field);
+  }
+
+  /** Resolves a validated request: layers to digests, resources granted, the pool and request hashes. */
+  private prepare(req: SandboxRequest, prefix: string, resolve: (ref: string, field: string) => string): CreateItem {
+    const at = (f: string): string => (prefix ? `${prefix}.${f}` : f);
     const backend = req.backend ?? 'container';
-    const image: SandboxSpec['image'] = { base: await this.resolveLayer(p.projectId, req.image.base, 'image.base') };
-    if (req.image.workspace) image.workspace = await this.resolveLayer(p.projectId, req.image.workspace, 'image.workspace');
-    if (req.image.toolkits?.length) {
-      image.toolkits = [];
-      for (const [i, t] of req.image.toolkits.entries()) image.toolkits.push(await this.resolveLayer(p.projectId, t, `image.toolkits.${i}`));
-    }
+    const image: SandboxSpec['image'] = { base: resolve(req.image.base, at('image.base')) };
+    if (req.image.workspace) image.workspace = resolve(req.image.workspace, at('image.workspace'));
+    if (req.image.toolkits?.length) image.toolkits = req.image.toolkits.map((t, i) => resolve(t, at(`image.toolkits.${i}`)));
     const resources: GrantedResources = {
       cpu: req.resources?.cpu ?? DEFAULT_CPU,
       memoryMiB: req.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
@@ -100,64 +238,355 @@ export class ControlPlane {
     const spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
-    const reservation = { sandboxes: 1, cpu: resources.cpu, memoryMiB: resources.memoryMiB };
-    await this.store.reserve(p.projectId, reservation);
+    const rest: Record<string, unknown> = { ...req };
+    for (const f of CLAIM_FIELDS) delete rest[f];
+    const poolKey = hashOf({ ...rest, backend, image, resources: spec.resources });
+    return { req, spec, resources, backend, poolKey, requestHash: hashOf(req) };
+  }
+
+  /**
+   * Creates a sandbox: claimed from a warm pool of the project when one matches, else admitted
+   * (quota, node capacity; refused or queued as the request asks), placed and created on its
+   * node. With an idempotency key, a retry gets the first request's sandbox. Nothing is left
+   * behind on failure.
+   */
+  async createSandbox(p: Principal, body: unknown, signal?: AbortSignal, opts: CreateSandboxOptions = {}): Promise<Sandbox> {
+    requireRole(p, 'member');
+    const { admission, ...req } = parseInput(CreateSandboxRequestSchema, body);
+    const key = opts.idempotencyKey === undefined ? undefined : parseInput(IdempotencyKeySchema, opts.idempotencyKey, IDEMPOTENCY_FIELD);
+    const item = this.prepare(req, '', await this.layerResolver(p.projectId));
+    if (key !== undefined) {
+      const held = await this.idempotency.acquire(p.projectId, key, item.requestHash, signal);
+      if (!held.owned) {
+        opts.onReplay?.();
+        return this.replay(held.row);
+      }
+    }
+    return this.createHeld(p.projectId, item, admission ?? {}, signal, key);
+  }
+
+  /** Creates one item whose idempotency key (if any) the caller holds; completes or releases it. */
+  private async createHeld(projectId: string, item: CreateItem, admission: Admission, signal: AbortSignal | undefined, key: string | undefined, ticket?: Ticket): Promise<Sandbox> {
+    try {
+      let sb: Sandbox | undefined;
+      if (!ticket) sb = await this.claimFromPool(projectId, item);
+      if (!sb) {
+        const held = ticket ?? (await this.admission.admit(projectId, () => this.reserveAndPlace(projectId, item), { wait: admission.wait, timeoutMs: admission.timeoutMs, signal }));
+        sb = await this.createWithTicket(projectId, item, held, signal);
+      }
+      if (key !== undefined) await this.idempotency.complete(projectId, key, sb);
+      return sb;
+    } catch (err) {
+      if (key !== undefined) await this.idempotency.release(projectId, key);
+      throw err;
+    }
+  }
+
+  /** The reply to a retry: the sandbox as it is now, or the first reply if it is gone. */
+  private async replay(row: IdempotencyKeyTable): Promise<Sandbox> {
+    this.counters.idempotentReplays++;
+    const now = row.sandbox_id ? await this.store.sandbox(row.sandbox_id) : undefined;
+    if (now && now.project_id === row.project_id && now.pool_id === null) return this.toSandbox(now);
+    if (row.response) return JSON.parse(row.response) as Sandbox;
+    throw new DsecError('CONFLICT', `${IDEMPOTENCY_FIELD} ${row.key} belongs to a batch, not to one sandbox`, { field: IDEMPOTENCY_FIELD });
+  }
+
+  /** Reserves quota and a node for one create (the admission attempt); throws a capacity refusal. */
+  private async reserveAndPlace(projectId: string, item: CreateItem): Promise<Ticket> {
+    const reservation = reservationOf(item);
+    await this.store.reserve(projectId, reservation);
+    const node = this.placement.place(placementOf(item), this.nodes.all()) as NodeEntry | undefined;
+    if (!node) {
+      await this.store.unreserve(projectId, reservation);
+      throw capacityError(item);
+    }
+    this.chargeNode(node, item, 1);
+    return this.ticket(projectId, item, node, reservation);
+  }
+
+  private ticket(projectId: string, item: CreateItem, node: NodeEntry, reservation: Reservation): Ticket {
+    return {
+      node,
+      reservation,
+      release: async () => {
+        this.chargeNode(node, item, -1);
+        await this.store.unreserve(projectId, reservation);
+        this.capacityFreed();
+      },
+    };
+  }
+
+  /** Capacity went back to the pool of quota and nodes: wake waiters, refill pools. */
+  private capacityFreed(): void {
+    this.admission.notify();
+    this.pools.kick();
+  }
+
+  /**
+   * Creates a sandbox with the capacity a ticket holds; a node that refuses is excluded and
+   * placement runs again. On failure the reservation is returned and nothing is left behind.
+   */
+  private async createWithTicket(projectId: string, item: CreateItem, ticket: Ticket, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox> {
+    let node = ticket.node;
     const refused = new Set<string>();
     try {
       for (;;) {
-        const node = this.placement.place({ backend, cpu: resources.cpu, memoryMiB: resources.memoryMiB, cpuClass: resources.cpuClass }, this.nodes.all(), refused);
-        if (!node) throw new DsecError('CAPACITY_EXHAUSTED', `no node has room for this sandbox (${backend}, ${resources.cpu} cpu, ${resources.memoryMiB} MiB)`, { retryAfterMs: 1000 });
-        const created = await this.createOn(node as NodeEntry, p.projectId, req, spec, resources, signal);
+        const created = await this.createOn(node, projectId, item, signal, pool);
         if (created) {
           this.counters.sandboxesCreated++;
           return created;
         }
         refused.add(node.name);
+        const next = this.placement.place(placementOf(item), this.nodes.all(), refused) as NodeEntry | undefined;
+        if (!next) throw capacityError(item);
+        this.chargeNode(next, item, 1);
+        node = next;
       }
     } catch (err) {
       this.counters.sandboxCreateFailures++;
-      await this.store.unreserve(p.projectId, reservation);
+      await this.store.unreserve(projectId, ticket.reservation);
+      this.capacityFreed();
       throw err;
     }
   }
 
-  /** Creates on one node; undefined when the node refused for want of capacity. */
-  private async createOn(node: NodeEntry, projectId: string, req: z.infer<typeof CreateSandboxRequestSchema>, spec: SandboxSpec, resources: GrantedResources, signal?: AbortSignal): Promise<Sandbox | undefined> {
+  /**
+   * Creates on one node that is already charged for it; undefined when the node refused for
+   * want of capacity. On any failure the node's charge and the row are undone. A pool's member
+   * is created without env or labels and is left `pooled`.
+   */
+  private async createOn(node: NodeEntry, projectId: string, item: CreateItem, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox | undefined> {
     const id = `${node.name}-${randomBytes(8).toString('hex')}`;
     const createdAt = new Date();
+    const lifetimeMs = pool ? MAX_SANDBOX_TIMEOUT_MS : (item.req.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS);
     const row: SandboxTable = {
       id,
       project_id: projectId,
       node: node.name,
-      backend: spec.backend ?? 'container',
+      backend: item.backend,
       state: 'creating',
-      spec: JSON.stringify({ ...req, backend: spec.backend, resources }),
-      layers: JSON.stringify([spec.image.base, spec.image.workspace, ...(spec.image.toolkits ?? [])].filter(Boolean)),
-      cpu: resources.cpu,
-      memory_mib: resources.memoryMiB,
+      spec: rowSpecOf(item),
+      layers: JSON.stringify([item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? [])].filter(Boolean)),
+      cpu: item.resources.cpu,
+      memory_mib: item.resources.memoryMiB,
       created_at: createdAt.toISOString(),
-      expires_at: new Date(createdAt.getTime() + (req.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS)).toISOString(),
+      expires_at: new Date(createdAt.getTime() + lifetimeMs).toISOString(),
+      pool_id: pool?.id ?? null,
     };
-    const charge = this.placement.cpuCharge(resources);
-    this.nodes.charge(node.name, charge, resources.memoryMiB, 1);
-    await this.store.insertSandbox(row, req.labels ?? {});
+    await this.store.insertSandbox(row, item.req.labels ?? {});
     try {
-      await node.client.create(spec, signal ? { id, signal } : { id });
+      await node.client.create(item.spec, signal ? { id, signal } : { id });
     } catch (err) {
-      this.nodes.charge(node.name, charge, resources.memoryMiB, -1);
+      this.chargeNode(node, item, -1);
       await this.store.db.deleteFrom('sandboxes').where('id', '=', id).execute();
       if (err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
       throw err;
     }
-    row.state = 'running';
-    await this.store.transitionSandbox(id, ['creating'], 'running');
-    return this.toSandbox({ ...row, labels: req.labels ?? {} });
+    row.state = pool ? POOLED_STATE : 'running';
+    await this.store.transitionSandbox(id, ['creating'], row.state);
+    return this.toSandbox({ ...row, labels: item.req.labels ?? {} });
+  }
+
+  /**
+   * Claims a ready sandbox from one of the project's pools whose spec matches, in one
+   * transaction, and hands it over on its node (env, labels). Undefined when none is ready.
+   */
+  private async claimFromPool(projectId: string, item: CreateItem): Promise<Sandbox | undefined> {
+    const now = new Date();
+    const labels = item.req.labels ?? {};
+    const row = await this.store.claimPooled({
+      projectId,
+      specKey: item.poolKey,
+      spec: rowSpecOf(item),
+      labels,
+      createdAt: now.toISOString(),
+      expiresAt: new Date(now.getTime() + (item.req.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS)).toISOString(),
+    });
+    if (!row) return undefined;
+    this.pools.claimed();
+    try {
+      const node = this.nodes.get(row.node);
+      if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
+      await node.client.claim(row.id, { ...(item.req.env ? { env: item.req.env } : {}), ...(item.req.labels ? { labels } : {}) });
+    } catch {
+      // The member cannot be handed over (its node or sandbox is gone, or it was used): it is
+      // dropped, and this create goes on without the pool. Nobody has seen its id yet.
+      await this.discardClaimed(row);
+      return undefined;
+    }
+    this.counters.poolClaims++;
+    return this.toSandbox({ ...row, labels });
+  }
+
+  /** Removes a claimed pool member that could not be handed over. */
+  private async discardClaimed(row: SandboxTable): Promise<void> {
+    const node = this.nodes.get(row.node);
+    if (node) {
+      await node.client.destroy(row.id).catch(() => undefined);
+      this.nodes.charge(row.node, this.cpuCharge(row), row.memory_mib, -1);
+    }
+    await this.store.deleteSandbox(row);
+    this.capacityFreed();
+  }
+
+  /**
+   * Creates many sandboxes in one request, each with its own result: validation per item,
+   * claims from pools, quota for the rest in one transaction, placement in one pass over the
+   * nodes, then the creates with bounded concurrency. Items refused for capacity fail alone
+   * (or wait, if the batch asks to); a failed item leaves nothing behind.
+   */
+  async createSandboxes(p: Principal, body: unknown, opts: CreateBatchOptions = {}): Promise<CreateSandboxBatchResult> {
+    requireRole(p, 'member');
+    const batch = parseInput(CreateSandboxBatchRequestSchema, body);
+    const key = opts.idempotencyKey === undefined ? undefined : parseInput(IdempotencyKeySchema, opts.idempotencyKey, IDEMPOTENCY_FIELD);
+    const { signal } = opts;
+    const admission = batch.admission ?? {};
+    const projectId = p.projectId;
+    const resolve = await this.layerResolver(projectId);
+    const count = batch.items?.length ?? batch.count ?? 0;
+    const results: BatchItemResult[] = new Array<BatchItemResult>(count);
+    const finish = (index: number, outcome: { sandbox: Sandbox } | { error: unknown }): void => {
+      const r: BatchItemResult = 'sandbox' in outcome ? { index, sandbox: outcome.sandbox } : { index, error: this.itemError(outcome.error) };
+      results[index] = r;
+      opts.onItem?.(r);
+    };
+
+    // Validation: a bad spec fails the whole request; a bad item fails alone.
+    const items: Array<{ index: number; item: CreateItem }> = [];
+    if (batch.spec) {
+      const item = this.prepare(batch.spec, 'spec', resolve);
+      for (let i = 0; i < count; i++) items.push({ index: i, item });
+    } else {
+      for (const [i, raw] of (batch.items ?? []).entries()) {
+        try {
+          items.push({ index: i, item: this.prepare(parseInput(SandboxRequestSchema, raw, `items.${i}`), `items.${i}`, resolve) });
+        } catch (err) {
+          finish(i, { error: err });
+        }
+      }
+    }
+    if (key !== undefined) {
+      // The batch's own key guards against reusing it for another batch; items get `<key>#<i>`.
+      const { admission: _ignored, ...what } = batch;
+      const held = await this.idempotency.acquire(projectId, key, hashOf({ batch: what }), signal);
+      if (held.owned) await this.idempotency.complete(projectId, key, null);
+    }
+
+    opts.onStart?.();
+
+    interface Task {
+      run(): Promise<void>;
+      cancel(): Promise<void>;
+    }
+    const tasks: Task[] = [];
+    const itemKey = (index: number): string | undefined => (key === undefined ? undefined : `${key}#${index}`);
+    const cancelled = (): DsecError => new DsecError('CANCELLED', 'the request was cancelled before this item was created');
+    /** A task for one item whose key (if any) is held: through the whole pipeline, or with a ticket. */
+    const held = (index: number, item: CreateItem, ticket?: Ticket): Task => ({
+      run: async () => {
+        try {
+          finish(index, { sandbox: await this.createHeld(projectId, item, admission, signal, itemKey(index), ticket) });
+        } catch (err) {
+          finish(index, { error: err });
+        }
+      },
+      cancel: async () => {
+        await ticket?.release();
+        const k = itemKey(index);
+        if (k !== undefined) await this.idempotency.release(projectId, k);
+        finish(index, { error: cancelled() });
+      },
+    });
+
+    // Keys and claims, item by item (a claim is one short transaction).
+    const fresh: Array<{ index: number; item: CreateItem }> = [];
+    for (const it of items) {
+      const k = itemKey(it.index);
+      try {
+        if (k !== undefined) {
+          const got = await this.idempotency.tryAcquire(projectId, k, it.item.requestHash);
+          if ('pending' in got) {
+            // Another request holds this item's key: wait for it, as a single create would.
+            tasks.push({
+              run: async () => {
+                try {
+                  const again = await this.idempotency.acquire(projectId, k, it.item.requestHash, signal);
+                  finish(it.index, { sandbox: again.owned ? await this.createHeld(projectId, it.item, admission, signal, k) : await this.replay(again.row) });
+                } catch (err) {
+                  finish(it.index, { error: err });
+                }
+              },
+              cancel: async () => finish(it.index, { error: cancelled() }),
+            });
+            continue;
+          }
+          if (!got.owned) {
+            finish(it.index, { sandbox: await this.replay(got.row) });
+            continue;
+          }
+        }
+        const claimed = await this.claimFromPool(projectId, it.item);
+        if (!claimed) {
+          fresh.push(it);
+          continue;
+        }
+        if (k !== undefined) await this.idempotency.complete(projectId, k, claimed);
+        finish(it.index, { sandbox: claimed });
+      } catch (err) {
+        if (k !== undefined) await this.idempotency.release(projectId, k).catch(() => undefined);
+        finish(it.index, { error: err });
+      }
+    }
+
+    // Quota for the rest in one transaction, placement in one pass, unless the project already
+    // has creates waiting (they go first: these queue behind them, or are refused).
+    const queued = this.admission.waiting(projectId) > 0;
+    const refusals = queued ? fresh.map(() => undefined) : await this.store.reserveMany(projectId, fresh.map((f) => reservationOf(f.item)));
+    const admitted = queued ? [] : fresh.filter((_, i) => !refusals[i]);
+    const nodes = this.placement.placeMany(admitted.map((f) => placementOf(f.item)), this.nodes.all());
+    const later: Array<{ index: number; item: CreateItem; refusal: DsecError | undefined }> = queued ? fresh.map((f) => ({ ...f, refusal: undefined })) : [];
+    for (const [i, f] of admitted.entries()) {
+      const node = nodes[i];
+      if (node) {
+        this.chargeNode(node, f.item, 1);
+        tasks.push(held(f.index, f.item, this.ticket(projectId, f.item, node, reservationOf(f.item))));
+      } else {
+        await this.store.unreserve(projectId, reservationOf(f.item));
+        later.push({ ...f, refusal: capacityError(f.item) });
+      }
+    }
+    if (!queued) for (const [i, f] of fresh.entries()) if (refusals[i]) later.push({ ...f, refusal: refusals[i] });
+    for (const f of later.sort((a, b) => a.index - b.index)) {
+      if (admission.wait) {
+        tasks.push(held(f.index, f.item));
+        continue;
+      }
+      // Behind the project's waiting creates: the admission queue answers (a refusal, at once).
+      if (!f.refusal) {
+        tasks.push(held(f.index, f.item));
+        continue;
+      }
+      const k = itemKey(f.index);
+      if (k !== undefined) await this.idempotency.release(projectId, k);
+      finish(f.index, { error: f.refusal });
+    }
+
+    // The creates, a few at a time; after a cancel the rest are given back unstarted.
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      for (let t = tasks[next++]; t; t = tasks[next++]) await (signal?.aborted ? t.cancel() : t.run());
+    };
+    const concurrency = Math.max(1, opts.concurrency ?? DEFAULT_BATCH_CONCURRENCY);
+    await Promise.all(Array.from({ length: Math.min(concurrency, tasks.length) }, worker));
+    const created = results.filter((r) => r.sandbox).length;
+    return { items: results, created, failed: count - created };
   }
 
   /** A sandbox row the principal may see, or SANDBOX_NOT_FOUND. */
   async sandboxRow(p: Principal, id: string): Promise<SandboxRow> {
     const row = typeof id === 'string' && id.length <= 128 ? await this.store.sandbox(id) : undefined;
-    if (!row || !p.visibleProjects.has(row.project_id)) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
+    // A pool's sandbox is nobody's until it is claimed.
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
     return row;
   }
 
@@ -166,7 +595,7 @@ export class ControlPlane {
     requireRole(p, minRole);
     // The hot path (every exec and file operation): one indexed read, no labels.
     const row = typeof id === 'string' && id.length <= 128 ? await this.store.sandboxOnly(id) : undefined;
-    if (!row || !p.visibleProjects.has(row.project_id)) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
     const node = this.nodes.get(row.node);
     if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${id} is not reachable`, { sandboxId: id });
     if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${row.state}`, { sandboxId: id });
@@ -202,11 +631,18 @@ export class ControlPlane {
     await this.destroyRow(row);
   }
 
+  /** Destroys a pool's member if it is still ready; a member claimed meanwhile is left alone. */
+  async destroyPooled(row: SandboxTable): Promise<void> {
+    await this.destroyRow(row, [POOLED_STATE]).catch((err: unknown) => {
+      if (!(err instanceof DsecError && (err.code === 'CONFLICT' || err.code === 'SANDBOX_NOT_FOUND'))) throw err;
+    });
+  }
+
   /** Destroys a sandbox by its row (the watcher uses this for expiry and orphans). */
-  async destroyRow(row: SandboxTable): Promise<void> {
+  async destroyRow(row: SandboxTable, from: string[] = DESTROYABLE_STATES): Promise<void> {
     // Claim the row first: one destroyer per sandbox, and never one that is still being
     // created (its quota and node charge belong to the create until it finishes).
-    if (!(await this.store.transitionSandbox(row.id, DESTROYABLE_STATES, 'stopping'))) {
+    if (!(await this.store.transitionSandbox(row.id, from, 'stopping'))) {
       const now = await this.store.sandbox(row.id);
       if (!now) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${row.id} not found`, { sandboxId: row.id });
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
@@ -225,6 +661,7 @@ export class ControlPlane {
     }
     await this.store.deleteSandbox(row);
     this.counters.sandboxesDestroyed++;
+    this.capacityFreed();
   }
 
   toSandbox(row: SandboxRow): Sandbox {
@@ -245,6 +682,117 @@ export class ControlPlane {
     };
   }
 
+  /** The error body of a failed batch item; unexpected errors are logged, as the HTTP layer does. */
+  private itemError(err: unknown): ItemError {
+    if (err instanceof DsecError) return err.toJSON().error;
+    this.log(`internal error in a batch item: ${(err as Error)?.stack ?? String(err)}`);
+    return { code: 'INTERNAL', message: 'internal error' };
+  }
+
+  // ---- warm pools ----
+
+  /** Creates or replaces a pool of the caller's project; it fills in the background. */
+  async putPool(p: Principal, name: string, body: unknown): Promise<Pool> {
+    requireRole(p, 'member');
+    const poolName = parseInput(PoolNameSchema, name, 'name');
+    const req = parseInput(PutPoolRequestSchema, body);
+    const item = this.prepare(req.spec, 'spec', await this.layerResolver(p.projectId));
+    // A pool's sandboxes count against the quota: a pool that could never fill is refused.
+    for (const id of await this.store.ancestry(p.projectId)) {
+      const q = await this.store.project(id);
+      if (!q) continue;
+      const over =
+        req.size > q.quota_sandboxes
+          ? `${req.size} sandboxes exceed the quota of ${q.quota_sandboxes}`
+          : req.size * item.resources.cpu > q.quota_cpu
+            ? `${req.size} x ${item.resources.cpu} cpu exceed the cpu quota of ${q.quota_cpu}`
+            : req.size * item.resources.memoryMiB > q.quota_memory_mib
+              ? `${req.size} x ${item.resources.memoryMiB} MiB exceed the memory quota of ${q.quota_memory_mib} MiB`
+              : undefined;
+      if (over) throw invalidArgument('size', `${over} (project ${q.name})`);
+    }
+    const resolved = { ...req.spec, backend: item.backend, image: item.spec.image, resources: item.spec.resources };
+    const old = await this.store.pool(p.projectId, poolName);
+    const { row } = await this.store.putPool({
+      projectId: p.projectId,
+      name: poolName,
+      spec: JSON.stringify(req.spec),
+      resolved: JSON.stringify(resolved),
+      specKey: item.poolKey,
+      size: req.size,
+      idleTimeoutMs: req.idleTimeoutMs ?? DEFAULT_POOL_IDLE_TIMEOUT_MS,
+      maxPools: MAX_POOLS_PER_PROJECT,
+    });
+    // A new spec made a new pool: the old one's ready sandboxes go now, their quota with them.
+    if (old && old.id !== row.id) await this.pools.drain(old.id);
+    this.pools.kick();
+    return this.toPool(row);
+  }
+
+  /** The pools of the caller's project and its descendants. */
+  async listPools(p: Principal): Promise<Pool[]> {
+    requireRole(p, 'viewer');
+    const rows = await this.store.pools([...p.visibleProjects]);
+    const counts = await this.store.poolMemberCounts();
+    return rows.map((r) => this.poolBody(r, counts.get(r.id)?.[POOLED_STATE] ?? 0));
+  }
+
+  /** One pool of the caller's project. */
+  async getPool(p: Principal, name: string): Promise<Pool> {
+    requireRole(p, 'viewer');
+    return this.toPool(await this.poolRow(p, name));
+  }
+
+  /** Deletes a pool; its ready sandboxes are destroyed before this returns. */
+  async deletePool(p: Principal, name: string): Promise<void> {
+    requireRole(p, 'member');
+    const row = await this.poolRow(p, name);
+    await this.store.deletePool(row.id);
+    await this.pools.drain(row.id);
+  }
+
+  private async poolRow(p: Principal, name: string): Promise<PoolTable> {
+    const poolName = parseInput(PoolNameSchema, name, 'name');
+    const row = await this.store.pool(p.projectId, poolName);
+    if (!row) throw new DsecError('NOT_FOUND', `pool ${poolName} not found`, { pool: poolName });
+    return row;
+  }
+
+  private async toPool(row: PoolTable): Promise<Pool> {
+    return this.poolBody(row, (await this.store.poolMemberCounts(row.id)).get(row.id)?.[POOLED_STATE] ?? 0);
+  }
+
+  private poolBody(row: PoolTable, ready: number): Pool {
+    const progress = this.pools.progress(row.id);
+    return {
+      name: row.name,
+      project: row.project_id,
+      spec: JSON.parse(row.spec) as Pool['spec'],
+      size: row.size,
+      idleTimeoutMs: row.idle_timeout_ms,
+      ready,
+      creating: progress.creating,
+      idle: poolIsIdle(row),
+      lastError: progress.lastError,
+      lastUsedAt: row.last_used_at,
+      createdAt: row.created_at,
+      updatedAt: row.updated_at,
+    };
+  }
+
+  /** Creates one ready member of a pool (the pool manager's refill); throws when refused. */
+  async createPoolMember(pool: PoolTable): Promise<void> {
+    const req = JSON.parse(pool.resolved) as SandboxRequest;
+    const item = this.prepare(req, 'spec', (ref) => ref);
+    const ticket = await this.reserveAndPlace(pool.project_id, item);
+    await this.createWithTicket(pool.project_id, item, ticket, undefined, pool);
+  }
+
+  /** Creates of a project waiting for admission. */
+  waitingAdmissions(projectId: string): number {
+    return this.admission.waiting(projectId);
+  }
+
   // ---- layers ----
 
   /** Projects whose layers a project may use: itself, its ancestors, then the public ones. */
@@ -254,19 +802,7 @@ export class ControlPlane {
 
   /** Resolves a layer reference for a project to a `sha256:` digest. */
   async resolveLayer(projectId: string, ref: string, field: string): Promise<string> {
-    const scope = await this.layerScope(projectId);
-    const rows = await this.store.layers(scope);
-    let match: LayerTable | undefined;
-    if (DIGEST_RE.test(ref)) {
-      const digest = ref.startsWith('sha256:') ? ref : `sha256:${ref}`;
-      match = rows.find((r) => r.digest === digest);
-    } else {
-      const name = layerName(ref);
-      const named = rows.filter((r) => r.name === name);
-      match = scope.map((s) => named.find((r) => r.project_id === s)).find(Boolean);
-    }
-    if (!match) throw new DsecError('LAYER_NOT_FOUND', `${field}: layer ${ref} not found`, { field, layer: ref });
-    return match.digest;
+    return (await this.layerResolver(projectId))(ref, field);
   }
 
   /** Records a layer built on the nodes as owned by a project (public for built-ins). */

@@ -45,6 +45,14 @@ export class Metrics {
       out.push('# TYPE dsec_sandbox_create_failures_total counter', `dsec_sandbox_create_failures_total ${c.sandboxCreateFailures}`);
       out.push('# TYPE dsec_sandboxes_destroyed_total counter', `dsec_sandboxes_destroyed_total ${c.sandboxesDestroyed}`);
       out.push('# TYPE dsec_sandboxes_expired_total counter', `dsec_sandboxes_expired_total ${c.sandboxesExpired}`);
+      out.push('# HELP dsec_pool_claims_total Creates answered by a warm pool.', '# TYPE dsec_pool_claims_total counter', `dsec_pool_claims_total ${c.poolClaims}`);
+      out.push('# HELP dsec_idempotent_replays_total Creates answered by an earlier request with the same idempotency key.', '# TYPE dsec_idempotent_replays_total counter', `dsec_idempotent_replays_total ${c.idempotentReplays}`);
+      const a = this.cp.admission;
+      out.push('# HELP dsec_admission_waiting Creates waiting for quota or capacity.', '# TYPE dsec_admission_waiting gauge', `dsec_admission_waiting ${a.waiting()}`);
+      out.push('# TYPE dsec_admission_waits_total counter', `dsec_admission_waits_total ${a.counters.waited}`);
+      out.push('# TYPE dsec_admission_timeouts_total counter', `dsec_admission_timeouts_total ${a.counters.timedOut}`);
+      out.push('# TYPE dsec_admission_cancelled_total counter', `dsec_admission_cancelled_total ${a.counters.cancelled}`);
+      out.push('# TYPE dsec_admission_queue_full_total counter', `dsec_admission_queue_full_total ${a.counters.queueFull}`);
       out.push('# HELP dsec_node_sandboxes Sandboxes allocated per node.', '# TYPE dsec_node_sandboxes gauge');
       for (const n of this.cp.nodes.all()) {
         out.push(`dsec_node_sandboxes{node="${n.name}"} ${n.allocated.sandboxes}`);

@@ -12,6 +12,7 @@ export type EdgeClient = Pick<
   | 'nodeName'
   | 'capacity'
   | 'create'
+  | 'claim'
   | 'destroy'
   | 'list'
   | 'exec'

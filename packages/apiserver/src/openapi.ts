@@ -11,16 +11,23 @@ interface Route {
   query?: Schema;
   reply?: Schema | 'binary' | 'ndjson';
   status?: number;
+  /** Optional request headers the route reads. */
+  headers?: string[];
 }
 
 const page = (item: Schema): Schema => api.pageOf(item);
 
 const ROUTES: Route[] = [
-  { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201 },
+  { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox (claimed from a warm pool when one matches)', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201, headers: [api.IDEMPOTENCY_KEY_HEADER] },
+  { method: 'post', path: '/v1/sandboxes:batch', summary: 'Create up to 10,000 sandboxes, one result per item (ndjson progress with Accept: application/x-ndjson)', body: api.CreateSandboxBatchRequestSchema, reply: api.CreateSandboxBatchResultSchema, headers: [api.IDEMPOTENCY_KEY_HEADER] },
   { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
   { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
   { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  { method: 'put', path: '/v1/pools/{name}', summary: 'Create or replace a warm pool', body: api.PutPoolRequestSchema, reply: api.PoolSchema },
+  { method: 'get', path: '/v1/pools', summary: 'List warm pools', reply: page(api.PoolSchema) },
+  { method: 'get', path: '/v1/pools/{name}', summary: 'Get a warm pool', reply: api.PoolSchema },
+  { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
@@ -69,6 +76,7 @@ export function openApiDocument(): unknown {
       const q = jsonSchema(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
       for (const [name, schema] of Object.entries(q.properties ?? {})) params.push({ name, in: 'query', required: (q.required ?? []).includes(name), schema } as never);
     }
+    for (const name of r.headers ?? []) params.push({ name, in: 'header', required: false, schema: { type: 'string' } } as never);
     if (params.length) op.parameters = params;
     if (r.body === 'binary') op.requestBody = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
     else if (r.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(r.body, 'input') } } };

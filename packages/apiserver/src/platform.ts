@@ -85,8 +85,11 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
     nodes.add(edge);
-    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement));
+    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement), log);
     await cp.loadAllocations();
+    // This process is the only apiserver: a key still pending belongs to a request that died
+    // with the previous one.
+    await store.dropPendingIdempotencyKeys(new Date().toISOString());
 
     // The built-in base, built on first start (seconds) and public to every project.
     let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);
@@ -140,7 +143,12 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}) },
     );
     watcher.start();
-    closers.unshift(() => watcher.stop());
+    cp.pools.start();
+    closers.unshift(
+      () => watcher.stop(),
+      () => cp.pools.stop(),
+      () => cp.admission.close(),
+    );
 
     let closed = false;
     const platform: Platform = {
@@ -156,6 +164,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       },
       async shutdown() {
         await watcher.stop();
+        await cp.pools.stop();
+        cp.admission.close();
         for (const row of await store.allSandboxes()) await cp.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
         await platform.close();
         await edge.shutdown();

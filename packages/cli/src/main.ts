@@ -7,6 +7,7 @@ import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
+import { registerPools } from './commands/pools.js';
 import { registerSandbox } from './commands/sandbox.js';
 import { registerUp } from './commands/up.js';
 
@@ -32,6 +33,7 @@ export function buildProgram(): Command {
   registerCall(program);
   registerCp(program);
   registerImage(program);
+  registerPools(program);
   registerKeys(program);
   registerProjects(program);
   registerNodes(program);

@@ -1,5 +1,5 @@
 // The interface every isolation backend implements (fncall, container, microvm, vm).
-import type { BackendKind, LayerInfo, SandboxSpec, SandboxStats } from '@dsec/protocol';
+import type { BackendKind, LayerInfo, SandboxClaim, SandboxSpec, SandboxStats } from '@dsec/protocol';
 import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
 import type { FileStat } from '@dsec/protocol';
 
@@ -58,6 +58,11 @@ export interface Backend {
   agent(id: string): Promise<SandboxAgent>;
   /** A new connection of the caller's own, for a reader that must not share one. */
   connectAgent(id: string): Promise<SandboxAgent>;
+  /**
+   * Records a claim of a sandbox created ahead of demand: its env and labels, kept so that a
+   * restarted edge applies them again. A sandbox is claimed at most once (CONFLICT after).
+   */
+  claim(id: string, claim: SandboxClaim): Promise<void>;
   /** Stops a sandbox and removes everything it had: processes, mounts, cgroups, files. */
   destroy(id: string): Promise<void>;
   /** Current resource use. */

@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { access, mkdir } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
+import { DsecError, ExecSpecSchema, SandboxClaimSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
 import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
@@ -76,6 +76,8 @@ interface Entry {
   oomAtSpawn: Map<number, number>;
   /** A destroy in progress (concurrent destroys share it). */
   destroying?: Promise<void>;
+  /** Set on the first use of its agent (or a claim): a used sandbox is never claimed. */
+  used: boolean;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -155,7 +157,7 @@ export class Edge {
     const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
-        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map() });
+        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map(), used: false });
       }
     }
     return edge;
@@ -214,8 +216,26 @@ export class Edge {
     } finally {
       this.creating--;
     }
-    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map() });
+    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map(), used: false });
     return this.info(id);
+  }
+
+  /**
+   * Hands a sandbox created ahead of demand (a warm pool's) to its claimer: its commands get
+   * the claimer's env from now on and it carries the claimer's labels, as if it had been created
+   * with them. Refused (CONFLICT) for a sandbox that anything has used, or claimed, before.
+   */
+  async claim(id: string, input: unknown): Promise<SandboxInfo> {
+    const claim = parse(SandboxClaimSchema, input, '');
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    if (e.used) throw new DsecError('CONFLICT', `sandbox ${id} was used before; it cannot be claimed`, { sandboxId: id });
+    e.used = true;
+    if (claim.env !== undefined || claim.labels !== undefined) {
+      await e.backend.claim(id, claim);
+      e.record = { ...e.record, spec: { ...e.record.spec, ...claim } };
+    }
+    return this.toInfo(e);
   }
 
   private entry(id: string): Entry {
@@ -250,6 +270,7 @@ export class Edge {
   async agent(id: string): Promise<SandboxAgent> {
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    e.used = true;
     return e.backend.agent(id);
   }
 
@@ -358,6 +379,7 @@ export class Edge {
     // connection of its own, closed when its attachment ends.
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    e.used = true;
     const agent = await e.backend.connectAgent(id);
     try {
       const att = await agent.attach(proc, from);

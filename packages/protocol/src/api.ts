@@ -23,6 +23,33 @@ export const DEFAULT_SANDBOX_TIMEOUT_MS = 3_600_000;
 /** Longest lifetime a create request may ask for. */
 export const MAX_SANDBOX_TIMEOUT_MS = 7 * 86_400_000;
 
+/** Default and longest time a create may wait in the admission queue (ms). */
+export const DEFAULT_ADMISSION_WAIT_MS = 30_000;
+export const MAX_ADMISSION_WAIT_MS = 600_000;
+
+/**
+ * What a create does when the project's quota or the nodes are full: by default it is refused
+ * at once (429 QUOTA_EXCEEDED or 503 CAPACITY_EXHAUSTED, with `Retry-After`); with `wait` it
+ * waits in a bounded queue, fair across projects, until capacity frees or `timeoutMs` passes.
+ */
+export const AdmissionSchema = z.strictObject({
+  wait: z.boolean().optional(),
+  /** Longest wait in ms; default {@link DEFAULT_ADMISSION_WAIT_MS}. */
+  timeoutMs: z.number().int().min(0).max(MAX_ADMISSION_WAIT_MS).optional(),
+});
+export type Admission = z.infer<typeof AdmissionSchema>;
+
+/** Header that makes a create (or a batch) idempotent. */
+export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
+/** How long an idempotency key is remembered (ms). */
+export const DEFAULT_IDEMPOTENCY_TTL_MS = 86_400_000;
+/** An idempotency key: 1-255 printable ASCII characters, no spaces and no `#` (batches derive `<key>#<index>`). */
+export const IdempotencyKeySchema = z
+  .string()
+  .min(1)
+  .max(255)
+  .regex(/^[\x21\x22\x24-\x7e]+$/, 'printable ASCII without spaces or #');
+
 /** POST /v1/sandboxes */
 export const CreateSandboxRequestSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
@@ -32,6 +59,8 @@ export const CreateSandboxRequestSchema = z.strictObject({
   labels: LabelsSchema.optional(),
   /** Lifetime in ms from creation; the sandbox is destroyed when it elapses. */
   timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /** Refuse at once (default) or wait when the quota or the nodes are full. */
+  admission: AdmissionSchema.optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequestSchema>;
 
@@ -363,3 +392,104 @@ export type CallBatchItem = z.infer<typeof CallBatchItemSchema>;
 /** 200 reply of POST /v1/calls/batch: one item per call, in request order. */
 export const CallBatchResultSchema = z.object({ results: z.array(CallBatchItemSchema) });
 export type CallBatchResult = z.infer<typeof CallBatchResultSchema>;
+
+// ---- batches and warm pools ----
+
+/** Most sandboxes one batch creates. */
+export const MAX_BATCH_SIZE = 10_000;
+
+/** One sandbox of a batch: a create request without an admission option of its own. */
+export const SandboxRequestSchema = CreateSandboxRequestSchema.omit({ admission: true });
+export type SandboxRequest = z.infer<typeof SandboxRequestSchema>;
+
+/**
+ * POST /v1/sandboxes:batch: `count` sandboxes of one `spec`, or one per entry of `items`. Each
+ * entry of `items` is validated on its own: a bad one fails alone, naming `items.<i>.<field>`.
+ */
+export const CreateSandboxBatchRequestSchema = z
+  .strictObject({
+    spec: SandboxRequestSchema.optional(),
+    count: z.number().int().min(1).max(MAX_BATCH_SIZE).optional(),
+    items: z.array(z.unknown().describe('a sandbox create request (without admission)')).min(1).max(MAX_BATCH_SIZE).optional(),
+    admission: AdmissionSchema.optional(),
+  })
+  .refine((b) => b.items === undefined || (b.spec === undefined && b.count === undefined), { message: 'give either spec with count, or items', path: ['items'] })
+  .refine((b) => b.items !== undefined || b.spec !== undefined, { message: 'give either spec with count, or items', path: ['spec'] })
+  .refine((b) => b.items !== undefined || b.count !== undefined, { message: 'required with spec', path: ['count'] });
+export type CreateSandboxBatchRequest = z.infer<typeof CreateSandboxBatchRequestSchema>;
+
+/** The error of one failed item (the same body as an error reply's `error`). */
+export const ItemErrorSchema = z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough();
+export type ItemError = z.infer<typeof ItemErrorSchema>;
+
+/** The outcome of one item of a batch: its sandbox, or the error that kept it from being created. */
+export const BatchItemResultSchema = z.object({
+  /** Position of the item in the request (for `count`, 0 to count-1). */
+  index: z.number(),
+  sandbox: SandboxSchema.optional(),
+  error: ItemErrorSchema.optional(),
+});
+export type BatchItemResult = z.infer<typeof BatchItemResultSchema>;
+
+/** 200 reply of a batch: one result per item, in request order. */
+export const CreateSandboxBatchResultSchema = z.object({
+  items: z.array(BatchItemResultSchema),
+  created: z.number(),
+  failed: z.number(),
+});
+export type CreateSandboxBatchResult = z.infer<typeof CreateSandboxBatchResultSchema>;
+
+/** One line of a batch streamed as `application/x-ndjson`: an item as it finishes, then the summary. */
+export const BatchEventSchema = z.discriminatedUnion('type', [
+  BatchItemResultSchema.extend({ type: z.literal('item') }),
+  z.object({ type: z.literal('summary'), created: z.number(), failed: z.number(), durationMs: z.number() }),
+  /** The batch stopped early (items not reported were not created). */
+  z.object({ type: z.literal('error'), error: ItemErrorSchema }),
+]);
+export type BatchEvent = z.infer<typeof BatchEventSchema>;
+
+/** Largest warm pool. */
+export const MAX_POOL_SIZE = 1000;
+/** Most pools per project. */
+export const MAX_POOLS_PER_PROJECT = 64;
+/** A pool unclaimed this long (ms) drops its ready sandboxes until the next matching create. */
+export const DEFAULT_POOL_IDLE_TIMEOUT_MS = 600_000;
+export const MAX_POOL_IDLE_TIMEOUT_MS = 7 * 86_400_000;
+
+/** A pool's name: unique in its project. */
+export const PoolNameSchema = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and -');
+
+/** What a pool keeps ready: a create request less what a claim applies (env, labels, timeoutMs). */
+export const PoolSpecSchema = SandboxRequestSchema.omit({ env: true, labels: true, timeoutMs: true });
+export type PoolSpec = z.infer<typeof PoolSpecSchema>;
+
+/** PUT /v1/pools/{name}: creates or replaces a pool. */
+export const PutPoolRequestSchema = z.strictObject({
+  spec: PoolSpecSchema,
+  /** Sandboxes kept ready; they count against the project's quota. */
+  size: z.number().int().min(0).max(MAX_POOL_SIZE),
+  /** Default {@link DEFAULT_POOL_IDLE_TIMEOUT_MS}. */
+  idleTimeoutMs: z.number().int().min(1000).max(MAX_POOL_IDLE_TIMEOUT_MS).optional(),
+});
+export type PutPoolRequest = z.infer<typeof PutPoolRequestSchema>;
+
+/** A warm pool as the API returns it. */
+export const PoolSchema = z.object({
+  name: z.string(),
+  project: z.string(),
+  spec: PoolSpecSchema,
+  size: z.number(),
+  idleTimeoutMs: z.number(),
+  /** Sandboxes created and ready to be claimed. */
+  ready: z.number(),
+  /** Sandboxes being created for the pool. */
+  creating: z.number(),
+  /** True when unclaimed for idleTimeoutMs: the pool keeps none ready until a matching create. */
+  idle: z.boolean(),
+  /** Why the last refill failed (quota, capacity), or null. */
+  lastError: z.string().nullable(),
+  lastUsedAt: z.string(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+});
+export type Pool = z.infer<typeof PoolSchema>;

@@ -77,6 +77,11 @@ export const SandboxSpecSchema = z.strictObject({
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;
 
+/** What a claim applies to a sandbox created ahead of demand (a warm pool's). */
+export const SandboxClaimSchema = z.strictObject({ env: EnvSchema.optional(), labels: LabelsSchema.optional() });
+/** What a claim applies to a pooled sandbox. */
+export type SandboxClaim = z.infer<typeof SandboxClaimSchema>;
+
 /** Largest single command line (argv bytes, or a shell string). */
 export const MAX_COMMAND_BYTES = 1_048_576;
 

@@ -5,6 +5,7 @@ import { send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
 import { LayersApi } from './layers.js';
+import { PoolsApi } from './pools.js';
 import type { NodeInfo } from './types.js';
 
 /** API URL used when neither the options nor `DSEC_API_URL` give one. */
@@ -47,6 +48,8 @@ export class DsecClient {
   readonly projects: ProjectsApi;
   /** Stateless function calls: `calls.run({runtime: 'python3', code})`. */
   readonly calls: CallsApi;
+  /** Warm pools: sandboxes kept ready for creates that match them. */
+  readonly pools: PoolsApi;
   /** Nodes and their capacity. */
   readonly nodes: { list(opts?: CallOptions): Promise<NodeInfo[]> };
   readonly #target: HttpTarget;
@@ -69,6 +72,7 @@ export class DsecClient {
     this.keys = new KeysApi(this);
     this.projects = new ProjectsApi(this);
     this.calls = new CallsApi(this);
+    this.pools = new PoolsApi(this);
     this.nodes = {
       list: async (o: CallOptions = {}) => (await this.json<{ items: NodeInfo[] }>({ method: 'GET', path: '/v1/nodes' }, o)).items,
     };

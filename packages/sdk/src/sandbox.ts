@@ -1,6 +1,17 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
-import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { ExecEvent, ExecRequest } from '@dsec/protocol';
+import {
+  CreateSandboxBatchRequestSchema,
+  CreateSandboxRequestSchema,
+  DEFAULT_ADMISSION_WAIT_MS,
+  DsecError,
+  ExecRequestSchema,
+  IDEMPOTENCY_KEY_HEADER,
+  IdempotencyKeySchema,
+  ListSandboxesQuerySchema,
+  WsExecRequestSchema,
+  invalidArgument,
+} from '@dsec/protocol';
+import type { BatchEvent, ExecEvent, ExecRequest } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -9,7 +20,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, Page, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { ExecResult, ExitInfo, Page, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -55,6 +66,40 @@ export interface SpawnOptions extends CommandOptions {
   requestTimeoutMs?: number;
 }
 
+/** Options of `Sandbox.create` beyond the sandbox's spec. */
+export interface CreateOptions extends CallOptions {
+  /**
+   * Makes the create idempotent (`Idempotency-Key`): a retry with the same key and spec gets the
+   * same sandbox, even while the first request is still creating it. Keys live 24 h per project.
+   */
+  idempotencyKey?: string | undefined;
+}
+
+/** Options of `Sandbox.createBatch`. */
+export interface BatchCreateOptions extends CallOptions {
+  /** Makes the batch idempotent: a retry creates only the items that were not created. */
+  idempotencyKey?: string | undefined;
+  /** Called with each item as it finishes (in completion order). */
+  onItem?: ((item: BatchItem) => void) | undefined;
+}
+
+/** One item of a batch: its sandbox, or the error that kept it from being created. */
+export interface BatchItem {
+  /** Position in the request (0 to count-1). */
+  index: number;
+  sandbox?: Sandbox;
+  error?: DsecError;
+}
+
+/** What `Sandbox.createBatch` returns: one item per requested sandbox, in request order. */
+export interface BatchCreateResult {
+  items: BatchItem[];
+  created: number;
+  failed: number;
+  /** The created sandboxes, in request order. */
+  sandboxes: Sandbox[];
+}
+
 /** Options of `sandbox.attach`. */
 export interface AttachOptions extends OutputCallbacks {
   /** Stdout byte offset to read on from (default 0: all that the agent still holds). */
@@ -86,6 +131,10 @@ export class SandboxPaginator implements AsyncIterable<SandboxInfo> {
       cursor = page.nextCursor ?? undefined;
     } while (cursor);
   }
+}
+
+function idempotencyHeaders(key: string | undefined): Record<string, string> | undefined {
+  return key === undefined ? undefined : { [IDEMPOTENCY_KEY_HEADER]: validate(IdempotencyKeySchema, key, 'idempotencyKey') };
 }
 
 function checkSandboxId(id: string): string {
@@ -131,13 +180,57 @@ export class Sandbox {
     this.lastInfo = info;
   }
 
-  /** Creates a sandbox and returns once it is running. */
-  static async create(opts: SandboxCreateOptions & CallOptions, conn: ConnectionOptions = {}): Promise<Sandbox> {
-    const { signal, requestTimeoutMs, ...spec } = opts;
+  /**
+   * Creates a sandbox and returns once it is running (claimed from a warm pool of the project
+   * when one matches). With `admission: {wait: true}` it waits for quota or capacity instead of
+   * failing with QUOTA_EXCEEDED or CAPACITY_EXHAUSTED; that wait is added to the request timeout.
+   */
+  static async create(opts: SandboxCreateOptions & CreateOptions, conn: ConnectionOptions = {}): Promise<Sandbox> {
+    const { signal, requestTimeoutMs, idempotencyKey, ...spec } = opts;
     const body = validate(CreateSandboxRequestSchema, defined(spec));
     const client = clientFrom(conn);
-    const info = await client.json<SandboxInfo>({ method: 'POST', path: '/v1/sandboxes', body }, defined({ signal, requestTimeoutMs }));
+    const waitMs = body.admission?.wait ? (body.admission.timeoutMs ?? DEFAULT_ADMISSION_WAIT_MS) : 0;
+    const timeoutMs = requestTimeoutMs ?? (waitMs > 0 && client.requestTimeoutMs > 0 ? client.requestTimeoutMs + waitMs : undefined);
+    const info = await client.json<SandboxInfo>(
+      { method: 'POST', path: '/v1/sandboxes', body, headers: idempotencyHeaders(idempotencyKey), ...(timeoutMs !== undefined ? { timeoutMs } : {}) },
+      defined({ signal }),
+    );
     return new Sandbox(client, info.id, info);
+  }
+
+  /**
+   * Creates `count` sandboxes of one spec, or one per entry of `items` (up to 10,000), in one
+   * request. Each item succeeds or fails on its own (a bad spec, the quota); `onItem` sees them
+   * as they finish. The request timeout covers the batch's acceptance, not its creates.
+   */
+  static async createBatch(request: SandboxBatchRequest, opts: BatchCreateOptions = {}, conn: ConnectionOptions = {}): Promise<BatchCreateResult> {
+    const body = validate(CreateSandboxBatchRequestSchema, request);
+    const client = clientFrom(conn);
+    const reply = await client.stream(
+      { method: 'POST', path: '/v1/sandboxes:batch', body, accept: 'application/x-ndjson', headers: idempotencyHeaders(opts.idempotencyKey) },
+      defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }),
+    );
+    const count = body.items?.length ?? body.count ?? 0;
+    const items: BatchItem[] = new Array<BatchItem>(count);
+    let summary: { created: number; failed: number } | undefined;
+    try {
+      for await (const ev of readNdjson<BatchEvent>(reply.body)) {
+        if (ev.type === 'error') throw streamedError(ev.error);
+        if (ev.type === 'summary') {
+          summary = ev;
+          continue;
+        }
+        const item: BatchItem = { index: ev.index };
+        if (ev.sandbox) item.sandbox = new Sandbox(client, ev.sandbox.id, ev.sandbox);
+        if (ev.error) item.error = streamedError(ev.error);
+        items[ev.index] = item;
+        opts.onItem?.(item);
+      }
+    } finally {
+      reply.body.destroy();
+    }
+    if (!summary) throw new DsecError('UNAVAILABLE', 'batch: the stream ended before its summary');
+    return { items, created: summary.created, failed: summary.failed, sandboxes: items.flatMap((i) => (i?.sandbox ? [i.sandbox] : [])) };
   }
 
   /** Finds an existing sandbox by id (SANDBOX_NOT_FOUND when it does not exist). */

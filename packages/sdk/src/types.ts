@@ -4,6 +4,7 @@ import type {
   ApiKeySchema,
   CreateKeyRequestSchema,
   CreateProjectRequestSchema,
+  CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
   DebianLayerRequestSchema,
   ExecResultSchema,
@@ -11,7 +12,9 @@ import type {
   FileStatSchema,
   LayerSchema,
   NodeSchema,
+  PoolSchema,
   ProcessSchema,
+  PutPoolRequestSchema,
   ProjectSchema,
   SandboxSchema,
   SandboxState,
@@ -22,6 +25,12 @@ import type {
 export type SandboxInfo = z.infer<typeof SandboxSchema>;
 /** What `Sandbox.create` sends: image, resources, env, labels, lifetime. */
 export type SandboxCreateOptions = z.input<typeof CreateSandboxRequestSchema>;
+/** What `Sandbox.createBatch` sends: `{spec, count}` or `{items}`, and an optional `admission`. */
+export type SandboxBatchRequest = z.input<typeof CreateSandboxBatchRequestSchema>;
+/** A warm pool with its ready and creating counts. */
+export type PoolInfo = z.infer<typeof PoolSchema>;
+/** What `pools.put` sends: the spec, the size, the idle timeout. */
+export type PoolPutRequest = z.input<typeof PutPoolRequestSchema>;
 /** How a process ended. */
 export type ExitInfo = z.infer<typeof ExitInfoSchema>;
 /** A command run to completion: its exit and its collected output. */

@@ -71,6 +71,45 @@ const migrations: Record<string, Migration> = {
       await db.schema.createIndex('layers_digest').on('layers').column('digest').execute();
     },
   },
+  '0003_admission': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // Pool members are sandbox rows that name their pool until a claim clears it. The index
+      // serves a claim (a pool's oldest ready member) without a sort.
+      await db.schema.alterTable('sandboxes').addColumn('pool_id', 'text').execute();
+      await db.schema.createIndex('sandboxes_pool').on('sandboxes').columns(['pool_id', 'state', 'created_at']).execute();
+
+      await db.schema
+        .createTable('pools')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('name', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('resolved', 'text', (c) => c.notNull())
+        .addColumn('spec_key', 'text', (c) => c.notNull())
+        .addColumn('size', 'integer', (c) => c.notNull())
+        .addColumn('idle_timeout_ms', 'integer', (c) => c.notNull())
+        .addColumn('last_used_at', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('pools_project_name').on('pools').columns(['project_id', 'name']).unique().execute();
+      await db.schema.createIndex('pools_project_key').on('pools').columns(['project_id', 'spec_key']).execute();
+
+      await db.schema
+        .createTable('idempotency_keys')
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('key', 'text', (c) => c.notNull())
+        .addColumn('request_hash', 'text', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text')
+        .addColumn('response', 'text')
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('expires_at', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('idempotency_keys_pk', ['project_id', 'key'])
+        .execute();
+      await db.schema.createIndex('idempotency_keys_expiry').on('idempotency_keys').column('expires_at').execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

@@ -38,6 +38,8 @@ export interface SandboxTable {
   memory_mib: number;
   created_at: string;
   expires_at: string;
+  /** The warm pool that holds this sandbox until it is claimed; null for every other sandbox. */
+  pool_id: string | null;
 }
 
 export interface SandboxLabelTable {
@@ -57,6 +59,40 @@ export interface LayerTable {
   created_at: string;
 }
 
+/** A warm pool: K sandboxes of one spec kept ready for claims. */
+export interface PoolTable {
+  id: string;
+  project_id: string;
+  name: string;
+  /** The pool's spec as given, as JSON. */
+  spec: string;
+  /** The spec with layers resolved and resources granted, as JSON: what members are created from. */
+  resolved: string;
+  /** Hash of the resolved spec: a create whose resolved spec hashes the same claims from the pool. */
+  spec_key: string;
+  size: number;
+  idle_timeout_ms: number;
+  /** Last claim, matching create or configuration. */
+  last_used_at: string;
+  created_at: string;
+  updated_at: string;
+}
+
+/** An idempotency key of a project and what it created. */
+export interface IdempotencyKeyTable {
+  project_id: string;
+  key: string;
+  /** Hash of the request the key was first used with. */
+  request_hash: string;
+  /** `pending` while the first request runs; `done` once it created its sandbox (or for a batch). */
+  state: string;
+  sandbox_id: string | null;
+  /** The first reply's body, as JSON. */
+  response: string | null;
+  created_at: string;
+  expires_at: string;
+}
+
 /** The whole database. */
 export interface Database {
   projects: ProjectTable;
@@ -64,4 +100,6 @@ export interface Database {
   sandboxes: SandboxTable;
   sandbox_labels: SandboxLabelTable;
   layers: LayerTable;
+  pools: PoolTable;
+  idempotency_keys: IdempotencyKeyTable;
 }

@@ -12,6 +12,7 @@ import path from 'node:path';
 import {
   DebianLayerRequestSchema,
   DsecError,
+  IDEMPOTENCY_KEY_HEADER,
   ExecRequestSchema,
   FilePathQuerySchema,
   OutputQuerySchema,
@@ -21,14 +22,14 @@ import {
   LayerKindSchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { ExecEvent, LayerInfo } from '@dsec/protocol';
+import type { BatchEvent, CreateSandboxBatchResult, ExecEvent, LayerInfo } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
 import { requireRole } from '../auth.js';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import type { Metrics } from '../metrics.js';
 import { openApiDocument } from '../openapi.js';
-import { errorResponse } from './errors.js';
+import { errorResponse, toDsecError } from './errors.js';
 import { attachmentEvents, ndjsonResponse } from './streams.js';
 import { downloadTar, uploadTar, writeStreamToFile } from './tar-files.js';
 
@@ -137,7 +138,20 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.get('/v1/nodes', (c) => c.json({ items: cp.listNodes(c.get('principal')), nextCursor: null }));
 
   // ---- sandboxes ----
-  app.post('/v1/sandboxes', async (c) => c.json(await cp.createSandbox(c.get('principal'), await readJson(c), c.req.raw.signal), 201));
+  app.post('/v1/sandboxes', async (c) => {
+    let replayed = false;
+    const opts = { idempotencyKey: c.req.header(IDEMPOTENCY_KEY_HEADER), onReplay: () => (replayed = true) };
+    const sandbox = await cp.createSandbox(c.get('principal'), await readJson(c), c.req.raw.signal, opts);
+    return c.json(sandbox, 201, replayed ? { 'idempotent-replayed': 'true' } : {});
+  });
+  // `:batch` is a custom method on the collection (the AIP-136 form); Hono matches it literally.
+  app.post('/v1/sandboxes:batch', async (c) => {
+    const p = c.get('principal');
+    const body = await readJson(c);
+    const opts = { signal: c.req.raw.signal, idempotencyKey: c.req.header(IDEMPOTENCY_KEY_HEADER) };
+    if (!wantsNdjson(c)) return c.json(await cp.createSandboxes(p, body, opts));
+    return ndjsonResponse(await batchEvents(cp, p, body, opts), () => undefined);
+  });
   app.get('/v1/sandboxes', async (c) => c.json(await cp.listSandboxes(c.get('principal'), query(c))));
   app.get('/v1/sandboxes/:id', async (c) => c.json(await cp.getSandbox(c.get('principal'), c.req.param('id'))));
   app.delete('/v1/sandboxes/:id', async (c) => {
@@ -147,6 +161,15 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.get('/v1/sandboxes/:id/stats', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
     return c.json(await edge.stats(row.id));
+  });
+
+  // ---- warm pools ----
+  app.put('/v1/pools/:name', async (c) => c.json(await cp.putPool(c.get('principal'), c.req.param('name'), await readJson(c))));
+  app.get('/v1/pools', async (c) => c.json({ items: await cp.listPools(c.get('principal')), nextCursor: null }));
+  app.get('/v1/pools/:name', async (c) => c.json(await cp.getPool(c.get('principal'), c.req.param('name'))));
+  app.delete('/v1/pools/:name', async (c) => {
+    await cp.deletePool(c.get('principal'), c.req.param('name'));
+    return c.body(null, 204);
   });
 
   // ---- commands ----
@@ -336,6 +359,48 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
 
   return app;
+}
+
+/**
+ * A batch as ndjson: one line per item as it finishes, then a summary. Resolves once the batch
+ * is validated, so that a bad request (a count over the limit) is still a plain 400.
+ */
+async function batchEvents(cp: ControlPlane, p: Principal, body: unknown, opts: { signal: AbortSignal; idempotencyKey: string | undefined }): Promise<AsyncGenerator<BatchEvent>> {
+  const t0 = performance.now();
+  const lines: BatchEvent[] = [];
+  let wake: (() => void) | undefined;
+  let outcome: { result: CreateSandboxBatchResult } | { error: unknown } | undefined;
+  let started: () => void = () => undefined;
+  const validated = new Promise<void>((resolve) => (started = resolve));
+  const run = cp.createSandboxes(p, body, {
+    ...opts,
+    onStart: started,
+    onItem: (item) => {
+      lines.push({ type: 'item', ...item });
+      wake?.();
+    },
+  });
+  run.then(
+    (result) => {
+      outcome = { result };
+      wake?.();
+    },
+    (error: unknown) => {
+      outcome = { error };
+      wake?.();
+    },
+  );
+  await Promise.race([validated, run]);
+  return (async function* () {
+    for (;;) {
+      const line = lines.shift();
+      if (line) yield line;
+      else if (outcome) break;
+      else await new Promise<void>((r) => (wake = r));
+    }
+    if ('error' in outcome) yield { type: 'error', error: toDsecError(outcome.error).toJSON().error };
+    else yield { type: 'summary', created: outcome.result.created, failed: outcome.result.failed, durationMs: performance.now() - t0 };
+  })();
 }
 
 function mapProcessError(proc: number) {

@@ -26,7 +26,7 @@ export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att
 }
 
 /** An ndjson HTTP response from a generator of events; a disconnect runs `onCancel`. */
-export function ndjsonResponse(events: AsyncGenerator<ExecEvent>, onCancel: () => void): Response {
+export function ndjsonResponse<T>(events: AsyncGenerator<T>, onCancel: () => void): Response {
   const encoder = new TextEncoder();
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
