@@ -2,6 +2,17 @@ export { startPlatform, DEFAULT_ADDR, DEFAULT_HOME, BUILTIN_BASE } from './platf
 export type { Platform, PlatformOptions } from './platform.js';
 export { createApp, MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './http/app.js';
 export { ControlPlane, parseInput } from './control-plane.js';
+export type { ControlPlaneOptions } from './control-plane.js';
+export {
+  TrajectoryLog,
+  ByteRecorder,
+  DEFAULT_TRAJECTORY_MAX_BYTES,
+  DEFAULT_TRAJECTORY_MAX_STEPS,
+  DEFAULT_TRAJECTORY_RETENTION_MS,
+  TRAJECTORY_DATA_COPY_BYTES,
+  TRAJECTORY_OUTPUT_COPY_BYTES,
+} from './trajectory.js';
+export type { TrajectoryHeader, TrajectoryOptions, TrajectorySpec } from './trajectory.js';
 export { StateStore, ROOT_PROJECT_ID, PUBLIC_PROJECT_ID } from './db/store.js';
 export type { SqliteDatabase, Reservation } from './db/store.js';
 export { Authenticator, hashKey, newKeySecret, roleAtLeast } from './auth.js';

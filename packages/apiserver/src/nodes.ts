@@ -31,6 +31,7 @@ export type EdgeClient = Pick<
   | 'rename'
   | 'symlink'
   | 'stats'
+  | 'snapshot'
   | 'layers'
   | 'calls'
 >;
