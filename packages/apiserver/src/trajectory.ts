@@ -82,7 +82,6 @@ export class ByteRecorder {
   private readonly hash = createHash('sha256');
   private readonly chunks: Buffer[] = [];
   private copied = 0;
-  private digest: string | undefined;
   /** Bytes seen. */
   bytes = 0;
   /** Bytes that were dropped before they were seen (output gaps). */
@@ -94,7 +93,6 @@ export class ByteRecorder {
 
   /** Adds bytes. */
   add(data: Uint8Array): void {
-    if (this.digest !== undefined) return;
     this.hash.update(data);
     this.bytes += data.byteLength;
     this.end += data.byteLength;
@@ -125,10 +123,9 @@ export class ByteRecorder {
     return this.copied === this.bytes && this.lostBytes === 0;
   }
 
-  /** The hex sha256 of everything seen (fixed once read). */
+  /** The hex sha256 of everything seen so far (more bytes may follow). */
   sha256(): string {
-    this.digest ??= this.hash.digest('hex');
-    return this.digest;
+    return this.hash.copy().digest('hex');
   }
 
   /** The copy of the first bytes. */
