@@ -2,6 +2,7 @@
 // every route is recorded with exit codes, digests and bounded copies; a replay on a fresh
 // sandbox reproduces the files and reports the step whose output cannot be the same.
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
@@ -12,6 +13,7 @@ import { StateStore, TrajectoryLog } from '@dsec/apiserver';
 import type { TrajectoryHeader } from '@dsec/apiserver';
 import { DsecClient, Sandbox, isDsecError } from '@dsec/sdk';
 import type { TrajectoryStep } from '@dsec/sdk';
+import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 
@@ -283,6 +285,51 @@ describe('trajectory', () => {
     assert.equal((await call('GET', `/v1/sandboxes/${source.id}/trajectory`, undefined, viewer.body.key)).status, 403);
     assert.equal((await call('GET', `/v1/sandboxes/${source.id}/trajectory`, undefined, other.body.key)).status, 404);
     assert.equal((await call('POST', `/v1/sandboxes/${source.id}/replay`, {}, other.body.key)).status, 404);
+  });
+});
+
+describe('the dsec command', () => {
+  /** Runs `dsec args...` against the test platform. */
+  const dsec = (args: string[]): Promise<{ code: number; stdout: string; stderr: string }> =>
+    new Promise((resolve) => {
+      execFile(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey }, timeout: 60_000 }, (err, stdout, stderr) =>
+        resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+      );
+    });
+
+  test('sandbox snapshot, fork, create --snapshot, trajectory and replay', async () => {
+    const sb = await create();
+    await sh(sb, 'echo from-cli > /cli.txt');
+    const snap = await dsec(['sandbox', 'snapshot', sb.id]);
+    assert.equal(snap.code, 0, snap.stderr);
+    const digest = snap.stdout.trim();
+    assert.match(digest, /^sha256:[0-9a-f]{64}$/);
+    const created = await dsec(['sandbox', 'create', '--snapshot', digest]);
+    assert.equal(created.code, 0, created.stderr);
+    const fromSnap = await Sandbox.connect(created.stdout.trim(), { client });
+    made.push(fromSnap);
+    assert.equal(await fromSnap.files.read('/cli.txt'), 'from-cli\n');
+    const fork = await dsec(['sandbox', 'fork', sb.id, '--count', '2']);
+    assert.equal(fork.code, 0, fork.stderr);
+    const ids = fork.stdout.trim().split('\n');
+    assert.equal(ids.length, 2);
+    for (const id of ids) made.push(await Sandbox.connect(id, { client }));
+    const usage = await dsec(['sandbox', 'fork', sb.id, '--count', 'many']);
+    assert.equal(usage.code, 2);
+    const tooMany = await dsec(['sandbox', 'fork', sb.id, '--count', '1000']);
+    assert.equal(tooMany.code, 1);
+    assert.match(tooMany.stderr, /INVALID_ARGUMENT: count/);
+    const both = await dsec(['sandbox', 'create', '--base', 'busybox', '--snapshot', digest]);
+    assert.equal(both.code, 2);
+
+    const log = await dsec(['sandbox', 'trajectory', sb.id]);
+    assert.equal(log.code, 0, log.stderr);
+    assert.match(log.stdout, /^SEQ +KIND +MS +STEP\n0 +exec +\d+ +echo from-cli > \/cli.txt  \[exit 0\]\n$/);
+    const replay = await dsec(['sandbox', 'replay', sb.id]);
+    assert.equal(replay.code, 0, replay.stderr);
+    made.push(await Sandbox.connect(replay.stdout.trim(), { client }));
+    assert.match(replay.stderr, /^0\texec\tsame\n/);
+    assert.match(replay.stderr, /same 1, exit differs 0, output differs 0, not replayable 0/);
   });
 });
 

@@ -200,6 +200,14 @@ export class Sandbox {
     return sandbox;
   }
 
+  /**
+   * A handle to a sandbox by id, without asking the API (for a sandbox that may be gone, such
+   * as one whose trajectory is to be read or replayed).
+   */
+  static fromId(id: string, conn: ConnectionOptions = {}): Sandbox {
+    return new Sandbox(clientFrom(conn), checkSandboxId(id));
+  }
+
   /** Destroys a sandbox by id without fetching it first. */
   static async kill(id: string, conn: ConnectionOptions & CallOptions = {}): Promise<void> {
     const client = clientFrom(conn);
