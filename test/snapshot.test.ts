@@ -16,7 +16,7 @@ let platform: TestPlatform;
 let client: DsecClient;
 const made: Sandbox[] = [];
 
-const SMALL = { memoryMiB: 64, diskMiB: 16 } as const;
+const SMALL = { cpu: 0.1, memoryMiB: 64, diskMiB: 16 } as const;
 
 async function create(spec: Parameters<typeof Sandbox.create>[0]): Promise<Sandbox> {
   const sb = await Sandbox.create({ resources: SMALL, ...spec }, { client });
@@ -133,6 +133,26 @@ describe('snapshots', () => {
       assert.equal(await sh(sb, 'cat /own /shared'), `mine-${i}\nbase\n${i}\n`);
     }
     assert.equal(await sh(src, 'cat /own /shared'), 'source-after\nbase\n');
+  });
+
+  test('a fork past the quota leaves no sandbox behind and names its snapshot', async () => {
+    const p = await call('POST', '/v1/projects', { name: 'fork-quota', quota: { sandboxes: 3 } });
+    assert.equal(p.status, 201, JSON.stringify(p.body));
+    const key = (await call('POST', '/v1/keys', { name: 'fork-quota', role: 'member', project: p.body.id })).body.key as string;
+    const src = await call('POST', '/v1/sandboxes', { image: { base: 'busybox' }, resources: SMALL }, key);
+    assert.equal(src.status, 201, JSON.stringify(src.body));
+    made.push(await Sandbox.connect(src.body.id, { client }));
+    const fork = await call('POST', `/v1/sandboxes/${src.body.id}/fork`, { count: 3 }, key);
+    assert.equal(fork.status, 429, JSON.stringify(fork.body));
+    assert.equal(fork.body.error.code, 'QUOTA_EXCEEDED');
+    assert.match(fork.body.error.snapshot, /^sha256:/);
+    const left = await call('GET', '/v1/sandboxes', undefined, key);
+    assert.deepEqual(left.body.items.map((s: { id: string }) => s.id), [src.body.id]);
+    assert.equal((await call('GET', `/v1/projects/${p.body.id}`)).body.usage.sandboxes, 1);
+    // Within the quota the same fork works.
+    const ok = await call('POST', `/v1/sandboxes/${src.body.id}/fork`, { count: 2 }, key);
+    assert.equal(ok.status, 201, JSON.stringify(ok.body));
+    for (const sb of ok.body.sandboxes) made.push(await Sandbox.connect(sb.id, { client }));
   });
 
   test('unknown sandboxes and snapshots are 404; bad input is a 400 naming the field', async () => {

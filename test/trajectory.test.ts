@@ -20,7 +20,7 @@ import type { TestPlatform } from './helpers/platform.js';
 let platform: TestPlatform;
 let client: DsecClient;
 const made: Sandbox[] = [];
-const SMALL = { memoryMiB: 64, diskMiB: 32 } as const;
+const SMALL = { cpu: 0.1, memoryMiB: 64, diskMiB: 32 } as const;
 
 const sha256 = (data: string | Buffer): string => createHash('sha256').update(data).digest('hex');
 
@@ -188,9 +188,11 @@ describe('trajectory', () => {
     made.push(sb);
     assert.equal((await sb.exec('test "$MODE" = a')).exitCode, 0);
     await sb.files.write('/after', 'x');
+    // A command that cannot start is recorded with its error, and replays to the same error.
+    await assert.rejects(sb.exec(['/no/such/program']), (err: unknown) => isDsecError(err, 'FILE_NOT_FOUND'));
     const same = await sb.replay();
     made.push(same.sandbox);
-    assert.deepEqual(same.steps.map((s) => s.verdict), ['same', 'same']);
+    assert.deepEqual(same.steps.map((s) => s.verdict), ['same', 'same', 'same']);
     // The same step in a sandbox whose environment differs exits 1.
     const other = await sb.replay({ env: { MODE: 'b' } });
     made.push(other.sandbox);
@@ -199,7 +201,7 @@ describe('trajectory', () => {
     assert.equal(other.steps[0]?.actual?.exitCode, 1);
     assert.match(other.steps[0]?.reason ?? '', /exit 0 recorded, 1 now/);
     assert.equal(other.steps[1]?.verdict, 'same');
-    assert.deepEqual(other.summary, { same: 1, exitDiffers: 1, outputDiffers: 0, notReplayable: 0 });
+    assert.deepEqual(other.summary, { same: 2, exitDiffers: 1, outputDiffers: 0, notReplayable: 0 });
 
     // A snapshot of another sandbox is no starting point for this one's replay.
     const snap = await source.snapshot();
@@ -304,7 +306,7 @@ describe('the dsec command', () => {
     assert.equal(snap.code, 0, snap.stderr);
     const digest = snap.stdout.trim();
     assert.match(digest, /^sha256:[0-9a-f]{64}$/);
-    const created = await dsec(['sandbox', 'create', '--snapshot', digest]);
+    const created = await dsec(['sandbox', 'create', '--snapshot', digest, '--cpu', '0.1']);
     assert.equal(created.code, 0, created.stderr);
     const fromSnap = await Sandbox.connect(created.stdout.trim(), { client });
     made.push(fromSnap);

@@ -222,7 +222,16 @@ export class ExecRecording extends StepRecording {
   private proc: number | undefined;
   private following = false;
 
-  constructor(log: TrajectoryLog, sandboxId: string, seq: number, startedAt: string, spec: ExecSpec, via: 'exec' | 'stream' | 'ws') {
+  constructor(
+    log: TrajectoryLog,
+    sandboxId: string,
+    seq: number,
+    startedAt: string,
+    spec: ExecSpec,
+    via: 'exec' | 'stream' | 'ws',
+    /** The caller's request: when it is aborted, the command was cut off (killed) by it. */
+    private readonly signal?: AbortSignal,
+  ) {
     super(log, sandboxId, seq, 'exec', startedAt);
     const command: NonNullable<TrajectoryStep['command']> = {};
     for (const k of ['cmd', 'argv', 'cwd', 'env', 'uid', 'gid', 'timeoutMs', 'pty'] as const) {
@@ -276,8 +285,14 @@ export class ExecRecording extends StepRecording {
     if (!this.ended) {
       this.ended = true;
       this.log.notRunning(this);
-      const step = { ...this.build(performance.now() - this.t0), error: errorOf(err) };
-      if (this.proc !== undefined) Object.assign(step, { replayable: false, reason: 'the command was cut off before it ended' });
+      const cancelled = this.signal?.aborted === true;
+      const error = cancelled ? { code: 'CANCELLED', message: 'the caller went away; the command was killed' } : errorOf(err);
+      const step = { ...this.build(performance.now() - this.t0), error };
+      // A command that could not start (no such program or directory) replays as such; one
+      // cut off while it ran did an unknown part of its work.
+      if (cancelled || this.proc !== undefined || !START_ERRORS.has(error.code)) {
+        Object.assign(step, { replayable: false, reason: cancelled ? 'cancelled by the caller while it ran' : `it ended in an error (${error.code}), not an exit` });
+      }
       this.log.commit(this.sandboxId, step);
     }
     throw err;
@@ -313,6 +328,9 @@ export class ExecRecording extends StepRecording {
     return step;
   }
 }
+
+/** Errors of a command that never started: replaying it should give the same error. */
+const START_ERRORS = new Set(['FILE_NOT_FOUND', 'INVALID_ARGUMENT', 'PERMISSION_DENIED']);
 
 function errorOf(err: unknown): { code: string; message: string } {
   if (err instanceof DsecError) return { code: err.code, message: err.message };
@@ -367,10 +385,10 @@ export class TrajectoryLog {
     this.schedule();
   }
 
-  /** Begins recording a command. */
-  async beginExec(sandboxId: string, spec: ExecSpec, via: 'exec' | 'stream' | 'ws'): Promise<ExecRecording> {
+  /** Begins recording a command; `signal` is the request's (its abort kills the command). */
+  async beginExec(sandboxId: string, spec: ExecSpec, via: 'exec' | 'stream' | 'ws', signal?: AbortSignal): Promise<ExecRecording> {
     const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
-    return new ExecRecording(this, sandboxId, st.nextSeq++, new Date().toISOString(), spec, via);
+    return new ExecRecording(this, sandboxId, st.nextSeq++, new Date().toISOString(), spec, via, signal);
   }
 
   /** Begins recording a file change. */

@@ -175,7 +175,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
       });
     }
     // A client that goes away takes its command with it.
-    const rec = await cp.trajectory.beginExec(row.id, spec, 'exec');
+    const rec = await cp.trajectory.beginExec(row.id, spec, 'exec', c.req.raw.signal);
     const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal, onOutput: rec.onOutput }).then(rec.exited, rec.failed);
     metrics.execs++;
     return c.json(result);
