@@ -91,6 +91,8 @@ interface Entry {
   oomAtSpawn: Map<number, number>;
   /** A destroy in progress (concurrent destroys share it). */
   destroying?: Promise<void>;
+  /** The last snapshot started: snapshots of one sandbox run one after another. */
+  snapshotting?: Promise<unknown>;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -477,15 +479,24 @@ export class Edge {
     const upper = this.upperDir(id);
     const parents = e.record.layers.map((l) => l.digest);
     const labels = { ...opts.labels, [SNAPSHOT_PARENTS_LABEL]: parents.join(','), [SNAPSHOT_SANDBOX_LABEL]: id };
-    await this.cgroups.freeze(id);
-    try {
-      return await this.layers.build(
-        { type: 'upper', dir: upper, parents, ...(opts.idShift ? { idShift: opts.idShift } : {}) },
-        { kind: 'snapshot', labels, ...(opts.signal ? { signal: opts.signal } : {}) },
-      );
-    } finally {
-      await this.cgroups.thaw(id);
-    }
+    const pack = async (): Promise<LayerInfo> => {
+      opts.signal?.throwIfAborted();
+      // A sandbox that is already frozen (paused) stays frozen; one frozen here is thawed.
+      const wasFrozen = await this.cgroups.isFrozen(id);
+      if (!wasFrozen) await this.cgroups.freeze(id);
+      try {
+        return await this.layers.build(
+          { type: 'upper', dir: upper, parents, ...(opts.idShift ? { idShift: opts.idShift } : {}) },
+          { kind: 'snapshot', labels, ...(opts.signal ? { signal: opts.signal } : {}) },
+        );
+      } finally {
+        if (!wasFrozen) await this.cgroups.thaw(id);
+      }
+    };
+    // One at a time per sandbox: a second snapshot must not be thawed under by the first.
+    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
+    e.snapshotting = run.catch(() => undefined);
+    return run;
   }
 
   /** Resource use of a sandbox. */

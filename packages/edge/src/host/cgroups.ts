@@ -143,6 +143,14 @@ export class Cgroups {
     }
   }
 
+  /** True when a sandbox's cgroup is frozen or freezing (paused, or being packed). */
+  async isFrozen(id: string): Promise<boolean> {
+    const v2 = this.mode === 'v2';
+    const file = path.join(this.dir(v2 ? '' : 'freezer', id), v2 ? 'cgroup.freeze' : 'freezer.state');
+    const text = (await readFile(file, 'utf8').catch(() => '')).trim();
+    return v2 ? text === '1' : text === 'FROZEN' || text === 'FREEZING';
+  }
+
   /** Lets a frozen sandbox's processes run again; a sandbox that is gone is not an error. */
   async thaw(id: string): Promise<void> {
     const v2 = this.mode === 'v2';
