@@ -19,12 +19,14 @@ import {
   MAX_PAGE_SIZE,
   MAX_SNAPSHOT_DEPTH,
   ReplayRequestSchema,
+  SandboxStateSchema,
   SnapshotRequestSchema,
   TrajectoryQuerySchema,
   invalidArgument,
 } from '@dsec/protocol';
 import type {
   ApiKey,
+  BackendKind,
   CallBatchItem,
   CallBatchResult,
   CallRequest,
@@ -338,7 +340,7 @@ export class ControlPlane {
     let next = 1;
     if (req.image.workspace) image.workspace = layers[next++] ?? req.image.workspace;
     if (req.image.toolkits?.length) image.toolkits = req.image.toolkits.map((t) => layers[next++] ?? t);
-    const spec: SandboxSpec = { backend: row.backend as SandboxSpec['backend'] & string, image, resources: req.resources };
+    const spec: SandboxSpec = { backend: row.backend as BackendKind, image, resources: req.resources };
     if (layers.length > next) spec.snapshots = layers.slice(next);
     return { sandboxId, projectId: row.project_id, spec: trajectorySpec(req, spec), layers, createdAt: row.created_at };
   }
@@ -454,10 +456,12 @@ export class ControlPlane {
     const last = items[items.length - 1];
     const spec = JSON.parse(t.spec) as TrajectorySpec;
     const sandbox = t.ended_at === null ? await this.store.sandboxOnly(id) : undefined;
+    // A row being destroyed reads as stopped.
+    const state = sandbox === undefined ? 'gone' : SandboxStateSchema.safeParse(sandbox.state).data ?? 'stopped';
     return {
       sandboxId: t.sandbox_id,
       project: t.project_id,
-      sandboxState: (sandbox?.state as Trajectory['sandboxState'] | undefined) ?? 'gone',
+      sandboxState: state,
       image: spec.image,
       snapshots: spec.snapshots ?? [],
       createdAt: t.created_at,

@@ -91,9 +91,9 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
     const rec = await t.log.beginExec(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
     try {
       const att = await t.edge.spawn(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) }).catch(rec.failed);
-      rec.started(att.proc);
+      rec.started(att.proc, t.edge);
       await att.detach();
-      rec.follow(t.edge);
+      rec.follow();
     } catch (err) {
       if (signal?.aborted) throw err;
       return out('exit-differs', { reason: 'it was running when recorded; it did not start again', expected, actual: { error: codeOf(err) } });

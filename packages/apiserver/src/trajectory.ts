@@ -220,6 +220,7 @@ export class ExecRecording extends StepRecording {
   readonly stderr = new ByteRecorder(TRAJECTORY_OUTPUT_COPY_BYTES);
   private readonly stdin = new ByteRecorder(TRAJECTORY_DATA_COPY_BYTES);
   private proc: number | undefined;
+  private edge: Pick<EdgeClient, 'attach' | 'exitInfo'> | undefined;
   private following = false;
 
   constructor(
@@ -252,9 +253,13 @@ export class ExecRecording extends StepRecording {
     this.stdin.add(typeof data === 'string' ? Buffer.from(data) : data);
   }
 
-  /** The command started as process `proc`: stored now as running (it may outlive the episode). */
-  started(proc: number): void {
+  /**
+   * The command started as process `proc` on `edge`: stored now as running (it may outlive the
+   * episode); `follow` reads it on from there if its reader goes.
+   */
+  started(proc: number, edge: Pick<EdgeClient, 'attach' | 'exitInfo'>): void {
     this.proc = proc;
+    this.edge = edge;
     this.log.running(this);
     this.log.commit(this.sandboxId, this.build(null), true);
   }
@@ -302,8 +307,9 @@ export class ExecRecording extends StepRecording {
    * The reader went away before the command ended: read on from where it stopped, on a
    * connection of its own, until the exit (or the sandbox goes), so that the step is complete.
    */
-  follow(edge: Pick<EdgeClient, 'attach' | 'exitInfo'>): void {
-    if (this.ended || this.following || this.proc === undefined) return;
+  follow = (): void => {
+    const edge = this.edge;
+    if (this.ended || this.following || this.proc === undefined || edge === undefined) return;
     this.following = true;
     const proc = this.proc;
     void (async () => {
@@ -313,8 +319,12 @@ export class ExecRecording extends StepRecording {
     })().catch(() => {
       // The sandbox (or its agent) went before the command ended: the step stays as running.
       this.log.notRunning(this);
+      this.log.abandoned(this);
     });
-  }
+  };
+
+  /** The stream that carried the output broke before the exit: read on alone. */
+  interrupted = (): void => this.follow();
 
   protected override build(durationMs: number | null): TrajectoryStep {
     const step = super.build(durationMs);
@@ -381,7 +391,12 @@ export class TrajectoryLog {
   /** The sandbox was destroyed: its log is closed (kept for the retention time). */
   end(sandboxId: string): void {
     this.ends.set(sandboxId, new Date().toISOString());
-    this.states.delete(sandboxId);
+    const st = this.states.get(sandboxId);
+    if (st) {
+      // Commands still running may yet report their end; the state goes with the last of them.
+      st.ended = true;
+      if (st.provisional.size === 0) this.states.delete(sandboxId);
+    }
     this.schedule();
   }
 
@@ -410,6 +425,14 @@ export class TrajectoryLog {
   /** @internal */
   running(rec: ExecRecording): void {
     if (rec.procId !== undefined) this.runningExecs.set(`${rec.sandboxId}/${rec.procId}`, rec);
+  }
+
+  /** @internal A running command will never report its end: it stays stored as running. */
+  abandoned(rec: ExecRecording): void {
+    const st = this.states.get(rec.sandboxId);
+    if (!st) return;
+    st.provisional.delete(rec.seq);
+    if (st.ended && st.provisional.size === 0) this.states.delete(rec.sandboxId);
   }
 
   /** @internal */

@@ -167,11 +167,11 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     if (wantsNdjson(c)) {
       const rec = await cp.trajectory.beginExec(row.id, spec, 'stream');
       const att = await edge.spawn(row.id, spec).catch(rec.failed);
-      rec.started(att.proc);
+      rec.started(att.proc, edge);
       metrics.execs++;
       // A reader that leaves early leaves the command running: the recording reads on alone.
       return ndjsonResponse(attachmentEvents(edge, row.id, att, true, rec), () => {
-        void att.detach().finally(() => rec.follow(edge));
+        void att.detach().finally(rec.follow);
       });
     }
     // A client that goes away takes its command with it.

@@ -16,6 +16,8 @@ export function outputEvent(ev: OutputEvent): ExecEvent {
 export interface StreamTap {
   onOutput(ev: OutputEvent): void;
   exited(exit: ExitInfo): unknown;
+  /** The stream broke before the exit (the command may still run). */
+  interrupted(): void;
 }
 
 /** Events of an attachment: optional start, output, then exit (or an error event). */
@@ -30,6 +32,7 @@ export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att
     tap?.exited(exit);
     yield { type: 'exit', pid: att.proc, ...exit };
   } catch (err) {
+    tap?.interrupted();
     const e = toDsecError(err);
     yield { type: 'error', error: { code: e.code, message: e.message } };
   }

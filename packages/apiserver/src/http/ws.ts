@@ -79,7 +79,7 @@ function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog)
           const spec = parseInput(WsExecRequestSchema, body);
           rec = await trajectory.beginExec(id, spec, 'ws');
           const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
-          rec.started(started.proc);
+          rec.started(started.proc, edge);
           const stop = (): void => {
             void started.kill('SIGKILL').catch(() => undefined);
             void started.detach().catch(() => undefined);
@@ -87,12 +87,12 @@ function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog)
           // The client may have gone while the command started: nobody can end it then.
           if (ws.readyState !== ws.OPEN) {
             stop();
-            rec.follow(edge);
+            rec.follow();
             return started;
           }
           const recording = rec;
           // The command outlives a closed socket: its recording reads on alone.
-          ws.on('close', () => void started.detach().catch(() => undefined).finally(() => recording.follow(edge)));
+          ws.on('close', () => void started.detach().catch(() => undefined).finally(recording.follow));
           void pump(started);
           return started;
         }
