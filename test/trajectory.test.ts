@@ -263,6 +263,28 @@ describe('trajectory', () => {
     assert.ok(procs.some((p) => p.state === 'running' && p.argv.join(' ').includes('sleep 600')), JSON.stringify(procs));
   });
 
+  test('a command whose reader left early is recorded to its end', async () => {
+    const sb = await create();
+    for (const stdin of [false, true]) {
+      // ndjson (no stdin) and WebSocket (stdin: true): the reader goes right after the start.
+      const h = await sb.spawn('sleep 0.5; echo late; echo err >&2', { stdin });
+      h.disconnect();
+    }
+    let steps: TrajectoryStep[] = [];
+    for (let i = 0; i < 100; i++) {
+      steps = await allSteps(sb);
+      if (steps.length === 2 && steps.every((s) => s.exit)) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.deepEqual(steps.map((s) => s.via), ['stream', 'ws']);
+    for (const s of steps) {
+      assert.equal(s.exit?.exitCode, 0, JSON.stringify(s));
+      assert.equal(s.stdout?.sha256, sha256('late\n'));
+      assert.equal(s.stderr?.sha256, sha256('err\n'));
+      assert.ok(typeof s.durationMs === 'number');
+    }
+  });
+
   test('unknown sandboxes are 404, other projects see nothing, bad input is a 400 naming the field', async () => {
     const missing = 'nosuch-0000000000000000';
     assert.equal((await call('GET', `/v1/sandboxes/${missing}/trajectory`)).status, 404);
