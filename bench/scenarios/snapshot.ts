@@ -15,7 +15,8 @@ export const snapshotScenario: Scenario = {
   method: [
     'A sandbox writes N small files (4 KiB each, in 10 directories); `sb.snapshot()` then packs its writable layer',
     '(frozen with the cgroup freezer meanwhile) into an EROFS layer; between snapshots one file changes, so each is a new',
-    'layer. `dsec edge` is `edge.snapshot` in-process (freeze, mkfs.erofs, digest, thaw), without HTTP and bookkeeping.',
+    'layer. `dsec edge` is `edge.snapshot` in-process (freeze, mkfs.erofs, thaw, digest), without HTTP and bookkeeping;',
+    'the frozen time runs from the freeze to the end of the thaw.',
     'Fork: `sb.fork(n)` (one snapshot, then n creates from it, four at a time) timed end to end. Create from a snapshot',
     'and create from the image alternate, one at a time.',
   ].join(' '),
@@ -30,7 +31,20 @@ export const snapshotScenario: Scenario = {
     try {
       const fill = await sb.exec(`i=0; while [ $i -lt ${files} ]; do d=/data/d$((i % 10)); mkdir -p $d; head -c 4096 /dev/urandom > $d/f$i; i=$((i+1)); done`, { timeoutMs: 600_000 });
       if (fill.exitCode !== 0) throw new Error(`filling the sandbox failed: ${fill.stderr}`);
-      const samples = { api: [] as number[], edge: [] as number[] };
+      const samples = { api: [] as number[], edge: [] as number[], frozen: [] as number[] };
+      // How long the sandbox's processes stand still: from the freeze to the end of the thaw.
+      const cgroups = bench.platform.edge.cgroups;
+      const { freeze, thaw } = { freeze: cgroups.freeze.bind(cgroups), thaw: cgroups.thaw.bind(cgroups) };
+      let frozenAt = 0;
+      cgroups.freeze = async (id, timeoutMs) => {
+        frozenAt = nowMs();
+        return freeze(id, timeoutMs);
+      };
+      cgroups.thaw = async (id) => {
+        await thaw(id);
+        if (frozenAt > 0) samples.frozen.push(nowMs() - frozenAt);
+        frozenAt = 0;
+      };
       let digest = '';
       for (let i = 0; i < iterations; i++) {
         await sb.exec(`echo ${i} > /data/changed`);
@@ -45,6 +59,9 @@ export const snapshotScenario: Scenario = {
       const metric = `snapshot of a sandbox with ${files} small files`;
       ctx.record(latencyRow('snapshot', metric, 'dsec', summarize(samples.api)));
       ctx.record(latencyRow('snapshot', metric, 'dsec edge', summarize(samples.edge)));
+      ctx.record(latencyRow('snapshot', `sandbox frozen during a snapshot (${files} small files)`, 'dsec', summarize(samples.frozen)));
+      cgroups.freeze = freeze;
+      cgroups.thaw = thaw;
       const layer = await client.layers.get(digest);
       ctx.note(`The snapshot layer holds ${layer.files} entries, ${(layer.contentBytes / 1048576).toFixed(1)} MiB of content.`);
 

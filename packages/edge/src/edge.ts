@@ -484,13 +484,20 @@ export class Edge {
       // A sandbox that is already frozen (paused) stays frozen; one frozen here is thawed.
       const wasFrozen = await this.cgroups.isFrozen(id);
       if (!wasFrozen) await this.cgroups.freeze(id);
+      let frozen = !wasFrozen;
+      // Frozen only while the tree is read: the digest and the commit happen with it running.
+      const thaw = async (): Promise<void> => {
+        if (!frozen) return;
+        frozen = false;
+        await this.cgroups.thaw(id);
+      };
       try {
         return await this.layers.build(
           { type: 'upper', dir: upper, parents, ...(opts.idShift ? { idShift: opts.idShift } : {}) },
-          { kind: 'snapshot', labels, ...(opts.signal ? { signal: opts.signal } : {}) },
+          { kind: 'snapshot', labels, onSourceRead: thaw, ...(opts.signal ? { signal: opts.signal } : {}) },
         );
       } finally {
-        if (!wasFrozen) await this.cgroups.thaw(id);
+        await thaw();
       }
     };
     // One at a time per sandbox: a second snapshot must not be thawed under by the first.

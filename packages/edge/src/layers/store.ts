@@ -55,6 +55,11 @@ export interface BuildLayerOptions {
   /** Merged into the layer's labels (also when the layer already existed). */
   labels?: Record<string, string>;
   onProgress?: (msg: string) => void;
+  /**
+   * Called once the source tree has been read (mkfs is done), before the digest is computed
+   * and the layer committed: a snapshot thaws its sandbox here.
+   */
+  onSourceRead?: () => Promise<void>;
   signal?: AbortSignal;
 }
 
@@ -205,6 +210,7 @@ export class LayerStore {
         return counted;
       };
       const { files, contentBytes } = shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
+      await opts.onSourceRead?.();
       const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
       signal?.throwIfAborted();
       const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
