@@ -23,7 +23,14 @@ import {
   DEFAULT_PIDS,
   DEFAULT_SANDBOX_TIMEOUT_MS,
   DsecError,
+  ForkRequestSchema,
   ListSandboxesQuerySchema,
+  MAX_PAGE_SIZE,
+  MAX_SNAPSHOT_DEPTH,
+  ReplayRequestSchema,
+  SandboxStateSchema,
+  SnapshotRequestSchema,
+  TrajectoryQuerySchema,
   invalidArgument,
 } from '@dsec/protocol';
 import type {
@@ -36,7 +43,9 @@ import type {
   CallRequest,
   CallResult,
   CreateSandboxBatchResult,
+  ForkResult,
   GrantedResources,
+  ImageSpec,
   ItemError,
   Layer,
   LayerInfo,
@@ -45,16 +54,22 @@ import type {
   Pool,
   Project,
   Quota,
+  ReplayEvent,
+  ReplayResult,
+  ReplayStep,
   Sandbox,
   SandboxRequest,
   SandboxSpec,
+  Trajectory,
+  TrajectoryStep,
 } from '@dsec/protocol';
+import { normalizeLayerName } from '@dsec/edge';
 import type { z } from 'zod';
 import { AdmissionQueue } from './admission.js';
 import type { Admitted } from './admission.js';
 import { newKeySecret, requireRole, roleAtLeast } from './auth.js';
 import type { Authenticator, Principal } from './auth.js';
-import type { ApiKeyTable, IdempotencyKeyTable, LayerTable, PoolTable, ProjectTable, SandboxTable } from './db/schema.js';
+import type { ApiKeyTable, IdempotencyKeyTable, LayerTable, PoolTable, ProjectTable, SandboxTable, SnapshotTable } from './db/schema.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID } from './db/store.js';
 import type { Reservation, StateStore } from './db/store.js';
 import { IdempotencyKeys, hashOf } from './idempotency.js';
@@ -62,6 +77,14 @@ import type { EdgeClient, NodeEntry, NodeRegistry } from './nodes.js';
 import { POOLED_STATE, PoolManager, poolIsIdle } from './pools.js';
 import type { PoolHost } from './pools.js';
 import type { Placement, PlacementRequest } from './scheduler.js';
+import { replayStep, summarize } from './replay.js';
+import { TrajectoryLog } from './trajectory.js';
+import type { TrajectoryHeader, TrajectoryOptions, TrajectorySpec } from './trajectory.js';
+
+/** Creates a fork runs at once. */
+const FORK_CONCURRENCY = 4;
+/** Most bytes of steps one trajectory page carries (at least one step is always sent). */
+const MAX_TRAJECTORY_PAGE_BYTES = 8 * 1024 * 1024;
 
 /** Parses `value` with a schema; the first issue becomes a 400 naming its field. */
 export function parseInput<T>(schema: z.ZodType<T>, value: unknown, prefix = ''): T {
@@ -177,6 +200,14 @@ export interface ControlPlaneCounters {
   idempotentReplays: number;
 }
 
+/** Options of {@link ControlPlane}. */
+export interface ControlPlaneOptions {
+  /** Limits and retention of the trajectory log. */
+  trajectory?: TrajectoryOptions;
+  /** Where internal errors are logged. */
+  log?: (line: string) => void;
+}
+
 /** The control plane. */
 export class ControlPlane implements PoolHost {
   readonly counters: ControlPlaneCounters = { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0, poolClaims: 0, idempotentReplays: 0 };
@@ -186,16 +217,21 @@ export class ControlPlane implements PoolHost {
   readonly idempotency: IdempotencyKeys;
   /** Keeps warm pools full (started by the platform). */
   readonly pools: PoolManager;
+  /** Every sandbox's steps (commands and file changes), kept beyond the sandbox's life. */
+  readonly trajectory: TrajectoryLog;
+  private readonly log: (line: string) => void;
 
   constructor(
     readonly store: StateStore,
     readonly auth: Authenticator,
     readonly nodes: NodeRegistry,
     readonly placement: Placement,
-    private readonly log: (line: string) => void = () => undefined,
+    opts: ControlPlaneOptions = {},
   ) {
+    this.log = opts.log ?? (() => undefined);
     this.idempotency = new IdempotencyKeys(store);
-    this.pools = new PoolManager(this, log);
+    this.pools = new PoolManager(this, this.log);
+    this.trajectory = new TrajectoryLog(store, (id) => this.headerFromRow(id), opts.trajectory);
   }
 
   /** Rebuilds node allocations from the stored sandboxes (after a restart). */
@@ -222,12 +258,25 @@ export class ControlPlane implements PoolHost {
   }
 
   /** Resolves a validated request: layers to digests, resources granted, the pool and request hashes. */
-  private prepare(req: SandboxRequest, prefix: string, resolve: (ref: string, field: string) => string): CreateItem {
+  private async prepare(projectId: string, req: SandboxRequest, prefix: string, resolve: (ref: string, field: string) => string): Promise<CreateItem> {
     const at = (f: string): string => (prefix ? `${prefix}.${f}` : f);
+    const requestHash = hashOf(req);
     const backend = req.backend ?? 'container';
-    const image: SandboxSpec['image'] = { base: resolve(req.image.base, at('image.base')) };
-    if (req.image.workspace) image.workspace = resolve(req.image.workspace, at('image.workspace'));
-    if (req.image.toolkits?.length) image.toolkits = req.image.toolkits.map((t, i) => resolve(t, at(`image.toolkits.${i}`)));
+    if ((req.image === undefined) === (req.snapshot === undefined)) throw invalidArgument(at('image'), 'give exactly one of image or snapshot');
+    let image: SandboxSpec['image'];
+    let snapshots: string[] = [];
+    if (req.snapshot !== undefined) {
+      // A snapshot brings its parents: the image it was taken over, and older snapshots.
+      const snap = await this.resolveSnapshot(projectId, req.snapshot, at('snapshot'));
+      image = JSON.parse(snap.image) as ImageSpec;
+      snapshots = [...chainOf(snap), snap.digest];
+      req = { ...req, image, snapshot: snap.digest };
+    } else {
+      const asked = req.image as ImageSpec;
+      image = { base: resolve(asked.base, at('image.base')) };
+      if (asked.workspace) image.workspace = resolve(asked.workspace, at('image.workspace'));
+      if (asked.toolkits?.length) image.toolkits = asked.toolkits.map((t, i) => resolve(t, at(`image.toolkits.${i}`)));
+    }
     const resources: GrantedResources = {
       cpu: req.resources?.cpu ?? DEFAULT_CPU,
       memoryMiB: req.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
@@ -236,12 +285,13 @@ export class ControlPlane implements PoolHost {
       cpuClass: req.resources?.cpuClass ?? 'latency-sensitive',
     };
     const spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
+    if (snapshots.length > 0) spec.snapshots = snapshots;
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];
     const poolKey = hashOf({ ...rest, backend, image, resources: spec.resources });
-    return { req, spec, resources, backend, poolKey, requestHash: hashOf(req) };
+    return { req, spec, resources, backend, poolKey, requestHash };
   }
 
   /**
@@ -254,12 +304,12 @@ export class ControlPlane implements PoolHost {
     requireRole(p, 'member');
     const { admission, ...req } = parseInput(CreateSandboxRequestSchema, body);
     const key = opts.idempotencyKey === undefined ? undefined : parseInput(IdempotencyKeySchema, opts.idempotencyKey, IDEMPOTENCY_FIELD);
-    const item = this.prepare(req, '', await this.layerResolver(p.projectId));
+    const item = await this.prepare(p.projectId, req, '', await this.layerResolver(p.projectId));
     if (key !== undefined) {
       const held = await this.idempotency.acquire(p.projectId, key, item.requestHash, signal);
       if (!held.owned) {
         opts.onReplay?.();
-        return this.replay(held.row);
+        return this.replayIdempotent(held.row);
       }
     }
     return this.createHeld(p.projectId, item, admission ?? {}, signal, key);
@@ -283,7 +333,7 @@ export class ControlPlane implements PoolHost {
   }
 
   /** The reply to a retry: the sandbox as it is now, or the first reply if it is gone. */
-  private async replay(row: IdempotencyKeyTable): Promise<Sandbox> {
+  private async replayIdempotent(row: IdempotencyKeyTable): Promise<Sandbox> {
     this.counters.idempotentReplays++;
     const now = row.sandbox_id ? await this.store.sandbox(row.sandbox_id) : undefined;
     if (now && now.project_id === row.project_id && now.pool_id === null) return this.toSandbox(now);
@@ -366,7 +416,7 @@ export class ControlPlane implements PoolHost {
       backend: item.backend,
       state: 'creating',
       spec: rowSpecOf(item),
-      layers: JSON.stringify([item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? [])].filter(Boolean)),
+      layers: JSON.stringify([item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean)),
       cpu: item.resources.cpu,
       memory_mib: item.resources.memoryMiB,
       created_at: createdAt.toISOString(),
@@ -384,7 +434,13 @@ export class ControlPlane implements PoolHost {
     }
     row.state = pool ? POOLED_STATE : 'running';
     await this.store.transitionSandbox(id, ['creating'], row.state);
+    if (!pool) this.openTrajectory(row, item);
     return this.toSandbox({ ...row, labels: item.req.labels ?? {} });
+  }
+
+  /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
+  private openTrajectory(row: SandboxTable, item: CreateItem): void {
+    this.trajectory.open({ sandboxId: row.id, projectId: row.project_id, spec: trajectorySpec(item.req, item.spec), layers: JSON.parse(row.layers) as string[], createdAt: row.created_at });
   }
 
   /**
@@ -415,6 +471,7 @@ export class ControlPlane implements PoolHost {
       return undefined;
     }
     this.counters.poolClaims++;
+    this.openTrajectory(row, item);
     return this.toSandbox({ ...row, labels });
   }
 
@@ -454,12 +511,12 @@ export class ControlPlane implements PoolHost {
     // Validation: a bad spec fails the whole request; a bad item fails alone.
     const items: Array<{ index: number; item: CreateItem }> = [];
     if (batch.spec) {
-      const item = this.prepare(batch.spec, 'spec', resolve);
+      const item = await this.prepare(projectId, batch.spec, 'spec', resolve);
       for (let i = 0; i < count; i++) items.push({ index: i, item });
     } else {
       for (const [i, raw] of (batch.items ?? []).entries()) {
         try {
-          items.push({ index: i, item: this.prepare(parseInput(SandboxRequestSchema, raw, `items.${i}`), `items.${i}`, resolve) });
+          items.push({ index: i, item: await this.prepare(projectId, parseInput(SandboxRequestSchema, raw, `items.${i}`), `items.${i}`, resolve) });
         } catch (err) {
           finish(i, { error: err });
         }
@@ -511,7 +568,7 @@ export class ControlPlane implements PoolHost {
               run: async () => {
                 try {
                   const again = await this.idempotency.acquire(projectId, k, it.item.requestHash, signal);
-                  finish(it.index, { sandbox: again.owned ? await this.createHeld(projectId, it.item, admission, signal, k) : await this.replay(again.row) });
+                  finish(it.index, { sandbox: again.owned ? await this.createHeld(projectId, it.item, admission, signal, k) : await this.replayIdempotent(again.row) });
                 } catch (err) {
                   finish(it.index, { error: err });
                 }
@@ -521,7 +578,7 @@ export class ControlPlane implements PoolHost {
             continue;
           }
           if (!got.owned) {
-            finish(it.index, { sandbox: await this.replay(got.row) });
+            finish(it.index, { sandbox: await this.replayIdempotent(got.row) });
             continue;
           }
         }
@@ -660,12 +717,13 @@ export class ControlPlane implements PoolHost {
       this.nodes.charge(row.node, this.cpuCharge(row), row.memory_mib, -1);
     }
     await this.store.deleteSandbox(row);
+    this.trajectory.end(row.id);
     this.counters.sandboxesDestroyed++;
     this.capacityFreed();
   }
 
   toSandbox(row: SandboxRow): Sandbox {
-    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { resources: GrantedResources };
+    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources };
     return {
       id: row.id,
       project: row.project_id,
@@ -673,6 +731,7 @@ export class ControlPlane implements PoolHost {
       backend: row.backend as Sandbox['backend'],
       state: row.state as Sandbox['state'],
       image: spec.image,
+      ...(spec.snapshot !== undefined ? { snapshot: spec.snapshot } : {}),
       layers: JSON.parse(row.layers) as string[],
       resources: spec.resources,
       labels: row.labels,
@@ -696,7 +755,7 @@ export class ControlPlane implements PoolHost {
     requireRole(p, 'member');
     const poolName = parseInput(PoolNameSchema, name, 'name');
     const req = parseInput(PutPoolRequestSchema, body);
-    const item = this.prepare(req.spec, 'spec', await this.layerResolver(p.projectId));
+    const item = await this.prepare(p.projectId, req.spec, 'spec', await this.layerResolver(p.projectId));
     // A pool's sandboxes count against the quota: a pool that could never fill is refused.
     for (const id of await this.store.ancestry(p.projectId)) {
       const q = await this.store.project(id);
@@ -783,7 +842,7 @@ export class ControlPlane implements PoolHost {
   /** Creates one ready member of a pool (the pool manager's refill); throws when refused. */
   async createPoolMember(pool: PoolTable): Promise<void> {
     const req = JSON.parse(pool.resolved) as SandboxRequest;
-    const item = this.prepare(req, 'spec', (ref) => ref);
+    const item = await this.prepare(pool.project_id, req, 'spec', (ref) => ref);
     const ticket = await this.reserveAndPlace(pool.project_id, item);
     await this.createWithTicket(pool.project_id, item, ticket, undefined, pool);
   }
@@ -791,6 +850,223 @@ export class ControlPlane implements PoolHost {
   /** Creates of a project waiting for admission. */
   waitingAdmissions(projectId: string): number {
     return this.admission.waiting(projectId);
+  }
+
+  // ---- snapshots and forks ----
+
+  /** A snapshot layer visible to a project: 404 when unknown there, 400 when not a snapshot. */
+  private async resolveSnapshot(projectId: string, ref: string, field: string): Promise<SnapshotTable> {
+    const digest = await this.resolveLayer(projectId, ref, field);
+    const snap = await this.store.snapshot(digest);
+    if (!snap) throw invalidArgument(field, `layer ${ref} is not a snapshot`);
+    return snap;
+  }
+
+  /** The resolved spec of a sandbox: from its trajectory, or rebuilt from its row. */
+  private async specOf(row: SandboxTable): Promise<TrajectorySpec> {
+    const t = await this.store.trajectory(row.id);
+    if (t) return JSON.parse(t.spec) as TrajectorySpec;
+    const h = await this.headerFromRow(row.id);
+    if (!h) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${row.id} not found`, { sandboxId: row.id });
+    return h.spec;
+  }
+
+  /** A trajectory header for a sandbox that has none (made before trajectories were kept). */
+  private async headerFromRow(sandboxId: string): Promise<TrajectoryHeader | undefined> {
+    const row = await this.store.sandboxOnly(sandboxId);
+    if (!row) return undefined;
+    const req = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources };
+    const layers = JSON.parse(row.layers) as string[];
+    const image: ImageSpec = { base: layers[0] ?? req.image.base };
+    let next = 1;
+    if (req.image.workspace) image.workspace = layers[next++] ?? req.image.workspace;
+    if (req.image.toolkits?.length) image.toolkits = req.image.toolkits.map((t) => layers[next++] ?? t);
+    const spec: SandboxSpec = { backend: row.backend as BackendKind, image, resources: req.resources };
+    if (layers.length > next) spec.snapshots = layers.slice(next);
+    return { sandboxId, projectId: row.project_id, spec: trajectorySpec(req, spec), layers, createdAt: row.created_at };
+  }
+
+  /**
+   * Packs a running sandbox's writable layer into a snapshot layer owned by its project (the
+   * sandbox is frozen while it is read). Sandboxes created from it get its parents plus it.
+   */
+  async snapshot(p: Principal, id: string, body: unknown, signal?: AbortSignal): Promise<Layer> {
+    requireRole(p, 'member');
+    const req = parseInput(SnapshotRequestSchema, body);
+    const name = req.name === undefined ? null : normalizeLayerName(req.name);
+    const { row, edge } = await this.route(p, id);
+    const spec = await this.specOf(row);
+    if ((spec.snapshots?.length ?? 0) >= MAX_SNAPSHOT_DEPTH) {
+      throw new DsecError('CONFLICT', `sandbox ${id} sits on a chain of ${MAX_SNAPSHOT_DEPTH} snapshots, the most there can be; start again from an image`, { sandboxId: id });
+    }
+    const seq = await this.trajectory.position(row.id);
+    const info = await edge.snapshot(row.id, signal ? { signal } : {});
+    const snap = await this.store.addSnapshot({
+      digest: info.digest,
+      project_id: row.project_id,
+      sandbox_id: row.id,
+      seq,
+      image: JSON.stringify(spec.image),
+      parents: row.layers,
+      created_at: new Date().toISOString(),
+    });
+    const layer = await this.registerLayer(row.project_id, info, name);
+    return { ...layer, snapshot: { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq } };
+  }
+
+  /**
+   * One snapshot, then `count` sandboxes from it in the source's project (quota checked for
+   * each). All or nothing: when one create fails, the ones made are destroyed and the error
+   * (with `details.snapshot`, which stays) is thrown.
+   */
+  async fork(p: Principal, id: string, body: unknown, signal?: AbortSignal): Promise<ForkResult> {
+    requireRole(p, 'member');
+    const req = parseInput(ForkRequestSchema, body);
+    const source = await this.sandboxRow(p, id);
+    const snapshot = await this.snapshot(p, id, {}, signal);
+    const spec = await this.specOf(source);
+    const owner: Principal = { ...p, projectId: source.project_id };
+    const create = {
+      backend: spec.backend,
+      snapshot: snapshot.digest,
+      resources: spec.resources,
+      ...(spec.env ? { env: spec.env } : {}),
+      labels: { ...source.labels, ...req.labels },
+      ...(req.timeoutMs !== undefined ? { timeoutMs: req.timeoutMs } : {}),
+    };
+    const made: Sandbox[] = [];
+    let failure: unknown;
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (failure === undefined && next < req.count) {
+        next++;
+        try {
+          made.push(await this.createSandbox(owner, create, signal));
+        } catch (err) {
+          failure ??= err;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
+    if (failure !== undefined) {
+      for (const sb of made) {
+        const row = await this.store.sandbox(sb.id);
+        if (row) await this.destroyRow(row).catch(() => undefined);
+      }
+      if (failure instanceof DsecError) failure.details.snapshot = snapshot.digest;
+      throw failure;
+    }
+    made.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
+    return { snapshot, sandboxes: made };
+  }
+
+  // ---- trajectories and replay ----
+
+  /** A trajectory the principal may read (its sandbox may be gone). */
+  private async trajectoryRow(p: Principal, id: string) {
+    requireRole(p, 'member');
+    const t = typeof id === 'string' && id.length <= 128 ? await this.trajectory.header(id) : undefined;
+    if (!t || !p.visibleProjects.has(t.project_id)) {
+      // A sandbox from before trajectories were kept: start its log now.
+      const row = typeof id === 'string' && id.length <= 128 ? await this.store.sandboxOnly(id) : undefined;
+      if (row && p.visibleProjects.has(row.project_id)) {
+        await this.trajectory.position(id);
+        const made = await this.trajectory.header(id);
+        if (made) return made;
+      }
+      throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
+    }
+    return t;
+  }
+
+  /** A page of a sandbox's trajectory (also of a destroyed or lost sandbox, while it is kept). */
+  async getTrajectory(p: Principal, id: string, query: unknown): Promise<Trajectory> {
+    const q = parseInput(TrajectoryQuerySchema, query, 'query');
+    const t = await this.trajectoryRow(p, id);
+    const limit = q.limit ?? DEFAULT_PAGE_SIZE;
+    const steps = await this.trajectory.page(id, q.after ?? -1, Math.min(limit, MAX_PAGE_SIZE) + 1);
+    const items: TrajectoryStep[] = [];
+    let bytes = 0;
+    for (const step of steps.slice(0, limit)) {
+      if (q.content === 'false') for (const key of ['stdout', 'stderr', 'stdin', 'data'] as const) delete step[key]?.base64;
+      bytes += JSON.stringify(step).length;
+      if (items.length > 0 && bytes > MAX_TRAJECTORY_PAGE_BYTES) break;
+      items.push(step);
+    }
+    const more = items.length < steps.length;
+    const last = items[items.length - 1];
+    const spec = JSON.parse(t.spec) as TrajectorySpec;
+    const sandbox = t.ended_at === null ? await this.store.sandboxOnly(id) : undefined;
+    // A row being destroyed reads as stopped.
+    const state = sandbox === undefined ? 'gone' : SandboxStateSchema.safeParse(sandbox.state).data ?? 'stopped';
+    return {
+      sandboxId: t.sandbox_id,
+      project: t.project_id,
+      sandboxState: state,
+      image: spec.image,
+      snapshots: spec.snapshots ?? [],
+      createdAt: t.created_at,
+      endedAt: t.ended_at,
+      steps: t.steps,
+      bytes: t.bytes,
+      truncated: t.truncated === 1,
+      items,
+      nextCursor: more && last ? String(last.seq) : null,
+    };
+  }
+
+  /**
+   * Creates a fresh sandbox from the trajectory's layers (or from a snapshot of it) and re-runs
+   * its steps in order, comparing each with the record. `onEvent` sees progress as it happens.
+   * When the caller goes away before it learned the new sandbox (no `onEvent`), the sandbox is
+   * destroyed.
+   */
+  async replay(p: Principal, id: string, body: unknown, signal?: AbortSignal, onEvent?: (ev: ReplayEvent) => void): Promise<ReplayResult> {
+    requireRole(p, 'member');
+    const req = parseInput(ReplayRequestSchema, body);
+    const t = await this.trajectoryRow(p, id);
+    const spec = JSON.parse(t.spec) as TrajectorySpec;
+    const owner: Principal = { ...p, projectId: t.project_id };
+    let fromSeq = -1;
+    let start: { image: ImageSpec } | { snapshot: string } = spec.snapshot !== undefined ? { snapshot: spec.snapshot } : { image: spec.image };
+    if (req.snapshot !== undefined) {
+      const snap = await this.resolveSnapshot(t.project_id, req.snapshot, 'snapshot');
+      if (snap.sandbox_id !== id) throw invalidArgument('snapshot', `layer ${req.snapshot} is not a snapshot of sandbox ${id}`);
+      start = { snapshot: snap.digest };
+      fromSeq = snap.seq - 1;
+    }
+    const resources = req.resources ?? spec.resources;
+    const env = req.env ?? spec.env;
+    const labels = req.labels ?? spec.labels;
+    const timeoutMs = req.timeoutMs ?? spec.timeoutMs;
+    const sandbox = await this.createSandbox(
+      owner,
+      { backend: spec.backend, ...start, resources, ...(env ? { env } : {}), ...(labels ? { labels } : {}), ...(timeoutMs !== undefined ? { timeoutMs } : {}) },
+      signal,
+    );
+    onEvent?.({ type: 'sandbox', sandbox, fromSeq });
+    const result: ReplayResult = { sandbox, fromSeq, steps: [], summary: summarize([]), truncated: t.truncated === 1 };
+    try {
+      const { edge, row } = await this.route(owner, sandbox.id);
+      for await (const step of this.trajectory.stepsAfter(id, fromSeq)) {
+        if (req.upTo !== undefined && step.seq > req.upTo) break;
+        signal?.throwIfAborted();
+        const done: ReplayStep = await replayStep({ edge, sandboxId: row.id, log: this.trajectory }, step, signal);
+        result.steps.push(done);
+        onEvent?.({ type: 'step', step: done });
+        if (req.stopOnDivergence && done.verdict !== 'same') break;
+      }
+    } catch (err) {
+      if (signal?.aborted && !onEvent) {
+        const row = await this.store.sandbox(sandbox.id);
+        if (row) await this.destroyRow(row).catch(() => undefined);
+        throw err;
+      }
+      const e = err instanceof DsecError ? err : new DsecError('INTERNAL', err instanceof Error ? err.message : String(err));
+      result.error = { code: e.code, message: e.message };
+    }
+    result.summary = summarize(result.steps);
+    return result;
   }
 
   // ---- layers ----
@@ -811,8 +1087,8 @@ export class ControlPlane implements PoolHost {
     return this.toLayer(row, info);
   }
 
-  private toLayer(row: LayerTable, info?: LayerInfo): Layer {
-    return {
+  private toLayer(row: LayerTable, info?: LayerInfo, snap?: SnapshotTable): Layer {
+    const layer: Layer = {
       digest: row.digest,
       kind: row.kind as LayerKind,
       names: row.name ? [row.name] : [],
@@ -821,6 +1097,8 @@ export class ControlPlane implements PoolHost {
       files: info?.files ?? 0,
       createdAt: row.created_at,
     };
+    if (snap) layer.snapshot = { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq };
+    return layer;
   }
 
   /** Layers a principal can see. */
@@ -831,7 +1109,7 @@ export class ControlPlane implements PoolHost {
     for (const row of rows) {
       if (kind && row.kind !== kind) continue;
       const info = await edge.layers.resolve(row.digest).catch(() => undefined);
-      out.push(this.toLayer(row, info));
+      out.push(this.toLayer(row, info, row.kind === 'snapshot' ? await this.store.snapshot(row.digest) : undefined));
     }
     return out;
   }
@@ -843,7 +1121,8 @@ export class ControlPlane implements PoolHost {
     const info = await this.anyEdge().layers.resolve(digest).catch(() => undefined);
     const row = rows[0];
     if (!row) throw new DsecError('LAYER_NOT_FOUND', `layer ${ref} not found`, { layer: ref });
-    return { ...this.toLayer(row, info), names: rows.map((r) => r.name).filter((n): n is string => n !== null) };
+    const snap = row.kind === 'snapshot' ? await this.store.snapshot(digest) : undefined;
+    return { ...this.toLayer(row, info, snap), names: rows.map((r) => r.name).filter((n): n is string => n !== null) };
   }
 
   /** Drops a project's reference to a layer; the bytes go when nothing else refers to them. */
@@ -856,8 +1135,11 @@ export class ControlPlane implements PoolHost {
     if (mine.length === all.length && (await this.store.layerDigestInUse(digest))) {
       throw new DsecError('CONFLICT', `layer ${ref} is used by a sandbox`, { layer: ref });
     }
+    const over = mine.length === all.length ? await this.store.snapshotsOver(digest) : [];
+    if (over.length > 0) throw new DsecError('CONFLICT', `layer ${ref} is below snapshot ${over[0]!.digest}; delete the snapshot first`, { layer: ref });
     await this.store.removeLayerRows(mine.map((r) => r.id));
     if (mine.length === all.length) {
+      await this.store.removeSnapshot(digest);
       for (const n of this.nodes.all()) await n.client.layers.remove(digest).catch(() => undefined);
     }
   }
@@ -1006,4 +1288,22 @@ export class ControlPlane implements PoolHost {
   get rootProjectId(): string {
     return ROOT_PROJECT_ID;
   }
+}
+
+/** Older snapshots below a snapshot (its parents past the image's layers). */
+function chainOf(snap: SnapshotTable): string[] {
+  const image = JSON.parse(snap.image) as ImageSpec;
+  const imageLayers = 1 + (image.workspace ? 1 : 0) + (image.toolkits?.length ?? 0);
+  return (JSON.parse(snap.parents) as string[]).slice(imageLayers);
+}
+
+/** What a trajectory keeps of a create: the resolved layers and everything needed to repeat it. */
+function trajectorySpec(req: z.infer<typeof CreateSandboxRequestSchema>, spec: SandboxSpec): TrajectorySpec {
+  const out: TrajectorySpec = { backend: spec.backend ?? 'container', image: spec.image, resources: spec.resources ?? {} };
+  if (spec.snapshots?.length) out.snapshots = spec.snapshots;
+  if (req.snapshot !== undefined) out.snapshot = req.snapshot;
+  if (req.env) out.env = req.env;
+  if (req.labels) out.labels = req.labels;
+  if (req.timeoutMs !== undefined) out.timeoutMs = req.timeoutMs;
+  return out;
 }

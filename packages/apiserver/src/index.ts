@@ -2,11 +2,21 @@ export { startPlatform, DEFAULT_ADDR, DEFAULT_HOME, BUILTIN_BASE } from './platf
 export type { Platform, PlatformOptions } from './platform.js';
 export { createApp, MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './http/app.js';
 export { ControlPlane, parseInput, DEFAULT_BATCH_CONCURRENCY } from './control-plane.js';
-export type { CreateBatchOptions, CreateSandboxOptions } from './control-plane.js';
+export type { ControlPlaneOptions, CreateBatchOptions, CreateSandboxOptions } from './control-plane.js';
 export { AdmissionQueue, MAX_QUEUED_ADMISSIONS, MAX_QUEUED_PER_PROJECT } from './admission.js';
 export type { AdmissionQueueOptions, AdmitOptions, Admitted } from './admission.js';
 export { PoolManager, POOL_REFILL_CONCURRENCY, POOL_REFILL_QUIET_MS } from './pools.js';
 export { IdempotencyKeys } from './idempotency.js';
+export {
+  TrajectoryLog,
+  ByteRecorder,
+  DEFAULT_TRAJECTORY_MAX_BYTES,
+  DEFAULT_TRAJECTORY_MAX_STEPS,
+  DEFAULT_TRAJECTORY_RETENTION_MS,
+  TRAJECTORY_DATA_COPY_BYTES,
+  TRAJECTORY_OUTPUT_COPY_BYTES,
+} from './trajectory.js';
+export type { TrajectoryHeader, TrajectoryOptions, TrajectorySpec } from './trajectory.js';
 export { StateStore, ROOT_PROJECT_ID, PUBLIC_PROJECT_ID } from './db/store.js';
 export type { SqliteDatabase, Reservation } from './db/store.js';
 export { Authenticator, hashKey, newKeySecret, roleAtLeast } from './auth.js';

@@ -32,6 +32,7 @@ export type EdgeClient = Pick<
   | 'rename'
   | 'symlink'
   | 'stats'
+  | 'snapshot'
   | 'layers'
   | 'calls'
 >;

@@ -19,6 +19,7 @@ import { Metrics } from './metrics.js';
 import { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
+import type { TrajectoryOptions } from './trajectory.js';
 
 /** Default state directory. */
 export const DEFAULT_HOME = '/var/lib/dsec';
@@ -41,6 +42,8 @@ export interface PlatformOptions {
   placement?: PlacementOptions;
   /** Interval of the watcher's passes. */
   watchIntervalMs?: number;
+  /** Limits and retention of the trajectory log. */
+  trajectory?: TrajectoryOptions;
 }
 
 /** A running platform. */
@@ -85,7 +88,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
     nodes.add(edge);
-    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement), log);
+    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement), { log, trajectory: { log, ...opts.trajectory } });
+    closers.unshift(() => cp.trajectory.close());
     await cp.loadAllocations();
     // This process is the only apiserver: a key still pending belongs to a request that died
     // with the previous one.

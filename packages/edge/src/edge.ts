@@ -12,6 +12,7 @@ import { ContainerBackend } from './backends/container/backend.js';
 import { FnCallBackend } from './backends/fncall/backend.js';
 import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
+import type { IdShift } from './host/idmap.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { LayerStore } from './layers/index.js';
@@ -59,6 +60,20 @@ export interface SandboxInfo {
   createdAt: string;
 }
 
+/** Options of {@link Edge.snapshot}. */
+export interface SnapshotOptions {
+  /** Merged into the snapshot layer's labels. */
+  labels?: Record<string, string>;
+  /** Host ids `base + n` of a user-namespaced sandbox are stored as `n`; default none. */
+  idShift?: IdShift;
+  signal?: AbortSignal;
+}
+
+/** Label of a snapshot layer: its parent layers' digests, bottom first, comma-separated. */
+export const SNAPSHOT_PARENTS_LABEL = 'dsec.snapshot.parents';
+/** Label of a snapshot layer: the sandbox it was taken of. */
+export const SNAPSHOT_SANDBOX_LABEL = 'dsec.snapshot.sandbox';
+
 /** Options of {@link Edge.exec}. */
 export interface ExecOptions {
   signal?: AbortSignal;
@@ -78,6 +93,8 @@ interface Entry {
   destroying?: Promise<void>;
   /** Set on the first use of its agent (or a claim): a used sandbox is never claimed. */
   used: boolean;
+  /** The last snapshot started: snapshots of one sandbox run one after another. */
+  snapshotting?: Promise<unknown>;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -202,6 +219,7 @@ export class Edge {
     const refs: Array<[string, string]> = [['image.base', spec.image.base]];
     if (spec.image.workspace) refs.push(['image.workspace', spec.image.workspace]);
     (spec.image.toolkits ?? []).forEach((t, i) => refs.push([`image.toolkits.${i}`, t]));
+    (spec.snapshots ?? []).forEach((t, i) => refs.push([`snapshots.${i}`, t]));
     for (const [field, ref] of refs) {
       const layer = await this.layers.resolve(ref).catch((err: unknown) => {
         if (err instanceof DsecError) err.details.field = field;
@@ -469,6 +487,45 @@ export class Edge {
     const e = this.entry(id);
     if (!e.backend.upperDir) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
     return e.backend.upperDir(id);
+  }
+
+  /**
+   * Packs a sandbox's writable layer into a new content-addressed layer of kind `snapshot`
+   * ("pack diff"): the sandbox is frozen while its upper directory is read (a consistent
+   * state) and thawed after, also on failure. The layer holds only the changes, deletions as
+   * whiteouts; it sits above the sandbox's layers, which its labels (and UUID) record.
+   */
+  async snapshot(id: string, opts: SnapshotOptions = {}): Promise<LayerInfo> {
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    const upper = this.upperDir(id);
+    const parents = e.record.layers.map((l) => l.digest);
+    const labels = { ...opts.labels, [SNAPSHOT_PARENTS_LABEL]: parents.join(','), [SNAPSHOT_SANDBOX_LABEL]: id };
+    const pack = async (): Promise<LayerInfo> => {
+      opts.signal?.throwIfAborted();
+      // A sandbox that is already frozen (paused) stays frozen; one frozen here is thawed.
+      const wasFrozen = await this.cgroups.isFrozen(id);
+      if (!wasFrozen) await this.cgroups.freeze(id);
+      let frozen = !wasFrozen;
+      // Frozen only while the tree is read: the digest and the commit happen with it running.
+      const thaw = async (): Promise<void> => {
+        if (!frozen) return;
+        frozen = false;
+        await this.cgroups.thaw(id);
+      };
+      try {
+        return await this.layers.build(
+          { type: 'upper', dir: upper, parents, ...(opts.idShift ? { idShift: opts.idShift } : {}) },
+          { kind: 'snapshot', labels, onSourceRead: thaw, ...(opts.signal ? { signal: opts.signal } : {}) },
+        );
+      } finally {
+        await thaw();
+      }
+    };
+    // One at a time per sandbox: a second snapshot must not be thawed under by the first.
+    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
+    e.snapshotting = run.catch(() => undefined);
+    return run;
   }
 
   /** Resource use of a sandbox. */

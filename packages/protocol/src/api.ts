@@ -3,10 +3,12 @@
 import { z } from 'zod';
 import {
   BackendKindSchema,
+  BuildableLayerKindSchema,
   EnvSchema,
   ImageSpecSchema,
   LabelsSchema,
   LayerKindSchema,
+  LayerRefSchema,
   ResourcesSchema,
   SandboxStateSchema,
   CommandFieldsSchema,
@@ -50,10 +52,12 @@ export const IdempotencyKeySchema = z
   .max(255)
   .regex(/^[\x21\x22\x24-\x7e]+$/, 'printable ASCII without spaces or #');
 
-/** POST /v1/sandboxes */
+/** POST /v1/sandboxes: give exactly one of `image` or `snapshot`. */
 export const CreateSandboxRequestSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
-  image: ImageSpecSchema,
+  image: ImageSpecSchema.optional(),
+  /** A snapshot layer to start from (its parent layers come with it), instead of `image`. */
+  snapshot: LayerRefSchema.optional(),
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
@@ -82,6 +86,9 @@ export const SandboxSchema = z.object({
   backend: BackendKindSchema,
   state: SandboxStateSchema,
   image: ImageSpecSchema,
+  /** The snapshot the sandbox was created from (its top layer), when it was. */
+  snapshot: z.string().optional(),
+  /** Every layer, bottom first: base, workspace, toolkits, snapshots. */
   layers: z.array(z.string()),
   resources: GrantedResourcesSchema,
   labels: z.record(z.string(), z.string()),
@@ -217,7 +224,7 @@ export const FileStatSchema = z.object({
 
 /** POST /v1/layers query (the body is a tar stream, optionally gzip-compressed). */
 export const UploadLayerQuerySchema = z.strictObject({
-  kind: LayerKindSchema,
+  kind: BuildableLayerKindSchema,
   name: z.string().max(256).optional(),
   /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
   format: z.enum(['tar', 'oci']).optional(),
@@ -225,7 +232,7 @@ export const UploadLayerQuerySchema = z.strictObject({
 
 /** POST /v1/layers/debian */
 export const DebianLayerRequestSchema = z.strictObject({
-  kind: LayerKindSchema,
+  kind: BuildableLayerKindSchema,
   name: z.string().max(256).optional(),
   packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
   suite: z.string().regex(/^[a-z]+$/).optional(),
@@ -241,6 +248,17 @@ export const LayerSchema = z.object({
   contentBytes: z.number(),
   files: z.number(),
   createdAt: z.string(),
+  /** For a snapshot layer: where it comes from and what it sits on. */
+  snapshot: z
+    .object({
+      /** The layers below it, bottom first (a sandbox made from it gets these plus it). */
+      parents: z.array(z.string()),
+      /** The sandbox it was taken of. */
+      sandboxId: z.string(),
+      /** Trajectory steps of that sandbox with a lower seq were recorded before it was taken. */
+      seq: z.number(),
+    })
+    .optional(),
 });
 export type Layer = z.infer<typeof LayerSchema>;
 
@@ -493,3 +511,173 @@ export const PoolSchema = z.object({
   updatedAt: z.string(),
 });
 export type Pool = z.infer<typeof PoolSchema>;
+// ---- snapshots, forks, trajectories, replay ----
+
+/** Most sandboxes one fork creates. */
+export const MAX_FORK_COUNT = 256;
+
+/** POST /v1/sandboxes/{id}/snapshot */
+export const SnapshotRequestSchema = z.strictObject({
+  /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
+  name: z.string().max(256).optional(),
+});
+
+/** POST /v1/sandboxes/{id}/fork: one snapshot, then `count` sandboxes from it. */
+export const ForkRequestSchema = z.strictObject({
+  count: z.number().int().min(1).max(MAX_FORK_COUNT),
+  /** Added to (and overriding) the source sandbox's labels. */
+  labels: LabelsSchema.optional(),
+  /** Lifetime of each new sandbox; default the API's. */
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+});
+export type ForkRequest = z.infer<typeof ForkRequestSchema>;
+
+/** 201 reply of a fork. */
+export const ForkResultSchema = z.object({ snapshot: LayerSchema, sandboxes: z.array(SandboxSchema) });
+export type ForkResult = z.infer<typeof ForkResultSchema>;
+
+/** Kinds of trajectory steps: a command, or a change of files through the API. */
+export const TrajectoryStepKindSchema = z.enum(['exec', 'write', 'mkdir', 'remove', 'rename', 'tar']);
+export type TrajectoryStepKind = z.infer<typeof TrajectoryStepKindSchema>;
+
+/** Bytes as a trajectory keeps them: the digest of all, a bounded copy of the first. */
+export const RecordedBytesSchema = z.object({
+  /** Hex sha256 of every byte seen. */
+  sha256: z.string(),
+  bytes: z.number(),
+  /** Base64 of the first bytes (left out when the listing asked for no content). */
+  base64: z.string().optional(),
+  /** True when the copy holds fewer bytes than `bytes`. */
+  partial: z.boolean(),
+  /** Output the agent dropped before it was read (not covered by the digest). */
+  lostBytes: z.number().optional(),
+});
+export type RecordedBytes = z.infer<typeof RecordedBytesSchema>;
+
+/** One step of a sandbox's trajectory. */
+export const TrajectoryStepSchema = z.object({
+  seq: z.number(),
+  kind: TrajectoryStepKindSchema,
+  startedAt: z.string(),
+  /** Null while a command still runs (or when the sandbox went before it ended). */
+  durationMs: z.number().nullable(),
+  /** exec: the route it came through. */
+  via: z.enum(['exec', 'stream', 'ws']).optional(),
+  /** exec: what ran (the caller's own fields, env values included). */
+  command: CommandFieldsSchema.extend({ pty: PtySchema.optional() }).optional(),
+  /** exec: how it ended; null while it runs. */
+  exit: z.object({ exitCode: z.number().nullable(), signal: z.string().nullable(), timedOut: z.boolean(), oomKilled: z.boolean() }).nullable().optional(),
+  stdout: RecordedBytesSchema.optional(),
+  stderr: RecordedBytesSchema.optional(),
+  /** exec: bytes written to stdin through the API. */
+  stdin: RecordedBytesSchema.optional(),
+  path: z.string().optional(),
+  mode: z.number().optional(),
+  append: z.boolean().optional(),
+  recursive: z.boolean().optional(),
+  from: z.string().optional(),
+  to: z.string().optional(),
+  /** write: the file content; tar: the archive. */
+  data: RecordedBytesSchema.optional(),
+  /** The step failed with this error (a file operation, or a command that could not start). */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+  /** False when replay cannot repeat it (content past the recorded bound); `reason` says why. */
+  replayable: z.boolean(),
+  reason: z.string().optional(),
+});
+export type TrajectoryStep = z.infer<typeof TrajectoryStepSchema>;
+
+/** GET /v1/sandboxes/{id}/trajectory query. */
+export const TrajectoryQuerySchema = z.strictObject({
+  /** Steps with a seq above this (the `nextCursor` of the previous page). */
+  after: z.coerce.number().int().min(-1).optional(),
+  limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
+  /** `false` leaves the bounded copies of output and data out (digests stay). */
+  content: z.enum(['true', 'false']).optional(),
+});
+
+/** A page of a sandbox's trajectory. */
+export const TrajectorySchema = z.object({
+  sandboxId: z.string(),
+  project: z.string(),
+  /** The sandbox's state, or `gone` once it was destroyed (the trajectory outlives it). */
+  sandboxState: z.union([SandboxStateSchema, z.literal('gone')]),
+  image: ImageSpecSchema,
+  snapshots: z.array(z.string()),
+  createdAt: z.string(),
+  endedAt: z.string().nullable(),
+  /** Steps stored so far, and their stored bytes. */
+  steps: z.number(),
+  bytes: z.number(),
+  /** True when steps past the per-sandbox limits were not stored. */
+  truncated: z.boolean(),
+  items: z.array(TrajectoryStepSchema),
+  nextCursor: z.string().nullable(),
+});
+export type Trajectory = z.infer<typeof TrajectorySchema>;
+
+/** POST /v1/sandboxes/{id}/replay: a fresh sandbox from the same layers, the steps re-run. */
+export const ReplayRequestSchema = z.strictObject({
+  /** Replay steps up to and including this seq; default all. */
+  upTo: z.number().int().min(0).optional(),
+  /** Start from this snapshot of the sandbox instead, replaying only the steps after it. */
+  snapshot: LayerRefSchema.optional(),
+  resources: ResourcesSchema.optional(),
+  env: EnvSchema.optional(),
+  labels: LabelsSchema.optional(),
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /** Stop at the first step that differs. */
+  stopOnDivergence: z.boolean().optional(),
+});
+export type ReplayRequest = z.infer<typeof ReplayRequestSchema>;
+
+/** How a replayed step compares with the recorded one. */
+export const ReplayVerdictSchema = z.enum(['same', 'exit-differs', 'output-differs', 'not-replayable']);
+export type ReplayVerdict = z.infer<typeof ReplayVerdictSchema>;
+
+const ReplayOutcomeSchema = z.object({
+  exitCode: z.number().nullable().optional(),
+  signal: z.string().nullable().optional(),
+  stdoutSha256: z.string().optional(),
+  stderrSha256: z.string().optional(),
+  error: z.string().optional(),
+});
+
+/** One replayed step. */
+export const ReplayStepSchema = z.object({
+  seq: z.number(),
+  kind: TrajectoryStepKindSchema,
+  verdict: ReplayVerdictSchema,
+  reason: z.string().optional(),
+  durationMs: z.number(),
+  expected: ReplayOutcomeSchema.optional(),
+  actual: ReplayOutcomeSchema.optional(),
+});
+export type ReplayStep = z.infer<typeof ReplayStepSchema>;
+
+/** Counts of each verdict. */
+export const ReplaySummarySchema = z.object({ same: z.number(), exitDiffers: z.number(), outputDiffers: z.number(), notReplayable: z.number() });
+export type ReplaySummary = z.infer<typeof ReplaySummarySchema>;
+
+/** 201 reply of a replay (JSON form). */
+export const ReplayResultSchema = z.object({
+  sandbox: SandboxSchema,
+  /** Steps up to this seq came with the snapshot (-1: started from the image). */
+  fromSeq: z.number(),
+  steps: z.array(ReplayStepSchema),
+  summary: ReplaySummarySchema,
+  /** True when the trajectory had steps that were not stored. */
+  truncated: z.boolean(),
+  /** Set when the replay stopped early (the new sandbox stays for inspection). */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+});
+export type ReplayResult = z.infer<typeof ReplayResultSchema>;
+
+/** One line of a replay's `application/x-ndjson` progress stream. */
+export const ReplayEventSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('sandbox'), sandbox: SandboxSchema, fromSeq: z.number() }),
+  z.object({ type: z.literal('step'), step: ReplayStepSchema }),
+  z.object({ type: z.literal('done'), result: ReplayResultSchema }),
+  z.object({ type: z.literal('error'), error: z.object({ code: z.string(), message: z.string() }) }),
+]);
+export type ReplayEvent = z.infer<typeof ReplayEventSchema>;

@@ -5,10 +5,15 @@ export const BackendKindSchema = z.enum(['fncall', 'container', 'microvm', 'vm']
 /** One of the four isolation backends. */
 export type BackendKind = z.infer<typeof BackendKindSchema>;
 
-/** The kind of an image layer: a base, a workspace on top, toolkits above that. */
-export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
+/**
+ * The kind of an image layer: a base, a workspace on top, toolkits above that; a snapshot is a
+ * sandbox's packed writable layer, above the layers it was taken over.
+ */
+export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot']);
 /** The kind of an image layer. */
 export type LayerKind = z.infer<typeof LayerKindSchema>;
+/** Kinds a layer can be built or uploaded as (snapshots only come from sandboxes). */
+export const BuildableLayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
 
 /** Lifecycle states of a sandbox (DESIGN.md, Lifecycle). */
 export const SandboxStateSchema = z.enum(['pending', 'creating', 'running', 'paused', 'stopped', 'failed', 'lost']);
@@ -65,10 +70,15 @@ export const LabelsSchema = z
   .record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'not a label key'), z.string().max(256))
   .refine((l) => Object.keys(l).length <= 64, 'at most 64 labels');
 
+/** Most snapshots stacked on one image (a snapshot of a sandbox made from a snapshot, ...). */
+export const MAX_SNAPSHOT_DEPTH = 16;
+
 /** What edge needs to create one sandbox. */
 export const SandboxSpecSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
   image: ImageSpecSchema,
+  /** Snapshot layers above the image, oldest first (the chain of a snapshot). */
+  snapshots: z.array(LayerRefSchema).max(MAX_SNAPSHOT_DEPTH).optional(),
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),

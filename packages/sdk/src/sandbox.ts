@@ -5,13 +5,17 @@ import {
   DEFAULT_ADMISSION_WAIT_MS,
   DsecError,
   ExecRequestSchema,
+  ForkRequestSchema,
   IDEMPOTENCY_KEY_HEADER,
   IdempotencyKeySchema,
   ListSandboxesQuerySchema,
+  ReplayRequestSchema,
+  SnapshotRequestSchema,
+  TrajectoryQuerySchema,
   WsExecRequestSchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { BatchEvent, ExecEvent, ExecRequest } from '@dsec/protocol';
+import type { BatchEvent, ExecEvent, ExecRequest, ForkResult, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryStep } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -20,7 +24,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, Page, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { ExecResult, ExitInfo, LayerInfo, Page, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -108,6 +112,47 @@ export interface AttachOptions extends OutputCallbacks {
   fromStderr?: number;
   signal?: AbortSignal;
 }
+
+/** Options of `sandbox.snapshot`. */
+export interface SnapshotOptions extends CallOptions {
+  /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
+  name?: string;
+}
+
+/** Options of `sandbox.fork`. */
+export interface ForkOptions extends CallOptions {
+  /** Added to (and overriding) the source sandbox's labels. */
+  labels?: Record<string, string>;
+  /** Lifetime of each new sandbox (ms). */
+  timeoutMs?: number;
+}
+
+/** What `sandbox.fork` returns: the snapshot and the new sandboxes, ready to use. */
+export interface ForkOutcome {
+  snapshot: LayerInfo;
+  sandboxes: Sandbox[];
+}
+
+/** Options of `sandbox.trajectory`. */
+export interface TrajectoryOptions extends CallOptions {
+  /** Steps with a seq above this. */
+  after?: number;
+  /** Page size (1-1000). */
+  limit?: number;
+  /** false: leave the bounded copies of output and content out (digests stay). Default true. */
+  content?: boolean;
+}
+
+/** Options of `sandbox.replay`. */
+export interface ReplayOptions extends Omit<ReplayRequest, 'upTo'>, CallOptions {
+  /** Replay steps up to and including this seq. */
+  upTo?: number;
+  /** Called with each step's verdict as it is known (the reply is then streamed). */
+  onStep?: (step: ReplayStep) => void;
+}
+
+/** What `sandbox.replay` returns: the verdicts and the new sandbox, ready to use. */
+export type ReplayOutcome = Omit<ReplayResult, 'sandbox'> & { sandbox: Sandbox };
 
 /** A listing that fetches pages as it is iterated. */
 export class SandboxPaginator implements AsyncIterable<SandboxInfo> {
@@ -239,6 +284,14 @@ export class Sandbox {
     const sandbox = new Sandbox(client, checkSandboxId(id));
     await sandbox.info(defined({ signal: conn.signal, requestTimeoutMs: conn.requestTimeoutMs }));
     return sandbox;
+  }
+
+  /**
+   * A handle to a sandbox by id, without asking the API (for a sandbox that may be gone, such
+   * as one whose trajectory is to be read or replayed).
+   */
+  static fromId(id: string, conn: ConnectionOptions = {}): Sandbox {
+    return new Sandbox(clientFrom(conn), checkSandboxId(id));
   }
 
   /** Destroys a sandbox by id without fetching it first. */
@@ -381,6 +434,66 @@ export class Sandbox {
       defined({ signal }),
     );
     return ndjsonSource(reply.body);
+  }
+
+  /**
+   * Packs the sandbox's writable layer into a new snapshot layer (the sandbox is frozen while
+   * it is read). `Sandbox.create({snapshot: layer.digest})` starts sandboxes from it.
+   */
+  async snapshot(opts: SnapshotOptions = {}): Promise<LayerInfo> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const body = validate(SnapshotRequestSchema, defined(rest));
+    return this.client.json<LayerInfo>({ method: 'POST', path: this.#route('/snapshot'), body }, defined({ signal, requestTimeoutMs }));
+  }
+
+  /** One snapshot, then `count` independent sandboxes from it (all or none). */
+  async fork(count: number, opts: ForkOptions = {}): Promise<ForkOutcome> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const body = validate(ForkRequestSchema, defined({ count, ...rest }));
+    const reply = await this.client.json<ForkResult>({ method: 'POST', path: this.#route('/fork'), body }, defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 }));
+    return { snapshot: reply.snapshot, sandboxes: reply.sandboxes.map((info) => new Sandbox(this.client, info.id, info)) };
+  }
+
+  /** One page of the sandbox's trajectory (it outlives the sandbox). */
+  async trajectoryPage(opts: TrajectoryOptions = {}): Promise<Trajectory> {
+    const query = validate(TrajectoryQuerySchema, defined({ after: opts.after, limit: opts.limit, content: opts.content === undefined ? undefined : String(opts.content) }), 'query');
+    return this.client.json<Trajectory>({ method: 'GET', path: this.#route('/trajectory'), query: { after: query.after, limit: query.limit, content: query.content } }, defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }));
+  }
+
+  /** Every recorded step (commands and file changes) in order, fetched a page at a time. */
+  async *trajectory(opts: TrajectoryOptions = {}): AsyncGenerator<TrajectoryStep> {
+    let after = opts.after;
+    for (;;) {
+      const page = await this.trajectoryPage({ ...opts, ...(after !== undefined ? { after } : {}) });
+      yield* page.items;
+      if (page.nextCursor === null) return;
+      after = Number(page.nextCursor);
+    }
+  }
+
+  /**
+   * Creates a fresh sandbox from this one's layers (or from a snapshot of it) and re-runs the
+   * recorded steps in order, with a verdict for each (`same`, `exit-differs`, `output-differs`,
+   * `not-replayable`). Works after this sandbox is gone (its node died), while its trajectory
+   * is kept.
+   */
+  async replay(opts: ReplayOptions = {}): Promise<ReplayOutcome> {
+    const { signal, requestTimeoutMs, onStep, ...rest } = opts;
+    const body = validate(ReplayRequestSchema, defined(rest));
+    const call = defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 });
+    let result: ReplayResult | undefined;
+    if (!onStep) {
+      result = await this.client.json<ReplayResult>({ method: 'POST', path: this.#route('/replay'), body }, call);
+    } else {
+      const reply = await this.client.stream({ method: 'POST', path: this.#route('/replay'), body, accept: 'application/x-ndjson' }, call);
+      for await (const ev of readNdjson<ReplayEvent>(reply.body)) {
+        if (ev.type === 'step') onStep(ev.step);
+        else if (ev.type === 'done') result = ev.result;
+        else if (ev.type === 'error') throw streamedError(ev.error);
+      }
+      if (!result) throw new DsecError('UNAVAILABLE', 'replay: the stream ended without a result');
+    }
+    return { ...result, sandbox: new Sandbox(this.client, result.sandbox.id, result.sandbox) };
   }
 
   /** Processes the sandbox's agent knows, running and exited. */

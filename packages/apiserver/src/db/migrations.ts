@@ -110,6 +110,47 @@ const migrations: Record<string, Migration> = {
       await db.schema.createIndex('idempotency_keys_expiry').on('idempotency_keys').column('expires_at').execute();
     },
   },
+  '0004_trajectory': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // The trajectory of each sandbox outlives it (no foreign key to sandboxes): a replay after
+      // its node died reads the steps and the resolved spec from here.
+      await db.schema
+        .createTable('trajectories')
+        .addColumn('sandbox_id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('layers', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('ended_at', 'text')
+        .addColumn('steps', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('bytes', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('truncated', 'integer', (c) => c.notNull().defaultTo(0))
+        .execute();
+      await db.schema.createIndex('trajectories_ended').on('trajectories').column('ended_at').execute();
+
+      await db.schema
+        .createTable('trajectory_steps')
+        .addColumn('sandbox_id', 'text', (c) => c.notNull())
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('started_at', 'text', (c) => c.notNull())
+        .addColumn('bytes', 'integer', (c) => c.notNull())
+        .addColumn('step', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('trajectory_steps_pk', ['sandbox_id', 'seq'])
+        .execute();
+
+      await db.schema
+        .createTable('snapshots')
+        .addColumn('digest', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text', (c) => c.notNull())
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('image', 'text', (c) => c.notNull())
+        .addColumn('parents', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

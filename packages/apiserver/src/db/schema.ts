@@ -93,6 +93,49 @@ export interface IdempotencyKeyTable {
   expires_at: string;
 }
 
+/** The record of one sandbox's life: its resolved spec and step counters. */
+export interface TrajectoryTable {
+  sandbox_id: string;
+  project_id: string;
+  /** The resolved spec (layer digests, resources, env, labels, lifetime), as JSON. */
+  spec: string;
+  /** Layer digests, bottom first, as JSON. */
+  layers: string;
+  created_at: string;
+  /** When the sandbox was destroyed; null while it exists. */
+  ended_at: string | null;
+  steps: number;
+  bytes: number;
+  /** 1 when steps past the limits were not stored. */
+  truncated: number;
+}
+
+/** One step of a trajectory. */
+export interface TrajectoryStepTable {
+  sandbox_id: string;
+  seq: number;
+  kind: string;
+  started_at: string;
+  /** Stored size of `step`. */
+  bytes: number;
+  /** The step as the API returns it (bounded copies included), as JSON. */
+  step: string;
+}
+
+/** A snapshot layer: what it sits on and where it comes from. */
+export interface SnapshotTable {
+  digest: string;
+  project_id: string;
+  sandbox_id: string;
+  /** Trajectory steps of the sandbox below this seq were recorded before the snapshot. */
+  seq: number;
+  /** The image (base, workspace, toolkits digests) of the chain, as JSON. */
+  image: string;
+  /** Every layer below the snapshot, bottom first, as JSON. */
+  parents: string;
+  created_at: string;
+}
+
 /** The whole database. */
 export interface Database {
   projects: ProjectTable;
@@ -102,4 +145,7 @@ export interface Database {
   layers: LayerTable;
   pools: PoolTable;
   idempotency_keys: IdempotencyKeyTable;
+  trajectories: TrajectoryTable;
+  trajectory_steps: TrajectoryStepTable;
+  snapshots: SnapshotTable;
 }

@@ -5,7 +5,7 @@ import { Kysely, Migrator, SqliteDialect } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
-import type { ApiKeyTable, Database, IdempotencyKeyTable, LayerTable, PoolTable, ProjectTable, SandboxTable } from './schema.js';
+import type { ApiKeyTable, Database, IdempotencyKeyTable, LayerTable, PoolTable, ProjectTable, SandboxTable, SnapshotTable, TrajectoryStepTable, TrajectoryTable } from './schema.js';
 import { migrationProvider } from './migrations.js';
 
 /** The id of the root project every tree hangs from. */
@@ -512,6 +512,78 @@ export class StateStore {
 
   async layerRowsForDigest(digest: string): Promise<LayerTable[]> {
     return this.db.selectFrom('layers').selectAll().where('digest', '=', digest).execute();
+  }
+
+  // ---- snapshots ----
+
+  /** Records a snapshot layer; an existing record of the same digest is kept. */
+  async addSnapshot(row: SnapshotTable): Promise<SnapshotTable> {
+    await this.db.insertInto('snapshots').values(row).onConflict((oc) => oc.column('digest').doNothing()).execute();
+    return (await this.snapshot(row.digest)) ?? row;
+  }
+
+  async snapshot(digest: string): Promise<SnapshotTable | undefined> {
+    return this.db.selectFrom('snapshots').selectAll().where('digest', '=', digest).executeTakeFirst();
+  }
+
+  /** Snapshots that sit on the layer `digest` (it is one of their parents). */
+  async snapshotsOver(digest: string): Promise<SnapshotTable[]> {
+    return this.db.selectFrom('snapshots').selectAll().where('parents', 'like', `%"${digest}"%`).execute();
+  }
+
+  async removeSnapshot(digest: string): Promise<void> {
+    await this.db.deleteFrom('snapshots').where('digest', '=', digest).execute();
+  }
+
+  // ---- trajectories ----
+
+  async trajectory(sandboxId: string): Promise<TrajectoryTable | undefined> {
+    return this.db.selectFrom('trajectories').selectAll().where('sandbox_id', '=', sandboxId).executeTakeFirst();
+  }
+
+  /** Highest stored seq of a trajectory, or -1. */
+  async lastTrajectorySeq(sandboxId: string): Promise<number> {
+    const row = await this.db.selectFrom('trajectory_steps').select((eb) => eb.fn.max('seq').as('seq')).where('sandbox_id', '=', sandboxId).executeTakeFirst();
+    return row?.seq === null || row?.seq === undefined ? -1 : Number(row.seq);
+  }
+
+  /**
+   * Writes a batch of trajectory changes in one transaction: new headers (an existing one is
+   * kept), steps (a step already stored is replaced: a command that was running has ended),
+   * header counters, and ends.
+   */
+  async writeTrajectories(batch: { headers: TrajectoryTable[]; steps: TrajectoryStepTable[]; counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>; ends: Array<{ sandboxId: string; at: string }> }): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      for (const h of batch.headers) await tx.insertInto('trajectories').values(h).onConflict((oc) => oc.column('sandbox_id').doNothing()).execute();
+      for (let i = 0; i < batch.steps.length; i += 500) {
+        await tx
+          .insertInto('trajectory_steps')
+          .values(batch.steps.slice(i, i + 500))
+          .onConflict((oc) => oc.columns(['sandbox_id', 'seq']).doUpdateSet((eb) => ({ bytes: eb.ref('excluded.bytes'), step: eb.ref('excluded.step') })))
+          .execute();
+      }
+      for (const c of batch.counters) {
+        await tx.updateTable('trajectories').set({ steps: c.steps, bytes: c.bytes, truncated: c.truncated }).where('sandbox_id', '=', c.sandbox_id).execute();
+      }
+      for (const e of batch.ends) await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
+    });
+  }
+
+  /** Steps of a trajectory with a seq above `after`, in order. */
+  async trajectorySteps(sandboxId: string, after: number, limit: number): Promise<TrajectoryStepTable[]> {
+    return this.db.selectFrom('trajectory_steps').selectAll().where('sandbox_id', '=', sandboxId).where('seq', '>', after).orderBy('seq').limit(limit).execute();
+  }
+
+  /** Deletes trajectories (and their steps) of sandboxes that ended before `before`; returns how many. */
+  async pruneTrajectories(before: string): Promise<number> {
+    const ended = await this.db.selectFrom('trajectories').select('sandbox_id').where('ended_at', '<', before).limit(1000).execute();
+    if (ended.length === 0) return 0;
+    const ids = ended.map((r) => r.sandbox_id);
+    await this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom('trajectory_steps').where('sandbox_id', 'in', ids).execute();
+      await tx.deleteFrom('trajectories').where('sandbox_id', 'in', ids).execute();
+    });
+    return ids.length;
   }
 }
 

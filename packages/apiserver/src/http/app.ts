@@ -22,13 +22,14 @@ import {
   LayerKindSchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { BatchEvent, CreateSandboxBatchResult, ExecEvent, LayerInfo } from '@dsec/protocol';
+import type { BatchEvent, CreateSandboxBatchResult, ExecEvent, LayerInfo, ReplayEvent, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
 import { requireRole } from '../auth.js';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import type { Metrics } from '../metrics.js';
 import { openApiDocument } from '../openapi.js';
+import type { FileRecording } from '../trajectory.js';
 import { errorResponse, toDsecError } from './errors.js';
 import { attachmentEvents, ndjsonResponse } from './streams.js';
 import { downloadTar, uploadTar, writeStreamToFile } from './tar-files.js';
@@ -105,6 +106,14 @@ function procParam(c: Context): number {
 export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string) => void): Hono<Env> {
   const app = new Hono<Env>();
 
+  /** Runs a file change, recorded as a trajectory step (with its error when it fails). */
+  const recorded = async <T>(sandboxId: string, kind: Exclude<TrajectoryStepKind, 'exec'>, fields: Partial<TrajectoryStep>, run: (rec: FileRecording) => Promise<T>): Promise<T> => {
+    const rec = await cp.trajectory.beginFile(sandboxId, kind, fields);
+    const out = await run(rec).catch(rec.failed);
+    rec.ok();
+    return out;
+  };
+
   app.onError((err) => errorResponse(err, log));
   app.notFound(() => errorResponse(new DsecError('NOT_FOUND', 'no such route')));
 
@@ -179,12 +188,18 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const { stdinBase64, ...rest } = req;
     const spec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
     if (wantsNdjson(c)) {
-      const att = await edge.spawn(row.id, spec);
+      const rec = await cp.trajectory.beginExec(row.id, spec, 'stream');
+      const att = await edge.spawn(row.id, spec).catch(rec.failed);
+      rec.started(att.proc, edge);
       metrics.execs++;
-      return ndjsonResponse(attachmentEvents(edge, row.id, att, true), () => void att.detach());
+      // A reader that leaves early leaves the command running: the recording reads on alone.
+      return ndjsonResponse(attachmentEvents(edge, row.id, att, true, rec), () => {
+        void att.detach().finally(rec.follow);
+      });
     }
     // A client that goes away takes its command with it.
-    const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal });
+    const rec = await cp.trajectory.beginExec(row.id, spec, 'exec', c.req.raw.signal);
+    const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal, onOutput: rec.onOutput }).then(rec.exited, rec.failed);
     metrics.execs++;
     return c.json(result);
   });
@@ -211,7 +226,9 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const proc = procParam(c);
     const chunks: Buffer[] = [];
     for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'stdin writes')) chunks.push(chunk);
-    await edge.writeStdin(row.id, proc, Buffer.concat(chunks), c.req.query('eof') === 'true').catch(mapProcessError(proc));
+    const data = Buffer.concat(chunks);
+    await edge.writeStdin(row.id, proc, data, c.req.query('eof') === 'true').catch(mapProcessError(proc));
+    if (data.length > 0) cp.trajectory.noteStdin(row.id, proc, data);
     return c.body(null, 204);
   });
 
@@ -229,7 +246,11 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.put('/v1/sandboxes/:id/files', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
     const q = fileQuery(c);
-    await writeStreamToFile(edge, row.id, q.path, bodyStream(c), { ...(q.mode ? { mode: parseInt(q.mode, 8) } : {}), append: q.append === 'true', limitBytes: MAX_UPLOAD_BYTES });
+    const mode = q.mode ? parseInt(q.mode, 8) : undefined;
+    const append = q.append === 'true';
+    await recorded(row.id, 'write', { path: q.path, ...(mode !== undefined ? { mode } : {}), ...(append ? { append } : {}) }, (rec) =>
+      writeStreamToFile(edge, row.id, q.path, rec.tap(bodyStream(c)), { ...(mode !== undefined ? { mode } : {}), append, limitBytes: MAX_UPLOAD_BYTES }),
+    );
     return c.body(null, 204);
   });
   app.get('/v1/sandboxes/:id/files', async (c) => {
@@ -241,7 +262,8 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.delete('/v1/sandboxes/:id/files', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
     const q = fileQuery(c);
-    await edge.remove(row.id, q.path, { recursive: q.recursive === 'true' });
+    const recursive = q.recursive === 'true';
+    await recorded(row.id, 'remove', { path: q.path, ...(recursive ? { recursive } : {}) }, () => edge.remove(row.id, q.path, { recursive }));
     return c.body(null, 204);
   });
   app.get('/v1/sandboxes/:id/files/list', async (c) => {
@@ -254,18 +276,20 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
   app.post('/v1/sandboxes/:id/files/mkdir', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
-    await edge.mkdir(row.id, fileQuery(c).path);
+    const dir = fileQuery(c).path;
+    await recorded(row.id, 'mkdir', { path: dir }, () => edge.mkdir(row.id, dir));
     return c.body(null, 204);
   });
   app.post('/v1/sandboxes/:id/files/rename', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
     const { from, to } = parseInput(RenameRequestSchema, await readJson(c));
-    await edge.rename(row.id, from, to);
+    await recorded(row.id, 'rename', { from, to }, () => edge.rename(row.id, from, to));
     return c.body(null, 204);
   });
   app.put('/v1/sandboxes/:id/files/tar', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));
-    await uploadTar(edge, row.id, fileQuery(c).path, bodyStream(c), MAX_UPLOAD_BYTES);
+    const dir = fileQuery(c).path;
+    await recorded(row.id, 'tar', { path: dir }, (rec) => uploadTar(edge, row.id, dir, rec.tap(bodyStream(c)), MAX_UPLOAD_BYTES));
     return c.body(null, 204);
   });
   app.get('/v1/sandboxes/:id/files/tar', async (c) => {
@@ -274,6 +298,27 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     if ((await edge.stat(row.id, dir)).type !== 'dir') throw invalidArgument('query.path', `${dir} is not a directory`);
     const stream = downloadTar(edge, row.id, dir);
     return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
+  });
+
+  // ---- snapshots, forks, trajectories, replay ----
+  app.post('/v1/sandboxes/:id/snapshot', async (c) => c.json(await cp.snapshot(c.get('principal'), c.req.param('id'), await readJson(c), c.req.raw.signal), 201));
+  app.post('/v1/sandboxes/:id/fork', async (c) => c.json(await cp.fork(c.get('principal'), c.req.param('id'), await readJson(c), c.req.raw.signal), 201));
+  app.get('/v1/sandboxes/:id/trajectory', async (c) => c.json(await cp.getTrajectory(c.get('principal'), c.req.param('id'), query(c))));
+  app.post('/v1/sandboxes/:id/replay', async (c) => {
+    const p = c.get('principal');
+    const body = await readJson(c);
+    if (!wantsNdjson(c)) return c.json(await cp.replay(p, c.req.param('id'), body, c.req.raw.signal), 201);
+    // Progress as it happens: the new sandbox first, then each step, then the result.
+    const events = new AsyncQueue<ReplayEvent>();
+    const done = new AbortController();
+    cp.replay(p, c.req.param('id'), body, done.signal, (ev) => events.push(ev))
+      .then((result) => events.push({ type: 'done', result }))
+      .catch((err: unknown) => {
+        const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
+        events.push({ type: 'error', error: { code: e.code, message: e.message } });
+      })
+      .finally(() => events.end());
+    return lineStream(events, () => done.abort(), 201);
   });
 
   // ---- function calls ----
@@ -401,6 +446,53 @@ async function batchEvents(cp: ControlPlane, p: Principal, body: unknown, opts: 
     if ('error' in outcome) yield { type: 'error', error: toDsecError(outcome.error).toJSON().error };
     else yield { type: 'summary', created: outcome.result.created, failed: outcome.result.failed, durationMs: performance.now() - t0 };
   })();
+}
+
+/** A queue of events read by one consumer as they come. */
+class AsyncQueue<T> implements AsyncIterable<T> {
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
+  private closed = false;
+
+  push(item: T): void {
+    this.items.push(item);
+    this.wake?.();
+  }
+
+  end(): void {
+    this.closed = true;
+    this.wake?.();
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<T> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.closed) return;
+      await new Promise<void>((r) => (this.wake = r));
+      this.wake = undefined;
+    }
+  }
+}
+
+/** An ndjson response of events; a reader that leaves runs `onCancel`. */
+function lineStream(events: AsyncIterable<object>, onCancel: () => void, status = 200): Response {
+  const encoder = new TextEncoder();
+  const it = events[Symbol.asyncIterator]();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = await it.next();
+      if (next.done) controller.close();
+      else controller.enqueue(encoder.encode(JSON.stringify(next.value) + '\n'));
+    },
+    cancel() {
+      onCancel();
+    },
+  });
+  return new Response(body, { status, headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' } });
 }
 
 function mapProcessError(proc: number) {

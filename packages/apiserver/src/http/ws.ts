@@ -12,6 +12,7 @@ import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import { toDsecError } from './errors.js';
 import { attachmentEvents } from './streams.js';
+import type { ExecRecording, TrajectoryLog } from '../trajectory.js';
 
 const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
 /** Largest WebSocket message accepted. */
@@ -35,7 +36,7 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
         .authenticate(req.headers.authorization)
         .then((p) => cp.route(p, id))
         .then(({ edge, row }) => {
-          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id));
+          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id, cp.trajectory));
         })
         .catch((err: unknown) => reject(socket, err));
     },
@@ -48,7 +49,8 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
 
 type Edge = Awaited<ReturnType<ControlPlane['route']>>['edge'];
 
-function serve(ws: WebSocket, edge: Edge, id: string): void {
+function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog): void {
+  let rec: ExecRecording | undefined;
   const send = (obj: unknown): Promise<void> =>
     new Promise((resolve) => {
       if (ws.readyState !== ws.OPEN) return resolve();
@@ -75,7 +77,9 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
             throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
           }
           const spec = parseInput(WsExecRequestSchema, body);
-          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' });
+          rec = await trajectory.beginExec(id, spec, 'ws');
+          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
+          rec.started(started.proc, edge);
           const stop = (): void => {
             void started.kill('SIGKILL').catch(() => undefined);
             void started.detach().catch(() => undefined);
@@ -83,15 +87,22 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
           // The client may have gone while the command started: nobody can end it then.
           if (ws.readyState !== ws.OPEN) {
             stop();
+            rec.follow();
             return started;
           }
-          ws.on('close', () => void started.detach().catch(() => undefined));
+          const recording = rec;
+          // The command outlives a closed socket: its recording reads on alone.
+          ws.on('close', () => void started.detach().catch(() => undefined).finally(recording.follow));
           void pump(started);
           return started;
         }
         if (!att) return att;
         const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
-        if (msg.type === 'stdin') await att.write(Buffer.from(msg.data, 'base64'));
+        if (msg.type === 'stdin') {
+          const data = Buffer.from(msg.data, 'base64');
+          await att.write(data);
+          rec?.addStdin(data);
+        }
         else if (msg.type === 'eof') await att.closeStdin();
         else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
         else await att.kill(msg.signal);
@@ -103,7 +114,7 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
     });
   });
   const pump = async (att: Attachment): Promise<void> => {
-    for await (const ev of attachmentEvents(edge, id, att, true)) await send(ev);
+    for await (const ev of attachmentEvents(edge, id, att, true, rec)) await send(ev);
     ws.close(1000, 'exited');
   };
 }

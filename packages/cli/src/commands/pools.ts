@@ -9,7 +9,9 @@ import { specOf, withSpecFlags } from './sandbox.js';
 import type { SpecFlags } from './sandbox.js';
 
 function imageText(p: PoolInfo): string {
-  return [p.spec.image.base, p.spec.image.workspace, ...(p.spec.image.toolkits ?? [])].filter(Boolean).join('+');
+  const image = p.spec.image;
+  if (!image) return `snapshot ${p.spec.snapshot ?? '?'}`;
+  return [image.base, image.workspace, ...(image.toolkits ?? [])].filter(Boolean).join('+');
 }
 
 /** Registers `dsec pools ...`. */

@@ -1,7 +1,8 @@
-// dsec sandbox create | ls | get | rm
+// dsec sandbox create | ls | get | rm | snapshot | fork | trajectory | replay
 import type { Command } from 'commander';
+import { InvalidArgumentError } from 'commander';
 import { Sandbox } from '@dsec/sdk';
-import type { BatchItem, SandboxCreateOptions, SandboxInfo } from '@dsec/sdk';
+import type { BatchItem, ReplayStep, SandboxCreateOptions, SandboxInfo, TrajectoryStep } from '@dsec/sdk';
 import type { SandboxState } from '@dsec/protocol';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
@@ -15,12 +16,29 @@ function labelsText(labels: Record<string, string>): string {
 }
 
 function imageText(s: SandboxInfo): string {
-  return [s.image.base, s.image.workspace, ...(s.image.toolkits ?? [])].filter(Boolean).join('+');
+  const image = [s.image.base, s.image.workspace, ...(s.image.toolkits ?? [])].filter(Boolean).join('+');
+  return s.snapshot ? `${image}+snapshot:${s.snapshot.slice(7, 19)}` : image;
+}
+
+/** One line of a trajectory listing: what ran or changed, and how it ended. */
+function stepText(s: TrajectoryStep): string {
+  if (s.kind === 'exec') {
+    const what = s.command?.cmd ?? (s.command?.argv ?? []).join(' ');
+    const how = s.error ? s.error.code : s.exit === null || s.exit === undefined ? 'running' : s.exit.signal ?? `exit ${s.exit.exitCode}`;
+    return `${what}  [${how}]`;
+  }
+  const target = s.kind === 'rename' ? `${s.from} -> ${s.to}` : (s.path ?? '');
+  return s.error ? `${target}  [${s.error.code}]` : target;
+}
+
+function verdictText(v: ReplayStep): string {
+  return v.reason ? `${v.verdict} (${v.reason})` : v.verdict;
 }
 
 /** Flags that describe a sandbox (`sandbox create`, `pools put`). */
 export interface SpecFlags {
-  base: string;
+  base?: string;
+  snapshot?: string;
   workspace?: string;
   toolkit?: string[];
   cpu?: number;
@@ -32,7 +50,8 @@ export interface SpecFlags {
 /** Adds the flags of {@link SpecFlags} to a command. */
 export function withSpecFlags(cmd: Command): Command {
   return cmd
-    .requiredOption('--base <layer>', 'base layer (name[:tag] or sha256:...)')
+    .option('--base <layer>', 'base layer (name[:tag] or sha256:...)')
+    .option('--snapshot <layer>', 'start from a snapshot layer instead of an image')
     .option('--workspace <layer>', 'workspace layer')
     .option('--toolkit <layer>', 'toolkit layer (repeatable, lowest first)', repeated)
     .option('--cpu <cores>', 'CPU cores', number(false))
@@ -42,7 +61,9 @@ export function withSpecFlags(cmd: Command): Command {
 }
 
 /** The image and resources the flags describe. */
-export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | 'resources'> {
+export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | 'snapshot' | 'resources'> {
+  if ((flags.base === undefined) === (flags.snapshot === undefined)) throw new InvalidArgumentError('give exactly one of --base or --snapshot');
+  if (flags.snapshot !== undefined && (flags.workspace !== undefined || flags.toolkit !== undefined)) throw new InvalidArgumentError('--workspace and --toolkit go with --base');
   const resources = {
     ...(flags.cpu !== undefined ? { cpu: flags.cpu } : {}),
     ...(flags.memory !== undefined ? { memoryMiB: flags.memory } : {}),
@@ -50,7 +71,9 @@ export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | '
     ...(flags.bestEffort ? { cpuClass: 'best-effort' as const } : {}),
   };
   return {
-    image: { base: flags.base, ...(flags.workspace ? { workspace: flags.workspace } : {}), ...(flags.toolkit ? { toolkits: flags.toolkit } : {}) },
+    ...(flags.base !== undefined
+      ? { image: { base: flags.base, ...(flags.workspace ? { workspace: flags.workspace } : {}), ...(flags.toolkit ? { toolkits: flags.toolkit } : {}) } }
+      : { snapshot: flags.snapshot as string }),
     ...(Object.keys(resources).length ? { resources } : {}),
   };
 }
@@ -136,6 +159,76 @@ export function registerSandbox(program: Command): void {
         ['expires', s.expiresAt],
       ];
       for (const [k, v] of rows) process.stdout.write(`${`${k}:`.padEnd(11)}${v}\n`);
+    });
+
+  sandbox
+    .command('snapshot')
+    .description("pack a sandbox's writable layer into a snapshot layer and print its digest")
+    .argument('<id>')
+    .option('--name <name>', 'name[:tag] for the snapshot')
+    .option('--json', 'print the layer as JSON')
+    .action(async (id: string, flags: { name?: string; json?: boolean }, cmd: Command) => {
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const layer = await sb.snapshot(flags.name !== undefined ? { name: flags.name } : {});
+      if (flags.json) printJson(layer);
+      else process.stdout.write(`${layer.digest}\n`);
+    });
+
+  sandbox
+    .command('fork')
+    .description('snapshot a sandbox and create sandboxes from it; prints their ids')
+    .argument('<id>')
+    .requiredOption('--count <n>', 'how many sandboxes', number(true))
+    .option('--label <k=v>', 'label for the new sandboxes (repeatable)', keyValue)
+    .option('--timeout <ms>', 'lifetime of each new sandbox in ms', number(true))
+    .option('--json', 'print the snapshot and the sandboxes as JSON')
+    .action(async (id: string, flags: { count: number; label?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const { snapshot, sandboxes } = await sb.fork(flags.count, { ...(flags.label ? { labels: flags.label } : {}), ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}) });
+      if (flags.json) return printJson({ snapshot, sandboxes: sandboxes.map((s) => s.lastInfo) });
+      for (const s of sandboxes) process.stdout.write(`${s.id}\n`);
+    });
+
+  sandbox
+    .command('trajectory')
+    .alias('log')
+    .description("list a sandbox's recorded steps (also after it is gone)")
+    .argument('<id>')
+    .option('--after <seq>', 'only steps after this seq', number(true))
+    .option('--json', 'print the steps as JSON (with the bounded output copies)')
+    .action(async (id: string, flags: { after?: number; json?: boolean }, cmd: Command) => {
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      // The sandbox may be gone: read its trajectory without looking it up first.
+      const steps: TrajectoryStep[] = [];
+      for await (const s of Sandbox.fromId(id, { client }).trajectory({ ...(flags.after !== undefined ? { after: flags.after } : {}), content: flags.json === true })) steps.push(s);
+      if (flags.json) return printJson(steps);
+      printTable(
+        ['seq', 'kind', 'ms', 'step'],
+        steps.map((s) => [String(s.seq), s.kind, s.durationMs === null ? '-' : String(Math.round(s.durationMs)), stepText(s)]),
+      );
+    });
+
+  sandbox
+    .command('replay')
+    .description("re-run a sandbox's trajectory on a fresh sandbox and compare each step")
+    .argument('<id>')
+    .option('--up-to <seq>', 'replay steps up to this seq', number(true))
+    .option('--snapshot <layer>', 'start from this snapshot of the sandbox (replays only later steps)')
+    .option('--stop-on-divergence', 'stop at the first step that differs')
+    .option('--json', 'print the result as JSON')
+    .action(async (id: string, flags: { upTo?: number; snapshot?: string; stopOnDivergence?: boolean; json?: boolean }, cmd: Command) => {
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const result = await Sandbox.fromId(id, { client }).replay({
+        ...(flags.upTo !== undefined ? { upTo: flags.upTo } : {}),
+        ...(flags.snapshot !== undefined ? { snapshot: flags.snapshot } : {}),
+        ...(flags.stopOnDivergence ? { stopOnDivergence: true } : {}),
+        ...(flags.json ? {} : { onStep: (v: ReplayStep) => process.stderr.write(`${v.seq}\t${v.kind}\t${verdictText(v)}\n`) }),
+      });
+      if (flags.json) return printJson({ ...result, sandbox: result.sandbox.lastInfo });
+      const s = result.summary;
+      process.stdout.write(`${result.sandbox.id}\n`);
+      process.stderr.write(`same ${s.same}, exit differs ${s.exitDiffers}, output differs ${s.outputDiffers}, not replayable ${s.notReplayable}${result.error ? `; stopped: ${result.error.code}: ${result.error.message}` : ''}\n`);
+      if (result.error || s.exitDiffers + s.outputDiffers > 0) process.exitCode = 1;
     });
 
   sandbox

@@ -2,9 +2,14 @@
 // only reads them (and checks that none are left behind). Works with cgroup v1 (including this
 // machine's hybrid layout) and v2.
 import { readFileSync } from 'node:fs';
-import { readFile, readdir, rmdir, stat } from 'node:fs/promises';
+import { readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { DsecError } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
+
+/** How long a freeze may take before it is given up (tasks in uninterruptible sleep delay it). */
+export const DEFAULT_FREEZE_TIMEOUT_MS = 10_000;
 
 /** The cgroup layout of the host. */
 export type CgroupMode = 'v1' | 'hybrid' | 'v2';
@@ -112,6 +117,46 @@ export class Cgroups {
     } catch {
       return 0;
     }
+  }
+
+  /**
+   * Freezes every process of a sandbox (cgroup freezer) and waits until all are frozen: their
+   * files hold still while they are read. On timeout the sandbox is thawed and TIMEOUT thrown.
+   */
+  async freeze(id: string, timeoutMs = DEFAULT_FREEZE_TIMEOUT_MS): Promise<void> {
+    const v2 = this.mode === 'v2';
+    const dir = this.dir(v2 ? '' : 'freezer', id);
+    try {
+      await writeFile(path.join(dir, v2 ? 'cgroup.freeze' : 'freezer.state'), v2 ? '1' : 'FROZEN');
+    } catch (err) {
+      throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no freezer cgroup: ${(err as Error).message}`, { sandboxId: id });
+    }
+    const deadline = Date.now() + timeoutMs;
+    for (let waitMs = 1; ; waitMs = Math.min(waitMs * 2, 50)) {
+      const frozen = v2 ? /^frozen 1$/m.test(await readFile(path.join(dir, 'cgroup.events'), 'utf8')) : (await readFile(path.join(dir, 'freezer.state'), 'utf8')).trim() === 'FROZEN';
+      if (frozen) return;
+      if (Date.now() > deadline) {
+        await this.thaw(id);
+        throw new DsecError('TIMEOUT', `sandbox ${id} did not freeze within ${timeoutMs} ms`, { sandboxId: id });
+      }
+      await sleep(waitMs);
+    }
+  }
+
+  /** True when a sandbox's cgroup is frozen or freezing (paused, or being packed). */
+  async isFrozen(id: string): Promise<boolean> {
+    const v2 = this.mode === 'v2';
+    const file = path.join(this.dir(v2 ? '' : 'freezer', id), v2 ? 'cgroup.freeze' : 'freezer.state');
+    const text = (await readFile(file, 'utf8').catch(() => '')).trim();
+    return v2 ? text === '1' : text === 'FROZEN' || text === 'FREEZING';
+  }
+
+  /** Lets a frozen sandbox's processes run again; a sandbox that is gone is not an error. */
+  async thaw(id: string): Promise<void> {
+    const v2 = this.mode === 'v2';
+    await writeFile(path.join(this.dir(v2 ? '' : 'freezer', id), v2 ? 'cgroup.freeze' : 'freezer.state'), v2 ? '0' : 'THAWED').catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    });
   }
 
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */

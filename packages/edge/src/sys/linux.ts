@@ -27,7 +27,19 @@ const c = {
   mknod: libc.func('int mknod(const char *path, uint32_t mode, uint64_t dev)'),
   lsetxattr: libc.func('int lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags)'),
   lgetxattr: libc.func('intptr_t lgetxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
+  syscall: libc.func('long syscall(long number, ...)'),
 };
+
+const SYS_OPEN_TREE = 428;
+const SYS_MOVE_MOUNT = 429;
+const SYS_MOUNT_SETATTR = 442;
+const AT_FDCWD = -100;
+const AT_EMPTY_PATH = 0x1000;
+const AT_RECURSIVE = 0x8000;
+const OPEN_TREE_CLONE = 1;
+const O_CLOEXEC = 0o2000000;
+const MOVE_MOUNT_F_EMPTY_PATH = 0x4;
+const MOUNT_ATTR_IDMAP = 0x100000;
 
 /** mount(2) flags used by dsec. */
 export const MS = {
@@ -76,6 +88,25 @@ export function umount(target: string, flags: number = 0): boolean {
   const errno = koffi.errno();
   if (errno === 22 || errno === 2) return false;
   throw new SyscallError('umount2', errno, target);
+}
+
+/**
+ * Mounts a clone of the tree at `source` on `target`, idmapped through the user namespace
+ * `usernsFd` (open_tree + mount_setattr(MOUNT_ATTR_IDMAP) + move_mount). An inode owned by
+ * `k` shows as the id that the namespace's map takes `k` to (its "inside" side read as
+ * "outside"); ids the map does not cover show as the overflow id.
+ */
+export function idmappedBind(source: string, target: string, usernsFd: number): void {
+  const tree = check(c.syscall(SYS_OPEN_TREE, 'int', AT_FDCWD, 'str', source, 'uint', OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE), 'open_tree', source);
+  try {
+    const attr = Buffer.alloc(32); // struct mount_attr: attr_set, attr_clr, propagation, userns_fd
+    attr.writeBigUInt64LE(BigInt(MOUNT_ATTR_IDMAP), 0);
+    attr.writeBigUInt64LE(BigInt(usernsFd), 24);
+    check(c.syscall(SYS_MOUNT_SETATTR, 'int', tree, 'str', '', 'uint', AT_EMPTY_PATH | AT_RECURSIVE, 'void *', attr, 'size_t', attr.length), 'mount_setattr', source);
+    check(c.syscall(SYS_MOVE_MOUNT, 'int', tree, 'str', '', 'int', AT_FDCWD, 'str', target, 'uint', MOVE_MOUNT_F_EMPTY_PATH), 'move_mount', `${source} to ${target}`);
+  } finally {
+    c.close(tree);
+  }
 }
 
 /** Closes a raw file descriptor. */

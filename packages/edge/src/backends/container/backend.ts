@@ -21,6 +21,8 @@ export interface LayerMounter {
 
 /** Default bytes of output chronus keeps per stream. */
 export const DEFAULT_OUTPUT_CAP_BYTES = 4 * 1024 * 1024;
+/** mount(2) copies at most one page of options. */
+const MAX_MOUNT_OPTION_BYTES = 4096;
 /** Inodes per MiB of writable layer. */
 const INODES_PER_MIB = 256;
 
@@ -107,6 +109,12 @@ export class ContainerBackend implements Backend {
         undo.push(() => this.o.layers.release(layer.digest));
       }
       signal?.throwIfAborted();
+      // mount(2) takes at most one page of options: a deep stack (toolkits and a long snapshot
+      // chain under a long state path) must be refused here, not fail inside dsec-launch.
+      const optionBytes = Buffer.byteLength(`lowerdir=${lowers.join(':')},upperdir=${p.upper},workdir=${p.work}`);
+      if (optionBytes >= MAX_MOUNT_OPTION_BYTES) {
+        throw new DsecError('INVALID_ARGUMENT', `image: ${lowers.length} layers do not fit in one overlay mount (${optionBytes} bytes of options, at most ${MAX_MOUNT_OPTION_BYTES - 1})`, { field: 'image' });
+      }
 
       // The writable layer is a size-limited tmpfs (writing past diskMiB fails with ENOSPC
       // inside the sandbox, and nothing outside it is touched) under an overlay of the layers.
