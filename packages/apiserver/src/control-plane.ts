@@ -59,6 +59,8 @@ export interface ControlPlaneCounters {
 /** The control plane. */
 export class ControlPlane {
   readonly counters: ControlPlaneCounters = { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0 };
+  /** Merges run-time rules (deny-path, deny-syscall, deny-domain) into a new sandbox's spec. */
+  tighten: ((projectId: string, spec: SandboxSpec) => Promise<SandboxSpec>) | undefined;
 
   constructor(
     readonly store: StateStore,
@@ -97,9 +99,10 @@ export class ControlPlane {
       pids: req.resources?.pids ?? DEFAULT_PIDS,
       cpuClass: req.resources?.cpuClass ?? 'latency-sensitive',
     };
-    const spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
+    let spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
+    if (this.tighten) spec = await this.tighten(p.projectId, spec);
     const reservation = { sandboxes: 1, cpu: resources.cpu, memoryMiB: resources.memoryMiB };
     await this.store.reserve(p.projectId, reservation);
     const refused = new Set<string>();
@@ -131,7 +134,7 @@ export class ControlPlane {
       node: node.name,
       backend: spec.backend ?? 'container',
       state: 'creating',
-      spec: JSON.stringify({ ...req, backend: spec.backend, resources }),
+      spec: JSON.stringify({ ...req, backend: spec.backend, resources, ...(spec.protect ? { protect: spec.protect } : {}) }),
       layers: JSON.stringify([spec.image.base, spec.image.workspace, ...(spec.image.toolkits ?? [])].filter(Boolean)),
       cpu: resources.cpu,
       memory_mib: resources.memoryMiB,
@@ -228,7 +231,7 @@ export class ControlPlane {
   }
 
   toSandbox(row: SandboxRow): Sandbox {
-    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { resources: GrantedResources };
+    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { resources: GrantedResources; protect?: SandboxSpec['protect'] };
     return {
       id: row.id,
       project: row.project_id,
@@ -242,6 +245,7 @@ export class ControlPlane {
       envKeys: Object.keys(spec.env ?? {}),
       createdAt: row.created_at,
       expiresAt: row.expires_at,
+      ...(spec.protect ? { protect: spec.protect } : {}),
     };
   }
 

@@ -33,6 +33,7 @@ export type EdgeClient = Pick<
   | 'stats'
   | 'layers'
   | 'calls'
+  | 'collectGarbage'
 >;
 
 /** A node as the control plane tracks it. */

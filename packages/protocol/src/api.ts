@@ -7,6 +7,7 @@ import {
   ImageSpecSchema,
   LabelsSchema,
   LayerKindSchema,
+  ProtectSchema,
   ResourcesSchema,
   SandboxStateSchema,
   CommandFieldsSchema,
@@ -60,6 +61,8 @@ export const SandboxSchema = z.object({
   envKeys: z.array(z.string()),
   createdAt: z.string(),
   expiresAt: z.string(),
+  /** Hardening beyond the defaults, run-time rules (POST /v1/rules) included. */
+  protect: ProtectSchema.optional(),
 });
 export type Sandbox = z.infer<typeof SandboxSchema>;
 
