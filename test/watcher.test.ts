@@ -205,6 +205,12 @@ describe('events', () => {
       otherStream.close();
       await call('DELETE', `/v1/sandboxes/${id}`, { key: team.member });
     }
+    // A client that goes away leaves no subscriber behind.
+    const deadline = Date.now() + 10_000;
+    while (!/^dsec_event_subscribers 0$/m.test((await call('GET', '/metrics', { key: null })).text)) {
+      assert.ok(Date.now() < deadline, 'subscribers of closed streams linger');
+      await sleep(100);
+    }
   });
 
   test('a process that outlives its command is reported; a stream resumes after Last-Event-ID', async () => {

@@ -17,6 +17,7 @@ import {
   ListSandboxesQuerySchema,
   invalidArgument,
 } from '@dsec/protocol';
+import type { EventSink } from '@dsec/protocol';
 import type { ApiKey, CallBatchItem, CallBatchResult, CallRequest, CallResult, GrantedResources, Layer, LayerInfo, LayerKind, NodeBody, Project, Quota, Sandbox, SandboxSpec } from '@dsec/protocol';
 import type { z } from 'zod';
 import { newKeySecret, requireRole, roleAtLeast } from './auth.js';
@@ -59,6 +60,8 @@ export interface ControlPlaneCounters {
 /** The control plane. */
 export class ControlPlane {
   readonly counters: ControlPlaneCounters = { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0 };
+  /** Where the control plane raises events (startPlatform points it at the watcher's pipeline). */
+  raise: EventSink = () => undefined;
   /** Merges run-time rules (deny-path, deny-syscall, deny-domain) into a new sandbox's spec. */
   tighten: ((projectId: string, spec: SandboxSpec) => Promise<SandboxSpec>) | undefined;
 

@@ -110,6 +110,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     await watch.init();
     const unsubscribe = edge.onEvent(watch.events.ingest);
     closers.unshift(() => void unsubscribe());
+    cp.raise = watch.events.ingest;
     cp.tighten = (projectId, spec) => watch.tighten(projectId, spec);
     const startGarbage = edge.lastStartGarbage;
     const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
@@ -152,6 +153,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       });
     });
     closers.unshift(() => ws.close(), () => new Promise<void>((r) => server.close(() => r())), () => void server.closeAllConnections());
+    // Live event streams end first: the server's close waits for open connections.
+    closers.unshift(() => watch.events.endSubscriptions());
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 

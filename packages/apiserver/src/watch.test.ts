@@ -83,3 +83,12 @@ test('a subscriber that falls behind is cut off with a final dropped event, not 
   const delivered = text.match(/^id: /gm)?.length ?? 0;
   assert.ok(delivered <= 6, `delivered ${delivered} before the cut`);
 });
+
+test('open streams end when the hub ends its subscriptions (before the HTTP server closes)', async () => {
+  const res = watch.streamEvents(root, { kind: 'oom.kill' }, undefined);
+  const reader = res.body!.getReader();
+  await reader.read();
+  const pending = reader.read();
+  watch.events.endSubscriptions();
+  assert.equal((await pending).done, true);
+});

@@ -218,7 +218,7 @@ export class WatchService {
             controller.close();
             return;
           }
-          if (ended) {
+          if (ended || s.closed) {
             controller.close();
             return;
           }

@@ -120,6 +120,7 @@ export class Edge {
   private readonly creating = new Set<string>();
   private readonly eventSinks = new Set<EventSink>();
   private counterTimer: NodeJS.Timeout | undefined;
+  private scanning = false;
 
   private constructor(
     readonly home: string,
@@ -224,16 +225,36 @@ export class Edge {
     return report;
   }
 
-  /** Compares every sandbox's OOM and pids-limit counters with what was reported. */
+  /**
+   * Compares every sandbox's OOM and pids-limit counters with what was reported. The files are
+   * read without blocking (thousands of sandboxes must not stall the event loop); one scan at
+   * a time.
+   */
   private scanCounters(): void {
-    for (const id of this.sandboxes.keys()) this.checkCounters(id);
+    if (this.scanning) return;
+    this.scanning = true;
+    void (async () => {
+      for (const id of [...this.sandboxes.keys()]) {
+        const e = this.sandboxes.get(id);
+        if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) continue;
+        const [oom, hits] = await Promise.all([this.cgroups.oomKills(id), this.cgroups.pidsLimitHits(id)]);
+        this.reportCounters(id, oom, hits);
+      }
+    })()
+      .catch(() => undefined)
+      .finally(() => (this.scanning = false));
   }
 
-  /** Raises oom.kill and pids.limit-hit for counter increases since the last check. */
+  /** Raises oom.kill and pids.limit-hit for counter increases since the last check (one sandbox, read at once). */
   private checkCounters(id: string, context?: { proc: number; pid: number }): void {
     const e = this.sandboxes.get(id);
     if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) return;
-    const oom = this.cgroups.oomKillsSync(id);
+    this.reportCounters(id, this.cgroups.oomKillsSync(id), this.cgroups.pidsLimitHitsSync(id), context);
+  }
+
+  private reportCounters(id: string, oom: number, hits: number, context?: { proc: number; pid: number }): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running') return;
     if (oom > e.seen.oomKills) {
       const count = oom - e.seen.oomKills;
       e.seen.oomKills = oom;
@@ -246,7 +267,6 @@ export class Edge {
         data: { count, total: oom, ...(limitMiB ? { memoryMiB: limitMiB } : {}), ...(context ? { proc: context.proc, pid: context.pid } : {}) },
       });
     }
-    const hits = this.cgroups.pidsLimitHitsSync(id);
     if (hits > e.seen.pidsLimitHits) {
       const count = hits - e.seen.pidsLimitHits;
       e.seen.pidsLimitHits = hits;

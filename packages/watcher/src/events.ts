@@ -96,6 +96,8 @@ export interface EventSubscription {
   wait(): Promise<void>;
   /** True once the subscriber fell more than its queue behind (it gets no more events). */
   readonly overflowed: boolean;
+  /** True once closed (by its reader, or by the hub shutting down). */
+  readonly closed: boolean;
   close(): void;
 }
 
@@ -167,6 +169,10 @@ export class EventHub {
 
   private readonly pending: RaisedEvent[] = [];
   private draining: Promise<void> | undefined;
+  /** Events taken in and events processed so far (a flush waits for those taken in before it). */
+  private taken = 0;
+  private processed = 0;
+  private readonly processedWaiters: Array<{ upTo: number; resolve: () => void }> = [];
   private writeBuffer: StoredEvent[] = [];
   private writing: Promise<void> | undefined;
   private readonly subscribers = new Set<Subscriber>();
@@ -195,6 +201,7 @@ export class EventHub {
     // Times are stored as ISO-8601 UTC so that they compare as text.
     const at = ev.at !== undefined && !Number.isNaN(Date.parse(ev.at)) ? new Date(ev.at).toISOString() : new Date().toISOString();
     this.pending.push({ ...ev, at });
+    this.taken++;
     this.draining ??= this.drain().finally(() => (this.draining = undefined));
   };
 
@@ -210,14 +217,20 @@ export class EventHub {
     return s;
   }
 
+  /** Ends every live subscription (their streams end; done before the HTTP server closes). */
+  endSubscriptions(): void {
+    for (const s of [...this.subscribers]) s.close();
+  }
+
   /** Live subscribers now. */
   get subscriberCount(): number {
     return this.subscribers.size;
   }
 
-  /** Waits until every event taken in so far is stored. */
+  /** Waits until every event taken in so far is stored (not those that arrive meanwhile). */
   async flush(): Promise<void> {
-    while (this.draining) await this.draining;
+    const upTo = this.taken;
+    if (this.processed < upTo) await new Promise<void>((resolve) => this.processedWaiters.push({ upTo, resolve }));
     await this.write();
   }
 
@@ -233,7 +246,7 @@ export class EventHub {
     clearInterval(this.timer);
     this.emitWindowSummaries(true);
     await this.flush();
-    for (const s of [...this.subscribers]) s.close();
+    this.endSubscriptions();
   }
 
   private async drain(): Promise<void> {
@@ -243,6 +256,14 @@ export class EventHub {
       } catch (err) {
         this.dropped++;
         this.o.log?.(`watcher: event ${ev.kind} dropped: ${(err as Error).message}`);
+      }
+      this.processed++;
+      for (let i = this.processedWaiters.length - 1; i >= 0; i--) {
+        const w = this.processedWaiters[i]!;
+        if (w.upTo <= this.processed) {
+          this.processedWaiters.splice(i, 1);
+          w.resolve();
+        }
       }
     }
   }

@@ -126,6 +126,13 @@ export class Cgroups {
     }
   }
 
+  /** {@link pidsLimitHitsSync}, read without blocking (the periodic scan over every sandbox). */
+  async pidsLimitHits(id: string): Promise<number> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
+    const m = /^max (\d+)$/m.exec(await readFile(file, 'utf8').catch(() => ''));
+    return m ? Number(m[1]) : 0;
+  }
+
   /** Tasks in a sandbox's cgroup now (0 when it has none). */
   pidsCurrentSync(id: string): number {
     try {
