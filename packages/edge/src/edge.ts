@@ -288,7 +288,7 @@ export class Edge {
     e.survivorTimer = setTimeout(() => {
       delete e.survivorTimer;
       this.checkCounters(id);
-      this.checkSurvivors(id).catch(() => undefined);
+      void this.checkSurvivors(id).catch(() => undefined);
     }, SURVIVOR_GRACE_MS);
     e.survivorTimer.unref();
   }
@@ -449,7 +449,7 @@ export class Edge {
     const att = await agent.spawn(toSpawnOptions(spec, e.record.spec.env));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
-    att.exited.then(
+    void att.exited.then(
       () => this.scheduleSurvivorCheck(id),
       () => undefined,
     );

@@ -163,7 +163,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
       metrics.execs++;
       // The audit entry gets the exit status when the stream ends (null if it ends first).
       audit.exitCode = new Promise<number | null>((resolve) => {
-        att.exited.then(
+        void att.exited.then(
           (e) => resolve(e.exitCode),
           () => resolve(null),
         );

@@ -84,7 +84,7 @@ function serve(ws: WebSocket, edge: Edge, id: string, onStart?: (spec: { argv?: 
           onStart?.(
             spec,
             new Promise<number | null>((resolve) => {
-              started.exited.then(
+              void started.exited.then(
                 (e) => resolve(e.exitCode),
                 () => resolve(null),
               );
