@@ -43,6 +43,7 @@ import type {
   CallRequest,
   CallResult,
   CreateSandboxBatchResult,
+  EventSink,
   ForkResult,
   GrantedResources,
   ImageSpec,
@@ -162,7 +163,7 @@ function capacityError(item: CreateItem): DsecError {
 
 /** The sandbox spec JSON kept in a row: the request with its backend and granted resources. */
 function rowSpecOf(item: CreateItem): string {
-  return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources });
+  return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources, ...(item.spec.protect ? { protect: item.spec.protect } : {}) });
 }
 
 /** Finds a layer reference among the rows of a project's layer scope (nearest project first). */
@@ -220,6 +221,10 @@ export class ControlPlane implements PoolHost {
   /** Every sandbox's steps (commands and file changes), kept beyond the sandbox's life. */
   readonly trajectory: TrajectoryLog;
   private readonly log: (line: string) => void;
+  /** Where the control plane raises events (startPlatform points it at the watcher's pipeline). */
+  raise: EventSink = () => undefined;
+  /** Merges run-time rules (deny-path, deny-syscall, deny-domain) into a new sandbox's spec. */
+  tighten: ((projectId: string, spec: SandboxSpec) => Promise<SandboxSpec>) | undefined;
 
   constructor(
     readonly store: StateStore,
@@ -284,10 +289,11 @@ export class ControlPlane implements PoolHost {
       pids: req.resources?.pids ?? DEFAULT_PIDS,
       cpuClass: req.resources?.cpuClass ?? 'latency-sensitive',
     };
-    const spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
+    let spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
     if (snapshots.length > 0) spec.snapshots = snapshots;
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
+    if (this.tighten) spec = await this.tighten(projectId, spec);
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];
     const poolKey = hashOf({ ...rest, backend, image, resources: spec.resources });
@@ -723,7 +729,7 @@ export class ControlPlane implements PoolHost {
   }
 
   toSandbox(row: SandboxRow): Sandbox {
-    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources };
+    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources; protect?: SandboxSpec['protect'] };
     return {
       id: row.id,
       project: row.project_id,
@@ -738,6 +744,7 @@ export class ControlPlane implements PoolHost {
       envKeys: Object.keys(spec.env ?? {}),
       createdAt: row.created_at,
       expiresAt: row.expires_at,
+      ...(spec.protect ? { protect: spec.protect } : {}),
     };
   }
 

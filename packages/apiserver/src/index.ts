@@ -27,3 +27,6 @@ export { NodeRegistry } from './nodes.js';
 export type { EdgeClient, NodeEntry } from './nodes.js';
 export { Metrics } from './metrics.js';
 export { openApiDocument } from './openapi.js';
+export { WatchService, DEFAULT_HEARTBEAT_MS, DEFAULT_SUBSCRIBER_QUEUE } from './watch.js';
+export type { DomainDenyHook, Retention, WatchServiceOptions } from './watch.js';
+export { WatchStore, DEFAULT_EVENT_RETENTION, DEFAULT_AUDIT_RETENTION } from './db/watch-store.js';

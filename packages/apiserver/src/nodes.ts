@@ -35,6 +35,7 @@ export type EdgeClient = Pick<
   | 'snapshot'
   | 'layers'
   | 'calls'
+  | 'collectGarbage'
 >;
 
 /** A node as the control plane tracks it. */

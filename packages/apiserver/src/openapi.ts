@@ -61,6 +61,11 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/projects', summary: 'List projects', reply: page(api.ProjectSchema) },
   { method: 'get', path: '/v1/projects/{id}', summary: 'Get a project', reply: api.ProjectSchema },
   { method: 'get', path: '/v1/nodes', summary: 'Nodes with capacity and use', reply: page(api.NodeSchema) },
+  { method: 'get', path: '/v1/events', summary: 'Events (a live text/event-stream with Accept: text/event-stream; Last-Event-ID resumes)', query: api.ListEventsQuerySchema, reply: page(api.EventSchema) },
+  { method: 'get', path: '/v1/audit', summary: 'Audit trail (NDJSON export with Accept: application/x-ndjson)', query: api.ListAuditQuerySchema, reply: page(api.AuditEntrySchema) },
+  { method: 'post', path: '/v1/rules', summary: 'Add a run-time rule', body: api.CreateRuleRequestSchema, reply: api.RuleSchema, status: 201 },
+  { method: 'get', path: '/v1/rules', summary: 'List rules', reply: page(api.RuleSchema) },
+  { method: 'delete', path: '/v1/rules/{id}', summary: 'Delete a rule', status: 204 },
 ];
 
 function jsonSchema(s: Schema, io: 'input' | 'output'): unknown {

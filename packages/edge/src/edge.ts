@@ -1,14 +1,15 @@
 // Edge: the node agent. Owns the layer store and the backends, keeps the node's sandboxes, and
 // turns exec requests into results (or handles) over each sandbox's agent.
 import { randomBytes } from 'node:crypto';
-import { access, mkdir } from 'node:fs/promises';
+import { access, mkdir, readFile } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DsecError, ExecSpecSchema, SandboxClaimSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
+import { DsecError, ExecSpecSchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, invalidArgument } from '@dsec/protocol';
 import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
+import type { GarbageReport } from './backends/container/backend.js';
 import { FnCallBackend } from './backends/fncall/backend.js';
 import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
@@ -36,6 +37,21 @@ export interface EdgeOptions {
   cgroupParent?: string;
   /** Most sandboxes this node admits. Default {@link DEFAULT_MAX_SANDBOXES}. */
   maxSandboxes?: number;
+  /** Interval of the scan of every sandbox's OOM and pids-limit counters. Default {@link DEFAULT_COUNTER_SCAN_MS}; 0 turns it off. */
+  counterScanMs?: number;
+}
+
+/** Default interval of the OOM and pids-limit counter scan (a command's exit also triggers one). */
+export const DEFAULT_COUNTER_SCAN_MS = 3000;
+/** After a command exits, how long its processes may take to go before the survivors are reported. */
+export const SURVIVOR_GRACE_MS = 500;
+/** Survivor pids remembered per sandbox (each is reported once). */
+const MAX_REPORTED_SURVIVORS = 1024;
+
+/** What {@link Edge.collectGarbage} removed (layer mounts included). */
+export interface NodeGarbageReport extends GarbageReport {
+  /** Unused layer mounts a previous process left. */
+  layerMounts: number;
 }
 
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
@@ -95,6 +111,12 @@ interface Entry {
   used: boolean;
   /** The last snapshot started: snapshots of one sandbox run one after another. */
   snapshotting?: Promise<unknown>;
+  /** Counter values already reported as events. */
+  seen: { oomKills: number; pidsLimitHits: number };
+  /** Host pids already reported as outliving their command. */
+  survivors: Set<number>;
+  /** A survivor check waiting for its grace time. */
+  survivorTimer?: NodeJS.Timeout;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -113,8 +135,11 @@ function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
 /** The node agent. */
 export class Edge {
   private readonly sandboxes = new Map<string, Entry>();
-  private creating = 0;
+  /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
+  private readonly creating = new Set<string>();
   private readonly eventSinks = new Set<EventSink>();
+  private counterTimer: NodeJS.Timeout | undefined;
+  private scanning = false;
 
   private constructor(
     readonly home: string,
@@ -157,7 +182,10 @@ export class Edge {
     const writableDir = path.join(runDirFor(home), 'rw');
     await mkdir(writableDir, { recursive: true });
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
+    // The backend raises through the edge, which exists only once the backend does.
+    let raise: EventSink = () => undefined;
     const container = new ContainerBackend({
+      events: (ev) => raise(ev),
       sandboxesDir,
       crunRoot,
       runtimePrefix: runtimeNs.prefix,
@@ -172,12 +200,165 @@ export class Edge {
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
     const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
+    raise = (ev) => edge.raise(ev);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
-        edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map(), used: false });
+        edge.sandboxes.set(record.id, edge.newEntry(record, backend));
       }
     }
+    // What a crashed edge left behind and recovery did not adopt: containers without a
+    // folder, cgroups without a container, stale layer mounts. No call pool runs yet, so
+    // function-call sandboxes left behind go too.
+    const garbage = await edge.collectGarbage({ calls: true });
+    edge.lastStartGarbage = garbage;
+    const every = opts.counterScanMs ?? DEFAULT_COUNTER_SCAN_MS;
+    if (every > 0) {
+      edge.counterTimer = setInterval(() => edge.scanCounters(), every);
+      edge.counterTimer.unref();
+    }
     return edge;
+  }
+
+  /** What the garbage collection at open removed. */
+  lastStartGarbage: NodeGarbageReport | undefined;
+
+  private newEntry(record: BackendSandbox, backend: Backend): Entry {
+    const entry: Entry = { record, backend, state: 'running', oomAtSpawn: new Map(), used: false, seen: { oomKills: 0, pidsLimitHits: 0 }, survivors: new Set() };
+    // Counts from before (a recovered sandbox) are not news.
+    if (backend instanceof ContainerBackend) entry.seen = { oomKills: this.cgroups.oomKillsSync(record.id), pidsLimitHits: this.cgroups.pidsLimitHitsSync(record.id) };
+    return entry;
+  }
+
+  /**
+   * Removes what no live sandbox owns: runtime containers, cgroups with their processes, mounts
+   * and folders of sandboxes this node does not know, and layer mounts nobody uses. `calls`
+   * also removes function-call sandboxes (only safe while no call pool runs).
+   */
+  async collectGarbage(opts: { calls?: boolean } = {}): Promise<NodeGarbageReport> {
+    const container = this.backends.get('container');
+    const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
+    if (container instanceof ContainerBackend) {
+      Object.assign(
+        report,
+        await container.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' }),
+      );
+    }
+    report.layerMounts = await this.layers.unmountUnused();
+    return report;
+  }
+
+  /**
+   * Compares every sandbox's OOM and pids-limit counters with what was reported. The files are
+   * read without blocking (thousands of sandboxes must not stall the event loop); one scan at
+   * a time.
+   */
+  private scanCounters(): void {
+    if (this.scanning) return;
+    this.scanning = true;
+    void (async () => {
+      for (const id of [...this.sandboxes.keys()]) {
+        const e = this.sandboxes.get(id);
+        if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) continue;
+        const [oom, hits] = await Promise.all([this.cgroups.oomKills(id), this.cgroups.pidsLimitHits(id)]);
+        this.reportCounters(id, oom, hits);
+      }
+    })()
+      .catch(() => undefined)
+      .finally(() => (this.scanning = false));
+  }
+
+  /** Raises oom.kill and pids.limit-hit for counter increases since the last check (one sandbox, read at once). */
+  private checkCounters(id: string, context?: { proc: number; pid: number }): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) return;
+    this.reportCounters(id, this.cgroups.oomKillsSync(id), this.cgroups.pidsLimitHitsSync(id), context);
+  }
+
+  private reportCounters(id: string, oom: number, hits: number, context?: { proc: number; pid: number }): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running') return;
+    if (oom > e.seen.oomKills) {
+      const count = oom - e.seen.oomKills;
+      e.seen.oomKills = oom;
+      const limitMiB = e.record.spec.resources?.memoryMiB;
+      this.raise({
+        kind: 'oom.kill',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: ${count} process${count === 1 ? '' : 'es'} killed at the memory limit${limitMiB ? ` (${limitMiB} MiB)` : ''}`,
+        data: { count, total: oom, ...(limitMiB ? { memoryMiB: limitMiB } : {}), ...(context ? { proc: context.proc, pid: context.pid } : {}) },
+      });
+    }
+    if (hits > e.seen.pidsLimitHits) {
+      const count = hits - e.seen.pidsLimitHits;
+      e.seen.pidsLimitHits = hits;
+      const limit = e.record.spec.resources?.pids;
+      this.raise({
+        kind: 'pids.limit-hit',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: ${count} fork${count === 1 ? '' : 's'} refused at the process limit${limit ? ` (${limit})` : ''}`,
+        data: { count, total: hits, ...(limit ? { pidsLimit: limit } : {}) },
+      });
+    }
+  }
+
+  /** Checks for survivors once a command's grace time is over (one pending check per sandbox). */
+  private scheduleSurvivorCheck(id: string): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.survivorTimer || !(e.backend instanceof ContainerBackend)) return;
+    e.survivorTimer = setTimeout(() => {
+      delete e.survivorTimer;
+      this.checkCounters(id);
+      void this.checkSurvivors(id).catch(() => undefined);
+    }, SURVIVOR_GRACE_MS);
+    e.survivorTimer.unref();
+  }
+
+  /**
+   * Raises process.survived-command for processes in the sandbox that belong to no running
+   * command: chronus starts each command in a session of its own, so a process whose session
+   * is not a running command's (nor the agent's) outlived the command that started it, or left
+   * its session to escape it (a daemon).
+   */
+  private async checkSurvivors(id: string): Promise<void> {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running') return;
+    // The agent alone (PID 1) is the common case: one file read.
+    if (this.cgroups.pidsCurrentSync(id) <= 1) {
+      e.survivors.clear();
+      return;
+    }
+    const candidates: Array<{ hostPid: number; pid: number; session: number; name: string }> = [];
+    const present = new Set<number>();
+    for (const hostPid of await this.cgroups.procs(id)) {
+      present.add(hostPid);
+      const st = await readProcStatus(hostPid);
+      if (!st || st.pid === 1 || st.session === 1 || st.zombie || e.survivors.has(hostPid)) continue;
+      candidates.push({ hostPid, ...st });
+    }
+    for (const pid of e.survivors) if (!present.has(pid)) e.survivors.delete(pid);
+    if (candidates.length === 0) return;
+    // Sessions of running commands, read after the processes: a command started meanwhile
+    // is listed here, so its processes are not taken for survivors.
+    const running = new Set((await (await this.agent(id)).list()).filter((p) => p.running).map((p) => p.pid));
+    const survivors = [];
+    for (const c of candidates) {
+      if (running.has(c.session)) continue;
+      const again = await readProcStatus(c.hostPid);
+      if (!again || again.zombie || again.session !== c.session) continue;
+      survivors.push(c);
+    }
+    if (survivors.length === 0) return;
+    for (const s of survivors) if (e.survivors.size < MAX_REPORTED_SURVIVORS) e.survivors.add(s.hostPid);
+    const shown = survivors.slice(0, 16);
+    this.raise({
+      kind: 'process.survived-command',
+      severity: 'warning',
+      sandboxId: id,
+      message: `sandbox ${id}: ${survivors.length} process${survivors.length === 1 ? '' : 'es'} outlived their command: ${shown.map((s) => `${s.name} (pid ${s.pid})`).join(', ')}`,
+      data: { count: survivors.length, processes: shown.map((s) => ({ pid: s.pid, name: s.name, session: s.session })) },
+    });
   }
 
   /** Subscribes to the events this node raises; returns the unsubscribe function. */
@@ -209,10 +390,13 @@ export class Edge {
     const kind = spec.backend ?? 'container';
     const backend = this.backends.get(kind);
     if (!backend) throw new DsecError('INVALID_ARGUMENT', `backend: ${kind} is not available on this node`, { field: 'backend' });
+    for (const [i, name] of (spec.protect?.denySyscalls ?? []).entries()) {
+      if (!SYSCALL_NAMES.has(name)) throw invalidArgument(`protect.denySyscalls.${i}`, `${name} is not a known system call`);
+    }
     const id = opts.id ?? this.newId();
     if (!ID_RE.test(id)) throw invalidArgument('id', 'must be 3-63 characters of a-z, 0-9 and -');
-    if (this.sandboxes.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
-    if (this.sandboxes.size + this.creating >= this.maxSandboxes) {
+    if (this.sandboxes.has(id) || this.creating.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
+    if (this.sandboxes.size + this.creating.size >= this.maxSandboxes) {
       throw new DsecError('CAPACITY_EXHAUSTED', `node ${this.nodeName} is full (${this.maxSandboxes} sandboxes)`, { retryAfterMs: 1000 });
     }
     const layers: LayerInfo[] = [];
@@ -227,14 +411,13 @@ export class Edge {
       });
       layers.push(layer);
     }
-    this.creating++;
-    let record: BackendSandbox;
+    this.creating.add(id);
     try {
-      record = await backend.create({ id, spec, layers }, opts.signal);
+      const record = await backend.create({ id, spec, layers }, opts.signal);
+      this.sandboxes.set(id, this.newEntry(record, backend));
     } finally {
-      this.creating--;
+      this.creating.delete(id);
     }
-    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map(), used: false });
     return this.info(id);
   }
 
@@ -308,6 +491,10 @@ export class Edge {
     const att = await agent.spawn(toSpawnOptions(spec, e.record.spec.env));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
+    void att.exited.then(
+      () => this.scheduleSurvivorCheck(id),
+      () => undefined,
+    );
     return att;
   }
 
@@ -363,6 +550,8 @@ export class Edge {
     const before = e?.oomAtSpawn.get(exit.proc);
     if (killed && !exit.timedOut && before !== undefined && e?.backend instanceof ContainerBackend) {
       oomKilled = e.backend.oomKillsNow(id) > before;
+      // Report it now rather than at the next scan, naming the command.
+      if (oomKilled) this.checkCounters(id, { proc: exit.proc, pid: exit.pid });
     }
     return {
       exitCode: exit.exitCode,
@@ -539,6 +728,7 @@ export class Edge {
     const e = this.entry(id);
     e.destroying ??= (async () => {
       e.state = 'stopped';
+      clearTimeout(e.survivorTimer);
       try {
         await e.backend.destroy(id);
       } catch (err) {
@@ -556,6 +746,9 @@ export class Edge {
    * a later `Edge.open` on the same home finds them again.
    */
   async close(): Promise<void> {
+    clearInterval(this.counterTimer);
+    this.counterTimer = undefined;
+    for (const e of this.sandboxes.values()) clearTimeout(e.survivorTimer);
     // Calls keep no state: their pooled sandboxes go with this process.
     await this.calls.close();
     for (const b of this.backends.values()) await b.close();
@@ -578,6 +771,16 @@ const MAX_NODE_NAME = 40;
 function nodeNameOf(name: string): string {
   const clean = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, MAX_NODE_NAME);
   return clean.length >= 1 ? clean : 'node';
+}
+
+/** What the survivor check needs from /proc/<pid>/status, with pids as the sandbox sees them. */
+async function readProcStatus(hostPid: number): Promise<{ pid: number; session: number; name: string; zombie: boolean } | undefined> {
+  const text = await readFile(`/proc/${hostPid}/status`, 'utf8').catch(() => undefined);
+  if (text === undefined) return undefined;
+  const field = (name: string): string => new RegExp(`^${name}:\\s*(.*)$`, 'm').exec(text)?.[1]?.trim() ?? '';
+  // NSpid and NSsid list the id in each nested pid namespace; the last is the sandbox's.
+  const last = (name: string): number => Number(field(name).split(/\s+/).pop());
+  return { pid: last('NSpid'), session: last('NSsid'), name: field('Name'), zombie: field('State').startsWith('Z') };
 }
 
 /** Writes stdin; a command that already exited (or closed stdin) is not an error here. */

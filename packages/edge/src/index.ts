@@ -1,8 +1,8 @@
-export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL } from './edge.js';
-export type { EdgeOptions, ExecOptions, NodeCapacity, SandboxInfo, SnapshotOptions } from './edge.js';
+export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL, DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './edge.js';
+export type { EdgeOptions, ExecOptions, NodeCapacity, NodeGarbageReport, SandboxInfo, SnapshotOptions } from './edge.js';
 export type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from './backend.js';
-export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES } from './backends/container/backend.js';
-export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';
+export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
+export type { ContainerBackendOptions, GarbageOptions, GarbageReport, LayerMounter } from './backends/container/backend.js';
 export { ChronusClient, Attachment, DEFAULT_WINDOW_BYTES, signalNumber } from './chronus/client.js';
 export type { AgentExit, AgentInfo, AgentProcess, OutputEvent, SpawnOptions } from './chronus/client.js';
 export { Cgroups, detectCgroupMode, DEFAULT_FREEZE_TIMEOUT_MS } from './host/cgroups.js';

@@ -9,6 +9,7 @@ import {
   LabelsSchema,
   LayerKindSchema,
   LayerRefSchema,
+  ProtectSchema,
   ResourcesSchema,
   SandboxStateSchema,
   CommandFieldsSchema,
@@ -96,6 +97,8 @@ export const SandboxSchema = z.object({
   envKeys: z.array(z.string()),
   createdAt: z.string(),
   expiresAt: z.string(),
+  /** Hardening beyond the defaults, run-time rules (POST /v1/rules) included. */
+  protect: ProtectSchema.optional(),
 });
 export type Sandbox = z.infer<typeof SandboxSchema>;
 

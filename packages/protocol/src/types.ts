@@ -72,6 +72,15 @@ export const LabelsSchema = z
 
 /** Most snapshots stacked on one image (a snapshot of a sandbox made from a snapshot, ...). */
 export const MAX_SNAPSHOT_DEPTH = 16;
+/** Hardening of one sandbox beyond the defaults. */
+export const ProtectSchema = z.strictObject({
+  /** Paths that are read-only inside the sandbox. */
+  readOnly: z.array(z.string().startsWith('/', 'must be absolute').max(4096)).max(256).optional(),
+  /** System calls denied (EPERM) on top of the default seccomp profile. */
+  denySyscalls: z.array(z.string().regex(/^[a-z0-9_]{1,64}$/, 'not a system call name')).max(256).optional(),
+});
+/** Hardening of one sandbox beyond the defaults. */
+export type Protect = z.infer<typeof ProtectSchema>;
 
 /** What edge needs to create one sandbox. */
 export const SandboxSpecSchema = z.strictObject({
@@ -83,6 +92,8 @@ export const SandboxSpecSchema = z.strictObject({
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
   hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
+  /** Hardening beyond the defaults; the control plane merges run-time rules (POST /v1/rules) in. */
+  protect: ProtectSchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;

@@ -151,6 +151,56 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  '0005_events': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // Events: ids sort by time (watcher's sortableId), so pages and SSE resumption go by id.
+      await db.schema
+        .createTable('events')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'text', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('severity', 'text', (c) => c.notNull())
+        .addColumn('project_id', 'text')
+        .addColumn('sandbox_id', 'text')
+        .addColumn('node', 'text')
+        .addColumn('message', 'text', (c) => c.notNull())
+        .addColumn('data', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('events_project').on('events').columns(['project_id', 'id']).execute();
+      await db.schema.createIndex('events_sandbox').on('events').columns(['sandbox_id', 'id']).execute();
+      await db.schema.createIndex('events_kind').on('events').columns(['kind', 'id']).execute();
+      await db.schema.createIndex('events_at').on('events').column('at').execute();
+
+      await db.schema
+        .createTable('audit')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'text', (c) => c.notNull())
+        .addColumn('key_id', 'text')
+        .addColumn('project_id', 'text')
+        .addColumn('method', 'text', (c) => c.notNull())
+        .addColumn('route', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text')
+        .addColumn('status', 'integer', (c) => c.notNull())
+        .addColumn('duration_ms', 'double precision', (c) => c.notNull())
+        .addColumn('command', 'text')
+        .addColumn('exit_code', 'integer')
+        .execute();
+      await db.schema.createIndex('audit_project').on('audit').columns(['project_id', 'id']).execute();
+      await db.schema.createIndex('audit_sandbox').on('audit').columns(['sandbox_id', 'id']).execute();
+      await db.schema.createIndex('audit_key').on('audit').columns(['key_id', 'id']).execute();
+      await db.schema.createIndex('audit_at').on('audit').column('at').execute();
+
+      await db.schema
+        .createTable('rules')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('created_by', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

@@ -136,6 +136,49 @@ export interface SnapshotTable {
   created_at: string;
 }
 
+export interface EventTable {
+  /** Sortable: time order. */
+  id: string;
+  at: string;
+  kind: string;
+  severity: string;
+  /** The sandbox's project; null for node-level events. */
+  project_id: string | null;
+  sandbox_id: string | null;
+  node: string | null;
+  message: string;
+  /** Kind-specific fields, as JSON. */
+  data: string;
+}
+
+export interface AuditTable {
+  /** Sortable: time order. */
+  id: string;
+  at: string;
+  /** The API key's id, never the key; null when no valid key was sent. */
+  key_id: string | null;
+  project_id: string | null;
+  method: string;
+  /** Route pattern (`/v1/sandboxes/:id/exec`). */
+  route: string;
+  sandbox_id: string | null;
+  status: number;
+  duration_ms: number;
+  /** exec: the command, cut short. */
+  command: string | null;
+  exit_code: number | null;
+}
+
+export interface RuleTable {
+  id: string;
+  project_id: string;
+  kind: string;
+  /** The rule as created, as JSON. */
+  spec: string;
+  created_by: string;
+  created_at: string;
+}
+
 /** The whole database. */
 export interface Database {
   projects: ProjectTable;
@@ -148,4 +191,7 @@ export interface Database {
   trajectories: TrajectoryTable;
   trajectory_steps: TrajectoryStepTable;
   snapshots: SnapshotTable;
+  events: EventTable;
+  audit: AuditTable;
+  rules: RuleTable;
 }

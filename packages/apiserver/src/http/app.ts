@@ -30,16 +30,20 @@ import { parseInput } from '../control-plane.js';
 import type { Metrics } from '../metrics.js';
 import { openApiDocument } from '../openapi.js';
 import type { FileRecording } from '../trajectory.js';
+import type { WatchService } from '../watch.js';
+import { commandSummary } from '@dsec/watcher';
 import { errorResponse, toDsecError } from './errors.js';
 import { attachmentEvents, ndjsonResponse } from './streams.js';
 import { downloadTar, uploadTar, writeStreamToFile } from './tar-files.js';
+import { authAndAudit, registerWatchRoutes } from './watch-routes.js';
+import type { AuditExec } from './watch-routes.js';
 
 /** Largest JSON request body. */
 export const MAX_JSON_BYTES = 32 * 1024 * 1024;
 /** Largest upload (file, tar, layer). */
 export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 
-type Env = { Variables: { principal: Principal } };
+type Env = { Variables: { principal: Principal; auditExec: AuditExec | undefined } };
 
 async function readJson(c: Context): Promise<unknown> {
   let text: string;
@@ -102,8 +106,8 @@ function procParam(c: Context): number {
   return Number(raw);
 }
 
-/** Builds the Hono app. */
-export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string) => void): Hono<Env> {
+/** Builds the Hono app; with `watch`, every call is audited and the events, audit and rules routes exist. */
+export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string) => void, watch?: WatchService): Hono<Env> {
   const app = new Hono<Env>();
 
   /** Runs a file change, recorded as a trajectory step (with its error when it fails). */
@@ -124,13 +128,10 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
 
   app.get('/healthz', (c) => c.json({ status: 'ok' }));
-  app.get('/metrics', (c) => c.text(metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
+  app.get('/metrics', async (c) => c.text(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
   app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
 
-  app.use('/v1/*', async (c, next) => {
-    c.set('principal', await cp.auth.authenticate(c.req.header('authorization')));
-    await next();
-  });
+  app.use('/v1/*', authAndAudit((header) => cp.auth.authenticate(header), watch));
 
   // ---- identity ----
   app.post('/v1/keys', async (c) => c.json(await cp.createKey(c.get('principal'), await readJson(c)), 201));
@@ -187,11 +188,21 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const req = parseInput(ExecRequestSchema, await readJson(c));
     const { stdinBase64, ...rest } = req;
     const spec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
+    const audit: AuditExec = { command: commandSummary(req), exitCode: null };
+    c.set('auditExec', audit);
     if (wantsNdjson(c)) {
       const rec = await cp.trajectory.beginExec(row.id, spec, 'stream');
       const att = await edge.spawn(row.id, spec).catch(rec.failed);
       rec.started(att.proc, edge);
       metrics.execs++;
+      // The audit entry gets the exit status when the stream ends (null if it ends first).
+      audit.exitCode = new Promise<number | null>((resolve) => {
+        void att.exited.then(
+          (e) => resolve(e.exitCode),
+          () => resolve(null),
+        );
+        att.onDetach(() => resolve(null));
+      });
       // A reader that leaves early leaves the command running: the recording reads on alone.
       return ndjsonResponse(attachmentEvents(edge, row.id, att, true, rec), () => {
         void att.detach().finally(rec.follow);
@@ -199,8 +210,10 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     }
     // A client that goes away takes its command with it.
     const rec = await cp.trajectory.beginExec(row.id, spec, 'exec', c.req.raw.signal);
+    const start = performance.now();
     const result = await edge.exec(row.id, spec, { signal: c.req.raw.signal, onOutput: rec.onOutput }).then(rec.exited, rec.failed);
-    metrics.execs++;
+    metrics.observeExec(performance.now() - start);
+    audit.exitCode = result.exitCode;
     return c.json(result);
   });
 
@@ -402,6 +415,8 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     await cp.deleteLayer(c.get('principal'), c.req.param('ref'));
     return c.body(null, 204);
   });
+
+  if (watch) registerWatchRoutes(app, watch, readJson);
 
   return app;
 }

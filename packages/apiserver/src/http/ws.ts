@@ -8,6 +8,7 @@ import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
 import type { Attachment } from '@dsec/edge';
+import type { Principal } from '../auth.js';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import { toDsecError } from './errors.js';
@@ -24,8 +25,11 @@ function reject(socket: Duplex, err: unknown): void {
   socket.end(`HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
 
+/** Records a command started over the WebSocket route in the audit trail (exit settles later). */
+export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exitCode: Promise<number | null>) => void;
+
 /** Handles HTTP upgrades for the WebSocket route; returns false for other paths. */
-export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
+export function createWsHandler(cp: ControlPlane, audit?: WsAudit): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   return {
     handle(req, socket, head) {
@@ -34,9 +38,10 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
       const id = m[1]!;
       cp.auth
         .authenticate(req.headers.authorization)
-        .then((p) => cp.route(p, id))
-        .then(({ edge, row }) => {
-          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id, cp.trajectory));
+        .then(async (p) => ({ p, ...(await cp.route(p, id)) }))
+        .then(({ p, edge, row }) => {
+          const onStart = audit ? (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => audit(p, row.id, spec, exit) : undefined;
+          wss.handleUpgrade(req, socket, head, (ws) => serve(ws, edge, row.id, cp.trajectory, onStart));
         })
         .catch((err: unknown) => reject(socket, err));
     },
@@ -49,7 +54,7 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
 
 type Edge = Awaited<ReturnType<ControlPlane['route']>>['edge'];
 
-function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog): void {
+function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog, onStart?: (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => void): void {
   let rec: ExecRecording | undefined;
   const send = (obj: unknown): Promise<void> =>
     new Promise((resolve) => {
@@ -80,6 +85,16 @@ function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog)
           rec = await trajectory.beginExec(id, spec, 'ws');
           const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
           rec.started(started.proc, edge);
+          onStart?.(
+            spec,
+            new Promise<number | null>((resolve) => {
+              void started.exited.then(
+                (e) => resolve(e.exitCode),
+                () => resolve(null),
+              );
+              started.onDetach(() => resolve(null));
+            }),
+          );
           const stop = (): void => {
             void started.kill('SIGKILL').catch(() => undefined);
             void started.detach().catch(() => undefined);

@@ -159,6 +159,69 @@ export class Cgroups {
     });
   }
 
+  /** Times a fork failed in a sandbox because of its pids limit (the `max` of pids.events). */
+  pidsLimitHitsSync(id: string): number {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
+    try {
+      const m = /^max (\d+)$/m.exec(readFileSync(file, 'utf8'));
+      return m ? Number(m[1]) : 0;
+    } catch {
+      return 0;
+    }
+  }
+
+  /** {@link pidsLimitHitsSync}, read without blocking (the periodic scan over every sandbox). */
+  async pidsLimitHits(id: string): Promise<number> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
+    const m = /^max (\d+)$/m.exec(await readFile(file, 'utf8').catch(() => ''));
+    return m ? Number(m[1]) : 0;
+  }
+
+  /** Tasks in a sandbox's cgroup now (0 when it has none). */
+  pidsCurrentSync(id: string): number {
+    try {
+      return Number(readFileSync(path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.current'), 'utf8').trim()) || 0;
+    } catch {
+      return 0;
+    }
+  }
+
+  /** Host pids of the processes in a sandbox's cgroup. */
+  async procs(id: string): Promise<number[]> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'cgroup.procs');
+    const text = await readFile(file, 'utf8').catch(() => '');
+    return text.split('\n').filter(Boolean).map(Number);
+  }
+
+  /** Milliseconds since a sandbox's cgroup was made (Infinity when it has none). */
+  async ageMs(id: string): Promise<number> {
+    const st = await stat(this.mode === 'v2' ? this.dir('', id) : this.dir('memory', id)).catch(() => undefined);
+    return st ? Date.now() - st.mtimeMs : Infinity;
+  }
+
+  /**
+   * Kills every process in a sandbox's cgroup (a runtime that lost track of its container
+   * leaves them). Repeats until the cgroup is empty: a process may fork while it is killed.
+   */
+  async killAll(id: string): Promise<number> {
+    const killed = new Set<number>();
+    if (this.mode === 'v2') await writeFile(path.join(this.dir('', id), 'cgroup.kill'), '1').catch(() => undefined);
+    for (let round = 0; round < 100; round++) {
+      const pids = await this.procs(id);
+      if (pids.length === 0) break;
+      for (const pid of pids) {
+        try {
+          process.kill(pid, 'SIGKILL');
+          killed.add(pid);
+        } catch {
+          // already gone
+        }
+      }
+      await sleep(10);
+    }
+    return killed.size;
+  }
+
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
   async existing(id: string): Promise<string[]> {
     const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_CONTROLLERS.map((c) => this.dir(c, id));

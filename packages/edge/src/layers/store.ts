@@ -370,6 +370,22 @@ export class LayerStore {
     });
   }
 
+  /**
+   * Unmounts layers that are mounted but have no user and no linger timer: mounts a previous
+   * edge process left for sandboxes that are gone. Returns how many were unmounted.
+   */
+  async unmountUnused(): Promise<number> {
+    await this.init();
+    return this.locked(async () => {
+      let n = 0;
+      for (const hex of [...this.mounted]) {
+        if ((this.refs.get(hex) ?? 0) > 0 || this.lingering.has(hex)) continue;
+        if (this.tryUnmount(hex)) n++;
+      }
+      return n;
+    });
+  }
+
   /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */
   async close(): Promise<void> {
     if (this.initialized === undefined) return;

@@ -4,7 +4,7 @@ import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'n
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
-import type { SandboxClaim, SandboxStats } from '@dsec/protocol';
+import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
 import type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
@@ -49,6 +49,38 @@ export interface ContainerBackendOptions {
   agentBinary: string;
   outputCapBytes?: number;
   crunBinary?: string;
+  /** Where the backend raises events (a forged or malformed agent message). */
+  events?: EventSink;
+}
+
+/** An empty cgroup of an unknown sandbox is removed once it is this old (a create may be filling it). */
+export const EMPTY_CGROUP_GRACE_MS = 60_000;
+
+/** Options of {@link ContainerBackend.collectGarbage}. */
+export interface GarbageOptions {
+  /** True for ids that belong to a live sandbox (known, being created or destroyed). */
+  keep: (id: string) => boolean;
+  /** Also collect function-call sandboxes (`fn-` ids): only while no call pool runs (edge start). */
+  calls?: boolean;
+  /**
+   * A path that marks this node's sandboxes (the node's home, with a trailing `/`): a cgroup
+   * whose processes' mounts name it is this node's even when nothing else of it is left.
+   */
+  ownerMark: string;
+}
+
+/** What one garbage collection removed. */
+export interface GarbageReport {
+  /** Runtime containers deleted. */
+  containers: string[];
+  /** Sandbox cgroups removed. */
+  cgroups: string[];
+  /** Processes killed in them. */
+  processes: number;
+  /** Mounts detached under sandbox folders. */
+  mounts: number;
+  /** Sandbox folders removed. */
+  dirs: string[];
 }
 
 interface Paths {
@@ -219,7 +251,13 @@ export class ContainerBackend implements Backend {
   }
 
   connectAgent(id: string): Promise<SandboxAgent> {
-    return ChronusClient.connect(this.paths(id).socket);
+    return ChronusClient.connect(this.paths(id).socket, { onProtocolError: this.forged(id) });
+  }
+
+  /** Raises control.forged-message when the agent's side of a connection breaks the protocol. */
+  private forged(id: string): (message: string) => void {
+    return (message) =>
+      this.o.events?.({ kind: 'control.forged-message', severity: 'critical', sandboxId: id, message: `sandbox ${id}: ${message}`, data: { channel: 'agent socket' } });
   }
 
   private async connect(id: string): Promise<ChronusClient> {
@@ -227,7 +265,7 @@ export class ContainerBackend implements Backend {
     if (live?.connected) return live;
     let pending = this.connecting.get(id);
     if (!pending) {
-      pending = ChronusClient.connect(this.paths(id).socket)
+      pending = ChronusClient.connect(this.paths(id).socket, { onProtocolError: this.forged(id) })
         .then((client) => {
           this.agents.set(id, client);
           return client;
@@ -300,6 +338,48 @@ export class ContainerBackend implements Backend {
     }
   }
 
+  /**
+   * Removes what sandboxes nobody knows left on this node: runtime containers, cgroups (and
+   * the processes in them), mounts and folders. An edge that crashed, or lost its state, leaves
+   * them; `Edge.open` and the watcher's passes call this with the live sandboxes in `keep`.
+   */
+  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
+    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
+    const dirs = new Set(await readdir(this.o.sandboxesDir).catch(() => [] as string[]));
+    const containers = new Set(await readdir(this.o.crunRoot).catch(() => [] as string[]));
+    const ids = new Set([...dirs, ...containers, ...(await this.o.cgroups.list())]);
+    for (const id of ids) {
+      if (o.keep(id) || (id.startsWith('fn-') && !o.calls)) continue;
+      const ours = dirs.has(id) || containers.has(id);
+      if (containers.has(id)) {
+        this.dropAgent(id);
+        const res = await this.crun.run(['delete', '--force', id]);
+        if (res.code === 0 || (await this.crun.status(id)) === undefined) report.containers.push(id);
+      }
+      if ((await this.o.cgroups.existing(id)).length > 0) {
+        const pids = await this.o.cgroups.procs(id);
+        let remove = ours;
+        if (!remove && pids.length > 0) remove = await ownedBy(pids, o.ownerMark);
+        if (!remove && pids.length === 0) remove = (await this.o.cgroups.ageMs(id)) >= EMPTY_CGROUP_GRACE_MS;
+        if (remove) {
+          report.processes += await this.o.cgroups.killAll(id);
+          await this.o.cgroups.remove(id);
+          if ((await this.o.cgroups.existing(id)).length === 0) report.cgroups.push(id);
+        }
+      }
+      if (dirs.has(id)) {
+        const dir = this.paths(id).dir;
+        for (const m of await mountsUnder(dir)) {
+          umount(m, MNT.DETACH);
+          report.mounts++;
+        }
+        await rm(dir, { recursive: true, force: true });
+        report.dirs.push(id);
+      }
+    }
+    return report;
+  }
+
   /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
   oomKillsNow(id: string): number {
     return this.o.cgroups.oomKillsSync(id);
@@ -308,6 +388,15 @@ export class ContainerBackend implements Backend {
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
   }
+}
+
+/** True when one of the processes has a mount naming `mark` (its root overlay's upper dir, say). */
+async function ownedBy(pids: number[], mark: string): Promise<boolean> {
+  for (const pid of pids.slice(0, 8)) {
+    const info = await readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => '');
+    if (info.includes(`=${mark}`) || info.includes(` ${mark}`) || info.includes(`,${mark}`)) return true;
+  }
+  return false;
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {

@@ -87,7 +87,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
         cpu: { shares: bestEffort ? 2 : Math.max(2, Math.round(1024 * cpu)), quota: Math.round(cpu * CPU_PERIOD_US), period: CPU_PERIOD_US },
         pids: { limit: r.pids ?? DEFAULT_PIDS },
       },
-      seccomp: defaultSeccompProfile(),
+      seccomp: defaultSeccompProfile(o.spec.protect?.denySyscalls ? { extraDenied: o.spec.protect.denySyscalls } : {}),
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',

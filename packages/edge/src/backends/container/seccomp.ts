@@ -32,10 +32,14 @@ export interface SeccompProfile {
   syscalls: Array<{ names: string[]; action: string; errnoRet?: number; args?: Array<{ index: number; value: number; valueTwo?: number; op: string }> }>;
 }
 
-/** Builds the default profile; `allowPtrace` re-allows ptrace and process_vm_* for debuggers. */
-export function defaultSeccompProfile(opts: { allowPtrace?: boolean } = {}): SeccompProfile {
+/**
+ * Builds the default profile; `allowPtrace` re-allows ptrace and process_vm_* for debuggers;
+ * `extraDenied` adds system calls (names from the protocol's SYSCALL_NAMES) that fail with EPERM.
+ */
+export function defaultSeccompProfile(opts: { allowPtrace?: boolean; extraDenied?: readonly string[] } = {}): SeccompProfile {
   const ptraceCalls = new Set(['ptrace', 'process_vm_readv', 'process_vm_writev']);
-  const denied = DENIED_SYSCALLS.filter((s) => !(opts.allowPtrace && ptraceCalls.has(s)));
+  const denied = new Set<string>(DENIED_SYSCALLS.filter((s) => !(opts.allowPtrace && ptraceCalls.has(s))));
+  for (const s of opts.extraDenied ?? []) denied.add(s);
   return {
     defaultAction: 'SCMP_ACT_ALLOW',
     architectures: ['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32'],
