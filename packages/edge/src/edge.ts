@@ -4,8 +4,8 @@ import { randomBytes } from 'node:crypto';
 import { access, chmod, mkdir } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import { DiffOptionsSchema, DsecError, ExecSpecSchema, SandboxSpecSchema, VerifyRequestSchema, invalidArgument } from '@dsec/protocol';
+import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
@@ -17,6 +17,8 @@ import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { LayerStore } from './layers/index.js';
 import { IdRanges } from './host/id-ranges.js';
 import { SecurityMonitor } from './host/security-monitor.js';
+import { diffLayers, verifyLayers } from './diff.js';
+import type { SandboxLayersView } from './diff.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 
@@ -494,6 +496,39 @@ export class Edge {
     const e = this.entry(id);
     if (!e.backend.upperDir) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
     return e.backend.upperDir(id);
+  }
+
+  /**
+   * What a sandbox added, changed and deleted against its layers, read from its writable layer
+   * on the host (never through the sandbox's own programs), with sha256 of file contents, a page
+   * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
+   * written during the walk may be listed half-written.
+   */
+  async diff(id: string, input: unknown = {}): Promise<DiffResult> {
+    const opts = parse(DiffOptionsSchema, input, '');
+    const e = this.entry(id);
+    return diffLayers(this.layersView(id, e), {
+      ...(opts.paths ? { paths: opts.paths } : {}),
+      ...(opts.hash !== undefined ? { hash: opts.hash } : {}),
+      ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
+      ...(opts.cursor !== undefined ? { cursor: opts.cursor } : {}),
+      frozen: e.state === 'paused',
+    });
+  }
+
+  /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
+  async verify(id: string, input: unknown): Promise<VerifyResult> {
+    const req = parse(VerifyRequestSchema, input, '');
+    return verifyLayers(this.layersView(id, this.entry(id)), req.expected);
+  }
+
+  private layersView(id: string, e: Entry): SandboxLayersView {
+    return {
+      upper: this.upperDir(id),
+      // Records list layers bottom first; overlayfs and the view want the topmost first.
+      lowers: e.record.layers.map((l) => this.layers.mountDir(l.digest)).reverse(),
+      ...(e.record.idRange ? { idRange: e.record.idRange } : {}),
+    };
   }
 
   /**

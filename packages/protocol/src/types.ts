@@ -70,14 +70,19 @@ export const MAX_PROTECTED_PATHS = 32;
 /** Top-level directories a protected path may not be in (the platform's own mounts). */
 const UNPROTECTABLE = ['proc', 'sys', 'dev', '.dsec'];
 
-/** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, not `/`. */
-export const SandboxPathSchema = z
+/** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, no trailing `/` (`/` itself allowed). */
+export const NormalisedPathSchema = z
   .string()
-  .min(2)
-  .max(1024)
-  .refine((p) => p.startsWith('/') && !p.includes('\0') && !p.endsWith('/'), 'must be an absolute path without NUL or a trailing /')
-  .refine((p) => p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components)')
-  .refine((p) => !UNPROTECTABLE.includes(p.split('/')[1] ?? ''), 'may not be under /proc, /sys, /dev or /.dsec');
+  .min(1)
+  .max(4096)
+  .refine((p) => p.startsWith('/') && !p.includes('\0'), 'must be an absolute path without NUL')
+  .refine((p) => p === '/' || p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components, no trailing /)');
+
+/** A path that can be protected: normalised, not `/`, not in the platform's own mounts. */
+export const SandboxPathSchema = NormalisedPathSchema.refine((p) => p !== '/' && p.length <= 1024, 'must be below / and at most 1024 bytes').refine(
+  (p) => !UNPROTECTABLE.includes(p.split('/')[1] ?? ''),
+  'may not be under /proc, /sys, /dev or /.dsec',
+);
 
 /**
  * Reward-hacking guards. `readOnly`: paths (a test suite, a grader) the sandbox cannot change,

@@ -33,6 +33,8 @@ const c = {
   fanotifyMark: libc.func('int fanotify_mark(int fd, unsigned int flags, uint64_t mask, int dirfd, const char *path)'),
   openByHandleAt: libc.func('int open_by_handle_at(int mount_fd, const void *handle, int flags)'),
   statfs: libc.func('int statfs(const char *path, _Out_ uint8_t *buf)'),
+  syscall: libc.func('long syscall(long number, ...)'),
+  getxattr: libc.func('intptr_t getxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
 };
 
 /** mount(2) flags used by dsec. */
@@ -157,7 +159,7 @@ export function lgetxattr(path: string, name: string): string | null {
 }
 
 /** open(2) flags used by dsec. */
-export const O = { RDONLY: 0, NONBLOCK: 0o4000, DIRECTORY: 0o200000, CLOEXEC: 0o2000000, PATH: 0o10000000, LARGEFILE: 0o100000 } as const;
+export const O = { RDONLY: 0, NONBLOCK: 0o4000, DIRECTORY: 0o200000, NOFOLLOW: 0o400000, CLOEXEC: 0o2000000, PATH: 0o10000000, LARGEFILE: 0o100000 } as const;
 
 /** open(2) of a path; returns the fd. */
 export function openFd(path: string, flags: number): number {
@@ -211,4 +213,33 @@ export function fsidOf(path: string): string {
   const buf = Buffer.alloc(120);
   check(c.statfs(path, buf), 'statfs', path);
   return buf.subarray(56, 64).toString('hex');
+}
+
+const SYS_OPENAT2 = 437;
+/** openat2(2) resolve flags: stay below the directory, follow no symlinks of any kind, cross no mounts. */
+const RESOLVE_STRICT = 0x01 | 0x02 | 0x04 | 0x08;
+
+/**
+ * Opens `rel` below the directory `dirFd` without following any symlink (none in the path, and
+ * none as the last component unless `flags` has O_PATH, which then opens the link itself), and
+ * without leaving the directory's mount. Returns the fd, or -errno. Used to read a sandbox's
+ * writable layer from the host: the sandbox can change it at any moment, and a symlink it plants
+ * must never lead the host elsewhere.
+ */
+export function openBeneath(dirFd: number, rel: string | Buffer, flags: number): number {
+  const how = Buffer.alloc(24);
+  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW), 0);
+  how.writeBigUInt64LE(0n, 8);
+  how.writeBigUInt64LE(BigInt(RESOLVE_STRICT), 16);
+  const path = typeof rel === 'string' ? rel : Buffer.concat([rel, Buffer.from([0])]);
+  const fd = Number(c.syscall(SYS_OPENAT2, 'int', dirFd, typeof path === 'string' ? 'const char *' : 'const void *', path, 'void *', how, 'size_t', 24));
+  return fd < 0 ? -koffi.errno() : fd;
+}
+
+/** Reads an extended attribute of what `path` resolves to; null when it is not set. */
+export function getxattr(path: string, name: string): string | null {
+  const buf = Buffer.alloc(256);
+  const n = Number(c.getxattr(path, name, buf, buf.length));
+  if (n < 0) return null;
+  return buf.subarray(0, n).toString();
 }
