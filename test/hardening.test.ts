@@ -498,4 +498,30 @@ describe('API and SDK', () => {
     }
     await assert.rejects(Sandbox.create({ image: { base: 'busybox' }, protect: { readOnly: ['/proc/x'] } }, { client }), (e: unknown) => e instanceof DsecError && e.code === 'INVALID_ARGUMENT' && e.details.field === 'protect.readOnly.0');
   });
+
+  test('dsec sandbox create --read-only, diff and verify', async () => {
+    const env = { PATH: process.env.PATH ?? '', DSEC_API_URL: platform!.url, DSEC_API_KEY: platform!.adminKey, DSEC_HOME: path.join(scratch, 'no-home') };
+    const dsec = (args: string[]): Promise<{ code: number; stdout: string }> =>
+      run(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env }).then(
+        (r) => ({ code: 0, stdout: r.stdout }),
+        (e: { code?: number; stdout?: string }) => ({ code: e.code ?? -1, stdout: e.stdout ?? '' }),
+      );
+    const created = await dsec(['sandbox', 'create', '--base', 'busybox', '--read-only', '/grader', '--allow-ptrace', '--json']);
+    assert.equal(created.code, 0);
+    const info = JSON.parse(created.stdout) as { id: string; protect?: unknown; security?: unknown };
+    try {
+      assert.deepEqual([info.protect, info.security], [{ readOnly: ['/grader'] }, { allowPtrace: true }]);
+      const sb = await Sandbox.connect(info.id, { client });
+      await sb.files.write('/root/hello', 'hi\n');
+      const diff = await dsec(['sandbox', 'diff', info.id, '--path', '/root', '--json']);
+      assert.equal(diff.code, 0);
+      assert.deepEqual(diff.stdout.trim().split('\n').map((l) => (JSON.parse(l) as { path: string; sha256?: string }).sha256), [sha256('hi\n')]);
+      assert.equal((await dsec(['sandbox', 'verify', info.id, `/root/hello=${sha256('hi\n')}`])).code, 0);
+      const bad = await dsec(['sandbox', 'verify', info.id, `/root/hello=${sha256('other')}`]);
+      assert.equal(bad.code, 1);
+      assert.match(bad.stdout, /FAIL\s+\/root\/hello\s+mismatch/);
+    } finally {
+      await Sandbox.kill(info.id, { client });
+    }
+  });
 });
