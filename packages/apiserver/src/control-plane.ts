@@ -293,6 +293,8 @@ export class ControlPlane implements PoolHost {
     if (snapshots.length > 0) spec.snapshots = snapshots;
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
+    if (req.protect) spec.protect = req.protect;
+    if (req.security) spec.security = req.security;
     if (this.tighten) spec = await this.tighten(projectId, spec);
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];
@@ -729,7 +731,7 @@ export class ControlPlane implements PoolHost {
   }
 
   toSandbox(row: SandboxRow): Sandbox {
-    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources; protect?: SandboxSpec['protect'] };
+    const spec = JSON.parse(row.spec) as z.infer<typeof CreateSandboxRequestSchema> & { image: ImageSpec; resources: GrantedResources };
     return {
       id: row.id,
       project: row.project_id,
@@ -745,6 +747,7 @@ export class ControlPlane implements PoolHost {
       createdAt: row.created_at,
       expiresAt: row.expires_at,
       ...(spec.protect ? { protect: spec.protect } : {}),
+      ...(spec.security ? { security: spec.security } : {}),
     };
   }
 

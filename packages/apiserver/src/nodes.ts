@@ -33,6 +33,8 @@ export type EdgeClient = Pick<
   | 'symlink'
   | 'stats'
   | 'snapshot'
+  | 'diff'
+  | 'verify'
   | 'layers'
   | 'calls'
   | 'collectGarbage'

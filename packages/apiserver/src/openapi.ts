@@ -28,6 +28,8 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/pools', summary: 'List warm pools', reply: page(api.PoolSchema) },
   { method: 'get', path: '/v1/pools/{name}', summary: 'Get a warm pool', reply: api.PoolSchema },
   { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
+  { method: 'get', path: '/v1/sandboxes/{id}/diff', summary: 'Files added, changed and deleted against the layers, with sha256', query: api.DiffQuerySchema, reply: api.DiffResultSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/verify', summary: 'Integrity check: sha256 of named paths', body: api.VerifyRequestSchema, reply: api.VerifyResultSchema },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },

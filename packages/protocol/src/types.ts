@@ -72,15 +72,46 @@ export const LabelsSchema = z
 
 /** Most snapshots stacked on one image (a snapshot of a sandbox made from a snapshot, ...). */
 export const MAX_SNAPSHOT_DEPTH = 16;
-/** Hardening of one sandbox beyond the defaults. */
+/** Most paths in each list of {@link ProtectSchema}. */
+export const MAX_PROTECTED_PATHS = 32;
+/** Top-level directories a protected path may not be in (the platform's own mounts). */
+const UNPROTECTABLE = ['proc', 'sys', 'dev', '.dsec'];
+
+/** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, no trailing `/` (`/` itself allowed). */
+export const NormalisedPathSchema = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((p) => p.startsWith('/') && !p.includes('\0'), 'must be an absolute path without NUL')
+  .refine((p) => p === '/' || p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components, no trailing /)');
+
+/** A path that can be protected: normalised, not `/`, not in the platform's own mounts. */
+export const SandboxPathSchema = NormalisedPathSchema.refine((p) => p !== '/' && p.length <= 1024, 'must be below / and at most 1024 bytes').refine(
+  (p) => !UNPROTECTABLE.includes(p.split('/')[1] ?? ''),
+  'may not be under /proc, /sys, /dev or /.dsec',
+);
+
+/**
+ * Reward-hacking guards. `readOnly`: paths (a test suite, a grader) the sandbox cannot change,
+ * not even as root, nor move aside (every directory above them is pinned). `watch`: paths whose
+ * changes raise `protected-path.write` events.
+ */
 export const ProtectSchema = z.strictObject({
-  /** Paths that are read-only inside the sandbox. */
-  readOnly: z.array(z.string().startsWith('/', 'must be absolute').max(4096)).max(256).optional(),
-  /** System calls denied (EPERM) on top of the default seccomp profile. */
+  readOnly: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+  watch: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+  /** System calls denied (EPERM) on top of the default seccomp profile (run-time rules add them). */
   denySyscalls: z.array(z.string().regex(/^[a-z0-9_]{1,64}$/, 'not a system call name')).max(256).optional(),
 });
-/** Hardening of one sandbox beyond the defaults. */
+/** Reward-hacking guards of a sandbox. */
 export type Protect = z.infer<typeof ProtectSchema>;
+
+/** Per-sandbox relaxations of the default hardening. */
+export const SecuritySchema = z.strictObject({
+  /** Allow ptrace, process_vm_readv/writev, process_madvise and pidfd_getfd (debuggers, strace). Default false. */
+  allowPtrace: z.boolean().optional(),
+});
+/** Per-sandbox relaxations of the default hardening. */
+export type Security = z.infer<typeof SecuritySchema>;
 
 /** What edge needs to create one sandbox. */
 export const SandboxSpecSchema = z.strictObject({
@@ -94,6 +125,7 @@ export const SandboxSpecSchema = z.strictObject({
   hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
   /** Hardening beyond the defaults; the control plane merges run-time rules (POST /v1/rules) in. */
   protect: ProtectSchema.optional(),
+  security: SecuritySchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;

@@ -3,6 +3,7 @@ import {
   CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
   DEFAULT_ADMISSION_WAIT_MS,
+  DiffQuerySchema,
   DsecError,
   ExecRequestSchema,
   ForkRequestSchema,
@@ -12,10 +13,11 @@ import {
   ReplayRequestSchema,
   SnapshotRequestSchema,
   TrajectoryQuerySchema,
+  VerifyRequestSchema,
   WsExecRequestSchema,
   invalidArgument,
 } from '@dsec/protocol';
-import type { BatchEvent, ExecEvent, ExecRequest, ForkResult, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryStep } from '@dsec/protocol';
+import type { BatchEvent, DiffEntry, DiffResult, ExecEvent, ExecRequest, ForkResult, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryStep, VerifyResult } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -153,6 +155,18 @@ export interface ReplayOptions extends Omit<ReplayRequest, 'upTo'>, CallOptions 
 
 /** What `sandbox.replay` returns: the verdicts and the new sandbox, ready to use. */
 export type ReplayOutcome = Omit<ReplayResult, 'sandbox'> & { sandbox: Sandbox };
+
+/** Options of `sandbox.diff`. */
+export interface DiffOptions {
+  /** Only entries at or below these paths (absolute, normalised). */
+  paths?: string[];
+  /** sha256 of added and changed files (default true). */
+  hash?: boolean;
+  /** Page size (default 1,000, at most 10,000). */
+  limit?: number;
+  /** `nextCursor` of the previous page. */
+  cursor?: string;
+}
 
 /** A listing that fetches pages as it is iterated. */
 export class SandboxPaginator implements AsyncIterable<SandboxInfo> {
@@ -336,6 +350,36 @@ export class Sandbox {
   /** Resource use read from the sandbox's cgroups and writable layer. */
   async stats(opts: CallOptions = {}): Promise<SandboxStats> {
     return this.client.json<SandboxStats>({ method: 'GET', path: this.#route('/stats') }, opts);
+  }
+
+  /**
+   * One page of what the sandbox added, changed and deleted against its image layers (read by
+   * the node from the writable layer, with sha256 of file contents). Pass `nextCursor` back as
+   * `cursor` for the next page, or iterate {@link diffEntries}.
+   */
+  async diff(opts: DiffOptions & CallOptions = {}): Promise<DiffResult> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const q = validate(DiffQuerySchema, defined({ path: rest.paths, hash: rest.hash === undefined ? undefined : String(rest.hash), limit: rest.limit, cursor: rest.cursor }), 'query');
+    return this.client.json<DiffResult>({ method: 'GET', path: this.#route('/diff'), query: { path: q.path, hash: q.hash, limit: q.limit, cursor: q.cursor } }, defined({ signal, requestTimeoutMs }));
+  }
+
+  /** Every entry of the diff, fetching pages as it is iterated. */
+  async *diffEntries(opts: Omit<DiffOptions, 'cursor'> & CallOptions = {}): AsyncGenerator<DiffEntry> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.diff({ ...opts, ...(cursor ? { cursor } : {}) });
+      yield* page.entries;
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor);
+  }
+
+  /**
+   * Integrity check for graders: whether each path holds a regular file with the given sha256
+   * (read on the node, never through programs inside the sandbox; symlinks are not followed).
+   */
+  async verify(expected: Record<string, string>, opts: CallOptions = {}): Promise<VerifyResult> {
+    const body = validate(VerifyRequestSchema, { expected });
+    return this.client.json<VerifyResult>({ method: 'POST', path: this.#route('/verify'), body }, opts);
   }
 
   /** Destroys the sandbox and everything in it. */

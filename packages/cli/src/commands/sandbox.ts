@@ -1,4 +1,4 @@
-// dsec sandbox create | ls | get | rm | snapshot | fork | trajectory | replay
+// dsec sandbox create | ls | get | rm | snapshot | fork | trajectory | replay | diff | verify
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import { Sandbox } from '@dsec/sdk';
@@ -78,7 +78,7 @@ export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | '
   };
 }
 
-type CreateFlags = SpecFlags & { label?: Record<string, string>; env?: Record<string, string>; timeout?: number; json?: boolean; count?: number; wait?: number | true; idempotencyKey?: string };
+type CreateFlags = SpecFlags & { label?: Record<string, string>; env?: Record<string, string>; timeout?: number; readOnly?: string[]; watch?: string[]; allowPtrace?: boolean; json?: boolean; count?: number; wait?: number | true; idempotencyKey?: string };
 
 /** Registers `dsec sandbox ...`. */
 export function registerSandbox(program: Command): void {
@@ -88,6 +88,9 @@ export function registerSandbox(program: Command): void {
     .option('--label <k=v>', 'label (repeatable)', keyValue)
     .option('--env <K=V>', 'environment variable (repeatable)', keyValue)
     .option('--timeout <ms>', 'lifetime in ms', number(true))
+    .option('--read-only <path>', 'path the sandbox cannot change, not even as root (repeatable)', repeated)
+    .option('--watch <path>', 'path whose changes raise protected-path.write events (repeatable)', repeated)
+    .option('--allow-ptrace', 'allow ptrace and process_vm_* (debuggers)')
     .option('--count <n>', 'create n sandboxes in one batch (up to 10000); ids print as they are created', number(true))
     .option('--wait [ms]', 'wait for quota or capacity (default 30000 ms) instead of failing at once', number(true))
     .option('--idempotency-key <key>', 'a retry with the same key creates nothing new')
@@ -99,6 +102,8 @@ export function registerSandbox(program: Command): void {
         ...(flags.label ? { labels: flags.label } : {}),
         ...(flags.env ? { env: flags.env } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
+        ...(flags.readOnly || flags.watch ? { protect: { ...(flags.readOnly ? { readOnly: flags.readOnly } : {}), ...(flags.watch ? { watch: flags.watch } : {}) } } : {}),
+        ...(flags.allowPtrace ? { security: { allowPtrace: true } } : {}),
       };
       const admission = flags.wait === undefined ? undefined : { wait: true, ...(flags.wait === true ? {} : { timeoutMs: flags.wait }) };
       const key = flags.idempotencyKey !== undefined ? { idempotencyKey: flags.idempotencyKey } : {};
@@ -229,6 +234,39 @@ export function registerSandbox(program: Command): void {
       process.stdout.write(`${result.sandbox.id}\n`);
       process.stderr.write(`same ${s.same}, exit differs ${s.exitDiffers}, output differs ${s.outputDiffers}, not replayable ${s.notReplayable}${result.error ? `; stopped: ${result.error.code}: ${result.error.message}` : ''}\n`);
       if (result.error || s.exitDiffers + s.outputDiffers > 0) process.exitCode = 1;
+    });
+
+  sandbox
+    .command('diff')
+    .description('list the files a sandbox added, changed and deleted against its layers')
+    .argument('<id>')
+    .option('--path <path>', 'only at or below this path (repeatable)', repeated)
+    .option('--no-hash', 'skip the sha256 of file contents')
+    .option('--json', 'print JSON lines, one entry each')
+    .action(async (id: string, flags: { path?: string[]; hash: boolean; json?: boolean }, cmd: Command) => {
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const rows: string[][] = [];
+      for await (const e of sb.diffEntries({ ...(flags.path ? { paths: flags.path } : {}), hash: flags.hash })) {
+        if (flags.json) process.stdout.write(`${JSON.stringify(e)}\n`);
+        else rows.push([e.change, e.type, e.sha256 ? e.sha256.slice(0, 12) : e.hashSkipped ? 'skipped' : '-', e.linkTarget ? `${e.path} -> ${e.linkTarget}` : e.path]);
+      }
+      if (!flags.json) printTable(['change', 'type', 'sha256', 'path'], rows);
+    });
+
+  sandbox
+    .command('verify')
+    .description('check that paths hold files with the given sha256 (exit 1 when one does not)')
+    .argument('<id>')
+    .argument('<path=sha256...>')
+    .option('--json', 'print JSON')
+    .action(async (id: string, pairs: string[], flags: { json?: boolean }, cmd: Command) => {
+      let expected: Record<string, string> = {};
+      for (const p of pairs) expected = keyValue(p, expected);
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const res = await sb.verify(expected);
+      if (flags.json) printJson(res);
+      else printTable(['ok', 'path', 'reason'], res.results.map((r) => [r.ok ? 'ok' : 'FAIL', r.path, r.reason ?? '']));
+      if (!res.ok) process.exitCode = 1;
     });
 
   sandbox

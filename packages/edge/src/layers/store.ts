@@ -327,6 +327,11 @@ export class LayerStore {
     });
   }
 
+  /** Where a layer is mounted while it is acquired (read-only; its files as the layer holds them). */
+  mountDir(digest: string): string {
+    return join(this.mntDir, this.hexOf(digest));
+  }
+
   /** One user fewer; at zero the layer is unmounted (after the linger time). */
   async release(digest: string): Promise<void> {
     await this.init();
@@ -384,6 +389,16 @@ export class LayerStore {
       }
       return n;
     });
+  }
+
+  /**
+   * Drops this process's pending unmounts and leaves every mount in place, for the next edge on
+   * this state directory to adopt (an edge that closes without shutting down). A timer left
+   * running would unmount a layer that the next edge already counts as mounted.
+   */
+  detach(): void {
+    for (const timer of this.lingering.values()) clearTimeout(timer);
+    this.lingering.clear();
   }
 
   /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */
