@@ -237,7 +237,8 @@ export async function startSecurityNode(opts: { outputCapBytes?: number } = {}):
       },
       async cleanup() {
         events?.close();
-        for (const id of created) await edge.destroy(id).catch(() => undefined);
+        const live = new Set(edge.list().map((s) => s.id));
+        for (const id of created.filter((c) => live.has(c))) await edge.destroy(id).catch(() => undefined);
         await node.cleanup();
         await rm(layerDir, { recursive: true, force: true });
       },

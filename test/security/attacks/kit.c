@@ -546,9 +546,16 @@ static int cmd_fds(void)
 	return 0;
 }
 
+#define MAX_NEEDLES 16
+#define MAX_NEEDLE_BYTES 128
+
 struct scan {
-	const char *needle;
-	size_t needle_len;
+	struct {
+		char bytes[MAX_NEEDLE_BYTES];
+		size_t len;
+	} needle[MAX_NEEDLES];
+	int needles;
+	size_t longest;
 	long long files, dirs, bytes, errors, hits, capped;
 };
 
@@ -559,9 +566,23 @@ struct scan {
  */
 #define SCAN_FILE_CAP_BYTES (8ll << 20)
 
-static bool contains(const char *hay, size_t n, const char *needle, size_t m)
+/* Index of the first needle found in hay, or -1. */
+static int find_needle(const struct scan *s, const char *hay, size_t n)
 {
-	return m <= n && memmem(hay, n, needle, m) != NULL;
+	for (int i = 0; i < s->needles; i++)
+		if (s->needle[i].len <= n && memmem(hay, n, s->needle[i].bytes, s->needle[i].len))
+			return i;
+	return -1;
+}
+
+static void report_hit(struct scan *s, const char *path, const char *in, int needle)
+{
+	s->hits++;
+	begin("hit");
+	field_str("path", path);
+	field_str("in", in);
+	field_num("needle", needle);
+	end();
 }
 
 /* Searches one regular file, including a needle split across two reads. */
@@ -573,10 +594,10 @@ static void scan_file(struct scan *s, int dirfd, const char *name, const char *p
 		return;
 	}
 	s->files++;
-	static char buf[65536 + 256];
+	static char buf[65536 + MAX_NEEDLE_BYTES];
 	size_t keep = 0;
 	long long file_bytes = 0;
-	bool hit = false;
+	int hit = -1;
 	for (;;) {
 		ssize_t n = read(fd, buf + keep, 65536);
 		if (n < 0 && errno == EINTR)
@@ -590,9 +611,9 @@ static void scan_file(struct scan *s, int dirfd, const char *name, const char *p
 		s->bytes += n;
 		file_bytes += n;
 		size_t len = keep + (size_t)n;
-		if (!hit && contains(buf, len, s->needle, s->needle_len))
-			hit = true;
-		keep = s->needle_len - 1 < len ? s->needle_len - 1 : len;
+		if (hit < 0)
+			hit = find_needle(s, buf, len);
+		keep = s->longest - 1 < len ? s->longest - 1 : len;
 		memmove(buf, buf + len - keep, keep);
 		if (file_bytes >= SCAN_FILE_CAP_BYTES) {
 			s->capped++;
@@ -600,18 +621,14 @@ static void scan_file(struct scan *s, int dirfd, const char *name, const char *p
 		}
 	}
 	close(fd);
-	if (hit) {
-		s->hits++;
-		begin("hit");
-		field_str("path", path);
-		end();
-	}
+	if (hit >= 0)
+		report_hit(s, path, "content", hit);
 }
 
 /*
  * Walks a tree as `grep -r` does: every directory, across mount points, without following
  * symbolic links, reading every regular file to its end (devices and FIFOs are skipped, as
- * GNU grep -r skips them).
+ * GNU grep -r skips them). Names and link targets are searched too.
  */
 static void scan_dir(struct scan *s, int dirfd, const char *path, int depth)
 {
@@ -630,13 +647,9 @@ static void scan_dir(struct scan *s, int dirfd, const char *path, int depth)
 			continue;
 		char child[4096];
 		snprintf(child, sizeof child, "%s/%s", strcmp(path, "/") ? path : "", e->d_name);
-		if (contains(e->d_name, strlen(e->d_name), s->needle, s->needle_len)) {
-			s->hits++;
-			begin("hit");
-			field_str("path", child);
-			field_str("in", "name");
-			end();
-		}
+		int hit = find_needle(s, e->d_name, strlen(e->d_name));
+		if (hit >= 0)
+			report_hit(s, child, "name", hit);
 		struct stat st;
 		if (fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			s->errors++;
@@ -653,35 +666,43 @@ static void scan_dir(struct scan *s, int dirfd, const char *path, int depth)
 		} else if (S_ISLNK(st.st_mode)) {
 			char target[4096];
 			ssize_t n = readlinkat(dirfd, e->d_name, target, sizeof target - 1);
-			if (n > 0 && contains(target, (size_t)n, s->needle, s->needle_len)) {
-				s->hits++;
-				begin("hit");
-				field_str("path", child);
-				field_str("in", "link");
-				end();
-			}
+			if (n > 0 && (hit = find_needle(s, target, (size_t)n)) >= 0)
+				report_hit(s, child, "link", hit);
 		}
 	}
 	closedir(d);
 }
 
 /*
- * The needle comes hex-encoded, so that the scan does not find it in its own command line
- * (/proc/<pid>/cmdline).
+ * Needles come hex-encoded and comma-separated, so that the scan does not find them in its own
+ * command line (/proc/<pid>/cmdline).
  */
-static int cmd_scan(const char *hex, int nroots, char **roots)
+static bool parse_needles(struct scan *s, const char *arg)
 {
-	static char needle[256];
-	size_t len = strlen(hex);
-	if (len == 0 || len % 2 || len / 2 >= sizeof needle)
-		return 2;
-	for (size_t i = 0; i < len / 2; i++) {
-		unsigned v;
-		if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-			return 2;
-		needle[i] = (char)v;
+	for (const char *p = arg; *p && s->needles < MAX_NEEDLES;) {
+		size_t len = strcspn(p, ",");
+		if (len == 0 || len % 2 || len / 2 > MAX_NEEDLE_BYTES)
+			return false;
+		for (size_t i = 0; i < len / 2; i++) {
+			unsigned v;
+			if (sscanf(p + 2 * i, "%2x", &v) != 1)
+				return false;
+			s->needle[s->needles].bytes[i] = (char)v;
+		}
+		s->needle[s->needles].len = len / 2;
+		if (len / 2 > s->longest)
+			s->longest = len / 2;
+		s->needles++;
+		p += len + (p[len] == ',');
 	}
-	struct scan s = { .needle = needle, .needle_len = len / 2 };
+	return s->needles > 0;
+}
+
+static int cmd_scan(const char *needles, int nroots, char **roots)
+{
+	static struct scan s;
+	if (!parse_needles(&s, needles))
+		return 2;
 	for (int i = 0; i < nroots; i++) {
 		int fd = open(roots[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (fd < 0) {
@@ -1047,7 +1068,7 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: kit syscall [NAME...] | read PATH | write PATH DATA | opendir PATH | fds\n"
-		"       kit scan HEX-NEEDLE ROOT... | balloon MIB | forkbomb MAX | fill PATH MAXMIB\n"
+		"       kit scan HEX[,HEX...] ROOT... | balloon MIB | forkbomb MAX | fill PATH MAXMIB\n"
 		"       kit flood BYTES | flood-inodes DIR MAX | doublefork NAME | ports HOST LO HI TIMEOUT_MS\n"
 		"       kit udp HOST PORT | unix PATH|@NAME | forge-exit-frame\n");
 }
