@@ -38,7 +38,7 @@ export interface Probe {
 }
 
 /** Parses the kit's JSON lines (other lines are ignored). */
-export function probes(output: ExecResult | string): Probe[] {
+export function probes(output: { stdout: string } | string): Probe[] {
   const stdout = typeof output === 'string' ? output : output.stdout;
   return stdout
     .split('\n')
@@ -47,14 +47,14 @@ export function probes(output: ExecResult | string): Probe[] {
 }
 
 /** The single line of a probe, or a failed assertion showing the whole output. */
-export function probe(r: ExecResult, name: string): Probe {
+export function probe(r: { stdout: string; stderr: string }, name: string): Probe {
   const found = probes(r).filter((p) => p.probe === name);
   assert.equal(found.length, 1, `expected one "${name}" line from the kit, got:\n${r.stdout}${r.stderr}`);
   return found[0]!;
 }
 
 /** Result of each probe by name (for probes that print one line each). */
-export function resultsByProbe(r: ExecResult): Record<string, string | undefined> {
+export function resultsByProbe(r: { stdout: string }): Record<string, string | undefined> {
   return Object.fromEntries(probes(r).map((p) => [p.probe, p.result]));
 }
 
