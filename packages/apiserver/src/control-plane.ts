@@ -100,6 +100,8 @@ export class ControlPlane {
     const spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
     if (req.env) spec.env = req.env;
     if (req.labels) spec.labels = req.labels;
+    if (req.protect) spec.protect = req.protect;
+    if (req.security) spec.security = req.security;
     const reservation = { sandboxes: 1, cpu: resources.cpu, memoryMiB: resources.memoryMiB };
     await this.store.reserve(p.projectId, reservation);
     const refused = new Set<string>();
@@ -242,6 +244,8 @@ export class ControlPlane {
       envKeys: Object.keys(spec.env ?? {}),
       createdAt: row.created_at,
       expiresAt: row.expires_at,
+      ...(spec.protect ? { protect: spec.protect } : {}),
+      ...(spec.security ? { security: spec.security } : {}),
     };
   }
 

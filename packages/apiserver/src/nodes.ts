@@ -31,6 +31,8 @@ export type EdgeClient = Pick<
   | 'rename'
   | 'symlink'
   | 'stats'
+  | 'diff'
+  | 'verify'
   | 'layers'
   | 'calls'
 >;

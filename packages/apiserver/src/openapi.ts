@@ -21,6 +21,8 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
   { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
   { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  { method: 'get', path: '/v1/sandboxes/{id}/diff', summary: 'Files added, changed and deleted against the layers, with sha256', query: api.DiffQuerySchema, reply: api.DiffResultSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/verify', summary: 'Integrity check: sha256 of named paths', body: api.VerifyRequestSchema, reply: api.VerifyResultSchema },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },

@@ -2,6 +2,7 @@
 import type { BackendKind, LayerInfo, SandboxSpec, SandboxStats } from '@dsec/protocol';
 import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
 import type { FileStat } from '@dsec/protocol';
+import type { IdRange } from './host/id-ranges.js';
 
 /**
  * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
@@ -45,6 +46,8 @@ export interface BackendSandbox {
   spec: SandboxSpec;
   layers: LayerInfo[];
   createdAt: string;
+  /** Host ids that ids 0..size-1 inside map to, when the sandbox has a user namespace. */
+  idRange?: IdRange;
 }
 
 /** One isolation backend. */

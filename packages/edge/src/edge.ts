@@ -1,11 +1,11 @@
 // Edge: the node agent. Owns the layer store and the backends, keeps the node's sandboxes, and
 // turns exec requests into results (or handles) over each sandbox's agent.
 import { randomBytes } from 'node:crypto';
-import { access, mkdir } from 'node:fs/promises';
+import { access, chmod, mkdir } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import { DiffOptionsSchema, DsecError, ExecSpecSchema, SandboxSpecSchema, VerifyRequestSchema, invalidArgument } from '@dsec/protocol';
+import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
@@ -15,6 +15,12 @@ import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { LayerStore } from './layers/index.js';
+import { IdRanges } from './host/id-ranges.js';
+import { SecurityMonitor } from './host/security-monitor.js';
+import { diffLayers, verifyLayers } from './diff.js';
+import type { SandboxLayersView } from './diff.js';
+import type { IdRange } from './host/id-ranges.js';
+import type { SeccompProfile } from './backends/container/seccomp.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
 export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
@@ -35,6 +41,13 @@ export interface EdgeOptions {
   cgroupParent?: string;
   /** Most sandboxes this node admits. Default {@link DEFAULT_MAX_SANDBOXES}. */
   maxSandboxes?: number;
+  /**
+   * Runs each container sandbox in a user namespace of its own (root inside is an unprivileged
+   * host uid from a range of 65,536 ids). Default true.
+   */
+  userNamespaces?: boolean;
+  /** Replaces the containers' default seccomp profile (tests of the fail-closed path). */
+  seccompProfile?: (spec: SandboxSpec) => SeccompProfile;
 }
 
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
@@ -96,6 +109,10 @@ export class Edge {
   private readonly sandboxes = new Map<string, Entry>();
   private creating = 0;
   private readonly eventSinks = new Set<EventSink>();
+  /** Sandbox ids by the host uid their user namespace starts at (to attribute kernel records). */
+  private readonly idBases = new Map<number, string>();
+  /** Seccomp denials and watched-path changes, raised as events. */
+  private monitor!: SecurityMonitor;
 
   private constructor(
     readonly home: string,
@@ -137,6 +154,9 @@ export class Edge {
     await mkdir(crunRoot, { recursive: true });
     const writableDir = path.join(runDirFor(home), 'rw');
     await mkdir(writableDir, { recursive: true });
+    const rootsDir = path.join(runDirFor(home), 'roots');
+    await mkdir(rootsDir, { recursive: true });
+    await chmod(rootsDir, 0o711);
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
     const container = new ContainerBackend({
       sandboxesDir,
@@ -144,18 +164,27 @@ export class Edge {
       runtimePrefix: runtimeNs.prefix,
       runtimeNsFile: runtimeNs.nsFile,
       writableDir,
+      rootsDir,
       launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
       layers,
       cgroups,
       agentBinary: path.resolve(opts.agentBinary),
       ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
+      ...(opts.userNamespaces !== false ? { idRanges: new IdRanges(home) } : {}),
+      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
     });
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
     const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
+    edge.monitor = new SecurityMonitor({
+      raise: (ev) => edge.raise(ev),
+      sandboxOfIdBase: (uid) => edge.idBases.get(uid),
+      cgroupParent: cgroups.parent,
+    });
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         edge.sandboxes.set(record.id, { record, backend, state: 'running', oomAtSpawn: new Map() });
+        edge.track(record, backend);
       }
     }
     return edge;
@@ -214,8 +243,28 @@ export class Edge {
     } finally {
       this.creating--;
     }
+    try {
+      this.track(record, backend);
+    } catch (err) {
+      // A watch that was asked for and cannot be set up: no sandbox rather than an unwatched one.
+      this.untrack(id);
+      await backend.destroy(id).catch(() => undefined);
+      throw new DsecError('BACKEND_FAILED', `protect.watch: cannot watch the sandbox's writable layer: ${(err as Error).message}`, { sandboxId: id });
+    }
     this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map() });
     return this.info(id);
+  }
+
+  /** Starts attributing kernel records to a sandbox and watching its watched paths. */
+  private track(record: BackendSandbox, backend: Backend): void {
+    if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
+    const watch = record.spec.protect?.watch ?? [];
+    if (watch.length > 0 && backend.upperDir) this.monitor.watch(record.id, path.dirname(backend.upperDir(record.id)), watch);
+  }
+
+  private untrack(id: string): void {
+    this.monitor.forget(id);
+    for (const [uid, owner] of this.idBases) if (owner === id) this.idBases.delete(uid);
   }
 
   private entry(id: string): Entry {
@@ -449,6 +498,47 @@ export class Edge {
     return e.backend.upperDir(id);
   }
 
+  /**
+   * What a sandbox added, changed and deleted against its layers, read from its writable layer
+   * on the host (never through the sandbox's own programs), with sha256 of file contents, a page
+   * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
+   * written during the walk may be listed half-written.
+   */
+  async diff(id: string, input: unknown = {}): Promise<DiffResult> {
+    const opts = parse(DiffOptionsSchema, input, '');
+    const e = this.entry(id);
+    return diffLayers(this.layersView(id, e), {
+      ...(opts.paths ? { paths: opts.paths } : {}),
+      ...(opts.hash !== undefined ? { hash: opts.hash } : {}),
+      ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
+      ...(opts.cursor !== undefined ? { cursor: opts.cursor } : {}),
+      frozen: e.state === 'paused',
+    });
+  }
+
+  /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
+  async verify(id: string, input: unknown): Promise<VerifyResult> {
+    const req = parse(VerifyRequestSchema, input, '');
+    return verifyLayers(this.layersView(id, this.entry(id)), req.expected);
+  }
+
+  private layersView(id: string, e: Entry): SandboxLayersView {
+    return {
+      upper: this.upperDir(id),
+      // Records list layers bottom first; overlayfs and the view want the topmost first.
+      lowers: e.record.layers.map((l) => this.layers.mountDir(l.digest)).reverse(),
+      ...(e.record.idRange ? { idRange: e.record.idRange } : {}),
+    };
+  }
+
+  /**
+   * Host ids that a sandbox's ids 0..size-1 map to (its user namespace), or undefined when it
+   * shares the host's ids. Files in its upper directory are owned by these host ids.
+   */
+  idRange(id: string): IdRange | undefined {
+    return this.entry(id).record.idRange;
+  }
+
   /** Resource use of a sandbox. */
   async stats(id: string): Promise<SandboxStats> {
     const e = this.entry(id);
@@ -460,6 +550,8 @@ export class Edge {
     const e = this.entry(id);
     e.destroying ??= (async () => {
       e.state = 'stopped';
+      // The watch holds an fd on the writable layer: let go of it before the unmount.
+      this.monitor.forget(id);
       try {
         await e.backend.destroy(id);
       } catch (err) {
@@ -467,6 +559,7 @@ export class Edge {
         delete e.destroying;
         throw err;
       }
+      this.untrack(id);
       this.sandboxes.delete(id);
     })();
     return e.destroying;
@@ -479,6 +572,7 @@ export class Edge {
   async close(): Promise<void> {
     // Calls keep no state: their pooled sandboxes go with this process.
     await this.calls.close();
+    this.monitor.close();
     for (const b of this.backends.values()) await b.close();
   }
 

@@ -14,3 +14,7 @@ export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.j
 export type { FnCallBackendOptions } from './backends/fncall/backend.js';
 export { RUNTIMES } from './backends/fncall/runtimes.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
+export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE } from './host/id-ranges.js';
+export type { IdRange } from './host/id-ranges.js';
+export { defaultSeccompProfile, DENIED_SYSCALLS, DENIED_IOCTLS, PTRACE_SYSCALLS } from './backends/container/seccomp.js';
+export type { SeccompProfile } from './backends/container/seccomp.js';

@@ -65,6 +65,45 @@ export const LabelsSchema = z
   .record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'not a label key'), z.string().max(256))
   .refine((l) => Object.keys(l).length <= 64, 'at most 64 labels');
 
+/** Most paths in each list of {@link ProtectSchema}. */
+export const MAX_PROTECTED_PATHS = 32;
+/** Top-level directories a protected path may not be in (the platform's own mounts). */
+const UNPROTECTABLE = ['proc', 'sys', 'dev', '.dsec'];
+
+/** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, no trailing `/` (`/` itself allowed). */
+export const NormalisedPathSchema = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((p) => p.startsWith('/') && !p.includes('\0'), 'must be an absolute path without NUL')
+  .refine((p) => p === '/' || p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components, no trailing /)');
+
+/** A path that can be protected: normalised, not `/`, not in the platform's own mounts. */
+export const SandboxPathSchema = NormalisedPathSchema.refine((p) => p !== '/' && p.length <= 1024, 'must be below / and at most 1024 bytes').refine(
+  (p) => !UNPROTECTABLE.includes(p.split('/')[1] ?? ''),
+  'may not be under /proc, /sys, /dev or /.dsec',
+);
+
+/**
+ * Reward-hacking guards. `readOnly`: paths (a test suite, a grader) the sandbox cannot change,
+ * not even as root, nor move aside (every directory above them is pinned). `watch`: paths whose
+ * changes raise `protected-path.write` events.
+ */
+export const ProtectSchema = z.strictObject({
+  readOnly: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+  watch: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+});
+/** Reward-hacking guards of a sandbox. */
+export type Protect = z.infer<typeof ProtectSchema>;
+
+/** Per-sandbox relaxations of the default hardening. */
+export const SecuritySchema = z.strictObject({
+  /** Allow ptrace, process_vm_readv/writev, process_madvise and pidfd_getfd (debuggers, strace). Default false. */
+  allowPtrace: z.boolean().optional(),
+});
+/** Per-sandbox relaxations of the default hardening. */
+export type Security = z.infer<typeof SecuritySchema>;
+
 /** What edge needs to create one sandbox. */
 export const SandboxSpecSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
@@ -73,6 +112,8 @@ export const SandboxSpecSchema = z.strictObject({
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
   hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
+  protect: ProtectSchema.optional(),
+  security: SecuritySchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;

@@ -2,7 +2,7 @@
 export { DsecClient, DEFAULT_API_URL, DEFAULT_REQUEST_TIMEOUT_MS } from './client.js';
 export type { CallOptions, ConnectionOptions, DsecClientOptions } from './client.js';
 export { Sandbox, SandboxPaginator, DEFAULT_EXEC_TIMEOUT_MS, MAX_COLLECTED_OUTPUT_BYTES } from './sandbox.js';
-export type { AttachOptions, CommandOptions, ExecOptions, SpawnOptions } from './sandbox.js';
+export type { AttachOptions, CommandOptions, DiffOptions, ExecOptions, SpawnOptions } from './sandbox.js';
 export { ExecHandle, MAX_QUEUED_OUTPUT_BYTES } from './exec-handle.js';
 export type { OutputCallbacks, OutputEvent, OutputOffsets } from './exec-handle.js';
 export { Files } from './files.js';
@@ -13,7 +13,7 @@ export type { DebianBuildOptions, LayerUploadOptions } from './layers.js';
 export { KeysApi, ProjectsApi } from './iam.js';
 export { CommandExitError } from './errors.js';
 export { DsecError, isDsecError } from '@dsec/protocol';
-export type { CallBatchItem, CallRequest, CallResult, CallRuntime, ErrorCode, ErrorDetails } from '@dsec/protocol';
+export type { CallBatchItem, CallRequest, CallResult, CallRuntime, DiffEntry, DiffResult, ErrorCode, ErrorDetails, VerifyItem, VerifyResult } from '@dsec/protocol';
 export type {
   ApiKeyInfo,
   DebianLayerRequest,

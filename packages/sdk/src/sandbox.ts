@@ -1,6 +1,6 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
-import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { ExecEvent, ExecRequest } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DiffQuerySchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, VerifyRequestSchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
+import type { DiffEntry, DiffResult, ExecEvent, ExecRequest, VerifyResult } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -62,6 +62,18 @@ export interface AttachOptions extends OutputCallbacks {
   /** Stderr byte offset to read on from (default 0). */
   fromStderr?: number;
   signal?: AbortSignal;
+}
+
+/** Options of `sandbox.diff`. */
+export interface DiffOptions {
+  /** Only entries at or below these paths (absolute, normalised). */
+  paths?: string[];
+  /** sha256 of added and changed files (default true). */
+  hash?: boolean;
+  /** Page size (default 1,000, at most 10,000). */
+  limit?: number;
+  /** `nextCursor` of the previous page. */
+  cursor?: string;
 }
 
 /** A listing that fetches pages as it is iterated. */
@@ -190,6 +202,36 @@ export class Sandbox {
   /** Resource use read from the sandbox's cgroups and writable layer. */
   async stats(opts: CallOptions = {}): Promise<SandboxStats> {
     return this.client.json<SandboxStats>({ method: 'GET', path: this.#route('/stats') }, opts);
+  }
+
+  /**
+   * One page of what the sandbox added, changed and deleted against its image layers (read by
+   * the node from the writable layer, with sha256 of file contents). Pass `nextCursor` back as
+   * `cursor` for the next page, or iterate {@link diffEntries}.
+   */
+  async diff(opts: DiffOptions & CallOptions = {}): Promise<DiffResult> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const q = validate(DiffQuerySchema, defined({ path: rest.paths, hash: rest.hash === undefined ? undefined : String(rest.hash), limit: rest.limit, cursor: rest.cursor }), 'query');
+    return this.client.json<DiffResult>({ method: 'GET', path: this.#route('/diff'), query: { path: q.path, hash: q.hash, limit: q.limit, cursor: q.cursor } }, defined({ signal, requestTimeoutMs }));
+  }
+
+  /** Every entry of the diff, fetching pages as it is iterated. */
+  async *diffEntries(opts: Omit<DiffOptions, 'cursor'> & CallOptions = {}): AsyncGenerator<DiffEntry> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.diff({ ...opts, ...(cursor ? { cursor } : {}) });
+      yield* page.entries;
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor);
+  }
+
+  /**
+   * Integrity check for graders: whether each path holds a regular file with the given sha256
+   * (read on the node, never through programs inside the sandbox; symlinks are not followed).
+   */
+  async verify(expected: Record<string, string>, opts: CallOptions = {}): Promise<VerifyResult> {
+    const body = validate(VerifyRequestSchema, { expected });
+    return this.client.json<VerifyResult>({ method: 'POST', path: this.#route('/verify'), body }, opts);
   }
 
   /** Destroys the sandbox and everything in it. */

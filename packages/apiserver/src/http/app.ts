@@ -11,6 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   DebianLayerRequestSchema,
+  DiffQuerySchema,
   DsecError,
   ExecRequestSchema,
   FilePathQuerySchema,
@@ -76,12 +77,13 @@ async function* limitedBody(c: Context, limit: number, what: string): AsyncGener
   }
 }
 
-function query(c: Context): Record<string, string | string[]> {
+/** The query string; keys in `repeatable` keep every value, the others their last. */
+function query(c: Context, repeatable: readonly string[] = ['label']): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   const url = new URL(c.req.url);
   for (const key of new Set(url.searchParams.keys())) {
     const all = url.searchParams.getAll(key);
-    out[key] = key === 'label' ? all : (all[all.length - 1] ?? '');
+    out[key] = repeatable.includes(key) ? all : (all[all.length - 1] ?? '');
   }
   return out;
 }
@@ -147,6 +149,24 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   app.get('/v1/sandboxes/:id/stats', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
     return c.json(await edge.stats(row.id));
+  });
+
+  // What the sandbox changed against its layers, and the graders' integrity check.
+  app.get('/v1/sandboxes/:id/diff', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    const q = parseInput(DiffQuerySchema, query(c, ['path']), 'query');
+    return c.json(
+      await edge.diff(row.id, {
+        ...(q.path ? { paths: q.path } : {}),
+        ...(q.hash ? { hash: q.hash === 'true' } : {}),
+        ...(q.limit !== undefined ? { limit: q.limit } : {}),
+        ...(q.cursor !== undefined ? { cursor: q.cursor } : {}),
+      }),
+    );
+  });
+  app.post('/v1/sandboxes/:id/verify', async (c) => {
+    const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
+    return c.json(await edge.verify(row.id, await readJson(c)));
   });
 
   // ---- commands ----

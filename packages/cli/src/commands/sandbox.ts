@@ -1,4 +1,4 @@
-// dsec sandbox create | ls | get | rm
+// dsec sandbox create | ls | get | rm | diff | verify
 import type { Command } from 'commander';
 import { Sandbox } from '@dsec/sdk';
 import type { SandboxCreateOptions, SandboxInfo } from '@dsec/sdk';
@@ -35,8 +35,11 @@ export function registerSandbox(program: Command): void {
     .option('--label <k=v>', 'label (repeatable)', keyValue)
     .option('--env <K=V>', 'environment variable (repeatable)', keyValue)
     .option('--timeout <ms>', 'lifetime in ms', number(true))
+    .option('--read-only <path>', 'path the sandbox cannot change, not even as root (repeatable)', repeated)
+    .option('--watch <path>', 'path whose changes raise protected-path.write events (repeatable)', repeated)
+    .option('--allow-ptrace', 'allow ptrace and process_vm_* (debuggers)')
     .option('--json', 'print the sandbox as JSON')
-    .action(async (flags: { base: string; workspace?: string; toolkit?: string[]; cpu?: number; memory?: number; disk?: number; bestEffort?: boolean; label?: Record<string, string>; env?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
+    .action(async (flags: { base: string; workspace?: string; toolkit?: string[]; cpu?: number; memory?: number; disk?: number; bestEffort?: boolean; label?: Record<string, string>; env?: Record<string, string>; timeout?: number; readOnly?: string[]; watch?: string[]; allowPtrace?: boolean; json?: boolean }, cmd: Command) => {
       const resources = {
         ...(flags.cpu !== undefined ? { cpu: flags.cpu } : {}),
         ...(flags.memory !== undefined ? { memoryMiB: flags.memory } : {}),
@@ -49,6 +52,8 @@ export function registerSandbox(program: Command): void {
         ...(flags.label ? { labels: flags.label } : {}),
         ...(flags.env ? { env: flags.env } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
+        ...(flags.readOnly || flags.watch ? { protect: { ...(flags.readOnly ? { readOnly: flags.readOnly } : {}), ...(flags.watch ? { watch: flags.watch } : {}) } } : {}),
+        ...(flags.allowPtrace ? { security: { allowPtrace: true } } : {}),
       };
       const sb = await Sandbox.create(spec, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
       if (flags.json) printJson(sb.lastInfo);
@@ -96,6 +101,39 @@ export function registerSandbox(program: Command): void {
         ['expires', s.expiresAt],
       ];
       for (const [k, v] of rows) process.stdout.write(`${`${k}:`.padEnd(11)}${v}\n`);
+    });
+
+  sandbox
+    .command('diff')
+    .description('list the files a sandbox added, changed and deleted against its layers')
+    .argument('<id>')
+    .option('--path <path>', 'only at or below this path (repeatable)', repeated)
+    .option('--no-hash', 'skip the sha256 of file contents')
+    .option('--json', 'print JSON lines, one entry each')
+    .action(async (id: string, flags: { path?: string[]; hash: boolean; json?: boolean }, cmd: Command) => {
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const rows: string[][] = [];
+      for await (const e of sb.diffEntries({ ...(flags.path ? { paths: flags.path } : {}), hash: flags.hash })) {
+        if (flags.json) process.stdout.write(`${JSON.stringify(e)}\n`);
+        else rows.push([e.change, e.type, e.sha256 ? e.sha256.slice(0, 12) : e.hashSkipped ? 'skipped' : '-', e.linkTarget ? `${e.path} -> ${e.linkTarget}` : e.path]);
+      }
+      if (!flags.json) printTable(['change', 'type', 'sha256', 'path'], rows);
+    });
+
+  sandbox
+    .command('verify')
+    .description('check that paths hold files with the given sha256 (exit 1 when one does not)')
+    .argument('<id>')
+    .argument('<path=sha256...>')
+    .option('--json', 'print JSON')
+    .action(async (id: string, pairs: string[], flags: { json?: boolean }, cmd: Command) => {
+      let expected: Record<string, string> = {};
+      for (const p of pairs) expected = keyValue(p, expected);
+      const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
+      const res = await sb.verify(expected);
+      if (flags.json) printJson(res);
+      else printTable(['ok', 'path', 'reason'], res.results.map((r) => [r.ok ? 'ok' : 'FAIL', r.path, r.reason ?? '']));
+      if (!res.ok) process.exitCode = 1;
     });
 
   sandbox

@@ -297,6 +297,11 @@ export class LayerStore {
     });
   }
 
+  /** Where a layer is mounted while it is acquired (read-only; its files as the layer holds them). */
+  mountDir(digest: string): string {
+    return join(this.mntDir, this.hexOf(digest));
+  }
+
   /** One user fewer; at zero the layer is unmounted (after the linger time). */
   async release(digest: string): Promise<void> {
     await this.init();

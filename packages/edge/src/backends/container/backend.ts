@@ -1,15 +1,17 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
 import { constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm, rmdir, statfs, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
-import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
+import { DEFAULT_DISK_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
 import type { Backend, BackendCreateRequest, BackendSandbox, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
+import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
+import type { SeccompProfile } from './seccomp.js';
 import { Crun } from './crun.js';
 
 /** What the container backend needs from the layer store. */
@@ -39,6 +41,12 @@ export interface ContainerBackendOptions {
    * sandbox's writable-layer tmpfs is mounted, one folder per sandbox.
    */
   writableDir: string;
+  /**
+   * Host directory of the sandboxes' root mount points (mode 0711): in a user namespace crun
+   * sets up the root as the sandbox's root user, who must be able to reach it, and the state
+   * directory stays closed (0700).
+   */
+  rootsDir: string;
   /** Host path of dsec-launch (built beside chronus). */
   launcherBinary: string;
   layers: LayerMounter;
@@ -47,7 +55,18 @@ export interface ContainerBackendOptions {
   agentBinary: string;
   outputCapBytes?: number;
   crunBinary?: string;
+  /**
+   * Host id ranges for user namespaces: each sandbox runs in one of its own, root inside being
+   * an unprivileged uid on the host. Without it sandboxes share the host's ids (root is root,
+   * held back by capabilities, seccomp and namespaces only).
+   */
+  idRanges?: IdRanges;
+  /** Replaces the default seccomp profile (tests of the fail-closed path). */
+  seccompProfile?: (spec: BackendCreateRequest['spec']) => SeccompProfile;
 }
+
+/** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
+const LAUNCH_EXIT_BAD_PROTECT = 3;
 
 interface Paths {
   dir: string;
@@ -80,7 +99,7 @@ export class ContainerBackend implements Backend {
       rw: path.join(this.o.writableDir, id),
       upper: path.join(this.o.writableDir, id, 'upper'),
       work: path.join(this.o.writableDir, id, 'work'),
-      rootfs: path.join(dir, 'rootfs'),
+      rootfs: path.join(this.o.rootsDir, id),
       socket: path.join(dir, 'agent.sock'),
       record: path.join(dir, 'sandbox.json'),
       log: path.join(dir, 'runtime.log'),
@@ -110,9 +129,17 @@ export class ContainerBackend implements Backend {
       // dsec-launch mounts the tmpfs on the host (edge reads its upper directory for snapshots
       // and diffs) and the overlay in a mount namespace of the sandbox's own, right before crun.
       const diskMiB = req.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB;
+      let idRange: IdRange | undefined;
+      if (this.o.idRanges) {
+        const ranges = this.o.idRanges;
+        const claimed = await ranges.allocate(req.id);
+        idRange = claimed;
+        undo.push(() => ranges.release(claimed, req.id));
+      }
       await mkdir(p.rw);
       undo.push(() => this.unmountWritable(p.rw));
       await mkdir(p.rootfs);
+      undo.push(() => rmdir(p.rootfs));
       const launch = [
         this.o.launcherBinary,
         '--ns', this.o.runtimeNsFile,
@@ -120,6 +147,8 @@ export class ContainerBackend implements Backend {
         '--tmpfs', `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
         '--rootfs', p.rootfs,
         '--lower', lowers.join(':'),
+        ...(idRange ? ['--idmap', `${idRange.uid}:${idRange.gid}:${idRange.size}`, '--loginuid', String(idRange.uid)] : []),
+        ...readOnlyPaths(req.spec.protect?.readOnly ?? []).flatMap((p) => ['--protect', p]),
         '--',
       ];
 
@@ -131,9 +160,11 @@ export class ContainerBackend implements Backend {
         cgroupsPath: this.o.cgroups.pathFor(req.id),
         outputCapBytes: this.o.outputCapBytes ?? DEFAULT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
+        ...(idRange ? { idRange } : {}),
+        ...(this.o.seccompProfile ? { seccomp: this.o.seccompProfile(req.spec) } : {}),
       });
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
-      const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString() };
+      const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), ...(idRange ? { idRange } : {}) };
       await writeJsonAtomic(p.record, record);
       signal?.throwIfAborted();
 
@@ -144,15 +175,18 @@ export class ContainerBackend implements Backend {
       try {
         log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
         undo.push(() => this.crun.run(['delete', '--force', req.id]));
-        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], `create ${req.id}`, {
+        const res = await this.crun.run(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], {
           extraFds: [sockFd],
           logFd: log.fd,
           prefix: launch,
         });
-      } catch (err) {
-        const detail = await readFile(p.log, 'utf8').catch(() => '');
-        if (err instanceof DsecError && detail.trim()) err.message += ` (${detail.trim().split('\n').slice(-3).join('; ')})`;
-        throw err;
+        if (res.code !== 0) {
+          const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim();
+          const refused = /^dsec-launch: protect (.*)$/m.exec(detail);
+          if (res.code === LAUNCH_EXIT_BAD_PROTECT && refused) throw invalidArgument('protect.readOnly', refused[1] ?? 'cannot be protected');
+          const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${res.code}`;
+          throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
+        }
       } finally {
         closeFd(sockFd);
         await log?.close();
@@ -192,13 +226,15 @@ export class ContainerBackend implements Backend {
       const status = await this.crun.status(id);
       if (status !== 'running') {
         // Its processes are gone (the node rebooted or PID 1 died): the sandbox is lost.
-        await this.teardown(id, []);
+        await this.teardown(id, [], record.idRange);
         continue;
       }
       // Its layers are still mounted; take this process's references on them again.
       for (const layer of record.layers) await this.o.layers.acquire(layer.digest);
       found.push(record);
     }
+    // Ranges this node claimed for sandboxes that did not survive (a crash mid-create).
+    await this.o.idRanges?.reconcile(new Set(found.map((r) => r.id)));
     return found;
   }
 
@@ -233,17 +269,17 @@ export class ContainerBackend implements Backend {
 
   async destroy(id: string): Promise<void> {
     const p = this.paths(id);
-    let layers: BackendSandbox['layers'] = [];
+    let record: BackendSandbox;
     try {
-      layers = (JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox).layers;
+      record = JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox;
     } catch {
       throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
     }
-    await this.teardown(id, layers.map((l) => l.digest));
+    await this.teardown(id, record.layers.map((l) => l.digest), record.idRange);
   }
 
   /** Removes every trace of a sandbox; safe to call on a half-created or already-gone one. */
-  private async teardown(id: string, digests: string[]): Promise<void> {
+  private async teardown(id: string, digests: string[], idRange?: IdRange): Promise<void> {
     const p = this.paths(id);
     this.dropAgent(id);
     const res = await this.crun.run(['delete', '--force', id]);
@@ -252,9 +288,12 @@ export class ContainerBackend implements Backend {
     }
     for (const m of await mountsUnder(p.dir)) umount(m, MNT.DETACH);
     await this.unmountWritable(p.rw);
+    await rmdir(p.rootfs).catch(() => undefined);
     for (const d of digests) await this.o.layers.release(d);
     await this.o.cgroups.remove(id);
     await rm(p.dir, { recursive: true, force: true });
+    // Last: the range is free only once nothing of the sandbox holds its ids.
+    if (idRange) await this.o.idRanges?.release(idRange, id);
   }
 
   /** Unmounts and removes a writable layer's folder; a no-op when it is not there. */
@@ -284,6 +323,15 @@ export class ContainerBackend implements Backend {
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
   }
+}
+
+/**
+ * The read-only paths dsec-launch mounts: sorted, without duplicates and without paths below
+ * another one (a read-only directory already covers everything under it).
+ */
+export function readOnlyPaths(paths: readonly string[]): string[] {
+  const sorted = [...new Set(paths)].sort();
+  return sorted.filter((p) => !sorted.some((q) => q !== p && p.startsWith(q + '/')));
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
