@@ -16,6 +16,8 @@ let scratch: string;
 
 /** The task's workspace: the answer goes to /project/answer.txt, the grader is /project/tests. */
 const GRADER = '/project/tests/run.sh';
+/** The test runner: runs every test_*.sh and passes only if all do. */
+const RUNNER = '#!/bin/sh\nfor t in /project/tests/test_*.sh; do sh "$t" || { echo FAIL; exit 1; }; done\necho PASS\n';
 /** What the grader prints for an unsolved task. */
 const UNSOLVED = 'FAIL';
 
@@ -26,7 +28,7 @@ before(async () => {
   // passes only if all do. The task here (write 42 to /project/answer.txt) is left unsolved.
   const ws = path.join(scratch, 'ws');
   await mkdir(path.join(ws, 'project/tests'), { recursive: true });
-  await writeFile(path.join(ws, 'project/tests/run.sh'), '#!/bin/sh\nfor t in /project/tests/test_*.sh; do sh "$t" || { echo FAIL; exit 1; }; done\necho PASS\n');
+  await writeFile(path.join(ws, 'project/tests/run.sh'), RUNNER);
   await writeFile(path.join(ws, 'project/tests/test_answer.sh'), '#!/bin/sh\n[ "$(cat /project/answer.txt 2>/dev/null)" = 42 ]\n');
   await chmod(path.join(ws, 'project/tests/run.sh'), 0o755);
   // A stand-in for the interpreter the tests run under (busybox has no python).
@@ -169,7 +171,9 @@ describe('poisoning the next episode', () => {
 async function protectedTaskSandbox(): Promise<string> {
   return sec.sandbox({
     image: { base: 'busybox', workspace: 'task', toolkits: ['python-stand-in', KIT_IMAGE.toolkits[0]!] },
-    protect: { readOnly: ['/project/tests', '/usr/bin'] },
+    // Read-only: the grader's tree and the interpreter. Watched: where a fake-pass hook would
+    // go that the task itself may legitimately write (site-packages, the project root).
+    protect: { readOnly: ['/project/tests', '/usr/bin'], watch: ['/usr/lib/python3', '/project/conftest.py'] },
   });
 }
 
@@ -178,10 +182,9 @@ async function grade(id: string): Promise<string> {
   return (await sec.edge.exec(id, { argv: [GRADER] })).stdout.trim();
 }
 
-const PROTECT_TODO = 'protected paths (protect.readOnly) arrive with the hardening branch';
 
 describe('the grader and the toolchain', () => {
-  test('overwriting the test runner in a protected path fails (write, truncate, rename over, delete, replace the directory); the grader still fails an unsolved task', { todo: PROTECT_TODO }, async (t) => {
+  test('overwriting the test runner in a protected path fails (write, truncate, rename over, delete, replace the directory); the grader still fails an unsolved task', async () => {
     const id = await protectedTaskSandbox();
     try {
       const attempts = [
@@ -196,16 +199,16 @@ describe('the grader and the toolchain', () => {
       for (const cmd of attempts) {
         const r = await sec.sh(id, cmd);
         assert.notEqual(r.exitCode, 0, `${cmd} must fail`);
-        assert.match(r.stderr, /Read-only file system|Operation not permitted|Permission denied/, cmd);
+        const now = await sec.sh(id, `cat ${GRADER}; stat -c %a ${GRADER}`);
+        assert.equal(now.stdout, `${RUNNER}755\n`, `after ${cmd} the runner is the original`);
       }
       assert.equal(await grade(id), UNSOLVED);
-      await expectEvent(t, sec.events, 'protected-path.write', id);
     } finally {
       await sec.edge.destroy(id);
     }
   });
 
-  test('overwriting python3 in a protected path fails; the interpreter is the original', { todo: PROTECT_TODO }, async (t) => {
+  test('overwriting python3 in a protected path fails; the interpreter is the original', async () => {
     const id = await protectedTaskSandbox();
     try {
       for (const cmd of ['cp /bin/true /usr/bin/python3', 'echo "exit 0" > /usr/bin/python3', 'rm /usr/bin/python3', 'mv /bin/busybox /usr/bin/python3']) {
@@ -214,13 +217,12 @@ describe('the grader and the toolchain', () => {
       }
       const py = await sec.sh(id, 'cat /usr/bin/python3');
       assert.equal(py.stdout, '#!/bin/sh\nexec sh "$@"\n');
-      await expectEvent(t, sec.events, 'protected-path.write', id);
     } finally {
       await sec.edge.destroy(id);
     }
   });
 
-  test('a fake-pass conftest.py or sitecustomize.py (or test_*.sh) cannot be left in the protected tests tree; the grader still fails an unsolved task', { todo: PROTECT_TODO }, async (t) => {
+  test('a fake-pass conftest.py or sitecustomize.py (or test_*.sh) cannot be left in the protected tests tree; one left where the task may write (site-packages, the project root) raises protected-path.write', async (t) => {
     const id = await protectedTaskSandbox();
     try {
       for (const file of ['conftest.py', 'sitecustomize.py', 'test_zzz.sh', '.hidden/conftest.py']) {
@@ -231,7 +233,22 @@ describe('the grader and the toolchain', () => {
       const r = await sec.sh(id, 'echo "exit 0" > /project/tests/test_answer.sh');
       assert.notEqual(r.exitCode, 0);
       assert.equal(await grade(id), UNSOLVED);
-      await expectEvent(t, sec.events, 'protected-path.write', id);
+      // Outside the read-only tree the write succeeds (installing packages must work) and is seen.
+      const hooks = ['/usr/lib/python3/site-packages/sitecustomize.py', '/project/conftest.py'];
+      const w = await sec.sh(id, hooks.map((h) => `mkdir -p $(dirname ${h}) && echo 'import sys; sys.exit(0)' > ${h}`).join(' && '));
+      assert.equal(w.exitCode, 0, w.stderr);
+      for (const h of hooks) await expectEvent(t, sec.events, 'protected-path.write', id, { path: h });
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test('a refused write to a read-only protected path is raised as protected-path.write', { todo: 'read-only paths refuse writes through the mount, which the watcher (fanotify on the writable layer) never sees: an attempt on the grader leaves no event' }, async (t) => {
+    const id = await protectedTaskSandbox();
+    try {
+      const r = await sec.sh(id, `echo 'echo PASS' > ${GRADER}`);
+      assert.notEqual(r.exitCode, 0);
+      await expectEvent(t, sec.events, 'protected-path.write', id, { path: GRADER });
     } finally {
       await sec.edge.destroy(id);
     }

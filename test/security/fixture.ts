@@ -28,7 +28,7 @@ export const SMALL = { memoryMiB: 64, pids: 64, diskMiB: 16 };
  * through {@link expectEvent}; a kind listed here is asserted, any other is reported as pending.
  * Add a kind here when its detector lands.
  */
-export const LIVE_DETECTORS: ReadonlySet<EventKind> = new Set<EventKind>([]);
+export const LIVE_DETECTORS: ReadonlySet<EventKind> = new Set<EventKind>(['seccomp.denied', 'protected-path.write']);
 
 /** One line of the kit's output. */
 export interface Probe {
@@ -77,13 +77,17 @@ export class EventLog {
     this.unsubscribe = edge.onEvent((ev) => this.events.push(ev));
   }
 
-  /** Waits until an event of `kind` about `sandboxId` has been raised. */
-  async waitFor(kind: EventKind, sandboxId: string, timeoutMs = 10_000): Promise<RaisedEvent> {
+  /** Waits until an event of `kind` about `sandboxId` (and matching `data`, when given) has been raised. */
+  async waitFor(kind: EventKind, sandboxId: string, data: Record<string, unknown> = {}, timeoutMs = 5_000): Promise<RaisedEvent> {
     const deadline = Date.now() + timeoutMs;
+    const matches = (e: RaisedEvent): boolean => e.kind === kind && e.sandboxId === sandboxId && Object.entries(data).every(([k, v]) => e.data?.[k] === v);
     for (;;) {
-      const ev = this.events.find((e) => e.kind === kind && e.sandboxId === sandboxId);
+      const ev = this.events.find(matches);
       if (ev) return ev;
-      if (Date.now() > deadline) assert.fail(`no ${kind} event for ${sandboxId}; raised: ${JSON.stringify(this.events.map((e) => [e.kind, e.sandboxId]))}`);
+      if (Date.now() > deadline) {
+        const seen = this.events.filter((e) => e.sandboxId === sandboxId).map((e) => [e.kind, e.data]);
+        assert.fail(`no ${kind} event ${JSON.stringify(data)} for ${sandboxId}; raised for it: ${JSON.stringify(seen)}`);
+      }
       await new Promise((r) => setTimeout(r, 50));
     }
   }
@@ -97,12 +101,12 @@ export class EventLog {
  * States that an attack must raise an event: asserted when the kind's detector exists
  * ({@link LIVE_DETECTORS}), otherwise written to the test's diagnostics as pending.
  */
-export async function expectEvent(t: TestContext, log: EventLog, kind: EventKind, sandboxId: string): Promise<void> {
+export async function expectEvent(t: TestContext, log: EventLog, kind: EventKind, sandboxId: string, data: Record<string, unknown> = {}): Promise<void> {
   if (!LIVE_DETECTORS.has(kind)) {
-    t.diagnostic(`event ${kind} expected for ${sandboxId}: detector pending`);
+    t.diagnostic(`event ${kind} ${JSON.stringify(data)} expected for ${sandboxId}: detector pending`);
     return;
   }
-  const ev = await log.waitFor(kind, sandboxId);
+  const ev = await log.waitFor(kind, sandboxId, data);
   assert.ok(ev.message.length > 0);
 }
 

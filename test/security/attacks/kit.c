@@ -231,6 +231,24 @@ static long try_ptrace_1(void)
 	return syscall(SYS_ptrace, 16 /* PTRACE_ATTACH */, 1, NULL, NULL);
 }
 
+/* PTRACE_ATTACH to a child of its own: the control for ptrace-attach-1 (allowed only where ptrace is). */
+static long try_ptrace_child(void)
+{
+	pid_t child = fork();
+	if (child < 0)
+		return -1;
+	if (child == 0) {
+		pause();
+		_exit(0);
+	}
+	long rc = syscall(SYS_ptrace, 16 /* PTRACE_ATTACH */, child, NULL, NULL);
+	int err = errno;
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	errno = err;
+	return rc;
+}
+
 static long try_process_vm_readv_1(void)
 {
 	char buf[16];
@@ -413,6 +431,7 @@ static const struct syscall_probe syscall_probes[] = {
 	{ "keyctl", try_keyctl },
 	{ "add_key", try_add_key },
 	{ "ptrace-attach-1", try_ptrace_1 },
+	{ "ptrace-child", try_ptrace_child },
 	{ "process_vm_readv-1", try_process_vm_readv_1 },
 	{ "pidfd_getfd-1", try_pidfd_getfd_1 },
 	{ "name_to_handle_at", try_name_to_handle },
