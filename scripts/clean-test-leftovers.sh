@@ -39,12 +39,18 @@ done
 # Runtime dirs whose home is gone (a node that was removed without shutting down).
 for run in /run/dsec/*/; do
   run=${run%/}
+  [ "$run" = /run/dsec/idmap ] && continue
   home=$(cat "$run/home" 2>/dev/null || true)
   if [ -z "$home" ] || [ ! -d "$home" ]; then
     kill_sandboxes "$run/crun" "$run/mntns"
     unmount_under "$run"
     rm -rf "$run"
   fi
+done
+# User namespace id ranges claimed by nodes whose home is gone (each claim names its home).
+for claim in /run/dsec/idmap/*; do
+  home=$(head -n1 "$claim" 2>/dev/null || true)
+  if [ -z "$home" ] || [ ! -d "$home" ]; then rm -f "$claim"; fi
 done
 for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-*; do
   for cg in "$parent"/*/; do rmdir "$cg" 2>/dev/null; done

@@ -223,6 +223,8 @@ static void protect(int rootfd, const char *path, uid_t owner, gid_t group, stru
 		struct stat st;
 		if (fstat(fd, &st) < 0)
 			die("stat", path);
+		if (S_ISLNK(st.st_mode))
+			bad_protect(path, "is a symbolic link");
 		if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
 			bad_protect(path, "is neither a directory nor a regular file");
 		if (last) {

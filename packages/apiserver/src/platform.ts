@@ -41,6 +41,8 @@ export interface PlatformOptions {
   placement?: PlacementOptions;
   /** Interval of the watcher's passes. */
   watchIntervalMs?: number;
+  /** A user namespace per container sandbox (default true; `DSEC_USERNS=0` turns it off). */
+  userNamespaces?: boolean;
 }
 
 /** A running platform. */
@@ -77,7 +79,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
   await mkdir(home, { recursive: true, mode: 0o700 });
 
-  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary() });
+  const userNamespaces = opts.userNamespaces ?? process.env.DSEC_USERNS !== '0';
+  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), userNamespaces });
   const sqlite = new Database(path.join(home, 'dsec.db'));
   const store = await StateStore.openSqlite(sqlite);
   const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];

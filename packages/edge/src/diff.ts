@@ -326,6 +326,7 @@ function locate(v: OpenView, p: string): { rootFd: number; st: Stats } | { reaso
   if (p === '/') return { reason: 'not-a-file' };
   const comps = components(p);
   // The upper directory first: a whiteout deletes, an opaque directory hides the layers below.
+  let hidden = false;
   for (let k = 1; k <= comps.length; k++) {
     const found = v.statBeneath(v.upperFd, comps.slice(0, k).join('/'));
     if ('errno' in found) {
@@ -336,8 +337,9 @@ function locate(v: OpenView, p: string): { rootFd: number; st: Stats } | { reaso
     if (k === comps.length) return { rootFd: v.upperFd, st: found.st };
     if (found.st.isSymbolicLink()) return { reason: 'symlink-in-path' };
     if (!found.st.isDirectory()) return { reason: 'missing' };
-    if (found.opaque) return { reason: 'missing' };
+    hidden ||= found.opaque;
   }
+  if (hidden) return { reason: 'missing' };
   const lower = v.inLayers(p);
   if (!lower) {
     // A symlink above it in a layer means the sandbox sees it somewhere else.

@@ -573,6 +573,7 @@ export class Edge {
     // Calls keep no state: their pooled sandboxes go with this process.
     await this.calls.close();
     this.monitor.close();
+    this.layers.detach();
     for (const b of this.backends.values()) await b.close();
   }
 

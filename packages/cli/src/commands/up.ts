@@ -9,12 +9,14 @@ export function registerUp(program: Command): void {
     .option('--home <dir>', 'state directory (default $DSEC_HOME or /var/lib/dsec)')
     .option('--addr <host:port>', 'listen address (default $DSEC_ADDR or 127.0.0.1:7878)')
     .option('-q, --quiet', 'do not print the server log')
-    .action(async (flags: { home?: string; addr?: string; quiet?: boolean }) => {
+    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
+    .action(async (flags: { home?: string; addr?: string; quiet?: boolean; userns: boolean }) => {
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const platform = await startPlatform({
         ...(flags.home ? { home: flags.home } : {}),
         ...(flags.addr ? { addr: flags.addr } : {}),
+        ...(flags.userns === false ? { userNamespaces: false } : {}),
         ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);

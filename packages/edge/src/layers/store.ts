@@ -345,6 +345,16 @@ export class LayerStore {
     });
   }
 
+  /**
+   * Drops this process's pending unmounts and leaves every mount in place, for the next edge on
+   * this state directory to adopt (an edge that closes without shutting down). A timer left
+   * running would unmount a layer that the next edge already counts as mounted.
+   */
+  detach(): void {
+    for (const timer of this.lingering.values()) clearTimeout(timer);
+    this.lingering.clear();
+  }
+
   /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */
   async close(): Promise<void> {
     if (this.initialized === undefined) return;
