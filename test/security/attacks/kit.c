@@ -20,6 +20,7 @@
 #include <linux/userfaultfd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -925,6 +926,30 @@ static int cmd_flood(long long bytes)
 	return 0;
 }
 
+static void *thread_main(void *arg)
+{
+	return arg;
+}
+
+/* Starts and joins threads one after the other, as any threaded runtime does. */
+static int cmd_threads(long n)
+{
+	long started = 0;
+	int err = 0;
+	for (; started < n; started++) {
+		pthread_t t;
+		err = pthread_create(&t, NULL, thread_main, NULL);
+		if (err)
+			break;
+		pthread_join(t, NULL);
+	}
+	begin("threads");
+	field_str("result", err ? outcome(-1, err) : "OK");
+	field_num("started", started);
+	end();
+	return 0;
+}
+
 /* ---- network ---- */
 
 static int parse_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len)
@@ -1088,7 +1113,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: kit syscall [NAME...] | read PATH | write PATH DATA | opendir PATH | fds\n"
 		"       kit scan HEX[,HEX...] ROOT... | balloon MIB | forkbomb MAX | fill PATH MAXMIB\n"
-		"       kit flood BYTES | flood-inodes DIR MAX | doublefork NAME | ports HOST LO HI TIMEOUT_MS\n"
+		"       kit threads N | flood BYTES | flood-inodes DIR MAX | doublefork NAME | ports HOST LO HI TIMEOUT_MS\n"
 		"       kit udp HOST PORT | unix PATH|@NAME | forge-exit-frame\n");
 }
 
@@ -1119,6 +1144,8 @@ int main(int argc, char **argv)
 		return cmd_forkbomb(atol(a[0]));
 	if (!strcmp(cmd, "flood") && n == 1)
 		return cmd_flood(atoll(a[0]));
+	if (!strcmp(cmd, "threads") && n == 1)
+		return cmd_threads(atol(a[0]));
 	if (!strcmp(cmd, "fill") && n == 2)
 		return cmd_fill(a[0], atol(a[1]));
 	if (!strcmp(cmd, "flood-inodes") && n == 2)
