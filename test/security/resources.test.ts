@@ -72,7 +72,7 @@ describe('processes', () => {
     }
   });
 
-  test('a process that ignores SIGTERM and double-forks outlives its command inside the sandbox only: the platform lists it, and it dies with the sandbox', async (t) => {
+  test('a process that ignores SIGTERM and double-forks outlives its command, inside the sandbox only: SIGTERM and SIGHUP do not stop it, process.survived-command reports it, and it dies with the sandbox', async (t) => {
     const name = uniqueProcessName('surv');
     const id = await sec.sandbox({ resources: SMALL });
     try {
