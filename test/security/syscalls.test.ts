@@ -172,7 +172,8 @@ describe('/proc and /sys', () => {
     const kind = r.stdout.trim().split('\n').pop();
     if (w.result === 'OK') assert.equal(kind, 'character special file 1:3', 'a write that succeeds lands in /dev/null');
     else assert.match(w.result ?? '', /^(ENOENT|EACCES|EROFS|EPERM)$/);
-    assert.equal(await sysrqLines(), before);
+    // The ring buffer may drop old lines meanwhile, never add a sysrq one.
+    assert.ok((await sysrqLines()) <= before, 'no sysrq line was logged');
   });
 
   // With a user namespace the sandbox's root is an unprivileged host uid, so the open fails with
