@@ -40,8 +40,11 @@ before(async () => {
 });
 
 after(async () => {
-  await sec?.cleanup();
-  await rm(scratch, { recursive: true, force: true });
+  try {
+    await sec?.cleanup();
+  } finally {
+    if (scratch) await rm(scratch, { recursive: true, force: true });
+  }
 });
 
 afterEach(async () => {

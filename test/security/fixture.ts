@@ -241,10 +241,13 @@ export async function startSecurityNode(opts: { outputCapBytes?: number } = {}):
       },
       async cleanup() {
         events?.close();
-        const live = new Set(edge.list().map((s) => s.id));
-        for (const id of created.filter((c) => live.has(c))) await edge.destroy(id).catch(() => undefined);
-        await node.cleanup();
-        await rm(layerDir, { recursive: true, force: true });
+        try {
+          const live = new Set(edge.list().map((s) => s.id));
+          for (const id of created.filter((c) => live.has(c))) await edge.destroy(id).catch(() => undefined);
+          await node.cleanup();
+        } finally {
+          await rm(layerDir, { recursive: true, force: true });
+        }
       },
     };
     return sec;

@@ -40,9 +40,12 @@ before(async () => {
 });
 
 after(async () => {
-  for (const s of sandboxes) await s.kill().catch(() => undefined);
-  await platform?.close();
-  if (layerDir) await rm(layerDir, { recursive: true, force: true });
+  try {
+    for (const s of sandboxes) await s.kill().catch(() => undefined);
+    await platform?.close();
+  } finally {
+    if (layerDir) await rm(layerDir, { recursive: true, force: true });
+  }
 });
 
 async function create(client: DsecClient, env: Record<string, string> = {}): Promise<Sandbox> {
