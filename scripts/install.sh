@@ -30,4 +30,6 @@ fi
 
 echo "dsec: building chronus and TypeScript"
 make -s -C chronus
+# The adversarial test suite's attack kit (a static C program put into sandboxes).
+make -s -C test/security/attacks
 npx tsc -b

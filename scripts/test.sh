@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 shopt -s nullglob globstar
 # A run that was interrupted may have left sandboxes and mounts behind: remove them first.
 bash scripts/clean-test-leftovers.sh
-files=(packages/*/dist/**/*.test.js test/dist/*.test.js)
+files=(packages/*/dist/**/*.test.js test/dist/**/*.test.js)
 if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then
   files=("${files[@]/*debian.test.js}")
 fi
