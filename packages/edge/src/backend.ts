@@ -62,6 +62,8 @@ export interface Backend {
   destroy(id: string): Promise<void>;
   /** Current resource use. */
   stats(id: string): Promise<SandboxStats>;
+  /** Path of the sandbox's network namespace (where edge puts its link); absent: no network. */
+  netnsPath?(id: string): Promise<string>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

@@ -14,3 +14,23 @@ export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.j
 export type { FnCallBackendOptions } from './backends/fncall/backend.js';
 export { RUNTIMES } from './backends/fncall/runtimes.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
+export { NodeNetwork, purgeHome, KERNEL_LOG_RATE_PER_SECOND } from './net/network.js';
+export type { NetworkOptions, NodeNetworkDeps, SandboxNetworkInfo } from './net/network.js';
+export { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX } from './net/pool.js';
+export { EXPLICIT_PROXY_PORT } from './net/kernel.js';
+export { compilePolicy } from './net/policy.js';
+export type {
+  EgressLogEntry,
+  EgressLogSink,
+  EgressPolicyView,
+  EgressProxyHandle,
+  EgressProxyLimits,
+  EgressProxyOptions,
+  EgressProxyPorts,
+  EgressStats,
+  EgressVerdict,
+  EgressVia,
+  NameResolver,
+  SandboxResolver,
+  StartEgressProxy,
+} from './net/types.js';

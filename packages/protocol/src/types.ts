@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { NetworkPolicySchema } from './network.js';
 
 /** The four isolation backends of dsec. */
 export const BackendKindSchema = z.enum(['fncall', 'container', 'microvm', 'vm']);
@@ -73,6 +74,8 @@ export const SandboxSpecSchema = z.strictObject({
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
   hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
+  /** Network policy; default `{mode: 'none'}` (loopback only). */
+  network: NetworkPolicySchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;
