@@ -33,6 +33,10 @@ export type EdgeClient = Pick<
   | 'stats'
   | 'layers'
   | 'calls'
+  | 'setNetwork'
+  | 'patchNetwork'
+  | 'networkInfo'
+  | 'networkLog'
 >;
 
 /** A node as the control plane tracks it. */

@@ -59,7 +59,9 @@ export function domainNameProblem(name: string): string | undefined {
  * Why `host` is not a valid rule host, or undefined: an exact DNS name, `*.` followed by one, or
  * an IPv4 address. `*` alone and wildcards inside a name are refused.
  */
-export function hostPatternProblem(host: string): string | undefined {
+export function hostPatternProblem(pattern: string): string | undefined {
+  // A fully qualified name may end in a dot.
+  const host = pattern.endsWith('.') ? pattern.slice(0, -1) : pattern;
   if (isIPv4(host)) return undefined;
   if (host.startsWith('*.')) {
     const why = domainNameProblem(host.slice(2));
@@ -91,10 +93,8 @@ export const AllowRuleSchema = z.strictObject({
 export type AllowRule = z.infer<typeof AllowRuleSchema>;
 
 /** A preset name from {@link NETWORK_PRESETS}. */
-export const PresetNameSchema = z.string().superRefine((v, ctx) => {
-  if (!(NETWORK_PRESET_NAMES as string[]).includes(v)) {
-    ctx.addIssue({ code: 'custom', message: `unknown preset ${JSON.stringify(v)} (known: ${NETWORK_PRESET_NAMES.join(', ')})` });
-  }
+export const PresetNameSchema = z.enum(NETWORK_PRESET_NAMES as [NetworkPreset, ...NetworkPreset[]], {
+  error: (iss) => `unknown preset ${JSON.stringify(iss.input)} (known: ${NETWORK_PRESET_NAMES.join(', ')})`,
 });
 
 /** Parses `a.b.c.d/n` into a network address and prefix, or undefined. */
@@ -233,7 +233,7 @@ export function applyNetworkPatch(current: NetworkPolicy, patch: NetworkPolicyPa
   const allow = new Map((current.allow ?? []).map((r) => [normHost(r.host), r]));
   for (const host of patch.allow?.remove ?? []) allow.delete(normHost(host));
   for (const rule of patch.allow?.add ?? []) allow.set(normHost(rule.host), rule);
-  const presets = new Set<string>(current.presets ?? []);
+  const presets = new Set<NetworkPreset>(current.presets ?? []);
   for (const p of patch.presets?.remove ?? []) presets.delete(p);
   for (const p of patch.presets?.add ?? []) presets.add(p);
   const addrs = new Set(current.allowAddresses ?? []);

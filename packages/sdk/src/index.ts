@@ -16,13 +16,18 @@ export { DsecError, isDsecError } from '@dsec/protocol';
 export type { CallBatchItem, CallRequest, CallResult, CallRuntime, ErrorCode, ErrorDetails } from '@dsec/protocol';
 export type {
   ApiKeyInfo,
+  ApplyNetworkRequest,
+  ApplyNetworkResult,
   DebianLayerRequest,
+  EgressLogEntry,
   ExecResult,
   ExitInfo,
   FileInfo,
   KeyCreateRequest,
   LayerInfo,
   LayerUploadQuery,
+  NetworkPolicy,
+  NetworkPolicyPatch,
   NodeInfo,
   Page,
   ProcessInfo,
@@ -31,5 +36,6 @@ export type {
   SandboxCreateOptions,
   SandboxInfo,
   SandboxListOptions,
+  SandboxNetworkInfo,
   SandboxStats,
 } from './types.js';

@@ -1,5 +1,5 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
-import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, ListSandboxesQuerySchema, NetworkLogQuerySchema, NetworkPolicyPatchSchema, NetworkPolicySchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
 import type { ExecEvent, ExecRequest } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
@@ -9,7 +9,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, Page, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { EgressLogEntry, ExecResult, ExitInfo, NetworkPolicy, NetworkPolicyPatch, Page, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxNetworkInfo, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -190,6 +190,33 @@ export class Sandbox {
   /** Resource use read from the sandbox's cgroups and writable layer. */
   async stats(opts: CallOptions = {}): Promise<SandboxStats> {
     return this.client.json<SandboxStats>({ method: 'GET', path: this.#route('/stats') }, opts);
+  }
+
+  /** The sandbox's network: its policy, addresses, traffic and attempt counters. */
+  async network(opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    return this.client.json<SandboxNetworkInfo>({ method: 'GET', path: this.#route('/network') }, opts);
+  }
+
+  /**
+   * Replaces the sandbox's network policy. It applies to new connections when this returns;
+   * open connections it no longer allows are closed. On failure the old policy stays in force.
+   */
+  async setNetwork(policy: NetworkPolicy, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicySchema, policy, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PUT', path: this.#route('/network'), body }, opts);
+  }
+
+  /** Changes part of the sandbox's network policy (`{presets: {add: ['pypi']}}`). */
+  async patchNetwork(patch: NetworkPolicyPatch, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicyPatchSchema, patch, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PATCH', path: this.#route('/network'), body }, opts);
+  }
+
+  /** The sandbox's latest egress attempts (allowed and denied), oldest first. */
+  async networkLog(opts: CallOptions & { limit?: number } = {}): Promise<EgressLogEntry[]> {
+    const { limit, ...call } = opts;
+    const q = validate(NetworkLogQuerySchema, defined({ limit }), 'query');
+    return (await this.client.json<{ items: EgressLogEntry[] }>({ method: 'GET', path: this.#route('/network/log'), query: { limit: q.limit } }, call)).items;
   }
 
   /** Destroys the sandbox and everything in it. */

@@ -7,6 +7,8 @@ import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
 import { formatAge, printJson, printTable } from '../output.js';
 import { keyValue, number, repeated } from '../parse.js';
+import { policyFrom, withPolicyFlags } from './network.js';
+import type { PolicyFlags } from './network.js';
 
 function labelsText(labels: Record<string, string>): string {
   return Object.entries(labels)
@@ -22,8 +24,7 @@ function imageText(s: SandboxInfo): string {
 export function registerSandbox(program: Command): void {
   const sandbox = program.command('sandbox').alias('sb').description('create, list, inspect and remove sandboxes');
 
-  sandbox
-    .command('create')
+  withPolicyFlags(sandbox.command('create'))
     .description('create a sandbox and print its id')
     .requiredOption('--base <layer>', 'base layer (name[:tag] or sha256:...)')
     .option('--workspace <layer>', 'workspace layer')
@@ -36,7 +37,7 @@ export function registerSandbox(program: Command): void {
     .option('--env <K=V>', 'environment variable (repeatable)', keyValue)
     .option('--timeout <ms>', 'lifetime in ms', number(true))
     .option('--json', 'print the sandbox as JSON')
-    .action(async (flags: { base: string; workspace?: string; toolkit?: string[]; cpu?: number; memory?: number; disk?: number; bestEffort?: boolean; label?: Record<string, string>; env?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
+    .action(async (flags: PolicyFlags & { base: string; workspace?: string; toolkit?: string[]; cpu?: number; memory?: number; disk?: number; bestEffort?: boolean; label?: Record<string, string>; env?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
       const resources = {
         ...(flags.cpu !== undefined ? { cpu: flags.cpu } : {}),
         ...(flags.memory !== undefined ? { memoryMiB: flags.memory } : {}),
@@ -50,6 +51,8 @@ export function registerSandbox(program: Command): void {
         ...(flags.env ? { env: flags.env } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
       };
+      const network = policyFrom(flags);
+      if (network) spec.network = network;
       const sb = await Sandbox.create(spec, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
       if (flags.json) printJson(sb.lastInfo);
       else process.stdout.write(`${sb.id}\n`);
@@ -92,6 +95,7 @@ export function registerSandbox(program: Command): void {
         ['resources', `cpu ${r.cpu} (${r.cpuClass}), memory ${r.memoryMiB}Mi, disk ${r.diskMiB}Mi, pids ${r.pids}`],
         ['labels', labelsText(s.labels) || '-'],
         ['env', s.envKeys.join(',') || '-'],
+        ['network', s.network.mode === 'none' ? 'none' : `allowlist (${(s.network.allow ?? []).length} rules, presets ${(s.network.presets ?? []).join(',') || '-'})`],
         ['created', s.createdAt],
         ['expires', s.expiresAt],
       ];
