@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
 import { mountsUnder, umount, MNT } from '@dsec/edge';
+import type { NetworkOptions } from '@dsec/edge';
 import { AGENT_BINARY } from './node.js';
 
 /** A running platform and what a client needs to reach it. */
@@ -17,7 +18,7 @@ export interface TestPlatform {
 }
 
 /** Starts a platform on a temp home (its name contains 'dsec'). */
-export async function startTestPlatform(): Promise<TestPlatform> {
+export async function startTestPlatform(opts: { network?: NetworkOptions } = {}): Promise<TestPlatform> {
   const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-platform-'));
   const removeHome = async (): Promise<void> => {
     for (const m of await mountsUnder(home).catch(() => [] as string[])) {
@@ -30,7 +31,7 @@ export async function startTestPlatform(): Promise<TestPlatform> {
     await rm(home, { recursive: true, force: true });
   };
   try {
-    const platform = await startPlatform({ home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
+    const platform = await startPlatform({ home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, ...(opts.network ? { network: opts.network } : {}), log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
     const adminKey = platform.adminKey ?? (await readFile(platform.adminKeyFile, 'utf8')).trim();
     return {
       url: platform.url,

@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
+import type { NetworkOptions } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
@@ -41,6 +42,8 @@ export interface PlatformOptions {
   placement?: PlacementOptions;
   /** Interval of the watcher's passes. */
   watchIntervalMs?: number;
+  /** Sandbox networking of the node (address pool, static hosts, resolvers). */
+  network?: NetworkOptions;
 }
 
 /** A running platform. */
@@ -77,7 +80,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
   await mkdir(home, { recursive: true, mode: 0o700 });
 
-  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary() });
+  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), ...(opts.network ? { network: opts.network } : {}) });
   const sqlite = new Database(path.join(home, 'dsec.db'));
   const store = await StateStore.openSqlite(sqlite);
   const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];

@@ -12,7 +12,7 @@ export const DEFAULT_NETWORK_POOL = '10.213.0.0/16';
 /** Default prefix length of one home's slice of the pool (4,093 sandboxes). */
 export const DEFAULT_SLICE_PREFIX = 20;
 /** Where homes record their slice claims, machine-wide. */
-export const CLAIMS_DIR = '/run/dsec/net';
+export const CLAIMS_DIR = '/run/dsec-net';
 
 /** An IPv4 address from its number. */
 export function intToIpv4(n: number): string {
