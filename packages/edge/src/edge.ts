@@ -160,6 +160,7 @@ export class Edge {
     const network = new NodeNetwork(opts.network ?? {}, {
       home,
       nflogBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-nflog'),
+      netlinkBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-netlink'),
       raise: (ev) => raise(ev),
     });
     const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network);

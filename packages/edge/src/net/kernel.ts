@@ -1,8 +1,11 @@
-// The kernel side of sandbox networking: links (iproute2, batched) and the node's nftables table
-// (one `nft -f` transaction that replaces the whole table). Nothing here decides policy: the
+// The kernel side of sandbox networking: links (dsec-netlink for sandboxes, iproute2 for the
+// rest) and the node's nftables table (one `nft -f` transaction that replaces the whole table). Nothing here decides policy: the
 // kernel only lets sandboxes reach the gateway's DNS and proxy ports, and logs the rest.
 import { spawn } from 'node:child_process';
+import type { ChildProcessByStdio } from 'node:child_process';
 import { readdir } from 'node:fs/promises';
+import { createInterface } from 'node:readline';
+import type { Readable, Writable } from 'node:stream';
 import { DsecError } from '@dsec/protocol';
 
 /** Time one ip or nft call may take. */
@@ -35,11 +38,6 @@ export function runTool(argv: string[], input: string, what: string): Promise<vo
 /** `ip -batch -` in the host's network namespace. */
 export function ipBatch(lines: string[], what: string): Promise<void> {
   return runTool(['ip', '-batch', '-'], lines.join('\n') + '\n', what);
-}
-
-/** `ip -batch -` inside the network namespace at `netnsPath`. */
-export function ipBatchIn(netnsPath: string, lines: string[], what: string): Promise<void> {
-  return runTool(['nsenter', `--net=${netnsPath}`, '--', 'ip', '-batch', '-'], lines.join('\n') + '\n', what);
 }
 
 /** Interface names on the host that start with `prefix`. */
@@ -78,30 +76,60 @@ export interface VethPlan {
   address: string;
 }
 
+const IFNAME_RE = /^[a-z0-9-]{1,15}$/;
+const IPV4_RE = /^\d{1,3}(\.\d{1,3}){3}$/;
+
 /**
- * Gives a sandbox its link: a veth pair whose host end holds the gateway address (pointing at
- * the sandbox's /32) and whose other end, `eth0` in the sandbox, holds the sandbox's address with
- * a default route via the gateway. No IPv6 addresses on either end.
+ * Makes sandbox links through one long-running dsec-netlink (no fork per sandbox). A link is a
+ * veth pair whose host end holds the gateway address (pointing at the sandbox's /32) and whose
+ * other end, `eth0` in the sandbox, holds the sandbox's address with a default route via the
+ * gateway; no IPv6 addresses on either end. Requests are answered in order.
  */
-export async function attachVeth(p: VethPlan): Promise<void> {
-  await ipBatch(
-    [
-      `link add ${p.hostIf} type veth peer name eth0 netns ${p.netnsPath}`,
-      `link set ${p.hostIf} addrgenmode none`,
-      `addr add ${p.gateway}/32 peer ${p.address}/32 dev ${p.hostIf}`,
-      `link set ${p.hostIf} up`,
-    ],
-    `link ${p.hostIf}`,
-  );
-  try {
-    await ipBatchIn(
-      p.netnsPath,
-      [`link set eth0 addrgenmode none`, `addr add ${p.address}/32 peer ${p.gateway}/32 dev eth0`, `link set lo up`, `link set eth0 up`, `route add default via ${p.gateway} dev eth0`],
-      `sandbox side of ${p.hostIf}`,
-    );
-  } catch (err) {
-    await deleteLinks([p.hostIf]).catch(() => undefined);
-    throw err;
+export class LinkMaker {
+  private child: ChildProcessByStdio<Writable, Readable, Readable> | undefined;
+  private readonly waiting: Array<{ resolve: (line: string) => void; reject: (err: Error) => void }> = [];
+
+  constructor(private readonly binary: string) {}
+
+  private process(): ChildProcessByStdio<Writable, Readable, Readable> {
+    if (this.child && this.child.exitCode === null && !this.child.killed) return this.child;
+    const child = spawn(this.binary, [], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (d: Buffer) => {
+      if (stderr.length < MAX_CAPTURE_BYTES) stderr += d.toString();
+    });
+    createInterface({ input: child.stdout }).on('line', (line) => this.waiting.shift()?.resolve(line));
+    const fail = (why: string): void => {
+      if (this.child === child) this.child = undefined;
+      const err = new DsecError('BACKEND_FAILED', `dsec-netlink: ${stderr.trim() || why}`);
+      for (const w of this.waiting.splice(0)) w.reject(err);
+    };
+    child.on('error', (err) => fail(err.message));
+    child.on('close', (code, signal) => fail(`exited with ${code ?? signal}`));
+    child.stdin.on('error', () => undefined);
+    this.child = child;
+    return child;
+  }
+
+  /** Gives a sandbox its link; returns the host end's interface index. */
+  attach(p: VethPlan): Promise<number> {
+    if (!IFNAME_RE.test(p.hostIf) || !/^[^\s]+$/.test(p.netnsPath) || !IPV4_RE.test(p.gateway) || !IPV4_RE.test(p.address)) {
+      return Promise.reject(new DsecError('INTERNAL', `bad link plan ${JSON.stringify(p)}`));
+    }
+    const child = this.process();
+    return new Promise<string>((resolve, reject) => {
+      this.waiting.push({ resolve, reject });
+      child.stdin.write(`attach ${p.hostIf} ${p.netnsPath} ${p.gateway} ${p.address}\n`);
+    }).then((line) => {
+      const [verdict, ...rest] = line.split(' ');
+      if (verdict !== 'ok') throw new DsecError('BACKEND_FAILED', `link ${p.hostIf}: ${rest.join(' ') || line}`);
+      return Number(rest[0]);
+    });
+  }
+
+  close(): void {
+    this.child?.stdin.end();
+    this.child = undefined;
   }
 }
 

@@ -14,7 +14,7 @@ import { DEFAULT_NETWORK_POLICY, DsecError, parseCidr } from '@dsec/protocol';
 import type { EventSink, NetworkPolicy } from '@dsec/protocol';
 import { runDirFor } from '../host/runtime-ns.js';
 import { DnsStub } from './dns.js';
-import { EXPLICIT_PROXY_PORT, applyTable, attachVeth, deleteLinks, deleteTable, ensureGateway, linksWithPrefix } from './kernel.js';
+import { EXPLICIT_PROXY_PORT, LinkMaker, applyTable, deleteLinks, deleteTable, ensureGateway, linksWithPrefix } from './kernel.js';
 import { EgressMonitor } from './monitor.js';
 import type { EgressCounts } from './monitor.js';
 import { KernelLog, protocolName } from './nflog.js';
@@ -50,6 +50,8 @@ export interface NodeNetworkDeps {
   home: string;
   /** dsec-nflog (built beside chronus). */
   nflogBinary: string;
+  /** dsec-netlink (built beside chronus). */
+  netlinkBinary: string;
   raise: EventSink;
   /** The egress proxy; without one, sandboxes reach only the DNS stub. */
   startProxy?: StartEgressProxy;
@@ -81,6 +83,7 @@ interface Infra {
   dns: DnsStub;
   proxy: EgressProxyHandle | undefined;
   kernelLog: KernelLog;
+  links: LinkMaker;
   slots: SlotAllocator;
 }
 
@@ -186,10 +189,13 @@ export class NodeNetwork implements SandboxResolver {
     const address = infra.slice.addressOf(slot);
     const hostIf = `${this.ifPrefix}${slot.toString(16)}`;
     try {
-      // A link of a sandbox destroyed long ago may still be on its way out: remove it first.
-      if ((await linksWithPrefix(hostIf)).includes(hostIf)) await deleteLinks([hostIf]);
-      await attachVeth({ hostIf, netnsPath, gateway: infra.slice.gateway, address });
-      const ifindex = Number(await readFile(`/sys/class/net/${hostIf}/ifindex`, 'utf8'));
+      const plan = { hostIf, netnsPath, gateway: infra.slice.gateway, address };
+      const ifindex = await infra.links.attach(plan).catch(async (err: unknown) => {
+        // The link of a sandbox destroyed long ago may still be on its way out: remove it, retry.
+        if (!(err instanceof Error && err.message.includes('File exists'))) throw err;
+        await deleteLinks([hostIf]);
+        return infra.links.attach(plan);
+      });
       const view = await this.compile(id, address, policy);
       await this.save(id, { policy, slot });
       this.register({ id, slot, address, hostIf, ifindex, view });
@@ -378,7 +384,7 @@ export class NodeNetwork implements SandboxResolver {
         logGroup,
         logRatePerSecond: KERNEL_LOG_RATE_PER_SECOND,
       });
-      return { slice, dns, proxy, kernelLog, slots: new SlotAllocator(slice.slots) };
+      return { slice, dns, proxy, kernelLog, links: new LinkMaker(this.deps.netlinkBinary), slots: new SlotAllocator(slice.slots) };
     } catch (err) {
       for (const step of undo.reverse()) await Promise.resolve().then(step).catch(() => undefined);
       throw err;
@@ -426,6 +432,7 @@ export class NodeNetwork implements SandboxResolver {
     this.infraNow = undefined;
     if (!infra) return;
     infra.kernelLog.close();
+    infra.links.close();
     await infra.proxy?.close();
     await infra.dns.close();
     this.resolver.close();
