@@ -3,3 +3,4 @@ export type { ErrorCode, ErrorDetails } from './errors.js';
 export * from './types.js';
 export * from './api.js';
 export * from './events.js';
+export * from './network.js';
