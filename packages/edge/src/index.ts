@@ -14,5 +14,5 @@ export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.j
 export type { FnCallBackendOptions } from './backends/fncall/backend.js';
 export { RUNTIMES } from './backends/fncall/runtimes.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
-export { startEgressProxy, NpmMirrorAdapter, NPM_REGISTRY_HOSTS, isRestrictedAddress, isIpLiteralLike, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX } from './net/proxy/index.js';
-export type { EgressProxyHandle, EgressProxyOptions, EgressProxyPorts, EgressPolicyView, MirrorRouteView, PolicyDecision, PolicyLimits, SandboxResolver, EgressRecord, EgressReason, EgressStats, EgressVia, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';
+export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export type { EgressProxyHandle, EgressProxyOptions, ConnectionRecord, EgressReason, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';

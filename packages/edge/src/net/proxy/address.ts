@@ -1,52 +1,9 @@
-// Names and addresses as the egress proxy sees them: destination parsing (Host header, CONNECT
-// target, SNI), IP-literal detection, and the address ranges a sandbox may not reach unless its
-// policy names them.
-import { BlockList, isIP, isIPv4 } from 'node:net';
+// Destinations as the egress proxy sees them: parsing of Host headers, CONNECT targets and SNI
+// names, and IP-literal detection. (Which addresses may be dialled is the policy's question.)
+import { isIP, isIPv4 } from 'node:net';
 
 /** Longest DNS name accepted as a destination (RFC 1035, without the trailing dot). */
 export const MAX_HOSTNAME_LENGTH = 253;
-
-/**
- * Ranges that are never dialled unless the policy names the address: this host, private
- * networks, carrier-grade NAT, link-local (incl. cloud metadata at 169.254.169.254), ULA,
- * multicast, documentation and reserved blocks, and IPv6 prefixes that embed an IPv4 address
- * which could be one of the above (NAT64, 6to4).
- */
-const FORBIDDEN_V4: Array<[string, number]> = [
-  ['0.0.0.0', 8], // "this network"
-  ['10.0.0.0', 8],
-  ['100.64.0.0', 10], // CGNAT
-  ['127.0.0.0', 8],
-  ['169.254.0.0', 16], // link-local, cloud metadata
-  ['172.16.0.0', 12],
-  ['192.0.0.0', 24], // IETF protocol assignments
-  ['192.0.2.0', 24], // TEST-NET-1
-  ['192.88.99.0', 24], // 6to4 relay anycast
-  ['192.168.0.0', 16],
-  ['198.18.0.0', 15], // benchmarking
-  ['198.51.100.0', 24], // TEST-NET-2
-  ['203.0.113.0', 24], // TEST-NET-3
-  ['224.0.0.0', 4], // multicast
-  ['240.0.0.0', 4], // reserved, broadcast
-];
-const FORBIDDEN_V6: Array<[string, number]> = [
-  ['::', 128], // unspecified
-  ['::1', 128],
-  ['::', 96], // IPv4-compatible (deprecated)
-  ['64:ff9b::', 96], // NAT64
-  ['64:ff9b:1::', 48], // local-use NAT64
-  ['100::', 64], // discard
-  ['2001:db8::', 32], // documentation
-  ['2002::', 16], // 6to4
-  ['fc00::', 7], // unique local
-  ['fe80::', 10], // link-local
-  ['fec0::', 10], // site-local (deprecated)
-  ['ff00::', 8], // multicast
-];
-
-const forbidden = new BlockList();
-for (const [net, bits] of FORBIDDEN_V4) forbidden.addSubnet(net, bits, 'ipv4');
-for (const [net, bits] of FORBIDDEN_V6) forbidden.addSubnet(net, bits, 'ipv6');
 
 /** `::ffff:a.b.c.d` -> `a.b.c.d`; any other address unchanged (lower-cased). */
 export function normalizeAddress(ip: string): string {
@@ -54,18 +11,6 @@ export function normalizeAddress(ip: string): string {
   const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/.exec(lower);
   if (mapped && isIPv4(mapped[1]!)) return mapped[1]!;
   return lower;
-}
-
-/**
- * True when `ip` is in a range a sandbox must not reach by default (loopback, private, CGNAT,
- * link-local, ULA, multicast, reserved). IPv4-mapped IPv6 addresses are judged as IPv4.
- */
-export function isRestrictedAddress(ip: string): boolean {
-  const addr = normalizeAddress(ip);
-  const family = isIP(addr);
-  if (family === 4) return forbidden.check(addr, 'ipv4');
-  if (family === 6) return forbidden.check(addr, 'ipv6');
-  return true; // not an address at all: never dial it
 }
 
 /**

@@ -14,6 +14,7 @@
 //   cannot be filtered without re-signing. Instead `upstreamBase` maps the cutoff to a snapshot
 //   archive (snapshot.debian.org-style `<url>/archive/debian/<YYYYMMDDTHHMMSSZ>/`), whose
 //   content is immutable: every request is `kind: 'other'` with `cache: 'immutable'`.
+import type { NetworkPreset } from '@dsec/protocol';
 
 /** What a request to a mirrored name is, as the adapter sees it. */
 export interface MirrorRequest {
@@ -54,9 +55,11 @@ export interface MirrorTransform {
 /** An ecosystem's mirror logic. Implementations are pure: no I/O. */
 export interface MirrorAdapter {
   /** The preset it serves (`npm`). */
-  readonly preset: string;
+  readonly preset: NetworkPreset;
   /** Public names whose plain-HTTP requests are served from the mirror. */
   readonly hosts: readonly string[];
+  /** The public registry, fetched when a policy's mirror names no upstream. */
+  readonly defaultUpstream: string;
   /** The upstream base for a cutoff (a snapshot archive picks its timestamp here). */
   upstreamBase(url: string, cutoff: Date | undefined): string;
   /** Maps a GET/HEAD of `path` (origin-form, with query) on `host`; undefined: not served (404). */

@@ -2,10 +2,8 @@
 // (`/<name>/-/<base>-<version>.tgz`) are artifacts. Frozen, a packument loses every version whose
 // `time[version]` is after the cutoff (or missing), its dist-tags are repaired, and tarballs of
 // hidden versions are refused.
+import { NETWORK_PRESETS } from '@dsec/protocol';
 import type { MirrorAdapter, MirrorContext, MirrorRequest, MirrorTransform } from './adapter.js';
-
-/** Public names of the npm registry. */
-export const NPM_REGISTRY_HOSTS = ['registry.npmjs.org', 'registry.yarnpkg.com'] as const;
 
 const NAME_PART = /^[a-z0-9~._-][a-z0-9~._-]*$/i;
 const SCOPE_PART = /^@[a-z0-9~-][a-z0-9~._-]*$/i;
@@ -49,7 +47,8 @@ const isObject = (v: unknown): v is Json => typeof v === 'object' && v !== null 
 /** The npm adapter. */
 export class NpmMirrorAdapter implements MirrorAdapter {
   readonly preset = 'npm';
-  readonly hosts: readonly string[] = NPM_REGISTRY_HOSTS;
+  readonly hosts: readonly string[] = NETWORK_PRESETS.npm;
+  readonly defaultUpstream = 'https://registry.npmjs.org/';
 
   upstreamBase(url: string): string {
     return url.endsWith('/') ? url : url + '/';

@@ -3,7 +3,7 @@
 // they get.
 import { readFile } from 'node:fs/promises';
 import type { Readable } from 'node:stream';
-import type { MirrorRouteView } from '../policy.js';
+import type { Mirror, NetworkPreset } from '@dsec/protocol';
 import type { MirrorAdapter, MirrorContext, MirrorRequest, MirrorTransform } from './adapter.js';
 import { DEFAULT_MIRROR_FETCH_TIMEOUT_MS, MirrorCache, upstreamGet } from './cache.js';
 import type { MirrorCacheOptions, MirrorCacheStats, MirrorObject } from './cache.js';
@@ -21,8 +21,9 @@ export interface MirrorServiceOptions extends Omit<MirrorCacheOptions, 'dir'> {
   /** Directory of the on-disk cache (under the edge home). */
   cacheDir: string;
   /**
-   * Origins (`http://mirror.internal:4873`) the proxy may fetch mirrors from. A policy's mirror
-   * URL on any other origin is refused: the node fetches it, so its operator decides. Default: none.
+   * Origins (`http://mirror.internal:4873`) a policy's mirror may name as its upstream, besides
+   * each ecosystem's public registry. Any other upstream is refused: the node fetches it, so the
+   * node's operator decides where from. Default: none (public registries only).
    */
   origins?: readonly string[];
   /** Metadata TTL for unfrozen mirrors in ms. Default {@link DEFAULT_METADATA_TTL_MS}. */
@@ -43,10 +44,30 @@ export interface MirrorResponse {
   detail: string;
 }
 
-/** A mirror route of a policy matched to its adapter. */
+/** A mirror of a policy matched to its adapter. */
 export interface MirrorMatch {
-  route: MirrorRouteView;
+  preset: NetworkPreset;
+  mirror: Mirror;
   adapter: MirrorAdapter;
+}
+
+/** The adapters a node has unless told otherwise. */
+export function defaultMirrorAdapters(): MirrorAdapter[] {
+  return [new NpmMirrorAdapter()];
+}
+
+/** The mirror of `mirrors` (a policy's, by preset) that serves `host`, if any. */
+export function matchMirror(adapters: readonly MirrorAdapter[], mirrors: Readonly<Partial<Record<NetworkPreset, Mirror>>>, host: string): MirrorMatch | undefined {
+  for (const adapter of adapters) {
+    const mirror = mirrors[adapter.preset];
+    if (mirror && adapter.hosts.includes(host)) return { preset: adapter.preset, mirror, adapter };
+  }
+  return undefined;
+}
+
+/** Where a mirror fetches from: its upstream, or the ecosystem's public registry. */
+export function upstreamOf(m: MirrorMatch): string {
+  return m.mirror.upstream ?? m.adapter.defaultUpstream;
 }
 
 const text = (status: number, message: string, extra: Partial<MirrorResponse> = {}): MirrorResponse => ({
@@ -59,7 +80,6 @@ const text = (status: number, message: string, extra: Partial<MirrorResponse> = 
 
 /** The node's package mirrors. */
 export class MirrorService {
-  private readonly adapters = new Map<string, MirrorAdapter>();
   private readonly origins: Set<string>;
   private readonly metadataTtlMs: number;
   private readonly fetchTimeoutMs: number;
@@ -70,7 +90,6 @@ export class MirrorService {
     readonly cache: MirrorCache,
     opts: MirrorServiceOptions,
   ) {
-    for (const a of opts.adapters ?? [new NpmMirrorAdapter()]) this.adapters.set(a.preset, a);
     this.origins = new Set((opts.origins ?? []).map((o) => new URL(o).origin));
     this.metadataTtlMs = opts.metadataTtlMs ?? DEFAULT_METADATA_TTL_MS;
     this.fetchTimeoutMs = opts.fetchTimeoutMs ?? DEFAULT_MIRROR_FETCH_TIMEOUT_MS;
@@ -87,20 +106,12 @@ export class MirrorService {
     return this.cache.stats();
   }
 
-  /** The mirror route of `routes` that serves `host`, if any. */
-  match(routes: readonly MirrorRouteView[] | undefined, host: string): MirrorMatch | undefined {
-    for (const route of routes ?? []) {
-      const adapter = this.adapters.get(route.preset);
-      if (adapter?.hosts.includes(host)) return { route, adapter };
-    }
-    return undefined;
-  }
-
-  /** Whether the node may fetch from `url` (its origin is configured). */
-  originAllowed(url: string): boolean {
+  /** Whether the node may fetch the mirror's upstream (the public registry or a configured origin). */
+  upstreamAllowed(m: MirrorMatch): boolean {
     try {
-      const u = new URL(url);
-      return (u.protocol === 'http:' || u.protocol === 'https:') && this.origins.has(u.origin);
+      const u = new URL(upstreamOf(m));
+      if (u.protocol !== 'http:' && u.protocol !== 'https:') return false;
+      return u.origin === new URL(m.adapter.defaultUpstream).origin || this.origins.has(u.origin);
     } catch {
       return false;
     }
@@ -109,12 +120,12 @@ export class MirrorService {
   /** Serves a GET or HEAD of `path` on the public name `publicBase` from the route's mirror. */
   async serve(m: MirrorMatch, method: string, host: string, publicBase: string, path: string): Promise<MirrorResponse> {
     if (method !== 'GET' && method !== 'HEAD') return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
-    if (!this.originAllowed(m.route.url)) return text(502, `mirror ${m.route.url} is not configured on this node`);
+    if (!this.upstreamAllowed(m)) return text(502, `mirror upstream ${upstreamOf(m)} is not configured on this node`);
     const req = m.adapter.classify(host, path);
     if (!req) return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
-    const cutoff = m.route.cutoff !== undefined ? new Date(m.route.cutoff) : undefined;
-    if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror cutoff is not a date: ${m.route.cutoff}`);
-    const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(m.route.url, cutoff), ...(cutoff ? { cutoff } : {}) };
+    const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
+    if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
+    const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff), ...(cutoff ? { cutoff } : {}) };
     try {
       switch (req.kind) {
         case 'metadata':
