@@ -20,10 +20,11 @@ import { episodeScenario } from './scenarios/episode.js';
 import { execScenario } from './scenarios/exec.js';
 import { fncallScenario } from './scenarios/fncall.js';
 import { networkScenario } from './scenarios/network.js';
+import { proxyScenario } from './scenarios/proxy.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 
-const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, networkScenario];
+const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, networkScenario, proxyScenario];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
 const QUICK_DENSITY = 20;

@@ -23,9 +23,7 @@ export type {
   EgressLogEntry,
   EgressLogSink,
   EgressPolicyView,
-  EgressProxyHandle,
   EgressProxyLimits,
-  EgressProxyOptions,
   EgressProxyPorts,
   EgressStats,
   EgressVerdict,
@@ -34,3 +32,5 @@ export type {
   SandboxResolver,
   StartEgressProxy,
 } from './net/types.js';
+export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export type { EgressProxyHandle, EgressProxyOptions, ConnectionRecord, EgressReason, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';
