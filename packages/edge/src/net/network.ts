@@ -7,7 +7,7 @@
 //
 // The node-wide parts (address slice, gateway, table, DNS stub, proxy, kernel log reader) are
 // set up when the first sandbox needs them, so nodes without networked sandboxes pay nothing.
-import { readFile, mkdir, rm, rename, writeFile, readdir } from 'node:fs/promises';
+import { readFile, mkdir, rm, rename, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_NETWORK_POLICY, DsecError, parseCidr } from '@dsec/protocol';
@@ -24,7 +24,9 @@ import type { NodeAddressing, Range } from './policy.js';
 import { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX, SlotAllocator, claimSlice, releaseSlice } from './pool.js';
 import type { NetworkSlice } from './pool.js';
 import { HostsResolver } from './resolver.js';
-import type { EgressLogEntry, EgressPolicyView, EgressProxyHandle, EgressProxyLimits, EgressStats, SandboxResolver, StartEgressProxy } from './types.js';
+import { startEgressProxy } from './proxy/index.js';
+import type { EgressProxyHandle, MirrorServiceOptions } from './proxy/index.js';
+import type { EgressLogEntry, EgressPolicyView, EgressProxyLimits, EgressStats, SandboxResolver } from './types.js';
 
 /** Logged kernel denials per second per sandbox (bursts of twice that). */
 export const KERNEL_LOG_RATE_PER_SECOND = 50;
@@ -43,6 +45,8 @@ export interface NetworkOptions {
   nameservers?: string[];
   /** Per-sandbox limits of the egress proxy. */
   proxyLimits?: Partial<EgressProxyLimits>;
+  /** Package mirrors: origins a policy's mirror may name, cache size, TTL (cache under `<home>/net/mirrors`). */
+  mirrors?: Omit<MirrorServiceOptions, 'cacheDir'>;
 }
 
 /** What {@link NodeNetwork} needs besides {@link NetworkOptions}. */
@@ -53,8 +57,6 @@ export interface NodeNetworkDeps {
   /** dsec-netlink (built beside chronus). */
   netlinkBinary: string;
   raise: EventSink;
-  /** The egress proxy; without one, sandboxes reach only the DNS stub. */
-  startProxy?: StartEgressProxy;
 }
 
 /** What a sandbox's network looks like now. */
@@ -81,7 +83,7 @@ interface Linked {
 interface Infra {
   slice: NetworkSlice;
   dns: DnsStub;
-  proxy: EgressProxyHandle | undefined;
+  proxy: EgressProxyHandle;
   kernelLog: KernelLog;
   links: LinkMaker;
   slots: SlotAllocator;
@@ -303,7 +305,10 @@ export class NodeNetwork implements SandboxResolver {
     const proxy = l ? this.proxyUrl() : undefined;
     if (!proxy) return undefined;
     const noProxy = 'localhost,127.0.0.1,::1';
-    return { HTTP_PROXY: proxy, HTTPS_PROXY: proxy, http_proxy: proxy, https_proxy: proxy, NO_PROXY: noProxy, no_proxy: noProxy };
+    const env: Record<string, string> = { HTTP_PROXY: proxy, HTTPS_PROXY: proxy, http_proxy: proxy, https_proxy: proxy, NO_PROXY: noProxy, no_proxy: noProxy };
+    // A mirror answers only plain HTTP (the proxy does not terminate TLS): point npm at it.
+    if (l?.view.mirrors.npm) env.npm_config_registry = 'http://registry.npmjs.org/';
+    return env;
   }
 
   private proxyUrl(): string | undefined {
@@ -368,10 +373,16 @@ export class NodeNetwork implements SandboxResolver {
       const record = (e: EgressLogEntry): void => this.monitor.record(e);
       const dns = await DnsStub.start({ address: slice.gateway, sandboxes: this, resolver: this.resolver, log: record });
       undo.push(() => dns.close());
-      const proxy = this.deps.startProxy
-        ? await this.deps.startProxy({ address: slice.gateway, sandboxes: this, resolver: this.resolver, log: record, raise: this.deps.raise, ...(this.o.proxyLimits ? { limits: this.o.proxyLimits } : {}) })
-        : undefined;
-      if (proxy) undo.push(() => proxy.close());
+      const proxy = await startEgressProxy({
+        address: slice.gateway,
+        sandboxes: this,
+        resolver: this.resolver,
+        log: record,
+        raise: this.deps.raise,
+        mirrors: { ...this.o.mirrors, cacheDir: path.join(this.stateDir, 'mirrors') },
+        ...(this.o.proxyLimits ? { limits: this.o.proxyLimits } : {}),
+      });
+      undo.push(() => proxy.close());
       const logGroup = 20_000 + ((slice.range.base >>> (32 - slice.range.prefix)) % 40_000);
       const kernelLog = new KernelLog(this.deps.nflogBinary, logGroup, (p) => this.kernelDenied(p));
       await kernelLog.start();
@@ -380,7 +391,7 @@ export class NodeNetwork implements SandboxResolver {
         table: this.table,
         ifPrefix: this.ifPrefix,
         gateway: slice.gateway,
-        ports: { dns: dns.port, ...(proxy ? { http: proxy.ports.http, transparentHttp: proxy.ports.transparentHttp, transparentTls: proxy.ports.transparentTls } : {}) },
+        ports: { dns: dns.port, http: proxy.ports.http, transparentHttp: proxy.ports.transparentHttp, transparentTls: proxy.ports.transparentTls },
         logGroup,
         logRatePerSecond: KERNEL_LOG_RATE_PER_SECOND,
       });
@@ -445,8 +456,7 @@ export class NodeNetwork implements SandboxResolver {
     if (this.claimed || (await linksWithPrefix(this.ifPrefix)).length > 0) await purgeHome(this.deps.home);
     if (this.claimed) await releaseSlice(this.deps.home, this.claimed);
     this.claimed = undefined;
-    const files = await readdir(this.stateDir).catch(() => [] as string[]);
-    for (const f of files) await rm(path.join(this.stateDir, f), { force: true });
+    await rm(this.stateDir, { recursive: true, force: true });
   }
 }
 
