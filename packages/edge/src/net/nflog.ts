@@ -35,14 +35,16 @@ export function protocolName(n: number): string {
   return ({ 1: 'icmp', 6: 'tcp', 17: 'udp', 58: 'icmpv6', 132: 'sctp' } as Record<number, string>)[n] ?? `ip-proto-${n}`;
 }
 
-/** Delay before restarting a reader that died. */
+/** Delay before restarting a reader that died; doubled after each quick death, up to the max. */
 const RESTART_DELAY_MS = 1000;
+const MAX_RESTART_DELAY_MS = 60_000;
 
 /** A running dsec-nflog, restarted if it dies, until closed. */
 export class KernelLog {
   private child: ChildProcessByStdio<null, Readable, Readable> | undefined;
   private closed = false;
   private timer: NodeJS.Timeout | undefined;
+  private delayMs = RESTART_DELAY_MS;
   /** The last failure (for diagnostics): the reader's stderr or exit. */
   lastError: string | undefined;
 
@@ -66,6 +68,7 @@ export class KernelLog {
       lines.on('line', (line) => {
         if (!ready && line.startsWith('ready ')) {
           ready = true;
+          this.delayMs = RESTART_DELAY_MS;
           resolve();
           return;
         }
@@ -80,8 +83,9 @@ export class KernelLog {
         if (!ready) resolve();
         if (this.child === child) this.child = undefined;
         if (!this.closed) {
-          this.timer = setTimeout(() => void this.start(), RESTART_DELAY_MS);
+          this.timer = setTimeout(() => void this.start(), this.delayMs);
           this.timer.unref();
+          if (!ready) this.delayMs = Math.min(this.delayMs * 2, MAX_RESTART_DELAY_MS);
         }
       });
     });

@@ -103,7 +103,7 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
       for (const r of rules) {
         if ((r.ports === 'default' ? DEFAULT_PORTS : r.ports).has(port)) return { allowed: true, rule: r.rule };
       }
-      return { allowed: false, rule: rules[0]?.rule, reason: `port ${port} not allowed by ${rules.map((r) => r.rule).join(', ')}` } as EgressVerdict;
+      return { allowed: false, reason: `port ${port} not allowed by ${rules.map((r) => r.rule).join(', ')}` };
     },
     allowsName(host: string): EgressVerdict {
       if (policy.mode !== 'allowlist') return { allowed: false, reason: 'network mode is none' };
