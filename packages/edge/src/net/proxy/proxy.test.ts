@@ -119,6 +119,34 @@ describe('egress proxy', () => {
     }
   });
 
+  test('Upgrade requests are decided, then spliced', async () => {
+    for (const [port, target, host] of [
+      [proxy.ports.http, `http://api.test:${up.port}/ws`, undefined],
+      [proxy.ports.transparentHttp, '/ws', 'api.test'],
+    ] as const) {
+      const socket = await new Promise<net.Socket>((resolve, reject) => {
+        const req = http.request({ host: '127.0.0.1', port, localAddress: SANDBOX_A, path: target, agent: false, headers: { connection: 'Upgrade', upgrade: 'echo', ...(host ? { host } : {}) } });
+        req.on('upgrade', (res, s: net.Socket) => {
+          assert.equal(res.headers['x-seen-host'], `api.test:${up.port}`);
+          resolve(s);
+        });
+        req.on('response', (res) => reject(new Error(`status ${res.statusCode}`)));
+        req.on('error', reject);
+        req.end();
+      });
+      assert.equal(await exchangeLine(socket, 'over the upgrade'), 'over the upgrade');
+      socket.destroy();
+    }
+    const denied = await new Promise<number>((resolve, reject) => {
+      const req = http.request({ host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://evil.test:${up.port}/ws`, agent: false, headers: { connection: 'Upgrade', upgrade: 'echo' } });
+      req.on('upgrade', () => reject(new Error('upgraded')));
+      req.on('response', (res) => resolve(res.statusCode ?? 0));
+      req.on('error', reject);
+      req.end();
+    });
+    assert.equal(denied, 403);
+  });
+
   test('TLS through the transparent port: SNI routes it, the handshake runs end to end', async () => {
     const s = tlsFrom(SANDBOX_A, proxy.ports.transparentTls, { servername: 'secure.test', ca: cert.cert });
     await new Promise<void>((resolve, reject) => s.once('secureConnect', resolve).once('error', reject));

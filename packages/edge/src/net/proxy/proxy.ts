@@ -111,8 +111,9 @@ const ABSOLUTE_HTTP = /^http:\/\/([^/?#]*)(.*)$/i;
 /** Where an unknown destination is logged (a refusal before any destination was read). */
 const NOWHERE: Destination = { host: '*', port: 0 };
 
-function plainReply(socket: Socket, status: string, body: string): void {
-  if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+function plainReply(socket: Socket, status: string, body: string, reason?: EgressReason): void {
+  const extra = reason ? `X-Dsec-Egress: denied; reason=${reason}\r\n` : '';
+  if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`);
   else socket.destroy();
 }
 
@@ -431,6 +432,12 @@ class EgressProxy implements EgressProxyHandle {
       return;
     }
     const { record, socket: upstream } = opened;
+    if (res.destroyed) {
+      // The client left while the name was resolved and dialled.
+      upstream.destroy();
+      this.log.closed(record);
+      return;
+    }
     const buckets = this.bucketsOf(view.sandboxId);
     const out = new Throttle(buckets.out, (n) => this.log.addBytes(record, 'out', n));
     const inn = new Throttle(buckets.in, (n) => this.log.addBytes(record, 'in', n));
@@ -475,6 +482,11 @@ class EgressProxy implements EgressProxyHandle {
       ...(answer.hidden ? { reason: 'mirror-hidden' as const } : {}),
       detail: `${req.method} ${path.slice(0, 200)}: ${answer.status} ${answer.detail}`,
     });
+    if (res.destroyed) {
+      if (answer.body instanceof Readable) answer.body.destroy();
+      this.log.closed(record);
+      return;
+    }
     const inn = new Throttle(this.bucketsOf(at.sandboxId).in, (n) => this.log.addBytes(record, 'in', n));
     const headers: Record<string, string | number> = { ...answer.headers, 'x-dsec-mirror': m.mirror.freeze ? `${m.preset}; freeze=${m.mirror.freeze}` : m.preset };
     let body: Readable | undefined;
@@ -517,7 +529,7 @@ class EgressProxy implements EgressProxyHandle {
     }
     void this.tunnel('connect', socket, source, dest, head, {
       allowed: () => socket.write('HTTP/1.1 200 Connection Established\r\n\r\n'),
-      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r)),
+      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r), r.reason),
       failed: (detail) => plainReply(socket, '502 Bad Gateway', `dsec egress: ${formatDestination(dest)}: ${detail}\n`),
     });
   }
@@ -535,7 +547,7 @@ class EgressProxy implements EgressProxyHandle {
     const first = Buffer.concat([upgradeHead(req, target.path, target.authority), head]);
     void this.tunnel(via, socket, source, target.dest, first, {
       allowed: noop,
-      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r)),
+      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r), r.reason),
       failed: (detail) => plainReply(socket, '502 Bad Gateway', `dsec egress: ${formatDestination(target.dest)}: ${detail}\n`),
     });
   }

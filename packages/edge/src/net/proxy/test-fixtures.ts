@@ -120,11 +120,25 @@ export async function startHttpUpstream(): Promise<{ port: number; hits: number;
       res.end(payload);
     });
   });
+  // Upgrade: answers 101, then echoes what it gets.
+  server.on('upgrade', (req: http.IncomingMessage, socket: net.Socket, head: Buffer) => {
+    state.hits++;
+    socket.write(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Seen-Host: ${req.headers.host}\r\n\r\n`);
+    if (head.length) socket.write(head);
+    socket.on('data', (d: Buffer) => socket.write(d));
+    socket.on('end', () => socket.end());
+    socket.on('error', () => {});
+  });
+  const sockets = new Set<net.Socket>();
+  server.on('connection', (s: net.Socket) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   state.port = (server.address() as net.AddressInfo).port;
   state.close = () => new Promise<void>((r) => {
-    server.closeAllConnections();
+    for (const s of sockets) s.destroy(); // upgraded ones included
     server.close(() => r());
   });
   return state;
