@@ -20,11 +20,13 @@ import { densityScenario } from './scenarios/density.js';
 import { episodeScenario } from './scenarios/episode.js';
 import { execScenario } from './scenarios/exec.js';
 import { fncallScenario } from './scenarios/fncall.js';
+import { networkScenario } from './scenarios/network.js';
+import { proxyScenario } from './scenarios/proxy.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 
-const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, batchScenario, snapshotScenario];
+const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, batchScenario, snapshotScenario, networkScenario, proxyScenario];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
 const QUICK_DENSITY = 20;

@@ -15,7 +15,12 @@ import {
   CallRequestSchema,
   CreateKeyRequestSchema,
   CreateProjectRequestSchema,
+  ApplyNetworkRequestSchema,
   CreateSandboxRequestSchema,
+  DEFAULT_NETWORK_LOG_LIMIT,
+  DEFAULT_NETWORK_POLICY,
+  MAX_NETWORK_APPLY_SANDBOXES,
+  NetworkLogQuerySchema,
   DEFAULT_CPU,
   DEFAULT_DISK_MIB,
   DEFAULT_MEMORY_MIB,
@@ -42,13 +47,16 @@ import type {
   CallBatchResult,
   CallRequest,
   CallResult,
+  ApplyNetworkResult,
   CreateSandboxBatchResult,
+  EgressLogEntryBody,
   EventSink,
   ForkResult,
   GrantedResources,
   ImageSpec,
   ItemError,
   Layer,
+  NetworkPolicy,
   LayerInfo,
   LayerKind,
   NodeBody,
@@ -59,6 +67,7 @@ import type {
   ReplayResult,
   ReplayStep,
   Sandbox,
+  SandboxNetwork,
   SandboxRequest,
   SandboxSpec,
   Trajectory,
@@ -97,6 +106,8 @@ export function parseInput<T>(schema: z.ZodType<T>, value: unknown, prefix = '')
 }
 
 const DIGEST_RE = /^(sha256:)?[0-9a-f]{64}$/;
+/** Sandboxes whose policy `network:apply` changes at once. */
+const NETWORK_APPLY_CONCURRENCY = 8;
 /** States from which a sandbox may be destroyed. */
 const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
 /** Creates of one batch that run at once (the node's cores, not the batch size, set the pace). */
@@ -295,6 +306,7 @@ export class ControlPlane implements PoolHost {
     if (req.labels) spec.labels = req.labels;
     if (req.protect) spec.protect = req.protect;
     if (req.security) spec.security = req.security;
+    if (req.network) spec.network = req.network;
     if (this.tighten) spec = await this.tighten(projectId, spec);
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];
@@ -744,6 +756,7 @@ export class ControlPlane implements PoolHost {
       resources: spec.resources,
       labels: row.labels,
       envKeys: Object.keys(spec.env ?? {}),
+      network: spec.network ?? DEFAULT_NETWORK_POLICY,
       createdAt: row.created_at,
       expiresAt: row.expires_at,
       ...(spec.protect ? { protect: spec.protect } : {}),
@@ -1076,6 +1089,92 @@ export class ControlPlane implements PoolHost {
       result.error = { code: e.code, message: e.message };
     }
     result.summary = summarize(result.steps);
+    return result;
+  }
+
+  // ---- networks ----
+
+  /** Network changes of one sandbox run one after another (the stored policy follows the last). */
+  private readonly networkChains = new Map<string, Promise<unknown>>();
+
+  private serialNetwork<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.networkChains.get(id) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.networkChains.set(id, tail);
+    void tail.then(() => {
+      if (this.networkChains.get(id) === tail) this.networkChains.delete(id);
+    });
+    return next;
+  }
+
+  /** Replaces (`replace`) or patches a sandbox's network policy on its node, then records it. */
+  async changeNetwork(p: Principal, id: string, body: unknown, how: 'replace' | 'patch'): Promise<SandboxNetwork> {
+    const { row, edge } = await this.route(p, id);
+    return this.changeNetworkOf(row, edge, body, how);
+  }
+
+  private changeNetworkOf(row: SandboxTable, edge: EdgeClient, body: unknown, how: 'replace' | 'patch'): Promise<SandboxNetwork> {
+    return this.serialNetwork(row.id, async () => {
+      const info = how === 'replace' ? await edge.setNetwork(row.id, body) : await edge.patchNetwork(row.id, body);
+      const spec = JSON.parse((await this.store.sandboxOnly(row.id))?.spec ?? row.spec) as Record<string, unknown>;
+      await this.store.setSandboxSpec(row.id, JSON.stringify({ ...spec, network: info.policy }));
+      return info as SandboxNetwork;
+    });
+  }
+
+  /** A sandbox's network: policy, addresses, counters. */
+  async getNetwork(p: Principal, id: string): Promise<SandboxNetwork> {
+    const { row, edge } = await this.route(p, id, 'viewer');
+    return edge.networkInfo(row.id) as SandboxNetwork;
+  }
+
+  /** The latest egress attempts of a sandbox, oldest first. */
+  async networkLog(p: Principal, id: string, query: unknown): Promise<EgressLogEntryBody[]> {
+    const q = parseInput(NetworkLogQuerySchema, query, 'query');
+    const { row, edge } = await this.route(p, id, 'viewer');
+    return edge.networkLog(row.id, q.limit ?? DEFAULT_NETWORK_LOG_LIMIT);
+  }
+
+  /**
+   * Replaces or patches the policy of every visible sandbox carrying the selector's labels (a
+   * whole training job). Each sandbox changes atomically; one that fails keeps its old policy
+   * and is reported.
+   */
+  async applyNetwork(p: Principal, body: unknown): Promise<ApplyNetworkResult> {
+    requireRole(p, 'member');
+    const req = parseInput(ApplyNetworkRequestSchema, body);
+    const labels = Object.entries(req.selector.labels);
+    const rows: SandboxRow[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.store.listSandboxes({ projectIds: [...p.visibleProjects], labels, limit: 1000, ...(after ? { after } : {}) });
+      rows.push(...page);
+      if (rows.length > MAX_NETWORK_APPLY_SANDBOXES) {
+        throw invalidArgument('selector.labels', `matches more than ${MAX_NETWORK_APPLY_SANDBOXES} sandboxes; narrow it`);
+      }
+      if (page.length < 1000) break;
+      after = page[page.length - 1]?.id;
+    }
+    const change = req.policy ?? req.patch;
+    const how = req.policy ? 'replace' : 'patch';
+    const result: ApplyNetworkResult = { matched: rows.length, applied: [], failed: [] };
+    const work = [...rows];
+    const worker = async (): Promise<void> => {
+      for (let row = work.shift(); row; row = work.shift()) {
+        try {
+          const node = this.nodes.get(row.node);
+          if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
+          if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}`);
+          const info = await this.changeNetworkOf(row, node.client, change, how);
+          result.applied.push({ id: row.id, network: info.policy as NetworkPolicy });
+        } catch (err) {
+          const e = err instanceof DsecError ? err : new DsecError('INTERNAL', (err as Error).message);
+          result.failed.push({ id: row.id, error: { code: e.code, message: e.message } });
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(NETWORK_APPLY_CONCURRENCY, work.length) }, worker));
     return result;
   }
 

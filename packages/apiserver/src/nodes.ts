@@ -38,6 +38,10 @@ export type EdgeClient = Pick<
   | 'layers'
   | 'calls'
   | 'collectGarbage'
+  | 'setNetwork'
+  | 'patchNetwork'
+  | 'networkInfo'
+  | 'networkLog'
 >;
 
 /** A node as the control plane tracks it. */

@@ -4,7 +4,7 @@ import * as api from '@dsec/protocol';
 
 type Schema = z.ZodType;
 interface Route {
-  method: 'get' | 'post' | 'put' | 'delete';
+  method: 'get' | 'post' | 'put' | 'patch' | 'delete';
   path: string;
   summary: string;
   body?: Schema | 'binary';
@@ -30,6 +30,11 @@ const ROUTES: Route[] = [
   { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
   { method: 'get', path: '/v1/sandboxes/{id}/diff', summary: 'Files added, changed and deleted against the layers, with sha256', query: api.DiffQuerySchema, reply: api.DiffResultSchema },
   { method: 'post', path: '/v1/sandboxes/{id}/verify', summary: 'Integrity check: sha256 of named paths', body: api.VerifyRequestSchema, reply: api.VerifyResultSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/network', summary: 'Network policy, addresses and counters of a sandbox', reply: api.SandboxNetworkSchema },
+  { method: 'put', path: '/v1/sandboxes/{id}/network', summary: 'Replace the network policy of a sandbox', body: api.NetworkPolicySchema, reply: api.SandboxNetworkSchema },
+  { method: 'patch', path: '/v1/sandboxes/{id}/network', summary: 'Patch the network policy of a sandbox', body: api.NetworkPolicyPatchSchema, reply: api.SandboxNetworkSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/network/log', summary: 'Latest egress attempts of a sandbox with their verdicts', query: api.NetworkLogQuerySchema, reply: page(api.EgressLogEntrySchema) },
+  { method: 'post', path: '/v1/network:apply', summary: 'Replace or patch the network policy of every sandbox matching a label selector', body: api.ApplyNetworkRequestSchema, reply: api.ApplyNetworkResultSchema },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },

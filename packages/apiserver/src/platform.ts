@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
-import type { NodeGarbageReport } from '@dsec/edge';
+import type { NetworkOptions, NodeGarbageReport } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
@@ -54,6 +54,8 @@ export interface PlatformOptions {
   watch?: WatchServiceOptions;
   /** A user namespace per container sandbox (default true; `DSEC_USERNS=0` turns it off). */
   userNamespaces?: boolean;
+  /** Sandbox networking of the node (address pool, static hosts, resolvers). */
+  network?: NetworkOptions;
 }
 
 /** A running platform. */
@@ -98,7 +100,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   await mkdir(home, { recursive: true, mode: 0o700 });
 
   const userNamespaces = opts.userNamespaces ?? process.env.DSEC_USERNS !== '0';
-  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), userNamespaces });
+  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), userNamespaces, ...(opts.network ? { network: opts.network } : {}) });
   const sqlite = new Database(path.join(home, 'dsec.db'));
   const store = await StateStore.openSqlite(sqlite);
   const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];

@@ -75,6 +75,8 @@ export interface Backend {
    * overlayfs whiteouts. Backends whose writable state is not a host directory (VMs) omit it.
    */
   upperDir?(id: string): string;
+  /** Path of the sandbox's network namespace (where edge puts its link); absent: no network. */
+  netnsPath?(id: string): Promise<string>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

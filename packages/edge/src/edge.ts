@@ -4,8 +4,8 @@ import { randomBytes } from 'node:crypto';
 import { access, chmod, mkdir, readFile } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DiffOptionsSchema, DsecError, ExecSpecSchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, VerifyRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import { DiffOptionsSchema, DsecError, ExecSpecSchema, NetworkPolicyPatchSchema, NetworkPolicySchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, VerifyRequestSchema, applyNetworkPatch, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
+import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, NetworkPolicy, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
@@ -23,6 +23,9 @@ import { diffLayers, verifyLayers } from './diff.js';
 import type { SandboxLayersView } from './diff.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
+import { NodeNetwork } from './net/network.js';
+import type { NetworkOptions, SandboxNetworkInfo } from './net/network.js';
+import type { EgressLogEntry } from './net/types.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
 export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
@@ -43,6 +46,8 @@ export interface EdgeOptions {
   cgroupParent?: string;
   /** Most sandboxes this node admits. Default {@link DEFAULT_MAX_SANDBOXES}. */
   maxSandboxes?: number;
+  /** Sandbox networking: address pool, static hosts, resolvers, proxy limits. */
+  network?: NetworkOptions;
   /**
    * Runs each container sandbox in a user namespace of its own (root inside is an unprivileged
    * host uid from a range of 65,536 ids). Default true.
@@ -169,6 +174,8 @@ export class Edge {
     private readonly maxSandboxes: number,
     /** Stateless function calls (the fncall backend's pools). */
     readonly calls: FnCallBackend,
+    /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
+    readonly network: NodeNetwork,
   ) {}
 
   /** What this node offers to the scheduler. */
@@ -222,7 +229,13 @@ export class Edge {
     });
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls);
+    const network = new NodeNetwork(opts.network ?? {}, {
+      home,
+      nflogBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-nflog'),
+      netlinkBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-netlink'),
+      raise: (ev) => raise(ev),
+    });
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network);
     raise = (ev) => edge.raise(ev);
     edge.monitor = new SecurityMonitor({
       raise: (ev) => edge.raise(ev),
@@ -233,6 +246,10 @@ export class Edge {
       for (const record of await backend.recover()) {
         edge.sandboxes.set(record.id, edge.newEntry(record, backend));
         edge.track(record, backend);
+        await network.recover(record.id, record.spec.network, () => edge.netnsPath(record.id)).catch((err: unknown) => {
+          // Its network cannot be put back: it keeps none (closed), and the failure is told.
+          edge.raise({ kind: 'sandbox.lost', severity: 'warning', sandboxId: record.id, message: `network of ${record.id} not restored: ${(err as Error).message}` });
+        });
       }
     }
     // What a crashed edge left behind and recovery did not adopt: containers without a
@@ -440,10 +457,13 @@ export class Edge {
       });
       layers.push(layer);
     }
+    const networked = spec.network?.mode === 'allowlist';
+    if (networked && !backend.netnsPath) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
     this.creating.add(id);
     let record: BackendSandbox;
     try {
       record = await backend.create({ id, spec, layers }, opts.signal);
+      if (networked) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network as NetworkPolicy));
     } finally {
       this.creating.delete(id);
     }
@@ -453,6 +473,7 @@ export class Edge {
       // A watch that was asked for and cannot be set up: no sandbox rather than an unwatched one.
       this.untrack(id);
       await backend.destroy(id).catch(() => undefined);
+      await this.network.remove(id).catch(() => undefined);
       throw new DsecError('BACKEND_FAILED', `protect.watch: cannot watch the sandbox's writable layer: ${(err as Error).message}`, { sandboxId: id });
     }
     this.sandboxes.set(id, this.newEntry(record, backend));
@@ -487,6 +508,65 @@ export class Edge {
       e.record = { ...e.record, spec: { ...e.record.spec, ...claim } };
     }
     return this.toInfo(e);
+  }
+
+  /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */
+  private async joinNetwork(backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
+    try {
+      await this.network.apply(id, policy, () => (backend.netnsPath as (id: string) => Promise<string>).call(backend, id));
+      await this.writeResolvConf(backend, id);
+    } catch (err) {
+      await backend.destroy(id).catch(() => undefined);
+      await this.network.remove(id).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Points a networked sandbox's resolver at the gateway's DNS stub. */
+  private async writeResolvConf(backend: Backend, id: string): Promise<void> {
+    const conf = this.network.resolvConf(id);
+    if (conf) await (await backend.agent(id)).writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
+  }
+
+  /** The network namespace of a running sandbox. */
+  private netnsPath(id: string): Promise<string> {
+    const e = this.entry(id);
+    if (!e.backend.netnsPath) throw invalidArgument('network.mode', `the ${e.record.backend} backend has no network; use mode none`);
+    return e.backend.netnsPath(id);
+  }
+
+  /** Replaces a sandbox's network policy; in force for new connections when this returns. */
+  async setNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
+    const policy = normalizeNetworkPolicy(parse(NetworkPolicySchema, input, 'network'));
+    return this.changeNetwork(id, () => policy);
+  }
+
+  /** Patches a sandbox's network policy (add or remove rules, presets, addresses, mirrors). */
+  async patchNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
+    const patch = parse(NetworkPolicyPatchSchema, input, 'network');
+    return this.changeNetwork(id, (current) => normalizeNetworkPolicy(parse(NetworkPolicySchema, applyNetworkPatch(current, patch), 'network')));
+  }
+
+  private async changeNetwork(id: string, next: (current: NetworkPolicy) => NetworkPolicy): Promise<SandboxNetworkInfo> {
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    const wasLinked = this.network.resolvConf(id) !== undefined;
+    const policy = await this.network.apply(id, next, () => this.netnsPath(id));
+    e.record = { ...e.record, spec: { ...e.record.spec, network: policy } };
+    if (!wasLinked) await this.writeResolvConf(e.backend, id).catch(() => undefined);
+    return this.network.info(id);
+  }
+
+  /** A sandbox's network: policy, addresses, traffic and attempt counters. */
+  networkInfo(id: string): SandboxNetworkInfo {
+    this.entry(id);
+    return this.network.info(id);
+  }
+
+  /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
+  networkLog(id: string, limit?: number): EgressLogEntry[] {
+    this.entry(id);
+    return this.network.log(id, limit);
   }
 
   private entry(id: string): Entry {
@@ -538,7 +618,8 @@ export class Edge {
     const e = this.entry(id);
     const agent = await this.agent(id);
     const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
-    const att = await agent.spawn(toSpawnOptions(spec, e.record.spec.env));
+    const netEnv = this.network.env(id);
+    const att = await agent.spawn(toSpawnOptions(spec, netEnv ? { ...netEnv, ...e.record.spec.env } : e.record.spec.env));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
     void att.exited.then(
@@ -833,6 +914,7 @@ export class Edge {
         throw err;
       }
       this.untrack(id);
+      await this.network.remove(id);
       this.sandboxes.delete(id);
     })();
     return e.destroying;
@@ -851,12 +933,14 @@ export class Edge {
     this.monitor.close();
     this.layers.detach();
     for (const b of this.backends.values()) await b.close();
+    await this.network.close();
   }
 
   /** Destroys every sandbox, unmounts every layer and removes the runtime namespace (tests). */
   async shutdown(): Promise<void> {
     for (const id of [...this.sandboxes.keys()]) await this.destroy(id).catch(() => undefined);
     await this.close();
+    await this.network.shutdown();
     await this.layers.close();
     await this.cgroups.removeParent();
     await this.runtimeNs.destroy();

@@ -21,3 +21,23 @@ export { PLATFORM_MOUNT_POINTS } from './diff.js';
 export type { IdRange } from './host/id-ranges.js';
 export { defaultSeccompProfile, DENIED_SYSCALLS, DENIED_IOCTLS, PTRACE_SYSCALLS } from './backends/container/seccomp.js';
 export type { SeccompProfile } from './backends/container/seccomp.js';
+export { NodeNetwork, purgeHome, KERNEL_LOG_RATE_PER_SECOND } from './net/network.js';
+export type { NetworkOptions, NodeNetworkDeps, SandboxNetworkInfo } from './net/network.js';
+export { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX } from './net/pool.js';
+export { EXPLICIT_PROXY_PORT } from './net/kernel.js';
+export { compilePolicy } from './net/policy.js';
+export type {
+  EgressLogEntry,
+  EgressLogSink,
+  EgressPolicyView,
+  EgressProxyLimits,
+  EgressProxyPorts,
+  EgressStats,
+  EgressVerdict,
+  EgressVia,
+  NameResolver,
+  SandboxResolver,
+  StartEgressProxy,
+} from './net/types.js';
+export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export type { EgressProxyHandle, EgressProxyOptions, ConnectionRecord, EgressReason, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';

@@ -5,3 +5,4 @@ export * from './api.js';
 export * from './events.js';
 export * from './syscalls.js';
 export * from './watch.js';
+export * from './network.js';

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { NetworkPolicySchema } from './network.js';
 
 /** The four isolation backends of dsec. */
 export const BackendKindSchema = z.enum(['fncall', 'container', 'microvm', 'vm']);
@@ -126,6 +127,8 @@ export const SandboxSpecSchema = z.strictObject({
   /** Hardening beyond the defaults; the control plane merges run-time rules (POST /v1/rules) in. */
   protect: ProtectSchema.optional(),
   security: SecuritySchema.optional(),
+  /** Network policy; default `{mode: 'none'}` (loopback only). */
+  network: NetworkPolicySchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;

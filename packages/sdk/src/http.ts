@@ -15,7 +15,7 @@ export type QueryValues = Record<string, string | number | boolean | readonly st
 
 /** What to send. A plain object body is sent as JSON. */
 export interface HttpRequestOptions {
-  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
   path: string;
   query?: QueryValues | undefined;
   body?: Buffer | string | Readable | AsyncIterable<Uint8Array> | object | undefined;
@@ -95,7 +95,7 @@ async function sendOnce(target: HttpTarget, opts: HttpRequestOptions): Promise<H
   let bodyStream: Readable | undefined;
   const body = opts.body;
   if (body === undefined) {
-    if (opts.method === 'POST' || opts.method === 'PUT') payload = Buffer.alloc(0);
+    if (opts.method === 'POST' || opts.method === 'PUT' || opts.method === 'PATCH') payload = Buffer.alloc(0);
   } else if (Buffer.isBuffer(body) || body instanceof Uint8Array) {
     payload = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
     headers['content-type'] = opts.contentType ?? 'application/octet-stream';

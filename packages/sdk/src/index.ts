@@ -17,13 +17,18 @@ export { DsecError, isDsecError } from '@dsec/protocol';
 export type { CallBatchItem, CallRequest, CallResult, CallRuntime, DiffEntry, DiffResult, ErrorCode, ErrorDetails, ReplayStep, ReplaySummary, ReplayVerdict, Trajectory, TrajectoryStep, VerifyItem, VerifyResult } from '@dsec/protocol';
 export type {
   ApiKeyInfo,
+  ApplyNetworkRequest,
+  ApplyNetworkResult,
   DebianLayerRequest,
+  EgressLogEntry,
   ExecResult,
   ExitInfo,
   FileInfo,
   KeyCreateRequest,
   LayerInfo,
   LayerUploadQuery,
+  NetworkPolicy,
+  NetworkPolicyPatch,
   NodeInfo,
   Page,
   PoolInfo,
@@ -35,5 +40,6 @@ export type {
   SandboxCreateOptions,
   SandboxInfo,
   SandboxListOptions,
+  SandboxNetworkInfo,
   SandboxStats,
 } from './types.js';

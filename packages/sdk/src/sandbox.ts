@@ -10,6 +10,9 @@ import {
   IDEMPOTENCY_KEY_HEADER,
   IdempotencyKeySchema,
   ListSandboxesQuerySchema,
+  NetworkLogQuerySchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
   ReplayRequestSchema,
   SnapshotRequestSchema,
   TrajectoryQuerySchema,
@@ -26,7 +29,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, LayerInfo, Page, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { EgressLogEntry, ExecResult, ExitInfo, LayerInfo, NetworkPolicy, NetworkPolicyPatch, Page, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxNetworkInfo, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -380,6 +383,33 @@ export class Sandbox {
   async verify(expected: Record<string, string>, opts: CallOptions = {}): Promise<VerifyResult> {
     const body = validate(VerifyRequestSchema, { expected });
     return this.client.json<VerifyResult>({ method: 'POST', path: this.#route('/verify'), body }, opts);
+  }
+
+  /** The sandbox's network: its policy, addresses, traffic and attempt counters. */
+  async network(opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    return this.client.json<SandboxNetworkInfo>({ method: 'GET', path: this.#route('/network') }, opts);
+  }
+
+  /**
+   * Replaces the sandbox's network policy. It applies to new connections when this returns;
+   * open connections it no longer allows are closed. On failure the old policy stays in force.
+   */
+  async setNetwork(policy: NetworkPolicy, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicySchema, policy, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PUT', path: this.#route('/network'), body }, opts);
+  }
+
+  /** Changes part of the sandbox's network policy (`{presets: {add: ['pypi']}}`). */
+  async patchNetwork(patch: NetworkPolicyPatch, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicyPatchSchema, patch, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PATCH', path: this.#route('/network'), body }, opts);
+  }
+
+  /** The sandbox's latest egress attempts (allowed and denied), oldest first. */
+  async networkLog(opts: CallOptions & { limit?: number } = {}): Promise<EgressLogEntry[]> {
+    const { limit, ...call } = opts;
+    const q = validate(NetworkLogQuerySchema, defined({ limit }), 'query');
+    return (await this.client.json<{ items: EgressLogEntry[] }>({ method: 'GET', path: this.#route('/network/log'), query: { limit: q.limit } }, call)).items;
   }
 
   /** Destroys the sandbox and everything in it. */

@@ -2,6 +2,12 @@
 import type { z } from 'zod';
 import type {
   ApiKeySchema,
+  ApplyNetworkRequestSchema,
+  ApplyNetworkResultSchema,
+  EgressLogEntrySchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  SandboxNetworkSchema,
   CreateKeyRequestSchema,
   CreateProjectRequestSchema,
   CreateSandboxBatchRequestSchema,
@@ -55,6 +61,19 @@ export type ProjectInfo = z.infer<typeof ProjectSchema>;
 export type ProjectCreateRequest = z.input<typeof CreateProjectRequestSchema>;
 /** A node with its capacity. */
 export type NodeInfo = z.infer<typeof NodeSchema>;
+
+/** A network policy: `{mode: 'none'}` or `{mode: 'allowlist', allow, presets, allowAddresses, mirrors}`. */
+export type NetworkPolicy = z.input<typeof NetworkPolicySchema>;
+/** A change to a network policy: `{presets: {add: ['pypi']}}`, `{allow: {remove: ['x.com']}}`, ... */
+export type NetworkPolicyPatch = z.input<typeof NetworkPolicyPatchSchema>;
+/** A sandbox's network: policy, addresses, counters. */
+export type SandboxNetworkInfo = z.infer<typeof SandboxNetworkSchema>;
+/** One egress attempt with its verdict. */
+export type EgressLogEntry = z.infer<typeof EgressLogEntrySchema>;
+/** `client.applyNetwork` request: a label selector and a policy or a patch. */
+export type ApplyNetworkRequest = z.input<typeof ApplyNetworkRequestSchema>;
+/** Per-sandbox outcome of `client.applyNetwork`. */
+export type ApplyNetworkResult = z.infer<typeof ApplyNetworkResultSchema>;
 
 /** Resource use of a sandbox (`GET /v1/sandboxes/{id}/stats`). */
 export type { SandboxStats } from '@dsec/protocol';

@@ -257,6 +257,11 @@ export class StateStore {
     return Number(res.numUpdatedRows) === 1;
   }
 
+  /** Replaces a sandbox's stored create request (its network policy changed). */
+  async setSandboxSpec(id: string, spec: string): Promise<void> {
+    await this.db.updateTable('sandboxes').set({ spec }).where('id', '=', id).execute();
+  }
+
   async setSandboxState(id: string, state: string): Promise<void> {
     await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
   }

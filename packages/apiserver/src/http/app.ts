@@ -202,6 +202,13 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     return c.json(await edge.verify(row.id, await readJson(c)));
   });
 
+  // ---- networks ----
+  app.get('/v1/sandboxes/:id/network', async (c) => c.json(await cp.getNetwork(c.get('principal'), c.req.param('id'))));
+  app.put('/v1/sandboxes/:id/network', async (c) => c.json(await cp.changeNetwork(c.get('principal'), c.req.param('id'), await readJson(c), 'replace')));
+  app.patch('/v1/sandboxes/:id/network', async (c) => c.json(await cp.changeNetwork(c.get('principal'), c.req.param('id'), await readJson(c), 'patch')));
+  app.get('/v1/sandboxes/:id/network/log', async (c) => c.json({ items: await cp.networkLog(c.get('principal'), c.req.param('id'), query(c)), nextCursor: null }));
+  app.post('/v1/network:apply', async (c) => c.json(await cp.applyNetwork(c.get('principal'), await readJson(c))));
+
   // ---- commands ----
   app.post('/v1/sandboxes/:id/exec', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'));

@@ -8,6 +8,8 @@ import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
 import { formatAge, printJson, printTable } from '../output.js';
 import { keyValue, number, repeated } from '../parse.js';
+import { policyFrom, withPolicyFlags } from './network.js';
+import type { PolicyFlags } from './network.js';
 
 function labelsText(labels: Record<string, string>): string {
   return Object.entries(labels)
@@ -78,13 +80,13 @@ export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | '
   };
 }
 
-type CreateFlags = SpecFlags & { label?: Record<string, string>; env?: Record<string, string>; timeout?: number; readOnly?: string[]; watch?: string[]; allowPtrace?: boolean; json?: boolean; count?: number; wait?: number | true; idempotencyKey?: string };
+type CreateFlags = SpecFlags & PolicyFlags & { label?: Record<string, string>; env?: Record<string, string>; timeout?: number; readOnly?: string[]; watch?: string[]; allowPtrace?: boolean; json?: boolean; count?: number; wait?: number | true; idempotencyKey?: string };
 
 /** Registers `dsec sandbox ...`. */
 export function registerSandbox(program: Command): void {
   const sandbox = program.command('sandbox').alias('sb').description('create, list, inspect and remove sandboxes');
 
-  withSpecFlags(sandbox.command('create').description('create a sandbox (or --count of them) and print the ids'))
+  withPolicyFlags(withSpecFlags(sandbox.command('create').description('create a sandbox (or --count of them) and print the ids')))
     .option('--label <k=v>', 'label (repeatable)', keyValue)
     .option('--env <K=V>', 'environment variable (repeatable)', keyValue)
     .option('--timeout <ms>', 'lifetime in ms', number(true))
@@ -105,6 +107,8 @@ export function registerSandbox(program: Command): void {
         ...(flags.readOnly || flags.watch ? { protect: { ...(flags.readOnly ? { readOnly: flags.readOnly } : {}), ...(flags.watch ? { watch: flags.watch } : {}) } } : {}),
         ...(flags.allowPtrace ? { security: { allowPtrace: true } } : {}),
       };
+      const network = policyFrom(flags);
+      if (network) spec.network = network;
       const admission = flags.wait === undefined ? undefined : { wait: true, ...(flags.wait === true ? {} : { timeoutMs: flags.wait }) };
       const key = flags.idempotencyKey !== undefined ? { idempotencyKey: flags.idempotencyKey } : {};
       if (flags.count === undefined) {
@@ -160,6 +164,7 @@ export function registerSandbox(program: Command): void {
         ['resources', `cpu ${r.cpu} (${r.cpuClass}), memory ${r.memoryMiB}Mi, disk ${r.diskMiB}Mi, pids ${r.pids}`],
         ['labels', labelsText(s.labels) || '-'],
         ['env', s.envKeys.join(',') || '-'],
+        ['network', s.network.mode === 'none' ? 'none' : `allowlist (${(s.network.allow ?? []).length} rules, presets ${(s.network.presets ?? []).join(',') || '-'})`],
         ['created', s.createdAt],
         ['expires', s.expiresAt],
       ];

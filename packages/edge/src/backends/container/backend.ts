@@ -419,6 +419,27 @@ export class ContainerBackend implements Backend {
     return report;
   }
 
+  /**
+   * The network namespace of the sandbox's PID 1 (crun gave it a fresh one), from crun's state
+   * file; the start time guards against a reused PID.
+   */
+  async netnsPath(id: string): Promise<string> {
+    let state: { pid?: number; 'process-start-time'?: number };
+    try {
+      state = JSON.parse(await readFile(path.join(this.o.crunRoot, id, 'status'), 'utf8')) as typeof state;
+    } catch {
+      throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no running container`, { sandboxId: id });
+    }
+    const pid = state.pid;
+    const stat = pid ? await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '') : '';
+    // Field 22 (start time) counts from after the command name, which may hold spaces.
+    const startTime = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
+    if (!pid || !stat || (state['process-start-time'] !== undefined && startTime !== state['process-start-time'])) {
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is not running`, { sandboxId: id });
+    }
+    return `/proc/${pid}/ns/net`;
+  }
+
   /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
   oomKillsNow(id: string): number {
     return this.o.cgroups.oomKillsSync(id);
