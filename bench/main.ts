@@ -14,16 +14,20 @@ import { machineInfo, markdown, textTable, writeJson } from './lib/report.js';
 import type { Row, RunReport } from './lib/report.js';
 import type { Scenario } from './lib/scenario.js';
 import { nowMs, progress } from './lib/stats.js';
+import { batchScenario } from './scenarios/batch.js';
 import { createScenario } from './scenarios/create.js';
 import { densityScenario } from './scenarios/density.js';
 import { episodeScenario } from './scenarios/episode.js';
 import { execScenario } from './scenarios/exec.js';
 import { fncallScenario } from './scenarios/fncall.js';
+import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
+import { proxyScenario } from './scenarios/proxy.js';
+import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 
-const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, pauseScenario];
+const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, pauseScenario, batchScenario, snapshotScenario, networkScenario, proxyScenario];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
 const QUICK_DENSITY = 20;

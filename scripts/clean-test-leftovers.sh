@@ -23,11 +23,22 @@ unmount_under() {
     while read -r m; do umount -l "$m" 2>/dev/null; done
 }
 
+# A home's sandbox networking: its nftables table (inet dsec_<hash>) and its links (d<hash6>-*:
+# the gateway pair and one veth per networked sandbox).
+remove_network() { # run-dir hash
+  local hash=$1 link
+  nft delete table inet "dsec_$hash" 2>/dev/null
+  for link in /sys/class/net/d"${hash:0:6}"-*; do
+    [ -e "$link" ] && ip link del "$(basename "$link")" 2>/dev/null
+  done
+}
+
 for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/dsec-cli-*/node /tmp/dsec-sdk-*/node; do
   [ -d "$home" ] || continue
   hash=$(printf '%s' "$home" | sha256sum | cut -c1-12)
   run=/run/dsec/$hash
   kill_sandboxes "$run/crun" "$run/mntns"
+  remove_network "$hash"
   unmount_under "$home"
   unmount_under "$run"
   rm -rf "$run"
@@ -48,11 +59,31 @@ done
 # Runtime dirs whose home is gone (a node that was removed without shutting down).
 for run in /run/dsec/*/; do
   run=${run%/}
+  [ "$run" = /run/dsec/idmap ] && continue
   home=$(cat "$run/home" 2>/dev/null || true)
   if [ -z "$home" ] || [ ! -d "$home" ]; then
     kill_sandboxes "$run/crun" "$run/mntns"
+    remove_network "$(basename "$run")"
     unmount_under "$run"
     rm -rf "$run"
+  fi
+done
+# User namespace id ranges claimed by nodes whose home is gone (each claim names its home).
+for claim in /run/dsec/idmap/*; do
+  home=$(head -n1 "$claim" 2>/dev/null || true)
+  if [ -z "$home" ] || [ ! -d "$home" ]; then rm -f "$claim"; fi
+done
+# Network namespaces that network tests create for their upstreams (their veths go with them).
+for ns in /run/netns/dsec-test-*; do
+  ip netns del "$(basename "$ns")" 2>/dev/null
+done
+# Address-slice claims whose home is gone (the home's table and links go with them).
+for claim in /run/dsec-net/*/; do
+  claim=${claim%/}
+  home=$(cat "$claim/home" 2>/dev/null || true)
+  if [ -z "$home" ] || [ ! -d "$home" ]; then
+    [ -n "$home" ] && remove_network "$(printf '%s' "$home" | sha256sum | cut -c1-12)"
+    rm -rf "$claim"
   fi
 done
 for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-*; do

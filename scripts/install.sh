@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=(crun erofs-utils busybox-static fuse3 mmdebstrap util-linux iproute2 gcc make libc6-dev podman bubblewrap)
+DEBIAN_PACKAGES=(crun erofs-utils busybox-static fuse3 mmdebstrap util-linux iproute2 nftables gcc make libc6-dev podman bubblewrap openssl)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then
@@ -30,4 +30,6 @@ fi
 
 echo "dsec: building chronus and TypeScript"
 make -s -C chronus
+# The adversarial test suite's attack kit (a static C program put into sandboxes).
+make -s -C test/security/attacks
 npx tsc -b

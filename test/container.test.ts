@@ -351,7 +351,8 @@ describe('container sandboxes', () => {
     const ps = await readdir('/proc');
     for (const pid of ps.filter((p) => /^\d+$/.test(p))) {
       const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-      assert.ok(!cmdline.includes('sleep\u00001000'), 'no process of the sandbox is left');
+      // Exactly `sleep 1000`: other processes on the host (a `sleep 1000000`) are not the sandbox's.
+      assert.ok(cmdline !== 'sleep\u00001000\u0000', 'no process of the sandbox is left');
     }
     await assert.rejects(node.edge.create({ image: { base: 'no-such-layer' } }), (e: unknown) => isDsecError(e, 'LAYER_NOT_FOUND'));
     await assert.rejects(node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB');

@@ -198,7 +198,14 @@ describe('platform: leases, owners, reattach', () => {
 
   before(async () => {
     tp = await startTestPlatform({ watchIntervalMs: 200 });
+    // The node's events (sandbox.paused/resumed) and the control plane's (owner.lost, idle and
+    // owner lease.exceeded), which go to the watcher's pipeline.
     tp.platform.edge.onEvent((ev) => events.push(ev));
+    const toPipeline = tp.platform.controlPlane.raise;
+    tp.platform.controlPlane.raise = (ev) => {
+      events.push(ev);
+      toPipeline(ev);
+    };
     client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey });
   });
 
@@ -332,6 +339,11 @@ describe('platform: leases, owners, reattach', () => {
       await until('the idle kill', async () => ((await doomed.info().catch((e: unknown) => (isDsecError(e, 'SANDBOX_NOT_FOUND') ? 'gone' : undefined))) === 'gone' ? true : undefined));
       assert.ok(events.some((e) => e.kind === 'lease.exceeded' && e.sandboxId === idle.id && e.data?.lease === 'idleTimeoutMs' && e.data.action === 'pause'));
       assert.ok(events.some((e) => e.kind === 'lease.exceeded' && e.sandboxId === doomed.id && e.data?.action === 'kill'));
+      // One pipeline: the control plane's lease.exceeded is stored and served by GET /v1/events.
+      await until('the idle lease.exceeded in the event store', async () => {
+        const r = await api('GET', `/v1/events?sandbox=${idle.id}&kind=lease.exceeded`);
+        return ((r.json.items as unknown[] | undefined)?.length ?? 0) > 0 ? true : undefined;
+      });
       // It comes back on the next request.
       assert.equal((await idle.exec('echo back')).stdout, 'back\n');
     } finally {
@@ -441,6 +453,71 @@ describe('platform: leases, owners, reattach', () => {
     } finally {
       if (child.exitCode === null) child.kill('SIGKILL');
       if (id) await Sandbox.kill(id, { client }).catch(() => undefined);
+    }
+  });
+
+  test('batches, pools, snapshots, diff and networks with leases, owners and pauses', async () => {
+    const owner = (await api('POST', '/v1/owners', { graceMs: 60_000 })).json as unknown as { id: string };
+    // Batch items get their lease and owner like single creates; a bad one fails alone, named.
+    const batch = await api('POST', '/v1/sandboxes:batch', {
+      items: [
+        { image, labels, owner: owner.id, lease: { idleTimeoutMs: 0, onOwnerLost: 'kill' } },
+        { image, labels, lease: { idleTimeoutMs: -1 } },
+        { image, labels, timeoutMs: 60_000, lease: { maxLifetimeMs: 60_000 } },
+      ],
+    });
+    assert.equal(batch.status, 200, JSON.stringify(batch.json));
+    const items = batch.json.items as Array<{ index: number; sandbox?: SandboxInfo; error?: { code: string; field?: string } }>;
+    const made = items[0]?.sandbox;
+    assert.ok(made, JSON.stringify(items[0]));
+    assert.equal(made.owner, owner.id);
+    assert.equal(made.lease.idleTimeoutMs, 0);
+    assert.equal(made.lease.onOwnerLost, 'kill');
+    assert.equal(items[1]?.error?.field, 'items.1.lease.idleTimeoutMs');
+    assert.equal(items[2]?.error?.field, 'items.2.lease.maxLifetimeMs');
+    const sb = await Sandbox.connect(made.id, { client, claim: false });
+    const pool = `life-${RUN.slice(5)}`;
+    try {
+      // A paused sandbox: diff, verify, network and snapshots read it as it is; it stays paused.
+      await sb.files.write('/note', 'frozen');
+      await sb.pause();
+      const diff = await api('GET', `/v1/sandboxes/${sb.id}/diff?path=/note`);
+      assert.equal(diff.status, 200, JSON.stringify(diff.json));
+      assert.equal(diff.json.frozen, true);
+      assert.ok((diff.json.entries as Array<{ path: string }>).some((e) => e.path === '/note'));
+      const sha = (diff.json.entries as Array<{ path: string; sha256?: string }>).find((e) => e.path === '/note')?.sha256;
+      const verify = await api('POST', `/v1/sandboxes/${sb.id}/verify`, { expected: { '/note': sha } });
+      assert.equal(verify.json.ok, true, JSON.stringify(verify.json));
+      assert.equal((await api('GET', `/v1/sandboxes/${sb.id}/network`)).status, 200);
+      const snap = await api('POST', `/v1/sandboxes/${sb.id}/snapshot`, {});
+      assert.equal(snap.status, 201, JSON.stringify(snap.json));
+      assert.equal((await sb.info()).state, 'paused', 'still paused after diff, verify, network and a snapshot');
+      assert.equal(await tp!.platform.edge.cgroups.frozen(sb.id), true, 'and still frozen');
+      // The snapshot holds the paused sandbox's files; a sandbox from it runs.
+      const child = await Sandbox.create({ snapshot: (snap.json as unknown as { digest: string }).digest, labels }, { client });
+      try {
+        assert.equal((await child.exec('cat /note')).stdout, 'frozen');
+      } finally {
+        await child.kill();
+      }
+      // A pool claim gets the claimer's lease and owner; a pool spec cannot name them.
+      const refused = await api('PUT', `/v1/pools/${pool}`, { spec: { image, lease: { idleTimeoutMs: 0 } }, size: 1 });
+      assert.equal(refused.status, 400);
+      const put = await api('PUT', `/v1/pools/${pool}`, { spec: { image, resources: { memoryMiB: 96 } }, size: 1 });
+      assert.equal(put.status, 200, JSON.stringify(put.json));
+      await until('the pool to fill', async () => (((await api('GET', `/v1/pools/${pool}`)).json.ready as number) >= 1 ? true : undefined), 60_000);
+      const claimedReply = await api('POST', '/v1/sandboxes', { image, resources: { memoryMiB: 96 }, labels, owner: owner.id, lease: { idleTimeoutMs: 5000, autoResume: false } });
+      assert.equal(claimedReply.status, 201, JSON.stringify(claimedReply.json));
+      const claimed = claimedReply.json as unknown as SandboxInfo;
+      assert.equal(claimed.owner, owner.id);
+      assert.deepEqual(claimed.lease, { idleTimeoutMs: 5000, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: false });
+      assert.equal(Date.parse(claimed.expiresAt) - Date.parse(claimed.createdAt), 3_600_000);
+      assert.ok(tp!.platform.controlPlane.counters.poolClaims >= 1, 'it came from the pool');
+      await Sandbox.kill(claimed.id, { client });
+    } finally {
+      await api('DELETE', `/v1/pools/${pool}`);
+      await sb.kill().catch(() => undefined);
+      await api('DELETE', `/v1/owners/${owner.id}`);
     }
   });
 

@@ -10,35 +10,255 @@
  * tmpfs only in the host's, under a private mount that does not propagate into the runtime
  * namespace: creating the 3,000th sandbox copies as few mounts as creating the first.
  *
- * usage: dsec-launch [--ns FILE] --rw DIR --tmpfs OPTS --rootfs DIR --lower DIRS -- CMD ARGS...
+ * With --idmap the sandbox runs in a user namespace of its own: the shared layer mounts are
+ * replaced, in this private namespace only, by idmapped clones (a file owned by uid 0 in a layer
+ * appears owned by the sandbox's host uid base), and the upper directory belongs to that base,
+ * so root inside the sandbox owns its files and is nobody on the host.
+ *
+ * With --protect PATH (repeatable) PATH inside the root becomes a read-only bind mount of itself,
+ * and every directory above it a (writable) bind mount of itself: a mount point cannot be
+ * renamed or removed, so the protected path cannot be swapped for another one either.
+ *
+ * usage: dsec-launch [--ns FILE] --rw DIR --tmpfs OPTS --rootfs DIR --lower DIRS
+ *                    [--idmap UID:GID:COUNT] [--protect PATH]... [--loginuid N] -- CMD ARGS...
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#define MAX_PROTECT 64
+#define MAX_PINNED 1024
+#define MAX_LOWERS 64
+
+/* Exit codes edge tells apart: a bad protected path is the caller's error, not the node's. */
+#define EXIT_FAILED 125
+#define EXIT_BAD_PROTECT 3
 
 static void __attribute__((noreturn)) die(const char *what, const char *arg)
 {
 	fprintf(stderr, "dsec-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
-	exit(125);
+	exit(EXIT_FAILED);
+}
+
+static void __attribute__((noreturn)) bad_protect(const char *path, const char *why)
+{
+	fprintf(stderr, "dsec-launch: protect %s: %s\n", path, why);
+	exit(EXIT_BAD_PROTECT);
 }
 
 static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr, "usage: dsec-launch [--ns FILE] --rw DIR --tmpfs OPTS --rootfs DIR"
-			" --lower DIRS -- CMD ARGS...\n");
+			" --lower DIRS [--idmap UID:GID:COUNT] [--protect PATH]... [--loginuid N]"
+			" -- CMD ARGS...\n");
 	exit(2);
+}
+
+static void write_file(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("open", path);
+	size_t n = strlen(text);
+	if (write(fd, text, n) != (ssize_t)n)
+		die("write", path);
+	if (close(fd) < 0)
+		die("close", path);
+}
+
+/*
+ * A user namespace with the sandbox's mapping (0..count-1 -> uid..uid+count-1), as an fd: a
+ * child is cloned into a new user namespace, its maps are written from here, its namespace
+ * file is opened, and it exits.
+ */
+static int userns_fd(unsigned long uid, unsigned long gid, unsigned long count)
+{
+	int sync[2];
+	if (pipe2(sync, O_CLOEXEC) < 0)
+		die("pipe", NULL);
+	pid_t pid = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, NULL);
+	if (pid < 0)
+		die("clone", "CLONE_NEWUSER");
+	if (pid == 0) {
+		char c;
+		close(sync[1]);
+		/* Wait until the parent has opened the namespace (it closes its end). */
+		while (read(sync[0], &c, 1) < 0 && errno == EINTR)
+			;
+		_exit(0);
+	}
+	close(sync[0]);
+	char path[64], map[96];
+	snprintf(map, sizeof map, "0 %lu %lu\n", uid, count);
+	snprintf(path, sizeof path, "/proc/%d/uid_map", (int)pid);
+	write_file(path, map);
+	snprintf(map, sizeof map, "0 %lu %lu\n", gid, count);
+	snprintf(path, sizeof path, "/proc/%d/gid_map", (int)pid);
+	write_file(path, map);
+	snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		die("open", path);
+	close(sync[1]);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	return fd;
+}
+
+/*
+ * Covers each lower directory, in this mount namespace only, with an idmapped clone of its
+ * mount. The node's shared layer mount is not changed.
+ */
+static void idmap_lowers(const char *lower, int userns)
+{
+	char buf[16384];
+	const char *seen[MAX_LOWERS];
+	int nseen = 0;
+	if (snprintf(buf, sizeof buf, "%s", lower) >= (int)sizeof buf)
+		die("lower dirs too long", NULL);
+	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+		int dup = 0;
+		for (int i = 0; i < nseen; i++)
+			dup |= !strcmp(seen[i], dir);
+		if (dup)
+			continue;
+		if (nseen == MAX_LOWERS)
+			die("too many lower dirs", NULL);
+		seen[nseen++] = dir;
+		int tree = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+		if (tree < 0)
+			die("open_tree", dir);
+		struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (unsigned long)userns};
+		if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+			die("idmap", dir);
+		if (move_mount(tree, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			die("move_mount to", dir);
+		close(tree);
+	}
+}
+
+/* Opens `name` in `dirfd` without following symlinks or leaving the tree (O_PATH). */
+static int open_beneath(int dirfd, const char *name, int dir_only)
+{
+	struct open_how how = {
+		.flags = O_PATH | O_CLOEXEC | O_NOFOLLOW | (dir_only ? O_DIRECTORY : 0),
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+	};
+	return (int)syscall(SYS_openat2, dirfd, name, &how, sizeof how);
+}
+
+/* Mounts a clone of the mount tree at `fd` onto the same place, read-only when asked. */
+static void bind_onto_itself(int fd, int readonly, const char *what)
+{
+	int tree = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE);
+	if (tree < 0)
+		die("open_tree", what);
+	if (readonly) {
+		struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
+		if (mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
+			die("mount_setattr rdonly", what);
+	}
+	if (move_mount(tree, "", fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+		die("move_mount onto", what);
+	close(tree);
+}
+
+struct pins {
+	char *dirs[MAX_PINNED];
+	int n;
+};
+
+static int pinned(struct pins *p, const char *rel)
+{
+	for (int i = 0; i < p->n; i++)
+		if (!strcmp(p->dirs[i], rel))
+			return 1;
+	return 0;
+}
+
+/*
+ * Makes `path` (absolute, inside the root) read-only, creating it (as an empty directory, owned
+ * by the sandbox's root) when missing. Every directory above it becomes a mount point, which
+ * rename(2) and rmdir(2) refuse (EBUSY), so a parent cannot be moved aside and recreated.
+ */
+static void protect(int rootfd, const char *path, uid_t owner, gid_t group, struct pins *pins)
+{
+	char rel[4096];
+	if (path[0] != '/' || snprintf(rel, sizeof rel, "%s", path + 1) >= (int)sizeof rel || !rel[0])
+		bad_protect(path, "not an absolute path below /");
+	int dirfd = dup(rootfd);
+	if (dirfd < 0)
+		die("dup", NULL);
+	char *comp = rel;
+	for (;;) {
+		char *slash = strchr(comp, '/');
+		int last = slash == NULL;
+		if (slash)
+			*slash = '\0';
+		if (!comp[0] || !strcmp(comp, ".") || !strcmp(comp, ".."))
+			bad_protect(path, "not a normalised path");
+		int fd = open_beneath(dirfd, comp, !last);
+		if (fd < 0 && errno == ENOENT) {
+			if (mkdirat(dirfd, comp, 0755) < 0 && errno != EEXIST)
+				die("mkdir", path);
+			if (fchownat(dirfd, comp, owner, group, AT_SYMLINK_NOFOLLOW) < 0)
+				die("chown", path);
+			fd = open_beneath(dirfd, comp, !last);
+		}
+		if (fd < 0) {
+			if (errno == ELOOP || errno == ENOTDIR || errno == EXDEV)
+				bad_protect(path, "goes through a symbolic link or a non-directory");
+			die("open", path);
+		}
+		struct stat st;
+		if (fstat(fd, &st) < 0)
+			die("stat", path);
+		if (S_ISLNK(st.st_mode))
+			bad_protect(path, "is a symbolic link");
+		if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+			bad_protect(path, "is neither a directory nor a regular file");
+		if (last) {
+			bind_onto_itself(fd, 1, path);
+			close(fd);
+			close(dirfd);
+			return;
+		}
+		if (!pinned(pins, rel)) {
+			if (pins->n == MAX_PINNED)
+				bad_protect(path, "too many directories to pin");
+			bind_onto_itself(fd, 0, path);
+			pins->dirs[pins->n] = strdup(rel);
+			if (!pins->dirs[pins->n++])
+				die("strdup", NULL);
+			/* Reopen: the old fd still points below the new mount. */
+			close(fd);
+			fd = open_beneath(dirfd, comp, 1);
+			if (fd < 0)
+				die("reopen", path);
+		}
+		close(dirfd);
+		dirfd = fd;
+		*slash = '/';
+		comp = slash + 1;
+	}
 }
 
 int main(int argc, char **argv)
 {
 	const char *ns = NULL, *rw = NULL, *tmpfs = NULL, *rootfs = NULL, *lower = NULL;
+	const char *idmap = NULL, *loginuid = NULL;
+	const char *protected[MAX_PROTECT];
+	int nprotected = 0;
 	int i = 1;
 	for (; i < argc && strcmp(argv[i], "--") != 0; i += 2) {
 		if (i + 1 >= argc)
@@ -54,12 +274,22 @@ int main(int argc, char **argv)
 			rootfs = v;
 		else if (!strcmp(a, "--lower"))
 			lower = v;
+		else if (!strcmp(a, "--idmap"))
+			idmap = v;
+		else if (!strcmp(a, "--loginuid"))
+			loginuid = v;
+		else if (!strcmp(a, "--protect") && nprotected < MAX_PROTECT)
+			protected[nprotected++] = v;
 		else
 			usage();
 	}
 	if (i >= argc - 1 || !rw || !tmpfs || !rootfs || !lower)
 		usage();
 	char **cmd = &argv[i + 1];
+
+	unsigned long uid = 0, gid = 0, count = 0;
+	if (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0))
+		usage();
 
 	if (mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs) < 0)
 		die("mount tmpfs on", rw);
@@ -71,11 +301,15 @@ int main(int argc, char **argv)
 		die("mkdir", upper);
 	if (mkdir(work, 0700) < 0)
 		die("mkdir", work);
+	/* The root directory of the sandbox is the upper directory's: its root owns it. */
+	if (chown(upper, (uid_t)uid, (gid_t)gid) < 0)
+		die("chown", upper);
+	int userns = idmap ? userns_fd(uid, gid, count) : -1;
 
 	int tree = -1;
 	if (ns) {
 		/* A detached clone of the tmpfs mount travels into the runtime namespace. */
-		tree = (int)syscall(SYS_open_tree, AT_FDCWD, rw, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+		tree = open_tree(AT_FDCWD, rw, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
 		if (tree < 0)
 			die("open_tree", rw);
 		int fd = open(ns, O_RDONLY | O_CLOEXEC);
@@ -90,13 +324,41 @@ int main(int argc, char **argv)
 	/* Nothing mounted here may travel back to the runtime namespace or the host. */
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		die("make-rprivate", "/");
-	if (tree >= 0 && syscall(SYS_move_mount, tree, "", AT_FDCWD, rw, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+	if (tree >= 0 && move_mount(tree, "", AT_FDCWD, rw, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		die("move_mount to", rw);
+	if (userns >= 0) {
+		idmap_lowers(lower, userns);
+		close(userns);
+	}
 	if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work) >=
 	    (int)sizeof opts)
 		die("overlay options too long for", rootfs);
 	if (mount("overlay", rootfs, "overlay", 0, opts) < 0)
 		die("mount overlay on", rootfs);
+
+	if (nprotected > 0) {
+		int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (rootfd < 0)
+			die("open", rootfs);
+		struct pins pins = {.n = 0};
+		for (int k = 0; k < nprotected; k++)
+			protect(rootfd, protected[k], (uid_t)uid, (gid_t)gid, &pins);
+		close(rootfd);
+	}
+
+	/*
+	 * A login uid of the sandbox's own: the kernel's audit records (seccomp denials among them)
+	 * carry it as auid, which tells edge whose record it is. Best effort: without audit
+	 * support the sandbox still runs, its denials are just not attributed.
+	 */
+	if (loginuid) {
+		int fd = open("/proc/self/loginuid", O_WRONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			if (write(fd, loginuid, strlen(loginuid)) < 0)
+				fprintf(stderr, "dsec-launch: loginuid: %s\n", strerror(errno));
+			close(fd);
+		}
+	}
 
 	execvp(cmd[0], cmd);
 	die("exec", cmd[0]);

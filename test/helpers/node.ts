@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Edge, mountsUnder, umount, MNT } from '@dsec/edge';
+import type { EdgeOptions, NetworkOptions } from '@dsec/edge';
 
 /** Repository root (test/dist/helpers -> ../../..). */
 export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -21,12 +22,12 @@ export interface TestNode {
   cleanup(): Promise<void>;
 }
 
-/** Opens an edge on a fresh temp home with its own cgroup parent. */
-export async function startNode(opts: { outputCapBytes?: number } = {}): Promise<TestNode> {
+/** Opens an edge on a fresh temp home with its own cgroup parent; `edge` adds options of its own. */
+export async function startNode(opts: { outputCapBytes?: number; network?: NetworkOptions; edge?: Partial<EdgeOptions> } = {}): Promise<TestNode> {
   const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-test-'));
   const cgroupParent = `dsec-test-${path.basename(home).slice(-6)}`;
   const open = (): Promise<Edge> =>
-    Edge.open({ home, agentBinary: AGENT_BINARY, nodeName: 'test', cgroupParent, ...(opts.outputCapBytes ? { outputCapBytes: opts.outputCapBytes } : {}) });
+    Edge.open({ home, agentBinary: AGENT_BINARY, nodeName: 'test', cgroupParent, ...(opts.outputCapBytes ? { outputCapBytes: opts.outputCapBytes } : {}), ...(opts.network ? { network: opts.network } : {}), ...opts.edge });
   const node: TestNode = {
     edge: await open(),
     home,

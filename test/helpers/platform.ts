@@ -6,6 +6,7 @@ import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
 import type { Platform, PlatformOptions } from '@dsec/apiserver';
 import { mountsUnder, umount, MNT } from '@dsec/edge';
+import type { NetworkOptions } from '@dsec/edge';
 import { AGENT_BINARY } from './node.js';
 
 /** A running platform and what a client needs to reach it. */
@@ -13,14 +14,14 @@ export interface TestPlatform {
   url: string;
   adminKey: string;
   home: string;
-  /** The in-process platform (edge, control plane). */
+  /** The platform itself (its edge, control plane and watcher services). */
   platform: Platform;
   /** Closes the platform and removes its home (mounts included). */
   close(): Promise<void>;
 }
 
-/** Starts a platform on a temp home (its name contains 'dsec'). */
-export async function startTestPlatform(opts: Pick<PlatformOptions, 'watchIntervalMs'> = {}): Promise<TestPlatform> {
+/** Starts a platform on a temp home (its name contains 'dsec'), with optional extra options. */
+export async function startTestPlatform(options: Omit<PlatformOptions, 'home' | 'addr' | 'agentBinary' | 'log'> = {}): Promise<TestPlatform> {
   const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-platform-'));
   const removeHome = async (): Promise<void> => {
     for (const m of await mountsUnder(home).catch(() => [] as string[])) {
@@ -33,7 +34,7 @@ export async function startTestPlatform(opts: Pick<PlatformOptions, 'watchInterv
     await rm(home, { recursive: true, force: true });
   };
   try {
-    const platform = await startPlatform({ ...opts, home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
+    const platform = await startPlatform({ ...options, home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
     const adminKey = platform.adminKey ?? (await readFile(platform.adminKeyFile, 'utf8')).trim();
     return {
       url: platform.url,

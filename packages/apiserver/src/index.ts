@@ -1,7 +1,22 @@
 export { startPlatform, DEFAULT_ADDR, DEFAULT_HOME, BUILTIN_BASE } from './platform.js';
 export type { Platform, PlatformOptions } from './platform.js';
 export { createApp, MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './http/app.js';
-export { ControlPlane, parseInput } from './control-plane.js';
+export { ControlPlane, parseInput, DEFAULT_BATCH_CONCURRENCY } from './control-plane.js';
+export type { ControlPlaneOptions, CreateBatchOptions, CreateSandboxOptions } from './control-plane.js';
+export { AdmissionQueue, MAX_QUEUED_ADMISSIONS, MAX_QUEUED_PER_PROJECT } from './admission.js';
+export type { AdmissionQueueOptions, AdmitOptions, Admitted } from './admission.js';
+export { PoolManager, POOL_REFILL_CONCURRENCY, POOL_REFILL_QUIET_MS } from './pools.js';
+export { IdempotencyKeys } from './idempotency.js';
+export {
+  TrajectoryLog,
+  ByteRecorder,
+  DEFAULT_TRAJECTORY_MAX_BYTES,
+  DEFAULT_TRAJECTORY_MAX_STEPS,
+  DEFAULT_TRAJECTORY_RETENTION_MS,
+  TRAJECTORY_DATA_COPY_BYTES,
+  TRAJECTORY_OUTPUT_COPY_BYTES,
+} from './trajectory.js';
+export type { TrajectoryHeader, TrajectoryOptions, TrajectorySpec } from './trajectory.js';
 export { StateStore, ROOT_PROJECT_ID, PUBLIC_PROJECT_ID } from './db/store.js';
 export type { SqliteDatabase, Reservation } from './db/store.js';
 export { Authenticator, hashKey, newKeySecret, roleAtLeast } from './auth.js';
@@ -14,3 +29,6 @@ export { Metrics } from './metrics.js';
 export { openApiDocument } from './openapi.js';
 export { ActivityTracker, ACTIVITY_FLUSH_INTERVAL_MS, grantLease, heartbeatIntervalMs, leaseOf, mergeLease } from './leases.js';
 export type { ActivityStore, PauseReason } from './leases.js';
+export { WatchService, DEFAULT_HEARTBEAT_MS, DEFAULT_SUBSCRIBER_QUEUE } from './watch.js';
+export type { DomainDenyHook, Retention, WatchServiceOptions } from './watch.js';
+export { WatchStore, DEFAULT_EVENT_RETENTION, DEFAULT_AUDIT_RETENTION } from './db/watch-store.js';

@@ -14,9 +14,9 @@ export const ACTIVITY_FLUSH_INTERVAL_MS = 1000;
 export type PauseReason = 'api' | 'idle' | 'owner-lost' | 'owner-closed';
 
 /** The lease a create request asks for, defaults filled in. `timeoutMs` is the old name of `lease.maxLifetimeMs`. */
-export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease | undefined }): GrantedLease {
+export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease | undefined }, at: (field: string) => string = (f) => f): GrantedLease {
   if (req.timeoutMs !== undefined && req.lease?.maxLifetimeMs !== undefined) {
-    throw invalidArgument('lease.maxLifetimeMs', 'give at most one of timeoutMs or lease.maxLifetimeMs');
+    throw invalidArgument(at('lease.maxLifetimeMs'), 'give at most one of timeoutMs or lease.maxLifetimeMs');
   }
   return mergeLease(defaultLease(req.timeoutMs ?? DEFAULT_SANDBOX_TIMEOUT_MS), req.lease ?? {});
 }

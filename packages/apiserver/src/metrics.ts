@@ -1,7 +1,16 @@
-// Prometheus text-format metrics of the API and the control plane.
+// Prometheus text-format metrics of the API, the control plane, the node and the watcher.
+import { readFile } from 'node:fs/promises';
+import os from 'node:os';
+import { SandboxStateSchema } from '@dsec/protocol';
+import { DENIAL_KINDS } from '@dsec/watcher';
 import type { ControlPlane } from './control-plane.js';
+import type { WatchService } from './watch.js';
 
 const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
+/** Buckets of the exec latency histogram (a `true` takes about a millisecond). */
+const EXEC_BUCKETS_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 60_000];
+/** USER_HZ: the unit of /proc/stat. */
+const CLOCK_TICKS_PER_SECOND = 100;
 
 /** Counters and latency histograms, rendered on GET /metrics. */
 export class Metrics {
@@ -9,8 +18,24 @@ export class Metrics {
   calls = 0;
   private readonly requests = new Map<string, number>();
   private readonly latency = new Map<string, { buckets: number[]; sum: number; count: number }>();
+  private readonly execLatency = { buckets: EXEC_BUCKETS_MS.map(() => 0), sum: 0, count: 0 };
+  /** Things removed by the watcher's garbage collection, read at render time. */
+  garbageCollected: () => number = () => 0;
 
-  constructor(private readonly cp?: ControlPlane) {}
+  constructor(
+    private readonly cp?: ControlPlane,
+    private readonly watch?: WatchService,
+  ) {}
+
+  /** Records one command run to completion through the API (its round trip in edge). */
+  observeExec(ms: number): void {
+    this.execs++;
+    EXEC_BUCKETS_MS.forEach((b, i) => {
+      if (ms <= b) this.execLatency.buckets[i]!++;
+    });
+    this.execLatency.sum += ms;
+    this.execLatency.count++;
+  }
 
   /** Records one HTTP request. */
   observeRequest(method: string, route: string, status: number, ms: number): void {
@@ -27,7 +52,7 @@ export class Metrics {
   }
 
   /** The text exposition. */
-  render(): string {
+  async render(): Promise<string> {
     const out: string[] = [];
     out.push('# HELP dsec_http_requests_total HTTP requests by route and status.', '# TYPE dsec_http_requests_total counter');
     for (const [k, v] of this.requests) out.push(`dsec_http_requests_total{${k}} ${v}`);
@@ -38,6 +63,10 @@ export class Metrics {
       out.push(`dsec_http_request_duration_ms_sum{${k}} ${h.sum.toFixed(3)}`, `dsec_http_request_duration_ms_count{${k}} ${h.count}`);
     }
     out.push('# HELP dsec_execs_total Commands run through the API.', '# TYPE dsec_execs_total counter', `dsec_execs_total ${this.execs}`);
+    out.push('# HELP dsec_exec_duration_ms Time from start to exit of commands run to completion (plain exec).', '# TYPE dsec_exec_duration_ms histogram');
+    EXEC_BUCKETS_MS.forEach((b, i) => out.push(`dsec_exec_duration_ms_bucket{le="${b}"} ${this.execLatency.buckets[i]}`));
+    out.push(`dsec_exec_duration_ms_bucket{le="+Inf"} ${this.execLatency.count}`);
+    out.push(`dsec_exec_duration_ms_sum ${this.execLatency.sum.toFixed(3)}`, `dsec_exec_duration_ms_count ${this.execLatency.count}`);
     out.push('# HELP dsec_calls_total Function calls run through the API.', '# TYPE dsec_calls_total counter', `dsec_calls_total ${this.calls}`);
     if (this.cp) {
       const c = this.cp.counters;
@@ -47,6 +76,14 @@ export class Metrics {
       out.push('# TYPE dsec_sandboxes_expired_total counter', `dsec_sandboxes_expired_total ${c.sandboxesExpired}`);
       out.push('# TYPE dsec_sandboxes_paused_total counter', `dsec_sandboxes_paused_total ${c.sandboxesPaused}`);
       out.push('# TYPE dsec_sandboxes_resumed_total counter', `dsec_sandboxes_resumed_total ${c.sandboxesResumed}`);
+      out.push('# HELP dsec_pool_claims_total Creates answered by a warm pool.', '# TYPE dsec_pool_claims_total counter', `dsec_pool_claims_total ${c.poolClaims}`);
+      out.push('# HELP dsec_idempotent_replays_total Creates answered by an earlier request with the same idempotency key.', '# TYPE dsec_idempotent_replays_total counter', `dsec_idempotent_replays_total ${c.idempotentReplays}`);
+      const a = this.cp.admission;
+      out.push('# HELP dsec_admission_waiting Creates waiting for quota or capacity.', '# TYPE dsec_admission_waiting gauge', `dsec_admission_waiting ${a.waiting()}`);
+      out.push('# TYPE dsec_admission_waits_total counter', `dsec_admission_waits_total ${a.counters.waited}`);
+      out.push('# TYPE dsec_admission_timeouts_total counter', `dsec_admission_timeouts_total ${a.counters.timedOut}`);
+      out.push('# TYPE dsec_admission_cancelled_total counter', `dsec_admission_cancelled_total ${a.counters.cancelled}`);
+      out.push('# TYPE dsec_admission_queue_full_total counter', `dsec_admission_queue_full_total ${a.counters.queueFull}`);
       out.push('# HELP dsec_node_sandboxes Sandboxes allocated per node.', '# TYPE dsec_node_sandboxes gauge');
       for (const n of this.cp.nodes.all()) {
         out.push(`dsec_node_sandboxes{node="${n.name}"} ${n.allocated.sandboxes}`);
@@ -54,7 +91,58 @@ export class Metrics {
         out.push(`dsec_node_memory_allocated_mib{node="${n.name}"} ${n.allocated.memoryMiB}`);
         out.push(`dsec_node_healthy{node="${n.name}"} ${n.healthy ? 1 : 0}`);
       }
+      out.push(...(await nodeMetrics(this.cp.nodes.all()[0]?.name ?? os.hostname())));
     }
+    if (this.watch) out.push(...(await this.watchMetrics(this.watch)));
     return out.join('\n') + '\n';
   }
+
+  private async watchMetrics(w: WatchService): Promise<string[]> {
+    const out: string[] = [];
+    const byState = await w.store.sandboxesByState();
+    out.push('# HELP dsec_sandboxes Sandboxes by lifecycle state.', '# TYPE dsec_sandboxes gauge');
+    for (const state of new Set([...SandboxStateSchema.options, 'stopping', ...byState.keys()])) out.push(`dsec_sandboxes{state="${state}"} ${byState.get(state) ?? 0}`);
+    out.push('# HELP dsec_events_total Events stored, by kind and severity.', '# TYPE dsec_events_total counter');
+    const denials = new Map<string, number>();
+    for (const [key, n] of w.events.counts) {
+      const [kind, severity] = key.split('|') as [string, string];
+      out.push(`dsec_events_total{kind="${kind}",severity="${severity}"} ${n}`);
+      if (DENIAL_KINDS.has(kind as never)) denials.set(kind, (denials.get(kind) ?? 0) + n);
+    }
+    out.push('# HELP dsec_denials_total Refusals of what a sandbox tried, by event kind.', '# TYPE dsec_denials_total counter');
+    for (const kind of DENIAL_KINDS) out.push(`dsec_denials_total{kind="${kind}"} ${denials.get(kind) ?? 0}`);
+    out.push('# HELP dsec_events_suppressed_total Events dropped by suppress rules, by kind.', '# TYPE dsec_events_suppressed_total counter');
+    for (const [kind, n] of w.events.suppressedByRule) out.push(`dsec_events_suppressed_total{kind="${kind}"} ${n}`);
+    out.push('# TYPE dsec_events_rate_limited_total counter', `dsec_events_rate_limited_total ${w.events.rateLimited}`);
+    out.push('# TYPE dsec_events_dropped_total counter', `dsec_events_dropped_total ${w.events.dropped}`);
+    out.push('# TYPE dsec_event_subscribers gauge', `dsec_event_subscribers ${w.events.subscriberCount}`);
+    out.push('# TYPE dsec_audit_entries_total counter', `dsec_audit_entries_total ${w.audit.recorded}`);
+    out.push('# TYPE dsec_audit_dropped_total counter', `dsec_audit_dropped_total ${w.audit.dropped}`);
+    out.push('# TYPE dsec_rules gauge', `dsec_rules ${w.rules.size}`);
+    out.push('# HELP dsec_garbage_collected_total Leftovers of unknown sandboxes removed (containers, cgroups, mounts, folders).', '# TYPE dsec_garbage_collected_total counter');
+    out.push(`dsec_garbage_collected_total ${this.garbageCollected()}`);
+    return out;
+  }
+}
+
+/** CPU time and memory of the machine, from /proc (the node in the single-node form). */
+async function nodeMetrics(node: string): Promise<string[]> {
+  const out: string[] = [];
+  const stat = await readFile('/proc/stat', 'utf8').catch(() => '');
+  const cpu = /^cpu\s+(.*)$/m.exec(stat)?.[1]?.trim().split(/\s+/).map(Number);
+  if (cpu) {
+    const modes = ['user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal'];
+    out.push('# HELP dsec_node_cpu_seconds_total CPU time of the node by mode.', '# TYPE dsec_node_cpu_seconds_total counter');
+    modes.forEach((m, i) => out.push(`dsec_node_cpu_seconds_total{node="${node}",mode="${m}"} ${((cpu[i] ?? 0) / CLOCK_TICKS_PER_SECOND).toFixed(2)}`));
+  }
+  out.push('# TYPE dsec_node_cpus gauge', `dsec_node_cpus{node="${node}"} ${os.cpus().length}`);
+  out.push('# TYPE dsec_node_load1 gauge', `dsec_node_load1{node="${node}"} ${os.loadavg()[0]!.toFixed(2)}`);
+  const mem = await readFile('/proc/meminfo', 'utf8').catch(() => '');
+  const kib = (name: string): number | undefined => {
+    const m = new RegExp(`^${name}:\\s+(\\d+) kB$`, 'm').exec(mem);
+    return m ? Number(m[1]) * 1024 : undefined;
+  };
+  out.push('# TYPE dsec_node_memory_total_bytes gauge', `dsec_node_memory_total_bytes{node="${node}"} ${kib('MemTotal') ?? os.totalmem()}`);
+  out.push('# TYPE dsec_node_memory_available_bytes gauge', `dsec_node_memory_available_bytes{node="${node}"} ${kib('MemAvailable') ?? os.freemem()}`);
+  return out;
 }

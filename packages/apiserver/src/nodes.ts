@@ -12,6 +12,7 @@ export type EdgeClient = Pick<
   | 'nodeName'
   | 'capacity'
   | 'create'
+  | 'claim'
   | 'destroy'
   | 'list'
   | 'exec'
@@ -33,8 +34,16 @@ export type EdgeClient = Pick<
   | 'stats'
   | 'pause'
   | 'resume'
+  | 'snapshot'
+  | 'diff'
+  | 'verify'
   | 'layers'
   | 'calls'
+  | 'collectGarbage'
+  | 'setNetwork'
+  | 'patchNetwork'
+  | 'networkInfo'
+  | 'networkLog'
 >;
 
 /** A node as the control plane tracks it. */

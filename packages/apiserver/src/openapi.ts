@@ -11,12 +11,15 @@ interface Route {
   query?: Schema;
   reply?: Schema | 'binary' | 'ndjson';
   status?: number;
+  /** Optional request headers the route reads. */
+  headers?: string[];
 }
 
 const page = (item: Schema): Schema => api.pageOf(item);
 
 const ROUTES: Route[] = [
-  { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201 },
+  { method: 'post', path: '/v1/sandboxes', summary: 'Create a sandbox (claimed from a warm pool when one matches)', body: api.CreateSandboxRequestSchema, reply: api.SandboxSchema, status: 201, headers: [api.IDEMPOTENCY_KEY_HEADER] },
+  { method: 'post', path: '/v1/sandboxes:batch', summary: 'Create up to 10,000 sandboxes, one result per item (ndjson progress with Accept: application/x-ndjson)', body: api.CreateSandboxBatchRequestSchema, reply: api.CreateSandboxBatchResultSchema, headers: [api.IDEMPOTENCY_KEY_HEADER] },
   { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
   { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
@@ -28,6 +31,17 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/owners/{id}', summary: 'Get an owner session', reply: api.OwnerSchema },
   { method: 'post', path: '/v1/owners/{id}/heartbeat', summary: 'Keep an owner session alive', reply: api.OwnerSchema },
   { method: 'delete', path: '/v1/owners/{id}', summary: 'Close an owner session (its sandboxes get their onOwnerLost action)', status: 204 },
+  { method: 'put', path: '/v1/pools/{name}', summary: 'Create or replace a warm pool', body: api.PutPoolRequestSchema, reply: api.PoolSchema },
+  { method: 'get', path: '/v1/pools', summary: 'List warm pools', reply: page(api.PoolSchema) },
+  { method: 'get', path: '/v1/pools/{name}', summary: 'Get a warm pool', reply: api.PoolSchema },
+  { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
+  { method: 'get', path: '/v1/sandboxes/{id}/diff', summary: 'Files added, changed and deleted against the layers, with sha256', query: api.DiffQuerySchema, reply: api.DiffResultSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/verify', summary: 'Integrity check: sha256 of named paths', body: api.VerifyRequestSchema, reply: api.VerifyResultSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/network', summary: 'Network policy, addresses and counters of a sandbox', reply: api.SandboxNetworkSchema },
+  { method: 'put', path: '/v1/sandboxes/{id}/network', summary: 'Replace the network policy of a sandbox', body: api.NetworkPolicySchema, reply: api.SandboxNetworkSchema },
+  { method: 'patch', path: '/v1/sandboxes/{id}/network', summary: 'Patch the network policy of a sandbox', body: api.NetworkPolicyPatchSchema, reply: api.SandboxNetworkSchema },
+  { method: 'get', path: '/v1/sandboxes/{id}/network/log', summary: 'Latest egress attempts of a sandbox with their verdicts', query: api.NetworkLogQuerySchema, reply: page(api.EgressLogEntrySchema) },
+  { method: 'post', path: '/v1/network:apply', summary: 'Replace or patch the network policy of every sandbox matching a label selector', body: api.ApplyNetworkRequestSchema, reply: api.ApplyNetworkResultSchema },
   { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
@@ -43,6 +57,10 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/sandboxes/{id}/files/rename', summary: 'Rename a path', body: api.RenameRequestSchema, status: 204 },
   { method: 'put', path: '/v1/sandboxes/{id}/files/tar', summary: 'Unpack a tar into a directory', query: api.FilePathQuerySchema, body: 'binary' },
   { method: 'get', path: '/v1/sandboxes/{id}/files/tar', summary: 'Download a directory as tar', query: api.FilePathQuerySchema, reply: 'binary' },
+  { method: 'post', path: '/v1/sandboxes/{id}/snapshot', summary: "Pack the sandbox's writable layer into a snapshot layer", body: api.SnapshotRequestSchema, reply: api.LayerSchema, status: 201 },
+  { method: 'post', path: '/v1/sandboxes/{id}/fork', summary: 'Snapshot, then create count sandboxes from it', body: api.ForkRequestSchema, reply: api.ForkResultSchema, status: 201 },
+  { method: 'get', path: '/v1/sandboxes/{id}/trajectory', summary: "A page of the sandbox's recorded steps", query: api.TrajectoryQuerySchema, reply: api.TrajectorySchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/replay', summary: 'Re-run the trajectory on a fresh sandbox (ndjson progress with Accept: application/x-ndjson)', body: api.ReplayRequestSchema, reply: api.ReplayResultSchema, status: 201 },
   { method: 'post', path: '/v1/calls', summary: 'Run one stateless call in a fresh sandbox', body: api.CallRequestSchema, reply: api.CallResultSchema },
   { method: 'post', path: '/v1/calls/batch', summary: 'Run up to 1,000 calls; results in request order', body: api.CallBatchRequestSchema, reply: api.CallBatchResultSchema },
   { method: 'post', path: '/v1/layers', summary: 'Upload a layer (tar or OCI image)', query: api.UploadLayerQuerySchema, body: 'binary', reply: api.LayerSchema, status: 201 },
@@ -57,6 +75,11 @@ const ROUTES: Route[] = [
   { method: 'get', path: '/v1/projects', summary: 'List projects', reply: page(api.ProjectSchema) },
   { method: 'get', path: '/v1/projects/{id}', summary: 'Get a project', reply: api.ProjectSchema },
   { method: 'get', path: '/v1/nodes', summary: 'Nodes with capacity and use', reply: page(api.NodeSchema) },
+  { method: 'get', path: '/v1/events', summary: 'Events (a live text/event-stream with Accept: text/event-stream; Last-Event-ID resumes)', query: api.ListEventsQuerySchema, reply: page(api.EventSchema) },
+  { method: 'get', path: '/v1/audit', summary: 'Audit trail (NDJSON export with Accept: application/x-ndjson)', query: api.ListAuditQuerySchema, reply: page(api.AuditEntrySchema) },
+  { method: 'post', path: '/v1/rules', summary: 'Add a run-time rule', body: api.CreateRuleRequestSchema, reply: api.RuleSchema, status: 201 },
+  { method: 'get', path: '/v1/rules', summary: 'List rules', reply: page(api.RuleSchema) },
+  { method: 'delete', path: '/v1/rules/{id}', summary: 'Delete a rule', status: 204 },
 ];
 
 function jsonSchema(s: Schema, io: 'input' | 'output'): unknown {
@@ -76,6 +99,7 @@ export function openApiDocument(): unknown {
       const q = jsonSchema(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
       for (const [name, schema] of Object.entries(q.properties ?? {})) params.push({ name, in: 'query', required: (q.required ?? []).includes(name), schema } as never);
     }
+    for (const name of r.headers ?? []) params.push({ name, in: 'header', required: false, schema: { type: 'string' } } as never);
     if (params.length) op.parameters = params;
     if (r.body === 'binary') op.requestBody = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
     else if (r.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(r.body, 'input') } } };

@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
+import type { NetworkOptions, NodeGarbageReport } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
@@ -17,9 +18,13 @@ import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
 import { Metrics } from './metrics.js';
+import { WatchService } from './watch.js';
+import type { WatchServiceOptions } from './watch.js';
+import { commandSummary } from '@dsec/watcher';
 import { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
+import type { TrajectoryOptions } from './trajectory.js';
 
 /** Default state directory. */
 export const DEFAULT_HOME = '/var/lib/dsec';
@@ -47,6 +52,16 @@ export interface PlatformOptions {
    * Default `$DSEC_ZRAM_SWAP_MIB`, else none.
    */
   zramSwapMiB?: number;
+  /** Limits and retention of the trajectory log. */
+  trajectory?: TrajectoryOptions;
+  /** Interval of the watcher's garbage collection on the node. */
+  gcIntervalMs?: number;
+  /** Events, audit and rules: heartbeats, queues, rate limits, retention. */
+  watch?: WatchServiceOptions;
+  /** A user namespace per container sandbox (default true; `DSEC_USERNS=0` turns it off). */
+  userNamespaces?: boolean;
+  /** Sandbox networking of the node (address pool, static hosts, resolvers). */
+  network?: NetworkOptions;
 }
 
 /** A running platform. */
@@ -60,6 +75,8 @@ export interface Platform {
   /** The in-process edge and control plane (for tests and embedding). */
   edge: Edge;
   controlPlane: ControlPlane;
+  /** Events, audit trail and rules. */
+  watch: WatchService;
   /** Stops serving; sandboxes keep running and are found again by the next start. */
   close(): Promise<void>;
   /** Stops serving and removes every sandbox, layer mount and runtime namespace (tests). */
@@ -70,6 +87,11 @@ function parseAddr(addr: string): { host: string; port: number } {
   const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(addr);
   if (!m || Number(m[2]) > 65535) throw new DsecError('INVALID_ARGUMENT', `DSEC_ADDR: ${addr} is not host:port`, { field: 'addr' });
   return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+/** How many things a garbage collection removed. */
+function garbageCount(r: NodeGarbageReport): number {
+  return r.containers.length + r.cgroups.length + r.dirs.length + r.mounts + r.layerMounts;
 }
 
 function defaultAgentBinary(): string {
@@ -83,9 +105,16 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
   await mkdir(home, { recursive: true, mode: 0o700 });
 
+  const userNamespaces = opts.userNamespaces ?? process.env.DSEC_USERNS !== '0';
   const zramEnv = process.env.DSEC_ZRAM_SWAP_MIB;
   const zramSwapMiB = opts.zramSwapMiB ?? (zramEnv ? Number(zramEnv) : undefined);
-  const edge = await Edge.open({ home: path.join(home, 'node'), agentBinary: opts.agentBinary ?? defaultAgentBinary(), ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}) });
+  const edge = await Edge.open({
+    home: path.join(home, 'node'),
+    agentBinary: opts.agentBinary ?? defaultAgentBinary(),
+    userNamespaces,
+    ...(opts.network ? { network: opts.network } : {}),
+    ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
+  });
   const sqlite = new Database(path.join(home, 'dsec.db'));
   const store = await StateStore.openSqlite(sqlite);
   const closers: Array<() => Promise<void> | void> = [() => store.close(), () => edge.close()];
@@ -93,10 +122,25 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
     nodes.add(edge);
-    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement));
+    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement), { log, trajectory: { log, ...opts.trajectory } });
+    closers.unshift(() => cp.trajectory.close());
     await cp.loadAllocations();
-    // Lifecycle events of the control plane join the node's event stream (one place to subscribe).
-    cp.onEvent((ev) => edge.raise(ev));
+    // This process is the only apiserver: a key still pending belongs to a request that died
+    // with the previous one.
+    await store.dropPendingIdempotencyKeys(new Date().toISOString());
+
+    // Events from the node and the control plane (owner.lost, lease.exceeded of idle and owner
+    // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
+    const watch = new WatchService(store, { log, ...opts.watch });
+    closers.unshift(() => watch.close());
+    await watch.init();
+    const unsubscribe = edge.onEvent(watch.events.ingest);
+    closers.unshift(() => void unsubscribe());
+    cp.raise = watch.events.ingest;
+    cp.tighten = (projectId, spec) => watch.tighten(projectId, spec);
+    const startGarbage = edge.lastStartGarbage;
+    const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
+    if (startRemoved > 0) log(`dsec: removed ${startRemoved} leftovers of sandboxes a previous run lost (${JSON.stringify(startGarbage)})`);
 
     // The built-in base, built on first start (seconds) and public to every project.
     let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);
@@ -117,9 +161,13 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       await writeFile(adminKeyFile, adminKey + '\n', { mode: 0o600 });
     }
 
-    const metrics = new Metrics(cp);
-    const app = createApp(cp, metrics, log);
-    const ws = createWsHandler(cp);
+    const metrics = new Metrics(cp, watch);
+    const app = createApp(cp, metrics, log, watch);
+    const ws = createWsHandler(cp, (p, sandboxId, spec, exitCode) => {
+      const entry = { keyId: p.keyId, projectId: p.projectId, method: 'GET', route: '/v1/sandboxes/:id/exec/ws', sandboxId, status: 101, durationMs: 0, command: commandSummary(spec) };
+      const at = new Date().toISOString();
+      void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
+    });
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;
     server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
@@ -131,12 +179,20 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       });
     });
     closers.unshift(() => ws.close(), () => new Promise<void>((r) => server.close(() => r())), () => void server.closeAllConnections());
+    // Live event streams end first: the server's close waits for open connections.
+    closers.unshift(() => watch.events.endSubscriptions());
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
     const watcher = new Watcher(
       {
-        nodes: () => nodes.all().map((n) => ({ name: n.name, sandboxIds: async () => n.client.list().map((s) => s.id), destroyOrphan: (id) => n.client.destroy(id) })),
+        nodes: () =>
+          nodes.all().map((n) => ({
+            name: n.name,
+            sandboxIds: async () => n.client.list().map((s) => s.id),
+            destroyOrphan: (id) => n.client.destroy(id),
+            collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
+          })),
         sandboxes: async () => (await store.allSandboxes()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
         setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
         expire: async (id) => {
@@ -146,11 +202,19 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         },
         markLost: (id) => store.setSandboxState(id, 'lost'),
         leases: () => cp.enforceLeases(log),
+        raise: watch.events.ingest,
+        maintain: () => watch.maintain(),
       },
-      { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}) },
+      { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}), ...(opts.gcIntervalMs !== undefined ? { gcIntervalMs: opts.gcIntervalMs } : {}) },
     );
+    metrics.garbageCollected = () => startRemoved + watcher.garbageCollected;
     watcher.start();
-    closers.unshift(() => watcher.stop());
+    cp.pools.start();
+    closers.unshift(
+      () => watcher.stop(),
+      () => cp.pools.stop(),
+      () => cp.admission.close(),
+    );
     // API activity is recorded in memory and written about once a second (idle timeouts).
     const flush = setInterval(() => void cp.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)), ACTIVITY_FLUSH_INTERVAL_MS);
     flush.unref();
@@ -166,6 +230,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       adminKeyFile,
       edge,
       controlPlane: cp,
+      watch,
       async close() {
         if (closed) return;
         closed = true;
@@ -173,6 +238,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       },
       async shutdown() {
         await watcher.stop();
+        await cp.pools.stop();
+        cp.admission.close();
         for (const row of await store.allSandboxes()) await cp.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
         await platform.close();
         await edge.shutdown();

@@ -92,6 +92,23 @@ export class Placement {
     return this.leastLoaded(sample);
   }
 
+  /**
+   * Places many requests in one pass (a batch): each request sees the ones placed before it.
+   * Nothing is charged; the caller charges the nodes it keeps. Undefined where no node fits.
+   */
+  placeMany<N extends NodeView>(reqs: readonly PlacementRequest[], nodes: readonly N[]): Array<N | undefined> {
+    const views = nodes.map((n) => ({ ...n, allocated: { ...n.allocated } }));
+    const nodeOf = new Map<NodeView, N>(views.map((v, i) => [v, nodes[i]!]));
+    return reqs.map((req) => {
+      const v = this.place(req, views);
+      if (!v) return undefined;
+      v.allocated.cpu += this.cpuCharge(req);
+      v.allocated.memoryMiB += req.memoryMiB;
+      v.allocated.sandboxes += 1;
+      return nodeOf.get(v);
+    });
+  }
+
   private leastLoaded(nodes: NodeView[]): NodeView | undefined {
     let best: NodeView | undefined;
     let bestLoad = Infinity;

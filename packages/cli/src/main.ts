@@ -7,6 +7,8 @@ import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
+import { registerPools } from './commands/pools.js';
+import { registerNetwork } from './commands/network.js';
 import { registerSandbox } from './commands/sandbox.js';
 import { registerUp } from './commands/up.js';
 
@@ -28,10 +30,12 @@ export function buildProgram(): Command {
     .configureOutput({ outputError: (text, write) => write(`dsec: ${text.replace(/^error: /, '')}`) });
   registerUp(program);
   registerSandbox(program);
+  registerNetwork(program);
   registerExec(program);
   registerCall(program);
   registerCp(program);
   registerImage(program);
+  registerPools(program);
   registerKeys(program);
   registerProjects(program);
   registerNodes(program);

@@ -1,7 +1,8 @@
 // The interface every isolation backend implements (fncall, container, microvm, vm).
-import type { BackendKind, LayerInfo, SandboxSpec, SandboxStats } from '@dsec/protocol';
+import type { BackendKind, LayerInfo, SandboxClaim, SandboxSpec, SandboxStats } from '@dsec/protocol';
 import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
 import type { FileStat } from '@dsec/protocol';
+import type { IdRange } from './host/id-ranges.js';
 
 /**
  * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
@@ -45,6 +46,8 @@ export interface BackendSandbox {
   spec: SandboxSpec;
   layers: LayerInfo[];
   createdAt: string;
+  /** Host ids that ids 0..size-1 inside map to, when the sandbox has a user namespace. */
+  idRange?: IdRange;
   /** Set by `recover` for a sandbox that was paused when the edge stopped (never persisted). */
   paused?: boolean;
 }
@@ -76,6 +79,11 @@ export interface Backend {
   agent(id: string): Promise<SandboxAgent>;
   /** A new connection of the caller's own, for a reader that must not share one. */
   connectAgent(id: string): Promise<SandboxAgent>;
+  /**
+   * Records a claim of a sandbox created ahead of demand: its env and labels, kept so that a
+   * restarted edge applies them again. A sandbox is claimed at most once (CONFLICT after).
+   */
+  claim(id: string, claim: SandboxClaim): Promise<void>;
   /** Stops a sandbox and removes everything it had: processes, mounts, cgroups, files. */
   destroy(id: string): Promise<void>;
   /** Current resource use. */
@@ -93,6 +101,8 @@ export interface Backend {
   pause?(id: string): Promise<BackendPauseResult>;
   /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
   resume?(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
+  /** Path of the sandbox's network namespace (where edge puts its link); absent: no network. */
+  netnsPath?(id: string): Promise<string>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
 }

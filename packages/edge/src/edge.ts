@@ -1,21 +1,32 @@
 // Edge: the node agent. Owns the layer store and the backends, keeps the node's sandboxes, and
 // turns exec requests into results (or handles) over each sandbox's agent.
 import { randomBytes } from 'node:crypto';
-import { access, mkdir } from 'node:fs/promises';
+import { access, chmod, mkdir, readFile } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DsecError, ExecSpecSchema, SandboxSpecSchema, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
+import { DiffOptionsSchema, DsecError, ExecSpecSchema, NetworkPolicyPatchSchema, NetworkPolicySchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, VerifyRequestSchema, applyNetworkPatch, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
+import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, NetworkPolicy, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
+import type { GarbageReport } from './backends/container/backend.js';
 import { FnCallBackend } from './backends/fncall/backend.js';
 import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
+import type { IdShift } from './host/idmap.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
+import { IdRanges } from './host/id-ranges.js';
+import { SecurityMonitor } from './host/security-monitor.js';
+import { diffLayers, verifyLayers } from './diff.js';
+import type { SandboxLayersView } from './diff.js';
+import type { IdRange } from './host/id-ranges.js';
+import type { SeccompProfile } from './backends/container/seccomp.js';
+import { NodeNetwork } from './net/network.js';
+import type { NetworkOptions, SandboxNetworkInfo } from './net/network.js';
+import type { EgressLogEntry } from './net/types.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
 export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
@@ -42,6 +53,17 @@ export interface EdgeOptions {
    * `close` leaves it for the paused sandboxes that survive the edge.
    */
   zramSwapMiB?: number;
+  /** Sandbox networking: address pool, static hosts, resolvers, proxy limits. */
+  network?: NetworkOptions;
+  /**
+   * Runs each container sandbox in a user namespace of its own (root inside is an unprivileged
+   * host uid from a range of 65,536 ids). Default true.
+   */
+  userNamespaces?: boolean;
+  /** Replaces the containers' default seccomp profile (tests of the fail-closed path). */
+  seccompProfile?: (spec: SandboxSpec) => SeccompProfile;
+  /** Interval of the scan of every sandbox's OOM and pids-limit counters. Default {@link DEFAULT_COUNTER_SCAN_MS}; 0 turns it off. */
+  counterScanMs?: number;
 }
 
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
@@ -55,6 +77,19 @@ export interface PauseResult extends BackendPauseResult {
 /** What a resume did. */
 export interface ResumeResult extends BackendResumeResult {
   durationMs: number;
+}
+
+/** Default interval of the OOM and pids-limit counter scan (a command's exit also triggers one). */
+export const DEFAULT_COUNTER_SCAN_MS = 3000;
+/** After a command exits, how long its processes may take to go before the survivors are reported. */
+export const SURVIVOR_GRACE_MS = 500;
+/** Survivor pids remembered per sandbox (each is reported once). */
+const MAX_REPORTED_SURVIVORS = 1024;
+
+/** What {@link Edge.collectGarbage} removed (layer mounts included). */
+export interface NodeGarbageReport extends GarbageReport {
+  /** Unused layer mounts a previous process left. */
+  layerMounts: number;
 }
 
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
@@ -79,6 +114,20 @@ export interface SandboxInfo {
   createdAt: string;
 }
 
+/** Options of {@link Edge.snapshot}. */
+export interface SnapshotOptions {
+  /** Merged into the snapshot layer's labels. */
+  labels?: Record<string, string>;
+  /** Host ids `base + n` of a user-namespaced sandbox are stored as `n`; default none. */
+  idShift?: IdShift;
+  signal?: AbortSignal;
+}
+
+/** Label of a snapshot layer: its parent layers' digests, bottom first, comma-separated. */
+export const SNAPSHOT_PARENTS_LABEL = 'dsec.snapshot.parents';
+/** Label of a snapshot layer: the sandbox it was taken of. */
+export const SNAPSHOT_SANDBOX_LABEL = 'dsec.snapshot.sandbox';
+
 /** Options of {@link Edge.exec}. */
 export interface ExecOptions {
   signal?: AbortSignal;
@@ -102,6 +151,16 @@ interface Entry {
   onIdle?: () => void;
   /** A pause or resume under way; new agent calls wait for it. */
   transition?: Promise<unknown>;
+  /** Set on the first use of its agent (or a claim): a used sandbox is never claimed. */
+  used: boolean;
+  /** The last snapshot started: snapshots of one sandbox run one after another. */
+  snapshotting?: Promise<unknown>;
+  /** Counter values already reported as events. */
+  seen: { oomKills: number; pidsLimitHits: number };
+  /** Host pids already reported as outliving their command. */
+  survivors: Set<number>;
+  /** A survivor check waiting for its grace time. */
+  survivorTimer?: NodeJS.Timeout;
 }
 
 /** Processes whose OOM baseline is remembered per sandbox. */
@@ -120,8 +179,15 @@ function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
 /** The node agent. */
 export class Edge {
   private readonly sandboxes = new Map<string, Entry>();
-  private creating = 0;
+  /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
+  private readonly creating = new Set<string>();
   private readonly eventSinks = new Set<EventSink>();
+  private counterTimer: NodeJS.Timeout | undefined;
+  private scanning = false;
+  /** Sandbox ids by the host uid their user namespace starts at (to attribute kernel records). */
+  private readonly idBases = new Map<number, string>();
+  /** Seccomp denials and watched-path changes, raised as events. */
+  private monitor!: SecurityMonitor;
 
   private constructor(
     readonly home: string,
@@ -134,6 +200,8 @@ export class Edge {
     private readonly maxSandboxes: number,
     /** Stateless function calls (the fncall backend's pools). */
     readonly calls: FnCallBackend,
+    /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
+    readonly network: NodeNetwork,
     /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
     readonly swap: ZramSwap | undefined,
   ) {}
@@ -165,28 +233,64 @@ export class Edge {
     await mkdir(crunRoot, { recursive: true });
     const writableDir = path.join(runDirFor(home), 'rw');
     await mkdir(writableDir, { recursive: true });
+    const rootsDir = path.join(runDirFor(home), 'roots');
+    await mkdir(rootsDir, { recursive: true });
+    await chmod(rootsDir, 0o711);
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
+    // The backend raises through the edge, which exists only once the backend does.
+    let raise: EventSink = () => undefined;
     const container = new ContainerBackend({
+      events: (ev) => raise(ev),
       sandboxesDir,
       crunRoot,
       runtimePrefix: runtimeNs.prefix,
       runtimeNsFile: runtimeNs.nsFile,
       writableDir,
+      rootsDir,
       launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
       layers,
       cgroups,
       agentBinary: path.resolve(opts.agentBinary),
       ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
+      ...(opts.userNamespaces !== false ? { idRanges: new IdRanges(home) } : {}),
+      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
     });
     const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
     await calls.init();
+    const network = new NodeNetwork(opts.network ?? {}, {
+      home,
+      nflogBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-nflog'),
+      netlinkBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-netlink'),
+      raise: (ev) => raise(ev),
+    });
     const swap = opts.zramSwapMiB !== undefined ? await Edge.zramSwap(opts.zramSwapMiB) : undefined;
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, swap);
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
+    raise = (ev) => edge.raise(ev);
+    edge.monitor = new SecurityMonitor({
+      raise: (ev) => edge.raise(ev),
+      sandboxOfIdBase: (uid) => edge.idBases.get(uid),
+      cgroupParent: cgroups.parent,
+    });
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
-        edge.sandboxes.set(record.id, { record: rest, backend, state: paused ? 'paused' : 'running', oomAtSpawn: new Map(), busy: 0 });
+        edge.sandboxes.set(record.id, edge.newEntry(rest, backend, paused ? 'paused' : 'running'));
+        edge.track(rest, backend);
+        await network.recover(record.id, record.spec.network, () => edge.netnsPath(record.id)).catch((err: unknown) => {
+          // Its network cannot be put back: it keeps none (closed), and the failure is told.
+          edge.raise({ kind: 'sandbox.lost', severity: 'warning', sandboxId: record.id, message: `network of ${record.id} not restored: ${(err as Error).message}` });
+        });
       }
+    }
+    // What a crashed edge left behind and recovery did not adopt: containers without a
+    // folder, cgroups without a container, stale layer mounts. No call pool runs yet, so
+    // function-call sandboxes left behind go too.
+    const garbage = await edge.collectGarbage({ calls: true });
+    edge.lastStartGarbage = garbage;
+    const every = opts.counterScanMs ?? DEFAULT_COUNTER_SCAN_MS;
+    if (every > 0) {
+      edge.counterTimer = setInterval(() => edge.scanCounters(), every);
+      edge.counterTimer.unref();
     }
     return edge;
   }
@@ -200,6 +304,148 @@ export class Edge {
     if (earlier) return earlier;
     if ((await ZramSwap.active()).some((d) => /^\/dev\/zram\d+$/.test(d))) return undefined;
     return ZramSwap.enable({ sizeMiB });
+  }
+
+  /** What the garbage collection at open removed. */
+  lastStartGarbage: NodeGarbageReport | undefined;
+
+  private newEntry(record: BackendSandbox, backend: Backend, state: 'running' | 'paused' = 'running'): Entry {
+    const entry: Entry = { record, backend, state, oomAtSpawn: new Map(), busy: 0, used: false, seen: { oomKills: 0, pidsLimitHits: 0 }, survivors: new Set() };
+    // Counts from before (a recovered sandbox) are not news.
+    if (backend instanceof ContainerBackend) entry.seen = { oomKills: this.cgroups.oomKillsSync(record.id), pidsLimitHits: this.cgroups.pidsLimitHitsSync(record.id) };
+    return entry;
+  }
+
+  /**
+   * Removes what no live sandbox owns: runtime containers, cgroups with their processes, mounts
+   * and folders of sandboxes this node does not know, and layer mounts nobody uses. `calls`
+   * also removes function-call sandboxes (only safe while no call pool runs).
+   */
+  async collectGarbage(opts: { calls?: boolean } = {}): Promise<NodeGarbageReport> {
+    const container = this.backends.get('container');
+    const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
+    if (container instanceof ContainerBackend) {
+      Object.assign(
+        report,
+        await container.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' }),
+      );
+    }
+    report.layerMounts = await this.layers.unmountUnused();
+    return report;
+  }
+
+  /**
+   * Compares every sandbox's OOM and pids-limit counters with what was reported. The files are
+   * read without blocking (thousands of sandboxes must not stall the event loop); one scan at
+   * a time.
+   */
+  private scanCounters(): void {
+    if (this.scanning) return;
+    this.scanning = true;
+    void (async () => {
+      for (const id of [...this.sandboxes.keys()]) {
+        const e = this.sandboxes.get(id);
+        if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) continue;
+        const [oom, hits] = await Promise.all([this.cgroups.oomKills(id), this.cgroups.pidsLimitHits(id)]);
+        this.reportCounters(id, oom, hits);
+      }
+    })()
+      .catch(() => undefined)
+      .finally(() => (this.scanning = false));
+  }
+
+  /** Raises oom.kill and pids.limit-hit for counter increases since the last check (one sandbox, read at once). */
+  private checkCounters(id: string, context?: { proc: number; pid: number }): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) return;
+    this.reportCounters(id, this.cgroups.oomKillsSync(id), this.cgroups.pidsLimitHitsSync(id), context);
+  }
+
+  private reportCounters(id: string, oom: number, hits: number, context?: { proc: number; pid: number }): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running') return;
+    if (oom > e.seen.oomKills) {
+      const count = oom - e.seen.oomKills;
+      e.seen.oomKills = oom;
+      const limitMiB = e.record.spec.resources?.memoryMiB;
+      this.raise({
+        kind: 'oom.kill',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: ${count} process${count === 1 ? '' : 'es'} killed at the memory limit${limitMiB ? ` (${limitMiB} MiB)` : ''}`,
+        data: { count, total: oom, ...(limitMiB ? { memoryMiB: limitMiB } : {}), ...(context ? { proc: context.proc, pid: context.pid } : {}) },
+      });
+    }
+    if (hits > e.seen.pidsLimitHits) {
+      const count = hits - e.seen.pidsLimitHits;
+      e.seen.pidsLimitHits = hits;
+      const limit = e.record.spec.resources?.pids;
+      this.raise({
+        kind: 'pids.limit-hit',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: ${count} fork${count === 1 ? '' : 's'} refused at the process limit${limit ? ` (${limit})` : ''}`,
+        data: { count, total: hits, ...(limit ? { pidsLimit: limit } : {}) },
+      });
+    }
+  }
+
+  /** Checks for survivors once a command's grace time is over (one pending check per sandbox). */
+  private scheduleSurvivorCheck(id: string): void {
+    const e = this.sandboxes.get(id);
+    if (!e || e.survivorTimer || !(e.backend instanceof ContainerBackend)) return;
+    e.survivorTimer = setTimeout(() => {
+      delete e.survivorTimer;
+      this.checkCounters(id);
+      void this.checkSurvivors(id).catch(() => undefined);
+    }, SURVIVOR_GRACE_MS);
+    e.survivorTimer.unref();
+  }
+
+  /**
+   * Raises process.survived-command for processes in the sandbox that belong to no running
+   * command: chronus starts each command in a session of its own, so a process whose session
+   * is not a running command's (nor the agent's) outlived the command that started it, or left
+   * its session to escape it (a daemon).
+   */
+  private async checkSurvivors(id: string): Promise<void> {
+    const e = this.sandboxes.get(id);
+    if (!e || e.state !== 'running') return;
+    // The agent alone (PID 1) is the common case: one file read.
+    if (this.cgroups.pidsCurrentSync(id) <= 1) {
+      e.survivors.clear();
+      return;
+    }
+    const candidates: Array<{ hostPid: number; pid: number; session: number; name: string }> = [];
+    const present = new Set<number>();
+    for (const hostPid of await this.cgroups.procs(id)) {
+      present.add(hostPid);
+      const st = await readProcStatus(hostPid);
+      if (!st || st.pid === 1 || st.session === 1 || st.zombie || e.survivors.has(hostPid)) continue;
+      candidates.push({ hostPid, ...st });
+    }
+    for (const pid of e.survivors) if (!present.has(pid)) e.survivors.delete(pid);
+    if (candidates.length === 0) return;
+    // Sessions of running commands, read after the processes: a command started meanwhile
+    // is listed here, so its processes are not taken for survivors.
+    const running = new Set((await this.withAgent(id, (agent) => agent.list())).filter((p) => p.running).map((p) => p.pid));
+    const survivors = [];
+    for (const c of candidates) {
+      if (running.has(c.session)) continue;
+      const again = await readProcStatus(c.hostPid);
+      if (!again || again.zombie || again.session !== c.session) continue;
+      survivors.push(c);
+    }
+    if (survivors.length === 0) return;
+    for (const s of survivors) if (e.survivors.size < MAX_REPORTED_SURVIVORS) e.survivors.add(s.hostPid);
+    const shown = survivors.slice(0, 16);
+    this.raise({
+      kind: 'process.survived-command',
+      severity: 'warning',
+      sandboxId: id,
+      message: `sandbox ${id}: ${survivors.length} process${survivors.length === 1 ? '' : 'es'} outlived their command: ${shown.map((s) => `${s.name} (pid ${s.pid})`).join(', ')}`,
+      data: { count: survivors.length, processes: shown.map((s) => ({ pid: s.pid, name: s.name, session: s.session })) },
+    });
   }
 
   /** Subscribes to the events this node raises; returns the unsubscribe function. */
@@ -231,16 +477,20 @@ export class Edge {
     const kind = spec.backend ?? 'container';
     const backend = this.backends.get(kind);
     if (!backend) throw new DsecError('INVALID_ARGUMENT', `backend: ${kind} is not available on this node`, { field: 'backend' });
+    for (const [i, name] of (spec.protect?.denySyscalls ?? []).entries()) {
+      if (!SYSCALL_NAMES.has(name)) throw invalidArgument(`protect.denySyscalls.${i}`, `${name} is not a known system call`);
+    }
     const id = opts.id ?? this.newId();
     if (!ID_RE.test(id)) throw invalidArgument('id', 'must be 3-63 characters of a-z, 0-9 and -');
-    if (this.sandboxes.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
-    if (this.sandboxes.size + this.creating >= this.maxSandboxes) {
+    if (this.sandboxes.has(id) || this.creating.has(id)) throw new DsecError('CONFLICT', `sandbox ${id} already exists`, { sandboxId: id });
+    if (this.sandboxes.size + this.creating.size >= this.maxSandboxes) {
       throw new DsecError('CAPACITY_EXHAUSTED', `node ${this.nodeName} is full (${this.maxSandboxes} sandboxes)`, { retryAfterMs: 1000 });
     }
     const layers: LayerInfo[] = [];
     const refs: Array<[string, string]> = [['image.base', spec.image.base]];
     if (spec.image.workspace) refs.push(['image.workspace', spec.image.workspace]);
     (spec.image.toolkits ?? []).forEach((t, i) => refs.push([`image.toolkits.${i}`, t]));
+    (spec.snapshots ?? []).forEach((t, i) => refs.push([`snapshots.${i}`, t]));
     for (const [field, ref] of refs) {
       const layer = await this.layers.resolve(ref).catch((err: unknown) => {
         if (err instanceof DsecError) err.details.field = field;
@@ -248,15 +498,120 @@ export class Edge {
       });
       layers.push(layer);
     }
-    this.creating++;
+    const networked = spec.network?.mode === 'allowlist';
+    if (networked && !backend.netnsPath) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
+    this.creating.add(id);
     let record: BackendSandbox;
     try {
       record = await backend.create({ id, spec, layers }, opts.signal);
+      if (networked) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network as NetworkPolicy));
     } finally {
-      this.creating--;
+      this.creating.delete(id);
     }
-    this.sandboxes.set(id, { record, backend, state: 'running', oomAtSpawn: new Map(), busy: 0 });
+    try {
+      this.track(record, backend);
+    } catch (err) {
+      // A watch that was asked for and cannot be set up: no sandbox rather than an unwatched one.
+      this.untrack(id);
+      await backend.destroy(id).catch(() => undefined);
+      await this.network.remove(id).catch(() => undefined);
+      throw new DsecError('BACKEND_FAILED', `protect.watch: cannot watch the sandbox's writable layer: ${(err as Error).message}`, { sandboxId: id });
+    }
+    this.sandboxes.set(id, this.newEntry(record, backend));
     return this.info(id);
+  }
+
+  /** Starts attributing kernel records to a sandbox and watching its watched paths. */
+  private track(record: BackendSandbox, backend: Backend): void {
+    if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
+    const watch = record.spec.protect?.watch ?? [];
+    if (watch.length > 0 && backend.upperDir) this.monitor.watch(record.id, path.dirname(backend.upperDir(record.id)), watch);
+  }
+
+  private untrack(id: string): void {
+    this.monitor.forget(id);
+    for (const [uid, owner] of this.idBases) if (owner === id) this.idBases.delete(uid);
+  }
+
+  /**
+   * Hands a sandbox created ahead of demand (a warm pool's) to its claimer: its commands get
+   * the claimer's env from now on and it carries the claimer's labels, as if it had been created
+   * with them. Refused (CONFLICT) for a sandbox that anything has used, or claimed, before.
+   */
+  async claim(id: string, input: unknown): Promise<SandboxInfo> {
+    const claim = parse(SandboxClaimSchema, input, '');
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    if (e.used) throw new DsecError('CONFLICT', `sandbox ${id} was used before; it cannot be claimed`, { sandboxId: id });
+    e.used = true;
+    if (claim.env !== undefined || claim.labels !== undefined) {
+      await e.backend.claim(id, claim);
+      e.record = { ...e.record, spec: { ...e.record.spec, ...claim } };
+    }
+    return this.toInfo(e);
+  }
+
+  /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */
+  private async joinNetwork(backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
+    try {
+      await this.network.apply(id, policy, () => (backend.netnsPath as (id: string) => Promise<string>).call(backend, id));
+      await this.writeResolvConf(backend, id);
+    } catch (err) {
+      await backend.destroy(id).catch(() => undefined);
+      await this.network.remove(id).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** Points a networked sandbox's resolver at the gateway's DNS stub. */
+  private async writeResolvConf(backend: Backend, id: string): Promise<void> {
+    const conf = this.network.resolvConf(id);
+    if (conf) await (await backend.agent(id)).writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
+  }
+
+  /** The network namespace of a running sandbox. */
+  private netnsPath(id: string): Promise<string> {
+    const e = this.entry(id);
+    if (!e.backend.netnsPath) throw invalidArgument('network.mode', `the ${e.record.backend} backend has no network; use mode none`);
+    return e.backend.netnsPath(id);
+  }
+
+  /** Replaces a sandbox's network policy; in force for new connections when this returns. */
+  async setNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
+    const policy = normalizeNetworkPolicy(parse(NetworkPolicySchema, input, 'network'));
+    return this.changeNetwork(id, () => policy);
+  }
+
+  /** Patches a sandbox's network policy (add or remove rules, presets, addresses, mirrors). */
+  async patchNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
+    const patch = parse(NetworkPolicyPatchSchema, input, 'network');
+    return this.changeNetwork(id, (current) => normalizeNetworkPolicy(parse(NetworkPolicySchema, applyNetworkPatch(current, patch), 'network')));
+  }
+
+  private async changeNetwork(id: string, next: (current: NetworkPolicy) => NetworkPolicy): Promise<SandboxNetworkInfo> {
+    const e = this.entry(id);
+    if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
+    const wasLinked = this.network.resolvConf(id) !== undefined;
+    const policy = await this.network.apply(id, next, () => this.netnsPath(id));
+    e.record = { ...e.record, spec: { ...e.record.spec, network: policy } };
+    if (!wasLinked) {
+      const conf = this.network.resolvConf(id);
+      // Through withAgent: a pause that begins meanwhile waits for the write.
+      if (conf) await this.withAgent(id, (agent) => agent.writeFile('/etc/resolv.conf', conf, { mode: 0o644 })).catch(() => undefined);
+    }
+    return this.network.info(id);
+  }
+
+  /** A sandbox's network: policy, addresses, traffic and attempt counters. */
+  networkInfo(id: string): SandboxNetworkInfo {
+    this.entry(id);
+    return this.network.info(id);
+  }
+
+  /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
+  networkLog(id: string, limit?: number): EgressLogEntry[] {
+    this.entry(id);
+    return this.network.log(id, limit);
   }
 
   private entry(id: string): Entry {
@@ -305,6 +660,7 @@ export class Edge {
       e = this.entry(id);
     }
     if (e.state !== 'running') throw notRunning(id, e.state);
+    e.used = true;
     return e.backend.agent(id);
   }
 
@@ -320,6 +676,7 @@ export class Edge {
       e = this.entry(id);
     }
     if (e.state !== 'running') throw notRunning(id, e.state);
+    e.used = true;
     e.busy++;
     try {
       return await fn(await e.backend.agent(id));
@@ -409,9 +766,14 @@ export class Edge {
   private async start(id: string, spec: ExecSpec): Promise<Attachment> {
     const e = this.entry(id);
     const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
-    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, e.record.spec.env)));
+    const netEnv = this.network.env(id);
+    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, netEnv ? { ...netEnv, ...e.record.spec.env } : e.record.spec.env)));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
+    void att.exited.then(
+      () => this.scheduleSurvivorCheck(id),
+      () => undefined,
+    );
     return att;
   }
 
@@ -467,6 +829,8 @@ export class Edge {
     const before = e?.oomAtSpawn.get(exit.proc);
     if (killed && !exit.timedOut && before !== undefined && e?.backend instanceof ContainerBackend) {
       oomKilled = e.backend.oomKillsNow(id) > before;
+      // Report it now rather than at the next scan, naming the command.
+      if (oomKilled) this.checkCounters(id, { proc: exit.proc, pid: exit.pid });
     }
     return {
       exitCode: exit.exitCode,
@@ -506,6 +870,7 @@ export class Edge {
     if (e.state !== 'running') throw notRunning(id, e.state);
     // Held like any agent call until the attachment is made (a pause waits for it); the
     // attachment itself then outlives pauses, seeing no output while the sandbox is frozen.
+    e.used = true;
     e.busy++;
     let agent: SandboxAgent | undefined;
     try {
@@ -602,6 +967,109 @@ export class Edge {
     return e.backend.upperDir(id);
   }
 
+  /**
+   * Packs a sandbox's writable layer into a new content-addressed layer of kind `snapshot`
+   * ("pack diff"): the sandbox is frozen while its upper directory is read (a consistent
+   * state) and thawed after, also on failure. A paused sandbox is read as it is and stays
+   * paused. The layer holds only the changes, deletions as whiteouts; it sits above the
+   * sandbox's layers, which its labels (and UUID) record.
+   *
+   * While the tree is read the snapshot is the sandbox's transition (as a pause or resume is):
+   * a pause or resume waits for it, it waits for them, and agent calls wait rather than hang on
+   * the frozen agent. The digest and the commit happen after, with the sandbox running again.
+   */
+  async snapshot(id: string, opts: SnapshotOptions = {}): Promise<LayerInfo> {
+    const e = this.entry(id);
+    if (e.state !== 'running' && e.state !== 'paused') throw notRunning(id, e.state);
+    const upper = this.upperDir(id);
+    const parents = e.record.layers.map((l) => l.digest);
+    // A user-namespaced sandbox's files are owned by its host id range: stored as the ids it sees.
+    const range = e.record.idRange;
+    const idShift = opts.idShift ?? (range ? { uid: range.uid, gid: range.gid, count: range.size } : undefined);
+    const labels = { ...opts.labels, [SNAPSHOT_PARENTS_LABEL]: parents.join(','), [SNAPSHOT_SANDBOX_LABEL]: id };
+    const pack = async (): Promise<LayerInfo> => {
+      opts.signal?.throwIfAborted();
+      while (e.transition) await this.afterTransition(e);
+      if (e.state !== 'running' && e.state !== 'paused') throw notRunning(id, e.state);
+      // Taken with no await since the check above: no pause or resume can slip in between.
+      let release: () => void = () => undefined;
+      const held = new Promise<void>((r) => (release = r));
+      e.transition = held;
+      let frozen = false;
+      // Frozen only while the tree is read: the digest and the commit happen with it running
+      // (or paused, as it was).
+      const thaw = async (): Promise<void> => {
+        try {
+          if (frozen) {
+            frozen = false;
+            await this.cgroups.thaw(id);
+          }
+        } finally {
+          if (e.transition === held) delete e.transition;
+          release();
+        }
+      };
+      try {
+        // A paused sandbox is already frozen and stays so; a running one is frozen here.
+        if (e.state === 'running' && !(await this.cgroups.isFrozen(id))) {
+          frozen = true;
+          await this.cgroups.freeze(id);
+        }
+        return await this.layers.build(
+          { type: 'upper', dir: upper, parents, ...(idShift ? { idShift } : {}) },
+          { kind: 'snapshot', labels, onSourceRead: thaw, ...(opts.signal ? { signal: opts.signal } : {}) },
+        );
+      } finally {
+        await thaw();
+      }
+    };
+    // One at a time per sandbox: a second snapshot must not be thawed under by the first.
+    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
+    e.snapshotting = run.catch(() => undefined);
+    return run;
+  }
+
+  /**
+   * What a sandbox added, changed and deleted against its layers, read from its writable layer
+   * on the host (never through the sandbox's own programs), with sha256 of file contents, a page
+   * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
+   * written during the walk may be listed half-written.
+   */
+  async diff(id: string, input: unknown = {}): Promise<DiffResult> {
+    const opts = parse(DiffOptionsSchema, input, '');
+    const e = this.entry(id);
+    return diffLayers(this.layersView(id, e), {
+      ...(opts.paths ? { paths: opts.paths } : {}),
+      ...(opts.hash !== undefined ? { hash: opts.hash } : {}),
+      ...(opts.limit !== undefined ? { limit: opts.limit } : {}),
+      ...(opts.cursor !== undefined ? { cursor: opts.cursor } : {}),
+      frozen: e.state === 'paused',
+    });
+  }
+
+  /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
+  async verify(id: string, input: unknown): Promise<VerifyResult> {
+    const req = parse(VerifyRequestSchema, input, '');
+    return verifyLayers(this.layersView(id, this.entry(id)), req.expected);
+  }
+
+  private layersView(id: string, e: Entry): SandboxLayersView {
+    return {
+      upper: this.upperDir(id),
+      // Records list layers bottom first; overlayfs and the view want the topmost first.
+      lowers: e.record.layers.map((l) => this.layers.mountDir(l.digest)).reverse(),
+      ...(e.record.idRange ? { idRange: e.record.idRange } : {}),
+    };
+  }
+
+  /**
+   * Host ids that a sandbox's ids 0..size-1 map to (its user namespace), or undefined when it
+   * shares the host's ids. Files in its upper directory are owned by these host ids.
+   */
+  idRange(id: string): IdRange | undefined {
+    return this.entry(id).record.idRange;
+  }
+
   /** Resource use of a sandbox. */
   async stats(id: string): Promise<SandboxStats> {
     const e = this.entry(id);
@@ -615,6 +1083,9 @@ export class Edge {
       // A pause or resume under way finishes first (the runtime kills frozen processes too).
       await e.transition?.catch(() => undefined);
       e.state = 'stopped';
+      clearTimeout(e.survivorTimer);
+      // The watch holds an fd on the writable layer: let go of it before the unmount.
+      this.monitor.forget(id);
       try {
         await e.backend.destroy(id);
       } catch (err) {
@@ -622,6 +1093,8 @@ export class Edge {
         delete e.destroying;
         throw err;
       }
+      this.untrack(id);
+      await this.network.remove(id);
       this.sandboxes.delete(id);
     })();
     return e.destroying;
@@ -632,15 +1105,22 @@ export class Edge {
    * a later `Edge.open` on the same home finds them again.
    */
   async close(): Promise<void> {
+    clearInterval(this.counterTimer);
+    this.counterTimer = undefined;
+    for (const e of this.sandboxes.values()) clearTimeout(e.survivorTimer);
     // Calls keep no state: their pooled sandboxes go with this process.
     await this.calls.close();
+    this.monitor.close();
+    this.layers.detach();
     for (const b of this.backends.values()) await b.close();
+    await this.network.close();
   }
 
   /** Destroys every sandbox, unmounts every layer and removes the runtime namespace (tests). */
   async shutdown(): Promise<void> {
     for (const id of [...this.sandboxes.keys()]) await this.destroy(id).catch(() => undefined);
     await this.close();
+    await this.network.shutdown();
     await this.layers.close();
     await this.cgroups.removeParent();
     await this.runtimeNs.destroy();
@@ -680,6 +1160,16 @@ const MAX_NODE_NAME = 40;
 function nodeNameOf(name: string): string {
   const clean = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, MAX_NODE_NAME);
   return clean.length >= 1 ? clean : 'node';
+}
+
+/** What the survivor check needs from /proc/<pid>/status, with pids as the sandbox sees them. */
+async function readProcStatus(hostPid: number): Promise<{ pid: number; session: number; name: string; zombie: boolean } | undefined> {
+  const text = await readFile(`/proc/${hostPid}/status`, 'utf8').catch(() => undefined);
+  if (text === undefined) return undefined;
+  const field = (name: string): string => new RegExp(`^${name}:\\s*(.*)$`, 'm').exec(text)?.[1]?.trim() ?? '';
+  // NSpid and NSsid list the id in each nested pid namespace; the last is the sandbox's.
+  const last = (name: string): number => Number(field(name).split(/\s+/).pop());
+  return { pid: last('NSpid'), session: last('NSsid'), name: field('Name'), zombie: field('State').startsWith('Z') };
 }
 
 /** Writes stdin; a command that already exited (or closed stdin) is not an error here. */

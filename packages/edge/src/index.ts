@@ -1,18 +1,45 @@
-export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, PAUSE_DRAIN_TIMEOUT_MS } from './edge.js';
-export type { EdgeOptions, ExecOptions, NodeCapacity, PauseResult, ResumeResult, SandboxInfo } from './edge.js';
+export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, PAUSE_DRAIN_TIMEOUT_MS, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL, DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './edge.js';
+export type { EdgeOptions, ExecOptions, NodeCapacity, NodeGarbageReport, PauseResult, ResumeResult, SandboxInfo, SnapshotOptions } from './edge.js';
 export type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
-export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES } from './backends/container/backend.js';
-export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';
+export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
+export type { ContainerBackendOptions, GarbageOptions, GarbageReport, LayerMounter } from './backends/container/backend.js';
 export { ChronusClient, Attachment, DEFAULT_WINDOW_BYTES, signalNumber } from './chronus/client.js';
 export type { AgentExit, AgentInfo, AgentProcess, OutputEvent, SpawnOptions } from './chronus/client.js';
-export { Cgroups, detectCgroupMode, FREEZE_TIMEOUT_MS, PAUSED_SWAPPINESS } from './host/cgroups.js';
+export { Cgroups, detectCgroupMode, DEFAULT_FREEZE_TIMEOUT_MS, PAUSED_SWAPPINESS } from './host/cgroups.js';
 export type { CgroupMode, CgroupStats, MemorySettings, PrefetchResult, ReclaimResult } from './host/cgroups.js';
 export { ZramSwap, ZRAM_MARKER_DIR, MAX_ZRAM_SWAP_MIB } from './host/swap.js';
 export type { ZramSwapOptions } from './host/swap.js';
-export { LayerStore } from './layers/index.js';
+export { DEFAULT_ID_RANGE, checkIdShift, withShiftedView } from './host/idmap.js';
+export type { IdShift } from './host/idmap.js';
+export { LayerStore, normalizeLayerName } from './layers/index.js';
 export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
-export { mount, umount, MS, MNT, mountsUnder, SyscallError } from './sys/linux.js';
+export { mount, umount, MS, MNT, mountsUnder, SyscallError, idmappedBind } from './sys/linux.js';
 export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.js';
 export type { FnCallBackendOptions } from './backends/fncall/backend.js';
 export { RUNTIMES } from './backends/fncall/runtimes.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
+export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE } from './host/id-ranges.js';
+export { PLATFORM_MOUNT_POINTS } from './diff.js';
+export type { IdRange } from './host/id-ranges.js';
+export { defaultSeccompProfile, DENIED_SYSCALLS, DENIED_IOCTLS, PTRACE_SYSCALLS } from './backends/container/seccomp.js';
+export type { SeccompProfile } from './backends/container/seccomp.js';
+export { NodeNetwork, purgeHome, KERNEL_LOG_RATE_PER_SECOND } from './net/network.js';
+export type { NetworkOptions, NodeNetworkDeps, SandboxNetworkInfo } from './net/network.js';
+export { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX } from './net/pool.js';
+export { EXPLICIT_PROXY_PORT } from './net/kernel.js';
+export { compilePolicy } from './net/policy.js';
+export type {
+  EgressLogEntry,
+  EgressLogSink,
+  EgressPolicyView,
+  EgressProxyLimits,
+  EgressProxyPorts,
+  EgressStats,
+  EgressVerdict,
+  EgressVia,
+  NameResolver,
+  SandboxResolver,
+  StartEgressProxy,
+} from './net/types.js';
+export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export type { EgressProxyHandle, EgressProxyOptions, ConnectionRecord, EgressReason, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';

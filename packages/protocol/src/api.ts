@@ -3,17 +3,23 @@
 import { z } from 'zod';
 import {
   BackendKindSchema,
+  BuildableLayerKindSchema,
   EnvSchema,
   ImageSpecSchema,
   LabelsSchema,
   LayerKindSchema,
+  LayerRefSchema,
   ResourcesSchema,
   SandboxStateSchema,
   CommandFieldsSchema,
   ONE_COMMAND,
   PtySchema,
   oneCommand,
+  NormalisedPathSchema,
+  ProtectSchema,
+  SecuritySchema,
 } from './types.js';
+import { NetworkPolicyPatchSchema, NetworkPolicySchema } from './network.js';
 
 /** Default and largest page of a listing. */
 export const DEFAULT_PAGE_SIZE = 100;
@@ -73,18 +79,55 @@ export type GrantedLease = z.infer<typeof GrantedLeaseSchema>;
 /** An owner id (`own_<hex>`). */
 export const OwnerIdSchema = z.string().regex(/^own_[0-9a-f]{1,64}$/, 'not an owner id');
 
-/** POST /v1/sandboxes */
+/** Default and longest time a create may wait in the admission queue (ms). */
+export const DEFAULT_ADMISSION_WAIT_MS = 30_000;
+export const MAX_ADMISSION_WAIT_MS = 600_000;
+
+/**
+ * What a create does when the project's quota or the nodes are full: by default it is refused
+ * at once (429 QUOTA_EXCEEDED or 503 CAPACITY_EXHAUSTED, with `Retry-After`); with `wait` it
+ * waits in a bounded queue, fair across projects, until capacity frees or `timeoutMs` passes.
+ */
+export const AdmissionSchema = z.strictObject({
+  wait: z.boolean().optional(),
+  /** Longest wait in ms; default {@link DEFAULT_ADMISSION_WAIT_MS}. */
+  timeoutMs: z.number().int().min(0).max(MAX_ADMISSION_WAIT_MS).optional(),
+});
+export type Admission = z.infer<typeof AdmissionSchema>;
+
+/** Header that makes a create (or a batch) idempotent. */
+export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
+/** How long an idempotency key is remembered (ms). */
+export const DEFAULT_IDEMPOTENCY_TTL_MS = 86_400_000;
+/** An idempotency key: 1-255 printable ASCII characters, no spaces and no `#` (batches derive `<key>#<index>`). */
+export const IdempotencyKeySchema = z
+  .string()
+  .min(1)
+  .max(255)
+  .regex(/^[\x21\x22\x24-\x7e]+$/, 'printable ASCII without spaces or #');
+
+/** POST /v1/sandboxes: give exactly one of `image` or `snapshot`. */
 export const CreateSandboxRequestSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
-  image: ImageSpecSchema,
+  image: ImageSpecSchema.optional(),
+  /** A snapshot layer to start from (its parent layers come with it), instead of `image`. */
+  snapshot: LayerRefSchema.optional(),
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
+  /** Network policy; default `{mode: 'none'}` (loopback only). */
+  network: NetworkPolicySchema.optional(),
   /** Lifetime in ms from creation (the same as `lease.maxLifetimeMs`; give at most one). */
   timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
   lease: LeaseSchema.optional(),
   /** The owner session whose heartbeats keep this sandbox running. */
   owner: OwnerIdSchema.optional(),
+  /** Refuse at once (default) or wait when the quota or the nodes are full. */
+  admission: AdmissionSchema.optional(),
+  /** Read-only and watched paths (reward-hacking guards). */
+  protect: ProtectSchema.optional(),
+  /** Relaxations of the default hardening (ptrace). */
+  security: SecuritySchema.optional(),
 });
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequestSchema>;
 
@@ -106,11 +149,16 @@ export const SandboxSchema = z.object({
   backend: BackendKindSchema,
   state: SandboxStateSchema,
   image: ImageSpecSchema,
+  /** The snapshot the sandbox was created from (its top layer), when it was. */
+  snapshot: z.string().optional(),
+  /** Every layer, bottom first: base, workspace, toolkits, snapshots. */
   layers: z.array(z.string()),
   resources: GrantedResourcesSchema,
   labels: z.record(z.string(), z.string()),
   /** Names of the environment variables set at create (values are not returned). */
   envKeys: z.array(z.string()),
+  /** The network policy in force. */
+  network: NetworkPolicySchema,
   createdAt: z.string(),
   expiresAt: z.string(),
   lease: GrantedLeaseSchema,
@@ -121,6 +169,9 @@ export const SandboxSchema = z.object({
   /** When it was paused, and why (`api`, `idle`, `owner-lost`); null while running. */
   pausedAt: z.string().nullable(),
   pauseReason: z.string().nullable(),
+  /** Hardening beyond the defaults, run-time rules (POST /v1/rules) included. */
+  protect: ProtectSchema.optional(),
+  security: SecuritySchema.optional(),
 });
 export type Sandbox = z.infer<typeof SandboxSchema>;
 
@@ -300,7 +351,7 @@ export const FileStatSchema = z.object({
 
 /** POST /v1/layers query (the body is a tar stream, optionally gzip-compressed). */
 export const UploadLayerQuerySchema = z.strictObject({
-  kind: LayerKindSchema,
+  kind: BuildableLayerKindSchema,
   name: z.string().max(256).optional(),
   /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
   format: z.enum(['tar', 'oci']).optional(),
@@ -308,7 +359,7 @@ export const UploadLayerQuerySchema = z.strictObject({
 
 /** POST /v1/layers/debian */
 export const DebianLayerRequestSchema = z.strictObject({
-  kind: LayerKindSchema,
+  kind: BuildableLayerKindSchema,
   name: z.string().max(256).optional(),
   packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
   suite: z.string().regex(/^[a-z]+$/).optional(),
@@ -324,6 +375,17 @@ export const LayerSchema = z.object({
   contentBytes: z.number(),
   files: z.number(),
   createdAt: z.string(),
+  /** For a snapshot layer: where it comes from and what it sits on. */
+  snapshot: z
+    .object({
+      /** The layers below it, bottom first (a sandbox made from it gets these plus it). */
+      parents: z.array(z.string()),
+      /** The sandbox it was taken of. */
+      sandboxId: z.string(),
+      /** Trajectory steps of that sandbox with a lower seq were recorded before it was taken. */
+      seq: z.number(),
+    })
+    .optional(),
 });
 export type Layer = z.infer<typeof LayerSchema>;
 
@@ -475,3 +537,440 @@ export type CallBatchItem = z.infer<typeof CallBatchItemSchema>;
 /** 200 reply of POST /v1/calls/batch: one item per call, in request order. */
 export const CallBatchResultSchema = z.object({ results: z.array(CallBatchItemSchema) });
 export type CallBatchResult = z.infer<typeof CallBatchResultSchema>;
+
+// ---- batches and warm pools ----
+
+/** Most sandboxes one batch creates. */
+export const MAX_BATCH_SIZE = 10_000;
+
+/** One sandbox of a batch: a create request without an admission option of its own. */
+export const SandboxRequestSchema = CreateSandboxRequestSchema.omit({ admission: true });
+export type SandboxRequest = z.infer<typeof SandboxRequestSchema>;
+
+/**
+ * POST /v1/sandboxes:batch: `count` sandboxes of one `spec`, or one per entry of `items`. Each
+ * entry of `items` is validated on its own: a bad one fails alone, naming `items.<i>.<field>`.
+ */
+export const CreateSandboxBatchRequestSchema = z
+  .strictObject({
+    spec: SandboxRequestSchema.optional(),
+    count: z.number().int().min(1).max(MAX_BATCH_SIZE).optional(),
+    items: z.array(z.unknown().describe('a sandbox create request (without admission)')).min(1).max(MAX_BATCH_SIZE).optional(),
+    admission: AdmissionSchema.optional(),
+  })
+  .refine((b) => b.items === undefined || (b.spec === undefined && b.count === undefined), { message: 'give either spec with count, or items', path: ['items'] })
+  .refine((b) => b.items !== undefined || b.spec !== undefined, { message: 'give either spec with count, or items', path: ['spec'] })
+  .refine((b) => b.items !== undefined || b.count !== undefined, { message: 'required with spec', path: ['count'] });
+export type CreateSandboxBatchRequest = z.infer<typeof CreateSandboxBatchRequestSchema>;
+
+/** The error of one failed item (the same body as an error reply's `error`). */
+export const ItemErrorSchema = z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough();
+export type ItemError = z.infer<typeof ItemErrorSchema>;
+
+/** The outcome of one item of a batch: its sandbox, or the error that kept it from being created. */
+export const BatchItemResultSchema = z.object({
+  /** Position of the item in the request (for `count`, 0 to count-1). */
+  index: z.number(),
+  sandbox: SandboxSchema.optional(),
+  error: ItemErrorSchema.optional(),
+});
+export type BatchItemResult = z.infer<typeof BatchItemResultSchema>;
+
+/** 200 reply of a batch: one result per item, in request order. */
+export const CreateSandboxBatchResultSchema = z.object({
+  items: z.array(BatchItemResultSchema),
+  created: z.number(),
+  failed: z.number(),
+});
+export type CreateSandboxBatchResult = z.infer<typeof CreateSandboxBatchResultSchema>;
+
+/** One line of a batch streamed as `application/x-ndjson`: an item as it finishes, then the summary. */
+export const BatchEventSchema = z.discriminatedUnion('type', [
+  BatchItemResultSchema.extend({ type: z.literal('item') }),
+  z.object({ type: z.literal('summary'), created: z.number(), failed: z.number(), durationMs: z.number() }),
+  /** The batch stopped early (items not reported were not created). */
+  z.object({ type: z.literal('error'), error: ItemErrorSchema }),
+]);
+export type BatchEvent = z.infer<typeof BatchEventSchema>;
+
+/** Largest warm pool. */
+export const MAX_POOL_SIZE = 1000;
+/** Most pools per project. */
+export const MAX_POOLS_PER_PROJECT = 64;
+/** A pool unclaimed this long (ms) drops its ready sandboxes until the next matching create. */
+export const DEFAULT_POOL_IDLE_TIMEOUT_MS = 600_000;
+export const MAX_POOL_IDLE_TIMEOUT_MS = 7 * 86_400_000;
+
+/** A pool's name: unique in its project. */
+export const PoolNameSchema = z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'lowercase letters, digits and -');
+
+/** What a pool keeps ready: a create request less what a claim applies (env, labels, timeoutMs, lease, owner). */
+export const PoolSpecSchema = SandboxRequestSchema.omit({ env: true, labels: true, timeoutMs: true, lease: true, owner: true });
+export type PoolSpec = z.infer<typeof PoolSpecSchema>;
+
+/** PUT /v1/pools/{name}: creates or replaces a pool. */
+export const PutPoolRequestSchema = z.strictObject({
+  spec: PoolSpecSchema,
+  /** Sandboxes kept ready; they count against the project's quota. */
+  size: z.number().int().min(0).max(MAX_POOL_SIZE),
+  /** Default {@link DEFAULT_POOL_IDLE_TIMEOUT_MS}. */
+  idleTimeoutMs: z.number().int().min(1000).max(MAX_POOL_IDLE_TIMEOUT_MS).optional(),
+});
+export type PutPoolRequest = z.infer<typeof PutPoolRequestSchema>;
+
+/** A warm pool as the API returns it. */
+export const PoolSchema = z.object({
+  name: z.string(),
+  project: z.string(),
+  spec: PoolSpecSchema,
+  size: z.number(),
+  idleTimeoutMs: z.number(),
+  /** Sandboxes created and ready to be claimed. */
+  ready: z.number(),
+  /** Sandboxes being created for the pool. */
+  creating: z.number(),
+  /** True when unclaimed for idleTimeoutMs: the pool keeps none ready until a matching create. */
+  idle: z.boolean(),
+  /** Why the last refill failed (quota, capacity), or null. */
+  lastError: z.string().nullable(),
+  lastUsedAt: z.string(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+});
+export type Pool = z.infer<typeof PoolSchema>;
+// ---- snapshots, forks, trajectories, replay ----
+
+/** Most sandboxes one fork creates. */
+export const MAX_FORK_COUNT = 256;
+
+/** POST /v1/sandboxes/{id}/snapshot */
+export const SnapshotRequestSchema = z.strictObject({
+  /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
+  name: z.string().max(256).optional(),
+});
+
+/** POST /v1/sandboxes/{id}/fork: one snapshot, then `count` sandboxes from it. */
+export const ForkRequestSchema = z.strictObject({
+  count: z.number().int().min(1).max(MAX_FORK_COUNT),
+  /** Added to (and overriding) the source sandbox's labels. */
+  labels: LabelsSchema.optional(),
+  /** Lifetime of each new sandbox; default the API's. */
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+});
+export type ForkRequest = z.infer<typeof ForkRequestSchema>;
+
+/** 201 reply of a fork. */
+export const ForkResultSchema = z.object({ snapshot: LayerSchema, sandboxes: z.array(SandboxSchema) });
+export type ForkResult = z.infer<typeof ForkResultSchema>;
+
+/** Kinds of trajectory steps: a command, or a change of files through the API. */
+export const TrajectoryStepKindSchema = z.enum(['exec', 'write', 'mkdir', 'remove', 'rename', 'tar']);
+export type TrajectoryStepKind = z.infer<typeof TrajectoryStepKindSchema>;
+
+/** Bytes as a trajectory keeps them: the digest of all, a bounded copy of the first. */
+export const RecordedBytesSchema = z.object({
+  /** Hex sha256 of every byte seen. */
+  sha256: z.string(),
+  bytes: z.number(),
+  /** Base64 of the first bytes (left out when the listing asked for no content). */
+  base64: z.string().optional(),
+  /** True when the copy holds fewer bytes than `bytes`. */
+  partial: z.boolean(),
+  /** Output the agent dropped before it was read (not covered by the digest). */
+  lostBytes: z.number().optional(),
+});
+export type RecordedBytes = z.infer<typeof RecordedBytesSchema>;
+
+/** One step of a sandbox's trajectory. */
+export const TrajectoryStepSchema = z.object({
+  seq: z.number(),
+  kind: TrajectoryStepKindSchema,
+  startedAt: z.string(),
+  /** Null while a command still runs (or when the sandbox went before it ended). */
+  durationMs: z.number().nullable(),
+  /** exec: the route it came through. */
+  via: z.enum(['exec', 'stream', 'ws']).optional(),
+  /** exec: what ran (the caller's own fields, env values included). */
+  command: CommandFieldsSchema.extend({ pty: PtySchema.optional() }).optional(),
+  /** exec: how it ended; null while it runs. */
+  exit: z.object({ exitCode: z.number().nullable(), signal: z.string().nullable(), timedOut: z.boolean(), oomKilled: z.boolean() }).nullable().optional(),
+  stdout: RecordedBytesSchema.optional(),
+  stderr: RecordedBytesSchema.optional(),
+  /** exec: bytes written to stdin through the API. */
+  stdin: RecordedBytesSchema.optional(),
+  path: z.string().optional(),
+  mode: z.number().optional(),
+  append: z.boolean().optional(),
+  recursive: z.boolean().optional(),
+  from: z.string().optional(),
+  to: z.string().optional(),
+  /** write: the file content; tar: the archive. */
+  data: RecordedBytesSchema.optional(),
+  /** The step failed with this error (a file operation, or a command that could not start). */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+  /** False when replay cannot repeat it (content past the recorded bound); `reason` says why. */
+  replayable: z.boolean(),
+  reason: z.string().optional(),
+});
+export type TrajectoryStep = z.infer<typeof TrajectoryStepSchema>;
+
+/** GET /v1/sandboxes/{id}/trajectory query. */
+export const TrajectoryQuerySchema = z.strictObject({
+  /** Steps with a seq above this (the `nextCursor` of the previous page). */
+  after: z.coerce.number().int().min(-1).optional(),
+  limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
+  /** `false` leaves the bounded copies of output and data out (digests stay). */
+  content: z.enum(['true', 'false']).optional(),
+});
+
+/** A page of a sandbox's trajectory. */
+export const TrajectorySchema = z.object({
+  sandboxId: z.string(),
+  project: z.string(),
+  /** The sandbox's state, or `gone` once it was destroyed (the trajectory outlives it). */
+  sandboxState: z.union([SandboxStateSchema, z.literal('gone')]),
+  image: ImageSpecSchema,
+  snapshots: z.array(z.string()),
+  createdAt: z.string(),
+  endedAt: z.string().nullable(),
+  /** Steps stored so far, and their stored bytes. */
+  steps: z.number(),
+  bytes: z.number(),
+  /** True when steps past the per-sandbox limits were not stored. */
+  truncated: z.boolean(),
+  items: z.array(TrajectoryStepSchema),
+  nextCursor: z.string().nullable(),
+});
+export type Trajectory = z.infer<typeof TrajectorySchema>;
+
+/** POST /v1/sandboxes/{id}/replay: a fresh sandbox from the same layers, the steps re-run. */
+export const ReplayRequestSchema = z.strictObject({
+  /** Replay steps up to and including this seq; default all. */
+  upTo: z.number().int().min(0).optional(),
+  /** Start from this snapshot of the sandbox instead, replaying only the steps after it. */
+  snapshot: LayerRefSchema.optional(),
+  resources: ResourcesSchema.optional(),
+  env: EnvSchema.optional(),
+  labels: LabelsSchema.optional(),
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /** Stop at the first step that differs. */
+  stopOnDivergence: z.boolean().optional(),
+});
+export type ReplayRequest = z.infer<typeof ReplayRequestSchema>;
+
+/** How a replayed step compares with the recorded one. */
+export const ReplayVerdictSchema = z.enum(['same', 'exit-differs', 'output-differs', 'not-replayable']);
+export type ReplayVerdict = z.infer<typeof ReplayVerdictSchema>;
+
+const ReplayOutcomeSchema = z.object({
+  exitCode: z.number().nullable().optional(),
+  signal: z.string().nullable().optional(),
+  stdoutSha256: z.string().optional(),
+  stderrSha256: z.string().optional(),
+  error: z.string().optional(),
+});
+
+/** One replayed step. */
+export const ReplayStepSchema = z.object({
+  seq: z.number(),
+  kind: TrajectoryStepKindSchema,
+  verdict: ReplayVerdictSchema,
+  reason: z.string().optional(),
+  durationMs: z.number(),
+  expected: ReplayOutcomeSchema.optional(),
+  actual: ReplayOutcomeSchema.optional(),
+});
+export type ReplayStep = z.infer<typeof ReplayStepSchema>;
+
+/** Counts of each verdict. */
+export const ReplaySummarySchema = z.object({ same: z.number(), exitDiffers: z.number(), outputDiffers: z.number(), notReplayable: z.number() });
+export type ReplaySummary = z.infer<typeof ReplaySummarySchema>;
+
+/** 201 reply of a replay (JSON form). */
+export const ReplayResultSchema = z.object({
+  sandbox: SandboxSchema,
+  /** Steps up to this seq came with the snapshot (-1: started from the image). */
+  fromSeq: z.number(),
+  steps: z.array(ReplayStepSchema),
+  summary: ReplaySummarySchema,
+  /** True when the trajectory had steps that were not stored. */
+  truncated: z.boolean(),
+  /** Set when the replay stopped early (the new sandbox stays for inspection). */
+  error: z.object({ code: z.string(), message: z.string() }).optional(),
+});
+export type ReplayResult = z.infer<typeof ReplayResultSchema>;
+
+/** One line of a replay's `application/x-ndjson` progress stream. */
+export const ReplayEventSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('sandbox'), sandbox: SandboxSchema, fromSeq: z.number() }),
+  z.object({ type: z.literal('step'), step: ReplayStepSchema }),
+  z.object({ type: z.literal('done'), result: ReplayResultSchema }),
+  z.object({ type: z.literal('error'), error: z.object({ code: z.string(), message: z.string() }) }),
+]);
+export type ReplayEvent = z.infer<typeof ReplayEventSchema>;
+/** Default and largest page of a diff. */
+export const DEFAULT_DIFF_PAGE = 1000;
+export const MAX_DIFF_PAGE = 10_000;
+/** Largest file hashed in a diff or an integrity check (larger ones are reported unhashed). */
+export const MAX_HASH_BYTES = 64 * 1024 * 1024;
+/** Most paths in one integrity check. */
+export const MAX_VERIFY_PATHS = 1024;
+
+/** Options of a diff: which paths, whether to hash, which page. */
+export const DiffOptionsSchema = z.strictObject({
+  /** Only entries at or below these paths (default: everything). */
+  paths: z.array(NormalisedPathSchema).max(32).optional(),
+  /** sha256 of added and changed regular files (default true). */
+  hash: z.boolean().optional(),
+  limit: z.number().int().min(1).max(MAX_DIFF_PAGE).optional(),
+  /** `nextCursor` of the previous page. */
+  cursor: z.string().max(8192).optional(),
+});
+export type DiffOptions = z.infer<typeof DiffOptionsSchema>;
+
+/** GET /v1/sandboxes/{id}/diff query (`path` repeats). */
+export const DiffQuerySchema = z.strictObject({
+  path: z.array(NormalisedPathSchema).max(32).optional(),
+  hash: z.enum(['true', 'false']).optional(),
+  limit: z.coerce.number().int().min(1).max(MAX_DIFF_PAGE).optional(),
+  cursor: z.string().max(8192).optional(),
+});
+
+/**
+ * One change of a sandbox against its layers. `added`: not in the layers; `changed`: in the
+ * layers, written or its metadata changed; `deleted`: in the layers, removed; `replaced`: a
+ * directory removed and made again (nothing below it comes from the layers) or a path whose
+ * type changed.
+ */
+export const DiffEntrySchema = z.object({
+  path: z.string(),
+  change: z.enum(['added', 'changed', 'deleted', 'replaced']),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  /** Mode bits and owner as the sandbox sees them (absent for deletions). */
+  mode: z.number().optional(),
+  uid: z.number().optional(),
+  gid: z.number().optional(),
+  size: z.number().optional(),
+  /** sha256 (hex) of a regular file's content. */
+  sha256: z.string().optional(),
+  /** Why a regular file has no sha256 (too large, the call's hashing budget spent). */
+  hashSkipped: z.string().optional(),
+  /** For `changed` regular files that were hashed: false when only metadata changed. */
+  contentChanged: z.boolean().optional(),
+  linkTarget: z.string().optional(),
+});
+export type DiffEntry = z.infer<typeof DiffEntrySchema>;
+
+/** 200 reply of GET /v1/sandboxes/{id}/diff: entries in path order, a page at a time. */
+export const DiffResultSchema = z.object({
+  entries: z.array(DiffEntrySchema),
+  nextCursor: z.string().nullable(),
+  /** False while the sandbox kept running during the walk (no freeze available): a file written meanwhile may be seen half-written. */
+  frozen: z.boolean(),
+});
+export type DiffResult = z.infer<typeof DiffResultSchema>;
+
+/** POST /v1/sandboxes/{id}/verify: the sha256 each path must have. */
+export const VerifyRequestSchema = z.strictObject({
+  expected: z
+    .record(NormalisedPathSchema, z.string().regex(/^[0-9a-f]{64}$/, 'must be a lowercase hex sha256'))
+    .refine((e) => Object.keys(e).length >= 1 && Object.keys(e).length <= MAX_VERIFY_PATHS, `1 to ${MAX_VERIFY_PATHS} paths`),
+});
+export type VerifyRequest = z.infer<typeof VerifyRequestSchema>;
+
+/** The check of one path. */
+export const VerifyItemSchema = z.object({
+  path: z.string(),
+  expected: z.string(),
+  /** sha256 of what the sandbox holds there now; null when it is not a regular file or is too large. */
+  actual: z.string().nullable(),
+  ok: z.boolean(),
+  /** Why it failed: missing, not-a-file, symlink-in-path, too-large, mismatch. */
+  reason: z.string().optional(),
+  /** Where the content comes from: the sandbox's writable layer or its image layers. */
+  source: z.enum(['upper', 'layers']).optional(),
+});
+export type VerifyItem = z.infer<typeof VerifyItemSchema>;
+
+/** 200 reply of POST /v1/sandboxes/{id}/verify. */
+export const VerifyResultSchema = z.object({ ok: z.boolean(), results: z.array(VerifyItemSchema) });
+export type VerifyResult = z.infer<typeof VerifyResultSchema>;
+
+/** Traffic and attempt counters of a sandbox's network. */
+export const NetworkStatsSchema = z.object({
+  /** Bytes from upstreams to the sandbox, through the proxy. */
+  bytesIn: z.number(),
+  /** Bytes from the sandbox to upstreams, through the proxy. */
+  bytesOut: z.number(),
+  /** Proxy connections open now. */
+  connections: z.number(),
+  /** Proxy connections since the sandbox joined the network. */
+  totalConnections: z.number(),
+  /** Attempts allowed (connections and DNS answers). */
+  allowed: z.number(),
+  /** Attempts denied (proxy, DNS stub and kernel). */
+  denied: z.number(),
+});
+
+/** GET /v1/sandboxes/{id}/network; also the reply of PUT and PATCH. */
+export const SandboxNetworkSchema = z.object({
+  policy: NetworkPolicySchema,
+  /** The sandbox's address (allowlist only). */
+  address: z.string().optional(),
+  /** Its gateway: DNS stub and proxy (allowlist only). */
+  gateway: z.string().optional(),
+  /** `HTTP_PROXY` value commands in the sandbox get (allowlist only). */
+  proxy: z.string().optional(),
+  stats: NetworkStatsSchema,
+});
+export type SandboxNetwork = z.infer<typeof SandboxNetworkSchema>;
+
+/** One egress attempt and its verdict. */
+export const EgressLogEntrySchema = z.object({
+  at: z.string().optional(),
+  sandboxId: z.string(),
+  /** Where it was decided: proxy (`http`, `connect`, `transparent-http`, `transparent-tls`, `mirror`), `dns` or `kernel`. */
+  via: z.string(),
+  host: z.string(),
+  port: z.number(),
+  protocol: z.string().optional(),
+  address: z.string().optional(),
+  verdict: z.enum(['allowed', 'denied']),
+  rule: z.string().optional(),
+  reason: z.string().optional(),
+});
+export type EgressLogEntryBody = z.infer<typeof EgressLogEntrySchema>;
+
+/** Default and largest number of attempts `GET .../network/log` returns. */
+export const DEFAULT_NETWORK_LOG_LIMIT = 100;
+export const MAX_NETWORK_LOG_LIMIT = 1000;
+
+/** GET /v1/sandboxes/{id}/network/log query. */
+export const NetworkLogQuerySchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(MAX_NETWORK_LOG_LIMIT).optional(),
+});
+
+/** Most sandboxes one `network:apply` changes. */
+export const MAX_NETWORK_APPLY_SANDBOXES = 10_000;
+
+/** POST /v1/network:apply — replace or patch the policy of every sandbox matching the labels. */
+export const ApplyNetworkRequestSchema = z
+  .strictObject({
+    selector: z.strictObject({
+      labels: LabelsSchema.refine((l) => Object.keys(l).length > 0, 'give at least one label'),
+    }),
+    policy: NetworkPolicySchema.optional(),
+    patch: NetworkPolicyPatchSchema.optional(),
+  })
+  .refine((r) => (r.policy === undefined) !== (r.patch === undefined), { message: 'give exactly one of policy or patch', path: ['policy'] });
+export type ApplyNetworkRequest = z.infer<typeof ApplyNetworkRequestSchema>;
+
+/** The outcome of `network:apply`, per sandbox. */
+export const ApplyNetworkResultSchema = z.object({
+  /** Sandboxes the selector matched. */
+  matched: z.number(),
+  applied: z.array(z.object({ id: z.string(), network: NetworkPolicySchema })),
+  /** Sandboxes whose policy did not change (their old policy stays in force). */
+  failed: z.array(z.object({ id: z.string(), error: z.object({ code: z.string(), message: z.string() }) })),
+});
+export type ApplyNetworkResult = z.infer<typeof ApplyNetworkResultSchema>;

@@ -1,14 +1,20 @@
 import { z } from 'zod';
+import { NetworkPolicySchema } from './network.js';
 
 /** The four isolation backends of dsec. */
 export const BackendKindSchema = z.enum(['fncall', 'container', 'microvm', 'vm']);
 /** One of the four isolation backends. */
 export type BackendKind = z.infer<typeof BackendKindSchema>;
 
-/** The kind of an image layer: a base, a workspace on top, toolkits above that. */
-export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
+/**
+ * The kind of an image layer: a base, a workspace on top, toolkits above that; a snapshot is a
+ * sandbox's packed writable layer, above the layers it was taken over.
+ */
+export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot']);
 /** The kind of an image layer. */
 export type LayerKind = z.infer<typeof LayerKindSchema>;
+/** Kinds a layer can be built or uploaded as (snapshots only come from sandboxes). */
+export const BuildableLayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
 
 /** Lifecycle states of a sandbox (DESIGN.md, Lifecycle). */
 export const SandboxStateSchema = z.enum(['pending', 'creating', 'running', 'paused', 'stopped', 'failed', 'lost']);
@@ -65,17 +71,72 @@ export const LabelsSchema = z
   .record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'not a label key'), z.string().max(256))
   .refine((l) => Object.keys(l).length <= 64, 'at most 64 labels');
 
+/** Most snapshots stacked on one image (a snapshot of a sandbox made from a snapshot, ...). */
+export const MAX_SNAPSHOT_DEPTH = 16;
+/** Most paths in each list of {@link ProtectSchema}. */
+export const MAX_PROTECTED_PATHS = 32;
+/** Top-level directories a protected path may not be in (the platform's own mounts). */
+const UNPROTECTABLE = ['proc', 'sys', 'dev', '.dsec'];
+
+/** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, no trailing `/` (`/` itself allowed). */
+export const NormalisedPathSchema = z
+  .string()
+  .min(1)
+  .max(4096)
+  .refine((p) => p.startsWith('/') && !p.includes('\0'), 'must be an absolute path without NUL')
+  .refine((p) => p === '/' || p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components, no trailing /)');
+
+/** A path that can be protected: normalised, not `/`, not in the platform's own mounts. */
+export const SandboxPathSchema = NormalisedPathSchema.refine((p) => p !== '/' && p.length <= 1024, 'must be below / and at most 1024 bytes').refine(
+  (p) => !UNPROTECTABLE.includes(p.split('/')[1] ?? ''),
+  'may not be under /proc, /sys, /dev or /.dsec',
+);
+
+/**
+ * Reward-hacking guards. `readOnly`: paths (a test suite, a grader) the sandbox cannot change,
+ * not even as root, nor move aside (every directory above them is pinned). `watch`: paths whose
+ * changes raise `protected-path.write` events.
+ */
+export const ProtectSchema = z.strictObject({
+  readOnly: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+  watch: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
+  /** System calls denied (EPERM) on top of the default seccomp profile (run-time rules add them). */
+  denySyscalls: z.array(z.string().regex(/^[a-z0-9_]{1,64}$/, 'not a system call name')).max(256).optional(),
+});
+/** Reward-hacking guards of a sandbox. */
+export type Protect = z.infer<typeof ProtectSchema>;
+
+/** Per-sandbox relaxations of the default hardening. */
+export const SecuritySchema = z.strictObject({
+  /** Allow ptrace, process_vm_readv/writev, process_madvise and pidfd_getfd (debuggers, strace). Default false. */
+  allowPtrace: z.boolean().optional(),
+});
+/** Per-sandbox relaxations of the default hardening. */
+export type Security = z.infer<typeof SecuritySchema>;
+
 /** What edge needs to create one sandbox. */
 export const SandboxSpecSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
   image: ImageSpecSchema,
+  /** Snapshot layers above the image, oldest first (the chain of a snapshot). */
+  snapshots: z.array(LayerRefSchema).max(MAX_SNAPSHOT_DEPTH).optional(),
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
   hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
+  /** Hardening beyond the defaults; the control plane merges run-time rules (POST /v1/rules) in. */
+  protect: ProtectSchema.optional(),
+  security: SecuritySchema.optional(),
+  /** Network policy; default `{mode: 'none'}` (loopback only). */
+  network: NetworkPolicySchema.optional(),
 });
 /** What edge needs to create one sandbox. */
 export type SandboxSpec = z.infer<typeof SandboxSpecSchema>;
+
+/** What a claim applies to a sandbox created ahead of demand (a warm pool's). */
+export const SandboxClaimSchema = z.strictObject({ env: EnvSchema.optional(), labels: LabelsSchema.optional() });
+/** What a claim applies to a pooled sandbox. */
+export type SandboxClaim = z.infer<typeof SandboxClaimSchema>;
 
 /** Largest single command line (argv bytes, or a shell string). */
 export const MAX_COMMAND_BYTES = 1_048_576;

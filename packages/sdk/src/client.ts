@@ -1,12 +1,14 @@
 // DsecClient: connection settings plus the project-wide APIs (layers, keys, projects, nodes).
-import { invalidArgument } from '@dsec/protocol';
+import { ApplyNetworkRequestSchema, invalidArgument } from '@dsec/protocol';
 import { CallsApi } from './calls.js';
 import { send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
 import { LayersApi } from './layers.js';
 import { OwnerSession, OwnersApi } from './owners.js';
-import type { NodeInfo, OwnerCreateOptions } from './types.js';
+import { PoolsApi } from './pools.js';
+import type { ApplyNetworkRequest, ApplyNetworkResult, NodeInfo, OwnerCreateOptions } from './types.js';
+import { validate } from './validate.js';
 
 /** API URL used when neither the options nor `DSEC_API_URL` give one. */
 export const DEFAULT_API_URL = 'http://127.0.0.1:7878';
@@ -55,6 +57,8 @@ export class DsecClient {
   readonly projects: ProjectsApi;
   /** Stateless function calls: `calls.run({runtime: 'python3', code})`. */
   readonly calls: CallsApi;
+  /** Warm pools: sandboxes kept ready for creates that match them. */
+  readonly pools: PoolsApi;
   /** Nodes and their capacity. */
   readonly nodes: { list(opts?: CallOptions): Promise<NodeInfo[]> };
   /** Owner sessions (the low-level API). */
@@ -83,6 +87,7 @@ export class DsecClient {
     this.calls = new CallsApi(this);
     this.owners = new OwnersApi(this);
     this.ownerSession = opts.owner ? new OwnerSession(this.owners, opts.owner === true ? {} : opts.owner) : undefined;
+    this.pools = new PoolsApi(this);
     this.nodes = {
       list: async (o: CallOptions = {}) => (await this.json<{ items: NodeInfo[] }>({ method: 'GET', path: '/v1/nodes' }, o)).items,
     };
@@ -97,6 +102,15 @@ export class DsecClient {
   async health(opts: CallOptions = {}): Promise<boolean> {
     const reply = await this.json<{ status?: string }>({ method: 'GET', path: '/healthz' }, opts);
     return reply.status === 'ok';
+  }
+
+  /**
+   * Replaces or patches the network policy of every sandbox carrying the selector's labels (a
+   * whole training job between stages). Each sandbox changes atomically; failures are listed.
+   */
+  async applyNetwork(req: ApplyNetworkRequest, opts: CallOptions = {}): Promise<ApplyNetworkResult> {
+    const body = validate(ApplyNetworkRequestSchema, req);
+    return this.json<ApplyNetworkResult>({ method: 'POST', path: '/v1/network:apply', body }, opts);
   }
 
   /** Sends a request and returns the reply with its body read. */

@@ -21,6 +21,8 @@ export interface HttpRequestOptions {
   body?: Buffer | string | Readable | AsyncIterable<Uint8Array> | object | undefined;
   contentType?: string;
   accept?: string;
+  /** Extra request headers (such as `Idempotency-Key`). */
+  headers?: Record<string, string> | undefined;
   /** Caller's signal; it also covers a streamed reply body. */
   signal?: AbortSignal | undefined;
   /**
@@ -87,13 +89,13 @@ export async function send(target: HttpTarget, opts: HttpRequestOptions): Promis
 async function sendOnce(target: HttpTarget, opts: HttpRequestOptions): Promise<HttpReply | HttpStreamReply> {
   opts.signal?.throwIfAborted();
   const what = `${opts.method} ${opts.path}`;
-  const headers: Record<string, string> = { accept: opts.accept ?? 'application/json' };
+  const headers: Record<string, string> = { ...opts.headers, accept: opts.accept ?? 'application/json' };
   if (target.apiKey) headers.authorization = `Bearer ${target.apiKey}`;
   let payload: Buffer | undefined;
   let bodyStream: Readable | undefined;
   const body = opts.body;
   if (body === undefined) {
-    if (opts.method === 'POST' || opts.method === 'PUT') payload = Buffer.alloc(0);
+    if (opts.method === 'POST' || opts.method === 'PUT' || opts.method === 'PATCH') payload = Buffer.alloc(0);
   } else if (Buffer.isBuffer(body) || body instanceof Uint8Array) {
     payload = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
     headers['content-type'] = opts.contentType ?? 'application/octet-stream';

@@ -2,7 +2,7 @@
 export { DsecClient, DEFAULT_API_URL, DEFAULT_REQUEST_TIMEOUT_MS } from './client.js';
 export type { CallOptions, ConnectionOptions, DsecClientOptions } from './client.js';
 export { Sandbox, SandboxPaginator, DEFAULT_EXEC_TIMEOUT_MS, MAX_COLLECTED_OUTPUT_BYTES } from './sandbox.js';
-export type { AttachOptions, CommandOptions, ExecOptions, SpawnOptions } from './sandbox.js';
+export type { AttachOptions, BatchCreateOptions, BatchCreateResult, BatchItem, CommandOptions, CreateOptions, DiffOptions, ExecOptions, ForkOptions, ForkOutcome, ReplayOptions, ReplayOutcome, SnapshotOptions, SpawnOptions, TrajectoryOptions } from './sandbox.js';
 export { ExecHandle, MAX_QUEUED_OUTPUT_BYTES } from './exec-handle.js';
 export type { OutputCallbacks, OutputEvent, OutputOffsets } from './exec-handle.js';
 export { Files } from './files.js';
@@ -12,12 +12,16 @@ export { OwnersApi, OwnerSession } from './owners.js';
 export { LayersApi } from './layers.js';
 export type { DebianBuildOptions, LayerUploadOptions } from './layers.js';
 export { KeysApi, ProjectsApi } from './iam.js';
+export { PoolsApi } from './pools.js';
 export { CommandExitError } from './errors.js';
 export { DsecError, isDsecError } from '@dsec/protocol';
-export type { CallBatchItem, CallRequest, CallResult, CallRuntime, ErrorCode, ErrorDetails } from '@dsec/protocol';
+export type { CallBatchItem, CallRequest, CallResult, CallRuntime, DiffEntry, DiffResult, ErrorCode, ErrorDetails, ReplayStep, ReplaySummary, ReplayVerdict, Trajectory, TrajectoryStep, VerifyItem, VerifyResult } from '@dsec/protocol';
 export type {
   ApiKeyInfo,
+  ApplyNetworkRequest,
+  ApplyNetworkResult,
   DebianLayerRequest,
+  EgressLogEntry,
   ExecResult,
   ExitInfo,
   FileInfo,
@@ -25,16 +29,22 @@ export type {
   LayerInfo,
   LayerUploadQuery,
   LeaseOptions,
+  NetworkPolicy,
+  NetworkPolicyPatch,
   NodeInfo,
   OwnerCreateOptions,
   OwnerInfo,
   PauseResult,
   Page,
+  PoolInfo,
+  PoolPutRequest,
   ProcessInfo,
   ProjectCreateRequest,
   ProjectInfo,
+  SandboxBatchRequest,
   SandboxCreateOptions,
   SandboxInfo,
   SandboxListOptions,
+  SandboxNetworkInfo,
   SandboxStats,
 } from './types.js';

@@ -1,6 +1,29 @@
 // Sandbox: create, find and remove sandboxes; run commands in them; reach their files.
-import { CreateSandboxRequestSchema, DsecError, ExecRequestSchema, LeaseSchema, ListSandboxesQuerySchema, ResumeRequestSchema, UpdateSandboxRequestSchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { ExecEvent, ExecRequest } from '@dsec/protocol';
+import {
+  CreateSandboxBatchRequestSchema,
+  CreateSandboxRequestSchema,
+  DEFAULT_ADMISSION_WAIT_MS,
+  DiffQuerySchema,
+  DsecError,
+  ExecRequestSchema,
+  ForkRequestSchema,
+  IDEMPOTENCY_KEY_HEADER,
+  IdempotencyKeySchema,
+  LeaseSchema,
+  ListSandboxesQuerySchema,
+  NetworkLogQuerySchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  ReplayRequestSchema,
+  ResumeRequestSchema,
+  SnapshotRequestSchema,
+  TrajectoryQuerySchema,
+  UpdateSandboxRequestSchema,
+  VerifyRequestSchema,
+  WsExecRequestSchema,
+  invalidArgument,
+} from '@dsec/protocol';
+import type { BatchEvent, DiffEntry, DiffResult, ExecEvent, ExecRequest, ForkResult, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryStep, VerifyResult } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
 import { CommandExitError } from './errors.js';
@@ -9,7 +32,7 @@ import type { EventSource, OutputCallbacks, OutputOffsets, ProcessControl } from
 import { Files } from './files.js';
 import { streamedError } from './layers.js';
 import { readNdjson } from './ndjson.js';
-import type { ExecResult, ExitInfo, LeaseOptions, Page, PauseResult, ProcessInfo, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxStats } from './types.js';
+import type { EgressLogEntry, ExecResult, ExitInfo, LayerInfo, LeaseOptions, NetworkPolicy, NetworkPolicyPatch, Page, PauseResult, ProcessInfo, SandboxBatchRequest, SandboxCreateOptions, SandboxInfo, SandboxListOptions, SandboxNetworkInfo, SandboxStats } from './types.js';
 import { validate } from './validate.js';
 import { openWsExec } from './ws-exec.js';
 
@@ -55,6 +78,40 @@ export interface SpawnOptions extends CommandOptions {
   requestTimeoutMs?: number;
 }
 
+/** Options of `Sandbox.create` beyond the sandbox's spec. */
+export interface CreateOptions extends CallOptions {
+  /**
+   * Makes the create idempotent (`Idempotency-Key`): a retry with the same key and spec gets the
+   * same sandbox, even while the first request is still creating it. Keys live 24 h per project.
+   */
+  idempotencyKey?: string | undefined;
+}
+
+/** Options of `Sandbox.createBatch`. */
+export interface BatchCreateOptions extends CallOptions {
+  /** Makes the batch idempotent: a retry creates only the items that were not created. */
+  idempotencyKey?: string | undefined;
+  /** Called with each item as it finishes (in completion order). */
+  onItem?: ((item: BatchItem) => void) | undefined;
+}
+
+/** One item of a batch: its sandbox, or the error that kept it from being created. */
+export interface BatchItem {
+  /** Position in the request (0 to count-1). */
+  index: number;
+  sandbox?: Sandbox;
+  error?: DsecError;
+}
+
+/** What `Sandbox.createBatch` returns: one item per requested sandbox, in request order. */
+export interface BatchCreateResult {
+  items: BatchItem[];
+  created: number;
+  failed: number;
+  /** The created sandboxes, in request order. */
+  sandboxes: Sandbox[];
+}
+
 /** Options of `sandbox.attach`. */
 export interface AttachOptions extends OutputCallbacks {
   /** Stdout byte offset to read on from (default 0: all that the agent still holds). */
@@ -62,6 +119,59 @@ export interface AttachOptions extends OutputCallbacks {
   /** Stderr byte offset to read on from (default 0). */
   fromStderr?: number;
   signal?: AbortSignal;
+}
+
+/** Options of `sandbox.snapshot`. */
+export interface SnapshotOptions extends CallOptions {
+  /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
+  name?: string;
+}
+
+/** Options of `sandbox.fork`. */
+export interface ForkOptions extends CallOptions {
+  /** Added to (and overriding) the source sandbox's labels. */
+  labels?: Record<string, string>;
+  /** Lifetime of each new sandbox (ms). */
+  timeoutMs?: number;
+}
+
+/** What `sandbox.fork` returns: the snapshot and the new sandboxes, ready to use. */
+export interface ForkOutcome {
+  snapshot: LayerInfo;
+  sandboxes: Sandbox[];
+}
+
+/** Options of `sandbox.trajectory`. */
+export interface TrajectoryOptions extends CallOptions {
+  /** Steps with a seq above this. */
+  after?: number;
+  /** Page size (1-1000). */
+  limit?: number;
+  /** false: leave the bounded copies of output and content out (digests stay). Default true. */
+  content?: boolean;
+}
+
+/** Options of `sandbox.replay`. */
+export interface ReplayOptions extends Omit<ReplayRequest, 'upTo'>, CallOptions {
+  /** Replay steps up to and including this seq. */
+  upTo?: number;
+  /** Called with each step's verdict as it is known (the reply is then streamed). */
+  onStep?: (step: ReplayStep) => void;
+}
+
+/** What `sandbox.replay` returns: the verdicts and the new sandbox, ready to use. */
+export type ReplayOutcome = Omit<ReplayResult, 'sandbox'> & { sandbox: Sandbox };
+
+/** Options of `sandbox.diff`. */
+export interface DiffOptions {
+  /** Only entries at or below these paths (absolute, normalised). */
+  paths?: string[];
+  /** sha256 of added and changed files (default true). */
+  hash?: boolean;
+  /** Page size (default 1,000, at most 10,000). */
+  limit?: number;
+  /** `nextCursor` of the previous page. */
+  cursor?: string;
 }
 
 /** A listing that fetches pages as it is iterated. */
@@ -86,6 +196,10 @@ export class SandboxPaginator implements AsyncIterable<SandboxInfo> {
       cursor = page.nextCursor ?? undefined;
     } while (cursor);
   }
+}
+
+function idempotencyHeaders(key: string | undefined): Record<string, string> | undefined {
+  return key === undefined ? undefined : { [IDEMPOTENCY_KEY_HEADER]: validate(IdempotencyKeySchema, key, 'idempotencyKey') };
 }
 
 function checkSandboxId(id: string): string {
@@ -132,17 +246,64 @@ export class Sandbox {
   }
 
   /**
-   * Creates a sandbox and returns once it is running. A client with an owner session (the
-   * `owner` option) makes it the sandbox's owner unless `owner` is given.
+   * Creates a sandbox and returns once it is running (claimed from a warm pool of the project
+   * when one matches). With `admission: {wait: true}` it waits for quota or capacity instead of
+   * failing with QUOTA_EXCEEDED or CAPACITY_EXHAUSTED; that wait is added to the request timeout.
+   * A client with an owner session (the `owner` option) makes it the sandbox's owner unless
+   * `owner` is given.
    */
-  static async create(opts: SandboxCreateOptions & CallOptions, conn: ConnectionOptions = {}): Promise<Sandbox> {
-    const { signal, requestTimeoutMs, ...spec } = opts;
+  static async create(opts: SandboxCreateOptions & CreateOptions, conn: ConnectionOptions = {}): Promise<Sandbox> {
+    const { signal, requestTimeoutMs, idempotencyKey, ...spec } = opts;
     const client = clientFrom(conn);
-    const call = defined({ signal, requestTimeoutMs });
-    const owner = spec.owner ?? (client.ownerSession ? await client.ownerSession.id(call) : undefined);
+    const owner = spec.owner ?? (client.ownerSession ? await client.ownerSession.id(defined({ signal, requestTimeoutMs })) : undefined);
     const body = validate(CreateSandboxRequestSchema, defined({ ...spec, owner }));
-    const info = await client.json<SandboxInfo>({ method: 'POST', path: '/v1/sandboxes', body }, call);
+    const waitMs = body.admission?.wait ? (body.admission.timeoutMs ?? DEFAULT_ADMISSION_WAIT_MS) : 0;
+    const timeoutMs = requestTimeoutMs ?? (waitMs > 0 && client.requestTimeoutMs > 0 ? client.requestTimeoutMs + waitMs : undefined);
+    const info = await client.json<SandboxInfo>(
+      { method: 'POST', path: '/v1/sandboxes', body, headers: idempotencyHeaders(idempotencyKey), ...(timeoutMs !== undefined ? { timeoutMs } : {}) },
+      defined({ signal }),
+    );
     return new Sandbox(client, info.id, info);
+  }
+
+  /**
+   * Creates `count` sandboxes of one spec, or one per entry of `items` (up to 10,000), in one
+   * request. Each item succeeds or fails on its own (a bad spec, the quota); `onItem` sees them
+   * as they finish. The request timeout covers the batch's acceptance, not its creates.
+   */
+  static async createBatch(request: SandboxBatchRequest, opts: BatchCreateOptions = {}, conn: ConnectionOptions = {}): Promise<BatchCreateResult> {
+    const client = clientFrom(conn);
+    let body = validate(CreateSandboxBatchRequestSchema, request);
+    if (client.ownerSession) {
+      // This client's owner session owns the batch's sandboxes too, unless they name one.
+      const owner = await client.ownerSession.id(defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }));
+      body = { ...body, ...(body.spec ? { spec: { owner, ...body.spec } } : {}), ...(body.items ? { items: body.items.map((it) => (it && typeof it === 'object' ? { owner, ...it } : it)) } : {}) };
+    }
+    const reply = await client.stream(
+      { method: 'POST', path: '/v1/sandboxes:batch', body, accept: 'application/x-ndjson', headers: idempotencyHeaders(opts.idempotencyKey) },
+      defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }),
+    );
+    const count = body.items?.length ?? body.count ?? 0;
+    const items: BatchItem[] = new Array<BatchItem>(count);
+    let summary: { created: number; failed: number } | undefined;
+    try {
+      for await (const ev of readNdjson<BatchEvent>(reply.body)) {
+        if (ev.type === 'error') throw streamedError(ev.error);
+        if (ev.type === 'summary') {
+          summary = ev;
+          continue;
+        }
+        const item: BatchItem = { index: ev.index };
+        if (ev.sandbox) item.sandbox = new Sandbox(client, ev.sandbox.id, ev.sandbox);
+        if (ev.error) item.error = streamedError(ev.error);
+        items[ev.index] = item;
+        opts.onItem?.(item);
+      }
+    } finally {
+      reply.body.destroy();
+    }
+    if (!summary) throw new DsecError('UNAVAILABLE', 'batch: the stream ended before its summary');
+    return { items, created: summary.created, failed: summary.failed, sandboxes: items.flatMap((i) => (i?.sandbox ? [i.sandbox] : [])) };
   }
 
   /**
@@ -170,6 +331,14 @@ export class Sandbox {
       out.push(sandbox);
     }
     return out;
+  }
+
+  /**
+   * A handle to a sandbox by id, without asking the API (for a sandbox that may be gone, such
+   * as one whose trajectory is to be read or replayed).
+   */
+  static fromId(id: string, conn: ConnectionOptions = {}): Sandbox {
+    return new Sandbox(clientFrom(conn), checkSandboxId(id));
   }
 
   /** Destroys a sandbox by id without fetching it first. */
@@ -214,6 +383,63 @@ export class Sandbox {
   /** Resource use read from the sandbox's cgroups and writable layer. */
   async stats(opts: CallOptions = {}): Promise<SandboxStats> {
     return this.client.json<SandboxStats>({ method: 'GET', path: this.#route('/stats') }, opts);
+  }
+
+  /**
+   * One page of what the sandbox added, changed and deleted against its image layers (read by
+   * the node from the writable layer, with sha256 of file contents). Pass `nextCursor` back as
+   * `cursor` for the next page, or iterate {@link diffEntries}.
+   */
+  async diff(opts: DiffOptions & CallOptions = {}): Promise<DiffResult> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const q = validate(DiffQuerySchema, defined({ path: rest.paths, hash: rest.hash === undefined ? undefined : String(rest.hash), limit: rest.limit, cursor: rest.cursor }), 'query');
+    return this.client.json<DiffResult>({ method: 'GET', path: this.#route('/diff'), query: { path: q.path, hash: q.hash, limit: q.limit, cursor: q.cursor } }, defined({ signal, requestTimeoutMs }));
+  }
+
+  /** Every entry of the diff, fetching pages as it is iterated. */
+  async *diffEntries(opts: Omit<DiffOptions, 'cursor'> & CallOptions = {}): AsyncGenerator<DiffEntry> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.diff({ ...opts, ...(cursor ? { cursor } : {}) });
+      yield* page.entries;
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor);
+  }
+
+  /**
+   * Integrity check for graders: whether each path holds a regular file with the given sha256
+   * (read on the node, never through programs inside the sandbox; symlinks are not followed).
+   */
+  async verify(expected: Record<string, string>, opts: CallOptions = {}): Promise<VerifyResult> {
+    const body = validate(VerifyRequestSchema, { expected });
+    return this.client.json<VerifyResult>({ method: 'POST', path: this.#route('/verify'), body }, opts);
+  }
+
+  /** The sandbox's network: its policy, addresses, traffic and attempt counters. */
+  async network(opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    return this.client.json<SandboxNetworkInfo>({ method: 'GET', path: this.#route('/network') }, opts);
+  }
+
+  /**
+   * Replaces the sandbox's network policy. It applies to new connections when this returns;
+   * open connections it no longer allows are closed. On failure the old policy stays in force.
+   */
+  async setNetwork(policy: NetworkPolicy, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicySchema, policy, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PUT', path: this.#route('/network'), body }, opts);
+  }
+
+  /** Changes part of the sandbox's network policy (`{presets: {add: ['pypi']}}`). */
+  async patchNetwork(patch: NetworkPolicyPatch, opts: CallOptions = {}): Promise<SandboxNetworkInfo> {
+    const body = validate(NetworkPolicyPatchSchema, patch, 'network');
+    return this.client.json<SandboxNetworkInfo>({ method: 'PATCH', path: this.#route('/network'), body }, opts);
+  }
+
+  /** The sandbox's latest egress attempts (allowed and denied), oldest first. */
+  async networkLog(opts: CallOptions & { limit?: number } = {}): Promise<EgressLogEntry[]> {
+    const { limit, ...call } = opts;
+    const q = validate(NetworkLogQuerySchema, defined({ limit }), 'query');
+    return (await this.client.json<{ items: EgressLogEntry[] }>({ method: 'GET', path: this.#route('/network/log'), query: { limit: q.limit } }, call)).items;
   }
 
   /** Destroys the sandbox and everything in it. */
@@ -346,6 +572,66 @@ export class Sandbox {
       defined({ signal }),
     );
     return ndjsonSource(reply.body);
+  }
+
+  /**
+   * Packs the sandbox's writable layer into a new snapshot layer (the sandbox is frozen while
+   * it is read). `Sandbox.create({snapshot: layer.digest})` starts sandboxes from it.
+   */
+  async snapshot(opts: SnapshotOptions = {}): Promise<LayerInfo> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const body = validate(SnapshotRequestSchema, defined(rest));
+    return this.client.json<LayerInfo>({ method: 'POST', path: this.#route('/snapshot'), body }, defined({ signal, requestTimeoutMs }));
+  }
+
+  /** One snapshot, then `count` independent sandboxes from it (all or none). */
+  async fork(count: number, opts: ForkOptions = {}): Promise<ForkOutcome> {
+    const { signal, requestTimeoutMs, ...rest } = opts;
+    const body = validate(ForkRequestSchema, defined({ count, ...rest }));
+    const reply = await this.client.json<ForkResult>({ method: 'POST', path: this.#route('/fork'), body }, defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 }));
+    return { snapshot: reply.snapshot, sandboxes: reply.sandboxes.map((info) => new Sandbox(this.client, info.id, info)) };
+  }
+
+  /** One page of the sandbox's trajectory (it outlives the sandbox). */
+  async trajectoryPage(opts: TrajectoryOptions = {}): Promise<Trajectory> {
+    const query = validate(TrajectoryQuerySchema, defined({ after: opts.after, limit: opts.limit, content: opts.content === undefined ? undefined : String(opts.content) }), 'query');
+    return this.client.json<Trajectory>({ method: 'GET', path: this.#route('/trajectory'), query: { after: query.after, limit: query.limit, content: query.content } }, defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }));
+  }
+
+  /** Every recorded step (commands and file changes) in order, fetched a page at a time. */
+  async *trajectory(opts: TrajectoryOptions = {}): AsyncGenerator<TrajectoryStep> {
+    let after = opts.after;
+    for (;;) {
+      const page = await this.trajectoryPage({ ...opts, ...(after !== undefined ? { after } : {}) });
+      yield* page.items;
+      if (page.nextCursor === null) return;
+      after = Number(page.nextCursor);
+    }
+  }
+
+  /**
+   * Creates a fresh sandbox from this one's layers (or from a snapshot of it) and re-runs the
+   * recorded steps in order, with a verdict for each (`same`, `exit-differs`, `output-differs`,
+   * `not-replayable`). Works after this sandbox is gone (its node died), while its trajectory
+   * is kept.
+   */
+  async replay(opts: ReplayOptions = {}): Promise<ReplayOutcome> {
+    const { signal, requestTimeoutMs, onStep, ...rest } = opts;
+    const body = validate(ReplayRequestSchema, defined(rest));
+    const call = defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 });
+    let result: ReplayResult | undefined;
+    if (!onStep) {
+      result = await this.client.json<ReplayResult>({ method: 'POST', path: this.#route('/replay'), body }, call);
+    } else {
+      const reply = await this.client.stream({ method: 'POST', path: this.#route('/replay'), body, accept: 'application/x-ndjson' }, call);
+      for await (const ev of readNdjson<ReplayEvent>(reply.body)) {
+        if (ev.type === 'step') onStep(ev.step);
+        else if (ev.type === 'done') result = ev.result;
+        else if (ev.type === 'error') throw streamedError(ev.error);
+      }
+      if (!result) throw new DsecError('UNAVAILABLE', 'replay: the stream ended without a result');
+    }
+    return { ...result, sandbox: new Sandbox(this.client, result.sandbox.id, result.sandbox) };
   }
 
   /** Processes the sandbox's agent knows, running and exited. */

@@ -2,9 +2,16 @@
 import type { z } from 'zod';
 import type {
   ApiKeySchema,
+  ApplyNetworkRequestSchema,
+  ApplyNetworkResultSchema,
+  EgressLogEntrySchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  SandboxNetworkSchema,
   CreateKeyRequestSchema,
   CreateOwnerRequestSchema,
   CreateProjectRequestSchema,
+  CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
   DebianLayerRequestSchema,
   ExecResultSchema,
@@ -15,7 +22,9 @@ import type {
   NodeSchema,
   OwnerSchema,
   PauseResultSchema,
+  PoolSchema,
   ProcessSchema,
+  PutPoolRequestSchema,
   ProjectSchema,
   SandboxSchema,
   SandboxState,
@@ -26,6 +35,12 @@ import type {
 export type SandboxInfo = z.infer<typeof SandboxSchema>;
 /** What `Sandbox.create` sends: image, resources, env, labels, lifetime. */
 export type SandboxCreateOptions = z.input<typeof CreateSandboxRequestSchema>;
+/** What `Sandbox.createBatch` sends: `{spec, count}` or `{items}`, and an optional `admission`. */
+export type SandboxBatchRequest = z.input<typeof CreateSandboxBatchRequestSchema>;
+/** A warm pool with its ready and creating counts. */
+export type PoolInfo = z.infer<typeof PoolSchema>;
+/** What `pools.put` sends: the spec, the size, the idle timeout. */
+export type PoolPutRequest = z.input<typeof PutPoolRequestSchema>;
 /** How a process ended. */
 export type ExitInfo = z.infer<typeof ExitInfoSchema>;
 /** A command run to completion: its exit and its collected output. */
@@ -59,6 +74,18 @@ export type OwnerCreateOptions = z.input<typeof CreateOwnerRequestSchema>;
 export type OwnerInfo = z.infer<typeof OwnerSchema>;
 /** What a pause or resume did (the sandbox after it, time taken, memory before and after). */
 export type PauseResult = z.infer<typeof PauseResultSchema>;
+/** A network policy: `{mode: 'none'}` or `{mode: 'allowlist', allow, presets, allowAddresses, mirrors}`. */
+export type NetworkPolicy = z.input<typeof NetworkPolicySchema>;
+/** A change to a network policy: `{presets: {add: ['pypi']}}`, `{allow: {remove: ['x.com']}}`, ... */
+export type NetworkPolicyPatch = z.input<typeof NetworkPolicyPatchSchema>;
+/** A sandbox's network: policy, addresses, counters. */
+export type SandboxNetworkInfo = z.infer<typeof SandboxNetworkSchema>;
+/** One egress attempt with its verdict. */
+export type EgressLogEntry = z.infer<typeof EgressLogEntrySchema>;
+/** `client.applyNetwork` request: a label selector and a policy or a patch. */
+export type ApplyNetworkRequest = z.input<typeof ApplyNetworkRequestSchema>;
+/** Per-sandbox outcome of `client.applyNetwork`. */
+export type ApplyNetworkResult = z.infer<typeof ApplyNetworkResultSchema>;
 
 /** Resource use of a sandbox (`GET /v1/sandboxes/{id}/stats`). */
 export type { SandboxStats } from '@dsec/protocol';

@@ -1,9 +1,18 @@
 // The watcher: polls nodes for health, destroys sandboxes whose lifetime has elapsed, enforces
-// leases (idle timeouts, lost owners), and reconciles the control plane's records with what the nodes actually run (orphans on a node
-// are destroyed; records whose sandbox vanished are marked lost).
+// leases (idle timeouts, lost owners: the control plane's pass, run from here), and reconciles
+// the control plane's records with what the nodes actually run (orphans on a node are
+// destroyed; records whose sandbox vanished are marked lost). It raises lease.exceeded for an
+// elapsed lifetime and sandbox.lost (idle and owner lease.exceeded come from the control
+// plane's lease pass), collects what crashed edges left on their nodes, and runs the
+// maintenance of the event and audit stores (retention, rules written by other replicas).
+import type { RaisedEvent } from '@dsec/protocol';
 
 /** Default interval between two passes. */
 export const DEFAULT_WATCH_INTERVAL_MS = 1000;
+/** Default interval of garbage collection on the nodes. */
+export const DEFAULT_GC_INTERVAL_MS = 30_000;
+/** Default interval of maintenance (retention pruning, rule reload). */
+export const DEFAULT_MAINTENANCE_INTERVAL_MS = 10_000;
 
 /** A sandbox as the control plane records it. */
 export interface WatchedSandbox {
@@ -20,6 +29,8 @@ export interface WatchedNode {
   sandboxIds(): Promise<string[]>;
   /** Destroys a sandbox the control plane does not know. */
   destroyOrphan(id: string): Promise<void>;
+  /** Removes what no live sandbox owns on the node (containers, cgroups, mounts); returns how many things went. */
+  collectGarbage?(): Promise<number>;
 }
 
 /** What the watcher needs of the control plane. */
@@ -31,6 +42,10 @@ export interface WatcherTarget {
   markLost(id: string): Promise<void>;
   /** Enforces idle timeouts and owner leases (pauses or kills); called once per pass. */
   leases?(): Promise<void>;
+  /** Where the watcher's own events go (lease.exceeded, sandbox.lost). */
+  raise(ev: RaisedEvent): void;
+  /** Periodic housekeeping: retention of events and audit entries, rules from the store. */
+  maintain?(): Promise<void>;
 }
 
 /** Options of {@link Watcher}. */
@@ -39,6 +54,10 @@ export interface WatcherOptions {
   log?: (line: string) => void;
   /** A sandbox must be missing this long before it is marked lost (creation races). */
   lostAfterMs?: number;
+  /** Interval of garbage collection on the nodes. Default {@link DEFAULT_GC_INTERVAL_MS}. */
+  gcIntervalMs?: number;
+  /** Interval of {@link WatcherTarget.maintain}. Default {@link DEFAULT_MAINTENANCE_INTERVAL_MS}. */
+  maintenanceIntervalMs?: number;
 }
 
 /** Periodic health, expiry and garbage collection. */
@@ -46,6 +65,12 @@ export class Watcher {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
   private readonly missingSince = new Map<string, number>();
+  /** Sandboxes whose lease.exceeded was raised (once each, even when expiring them fails). */
+  private readonly leaseReported = new Set<string>();
+  private lastGc = Date.now();
+  private lastMaintenance = 0;
+  /** Things removed by garbage collection so far. */
+  garbageCollected = 0;
 
   constructor(
     private readonly target: WatcherTarget,
@@ -73,13 +98,43 @@ export class Watcher {
     const log = this.o.log ?? (() => undefined);
     try {
       const now = Date.now();
-      for (const s of await this.target.sandboxes()) {
-        if (s.state !== 'creating' && Date.parse(s.expiresAt) <= now) {
+      const sandboxes = await this.target.sandboxes();
+      const ids = new Set(sandboxes.map((s) => s.id));
+      for (const id of this.leaseReported) if (!ids.has(id)) this.leaseReported.delete(id);
+      for (const s of sandboxes) {
+        if (s.state !== 'creating' && s.state !== 'stopping' && Date.parse(s.expiresAt) <= now) {
+          if (!this.leaseReported.has(s.id)) {
+            this.leaseReported.add(s.id);
+            this.target.raise({
+              kind: 'lease.exceeded',
+              severity: 'warning',
+              sandboxId: s.id,
+              message: `sandbox ${s.id} exceeded its lifetime (it expired at ${s.expiresAt}) and is destroyed`,
+              data: { expiresAt: s.expiresAt, overdueMs: now - Date.parse(s.expiresAt) },
+            });
+          }
           await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
         }
       }
       await this.target.leases?.().catch((err: unknown) => log(`watcher: lease pass failed: ${(err as Error).message}`));
       for (const node of this.target.nodes()) await this.reconcile(node, log);
+      if (now - this.lastGc >= (this.o.gcIntervalMs ?? DEFAULT_GC_INTERVAL_MS)) {
+        this.lastGc = now;
+        for (const node of this.target.nodes()) {
+          const n = await node.collectGarbage?.().catch((err: unknown) => {
+            log(`watcher: garbage collection on ${node.name} failed: ${(err as Error).message}`);
+            return 0;
+          });
+          if (n) {
+            this.garbageCollected += n;
+            log(`watcher: removed ${n} leftovers of unknown sandboxes on ${node.name}`);
+          }
+        }
+      }
+      if (this.target.maintain && now - this.lastMaintenance >= (this.o.maintenanceIntervalMs ?? DEFAULT_MAINTENANCE_INTERVAL_MS)) {
+        this.lastMaintenance = now;
+        await this.target.maintain().catch((err: unknown) => log(`watcher: maintenance failed: ${(err as Error).message}`));
+      }
     } catch (err) {
       log(`watcher: pass failed: ${(err as Error).message}`);
     }
@@ -116,7 +171,19 @@ export class Watcher {
       this.missingSince.set(s.id, since);
       if (now - since >= (this.o.lostAfterMs ?? 5000)) {
         this.missingSince.delete(s.id);
-        await this.target.markLost(s.id).catch(() => undefined);
+        const marked = await this.target.markLost(s.id).then(
+          () => true,
+          () => false,
+        );
+        if (marked) {
+          this.target.raise({
+            kind: 'sandbox.lost',
+            severity: 'warning',
+            sandboxId: s.id,
+            message: `sandbox ${s.id} is no longer running on node ${node.name} (missing for ${now - since} ms); marked lost`,
+            data: { node: node.name, missingMs: now - since },
+          });
+        }
       }
     }
   }

@@ -93,6 +93,136 @@ const migrations: Record<string, Migration> = {
       await db.schema.createIndex('sandboxes_state').on('sandboxes').column('state').execute();
     },
   },
+  '0003_admission': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // Pool members are sandbox rows that name their pool until a claim clears it. The index
+      // serves a claim (a pool's oldest ready member) without a sort.
+      await db.schema.alterTable('sandboxes').addColumn('pool_id', 'text').execute();
+      await db.schema.createIndex('sandboxes_pool').on('sandboxes').columns(['pool_id', 'state', 'created_at']).execute();
+
+      await db.schema
+        .createTable('pools')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('name', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('resolved', 'text', (c) => c.notNull())
+        .addColumn('spec_key', 'text', (c) => c.notNull())
+        .addColumn('size', 'integer', (c) => c.notNull())
+        .addColumn('idle_timeout_ms', 'integer', (c) => c.notNull())
+        .addColumn('last_used_at', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('updated_at', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('pools_project_name').on('pools').columns(['project_id', 'name']).unique().execute();
+      await db.schema.createIndex('pools_project_key').on('pools').columns(['project_id', 'spec_key']).execute();
+
+      await db.schema
+        .createTable('idempotency_keys')
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('key', 'text', (c) => c.notNull())
+        .addColumn('request_hash', 'text', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text')
+        .addColumn('response', 'text')
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('expires_at', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('idempotency_keys_pk', ['project_id', 'key'])
+        .execute();
+      await db.schema.createIndex('idempotency_keys_expiry').on('idempotency_keys').column('expires_at').execute();
+    },
+  },
+  '0004_trajectory': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // The trajectory of each sandbox outlives it (no foreign key to sandboxes): a replay after
+      // its node died reads the steps and the resolved spec from here.
+      await db.schema
+        .createTable('trajectories')
+        .addColumn('sandbox_id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('layers', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('ended_at', 'text')
+        .addColumn('steps', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('bytes', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('truncated', 'integer', (c) => c.notNull().defaultTo(0))
+        .execute();
+      await db.schema.createIndex('trajectories_ended').on('trajectories').column('ended_at').execute();
+
+      await db.schema
+        .createTable('trajectory_steps')
+        .addColumn('sandbox_id', 'text', (c) => c.notNull())
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('started_at', 'text', (c) => c.notNull())
+        .addColumn('bytes', 'integer', (c) => c.notNull())
+        .addColumn('step', 'text', (c) => c.notNull())
+        .addPrimaryKeyConstraint('trajectory_steps_pk', ['sandbox_id', 'seq'])
+        .execute();
+
+      await db.schema
+        .createTable('snapshots')
+        .addColumn('digest', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text', (c) => c.notNull())
+        .addColumn('seq', 'integer', (c) => c.notNull())
+        .addColumn('image', 'text', (c) => c.notNull())
+        .addColumn('parents', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+    },
+  },
+  '0005_events': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // Events: ids sort by time (watcher's sortableId), so pages and SSE resumption go by id.
+      await db.schema
+        .createTable('events')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'text', (c) => c.notNull())
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('severity', 'text', (c) => c.notNull())
+        .addColumn('project_id', 'text')
+        .addColumn('sandbox_id', 'text')
+        .addColumn('node', 'text')
+        .addColumn('message', 'text', (c) => c.notNull())
+        .addColumn('data', 'text', (c) => c.notNull())
+        .execute();
+      await db.schema.createIndex('events_project').on('events').columns(['project_id', 'id']).execute();
+      await db.schema.createIndex('events_sandbox').on('events').columns(['sandbox_id', 'id']).execute();
+      await db.schema.createIndex('events_kind').on('events').columns(['kind', 'id']).execute();
+      await db.schema.createIndex('events_at').on('events').column('at').execute();
+
+      await db.schema
+        .createTable('audit')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('at', 'text', (c) => c.notNull())
+        .addColumn('key_id', 'text')
+        .addColumn('project_id', 'text')
+        .addColumn('method', 'text', (c) => c.notNull())
+        .addColumn('route', 'text', (c) => c.notNull())
+        .addColumn('sandbox_id', 'text')
+        .addColumn('status', 'integer', (c) => c.notNull())
+        .addColumn('duration_ms', 'double precision', (c) => c.notNull())
+        .addColumn('command', 'text')
+        .addColumn('exit_code', 'integer')
+        .execute();
+      await db.schema.createIndex('audit_project').on('audit').columns(['project_id', 'id']).execute();
+      await db.schema.createIndex('audit_sandbox').on('audit').columns(['sandbox_id', 'id']).execute();
+      await db.schema.createIndex('audit_key').on('audit').columns(['key_id', 'id']).execute();
+      await db.schema.createIndex('audit_at').on('audit').column('at').execute();
+
+      await db.schema
+        .createTable('rules')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('project_id', 'text', (c) => c.notNull().references('projects.id'))
+        .addColumn('kind', 'text', (c) => c.notNull())
+        .addColumn('spec', 'text', (c) => c.notNull())
+        .addColumn('created_by', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

@@ -38,6 +38,8 @@ export interface SandboxTable {
   memory_mib: number;
   created_at: string;
   expires_at: string;
+  /** The warm pool that holds this sandbox until it is claimed; null for every other sandbox. */
+  pool_id: string | null;
   // Lifecycle columns (migration 0002_lifecycle); optional so that rows can be written
   // without them (they default to NULL).
   /** Owner session (owners.id), or null. */
@@ -81,6 +83,126 @@ export interface LayerTable {
   created_at: string;
 }
 
+/** A warm pool: K sandboxes of one spec kept ready for claims. */
+export interface PoolTable {
+  id: string;
+  project_id: string;
+  name: string;
+  /** The pool's spec as given, as JSON. */
+  spec: string;
+  /** The spec with layers resolved and resources granted, as JSON: what members are created from. */
+  resolved: string;
+  /** Hash of the resolved spec: a create whose resolved spec hashes the same claims from the pool. */
+  spec_key: string;
+  size: number;
+  idle_timeout_ms: number;
+  /** Last claim, matching create or configuration. */
+  last_used_at: string;
+  created_at: string;
+  updated_at: string;
+}
+
+/** An idempotency key of a project and what it created. */
+export interface IdempotencyKeyTable {
+  project_id: string;
+  key: string;
+  /** Hash of the request the key was first used with. */
+  request_hash: string;
+  /** `pending` while the first request runs; `done` once it created its sandbox (or for a batch). */
+  state: string;
+  sandbox_id: string | null;
+  /** The first reply's body, as JSON. */
+  response: string | null;
+  created_at: string;
+  expires_at: string;
+}
+
+/** The record of one sandbox's life: its resolved spec and step counters. */
+export interface TrajectoryTable {
+  sandbox_id: string;
+  project_id: string;
+  /** The resolved spec (layer digests, resources, env, labels, lifetime), as JSON. */
+  spec: string;
+  /** Layer digests, bottom first, as JSON. */
+  layers: string;
+  created_at: string;
+  /** When the sandbox was destroyed; null while it exists. */
+  ended_at: string | null;
+  steps: number;
+  bytes: number;
+  /** 1 when steps past the limits were not stored. */
+  truncated: number;
+}
+
+/** One step of a trajectory. */
+export interface TrajectoryStepTable {
+  sandbox_id: string;
+  seq: number;
+  kind: string;
+  started_at: string;
+  /** Stored size of `step`. */
+  bytes: number;
+  /** The step as the API returns it (bounded copies included), as JSON. */
+  step: string;
+}
+
+/** A snapshot layer: what it sits on and where it comes from. */
+export interface SnapshotTable {
+  digest: string;
+  project_id: string;
+  sandbox_id: string;
+  /** Trajectory steps of the sandbox below this seq were recorded before the snapshot. */
+  seq: number;
+  /** The image (base, workspace, toolkits digests) of the chain, as JSON. */
+  image: string;
+  /** Every layer below the snapshot, bottom first, as JSON. */
+  parents: string;
+  created_at: string;
+}
+
+export interface EventTable {
+  /** Sortable: time order. */
+  id: string;
+  at: string;
+  kind: string;
+  severity: string;
+  /** The sandbox's project; null for node-level events. */
+  project_id: string | null;
+  sandbox_id: string | null;
+  node: string | null;
+  message: string;
+  /** Kind-specific fields, as JSON. */
+  data: string;
+}
+
+export interface AuditTable {
+  /** Sortable: time order. */
+  id: string;
+  at: string;
+  /** The API key's id, never the key; null when no valid key was sent. */
+  key_id: string | null;
+  project_id: string | null;
+  method: string;
+  /** Route pattern (`/v1/sandboxes/:id/exec`). */
+  route: string;
+  sandbox_id: string | null;
+  status: number;
+  duration_ms: number;
+  /** exec: the command, cut short. */
+  command: string | null;
+  exit_code: number | null;
+}
+
+export interface RuleTable {
+  id: string;
+  project_id: string;
+  kind: string;
+  /** The rule as created, as JSON. */
+  spec: string;
+  created_by: string;
+  created_at: string;
+}
+
 /** The whole database. */
 export interface Database {
   projects: ProjectTable;
@@ -89,4 +211,12 @@ export interface Database {
   sandbox_labels: SandboxLabelTable;
   layers: LayerTable;
   owners: OwnerTable;
+  pools: PoolTable;
+  idempotency_keys: IdempotencyKeyTable;
+  trajectories: TrajectoryTable;
+  trajectory_steps: TrajectoryStepTable;
+  snapshots: SnapshotTable;
+  events: EventTable;
+  audit: AuditTable;
+  rules: RuleTable;
 }

@@ -5,7 +5,7 @@ import { Kysely, Migrator, SqliteDialect } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
-import type { ApiKeyTable, Database, LayerTable, OwnerTable, ProjectTable, SandboxTable } from './schema.js';
+import type { ApiKeyTable, Database, IdempotencyKeyTable, LayerTable, OwnerTable, PoolTable, ProjectTable, SandboxTable, SnapshotTable, TrajectoryStepTable, TrajectoryTable } from './schema.js';
 import { migrationProvider } from './migrations.js';
 
 /** The id of the root project every tree hangs from. */
@@ -142,6 +142,44 @@ export class StateStore {
           throw quotaError(row, r);
         }
       }
+    });
+  }
+
+  /**
+   * Reserves for many sandboxes of one project in one transaction, each on its own terms: an
+   * entry is admitted only if it fits on the project and every ancestor after the entries
+   * before it. Returns, per entry, undefined when admitted or the QUOTA_EXCEEDED refusal.
+   */
+  async reserveMany(projectId: string, rs: readonly Reservation[]): Promise<Array<DsecError | undefined>> {
+    return this.db.transaction().execute(async (tx) => {
+      const chain = await this.ancestry(projectId, tx);
+      const out: Array<DsecError | undefined> = [];
+      // Usage only grows within the transaction: a request no smaller than one refused is refused too.
+      const refused: Array<{ r: Reservation; err: DsecError }> = [];
+      for (const r of rs) {
+        const known = refused.find((f) => r.sandboxes >= f.r.sandboxes && r.cpu >= f.r.cpu && r.memoryMiB >= f.r.memoryMiB);
+        if (known) {
+          out.push(known.err);
+          continue;
+        }
+        let failedAt = -1;
+        for (const [i, id] of chain.entries()) {
+          if (!(await this.addUsage(tx, id, r, 1, true))) {
+            failedAt = i;
+            break;
+          }
+        }
+        if (failedAt < 0) {
+          out.push(undefined);
+          continue;
+        }
+        for (const id of chain.slice(0, failedAt)) await this.addUsage(tx, id, r, -1, false);
+        const row = await tx.selectFrom('projects').selectAll().where('id', '=', chain[failedAt]!).executeTakeFirst();
+        const err = quotaError(row, r);
+        refused.push({ r, err });
+        out.push(err);
+      }
+      return out;
     });
   }
 
@@ -304,6 +342,11 @@ export class StateStore {
     return Number(row?.n ?? 0);
   }
 
+  /** Replaces a sandbox's stored create request (its network policy changed). */
+  async setSandboxSpec(id: string, spec: string): Promise<void> {
+    await this.db.updateTable('sandboxes').set({ spec }).where('id', '=', id).execute();
+  }
+
   async setSandboxState(id: string, state: string): Promise<void> {
     await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
   }
@@ -352,6 +395,8 @@ export class StateStore {
     }
     if (q.state) query = query.where('state', '=', q.state);
     if (q.after) query = query.where('id', '>', q.after);
+    // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
+    query = query.where('pool_id', 'is', null);
     const rows = await query.orderBy('id').limit(q.limit).execute();
     const labelRows = rows.length
       ? await this.db.selectFrom('sandbox_labels').selectAll().where('sandbox_id', 'in', rows.map((r) => r.id)).execute()
@@ -368,6 +413,164 @@ export class StateStore {
 
   async expiredSandboxes(at: string): Promise<SandboxTable[]> {
     return this.db.selectFrom('sandboxes').selectAll().where('expires_at', '<=', at).execute();
+  }
+
+  // ---- warm pools ----
+
+  /** Creates a pool, or updates one of the same name; a changed spec gives it a new id (old members go). */
+  async putPool(p: { projectId: string; name: string; spec: string; resolved: string; specKey: string; size: number; idleTimeoutMs: number; maxPools: number }): Promise<{ row: PoolTable; created: boolean }> {
+    return this.db.transaction().execute(async (tx) => {
+      const t = now();
+      const old = await tx.selectFrom('pools').selectAll().where('project_id', '=', p.projectId).where('name', '=', p.name).executeTakeFirst();
+      if (old && old.spec_key === p.specKey) {
+        const row: PoolTable = { ...old, spec: p.spec, resolved: p.resolved, size: p.size, idle_timeout_ms: p.idleTimeoutMs, last_used_at: t, updated_at: t };
+        await tx.updateTable('pools').set({ spec: row.spec, resolved: row.resolved, size: row.size, idle_timeout_ms: row.idle_timeout_ms, last_used_at: t, updated_at: t }).where('id', '=', old.id).execute();
+        return { row, created: false };
+      }
+      if (old) await tx.deleteFrom('pools').where('id', '=', old.id).execute();
+      else {
+        const { n } = await tx.selectFrom('pools').select((eb) => eb.fn.countAll<number>().as('n')).where('project_id', '=', p.projectId).executeTakeFirstOrThrow();
+        if (Number(n) >= p.maxPools) throw new DsecError('INVALID_ARGUMENT', `name: the project already has ${p.maxPools} pools`, { field: 'name' });
+      }
+      const row: PoolTable = {
+        id: newId('pool'),
+        project_id: p.projectId,
+        name: p.name,
+        spec: p.spec,
+        resolved: p.resolved,
+        spec_key: p.specKey,
+        size: p.size,
+        idle_timeout_ms: p.idleTimeoutMs,
+        last_used_at: t,
+        created_at: old?.created_at ?? t,
+        updated_at: t,
+      };
+      await tx.insertInto('pools').values(row).execute();
+      return { row, created: !old };
+    });
+  }
+
+  async pool(projectId: string, name: string): Promise<PoolTable | undefined> {
+    return this.db.selectFrom('pools').selectAll().where('project_id', '=', projectId).where('name', '=', name).executeTakeFirst();
+  }
+
+  /** Pools of the given projects (every pool without a filter). */
+  async pools(projectIds?: string[]): Promise<PoolTable[]> {
+    let q = this.db.selectFrom('pools').selectAll();
+    if (projectIds) {
+      if (projectIds.length === 0) return [];
+      q = q.where('project_id', 'in', projectIds);
+    }
+    return q.orderBy('project_id').orderBy('name').execute();
+  }
+
+  async deletePool(id: string): Promise<void> {
+    await this.db.deleteFrom('pools').where('id', '=', id).execute();
+  }
+
+  /** Members of every pool (or of one) by state: pool id -> state -> count. */
+  async poolMemberCounts(poolId?: string): Promise<Map<string, Record<string, number>>> {
+    let q = this.db.selectFrom('sandboxes').select(['pool_id', 'state', (eb) => eb.fn.countAll<number>().as('n')]);
+    q = poolId === undefined ? q.where('pool_id', 'is not', null) : q.where('pool_id', '=', poolId);
+    const rows = await q.groupBy(['pool_id', 'state']).execute();
+    const out = new Map<string, Record<string, number>>();
+    for (const r of rows) {
+      const m = out.get(r.pool_id!) ?? out.set(r.pool_id!, {}).get(r.pool_id!)!;
+      m[r.state] = Number(r.n);
+    }
+    return out;
+  }
+
+  /** Ready members of a pool, oldest first. */
+  async pooledMembers(poolId: string, limit: number): Promise<SandboxTable[]> {
+    return this.db.selectFrom('sandboxes').selectAll().where('pool_id', '=', poolId).where('state', '=', 'pooled').orderBy('created_at').limit(limit).execute();
+  }
+
+  /**
+   * Claims a ready member (the oldest) of a project's pools whose spec hashes to `specKey`, in one
+   * transaction: the row leaves its pool and becomes the claimer's (`running`, its spec, labels,
+   * lease, owner and lifetime). Undefined when none is ready; a miss counts as use of the matching pools (an
+   * idle pool wakes up and refills).
+   */
+  async claimPooled(c: { projectId: string; specKey: string; spec: string; labels: Record<string, string>; createdAt: string; expiresAt: string; lease: string; ownerId: string | null }): Promise<SandboxTable | undefined> {
+    // Most creates match no pool: one indexed read, no transaction.
+    const any = await this.db.selectFrom('pools').select('id').where('project_id', '=', c.projectId).where('spec_key', '=', c.specKey).limit(1).executeTakeFirst();
+    if (!any) return undefined;
+    return this.db.transaction().execute(async (tx) => {
+      for (;;) {
+        const cand = await tx
+          .selectFrom('sandboxes')
+          .innerJoin('pools', 'pools.id', 'sandboxes.pool_id')
+          .select(['sandboxes.id', 'sandboxes.pool_id'])
+          .where('pools.project_id', '=', c.projectId)
+          .where('pools.spec_key', '=', c.specKey)
+          .where('sandboxes.state', '=', 'pooled')
+          // No ORDER BY: the index (pool_id, state, created_at) yields a pool's oldest member
+          // first, and a sort would make a claim cost O(pool size).
+          .limit(1)
+          .executeTakeFirst();
+        if (!cand) {
+          await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('project_id', '=', c.projectId).where('spec_key', '=', c.specKey).execute();
+          return undefined;
+        }
+        const row = await tx
+          .updateTable('sandboxes')
+          .set({ state: 'running', pool_id: null, spec: c.spec, created_at: c.createdAt, expires_at: c.expiresAt, lease: c.lease, owner_id: c.ownerId, last_active_at: c.createdAt })
+          .where('id', '=', cand.id)
+          .where('state', '=', 'pooled')
+          .returningAll()
+          .executeTakeFirst();
+        // Another server may have claimed it between the two statements (PostgreSQL): take the next.
+        if (!row) continue;
+        const entries = Object.entries(c.labels);
+        if (entries.length > 0) await tx.insertInto('sandbox_labels').values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value }))).execute();
+        // Idle detection needs the time of use only roughly: skip the write within a second.
+        const recent = new Date(Date.parse(c.createdAt) - 1000).toISOString();
+        await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).where('last_used_at', '<', recent).execute();
+        return row;
+      }
+    });
+  }
+
+  // ---- idempotency keys ----
+
+  /**
+   * Takes an idempotency key for a request: `owned` when this caller is the first (the key is
+   * now `pending`), else the row of the request that holds it. Expired keys count as absent.
+   */
+  async acquireIdempotencyKey(k: { projectId: string; key: string; requestHash: string; ttlMs: number }): Promise<{ owned: true } | { owned: false; row: IdempotencyKeyTable }> {
+    return this.db.transaction().execute(async (tx) => {
+      const t = new Date();
+      await tx.deleteFrom('idempotency_keys').where('project_id', '=', k.projectId).where('key', '=', k.key).where('expires_at', '<=', t.toISOString()).execute();
+      const res = await tx
+        .insertInto('idempotency_keys')
+        .values({ project_id: k.projectId, key: k.key, request_hash: k.requestHash, state: 'pending', sandbox_id: null, response: null, created_at: t.toISOString(), expires_at: new Date(t.getTime() + k.ttlMs).toISOString() })
+        .onConflict((oc) => oc.columns(['project_id', 'key']).doNothing())
+        .executeTakeFirst();
+      if (Number(res.numInsertedOrUpdatedRows ?? 0) === 1) return { owned: true as const };
+      const row = await tx.selectFrom('idempotency_keys').selectAll().where('project_id', '=', k.projectId).where('key', '=', k.key).executeTakeFirstOrThrow();
+      return { owned: false as const, row };
+    });
+  }
+
+  /** Records what a pending key created. */
+  async completeIdempotencyKey(projectId: string, key: string, sandboxId: string | null, response: string | null): Promise<void> {
+    await this.db.updateTable('idempotency_keys').set({ state: 'done', sandbox_id: sandboxId, response }).where('project_id', '=', projectId).where('key', '=', key).execute();
+  }
+
+  /** Lets go of a pending key whose request failed, so that a retry may try again. */
+  async releaseIdempotencyKey(projectId: string, key: string): Promise<void> {
+    await this.db.deleteFrom('idempotency_keys').where('project_id', '=', projectId).where('key', '=', key).where('state', '=', 'pending').execute();
+  }
+
+  /** Drops pending keys created before `before` (their request died with its server). */
+  async dropPendingIdempotencyKeys(before: string): Promise<void> {
+    await this.db.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).execute();
+  }
+
+  /** Forgets expired keys. */
+  async purgeIdempotencyKeys(at: string): Promise<void> {
+    await this.db.deleteFrom('idempotency_keys').where('expires_at', '<=', at).execute();
   }
 
   // ---- layers ----
@@ -399,6 +602,78 @@ export class StateStore {
 
   async layerRowsForDigest(digest: string): Promise<LayerTable[]> {
     return this.db.selectFrom('layers').selectAll().where('digest', '=', digest).execute();
+  }
+
+  // ---- snapshots ----
+
+  /** Records a snapshot layer; an existing record of the same digest is kept. */
+  async addSnapshot(row: SnapshotTable): Promise<SnapshotTable> {
+    await this.db.insertInto('snapshots').values(row).onConflict((oc) => oc.column('digest').doNothing()).execute();
+    return (await this.snapshot(row.digest)) ?? row;
+  }
+
+  async snapshot(digest: string): Promise<SnapshotTable | undefined> {
+    return this.db.selectFrom('snapshots').selectAll().where('digest', '=', digest).executeTakeFirst();
+  }
+
+  /** Snapshots that sit on the layer `digest` (it is one of their parents). */
+  async snapshotsOver(digest: string): Promise<SnapshotTable[]> {
+    return this.db.selectFrom('snapshots').selectAll().where('parents', 'like', `%"${digest}"%`).execute();
+  }
+
+  async removeSnapshot(digest: string): Promise<void> {
+    await this.db.deleteFrom('snapshots').where('digest', '=', digest).execute();
+  }
+
+  // ---- trajectories ----
+
+  async trajectory(sandboxId: string): Promise<TrajectoryTable | undefined> {
+    return this.db.selectFrom('trajectories').selectAll().where('sandbox_id', '=', sandboxId).executeTakeFirst();
+  }
+
+  /** Highest stored seq of a trajectory, or -1. */
+  async lastTrajectorySeq(sandboxId: string): Promise<number> {
+    const row = await this.db.selectFrom('trajectory_steps').select((eb) => eb.fn.max('seq').as('seq')).where('sandbox_id', '=', sandboxId).executeTakeFirst();
+    return row?.seq === null || row?.seq === undefined ? -1 : Number(row.seq);
+  }
+
+  /**
+   * Writes a batch of trajectory changes in one transaction: new headers (an existing one is
+   * kept), steps (a step already stored is replaced: a command that was running has ended),
+   * header counters, and ends.
+   */
+  async writeTrajectories(batch: { headers: TrajectoryTable[]; steps: TrajectoryStepTable[]; counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>; ends: Array<{ sandboxId: string; at: string }> }): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      for (const h of batch.headers) await tx.insertInto('trajectories').values(h).onConflict((oc) => oc.column('sandbox_id').doNothing()).execute();
+      for (let i = 0; i < batch.steps.length; i += 500) {
+        await tx
+          .insertInto('trajectory_steps')
+          .values(batch.steps.slice(i, i + 500))
+          .onConflict((oc) => oc.columns(['sandbox_id', 'seq']).doUpdateSet((eb) => ({ bytes: eb.ref('excluded.bytes'), step: eb.ref('excluded.step') })))
+          .execute();
+      }
+      for (const c of batch.counters) {
+        await tx.updateTable('trajectories').set({ steps: c.steps, bytes: c.bytes, truncated: c.truncated }).where('sandbox_id', '=', c.sandbox_id).execute();
+      }
+      for (const e of batch.ends) await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
+    });
+  }
+
+  /** Steps of a trajectory with a seq above `after`, in order. */
+  async trajectorySteps(sandboxId: string, after: number, limit: number): Promise<TrajectoryStepTable[]> {
+    return this.db.selectFrom('trajectory_steps').selectAll().where('sandbox_id', '=', sandboxId).where('seq', '>', after).orderBy('seq').limit(limit).execute();
+  }
+
+  /** Deletes trajectories (and their steps) of sandboxes that ended before `before`; returns how many. */
+  async pruneTrajectories(before: string): Promise<number> {
+    const ended = await this.db.selectFrom('trajectories').select('sandbox_id').where('ended_at', '<', before).limit(1000).execute();
+    if (ended.length === 0) return 0;
+    const ids = ended.map((r) => r.sandbox_id);
+    await this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom('trajectory_steps').where('sandbox_id', 'in', ids).execute();
+      await tx.deleteFrom('trajectories').where('sandbox_id', 'in', ids).execute();
+    });
+    return ids.length;
   }
 }
 

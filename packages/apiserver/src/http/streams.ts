@@ -1,7 +1,7 @@
 // ndjson streams of command output, pulled from an attachment so that a slow HTTP client
 // back-pressures the command instead of filling the server's memory.
 import type { Attachment, OutputEvent } from '@dsec/edge';
-import type { ExecEvent } from '@dsec/protocol';
+import type { ExecEvent, ExitInfo } from '@dsec/protocol';
 import type { EdgeClient } from '../nodes.js';
 import { toDsecError } from './errors.js';
 
@@ -12,21 +12,34 @@ export function outputEvent(ev: OutputEvent): ExecEvent {
     : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
 }
 
+/** What watches a stream as it is sent (the trajectory recording of the command). */
+export interface StreamTap {
+  onOutput(ev: OutputEvent): void;
+  exited(exit: ExitInfo): unknown;
+  /** The stream broke before the exit (the command may still run). */
+  interrupted(): void;
+}
+
 /** Events of an attachment: optional start, output, then exit (or an error event). */
-export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: Attachment, withStart: boolean): AsyncGenerator<ExecEvent> {
+export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: Attachment, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecEvent> {
   if (withStart) yield { type: 'start', pid: att.proc, osPid: att.pid };
   try {
-    for await (const ev of att) yield outputEvent(ev);
-    const exit = await att.exited;
-    yield { type: 'exit', pid: att.proc, ...(await edge.exitInfo(sandboxId, exit)) };
+    for await (const ev of att) {
+      tap?.onOutput(ev);
+      yield outputEvent(ev);
+    }
+    const exit = await edge.exitInfo(sandboxId, await att.exited);
+    tap?.exited(exit);
+    yield { type: 'exit', pid: att.proc, ...exit };
   } catch (err) {
+    tap?.interrupted();
     const e = toDsecError(err);
     yield { type: 'error', error: { code: e.code, message: e.message } };
   }
 }
 
 /** An ndjson HTTP response from a generator of events; a disconnect runs `onCancel`. */
-export function ndjsonResponse(events: AsyncGenerator<ExecEvent>, onCancel: () => void): Response {
+export function ndjsonResponse<T>(events: AsyncGenerator<T>, onCancel: () => void): Response {
   const encoder = new TextEncoder();
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {

@@ -8,10 +8,12 @@ import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
 import type { Attachment } from '@dsec/edge';
+import type { Principal } from '../auth.js';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
 import { toDsecError } from './errors.js';
 import { attachmentEvents } from './streams.js';
+import type { ExecRecording, TrajectoryLog } from '../trajectory.js';
 
 const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
 /** Largest WebSocket message accepted. */
@@ -23,8 +25,11 @@ function reject(socket: Duplex, err: unknown): void {
   socket.end(`HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
 
+/** Records a command started over the WebSocket route in the audit trail (exit settles later). */
+export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exitCode: Promise<number | null>) => void;
+
 /** Handles HTTP upgrades for the WebSocket route; returns false for other paths. */
-export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
+export function createWsHandler(cp: ControlPlane, audit?: WsAudit): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   return {
     handle(req, socket, head) {
@@ -33,12 +38,13 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
       const id = m[1]!;
       cp.auth
         .authenticate(req.headers.authorization)
-        .then((p) => cp.route(p, id))
-        .then(({ edge, row }) => {
+        .then(async (p) => ({ p, ...(await cp.route(p, id)) }))
+        .then(({ p, edge, row }) => {
+          const onStart = audit ? (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => audit(p, row.id, spec, exit) : undefined;
           wss.handleUpgrade(req, socket, head, (ws) => {
             // An open session counts as the sandbox's activity until it closes.
             ws.once('close', cp.activity.hold(row.id));
-            serve(ws, edge, row.id);
+            serve(ws, edge, row.id, cp.trajectory, onStart);
           });
         })
         .catch((err: unknown) => reject(socket, err));
@@ -52,7 +58,8 @@ export function createWsHandler(cp: ControlPlane): { handle(req: IncomingMessage
 
 type Edge = Awaited<ReturnType<ControlPlane['route']>>['edge'];
 
-function serve(ws: WebSocket, edge: Edge, id: string): void {
+function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog, onStart?: (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => void): void {
+  let rec: ExecRecording | undefined;
   const send = (obj: unknown): Promise<void> =>
     new Promise((resolve) => {
       if (ws.readyState !== ws.OPEN) return resolve();
@@ -79,7 +86,19 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
             throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
           }
           const spec = parseInput(WsExecRequestSchema, body);
-          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' });
+          rec = await trajectory.beginExec(id, spec, 'ws');
+          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
+          rec.started(started.proc, edge);
+          onStart?.(
+            spec,
+            new Promise<number | null>((resolve) => {
+              void started.exited.then(
+                (e) => resolve(e.exitCode),
+                () => resolve(null),
+              );
+              started.onDetach(() => resolve(null));
+            }),
+          );
           const stop = (): void => {
             void started.kill('SIGKILL').catch(() => undefined);
             void started.detach().catch(() => undefined);
@@ -87,15 +106,22 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
           // The client may have gone while the command started: nobody can end it then.
           if (ws.readyState !== ws.OPEN) {
             stop();
+            rec.follow();
             return started;
           }
-          ws.on('close', () => void started.detach().catch(() => undefined));
+          const recording = rec;
+          // The command outlives a closed socket: its recording reads on alone.
+          ws.on('close', () => void started.detach().catch(() => undefined).finally(recording.follow));
           void pump(started);
           return started;
         }
         if (!att) return att;
         const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
-        if (msg.type === 'stdin') await att.write(Buffer.from(msg.data, 'base64'));
+        if (msg.type === 'stdin') {
+          const data = Buffer.from(msg.data, 'base64');
+          await att.write(data);
+          rec?.addStdin(data);
+        }
         else if (msg.type === 'eof') await att.closeStdin();
         else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
         else await att.kill(msg.signal);
@@ -107,7 +133,7 @@ function serve(ws: WebSocket, edge: Edge, id: string): void {
     });
   });
   const pump = async (att: Attachment): Promise<void> => {
-    for await (const ev of attachmentEvents(edge, id, att, true)) await send(ev);
+    for await (const ev of attachmentEvents(edge, id, att, true, rec)) await send(ev);
     ws.close(1000, 'exited');
   };
 }

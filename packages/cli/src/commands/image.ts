@@ -56,7 +56,7 @@ export function registerImage(program: Command): void {
       if (sources.length !== 1) throw new InvalidArgumentError('give exactly one of --from-dir, --from-tar, --from-oci, --debian');
       if (flags.suite && !flags.debian) throw new InvalidArgumentError('--suite goes with --debian');
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const kind = flags.kind as LayerKind;
+      const kind = flags.kind as Exclude<LayerKind, 'snapshot'>;
       let layer: LayerInfo;
       if (flags.debian) {
         layer = await client.layers.buildDebian(

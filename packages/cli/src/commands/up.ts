@@ -11,13 +11,15 @@ export function registerUp(program: Command): void {
     .option('--addr <host:port>', 'listen address (default $DSEC_ADDR or 127.0.0.1:7878)')
     .option('--zram-swap <MiB>', 'swap paused sandboxes to a compressed zram device of this size (default $DSEC_ZRAM_SWAP_MIB, else none)', number(true))
     .option('-q, --quiet', 'do not print the server log')
-    .action(async (flags: { home?: string; addr?: string; quiet?: boolean; zramSwap?: number }) => {
+    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
+    .action(async (flags: { home?: string; addr?: string; quiet?: boolean; zramSwap?: number; userns: boolean }) => {
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const platform = await startPlatform({
         ...(flags.home ? { home: flags.home } : {}),
         ...(flags.addr ? { addr: flags.addr } : {}),
         ...(flags.zramSwap !== undefined ? { zramSwapMiB: flags.zramSwap } : {}),
+        ...(flags.userns === false ? { userNamespaces: false } : {}),
         ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);

@@ -302,14 +302,22 @@ export class ChronusClient {
   private readonly reader = new FrameReader();
   private closedError: Error | undefined;
 
-  constructor(private readonly socket: Duplex) {
+  /**
+   * `onProtocolError` hears of frames that break the wire protocol (a malformed or oversized
+   * frame, a field of the wrong size): the agent is not the chronus edge started, or something
+   * forged its side of the socket. The connection is closed either way.
+   */
+  constructor(
+    private readonly socket: Duplex,
+    private readonly onProtocolError?: (message: string) => void,
+  ) {
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
     socket.on('error', (err) => this.shutdown(err));
     socket.on('close', () => this.shutdown(new DsecError('UNAVAILABLE', 'connection to the sandbox agent closed')));
   }
 
   /** Connects to an agent's unix socket. */
-  static connect(path: string, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<ChronusClient> {
+  static connect(path: string, opts: { timeoutMs?: number; signal?: AbortSignal; onProtocolError?: (message: string) => void } = {}): Promise<ChronusClient> {
     return new Promise((resolve, reject) => {
       const sock = net.createConnection({ path });
       const timer = setTimeout(() => fail(new DsecError('TIMEOUT', `connecting to agent at ${path} timed out`)), opts.timeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS);
@@ -328,7 +336,7 @@ export class ChronusClient {
       sock.once('error', fail);
       sock.once('connect', () => {
         cleanup();
-        resolve(new ChronusClient(sock));
+        resolve(new ChronusClient(sock, opts.onProtocolError));
       });
     });
   }
@@ -586,11 +594,30 @@ export class ChronusClient {
     try {
       frames = this.reader.push(chunk);
     } catch (err) {
-      this.socket.destroy();
-      this.shutdown(new DsecError('BACKEND_FAILED', `protocol error from sandbox agent: ${(err as Error).message}`));
+      this.protocolError(err);
       return;
     }
-    for (const frame of frames) this.onFrame(frame);
+    for (const frame of frames) {
+      try {
+        this.onFrame(frame);
+      } catch (err) {
+        // A field of the wrong size (Fields.num) in a reply or an event.
+        this.protocolError(err);
+        return;
+      }
+    }
+  }
+
+  private protocolError(err: unknown): void {
+    if (this.closedError) return;
+    const message = `protocol error from sandbox agent: ${(err as Error).message}`;
+    this.socket.destroy();
+    this.shutdown(new DsecError('BACKEND_FAILED', message));
+    try {
+      this.onProtocolError?.(message);
+    } catch {
+      // the listener's failure is its own
+    }
   }
 
   private onFrame(frame: Frame): void {

@@ -5,9 +5,13 @@
 import { readFileSync } from 'node:fs';
 import { readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/protocol';
 import type { SandboxStats } from '@dsec/protocol';
 import { closeFd, MADV_WILLNEED, pidfdOpen, processMadvise } from '../sys/linux.js';
+
+/** How long a freeze may take before it is given up (tasks in uninterruptible sleep delay it). */
+export const DEFAULT_FREEZE_TIMEOUT_MS = 10_000;
 
 /** The cgroup layout of the host. */
 export type CgroupMode = 'v1' | 'hybrid' | 'v2';
@@ -55,8 +59,6 @@ async function readKeyed(file: string): Promise<Map<string, number>> {
 /** Resource counters of one cgroup (a sandbox's stats less its disk). */
 export type CgroupStats = Omit<SandboxStats, 'diskUsedBytes' | 'diskLimitBytes'>;
 
-/** Longest wait for a sandbox's processes to freeze. */
-export const FREEZE_TIMEOUT_MS = 5000;
 /**
  * memory.swappiness of a paused sandbox (v1): its anonymous and tmpfs pages may go to swap.
  * Running sandboxes are created with 0 (limit reclaim drops page cache, never swaps).
@@ -93,7 +95,6 @@ const MAX_RECLAIM_PASSES = 4;
 /** A pass that frees less than this ends the reclaim. */
 const RECLAIM_PROGRESS_BYTES = 1048576;
 
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 /** Address ranges of a process worth reading back in: everything but the kernel's own pages. */
 async function prefetchRanges(pid: number): Promise<Array<[bigint, bigint]>> {
@@ -192,24 +193,35 @@ export class Cgroups {
 
   /**
    * Freezes every process of a sandbox (v1 freezer, v2 cgroup.freeze) and waits until the
-   * kernel reports them frozen. A sandbox that does not freeze in time is thawed again and
-   * the call fails: it is never left half-frozen.
+   * kernel reports them frozen: a pause, or a snapshot whose files must hold still while they
+   * are read. A sandbox that does not freeze in time is thawed again and TIMEOUT thrown: it is
+   * never left half-frozen.
    */
-  async freeze(id: string, timeoutMs = FREEZE_TIMEOUT_MS): Promise<void> {
+  async freeze(id: string, timeoutMs = DEFAULT_FREEZE_TIMEOUT_MS): Promise<void> {
     await this.writeFreezer(id, true);
     const deadline = Date.now() + timeoutMs;
     for (let wait = 1; !(await this.frozen(id)); wait = Math.min(wait * 2, 20)) {
       if (Date.now() >= deadline) {
-        await this.writeFreezer(id, false).catch(() => undefined);
+        await this.thaw(id).catch(() => undefined);
         throw new DsecError('TIMEOUT', `sandbox ${id}: its processes did not freeze within ${timeoutMs} ms`, { sandboxId: id });
       }
       await sleep(wait);
     }
   }
 
-  /** Thaws a sandbox's processes. */
+  /** True when a sandbox's cgroup is frozen or freezing (asked to freeze: paused, or being packed). */
+  async isFrozen(id: string): Promise<boolean> {
+    const v2 = this.mode === 'v2';
+    const file = path.join(this.dir(v2 ? '' : 'freezer', id), v2 ? 'cgroup.freeze' : 'freezer.state');
+    const text = (await readFile(file, 'utf8').catch(() => '')).trim();
+    return v2 ? text === '1' : text === 'FROZEN' || text === 'FREEZING';
+  }
+
+  /** Lets a frozen sandbox's processes run again; a sandbox that is gone is not an error. */
   async thaw(id: string): Promise<void> {
-    await this.writeFreezer(id, false);
+    await this.writeFreezer(id, false).catch((err: unknown) => {
+      if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) throw err;
+    });
   }
 
   private async writeFreezer(id: string, frozen: boolean): Promise<void> {
@@ -270,9 +282,36 @@ export class Cgroups {
     }
   }
 
-  /** Processes in a sandbox's cgroup. */
-  async pids(id: string): Promise<number[]> {
-    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('memory', id), 'cgroup.procs');
+  /** Times a fork failed in a sandbox because of its pids limit (the `max` of pids.events). */
+  pidsLimitHitsSync(id: string): number {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
+    try {
+      const m = /^max (\d+)$/m.exec(readFileSync(file, 'utf8'));
+      return m ? Number(m[1]) : 0;
+    } catch {
+      return 0;
+    }
+  }
+
+  /** {@link pidsLimitHitsSync}, read without blocking (the periodic scan over every sandbox). */
+  async pidsLimitHits(id: string): Promise<number> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
+    const m = /^max (\d+)$/m.exec(await readFile(file, 'utf8').catch(() => ''));
+    return m ? Number(m[1]) : 0;
+  }
+
+  /** Tasks in a sandbox's cgroup now (0 when it has none). */
+  pidsCurrentSync(id: string): number {
+    try {
+      return Number(readFileSync(path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.current'), 'utf8').trim()) || 0;
+    } catch {
+      return 0;
+    }
+  }
+
+  /** Host pids of the processes in a sandbox's cgroup. */
+  async procs(id: string): Promise<number[]> {
+    const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'cgroup.procs');
     const text = await readFile(file, 'utf8').catch(() => '');
     return text.split('\n').filter(Boolean).map(Number);
   }
@@ -286,7 +325,7 @@ export class Cgroups {
     if ((await this.usage(id)).swapBytes === 0) return { processes: 0, advisedBytes: 0 };
     let processes = 0;
     let advised = 0n;
-    for (const pid of await this.pids(id)) {
+    for (const pid of await this.procs(id)) {
       const fd = pidfdOpen(pid);
       if (fd === undefined) continue;
       try {
@@ -297,6 +336,35 @@ export class Cgroups {
       }
     }
     return { processes, advisedBytes: Number(advised) };
+  }
+
+  /** Milliseconds since a sandbox's cgroup was made (Infinity when it has none). */
+  async ageMs(id: string): Promise<number> {
+    const st = await stat(this.mode === 'v2' ? this.dir('', id) : this.dir('memory', id)).catch(() => undefined);
+    return st ? Date.now() - st.mtimeMs : Infinity;
+  }
+
+  /**
+   * Kills every process in a sandbox's cgroup (a runtime that lost track of its container
+   * leaves them). Repeats until the cgroup is empty: a process may fork while it is killed.
+   */
+  async killAll(id: string): Promise<number> {
+    const killed = new Set<number>();
+    if (this.mode === 'v2') await writeFile(path.join(this.dir('', id), 'cgroup.kill'), '1').catch(() => undefined);
+    for (let round = 0; round < 100; round++) {
+      const pids = await this.procs(id);
+      if (pids.length === 0) break;
+      for (const pid of pids) {
+        try {
+          process.kill(pid, 'SIGKILL');
+          killed.add(pid);
+        } catch {
+          // already gone
+        }
+      }
+      await sleep(10);
+    }
+    return killed.size;
   }
 
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */

@@ -21,6 +21,8 @@ const FEATURE_COMPAT_SB_CHKSUM = 0x1;
 export interface MkfsOptions {
   /** Power of two, at least 4096. */
   chunkSizeBytes: number;
+  /** Filesystem UUID; default {@link LAYER_UUID}. Part of the digest, invisible in a sandbox. */
+  uuid?: string | undefined;
   signal?: AbortSignal | undefined;
 }
 
@@ -30,7 +32,7 @@ export async function mkfsErofs(dir: string, metaPath: string, blobPath: string,
   if (!Number.isInteger(chunkSizeBytes) || chunkSizeBytes < 4096 || (chunkSizeBytes & (chunkSizeBytes - 1)) !== 0) {
     throw new DsecError('INVALID_ARGUMENT', `chunk size must be a power of two >= 4096, got ${chunkSizeBytes}`, { field: 'chunkSizeBytes' });
   }
-  const args = ['--quiet', `--chunksize=${chunkSizeBytes}`, `--blobdev=${blobPath}`, '-U', LAYER_UUID, metaPath, dir];
+  const args = ['--quiet', `--chunksize=${chunkSizeBytes}`, `--blobdev=${blobPath}`, '-U', opts.uuid ?? LAYER_UUID, metaPath, dir];
   await runTool('mkfs.erofs', args, opts.signal);
   await normalizeSuperblock(metaPath);
 }
@@ -85,6 +87,15 @@ function crc32c(seed: number, data: Uint8Array): number {
   let crc = seed >>> 0;
   for (const byte of data) crc = (crcTable[(crc ^ byte) & 0xff]! ^ (crc >>> 8)) >>> 0;
   return crc >>> 0;
+}
+
+/**
+ * The UUID of a snapshot layer: derived from the layers below it, so that the same packed
+ * changes over different parents (an empty upper over two bases, say) are different layers.
+ */
+export function snapshotUuid(parents: readonly string[]): string {
+  const h = createHash('sha256').update('dsec-snapshot\n' + parents.join('\n')).digest('hex');
+  return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
 }
 
 /** `sha256:` + sha256 over the metadata image followed by the data blob. */

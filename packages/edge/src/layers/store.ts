@@ -8,7 +8,9 @@ import type { LayerInfo, LayerKind } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
 import { buildBusyboxTree } from './busybox.js';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
-import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs } from './erofs.js';
+import { withShiftedView } from '../host/idmap.js';
+import type { IdShift } from '../host/idmap.js';
+import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs, snapshotUuid } from './erofs.js';
 import { digestHex, normalizeName } from './names.js';
 import { importOci } from './oci.js';
 import { TarExtractor } from './tar-extract.js';
@@ -35,7 +37,15 @@ export type LayerSource =
   | { type: 'tar'; stream: TarInput }
   | { type: 'oci'; path: string }
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
-  | { type: 'busybox' };
+  | { type: 'busybox' }
+  /**
+   * A sandbox's overlay upper directory ("pack diff"), packed as it is: whiteouts (char 0:0)
+   * and opaque directories stay, so the layer stacks over `parents` (its digests, bottom first,
+   * recorded in the layer's UUID and so in its digest). The caller keeps the tree still
+   * (freezes the sandbox). `idShift` stores host ids `base + n` as `n` (user-namespaced
+   * sandboxes).
+   */
+  | { type: 'upper'; dir: string; parents: string[]; idShift?: IdShift };
 
 /** Options of {@link LayerStore.build}. */
 export interface BuildLayerOptions {
@@ -45,6 +55,11 @@ export interface BuildLayerOptions {
   /** Merged into the layer's labels (also when the layer already existed). */
   labels?: Record<string, string>;
   onProgress?: (msg: string) => void;
+  /**
+   * Called once the source tree has been read (mkfs is done), before the digest is computed
+   * and the layer committed: a snapshot thaws its sandbox here.
+   */
+  onSourceRead?: () => Promise<void>;
   signal?: AbortSignal;
 }
 
@@ -136,8 +151,18 @@ export class LayerStore {
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
       let tree = join(work, 'root');
+      let uuid: string | undefined;
+      let shift: IdShift | undefined;
       const limits = this.opts.tarLimits;
       switch (source.type) {
+        case 'upper': {
+          const st = await stat(source.dir).catch(() => null);
+          if (!st?.isDirectory()) throw new DsecError('INVALID_ARGUMENT', `source.dir: not a directory: ${source.dir}`, { field: 'source.dir', path: source.dir });
+          tree = source.dir;
+          uuid = snapshotUuid(source.parents);
+          shift = source.idShift;
+          break;
+        }
         case 'dir': {
           const st = await stat(source.path).catch(() => null);
           if (!st?.isDirectory()) throw new DsecError('INVALID_ARGUMENT', `source.path: not a directory: ${source.path}`, { field: 'source.path', path: source.path });
@@ -176,11 +201,16 @@ export class LayerStore {
           throw new DsecError('INVALID_ARGUMENT', `source.type: unknown layer source ${(source as { type: string }).type}`, { field: 'source.type' });
       }
       signal?.throwIfAborted();
-      const { files, contentBytes } = await countTree(tree);
       const out = join(work, 'out');
       await mkdir(out);
-      progress(`mkfs.erofs: ${files} files, ${contentBytes} bytes`);
-      await mkfsErofs(tree, join(out, META_FILE), join(out, BLOB_FILE), { chunkSizeBytes: this.chunkSizeBytes, signal });
+      const pack = async (dir: string): Promise<{ files: number; contentBytes: number }> => {
+        const counted = await countTree(dir);
+        progress(`mkfs.erofs: ${counted.files} files, ${counted.contentBytes} bytes`);
+        await mkfsErofs(dir, join(out, META_FILE), join(out, BLOB_FILE), { chunkSizeBytes: this.chunkSizeBytes, uuid, signal });
+        return counted;
+      };
+      const { files, contentBytes } = shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
+      await opts.onSourceRead?.();
       const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
       signal?.throwIfAborted();
       const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
@@ -297,6 +327,11 @@ export class LayerStore {
     });
   }
 
+  /** Where a layer is mounted while it is acquired (read-only; its files as the layer holds them). */
+  mountDir(digest: string): string {
+    return join(this.mntDir, this.hexOf(digest));
+  }
+
   /** One user fewer; at zero the layer is unmounted (after the linger time). */
   async release(digest: string): Promise<void> {
     await this.init();
@@ -338,6 +373,32 @@ export class LayerStore {
       }
       return { removed };
     });
+  }
+
+  /**
+   * Unmounts layers that are mounted but have no user and no linger timer: mounts a previous
+   * edge process left for sandboxes that are gone. Returns how many were unmounted.
+   */
+  async unmountUnused(): Promise<number> {
+    await this.init();
+    return this.locked(async () => {
+      let n = 0;
+      for (const hex of [...this.mounted]) {
+        if ((this.refs.get(hex) ?? 0) > 0 || this.lingering.has(hex)) continue;
+        if (this.tryUnmount(hex)) n++;
+      }
+      return n;
+    });
+  }
+
+  /**
+   * Drops this process's pending unmounts and leaves every mount in place, for the next edge on
+   * this state directory to adopt (an edge that closes without shutting down). A timer left
+   * running would unmount a layer that the next edge already counts as mounted.
+   */
+  detach(): void {
+    for (const timer of this.lingering.values()) clearTimeout(timer);
+    this.lingering.clear();
   }
 
   /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */

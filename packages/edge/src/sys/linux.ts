@@ -29,7 +29,26 @@ const c = {
   lgetxattr: libc.func('intptr_t lgetxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
   pidfdOpen: libc.func('int pidfd_open(int pid, unsigned int flags)'),
   processMadvise: libc.func('intptr_t process_madvise(int pidfd, const void *iovec, size_t vlen, int advice, unsigned int flags)'),
+  open: libc.func('int open(const char *path, int flags, uint32_t mode)'),
+  lseek: libc.func('int64_t lseek(int fd, int64_t offset, int whence)'),
+  fanotifyInit: libc.func('int fanotify_init(unsigned int flags, unsigned int event_f_flags)'),
+  fanotifyMark: libc.func('int fanotify_mark(int fd, unsigned int flags, uint64_t mask, int dirfd, const char *path)'),
+  openByHandleAt: libc.func('int open_by_handle_at(int mount_fd, const void *handle, int flags)'),
+  statfs: libc.func('int statfs(const char *path, _Out_ uint8_t *buf)'),
+  syscall: libc.func('long syscall(long number, ...)'),
+  getxattr: libc.func('intptr_t getxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
 };
+
+const SYS_OPEN_TREE = 428;
+const SYS_MOVE_MOUNT = 429;
+const SYS_MOUNT_SETATTR = 442;
+const AT_FDCWD = -100;
+const AT_EMPTY_PATH = 0x1000;
+const AT_RECURSIVE = 0x8000;
+const OPEN_TREE_CLONE = 1;
+const O_CLOEXEC = 0o2000000;
+const MOVE_MOUNT_F_EMPTY_PATH = 0x4;
+const MOUNT_ATTR_IDMAP = 0x100000;
 
 /** mount(2) flags used by dsec. */
 export const MS = {
@@ -79,6 +98,25 @@ export function umount(target: string, flags: number = 0): boolean {
   const errno = koffi.errno();
   if (errno === 22 || errno === 2) return false;
   throw new SyscallError('umount2', errno, target);
+}
+
+/**
+ * Mounts a clone of the tree at `source` on `target`, idmapped through the user namespace
+ * `usernsFd` (open_tree + mount_setattr(MOUNT_ATTR_IDMAP) + move_mount). An inode owned by
+ * `k` shows as the id that the namespace's map takes `k` to (its "inside" side read as
+ * "outside"); ids the map does not cover show as the overflow id.
+ */
+export function idmappedBind(source: string, target: string, usernsFd: number): void {
+  const tree = check(c.syscall(SYS_OPEN_TREE, 'int', AT_FDCWD, 'str', source, 'uint', OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE), 'open_tree', source);
+  try {
+    const attr = Buffer.alloc(32); // struct mount_attr: attr_set, attr_clr, propagation, userns_fd
+    attr.writeBigUInt64LE(BigInt(MOUNT_ATTR_IDMAP), 0);
+    attr.writeBigUInt64LE(BigInt(usernsFd), 24);
+    check(c.syscall(SYS_MOUNT_SETATTR, 'int', tree, 'str', '', 'uint', AT_EMPTY_PATH | AT_RECURSIVE, 'void *', attr, 'size_t', attr.length), 'mount_setattr', source);
+    check(c.syscall(SYS_MOVE_MOUNT, 'int', tree, 'str', '', 'int', AT_FDCWD, 'str', target, 'uint', MOVE_MOUNT_F_EMPTY_PATH), 'move_mount', `${source} to ${target}`);
+  } finally {
+    c.close(tree);
+  }
 }
 
 /** Closes a raw file descriptor. */
@@ -197,4 +235,90 @@ export function processMadvise(pidfd: number, ranges: ReadonlyArray<readonly [st
     }
   }
   return advised;
+}
+
+/** open(2) flags used by dsec. */
+export const O = { RDONLY: 0, NONBLOCK: 0o4000, DIRECTORY: 0o200000, NOFOLLOW: 0o400000, CLOEXEC: 0o2000000, PATH: 0o10000000, LARGEFILE: 0o100000 } as const;
+
+/** open(2) of a path; returns the fd. */
+export function openFd(path: string, flags: number): number {
+  return check(c.open(path, flags, 0), 'open', path);
+}
+
+/** Moves a file offset to the end (SEEK_END); /dev/kmsg readers use it to skip old records. */
+export function seekEnd(fd: number): void {
+  const SEEK_END = 2;
+  if (Number(c.lseek(fd, 0, SEEK_END)) < 0) throw new SyscallError('lseek', koffi.errno(), String(fd));
+}
+
+/** fanotify_init(2) and fanotify_mark(2) constants used by dsec. */
+export const FAN = {
+  CLASS_NOTIF: 0x0,
+  CLOEXEC: 0x1,
+  NONBLOCK: 0x2,
+  REPORT_DFID_NAME: 0x00000c00,
+  MARK_ADD: 0x1,
+  MARK_REMOVE: 0x2,
+  MARK_FILESYSTEM: 0x100,
+  MODIFY: 0x2,
+  CLOSE_WRITE: 0x8,
+  ATTRIB: 0x4,
+  MOVED_FROM: 0x40,
+  MOVED_TO: 0x80,
+  CREATE: 0x100,
+  DELETE: 0x200,
+  Q_OVERFLOW: 0x4000,
+  ONDIR: 0x40000000,
+} as const;
+
+/** fanotify_init(2). */
+export function fanotifyInit(flags: number, eventFlags: number): number {
+  return check(c.fanotifyInit(flags, eventFlags), 'fanotify_init', String(flags));
+}
+
+/** fanotify_mark(2) on a path. */
+export function fanotifyMark(fd: number, flags: number, mask: number, path: string): void {
+  const AT_FDCWD = -100;
+  check(c.fanotifyMark(fd, flags, BigInt(mask), AT_FDCWD, path), 'fanotify_mark', path);
+}
+
+/** open_by_handle_at(2) with O_PATH; -1 when the object is gone (ESTALE) or unreachable. */
+export function openByHandle(mountFd: number, handle: Uint8Array): number {
+  return c.openByHandleAt(mountFd, handle, O.PATH | O.CLOEXEC);
+}
+
+/** The file system id (statfs f_fsid) of the file system holding `path`, as 16 hex digits. */
+export function fsidOf(path: string): string {
+  const buf = Buffer.alloc(120);
+  check(c.statfs(path, buf), 'statfs', path);
+  return buf.subarray(56, 64).toString('hex');
+}
+
+const SYS_OPENAT2 = 437;
+/** openat2(2) resolve flags: stay below the directory, follow no symlinks of any kind, cross no mounts. */
+const RESOLVE_STRICT = 0x01 | 0x02 | 0x04 | 0x08;
+
+/**
+ * Opens `rel` below the directory `dirFd` without following any symlink (none in the path, and
+ * none as the last component unless `flags` has O_PATH, which then opens the link itself), and
+ * without leaving the directory's mount. Returns the fd, or -errno. Used to read a sandbox's
+ * writable layer from the host: the sandbox can change it at any moment, and a symlink it plants
+ * must never lead the host elsewhere.
+ */
+export function openBeneath(dirFd: number, rel: string | Buffer, flags: number): number {
+  const how = Buffer.alloc(24);
+  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW), 0);
+  how.writeBigUInt64LE(0n, 8);
+  how.writeBigUInt64LE(BigInt(RESOLVE_STRICT), 16);
+  const path = typeof rel === 'string' ? rel : Buffer.concat([rel, Buffer.from([0])]);
+  const fd = Number(c.syscall(SYS_OPENAT2, 'int', dirFd, typeof path === 'string' ? 'const char *' : 'const void *', path, 'void *', how, 'size_t', 24));
+  return fd < 0 ? -koffi.errno() : fd;
+}
+
+/** Reads an extended attribute of what `path` resolves to; null when it is not set. */
+export function getxattr(path: string, name: string): string | null {
+  const buf = Buffer.alloc(256);
+  const n = Number(c.getxattr(path, name, buf, buf.length));
+  if (n < 0) return null;
+  return buf.subarray(0, n).toString();
 }

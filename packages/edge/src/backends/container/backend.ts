@@ -1,15 +1,17 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
-import { constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, statfs, writeFile, rename } from 'node:fs/promises';
+import { constants as fsConstants, readFileSync, writeFileSync } from 'node:fs';
+import { mkdir, open, readdir, readFile, rm, rmdir, statfs, writeFile, rename } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
-import { DEFAULT_DISK_MIB, DsecError } from '@dsec/protocol';
-import type { SandboxStats } from '@dsec/protocol';
+import { DEFAULT_DISK_MIB, DsecError, invalidArgument } from '@dsec/protocol';
+import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
 import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
+import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
+import type { SeccompProfile } from './seccomp.js';
 import { Crun } from './crun.js';
 
 /** What the container backend needs from the layer store. */
@@ -21,6 +23,8 @@ export interface LayerMounter {
 
 /** Default bytes of output chronus keeps per stream. */
 export const DEFAULT_OUTPUT_CAP_BYTES = 4 * 1024 * 1024;
+/** mount(2) copies at most one page of options. */
+const MAX_MOUNT_OPTION_BYTES = 4096;
 /** Inodes per MiB of writable layer. */
 const INODES_PER_MIB = 256;
 
@@ -39,6 +43,12 @@ export interface ContainerBackendOptions {
    * sandbox's writable-layer tmpfs is mounted, one folder per sandbox.
    */
   writableDir: string;
+  /**
+   * Host directory of the sandboxes' root mount points (mode 0711): in a user namespace crun
+   * sets up the root as the sandbox's root user, who must be able to reach it, and the state
+   * directory stays closed (0700).
+   */
+  rootsDir: string;
   /** Host path of dsec-launch (built beside chronus). */
   launcherBinary: string;
   layers: LayerMounter;
@@ -47,7 +57,50 @@ export interface ContainerBackendOptions {
   agentBinary: string;
   outputCapBytes?: number;
   crunBinary?: string;
+  /**
+   * Host id ranges for user namespaces: each sandbox runs in one of its own, root inside being
+   * an unprivileged uid on the host. Without it sandboxes share the host's ids (root is root,
+   * held back by capabilities, seccomp and namespaces only).
+   */
+  idRanges?: IdRanges;
+  /** Replaces the default seccomp profile (tests of the fail-closed path). */
+  seccompProfile?: (spec: BackendCreateRequest['spec']) => SeccompProfile;
+  /** Where the backend raises events (a forged or malformed agent message). */
+  events?: EventSink;
 }
+
+/** An empty cgroup of an unknown sandbox is removed once it is this old (a create may be filling it). */
+export const EMPTY_CGROUP_GRACE_MS = 60_000;
+
+/** Options of {@link ContainerBackend.collectGarbage}. */
+export interface GarbageOptions {
+  /** True for ids that belong to a live sandbox (known, being created or destroyed). */
+  keep: (id: string) => boolean;
+  /** Also collect function-call sandboxes (`fn-` ids): only while no call pool runs (edge start). */
+  calls?: boolean;
+  /**
+   * A path that marks this node's sandboxes (the node's home, with a trailing `/`): a cgroup
+   * whose processes' mounts name it is this node's even when nothing else of it is left.
+   */
+  ownerMark: string;
+}
+
+/** What one garbage collection removed. */
+export interface GarbageReport {
+  /** Runtime containers deleted. */
+  containers: string[];
+  /** Sandbox cgroups removed. */
+  cgroups: string[];
+  /** Processes killed in them. */
+  processes: number;
+  /** Mounts detached under sandbox folders. */
+  mounts: number;
+  /** Sandbox folders removed. */
+  dirs: string[];
+}
+
+/** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
+const LAUNCH_EXIT_BAD_PROTECT = 3;
 
 interface Paths {
   dir: string;
@@ -57,6 +110,8 @@ interface Paths {
   rootfs: string;
   socket: string;
   record: string;
+  /** Env and labels of the claim of a pooled sandbox (absent for the others). */
+  claim: string;
   log: string;
   /** Present while the sandbox is paused: the memory settings to put back on resume. */
   paused: string;
@@ -82,9 +137,10 @@ export class ContainerBackend implements Backend {
       rw: path.join(this.o.writableDir, id),
       upper: path.join(this.o.writableDir, id, 'upper'),
       work: path.join(this.o.writableDir, id, 'work'),
-      rootfs: path.join(dir, 'rootfs'),
+      rootfs: path.join(this.o.rootsDir, id),
       socket: path.join(dir, 'agent.sock'),
       record: path.join(dir, 'sandbox.json'),
+      claim: path.join(dir, 'claim.json'),
       log: path.join(dir, 'runtime.log'),
       paused: path.join(dir, 'paused.json'),
     };
@@ -107,15 +163,29 @@ export class ContainerBackend implements Backend {
         undo.push(() => this.o.layers.release(layer.digest));
       }
       signal?.throwIfAborted();
+      // mount(2) takes at most one page of options: a deep stack (toolkits and a long snapshot
+      // chain under a long state path) must be refused here, not fail inside dsec-launch.
+      const optionBytes = Buffer.byteLength(`lowerdir=${lowers.join(':')},upperdir=${p.upper},workdir=${p.work}`);
+      if (optionBytes >= MAX_MOUNT_OPTION_BYTES) {
+        throw new DsecError('INVALID_ARGUMENT', `image: ${lowers.length} layers do not fit in one overlay mount (${optionBytes} bytes of options, at most ${MAX_MOUNT_OPTION_BYTES - 1})`, { field: 'image' });
+      }
 
       // The writable layer is a size-limited tmpfs (writing past diskMiB fails with ENOSPC
       // inside the sandbox, and nothing outside it is touched) under an overlay of the layers.
       // dsec-launch mounts the tmpfs on the host (edge reads its upper directory for snapshots
       // and diffs) and the overlay in a mount namespace of the sandbox's own, right before crun.
       const diskMiB = req.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB;
+      let idRange: IdRange | undefined;
+      if (this.o.idRanges) {
+        const ranges = this.o.idRanges;
+        const claimed = await ranges.allocate(req.id);
+        idRange = claimed;
+        undo.push(() => ranges.release(claimed, req.id));
+      }
       await mkdir(p.rw);
       undo.push(() => this.unmountWritable(p.rw));
       await mkdir(p.rootfs);
+      undo.push(() => rmdir(p.rootfs));
       const launch = [
         this.o.launcherBinary,
         '--ns', this.o.runtimeNsFile,
@@ -123,6 +193,8 @@ export class ContainerBackend implements Backend {
         '--tmpfs', `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
         '--rootfs', p.rootfs,
         '--lower', lowers.join(':'),
+        ...(idRange ? ['--idmap', `${idRange.uid}:${idRange.gid}:${idRange.size}`, '--loginuid', String(idRange.uid)] : []),
+        ...readOnlyPaths(req.spec.protect?.readOnly ?? []).flatMap((p) => ['--protect', p]),
         '--',
       ];
 
@@ -135,9 +207,11 @@ export class ContainerBackend implements Backend {
         outputCapBytes: this.o.outputCapBytes ?? DEFAULT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
         ...(this.o.cgroups.mode !== 'v2' ? { swappiness: 0 } : {}),
+        ...(idRange ? { idRange } : {}),
+        ...(this.o.seccompProfile ? { seccomp: this.o.seccompProfile(req.spec) } : {}),
       });
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
-      const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString() };
+      const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), ...(idRange ? { idRange } : {}) };
       await writeJsonAtomic(p.record, record);
       signal?.throwIfAborted();
 
@@ -148,15 +222,18 @@ export class ContainerBackend implements Backend {
       try {
         log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
         undo.push(() => this.crun.run(['delete', '--force', req.id]));
-        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], `create ${req.id}`, {
+        const res = await this.crun.run(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], {
           extraFds: [sockFd],
           logFd: log.fd,
           prefix: launch,
         });
-      } catch (err) {
-        const detail = await readFile(p.log, 'utf8').catch(() => '');
-        if (err instanceof DsecError && detail.trim()) err.message += ` (${detail.trim().split('\n').slice(-3).join('; ')})`;
-        throw err;
+        if (res.code !== 0) {
+          const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim();
+          const refused = /^dsec-launch: protect (.*)$/m.exec(detail);
+          if (res.code === LAUNCH_EXIT_BAD_PROTECT && refused) throw invalidArgument('protect.readOnly', refused[1] ?? 'cannot be protected');
+          const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${res.code}`;
+          throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
+        }
       } finally {
         closeFd(sockFd);
         await log?.close();
@@ -194,16 +271,23 @@ export class ContainerBackend implements Backend {
         continue;
       }
       const status = await this.crun.status(id);
-      if (status === 'paused') record.paused = true;
-      else if (status !== 'running') {
+      if (status === 'paused') {
+        // Paused (its memory settings are kept for the resume), or frozen by a snapshot that
+        // ended with the previous edge: that one runs again.
+        if (await readFile(p.paused).then(() => true, () => false)) record.paused = true;
+        else await this.o.cgroups.thaw(id).catch(() => undefined);
+      } else if (status !== 'running') {
         // Its processes are gone (the node rebooted or PID 1 died): the sandbox is lost.
-        await this.teardown(id, []);
+        await this.teardown(id, [], record.idRange);
         continue;
       }
       // Its layers are still mounted; take this process's references on them again.
       for (const layer of record.layers) await this.o.layers.acquire(layer.digest);
-      found.push(record);
+      const claim = await readFile(p.claim, 'utf8').then((t) => JSON.parse(t) as SandboxClaim, () => undefined);
+      found.push(claim ? { ...record, spec: { ...record.spec, ...claim } } : record);
     }
+    // Ranges this node claimed for sandboxes that did not survive (a crash mid-create).
+    await this.o.idRanges?.reconcile(new Set(found.map((r) => r.id)));
     return found;
   }
 
@@ -212,7 +296,13 @@ export class ContainerBackend implements Backend {
   }
 
   connectAgent(id: string): Promise<SandboxAgent> {
-    return ChronusClient.connect(this.paths(id).socket);
+    return ChronusClient.connect(this.paths(id).socket, { onProtocolError: this.forged(id) });
+  }
+
+  /** Raises control.forged-message when the agent's side of a connection breaks the protocol. */
+  private forged(id: string): (message: string) => void {
+    return (message) =>
+      this.o.events?.({ kind: 'control.forged-message', severity: 'critical', sandboxId: id, message: `sandbox ${id}: ${message}`, data: { channel: 'agent socket' } });
   }
 
   private async connect(id: string): Promise<ChronusClient> {
@@ -220,7 +310,7 @@ export class ContainerBackend implements Backend {
     if (live?.connected) return live;
     let pending = this.connecting.get(id);
     if (!pending) {
-      pending = ChronusClient.connect(this.paths(id).socket)
+      pending = ChronusClient.connect(this.paths(id).socket, { onProtocolError: this.forged(id) })
         .then((client) => {
           this.agents.set(id, client);
           return client;
@@ -238,17 +328,17 @@ export class ContainerBackend implements Backend {
 
   async destroy(id: string): Promise<void> {
     const p = this.paths(id);
-    let layers: BackendSandbox['layers'] = [];
+    let record: BackendSandbox;
     try {
-      layers = (JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox).layers;
+      record = JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox;
     } catch {
       throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
     }
-    await this.teardown(id, layers.map((l) => l.digest));
+    await this.teardown(id, record.layers.map((l) => l.digest), record.idRange);
   }
 
   /** Removes every trace of a sandbox; safe to call on a half-created or already-gone one. */
-  private async teardown(id: string, digests: string[]): Promise<void> {
+  private async teardown(id: string, digests: string[], idRange?: IdRange): Promise<void> {
     const p = this.paths(id);
     this.dropAgent(id);
     const res = await this.crun.run(['delete', '--force', id]);
@@ -257,9 +347,12 @@ export class ContainerBackend implements Backend {
     }
     for (const m of await mountsUnder(p.dir)) umount(m, MNT.DETACH);
     await this.unmountWritable(p.rw);
+    await rmdir(p.rootfs).catch(() => undefined);
     for (const d of digests) await this.o.layers.release(d);
     await this.o.cgroups.remove(id);
     await rm(p.dir, { recursive: true, force: true });
+    // Last: the range is free only once nothing of the sandbox holds its ids.
+    if (idRange) await this.o.idRanges?.release(idRange, id);
   }
 
   /** Unmounts and removes a writable layer's folder; a no-op when it is not there. */
@@ -308,6 +401,81 @@ export class ContainerBackend implements Backend {
   }
 
 
+  async claim(id: string, claim: SandboxClaim): Promise<void> {
+    // A file of its own, created once and written in one call: no rename over sandbox.json
+    // (ext4 flushes on that). Synchronous: a claim waits on it, and a small write costs less
+    // than the thread-pool round trips of the asynchronous calls on a busy node.
+    try {
+      writeFileSync(this.paths(id).claim, JSON.stringify(claim), { flag: 'wx', mode: 0o600 });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${id} was already claimed`, { sandboxId: id });
+      throw err;
+    }
+  }
+
+  /**
+   * Removes what sandboxes nobody knows left on this node: runtime containers, cgroups (and
+   * the processes in them), mounts and folders. An edge that crashed, or lost its state, leaves
+   * them; `Edge.open` and the watcher's passes call this with the live sandboxes in `keep`.
+   */
+  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
+    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
+    const dirs = new Set(await readdir(this.o.sandboxesDir).catch(() => [] as string[]));
+    const containers = new Set(await readdir(this.o.crunRoot).catch(() => [] as string[]));
+    const ids = new Set([...dirs, ...containers, ...(await this.o.cgroups.list())]);
+    for (const id of ids) {
+      if (o.keep(id) || (id.startsWith('fn-') && !o.calls)) continue;
+      const ours = dirs.has(id) || containers.has(id);
+      if (containers.has(id)) {
+        this.dropAgent(id);
+        const res = await this.crun.run(['delete', '--force', id]);
+        if (res.code === 0 || (await this.crun.status(id)) === undefined) report.containers.push(id);
+      }
+      if ((await this.o.cgroups.existing(id)).length > 0) {
+        const pids = await this.o.cgroups.procs(id);
+        let remove = ours;
+        if (!remove && pids.length > 0) remove = await ownedBy(pids, o.ownerMark);
+        if (!remove && pids.length === 0) remove = (await this.o.cgroups.ageMs(id)) >= EMPTY_CGROUP_GRACE_MS;
+        if (remove) {
+          report.processes += await this.o.cgroups.killAll(id);
+          await this.o.cgroups.remove(id);
+          if ((await this.o.cgroups.existing(id)).length === 0) report.cgroups.push(id);
+        }
+      }
+      if (dirs.has(id)) {
+        const dir = this.paths(id).dir;
+        for (const m of await mountsUnder(dir)) {
+          umount(m, MNT.DETACH);
+          report.mounts++;
+        }
+        await rm(dir, { recursive: true, force: true });
+        report.dirs.push(id);
+      }
+    }
+    return report;
+  }
+
+  /**
+   * The network namespace of the sandbox's PID 1 (crun gave it a fresh one), from crun's state
+   * file; the start time guards against a reused PID.
+   */
+  async netnsPath(id: string): Promise<string> {
+    let state: { pid?: number; 'process-start-time'?: number };
+    try {
+      state = JSON.parse(await readFile(path.join(this.o.crunRoot, id, 'status'), 'utf8')) as typeof state;
+    } catch {
+      throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no running container`, { sandboxId: id });
+    }
+    const pid = state.pid;
+    const stat = pid ? await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '') : '';
+    // Field 22 (start time) counts from after the command name, which may hold spaces.
+    const startTime = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
+    if (!pid || !stat || (state['process-start-time'] !== undefined && startTime !== state['process-start-time'])) {
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is not running`, { sandboxId: id });
+    }
+    return `/proc/${pid}/ns/net`;
+  }
+
   /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
   oomKillsNow(id: string): number {
     return this.o.cgroups.oomKillsSync(id);
@@ -316,6 +484,24 @@ export class ContainerBackend implements Backend {
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
   }
+}
+
+/** True when one of the processes has a mount naming `mark` (its root overlay's upper dir, say). */
+async function ownedBy(pids: number[], mark: string): Promise<boolean> {
+  for (const pid of pids.slice(0, 8)) {
+    const info = await readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => '');
+    if (info.includes(`=${mark}`) || info.includes(` ${mark}`) || info.includes(`,${mark}`)) return true;
+  }
+  return false;
+}
+
+/**
+ * The read-only paths dsec-launch mounts: sorted, without duplicates and without paths below
+ * another one (a read-only directory already covers everything under it).
+ */
+export function readOnlyPaths(paths: readonly string[]): string[] {
+  const sorted = [...new Set(paths)].sort();
+  return sorted.filter((p) => !sorted.some((q) => q !== p && p.startsWith(q + '/')));
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {

@@ -2,7 +2,9 @@
 // inherited as fd 3, Docker-like hardening, and the sandbox's resource limits.
 import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DEFAULT_OPEN_FILES, DEFAULT_PIDS } from '@dsec/protocol';
 import type { SandboxSpec } from '@dsec/protocol';
+import type { IdRange } from '../../host/id-ranges.js';
 import { defaultSeccompProfile } from './seccomp.js';
+import type { SeccompProfile } from './seccomp.js';
 
 /** Where chronus appears inside a container (bind-mounted read-only from the host). */
 export const AGENT_PATH_IN_SANDBOX = '/.dsec/chronus';
@@ -41,6 +43,10 @@ export interface OciConfigOptions {
    * sandbox out of swap when it reaches its own limit; a pause raises it.
    */
   swappiness?: number;
+  /** Host ids of the sandbox's user namespace; without it the sandbox shares the host's ids. */
+  idRange?: IdRange;
+  /** Replaces the profile built from the spec (tests of the fail-closed path). */
+  seccomp?: SeccompProfile;
 }
 
 /** Builds the OCI config.json object for one sandbox. */
@@ -52,6 +58,16 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
   const bestEffort = r.cpuClass === 'best-effort';
   const env = Object.entries(o.spec.env ?? {}).map(([k, v]) => `${k}=${v}`);
   const caps = DEFAULT_CAPABILITIES;
+  const namespaces: Array<{ type: string }> = [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'cgroup' }];
+  const idMappings: Record<string, unknown> = {};
+  if (o.idRange) {
+    // crun creates the user namespace together with the others, so the network, ipc and pid
+    // namespaces it owns let the sandbox mount its own sysfs, mqueue and proc.
+    namespaces.push({ type: 'user' });
+    idMappings.uidMappings = [{ containerID: 0, hostID: o.idRange.uid, size: o.idRange.size }];
+    idMappings.gidMappings = [{ containerID: 0, hostID: o.idRange.gid, size: o.idRange.size }];
+  }
+  const seccomp = o.seccomp ?? defaultSeccompProfile({ allowPtrace: o.spec.security?.allowPtrace === true, ...(o.spec.protect?.denySyscalls ? { extraDenied: o.spec.protect.denySyscalls } : {}) });
   return {
     ociVersion: '1.0.2',
     process: {
@@ -84,7 +100,8 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
       { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: o.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
     ],
     linux: {
-      namespaces: [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'cgroup' }],
+      namespaces,
+      ...idMappings,
       cgroupsPath: o.cgroupsPath,
       resources: {
         devices: [{ allow: false, access: 'rwm' }],
@@ -92,7 +109,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
         cpu: { shares: bestEffort ? 2 : Math.max(2, Math.round(1024 * cpu)), quota: Math.round(cpu * CPU_PERIOD_US), period: CPU_PERIOD_US },
         pids: { limit: r.pids ?? DEFAULT_PIDS },
       },
-      seccomp: defaultSeccompProfile(),
+      seccomp,
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',

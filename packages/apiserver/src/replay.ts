@@ -1,0 +1,143 @@
+// Replay ("fast-forward"): re-runs one recorded trajectory step on a fresh sandbox and compares
+// the outcome with the record. Steps are recorded in the new sandbox's own trajectory too.
+import { DsecError } from '@dsec/protocol';
+import type { ExecSpec, ReplayStep, ReplaySummary, TrajectoryStep } from '@dsec/protocol';
+import { uploadTar, writeStreamToFile } from './http/tar-files.js';
+import type { EdgeClient } from './nodes.js';
+import type { ExecRecording, TrajectoryLog } from './trajectory.js';
+
+/** Largest file or tar a replayed step writes (bounded by what a trajectory keeps anyway). */
+const MAX_REPLAY_WRITE_BYTES = 64 * 1024 * 1024;
+/** Time limit of a replayed command that had none: ten times its recorded run, at least a minute. */
+const MIN_REPLAY_TIMEOUT_MS = 60_000;
+const MAX_REPLAY_TIMEOUT_MS = 86_400_000;
+
+/** Where a replay runs. */
+export interface ReplayTarget {
+  edge: EdgeClient;
+  sandboxId: string;
+  log: TrajectoryLog;
+}
+
+/** Counts of each verdict. */
+export function summarize(steps: ReplayStep[]): ReplaySummary {
+  const s: ReplaySummary = { same: 0, exitDiffers: 0, outputDiffers: 0, notReplayable: 0 };
+  for (const step of steps) {
+    if (step.verdict === 'same') s.same++;
+    else if (step.verdict === 'exit-differs') s.exitDiffers++;
+    else if (step.verdict === 'output-differs') s.outputDiffers++;
+    else s.notReplayable++;
+  }
+  return s;
+}
+
+function codeOf(err: unknown): string {
+  return err instanceof DsecError ? err.code : 'INTERNAL';
+}
+
+/** Re-runs one step and says how it compares. */
+export async function replayStep(t: ReplayTarget, step: TrajectoryStep, signal?: AbortSignal): Promise<ReplayStep> {
+  const t0 = performance.now();
+  const out = (verdict: ReplayStep['verdict'], extra: Partial<ReplayStep> = {}): ReplayStep => ({ seq: step.seq, kind: step.kind, verdict, durationMs: performance.now() - t0, ...extra });
+  if (!step.replayable) return out('not-replayable', { reason: step.reason ?? 'not replayable' });
+  if (step.kind === 'exec') return replayExec(t, step, out, signal);
+  const data = step.data?.base64 !== undefined ? Buffer.from(step.data.base64, 'base64') : undefined;
+  if ((step.kind === 'write' || step.kind === 'tar') && (data === undefined || step.data?.partial)) {
+    return out('not-replayable', { reason: 'the content was not kept' });
+  }
+  const expectedError = step.error?.code;
+  let actualError: string | undefined;
+  try {
+    const rec = await t.log.beginFile(t.sandboxId, step.kind, pick(step, ['path', 'mode', 'append', 'recursive', 'from', 'to']));
+    const body = rec.tap(oneChunk(data ?? Buffer.alloc(0)));
+    const run = async (): Promise<void> => {
+      const path = step.path ?? '/';
+      if (step.kind === 'write') await writeStreamToFile(t.edge, t.sandboxId, path, body, { ...(step.mode !== undefined ? { mode: step.mode } : {}), append: step.append === true, limitBytes: MAX_REPLAY_WRITE_BYTES });
+      else if (step.kind === 'tar') await uploadTar(t.edge, t.sandboxId, path, body, MAX_REPLAY_WRITE_BYTES);
+      else if (step.kind === 'mkdir') await t.edge.mkdir(t.sandboxId, path);
+      else if (step.kind === 'remove') await t.edge.remove(t.sandboxId, path, { recursive: step.recursive === true });
+      else if (step.kind === 'rename') await t.edge.rename(t.sandboxId, step.from ?? '', step.to ?? '');
+    };
+    await run().catch(rec.failed);
+    rec.ok();
+  } catch (err) {
+    if (signal?.aborted) throw err;
+    actualError = codeOf(err);
+  }
+  const expected = expectedError !== undefined ? { error: expectedError } : {};
+  const actual = actualError !== undefined ? { error: actualError } : {};
+  if (expectedError === actualError) return out('same');
+  return out('exit-differs', { reason: `expected ${expectedError ?? 'success'}, got ${actualError ?? 'success'}`, expected, actual });
+}
+
+async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: ReplayStep['verdict'], extra?: Partial<ReplayStep>) => ReplayStep, signal?: AbortSignal): Promise<ReplayStep> {
+  const command = step.command ?? {};
+  if (step.stdin && (step.stdin.base64 === undefined || step.stdin.partial)) return out('not-replayable', { reason: 'stdin was not kept' });
+  const stdin = step.stdin?.base64 !== undefined ? Buffer.from(step.stdin.base64, 'base64') : undefined;
+  const recordedMs = step.durationMs ?? 0;
+  const spec: ExecSpec = {
+    ...command,
+    timeoutMs: command.timeoutMs ?? Math.min(MAX_REPLAY_TIMEOUT_MS, Math.max(MIN_REPLAY_TIMEOUT_MS, Math.ceil(recordedMs * 10))),
+    ...(stdin !== undefined ? { stdin } : {}),
+  } as ExecSpec;
+  const expected = {
+    ...(step.exit ? { exitCode: step.exit.exitCode, signal: step.exit.signal } : {}),
+    ...(step.error ? { error: step.error.code } : {}),
+    ...(step.stdout ? { stdoutSha256: step.stdout.sha256 } : {}),
+    ...(step.stderr ? { stderrSha256: step.stderr.sha256 } : {}),
+  };
+  if (step.exit === null && step.error === undefined) {
+    // Still running when recorded (a server, a watcher): start it again and let it run.
+    const rec = await t.log.beginExec(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
+    try {
+      const att = await t.edge.spawn(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) }).catch(rec.failed);
+      rec.started(att.proc, t.edge);
+      await att.detach();
+      rec.follow();
+    } catch (err) {
+      if (signal?.aborted) throw err;
+      return out('exit-differs', { reason: 'it was running when recorded; it did not start again', expected, actual: { error: codeOf(err) } });
+    }
+    return out('same', { reason: 'it was running when recorded: started again in the background', expected });
+  }
+  let rec: ExecRecording | undefined;
+  let actual: NonNullable<ReplayStep['actual']>;
+  try {
+    rec = await t.log.beginExec(t.sandboxId, spec, 'exec');
+    const r = rec;
+    const result = await t.edge.exec(t.sandboxId, spec, { onOutput: r.onOutput, ...(signal ? { signal } : {}) }).then(r.exited, r.failed);
+    actual = { exitCode: result.exitCode, signal: result.signal, stdoutSha256: r.stdout.sha256(), stderrSha256: r.stderr.sha256() };
+  } catch (err) {
+    if (signal?.aborted) throw err;
+    actual = { error: codeOf(err) };
+  }
+  if (step.error !== undefined || actual.error !== undefined) {
+    return step.error?.code === actual.error ? out('same', { expected, actual }) : out('exit-differs', { reason: `expected ${step.error?.code ?? 'an exit'}, got ${actual.error ?? 'an exit'}`, expected, actual });
+  }
+  if (step.exit?.exitCode !== actual.exitCode || step.exit?.signal !== actual.signal) {
+    return out('exit-differs', { reason: `exit ${describeExit(step.exit?.exitCode, step.exit?.signal)} recorded, ${describeExit(actual.exitCode, actual.signal)} now`, expected, actual });
+  }
+  const lost = (step.stdout?.lostBytes ?? 0) + (step.stderr?.lostBytes ?? 0) + (rec?.stdout.lostBytes ?? 0) + (rec?.stderr.lostBytes ?? 0);
+  if (lost > 0) return out('same', { reason: 'output was dropped before it was read: only the exit is compared', expected, actual });
+  const streams = [
+    ['stdout', step.stdout?.sha256, actual.stdoutSha256],
+    ['stderr', step.stderr?.sha256, actual.stderrSha256],
+  ] as const;
+  const differ = streams.filter(([, a, b]) => a !== undefined && a !== b).map(([name]) => name);
+  if (differ.length > 0) return out('output-differs', { reason: `${differ.join(' and ')} differ`, expected, actual });
+  return out('same', { expected, actual });
+}
+
+function describeExit(code: number | null | undefined, signal: string | null | undefined): string {
+  return signal ? signal : String(code ?? '?');
+}
+
+async function* oneChunk(data: Buffer): AsyncGenerator<Uint8Array> {
+  if (data.length > 0) yield data;
+}
+
+function pick<T extends object, K extends keyof T>(o: T, keys: K[]): Partial<T> {
+  const out: Partial<T> = {};
+  for (const k of keys) if (o[k] !== undefined) out[k] = o[k];
+  return out;
+}

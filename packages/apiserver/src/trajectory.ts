@@ -1,0 +1,618 @@
+// The trajectory log: every command and every file change that reaches a sandbox through the
+// API, in order, with exit codes, output digests and bounded copies. The control plane keeps it
+// (not the node), so it survives the node; a replay re-runs it on a fresh sandbox.
+//
+// The exec path stays cheap: a step is built in memory as the command runs (hashing output as
+// it streams by) and appended to a batch; batches are written every few milliseconds in one
+// transaction, never on the request's path. Reads flush first, so a step of a completed command
+// is always seen by the next read.
+import { createHash } from 'node:crypto';
+import { DsecError } from '@dsec/protocol';
+import type { ExecSpec, ExitInfo, ImageSpec, RecordedBytes, Resources, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
+import type { OutputEvent } from '@dsec/edge';
+import type { TrajectoryStepTable, TrajectoryTable } from './db/schema.js';
+import type { StateStore } from './db/store.js';
+import type { EdgeClient } from './nodes.js';
+
+/** Most steps stored per sandbox; later steps set `truncated`. */
+export const DEFAULT_TRAJECTORY_MAX_STEPS = 10_000;
+/** Most stored bytes per sandbox (steps as JSON, copies included); later steps set `truncated`. */
+export const DEFAULT_TRAJECTORY_MAX_BYTES = 64 * 1024 * 1024;
+/** Bytes of stdout and of stderr copied into each step (the digest covers all of it). */
+export const TRAJECTORY_OUTPUT_COPY_BYTES = 65_536;
+/** Bytes of file content, tar or stdin copied into a step; larger ones are not replayable. */
+export const TRAJECTORY_DATA_COPY_BYTES = 1_048_576;
+/** How long the trajectory of a destroyed sandbox is kept. */
+export const DEFAULT_TRAJECTORY_RETENTION_MS = 7 * 86_400_000;
+/** Interval of batch writes. */
+const FLUSH_INTERVAL_MS = 20;
+/** A batch this large is written at once. */
+const FLUSH_BATCH_STEPS = 512;
+/** Interval of the pass that deletes expired trajectories. */
+const PRUNE_INTERVAL_MS = 3_600_000;
+
+/** Limits of {@link TrajectoryLog}. */
+export interface TrajectoryOptions {
+  /** Default {@link DEFAULT_TRAJECTORY_MAX_STEPS}. */
+  maxSteps?: number;
+  /** Default {@link DEFAULT_TRAJECTORY_MAX_BYTES}. */
+  maxBytes?: number;
+  /** Default {@link DEFAULT_TRAJECTORY_RETENTION_MS}. */
+  retentionMs?: number;
+  /** Where write failures are reported. */
+  log?: (line: string) => void;
+}
+
+/** The sandbox a trajectory belongs to, as it was created (layer references resolved). */
+export interface TrajectorySpec {
+  backend: string;
+  image: ImageSpec;
+  snapshots?: string[];
+  /** The snapshot the sandbox was created from. */
+  snapshot?: string;
+  resources: Resources;
+  env?: Record<string, string>;
+  labels?: Record<string, string>;
+  timeoutMs?: number;
+}
+
+/** What a trajectory's header holds. */
+export interface TrajectoryHeader {
+  sandboxId: string;
+  projectId: string;
+  spec: TrajectorySpec;
+  layers: string[];
+  createdAt: string;
+}
+
+/** Counters of one sandbox's log, kept in memory while it is written. */
+interface LogState {
+  nextSeq: number;
+  steps: number;
+  bytes: number;
+  truncated: boolean;
+  /** Steps of running commands already counted, with their stored size. */
+  provisional: Map<number, number>;
+  /** The sandbox is gone: the state is dropped after each late step. */
+  ended: boolean;
+}
+
+/** The digest of a byte stream and a bounded copy of its first bytes. */
+export class ByteRecorder {
+  private readonly hash = createHash('sha256');
+  private readonly chunks: Buffer[] = [];
+  private copied = 0;
+  /** Bytes seen. */
+  bytes = 0;
+  /** Bytes that were dropped before they were seen (output gaps). */
+  lostBytes = 0;
+  /** Offset just past the last byte seen or skipped (where a reader resumes). */
+  end = 0;
+
+  constructor(private readonly copyLimit: number) {}
+
+  /** Adds bytes. */
+  add(data: Uint8Array): void {
+    this.hash.update(data);
+    this.bytes += data.byteLength;
+    this.end += data.byteLength;
+    const room = this.copyLimit - this.copied;
+    if (room > 0) {
+      const part = Buffer.from(data.buffer, data.byteOffset, Math.min(room, data.byteLength));
+      this.chunks.push(Buffer.from(part));
+      this.copied += part.length;
+    }
+  }
+
+  /** Takes an output event of a command (data, or a gap the agent reports). */
+  output(ev: OutputEvent): void {
+    if (ev.kind === 'gap') {
+      this.lostBytes += ev.bytes;
+      this.end = Math.max(this.end, ev.offset + ev.bytes);
+      return;
+    }
+    // A reattached reader can see bytes again: only what lies past `end` is new.
+    const skip = Math.max(0, this.end - ev.offset);
+    if (ev.offset > this.end) this.lostBytes += ev.offset - this.end;
+    if (skip < ev.data.length) this.add(skip > 0 ? ev.data.subarray(skip) : ev.data);
+    this.end = Math.max(this.end, ev.offset + ev.data.length);
+  }
+
+  /** True when every byte is in the copy. */
+  get complete(): boolean {
+    return this.copied === this.bytes && this.lostBytes === 0;
+  }
+
+  /** The hex sha256 of everything seen so far (more bytes may follow). */
+  sha256(): string {
+    return this.hash.copy().digest('hex');
+  }
+
+  /** The copy of the first bytes. */
+  copy(): Buffer {
+    return Buffer.concat(this.chunks);
+  }
+
+  /** As a trajectory step stores it. */
+  recorded(): RecordedBytes {
+    const r: RecordedBytes = { sha256: this.sha256(), bytes: this.bytes, base64: this.copy().toString('base64'), partial: this.copied < this.bytes };
+    if (this.lostBytes > 0) r.lostBytes = this.lostBytes;
+    return r;
+  }
+}
+
+/** Hex sha256 of bytes. */
+export function sha256Hex(data: Uint8Array | string): string {
+  return createHash('sha256').update(data).digest('hex');
+}
+
+/** A step being recorded: its seq is fixed when it starts, it is stored when it ends. */
+export class StepRecording {
+  /** Set once the step is stored (or dropped): later calls do nothing. */
+  protected ended = false;
+  protected readonly t0 = performance.now();
+  protected readonly fields: Partial<TrajectoryStep> = {};
+
+  constructor(
+    protected readonly log: TrajectoryLog,
+    readonly sandboxId: string,
+    readonly seq: number,
+    readonly kind: TrajectoryStepKind,
+    readonly startedAt: string,
+  ) {}
+
+  /** Adds fields to the step (path, mode, ...). */
+  set(fields: Partial<TrajectoryStep>): this {
+    Object.assign(this.fields, fields);
+    return this;
+  }
+
+  /** The step as it stands. */
+  protected build(durationMs: number | null): TrajectoryStep {
+    return { seq: this.seq, kind: this.kind, startedAt: this.startedAt, durationMs, replayable: true, ...this.fields };
+  }
+
+  /** Stores the step as successful. */
+  ok(): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.log.commit(this.sandboxId, this.build(performance.now() - this.t0));
+  }
+
+  /** Stores the step with its error and rethrows it (use as a promise's rejection handler). */
+  failed = (err: unknown): never => {
+    if (!this.ended) {
+      this.ended = true;
+      this.log.commit(this.sandboxId, { ...this.build(performance.now() - this.t0), error: errorOf(err) });
+    }
+    throw err;
+  };
+}
+
+/** A file change being recorded, with the bytes it writes (tapped as they stream by). */
+export class FileRecording extends StepRecording {
+  private data: ByteRecorder | undefined;
+
+  /** Passes a body through, keeping its digest and a bounded copy for the step. */
+  tap(body: AsyncIterable<Uint8Array>): AsyncIterable<Uint8Array> {
+    const rec = (this.data = new ByteRecorder(TRAJECTORY_DATA_COPY_BYTES));
+    return (async function* () {
+      for await (const chunk of body) {
+        rec.add(chunk);
+        yield chunk;
+      }
+    })();
+  }
+
+  protected override build(durationMs: number | null): TrajectoryStep {
+    const step = super.build(durationMs);
+    if (this.data) {
+      step.data = this.data.recorded();
+      if (!this.data.complete) Object.assign(step, { replayable: false, reason: `content over ${TRAJECTORY_DATA_COPY_BYTES} bytes (only its digest is kept)` });
+    }
+    return step;
+  }
+}
+
+/** A command being recorded: output hashed as it arrives, stored when it exits. */
+export class ExecRecording extends StepRecording {
+  readonly stdout = new ByteRecorder(TRAJECTORY_OUTPUT_COPY_BYTES);
+  readonly stderr = new ByteRecorder(TRAJECTORY_OUTPUT_COPY_BYTES);
+  private readonly stdin = new ByteRecorder(TRAJECTORY_DATA_COPY_BYTES);
+  private proc: number | undefined;
+  private edge: Pick<EdgeClient, 'attach' | 'exitInfo'> | undefined;
+  private following = false;
+
+  constructor(
+    log: TrajectoryLog,
+    sandboxId: string,
+    seq: number,
+    startedAt: string,
+    spec: ExecSpec,
+    via: 'exec' | 'stream' | 'ws',
+    /** The caller's request: when it is aborted, the command was cut off (killed) by it. */
+    private readonly signal?: AbortSignal,
+  ) {
+    super(log, sandboxId, seq, 'exec', startedAt);
+    const command: NonNullable<TrajectoryStep['command']> = {};
+    for (const k of ['cmd', 'argv', 'cwd', 'env', 'uid', 'gid', 'timeoutMs', 'pty'] as const) {
+      if (spec[k] !== undefined) (command as Record<string, unknown>)[k] = spec[k];
+    }
+    this.fields.via = via;
+    this.fields.command = command;
+    if (spec.stdin !== undefined) this.stdin.add(typeof spec.stdin === 'string' ? Buffer.from(spec.stdin) : spec.stdin);
+  }
+
+  /** Output of the command (pass as `onOutput`, or call from a stream's tap). */
+  onOutput = (ev: OutputEvent): void => {
+    (ev.stream === 'stdout' ? this.stdout : this.stderr).output(ev);
+  };
+
+  /** Bytes written to the command's stdin after it started. */
+  addStdin(data: Uint8Array | string): void {
+    this.stdin.add(typeof data === 'string' ? Buffer.from(data) : data);
+  }
+
+  /**
+   * The command started as process `proc` on `edge`: stored now as running (it may outlive the
+   * episode); `follow` reads it on from there if its reader goes.
+   */
+  started(proc: number, edge: Pick<EdgeClient, 'attach' | 'exitInfo'>): void {
+    this.proc = proc;
+    this.edge = edge;
+    this.log.running(this);
+    this.log.commit(this.sandboxId, this.build(null), true);
+  }
+
+  /** The agent's handle of the process, once started. */
+  get procId(): number | undefined {
+    return this.proc;
+  }
+
+  /** True once the step is stored with its exit. */
+  get finished(): boolean {
+    return this.ended;
+  }
+
+  /** Stores the command's exit; returns `result` (use as a promise's fulfilment handler). */
+  exited = <T extends Pick<ExitInfo, 'exitCode' | 'signal' | 'timedOut' | 'oomKilled' | 'durationMs'>>(result: T): T => {
+    if (!this.ended) {
+      this.ended = true;
+      this.log.notRunning(this);
+      const step = this.build(result.durationMs);
+      step.exit = { exitCode: result.exitCode, signal: result.signal, timedOut: result.timedOut, oomKilled: result.oomKilled };
+      this.log.commit(this.sandboxId, step);
+    }
+    return result;
+  };
+
+  override failed = (err: unknown): never => {
+    if (!this.ended) {
+      this.ended = true;
+      this.log.notRunning(this);
+      const cancelled = this.signal?.aborted === true;
+      const error = cancelled ? { code: 'CANCELLED', message: 'the caller went away; the command was killed' } : errorOf(err);
+      const step = { ...this.build(performance.now() - this.t0), error };
+      // A command that could not start (no such program or directory) replays as such; one
+      // cut off while it ran did an unknown part of its work.
+      if (cancelled || this.proc !== undefined || !START_ERRORS.has(error.code)) {
+        Object.assign(step, { replayable: false, reason: cancelled ? 'cancelled by the caller while it ran' : `it ended in an error (${error.code}), not an exit` });
+      }
+      this.log.commit(this.sandboxId, step);
+    }
+    throw err;
+  };
+
+  /**
+   * The reader went away before the command ended: read on from where it stopped, on a
+   * connection of its own, until the exit (or the sandbox goes), so that the step is complete.
+   */
+  follow = (): void => {
+    const edge = this.edge;
+    if (this.ended || this.following || this.proc === undefined || edge === undefined) return;
+    this.following = true;
+    const proc = this.proc;
+    void (async () => {
+      const att = await edge.attach(this.sandboxId, proc, { stdout: this.stdout.end, stderr: this.stderr.end });
+      for await (const ev of att) this.onOutput(ev);
+      this.exited(await edge.exitInfo(this.sandboxId, await att.exited));
+    })().catch(() => {
+      // The sandbox (or its agent) went before the command ended: the step stays as running.
+      this.log.notRunning(this);
+      this.log.abandoned(this);
+    });
+  };
+
+  /** The stream that carried the output broke before the exit: read on alone. */
+  interrupted = (): void => this.follow();
+
+  protected override build(durationMs: number | null): TrajectoryStep {
+    const step = super.build(durationMs);
+    step.exit = null;
+    step.stdout = this.stdout.recorded();
+    step.stderr = this.stderr.recorded();
+    if (this.stdin.bytes > 0) {
+      step.stdin = this.stdin.recorded();
+      if (!this.stdin.complete) Object.assign(step, { replayable: false, reason: `stdin over ${TRAJECTORY_DATA_COPY_BYTES} bytes (only its digest is kept)` });
+    }
+    return step;
+  }
+}
+
+/** Errors of a command that never started: replaying it should give the same error. */
+const START_ERRORS = new Set(['FILE_NOT_FOUND', 'INVALID_ARGUMENT', 'PERMISSION_DENIED']);
+
+function errorOf(err: unknown): { code: string; message: string } {
+  if (err instanceof DsecError) return { code: err.code, message: err.message };
+  if (err instanceof Error && err.name === 'AbortError') return { code: 'CANCELLED', message: 'the request was cancelled' };
+  return { code: 'INTERNAL', message: err instanceof Error ? err.message : String(err) };
+}
+
+/** The trajectory log of every sandbox of the control plane. */
+export class TrajectoryLog {
+  private readonly states = new Map<string, LogState>();
+  private readonly loading = new Map<string, Promise<LogState>>();
+  private readonly headers = new Map<string, TrajectoryTable>();
+  private readonly steps = new Map<string, TrajectoryStepTable>();
+  private readonly ends = new Map<string, string>();
+  /** Logs whose counters changed since the last write. */
+  private readonly dirty = new Map<string, LogState>();
+  /** Commands that run now, by `sandbox/proc` (stdin written later is added to them). */
+  private readonly runningExecs = new Map<string, ExecRecording>();
+  private flushing: Promise<void> = Promise.resolve();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly pruneTimer: NodeJS.Timeout;
+  private readonly maxSteps: number;
+  private readonly maxBytes: number;
+  private readonly retentionMs: number;
+  private readonly log: (line: string) => void;
+
+  constructor(
+    private readonly store: StateStore,
+    /** The header of a sandbox that has none yet (created before this log, or elsewhere). */
+    private readonly headerOf: (sandboxId: string) => Promise<TrajectoryHeader | undefined>,
+    opts: TrajectoryOptions = {},
+  ) {
+    this.maxSteps = opts.maxSteps ?? DEFAULT_TRAJECTORY_MAX_STEPS;
+    this.maxBytes = opts.maxBytes ?? DEFAULT_TRAJECTORY_MAX_BYTES;
+    this.retentionMs = opts.retentionMs ?? DEFAULT_TRAJECTORY_RETENTION_MS;
+    this.log = opts.log ?? (() => undefined);
+    this.pruneTimer = setInterval(() => void this.prune().catch((err: unknown) => this.log(`trajectory: prune failed: ${(err as Error).message}`)), PRUNE_INTERVAL_MS);
+    this.pruneTimer.unref();
+  }
+
+  /** Starts the log of a new sandbox. */
+  open(h: TrajectoryHeader): void {
+    this.states.set(h.sandboxId, { nextSeq: 0, steps: 0, bytes: 0, truncated: false, provisional: new Map(), ended: false });
+    this.headers.set(h.sandboxId, headerRow(h));
+    this.schedule();
+  }
+
+  /** The sandbox was destroyed: its log is closed (kept for the retention time). */
+  end(sandboxId: string): void {
+    this.ends.set(sandboxId, new Date().toISOString());
+    const st = this.states.get(sandboxId);
+    if (st) {
+      // Commands still running may yet report their end; the state goes with the last of them.
+      st.ended = true;
+      if (st.provisional.size === 0) this.states.delete(sandboxId);
+    }
+    this.schedule();
+  }
+
+  /** Begins recording a command; `signal` is the request's (its abort kills the command). */
+  async beginExec(sandboxId: string, spec: ExecSpec, via: 'exec' | 'stream' | 'ws', signal?: AbortSignal): Promise<ExecRecording> {
+    const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
+    return new ExecRecording(this, sandboxId, st.nextSeq++, new Date().toISOString(), spec, via, signal);
+  }
+
+  /** Begins recording a file change. */
+  async beginFile(sandboxId: string, kind: Exclude<TrajectoryStepKind, 'exec'>, fields: Partial<TrajectoryStep>): Promise<FileRecording> {
+    const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
+    return new FileRecording(this, sandboxId, st.nextSeq++, kind, new Date().toISOString()).set(fields);
+  }
+
+  /** The seq the next step of a sandbox will get (steps below it happened before now). */
+  async position(sandboxId: string): Promise<number> {
+    return (this.states.get(sandboxId) ?? (await this.load(sandboxId))).nextSeq;
+  }
+
+  /** Adds bytes written to a running command's stdin to its step. */
+  noteStdin(sandboxId: string, proc: number, data: Uint8Array): void {
+    this.runningExecs.get(`${sandboxId}/${proc}`)?.addStdin(data);
+  }
+
+  /** @internal */
+  running(rec: ExecRecording): void {
+    if (rec.procId !== undefined) this.runningExecs.set(`${rec.sandboxId}/${rec.procId}`, rec);
+  }
+
+  /** @internal A running command will never report its end: it stays stored as running. */
+  abandoned(rec: ExecRecording): void {
+    const st = this.states.get(rec.sandboxId);
+    if (!st) return;
+    st.provisional.delete(rec.seq);
+    if (st.ended && st.provisional.size === 0) this.states.delete(rec.sandboxId);
+  }
+
+  /** @internal */
+  notRunning(rec: ExecRecording): void {
+    if (rec.procId !== undefined && this.runningExecs.get(`${rec.sandboxId}/${rec.procId}`) === rec) this.runningExecs.delete(`${rec.sandboxId}/${rec.procId}`);
+  }
+
+  /**
+   * @internal Appends a step to the batch. A provisional step (a command still running) is
+   * replaced when it ends. Past the limits the step is dropped and the log marked truncated.
+   */
+  commit(sandboxId: string, step: TrajectoryStep, provisional = false): void {
+    const st = this.states.get(sandboxId);
+    if (st === undefined) {
+      // The log was closed (the sandbox is gone) or not loaded: load it, then commit.
+      void this.load(sandboxId)
+        .then(() => this.commit(sandboxId, step, provisional))
+        .catch((err: unknown) => this.log(`trajectory: ${sandboxId} step ${step.seq} lost: ${(err as Error).message}`));
+      return;
+    }
+    let json = JSON.stringify(step);
+    const counted = st.provisional.get(step.seq);
+    const isNew = counted === undefined;
+    if (isNew && st.steps >= this.maxSteps) {
+      st.truncated = true;
+      this.touched(sandboxId, st);
+      return;
+    }
+    if (st.bytes - (counted ?? 0) + json.length > this.maxBytes) {
+      // Over the byte budget: keep the step's facts and digests, without the copies.
+      for (const key of ['stdout', 'stderr', 'stdin', 'data'] as const) delete step[key]?.base64;
+      if (step.replayable) Object.assign(step, { replayable: false, reason: 'over the trajectory byte limit: content not kept' });
+      st.truncated = true;
+      json = JSON.stringify(step);
+      if (isNew && st.bytes + json.length > this.maxBytes) {
+        this.touched(sandboxId, st);
+        return;
+      }
+    }
+    st.bytes += json.length - (counted ?? 0);
+    if (isNew) st.steps++;
+    if (provisional) st.provisional.set(step.seq, json.length);
+    else st.provisional.delete(step.seq);
+    this.steps.set(`${sandboxId}/${step.seq}`, { sandbox_id: sandboxId, seq: step.seq, kind: step.kind, started_at: step.startedAt, bytes: json.length, step: json });
+    this.touched(sandboxId, st);
+  }
+
+  private touched(sandboxId: string, st: LogState): void {
+    this.dirty.set(sandboxId, st);
+    // A late step of a gone sandbox: its counters travel with the batch; nothing stays here.
+    if (st.ended && st.provisional.size === 0) this.states.delete(sandboxId);
+    this.schedule(this.steps.size >= FLUSH_BATCH_STEPS);
+  }
+
+  private async load(sandboxId: string): Promise<LogState> {
+    let pending = this.loading.get(sandboxId);
+    if (!pending) {
+      pending = (async () => {
+        await this.flush();
+        let row = await this.store.trajectory(sandboxId);
+        if (!row) {
+          const h = await this.headerOf(sandboxId);
+          if (!h) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} has no trajectory`, { sandboxId });
+          row = headerRow(h);
+          this.headers.set(sandboxId, row);
+        }
+        const st: LogState = {
+          nextSeq: (await this.store.lastTrajectorySeq(sandboxId)) + 1,
+          steps: row.steps,
+          bytes: row.bytes,
+          truncated: row.truncated === 1,
+          provisional: new Map(),
+          ended: row.ended_at !== null,
+        };
+        this.states.set(sandboxId, st);
+        return st;
+      })().finally(() => this.loading.delete(sandboxId));
+      this.loading.set(sandboxId, pending);
+    }
+    return pending;
+  }
+
+  private schedule(now = false): void {
+    if (now) {
+      clearTimeout(this.timer);
+      this.timer = undefined;
+      void this.flush().catch(() => undefined);
+      return;
+    }
+    if (this.timer) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      void this.flush().catch(() => undefined);
+    }, FLUSH_INTERVAL_MS);
+    this.timer.unref();
+  }
+
+  /** Writes everything appended so far; resolves when it is stored. */
+  flush(): Promise<void> {
+    const run = this.flushing.then(() => this.writeBatch());
+    this.flushing = run.catch(() => undefined);
+    return run;
+  }
+
+  private async writeBatch(): Promise<void> {
+    if (this.headers.size === 0 && this.steps.size === 0 && this.ends.size === 0 && this.dirty.size === 0) return;
+    const headers = [...this.headers.values()];
+    const steps = [...this.steps.values()];
+    const ends = [...this.ends].map(([sandboxId, at]) => ({ sandboxId, at }));
+    const counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>> = [];
+    for (const [id, st] of this.dirty) counters.push({ sandbox_id: id, steps: st.steps, bytes: st.bytes, truncated: st.truncated ? 1 : 0 });
+    const dirty = new Map(this.dirty);
+    this.headers.clear();
+    this.steps.clear();
+    this.ends.clear();
+    this.dirty.clear();
+    try {
+      await this.store.writeTrajectories({ headers, steps, counters, ends });
+    } catch (err) {
+      // Keep the batch (newer entries win) and try again: a completed step is never dropped.
+      for (const h of headers) if (!this.headers.has(h.sandbox_id)) this.headers.set(h.sandbox_id, h);
+      for (const s of steps) if (!this.steps.has(`${s.sandbox_id}/${s.seq}`)) this.steps.set(`${s.sandbox_id}/${s.seq}`, s);
+      for (const e of ends) if (!this.ends.has(e.sandboxId)) this.ends.set(e.sandboxId, e.at);
+      for (const [id, st] of dirty) if (!this.dirty.has(id)) this.dirty.set(id, st);
+      this.log(`trajectory: write failed (retrying): ${(err as Error).message}`);
+      this.schedule();
+      throw err;
+    }
+  }
+
+  /** The stored header of a sandbox's trajectory (after a flush). */
+  async header(sandboxId: string): Promise<TrajectoryTable | undefined> {
+    await this.flush();
+    return this.store.trajectory(sandboxId);
+  }
+
+  /** Stored steps with a seq above `after`, in order (after a flush). */
+  async page(sandboxId: string, after: number, limit: number): Promise<TrajectoryStep[]> {
+    await this.flush();
+    return (await this.store.trajectorySteps(sandboxId, after, limit)).map((r) => JSON.parse(r.step) as TrajectoryStep);
+  }
+
+  /** Every stored step with a seq above `after`, read a page at a time. */
+  async *stepsAfter(sandboxId: string, after: number): AsyncGenerator<TrajectoryStep> {
+    for (let last = after; ; ) {
+      const page = await this.page(sandboxId, last, 200);
+      for (const s of page) yield s;
+      const tail = page[page.length - 1];
+      if (!tail) return;
+      last = tail.seq;
+    }
+  }
+
+  /** Deletes the trajectories of sandboxes that ended longer ago than the retention time. */
+  async prune(now = Date.now()): Promise<number> {
+    await this.flush();
+    let total = 0;
+    for (let n = -1; n !== 0; total += n) n = await this.store.pruneTrajectories(new Date(now - this.retentionMs).toISOString());
+    return total;
+  }
+
+  /** Writes what is pending and stops the timers. */
+  async close(): Promise<void> {
+    clearInterval(this.pruneTimer);
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    await this.flush().catch(() => undefined);
+  }
+}
+
+function headerRow(h: TrajectoryHeader): TrajectoryTable {
+  return {
+    sandbox_id: h.sandboxId,
+    project_id: h.projectId,
+    spec: JSON.stringify(h.spec),
+    layers: JSON.stringify(h.layers),
+    created_at: h.createdAt,
+    ended_at: null,
+    steps: 0,
+    bytes: 0,
+    truncated: 0,
+  };
+}

@@ -1,0 +1,190 @@
+// Turns what the kernel reports about sandboxes into events: seccomp denials (from the kernel
+// log) and changes under watched paths (fanotify on the writable layers). One poll loop per
+// node reads both without blocking; events are rate-limited per sandbox so that a sandbox that
+// loops on a refused call cannot flood the event stream (what was dropped is counted).
+import { readFileSync } from 'node:fs';
+import type { RaisedEvent } from '@dsec/protocol';
+import { ID_RANGE_SIZE, ID_RANGE_START, slotOfHostId } from './id-ranges.js';
+import { KmsgReader, parseSeccompRecord } from './seccomp-audit.js';
+import { UpperWatcher } from './upper-watch.js';
+
+/** How often the kernel log and the fanotify queue are read. */
+export const SECURITY_POLL_MS = 200;
+/** Events of one kind one sandbox may raise per window before the rest are only counted. */
+export const EVENTS_PER_WINDOW = 20;
+/** Length of a rate-limit window. */
+export const EVENT_WINDOW_MS = 10_000;
+/** Records or fanotify events handled per poll (the rest wait for the next one). */
+const MAX_PER_POLL = 4096;
+
+/** What the monitor needs from the node. */
+export interface SecurityMonitorOptions {
+  /** Raises an event (Edge.raise). */
+  raise(ev: RaisedEvent): void;
+  /** The sandbox whose user namespace starts at this host uid, if any. */
+  sandboxOfIdBase(hostUid: number): string | undefined;
+  /** The cgroup parent of the node's sandboxes (to attribute a live pid without a user namespace). */
+  cgroupParent: string;
+  /** Whether to read the kernel log (default true). */
+  kernelLog?: boolean;
+}
+
+interface Window {
+  start: number;
+  count: number;
+  dropped: number;
+}
+
+/** The node's reader of seccomp denials and watched-path changes. */
+export class SecurityMonitor {
+  private readonly kmsg: KmsgReader | undefined;
+  private readonly watcher = new UpperWatcher();
+  private readonly windows = new Map<string, Window>();
+  private readonly timer: NodeJS.Timeout;
+  private overflowReported = false;
+
+  constructor(private readonly o: SecurityMonitorOptions) {
+    this.kmsg = o.kernelLog === false ? undefined : KmsgReader.open();
+    this.timer = setInterval(() => this.poll(), SECURITY_POLL_MS);
+    this.timer.unref();
+  }
+
+  /** True when seccomp denials can be observed here (the kernel log is readable). */
+  get seesDenials(): boolean {
+    return this.kmsg !== undefined;
+  }
+
+  /** Watches a sandbox's writable layer (host dir holding `upper/`) for changes to `paths`. */
+  watch(sandboxId: string, rw: string, paths: string[]): void {
+    this.watcher.add(sandboxId, rw, paths);
+  }
+
+  /** Stops watching a sandbox and forgets its rate-limit state. */
+  forget(sandboxId: string): void {
+    this.watcher.remove(sandboxId);
+    for (const key of this.windows.keys()) if (key.startsWith(`${sandboxId} `)) this.windows.delete(key);
+  }
+
+  /** Reads what is pending now (the timer calls it; tests may too). */
+  poll(): void {
+    try {
+      this.pollKernelLog();
+      this.pollWatches();
+      this.flushWindows(Date.now());
+    } catch {
+      // A failure to read is retried on the next tick; the node carries on.
+    }
+  }
+
+  private pollKernelLog(): void {
+    if (!this.kmsg) return;
+    for (const line of this.kmsg.read(MAX_PER_POLL)) {
+      const d = parseSeccompRecord(line);
+      if (!d) continue;
+      const sandboxId = this.attribute(d.auid, d.uid, d.pid);
+      if (!sandboxId) continue;
+      this.emit(sandboxId, {
+        kind: 'seccomp.denied',
+        severity: 'warning',
+        sandboxId,
+        message: `seccomp refused ${d.syscall} to ${d.comm || 'a process'} (pid ${d.pid})`,
+        data: { syscall: d.syscall, syscallNr: d.syscallNr, arch: d.arch, pid: d.pid, comm: d.comm, exe: d.exe },
+      });
+    }
+  }
+
+  private pollWatches(): void {
+    if (this.watcher.size === 0) return;
+    const hits = this.watcher.drain(MAX_PER_POLL);
+    // Many writes to one file between two polls are one event.
+    const merged = new Map<string, (typeof hits)[number] & { ops: Set<string> }>();
+    for (const h of hits) {
+      const key = `${h.sandboxId} ${h.path}`;
+      const m = merged.get(key);
+      if (m) m.ops.add(h.op);
+      else merged.set(key, { ...h, ops: new Set([h.op]) });
+    }
+    for (const h of merged.values()) {
+      const ops = [...h.ops];
+      this.emit(h.sandboxId, {
+        kind: 'protected-path.write',
+        severity: 'warning',
+        sandboxId: h.sandboxId,
+        message: `${ops.join(', ')} of ${h.path} (watched: ${h.watched})`,
+        data: { path: h.path, watched: h.watched, ops, pid: h.pid },
+      });
+    }
+    if (this.watcher.overflowed && !this.overflowReported) {
+      this.overflowReported = true;
+      this.o.raise({ kind: 'protected-path.write', severity: 'warning', message: 'the watch queue overflowed: some changes to watched paths were not seen', data: { overflow: true } });
+    }
+  }
+
+  /** Which sandbox a process belongs to: its login uid, its uid's range, or its live cgroup. */
+  private attribute(auid: number, uid: number, pid: number): string | undefined {
+    for (const id of [auid, uid]) {
+      const slot = slotOfHostId(id);
+      if (slot === undefined) continue;
+      const found = this.o.sandboxOfIdBase(ID_RANGE_START + slot * ID_RANGE_SIZE);
+      if (found) return found;
+    }
+    try {
+      const text = readFileSync(`/proc/${pid}/cgroup`, 'utf8');
+      const m = new RegExp(`/${escapeRegExp(this.o.cgroupParent)}/([a-z0-9-]{3,63})(/|$)`, 'm').exec(text);
+      return m?.[1];
+    } catch {
+      return undefined; // already exited
+    }
+  }
+
+  /** Raises within the sandbox's budget for the kind; beyond it, counts. */
+  private emit(sandboxId: string, ev: RaisedEvent): void {
+    const key = `${sandboxId} ${ev.kind}`;
+    const now = Date.now();
+    let w = this.windows.get(key);
+    if (!w || now - w.start >= EVENT_WINDOW_MS) {
+      if (w) this.flushOne(key, w);
+      w = { start: now, count: 0, dropped: 0 };
+      this.windows.set(key, w);
+    }
+    if (w.count >= EVENTS_PER_WINDOW) {
+      w.dropped++;
+      return;
+    }
+    w.count++;
+    this.o.raise(ev);
+  }
+
+  /** Reports what each finished window dropped. */
+  private flushWindows(now: number): void {
+    for (const [key, w] of this.windows) {
+      if (now - w.start < EVENT_WINDOW_MS) continue;
+      this.flushOne(key, w);
+      this.windows.delete(key);
+    }
+  }
+
+  private flushOne(key: string, w: Window): void {
+    if (w.dropped === 0) return;
+    const [sandboxId, kind] = key.split(' ') as [string, RaisedEvent['kind']];
+    this.o.raise({
+      kind,
+      severity: 'warning',
+      sandboxId,
+      message: `${w.dropped} more ${kind} events in ${EVENT_WINDOW_MS / 1000} s were not raised one by one`,
+      data: { suppressed: w.dropped },
+    });
+    w.dropped = 0;
+  }
+
+  /** Stops reading and releases every watch. */
+  close(): void {
+    clearInterval(this.timer);
+    this.watcher.close();
+    this.kmsg?.close();
+  }
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}

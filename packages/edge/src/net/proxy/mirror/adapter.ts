@@ -1,0 +1,69 @@
+// One adapter per package ecosystem: which public names it serves, how a request maps onto the
+// mirror, and how a frozen mirror hides what was published after its cutoff.
+//
+// The freeze has two mechanisms, and an adapter uses the one its ecosystem allows:
+// - Filtering (npm now, PyPI next): the metadata document lists artifacts with publish times, so
+//   the adapter drops the later ones from it (`transformMetadata`) and refuses any artifact that is
+//   not in the filtered document (`MirrorTransform.artifacts`). For PyPI, the metadata document is
+//   the JSON simple index (`/simple/<project>/`, PEP 691, asked for with
+//   `Accept: application/vnd.pypi.simple.v1+json`): `files[]` carry `upload-time` (PEP 700); the
+//   adapter drops files uploaded after the cutoff, and an artifact request on
+//   files.pythonhosted.org names its file, whose project (from the wheel or sdist file name,
+//   normalised per PEP 503) gives the `metadata` request to check it against.
+// - Choosing the upstream (Debian): Release files are signed over the Packages indexes, so they
+//   cannot be filtered without re-signing. Instead `upstreamBase` maps the cutoff to a snapshot
+//   archive (snapshot.debian.org-style `<url>/archive/debian/<YYYYMMDDTHHMMSSZ>/`), whose
+//   content is immutable: every request is `kind: 'other'` with `cache: 'immutable'`.
+import type { NetworkPreset } from '@dsec/protocol';
+
+/** What a request to a mirrored name is, as the adapter sees it. */
+export interface MirrorRequest {
+  /** `metadata`: a document that lists artifacts (filtered when frozen); `artifact`: a package file; `other`: served as is, or refused when frozen and the adapter says so. */
+  kind: 'metadata' | 'artifact' | 'other';
+  /** Path relative to the upstream base (no leading slash), URL-encoded as the upstream wants it. */
+  upstreamPath: string;
+  /** The `Accept` header to send upstream. */
+  accept?: string;
+  /** For artifacts: the request of the metadata document that lists it. */
+  metadata?: MirrorRequest;
+  /** For artifacts: its id in that document's {@link MirrorTransform.artifacts}. */
+  artifactId?: string;
+  /** How long a cached copy is good: `immutable` (forever), `metadata` (refreshed after the metadata TTL; forever when frozen and fetched after the cutoff), `none`. */
+  cache: 'immutable' | 'metadata' | 'none';
+  /** Whether a frozen mirror may serve this `other` request (it cannot reveal anything newer). */
+  servedWhenFrozen?: boolean;
+}
+
+/** The context of one transformation. */
+export interface MirrorContext {
+  /** Hide what was published after this time; undefined: not frozen. */
+  cutoff?: Date;
+  /** Base URL the sandbox used (`http://registry.npmjs.org/`): URLs in documents are rewritten onto it, so that follow-up requests come back through the proxy. */
+  publicBase: string;
+  /** Base URL of the mirror the documents came from. */
+  upstreamBase: string;
+}
+
+/** A metadata document as the sandbox gets it. */
+export interface MirrorTransform {
+  body: Buffer;
+  contentType: string;
+  /** The ids of the artifacts it lists (visible ones only, when frozen). */
+  artifacts: Set<string>;
+}
+
+/** An ecosystem's mirror logic. Implementations are pure: no I/O. */
+export interface MirrorAdapter {
+  /** The preset it serves (`npm`). */
+  readonly preset: NetworkPreset;
+  /** Public names whose plain-HTTP requests are served from the mirror. */
+  readonly hosts: readonly string[];
+  /** The public registry, fetched when a policy's mirror names no upstream. */
+  readonly defaultUpstream: string;
+  /** The upstream base for a cutoff (a snapshot archive picks its timestamp here). */
+  upstreamBase(url: string, cutoff: Date | undefined): string;
+  /** Maps a GET/HEAD of `path` (origin-form, with query) on `host`; undefined: not served (404). */
+  classify(host: string, path: string): MirrorRequest | undefined;
+  /** The document as the sandbox should see it; undefined when nothing in it is visible (404). Throws on a malformed document. */
+  transformMetadata(doc: Buffer, req: MirrorRequest, ctx: MirrorContext): MirrorTransform | undefined;
+}

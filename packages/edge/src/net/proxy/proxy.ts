@@ -1,0 +1,645 @@
+// The egress proxy: one set of listeners per node through which every byte a sandbox sends out of
+// the node passes. Three ports:
+// - explicit: HTTP forward proxying (absolute-form requests) and CONNECT tunnels;
+// - transparent HTTP: connections to port 80 redirected here; the destination is the Host header
+//   of each request;
+// - transparent TLS: connections to port 443 redirected here; the destination is the SNI of the
+//   ClientHello, read without terminating TLS (the handshake runs end to end).
+// The caller is identified by its source address; its policy decides each destination, the proxy
+// resolves names itself and dials only addresses it checked.
+import { once } from 'node:events';
+import { createReadStream } from 'node:fs';
+import http from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import net from 'node:net';
+import type { Socket } from 'node:net';
+import { Readable } from 'node:stream';
+import type { EgressPolicyView, EgressProxyHandle as NetEgressProxyHandle, EgressProxyLimits, EgressProxyOptions as NetEgressProxyOptions, EgressProxyPorts, EgressStats, EgressVia } from '../types.js';
+import { formatDestination, isIpLiteralLike, normalizeAddress, normalizeHost, parseAuthority } from './address.js';
+import type { Destination } from './address.js';
+import { ConnectionLog } from './connections.js';
+import type { ConnectionRecord, EgressReason } from './connections.js';
+import { endToEndHeaders, headBytes, upgradeHead } from './headers.js';
+import { DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, Throttle, TokenBucket } from './limits.js';
+import type { MirrorAdapter } from './mirror/adapter.js';
+import type { MirrorCacheStats } from './mirror/cache.js';
+import { defaultMirrorAdapters, matchMirror, MirrorService } from './mirror/service.js';
+import type { MirrorMatch, MirrorResponse, MirrorServiceOptions } from './mirror/service.js';
+import { readClientHello, tlsAlert } from './sni.js';
+
+/** The explicit proxy's port when none is given (the usual one for HTTP proxies). */
+export const DEFAULT_EXPLICIT_PORT = 3128;
+/** Time allowed to connect to an upstream address. */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+/** A proxied connection with no traffic either way for this long is closed. */
+export const DEFAULT_IDLE_TIMEOUT_MS = 5 * 60_000;
+
+/** Options of {@link startEgressProxy}: the node's contract, plus what the proxy adds. */
+export interface EgressProxyOptions extends NetEgressProxyOptions {
+  /** Destination ports of transparently intercepted connections (the redirect loses them). Default http 80, tls 443. */
+  transparentPorts?: { http?: number; tls?: number };
+  /**
+   * Per-sandbox limits. Defaults: 128 connections, 32 MiB/s each direction with a burst of one
+   * second's worth, 10 s to connect, 5 min idle.
+   */
+  limits?: Partial<EgressProxyLimits & { burstBytes: number }>;
+  /** Concurrent connections for the whole proxy. Default {@link DEFAULT_MAX_CONNECTIONS}. */
+  maxConnections?: number;
+  /** Connections kept in the recent list (`recent()`). Default 10,000. */
+  recentConnections?: number;
+  /** Package mirrors (cache under the edge home). Absent: a policy's mirrors are refused. */
+  mirrors?: MirrorServiceOptions;
+}
+
+/** A running egress proxy. */
+export interface EgressProxyHandle extends NetEgressProxyHandle {
+  /** Recent connections with their bytes (open ones too), oldest first. */
+  recent(filter?: { sandboxId?: string; limit?: number }): ConnectionRecord[];
+  /** Mirror cache counters (undefined without mirrors). */
+  mirrorStats(): MirrorCacheStats | undefined;
+}
+
+type Judgement = { ok: true; rule: string; mirror?: MirrorMatch } | { ok: false; reason: EgressReason; rule?: string; detail?: string };
+
+/** An open proxied connection (or forwarded request), re-checked when its policy changes. */
+interface Active {
+  sandboxId: string;
+  source: string;
+  via: EgressVia;
+  dest: Destination;
+  address?: string;
+  mirrored: boolean;
+  record: ConnectionRecord;
+  kill(): void;
+}
+
+type DialResult = { socket: Socket; address: string } | { refused: 'unresolvable' | 'restricted-address'; detail: string } | { failed: string; address: string };
+
+/** Who asked, how, for where: the fields every decision shares. */
+interface Attempt {
+  sandboxId?: string;
+  source: string;
+  via: EgressVia;
+  dest: Destination;
+}
+
+const noop = (): void => {};
+
+function connectTcp(address: string, port: number, timeoutMs: number): Promise<Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect({ host: address, port });
+    const timer = setTimeout(() => {
+      s.destroy();
+      reject(new Error(`connect to ${address}:${port} timed out`));
+    }, timeoutMs);
+    const onError = (err: Error): void => {
+      clearTimeout(timer);
+      reject(err);
+    };
+    s.once('error', onError);
+    s.once('connect', () => {
+      clearTimeout(timer);
+      s.off('error', onError);
+      s.on('error', noop); // whoever takes it over reacts to 'close'
+      resolve(s);
+    });
+  });
+}
+
+/** Matches the absolute-form target of a plain-HTTP proxy request. */
+const ABSOLUTE_HTTP = /^http:\/\/([^/?#]*)(.*)$/i;
+/** Where an unknown destination is logged (a refusal before any destination was read). */
+const NOWHERE: Destination = { host: '*', port: 0 };
+
+function plainReply(socket: Socket, status: string, body: string, reason?: EgressReason): void {
+  const extra = reason ? `X-Dsec-Egress: denied; reason=${reason}\r\n` : '';
+  if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`);
+  else socket.destroy();
+}
+
+function refusalText(r: ConnectionRecord): string {
+  return `dsec egress: ${formatDestination(r)} denied (${r.reason ?? 'policy'}${r.detail ? `: ${r.detail}` : ''})\n`;
+}
+
+class EgressProxy implements EgressProxyHandle {
+  readonly ports: EgressProxyPorts = { http: 0, transparentHttp: 0, transparentTls: 0 };
+  readonly address: string;
+  private readonly log: ConnectionLog;
+  private readonly explicit: http.Server;
+  private readonly transparentHttp: http.Server;
+  private readonly transparentTls: net.Server;
+  private readonly sockets = new Set<Socket>();
+  private readonly socketsBySandbox = new Map<string, Set<Socket>>();
+  private readonly active = new Map<string, Set<Active>>();
+  private readonly buckets = new Map<string, { in: TokenBucket; out: TokenBucket }>();
+  private readonly maxConnectionsPerSandbox: number;
+  private readonly bytesPerSecond: number;
+  private readonly burstBytes: number;
+  private readonly maxConnections: number;
+  private readonly connectTimeoutMs: number;
+  private readonly idleTimeoutMs: number;
+  private readonly httpPort: number;
+  private readonly tlsPort: number;
+  private readonly adapters: readonly MirrorAdapter[];
+  private closing = false;
+
+  constructor(
+    private readonly opts: EgressProxyOptions,
+    private readonly mirrors: MirrorService | undefined,
+  ) {
+    this.address = opts.address;
+    this.log = new ConnectionLog(opts.log, opts.recentConnections);
+    this.maxConnectionsPerSandbox = opts.limits?.maxConnections ?? DEFAULT_MAX_CONNECTIONS_PER_SANDBOX;
+    this.bytesPerSecond = opts.limits?.bytesPerSecond ?? DEFAULT_BYTES_PER_SECOND;
+    this.burstBytes = opts.limits?.burstBytes ?? this.bytesPerSecond;
+    this.maxConnections = opts.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    this.connectTimeoutMs = opts.limits?.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
+    this.idleTimeoutMs = opts.limits?.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
+    this.httpPort = opts.transparentPorts?.http ?? 80;
+    this.tlsPort = opts.transparentPorts?.tls ?? 443;
+    this.adapters = opts.mirrors?.adapters ?? defaultMirrorAdapters();
+
+    const httpServer = (via: 'http' | 'transparent-http'): http.Server => {
+      const s = http.createServer({ requestTimeout: 0, headersTimeout: 30_000, keepAliveTimeout: 30_000 });
+      s.timeout = this.idleTimeoutMs;
+      s.on('connection', (socket: Socket) => this.admit(socket, via));
+      s.on('request', (req: IncomingMessage, res: ServerResponse) => this.onRequest(via, req, res));
+      s.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => this.onUpgrade(via, req, socket, head));
+      s.on('clientError', (_err, socket: Socket) => plainReply(socket, '400 Bad Request', ''));
+      return s;
+    };
+    this.explicit = httpServer('http');
+    this.explicit.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => this.onConnect(req, socket, head));
+    this.transparentHttp = httpServer('transparent-http');
+    this.transparentTls = net.createServer({ allowHalfOpen: true }, (socket) => void this.onTls(socket));
+  }
+
+  async listen(): Promise<void> {
+    const servers: Array<[keyof EgressProxyPorts, net.Server, number]> = [
+      ['http', this.explicit, this.opts.ports?.http ?? DEFAULT_EXPLICIT_PORT],
+      ['transparentHttp', this.transparentHttp, this.opts.ports?.transparentHttp ?? 0],
+      ['transparentTls', this.transparentTls, this.opts.ports?.transparentTls ?? 0],
+    ];
+    for (const [name, server, port] of servers) {
+      server.listen(port, this.address);
+      await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
+      this.ports[name] = (server.address() as net.AddressInfo).port;
+    }
+  }
+
+  // ---- the handle ----
+
+  stats(sandboxId: string): EgressStats {
+    return this.log.stats(sandboxId);
+  }
+
+  recent(filter?: { sandboxId?: string; limit?: number }): ConnectionRecord[] {
+    return this.log.recent(filter);
+  }
+
+  mirrorStats(): MirrorCacheStats | undefined {
+    return this.mirrors?.stats();
+  }
+
+  policyChanged(sandboxId: string): void {
+    for (const a of [...(this.active.get(sandboxId) ?? [])]) {
+      const view = this.opts.sandboxes.bySourceAddress(a.source);
+      const j = this.recheck(a, view);
+      if (j.ok) continue;
+      this.closeActive(a, 'policy-changed', j.rule, `now denied: ${j.reason}${j.detail ? ` (${j.detail})` : ''}`);
+    }
+  }
+
+  forget(sandboxId: string): void {
+    for (const a of [...(this.active.get(sandboxId) ?? [])]) this.closeActive(a, 'sandbox-gone');
+    for (const s of this.socketsBySandbox.get(sandboxId) ?? []) s.destroy();
+    this.socketsBySandbox.delete(sandboxId);
+    this.buckets.delete(sandboxId);
+    this.log.forget(sandboxId);
+  }
+
+  async close(): Promise<void> {
+    this.closing = true;
+    const closed = [this.explicit, this.transparentHttp, this.transparentTls].map((s) => new Promise<void>((r) => s.close(() => r())));
+    for (const set of this.active.values()) for (const a of set) a.kill();
+    for (const s of this.sockets) s.destroy();
+    this.explicit.closeAllConnections();
+    this.transparentHttp.closeAllConnections();
+    await Promise.all(closed);
+  }
+
+  private closeActive(a: Active, reason: EgressReason, rule?: string, detail?: string): void {
+    this.decide({ sandboxId: a.sandboxId, source: a.source, via: a.via, dest: a.dest }, 'denied', { reason, ...(rule ? { rule } : {}), ...(detail ? { detail } : {}), ...(a.address ? { address: a.address } : {}) });
+    a.kill();
+  }
+
+  // ---- decisions ----
+
+  private decide(at: Attempt, verdict: 'allowed' | 'denied', extra: { reason?: EgressReason; rule?: string; detail?: string; address?: string } = {}): ConnectionRecord {
+    return this.log.decide({
+      ...(at.sandboxId !== undefined ? { sandboxId: at.sandboxId } : {}),
+      source: at.source,
+      via: at.via,
+      host: at.dest.host,
+      port: at.dest.port,
+      verdict,
+      ...extra,
+    });
+  }
+
+  private bucketsOf(sandboxId: string): { in: TokenBucket; out: TokenBucket } {
+    let b = this.buckets.get(sandboxId);
+    if (!b) this.buckets.set(sandboxId, (b = { in: new TokenBucket(this.bytesPerSecond, this.burstBytes), out: new TokenBucket(this.bytesPerSecond, this.burstBytes) }));
+    return b;
+  }
+
+  /** The policy's verdict on a destination, before any name is resolved. */
+  private judge(view: EgressPolicyView, via: EgressVia, dest: Destination): Judgement {
+    if (view.mode === 'none') return { ok: false, reason: 'policy', rule: 'mode:none' };
+    const mirror = matchMirror(this.adapters, view.mirrors, dest.host);
+    if (mirror) {
+      const rule = `mirror:${mirror.preset}`;
+      // A mirror answers plain HTTP only: TLS to the public name would reach the real registry
+      // past the mirror (and its freeze), so it is refused.
+      if (via === 'connect' || via === 'transparent-tls') return { ok: false, reason: 'mirror-requires-http', rule, detail: `use http://${dest.host}/` };
+      if (!this.mirrors?.upstreamAllowed(mirror)) return { ok: false, reason: 'mirror-not-configured', rule, detail: mirror.mirror.upstream ?? 'no mirror cache on this node' };
+      return { ok: true, rule, mirror };
+    }
+    if (isIpLiteralLike(dest.host)) {
+      // Only a dotted-quad IPv4 literal that a rule names; numeric shorthands and IPv6 never.
+      const d = net.isIPv4(dest.host) ? view.allows(dest.host, dest.port) : undefined;
+      if (d?.allowed) return { ok: true, rule: d.rule ?? `address:${dest.host}` };
+      return { ok: false, reason: 'ip-literal', ...(d?.rule ? { rule: d.rule } : {}), ...(d?.reason ? { detail: d.reason } : {}) };
+    }
+    const d = view.allows(dest.host, dest.port);
+    if (!d.allowed) return { ok: false, reason: 'policy', ...(d.rule ? { rule: d.rule } : {}), ...(d.reason ? { detail: d.reason } : {}) };
+    return { ok: true, rule: d.rule ?? `host:${dest.host}` };
+  }
+
+  private recheck(a: Active, view: EgressPolicyView | undefined): Judgement {
+    if (!view || view.sandboxId !== a.sandboxId) return { ok: false, reason: 'unknown-source' };
+    const j = this.judge(view, a.via === 'mirror' ? 'http' : a.via, a.dest);
+    if (!j.ok) return j;
+    if (a.mirrored !== (j.mirror !== undefined)) return { ok: false, reason: 'policy', detail: 'mirror route changed' };
+    if (a.address && !view.addressAllowed(a.address)) return { ok: false, reason: 'restricted-address', detail: a.address };
+    return j;
+  }
+
+  /** Resolves `dest`, keeps the addresses the policy lets the proxy dial, connects to the first that answers. */
+  private async dial(view: EgressPolicyView, dest: Destination): Promise<DialResult> {
+    let addresses: string[];
+    try {
+      addresses = net.isIPv4(dest.host) ? [dest.host] : await this.opts.resolver.resolve4(dest.host, AbortSignal.timeout(this.connectTimeoutMs));
+    } catch (err) {
+      return { refused: 'unresolvable', detail: (err as Error).message };
+    }
+    if (addresses.length === 0) return { refused: 'unresolvable', detail: `${dest.host} has no address` };
+    // The addresses checked here are the ones dialled: no second lookup, no rebinding window.
+    const usable = addresses.filter((a) => net.isIPv4(a) && view.addressAllowed(a));
+    if (usable.length === 0) return { refused: 'restricted-address', detail: `${dest.host} resolves to ${addresses.slice(0, 8).join(', ')}` };
+    let failure = '';
+    for (const address of usable.slice(0, 8)) {
+      try {
+        return { socket: await connectTcp(address, dest.port, this.connectTimeoutMs), address };
+      } catch (err) {
+        failure = (err as Error).message;
+      }
+    }
+    return { failed: failure, address: usable[0]! };
+  }
+
+  /** Decides and dials for an attempt; the record is logged either way. */
+  private async open(view: EgressPolicyView, at: Attempt & { sandboxId: string }, j: Judgement & { ok: true }): Promise<{ record: ConnectionRecord; socket?: Socket; failed?: string }> {
+    const dialed = await this.dial(view, at.dest);
+    if ('refused' in dialed) return { record: this.decide(at, 'denied', { reason: dialed.refused, rule: j.rule, detail: dialed.detail }) };
+    if ('failed' in dialed) {
+      const record = this.decide(at, 'allowed', { rule: j.rule, address: dialed.address, detail: dialed.failed });
+      this.log.closed(record);
+      return { record, failed: dialed.failed };
+    }
+    return { record: this.decide(at, 'allowed', { rule: j.rule, address: dialed.address }), socket: dialed.socket };
+  }
+
+  private track(a: Active): () => void {
+    let set = this.active.get(a.sandboxId);
+    if (!set) this.active.set(a.sandboxId, (set = new Set()));
+    set.add(a);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      set.delete(a);
+      if (set.size === 0 && this.active.get(a.sandboxId) === set) this.active.delete(a.sandboxId);
+      this.log.closed(a.record);
+    };
+  }
+
+  // ---- connections ----
+
+  /** Counts a new client connection against the limits; closes it when over. */
+  private admit(socket: Socket, via: EgressVia): boolean {
+    socket.on('error', noop);
+    if (this.closing) {
+      socket.destroy();
+      return false;
+    }
+    const source = normalizeAddress(socket.remoteAddress ?? '');
+    const view = this.opts.sandboxes.bySourceAddress(source);
+    const over = (detail: string): false => {
+      this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'connection-limit', detail });
+      socket.destroy();
+      return false;
+    };
+    if (this.sockets.size >= this.maxConnections) return over(`node limit of ${this.maxConnections} connections`);
+    if (view) {
+      const id = view.sandboxId;
+      if (this.log.openConnections(id) >= this.maxConnectionsPerSandbox) return over(`sandbox limit of ${this.maxConnectionsPerSandbox} connections`);
+      this.log.connectionDelta(id, 1);
+      let set = this.socketsBySandbox.get(id);
+      if (!set) this.socketsBySandbox.set(id, (set = new Set()));
+      set.add(socket);
+      socket.once('close', () => {
+        this.log.connectionDelta(id, -1);
+        const s = this.socketsBySandbox.get(id);
+        s?.delete(socket);
+        if (s?.size === 0) this.socketsBySandbox.delete(id);
+      });
+    }
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    return true;
+  }
+
+  /** The destination, origin-form path and Host value of a plain-HTTP request. */
+  private httpTarget(via: 'http' | 'transparent-http', req: IncomingMessage): { dest: Destination; path: string; authority: string } | { error: string } {
+    const url = req.url ?? '';
+    const abs = ABSOLUTE_HTTP.exec(url);
+    let authority: string;
+    let path: string;
+    if (abs) {
+      authority = abs[1]!;
+      path = abs[2] || '/';
+      if (!path.startsWith('/')) path = '/' + path;
+    } else if (via === 'http') {
+      return { error: /^https:/i.test(url) ? 'https URLs go through CONNECT' : 'a proxy request needs an absolute http:// URL' };
+    } else {
+      const host = req.headers.host;
+      if (!host) return { error: 'no Host header' };
+      if (!url.startsWith('/')) return { error: `unsupported request target ${url.slice(0, 100)}` };
+      authority = host;
+      path = url;
+    }
+    if (authority.includes('@')) return { error: 'credentials in the URL are not forwarded' };
+    const dest = parseAuthority(authority, via === 'http' ? 80 : this.httpPort);
+    if (!dest) return { error: `invalid host ${authority.slice(0, 300)}` };
+    const hostPart = net.isIPv6(dest.host) ? `[${dest.host}]` : dest.host;
+    return { dest, path, authority: dest.port === 80 ? hostPart : `${hostPart}:${dest.port}` };
+  }
+
+  private refuseHttp(res: ServerResponse, record: ConnectionRecord, status = 403): void {
+    const body = refusalText(record);
+    res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'content-length': Buffer.byteLength(body), 'x-dsec-egress': `denied; reason=${record.reason ?? 'policy'}` });
+    res.end(body);
+  }
+
+  private onRequest(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse): void {
+    const source = normalizeAddress(req.socket.remoteAddress ?? '');
+    const target = this.httpTarget(via, req);
+    if ('error' in target) {
+      const view = this.opts.sandboxes.bySourceAddress(source);
+      this.refuseHttp(res, this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: target.error }), 400);
+      return;
+    }
+    this.forward(via, req, res, source, target).catch((err: unknown) => {
+      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${(err as Error).message}\n`);
+      else res.destroy();
+    });
+  }
+
+  private async forward(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse, source: string, target: { dest: Destination; path: string; authority: string }): Promise<void> {
+    const { dest, path } = target;
+    const view = this.opts.sandboxes.bySourceAddress(source);
+    if (!view) return this.refuseHttp(res, this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
+    const at = { sandboxId: view.sandboxId, source, via, dest };
+    const j = this.judge(view, via, dest);
+    if (!j.ok) return this.refuseHttp(res, this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }), j.reason === 'mirror-not-configured' ? 502 : 403);
+    if (j.mirror) return this.serveMirror(req, res, at, j.mirror, j.rule, path);
+
+    const opened = await this.open(view, at, j);
+    if (!opened.socket) {
+      if (opened.failed === undefined) return this.refuseHttp(res, opened.record);
+      res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${formatDestination(dest)}: ${opened.failed}\n`);
+      return;
+    }
+    const { record, socket: upstream } = opened;
+    if (res.destroyed) {
+      // The client left while the name was resolved and dialled.
+      upstream.destroy();
+      this.log.closed(record);
+      return;
+    }
+    const buckets = this.bucketsOf(view.sandboxId);
+    const out = new Throttle(buckets.out, (n) => this.log.addBytes(record, 'out', n));
+    const inn = new Throttle(buckets.in, (n) => this.log.addBytes(record, 'in', n));
+    const kill = (): void => {
+      upstream.destroy();
+      out.destroy();
+      inn.destroy();
+      res.destroy();
+    };
+    const untrack = this.track({ ...at, address: record.address!, mirrored: false, record, kill });
+    res.once('close', () => {
+      untrack();
+      if (!res.writableFinished) kill();
+      else upstream.destroy();
+    });
+    upstream.setTimeout(this.idleTimeoutMs, kill);
+
+    const headers = endToEndHeaders(req.headers);
+    headers.host = target.authority;
+    headers.connection = 'close';
+    this.log.addBytes(record, 'out', headBytes(`${req.method} ${path} HTTP/1.1`, req.rawHeaders));
+    const upReq = http.request({ method: req.method, path, headers, setHost: false, createConnection: () => upstream });
+    upReq.on('error', (err) => {
+      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${formatDestination(dest)}: ${err.message}\n`);
+      else kill();
+    });
+    upReq.on('response', (upRes) => {
+      this.log.addBytes(record, 'in', headBytes(`HTTP/1.1 ${upRes.statusCode} ${upRes.statusMessage}`, upRes.rawHeaders));
+      res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, endToEndHeaders(upRes.headers));
+      upRes.on('error', kill);
+      upRes.pipe(inn).pipe(res);
+    });
+    req.pipe(out).pipe(upReq);
+  }
+
+  private async serveMirror(req: IncomingMessage, res: ServerResponse, at: Attempt & { sandboxId: string }, m: MirrorMatch, rule: string, path: string): Promise<void> {
+    const publicBase = `http://${at.dest.port === 80 ? at.dest.host : formatDestination(at.dest)}/`;
+    const answer: MirrorResponse = await this.mirrors!.serve(m, req.method ?? 'GET', at.dest.host, publicBase, path);
+    req.resume(); // a request body, if any, is not used
+    const record = this.decide({ ...at, via: 'mirror' }, answer.hidden ? 'denied' : 'allowed', {
+      rule,
+      ...(answer.hidden ? { reason: 'mirror-hidden' as const } : {}),
+      detail: `${req.method} ${path.slice(0, 200)}: ${answer.status} ${answer.detail}`,
+    });
+    if (res.destroyed) {
+      if (answer.body instanceof Readable) answer.body.destroy();
+      this.log.closed(record);
+      return;
+    }
+    const inn = new Throttle(this.bucketsOf(at.sandboxId).in, (n) => this.log.addBytes(record, 'in', n));
+    const headers: Record<string, string | number> = { ...answer.headers, 'x-dsec-mirror': m.mirror.freeze ? `${m.preset}; freeze=${m.mirror.freeze}` : m.preset };
+    let body: Readable | undefined;
+    if (Buffer.isBuffer(answer.body)) {
+      headers['content-length'] = answer.body.length;
+      body = Readable.from([answer.body]);
+    } else if (answer.body instanceof Readable) {
+      body = answer.body;
+    } else if (answer.body) {
+      headers['content-length'] = answer.body.size;
+      body = createReadStream(answer.body.file);
+    }
+    const kill = (): void => {
+      body?.destroy();
+      inn.destroy();
+      res.destroy();
+    };
+    const untrack = this.track({ ...at, via: 'mirror', mirrored: true, record, kill });
+    res.once('close', () => {
+      untrack();
+      if (!res.writableFinished) kill();
+    });
+    res.writeHead(answer.status, headers);
+    if (req.method === 'HEAD' || !body) {
+      body?.destroy();
+      res.end();
+      return;
+    }
+    body.on('error', kill);
+    body.pipe(inn).pipe(res);
+  }
+
+  private onConnect(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    const source = normalizeAddress(socket.remoteAddress ?? '');
+    const dest = parseAuthority(req.url ?? '');
+    if (!dest) {
+      const view = this.opts.sandboxes.bySourceAddress(source);
+      const r = this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via: 'connect', dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: `CONNECT target ${(req.url ?? '').slice(0, 300)}` });
+      return plainReply(socket, '400 Bad Request', `dsec egress: ${r.detail}\n`);
+    }
+    void this.tunnel('connect', socket, source, dest, head, {
+      allowed: () => socket.write('HTTP/1.1 200 Connection Established\r\n\r\n'),
+      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r), r.reason),
+      failed: (detail) => plainReply(socket, '502 Bad Gateway', `dsec egress: ${formatDestination(dest)}: ${detail}\n`),
+    });
+  }
+
+  private onUpgrade(via: 'http' | 'transparent-http', req: IncomingMessage, socket: Socket, head: Buffer): void {
+    const source = normalizeAddress(socket.remoteAddress ?? '');
+    const view = this.opts.sandboxes.bySourceAddress(source);
+    const target = this.httpTarget(via, req);
+    const refuse = (error: string, dest: Destination): void => {
+      this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest }, 'denied', { reason: 'bad-request', detail: error });
+      plainReply(socket, '400 Bad Request', `dsec egress: ${error}\n`);
+    };
+    if ('error' in target) return refuse(target.error, NOWHERE);
+    if (view && matchMirror(this.adapters, view.mirrors, target.dest.host)) return refuse('a package mirror does not upgrade connections', target.dest);
+    const first = Buffer.concat([upgradeHead(req, target.path, target.authority), head]);
+    void this.tunnel(via, socket, source, target.dest, first, {
+      allowed: noop,
+      denied: (r) => plainReply(socket, '403 Forbidden', refusalText(r), r.reason),
+      failed: (detail) => plainReply(socket, '502 Bad Gateway', `dsec egress: ${formatDestination(target.dest)}: ${detail}\n`),
+    });
+  }
+
+  private async onTls(socket: Socket): Promise<void> {
+    if (!this.admit(socket, 'transparent-tls')) return;
+    const source = normalizeAddress(socket.remoteAddress ?? '');
+    const { buffered, parse } = await readClientHello(socket);
+    if (socket.destroyed) return;
+    const view = this.opts.sandboxes.bySourceAddress(source);
+    const at: Attempt = { ...(view ? { sandboxId: view.sandboxId } : {}), source, via: 'transparent-tls', dest: { host: '*', port: this.tlsPort } };
+    const refuse = (alert: Parameters<typeof tlsAlert>[0]): void => {
+      socket.end(tlsAlert(alert));
+      setTimeout(() => socket.destroy(), 1_000).unref();
+    };
+    if (parse.state !== 'done') {
+      this.decide(at, 'denied', { reason: 'bad-request', detail: parse.state === 'invalid' ? parse.reason : 'incomplete ClientHello' });
+      socket.destroy();
+      return;
+    }
+    if (parse.serverName === undefined) {
+      this.decide(at, 'denied', { reason: 'no-sni', detail: 'the ClientHello names no server' });
+      return refuse('unrecognized_name');
+    }
+    const host = normalizeHost(parse.serverName);
+    if (host === undefined) {
+      this.decide(at, 'denied', { reason: 'bad-request', detail: `invalid server name ${JSON.stringify(parse.serverName.slice(0, 300))}` });
+      return refuse('unrecognized_name');
+    }
+    await this.tunnel('transparent-tls', socket, source, { host, port: this.tlsPort }, buffered, {
+      allowed: noop,
+      denied: () => refuse('access_denied'),
+      failed: () => refuse('internal_error'),
+    });
+  }
+
+  /** Decides, dials and splices a tunnel (CONNECT, TLS, Upgrade); `head` goes upstream first. */
+  private async tunnel(
+    via: EgressVia,
+    client: Socket,
+    source: string,
+    dest: Destination,
+    head: Buffer,
+    respond: { allowed(): void; denied(r: ConnectionRecord): void; failed(detail: string): void },
+  ): Promise<void> {
+    const view = this.opts.sandboxes.bySourceAddress(source);
+    if (!view) return respond.denied(this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
+    const at = { sandboxId: view.sandboxId, source, via, dest };
+    const j = this.judge(view, via, dest);
+    if (!j.ok) return respond.denied(this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }));
+    const opened = await this.open(view, at, j);
+    if (!opened.socket) return opened.failed === undefined ? respond.denied(opened.record) : respond.failed(opened.failed);
+    const { record, socket: upstream } = opened;
+    if (client.destroyed) {
+      upstream.destroy();
+      this.log.closed(record);
+      return;
+    }
+    respond.allowed();
+    const buckets = this.bucketsOf(view.sandboxId);
+    const out = new Throttle(buckets.out, (n) => this.log.addBytes(record, 'out', n));
+    const inn = new Throttle(buckets.in, (n) => this.log.addBytes(record, 'in', n));
+    const kill = (): void => {
+      client.destroy();
+      upstream.destroy();
+      out.destroy();
+      inn.destroy();
+    };
+    const untrack = this.track({ ...at, address: record.address!, mirrored: false, record, kill });
+    client.once('close', () => {
+      untrack();
+      kill();
+    });
+    upstream.once('error', kill);
+    client.setTimeout(this.idleTimeoutMs, kill);
+    upstream.setTimeout(this.idleTimeoutMs, kill);
+    if (head.length > 0) out.write(head);
+    client.pipe(out).pipe(upstream);
+    upstream.pipe(inn).pipe(client);
+    client.resume();
+  }
+}
+
+/** Starts the node's egress proxy. */
+export async function startEgressProxy(opts: EgressProxyOptions): Promise<EgressProxyHandle> {
+  const mirrors = opts.mirrors ? await MirrorService.open(opts.mirrors) : undefined;
+  const proxy = new EgressProxy(opts, mirrors);
+  try {
+    await proxy.listen();
+  } catch (err) {
+    await proxy.close();
+    throw err;
+  }
+  return proxy;
+}

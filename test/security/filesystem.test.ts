@@ -1,0 +1,259 @@
+// Adversarial suite: files. Searching everything for answers planted outside the sandbox,
+// reaching another sandbox's files, tampering with the grader and the toolchain, and leaving
+// files and processes behind for the next episode.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, afterEach, before, describe, test } from 'node:test';
+import { REPO_ROOT } from '../helpers/node.js';
+import { KIT, KIT_BINARY, KIT_IMAGE, destroyAndCheck, expectEvent, hex, hostProcessesNamed, newCanary, probe, probes, startSecurityNode, uniqueProcessName } from './fixture.js';
+import type { SecurityNode } from './fixture.js';
+
+let sec: SecurityNode;
+let scratch: string;
+
+/** The task's workspace: the answer goes to /project/answer.txt, the grader is /project/tests. */
+const GRADER = '/project/tests/run.sh';
+/** The test runner: runs every test_*.sh and passes only if all do. */
+const RUNNER = '#!/bin/sh\nfor t in /project/tests/test_*.sh; do sh "$t" || { echo FAIL; exit 1; }; done\necho PASS\n';
+/** What the grader prints for an unsolved task. */
+const UNSOLVED = 'FAIL';
+
+before(async () => {
+  sec = await startSecurityNode();
+  scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-fs-'));
+  // A workspace with a test runner, as an RL task ships one: it runs every test_*.sh and
+  // passes only if all do. The task here (write 42 to /project/answer.txt) is left unsolved.
+  const ws = path.join(scratch, 'ws');
+  await mkdir(path.join(ws, 'project/tests'), { recursive: true });
+  await writeFile(path.join(ws, 'project/tests/run.sh'), RUNNER);
+  await writeFile(path.join(ws, 'project/tests/test_answer.sh'), '#!/bin/sh\n[ "$(cat /project/answer.txt 2>/dev/null)" = 42 ]\n');
+  await chmod(path.join(ws, 'project/tests/run.sh'), 0o755);
+  // A stand-in for the interpreter the tests run under (busybox has no python).
+  const tk = path.join(scratch, 'py');
+  await mkdir(path.join(tk, 'usr/bin'), { recursive: true });
+  await writeFile(path.join(tk, 'usr/bin/python3'), '#!/bin/sh\nexec sh "$@"\n', { mode: 0o755 });
+  await sec.edge.layers.build({ type: 'dir', path: ws }, { kind: 'workspace', name: 'task' });
+  await sec.edge.layers.build({ type: 'dir', path: tk }, { kind: 'toolkit', name: 'python-stand-in' });
+});
+
+after(async () => {
+  try {
+    await sec?.cleanup();
+  } finally {
+    if (scratch) await rm(scratch, { recursive: true, force: true });
+  }
+});
+
+afterEach(async () => {
+  await sec.verifyContained();
+});
+
+describe('searching for answers', () => {
+  test('a search of the whole file system, /proc/*/environ and mountinfo finds none of the canaries planted outside the sandbox (and does not crash anything)', async () => {
+    // Answers an agent would look for, planted where a platform keeps things: the node's home
+    // (next to its layer store and its sandboxes), this process's environment (edge runs in
+    // it, and so do crun and the launcher it starts), and another sandbox's files and env.
+    const canary = newCanary();
+    await writeFile(path.join(sec.node.home, 'expected_output.txt'), `${canary}\n`);
+    await writeFile(path.join(sec.node.home, 'sandboxes', 'answers.json'), JSON.stringify({ answer: canary }));
+    process.env.DSEC_TEST_ANSWER = canary;
+    const victim = await sec.sandbox({ env: { ANSWER: canary } });
+    await sec.sh(victim, `echo ${canary} > /root/solution.txt`);
+    // A control: the same search must find a canary that is inside the attacker's sandbox.
+    const control = newCanary();
+    const attacker = await sec.sandbox();
+    try {
+      await sec.sh(attacker, `echo ${control} > /root/control.txt`);
+      const needles = [canary, sec.hostCanary, sec.bystanderSecret, control].map(hex).join(',');
+      const r = await sec.kit(attacker, ['scan', needles, '/'], { timeoutMs: 120_000 });
+      const scan = probe(r, 'scan');
+      const hits = probes(r).filter((p) => p.probe === 'hit');
+      assert.deepEqual(
+        hits.map((h) => [h.path, h.needle]),
+        [['/root/control.txt', 3]],
+        'only the control canary, in the sandbox itself, is found',
+      );
+      assert.ok(Number(scan.files) > 1000 && Number(scan.dirs) > 100, `the search covered the file system: ${JSON.stringify(scan)}`);
+      // The same, the way an agent would type it, over /proc/*/environ and mountinfo.
+      const direct = await sec.sh(attacker, `cat /proc/*/environ /proc/self/mountinfo /proc/1/mountinfo 2>/dev/null | grep -c -e ${canary} -e ${sec.hostCanary} -e ${sec.bystanderSecret}`);
+      assert.equal(direct.stdout.trim(), '0');
+    } finally {
+      delete process.env.DSEC_TEST_ANSWER;
+      await sec.edge.destroy(attacker);
+      await sec.edge.destroy(victim);
+    }
+  });
+
+  test('mountinfo names no host path (the layer store, the run directory, the repository)', { todo: 'overlay options show the host paths of the layers and the upper dir, and the agent bind shows its host path: the sandbox learns the node home, its id and the repository path (no access follows)' }, async () => {
+    const attacker = await sec.sandbox();
+    try {
+      const r = await sec.sh(attacker, 'cat /proc/self/mountinfo');
+      for (const hostPath of [sec.node.home, REPO_ROOT, '/run/dsec']) assert.ok(!r.stdout.includes(hostPath), `mountinfo shows ${hostPath}:\n${r.stdout}`);
+    } finally {
+      await sec.edge.destroy(attacker);
+    }
+  });
+});
+
+describe("another sandbox's files", () => {
+  test("another sandbox's files, shared memory and processes cannot be reached: its upper dir's host path does not exist inside, /dev/shm and /proc are private", async () => {
+    const victim = sec.bystander;
+    await sec.sh(victim, `echo ${sec.bystanderSecret} > /dev/shm/secret`);
+    const attacker = await sec.sandbox();
+    try {
+      const upper = sec.edge.upperDir(victim);
+      const hostFile = path.join(upper, 'root/sentinel');
+      assert.equal((await readFile(hostFile, 'utf8')).trim(), sec.bystanderSecret, 'the host path is right');
+      const r = await sec.sh(attacker, `${KIT} read ${hostFile}; ${KIT} read ${path.join(sec.node.home, 'sandboxes', victim, 'sandbox.json')}; ls -A /dev/shm | wc -l; ls -d /proc/[0-9]* | wc -l; pidof sleep || echo no-sleep`);
+      assert.deepEqual(
+        probes(r).map((p) => p.result),
+        ['ENOENT', 'ENOENT'],
+      );
+      const [shm, procs, sleep] = r.stdout.split('\n').filter((l) => !l.startsWith('{'));
+      assert.equal(shm, '0', "the other sandbox's /dev/shm is not visible");
+      // chronus, the shell and the two in the pipe: the sandbox's own pid namespace.
+      assert.ok(Number(procs) <= 5, `only the attacker's own processes are visible (${procs})`);
+      assert.equal(sleep, 'no-sleep', "the bystander's sleep is not visible");
+    } finally {
+      await sec.sh(victim, 'rm -f /dev/shm/secret');
+      await sec.edge.destroy(attacker);
+    }
+  });
+
+  test('writing over a file of a shared layer changes the writer\'s copy only: the layer on the host and other sandboxes keep the original', async () => {
+    const attacker = await sec.sandbox();
+    try {
+      const w = await sec.sh(attacker, `echo '#!/bin/sh' > ${KIT}; echo 'echo pwned' >> ${KIT}; ${KIT}`);
+      assert.equal(w.stdout, 'pwned\n');
+      const kitSha = createHash('sha256').update(await readFile(KIT_BINARY)).digest('hex');
+      const layer = await sec.edge.layers.resolve(KIT_IMAGE.toolkits[0]!);
+      const onHost = path.join(sec.node.home, 'layers/mnt', layer.digest.replace('sha256:', ''), 'opt/attack/kit');
+      assert.equal(createHash('sha256').update(await readFile(onHost)).digest('hex'), kitSha, 'the shared layer is unchanged');
+      const other = await sec.kit(sec.bystander, ['syscall', 'bpf']);
+      assert.equal(probe(other, 'bpf').result, 'EPERM', 'another sandbox still runs the real kit');
+    } finally {
+      await sec.edge.destroy(attacker);
+    }
+  });
+});
+
+describe('poisoning the next episode', () => {
+  test('files and processes left by one sandbox are not seen by the next sandbox from the same image, and no process outlives its sandbox', async () => {
+    const survivor = uniqueProcessName('poison');
+    const first = await sec.sandbox();
+    const poison = [
+      'echo poison > /tmp/poison',
+      'echo "echo poisoned" >> /root/.profile',
+      'echo "evil:x:0:0::/root:/bin/sh" >> /etc/passwd',
+      'echo poison > /dev/shm/poison',
+      'mkdir -p /project && echo poison > /project/answer.txt',
+      `${KIT} doublefork ${survivor} >/dev/null`,
+      // Last, as it breaks every later shell in this sandbox.
+      'printf "#!/bin/busybox sh\\necho poisoned\\n" > /bin/sh.new && mv /bin/sh.new /bin/sh',
+    ];
+    const r = await sec.sh(first, poison.join(' && '));
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.equal((await hostProcessesNamed(survivor)).length, 1, 'the survivor runs on the host until its sandbox goes');
+    await destroyAndCheck(sec, first, [survivor]);
+
+    const next = await sec.sandbox();
+    const check = await sec.edge.exec(next, { argv: ['/bin/sh', '-c', 'ls /tmp /dev/shm; cat /project/answer.txt /root/.profile 2>&1; grep -c evil /etc/passwd; ps -o comm | tail -n +2'] });
+    assert.equal(check.exitCode, 0, check.stderr);
+    const lines = check.stdout.split('\n');
+    assert.ok(!check.stdout.includes('poison'), `nothing of the first sandbox is left:\n${check.stdout}`);
+    assert.ok(lines.includes('0'), 'no evil account');
+    assert.ok(!lines.includes(survivor), 'no survivor process');
+    await sec.edge.destroy(next);
+  });
+});
+
+/** Creates a sandbox with the task image and the grader's tree protected. */
+async function protectedTaskSandbox(): Promise<string> {
+  return sec.sandbox({
+    image: { base: 'busybox', workspace: 'task', toolkits: ['python-stand-in', KIT_IMAGE.toolkits[0]!] },
+    // Read-only: the grader's tree and the interpreter. Watched: where a fake-pass hook would
+    // go that the task itself may legitimately write (site-packages, the project root).
+    protect: { readOnly: ['/project/tests', '/usr/bin'], watch: ['/usr/lib/python3', '/project/conftest.py'] },
+  });
+}
+
+/** Runs the grader the way the platform would after the episode. */
+async function grade(id: string): Promise<string> {
+  return (await sec.edge.exec(id, { argv: [GRADER] })).stdout.trim();
+}
+
+
+describe('the grader and the toolchain', () => {
+  test('overwriting the test runner in a protected path fails (write, truncate, rename over, delete, replace the directory); the grader still fails an unsolved task', async () => {
+    const id = await protectedTaskSandbox();
+    try {
+      const attempts = [
+        `echo 'echo PASS' > ${GRADER}`,
+        `: > ${GRADER}`,
+        `printf '#!/bin/sh\\necho PASS\\n' > /tmp/r && mv /tmp/r ${GRADER}`,
+        `rm -f ${GRADER}`,
+        'mv /project/tests /project/tests.orig',
+        `ln -sf /tmp/r ${GRADER}`,
+        `chmod 777 ${GRADER}`,
+      ];
+      for (const cmd of attempts) {
+        const r = await sec.sh(id, cmd);
+        assert.notEqual(r.exitCode, 0, `${cmd} must fail`);
+        const now = await sec.sh(id, `cat ${GRADER}; stat -c %a ${GRADER}`);
+        assert.equal(now.stdout, `${RUNNER}755\n`, `after ${cmd} the runner is the original`);
+      }
+      assert.equal(await grade(id), UNSOLVED);
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test('overwriting python3 in a protected path fails; the interpreter is the original', async () => {
+    const id = await protectedTaskSandbox();
+    try {
+      for (const cmd of ['cp /bin/true /usr/bin/python3', 'echo "exit 0" > /usr/bin/python3', 'rm /usr/bin/python3', 'mv /bin/busybox /usr/bin/python3']) {
+        const r = await sec.sh(id, cmd);
+        assert.notEqual(r.exitCode, 0, `${cmd} must fail`);
+      }
+      const py = await sec.sh(id, 'cat /usr/bin/python3');
+      assert.equal(py.stdout, '#!/bin/sh\nexec sh "$@"\n');
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test('a fake-pass conftest.py or sitecustomize.py (or test_*.sh) cannot be left in the protected tests tree; one left where the task may write (site-packages, the project root) raises protected-path.write', async (t) => {
+    const id = await protectedTaskSandbox();
+    try {
+      for (const file of ['conftest.py', 'sitecustomize.py', 'test_zzz.sh', '.hidden/conftest.py']) {
+        const r = await sec.sh(id, `mkdir -p $(dirname /project/tests/${file}) && echo 'import sys; sys.exit(0)' > /project/tests/${file}`);
+        assert.notEqual(r.exitCode, 0, `${file} must not be created`);
+      }
+      // Replacing a test with one that passes is the same attack.
+      const r = await sec.sh(id, 'echo "exit 0" > /project/tests/test_answer.sh');
+      assert.notEqual(r.exitCode, 0);
+      assert.equal(await grade(id), UNSOLVED);
+      // Outside the read-only tree the write succeeds (installing packages must work) and is seen.
+      const hooks = ['/usr/lib/python3/site-packages/sitecustomize.py', '/project/conftest.py'];
+      const w = await sec.sh(id, hooks.map((h) => `mkdir -p $(dirname ${h}) && echo 'import sys; sys.exit(0)' > ${h}`).join(' && '));
+      assert.equal(w.exitCode, 0, w.stderr);
+      for (const h of hooks) await expectEvent(t, sec.events, 'protected-path.write', id, { path: h });
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test('a refused write to a read-only protected path is raised as protected-path.write', { todo: 'read-only paths refuse writes through the mount, which the watcher (fanotify on the writable layer) never sees: an attempt on the grader leaves no event' }, async (t) => {
+    const id = await protectedTaskSandbox();
+    try {
+      const r = await sec.sh(id, `echo 'echo PASS' > ${GRADER}`);
+      assert.notEqual(r.exitCode, 0);
+      await expectEvent(t, sec.events, 'protected-path.write', id, { path: GRADER });
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+});
