@@ -135,6 +135,36 @@ describe('edge: pause and resume', () => {
     }
   });
 
+  test('snapshots and pauses of one sandbox run one after another; a snapshot leaves a paused sandbox paused', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      await node.edge.writeFile(sb.id, '/state', 'one');
+      // A pause asked for while a snapshot has the sandbox frozen waits for it: the snapshot's
+      // thaw must not undo the pause.
+      const snap = node.edge.snapshot(sb.id);
+      const pause = node.edge.pause(sb.id);
+      const [layer] = await Promise.all([snap, pause]);
+      assert.equal(layer.kind, 'snapshot');
+      assert.equal(node.edge.info(sb.id).state, 'paused');
+      assert.equal(await node.edge.cgroups.frozen(sb.id), true, 'frozen after both');
+      // A snapshot of the paused sandbox reads it as it is and leaves it frozen; a resume asked
+      // for meanwhile waits for it.
+      const again = node.edge.snapshot(sb.id);
+      const resume = node.edge.resume(sb.id);
+      await again;
+      await resume;
+      assert.equal(node.edge.info(sb.id).state, 'running');
+      assert.equal((await node.edge.readFile(sb.id, '/state')).toString(), 'one');
+      const paused = node.edge.pause(sb.id);
+      await paused;
+      await node.edge.snapshot(sb.id);
+      assert.equal(node.edge.info(sb.id).state, 'paused');
+      assert.equal(await node.edge.cgroups.frozen(sb.id), true, 'a snapshot of a paused sandbox leaves it frozen');
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
   test('a paused sandbox stays paused across an edge restart and can be destroyed', async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' } });
     const counter = await node.edge.spawn(sb.id, { cmd: 'i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done' });
