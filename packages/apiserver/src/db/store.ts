@@ -45,7 +45,9 @@ export class StateStore {
   /** Opens a store on any Kysely dialect and migrates it to the latest schema. */
   static async open(dialect: Dialect): Promise<StateStore> {
     const db = new Kysely<Database>({ dialect });
-    const migrator = new Migrator({ db, provider: migrationProvider });
+    // Migrations come from branches merged in any order (0002_lifecycle landed after 0003..0005
+    // on some stores): each runs once, whichever order it was applied in.
+    const migrator = new Migrator({ db, provider: migrationProvider, allowUnorderedMigrations: true });
     const { error } = await migrator.migrateToLatest();
     if (error) throw new DsecError('INTERNAL', `state store migration failed: ${(error as Error).message}`);
     const store = new StateStore(db);
