@@ -8,6 +8,7 @@ import { DsecClient, DsecError, Sandbox } from '@dsec/sdk';
 import type { BatchItem, SandboxCreateOptions } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { isCode } from './helpers/assert.js';
 
 let platform: TestPlatform;
 let admin: DsecClient;
@@ -58,15 +59,6 @@ async function eventually(what: string, check: () => Promise<boolean>, timeoutMs
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 50));
   }
-}
-
-function isCode(code: string, field?: string) {
-  return (err: unknown): boolean => {
-    assert.ok(err instanceof DsecError, `expected a DsecError, got ${String(err)}`);
-    assert.equal(err.code, code, err.message);
-    if (field !== undefined) assert.equal(err.details.field, field);
-    return true;
-  };
 }
 
 before(async () => {

@@ -10,7 +10,7 @@ import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { ZramSwap } from '@dsec/edge';
-import { DsecError, isDsecError } from '@dsec/protocol';
+import { isDsecError } from '@dsec/protocol';
 import type { RaisedEvent } from '@dsec/protocol';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import type { SandboxInfo } from '@dsec/sdk';
@@ -18,6 +18,7 @@ import { REPO_ROOT, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { isCode } from './helpers/assert.js';
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
@@ -30,15 +31,6 @@ async function until<T>(what: string, check: () => Promise<T | undefined>, timeo
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(50);
   }
-}
-
-function isCode(code: string, field?: string) {
-  return (err: unknown): boolean => {
-    assert.ok(err instanceof DsecError, `expected a DsecError, got ${String(err)}`);
-    assert.equal(err.code, code, err.message);
-    if (field !== undefined) assert.equal(err.details.field, field, err.message);
-    return true;
-  };
 }
 
 /** Numbers printed one per line, checked to run on from 1 without a gap or a repeat. */

@@ -6,11 +6,12 @@ import { execFile } from 'node:child_process';
 import { readdir } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { DsecClient, DsecError, Sandbox } from '@dsec/sdk';
+import { DsecClient, Sandbox } from '@dsec/sdk';
 import type { PoolInfo, SandboxCreateOptions } from '@dsec/sdk';
 import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { isCode } from './helpers/assert.js';
 
 let platform: TestPlatform;
 let admin: DsecClient;
@@ -63,15 +64,6 @@ async function cleanup(p: TestProject): Promise<void> {
   for (const s of await Sandbox.list({}, { client: p.client }).toArray()) await Sandbox.kill(s.id, { client: p.client });
   // A member that was being created when its pool went is removed once it is ready.
   await usageIs(p, 0);
-}
-
-function isCode(code: string, field?: string) {
-  return (err: unknown): boolean => {
-    assert.ok(err instanceof DsecError, `expected a DsecError, got ${String(err)}`);
-    assert.equal(err.code, code, err.message);
-    if (field !== undefined) assert.equal(err.details.field, field);
-    return true;
-  };
 }
 
 before(async () => {

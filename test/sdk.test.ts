@@ -9,6 +9,7 @@ import { CommandExitError, DsecClient, DsecError, Sandbox } from '@dsec/sdk';
 import type { OutputEvent } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { isCode } from './helpers/assert.js';
 
 let platform: TestPlatform | undefined;
 let client: DsecClient;
@@ -34,15 +35,6 @@ after(async () => {
     await rm(scratch, { recursive: true, force: true });
   }
 });
-
-function isCode(code: string, field?: string) {
-  return (err: unknown): boolean => {
-    assert.ok(err instanceof DsecError, `expected a DsecError, got ${String(err)}`);
-    assert.equal(err.code, code, err.message);
-    if (field) assert.equal(err.details.field, field);
-    return true;
-  };
-}
 
 describe('sandboxes', () => {
   test('create returns a running sandbox with its labels; info and stats answer', async () => {

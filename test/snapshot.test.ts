@@ -11,6 +11,7 @@ import { DsecClient, Sandbox, isDsecError } from '@dsec/sdk';
 import { MAX_FORK_COUNT, MAX_SNAPSHOT_DEPTH } from '@dsec/protocol';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { apiCall, sh } from './helpers/assert.js';
 
 let platform: TestPlatform;
 let client: DsecClient;
@@ -24,20 +25,7 @@ async function create(spec: Parameters<typeof Sandbox.create>[0]): Promise<Sandb
   return sb;
 }
 
-async function sh(sb: Sandbox, cmd: string): Promise<string> {
-  const r = await sb.exec(cmd);
-  assert.equal(r.exitCode, 0, `${cmd}: ${r.stderr}`);
-  return r.stdout;
-}
-
-async function call(method: string, route: string, json?: unknown, key = platform.adminKey): Promise<{ status: number; body: any }> {
-  const res = await fetch(platform.url + route, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(json !== undefined ? { 'content-type': 'application/json' } : {}) },
-    ...(json !== undefined ? { body: JSON.stringify(json) } : {}),
-  });
-  return { status: res.status, body: await res.json() };
-}
+const call = (method: string, route: string, json?: unknown, key = platform.adminKey) => apiCall(platform.url, key, method, route, json);
 
 /** A listing of a tree inside a sandbox: type, mode, owner, size and content digest per path. */
 async function treeOf(sb: Sandbox, dir: string): Promise<string> {

@@ -16,6 +16,7 @@ import type { TrajectoryStep } from '@dsec/sdk';
 import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { apiCall, sh } from './helpers/assert.js';
 
 let platform: TestPlatform;
 let client: DsecClient;
@@ -30,20 +31,7 @@ async function create(): Promise<Sandbox> {
   return sb;
 }
 
-async function sh(sb: Sandbox, cmd: string): Promise<string> {
-  const r = await sb.exec(cmd);
-  assert.equal(r.exitCode, 0, `${cmd}: ${r.stderr}`);
-  return r.stdout;
-}
-
-async function call(method: string, route: string, json?: unknown, key = platform.adminKey): Promise<{ status: number; body: any }> {
-  const res = await fetch(platform.url + route, {
-    method,
-    headers: { authorization: `Bearer ${key}`, ...(json !== undefined ? { 'content-type': 'application/json' } : {}) },
-    ...(json !== undefined ? { body: JSON.stringify(json) } : {}),
-  });
-  return { status: res.status, body: await res.json() };
-}
+const call = (method: string, route: string, json?: unknown, key = platform.adminKey) => apiCall(platform.url, key, method, route, json);
 
 async function allSteps(sb: Sandbox): Promise<TrajectoryStep[]> {
   const out: TrajectoryStep[] = [];
