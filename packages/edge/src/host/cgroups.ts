@@ -19,6 +19,8 @@ export type CgroupMode = 'v1' | 'hybrid' | 'v2';
 const CGROUP_ROOT = '/sys/fs/cgroup';
 /** v1 controllers a sandbox gets a cgroup in (crun's cgroupfs manager creates them). */
 export const V1_CONTROLLERS = ['cpu', 'cpuacct', 'cpuset', 'memory', 'devices', 'freezer', 'blkio', 'pids'] as const;
+/** v1 hierarchies the runtime makes a sandbox's cgroup in: the controllers and the named `systemd` one. */
+const V1_HIERARCHIES: readonly string[] = [...V1_CONTROLLERS, 'systemd'];
 
 /** Detects v2 (unified), v1, or hybrid (v1 controllers plus a v2 mount at /sys/fs/cgroup/unified). */
 export async function detectCgroupMode(): Promise<CgroupMode> {
@@ -369,7 +371,7 @@ export class Cgroups {
 
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
   async existing(id: string): Promise<string[]> {
-    const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_CONTROLLERS.map((c) => this.dir(c, id));
+    const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));
     const out: string[] = [];
     for (const d of dirs) {
       if (await stat(d).then(() => true, () => false)) out.push(d);
@@ -386,7 +388,7 @@ export class Cgroups {
 
   /** Removes the (empty) parent cgroups of this node's sandboxes. */
   async removeParent(): Promise<void> {
-    const dirs = this.mode === 'v2' ? [path.join(CGROUP_ROOT, this.parent)] : V1_CONTROLLERS.map((c) => path.join(CGROUP_ROOT, c, this.parent));
+    const dirs = this.mode === 'v2' ? [path.join(CGROUP_ROOT, this.parent)] : V1_HIERARCHIES.map((c) => path.join(CGROUP_ROOT, c, this.parent));
     for (const d of dirs) await rmdir(d).catch(() => undefined);
   }
 
