@@ -93,9 +93,10 @@ describe('snapshots', () => {
     const writer = await a.spawn('i=0; while [ $i -lt 400 ]; do echo $i > /tmp/n.$((i % 20)); i=$((i+1)); done; echo done');
     const snap = await a.snapshot();
     const b = await create({ snapshot: snap.digest });
-    // Every file the snapshot holds is complete (a number and a newline).
+    // Every file the snapshot holds is whole: a number, or empty when the freeze fell between the
+    // shell's truncating open and its write (a state the sandbox itself was in).
     const listing = await sh(b, 'for f in /tmp/n.*; do [ -e "$f" ] && printf "%s:%s\\n" "$f" "$(cat "$f")"; done; true');
-    for (const line of listing.split('\n').filter(Boolean)) assert.match(line, /^\/tmp\/n\.\d+:\d+$/);
+    for (const line of listing.split('\n').filter(Boolean)) assert.match(line, /^\/tmp\/n\.\d+:\d*$/);
     const exit = await writer.wait();
     assert.equal(exit.exitCode, 0);
     const cgroups = new Cgroups(await detectCgroupMode(), 'dsec');
