@@ -27,7 +27,8 @@ function dsec(args: string[]): Promise<{ code: number | null; stdout: string; st
 
 async function raw(method: string, route: string, body?: unknown): Promise<{ status: number; json: { error?: { code: string; field?: string; message: string } } & Record<string, unknown> }> {
   const res = await fetch(platform.url + route, { method, headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' }, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) });
-  return { status: res.status, json: (await res.json()) as never };
+  const text = await res.text();
+  return { status: res.status, json: (text ? JSON.parse(text) : {}) as never };
 }
 
 before(async () => {
@@ -64,6 +65,24 @@ describe('network API', () => {
       assert.ok((await sb.network()).stats.denied >= 1);
     } finally {
       await sb.kill();
+    }
+  });
+
+  test('a deny-domain rule is merged into new policies and kept through every later change', async () => {
+    const rule = await raw('POST', '/v1/rules', { kind: 'deny-domain', domain: 'pkg.test' });
+    assert.equal(rule.status, 201, JSON.stringify(rule.json));
+    const sb = await Sandbox.create({ image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: '*.test' }], allowAddresses: ['127.0.0.2', '127.0.0.3'] } }, { client });
+    try {
+      assert.deepEqual((await sb.network()).policy.deny, ['pkg.test']);
+      assert.equal((await sb.exec('nslookup api.test >/dev/null && ! nslookup pkg.test >/dev/null')).exitCode, 0, 'the DNS stub refuses the denied name');
+      // Neither a replacement nor a patch from the tenant drops it.
+      assert.deepEqual((await sb.setNetwork({ mode: 'allowlist', allow: [{ host: 'pkg.test' }] })).policy.deny, ['pkg.test']);
+      assert.deepEqual((await sb.patchNetwork({ mode: 'none' })).policy, { mode: 'none' });
+      assert.deepEqual((await sb.patchNetwork({ allow: { add: [{ host: 'pkg.test' }] } })).policy.deny, ['pkg.test']);
+      assert.notEqual((await sb.exec('nslookup pkg.test')).exitCode, 0);
+    } finally {
+      await sb.kill();
+      assert.equal((await raw('DELETE', `/v1/rules/${String(rule.json.id)}`)).status, 204);
     }
   });
 

@@ -17,6 +17,10 @@ import {
   CreateOwnerRequestSchema,
   CreateProjectRequestSchema,
   ApplyNetworkRequestSchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  applyNetworkPatch,
+  withDeniedNames,
   CreateSandboxRequestSchema,
   DEFAULT_OWNER_GRACE_MS,
   DEFAULT_NETWORK_LOG_LIMIT,
@@ -277,6 +281,8 @@ export class ControlPlane implements PoolHost {
   raise: EventSink = () => undefined;
   /** Merges run-time rules (deny-path, deny-syscall, deny-domain) into a new sandbox's spec. */
   tighten: ((projectId: string, spec: SandboxSpec) => Promise<SandboxSpec>) | undefined;
+  /** Names run-time deny-domain rules refuse to a project's sandboxes: kept through every policy change. */
+  deniedNames: ((projectId: string) => Promise<string[]>) | undefined;
 
   constructor(
     readonly store: StateStore,
@@ -1484,7 +1490,15 @@ export class ControlPlane implements PoolHost {
 
   private changeNetworkOf(row: SandboxTable, edge: EdgeClient, body: unknown, how: 'replace' | 'patch'): Promise<SandboxNetwork> {
     return this.serialNetwork(row.id, async () => {
-      const info = how === 'replace' ? await edge.setNetwork(row.id, body) : await edge.patchNetwork(row.id, body);
+      const denied = (await this.deniedNames?.(row.project_id)) ?? [];
+      let info;
+      if (denied.length === 0) {
+        info = how === 'replace' ? await edge.setNetwork(row.id, body) : await edge.patchNetwork(row.id, body);
+      } else {
+        // The new policy is worked out here so that the rules' denied names stay in it.
+        const next = how === 'replace' ? parseInput(NetworkPolicySchema, body, 'network') : applyNetworkPatch((await edge.networkInfo(row.id)).policy, parseInput(NetworkPolicyPatchSchema, body, 'network'));
+        info = await edge.setNetwork(row.id, withDeniedNames(next, denied));
+      }
       const spec = JSON.parse((await this.store.sandboxOnly(row.id))?.spec ?? row.spec) as Record<string, unknown>;
       await this.store.setSandboxSpec(row.id, JSON.stringify({ ...spec, network: info.policy }));
       return info as SandboxNetwork;

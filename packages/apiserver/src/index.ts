@@ -30,5 +30,5 @@ export { openApiDocument } from './openapi.js';
 export { ActivityTracker, ACTIVITY_FLUSH_INTERVAL_MS, grantLease, heartbeatIntervalMs, leaseOf, mergeLease } from './leases.js';
 export type { ActivityStore, PauseReason } from './leases.js';
 export { WatchService, DEFAULT_HEARTBEAT_MS, DEFAULT_SUBSCRIBER_QUEUE } from './watch.js';
-export type { DomainDenyHook, Retention, WatchServiceOptions } from './watch.js';
+export type { Retention, WatchServiceOptions } from './watch.js';
 export { WatchStore, DEFAULT_EVENT_RETENTION, DEFAULT_AUDIT_RETENTION } from './db/watch-store.js';

@@ -138,6 +138,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     closers.unshift(() => void unsubscribe());
     cp.raise = watch.events.ingest;
     cp.tighten = (projectId, spec) => watch.tighten(projectId, spec);
+    cp.deniedNames = (projectId) => watch.deniedNames(projectId);
     const startGarbage = edge.lastStartGarbage;
     const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
     if (startRemoved > 0) log(`dsec: removed ${startRemoved} leftovers of sandboxes a previous run lost (${JSON.stringify(startGarbage)})`);

@@ -7,6 +7,7 @@ import {
   ListAuditQuerySchema,
   ListEventsQuerySchema,
   invalidArgument,
+  withDeniedNames,
 } from '@dsec/protocol';
 import type { AuditEntryBody, EventBody, EventKind, RuleBody, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
@@ -41,21 +42,12 @@ export interface WatchServiceOptions {
   log?: (line: string) => void;
 }
 
-/**
- * Merges deny-domain rules into a new sandbox's network policy. The network policy's owner sets
- * it; without it, deny-domain rules are stored and listed, and sandboxes have no route out
- * beyond loopback anyway.
- */
-export type DomainDenyHook = (spec: SandboxSpec, domains: string[]) => SandboxSpec;
-
 /** Events, audit and rules for the HTTP API and the platform. */
 export class WatchService {
   readonly store: WatchStore;
   readonly rules: RuleSet;
   readonly events: EventHub;
   readonly audit: AuditLog;
-  /** See {@link DomainDenyHook}. */
-  domainDenyHook: DomainDenyHook | undefined;
 
   constructor(
     private readonly state: StateStore,
@@ -109,8 +101,14 @@ export class WatchService {
       if (t.denySyscalls.length > 0) protect.denySyscalls = union(spec.protect?.denySyscalls, t.denySyscalls);
       out = { ...spec, protect };
     }
-    if (t.denyDomains.length > 0 && this.domainDenyHook) out = this.domainDenyHook(out, t.denyDomains);
+    if (t.denyDomains.length > 0 && out.network) out = { ...out, network: withDeniedNames(out.network, t.denyDomains) };
     return out;
+  }
+
+  /** Names that deny-domain rules refuse to sandboxes of `projectId` (kept through policy changes). */
+  async deniedNames(projectId: string): Promise<string[]> {
+    if (this.rules.size === 0) return [];
+    return this.rules.tightening(await this.state.ancestry(projectId)).denyDomains;
   }
 
   // ---- events ----

@@ -171,6 +171,11 @@ export const NetworkPolicySchema = z
     /** Loopback, private or special ranges that allowed names may resolve to. */
     allowAddresses: z.array(CidrSchema).max(MAX_ALLOW_ADDRESSES).optional(),
     mirrors: MirrorsSchema.optional(),
+    /**
+     * Names refused even when a rule or preset allows them; run-time `deny-domain` rules
+     * (POST /v1/rules) are merged in here and kept through every later change of the policy.
+     */
+    deny: z.array(HostPatternSchema).max(MAX_ALLOW_RULES).optional(),
   })
   .superRefine((p, ctx) => {
     if (p.mode === 'none') {
@@ -183,6 +188,7 @@ export const NetworkPolicySchema = z
     }
     uniqueBy(p.allow, (r) => r.host.toLowerCase().replace(/\.$/, ''), ctx, 'allow');
     uniqueBy(p.presets, (s) => s, ctx, 'presets');
+    uniqueBy(p.deny, (h) => h.toLowerCase().replace(/\.$/, ''), ctx, 'deny');
   });
 /** A sandbox's network policy. */
 export type NetworkPolicy = z.infer<typeof NetworkPolicySchema>;
@@ -224,7 +230,14 @@ export function normalizeNetworkPolicy(p: NetworkPolicy): NetworkPolicy {
   if (p.presets?.length) out.presets = [...new Set(p.presets)].sort();
   if (p.allowAddresses?.length) out.allowAddresses = [...new Set(p.allowAddresses)];
   if (p.mirrors && Object.keys(p.mirrors).length) out.mirrors = { ...p.mirrors };
+  if (p.deny?.length) out.deny = [...new Set(p.deny.map(normHost))].sort();
   return out;
+}
+
+/** A policy with more names denied (run-time `deny-domain` rules); `none` denies everything already. */
+export function withDeniedNames(p: NetworkPolicy, names: readonly string[]): NetworkPolicy {
+  if (p.mode === 'none' || names.length === 0) return p;
+  return { ...p, deny: [...new Set([...(p.deny ?? []), ...names].map(normHost))].sort() };
 }
 
 /** Applies a patch to a policy; the caller validates the result with {@link NetworkPolicySchema}. */
@@ -252,5 +265,7 @@ export function applyNetworkPatch(current: NetworkPolicy, patch: NetworkPolicyPa
   if (presets.size) out.presets = [...presets].sort();
   if (addrs.size) out.allowAddresses = [...addrs];
   if (Object.keys(mirrors).length) out.mirrors = mirrors;
+  // Denied names are not the tenant's to patch away (run-time rules put them there).
+  if (current.deny?.length) out.deny = current.deny;
   return out;
 }

@@ -1,7 +1,7 @@
 // Compiled policies: names, wildcards, ports, IP literals, addresses; patches and normalisation.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { NetworkPolicySchema, applyNetworkPatch, normalizeNetworkPolicy, parseCidr } from '@dsec/protocol';
+import { NetworkPolicySchema, applyNetworkPatch, normalizeNetworkPolicy, parseCidr, withDeniedNames } from '@dsec/protocol';
 import type { NetworkPolicy } from '@dsec/protocol';
 import { compilePolicy } from './policy.js';
 
@@ -23,6 +23,21 @@ describe('compiled policies', () => {
     assert.deepEqual(v.allows('files.pythonhosted.org', 443), { allowed: true, rule: 'preset:pypi:files.pythonhosted.org' });
     assert.equal(v.allowsName('a.cdn.example').allowed, true);
     assert.equal(v.allowsName('other.example').allowed, false);
+  });
+
+  test('denied names win over rules and presets, and survive patches', () => {
+    const v = view({ mode: 'allowlist', allow: [{ host: '*.example.com' }], presets: ['npm'], deny: ['secret.example.com', '*.hidden.example.com', 'registry.npmjs.org'] });
+    assert.equal(v.allows('api.example.com', 443).allowed, true);
+    assert.deepEqual(v.allows('Secret.Example.com.', 443), { allowed: false, rule: 'deny:secret.example.com', reason: 'denied by secret.example.com' });
+    assert.equal(v.allows('a.b.hidden.example.com', 443).allowed, false);
+    assert.equal(v.allowsName('x.hidden.example.com').allowed, false, 'the DNS stub refuses it too');
+    assert.equal(v.allows('registry.npmjs.org', 443).allowed, false, 'over a preset');
+    assert.equal(v.allows('registry.yarnpkg.com', 443).allowed, true);
+    const patched = applyNetworkPatch({ mode: 'allowlist', allow: [{ host: 'a.test' }], deny: ['b.test'] }, { allow: { add: [{ host: 'b.test' }] } });
+    assert.deepEqual(patched.deny, ['b.test'], 'a patch cannot drop a denied name');
+    assert.equal(view(patched).allows('b.test', 443).allowed, false);
+    assert.deepEqual(withDeniedNames({ mode: 'allowlist', deny: ['b.test'] }, ['A.test.', 'b.test']).deny, ['a.test', 'b.test']);
+    assert.deepEqual(withDeniedNames({ mode: 'none' }, ['a.test']), { mode: 'none' });
   });
 
   test('IP literals only when a rule names them; mode none allows nothing', () => {

@@ -79,6 +79,24 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
   const named = rangesOf(policy.mode === 'allowlist' ? [...(policy.allowAddresses ?? []), ...(policy.allow ?? []).map((r) => r.host).filter(isIPv4)] : []);
   const local = new Set(node.localAddresses.filter(isIPv4).map(ipv4ToInt));
 
+  // Denied names win over every rule and preset.
+  const deniedExact = new Set<string>();
+  const deniedSuffixes = new Set<string>();
+  if (policy.mode === 'allowlist') {
+    for (const d of policy.deny ?? []) {
+      const host = normName(d);
+      if (host.startsWith('*.')) deniedSuffixes.add(host.slice(2));
+      else deniedExact.add(host);
+    }
+  }
+  /** The deny entry that covers `name`, if any. */
+  const denial = (name: string): string | undefined => {
+    if (deniedExact.has(name)) return name;
+    if (isIPv4(name)) return undefined;
+    for (let i = name.indexOf('.'); i !== -1; i = name.indexOf('.', i + 1)) if (deniedSuffixes.has(name.slice(i + 1))) return `*.${name.slice(i + 1)}`;
+    return undefined;
+  };
+
   /** Rules that match `name`: exact first, then the nearest wildcard suffix outward. */
   const matching = (name: string): PortRule[] => {
     const out = [...(exact.get(name) ?? [])];
@@ -98,6 +116,8 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
     allows(host: string, port: number): EgressVerdict {
       if (policy.mode !== 'allowlist') return { allowed: false, reason: 'network mode is none' };
       const name = normName(host);
+      const denied = denial(name);
+      if (denied !== undefined) return { allowed: false, rule: `deny:${denied}`, reason: `denied by ${denied}` };
       const rules = matching(name);
       if (rules.length === 0) return { allowed: false, reason: isIPv4(name) ? 'IP address not named by any rule' : 'no rule matches' };
       for (const r of rules) {
@@ -107,6 +127,8 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
     },
     allowsName(host: string): EgressVerdict {
       if (policy.mode !== 'allowlist') return { allowed: false, reason: 'network mode is none' };
+      const denied = denial(normName(host));
+      if (denied !== undefined) return { allowed: false, rule: `deny:${denied}`, reason: `denied by ${denied}` };
       const rule = matching(normName(host))[0];
       return rule ? { allowed: true, rule: rule.rule } : { allowed: false, reason: 'no rule matches' };
     },
