@@ -5,6 +5,7 @@ import tar from 'tar-stream';
 import WebSocket from 'ws';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { tarOf } from './helpers/assert.js';
 
 let platform: TestPlatform;
 
@@ -31,15 +32,6 @@ async function call(method: string, route: string, opts: { key?: string | null |
 
 async function create(key: string | null | undefined, spec: object = {}): Promise<Reply> {
   return call('POST', '/v1/sandboxes', { key, json: { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 }, ...spec } });
-}
-
-async function tarOf(files: Record<string, string>): Promise<Buffer> {
-  const pack = tar.pack();
-  for (const [name, content] of Object.entries(files)) pack.entry({ name, mode: 0o644 }, content);
-  pack.finalize();
-  const chunks: Buffer[] = [];
-  for await (const c of pack) chunks.push(c as Buffer);
-  return Buffer.concat(chunks);
 }
 
 async function project(name: string, quota?: object): Promise<{ id: string; member: string; viewer: string; admin: string }> {

@@ -10,38 +10,13 @@ import { isDsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import { startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
+import { tarOf } from './helpers/assert.js';
 
 let node: TestNode;
 let base: LayerInfo;
 let workspace: LayerInfo;
 let toolkit: LayerInfo;
 let scratch: string;
-
-/** A minimal ustar archive of regular files (enough for a toolkit layer). */
-function tarOf(files: Record<string, string>): Buffer {
-  const blocks: Buffer[] = [];
-  for (const [name, content] of Object.entries(files)) {
-    const h = Buffer.alloc(512);
-    h.write(name, 0);
-    h.write('0000755\0', 100);
-    h.write('0000000\0', 108);
-    h.write('0000000\0', 116);
-    h.write(Buffer.byteLength(content).toString(8).padStart(11, '0') + '\0', 124);
-    h.write('00000000000\0', 136);
-    h.write('        ', 148);
-    h.write('0', 156);
-    h.write('ustar\0', 257);
-    h.write('00', 263);
-    let sum = 0;
-    for (const b of h) sum += b;
-    h.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
-    const body = Buffer.alloc(Math.ceil(Buffer.byteLength(content) / 512) * 512);
-    body.write(content);
-    blocks.push(h, body);
-  }
-  blocks.push(Buffer.alloc(1024));
-  return Buffer.concat(blocks);
-}
 
 before(async () => {
   node = await startNode();
@@ -54,7 +29,7 @@ before(async () => {
   await writeFile(path.join(ws, 'project/shadowed'), 'from workspace\n');
   workspace = await node.edge.layers.build({ type: 'dir', path: ws }, { kind: 'workspace', name: 'ws-test' });
   toolkit = await node.edge.layers.build(
-    { type: 'tar', stream: Readable.from([tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' })]) },
+    { type: 'tar', stream: Readable.from([await tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' }, 0o755)]) },
     { kind: 'toolkit', name: 'tool-test' },
   );
 });

@@ -1,6 +1,7 @@
 // Assertions and small calls several test files share.
 import assert from 'node:assert/strict';
 import { DsecError } from '@dsec/protocol';
+import tar from 'tar-stream';
 import type { Sandbox } from '@dsec/sdk';
 
 /** For `assert.rejects`: the error is a DsecError with this code (and, when given, this field). */
@@ -28,4 +29,14 @@ export async function apiCall(url: string, key: string, method: string, route: s
     ...(json !== undefined ? { body: JSON.stringify(json) } : {}),
   });
   return { status: res.status, body: await res.json() };
+}
+
+/** A tar archive of regular files (`mode` for all of them), as layer uploads take. */
+export async function tarOf(files: Record<string, string>, mode = 0o644): Promise<Buffer> {
+  const pack = tar.pack();
+  for (const [name, content] of Object.entries(files)) pack.entry({ name, mode }, content);
+  pack.finalize();
+  const chunks: Buffer[] = [];
+  for await (const c of pack) chunks.push(c as Buffer);
+  return Buffer.concat(chunks);
 }
