@@ -170,7 +170,7 @@ describe('container sandboxes', () => {
       const procs = await edge.processes(sb.id);
       const proc = procs.find((p) => p.state === 'running');
       assert.ok(proc, 'the command is still running after the restart');
-      const again = await edge.attach(sb.id, proc.id, { stdout: offset });
+      const again = await edge.attach(sb.id, proc.pid, { stdout: offset });
       let rest = '';
       for await (const ev of again) if (ev.kind === 'data') rest += ev.data.toString();
       const exit = await again.exited;

@@ -851,7 +851,7 @@ export class Edge {
     const list = await this.withAgent(id, (agent) => agent.list());
     const out: ProcessInfo[] = [];
     for (const p of list) {
-      const info: ProcessInfo = { id: p.proc, pid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
+      const info: ProcessInfo = { pid: p.proc, osPid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
       if (p.exit) info.exit = await this.exitInfo(id, p.exit);
       out.push(info);
     }

@@ -310,7 +310,8 @@ export const ProcessSchema = z.object({
   stderrBytes: z.number(),
   exit: ExitInfoSchema.optional(),
 });
-export type ProcessBody = z.infer<typeof ProcessSchema>;
+/** A process of a sandbox: `pid` is dsec's id of it, `osPid` its process id inside the sandbox. */
+export type ProcessInfo = z.infer<typeof ProcessSchema>;
 
 /** GET /v1/sandboxes/{id}/processes/{pid}/output query. */
 export const OutputQuerySchema = z.strictObject({

@@ -6,3 +6,5 @@ export * from './events.js';
 export * from './syscalls.js';
 export * from './watch.js';
 export * from './network.js';
+export { parseOrThrow } from './parse.js';
+export type { EdgeCalls, EdgeClient, EdgeExecOptions, EdgeLayers, EdgeSandbox, LayerBuildOptions, LayerBuildSource, NodeCapacity, NodeGarbageReport, NodePauseResult, OutputEvent, ProcessStream } from './edge-client.js';

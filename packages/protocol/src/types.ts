@@ -15,6 +15,8 @@ export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot
 export type LayerKind = z.infer<typeof LayerKindSchema>;
 /** Kinds a layer can be built or uploaded as (snapshots only come from sandboxes). */
 export const BuildableLayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
+/** A kind a layer can be built as. */
+export type BuildableLayerKind = z.infer<typeof BuildableLayerKindSchema>;
 
 /** Lifecycle states of a sandbox (DESIGN.md, Lifecycle). */
 export const SandboxStateSchema = z.enum(['pending', 'creating', 'running', 'paused', 'stopped', 'failed', 'lost']);
@@ -36,6 +38,17 @@ export const ImageSpecSchema = z.strictObject({
 });
 /** An environment: base + optional workspace + toolkits. */
 export type ImageSpec = z.infer<typeof ImageSpecSchema>;
+
+/**
+ * The layers of an image, bottom first, each with the field that named it (`image.base`,
+ * `image.workspace`, `image.toolkits.2`): the one place that says how an image stacks.
+ */
+export function imageLayers(image: ImageSpec): Array<{ field: string; ref: string }> {
+  const out = [{ field: 'image.base', ref: image.base }];
+  if (image.workspace !== undefined) out.push({ field: 'image.workspace', ref: image.workspace });
+  (image.toolkits ?? []).forEach((ref, i) => out.push({ field: `image.toolkits.${i}`, ref }));
+  return out;
+}
 
 /** Default CPU request in cores. */
 export const DEFAULT_CPU = 1;
@@ -194,18 +207,6 @@ export interface ExecResult extends ExitInfo {
   stderr: string;
   /** True when output beyond the caller's limit was dropped. */
   truncated: boolean;
-}
-
-/** A process known to a sandbox's agent. */
-export interface ProcessInfo {
-  /** The agent's handle for the process; unique for the sandbox's life. */
-  id: number;
-  pid: number;
-  argv: string[];
-  state: 'running' | 'exited';
-  stdoutBytes: number;
-  stderrBytes: number;
-  exit?: ExitInfo;
 }
 
 /** File type in a sandbox. */

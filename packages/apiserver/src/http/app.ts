@@ -266,7 +266,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
 
   app.get('/v1/sandboxes/:id/processes', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer');
-    const items = (await edge.processes(row.id)).map((p) => ({ pid: p.id, osPid: p.pid, argv: p.argv, state: p.state, stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes, ...(p.exit ? { exit: p.exit } : {}) }));
+    const items = await edge.processes(row.id);
     return c.json({ items, nextCursor: null });
   });
 

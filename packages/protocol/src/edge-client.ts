@@ -1,0 +1,173 @@
+// The interface between the control plane and a node: what the apiserver may ask of an edge.
+// The in-process `Edge` implements it; a remote edge implements it over the network, so every
+// input and output here is plain data (or a stream of plain data) and every long call takes a
+// signal. No chronus types, no layer-store objects: nothing here exists only inside a node.
+import type { BackendKind, BuildableLayerKind, ExecResult, ExecSpec, ExitInfo, FileStat, LayerInfo, LayerKind, SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './types.js';
+import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult, DiffOptions, DiffResult, EgressLogEntryBody, ProcessInfo, SandboxNetwork, VerifyRequest, VerifyResult } from './api.js';
+import type { EventSink } from './events.js';
+import type { NetworkPolicy } from './network.js';
+
+/** What a node offers, before over-commit. */
+export interface NodeCapacity {
+  cpu: number;
+  memoryMiB: number;
+  sandboxes: number;
+  backends: BackendKind[];
+}
+
+/** A sandbox as its node reports it. */
+export interface EdgeSandbox {
+  id: string;
+  node: string;
+  backend: BackendKind;
+  state: SandboxState;
+  spec: SandboxSpec;
+  /** Layer digests, bottom first. */
+  layers: string[];
+  createdAt: string;
+}
+
+/** One piece of a process's output at its byte offset, or a gap where output was dropped. */
+export type OutputEvent =
+  | { kind: 'data'; stream: 'stdout' | 'stderr'; offset: number; data: Uint8Array }
+  | { kind: 'gap'; stream: 'stdout' | 'stderr'; offset: number; bytes: number };
+
+/**
+ * A process started or attached through an edge: its output as an async iterable (in order,
+ * ending after the exit), its exit, and its stdin. Iterating applies back-pressure to the
+ * process; `detach` stops the stream and leaves the process running.
+ */
+export interface ProcessStream extends AsyncIterable<OutputEvent> {
+  /** dsec's id of the process: unique for the sandbox's life (the API's `pid`). */
+  readonly pid: number;
+  /** Its process id inside the sandbox (the API's `osPid`). */
+  readonly osPid: number;
+  /** Resolves with how it ended; rejects when the stream is lost first (the process may still run). */
+  readonly exited: Promise<ExitInfo>;
+  /** Writes to its stdin (`eof` closes it after the data). */
+  write(data: Uint8Array | string, eof?: boolean): Promise<void>;
+  closeStdin(): Promise<void>;
+  /** Sends a signal to its process group (default SIGKILL). */
+  kill(signal?: string | number): Promise<void>;
+  /** Stops streaming; the process keeps running and can be attached again from an offset. */
+  detach(): Promise<void>;
+  /** Called once when the stream ends for any reason (exit, detach, lost connection). */
+  onDetach(fn: () => void): void;
+}
+
+/** Options of {@link EdgeClient.exec}. */
+export interface EdgeExecOptions {
+  signal?: AbortSignal;
+  /** Called with each piece of output as it arrives (the recording of a trajectory). */
+  onOutput?: (ev: OutputEvent) => void;
+  /** Cap on collected stdout and stderr (each); the rest is drained and `truncated` set. */
+  maxOutputBytes?: number;
+}
+
+/** What a pause or a resume did on the node. */
+export interface NodePauseResult {
+  durationMs: number;
+  memoryBeforeBytes: number;
+  memoryAfterBytes: number;
+  swapBytes: number;
+}
+
+/** What a node's garbage collection removed. */
+export interface NodeGarbageReport {
+  containers: string[];
+  cgroups: string[];
+  processes: number;
+  mounts: number;
+  dirs: string[];
+  /** Unused layer mounts a previous process left. */
+  layerMounts: number;
+}
+
+/** Where a layer that a node builds comes from. Streams are the bytes of the upload. */
+export type LayerBuildSource =
+  | { type: 'tar'; stream: AsyncIterable<Uint8Array> }
+  /** An OCI image archive (`docker save` / `skopeo copy oci-archive:`). */
+  | { type: 'oci-archive'; stream: AsyncIterable<Uint8Array> }
+  | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
+  | { type: 'busybox' };
+
+/** Options of {@link EdgeLayers.build}. */
+export interface LayerBuildOptions {
+  kind: BuildableLayerKind;
+  /** `name` or `name:tag` to point at the layer. */
+  name?: string;
+  labels?: Record<string, string>;
+  /** Progress lines of long builds (Debian). */
+  onProgress?: (line: string) => void;
+  signal?: AbortSignal;
+}
+
+/** The layers a node holds. */
+export interface EdgeLayers {
+  /** A layer by digest or name; LAYER_NOT_FOUND when the node does not hold it. */
+  resolve(ref: string): Promise<LayerInfo>;
+  list(filter?: { kind?: LayerKind }): Promise<LayerInfo[]>;
+  build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo>;
+  /** Removes a layer no sandbox uses (CONFLICT while one does). */
+  remove(ref: string): Promise<void>;
+}
+
+/** Function calls (the fncall backend). */
+export interface EdgeCalls {
+  run(req: CallRequest, opts?: { signal?: AbortSignal }): Promise<CallResult>;
+  runBatch(req: CallBatchRequest, opts?: { signal?: AbortSignal }): Promise<CallBatchResult>;
+}
+
+/**
+ * A node as the control plane uses it. Inputs are already validated (parsed with the protocol's
+ * schemas, defaults applied); an implementation across a process boundary validates again on
+ * its side of the wire.
+ */
+export interface EdgeClient {
+  /** The node's name (encoded in its sandboxes' ids). */
+  readonly nodeName: string;
+  capacity(): NodeCapacity;
+  /** Subscribes to the node's events (OOM kills, denials, survivors, ...); returns the unsubscribe. */
+  onEvent(sink: EventSink): () => void;
+  readonly layers: EdgeLayers;
+  readonly calls: EdgeCalls;
+
+  /** Creates and starts a sandbox; layers in `spec.image` and `spec.snapshots` are digests. */
+  create(spec: SandboxSpec, opts?: { id?: string; signal?: AbortSignal }): Promise<EdgeSandbox>;
+  /** Hands a sandbox made ahead of demand (a pool's) to its user: env and labels applied. */
+  claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox>;
+  /** Stops a sandbox and removes all it had; a sandbox already gone is not an error. */
+  destroy(id: string): Promise<void>;
+  list(): Promise<EdgeSandbox[]>;
+  stats(id: string): Promise<SandboxStats>;
+  pause(id: string, opts?: { reason?: string }): Promise<NodePauseResult>;
+  resume(id: string, opts?: { reason?: string; prefetch?: boolean }): Promise<NodePauseResult>;
+  /** Packs the sandbox's writable layer into a snapshot layer. */
+  snapshot(id: string, opts?: { labels?: Record<string, string>; signal?: AbortSignal }): Promise<LayerInfo>;
+  diff(id: string, opts: DiffOptions): Promise<DiffResult>;
+  verify(id: string, req: VerifyRequest): Promise<VerifyResult>;
+  collectGarbage(opts?: { calls?: boolean }): Promise<NodeGarbageReport>;
+
+  exec(id: string, spec: ExecSpec, opts?: EdgeExecOptions): Promise<ExecResult>;
+  spawn(id: string, spec: ExecSpec): Promise<ProcessStream>;
+  processes(id: string): Promise<ProcessInfo[]>;
+  /** Streams a process's output from byte offsets (default 0) and its exit. */
+  attach(id: string, pid: number, from?: { stdout?: number; stderr?: number }): Promise<ProcessStream>;
+  writeStdin(id: string, pid: number, data: Uint8Array | string, eof?: boolean): Promise<void>;
+  signal(id: string, pid: number, signal: string | number): Promise<void>;
+  resize(id: string, pid: number, rows: number, cols: number): Promise<void>;
+
+  readFile(id: string, path: string, opts?: { offset?: number; length?: number }): Promise<Uint8Array>;
+  writeFile(id: string, path: string, data: Uint8Array | string, opts?: { mode?: number; append?: boolean }): Promise<void>;
+  listDir(id: string, path: string): Promise<FileStat[]>;
+  stat(id: string, path: string): Promise<FileStat>;
+  mkdir(id: string, path: string): Promise<void>;
+  remove(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
+  rename(id: string, from: string, to: string): Promise<void>;
+  symlink(id: string, path: string, target: string): Promise<void>;
+
+  /** Replaces the sandbox's network policy (validated and normalised by the caller). */
+  setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork>;
+  networkInfo(id: string): Promise<SandboxNetwork>;
+  networkLog(id: string, limit: number): Promise<EgressLogEntryBody[]>;
+}
