@@ -2,10 +2,14 @@
 // The in-process `Edge` implements it; a remote edge implements it over the network, so every
 // input and output here is plain data (or a stream of plain data) and every long call takes a
 // signal. No chronus types, no layer-store objects: nothing here exists only inside a node.
-import type { BackendKind, BuildableLayerKind, ExecResult, ExecSpec, ExitInfo, FileStat, LayerInfo, LayerKind, SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './types.js';
-import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult, DiffOptions, DiffResult, EgressLogEntryBody, ProcessInfo, SandboxNetwork, VerifyRequest, VerifyResult } from './api.js';
+import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult } from './calls.js';
+import type { ExecResult, ExecSpec, ExitInfo, ProcessInfo } from './exec.js';
+import type { DiffOptions, DiffResult, FileStat, VerifyRequest, VerifyResult } from './files.js';
+import type { BuildableLayerKind, LayerInfo, LayerKind } from './layers.js';
+import type { EgressLogEntry, NetworkPolicy, SandboxNetwork } from './network.js';
+import type { BackendKind } from './resources.js';
+import type { SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
 import type { EventSink } from './events.js';
-import type { NetworkPolicy } from './network.js';
 
 /** What a node offers, before over-commit. */
 export interface NodeCapacity {
@@ -169,5 +173,5 @@ export interface EdgeClient {
   /** Replaces the sandbox's network policy (validated and normalised by the caller). */
   setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork>;
   networkInfo(id: string): Promise<SandboxNetwork>;
-  networkLog(id: string, limit: number): Promise<EgressLogEntryBody[]>;
+  networkLog(id: string, limit: number): Promise<EgressLogEntry[]>;
 }

@@ -1,10 +1,299 @@
+// @dsec/protocol: the schemas, types and error codes every dsec component shares (no I/O).
+// One file per resource; each schema once, with the type inferred from it.
 export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.js';
 export type { ErrorCode, ErrorDetails } from './errors.js';
-export * from './types.js';
-export * from './api.js';
-export * from './events.js';
-export * from './syscalls.js';
-export * from './watch.js';
-export * from './network.js';
 export { parseOrThrow } from './parse.js';
-export type { EdgeCalls, EdgeClient, EdgeExecOptions, EdgeLayers, EdgeSandbox, LayerBuildOptions, LayerBuildSource, NodeCapacity, NodeGarbageReport, NodePauseResult, OutputEvent, ProcessStream } from './edge-client.js';
+export {
+  DEFAULT_IDEMPOTENCY_TTL_MS,
+  EnvSchema,
+  ErrorBodySchema,
+  IDEMPOTENCY_KEY_HEADER,
+  IdempotencyKeySchema,
+  ItemErrorSchema,
+  LabelsSchema,
+  NormalisedPathSchema,
+} from './common.js';
+export type { ItemError } from './common.js';
+export { DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, pageOf } from './pages.js';
+export {
+  BackendKindSchema,
+  DEFAULT_CPU,
+  DEFAULT_DISK_MIB,
+  DEFAULT_MEMORY_MIB,
+  DEFAULT_OPEN_FILES,
+  DEFAULT_PIDS,
+  GrantedResourcesSchema,
+  NodeSchema,
+  ResourcesSchema,
+} from './resources.js';
+export type { BackendKind, GrantedResources, NodeInfo, Resources } from './resources.js';
+export {
+  BuildableLayerKindSchema,
+  DebianLayerRequestSchema,
+  imageLayers,
+  ImageSpecSchema,
+  LayerInfoSchema,
+  LayerKindSchema,
+  LayerRefSchema,
+  LayerSchema,
+  UploadLayerQuerySchema,
+} from './layers.js';
+export type { BuildableLayerKind, ImageSpec, Layer, LayerInfo, LayerKind } from './layers.js';
+export {
+  CreateOwnerRequestSchema,
+  DEFAULT_OWNER_GRACE_MS,
+  MAX_HEARTBEAT_INTERVAL_MS,
+  MAX_OWNER_GRACE_MS,
+  MIN_OWNER_GRACE_MS,
+  OwnerIdSchema,
+  OwnerSchema,
+} from './owners.js';
+export type { CreateOwnerRequest, Owner } from './owners.js';
+export {
+  AdmissionSchema,
+  BatchEventSchema,
+  BatchItemResultSchema,
+  CreateSandboxBatchRequestSchema,
+  CreateSandboxBatchResultSchema,
+  CreateSandboxRequestSchema,
+  DEFAULT_ADMISSION_WAIT_MS,
+  DEFAULT_IDLE_TIMEOUT_MS,
+  DEFAULT_SANDBOX_TIMEOUT_MS,
+  GrantedLeaseSchema,
+  LeaseActionSchema,
+  LeaseSchema,
+  ListSandboxesQuerySchema,
+  MAX_ADMISSION_WAIT_MS,
+  MAX_BATCH_SIZE,
+  MAX_PROTECTED_PATHS,
+  MAX_SANDBOX_TIMEOUT_MS,
+  MAX_SNAPSHOT_DEPTH,
+  PauseResultSchema,
+  ProtectSchema,
+  ResumeRequestSchema,
+  SandboxClaimSchema,
+  SandboxPathSchema,
+  SandboxRequestSchema,
+  SandboxSchema,
+  SandboxSpecSchema,
+  SandboxStateSchema,
+  SandboxStatsSchema,
+  SecuritySchema,
+  UpdateSandboxRequestSchema,
+} from './sandboxes.js';
+export type {
+  Admission,
+  BatchEvent,
+  BatchItemResult,
+  CreateSandboxBatchRequest,
+  CreateSandboxBatchResult,
+  CreateSandboxRequest,
+  GrantedLease,
+  Lease,
+  LeaseAction,
+  ListSandboxesQuery,
+  PauseResult,
+  Protect,
+  Sandbox,
+  SandboxClaim,
+  SandboxRequest,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  Security,
+  UpdateSandboxRequest,
+} from './sandboxes.js';
+export {
+  CommandFieldsSchema,
+  ExecEventSchema,
+  ExecReplySchema,
+  ExecRequestSchema,
+  ExecResultSchema,
+  ExecSpecSchema,
+  ExitInfoSchema,
+  MAX_COMMAND_BYTES,
+  ONE_COMMAND,
+  oneCommand,
+  OutputQuerySchema,
+  ProcessSchema,
+  PtySchema,
+  SignalRequestSchema,
+  WsClientMessageSchema,
+  WsExecRequestSchema,
+} from './exec.js';
+export type { ExecEvent, ExecReply, ExecRequest, ExecResult, ExecSpec, ExitInfo, ProcessInfo, WsClientMessage } from './exec.js';
+export {
+  DEFAULT_DIFF_PAGE,
+  DiffEntrySchema,
+  DiffOptionsSchema,
+  DiffQuerySchema,
+  DiffResultSchema,
+  FilePathQuerySchema,
+  FileStatSchema,
+  FileTypeSchema,
+  MAX_DIFF_PAGE,
+  MAX_HASH_BYTES,
+  MAX_VERIFY_PATHS,
+  RenameRequestSchema,
+  VerifyItemSchema,
+  VerifyRequestSchema,
+  VerifyResultSchema,
+} from './files.js';
+export type { DiffEntry, DiffOptions, DiffResult, FileStat, FileType, VerifyItem, VerifyRequest, VerifyResult } from './files.js';
+export { ForkRequestSchema, ForkResultSchema, MAX_FORK_COUNT, SnapshotRequestSchema } from './snapshots.js';
+export type { ForkRequest, ForkResult } from './snapshots.js';
+export {
+  RecordedBytesSchema,
+  ReplayEventSchema,
+  ReplayRequestSchema,
+  ReplayResultSchema,
+  ReplayStepSchema,
+  ReplaySummarySchema,
+  ReplayVerdictSchema,
+  TrajectoryQuerySchema,
+  TrajectorySchema,
+  TrajectoryStepKindSchema,
+  TrajectoryStepSchema,
+} from './trajectories.js';
+export type {
+  RecordedBytes,
+  ReplayEvent,
+  ReplayRequest,
+  ReplayResult,
+  ReplayStep,
+  ReplaySummary,
+  ReplayVerdict,
+  Trajectory,
+  TrajectoryStep,
+  TrajectoryStepKind,
+} from './trajectories.js';
+export {
+  DEFAULT_POOL_IDLE_TIMEOUT_MS,
+  MAX_POOL_IDLE_TIMEOUT_MS,
+  MAX_POOL_SIZE,
+  MAX_POOLS_PER_PROJECT,
+  PoolNameSchema,
+  PoolSchema,
+  PoolSpecSchema,
+  PutPoolRequestSchema,
+} from './pools.js';
+export type { Pool, PoolSpec, PutPoolRequest } from './pools.js';
+export {
+  AllowRuleSchema,
+  applyNetworkPatch,
+  ApplyNetworkRequestSchema,
+  ApplyNetworkResultSchema,
+  CidrSchema,
+  DEFAULT_ALLOW_PORTS,
+  DEFAULT_NETWORK_LOG_LIMIT,
+  DEFAULT_NETWORK_POLICY,
+  domainNameProblem,
+  EgressLogEntrySchema,
+  hostPatternProblem,
+  HostPatternSchema,
+  ipv4ToInt,
+  isIPv4,
+  MAX_ALLOW_ADDRESSES,
+  MAX_ALLOW_RULES,
+  MAX_NETWORK_APPLY_SANDBOXES,
+  MAX_NETWORK_LOG_LIMIT,
+  MAX_RULE_PORTS,
+  MIN_ALLOW_ADDRESS_PREFIX,
+  MirrorSchema,
+  MirrorsSchema,
+  NETWORK_PRESET_NAMES,
+  NETWORK_PRESETS,
+  NetworkLogQuerySchema,
+  NetworkModeSchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  NetworkStatsSchema,
+  normalizeNetworkPolicy,
+  parseCidr,
+  PortSchema,
+  PresetNameSchema,
+  SandboxNetworkSchema,
+  withDeniedNames,
+} from './network.js';
+export type {
+  AllowRule,
+  ApplyNetworkRequest,
+  ApplyNetworkResult,
+  EgressLogEntry,
+  Mirror,
+  NetworkMode,
+  NetworkPolicy,
+  NetworkPolicyPatch,
+  NetworkPreset,
+  SandboxNetwork,
+} from './network.js';
+export {
+  CallBatchItemSchema,
+  CallBatchRequestSchema,
+  CallBatchResultSchema,
+  CallRequestSchema,
+  CallResultSchema,
+  CallRuntimeSchema,
+  DEFAULT_CALL_MEMORY_MIB,
+  DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
+  DEFAULT_CALL_TIMEOUT_MS,
+  MAX_CALL_BATCH,
+  MAX_CALL_MEMORY_MIB,
+  MAX_CALL_OUTPUT_LIMIT_BYTES,
+  MAX_CALL_TIMEOUT_MS,
+} from './calls.js';
+export type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallRuntime } from './calls.js';
+export { ApiKeySchema, CreateKeyRequestSchema, CreateProjectRequestSchema, ProjectSchema, QuotaSchema, RoleSchema } from './iam.js';
+export type { ApiKey, Project, Quota, Role } from './iam.js';
+export {
+  AuditEntrySchema,
+  CreateRuleRequestSchema,
+  DEFAULT_WATCH_PAGE_SIZE,
+  DeniableSyscallSchema,
+  DomainPatternSchema,
+  EVENT_KINDS,
+  EventKindSchema,
+  EventMatchSchema,
+  EventSchema,
+  EventSeveritySchema,
+  ListAuditQuerySchema,
+  ListEventsQuerySchema,
+  MAX_WATCH_PAGE_SIZE,
+  RaisedEventSchema,
+  RuleKindSchema,
+  RuleSchema,
+} from './events.js';
+export type {
+  AuditEntry,
+  CreateRuleRequest,
+  EventKind,
+  EventSeverity,
+  EventSink,
+  ListAuditQuery,
+  ListEventsQuery,
+  RaisedEvent,
+  RecordedEvent,
+  Rule,
+  RuleKind,
+} from './events.js';
+export { ESSENTIAL_SYSCALLS, SYSCALL_NAMES } from './syscalls.js';
+export type {
+  EdgeCalls,
+  EdgeClient,
+  EdgeExecOptions,
+  EdgeLayers,
+  EdgeSandbox,
+  LayerBuildOptions,
+  LayerBuildSource,
+  NodeCapacity,
+  NodeGarbageReport,
+  NodePauseResult,
+  OutputEvent,
+  ProcessStream,
+} from './edge-client.js';
+
+// Names kept until the callers move:
+export type { ExecReply as ExecResultBody } from './exec.js';
+export type { NodeInfo as NodeBody } from './resources.js';
+export type { EgressLogEntry as EgressLogEntryBody } from './network.js';
+export type { RecordedEvent as EventBody, AuditEntry as AuditEntryBody, Rule as RuleBody } from './events.js';

@@ -1,6 +1,7 @@
 // The network policy of a sandbox: its schema, the named presets (kept here, in one place, for
 // edge, its egress proxy and clients alike) and the pure functions that patch and match it.
 import { z } from 'zod';
+import { LabelsSchema } from './common.js';
 
 /**
  * Named presets and the domains each expands to. A `*.` pattern matches every name below the
@@ -269,3 +270,88 @@ export function applyNetworkPatch(current: NetworkPolicy, patch: NetworkPolicyPa
   if (current.deny?.length) out.deny = current.deny;
   return out;
 }
+
+/** Traffic and attempt counters of a sandbox's network. */
+export const NetworkStatsSchema = z.object({
+  /** Bytes from upstreams to the sandbox, through the proxy. */
+  bytesIn: z.number(),
+  /** Bytes from the sandbox to upstreams, through the proxy. */
+  bytesOut: z.number(),
+  /** Proxy connections open now. */
+  connections: z.number(),
+  /** Proxy connections since the sandbox joined the network. */
+  totalConnections: z.number(),
+  /** Attempts allowed (connections and DNS answers). */
+  allowed: z.number(),
+  /** Attempts denied (proxy, DNS stub and kernel). */
+  denied: z.number(),
+});
+
+/** GET /v1/sandboxes/{id}/network; also the reply of PUT and PATCH. */
+export const SandboxNetworkSchema = z.object({
+  policy: NetworkPolicySchema,
+  /** The sandbox's address (allowlist only). */
+  address: z.string().optional(),
+  /** Its gateway: DNS stub and proxy (allowlist only). */
+  gateway: z.string().optional(),
+  /** `HTTP_PROXY` value commands in the sandbox get (allowlist only). */
+  proxy: z.string().optional(),
+  stats: NetworkStatsSchema,
+});
+
+export type SandboxNetwork = z.infer<typeof SandboxNetworkSchema>;
+
+/** One egress attempt and its verdict. */
+export const EgressLogEntrySchema = z.object({
+  at: z.string().optional(),
+  sandboxId: z.string(),
+  /** Where it was decided: proxy (`http`, `connect`, `transparent-http`, `transparent-tls`, `mirror`), `dns` or `kernel`. */
+  via: z.string(),
+  host: z.string(),
+  port: z.number(),
+  protocol: z.string().optional(),
+  address: z.string().optional(),
+  verdict: z.enum(['allowed', 'denied']),
+  rule: z.string().optional(),
+  reason: z.string().optional(),
+});
+
+/** One egress attempt and its verdict. */
+export type EgressLogEntry = z.infer<typeof EgressLogEntrySchema>;
+
+/** Default and largest number of attempts `GET .../network/log` returns. */
+export const DEFAULT_NETWORK_LOG_LIMIT = 100;
+
+export const MAX_NETWORK_LOG_LIMIT = 1000;
+
+/** GET /v1/sandboxes/{id}/network/log query. */
+export const NetworkLogQuerySchema = z.strictObject({
+  limit: z.coerce.number().int().min(1).max(MAX_NETWORK_LOG_LIMIT).optional(),
+});
+
+/** Most sandboxes one `network:apply` changes. */
+export const MAX_NETWORK_APPLY_SANDBOXES = 10_000;
+
+/** POST /v1/network:apply — replace or patch the policy of every sandbox matching the labels. */
+export const ApplyNetworkRequestSchema = z
+  .strictObject({
+    selector: z.strictObject({
+      labels: LabelsSchema.refine((l) => Object.keys(l).length > 0, 'give at least one label'),
+    }),
+    policy: NetworkPolicySchema.optional(),
+    patch: NetworkPolicyPatchSchema.optional(),
+  })
+  .refine((r) => (r.policy === undefined) !== (r.patch === undefined), { message: 'give exactly one of policy or patch', path: ['policy'] });
+
+export type ApplyNetworkRequest = z.infer<typeof ApplyNetworkRequestSchema>;
+
+/** The outcome of `network:apply`, per sandbox. */
+export const ApplyNetworkResultSchema = z.object({
+  /** Sandboxes the selector matched. */
+  matched: z.number(),
+  applied: z.array(z.object({ id: z.string(), network: NetworkPolicySchema })),
+  /** Sandboxes whose policy did not change (their old policy stays in force). */
+  failed: z.array(z.object({ id: z.string(), error: z.object({ code: z.string(), message: z.string() }) })),
+});
+
+export type ApplyNetworkResult = z.infer<typeof ApplyNetworkResultSchema>;

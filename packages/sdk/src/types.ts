@@ -14,7 +14,7 @@ import type {
   CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
   DebianLayerRequestSchema,
-  ExecResultSchema,
+  ExecReplySchema,
   ExitInfoSchema,
   FileStatSchema,
   LayerSchema,
@@ -43,8 +43,8 @@ export type PoolInfo = z.infer<typeof PoolSchema>;
 export type PoolPutRequest = z.input<typeof PutPoolRequestSchema>;
 /** How a process ended. */
 export type ExitInfo = z.infer<typeof ExitInfoSchema>;
-/** A command run to completion: its exit and its collected output. */
-export type ExecResult = z.infer<typeof ExecResultSchema>;
+/** A command run to completion: its exit, its collected output and its process handle. */
+export type ExecResult = z.infer<typeof ExecReplySchema>;
 /** A process of a sandbox (`GET /v1/sandboxes/{id}/processes`). */
 export type ProcessInfo = z.infer<typeof ProcessSchema>;
 /** Metadata of one file in a sandbox. */

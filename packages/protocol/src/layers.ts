@@ -1,0 +1,105 @@
+// Image layers: kinds, references, images as stacks of layers, and layers as nodes and the API
+// describe them.
+import { z } from 'zod';
+
+/**
+ * The kind of an image layer: a base, a workspace on top, toolkits above that; a snapshot is a
+ * sandbox's packed writable layer, above the layers it was taken over.
+ */
+export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot']);
+
+/** The kind of an image layer. */
+export type LayerKind = z.infer<typeof LayerKindSchema>;
+
+/** Kinds a layer can be built or uploaded as (snapshots only come from sandboxes). */
+export const BuildableLayerKindSchema = z.enum(['base', 'workspace', 'toolkit']);
+
+/** A kind a layer can be built as. */
+export type BuildableLayerKind = z.infer<typeof BuildableLayerKindSchema>;
+
+/** A layer reference: `sha256:<64 hex>`, a bare 64-hex digest, `name` or `name:tag`. */
+export const LayerRefSchema = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^(sha256:[0-9a-f]{64}|[0-9a-f]{64}|[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9._-]{1,128})?)$/, 'not a layer reference (sha256:<hex>, name or name:tag)');
+
+/** An environment: base + optional workspace + toolkits (lowest first). */
+export const ImageSpecSchema = z.strictObject({
+  base: LayerRefSchema,
+  workspace: LayerRefSchema.optional(),
+  toolkits: z.array(LayerRefSchema).max(16).optional(),
+});
+
+/** An environment: base + optional workspace + toolkits. */
+export type ImageSpec = z.infer<typeof ImageSpecSchema>;
+
+/**
+ * The layers of an image, bottom first, each with the field that named it (`image.base`,
+ * `image.workspace`, `image.toolkits.2`): the one place that says how an image stacks.
+ */
+export function imageLayers(image: ImageSpec): Array<{ field: string; ref: string }> {
+  const out = [{ field: 'image.base', ref: image.base }];
+  if (image.workspace !== undefined) out.push({ field: 'image.workspace', ref: image.workspace });
+  (image.toolkits ?? []).forEach((ref, i) => out.push({ field: `image.toolkits.${i}`, ref }));
+  return out;
+}
+
+/** POST /v1/layers query (the body is a tar stream, optionally gzip-compressed). */
+export const UploadLayerQuerySchema = z.strictObject({
+  kind: BuildableLayerKindSchema,
+  name: z.string().max(256).optional(),
+  /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
+  format: z.enum(['tar', 'oci']).optional(),
+});
+
+/** POST /v1/layers/debian */
+export const DebianLayerRequestSchema = z.strictObject({
+  kind: BuildableLayerKindSchema,
+  name: z.string().max(256).optional(),
+  packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
+  suite: z.string().regex(/^[a-z]+$/).optional(),
+});
+
+/** A layer as the API returns it. */
+export const LayerSchema = z.object({
+  digest: z.string(),
+  kind: LayerKindSchema,
+  names: z.array(z.string()),
+  /** `public` for the node's built-in layers, else the owning project. */
+  project: z.string(),
+  contentBytes: z.number(),
+  files: z.number(),
+  createdAt: z.string(),
+  /** For a snapshot layer: where it comes from and what it sits on. */
+  snapshot: z
+    .object({
+      /** The layers below it, bottom first (a sandbox made from it gets these plus it). */
+      parents: z.array(z.string()),
+      /** The sandbox it was taken of. */
+      sandboxId: z.string(),
+      /** Trajectory steps of that sandbox with a lower seq were recorded before it was taken. */
+      seq: z.number(),
+    })
+    .optional(),
+});
+
+export type Layer = z.infer<typeof LayerSchema>;
+
+/** A content-addressed layer held by a node. */
+export const LayerInfoSchema = z.object({
+  /** `sha256:<hex>` of the layer's EROFS metadata image followed by its data blob. */
+  digest: z.string(),
+  kind: LayerKindSchema,
+  /** `name:tag` aliases pointing at this layer. */
+  names: z.array(z.string()),
+  labels: z.record(z.string(), z.string()),
+  /** Bytes of file content in the layer. */
+  contentBytes: z.number(),
+  metaBytes: z.number(),
+  blobBytes: z.number(),
+  files: z.number(),
+  createdAt: z.string(),
+});
+/** A content-addressed layer held by a node. */
+export type LayerInfo = z.infer<typeof LayerInfoSchema>;

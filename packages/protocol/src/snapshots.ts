@@ -1,0 +1,30 @@
+// Snapshots and forks of a sandbox's writable layer.
+import { z } from 'zod';
+import { LabelsSchema } from './common.js';
+import { LayerSchema } from './layers.js';
+import { MAX_SANDBOX_TIMEOUT_MS, SandboxSchema } from './sandboxes.js';
+
+/** Most sandboxes one fork creates. */
+export const MAX_FORK_COUNT = 256;
+
+/** POST /v1/sandboxes/{id}/snapshot */
+export const SnapshotRequestSchema = z.strictObject({
+  /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
+  name: z.string().max(256).optional(),
+});
+
+/** POST /v1/sandboxes/{id}/fork: one snapshot, then `count` sandboxes from it. */
+export const ForkRequestSchema = z.strictObject({
+  count: z.number().int().min(1).max(MAX_FORK_COUNT),
+  /** Added to (and overriding) the source sandbox's labels. */
+  labels: LabelsSchema.optional(),
+  /** Lifetime of each new sandbox; default the API's. */
+  timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+});
+
+export type ForkRequest = z.infer<typeof ForkRequestSchema>;
+
+/** 201 reply of a fork. */
+export const ForkResultSchema = z.object({ snapshot: LayerSchema, sandboxes: z.array(SandboxSchema) });
+
+export type ForkResult = z.infer<typeof ForkResultSchema>;
