@@ -22,6 +22,8 @@ export const ERROR_STATUS = {
   CAPACITY_EXHAUSTED: 503,
   UNAVAILABLE: 503,
   TIMEOUT: 504,
+  /** A command exited non-zero where the caller asked for a zero exit (the SDK's `check: true`); raised by clients, never sent by the API. */
+  COMMAND_FAILED: 422,
 } as const;
 
 /** One of the stable error codes in {@link ERROR_STATUS}. */

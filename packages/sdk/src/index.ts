@@ -1,8 +1,17 @@
 // @dsec/sdk: the TypeScript client of dsec.
 export { DsecClient, DEFAULT_API_URL, DEFAULT_REQUEST_TIMEOUT_MS } from './client.js';
 export type { CallOptions, ConnectionOptions, DsecClientOptions } from './client.js';
-export { Sandbox, SandboxPaginator, DEFAULT_EXEC_TIMEOUT_MS, MAX_COLLECTED_OUTPUT_BYTES } from './sandbox.js';
-export type { AttachOptions, BatchCreateOptions, BatchCreateResult, BatchItem, CommandOptions, CreateOptions, DiffOptions, ExecOptions, ForkOptions, ForkOutcome, ReplayOptions, ReplayOutcome, SnapshotOptions, SpawnOptions, TrajectoryOptions } from './sandbox.js';
+export { Sandbox } from './sandbox.js';
+export { SandboxPaginator } from './sandboxes.js';
+export type { BatchCreateOptions, BatchCreateResult, BatchItem, CreateOptions } from './sandboxes.js';
+export { Commands, DEFAULT_EXEC_TIMEOUT_MS, MAX_COLLECTED_OUTPUT_BYTES } from './commands.js';
+export type { AttachOptions, CommandOptions, ExecOptions, SpawnOptions } from './commands.js';
+export type { NetworkApi } from './network.js';
+export { Snapshots } from './snapshots.js';
+export type { ForkOptions, ForkOutcome, SnapshotOptions } from './snapshots.js';
+export { Changes } from './changes.js';
+export type { DiffOptions } from './changes.js';
+export type { ReplayOptions, ReplayOutcome, TrajectoryApi, TrajectoryOptions } from './trajectory.js';
 export { ExecHandle, MAX_QUEUED_OUTPUT_BYTES } from './exec-handle.js';
 export type { OutputCallbacks, OutputEvent, OutputOffsets } from './exec-handle.js';
 export { Files } from './files.js';

@@ -17,3 +17,20 @@ export function toInvalidArgument(error: z.ZodError, prefix = ''): DsecError {
   const field = parts.join('.') || prefix || 'request';
   return invalidArgument(field, issue?.message ?? 'invalid');
 }
+
+/** Strips undefined values (the schemas are strict and exactOptionalPropertyTypes is on). */
+export function defined<T extends object>(o: T): T {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+}
+
+/** A sandbox id as the routes take it, or INVALID_ARGUMENT naming `id`. */
+export function checkSandboxId(id: string): string {
+  if (typeof id !== 'string' || !/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/.test(id)) throw invalidArgument('id', 'not a sandbox id');
+  return id;
+}
+
+/** A process handle, or INVALID_ARGUMENT naming `pid`. */
+export function checkPid(pid: number): number {
+  if (!Number.isSafeInteger(pid) || pid < 0) throw invalidArgument('pid', 'not a process handle');
+  return pid;
+}
