@@ -102,12 +102,23 @@ describe('exec', () => {
   test('check: true throws CommandExitError with the result', async () => {
     await assert.rejects(sandbox.exec('echo bad >&2; exit 5', { check: true }), (err: unknown) => {
       assert.ok(err instanceof CommandExitError);
+      assert.ok(err instanceof DsecError, 'a CommandExitError is a DsecError');
+      assert.equal(err.code, 'COMMAND_FAILED');
+      assert.equal(err.details.sandboxId, sandbox.id);
+      assert.equal(err.result.pid, err.pid);
       assert.equal(err.exitCode, 5);
       assert.equal(err.stderr, 'bad\n');
       assert.equal(err.stdout, '');
       return true;
     });
     assert.equal((await sandbox.exec('true', { check: true })).exitCode, 0);
+  });
+
+  test('the modules answer as the methods users already call do', async () => {
+    const run = await sandbox.commands.run(['echo', 'module']);
+    assert.equal(run.stdout, 'module\n');
+    assert.deepEqual(await sandbox.commands.list(), await sandbox.processes());
+    assert.deepEqual((await sandbox.network.info()).policy, (await sandbox.network()).policy);
   });
 
   test('a command past its timeout is killed and reported', async () => {
