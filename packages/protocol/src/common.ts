@@ -6,11 +6,15 @@ const envKey = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'not an environment 
 
 /** Environment variables: names are shell identifiers, values at most 128 KiB. */
 export const EnvSchema = z.record(envKey, z.string().max(131_072)).refine((e) => Object.keys(e).length <= 1024, 'at most 1024 variables');
+/** Environment variables of a sandbox or a command. */
+export type Env = z.infer<typeof EnvSchema>;
 
 /** Labels: short keys and values, at most 64. */
 export const LabelsSchema = z
   .record(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'not a label key'), z.string().max(256))
   .refine((l) => Object.keys(l).length <= 64, 'at most 64 labels');
+/** Labels of a sandbox. */
+export type Labels = z.infer<typeof LabelsSchema>;
 
 /** An absolute, normalised path inside a sandbox: no `.`/`..` components, no `//`, no trailing `/` (`/` itself allowed). */
 export const NormalisedPathSchema = z
@@ -37,6 +41,8 @@ export const IdempotencyKeySchema = z
 export const ErrorBodySchema = z.object({
   error: z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough(),
 });
+/** Every error body of the API. */
+export type ErrorBody = z.infer<typeof ErrorBodySchema>;
 
 /** The error of one failed item (the same body as an error reply's `error`). */
 export const ItemErrorSchema = z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough();

@@ -175,6 +175,8 @@ export const EventMatchSchema = z.strictObject({
   labels: LabelsSchema.optional(),
   sandbox: sandboxId.optional(),
 });
+/** What an event rule matches. */
+export type EventMatch = z.infer<typeof EventMatchSchema>;
 
 /** POST /v1/rules: one rule. */
 export const CreateRuleRequestSchema = z.discriminatedUnion('kind', [

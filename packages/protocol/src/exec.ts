@@ -15,9 +15,13 @@ export const CommandFieldsSchema = z.strictObject({
   gid: z.number().int().min(0).max(4_294_967_294).optional(),
   timeoutMs: z.number().int().min(1).max(86_400_000).optional(),
 });
+/** The fields every way of running a command shares. */
+export type CommandFields = z.infer<typeof CommandFieldsSchema>;
 
 /** A terminal size. */
 export const PtySchema = z.strictObject({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) });
+/** A terminal size. */
+export type Pty = z.infer<typeof PtySchema>;
 
 /** Refinement: exactly one of `cmd` (a shell string) or `argv`. */
 export function oneCommand(s: { cmd?: string | undefined; argv?: string[] | undefined }): boolean {
@@ -102,6 +106,8 @@ export type ExecEvent = z.infer<typeof ExecEventSchema>;
 
 /** First WebSocket message of /v1/sandboxes/{id}/exec/ws: what to run. */
 export const WsExecRequestSchema = CommandFieldsSchema.extend({ pty: PtySchema.optional() }).refine(oneCommand, ONE_COMMAND);
+/** First WebSocket message of an exec. */
+export type WsExecRequest = z.infer<typeof WsExecRequestSchema>;
 
 /** Later WebSocket messages from the client. */
 export const WsClientMessageSchema = z.discriminatedUnion('type', [
@@ -132,6 +138,10 @@ export const OutputQuerySchema = z.strictObject({
   from: z.coerce.number().int().min(0).optional(),
   fromStderr: z.coerce.number().int().min(0).optional(),
 });
+/** GET /v1/sandboxes/{id}/processes/{pid}/output query. */
+export type OutputQuery = z.infer<typeof OutputQuerySchema>;
 
 /** POST /v1/sandboxes/{id}/processes/{pid}/signal */
 export const SignalRequestSchema = z.strictObject({ signal: z.string().regex(/^(SIG)?[A-Z0-9]+$/).max(16) });
+/** POST /v1/sandboxes/{id}/processes/{pid}/signal body. */
+export type SignalRequest = z.infer<typeof SignalRequestSchema>;

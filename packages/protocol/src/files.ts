@@ -30,12 +30,16 @@ export const FilePathQuerySchema = z.strictObject({
   append: z.enum(['true', 'false']).optional(),
   recursive: z.enum(['true', 'false']).optional(),
 });
+/** Query of the file routes. */
+export type FilePathQuery = z.infer<typeof FilePathQuerySchema>;
 
 /** POST /v1/sandboxes/{id}/files/rename */
 export const RenameRequestSchema = z.strictObject({
   from: z.string().startsWith('/', 'must be absolute').max(4096),
   to: z.string().startsWith('/', 'must be absolute').max(4096),
 });
+/** POST /v1/sandboxes/{id}/files/rename body. */
+export type RenameRequest = z.infer<typeof RenameRequestSchema>;
 
 /** Default and largest page of a diff. */
 export const DEFAULT_DIFF_PAGE = 1000;
@@ -68,6 +72,8 @@ export const DiffQuerySchema = z.strictObject({
   limit: z.coerce.number().int().min(1).max(MAX_DIFF_PAGE).optional(),
   cursor: z.string().max(8192).optional(),
 });
+/** GET /v1/sandboxes/{id}/diff query. */
+export type DiffQuery = z.infer<typeof DiffQuerySchema>;
 
 /**
  * One change of a sandbox against its layers. `added`: not in the layers; `changed`: in the

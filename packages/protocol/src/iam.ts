@@ -21,6 +21,8 @@ export const CreateProjectRequestSchema = z.strictObject({
   parent: z.string().max(64).optional(),
   quota: QuotaSchema.partial().optional(),
 });
+/** POST /v1/projects body. */
+export type CreateProjectRequest = z.infer<typeof CreateProjectRequestSchema>;
 
 /** A project. */
 export const ProjectSchema = z.object({
@@ -41,6 +43,8 @@ export const CreateKeyRequestSchema = z.strictObject({
   /** Project the key acts in; default the caller's. Must be the caller's or a descendant. */
   project: z.string().max(64).optional(),
 });
+/** POST /v1/keys body. */
+export type CreateKeyRequest = z.infer<typeof CreateKeyRequestSchema>;
 
 /** An API key (the secret is returned once, at creation). */
 export const ApiKeySchema = z.object({

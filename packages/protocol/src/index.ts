@@ -13,7 +13,7 @@ export {
   LabelsSchema,
   NormalisedPathSchema,
 } from './common.js';
-export type { ItemError } from './common.js';
+export type { Env, ErrorBody, ItemError, Labels } from './common.js';
 export { DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, pageOf } from './pages.js';
 export {
   BackendKindSchema,
@@ -38,7 +38,7 @@ export {
   LayerSchema,
   UploadLayerQuerySchema,
 } from './layers.js';
-export type { BuildableLayerKind, ImageSpec, Layer, LayerInfo, LayerKind } from './layers.js';
+export type { BuildableLayerKind, DebianLayerRequest, ImageSpec, Layer, LayerInfo, LayerKind, UploadLayerQuery } from './layers.js';
 export {
   CreateOwnerRequestSchema,
   DEFAULT_OWNER_GRACE_MS,
@@ -94,6 +94,7 @@ export type {
   ListSandboxesQuery,
   PauseResult,
   Protect,
+  ResumeRequest,
   Sandbox,
   SandboxClaim,
   SandboxRequest,
@@ -121,7 +122,21 @@ export {
   WsClientMessageSchema,
   WsExecRequestSchema,
 } from './exec.js';
-export type { ExecEvent, ExecReply, ExecRequest, ExecResult, ExecSpec, ExitInfo, ProcessInfo, WsClientMessage } from './exec.js';
+export type {
+  CommandFields,
+  ExecEvent,
+  ExecReply,
+  ExecRequest,
+  ExecResult,
+  ExecSpec,
+  ExitInfo,
+  OutputQuery,
+  ProcessInfo,
+  Pty,
+  SignalRequest,
+  WsClientMessage,
+  WsExecRequest,
+} from './exec.js';
 export {
   DEFAULT_DIFF_PAGE,
   DiffEntrySchema,
@@ -139,9 +154,21 @@ export {
   VerifyRequestSchema,
   VerifyResultSchema,
 } from './files.js';
-export type { DiffEntry, DiffOptions, DiffResult, FileStat, FileType, VerifyItem, VerifyRequest, VerifyResult } from './files.js';
+export type {
+  DiffEntry,
+  DiffOptions,
+  DiffQuery,
+  DiffResult,
+  FilePathQuery,
+  FileStat,
+  FileType,
+  RenameRequest,
+  VerifyItem,
+  VerifyRequest,
+  VerifyResult,
+} from './files.js';
 export { ForkRequestSchema, ForkResultSchema, MAX_FORK_COUNT, SnapshotRequestSchema } from './snapshots.js';
-export type { ForkRequest, ForkResult } from './snapshots.js';
+export type { ForkRequest, ForkResult, SnapshotRequest } from './snapshots.js';
 export {
   RecordedBytesSchema,
   ReplayEventSchema,
@@ -164,6 +191,7 @@ export type {
   ReplaySummary,
   ReplayVerdict,
   Trajectory,
+  TrajectoryQuery,
   TrajectoryStep,
   TrajectoryStepKind,
 } from './trajectories.js';
@@ -221,10 +249,13 @@ export type {
   ApplyNetworkResult,
   EgressLogEntry,
   Mirror,
+  Mirrors,
+  NetworkLogQuery,
   NetworkMode,
   NetworkPolicy,
   NetworkPolicyPatch,
   NetworkPreset,
+  NetworkStats,
   SandboxNetwork,
 } from './network.js';
 export {
@@ -244,7 +275,7 @@ export {
 } from './calls.js';
 export type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallRuntime } from './calls.js';
 export { ApiKeySchema, CreateKeyRequestSchema, CreateProjectRequestSchema, ProjectSchema, QuotaSchema, RoleSchema } from './iam.js';
-export type { ApiKey, Project, Quota, Role } from './iam.js';
+export type { ApiKey, CreateKeyRequest, CreateProjectRequest, Project, Quota, Role } from './iam.js';
 export {
   AuditEntrySchema,
   CreateRuleRequestSchema,
@@ -267,6 +298,7 @@ export type {
   AuditEntry,
   CreateRuleRequest,
   EventKind,
+  EventMatch,
   EventSeverity,
   EventSink,
   ListAuditQuery,
@@ -293,6 +325,7 @@ export type {
 } from './edge-client.js';
 
 // Names kept until the callers move:
+// (`ExecResultSchema` is a node's result now, without `pid`; the exec reply is `ExecReplySchema`.)
 export type { ExecReply as ExecResultBody } from './exec.js';
 export type { NodeInfo as NodeBody } from './resources.js';
 export type { EgressLogEntry as EgressLogEntryBody } from './network.js';

@@ -52,6 +52,8 @@ export const UploadLayerQuerySchema = z.strictObject({
   /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
   format: z.enum(['tar', 'oci']).optional(),
 });
+/** POST /v1/layers query. */
+export type UploadLayerQuery = z.infer<typeof UploadLayerQuerySchema>;
 
 /** POST /v1/layers/debian */
 export const DebianLayerRequestSchema = z.strictObject({
@@ -60,6 +62,8 @@ export const DebianLayerRequestSchema = z.strictObject({
   packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
   suite: z.string().regex(/^[a-z]+$/).optional(),
 });
+/** POST /v1/layers/debian body. */
+export type DebianLayerRequest = z.infer<typeof DebianLayerRequestSchema>;
 
 /** A layer as the API returns it. */
 export const LayerSchema = z.object({

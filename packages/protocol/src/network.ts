@@ -144,6 +144,8 @@ const byPreset = <T extends z.ZodType>(value: T) =>
 
 /** Mirrors by preset name. */
 export const MirrorsSchema = byPreset(MirrorSchema);
+/** Package mirrors by preset. */
+export type Mirrors = z.infer<typeof MirrorsSchema>;
 
 /** Network modes: `none` (loopback only, the default) or `allowlist`. */
 export const NetworkModeSchema = z.enum(['none', 'allowlist']);
@@ -286,6 +288,8 @@ export const NetworkStatsSchema = z.object({
   /** Attempts denied (proxy, DNS stub and kernel). */
   denied: z.number(),
 });
+/** Traffic and attempt counters of a sandbox's network. */
+export type NetworkStats = z.infer<typeof NetworkStatsSchema>;
 
 /** GET /v1/sandboxes/{id}/network; also the reply of PUT and PATCH. */
 export const SandboxNetworkSchema = z.object({
@@ -328,6 +332,8 @@ export const MAX_NETWORK_LOG_LIMIT = 1000;
 export const NetworkLogQuerySchema = z.strictObject({
   limit: z.coerce.number().int().min(1).max(MAX_NETWORK_LOG_LIMIT).optional(),
 });
+/** GET /v1/sandboxes/{id}/network/log query. */
+export type NetworkLogQuery = z.infer<typeof NetworkLogQuerySchema>;
 
 /** Most sandboxes one `network:apply` changes. */
 export const MAX_NETWORK_APPLY_SANDBOXES = 10_000;

@@ -218,6 +218,8 @@ export const ResumeRequestSchema = z.strictObject({
   /** Read swapped-out process memory back in before answering. Default true. */
   prefetch: z.boolean().optional(),
 });
+/** POST /v1/sandboxes/{id}/resume body. */
+export type ResumeRequest = z.infer<typeof ResumeRequestSchema>;
 
 /** 200 reply of POST /v1/sandboxes/{id}/pause and /resume. */
 export const PauseResultSchema = z.object({

@@ -12,6 +12,8 @@ export const SnapshotRequestSchema = z.strictObject({
   /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
   name: z.string().max(256).optional(),
 });
+/** POST /v1/sandboxes/{id}/snapshot body. */
+export type SnapshotRequest = z.infer<typeof SnapshotRequestSchema>;
 
 /** POST /v1/sandboxes/{id}/fork: one snapshot, then `count` sandboxes from it. */
 export const ForkRequestSchema = z.strictObject({

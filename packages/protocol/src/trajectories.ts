@@ -69,6 +69,8 @@ export const TrajectoryQuerySchema = z.strictObject({
   /** `false` leaves the bounded copies of output and data out (digests stay). */
   content: z.enum(['true', 'false']).optional(),
 });
+/** GET /v1/sandboxes/{id}/trajectory query. */
+export type TrajectoryQuery = z.infer<typeof TrajectoryQuerySchema>;
 
 /** A page of a sandbox's trajectory. */
 export const TrajectorySchema = z.object({
