@@ -47,7 +47,10 @@ export const CallRequestSchema = z
       .record(callFilePath, z.string().max(16 * 1_048_576))
       .refine((f) => Object.keys(f).length <= 256, 'at most 256 files')
       .optional(),
-    stdin: z.string().max(16 * 1_048_576).optional(),
+    stdin: z
+      .string()
+      .max(16 * 1_048_576)
+      .optional(),
     env: EnvSchema.optional(),
     /** Wall-clock limit in ms; the call's processes are killed when it elapses. */
     timeoutMs: z.number().int().min(1).max(MAX_CALL_TIMEOUT_MS).optional(),
@@ -56,8 +59,8 @@ export const CallRequestSchema = z
     /** Cap on each of stdout and stderr in bytes; past it the call is killed and `truncated` set. */
     outputLimitBytes: z.number().int().min(0).max(MAX_CALL_OUTPUT_LIMIT_BYTES).optional(),
   })
-  .refine((s) => (s.runtime === undefined) !== (s.image === undefined), { message: 'give exactly one of runtime or image', path: ['runtime'] })
-  .refine((s) => (s.code === undefined) !== (s.argv === undefined), { message: 'give exactly one of code or argv', path: ['code'] });
+  .refine((s) => (s.runtime === undefined) !== (s.image === undefined), { error: 'give exactly one of runtime or image', path: ['runtime'] })
+  .refine((s) => (s.code === undefined) !== (s.argv === undefined), { error: 'give exactly one of code or argv', path: ['code'] });
 
 export type CallRequest = z.infer<typeof CallRequestSchema>;
 

@@ -2,7 +2,10 @@
 // and the error bodies of the API.
 import { z } from 'zod';
 
-const envKey = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'not an environment variable name').max(256);
+const envKey = z
+  .string()
+  .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'not an environment variable name')
+  .max(256);
 
 /** Environment variables: names are shell identifiers, values at most 128 KiB. */
 export const EnvSchema = z.record(envKey, z.string().max(131_072)).refine((e) => Object.keys(e).length <= 1024, 'at most 1024 variables');
@@ -22,7 +25,15 @@ export const NormalisedPathSchema = z
   .min(1)
   .max(4096)
   .refine((p) => p.startsWith('/') && !p.includes('\0'), 'must be an absolute path without NUL')
-  .refine((p) => p === '/' || p.slice(1).split('/').every((c) => c !== '' && c !== '.' && c !== '..'), 'must be normalised (no empty, . or .. components, no trailing /)');
+  .refine(
+    (p) =>
+      p === '/' ||
+      p
+        .slice(1)
+        .split('/')
+        .every((c) => c !== '' && c !== '.' && c !== '..'),
+    'must be normalised (no empty, . or .. components, no trailing /)',
+  );
 
 /** Header that makes a create (or a batch) idempotent. */
 export const IDEMPOTENCY_KEY_HEADER = 'Idempotency-Key';
@@ -39,12 +50,12 @@ export const IdempotencyKeySchema = z
 
 /** Every error body: `{error: {code, message, field?, ...}}`. */
 export const ErrorBodySchema = z.object({
-  error: z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough(),
+  error: z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).loose(),
 });
 /** Every error body of the API. */
 export type ErrorBody = z.infer<typeof ErrorBodySchema>;
 
 /** The error of one failed item (the same body as an error reply's `error`). */
-export const ItemErrorSchema = z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).passthrough();
+export const ItemErrorSchema = z.object({ code: z.string(), message: z.string(), field: z.string().optional() }).loose();
 
 export type ItemError = z.infer<typeof ItemErrorSchema>;

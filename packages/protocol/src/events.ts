@@ -87,7 +87,10 @@ export const EventSchema = z.object({
 /** An event as the API returns it (stored, with its id). */
 export type RecordedEvent = z.infer<typeof EventSchema>;
 
-const isoTime = z.string().max(40).refine((s) => !Number.isNaN(Date.parse(s)), 'not an ISO-8601 time');
+const isoTime = z
+  .string()
+  .max(40)
+  .refine((s) => !Number.isNaN(Date.parse(s)), 'not an ISO-8601 time');
 
 const cursor = z.string().max(256);
 
@@ -139,7 +142,10 @@ export const ListAuditQuerySchema = z.strictObject({
   since: isoTime.optional(),
   sandbox: sandboxId.optional(),
   /** An API key id (`key_...`). */
-  key: z.string().regex(/^key_[0-9a-f]{1,64}$/, 'not a key id').optional(),
+  key: z
+    .string()
+    .regex(/^key_[0-9a-f]{1,64}$/, 'not a key id')
+    .optional(),
   limit: z.coerce.number().int().min(1).max(MAX_WATCH_PAGE_SIZE).optional(),
   cursor: cursor.optional(),
   order: z.enum(['asc', 'desc']).optional(),
@@ -190,7 +196,7 @@ export const CreateRuleRequestSchema = z.discriminatedUnion('kind', [
       suppress: z.literal(true).optional(),
       note: z.string().max(512).optional(),
     })
-    .refine((r) => (r.severity === undefined) !== (r.suppress === undefined), { message: 'give exactly one of severity or suppress', path: ['severity'] }),
+    .refine((r) => (r.severity === undefined) !== (r.suppress === undefined), { error: 'give exactly one of severity or suppress', path: ['severity'] }),
   z.strictObject({ kind: z.literal('deny-path'), path: absolutePath, note: z.string().max(512).optional() }),
   z.strictObject({ kind: z.literal('deny-domain'), domain: DomainPatternSchema, note: z.string().max(512).optional() }),
   z.strictObject({ kind: z.literal('deny-syscall'), syscall: DeniableSyscallSchema, note: z.string().max(512).optional() }),

@@ -29,7 +29,7 @@ export function oneCommand(s: { cmd?: string | undefined; argv?: string[] | unde
 }
 
 /** The message and field of {@link oneCommand}'s refusal. */
-export const ONE_COMMAND = { message: 'give exactly one of cmd or argv', path: ['cmd'] };
+export const ONE_COMMAND = { error: 'give exactly one of cmd or argv', path: ['cmd'] };
 
 /** One command to run in a sandbox, as edge takes it. */
 export const ExecSpecSchema = CommandFieldsSchema.extend({
@@ -44,12 +44,18 @@ export type ExecSpec = z.infer<typeof ExecSpecSchema>;
 /** POST /v1/sandboxes/{id}/exec */
 export const ExecRequestSchema = CommandFieldsSchema.extend({
   /** Text written to stdin, then stdin is closed. */
-  stdin: z.string().max(16 * 1024 * 1024).optional(),
+  stdin: z
+    .string()
+    .max(16 * 1024 * 1024)
+    .optional(),
   /** Base64 bytes written to stdin, then stdin is closed (binary-safe form of `stdin`). */
-  stdinBase64: z.string().max(22 * 1024 * 1024).optional(),
+  stdinBase64: z
+    .string()
+    .max(22 * 1024 * 1024)
+    .optional(),
 })
   .refine(oneCommand, ONE_COMMAND)
-  .refine((s) => s.stdin === undefined || s.stdinBase64 === undefined, { message: 'give at most one of stdin or stdinBase64', path: ['stdin'] });
+  .refine((s) => s.stdin === undefined || s.stdinBase64 === undefined, { error: 'give at most one of stdin or stdinBase64', path: ['stdin'] });
 
 export type ExecRequest = z.infer<typeof ExecRequestSchema>;
 
@@ -142,6 +148,11 @@ export const OutputQuerySchema = z.strictObject({
 export type OutputQuery = z.infer<typeof OutputQuerySchema>;
 
 /** POST /v1/sandboxes/{id}/processes/{pid}/signal */
-export const SignalRequestSchema = z.strictObject({ signal: z.string().regex(/^(SIG)?[A-Z0-9]+$/).max(16) });
+export const SignalRequestSchema = z.strictObject({
+  signal: z
+    .string()
+    .regex(/^(SIG)?[A-Z0-9]+$/)
+    .max(16),
+});
 /** POST /v1/sandboxes/{id}/processes/{pid}/signal body. */
 export type SignalRequest = z.infer<typeof SignalRequestSchema>;

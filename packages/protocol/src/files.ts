@@ -26,7 +26,10 @@ export const FilePathQuerySchema = z.strictObject({
   path: z.string().startsWith('/', 'must be absolute').max(4096),
   offset: z.coerce.number().int().min(0).optional(),
   length: z.coerce.number().int().min(0).optional(),
-  mode: z.string().regex(/^[0-7]{3,4}$/, 'octal mode').optional(),
+  mode: z
+    .string()
+    .regex(/^[0-7]{3,4}$/, 'octal mode')
+    .optional(),
   append: z.enum(['true', 'false']).optional(),
   recursive: z.enum(['true', 'false']).optional(),
 });

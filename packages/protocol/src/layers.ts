@@ -60,7 +60,10 @@ export const DebianLayerRequestSchema = z.strictObject({
   kind: BuildableLayerKindSchema,
   name: z.string().max(256).optional(),
   packages: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]+$/, 'not a Debian package name')).max(500),
-  suite: z.string().regex(/^[a-z]+$/).optional(),
+  suite: z
+    .string()
+    .regex(/^[a-z]+$/)
+    .optional(),
 });
 /** POST /v1/layers/debian body. */
 export type DebianLayerRequest = z.infer<typeof DebianLayerRequestSchema>;

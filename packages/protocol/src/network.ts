@@ -126,7 +126,10 @@ export const CidrSchema = z
 /** A package mirror the egress proxy serves for a preset: where it fetches from, and a cutoff. */
 export const MirrorSchema = z.strictObject({
   /** Registry the mirror reads from (default: the preset's public registry). */
-  upstream: z.url({ protocol: /^https?$/, error: 'must be an http or https URL' }).max(2048).optional(),
+  upstream: z
+    .url({ protocol: /^https?$/, error: 'must be an http or https URL' })
+    .max(2048)
+    .optional(),
   /** Releases published after this time are hidden (ISO date or date-time). */
   freeze: z.union([z.iso.datetime({ offset: true }), z.iso.date()], { error: 'must be an ISO date (2024-05-01) or date-time' }).optional(),
 });
@@ -260,7 +263,9 @@ export function applyNetworkPatch(current: NetworkPolicy, patch: NetworkPolicyPa
     if (m === null) delete mirrors[name];
     else mirrors[name] = m;
   }
-  const adds = Boolean(patch.allow?.add?.length || patch.presets?.add?.length || patch.allowAddresses?.add?.length || Object.values(patch.mirrors ?? {}).some((m) => m !== null));
+  const adds = Boolean(
+    patch.allow?.add?.length || patch.presets?.add?.length || patch.allowAddresses?.add?.length || Object.values(patch.mirrors ?? {}).some((m) => m !== null),
+  );
   const mode = patch.mode ?? (current.mode === 'none' && adds ? 'allowlist' : current.mode);
   if (mode === 'none') return { mode: 'none' };
   const out: NetworkPolicy = { mode };
@@ -347,7 +352,7 @@ export const ApplyNetworkRequestSchema = z
     policy: NetworkPolicySchema.optional(),
     patch: NetworkPolicyPatchSchema.optional(),
   })
-  .refine((r) => (r.policy === undefined) !== (r.patch === undefined), { message: 'give exactly one of policy or patch', path: ['policy'] });
+  .refine((r) => (r.policy === undefined) !== (r.patch === undefined), { error: 'give exactly one of policy or patch', path: ['policy'] });
 
 export type ApplyNetworkRequest = z.infer<typeof ApplyNetworkRequestSchema>;
 

@@ -38,7 +38,10 @@ export const ProtectSchema = z.strictObject({
   readOnly: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
   watch: z.array(SandboxPathSchema).max(MAX_PROTECTED_PATHS).optional(),
   /** System calls denied (EPERM) on top of the default seccomp profile (run-time rules add them). */
-  denySyscalls: z.array(z.string().regex(/^[a-z0-9_]{1,64}$/, 'not a system call name')).max(256).optional(),
+  denySyscalls: z
+    .array(z.string().regex(/^[a-z0-9_]{1,64}$/, 'not a system call name'))
+    .max(256)
+    .optional(),
 });
 
 /** Reward-hacking guards of a sandbox. */
@@ -62,7 +65,10 @@ export const SandboxSpecSchema = z.strictObject({
   resources: ResourcesSchema.optional(),
   env: EnvSchema.optional(),
   labels: LabelsSchema.optional(),
-  hostname: z.string().regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname').optional(),
+  hostname: z
+    .string()
+    .regex(/^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$/, 'not a hostname')
+    .optional(),
   /** Hardening beyond the defaults; the control plane merges run-time rules (POST /v1/rules) in. */
   protect: ProtectSchema.optional(),
   security: SecuritySchema.optional(),
@@ -252,7 +258,10 @@ export type SandboxStats = z.infer<typeof SandboxStatsSchema>;
 
 /** GET /v1/sandboxes query. `label` repeats as `key=value`. */
 export const ListSandboxesQuerySchema = z.strictObject({
-  label: z.array(z.string().regex(/^[^=]+=.*$/, 'must be key=value')).max(16).optional(),
+  label: z
+    .array(z.string().regex(/^[^=]+=.*$/, 'must be key=value'))
+    .max(16)
+    .optional(),
   state: SandboxStateSchema.optional(),
   limit: z.coerce.number().int().min(1).max(MAX_PAGE_SIZE).optional(),
   cursor: z.string().max(256).optional(),
@@ -279,9 +288,9 @@ export const CreateSandboxBatchRequestSchema = z
     items: z.array(z.unknown().describe('a sandbox create request (without admission)')).min(1).max(MAX_BATCH_SIZE).optional(),
     admission: AdmissionSchema.optional(),
   })
-  .refine((b) => b.items === undefined || (b.spec === undefined && b.count === undefined), { message: 'give either spec with count, or items', path: ['items'] })
-  .refine((b) => b.items !== undefined || b.spec !== undefined, { message: 'give either spec with count, or items', path: ['spec'] })
-  .refine((b) => b.items !== undefined || b.count !== undefined, { message: 'required with spec', path: ['count'] });
+  .refine((b) => b.items === undefined || (b.spec === undefined && b.count === undefined), { error: 'give either spec with count, or items', path: ['items'] })
+  .refine((b) => b.items !== undefined || b.spec !== undefined, { error: 'give either spec with count, or items', path: ['spec'] })
+  .refine((b) => b.items !== undefined || b.count !== undefined, { error: 'required with spec', path: ['count'] });
 
 export type CreateSandboxBatchRequest = z.infer<typeof CreateSandboxBatchRequestSchema>;
 

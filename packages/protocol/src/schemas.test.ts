@@ -25,10 +25,19 @@ function invalid(field: string) {
 }
 
 test('parseOrThrow names the offending field under its prefix', () => {
-  assert.throws(() => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, resources: { memoryMiB: 1 } }, 'body'), invalid('body.resources.memoryMiB'));
+  assert.throws(
+    () => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, resources: { memoryMiB: 1 } }, 'body'),
+    invalid('body.resources.memoryMiB'),
+  );
   // An unknown key of a strict object is named in the message (zod reports it at the object).
-  assert.throws(() => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, surprise: 1 }), (err: unknown) => invalid('body')(err) && /surprise/.test((err as Error).message));
-  assert.throws(() => parseOrThrow(ExecRequestSchema, { cmd: 'true', argv: ['true'] }, 'body'), (err: unknown) => invalid('body.cmd')(err) && /exactly one of cmd or argv/.test((err as Error).message));
+  assert.throws(
+    () => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, surprise: 1 }),
+    (err: unknown) => invalid('body')(err) && /surprise/.test((err as Error).message),
+  );
+  assert.throws(
+    () => parseOrThrow(ExecRequestSchema, { cmd: 'true', argv: ['true'] }, 'body'),
+    (err: unknown) => invalid('body.cmd')(err) && /exactly one of cmd or argv/.test((err as Error).message),
+  );
   assert.deepEqual(parseOrThrow(SandboxSpecSchema, { image: { base: 'busybox' } }), { image: { base: 'busybox' } });
 });
 
@@ -43,7 +52,21 @@ test('imageLayers stacks base, workspace and toolkits, naming each field', () =>
 });
 
 test("a node's exec result has no pid; the API's exec reply adds it", () => {
-  const result = { exitCode: 0, signal: null, timedOut: false, oomKilled: false, durationMs: 1, cpuUserMs: 0, cpuSysMs: 0, peakMemoryKiB: 1, stdoutBytes: 0, stderrBytes: 0, stdout: '', stderr: '', truncated: false };
+  const result = {
+    exitCode: 0,
+    signal: null,
+    timedOut: false,
+    oomKilled: false,
+    durationMs: 1,
+    cpuUserMs: 0,
+    cpuSysMs: 0,
+    peakMemoryKiB: 1,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    stdout: '',
+    stderr: '',
+    truncated: false,
+  };
   assert.ok(ExecResultSchema.safeParse(result).success);
   assert.equal(ExecReplySchema.safeParse(result).success, false);
   assert.ok(ExecReplySchema.safeParse({ ...result, pid: 3 }).success);

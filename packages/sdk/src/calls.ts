@@ -24,10 +24,7 @@ export class CallsApi {
    */
   async runBatch(calls: CallRequest[], opts: CallOptions = {}): Promise<CallBatchItem[]> {
     const body = validate(CallBatchRequestSchema, { calls });
-    const reply = await this.client.json<CallBatchResult>(
-      { method: 'POST', path: '/v1/calls/batch', body, timeoutMs: opts.requestTimeoutMs ?? 0 },
-      opts,
-    );
+    const reply = await this.client.json<CallBatchResult>({ method: 'POST', path: '/v1/calls/batch', body, timeoutMs: opts.requestTimeoutMs ?? 0 }, opts);
     return reply.results;
   }
 }

@@ -32,8 +32,15 @@ export class Changes {
    */
   async diff(opts: DiffOptions & CallOptions = {}): Promise<DiffResult> {
     const { signal, requestTimeoutMs, ...rest } = opts;
-    const q = validate(DiffQuerySchema, defined({ path: rest.paths, hash: rest.hash === undefined ? undefined : String(rest.hash), limit: rest.limit, cursor: rest.cursor }), 'query');
-    return this.#scope.client.json<DiffResult>({ method: 'GET', path: this.#scope.route('/diff'), query: { path: q.path, hash: q.hash, limit: q.limit, cursor: q.cursor } }, defined({ signal, requestTimeoutMs }));
+    const q = validate(
+      DiffQuerySchema,
+      defined({ path: rest.paths, hash: rest.hash === undefined ? undefined : String(rest.hash), limit: rest.limit, cursor: rest.cursor }),
+      'query',
+    );
+    return this.#scope.client.json<DiffResult>(
+      { method: 'GET', path: this.#scope.route('/diff'), query: { path: q.path, hash: q.hash, limit: q.limit, cursor: q.cursor } },
+      defined({ signal, requestTimeoutMs }),
+    );
   }
 
   /** Every entry of the diff, fetching pages as it is iterated. */

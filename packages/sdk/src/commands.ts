@@ -88,7 +88,10 @@ export class Commands {
       const handle = await this.#spawnNdjson(body, opts, deadlineMs);
       result = await collect(handle);
     } else {
-      result = await client.json<ExecResult>({ method: 'POST', path: this.#scope.route('/exec'), body, timeoutMs: deadlineMs }, defined({ signal: opts.signal }));
+      result = await client.json<ExecResult>(
+        { method: 'POST', path: this.#scope.route('/exec'), body, timeoutMs: deadlineMs },
+        defined({ signal: opts.signal }),
+      );
     }
     if (opts.check && result.exitCode !== 0) throw new CommandExitError(result, describe(cmd), this.#scope.id);
     return result;
@@ -103,7 +106,10 @@ export class Commands {
     const { client, id } = this.#scope;
     const timeoutMs = opts.timeoutMs;
     if (opts.stdin === true || opts.pty) {
-      const request = validate(WsExecRequestSchema, defined({ ...commandFields(cmd), cwd: opts.cwd, env: opts.env, timeoutMs, pty: opts.pty, uid: opts.uid, gid: opts.gid }));
+      const request = validate(
+        WsExecRequestSchema,
+        defined({ ...commandFields(cmd), cwd: opts.cwd, env: opts.env, timeoutMs, pty: opts.pty, uid: opts.uid, gid: opts.gid }),
+      );
       const ws = await openWsExec(client, id, request, { signal: opts.signal, timeoutMs: opts.requestTimeoutMs ?? client.requestTimeoutMs });
       return new ExecHandle({ sandboxId: id, pid: ws.pid, source: ws.source, control: ws.control, callbacks: opts });
     }
@@ -132,9 +138,15 @@ export class Commands {
 
   async #spawnNdjson(body: object, opts: OutputCallbacks & { signal?: AbortSignal }, timeoutMs: number, headersOnly = false): Promise<ExecHandle> {
     const { client, id } = this.#scope;
-    const reply = await client.stream({ method: 'POST', path: this.#scope.route('/exec'), body, accept: 'application/x-ndjson', timeoutMs: headersOnly ? timeoutMs : 0 }, defined({ signal: opts.signal }));
+    const reply = await client.stream(
+      { method: 'POST', path: this.#scope.route('/exec'), body, accept: 'application/x-ndjson', timeoutMs: headersOnly ? timeoutMs : 0 },
+      defined({ signal: opts.signal }),
+    );
     // For exec, the deadline covers the whole run: end the stream when it passes.
-    const timer = !headersOnly && timeoutMs > 0 ? setTimeout(() => reply.body.destroy(new DsecError('TIMEOUT', `exec: no exit within ${timeoutMs} ms`)), timeoutMs) : undefined;
+    const timer =
+      !headersOnly && timeoutMs > 0
+        ? setTimeout(() => reply.body.destroy(new DsecError('TIMEOUT', `exec: no exit within ${timeoutMs} ms`)), timeoutMs)
+        : undefined;
     reply.body.once('close', () => clearTimeout(timer));
     const source = ndjsonSource(reply.body);
     const first = await source.iterator.next().catch((err: unknown) => {
@@ -176,7 +188,12 @@ export class Commands {
 
   async #outputSource(pid: number, offsets: OutputOffsets, signal: AbortSignal | undefined): Promise<EventSource> {
     const reply = await this.#scope.client.stream(
-      { method: 'GET', path: this.#scope.route(`/processes/${pid}/output`), query: { from: offsets.stdout, fromStderr: offsets.stderr }, accept: 'application/x-ndjson' },
+      {
+        method: 'GET',
+        path: this.#scope.route(`/processes/${pid}/output`),
+        query: { from: offsets.stdout, fromStderr: offsets.stderr },
+        accept: 'application/x-ndjson',
+      },
       defined({ signal }),
     );
     return ndjsonSource(reply.body);
@@ -185,7 +202,7 @@ export class Commands {
 
 function commandFields(cmd: string | readonly string[]): { cmd: string } | { argv: string[] } {
   if (typeof cmd === 'string') return { cmd };
-  if (Array.isArray(cmd)) return { argv: [...cmd] };
+  if (Array.isArray(cmd)) return { argv: Array.from(cmd as readonly string[]) };
   throw invalidArgument('cmd', 'must be a string or an array of strings');
 }
 

@@ -43,7 +43,13 @@ test('CommandExitError is a DsecError with code COMMAND_FAILED and carries the r
 });
 
 test('CommandExitError says how a command that did not exit ended', () => {
-  assert.match(new CommandExitError({ ...result, exitCode: null, signal: 'SIGKILL', stderr: '' }, 'sleep 9').message, /^command was killed by SIGKILL: sleep 9$/);
-  assert.match(new CommandExitError({ ...result, exitCode: null, signal: 'SIGKILL', timedOut: true, stderr: '' }, 'sleep 9').message, /^command timed out: sleep 9$/);
+  assert.match(
+    new CommandExitError({ ...result, exitCode: null, signal: 'SIGKILL', stderr: '' }, 'sleep 9').message,
+    /^command was killed by SIGKILL: sleep 9$/,
+  );
+  assert.match(
+    new CommandExitError({ ...result, exitCode: null, signal: 'SIGKILL', timedOut: true, stderr: '' }, 'sleep 9').message,
+    /^command timed out: sleep 9$/,
+  );
   assert.equal(new CommandExitError(result, 'x').details.sandboxId, undefined);
 });

@@ -16,7 +16,13 @@ export class CommandExitError extends DsecError {
   constructor(result: ExecResult, command: string, sandboxId?: string) {
     const how = result.timedOut ? 'timed out' : result.signal ? `was killed by ${result.signal}` : `exited with ${result.exitCode}`;
     const tail = result.stderr.trim().split('\n').slice(-3).join('\n');
-    const details = { ...(sandboxId !== undefined ? { sandboxId } : {}), pid: result.pid, exitCode: result.exitCode, signal: result.signal, timedOut: result.timedOut };
+    const details = {
+      ...(sandboxId !== undefined ? { sandboxId } : {}),
+      pid: result.pid,
+      exitCode: result.exitCode,
+      signal: result.signal,
+      timedOut: result.timedOut,
+    };
     super('COMMAND_FAILED', `command ${how}: ${command}${tail ? `\n${tail}` : ''}`, details);
     this.name = 'CommandExitError';
     this.result = result;

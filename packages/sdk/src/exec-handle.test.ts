@@ -6,8 +6,26 @@ import { ExecHandle } from './exec-handle.js';
 import type { EventSource, OutputOffsets, ProcessControl } from './exec-handle.js';
 import { PushQueue } from './push-queue.js';
 
-const exitEvent = (pid: number): ExecEvent => ({ type: 'exit', pid, exitCode: 0, signal: null, timedOut: false, oomKilled: false, durationMs: 1, cpuUserMs: 0, cpuSysMs: 0, peakMemoryKiB: 0, stdoutBytes: 0, stderrBytes: 0 });
-const out = (stream: 'stdout' | 'stderr', offset: number, text: string): ExecEvent => ({ type: 'output', stream, offset, data: Buffer.from(text).toString('base64') });
+const exitEvent = (pid: number): ExecEvent => ({
+  type: 'exit',
+  pid,
+  exitCode: 0,
+  signal: null,
+  timedOut: false,
+  oomKilled: false,
+  durationMs: 1,
+  cpuUserMs: 0,
+  cpuSysMs: 0,
+  peakMemoryKiB: 0,
+  stdoutBytes: 0,
+  stderrBytes: 0,
+});
+const out = (stream: 'stdout' | 'stderr', offset: number, text: string): ExecEvent => ({
+  type: 'output',
+  stream,
+  offset,
+  data: Buffer.from(text).toString('base64'),
+});
 
 function sourceOf(events: ExecEvent[], endWith?: unknown): EventSource {
   const q = new PushQueue<ExecEvent>();
@@ -47,7 +65,14 @@ test('skips overlapping output, counts gaps, decodes split UTF-8 for callbacks',
   assert.equal(texts.join(''), '€');
   assert.deepEqual(h.offsets, { stdout: 3, stderr: 13 });
   assert.deepEqual(h.lostBytes, { stdout: 0, stderr: 10 });
-  assert.deepEqual(events.map((e) => [e.stream, e.offset, e.data.length]), [['stdout', 0, 2], ['stdout', 2, 1], ['stderr', 10, 3]]);
+  assert.deepEqual(
+    events.map((e) => [e.stream, e.offset, e.data.length]),
+    [
+      ['stdout', 0, 2],
+      ['stdout', 2, 1],
+      ['stderr', 10, 3],
+    ],
+  );
 });
 
 test('reconnects from the offsets seen when the stream drops', async () => {
@@ -79,6 +104,11 @@ test('disconnect ends the handle without an exit', async () => {
 });
 
 test('an error event rejects wait() with its code', async () => {
-  const h = new ExecHandle({ sandboxId: 's', pid: 1, control: noControl, source: sourceOf([{ type: 'error', error: { code: 'SANDBOX_NOT_RUNNING', message: 'gone' } }]) });
+  const h = new ExecHandle({
+    sandboxId: 's',
+    pid: 1,
+    control: noControl,
+    source: sourceOf([{ type: 'error', error: { code: 'SANDBOX_NOT_RUNNING', message: 'gone' } }]),
+  });
   await assert.rejects(h.wait(), (err: unknown) => err instanceof DsecError && err.code === 'SANDBOX_NOT_RUNNING');
 });

@@ -157,10 +157,11 @@ export class ExecHandle implements AsyncIterable<OutputEvent> {
         } catch (err) {
           failure = err;
         }
-        if (this.#disconnected) throw new DsecError('UNAVAILABLE', `process ${this.pid}: disconnected by the client`, { sandboxId: this.sandboxId, pid: this.pid });
+        if (this.#disconnected)
+          throw new DsecError('UNAVAILABLE', `process ${this.pid}: disconnected by the client`, { sandboxId: this.sandboxId, pid: this.pid });
         if (failure instanceof DsecError && failure.code !== 'UNAVAILABLE') throw failure;
         if (!this.#control.reconnect || reconnects >= MAX_RECONNECTS) {
-          if (failure) throw failure;
+          if (failure) throw failure as Error;
           throw new DsecError('UNAVAILABLE', `process ${this.pid}: output stream ended before the exit`, { sandboxId: this.sandboxId, pid: this.pid });
         }
         reconnects++;

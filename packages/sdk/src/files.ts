@@ -51,7 +51,10 @@ export class Files {
   async read(path: string, opts: FileReadOptions & { format: 'bytes' }): Promise<Buffer>;
   async read(path: string, opts: FileReadOptions = {}): Promise<string | Buffer> {
     const q = validate(FilePathQuerySchema, { path, offset: opts.offset, length: opts.length });
-    const reply = await this.client.request({ method: 'GET', path: this.#route(), query: { path: q.path, offset: q.offset, length: q.length }, accept: 'application/octet-stream' }, opts);
+    const reply = await this.client.request(
+      { method: 'GET', path: this.#route(), query: { path: q.path, offset: q.offset, length: q.length }, accept: 'application/octet-stream' },
+      opts,
+    );
     return opts.format === 'bytes' ? reply.body : reply.body.toString('utf8');
   }
 
@@ -60,7 +63,10 @@ export class Files {
     const mode = opts.mode === undefined ? undefined : opts.mode.toString(8).padStart(4, '0');
     const q = validate(FilePathQuerySchema, { path, mode, append: opts.append === undefined ? undefined : String(opts.append) });
     const body = typeof data === 'string' ? Buffer.from(data) : data;
-    await this.client.request({ method: 'PUT', path: this.#route(), query: { path: q.path, mode: q.mode, append: q.append }, body, contentType: 'application/octet-stream' }, opts);
+    await this.client.request(
+      { method: 'PUT', path: this.#route(), query: { path: q.path, mode: q.mode, append: q.append }, body, contentType: 'application/octet-stream' },
+      opts,
+    );
   }
 
   /** Lists a directory. */

@@ -25,7 +25,9 @@ describe('http', () => {
         } else if (req.url?.startsWith('/v1/limited')) {
           res.writeHead(429, { 'retry-after': '3' }).end(JSON.stringify({ error: { code: 'RATE_LIMITED', message: 'slow down' } }));
         } else {
-          res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ error: { code: 'SANDBOX_NOT_FOUND', message: 'no such sandbox', sandboxId: 'x' } }));
+          res
+            .writeHead(404, { 'content-type': 'application/json' })
+            .end(JSON.stringify({ error: { code: 'SANDBOX_NOT_FOUND', message: 'no such sandbox', sandboxId: 'x' } }));
         }
       });
     });
@@ -49,7 +51,10 @@ describe('http', () => {
       assert.equal(err.details.sandboxId, 'x');
       return true;
     });
-    await assert.rejects(client.json({ method: 'GET', path: '/v1/limited' }), (err: unknown) => err instanceof DsecError && err.code === 'RATE_LIMITED' && err.details.retryAfterMs === 3000);
+    await assert.rejects(
+      client.json({ method: 'GET', path: '/v1/limited' }),
+      (err: unknown) => err instanceof DsecError && err.code === 'RATE_LIMITED' && err.details.retryAfterMs === 3000,
+    );
   });
 
   test('request timeout and caller abort', async () => {
@@ -71,7 +76,10 @@ describe('http', () => {
   });
 
   test('a bad apiUrl is INVALID_ARGUMENT', () => {
-    assert.throws(() => new DsecClient({ apiUrl: 'not a url' }), (err: unknown) => err instanceof DsecError && err.details.field === 'apiUrl');
+    assert.throws(
+      () => new DsecClient({ apiUrl: 'not a url' }),
+      (err: unknown) => err instanceof DsecError && err.details.field === 'apiUrl',
+    );
   });
 });
 

@@ -208,7 +208,12 @@ export async function readAll(stream: NodeJS.ReadableStream): Promise<Buffer> {
 export function networkError(err: unknown, url: URL): DsecError {
   if (err instanceof DsecError) return err;
   const e = err as NodeJS.ErrnoException;
-  return new DsecError('UNAVAILABLE', `cannot reach ${url.origin}: ${e?.code ?? ''} ${e?.message ?? String(err)}`.replace(/\s+/g, ' ').trim(), e?.code ? { errno: e.code } : {}, { cause: err });
+  return new DsecError(
+    'UNAVAILABLE',
+    `cannot reach ${url.origin}: ${e?.code ?? ''} ${e?.message ?? String(err)}`.replace(/\s+/g, ' ').trim(),
+    e?.code ? { errno: e.code } : {},
+    { cause: err },
+  );
 }
 
 const STATUS_FALLBACK: Record<number, ErrorCode> = {

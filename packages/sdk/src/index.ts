@@ -24,7 +24,23 @@ export { KeysApi, ProjectsApi } from './iam.js';
 export { PoolsApi } from './pools.js';
 export { CommandExitError } from './errors.js';
 export { DsecError, isDsecError } from '@dsec/protocol';
-export type { CallBatchItem, CallRequest, CallResult, CallRuntime, DiffEntry, DiffResult, ErrorCode, ErrorDetails, ReplayStep, ReplaySummary, ReplayVerdict, Trajectory, TrajectoryStep, VerifyItem, VerifyResult } from '@dsec/protocol';
+export type {
+  CallBatchItem,
+  CallRequest,
+  CallResult,
+  CallRuntime,
+  DiffEntry,
+  DiffResult,
+  ErrorCode,
+  ErrorDetails,
+  ReplayStep,
+  ReplaySummary,
+  ReplayVerdict,
+  Trajectory,
+  TrajectoryStep,
+  VerifyItem,
+  VerifyResult,
+} from '@dsec/protocol';
 export type {
   ApiKeyInfo,
   ApplyNetworkRequest,

@@ -62,7 +62,7 @@ export class LayersApi {
       { method: 'POST', path: '/v1/layers/debian', body, accept: 'application/x-ndjson', timeoutMs: opts.requestTimeoutMs ?? 0 },
       opts,
     );
-    if (!String(reply.headers['content-type'] ?? '').includes('ndjson')) {
+    if (!(reply.headers['content-type'] ?? '').includes('ndjson')) {
       const chunks: Buffer[] = [];
       for await (const c of reply.body) chunks.push(c as Buffer);
       return JSON.parse(Buffer.concat(chunks).toString('utf8')) as LayerInfo;

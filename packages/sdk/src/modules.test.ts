@@ -18,13 +18,25 @@ let client: DsecClient;
 let seen: string[] = [];
 
 const sandboxInfo = (id: string, state = 'running') => ({ id, state, project: 'p' });
-const exitOf = (exitCode: number) => ({ exitCode, signal: null, timedOut: false, oomKilled: false, durationMs: 1, cpuUserMs: 0, cpuSysMs: 0, peakMemoryKiB: 1, stdoutBytes: 2, stderrBytes: 0 });
+const exitOf = (exitCode: number) => ({
+  exitCode,
+  signal: null,
+  timedOut: false,
+  oomKilled: false,
+  durationMs: 1,
+  cpuUserMs: 0,
+  cpuSysMs: 0,
+  peakMemoryKiB: 1,
+  stdoutBytes: 2,
+  stderrBytes: 0,
+});
 
 /** Answers each route with a canned body; records `METHOD path` of every request. */
 function answer(method: string, path: string, body: string): unknown {
   const route = path.replace(`/v1/sandboxes/${ID}`, '');
   if (method === 'GET' && route === '') return sandboxInfo(ID);
-  if (method === 'POST' && route === '/exec') return { ...exitOf(JSON.parse(body).cmd === 'false' ? 1 : 0), pid: 4, stdout: 'hi', stderr: '', truncated: false };
+  if (method === 'POST' && route === '/exec')
+    return { ...exitOf(JSON.parse(body).cmd === 'false' ? 1 : 0), pid: 4, stdout: 'hi', stderr: '', truncated: false };
   if (method === 'GET' && route === '/processes') return { items: [{ pid: 4, osPid: 99, argv: ['sh'], state: 'exited', stdoutBytes: 2, stderrBytes: 0 }] };
   if (route.startsWith('/network/log')) return { items: [{ sandboxId: ID, via: 'dns', host: 'x.test', port: 443, verdict: 'denied' }] };
   if (route === '/network') return { policy: { mode: 'none' }, stats: { bytesIn: 0, bytesOut: 0, connections: 0, totalConnections: 0, allowed: 0, denied: 0 } };

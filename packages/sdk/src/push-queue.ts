@@ -55,7 +55,7 @@ export class PushQueue<T> implements AsyncIterable<T> {
   /** Takes the next item; resolves done once ended and empty. */
   next(): Promise<IteratorResult<T>> {
     if (this.#items.length > 0) return Promise.resolve({ value: this.#items.shift() as T, done: false });
-    if (this.#ended) return this.#hasError ? Promise.reject(this.#error) : Promise.resolve({ value: undefined, done: true });
+    if (this.#ended) return this.#hasError ? Promise.reject(this.#error as Error) : Promise.resolve({ value: undefined, done: true });
     return new Promise((resolve, reject) => {
       this.#waiter = resolve;
       this.#failWaiter = reject;

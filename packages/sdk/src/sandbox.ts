@@ -260,4 +260,3 @@ export class Sandbox {
     return this.trajectory.replay(opts);
   }
 }
-

@@ -1,5 +1,13 @@
 // Creating, finding, listing and removing sandboxes: what the static methods of Sandbox do.
-import { CreateSandboxBatchRequestSchema, CreateSandboxRequestSchema, DEFAULT_ADMISSION_WAIT_MS, DsecError, IDEMPOTENCY_KEY_HEADER, IdempotencyKeySchema, ListSandboxesQuerySchema } from '@dsec/protocol';
+import {
+  CreateSandboxBatchRequestSchema,
+  CreateSandboxRequestSchema,
+  DEFAULT_ADMISSION_WAIT_MS,
+  DsecError,
+  IDEMPOTENCY_KEY_HEADER,
+  IdempotencyKeySchema,
+  ListSandboxesQuerySchema,
+} from '@dsec/protocol';
 import type { BatchEvent } from '@dsec/protocol';
 import { clientFrom } from './client.js';
 import type { CallOptions, ConnectionOptions, DsecClient } from './client.js';
@@ -90,13 +98,22 @@ export async function create(make: SandboxFactory, opts: SandboxCreateOptions & 
 }
 
 /** See {@link Sandbox.createBatch}. */
-export async function createBatch(make: SandboxFactory, request: SandboxBatchRequest, opts: BatchCreateOptions = {}, conn: ConnectionOptions = {}): Promise<BatchCreateResult> {
+export async function createBatch(
+  make: SandboxFactory,
+  request: SandboxBatchRequest,
+  opts: BatchCreateOptions = {},
+  conn: ConnectionOptions = {},
+): Promise<BatchCreateResult> {
   const client = clientFrom(conn);
   let body = validate(CreateSandboxBatchRequestSchema, request);
   if (client.ownerSession) {
     // This client's owner session owns the batch's sandboxes too, unless they name one.
     const owner = await client.ownerSession.id(defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }));
-    body = { ...body, ...(body.spec ? { spec: { owner, ...body.spec } } : {}), ...(body.items ? { items: body.items.map((it) => (it && typeof it === 'object' ? { owner, ...it } : it)) } : {}) };
+    body = {
+      ...body,
+      ...(body.spec ? { spec: { owner, ...body.spec } } : {}),
+      ...(body.items ? { items: body.items.map((it) => (it && typeof it === 'object' ? { owner, ...it } : it)) } : {}),
+    };
   }
   const reply = await client.stream(
     { method: 'POST', path: '/v1/sandboxes:batch', body, accept: 'application/x-ndjson', headers: idempotencyHeaders(opts.idempotencyKey) },
@@ -141,7 +158,8 @@ export async function find(make: SandboxFactory, opts: SandboxListOptions, conn:
   const out: Sandbox[] = [];
   for await (const info of list(opts, { client })) {
     const sandbox = make(client, info.id, info);
-    if (client.ownerSession && conn.claim !== false) await sandbox.setOwner(await client.ownerSession.id(defined({ signal: opts.signal })), defined({ signal: opts.signal }));
+    if (client.ownerSession && conn.claim !== false)
+      await sandbox.setOwner(await client.ownerSession.id(defined({ signal: opts.signal })), defined({ signal: opts.signal }));
     out.push(sandbox);
   }
   return out;

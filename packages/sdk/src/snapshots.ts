@@ -49,7 +49,10 @@ export class Snapshots {
   async fork(count: number, opts: ForkOptions = {}): Promise<ForkOutcome> {
     const { signal, requestTimeoutMs, ...rest } = opts;
     const body = validate(ForkRequestSchema, defined({ count, ...rest }));
-    const reply = await this.#scope.client.json<ForkResult>({ method: 'POST', path: this.#scope.route('/fork'), body }, defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 }));
+    const reply = await this.#scope.client.json<ForkResult>(
+      { method: 'POST', path: this.#scope.route('/fork'), body },
+      defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 }),
+    );
     return { snapshot: reply.snapshot, sandboxes: reply.sandboxes.map((info) => this.#scope.adopt(info)) };
   }
 }

@@ -33,7 +33,10 @@ test('packDir and unpackInto round-trip files, modes, dirs and symlinks', async 
 test('unpackInto refuses entries that escape the target or pass through a symlink', async () => {
   for (const entries of [
     [{ name: '../evil', content: 'x' }],
-    [{ name: 'l', link: '/etc' }, { name: 'l/passwd', content: 'x' }],
+    [
+      { name: 'l', link: '/etc' },
+      { name: 'l/passwd', content: 'x' },
+    ],
   ]) {
     const pack = tar.pack();
     for (const e of entries) {

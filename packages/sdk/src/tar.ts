@@ -59,7 +59,8 @@ export async function unpackInto(stream: NodeJS.ReadableStream, dir: string): Pr
       continue;
     }
     const target = path.resolve(root, rel);
-    if (target !== root && !target.startsWith(root + path.sep)) throw new DsecError('INVALID_ARGUMENT', `tar entry escapes the target: ${h.name}`, { path: h.name });
+    if (target !== root && !target.startsWith(root + path.sep))
+      throw new DsecError('INVALID_ARGUMENT', `tar entry escapes the target: ${h.name}`, { path: h.name });
     for (let p = path.dirname(target); p !== root && p.startsWith(root); p = path.dirname(p)) {
       if (links.has(p)) throw new DsecError('INVALID_ARGUMENT', `tar entry goes through a symlink: ${h.name}`, { path: h.name });
     }

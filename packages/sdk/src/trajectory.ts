@@ -53,7 +53,11 @@ export interface TrajectoryApi {
 export function trajectoryApi(scope: SandboxScope): TrajectoryApi {
   const { client } = scope;
   const page = async (opts: TrajectoryOptions = {}): Promise<Trajectory> => {
-    const query = validate(TrajectoryQuerySchema, defined({ after: opts.after, limit: opts.limit, content: opts.content === undefined ? undefined : String(opts.content) }), 'query');
+    const query = validate(
+      TrajectoryQuerySchema,
+      defined({ after: opts.after, limit: opts.limit, content: opts.content === undefined ? undefined : String(opts.content) }),
+      'query',
+    );
     return client.json<Trajectory>(
       { method: 'GET', path: scope.route('/trajectory'), query: { after: query.after, limit: query.limit, content: query.content } },
       defined({ signal: opts.signal, requestTimeoutMs: opts.requestTimeoutMs }),

@@ -16,7 +16,12 @@ export interface WsExec {
 }
 
 /** Opens `/v1/sandboxes/{id}/exec/ws`, sends the request and waits for the start event. */
-export async function openWsExec(client: DsecClient, sandboxId: string, request: object, opts: { signal?: AbortSignal | undefined; timeoutMs: number }): Promise<WsExec> {
+export async function openWsExec(
+  client: DsecClient,
+  sandboxId: string,
+  request: object,
+  opts: { signal?: AbortSignal | undefined; timeoutMs: number },
+): Promise<WsExec> {
   opts.signal?.throwIfAborted();
   const target = client.target;
   const url = new URL(target.apiUrl.toString());
@@ -32,7 +37,7 @@ export async function openWsExec(client: DsecClient, sandboxId: string, request:
   ws.on('message', (data, isBinary) => {
     if (isBinary) return;
     try {
-      events.push(JSON.parse(String(data)) as ExecEvent);
+      events.push(JSON.parse(textOf(data)) as ExecEvent);
     } catch (err) {
       events.fail(new DsecError('INTERNAL', `exec ws: bad message: ${(err as Error).message}`));
     }
@@ -43,10 +48,13 @@ export async function openWsExec(client: DsecClient, sandboxId: string, request:
   });
 
   const start = await new Promise<{ pid: number }>((resolve, reject) => {
-    const timer = opts.timeoutMs > 0 ? setTimeout(() => (ws.terminate(), reject(new DsecError('TIMEOUT', `exec ws: no start within ${opts.timeoutMs} ms`))), opts.timeoutMs) : undefined;
+    const timer =
+      opts.timeoutMs > 0
+        ? setTimeout(() => (ws.terminate(), reject(new DsecError('TIMEOUT', `exec ws: no start within ${opts.timeoutMs} ms`))), opts.timeoutMs)
+        : undefined;
     const fail = (err: unknown): void => {
       clearTimeout(timer);
-      reject(opts.signal?.aborted ? opts.signal.reason : err);
+      reject((opts.signal?.aborted ? opts.signal.reason : err) as Error);
     };
     // A refused upgrade carries the API's error body; read it before the socket goes.
     let refused = false;
@@ -97,4 +105,10 @@ export async function openWsExec(client: DsecClient, sandboxId: string, request:
       resize: (rows, cols) => sendMessage({ type: 'resize', rows, cols }),
     },
   };
+}
+
+/** The text of a WebSocket message (a Buffer, or fragments of one). */
+function textOf(data: Buffer | ArrayBuffer | Buffer[]): string {
+  if (Buffer.isBuffer(data)) return data.toString('utf8');
+  return (Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data)).toString('utf8');
 }
