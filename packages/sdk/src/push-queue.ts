@@ -6,7 +6,8 @@ export class PushQueue<T> implements AsyncIterable<T> {
   #waiter: ((r: IteratorResult<T>) => void) | undefined;
   #failWaiter: ((err: unknown) => void) | undefined;
   #ended = false;
-  #error: unknown;
+  /** What `fail` was given (rejected as it is: the queue never wraps it). */
+  #error: Error = new Error('queue failed');
   #hasError = false;
 
   /** Number of items not yet taken. */
@@ -45,7 +46,7 @@ export class PushQueue<T> implements AsyncIterable<T> {
     if (this.#ended) return;
     this.#ended = true;
     this.#hasError = true;
-    this.#error = err;
+    this.#error = err as Error;
     const f = this.#failWaiter;
     this.#waiter = undefined;
     this.#failWaiter = undefined;
@@ -55,7 +56,7 @@ export class PushQueue<T> implements AsyncIterable<T> {
   /** Takes the next item; resolves done once ended and empty. */
   next(): Promise<IteratorResult<T>> {
     if (this.#items.length > 0) return Promise.resolve({ value: this.#items.shift() as T, done: false });
-    if (this.#ended) return this.#hasError ? Promise.reject(this.#error as Error) : Promise.resolve({ value: undefined, done: true });
+    if (this.#ended) return this.#hasError ? Promise.reject(this.#error) : Promise.resolve({ value: undefined, done: true });
     return new Promise((resolve, reject) => {
       this.#waiter = resolve;
       this.#failWaiter = reject;
