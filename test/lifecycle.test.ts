@@ -219,15 +219,10 @@ describe('platform: leases, owners, reattach', () => {
   const labels = { run: RUN };
 
   before(async () => {
-    tp = await startTestPlatform({ watchIntervalMs: 200 });
     // The node's events (sandbox.paused/resumed) and the control plane's (owner.lost, idle and
     // owner lease.exceeded), which go to the watcher's pipeline.
+    tp = await startTestPlatform({ watchIntervalMs: 200, observeEvents: (ev) => events.push(ev) });
     tp.platform.edge.onEvent((ev) => events.push(ev));
-    const toPipeline = tp.platform.controlPlane.raise;
-    tp.platform.controlPlane.raise = (ev) => {
-      events.push(ev);
-      toPipeline(ev);
-    };
     client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey });
   });
 
@@ -534,7 +529,7 @@ describe('platform: leases, owners, reattach', () => {
       assert.equal(claimed.owner, owner.id);
       assert.deepEqual(claimed.lease, { idleTimeoutMs: 5000, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: false });
       assert.equal(Date.parse(claimed.expiresAt) - Date.parse(claimed.createdAt), 3_600_000);
-      assert.ok(tp!.platform.controlPlane.counters.poolClaims >= 1, 'it came from the pool');
+      assert.ok(tp!.platform.services.counters.poolClaims >= 1, 'it came from the pool');
       await Sandbox.kill(claimed.id, { client });
     } finally {
       await api('DELETE', `/v1/pools/${pool}`);

@@ -7,6 +7,7 @@ import {
   ListAuditQuerySchema,
   ListEventsQuerySchema,
   invalidArgument,
+  parseOrThrow,
   withDeniedNames,
 } from '@dsec/protocol';
 import type { AuditEntryBody, EventBody, EventKind, RuleBody, SandboxSpec } from '@dsec/protocol';
@@ -14,7 +15,6 @@ import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, 
 import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
 import { requireRole, roleAtLeast } from './auth.js';
 import type { Principal } from './auth.js';
-import { parseInput } from './control-plane.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
 import { DEFAULT_AUDIT_RETENTION, DEFAULT_EVENT_RETENTION, WatchStore } from './db/watch-store.js';
@@ -119,7 +119,7 @@ export class WatchService {
   }
 
   private parseEventQuery(p: Principal, query: unknown): EventQuery {
-    const q = parseInput(ListEventsQuerySchema, query, 'query');
+    const q = parseOrThrow(ListEventsQuerySchema, query, 'query');
     const out: EventQuery = { ...this.eventScope(p), order: q.order ?? 'desc', limit: q.limit ?? DEFAULT_WATCH_PAGE_SIZE };
     if (q.kind) out.kinds = q.kind.split(',') as EventKind[];
     if (q.severity) out.severities = severitiesFrom(q.severity);
@@ -250,7 +250,7 @@ export class WatchService {
   }
 
   private parseAuditQuery(p: Principal, query: unknown): AuditQuery {
-    const q = parseInput(ListAuditQuerySchema, query, 'query');
+    const q = parseOrThrow(ListAuditQuerySchema, query, 'query');
     const out: AuditQuery = { projectIds: this.auditScope(p), order: q.order ?? 'desc', limit: q.limit ?? DEFAULT_WATCH_PAGE_SIZE };
     if (q.since) out.since = new Date(q.since).toISOString();
     if (q.sandbox) out.sandboxId = q.sandbox;
@@ -294,7 +294,7 @@ export class WatchService {
   /** Adds a rule in the caller's project; it applies there and in the projects below. */
   async createRule(p: Principal, body: unknown): Promise<RuleBody> {
     requireRole(p, 'admin');
-    const spec = parseInput(CreateRuleRequestSchema, body);
+    const spec = parseOrThrow(CreateRuleRequestSchema, body);
     if (spec.kind === 'event' && spec.suppress && p.projectId !== ROOT_PROJECT_ID) {
       throw new DsecError('PERMISSION_DENIED', "suppress: only the root project's admins may drop events", { field: 'suppress' });
     }

@@ -8,3 +8,5 @@ export * from './watch.js';
 export * from './network.js';
 export { parseOrThrow } from './parse.js';
 export type { EdgeCalls, EdgeClient, EdgeExecOptions, EdgeLayers, EdgeSandbox, LayerBuildOptions, LayerBuildSource, NodeCapacity, NodeGarbageReport, NodePauseResult, OutputEvent, ProcessStream } from './edge-client.js';
+export { DEFAULT_LAYER_TAG, normalizeLayerName } from './layer-names.js';
+export type { CreateKeyRequest, CreateProjectRequest, DebianLayerRequest, OutputQuery, ResumeRequest, SnapshotRequest, TrajectoryQuery, UploadLayerQuery } from './request-types.js';
