@@ -20,6 +20,7 @@ import {
   NetworkPolicyPatchSchema,
   NetworkPolicySchema,
   applyNetworkPatch,
+  normalizeNetworkPolicy,
   withDeniedNames,
   CreateSandboxRequestSchema,
   DEFAULT_OWNER_GRACE_MS,
@@ -303,7 +304,7 @@ export class ControlPlane implements PoolHost {
    */
   async loadAllocations(): Promise<void> {
     const onNodes = new Map<string, string>();
-    for (const n of this.nodes.all()) for (const s of n.client.list()) onNodes.set(s.id, s.state);
+    for (const n of this.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
     for (const row of await this.store.allSandboxes()) {
       if (row.state === PAUSING || row.state === RESUMING) {
         const actual = onNodes.get(row.id) === 'paused' ? 'paused' : 'running';
@@ -1493,11 +1494,10 @@ export class ControlPlane implements PoolHost {
       const denied = (await this.deniedNames?.(row.project_id)) ?? [];
       let info;
       if (denied.length === 0) {
-        info = how === 'replace' ? await edge.setNetwork(row.id, body) : await edge.patchNetwork(row.id, body);
+        info = await edge.setNetwork(row.id, await this.nextPolicy(edge, row.id, body, how));
       } else {
         // The new policy is worked out here so that the rules' denied names stay in it.
-        const next = how === 'replace' ? parseInput(NetworkPolicySchema, body, 'network') : applyNetworkPatch((await edge.networkInfo(row.id)).policy, parseInput(NetworkPolicyPatchSchema, body, 'network'));
-        info = await edge.setNetwork(row.id, withDeniedNames(next, denied));
+        info = await edge.setNetwork(row.id, withDeniedNames(await this.nextPolicy(edge, row.id, body, how), denied));
       }
       const spec = JSON.parse((await this.store.sandboxOnly(row.id))?.spec ?? row.spec) as Record<string, unknown>;
       await this.store.setSandboxSpec(row.id, JSON.stringify({ ...spec, network: info.policy }));
@@ -1505,11 +1505,18 @@ export class ControlPlane implements PoolHost {
     });
   }
 
+  /** The policy a replace or a patch leads to, validated and in its normal form. */
+  private async nextPolicy(edge: EdgeClient, id: string, body: unknown, how: 'replace' | 'patch'): Promise<NetworkPolicy> {
+    if (how === 'replace') return normalizeNetworkPolicy(parseInput(NetworkPolicySchema, body, 'network'));
+    const patched = applyNetworkPatch((await edge.networkInfo(id)).policy, parseInput(NetworkPolicyPatchSchema, body, 'network'));
+    return normalizeNetworkPolicy(parseInput(NetworkPolicySchema, patched, 'network'));
+  }
+
   /** A sandbox's network: policy, addresses, counters. */
   async getNetwork(p: Principal, id: string): Promise<SandboxNetwork> {
     // Host-side state: a paused sandbox keeps its network (links, policy) and is shown as it is.
     const { row, edge } = await this.route(p, id, 'viewer', { paused: 'allow' });
-    return edge.networkInfo(row.id) as SandboxNetwork;
+    return edge.networkInfo(row.id);
   }
 
   /** The latest egress attempts of a sandbox, oldest first. */

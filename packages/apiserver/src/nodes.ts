@@ -1,50 +1,8 @@
 // The nodes the control plane can place sandboxes on, each reached through an EdgeClient.
-import type { Edge } from '@dsec/edge';
-import type { BackendKind } from '@dsec/protocol';
+import type { BackendKind, EdgeClient } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
-/**
- * What the control plane needs of an edge. `Edge` (in-process, the single-node default)
- * satisfies it as is; a remote edge implements the same shape over the network.
- */
-export type EdgeClient = Pick<
-  Edge,
-  | 'nodeName'
-  | 'capacity'
-  | 'create'
-  | 'claim'
-  | 'destroy'
-  | 'list'
-  | 'exec'
-  | 'exitInfo'
-  | 'spawn'
-  | 'processes'
-  | 'attach'
-  | 'writeStdin'
-  | 'signal'
-  | 'resize'
-  | 'readFile'
-  | 'writeFile'
-  | 'listDir'
-  | 'stat'
-  | 'mkdir'
-  | 'remove'
-  | 'rename'
-  | 'symlink'
-  | 'stats'
-  | 'pause'
-  | 'resume'
-  | 'snapshot'
-  | 'diff'
-  | 'verify'
-  | 'layers'
-  | 'calls'
-  | 'collectGarbage'
-  | 'setNetwork'
-  | 'patchNetwork'
-  | 'networkInfo'
-  | 'networkLog'
->;
+export type { EdgeClient };
 
 /** A node as the control plane tracks it. */
 export interface NodeEntry extends NodeView {

@@ -8,7 +8,8 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
-import type { NetworkOptions, NodeGarbageReport } from '@dsec/edge';
+import type { NetworkOptions } from '@dsec/edge';
+import type { NodeGarbageReport } from '@dsec/protocol';
 import { DsecError } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
@@ -190,7 +191,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         nodes: () =>
           nodes.all().map((n) => ({
             name: n.name,
-            sandboxIds: async () => n.client.list().map((s) => s.id),
+            sandboxIds: async () => (await n.client.list()).map((s) => s.id),
             destroyOrphan: (id) => n.client.destroy(id),
             collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
           })),

@@ -91,7 +91,7 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
     const rec = await t.log.beginExec(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
     try {
       const att = await t.edge.spawn(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) }).catch(rec.failed);
-      rec.started(att.proc, t.edge);
+      rec.started(att.pid, t.edge);
       await att.detach();
       rec.follow();
     } catch (err) {

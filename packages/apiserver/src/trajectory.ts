@@ -9,7 +9,7 @@
 import { createHash } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type { ExecSpec, ExitInfo, ImageSpec, RecordedBytes, Resources, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
-import type { OutputEvent } from '@dsec/edge';
+import type { OutputEvent } from '@dsec/protocol';
 import type { TrajectoryStepTable, TrajectoryTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
 import type { EdgeClient } from './nodes.js';
@@ -220,7 +220,7 @@ export class ExecRecording extends StepRecording {
   readonly stderr = new ByteRecorder(TRAJECTORY_OUTPUT_COPY_BYTES);
   private readonly stdin = new ByteRecorder(TRAJECTORY_DATA_COPY_BYTES);
   private proc: number | undefined;
-  private edge: Pick<EdgeClient, 'attach' | 'exitInfo'> | undefined;
+  private edge: Pick<EdgeClient, 'attach'> | undefined;
   private following = false;
 
   constructor(
@@ -257,7 +257,7 @@ export class ExecRecording extends StepRecording {
    * The command started as process `proc` on `edge`: stored now as running (it may outlive the
    * episode); `follow` reads it on from there if its reader goes.
    */
-  started(proc: number, edge: Pick<EdgeClient, 'attach' | 'exitInfo'>): void {
+  started(proc: number, edge: Pick<EdgeClient, 'attach'>): void {
     this.proc = proc;
     this.edge = edge;
     this.log.running(this);
@@ -315,7 +315,7 @@ export class ExecRecording extends StepRecording {
     void (async () => {
       const att = await edge.attach(this.sandboxId, proc, { stdout: this.stdout.end, stderr: this.stderr.end });
       for await (const ev of att) this.onOutput(ev);
-      this.exited(await edge.exitInfo(this.sandboxId, await att.exited));
+      this.exited(await att.exited);
     })().catch(() => {
       // The sandbox (or its agent) went before the command ended: the step stays as running.
       this.log.notRunning(this);

@@ -4,14 +4,40 @@ import { randomBytes } from 'node:crypto';
 import { access, chmod, mkdir, readFile } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DiffOptionsSchema, DsecError, ExecSpecSchema, NetworkPolicyPatchSchema, NetworkPolicySchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, VerifyRequestSchema, applyNetworkPatch, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
-import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, NetworkPolicy, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
-import type { z } from 'zod';
+import { DsecError, SYSCALL_NAMES, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
+import type {
+  BackendKind,
+  DiffOptions,
+  DiffResult,
+  EdgeClient,
+  EdgeExecOptions,
+  EdgeSandbox,
+  EgressLogEntryBody,
+  EventSink,
+  ExitInfo,
+  NodeCapacity,
+  NodeGarbageReport,
+  RaisedEvent,
+  ExecResult,
+  ExecSpec,
+  FileStat,
+  LayerInfo,
+  NetworkPolicy,
+  ProcessInfo,
+  SandboxClaim,
+  SandboxNetwork,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  VerifyRequest,
+  VerifyResult,
+} from '@dsec/protocol';
 import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
 import { ContainerBackend } from './backends/container/backend.js';
 import type { GarbageReport } from './backends/container/backend.js';
 import { FnCallBackend } from './backends/fncall/backend.js';
-import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
+import type { AgentExit, SpawnOptions } from './chronus/client.js';
+import { EdgeProcessStream } from './process-stream.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import type { IdShift } from './host/idmap.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
@@ -25,8 +51,7 @@ import type { SandboxLayersView } from './diff.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 import { NodeNetwork } from './net/network.js';
-import type { NetworkOptions, SandboxNetworkInfo } from './net/network.js';
-import type { EgressLogEntry } from './net/types.js';
+import type { NetworkOptions } from './net/network.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
 export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
@@ -86,33 +111,9 @@ export const SURVIVOR_GRACE_MS = 500;
 /** Survivor pids remembered per sandbox (each is reported once). */
 const MAX_REPORTED_SURVIVORS = 1024;
 
-/** What {@link Edge.collectGarbage} removed (layer mounts included). */
-export interface NodeGarbageReport extends GarbageReport {
-  /** Unused layer mounts a previous process left. */
-  layerMounts: number;
-}
-
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
 export const DEFAULT_MAX_SANDBOXES = 4000;
 
-/** What a node offers, before over-commit. */
-export interface NodeCapacity {
-  cpu: number;
-  memoryMiB: number;
-  sandboxes: number;
-  backends: BackendKind[];
-}
-
-/** A sandbox as edge reports it. */
-export interface SandboxInfo {
-  id: string;
-  node: string;
-  backend: BackendKind;
-  state: SandboxState;
-  spec: SandboxSpec;
-  layers: string[];
-  createdAt: string;
-}
 
 /** Options of {@link Edge.snapshot}. */
 export interface SnapshotOptions {
@@ -129,13 +130,7 @@ export const SNAPSHOT_PARENTS_LABEL = 'dsec.snapshot.parents';
 export const SNAPSHOT_SANDBOX_LABEL = 'dsec.snapshot.sandbox';
 
 /** Options of {@link Edge.exec}. */
-export interface ExecOptions {
-  signal?: AbortSignal;
-  /** Called with each chunk of output as it arrives. */
-  onOutput?: (ev: OutputEvent) => void;
-  /** Cap on collected stdout and stderr (each); the rest is drained and `truncated` set. */
-  maxOutputBytes?: number;
-}
+export type ExecOptions = EdgeExecOptions;
 
 interface Entry {
   record: BackendSandbox;
@@ -168,16 +163,8 @@ const MAX_OOM_BASELINES = 4096;
 
 const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
 
-function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
-  const res = schema.safeParse(value);
-  if (res.success) return res.data;
-  const issue = res.error.issues[0];
-  const field = [prefix, ...(issue?.path ?? []).map(String)].filter(Boolean).join('.');
-  throw invalidArgument(field || prefix, issue?.message ?? 'invalid');
-}
-
 /** The node agent. */
-export class Edge {
+export class Edge implements EdgeClient {
   private readonly sandboxes = new Map<string, Entry>();
   /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
   private readonly creating = new Set<string>();
@@ -472,8 +459,7 @@ export class Edge {
   }
 
   /** Creates a sandbox and waits until its agent answers. */
-  async create(input: unknown, opts: { id?: string; signal?: AbortSignal } = {}): Promise<SandboxInfo> {
-    const spec = parse(SandboxSpecSchema, input, '');
+  async create(spec: SandboxSpec, opts: { id?: string; signal?: AbortSignal } = {}): Promise<EdgeSandbox> {
     const kind = spec.backend ?? 'container';
     const backend = this.backends.get(kind);
     if (!backend) throw new DsecError('INVALID_ARGUMENT', `backend: ${kind} is not available on this node`, { field: 'backend' });
@@ -504,7 +490,7 @@ export class Edge {
     let record: BackendSandbox;
     try {
       record = await backend.create({ id, spec, layers }, opts.signal);
-      if (networked) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network as NetworkPolicy));
+      if (networked && spec.network) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network));
     } finally {
       this.creating.delete(id);
     }
@@ -538,8 +524,7 @@ export class Edge {
    * the claimer's env from now on and it carries the claimer's labels, as if it had been created
    * with them. Refused (CONFLICT) for a sandbox that anything has used, or claimed, before.
    */
-  async claim(id: string, input: unknown): Promise<SandboxInfo> {
-    const claim = parse(SandboxClaimSchema, input, '');
+  async claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox> {
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     if (e.used) throw new DsecError('CONFLICT', `sandbox ${id} was used before; it cannot be claimed`, { sandboxId: id });
@@ -576,24 +561,18 @@ export class Edge {
     return e.backend.netnsPath(id);
   }
 
-  /** Replaces a sandbox's network policy; in force for new connections when this returns. */
-  async setNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
-    const policy = normalizeNetworkPolicy(parse(NetworkPolicySchema, input, 'network'));
-    return this.changeNetwork(id, () => policy);
-  }
-
-  /** Patches a sandbox's network policy (add or remove rules, presets, addresses, mirrors). */
-  async patchNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
-    const patch = parse(NetworkPolicyPatchSchema, input, 'network');
-    return this.changeNetwork(id, (current) => normalizeNetworkPolicy(parse(NetworkPolicySchema, applyNetworkPatch(current, patch), 'network')));
-  }
-
-  private async changeNetwork(id: string, next: (current: NetworkPolicy) => NetworkPolicy): Promise<SandboxNetworkInfo> {
+  /**
+   * Replaces a sandbox's network policy; in force for new connections when this returns. The
+   * policy is put in its normal form here too (cheap, and the node's state must not depend on
+   * the caller having done it).
+   */
+  async setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork> {
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     const wasLinked = this.network.resolvConf(id) !== undefined;
-    const policy = await this.network.apply(id, next, () => this.netnsPath(id));
-    e.record = { ...e.record, spec: { ...e.record.spec, network: policy } };
+    const normal = normalizeNetworkPolicy(policy);
+    const applied = await this.network.apply(id, () => normal, () => this.netnsPath(id));
+    e.record = { ...e.record, spec: { ...e.record.spec, network: applied } };
     if (!wasLinked) {
       const conf = this.network.resolvConf(id);
       // Through withAgent: a pause that begins meanwhile waits for the write.
@@ -603,13 +582,13 @@ export class Edge {
   }
 
   /** A sandbox's network: policy, addresses, traffic and attempt counters. */
-  networkInfo(id: string): SandboxNetworkInfo {
+  async networkInfo(id: string): Promise<SandboxNetwork> {
     this.entry(id);
     return this.network.info(id);
   }
 
   /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
-  networkLog(id: string, limit?: number): EgressLogEntry[] {
+  async networkLog(id: string, limit?: number): Promise<EgressLogEntryBody[]> {
     this.entry(id);
     return this.network.log(id, limit);
   }
@@ -620,7 +599,7 @@ export class Edge {
     return e;
   }
 
-  private toInfo(e: Entry): SandboxInfo {
+  private toInfo(e: Entry): EdgeSandbox {
     return {
       id: e.record.id,
       node: this.nodeName,
@@ -633,12 +612,12 @@ export class Edge {
   }
 
   /** One sandbox. */
-  info(id: string): SandboxInfo {
+  info(id: string): EdgeSandbox {
     return this.toInfo(this.entry(id));
   }
 
   /** Every sandbox on this node. */
-  list(): SandboxInfo[] {
+  async list(): Promise<EdgeSandbox[]> {
     return [...this.sandboxes.values()].map((e) => this.toInfo(e));
   }
 
@@ -754,27 +733,27 @@ export class Edge {
     }
   }
 
-  /** Starts a command and returns its attachment (output, stdin, kill, exit). */
-  async spawn(id: string, input: unknown): Promise<Attachment> {
-    const spec = parse(ExecSpecSchema, input, '');
-    const att = await this.start(id, spec);
-    if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, !spec.keepStdinOpen);
-    return att;
+  /** Starts a command and returns its stream (output, stdin, kill, exit). */
+  async spawn(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
+    const proc = await this.start(id, spec);
+    if (spec.stdin !== undefined) await writeStdinIgnoringExit(proc, spec.stdin, !spec.keepStdinOpen);
+    return proc;
   }
 
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
-  private async start(id: string, spec: ExecSpec): Promise<Attachment> {
+  private async start(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
     const e = this.entry(id);
     const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
     const netEnv = this.network.env(id);
     const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, netEnv ? { ...netEnv, ...e.record.spec.env } : e.record.spec.env)));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
+    const proc = new EdgeProcessStream(att, (exit) => this.exitInfo(id, exit));
     void att.exited.then(
       () => this.scheduleSurvivorCheck(id),
       () => undefined,
     );
-    return att;
+    return proc;
   }
 
   /** Forgets an exited process (its output and exit report). */
@@ -784,11 +763,10 @@ export class Edge {
   }
 
   /** Runs a command to completion and collects its output. */
-  async exec(id: string, input: unknown, opts: ExecOptions = {}): Promise<ExecResult> {
-    const spec = parse(ExecSpecSchema, input, '');
+  async exec(id: string, spec: ExecSpec, opts: ExecOptions = {}): Promise<ExecResult> {
     const att = await this.start(id, spec);
     const max = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
-    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+    const out = { stdout: [] as Uint8Array[], stderr: [] as Uint8Array[] };
     const size = { stdout: 0, stderr: 0 };
     let truncated = false;
     att.onOutput((ev) => {
@@ -808,19 +786,18 @@ export class Edge {
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     try {
       if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, true);
-      const exit = await att.exited;
+      const result = await att.exited;
       opts.signal?.throwIfAborted();
-      const result = await this.exitInfo(id, exit);
       return { ...result, stdout: Buffer.concat(out.stdout).toString('utf8'), stderr: Buffer.concat(out.stderr).toString('utf8'), truncated };
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
       // Nobody reattaches to a command whose result was returned: free it without waiting.
-      this.release(id, att.proc).catch(() => undefined);
+      this.release(id, att.pid).catch(() => undefined);
     }
   }
 
   /** Converts an agent exit report, telling OOM kills from other SIGKILLs. */
-  async exitInfo(id: string, exit: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr' | 'truncated'>> {
+  private exitInfo(id: string, exit: AgentExit): ExitInfo {
     let oomKilled = false;
     const e = this.sandboxes.get(id);
     // A shell reports a child's SIGKILL as status 137: check the counter for both. An OOM
@@ -852,14 +829,14 @@ export class Edge {
     const out: ProcessInfo[] = [];
     for (const p of list) {
       const info: ProcessInfo = { pid: p.proc, osPid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
-      if (p.exit) info.exit = await this.exitInfo(id, p.exit);
+      if (p.exit) info.exit = this.exitInfo(id, p.exit);
       out.push(info);
     }
     return out;
   }
 
   /** Reattaches to a process from byte offsets. */
-  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
+  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<EdgeProcessStream> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends.
     let e = this.entry(id);
@@ -882,7 +859,7 @@ export class Edge {
         () => conn.close(),
       );
       att.onDetach(() => conn.close());
-      return att;
+      return new EdgeProcessStream(att, (exit) => this.exitInfo(id, exit));
     } catch (err) {
       agent?.close();
       throw err;
@@ -1035,8 +1012,7 @@ export class Edge {
    * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
    * written during the walk may be listed half-written.
    */
-  async diff(id: string, input: unknown = {}): Promise<DiffResult> {
-    const opts = parse(DiffOptionsSchema, input, '');
+  async diff(id: string, opts: DiffOptions = {}): Promise<DiffResult> {
     const e = this.entry(id);
     return diffLayers(this.layersView(id, e), {
       ...(opts.paths ? { paths: opts.paths } : {}),
@@ -1048,8 +1024,7 @@ export class Edge {
   }
 
   /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
-  async verify(id: string, input: unknown): Promise<VerifyResult> {
-    const req = parse(VerifyRequestSchema, input, '');
+  async verify(id: string, req: VerifyRequest): Promise<VerifyResult> {
     return verifyLayers(this.layersView(id, this.entry(id)), req.expected);
   }
 
@@ -1173,7 +1148,7 @@ async function readProcStatus(hostPid: number): Promise<{ pid: number; session: 
 }
 
 /** Writes stdin; a command that already exited (or closed stdin) is not an error here. */
-async function writeStdinIgnoringExit(att: Attachment, data: string | Uint8Array, eof: boolean): Promise<void> {
+async function writeStdinIgnoringExit(att: EdgeProcessStream, data: string | Uint8Array, eof: boolean): Promise<void> {
   try {
     await att.write(data, eof);
   } catch (err) {

@@ -1,5 +1,7 @@
 export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, PAUSE_DRAIN_TIMEOUT_MS, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL, DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './edge.js';
-export type { EdgeOptions, ExecOptions, NodeCapacity, NodeGarbageReport, PauseResult, ResumeResult, SandboxInfo, SnapshotOptions } from './edge.js';
+export type { EdgeOptions, ExecOptions, PauseResult, ResumeResult, SnapshotOptions } from './edge.js';
+export { EdgeProcessStream } from './process-stream.js';
+export type { ExitJudge } from './process-stream.js';
 export type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
 export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
 export type { ContainerBackendOptions, GarbageOptions, GarbageReport, LayerMounter } from './backends/container/backend.js';

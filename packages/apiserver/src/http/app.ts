@@ -4,12 +4,8 @@ import { Hono } from 'hono';
 import type { Context } from 'hono';
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
-import { createWriteStream } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { pipeline } from 'node:stream/promises';
-import os from 'node:os';
-import path from 'node:path';
 import {
+  VerifyRequestSchema,
   DebianLayerRequestSchema,
   DiffQuerySchema,
   DsecError,
@@ -214,7 +210,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
   });
   app.post('/v1/sandboxes/:id/verify', async (c) => {
     const { edge, row } = await cp.route(c.get('principal'), c.req.param('id'), 'viewer', { paused: 'allow' });
-    return c.json(await edge.verify(row.id, await readJson(c)));
+    return c.json(await edge.verify(row.id, parseInput(VerifyRequestSchema, await readJson(c))));
   });
 
   // ---- networks ----
@@ -235,7 +231,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     if (wantsNdjson(c)) {
       const rec = await cp.trajectory.beginExec(row.id, spec, 'stream');
       const att = await edge.spawn(row.id, spec).catch(rec.failed);
-      rec.started(att.proc, edge);
+      rec.started(att.pid, edge);
       metrics.execs++;
       // The audit entry gets the exit status when the stream ends (null if it ends first).
       audit.exitCode = new Promise<number | null>((resolve) => {
@@ -401,14 +397,7 @@ export function createApp(cp: ControlPlane, metrics: Metrics, log: (line: string
     const edge = cp.anyEdge();
     let info: LayerInfo;
     if (q.format === 'oci') {
-      const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-oci-'));
-      try {
-        const file = path.join(dir, 'image.tar');
-        await pipeline(Readable.from(bodyStream(c)), createWriteStream(file, { mode: 0o600 }));
-        info = await edge.layers.build({ type: 'oci', path: file }, { kind: q.kind });
-      } finally {
-        await rm(dir, { recursive: true, force: true });
-      }
+      info = await edge.layers.build({ type: 'oci-archive', stream: bodyStream(c) }, { kind: q.kind });
     } else {
       info = await edge.layers.build({ type: 'tar', stream: bodyStream(c) }, { kind: q.kind });
     }

@@ -1,14 +1,13 @@
 // ndjson streams of command output, pulled from an attachment so that a slow HTTP client
 // back-pressures the command instead of filling the server's memory.
-import type { Attachment, OutputEvent } from '@dsec/edge';
-import type { ExecEvent, ExitInfo } from '@dsec/protocol';
+import type { ExecEvent, ExitInfo, OutputEvent, ProcessStream } from '@dsec/protocol';
 import type { EdgeClient } from '../nodes.js';
 import { toDsecError } from './errors.js';
 
 /** One output event as the API sends it. */
 export function outputEvent(ev: OutputEvent): ExecEvent {
   return ev.kind === 'data'
-    ? { type: 'output', stream: ev.stream, offset: ev.offset, data: ev.data.toString('base64') }
+    ? { type: 'output', stream: ev.stream, offset: ev.offset, data: Buffer.from(ev.data.buffer, ev.data.byteOffset, ev.data.byteLength).toString('base64') }
     : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
 }
 
@@ -21,16 +20,16 @@ export interface StreamTap {
 }
 
 /** Events of an attachment: optional start, output, then exit (or an error event). */
-export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: Attachment, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecEvent> {
-  if (withStart) yield { type: 'start', pid: att.proc, osPid: att.pid };
+export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: ProcessStream, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecEvent> {
+  if (withStart) yield { type: 'start', pid: att.pid, osPid: att.osPid };
   try {
     for await (const ev of att) {
       tap?.onOutput(ev);
       yield outputEvent(ev);
     }
-    const exit = await edge.exitInfo(sandboxId, await att.exited);
+    const exit = await att.exited;
     tap?.exited(exit);
-    yield { type: 'exit', pid: att.proc, ...exit };
+    yield { type: 'exit', pid: att.pid, ...exit };
   } catch (err) {
     tap?.interrupted();
     const e = toDsecError(err);

@@ -7,7 +7,7 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
-import type { Attachment } from '@dsec/edge';
+import type { ProcessStream as Attachment } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
 import type { ControlPlane } from '../control-plane.js';
 import { parseInput } from '../control-plane.js';
@@ -88,7 +88,7 @@ function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog,
           const spec = parseInput(WsExecRequestSchema, body);
           rec = await trajectory.beginExec(id, spec, 'ws');
           const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
-          rec.started(started.proc, edge);
+          rec.started(started.pid, edge);
           onStart?.(
             spec,
             new Promise<number | null>((resolve) => {
@@ -123,7 +123,7 @@ function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog,
           rec?.addStdin(data);
         }
         else if (msg.type === 'eof') await att.closeStdin();
-        else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
+        else if (msg.type === 'resize') await edge.resize(id, att.pid, msg.rows, msg.cols);
         else await att.kill(msg.signal);
       } catch (err) {
         if (isFirst) fail(err);

@@ -7,16 +7,13 @@ import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import {
-  CallBatchRequestSchema,
-  CallRequestSchema,
   DEFAULT_CALL_MEMORY_MIB,
   DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
   DEFAULT_CALL_TIMEOUT_MS,
   DsecError,
   invalidArgument,
 } from '@dsec/protocol';
-import type { CallBatchItem, CallBatchResult, CallRequest, CallResult, LayerInfo } from '@dsec/protocol';
-import type { z } from 'zod';
+import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit, Attachment } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
@@ -96,14 +93,6 @@ class Limiter {
   }
 }
 
-function parse<T>(schema: z.ZodType<T>, value: unknown): T {
-  const res = schema.safeParse(value);
-  if (res.success) return res.data;
-  const issue = res.error.issues[0];
-  const field = (issue?.path ?? []).map(String).join('.');
-  throw invalidArgument(field || 'body', issue?.message ?? 'invalid');
-}
-
 /** Stateless function calls on pools of pre-created, single-use sandboxes. */
 export class FnCallBackend {
   readonly kind = 'fncall' as const;
@@ -144,20 +133,19 @@ export class FnCallBackend {
   }
 
   /** Runs one call in a fresh sandbox and returns its result. */
-  async run(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallResult> {
-    const spec = parse(CallRequestSchema, input);
-    return this.runParsed(spec, opts.signal);
+  async run(req: CallRequest, opts: { signal?: AbortSignal } = {}): Promise<CallResult> {
+    return this.runOne(req, opts.signal);
   }
 
   /** Runs up to 1,000 calls (a few at a time) and returns their results in request order. */
-  async runBatch(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
-    const { calls } = parse(CallBatchRequestSchema, input);
+  async runBatch(req: CallBatchRequest, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
+    const { calls } = req;
     const results: CallBatchItem[] = new Array<CallBatchItem>(calls.length);
     let next = 0;
     const worker = async (): Promise<void> => {
       for (let i = next++; i < calls.length; i = next++) {
         try {
-          results[i] = await this.runParsed(calls[i] as CallRequest, opts.signal);
+          results[i] = await this.runOne(calls[i] as CallRequest, opts.signal);
         } catch (err) {
           const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
           results[i] = { error: { code: e.code, message: e.message } };
@@ -168,7 +156,7 @@ export class FnCallBackend {
     return { results };
   }
 
-  private async runParsed(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
+  private async runOne(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
     const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
