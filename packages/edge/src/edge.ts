@@ -32,10 +32,10 @@ import type {
   VerifyRequest,
   VerifyResult,
 } from '@dsec/protocol';
-import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
-import { ContainerBackend } from './backends/container/backend.js';
-import type { GarbageReport } from './backends/container/backend.js';
-import { FnCallBackend } from './backends/fncall/backend.js';
+import type { Backend, BackendFactory, BackendHost, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
+import { defaultBackends } from './backends/index.js';
+import { fncallRunner } from './backends/fncall/index.js';
+import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
 import type { AgentExit, SpawnOptions } from './chronus/client.js';
 import { EdgeProcessStream } from './process-stream.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
@@ -44,7 +44,6 @@ import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
-import { IdRanges } from './host/id-ranges.js';
 import { SecurityMonitor } from './host/security-monitor.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import type { SandboxLayersView } from './diff.js';
@@ -89,6 +88,13 @@ export interface EdgeOptions {
   seccompProfile?: (spec: SandboxSpec) => SeccompProfile;
   /** Interval of the scan of every sandbox's OOM and pids-limit counters. Default {@link DEFAULT_COUNTER_SCAN_MS}; 0 turns it off. */
   counterScanMs?: number;
+  /**
+   * The backends this node runs, built once the host is prepared. Default
+   * `defaultBackends()` configured from `outputCapBytes`, `userNamespaces` and `seccompProfile`.
+   */
+  backends?: BackendFactory[];
+  /** The node's function calls. Default `fncallRunner()`. */
+  calls?: CallRunnerFactory;
 }
 
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
@@ -185,8 +191,8 @@ export class Edge implements EdgeClient {
     /** The cgroups of this node's sandboxes. */
     readonly cgroups: Cgroups,
     private readonly maxSandboxes: number,
-    /** Stateless function calls (the fncall backend's pools). */
-    readonly calls: FnCallBackend,
+    /** Stateless function calls (the fncall runner's pools). */
+    readonly calls: CallRunner,
     /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
     readonly network: NodeNetwork,
     /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
@@ -214,36 +220,18 @@ export class Edge implements EdgeClient {
     const runtimeNs = await prepareRuntimeNamespace(home, mode);
     const layers = new LayerStore({ root: path.join(home, 'layers') });
     await layers.init();
-    const sandboxesDir = path.join(home, 'sandboxes');
-    await mkdir(sandboxesDir, { recursive: true });
-    const crunRoot = path.join(runDirFor(home), 'crun');
-    await mkdir(crunRoot, { recursive: true });
-    const writableDir = path.join(runDirFor(home), 'rw');
-    await mkdir(writableDir, { recursive: true });
-    const rootsDir = path.join(runDirFor(home), 'roots');
-    await mkdir(rootsDir, { recursive: true });
-    await chmod(rootsDir, 0o711);
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
-    // The backend raises through the edge, which exists only once the backend does.
+    // Backends raise through the edge, which exists only once they do.
     let raise: EventSink = () => undefined;
-    const container = new ContainerBackend({
-      events: (ev) => raise(ev),
-      sandboxesDir,
-      crunRoot,
-      runtimePrefix: runtimeNs.prefix,
-      runtimeNsFile: runtimeNs.nsFile,
-      writableDir,
-      rootsDir,
-      launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
-      layers,
-      cgroups,
-      agentBinary: path.resolve(opts.agentBinary),
-      ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
-      ...(opts.userNamespaces !== false ? { idRanges: new IdRanges(home) } : {}),
-      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
-    });
-    const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
-    await calls.init();
+    const host: BackendHost = { home, runDir: runDirFor(home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: (ev) => raise(ev) };
+    const factories = opts.backends ?? defaultBackends({ ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}), ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}), ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}) });
+    const backends = new Map<BackendKind, Backend>();
+    for (const factory of factories) {
+      const backend = await factory(host);
+      if (backends.has(backend.kind)) throw new DsecError('INVALID_ARGUMENT', `backends: ${backend.kind} is registered twice`, { field: 'backends' });
+      backends.set(backend.kind, backend);
+    }
+    const calls = await (opts.calls ?? fncallRunner())(host);
     const network = new NodeNetwork(opts.network ?? {}, {
       home,
       nflogBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-nflog'),
@@ -251,7 +239,7 @@ export class Edge implements EdgeClient {
       raise: (ev) => raise(ev),
     });
     const swap = opts.zramSwapMiB !== undefined ? await Edge.zramSwap(opts.zramSwapMiB) : undefined;
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, backends, runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
     raise = (ev) => edge.raise(ev);
     edge.monitor = new SecurityMonitor({
       raise: (ev) => edge.raise(ev),
@@ -299,7 +287,7 @@ export class Edge implements EdgeClient {
   private newEntry(record: BackendSandbox, backend: Backend, state: 'running' | 'paused' = 'running'): Entry {
     const entry: Entry = { record, backend, state, oomAtSpawn: new Map(), busy: 0, used: false, seen: { oomKills: 0, pidsLimitHits: 0 }, survivors: new Set() };
     // Counts from before (a recovered sandbox) are not news.
-    if (backend instanceof ContainerBackend) entry.seen = { oomKills: this.cgroups.oomKillsSync(record.id), pidsLimitHits: this.cgroups.pidsLimitHitsSync(record.id) };
+    if (backend.counters) entry.seen = backend.counters.readNow(record.id);
     return entry;
   }
 
@@ -309,13 +297,15 @@ export class Edge implements EdgeClient {
    * also removes function-call sandboxes (only safe while no call pool runs).
    */
   async collectGarbage(opts: { calls?: boolean } = {}): Promise<NodeGarbageReport> {
-    const container = this.backends.get('container');
     const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
-    if (container instanceof ContainerBackend) {
-      Object.assign(
-        report,
-        await container.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' }),
-      );
+    for (const backend of this.backends.values()) {
+      if (!backend.garbage) continue;
+      const r = await backend.garbage.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' });
+      report.containers.push(...r.containers);
+      report.cgroups.push(...r.cgroups);
+      report.processes += r.processes;
+      report.mounts += r.mounts;
+      report.dirs.push(...r.dirs);
     }
     report.layerMounts = await this.layers.unmountUnused();
     return report;
@@ -332,9 +322,10 @@ export class Edge implements EdgeClient {
     void (async () => {
       for (const id of [...this.sandboxes.keys()]) {
         const e = this.sandboxes.get(id);
-        if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) continue;
-        const [oom, hits] = await Promise.all([this.cgroups.oomKills(id), this.cgroups.pidsLimitHits(id)]);
-        this.reportCounters(id, oom, hits);
+        const counters = e?.backend.counters;
+        if (!e || e.state !== 'running' || !counters) continue;
+        const c = await counters.read(id);
+        this.reportCounters(id, c.oomKills, c.pidsLimitHits);
       }
     })()
       .catch(() => undefined)
@@ -344,8 +335,10 @@ export class Edge implements EdgeClient {
   /** Raises oom.kill and pids.limit-hit for counter increases since the last check (one sandbox, read at once). */
   private checkCounters(id: string, context?: { proc: number; pid: number }): void {
     const e = this.sandboxes.get(id);
-    if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) return;
-    this.reportCounters(id, this.cgroups.oomKillsSync(id), this.cgroups.pidsLimitHitsSync(id), context);
+    const counters = e?.backend.counters;
+    if (!e || e.state !== 'running' || !counters) return;
+    const c = counters.readNow(id);
+    this.reportCounters(id, c.oomKills, c.pidsLimitHits, context);
   }
 
   private reportCounters(id: string, oom: number, hits: number, context?: { proc: number; pid: number }): void {
@@ -380,7 +373,7 @@ export class Edge implements EdgeClient {
   /** Checks for survivors once a command's grace time is over (one pending check per sandbox). */
   private scheduleSurvivorCheck(id: string): void {
     const e = this.sandboxes.get(id);
-    if (!e || e.survivorTimer || !(e.backend instanceof ContainerBackend)) return;
+    if (!e || e.survivorTimer || !e.backend.hostProcesses) return;
     e.survivorTimer = setTimeout(() => {
       delete e.survivorTimer;
       this.checkCounters(id);
@@ -397,15 +390,16 @@ export class Edge implements EdgeClient {
    */
   private async checkSurvivors(id: string): Promise<void> {
     const e = this.sandboxes.get(id);
-    if (!e || e.state !== 'running') return;
+    const host = e?.backend.hostProcesses;
+    if (!e || e.state !== 'running' || !host) return;
     // The agent alone (PID 1) is the common case: one file read.
-    if (this.cgroups.pidsCurrentSync(id) <= 1) {
+    if (host.countNow(id) <= 1) {
       e.survivors.clear();
       return;
     }
     const candidates: Array<{ hostPid: number; pid: number; session: number; name: string }> = [];
     const present = new Set<number>();
-    for (const hostPid of await this.cgroups.procs(id)) {
+    for (const hostPid of await host.hostPids(id)) {
       present.add(hostPid);
       const st = await readProcStatus(hostPid);
       if (!st || st.pid === 1 || st.session === 1 || st.zombie || e.survivors.has(hostPid)) continue;
@@ -485,7 +479,7 @@ export class Edge implements EdgeClient {
       layers.push(layer);
     }
     const networked = spec.network?.mode === 'allowlist';
-    if (networked && !backend.netnsPath) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
+    if (networked && !backend.network) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
     this.creating.add(id);
     let record: BackendSandbox;
     try {
@@ -511,7 +505,7 @@ export class Edge implements EdgeClient {
   private track(record: BackendSandbox, backend: Backend): void {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
-    if (watch.length > 0 && backend.upperDir) this.monitor.watch(record.id, path.dirname(backend.upperDir(record.id)), watch);
+    if (watch.length > 0 && backend.writableLayer) this.monitor.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
   }
 
   private untrack(id: string): void {
@@ -539,7 +533,7 @@ export class Edge implements EdgeClient {
   /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */
   private async joinNetwork(backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
     try {
-      await this.network.apply(id, policy, () => (backend.netnsPath as (id: string) => Promise<string>).call(backend, id));
+      await this.network.apply(id, policy, () => this.netnsPathOf(backend, id));
       await this.writeResolvConf(backend, id);
     } catch (err) {
       await backend.destroy(id).catch(() => undefined);
@@ -556,9 +550,12 @@ export class Edge implements EdgeClient {
 
   /** The network namespace of a running sandbox. */
   private netnsPath(id: string): Promise<string> {
-    const e = this.entry(id);
-    if (!e.backend.netnsPath) throw invalidArgument('network.mode', `the ${e.record.backend} backend has no network; use mode none`);
-    return e.backend.netnsPath(id);
+    return this.netnsPathOf(this.entry(id).backend, id);
+  }
+
+  private netnsPathOf(backend: Backend, id: string): Promise<string> {
+    if (!backend.network) throw invalidArgument('network.mode', `the ${backend.kind} backend has no network; use mode none`);
+    return backend.network.netnsPath(id);
   }
 
   /**
@@ -675,17 +672,17 @@ export class Edge implements EdgeClient {
       await this.afterTransition(e);
       e = this.entry(id);
     }
-    if (!e.backend.pause || !e.backend.resume) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
+    const pausing = e.backend.pausing;
+    if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     if (e.state === 'paused') {
-      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      const m = await pausing.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
       return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
     }
     if (e.state !== 'running') throw notRunning(id, e.state);
-    const pause = e.backend.pause.bind(e.backend);
     return this.transition(e, async () => {
       const t0 = performance.now();
       await drain(e, id);
-      const r = await pause(id);
+      const r = await pausing.pause(id);
       e.state = 'paused';
       const result = { ...r, durationMs: performance.now() - t0 };
       this.raise({
@@ -706,15 +703,15 @@ export class Edge implements EdgeClient {
       await this.afterTransition(e);
       e = this.entry(id);
     }
+    const pausing = e.backend.pausing;
     if (e.state === 'running') {
-      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      const m = (await pausing?.memory(id).catch(() => undefined)) ?? { usageBytes: 0, swapBytes: 0 };
       return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
     }
-    if (e.state !== 'paused' || !e.backend.resume) throw notRunning(id, e.state);
-    const resume = e.backend.resume.bind(e.backend);
+    if (e.state !== 'paused' || !pausing) throw notRunning(id, e.state);
     return this.transition(e, async () => {
       const t0 = performance.now();
-      const r = await resume(id, opts.prefetch === false ? { prefetch: false } : {});
+      const r = await pausing.resume(id, opts.prefetch === false ? { prefetch: false } : {});
       e.state = 'running';
       const result = { ...r, durationMs: performance.now() - t0 };
       this.raise({ kind: 'sandbox.resumed', severity: 'info', sandboxId: id, message: `sandbox ${id} resumed (${opts.reason ?? 'api'})`, data: { reason: opts.reason ?? 'api', ...result } });
@@ -743,7 +740,7 @@ export class Edge implements EdgeClient {
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
   private async start(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
     const e = this.entry(id);
-    const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
+    const oomBefore = e.backend.counters?.readNow(id).oomKills ?? 0;
     const netEnv = this.network.env(id);
     const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, netEnv ? { ...netEnv, ...e.record.spec.env } : e.record.spec.env)));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
@@ -804,8 +801,9 @@ export class Edge implements EdgeClient {
     // kill in the sandbox since the process started is attributed to it.
     const killed = exit.signal === 'SIGKILL' || exit.exitCode === 137;
     const before = e?.oomAtSpawn.get(exit.proc);
-    if (killed && !exit.timedOut && before !== undefined && e?.backend instanceof ContainerBackend) {
-      oomKilled = e.backend.oomKillsNow(id) > before;
+    const counters = e?.backend.counters;
+    if (killed && !exit.timedOut && before !== undefined && counters) {
+      oomKilled = counters.readNow(id).oomKills > before;
       // Report it now rather than at the next scan, naming the command.
       if (oomKilled) this.checkCounters(id, { proc: exit.proc, pid: exit.pid });
     }
@@ -940,8 +938,8 @@ export class Edge implements EdgeClient {
    */
   upperDir(id: string): string {
     const e = this.entry(id);
-    if (!e.backend.upperDir) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
-    return e.backend.upperDir(id);
+    if (!e.backend.writableLayer) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
+    return e.backend.writableLayer.upperDir(id);
   }
 
   /**
@@ -959,6 +957,8 @@ export class Edge implements EdgeClient {
     const e = this.entry(id);
     if (e.state !== 'running' && e.state !== 'paused') throw notRunning(id, e.state);
     const upper = this.upperDir(id);
+    const freezer = e.backend.pausing;
+    if (!freezer) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot freeze sandboxes for a snapshot`, { sandboxId: id });
     const parents = e.record.layers.map((l) => l.digest);
     // A user-namespaced sandbox's files are owned by its host id range: stored as the ids it sees.
     const range = e.record.idRange;
@@ -979,7 +979,7 @@ export class Edge implements EdgeClient {
         try {
           if (frozen) {
             frozen = false;
-            await this.cgroups.thaw(id);
+            await freezer.thaw(id);
           }
         } finally {
           if (e.transition === held) delete e.transition;
@@ -988,9 +988,9 @@ export class Edge implements EdgeClient {
       };
       try {
         // A paused sandbox is already frozen and stays so; a running one is frozen here.
-        if (e.state === 'running' && !(await this.cgroups.isFrozen(id))) {
+        if (e.state === 'running' && !(await freezer.isFrozen(id))) {
           frozen = true;
-          await this.cgroups.freeze(id);
+          await freezer.freeze(id);
         }
         return await this.layers.build(
           { type: 'upper', dir: upper, parents, ...(idShift ? { idShift } : {}) },

@@ -1,4 +1,4 @@
-// The fncall backend: stateless calls. Each call claims a pre-created crun sandbox (read-only
+// The fncall runner: stateless calls. Each call claims a pre-created crun sandbox (read-only
 // root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
 // backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
 // process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
@@ -13,7 +13,7 @@ import {
   DsecError,
   invalidArgument,
 } from '@dsec/protocol';
-import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, LayerInfo } from '@dsec/protocol';
+import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit, Attachment } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
@@ -43,9 +43,9 @@ const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
 
-/** Options of {@link FnCallBackend}. */
-export interface FnCallBackendOptions {
-  /** Directory the backend owns (`$home/fncall`). */
+/** Options of {@link FnCallRunner}. */
+export interface FnCallRunnerOptions {
+  /** Directory the runner owns (`$home/fncall`). */
   dir: string;
   crunRoot: string;
   runtimePrefix: string[];
@@ -93,8 +93,11 @@ class Limiter {
   }
 }
 
-/** Stateless function calls on pools of pre-created, single-use sandboxes. */
-export class FnCallBackend {
+/**
+ * Stateless function calls on pools of pre-created, single-use sandboxes. Not a `Backend`: a
+ * call has no id, no lifecycle and no agent anyone reaches; it is the node's `EdgeCalls`.
+ */
+export class FnCallRunner implements EdgeCalls {
   readonly kind = 'fncall' as const;
   private readonly crun: Crun;
   private readonly pools = new Map<string, PoolEntry>();
@@ -108,7 +111,7 @@ export class FnCallBackend {
   private readonly sweeper: NodeJS.Timeout;
   private closed = false;
 
-  constructor(private readonly o: FnCallBackendOptions) {
+  constructor(private readonly o: FnCallRunnerOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
     this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
     this.sweeper.unref();
