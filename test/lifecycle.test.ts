@@ -67,7 +67,7 @@ describe('edge: pause and resume', () => {
         if (ev.kind === 'data') out += ev.data.toString();
       });
       await until('the counter to count', async () => (out.split('\n').length > 10 ? true : undefined));
-      const [before] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+      const [before] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
       assert.ok(before && before.state === 'running');
 
       const paused = await node.edge.pause(sb.id);
@@ -89,7 +89,7 @@ describe('edge: pause and resume', () => {
       await node.edge.resume(sb.id);
       assert.equal(node.edge.info(sb.id).state, 'running');
       await until('the counter to go on', async () => (out.length > frozenOut + 20 ? true : undefined));
-      const [afterResume] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+      const [afterResume] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
       assert.equal(afterResume?.pid, before.pid, 'the same process');
       assert.equal(afterResume?.state, 'running');
       await counter.kill('SIGKILL');
@@ -166,7 +166,7 @@ describe('edge: pause and resume', () => {
     const edge = await node.restart();
     assert.equal(edge.info(sb.id).state, 'paused');
     await edge.resume(sb.id);
-    const [proc] = (await edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+    const [proc] = (await edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
     assert.equal(proc?.state, 'running', 'the command survived the pause and the restart');
     await edge.pause(sb.id);
     await edge.destroy(sb.id);

@@ -127,10 +127,11 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
         } else if (e.type === 'symlink') {
           await addEntry({ ...base, type: 'symlink', linkname: e.linkTarget ?? '' });
         } else if (e.type === 'file') {
-          const data = await edge.readFile(id, full);
+          const raw = await edge.readFile(id, full);
+          const data = Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength);
           bytes += data.length;
           if (bytes > MAX_TAR_DOWNLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} holds more than ${MAX_TAR_DOWNLOAD_BYTES} bytes`);
-          await addEntry({ ...base, type: 'file', size: data.length }, Buffer.from(data.buffer, data.byteOffset, data.byteLength));
+          await addEntry({ ...base, type: 'file', size: data.length }, data);
         }
       }
     }
