@@ -18,8 +18,8 @@ import { ownerRoutes } from './routes/owners.js';
 import { poolRoutes } from './routes/pools.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
-import { readJson } from './validate.js';
-import { authAndAudit, registerWatchRoutes } from './watch-routes.js';
+import { watchRoutes } from './routes/watch.js';
+import { authAndAudit } from './audit.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -52,6 +52,6 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', snapshotRoutes(deps));
   app.route('/v1', callRoutes(deps));
   app.route('/v1', layerRoutes(deps));
-  if (watch) registerWatchRoutes(app, watch, readJson);
+  if (watch) app.route('/v1', watchRoutes(watch));
   return app;
 }

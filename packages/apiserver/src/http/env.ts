@@ -3,7 +3,7 @@ import { Hono } from 'hono';
 import type { Principal } from '../auth.js';
 import type { Metrics } from '../metrics.js';
 import type { Services } from '../services/index.js';
-import type { AuditExec } from './watch-routes.js';
+import type { AuditExec } from './audit.js';
 
 /** Variables set on every `/v1` request: who calls, and what an exec adds to its audit entry. */
 export type Env = { Variables: { principal: Principal; auditExec: AuditExec | undefined } };

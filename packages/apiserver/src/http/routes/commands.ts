@@ -6,7 +6,7 @@ import { commandSummary } from '@dsec/watcher';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { ndjsonResponse } from '../streams.js';
-import type { AuditExec } from '../watch-routes.js';
+import type { AuditExec } from '../audit.js';
 import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
 
 /** Commands and processes. */
