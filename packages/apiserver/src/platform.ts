@@ -10,7 +10,7 @@ import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
-import type { EventSink, NodeGarbageReport } from '@dsec/protocol';
+import type { EdgeClient, EventSink, NodeGarbageReport } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
@@ -66,6 +66,11 @@ export interface PlatformOptions {
   network?: NetworkOptions;
   /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
   observeEvents?: EventSink;
+  /**
+   * How the control plane reaches the in-process edge. Default: directly. A test passes a client
+   * that serialises every call and stream, to prove the interface can cross a wire.
+   */
+  edgeClient?: (edge: EdgeClient) => EdgeClient;
 }
 
 /** A running platform. */
@@ -125,7 +130,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   try {
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
-    nodes.add(edge);
+    nodes.add(opts.edgeClient ? opts.edgeClient(edge) : edge);
 
     // Events from the node and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.

@@ -5,6 +5,13 @@ import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 import { createApp } from './app.js';
 
+/** The fields of the replies these tests read. */
+interface Reply {
+  error: { code: string; message: string; field?: string };
+  id: string;
+  stdout: string;
+}
+
 describe('routing and validation through app.request() (fake node, real store)', () => {
   let h: Harness;
   let app: ReturnType<typeof createApp>;
@@ -18,7 +25,7 @@ describe('routing and validation through app.request() (fake node, real store)',
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
     const res = await app.request(path, { method, headers: { authorization: `Bearer ${h.adminKey}`, ...headers }, ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}) });
     const text = await res.text();
-    return { status: res.status, json: (text ? JSON.parse(text) : {}) as Record<string, any>, headers: res.headers };
+    return { status: res.status, json: (text ? JSON.parse(text) : {}) as Reply, headers: res.headers };
   };
 
   test('no key is 401; an unknown route is 404', async () => {
