@@ -67,10 +67,11 @@ export interface PlatformOptions {
   /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
   observeEvents?: EventSink;
   /**
-   * How the control plane reaches the in-process edge. Default: directly. A test passes a client
-   * that serialises every call and stream, to prove the interface can cross a wire.
+   * How the control plane reaches the in-process edge: the client to use and how to end it
+   * (closed before the edge). Default: the edge itself. The end-to-end suite passes a client that
+   * serialises every call and stream, to prove the interface can cross a wire.
    */
-  edgeClient?: (edge: EdgeClient) => EdgeClient;
+  reachEdge?: (edge: EdgeClient) => Promise<{ client: EdgeClient; close(): void }>;
 }
 
 /** A running platform. */
@@ -130,7 +131,9 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   try {
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
-    nodes.add(opts.edgeClient ? opts.edgeClient(edge) : edge);
+    const reached = opts.reachEdge ? await opts.reachEdge(edge) : { client: edge, close: () => undefined };
+    closers.unshift(() => reached.close());
+    nodes.add(reached.client);
 
     // Events from the node and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
