@@ -8,7 +8,7 @@ import { Readable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { isDsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
-import { startNode } from './helpers/node.js';
+import { parsed, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 import { tarOf } from './helpers/assert.js';
 
@@ -97,7 +97,7 @@ describe('container sandboxes', () => {
       const exit = await handle.exited;
       assert.equal(exit.signal, 'SIGTERM');
       await assert.rejects(node.edge.exec(sb.id, { argv: ['/no/such/binary'] }), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND'));
-      await assert.rejects(node.edge.exec(sb.id, { cwd: 'relative', cmd: 'true' }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
+      await assert.rejects(async () => node.edge.exec(sb.id, parsed.exec({ cwd: 'relative', cmd: 'true' })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -166,7 +166,7 @@ describe('container sandboxes', () => {
       }
       const offset = Buffer.byteLength(seen);
       const edge = await node.restart();
-      assert.deepEqual(edge.list().map((s) => s.id), [sb.id]);
+      assert.deepEqual((await edge.list()).map((s) => s.id), [sb.id]);
       const procs = await edge.processes(sb.id);
       const proc = procs.find((p) => p.state === 'running');
       assert.ok(proc, 'the command is still running after the restart');
@@ -273,9 +273,9 @@ describe('container sandboxes', () => {
       const sb = await small.edge.create({ image: { base: 'busybox' } });
       const handle = await small.edge.spawn(sb.id, { cmd: 'head -c 1000000 /dev/zero; echo end' });
       await handle.detach();
-      const exit = await (await small.edge.agent(sb.id)).wait(handle.proc);
+      const exit = await (await small.edge.agent(sb.id)).wait(handle.pid);
       assert.equal(exit.stdoutBytes, 1_000_004);
-      const again = await small.edge.attach(sb.id, handle.proc, { stdout: 0 });
+      const again = await small.edge.attach(sb.id, handle.pid, { stdout: 0 });
       const events = [];
       for await (const ev of again) events.push(ev);
       const gap = events.find((e) => e.kind === 'gap');
@@ -330,9 +330,9 @@ describe('container sandboxes', () => {
       assert.ok(cmdline !== 'sleep\u00001000\u0000', 'no process of the sandbox is left');
     }
     await assert.rejects(node.edge.create({ image: { base: 'no-such-layer' } }), (e: unknown) => isDsecError(e, 'LAYER_NOT_FOUND'));
-    await assert.rejects(node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB');
-    await assert.rejects(node.edge.create({ image: {} }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base');
+    await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB');
+    await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: {} })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base');
     assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
-    assert.deepEqual(node.edge.list(), []);
+    assert.deepEqual(await node.edge.list(), []);
   });
 });

@@ -10,7 +10,7 @@ import { mountsUnder } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import type { CallResult } from '@dsec/protocol';
 import { DsecClient } from '@dsec/sdk';
-import { REPO_ROOT, startNode } from './helpers/node.js';
+import { REPO_ROOT, parsed, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
@@ -26,7 +26,7 @@ function rejectsWith(code: string, field?: string) {
 
 describe('fncall at the edge (sh runtime)', () => {
   let node: TestNode;
-  const call = (req: Record<string, unknown>): Promise<CallResult> => node.edge.calls.run({ runtime: 'sh', ...req });
+  const call = async (req: Record<string, unknown>): Promise<CallResult> => node.edge.calls.run(parsed.call({ runtime: 'sh', ...req }));
 
   before(async () => {
     node = await startNode();
@@ -106,7 +106,7 @@ describe('fncall at the edge (sh runtime)', () => {
 
   test('batch results come back in request order, a failed call as an error item', async () => {
     const calls = Array.from({ length: 30 }, (_, i) => ({ runtime: 'sh', code: `sleep 0.0$((${i} % 3)); echo ${i}` }));
-    const { results } = await node.edge.calls.runBatch({ calls: [...calls, { image: { base: 'no-such-layer' }, code: 'true' }] });
+    const { results } = await node.edge.calls.runBatch(parsed.callBatch({ calls: [...calls, { image: { base: 'no-such-layer' }, code: 'true' }] }));
     assert.equal(results.length, 31);
     results.slice(0, 30).forEach((r, i) => assert.equal((r as CallResult).stdout, `${i}\n`));
     assert.equal((results[30] as { error: { code: string } }).error.code, 'LAYER_NOT_FOUND');
@@ -125,13 +125,13 @@ describe('fncall at the edge (sh runtime)', () => {
   });
 
   test('bad input is refused naming the field', async () => {
-    await assert.rejects(node.edge.calls.run({ runtime: 'ruby', code: 'x' }), rejectsWith('INVALID_ARGUMENT', 'runtime'));
-    await assert.rejects(node.edge.calls.run({ code: 'x' }), rejectsWith('INVALID_ARGUMENT', 'runtime'));
+    await assert.rejects(async () => node.edge.calls.run(parsed.call({ runtime: 'ruby', code: 'x' })), rejectsWith('INVALID_ARGUMENT', 'runtime'));
+    await assert.rejects(async () => node.edge.calls.run(parsed.call({ code: 'x' })), rejectsWith('INVALID_ARGUMENT', 'runtime'));
     await assert.rejects(call({ code: 'x', argv: ['y'] }), rejectsWith('INVALID_ARGUMENT', 'code'));
     await assert.rejects(call({ code: 'x', files: { '../etc/passwd': 'x' } }), rejectsWith('INVALID_ARGUMENT'));
     await assert.rejects(call({ code: 'x', timeoutMs: -1 }), rejectsWith('INVALID_ARGUMENT', 'timeoutMs'));
     await assert.rejects(call({ code: 'x', memoryMiB: 1 }), rejectsWith('INVALID_ARGUMENT', 'memoryMiB'));
-    await assert.rejects(node.edge.calls.runBatch({ calls: [] }), rejectsWith('INVALID_ARGUMENT', 'calls'));
+    await assert.rejects(async () => node.edge.calls.runBatch(parsed.callBatch({ calls: [] })), rejectsWith('INVALID_ARGUMENT', 'calls'));
   });
 
   test('closing the edge leaves no call sandbox, cgroup or mount behind', async () => {

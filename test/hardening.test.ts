@@ -14,7 +14,7 @@ import type { Edge } from '@dsec/edge';
 import { isDsecError } from '@dsec/protocol';
 import type { RaisedEvent } from '@dsec/protocol';
 import { DsecClient, DsecError, Sandbox } from '@dsec/sdk';
-import { REPO_ROOT, startNode } from './helpers/node.js';
+import { REPO_ROOT, parsed, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
@@ -199,7 +199,7 @@ describe('seccomp', () => {
 
   test('a profile that cannot be applied fails the create and leaves nothing behind (fail closed)', async () => {
     await assert.rejects(plain.edge.create({ image: { base: 'busybox' }, labels: { profile: 'invalid' } }), (e: unknown) => isDsecError(e, 'BACKEND_FAILED') && /seccomp/.test(e.message));
-    assert.deepEqual(plain.edge.list(), []);
+    assert.deepEqual(await plain.edge.list(), []);
     assert.deepEqual(await readdir(path.join(plain.home, 'sandboxes')), []);
     const fine = await plain.edge.create({ image: { base: 'busybox' } });
     await plain.edge.destroy(fine.id);
@@ -281,13 +281,13 @@ describe('protected paths', () => {
       [{ readOnly: ['/x'], other: true }, 'protect'],
     ];
     for (const [protect, field] of bad) {
-      await assert.rejects(node.edge.create({ image: { base: 'busybox' }, protect }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field, JSON.stringify(protect));
+      await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, protect })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field, JSON.stringify(protect));
     }
     // busybox's /bin/sh is a symlink: protecting it (or a path through it) would protect nothing.
     for (const p of ['/bin/sh', '/bin/sh/x']) {
       await assert.rejects(node.edge.create({ image: { base: 'busybox' }, protect: { readOnly: [p] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'protect.readOnly' && /symbolic link/.test(e.message));
     }
-    assert.deepEqual(node.edge.list(), []);
+    assert.deepEqual(await node.edge.list(), []);
     assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
     assert.deepEqual(await claimsOf(node.home), []);
   });
@@ -366,8 +366,8 @@ describe('diff and verify', () => {
       const some = await node.edge.diff(sb.id, { paths: ['/work', '/project/tests'], hash: false });
       assert.deepEqual(some.entries.map((e) => e.path), ['/project/tests/test.sh', '/work', '/work/a', '/work/a/f']);
       assert.ok(some.entries.every((e) => e.sha256 === undefined));
-      await assert.rejects(node.edge.diff(sb.id, { paths: ['relative'] }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'paths.0');
-      await assert.rejects(node.edge.diff(sb.id, { limit: 0 }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'limit');
+      await assert.rejects(async () => node.edge.diff(sb.id, parsed.diff({ paths: ['relative'] })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'paths.0');
+      await assert.rejects(async () => node.edge.diff(sb.id, parsed.diff({ limit: 0 })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'limit');
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -397,8 +397,8 @@ describe('diff and verify', () => {
       assert.equal(by.get('/etc')?.reason, 'not-a-file');
       const good = await node.edge.verify(sb.id, { expected: { '/project/README': sha256('changed\n') } });
       assert.equal(good.ok, true);
-      await assert.rejects(node.edge.verify(sb.id, { expected: { '/x': 'nothex' } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'expected./x');
-      await assert.rejects(node.edge.verify(sb.id, { expected: {} }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
+      await assert.rejects(async () => node.edge.verify(sb.id, parsed.verify({ expected: { '/x': 'nothex' } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'expected./x');
+      await assert.rejects(async () => node.edge.verify(sb.id, parsed.verify({ expected: {} })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
     } finally {
       await node.edge.destroy(sb.id);
     }

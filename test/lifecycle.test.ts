@@ -67,7 +67,7 @@ describe('edge: pause and resume', () => {
         if (ev.kind === 'data') out += ev.data.toString();
       });
       await until('the counter to count', async () => (out.split('\n').length > 10 ? true : undefined));
-      const [before] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+      const [before] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
       assert.ok(before && before.state === 'running');
 
       const paused = await node.edge.pause(sb.id);
@@ -89,7 +89,7 @@ describe('edge: pause and resume', () => {
       await node.edge.resume(sb.id);
       assert.equal(node.edge.info(sb.id).state, 'running');
       await until('the counter to go on', async () => (out.length > frozenOut + 20 ? true : undefined));
-      const [afterResume] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+      const [afterResume] = (await node.edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
       assert.equal(afterResume?.pid, before.pid, 'the same process');
       assert.equal(afterResume?.state, 'running');
       await counter.kill('SIGKILL');
@@ -166,7 +166,7 @@ describe('edge: pause and resume', () => {
     const edge = await node.restart();
     assert.equal(edge.info(sb.id).state, 'paused');
     await edge.resume(sb.id);
-    const [proc] = (await edge.processes(sb.id)).filter((p) => p.pid === counter.proc);
+    const [proc] = (await edge.processes(sb.id)).filter((p) => p.pid === counter.pid);
     assert.equal(proc?.state, 'running', 'the command survived the pause and the restart');
     await edge.pause(sb.id);
     await edge.destroy(sb.id);
@@ -219,15 +219,10 @@ describe('platform: leases, owners, reattach', () => {
   const labels = { run: RUN };
 
   before(async () => {
-    tp = await startTestPlatform({ watchIntervalMs: 200 });
     // The node's events (sandbox.paused/resumed) and the control plane's (owner.lost, idle and
     // owner lease.exceeded), which go to the watcher's pipeline.
+    tp = await startTestPlatform({ watchIntervalMs: 200, observeEvents: (ev) => events.push(ev) });
     tp.platform.edge.onEvent((ev) => events.push(ev));
-    const toPipeline = tp.platform.controlPlane.raise;
-    tp.platform.controlPlane.raise = (ev) => {
-      events.push(ev);
-      toPipeline(ev);
-    };
     client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey });
   });
 
@@ -534,7 +529,7 @@ describe('platform: leases, owners, reattach', () => {
       assert.equal(claimed.owner, owner.id);
       assert.deepEqual(claimed.lease, { idleTimeoutMs: 5000, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: false });
       assert.equal(Date.parse(claimed.expiresAt) - Date.parse(claimed.createdAt), 3_600_000);
-      assert.ok(tp!.platform.controlPlane.counters.poolClaims >= 1, 'it came from the pool');
+      assert.ok(tp!.platform.services.counters.poolClaims >= 1, 'it came from the pool');
       await Sandbox.kill(claimed.id, { client });
     } finally {
       await api('DELETE', `/v1/pools/${pool}`);

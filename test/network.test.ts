@@ -16,8 +16,8 @@ import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import { isDsecError } from '@dsec/protocol';
 import type { NetworkPolicy, RaisedEvent } from '@dsec/protocol';
-import type { EgressLogEntry } from '@dsec/edge';
-import { startNode } from './helpers/node.js';
+import type { EgressLogEntryBody as EgressLogEntry } from '@dsec/protocol';
+import { parsed, patchNetwork, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 
 const run = promisify(execFile);
@@ -132,8 +132,8 @@ async function sh(id: string, cmd: string): Promise<{ code: number | null; out: 
 
 const allowlist = (extra: Partial<NetworkPolicy> = {}): NetworkPolicy => ({ mode: 'allowlist', allow: [{ host: 'api.test' }, { host: '*.assets.test' }, { host: 'rebind.test' }], allowAddresses: [API, CDN], ...extra });
 
-function logHas(id: string, pred: (e: EgressLogEntry) => boolean): boolean {
-  return node.edge.networkLog(id).some(pred);
+async function logHas(id: string, pred: (e: EgressLogEntry) => boolean): Promise<boolean> {
+  return (await node.edge.networkLog(id)).some(pred);
 }
 
 async function nftTables(): Promise<string> {
@@ -256,7 +256,7 @@ describe('sandbox networks', () => {
     try {
       const r = await sh(sb.id, 'ip -o link | cut -d: -f2; ip route');
       assert.equal(r.out.trim(), 'lo');
-      assert.deepEqual(node.edge.networkInfo(sb.id).policy, { mode: 'none' });
+      assert.deepEqual((await node.edge.networkInfo(sb.id)).policy, { mode: 'none' });
       assert.ok(!(await nftTables()).includes(node.edge.network.table), 'no table before a networked sandbox');
     } finally {
       await node.edge.destroy(sb.id);
@@ -266,7 +266,7 @@ describe('sandbox networks', () => {
   test('an allowlist sandbox gets a link, resolv.conf, and DNS answers for allowed names only', async () => {
     const sb = await node.edge.create({ image, network: allowlist() });
     try {
-      const info = node.edge.networkInfo(sb.id);
+      const info = await node.edge.networkInfo(sb.id);
       assert.ok(info.address && info.gateway);
       const links = await sh(sb.id, 'ip -o -4 addr show eth0; ip route; cat /etc/resolv.conf; ip -6 addr show eth0 | grep -c inet6');
       assert.match(links.out, new RegExp(`inet ${info.address.replace(/\./g, '\\.')} peer ${info.gateway.replace(/\./g, '\\.')}/32`));
@@ -288,9 +288,9 @@ describe('sandbox networks', () => {
       const aaaa = await sh(sb.id, 'nslookup -type=aaaa api.test');
       assert.doesNotMatch(aaaa.out, /Address: [0-9a-f:]+:/, 'no IPv6 answers');
       // DNS over TCP answers the same.
-      assert.ok(logHas(sb.id, (e) => e.via === 'dns' && e.host === 'api.test' && e.verdict === 'allowed' && e.rule === 'allow:api.test'));
-      assert.ok(logHas(sb.id, (e) => e.via === 'dns' && e.host === 'rebind.test' && e.verdict === 'denied' && e.address === '127.0.0.1'));
-      assert.ok(logHas(sb.id, (e) => e.via === 'dns' && e.host === 'other.test' && e.verdict === 'denied'));
+      assert.ok(await logHas(sb.id, (e) => e.via === 'dns' && e.host === 'api.test' && e.verdict === 'allowed' && e.rule === 'allow:api.test'));
+      assert.ok(await logHas(sb.id, (e) => e.via === 'dns' && e.host === 'rebind.test' && e.verdict === 'denied' && e.address === '127.0.0.1'));
+      assert.ok(await logHas(sb.id, (e) => e.via === 'dns' && e.host === 'other.test' && e.verdict === 'denied'));
       assert.ok(events.some((e) => e.kind === 'egress.denied' && e.sandboxId === sb.id && (e.data as { host?: string }).host === 'other.test'));
     } finally {
       await node.edge.destroy(sb.id);
@@ -313,8 +313,8 @@ describe('sandbox networks', () => {
     await new Promise<void>((r) => udp.bind(0, '0.0.0.0', r));
     const udpPort = udp.address().port;
     try {
-      const gw = node.edge.networkInfo(a.id).gateway as string;
-      const bAddr = node.edge.networkInfo(b.id).address as string;
+      const gw = (await node.edge.networkInfo(a.id)).gateway as string;
+      const bAddr = (await node.edge.networkInfo(b.id)).address as string;
       // Controls: the host reaches both of its own services on the gateway address.
       await new Promise<void>((resolve, reject) => net.connect(tcpPort, gw, resolve).on('error', reject));
       assert.equal(seen.shift(), 'tcp');
@@ -349,7 +349,7 @@ describe('sandbox networks', () => {
       await waitFor(() => events.some((e) => e.kind === 'egress.port-scan' && e.sandboxId === a.id), 'port-scan event');
       const denied = events.find((e) => e.kind === 'egress.denied' && e.sandboxId === a.id && (e.data as { via?: string }).via === 'kernel');
       assert.ok(denied, 'kernel denials become events');
-      assert.ok(node.edge.networkInfo(a.id).stats.denied >= attempts.length);
+      assert.ok((await node.edge.networkInfo(a.id)).stats.denied >= attempts.length);
     } finally {
       tcp.close();
       udp.close();
@@ -367,7 +367,7 @@ describe('sandbox networks', () => {
       const r1 = await sh(sb.id, 'cat /etc/resolv.conf; nslookup api.test && ! nslookup cdn.assets.test');
       assert.equal(r1.code, 0, r1.out);
 
-      const patched = await node.edge.patchNetwork(sb.id, { allow: { add: [{ host: '*.assets.test', ports: [443] }], remove: ['api.test'] }, allowAddresses: { add: [CDN] } });
+      const patched = await patchNetwork(node.edge, sb.id, { allow: { add: [{ host: '*.assets.test', ports: [443] }], remove: ['api.test'] }, allowAddresses: { add: [CDN] } });
       assert.deepEqual(patched.policy.allow, [{ host: '*.assets.test', ports: [443] }]);
       const r2 = await sh(sb.id, 'nslookup cdn.assets.test && ! nslookup api.test');
       assert.equal(r2.code, 0, r2.out);
@@ -397,17 +397,17 @@ describe('sandbox networks', () => {
         [{ mode: 'open' }, 'network.mode', /./],
       ];
       for (const [policy, field, msg] of bad) {
-        await assert.rejects(node.edge.setNetwork(sb.id, policy), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field && msg.test(e.message), JSON.stringify(policy));
+        await assert.rejects(async () => node.edge.setNetwork(sb.id, parsed.network(policy)), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field && msg.test(e.message), JSON.stringify(policy));
       }
-      await assert.rejects(node.edge.patchNetwork(sb.id, { presets: { add: ['nope'] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.presets.add.0');
-      await assert.rejects(node.edge.create({ image, network: { mode: 'allowlist', allow: [{ host: 'a b' }] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.allow.0.host');
-      assert.deepEqual(node.edge.networkInfo(sb.id).policy.allow?.map((r) => r.host), ['api.test', '*.assets.test', 'rebind.test']);
+      await assert.rejects(async () => patchNetwork(node.edge, sb.id, { presets: { add: ['nope'] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.presets.add.0');
+      await assert.rejects(async () => node.edge.create(parsed.sandbox({ image, network: { mode: 'allowlist', allow: [{ host: 'a b' }] } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.allow.0.host');
+      assert.deepEqual((await node.edge.networkInfo(sb.id)).policy.allow?.map((r) => r.host), ['api.test', '*.assets.test', 'rebind.test']);
 
       // A change that fails half-way (its policy cannot be saved) leaves the old one in force.
       const saved = path.join(node.home, 'net', `${sb.id}.json.tmp`);
       await mkdir(saved);
       try {
-        await assert.rejects(node.edge.patchNetwork(sb.id, { allow: { add: [{ host: 'other.test' }] }, allowAddresses: { add: [OTHER] } }));
+        await assert.rejects(async () => patchNetwork(node.edge, sb.id, { allow: { add: [{ host: 'other.test' }] }, allowAddresses: { add: [OTHER] } }));
         assert.equal((await sh(sb.id, 'nslookup other.test')).code === 0, false, 'the new rule is not in force');
         assert.equal((await sh(sb.id, 'nslookup api.test')).code, 0, 'the old rules still are');
         await assert.rejects(node.edge.setNetwork(sb.id, { mode: 'none' }));
@@ -421,7 +421,7 @@ describe('sandbox networks', () => {
         await mkdir(path.join(node.home, 'net', `${off.id}.json.tmp`), { recursive: true });
         await assert.rejects(node.edge.setNetwork(off.id, allowlist()));
         assert.equal((await sh(off.id, 'ip -o link | wc -l')).out.trim(), '1', 'no link was left behind');
-        assert.deepEqual(node.edge.networkInfo(off.id).policy, { mode: 'none' });
+        assert.deepEqual((await node.edge.networkInfo(off.id)).policy, { mode: 'none' });
       } finally {
         await rm(path.join(node.home, 'net', `${off.id}.json.tmp`), { recursive: true, force: true });
         await node.edge.destroy(off.id);
@@ -441,10 +441,10 @@ describe('sandbox networks', () => {
       assert.equal((await sh(sb.id, 'nslookup api.test')).code, 0);
       assert.notEqual((await sh(later.id, 'nslookup api.test')).code, 0);
       assert.equal((await sh(later.id, 'nslookup cdn.assets.test')).code, 0);
-      await edge.patchNetwork(later.id, { allow: { add: [{ host: 'api.test' }] }, allowAddresses: { add: [API] } });
+      await patchNetwork(edge, later.id, { allow: { add: [{ host: 'api.test' }] }, allowAddresses: { add: [API] } });
       assert.equal((await sh(later.id, 'nslookup api.test')).code, 0);
       // Kernel denials are still seen after the restart.
-      const gw = edge.networkInfo(sb.id).gateway as string;
+      const gw = (await edge.networkInfo(sb.id)).gateway as string;
       await sh(sb.id, `nc -w 1 ${gw} 23 </dev/null`);
       await waitFor(() => logHas(sb.id, (e) => e.via === 'kernel' && e.port === 23), 'kernel log after restart');
     } finally {
@@ -459,8 +459,8 @@ describe('sandbox networks', () => {
     try {
       await other.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
       const sb = await other.edge.create({ image, network: allowlist() });
-      const gw = other.edge.networkInfo(sb.id).gateway as string;
-      assert.notEqual(gw, node.edge.networkInfo((await node.edge.create({ image, network: allowlist() })).id).gateway, 'two homes get different slices');
+      const gw = (await other.edge.networkInfo(sb.id)).gateway as string;
+      assert.notEqual(gw, (await node.edge.networkInfo((await node.edge.create({ image, network: allowlist() })).id)).gateway, 'two homes get different slices');
       const prefix = other.edge.network.ifPrefix;
       const table = other.edge.network.table;
       assert.ok((await readdir('/sys/class/net')).some((l) => l.startsWith(prefix)));
@@ -479,7 +479,7 @@ describe('sandbox networks', () => {
       );
     } finally {
       if (!cleaned) await other.cleanup();
-      for (const s of node.edge.list()) await node.edge.destroy(s.id);
+      for (const s of await node.edge.list()) await node.edge.destroy(s.id);
     }
   });
 });
@@ -520,7 +520,7 @@ describe('sandbox networks through the egress proxy', () => {
   test('an allowed name works through explicit and transparent proxying (HTTP and TLS by SNI); a denied one fails', async () => {
     const sb = await node.edge.create({ image, network: policy() });
     try {
-      const gw = node.edge.networkInfo(sb.id).gateway as string;
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
       const env = await sh(sb.id, 'echo $HTTP_PROXY');
       assert.equal(env.out.trim(), `http://${gw}:3128`);
 
@@ -553,11 +553,11 @@ describe('sandbox networks through the egress proxy', () => {
       assert.equal((await sh(sb.id, first('/tmp/hello-none'))).out.trim().slice(0, 2), '15', 'no SNI: refused');
       assert.ok(!servers.sni.includes('other.test'));
 
-      const info = node.edge.networkInfo(sb.id);
+      const info = await node.edge.networkInfo(sb.id);
       assert.ok(info.stats.bytesIn > 0 && info.stats.bytesOut > 0, JSON.stringify(info.stats));
       for (const via of ['http', 'connect', 'transparent-http', 'transparent-tls']) {
-        assert.ok(logHas(sb.id, (e) => e.via === via && e.verdict === 'allowed' && e.host === 'api.test'), `${via} allowed`);
-        assert.ok(logHas(sb.id, (e) => e.via === via && e.verdict === 'denied'), `${via} denied`);
+        assert.ok(await logHas(sb.id, (e) => e.via === via && e.verdict === 'allowed' && e.host === 'api.test'), `${via} allowed`);
+        assert.ok(await logHas(sb.id, (e) => e.via === via && e.verdict === 'denied'), `${via} denied`);
       }
     } finally {
       await node.edge.destroy(sb.id);
@@ -567,7 +567,7 @@ describe('sandbox networks through the egress proxy', () => {
   test("IP literals, DNS rebinding to 127.0.0.1 and the host's loopback services are refused", async () => {
     const sb = await node.edge.create({ image, network: policy() });
     try {
-      const gw = node.edge.networkInfo(sb.id).gateway as string;
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
       const port = servers.hostServicePort;
       const refused: Array<[string, string]> = [
         ['explicit GET to an IP literal', ncSend(req(`GET http://127.0.0.1:${port}/`, `127.0.0.1:${port}`), gw, 3128)],
@@ -581,8 +581,8 @@ describe('sandbox networks through the egress proxy', () => {
       await node.edge.writeFile(sb.id, '/tmp/hello-ip', clientHello('127.0.0.1'));
       assert.equal((await sh(sb.id, `(cat /tmp/hello-ip; sleep 1) | nc -w 3 ${gw} 443 | head -c 1 | od -An -tx1`)).out.trim(), '15', 'an IP literal in SNI');
       assert.deepEqual(servers.hostHits, [], 'the host service saw nothing');
-      assert.ok(logHas(sb.id, (e) => e.host === 'rebind.test' && e.verdict === 'denied' && /restricted-address/.test(e.reason ?? '')));
-      assert.ok(logHas(sb.id, (e) => e.host === '127.0.0.1' && e.verdict === 'denied' && /ip-literal/.test(e.reason ?? '')));
+      assert.ok(await logHas(sb.id, (e) => e.host === 'rebind.test' && e.verdict === 'denied' && /restricted-address/.test(e.reason ?? '')));
+      assert.ok(await logHas(sb.id, (e) => e.host === '127.0.0.1' && e.verdict === 'denied' && /ip-literal/.test(e.reason ?? '')));
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -591,14 +591,14 @@ describe('sandbox networks through the egress proxy', () => {
   test('a policy patch on a running sandbox applies to new connections and closes open ones it denies', async () => {
     const sb = await node.edge.create({ image, network: policy() });
     try {
-      const gw = node.edge.networkInfo(sb.id).gateway as string;
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
       const before = servers.echo.size;
       const held = await node.edge.spawn(sb.id, { cmd: `(printf 'CONNECT api.test:8080 HTTP/1.1\\r\\n\\r\\n'; sleep 60) | nc ${gw} 3128` });
       await waitFor(() => servers.echo.size > before, 'the tunnel to open');
       assert.match((await sh(sb.id, ncSend(req('GET http://other.test/', 'other.test'), gw, 3128))).out, /^HTTP\/1\.1 403/);
 
       const t0 = Date.now();
-      await node.edge.patchNetwork(sb.id, { allow: { remove: ['api.test'], add: [{ host: 'other.test' }] }, allowAddresses: { add: [OTHER] } });
+      await patchNetwork(node.edge, sb.id, { allow: { remove: ['api.test'], add: [{ host: 'other.test' }] }, allowAddresses: { add: [OTHER] } });
       await waitFor(() => servers.echo.size === before, 'the tunnel to close', 5000);
       // The sandbox's side of the tunnel ended too (its nc exited), long before its 60 s input.
       await waitFor(async () => (await sh(sb.id, 'ps -o comm | grep -cx nc')).out.trim() === '0', 'nc to exit', 5000);
@@ -606,7 +606,7 @@ describe('sandbox networks through the egress proxy', () => {
       await held.kill('SIGKILL');
       assert.match((await sh(sb.id, ncSend(req('GET http://other.test/now', 'other.test'), gw, 3128))).out, /hello other\.test \/now/);
       assert.match((await sh(sb.id, ncSend(req('GET http://api.test/', 'api.test'), gw, 3128))).out, /^HTTP\/1\.1 403/);
-      assert.ok(logHas(sb.id, (e) => e.host === 'api.test' && e.port === 8080 && /policy-changed/.test(e.reason ?? '')));
+      assert.ok(await logHas(sb.id, (e) => e.host === 'api.test' && e.port === 8080 && /policy-changed/.test(e.reason ?? '')));
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -615,7 +615,7 @@ describe('sandbox networks through the egress proxy', () => {
   test('a frozen npm mirror hides a version newer than its cutoff (local fake registry)', async () => {
     const sb = await node.edge.create({ image, network: { mode: 'allowlist', presets: ['npm'], mirrors: { npm: { upstream: servers.registryOrigin, freeze: '2023-01-01' } } } });
     try {
-      const gw = node.edge.networkInfo(sb.id).gateway as string;
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
       assert.equal((await sh(sb.id, 'echo $npm_config_registry')).out.trim(), 'http://registry.npmjs.org/');
       const r = await sh(sb.id, ncSend(req('GET http://registry.npmjs.org/left-pad', 'registry.npmjs.org'), gw, 3128, 2));
       assert.match(r.out, /^HTTP\/1\.1 200/, r.out);

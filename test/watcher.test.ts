@@ -531,7 +531,7 @@ describe('edge', () => {
       // The runtime's delete takes the first one's cgroups along; the second had only its cgroups left.
       assert.ok(report.cgroups.includes(lostAll.id), JSON.stringify(report));
       assert.ok(report.processes >= 1, JSON.stringify(report));
-      assert.deepEqual(edge.list().map((s) => s.id), [kept.id]);
+      assert.deepEqual((await edge.list()).map((s) => s.id), [kept.id]);
       for (const id of [lostDir.id, lostAll.id]) {
         assert.deepEqual(await edge.cgroups.existing(id), [], `cgroups of ${id}`);
         assert.equal(existsSync(path.join(crunRoot, id)), false);

@@ -91,7 +91,7 @@ export async function startBenchPlatform(home: string, preload: PreloadedLayer[]
     async adoptLayer(info, name) {
       const stored = await platform.edge.layers.resolve(info.digest);
       await platform.edge.layers.tag(stored.digest, name);
-      await platform.controlPlane.registerLayer(ROOT_PROJECT_ID, stored, name);
+      await platform.services.layers.register(ROOT_PROJECT_ID, stored, name);
     },
   };
 }

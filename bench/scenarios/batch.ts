@@ -38,7 +38,7 @@ export const batchScenario: Scenario = {
   ].join(' '),
   async run(ctx: ScenarioContext) {
     const client = await ctx.bench.newClient();
-    const cp = ctx.bench.platform.controlPlane;
+    const cp = ctx.bench.platform.services;
 
     // ---- batch ----
     for (const count of ctx.quick ? [50] : [100, 1000]) {

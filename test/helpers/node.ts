@@ -5,6 +5,21 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Edge, mountsUnder, umount, MNT } from '@dsec/edge';
 import type { EdgeOptions, NetworkOptions } from '@dsec/edge';
+import {
+  CallBatchRequestSchema,
+  CallRequestSchema,
+  DiffOptionsSchema,
+  ExecSpecSchema,
+  NetworkPolicyPatchSchema,
+  NetworkPolicySchema,
+  SandboxClaimSchema,
+  SandboxSpecSchema,
+  VerifyRequestSchema,
+  applyNetworkPatch,
+  normalizeNetworkPolicy,
+  parseOrThrow,
+} from '@dsec/protocol';
+import type { CallBatchRequest, CallRequest, DiffOptions, ExecSpec, NetworkPolicy, SandboxClaim, SandboxNetwork, SandboxSpec, VerifyRequest } from '@dsec/protocol';
 
 /** Repository root (test/dist/helpers -> ../../..). */
 export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -44,4 +59,25 @@ export async function startNode(opts: { outputCapBytes?: number; network?: Netwo
     },
   };
   return node;
+}
+
+/**
+ * Input parsed as the API parses it before a node sees it: an edge trusts its types, so tests
+ * of refused input parse here (and get the API's INVALID_ARGUMENT naming the field).
+ */
+export const parsed = {
+  sandbox: (input: unknown): SandboxSpec => parseOrThrow(SandboxSpecSchema, input, ''),
+  claim: (input: unknown): SandboxClaim => parseOrThrow(SandboxClaimSchema, input, ''),
+  exec: (input: unknown): ExecSpec => parseOrThrow(ExecSpecSchema, input, ''),
+  network: (input: unknown): NetworkPolicy => normalizeNetworkPolicy(parseOrThrow(NetworkPolicySchema, input, 'network')),
+  diff: (input: unknown): DiffOptions => parseOrThrow(DiffOptionsSchema, input, ''),
+  verify: (input: unknown): VerifyRequest => parseOrThrow(VerifyRequestSchema, input, ''),
+  call: (input: unknown): CallRequest => parseOrThrow(CallRequestSchema, input, ''),
+  callBatch: (input: unknown): CallBatchRequest => parseOrThrow(CallBatchRequestSchema, input, ''),
+};
+
+/** Patches a sandbox's network policy as the API does: applied to the current policy, the result parsed and set. */
+export async function patchNetwork(edge: Edge, id: string, patch: unknown): Promise<SandboxNetwork> {
+  const current = (await edge.networkInfo(id)).policy;
+  return edge.setNetwork(id, parsed.network(applyNetworkPatch(current, parseOrThrow(NetworkPolicyPatchSchema, patch, 'network'))));
 }

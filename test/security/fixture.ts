@@ -242,7 +242,7 @@ export async function startSecurityNode(opts: { outputCapBytes?: number } = {}):
       async cleanup() {
         events?.close();
         try {
-          const live = new Set(edge.list().map((s) => s.id));
+          const live = new Set((await edge.list()).map((s) => s.id));
           for (const id of created.filter((c) => live.has(c))) await edge.destroy(id).catch(() => undefined);
           await node.cleanup();
         } finally {

@@ -198,12 +198,12 @@ describe('output', () => {
     try {
       const att = await sec.edge.spawn(id, { argv: [KIT, 'flood', String(floodBytes)] });
       await att.detach();
-      const exit = await (await sec.edge.agent(id)).wait(att.proc);
+      const exit = await (await sec.edge.agent(id)).wait(att.pid);
       assert.equal(exit.exitCode, 0);
       assert.equal(exit.stdoutBytes, floodBytes);
       const agentRssMiB = (await rssKiB(await agentHostPid(id))) / 1024;
       assert.ok(agentRssMiB < OUTPUT_CAP_BYTES / MiB + 16, `the agent holds ${agentRssMiB.toFixed(1)} MiB after ${floodBytes / MiB} MiB of output`);
-      const reread = await sec.edge.attach(id, att.proc);
+      const reread = await sec.edge.attach(id, att.pid);
       let gap = 0;
       let data = 0;
       for await (const ev of reread) {

@@ -239,7 +239,7 @@ describe('descriptors and the agent', () => {
 
   test('forged agent frames on stdout are output: the real exit code is reported and the bytes come back verbatim', async () => {
     const att = await sec.edge.spawn(attacker, { cmd: `${KIT} forge-exit-frame; exit 3` });
-    const chunks: Buffer[] = [];
+    const chunks: Uint8Array[] = [];
     att.onOutput((ev) => {
       if (ev.kind === 'data' && ev.stream === 'stdout') chunks.push(ev.data);
     });

@@ -3,7 +3,9 @@ import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { SandboxStateSchema } from '@dsec/protocol';
 import { DENIAL_KINDS } from '@dsec/watcher';
-import type { ControlPlane } from './control-plane.js';
+import type { AdmissionQueue } from './admission.js';
+import type { NodeRegistry } from './nodes.js';
+import type { PlatformCounters } from './services/common.js';
 import type { WatchService } from './watch.js';
 
 const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
@@ -11,6 +13,13 @@ const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 const EXEC_BUCKETS_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 60_000];
 /** USER_HZ: the unit of /proc/stat. */
 const CLOCK_TICKS_PER_SECOND = 100;
+
+/** What the control plane's metrics are read from. */
+export interface ControlPlaneGauges {
+  counters: PlatformCounters;
+  admission: AdmissionQueue;
+  nodes: NodeRegistry;
+}
 
 /** Counters and latency histograms, rendered on GET /metrics. */
 export class Metrics {
@@ -23,7 +32,7 @@ export class Metrics {
   garbageCollected: () => number = () => 0;
 
   constructor(
-    private readonly cp?: ControlPlane,
+    private readonly cp?: ControlPlaneGauges,
     private readonly watch?: WatchService,
   ) {}
 

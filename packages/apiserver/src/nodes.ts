@@ -1,50 +1,7 @@
-// The nodes the control plane can place sandboxes on, each reached through an EdgeClient.
-import type { Edge } from '@dsec/edge';
-import type { BackendKind } from '@dsec/protocol';
+// The nodes the control plane can place sandboxes on, each reached through an EdgeClient (the
+// in-process edge, or one across the network: the registry cannot tell).
+import type { BackendKind, EdgeClient } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
-
-/**
- * What the control plane needs of an edge. `Edge` (in-process, the single-node default)
- * satisfies it as is; a remote edge implements the same shape over the network.
- */
-export type EdgeClient = Pick<
-  Edge,
-  | 'nodeName'
-  | 'capacity'
-  | 'create'
-  | 'claim'
-  | 'destroy'
-  | 'list'
-  | 'exec'
-  | 'exitInfo'
-  | 'spawn'
-  | 'processes'
-  | 'attach'
-  | 'writeStdin'
-  | 'signal'
-  | 'resize'
-  | 'readFile'
-  | 'writeFile'
-  | 'listDir'
-  | 'stat'
-  | 'mkdir'
-  | 'remove'
-  | 'rename'
-  | 'symlink'
-  | 'stats'
-  | 'pause'
-  | 'resume'
-  | 'snapshot'
-  | 'diff'
-  | 'verify'
-  | 'layers'
-  | 'calls'
-  | 'collectGarbage'
-  | 'setNetwork'
-  | 'patchNetwork'
-  | 'networkInfo'
-  | 'networkLog'
->;
 
 /** A node as the control plane tracks it. */
 export interface NodeEntry extends NodeView {

@@ -8,11 +8,11 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
-import type { NetworkOptions, NodeGarbageReport } from '@dsec/edge';
+import type { NetworkOptions } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
+import type { EdgeClient, EventSink, NodeGarbageReport } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
-import { ControlPlane } from './control-plane.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
@@ -24,6 +24,8 @@ import { commandSummary } from '@dsec/watcher';
 import { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
+import { createServices } from './services/index.js';
+import type { Services } from './services/index.js';
 import type { TrajectoryOptions } from './trajectory.js';
 
 /** Default state directory. */
@@ -62,6 +64,14 @@ export interface PlatformOptions {
   userNamespaces?: boolean;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
+  /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
+  observeEvents?: EventSink;
+  /**
+   * How the control plane reaches the in-process edge: the client to use and how to end it
+   * (closed before the edge). Default: the edge itself. The end-to-end suite passes a client that
+   * serialises every call and stream, to prove the interface can cross a wire.
+   */
+  reachEdge?: (edge: EdgeClient) => Promise<{ client: EdgeClient; close(): void }>;
 }
 
 /** A running platform. */
@@ -72,9 +82,9 @@ export interface Platform {
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
   adminKeyFile: string;
-  /** The in-process edge and control plane (for tests and embedding). */
+  /** The in-process edge and the services behind the API (for tests and embedding). */
   edge: Edge;
-  controlPlane: ControlPlane;
+  services: Services;
   /** Events, audit trail and rules. */
   watch: WatchService;
   /** Stops serving; sandboxes keep running and are found again by the next start. */
@@ -121,13 +131,9 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   try {
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
-    nodes.add(edge);
-    const cp = new ControlPlane(store, auth, nodes, new Placement(opts.placement), { log, trajectory: { log, ...opts.trajectory } });
-    closers.unshift(() => cp.trajectory.close());
-    await cp.loadAllocations();
-    // This process is the only apiserver: a key still pending belongs to a request that died
-    // with the previous one.
-    await store.dropPendingIdempotencyKeys(new Date().toISOString());
+    const reached = opts.reachEdge ? await opts.reachEdge(edge) : { client: edge, close: () => undefined };
+    closers.unshift(() => reached.close());
+    nodes.add(reached.client);
 
     // Events from the node and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
@@ -136,9 +142,26 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     await watch.init();
     const unsubscribe = edge.onEvent(watch.events.ingest);
     closers.unshift(() => void unsubscribe());
-    cp.raise = watch.events.ingest;
-    cp.tighten = (projectId, spec) => watch.tighten(projectId, spec);
-    cp.deniedNames = (projectId) => watch.deniedNames(projectId);
+    const observe = opts.observeEvents;
+    const services = createServices({
+      store,
+      auth,
+      nodes,
+      placement: new Placement(opts.placement),
+      log,
+      raise: (ev) => {
+        observe?.(ev);
+        watch.events.ingest(ev);
+      },
+      tighten: (projectId, spec) => watch.tighten(projectId, spec),
+      deniedNames: (projectId) => watch.deniedNames(projectId),
+      trajectory: { log, ...opts.trajectory },
+    });
+    closers.unshift(() => services.trajectory.close());
+    await services.lifecycle.loadAllocations();
+    // This process is the only apiserver: a key still pending belongs to a request that died
+    // with the previous one.
+    await store.dropPendingIdempotencyKeys(new Date().toISOString());
     const startGarbage = edge.lastStartGarbage;
     const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
     if (startRemoved > 0) log(`dsec: removed ${startRemoved} leftovers of sandboxes a previous run lost (${JSON.stringify(startGarbage)})`);
@@ -151,24 +174,24 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     }
     const publicRows = await store.layers([PUBLIC_PROJECT_ID]);
     if (!publicRows.some((r) => r.name === `${BUILTIN_BASE}:latest` && r.digest === base.digest)) {
-      await cp.registerLayer(PUBLIC_PROJECT_ID, base, BUILTIN_BASE);
+      await services.layers.register(PUBLIC_PROJECT_ID, base, BUILTIN_BASE);
     }
 
     // The first admin key, written where the local CLI finds it.
     const adminKeyFile = path.join(home, 'admin.key');
     let adminKey: string | undefined;
     if ((await store.keys([ROOT_PROJECT_ID])).length === 0) {
-      adminKey = (await cp.issueKey(ROOT_PROJECT_ID, 'admin', 'admin')).key;
+      adminKey = (await services.iam.issueKey(ROOT_PROJECT_ID, 'admin', 'admin')).key;
       await writeFile(adminKeyFile, adminKey + '\n', { mode: 0o600 });
     }
 
-    const metrics = new Metrics(cp, watch);
-    const app = createApp(cp, metrics, log, watch);
-    const ws = createWsHandler(cp, (p, sandboxId, spec, exitCode) => {
+    const metrics = new Metrics(services, watch);
+    const app = createApp(services, metrics, log, watch);
+    const ws = createWsHandler(services, (p, sandboxId, spec, exitCode) => {
       const entry = { keyId: p.keyId, projectId: p.projectId, method: 'GET', route: '/v1/sandboxes/:id/exec/ws', sandboxId, status: 101, durationMs: 0, command: commandSummary(spec) };
       const at = new Date().toISOString();
       void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
-    });
+    }, log);
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;
     server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
@@ -190,7 +213,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         nodes: () =>
           nodes.all().map((n) => ({
             name: n.name,
-            sandboxIds: async () => n.client.list().map((s) => s.id),
+            sandboxIds: async () => (await n.client.list()).map((s) => s.id),
             destroyOrphan: (id) => n.client.destroy(id),
             collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
           })),
@@ -199,10 +222,10 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         expire: async (id) => {
           const row = await store.sandbox(id);
           if (!row) return;
-          await cp.expireRow(row);
+          await services.lifecycle.expireRow(row);
         },
         markLost: (id) => store.setSandboxState(id, 'lost'),
-        leases: () => cp.enforceLeases(log),
+        leases: () => services.lifecycle.enforceLeases(log),
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),
       },
@@ -210,18 +233,18 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     );
     metrics.garbageCollected = () => startRemoved + watcher.garbageCollected;
     watcher.start();
-    cp.pools.start();
+    services.poolManager.start();
     closers.unshift(
       () => watcher.stop(),
-      () => cp.pools.stop(),
-      () => cp.admission.close(),
+      () => services.poolManager.stop(),
+      () => services.admission.close(),
     );
     // API activity is recorded in memory and written about once a second (idle timeouts).
-    const flush = setInterval(() => void cp.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)), ACTIVITY_FLUSH_INTERVAL_MS);
+    const flush = setInterval(() => void services.lifecycle.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)), ACTIVITY_FLUSH_INTERVAL_MS);
     flush.unref();
     closers.unshift(async () => {
       clearInterval(flush);
-      await cp.flushActivity().catch(() => undefined);
+      await services.lifecycle.flushActivity().catch(() => undefined);
     });
 
     let closed = false;
@@ -230,7 +253,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       ...(adminKey ? { adminKey } : {}),
       adminKeyFile,
       edge,
-      controlPlane: cp,
+      services,
       watch,
       async close() {
         if (closed) return;
@@ -239,9 +262,9 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       },
       async shutdown() {
         await watcher.stop();
-        await cp.pools.stop();
-        cp.admission.close();
-        for (const row of await store.allSandboxes()) await cp.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
+        await services.poolManager.stop();
+        services.admission.close();
+        for (const row of await store.allSandboxes()) await services.lifecycle.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
         await platform.close();
         await edge.shutdown();
       },

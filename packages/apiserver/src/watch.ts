@@ -1,20 +1,16 @@
 // The watcher's side of the API: events (a page, or a live text/event-stream), the audit trail
 // (a page, or an NDJSON export) and run-time rules, scoped by project like everything else.
 import {
-  CreateRuleRequestSchema,
   DEFAULT_WATCH_PAGE_SIZE,
   DsecError,
-  ListAuditQuerySchema,
-  ListEventsQuerySchema,
   invalidArgument,
   withDeniedNames,
 } from '@dsec/protocol';
-import type { AuditEntryBody, EventBody, EventKind, RuleBody, SandboxSpec } from '@dsec/protocol';
+import type { AuditEntryBody, CreateRuleRequest, EventBody, EventKind, ListAuditQuery, ListEventsQuery, RuleBody, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
 import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
 import { requireRole, roleAtLeast } from './auth.js';
 import type { Principal } from './auth.js';
-import { parseInput } from './control-plane.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
 import { DEFAULT_AUDIT_RETENTION, DEFAULT_EVENT_RETENTION, WatchStore } from './db/watch-store.js';
@@ -118,8 +114,7 @@ export class WatchService {
     return p.projectId === ROOT_PROJECT_ID ? { projectIds: 'all', includeUnscoped: true } : { projectIds: [...p.visibleProjects], includeUnscoped: false };
   }
 
-  private parseEventQuery(p: Principal, query: unknown): EventQuery {
-    const q = parseInput(ListEventsQuerySchema, query, 'query');
+  private eventQuery(p: Principal, q: ListEventsQuery): EventQuery {
     const out: EventQuery = { ...this.eventScope(p), order: q.order ?? 'desc', limit: q.limit ?? DEFAULT_WATCH_PAGE_SIZE };
     if (q.kind) out.kinds = q.kind.split(',') as EventKind[];
     if (q.severity) out.severities = severitiesFrom(q.severity);
@@ -130,9 +125,9 @@ export class WatchService {
   }
 
   /** A page of events, newest first unless `order=asc`. */
-  async listEvents(p: Principal, query: unknown): Promise<{ items: EventBody[]; nextCursor: string | null }> {
+  async listEvents(p: Principal, query: ListEventsQuery): Promise<{ items: EventBody[]; nextCursor: string | null }> {
     requireRole(p, 'viewer');
-    const q = this.parseEventQuery(p, query);
+    const q = this.eventQuery(p, query);
     const rows = await this.events.query({ ...q, limit: q.limit + 1 });
     const page = rows.slice(0, q.limit);
     const last = page[page.length - 1];
@@ -145,9 +140,9 @@ export class WatchService {
    * falls more than its queue behind gets a final `dropped` event and the stream ends; it can
    * reconnect with the last id it saw.
    */
-  streamEvents(p: Principal, query: unknown, lastEventId: string | undefined, signal?: AbortSignal): Response {
+  streamEvents(p: Principal, query: ListEventsQuery, lastEventId: string | undefined, signal?: AbortSignal): Response {
     requireRole(p, 'viewer');
-    const q = this.parseEventQuery(p, query);
+    const q = this.eventQuery(p, query);
     let after: string | undefined;
     if (lastEventId !== undefined && lastEventId !== '') {
       if (!isSortableId('ev', lastEventId)) throw invalidArgument('Last-Event-ID', 'not an event id from this API');
@@ -249,8 +244,7 @@ export class WatchService {
     return p.projectId === ROOT_PROJECT_ID ? 'all' : [...p.visibleProjects];
   }
 
-  private parseAuditQuery(p: Principal, query: unknown): AuditQuery {
-    const q = parseInput(ListAuditQuerySchema, query, 'query');
+  private auditQuery(p: Principal, q: ListAuditQuery): AuditQuery {
     const out: AuditQuery = { projectIds: this.auditScope(p), order: q.order ?? 'desc', limit: q.limit ?? DEFAULT_WATCH_PAGE_SIZE };
     if (q.since) out.since = new Date(q.since).toISOString();
     if (q.sandbox) out.sandboxId = q.sandbox;
@@ -260,9 +254,9 @@ export class WatchService {
   }
 
   /** A page of audit entries, newest first unless `order=asc`. */
-  async listAudit(p: Principal, query: unknown): Promise<{ items: AuditEntryBody[]; nextCursor: string | null }> {
+  async listAudit(p: Principal, query: ListAuditQuery): Promise<{ items: AuditEntryBody[]; nextCursor: string | null }> {
     requireRole(p, 'viewer');
-    const q = this.parseAuditQuery(p, query);
+    const q = this.auditQuery(p, query);
     const rows = await this.audit.query({ ...q, limit: q.limit + 1 });
     const page = rows.slice(0, q.limit);
     const last = page[page.length - 1];
@@ -270,9 +264,9 @@ export class WatchService {
   }
 
   /** Every audit entry the query selects as NDJSON, oldest first, read from the store in pages as the client reads. */
-  exportAudit(p: Principal, query: unknown): Response {
+  exportAudit(p: Principal, query: ListAuditQuery): Response {
     requireRole(p, 'viewer');
-    const q = { ...this.parseAuditQuery(p, query), order: 'asc' as const, limit: 1000 };
+    const q = { ...this.auditQuery(p, query), order: 'asc' as const, limit: 1000 };
     const audit = this.audit;
     const encoder = new TextEncoder();
     let cursor = q.cursor;
@@ -292,9 +286,8 @@ export class WatchService {
   // ---- rules ----
 
   /** Adds a rule in the caller's project; it applies there and in the projects below. */
-  async createRule(p: Principal, body: unknown): Promise<RuleBody> {
+  async createRule(p: Principal, spec: CreateRuleRequest): Promise<RuleBody> {
     requireRole(p, 'admin');
-    const spec = parseInput(CreateRuleRequestSchema, body);
     if (spec.kind === 'event' && spec.suppress && p.projectId !== ROOT_PROJECT_ID) {
       throw new DsecError('PERMISSION_DENIED', "suppress: only the root project's admins may drop events", { field: 'suppress' });
     }

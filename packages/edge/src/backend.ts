@@ -1,8 +1,11 @@
-// The interface every isolation backend implements (fncall, container, microvm, vm).
-import type { BackendKind, LayerInfo, SandboxClaim, SandboxSpec, SandboxStats } from '@dsec/protocol';
+// The interface every isolation backend implements (container, microvm, vm), with optional
+// facets for what only some can do, and the host state a backend is built with.
+import type { BackendKind, EventSink, FileStat, LayerInfo, SandboxClaim, SandboxSpec, SandboxStats } from '@dsec/protocol';
 import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
-import type { FileStat } from '@dsec/protocol';
+import type { Cgroups } from './host/cgroups.js';
 import type { IdRange } from './host/id-ranges.js';
+import type { RuntimeNamespace } from './host/runtime-ns.js';
+import type { LayerStore } from './layers/index.js';
 
 /**
  * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
@@ -68,7 +71,102 @@ export interface BackendResumeResult {
   swapBytes: number;
 }
 
-/** One isolation backend. */
+/** OOM kills and pids-limit hits of a sandbox so far (its cgroup's counters). */
+export interface SandboxCounters {
+  oomKills: number;
+  pidsLimitHits: number;
+}
+
+/** Memory charged to a sandbox now. */
+export interface SandboxMemory {
+  usageBytes: number;
+  swapBytes: number;
+}
+
+/** Pausing: the backend can freeze a sandbox whole and give its memory back. */
+export interface PauseFacet {
+  /**
+   * Freezes every process of the sandbox and makes its memory reclaimable. Its processes, open
+   * files and file system stay exactly as they are; its agent does not answer until resumed.
+   */
+  pause(id: string): Promise<BackendPauseResult>;
+  /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
+  resume(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
+  /** Memory charged now (what a pause of a paused sandbox reports). */
+  memory(id: string): Promise<SandboxMemory>;
+  /** Freezes without reclaiming (a snapshot's consistent read); `thaw` undoes it. */
+  freeze(id: string): Promise<void>;
+  thaw(id: string): Promise<void>;
+  isFrozen(id: string): Promise<boolean>;
+}
+
+/** Counters the node watches for events (oom.kill, pids.limit-hit) and OOM verdicts. */
+export interface CounterFacet {
+  /** Read without blocking the event loop (the periodic scan of every sandbox). */
+  read(id: string): Promise<SandboxCounters>;
+  /** Read at once (a command's start and exit, where the order of events matters). */
+  readNow(id: string): SandboxCounters;
+}
+
+/** The sandbox's processes as host pids (the survivor check reads their /proc entries). */
+export interface HostProcessFacet {
+  /** How many processes the sandbox holds, read at once (1: its agent alone). */
+  countNow(id: string): number;
+  /** Host pids of every process of the sandbox. */
+  hostPids(id: string): Promise<number[]>;
+}
+
+/** A writable layer that is a host directory: the source of snapshots, diffs and watches. */
+export interface WritableLayerFacet {
+  /**
+   * Host path of the sandbox's upper directory: its changes over its layers, deletions as
+   * overlayfs whiteouts. Read it while the sandbox is frozen for a consistent view.
+   */
+  upperDir(id: string): string;
+}
+
+/** A network namespace the node can put a link into (per-sandbox networking). */
+export interface NetworkFacet {
+  /** Path of the sandbox's network namespace. */
+  netnsPath(id: string): Promise<string>;
+}
+
+/** Options of {@link GarbageFacet.collectGarbage}. */
+export interface GarbageOptions {
+  /** True for ids that belong to a live sandbox (known, being created or destroyed). */
+  keep: (id: string) => boolean;
+  /** Also collect function-call sandboxes (`fn-` ids): only while no call pool runs (edge start). */
+  calls?: boolean;
+  /**
+   * A path that marks this node's sandboxes (the node's home, with a trailing `/`): a cgroup
+   * whose processes' mounts name it is this node's even when nothing else of it is left.
+   */
+  ownerMark: string;
+}
+
+/** What one garbage collection removed. */
+export interface GarbageReport {
+  /** Runtime containers deleted. */
+  containers: string[];
+  /** Sandbox cgroups removed. */
+  cgroups: string[];
+  /** Processes killed in them. */
+  processes: number;
+  /** Mounts detached under sandbox folders. */
+  mounts: number;
+  /** Sandbox folders removed. */
+  dirs: string[];
+}
+
+/** Removing what sandboxes nobody knows left behind (after a crash, by the watcher's passes). */
+export interface GarbageFacet {
+  collectGarbage(opts: GarbageOptions): Promise<GarbageReport>;
+}
+
+/**
+ * One isolation backend: the calls every backend answers, and optional facets for what only
+ * some can do. The node asks "can you?" (`backend.pausing?`), never "which backend are you?".
+ */
 export interface Backend {
   readonly kind: BackendKind;
   /** Creates and starts a sandbox; on failure nothing of it is left behind. */
@@ -88,21 +186,39 @@ export interface Backend {
   destroy(id: string): Promise<void>;
   /** Current resource use. */
   stats(id: string): Promise<SandboxStats>;
-  /**
-   * Host path of the sandbox's upper directory: its changes over its layers, deletions as
-   * overlayfs whiteouts. Backends whose writable state is not a host directory (VMs) omit it.
-   */
-  upperDir?(id: string): string;
-  /**
-   * Freezes every process of the sandbox and makes its memory reclaimable. Its processes, open
-   * files and file system stay exactly as they are; its agent does not answer until resumed.
-   * Backends that cannot pause omit it.
-   */
-  pause?(id: string): Promise<BackendPauseResult>;
-  /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
-  resume?(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
-  /** Path of the sandbox's network namespace (where edge puts its link); absent: no network. */
-  netnsPath?(id: string): Promise<string>;
   /** Releases what the backend holds in this process (connections); sandboxes keep running. */
   close(): Promise<void>;
+
+  /** Pause and resume, freeze and thaw; absent: its sandboxes cannot pause (nor be snapshotted). */
+  readonly pausing?: PauseFacet;
+  /** OOM and pids-limit counters; absent: no such events and no OOM verdicts. */
+  readonly counters?: CounterFacet;
+  /** Host pids of its processes; absent: no survivor check. */
+  readonly hostProcesses?: HostProcessFacet;
+  /** Its writable layer as a host directory; absent: no snapshots, diffs or watched paths (VMs). */
+  readonly writableLayer?: WritableLayerFacet;
+  /** A network namespace per sandbox; absent: only network mode `none`. */
+  readonly network?: NetworkFacet;
+  /** Garbage collection of what unknown sandboxes left. */
+  readonly garbage?: GarbageFacet;
 }
+
+/** What the node hands a backend when it opens: its shared host state. */
+export interface BackendHost {
+  /** The node's state directory. */
+  home: string;
+  /** Private run directory of the node (`runDirFor(home)`): runtime state, writable layers, roots. */
+  runDir: string;
+  /** argv prefix that enters the runtime mount namespace, and its nsfs file. */
+  runtimeNs: RuntimeNamespace;
+  layers: LayerStore;
+  /** The cgroups of the node's sandboxes. */
+  cgroups: Cgroups;
+  /** Host path of the static chronus binary (its helpers sit beside it). */
+  agentBinary: string;
+  /** Raises a node event (backends report forged agent messages and the like). */
+  raise: EventSink;
+}
+
+/** Builds a backend once the node's host state exists (`Edge.open({ backends: [...] })`). */
+export type BackendFactory = (host: BackendHost) => Backend | Promise<Backend>;

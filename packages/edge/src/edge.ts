@@ -4,29 +4,53 @@ import { randomBytes } from 'node:crypto';
 import { access, chmod, mkdir, readFile } from 'node:fs/promises';
 import os, { hostname } from 'node:os';
 import path from 'node:path';
-import { DiffOptionsSchema, DsecError, ExecSpecSchema, NetworkPolicyPatchSchema, NetworkPolicySchema, SandboxClaimSchema, SandboxSpecSchema, SYSCALL_NAMES, VerifyRequestSchema, applyNetworkPatch, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
-import type { DiffResult, VerifyResult, BackendKind, EventSink, RaisedEvent, ExecResult, ExecSpec, FileStat, LayerInfo, NetworkPolicy, ProcessInfo, SandboxSpec, SandboxState, SandboxStats } from '@dsec/protocol';
-import type { z } from 'zod';
-import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
-import { ContainerBackend } from './backends/container/backend.js';
-import type { GarbageReport } from './backends/container/backend.js';
-import { FnCallBackend } from './backends/fncall/backend.js';
-import type { AgentExit, Attachment, OutputEvent, SpawnOptions } from './chronus/client.js';
+import { DsecError, SYSCALL_NAMES, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
+import type {
+  BackendKind,
+  DiffOptions,
+  DiffResult,
+  EdgeClient,
+  EdgeExecOptions,
+  EdgeSandbox,
+  EgressLogEntryBody,
+  EventSink,
+  ExitInfo,
+  NodeCapacity,
+  NodeGarbageReport,
+  RaisedEvent,
+  ExecResult,
+  ExecSpec,
+  FileStat,
+  LayerInfo,
+  NetworkPolicy,
+  ProcessInfo,
+  SandboxClaim,
+  SandboxNetwork,
+  SandboxSpec,
+  SandboxState,
+  SandboxStats,
+  VerifyRequest,
+  VerifyResult,
+} from '@dsec/protocol';
+import type { Backend, BackendFactory, BackendHost, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
+import { defaultBackends } from './backends/index.js';
+import { fncallRunner } from './backends/fncall/index.js';
+import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
+import type { AgentExit, SpawnOptions } from './chronus/client.js';
+import { EdgeProcessStream } from './process-stream.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import type { IdShift } from './host/idmap.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
-import { IdRanges } from './host/id-ranges.js';
 import { SecurityMonitor } from './host/security-monitor.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import type { SandboxLayersView } from './diff.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 import { NodeNetwork } from './net/network.js';
-import type { NetworkOptions, SandboxNetworkInfo } from './net/network.js';
-import type { EgressLogEntry } from './net/types.js';
+import type { NetworkOptions } from './net/network.js';
 
 /** Default cap on stdout and stderr collected into one ExecResult (each). */
 export const DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
@@ -64,6 +88,13 @@ export interface EdgeOptions {
   seccompProfile?: (spec: SandboxSpec) => SeccompProfile;
   /** Interval of the scan of every sandbox's OOM and pids-limit counters. Default {@link DEFAULT_COUNTER_SCAN_MS}; 0 turns it off. */
   counterScanMs?: number;
+  /**
+   * The backends this node runs, built once the host is prepared. Default
+   * `defaultBackends()` configured from `outputCapBytes`, `userNamespaces` and `seccompProfile`.
+   */
+  backends?: BackendFactory[];
+  /** The node's function calls. Default `fncallRunner()`. */
+  calls?: CallRunnerFactory;
 }
 
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
@@ -86,33 +117,9 @@ export const SURVIVOR_GRACE_MS = 500;
 /** Survivor pids remembered per sandbox (each is reported once). */
 const MAX_REPORTED_SURVIVORS = 1024;
 
-/** What {@link Edge.collectGarbage} removed (layer mounts included). */
-export interface NodeGarbageReport extends GarbageReport {
-  /** Unused layer mounts a previous process left. */
-  layerMounts: number;
-}
-
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
 export const DEFAULT_MAX_SANDBOXES = 4000;
 
-/** What a node offers, before over-commit. */
-export interface NodeCapacity {
-  cpu: number;
-  memoryMiB: number;
-  sandboxes: number;
-  backends: BackendKind[];
-}
-
-/** A sandbox as edge reports it. */
-export interface SandboxInfo {
-  id: string;
-  node: string;
-  backend: BackendKind;
-  state: SandboxState;
-  spec: SandboxSpec;
-  layers: string[];
-  createdAt: string;
-}
 
 /** Options of {@link Edge.snapshot}. */
 export interface SnapshotOptions {
@@ -129,13 +136,7 @@ export const SNAPSHOT_PARENTS_LABEL = 'dsec.snapshot.parents';
 export const SNAPSHOT_SANDBOX_LABEL = 'dsec.snapshot.sandbox';
 
 /** Options of {@link Edge.exec}. */
-export interface ExecOptions {
-  signal?: AbortSignal;
-  /** Called with each chunk of output as it arrives. */
-  onOutput?: (ev: OutputEvent) => void;
-  /** Cap on collected stdout and stderr (each); the rest is drained and `truncated` set. */
-  maxOutputBytes?: number;
-}
+export type ExecOptions = EdgeExecOptions;
 
 interface Entry {
   record: BackendSandbox;
@@ -168,16 +169,8 @@ const MAX_OOM_BASELINES = 4096;
 
 const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
 
-function parse<T>(schema: z.ZodType<T>, value: unknown, prefix: string): T {
-  const res = schema.safeParse(value);
-  if (res.success) return res.data;
-  const issue = res.error.issues[0];
-  const field = [prefix, ...(issue?.path ?? []).map(String)].filter(Boolean).join('.');
-  throw invalidArgument(field || prefix, issue?.message ?? 'invalid');
-}
-
 /** The node agent. */
-export class Edge {
+export class Edge implements EdgeClient {
   private readonly sandboxes = new Map<string, Entry>();
   /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
   private readonly creating = new Set<string>();
@@ -198,8 +191,8 @@ export class Edge {
     /** The cgroups of this node's sandboxes. */
     readonly cgroups: Cgroups,
     private readonly maxSandboxes: number,
-    /** Stateless function calls (the fncall backend's pools). */
-    readonly calls: FnCallBackend,
+    /** Stateless function calls (the fncall runner's pools). */
+    readonly calls: CallRunner,
     /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
     readonly network: NodeNetwork,
     /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
@@ -227,36 +220,18 @@ export class Edge {
     const runtimeNs = await prepareRuntimeNamespace(home, mode);
     const layers = new LayerStore({ root: path.join(home, 'layers') });
     await layers.init();
-    const sandboxesDir = path.join(home, 'sandboxes');
-    await mkdir(sandboxesDir, { recursive: true });
-    const crunRoot = path.join(runDirFor(home), 'crun');
-    await mkdir(crunRoot, { recursive: true });
-    const writableDir = path.join(runDirFor(home), 'rw');
-    await mkdir(writableDir, { recursive: true });
-    const rootsDir = path.join(runDirFor(home), 'roots');
-    await mkdir(rootsDir, { recursive: true });
-    await chmod(rootsDir, 0o711);
     const cgroups = new Cgroups(mode, opts.cgroupParent ?? 'dsec');
-    // The backend raises through the edge, which exists only once the backend does.
+    // Backends raise through the edge, which exists only once they do.
     let raise: EventSink = () => undefined;
-    const container = new ContainerBackend({
-      events: (ev) => raise(ev),
-      sandboxesDir,
-      crunRoot,
-      runtimePrefix: runtimeNs.prefix,
-      runtimeNsFile: runtimeNs.nsFile,
-      writableDir,
-      rootsDir,
-      launcherBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch'),
-      layers,
-      cgroups,
-      agentBinary: path.resolve(opts.agentBinary),
-      ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
-      ...(opts.userNamespaces !== false ? { idRanges: new IdRanges(home) } : {}),
-      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
-    });
-    const calls = new FnCallBackend({ dir: path.join(home, 'fncall'), crunRoot, runtimePrefix: runtimeNs.prefix, layers, cgroups, agentBinary: path.resolve(opts.agentBinary) });
-    await calls.init();
+    const host: BackendHost = { home, runDir: runDirFor(home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: (ev) => raise(ev) };
+    const factories = opts.backends ?? defaultBackends({ ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}), ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}), ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}) });
+    const backends = new Map<BackendKind, Backend>();
+    for (const factory of factories) {
+      const backend = await factory(host);
+      if (backends.has(backend.kind)) throw new DsecError('INVALID_ARGUMENT', `backends: ${backend.kind} is registered twice`, { field: 'backends' });
+      backends.set(backend.kind, backend);
+    }
+    const calls = await (opts.calls ?? fncallRunner())(host);
     const network = new NodeNetwork(opts.network ?? {}, {
       home,
       nflogBinary: path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-nflog'),
@@ -264,7 +239,7 @@ export class Edge {
       raise: (ev) => raise(ev),
     });
     const swap = opts.zramSwapMiB !== undefined ? await Edge.zramSwap(opts.zramSwapMiB) : undefined;
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, new Map([['container', container]]), runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
+    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), layers, backends, runtimeNs, cgroups, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
     raise = (ev) => edge.raise(ev);
     edge.monitor = new SecurityMonitor({
       raise: (ev) => edge.raise(ev),
@@ -312,7 +287,7 @@ export class Edge {
   private newEntry(record: BackendSandbox, backend: Backend, state: 'running' | 'paused' = 'running'): Entry {
     const entry: Entry = { record, backend, state, oomAtSpawn: new Map(), busy: 0, used: false, seen: { oomKills: 0, pidsLimitHits: 0 }, survivors: new Set() };
     // Counts from before (a recovered sandbox) are not news.
-    if (backend instanceof ContainerBackend) entry.seen = { oomKills: this.cgroups.oomKillsSync(record.id), pidsLimitHits: this.cgroups.pidsLimitHitsSync(record.id) };
+    if (backend.counters) entry.seen = backend.counters.readNow(record.id);
     return entry;
   }
 
@@ -322,13 +297,15 @@ export class Edge {
    * also removes function-call sandboxes (only safe while no call pool runs).
    */
   async collectGarbage(opts: { calls?: boolean } = {}): Promise<NodeGarbageReport> {
-    const container = this.backends.get('container');
     const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
-    if (container instanceof ContainerBackend) {
-      Object.assign(
-        report,
-        await container.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' }),
-      );
+    for (const backend of this.backends.values()) {
+      if (!backend.garbage) continue;
+      const r = await backend.garbage.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' });
+      report.containers.push(...r.containers);
+      report.cgroups.push(...r.cgroups);
+      report.processes += r.processes;
+      report.mounts += r.mounts;
+      report.dirs.push(...r.dirs);
     }
     report.layerMounts = await this.layers.unmountUnused();
     return report;
@@ -345,9 +322,10 @@ export class Edge {
     void (async () => {
       for (const id of [...this.sandboxes.keys()]) {
         const e = this.sandboxes.get(id);
-        if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) continue;
-        const [oom, hits] = await Promise.all([this.cgroups.oomKills(id), this.cgroups.pidsLimitHits(id)]);
-        this.reportCounters(id, oom, hits);
+        const counters = e?.backend.counters;
+        if (!e || e.state !== 'running' || !counters) continue;
+        const c = await counters.read(id);
+        this.reportCounters(id, c.oomKills, c.pidsLimitHits);
       }
     })()
       .catch(() => undefined)
@@ -357,8 +335,10 @@ export class Edge {
   /** Raises oom.kill and pids.limit-hit for counter increases since the last check (one sandbox, read at once). */
   private checkCounters(id: string, context?: { proc: number; pid: number }): void {
     const e = this.sandboxes.get(id);
-    if (!e || e.state !== 'running' || !(e.backend instanceof ContainerBackend)) return;
-    this.reportCounters(id, this.cgroups.oomKillsSync(id), this.cgroups.pidsLimitHitsSync(id), context);
+    const counters = e?.backend.counters;
+    if (!e || e.state !== 'running' || !counters) return;
+    const c = counters.readNow(id);
+    this.reportCounters(id, c.oomKills, c.pidsLimitHits, context);
   }
 
   private reportCounters(id: string, oom: number, hits: number, context?: { proc: number; pid: number }): void {
@@ -393,7 +373,7 @@ export class Edge {
   /** Checks for survivors once a command's grace time is over (one pending check per sandbox). */
   private scheduleSurvivorCheck(id: string): void {
     const e = this.sandboxes.get(id);
-    if (!e || e.survivorTimer || !(e.backend instanceof ContainerBackend)) return;
+    if (!e || e.survivorTimer || !e.backend.hostProcesses) return;
     e.survivorTimer = setTimeout(() => {
       delete e.survivorTimer;
       this.checkCounters(id);
@@ -410,15 +390,16 @@ export class Edge {
    */
   private async checkSurvivors(id: string): Promise<void> {
     const e = this.sandboxes.get(id);
-    if (!e || e.state !== 'running') return;
+    const host = e?.backend.hostProcesses;
+    if (!e || e.state !== 'running' || !host) return;
     // The agent alone (PID 1) is the common case: one file read.
-    if (this.cgroups.pidsCurrentSync(id) <= 1) {
+    if (host.countNow(id) <= 1) {
       e.survivors.clear();
       return;
     }
     const candidates: Array<{ hostPid: number; pid: number; session: number; name: string }> = [];
     const present = new Set<number>();
-    for (const hostPid of await this.cgroups.procs(id)) {
+    for (const hostPid of await host.hostPids(id)) {
       present.add(hostPid);
       const st = await readProcStatus(hostPid);
       if (!st || st.pid === 1 || st.session === 1 || st.zombie || e.survivors.has(hostPid)) continue;
@@ -472,8 +453,7 @@ export class Edge {
   }
 
   /** Creates a sandbox and waits until its agent answers. */
-  async create(input: unknown, opts: { id?: string; signal?: AbortSignal } = {}): Promise<SandboxInfo> {
-    const spec = parse(SandboxSpecSchema, input, '');
+  async create(spec: SandboxSpec, opts: { id?: string; signal?: AbortSignal } = {}): Promise<EdgeSandbox> {
     const kind = spec.backend ?? 'container';
     const backend = this.backends.get(kind);
     if (!backend) throw new DsecError('INVALID_ARGUMENT', `backend: ${kind} is not available on this node`, { field: 'backend' });
@@ -499,12 +479,12 @@ export class Edge {
       layers.push(layer);
     }
     const networked = spec.network?.mode === 'allowlist';
-    if (networked && !backend.netnsPath) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
+    if (networked && !backend.network) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
     this.creating.add(id);
     let record: BackendSandbox;
     try {
       record = await backend.create({ id, spec, layers }, opts.signal);
-      if (networked) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network as NetworkPolicy));
+      if (networked && spec.network) await this.joinNetwork(backend, id, normalizeNetworkPolicy(spec.network));
     } finally {
       this.creating.delete(id);
     }
@@ -525,7 +505,7 @@ export class Edge {
   private track(record: BackendSandbox, backend: Backend): void {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
-    if (watch.length > 0 && backend.upperDir) this.monitor.watch(record.id, path.dirname(backend.upperDir(record.id)), watch);
+    if (watch.length > 0 && backend.writableLayer) this.monitor.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
   }
 
   private untrack(id: string): void {
@@ -538,8 +518,7 @@ export class Edge {
    * the claimer's env from now on and it carries the claimer's labels, as if it had been created
    * with them. Refused (CONFLICT) for a sandbox that anything has used, or claimed, before.
    */
-  async claim(id: string, input: unknown): Promise<SandboxInfo> {
-    const claim = parse(SandboxClaimSchema, input, '');
+  async claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox> {
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     if (e.used) throw new DsecError('CONFLICT', `sandbox ${id} was used before; it cannot be claimed`, { sandboxId: id });
@@ -554,7 +533,7 @@ export class Edge {
   /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */
   private async joinNetwork(backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
     try {
-      await this.network.apply(id, policy, () => (backend.netnsPath as (id: string) => Promise<string>).call(backend, id));
+      await this.network.apply(id, policy, () => this.netnsPathOf(backend, id));
       await this.writeResolvConf(backend, id);
     } catch (err) {
       await backend.destroy(id).catch(() => undefined);
@@ -571,29 +550,26 @@ export class Edge {
 
   /** The network namespace of a running sandbox. */
   private netnsPath(id: string): Promise<string> {
-    const e = this.entry(id);
-    if (!e.backend.netnsPath) throw invalidArgument('network.mode', `the ${e.record.backend} backend has no network; use mode none`);
-    return e.backend.netnsPath(id);
+    return this.netnsPathOf(this.entry(id).backend, id);
   }
 
-  /** Replaces a sandbox's network policy; in force for new connections when this returns. */
-  async setNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
-    const policy = normalizeNetworkPolicy(parse(NetworkPolicySchema, input, 'network'));
-    return this.changeNetwork(id, () => policy);
+  private netnsPathOf(backend: Backend, id: string): Promise<string> {
+    if (!backend.network) throw invalidArgument('network.mode', `the ${backend.kind} backend has no network; use mode none`);
+    return backend.network.netnsPath(id);
   }
 
-  /** Patches a sandbox's network policy (add or remove rules, presets, addresses, mirrors). */
-  async patchNetwork(id: string, input: unknown): Promise<SandboxNetworkInfo> {
-    const patch = parse(NetworkPolicyPatchSchema, input, 'network');
-    return this.changeNetwork(id, (current) => normalizeNetworkPolicy(parse(NetworkPolicySchema, applyNetworkPatch(current, patch), 'network')));
-  }
-
-  private async changeNetwork(id: string, next: (current: NetworkPolicy) => NetworkPolicy): Promise<SandboxNetworkInfo> {
+  /**
+   * Replaces a sandbox's network policy; in force for new connections when this returns. The
+   * policy is put in its normal form here too (cheap, and the node's state must not depend on
+   * the caller having done it).
+   */
+  async setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork> {
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     const wasLinked = this.network.resolvConf(id) !== undefined;
-    const policy = await this.network.apply(id, next, () => this.netnsPath(id));
-    e.record = { ...e.record, spec: { ...e.record.spec, network: policy } };
+    const normal = normalizeNetworkPolicy(policy);
+    const applied = await this.network.apply(id, () => normal, () => this.netnsPath(id));
+    e.record = { ...e.record, spec: { ...e.record.spec, network: applied } };
     if (!wasLinked) {
       const conf = this.network.resolvConf(id);
       // Through withAgent: a pause that begins meanwhile waits for the write.
@@ -603,13 +579,13 @@ export class Edge {
   }
 
   /** A sandbox's network: policy, addresses, traffic and attempt counters. */
-  networkInfo(id: string): SandboxNetworkInfo {
+  async networkInfo(id: string): Promise<SandboxNetwork> {
     this.entry(id);
     return this.network.info(id);
   }
 
   /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
-  networkLog(id: string, limit?: number): EgressLogEntry[] {
+  async networkLog(id: string, limit?: number): Promise<EgressLogEntryBody[]> {
     this.entry(id);
     return this.network.log(id, limit);
   }
@@ -620,7 +596,7 @@ export class Edge {
     return e;
   }
 
-  private toInfo(e: Entry): SandboxInfo {
+  private toInfo(e: Entry): EdgeSandbox {
     return {
       id: e.record.id,
       node: this.nodeName,
@@ -633,12 +609,12 @@ export class Edge {
   }
 
   /** One sandbox. */
-  info(id: string): SandboxInfo {
+  info(id: string): EdgeSandbox {
     return this.toInfo(this.entry(id));
   }
 
   /** Every sandbox on this node. */
-  list(): SandboxInfo[] {
+  async list(): Promise<EdgeSandbox[]> {
     return [...this.sandboxes.values()].map((e) => this.toInfo(e));
   }
 
@@ -696,17 +672,17 @@ export class Edge {
       await this.afterTransition(e);
       e = this.entry(id);
     }
-    if (!e.backend.pause || !e.backend.resume) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
+    const pausing = e.backend.pausing;
+    if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     if (e.state === 'paused') {
-      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      const m = await pausing.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
       return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
     }
     if (e.state !== 'running') throw notRunning(id, e.state);
-    const pause = e.backend.pause.bind(e.backend);
     return this.transition(e, async () => {
       const t0 = performance.now();
       await drain(e, id);
-      const r = await pause(id);
+      const r = await pausing.pause(id);
       e.state = 'paused';
       const result = { ...r, durationMs: performance.now() - t0 };
       this.raise({
@@ -727,15 +703,15 @@ export class Edge {
       await this.afterTransition(e);
       e = this.entry(id);
     }
+    const pausing = e.backend.pausing;
     if (e.state === 'running') {
-      const m = await this.cgroups.memory(id).catch(() => ({ usageBytes: 0, swapBytes: 0 }));
+      const m = (await pausing?.memory(id).catch(() => undefined)) ?? { usageBytes: 0, swapBytes: 0 };
       return { memoryBeforeBytes: m.usageBytes, memoryAfterBytes: m.usageBytes, swapBytes: m.swapBytes, durationMs: 0 };
     }
-    if (e.state !== 'paused' || !e.backend.resume) throw notRunning(id, e.state);
-    const resume = e.backend.resume.bind(e.backend);
+    if (e.state !== 'paused' || !pausing) throw notRunning(id, e.state);
     return this.transition(e, async () => {
       const t0 = performance.now();
-      const r = await resume(id, opts.prefetch === false ? { prefetch: false } : {});
+      const r = await pausing.resume(id, opts.prefetch === false ? { prefetch: false } : {});
       e.state = 'running';
       const result = { ...r, durationMs: performance.now() - t0 };
       this.raise({ kind: 'sandbox.resumed', severity: 'info', sandboxId: id, message: `sandbox ${id} resumed (${opts.reason ?? 'api'})`, data: { reason: opts.reason ?? 'api', ...result } });
@@ -754,27 +730,27 @@ export class Edge {
     }
   }
 
-  /** Starts a command and returns its attachment (output, stdin, kill, exit). */
-  async spawn(id: string, input: unknown): Promise<Attachment> {
-    const spec = parse(ExecSpecSchema, input, '');
-    const att = await this.start(id, spec);
-    if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, !spec.keepStdinOpen);
-    return att;
+  /** Starts a command and returns its stream (output, stdin, kill, exit). */
+  async spawn(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
+    const proc = await this.start(id, spec);
+    if (spec.stdin !== undefined) await writeStdinIgnoringExit(proc, spec.stdin, !spec.keepStdinOpen);
+    return proc;
   }
 
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
-  private async start(id: string, spec: ExecSpec): Promise<Attachment> {
+  private async start(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
     const e = this.entry(id);
-    const oomBefore = e.backend instanceof ContainerBackend ? e.backend.oomKillsNow(id) : 0;
+    const oomBefore = e.backend.counters?.readNow(id).oomKills ?? 0;
     const netEnv = this.network.env(id);
     const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, netEnv ? { ...netEnv, ...e.record.spec.env } : e.record.spec.env)));
     if (e.oomAtSpawn.size >= MAX_OOM_BASELINES) e.oomAtSpawn.delete(e.oomAtSpawn.keys().next().value as number);
     e.oomAtSpawn.set(att.proc, oomBefore);
+    const proc = new EdgeProcessStream(att, (exit) => this.exitInfo(id, exit));
     void att.exited.then(
       () => this.scheduleSurvivorCheck(id),
       () => undefined,
     );
-    return att;
+    return proc;
   }
 
   /** Forgets an exited process (its output and exit report). */
@@ -784,11 +760,10 @@ export class Edge {
   }
 
   /** Runs a command to completion and collects its output. */
-  async exec(id: string, input: unknown, opts: ExecOptions = {}): Promise<ExecResult> {
-    const spec = parse(ExecSpecSchema, input, '');
+  async exec(id: string, spec: ExecSpec, opts: ExecOptions = {}): Promise<ExecResult> {
     const att = await this.start(id, spec);
     const max = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
-    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[] };
+    const out = { stdout: [] as Uint8Array[], stderr: [] as Uint8Array[] };
     const size = { stdout: 0, stderr: 0 };
     let truncated = false;
     att.onOutput((ev) => {
@@ -808,27 +783,27 @@ export class Edge {
     opts.signal?.addEventListener('abort', onAbort, { once: true });
     try {
       if (spec.stdin !== undefined) await writeStdinIgnoringExit(att, spec.stdin, true);
-      const exit = await att.exited;
+      const result = await att.exited;
       opts.signal?.throwIfAborted();
-      const result = await this.exitInfo(id, exit);
       return { ...result, stdout: Buffer.concat(out.stdout).toString('utf8'), stderr: Buffer.concat(out.stderr).toString('utf8'), truncated };
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
       // Nobody reattaches to a command whose result was returned: free it without waiting.
-      this.release(id, att.proc).catch(() => undefined);
+      this.release(id, att.pid).catch(() => undefined);
     }
   }
 
   /** Converts an agent exit report, telling OOM kills from other SIGKILLs. */
-  async exitInfo(id: string, exit: AgentExit): Promise<Omit<ExecResult, 'stdout' | 'stderr' | 'truncated'>> {
+  private exitInfo(id: string, exit: AgentExit): ExitInfo {
     let oomKilled = false;
     const e = this.sandboxes.get(id);
     // A shell reports a child's SIGKILL as status 137: check the counter for both. An OOM
     // kill in the sandbox since the process started is attributed to it.
     const killed = exit.signal === 'SIGKILL' || exit.exitCode === 137;
     const before = e?.oomAtSpawn.get(exit.proc);
-    if (killed && !exit.timedOut && before !== undefined && e?.backend instanceof ContainerBackend) {
-      oomKilled = e.backend.oomKillsNow(id) > before;
+    const counters = e?.backend.counters;
+    if (killed && !exit.timedOut && before !== undefined && counters) {
+      oomKilled = counters.readNow(id).oomKills > before;
       // Report it now rather than at the next scan, naming the command.
       if (oomKilled) this.checkCounters(id, { proc: exit.proc, pid: exit.pid });
     }
@@ -852,14 +827,14 @@ export class Edge {
     const out: ProcessInfo[] = [];
     for (const p of list) {
       const info: ProcessInfo = { pid: p.proc, osPid: p.pid, argv: p.argv, state: p.running ? 'running' : 'exited', stdoutBytes: p.stdoutBytes, stderrBytes: p.stderrBytes };
-      if (p.exit) info.exit = await this.exitInfo(id, p.exit);
+      if (p.exit) info.exit = this.exitInfo(id, p.exit);
       out.push(info);
     }
     return out;
   }
 
   /** Reattaches to a process from byte offsets. */
-  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<Attachment> {
+  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<EdgeProcessStream> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends.
     let e = this.entry(id);
@@ -882,7 +857,7 @@ export class Edge {
         () => conn.close(),
       );
       att.onDetach(() => conn.close());
-      return att;
+      return new EdgeProcessStream(att, (exit) => this.exitInfo(id, exit));
     } catch (err) {
       agent?.close();
       throw err;
@@ -963,8 +938,8 @@ export class Edge {
    */
   upperDir(id: string): string {
     const e = this.entry(id);
-    if (!e.backend.upperDir) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
-    return e.backend.upperDir(id);
+    if (!e.backend.writableLayer) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend has no host-side writable layer`, { sandboxId: id });
+    return e.backend.writableLayer.upperDir(id);
   }
 
   /**
@@ -982,6 +957,8 @@ export class Edge {
     const e = this.entry(id);
     if (e.state !== 'running' && e.state !== 'paused') throw notRunning(id, e.state);
     const upper = this.upperDir(id);
+    const freezer = e.backend.pausing;
+    if (!freezer) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot freeze sandboxes for a snapshot`, { sandboxId: id });
     const parents = e.record.layers.map((l) => l.digest);
     // A user-namespaced sandbox's files are owned by its host id range: stored as the ids it sees.
     const range = e.record.idRange;
@@ -1002,7 +979,7 @@ export class Edge {
         try {
           if (frozen) {
             frozen = false;
-            await this.cgroups.thaw(id);
+            await freezer.thaw(id);
           }
         } finally {
           if (e.transition === held) delete e.transition;
@@ -1011,9 +988,9 @@ export class Edge {
       };
       try {
         // A paused sandbox is already frozen and stays so; a running one is frozen here.
-        if (e.state === 'running' && !(await this.cgroups.isFrozen(id))) {
+        if (e.state === 'running' && !(await freezer.isFrozen(id))) {
           frozen = true;
-          await this.cgroups.freeze(id);
+          await freezer.freeze(id);
         }
         return await this.layers.build(
           { type: 'upper', dir: upper, parents, ...(idShift ? { idShift } : {}) },
@@ -1035,8 +1012,7 @@ export class Edge {
    * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
    * written during the walk may be listed half-written.
    */
-  async diff(id: string, input: unknown = {}): Promise<DiffResult> {
-    const opts = parse(DiffOptionsSchema, input, '');
+  async diff(id: string, opts: DiffOptions = {}): Promise<DiffResult> {
     const e = this.entry(id);
     return diffLayers(this.layersView(id, e), {
       ...(opts.paths ? { paths: opts.paths } : {}),
@@ -1048,8 +1024,7 @@ export class Edge {
   }
 
   /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
-  async verify(id: string, input: unknown): Promise<VerifyResult> {
-    const req = parse(VerifyRequestSchema, input, '');
+  async verify(id: string, req: VerifyRequest): Promise<VerifyResult> {
     return verifyLayers(this.layersView(id, this.entry(id)), req.expected);
   }
 
@@ -1173,7 +1148,7 @@ async function readProcStatus(hostPid: number): Promise<{ pid: number; session: 
 }
 
 /** Writes stdin; a command that already exited (or closed stdin) is not an error here. */
-async function writeStdinIgnoringExit(att: Attachment, data: string | Uint8Array, eof: boolean): Promise<void> {
+async function writeStdinIgnoringExit(att: EdgeProcessStream, data: string | Uint8Array, eof: boolean): Promise<void> {
   try {
     await att.write(data, eof);
   } catch (err) {

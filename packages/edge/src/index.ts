@@ -1,8 +1,32 @@
 export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, PAUSE_DRAIN_TIMEOUT_MS, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL, DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './edge.js';
-export type { EdgeOptions, ExecOptions, NodeCapacity, NodeGarbageReport, PauseResult, ResumeResult, SandboxInfo, SnapshotOptions } from './edge.js';
-export type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
+export type { EdgeOptions, ExecOptions, PauseResult, ResumeResult, SnapshotOptions } from './edge.js';
+export { EdgeProcessStream } from './process-stream.js';
+export type { ExitJudge } from './process-stream.js';
+export type {
+  Backend,
+  BackendCreateRequest,
+  BackendFactory,
+  BackendHost,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  CounterFacet,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  HostProcessFacet,
+  NetworkFacet,
+  PauseFacet,
+  SandboxAgent,
+  SandboxCounters,
+  SandboxMemory,
+  WritableLayerFacet,
+} from './backend.js';
+export { defaultBackends } from './backends/index.js';
+export { containerBackend } from './backends/container/index.js';
+export type { ContainerBackendConfig } from './backends/container/index.js';
 export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
-export type { ContainerBackendOptions, GarbageOptions, GarbageReport, LayerMounter } from './backends/container/backend.js';
+export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';
 export { ChronusClient, Attachment, DEFAULT_WINDOW_BYTES, signalNumber } from './chronus/client.js';
 export type { AgentExit, AgentInfo, AgentProcess, OutputEvent, SpawnOptions } from './chronus/client.js';
 export { Cgroups, detectCgroupMode, DEFAULT_FREEZE_TIMEOUT_MS, PAUSED_SWAPPINESS } from './host/cgroups.js';
@@ -14,8 +38,10 @@ export type { IdShift } from './host/idmap.js';
 export { LayerStore, normalizeLayerName } from './layers/index.js';
 export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError, idmappedBind } from './sys/linux.js';
-export { FnCallBackend, MAX_CONCURRENT_CALLS } from './backends/fncall/backend.js';
-export type { FnCallBackendOptions } from './backends/fncall/backend.js';
+export { FnCallRunner, MAX_CONCURRENT_CALLS } from './backends/fncall/runner.js';
+export type { FnCallRunnerOptions } from './backends/fncall/runner.js';
+export { fncallRunner } from './backends/fncall/index.js';
+export type { CallRunner, CallRunnerFactory, FnCallRunnerConfig } from './backends/fncall/index.js';
 export { RUNTIMES } from './backends/fncall/runtimes.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
 export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE } from './host/id-ranges.js';

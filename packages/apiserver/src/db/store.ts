@@ -1,5 +1,7 @@
 // The state store: projects, keys, sandboxes and layer ownership, on Kysely. SQLite
 // (better-sqlite3) is the embedded default; the queries use only what PostgreSQL also has.
+// Over 600 lines on purpose: it is the one shape a second store (PostgreSQL) implements, one
+// section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
 import { Kysely, Migrator, SqliteDialect } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';

@@ -1,56 +1,51 @@
-// ndjson streams of command output, pulled from an attachment so that a slow HTTP client
-// back-pressures the command instead of filling the server's memory.
-import type { Attachment, OutputEvent } from '@dsec/edge';
-import type { ExecEvent, ExitInfo } from '@dsec/protocol';
-import type { EdgeClient } from '../nodes.js';
-import { toDsecError } from './errors.js';
-
-/** One output event as the API sends it. */
-export function outputEvent(ev: OutputEvent): ExecEvent {
-  return ev.kind === 'data'
-    ? { type: 'output', stream: ev.stream, offset: ev.offset, data: ev.data.toString('base64') }
-    : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
-}
-
-/** What watches a stream as it is sent (the trajectory recording of the command). */
-export interface StreamTap {
-  onOutput(ev: OutputEvent): void;
-  exited(exit: ExitInfo): unknown;
-  /** The stream broke before the exit (the command may still run). */
-  interrupted(): void;
-}
-
-/** Events of an attachment: optional start, output, then exit (or an error event). */
-export async function* attachmentEvents(edge: EdgeClient, sandboxId: string, att: Attachment, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecEvent> {
-  if (withStart) yield { type: 'start', pid: att.proc, osPid: att.pid };
-  try {
-    for await (const ev of att) {
-      tap?.onOutput(ev);
-      yield outputEvent(ev);
-    }
-    const exit = await edge.exitInfo(sandboxId, await att.exited);
-    tap?.exited(exit);
-    yield { type: 'exit', pid: att.proc, ...exit };
-  } catch (err) {
-    tap?.interrupted();
-    const e = toDsecError(err);
-    yield { type: 'error', error: { code: e.code, message: e.message } };
-  }
-}
-
-/** An ndjson HTTP response from a generator of events; a disconnect runs `onCancel`. */
-export function ndjsonResponse<T>(events: AsyncGenerator<T>, onCancel: () => void): Response {
+// ndjson responses: events pulled one at a time, so that a slow HTTP client back-pressures the
+// producer (a command's output) instead of filling the server's memory.
+/** An ndjson HTTP response from events; a reader that leaves runs `onCancel`. */
+export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => void = () => undefined, status = 200): Response {
   const encoder = new TextEncoder();
+  const it = events[Symbol.asyncIterator]();
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
-      const next = await events.next();
+      const next = await it.next();
       if (next.done) controller.close();
       else controller.enqueue(encoder.encode(JSON.stringify(next.value) + '\n'));
     },
     cancel() {
       onCancel();
-      void events.return(undefined);
+      void it.return?.(undefined);
     },
   });
-  return new Response(body, { status: 200, headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' } });
+  return new Response(body, { status, headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' } });
+}
+
+/** A queue of events written by a producer and read by one consumer as they come. */
+export class AsyncQueue<T> implements AsyncIterable<T> {
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
+  private closed = false;
+
+  /** Adds an event. */
+  push(item: T): void {
+    this.items.push(item);
+    this.wake?.();
+  }
+
+  /** No more events: the reader ends after the ones queued. */
+  end(): void {
+    this.closed = true;
+    this.wake?.();
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<T> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.closed) return;
+      await new Promise<void>((r) => (this.wake = r));
+      this.wake = undefined;
+    }
+  }
 }

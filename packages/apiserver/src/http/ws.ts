@@ -6,21 +6,18 @@ import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
-import { DsecError, WsClientMessageSchema, WsExecRequestSchema } from '@dsec/protocol';
-import type { Attachment } from '@dsec/edge';
+import { DsecError, WsClientMessageSchema, WsExecRequestSchema, parseOrThrow } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
-import type { ControlPlane } from '../control-plane.js';
-import { parseInput } from '../control-plane.js';
-import { toDsecError } from './errors.js';
-import { attachmentEvents } from './streams.js';
-import type { ExecRecording, TrajectoryLog } from '../trajectory.js';
+import type { CommandTarget, RunningCommand } from '../services/commands.js';
+import type { Services } from '../services/index.js';
+import { publicError, toDsecError } from './errors.js';
 
 const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
 /** Largest WebSocket message accepted. */
 const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 
-function reject(socket: Duplex, err: unknown): void {
-  const e = toDsecError(err);
+function reject(socket: Duplex, err: unknown, log?: (line: string) => void): void {
+  const e = toDsecError(err, log);
   const body = JSON.stringify(e.toJSON());
   socket.end(`HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
 }
@@ -28,26 +25,26 @@ function reject(socket: Duplex, err: unknown): void {
 /** Records a command started over the WebSocket route in the audit trail (exit settles later). */
 export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exitCode: Promise<number | null>) => void;
 
-/** Handles HTTP upgrades for the WebSocket route; returns false for other paths. */
-export function createWsHandler(cp: ControlPlane, audit?: WsAudit): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
+/** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
+export function createWsHandler(services: Services, audit?: WsAudit, log?: (line: string) => void): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   return {
     handle(req, socket, head) {
       const m = ROUTE.exec(new URL(req.url ?? '/', 'http://x').pathname);
       if (!m) return reject(socket, new DsecError('NOT_FOUND', 'no such route'));
       const id = m[1]!;
-      cp.auth
+      services.iam
         .authenticate(req.headers.authorization)
-        .then(async (p) => ({ p, ...(await cp.route(p, id)) }))
+        .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
-          const onStart = audit ? (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => audit(p, row.id, spec, exit) : undefined;
+          const onStart = audit ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode) : undefined;
           wss.handleUpgrade(req, socket, head, (ws) => {
             // An open session counts as the sandbox's activity until it closes.
-            ws.once('close', cp.activity.hold(row.id));
-            serve(ws, edge, row.id, cp.trajectory, onStart);
+            ws.once('close', services.activity.hold(row.id));
+            serve(ws, services, { sandboxId: row.id, edge }, onStart, log);
           });
         })
-        .catch((err: unknown) => reject(socket, err));
+        .catch((err: unknown) => reject(socket, err, log));
     },
     close() {
       for (const c of wss.clients) c.terminate();
@@ -56,84 +53,60 @@ export function createWsHandler(cp: ControlPlane, audit?: WsAudit): { handle(req
   };
 }
 
-type Edge = Awaited<ReturnType<ControlPlane['route']>>['edge'];
-
-function serve(ws: WebSocket, edge: Edge, id: string, trajectory: TrajectoryLog, onStart?: (spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: Promise<number | null>) => void): void {
-  let rec: ExecRecording | undefined;
+function serve(ws: WebSocket, services: Services, target: CommandTarget, onStart?: (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => void, log?: (line: string) => void): void {
   const send = (obj: unknown): Promise<void> =>
     new Promise((resolve) => {
       if (ws.readyState !== ws.OPEN) return resolve();
       ws.send(JSON.stringify(obj), () => resolve());
     });
-  const fail = (err: unknown): void => {
-    const e = toDsecError(err);
-    void send({ type: 'error', error: { code: e.code, message: e.message } }).then(() => ws.close(1011, e.code));
-  };
   // Messages are handled strictly in order, including those that arrive while the command is
   // still starting: each one waits for the previous (and for the spawn).
-  let chain: Promise<Attachment | undefined> = Promise.resolve(undefined);
+  let chain: Promise<RunningCommand | undefined> = Promise.resolve(undefined);
   let first = true;
   ws.on('message', (raw) => {
     const isFirst = first;
     first = false;
-    chain = chain.then(async (att) => {
+    chain = chain.then(async (cmd) => {
       try {
-        if (isFirst) {
-          let body: unknown;
-          try {
-            body = JSON.parse(raw.toString());
-          } catch {
-            throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
-          }
-          const spec = parseInput(WsExecRequestSchema, body);
-          rec = await trajectory.beginExec(id, spec, 'ws');
-          const started = await edge.spawn(id, { ...spec, keepStdinOpen: true, stdin: '' }).catch(rec.failed);
-          rec.started(started.proc, edge);
-          onStart?.(
-            spec,
-            new Promise<number | null>((resolve) => {
-              void started.exited.then(
-                (e) => resolve(e.exitCode),
-                () => resolve(null),
-              );
-              started.onDetach(() => resolve(null));
-            }),
-          );
-          const stop = (): void => {
-            void started.kill('SIGKILL').catch(() => undefined);
-            void started.detach().catch(() => undefined);
-          };
-          // The client may have gone while the command started: nobody can end it then.
-          if (ws.readyState !== ws.OPEN) {
-            stop();
-            rec.follow();
-            return started;
-          }
-          const recording = rec;
-          // The command outlives a closed socket: its recording reads on alone.
-          ws.on('close', () => void started.detach().catch(() => undefined).finally(recording.follow));
-          void pump(started);
-          return started;
-        }
-        if (!att) return att;
-        const msg = parseInput(WsClientMessageSchema, JSON.parse(raw.toString()));
-        if (msg.type === 'stdin') {
-          const data = Buffer.from(msg.data, 'base64');
-          await att.write(data);
-          rec?.addStdin(data);
-        }
-        else if (msg.type === 'eof') await att.closeStdin();
-        else if (msg.type === 'resize') await edge.resize(id, att.proc, msg.rows, msg.cols);
-        else await att.kill(msg.signal);
+        if (isFirst) return await start(raw.toString());
+        if (!cmd) return cmd;
+        const msg = parseOrThrow(WsClientMessageSchema, parseJson(raw.toString()));
+        if (msg.type === 'stdin') await cmd.write(Buffer.from(msg.data, 'base64'));
+        else if (msg.type === 'eof') await cmd.closeStdin();
+        else if (msg.type === 'resize') await cmd.resize(msg.rows, msg.cols);
+        else await cmd.kill(msg.signal);
       } catch (err) {
-        if (isFirst) fail(err);
-        else await send({ type: 'error', error: { code: toDsecError(err).code, message: toDsecError(err).message } });
+        const error = publicError(err, log);
+        if (isFirst) void send({ type: 'error', error }).then(() => ws.close(1011, error.code));
+        else await send({ type: 'error', error });
       }
-      return att;
+      return cmd;
     });
   });
-  const pump = async (att: Attachment): Promise<void> => {
-    for await (const ev of attachmentEvents(edge, id, att, true, rec)) await send(ev);
+  const start = async (text: string): Promise<RunningCommand> => {
+    const spec = parseOrThrow(WsExecRequestSchema, parseJson(text));
+    const cmd = await services.commands.spawn(target, { ...spec, keepStdinOpen: true, stdin: '' }, 'ws');
+    onStart?.(cmd, spec);
+    // The client may have gone while the command started: nobody can end it then.
+    if (ws.readyState !== ws.OPEN) {
+      cmd.stop();
+      return cmd;
+    }
+    // The command outlives a closed socket: its recording reads on alone.
+    ws.on('close', () => void cmd.leave());
+    void pump(cmd);
+    return cmd;
+  };
+  const pump = async (cmd: RunningCommand): Promise<void> => {
+    for await (const ev of cmd.events()) await send(ev);
     ws.close(1000, 'exited');
   };
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
+  }
 }

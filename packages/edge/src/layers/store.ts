@@ -1,8 +1,11 @@
 // The node's layer store: builds content-addressed EROFS layers, names them, and mounts each
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
 import { lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { DsecError } from '@dsec/protocol';
 import type { LayerInfo, LayerKind } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
@@ -36,6 +39,8 @@ export type LayerSource =
   | { type: 'dir'; path: string }
   | { type: 'tar'; stream: TarInput }
   | { type: 'oci'; path: string }
+  /** An OCI image archive as a byte stream (an upload): spooled to a file, then imported as `oci`. */
+  | { type: 'oci-archive'; stream: AsyncIterable<Uint8Array> }
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
   | { type: 'busybox' }
   /**
@@ -182,6 +187,14 @@ export class LayerStore {
           await mkdir(tree);
           await importOci(source.path, tree, { workDir: work, limits, signal, onProgress: progress });
           break;
+        case 'oci-archive': {
+          // The importer reads the archive's index first and blobs out of order: it needs a file.
+          const archive = join(work, 'upload.oci.tar');
+          await pipeline(Readable.from(source.stream), createWriteStream(archive), ...(signal ? [{ signal }] : []));
+          await mkdir(tree);
+          await importOci(archive, tree, { workDir: work, limits, signal, onProgress: progress });
+          break;
+        }
         case 'debian':
           await buildDebianTree(tree, {
             suite: source.suite ?? DEFAULT_DEBIAN_SUITE,

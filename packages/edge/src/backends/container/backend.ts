@@ -5,7 +5,22 @@ import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from '../../backend.js';
+import type {
+  Backend,
+  BackendCreateRequest,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  CounterFacet,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  HostProcessFacet,
+  NetworkFacet,
+  PauseFacet,
+  SandboxAgent,
+  WritableLayerFacet,
+} from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
@@ -72,33 +87,6 @@ export interface ContainerBackendOptions {
 /** An empty cgroup of an unknown sandbox is removed once it is this old (a create may be filling it). */
 export const EMPTY_CGROUP_GRACE_MS = 60_000;
 
-/** Options of {@link ContainerBackend.collectGarbage}. */
-export interface GarbageOptions {
-  /** True for ids that belong to a live sandbox (known, being created or destroyed). */
-  keep: (id: string) => boolean;
-  /** Also collect function-call sandboxes (`fn-` ids): only while no call pool runs (edge start). */
-  calls?: boolean;
-  /**
-   * A path that marks this node's sandboxes (the node's home, with a trailing `/`): a cgroup
-   * whose processes' mounts name it is this node's even when nothing else of it is left.
-   */
-  ownerMark: string;
-}
-
-/** What one garbage collection removed. */
-export interface GarbageReport {
-  /** Runtime containers deleted. */
-  containers: string[];
-  /** Sandbox cgroups removed. */
-  cgroups: string[];
-  /** Processes killed in them. */
-  processes: number;
-  /** Mounts detached under sandbox folders. */
-  mounts: number;
-  /** Sandbox folders removed. */
-  dirs: string[];
-}
-
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
 
@@ -125,9 +113,38 @@ export class ContainerBackend implements Backend {
   private readonly connecting = new Map<string, Promise<ChronusClient>>();
   private readonly hostNofileHard: number;
 
+  /** Pause and resume through the cgroup freezer, memory reclaimed to (zram) swap. */
+  readonly pausing: PauseFacet;
+  /** The memory cgroup's OOM kills and the pids cgroup's refused forks. */
+  readonly counters: CounterFacet;
+  /** The cgroup's processes. */
+  readonly hostProcesses: HostProcessFacet;
+  /** The overlay's upper directory on the sandbox's writable tmpfs. */
+  readonly writableLayer: WritableLayerFacet = this;
+  /** crun gives every container a network namespace of its own. */
+  readonly network: NetworkFacet = this;
+  readonly garbage: GarbageFacet = this;
+
   constructor(private readonly o: ContainerBackendOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
     this.hostNofileHard = hostNofileHard();
+    const cg = o.cgroups;
+    this.pausing = {
+      pause: (id) => this.pause(id),
+      resume: (id, opts) => this.resume(id, opts),
+      memory: (id) => cg.memory(id),
+      freeze: (id) => cg.freeze(id),
+      thaw: (id) => cg.thaw(id),
+      isFrozen: (id) => cg.isFrozen(id),
+    };
+    this.counters = {
+      read: async (id) => {
+        const [oomKills, pidsLimitHits] = await Promise.all([cg.oomKills(id), cg.pidsLimitHits(id)]);
+        return { oomKills, pidsLimitHits };
+      },
+      readNow: (id) => ({ oomKills: cg.oomKillsSync(id), pidsLimitHits: cg.pidsLimitHitsSync(id) }),
+    };
+    this.hostProcesses = { countNow: (id) => cg.pidsCurrentSync(id), hostPids: (id) => cg.procs(id) };
   }
 
   private paths(id: string): Paths {
@@ -474,11 +491,6 @@ export class ContainerBackend implements Backend {
       throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is not running`, { sandboxId: id });
     }
     return `/proc/${pid}/ns/net`;
-  }
-
-  /** OOM kills so far in a sandbox (read synchronously: it is on the exec path). */
-  oomKillsNow(id: string): number {
-    return this.o.cgroups.oomKillsSync(id);
   }
 
   async close(): Promise<void> {

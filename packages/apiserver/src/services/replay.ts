@@ -2,9 +2,9 @@
 // the outcome with the record. Steps are recorded in the new sandbox's own trajectory too.
 import { DsecError } from '@dsec/protocol';
 import type { ExecSpec, ReplayStep, ReplaySummary, TrajectoryStep } from '@dsec/protocol';
-import { uploadTar, writeStreamToFile } from './http/tar-files.js';
-import type { EdgeClient } from './nodes.js';
-import type { ExecRecording, TrajectoryLog } from './trajectory.js';
+import type { ExecRecording } from '../trajectory.js';
+import type { CommandService, CommandTarget } from './commands.js';
+import type { FileService } from './files.js';
 
 /** Largest file or tar a replayed step writes (bounded by what a trajectory keeps anyway). */
 const MAX_REPLAY_WRITE_BYTES = 64 * 1024 * 1024;
@@ -12,11 +12,11 @@ const MAX_REPLAY_WRITE_BYTES = 64 * 1024 * 1024;
 const MIN_REPLAY_TIMEOUT_MS = 60_000;
 const MAX_REPLAY_TIMEOUT_MS = 86_400_000;
 
-/** Where a replay runs. */
+/** Where a replay runs, and the services that run (and record) each step. */
 export interface ReplayTarget {
-  edge: EdgeClient;
-  sandboxId: string;
-  log: TrajectoryLog;
+  target: CommandTarget;
+  commands: CommandService;
+  files: FileService;
 }
 
 /** Counts of each verdict. */
@@ -48,18 +48,14 @@ export async function replayStep(t: ReplayTarget, step: TrajectoryStep, signal?:
   const expectedError = step.error?.code;
   let actualError: string | undefined;
   try {
-    const rec = await t.log.beginFile(t.sandboxId, step.kind, pick(step, ['path', 'mode', 'append', 'recursive', 'from', 'to']));
-    const body = rec.tap(oneChunk(data ?? Buffer.alloc(0)));
-    const run = async (): Promise<void> => {
-      const path = step.path ?? '/';
-      if (step.kind === 'write') await writeStreamToFile(t.edge, t.sandboxId, path, body, { ...(step.mode !== undefined ? { mode: step.mode } : {}), append: step.append === true, limitBytes: MAX_REPLAY_WRITE_BYTES });
-      else if (step.kind === 'tar') await uploadTar(t.edge, t.sandboxId, path, body, MAX_REPLAY_WRITE_BYTES);
-      else if (step.kind === 'mkdir') await t.edge.mkdir(t.sandboxId, path);
-      else if (step.kind === 'remove') await t.edge.remove(t.sandboxId, path, { recursive: step.recursive === true });
-      else if (step.kind === 'rename') await t.edge.rename(t.sandboxId, step.from ?? '', step.to ?? '');
-    };
-    await run().catch(rec.failed);
-    rec.ok();
+    const path = step.path ?? '/';
+    const body = oneChunk(data ?? Buffer.alloc(0));
+    const { files, target } = t;
+    if (step.kind === 'write') await files.write(target, path, body, { mode: step.mode, append: step.append === true, limitBytes: MAX_REPLAY_WRITE_BYTES });
+    else if (step.kind === 'tar') await files.uploadTar(target, path, body, MAX_REPLAY_WRITE_BYTES);
+    else if (step.kind === 'mkdir') await files.mkdir(target, path);
+    else if (step.kind === 'remove') await files.remove(target, path, step.recursive === true);
+    else if (step.kind === 'rename') await files.rename(target, step.from ?? '', step.to ?? '');
   } catch (err) {
     if (signal?.aborted) throw err;
     actualError = codeOf(err);
@@ -88,12 +84,9 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
   };
   if (step.exit === null && step.error === undefined) {
     // Still running when recorded (a server, a watcher): start it again and let it run.
-    const rec = await t.log.beginExec(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
     try {
-      const att = await t.edge.spawn(t.sandboxId, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) }).catch(rec.failed);
-      rec.started(att.proc, t.edge);
-      await att.detach();
-      rec.follow();
+      const running = await t.commands.spawn(t.target, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
+      await running.leave();
     } catch (err) {
       if (signal?.aborted) throw err;
       return out('exit-differs', { reason: 'it was running when recorded; it did not start again', expected, actual: { error: codeOf(err) } });
@@ -103,10 +96,9 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
   let rec: ExecRecording | undefined;
   let actual: NonNullable<ReplayStep['actual']>;
   try {
-    rec = await t.log.beginExec(t.sandboxId, spec, 'exec');
-    const r = rec;
-    const result = await t.edge.exec(t.sandboxId, spec, { onOutput: r.onOutput, ...(signal ? { signal } : {}) }).then(r.exited, r.failed);
-    actual = { exitCode: result.exitCode, signal: result.signal, stdoutSha256: r.stdout.sha256(), stderrSha256: r.stderr.sha256() };
+    const { result, recording } = await t.commands.exec(t.target, spec, signal);
+    rec = recording;
+    actual = { exitCode: result.exitCode, signal: result.signal, stdoutSha256: recording.stdout.sha256(), stderrSha256: recording.stderr.sha256() };
   } catch (err) {
     if (signal?.aborted) throw err;
     actual = { error: codeOf(err) };
@@ -134,10 +126,4 @@ function describeExit(code: number | null | undefined, signal: string | null | u
 
 async function* oneChunk(data: Buffer): AsyncGenerator<Uint8Array> {
   if (data.length > 0) yield data;
-}
-
-function pick<T extends object, K extends keyof T>(o: T, keys: K[]): Partial<T> {
-  const out: Partial<T> = {};
-  for (const k of keys) if (o[k] !== undefined) out[k] = o[k];
-  return out;
 }

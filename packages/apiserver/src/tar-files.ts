@@ -5,7 +5,7 @@ import { PassThrough, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import { DsecError, invalidArgument } from '@dsec/protocol';
-import type { EdgeClient } from '../nodes.js';
+import type { EdgeClient } from '@dsec/protocol';
 
 /** Largest tar a directory download produces. */
 export const MAX_TAR_DOWNLOAD_BYTES = 1024 * 1024 * 1024;
@@ -127,7 +127,8 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
         } else if (e.type === 'symlink') {
           await addEntry({ ...base, type: 'symlink', linkname: e.linkTarget ?? '' });
         } else if (e.type === 'file') {
-          const data = await edge.readFile(id, full);
+          const raw = await edge.readFile(id, full);
+          const data = Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength);
           bytes += data.length;
           if (bytes > MAX_TAR_DOWNLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} holds more than ${MAX_TAR_DOWNLOAD_BYTES} bytes`);
           await addEntry({ ...base, type: 'file', size: data.length }, data);

@@ -1,5 +1,5 @@
-// Routes of the watcher (events, audit, rules) and the audit of every API call.
-import type { Context, Hono } from 'hono';
+// The audit of every API call: who called which route, with what outcome.
+import type { Context } from 'hono';
 import { routePath } from 'hono/route';
 import type { Principal } from '../auth.js';
 import type { WatchService } from '../watch.js';
@@ -12,15 +12,7 @@ export interface AuditExec {
   exitCode: number | null | Promise<number | null>;
 }
 
-type WatchEnv = { Variables: { principal: Principal; auditExec: AuditExec | undefined } };
-
 const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,127}$/;
-
-function queryOf(c: Context): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const [k, v] of new URL(c.req.url).searchParams) out[k] = v;
-  return out;
-}
 
 /** Records one API call in the audit trail: the route pattern, never the URL or the key. */
 export function auditCall(watch: WatchService, c: Context, principal: Principal | undefined, status: number, durationMs: number): void {
@@ -68,26 +60,4 @@ export function authAndAudit(authenticate: (header: string | undefined) => Promi
     }
     if (watch) auditCall(watch, c, principal, c.res.status, performance.now() - start);
   };
-}
-
-/** GET /v1/events, GET /v1/audit, POST/GET/DELETE /v1/rules; `readJson` reads a bounded JSON body. */
-export function registerWatchRoutes<E extends WatchEnv>(app: Hono<E>, watch: WatchService, readJson: (c: Context) => Promise<unknown>): void {
-  app.get('/v1/events', async (c) => {
-    const p = c.get('principal');
-    if ((c.req.header('accept') ?? '').includes('text/event-stream')) {
-      return watch.streamEvents(p, queryOf(c), c.req.header('last-event-id'), c.req.raw.signal);
-    }
-    return c.json(await watch.listEvents(p, queryOf(c)));
-  });
-  app.get('/v1/audit', async (c) => {
-    const p = c.get('principal');
-    if ((c.req.header('accept') ?? '').includes('application/x-ndjson')) return watch.exportAudit(p, queryOf(c));
-    return c.json(await watch.listAudit(p, queryOf(c)));
-  });
-  app.post('/v1/rules', async (c) => c.json(await watch.createRule(c.get('principal'), await readJson(c)), 201));
-  app.get('/v1/rules', async (c) => c.json({ items: await watch.listRules(c.get('principal')), nextCursor: null }));
-  app.delete('/v1/rules/:id', async (c) => {
-    await watch.deleteRule(c.get('principal'), c.req.param('id'));
-    return c.body(null, 204);
-  });
 }

@@ -1,4 +1,4 @@
-// The fncall backend: stateless calls. Each call claims a pre-created crun sandbox (read-only
+// The fncall runner: stateless calls. Each call claims a pre-created crun sandbox (read-only
 // root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
 // backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
 // process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
@@ -7,16 +7,13 @@ import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import {
-  CallBatchRequestSchema,
-  CallRequestSchema,
   DEFAULT_CALL_MEMORY_MIB,
   DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
   DEFAULT_CALL_TIMEOUT_MS,
   DsecError,
   invalidArgument,
 } from '@dsec/protocol';
-import type { CallBatchItem, CallBatchResult, CallRequest, CallResult, LayerInfo } from '@dsec/protocol';
-import type { z } from 'zod';
+import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit, Attachment } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
@@ -46,9 +43,9 @@ const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
 
-/** Options of {@link FnCallBackend}. */
-export interface FnCallBackendOptions {
-  /** Directory the backend owns (`$home/fncall`). */
+/** Options of {@link FnCallRunner}. */
+export interface FnCallRunnerOptions {
+  /** Directory the runner owns (`$home/fncall`). */
   dir: string;
   crunRoot: string;
   runtimePrefix: string[];
@@ -96,16 +93,11 @@ class Limiter {
   }
 }
 
-function parse<T>(schema: z.ZodType<T>, value: unknown): T {
-  const res = schema.safeParse(value);
-  if (res.success) return res.data;
-  const issue = res.error.issues[0];
-  const field = (issue?.path ?? []).map(String).join('.');
-  throw invalidArgument(field || 'body', issue?.message ?? 'invalid');
-}
-
-/** Stateless function calls on pools of pre-created, single-use sandboxes. */
-export class FnCallBackend {
+/**
+ * Stateless function calls on pools of pre-created, single-use sandboxes. Not a `Backend`: a
+ * call has no id, no lifecycle and no agent anyone reaches; it is the node's `EdgeCalls`.
+ */
+export class FnCallRunner implements EdgeCalls {
   readonly kind = 'fncall' as const;
   private readonly crun: Crun;
   private readonly pools = new Map<string, PoolEntry>();
@@ -119,7 +111,7 @@ export class FnCallBackend {
   private readonly sweeper: NodeJS.Timeout;
   private closed = false;
 
-  constructor(private readonly o: FnCallBackendOptions) {
+  constructor(private readonly o: FnCallRunnerOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
     this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
     this.sweeper.unref();
@@ -144,20 +136,19 @@ export class FnCallBackend {
   }
 
   /** Runs one call in a fresh sandbox and returns its result. */
-  async run(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallResult> {
-    const spec = parse(CallRequestSchema, input);
-    return this.runParsed(spec, opts.signal);
+  async run(req: CallRequest, opts: { signal?: AbortSignal } = {}): Promise<CallResult> {
+    return this.runOne(req, opts.signal);
   }
 
   /** Runs up to 1,000 calls (a few at a time) and returns their results in request order. */
-  async runBatch(input: unknown, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
-    const { calls } = parse(CallBatchRequestSchema, input);
+  async runBatch(req: CallBatchRequest, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
+    const { calls } = req;
     const results: CallBatchItem[] = new Array<CallBatchItem>(calls.length);
     let next = 0;
     const worker = async (): Promise<void> => {
       for (let i = next++; i < calls.length; i = next++) {
         try {
-          results[i] = await this.runParsed(calls[i] as CallRequest, opts.signal);
+          results[i] = await this.runOne(calls[i] as CallRequest, opts.signal);
         } catch (err) {
           const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
           results[i] = { error: { code: e.code, message: e.message } };
@@ -168,7 +159,7 @@ export class FnCallBackend {
     return { results };
   }
 
-  private async runParsed(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
+  private async runOne(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
     const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);

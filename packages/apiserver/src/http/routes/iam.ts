@@ -1,0 +1,20 @@
+// /v1/keys, /v1/projects, /v1/nodes
+import { CreateKeyRequestSchema, CreateProjectRequestSchema } from '@dsec/protocol';
+import { router } from '../env.js';
+import type { RouterDeps } from '../env.js';
+import { jsonBody } from '../validate.js';
+
+/** Keys, projects and nodes. */
+export function iamRoutes({ services: { iam } }: RouterDeps) {
+  return router()
+    .post('/keys', jsonBody(CreateKeyRequestSchema), async (c) => c.json(await iam.createKey(c.get('principal'), c.get('body')), 201))
+    .get('/keys', async (c) => c.json({ items: await iam.listKeys(c.get('principal')), nextCursor: null }))
+    .delete('/keys/:id', async (c) => {
+      await iam.revokeKey(c.get('principal'), c.req.param('id'));
+      return c.body(null, 204);
+    })
+    .post('/projects', jsonBody(CreateProjectRequestSchema), async (c) => c.json(await iam.createProject(c.get('principal'), c.get('body')), 201))
+    .get('/projects', async (c) => c.json({ items: await iam.listProjects(c.get('principal')), nextCursor: null }))
+    .get('/projects/:id', async (c) => c.json(await iam.getProject(c.get('principal'), c.req.param('id'))))
+    .get('/nodes', (c) => c.json({ items: iam.listNodes(c.get('principal')), nextCursor: null }));
+}

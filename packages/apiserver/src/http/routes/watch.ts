@@ -1,0 +1,28 @@
+// /v1/events (a page, or a live SSE stream), /v1/audit (a page, or ndjson export), /v1/rules.
+import { CreateRuleRequestSchema, ListAuditQuerySchema, ListEventsQuerySchema } from '@dsec/protocol';
+import type { WatchService } from '../../watch.js';
+import { router } from '../env.js';
+import { jsonBody, query } from '../validate.js';
+
+/** Events, the audit trail and run-time rules. */
+export function watchRoutes(watch: WatchService) {
+  return router()
+    .get('/events', query(ListEventsQuerySchema, []), async (c) => {
+      const p = c.get('principal');
+      if ((c.req.header('accept') ?? '').includes('text/event-stream')) {
+        return watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal);
+      }
+      return c.json(await watch.listEvents(p, c.get('query')));
+    })
+    .get('/audit', query(ListAuditQuerySchema, []), async (c) => {
+      const p = c.get('principal');
+      if ((c.req.header('accept') ?? '').includes('application/x-ndjson')) return watch.exportAudit(p, c.get('query'));
+      return c.json(await watch.listAudit(p, c.get('query')));
+    })
+    .post('/rules', jsonBody(CreateRuleRequestSchema), async (c) => c.json(await watch.createRule(c.get('principal'), c.get('body')), 201))
+    .get('/rules', async (c) => c.json({ items: await watch.listRules(c.get('principal')), nextCursor: null }))
+    .delete('/rules/:id', async (c) => {
+      await watch.deleteRule(c.get('principal'), c.req.param('id'));
+      return c.body(null, 204);
+    });
+}

@@ -1,0 +1,49 @@
+// Function calls: stateless runs on any healthy node (the fncall backend), one or a batch.
+import { DsecError } from '@dsec/protocol';
+import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeClient } from '@dsec/protocol';
+import { requireRole } from '../auth.js';
+import type { Principal } from '../auth.js';
+import type { NodeRegistry } from '../nodes.js';
+import type { LayerService } from './layers.js';
+
+/** Function calls. */
+export class CallService {
+  constructor(
+    private readonly nodes: NodeRegistry,
+    private readonly layers: LayerService,
+  ) {}
+
+  /** Runs one stateless call on a healthy node (counts against nothing but the key's rate limit). */
+  async run(p: Principal, req: CallRequest, signal?: AbortSignal): Promise<CallResult> {
+    requireRole(p, 'member');
+    const spec = await this.resolve(p, req, '');
+    return this.node().calls.run(spec, signal ? { signal } : {});
+  }
+
+  /** Runs up to 1,000 calls; results come back in request order. */
+  async runBatch(p: Principal, req: CallBatchRequest, signal?: AbortSignal): Promise<CallBatchResult> {
+    requireRole(p, 'member');
+    const resolved: CallRequest[] = [];
+    for (const [i, c] of req.calls.entries()) resolved.push(await this.resolve(p, c, `calls.${i}.`));
+    const reply = await this.node().calls.runBatch({ calls: resolved }, signal ? { signal } : {});
+    return { results: reply.results as CallBatchItem[] };
+  }
+
+  /** A call with its image's layer references resolved to digests in the caller's project. */
+  private async resolve(p: Principal, spec: CallRequest, prefix: string): Promise<CallRequest> {
+    if (!spec.image) return spec;
+    const resolve = await this.layers.resolver(p.projectId);
+    const image: NonNullable<CallRequest['image']> = { base: resolve(spec.image.base, `${prefix}image.base`) };
+    if (spec.image.workspace) image.workspace = resolve(spec.image.workspace, `${prefix}image.workspace`);
+    if (spec.image.toolkits?.length) image.toolkits = spec.image.toolkits.map((t, i) => resolve(t, `${prefix}image.toolkits.${i}`));
+    return { ...spec, image };
+  }
+
+  /** A healthy node for a call: calls hold no state, so any node will do. */
+  private node(): EdgeClient {
+    const healthy = this.nodes.all().filter((n) => n.healthy);
+    const n = healthy[Math.floor(Math.random() * healthy.length)];
+    if (!n) throw new DsecError('CAPACITY_EXHAUSTED', 'no healthy node can run calls', { retryAfterMs: 1000 });
+    return n.client;
+  }
+}

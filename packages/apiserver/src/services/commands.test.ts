@@ -1,0 +1,71 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import type { ExecEvent } from '@dsec/protocol';
+import { harness } from '../testing/harness.js';
+import type { Harness } from '../testing/harness.js';
+
+describe('recorded commands and files (fake node, real store)', () => {
+  let h: Harness;
+  let id: string;
+  before(async () => {
+    h = await harness();
+    id = (await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } })).id;
+  });
+  after(async () => h.close());
+
+  const target = async () => {
+    const { row, edge } = await h.services.lifecycle.route(h.admin, id);
+    return { sandboxId: row.id, edge };
+  };
+
+  test('exec, a streamed command and a file write are trajectory steps, in order', async () => {
+    const { commands, files, trajectories } = h.services;
+    const t = await target();
+    const { result } = await commands.exec(t, { cmd: 'echo one' });
+    assert.equal(result.stdout, 'echo one\n');
+    const running = await commands.spawn(t, { argv: ['echo', 'two'] }, 'stream');
+    const events: ExecEvent[] = [];
+    for await (const ev of running.events()) events.push(ev);
+    assert.deepEqual(
+      events.map((e) => e.type),
+      ['start', 'output', 'exit'],
+    );
+    assert.equal(await running.exitCode, 0);
+    async function* body() {
+      yield Buffer.from('hello');
+    }
+    await files.write(t, '/tmp/a', body(), { limitBytes: 1024 });
+    assert.equal(Buffer.from(await files.read(t, '/tmp/a')).toString(), 'hello');
+    const traj = await trajectories.get(h.admin, id, {});
+    assert.deepEqual(
+      traj.items.map((s) => [s.kind, s.via ?? null]),
+      [
+        ['exec', 'exec'],
+        ['exec', 'stream'],
+        ['write', null],
+      ],
+    );
+    assert.equal(traj.items[1]?.exit?.exitCode, 0);
+  });
+
+  test('a failed file change is recorded with its error, and the error reaches the caller', async () => {
+    const t = await target();
+    await assert.rejects(h.services.files.rename(t, '/missing', '/b'), { code: 'FILE_NOT_FOUND' });
+    const traj = await h.services.trajectories.get(h.admin, id, {});
+    const last = traj.items[traj.items.length - 1];
+    assert.equal(last?.kind, 'rename');
+    assert.equal(last?.error?.code, 'FILE_NOT_FOUND');
+  });
+
+  test('replay re-runs the steps on a fresh sandbox and finds them the same', async () => {
+    const result = await h.services.trajectories.replay(h.admin, id, {});
+    assert.ok(result.steps.length >= 3);
+    assert.equal(result.summary.outputDiffers + result.summary.exitDiffers, 0, JSON.stringify(result.steps));
+    assert.notEqual(result.sandbox.id, id);
+  });
+
+  test('stdin and signals to a process the node does not know are PROCESS_NOT_FOUND', async () => {
+    const t = await target();
+    await assert.rejects(h.services.commands.output(t, 999, { stdout: 0, stderr: 0 }), { code: 'PROCESS_NOT_FOUND' });
+  });
+});

@@ -1,0 +1,325 @@
+// The path of one create: a validated request resolved (layers, resources, lease, hashes), a
+// warm pool's member claimed when one matches, else quota and a node reserved (or waited for),
+// the sandbox created on its node, its trajectory opened. Nothing is left behind on failure.
+import { randomBytes } from 'node:crypto';
+import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DEFAULT_PIDS, DsecError, IDEMPOTENCY_KEY_HEADER, MAX_SANDBOX_TIMEOUT_MS, invalidArgument } from '@dsec/protocol';
+import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, ItemError, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
+import type { AdmissionQueue, Admitted } from '../admission.js';
+import type { Principal } from '../auth.js';
+import type { IdempotencyKeyTable, PoolTable, SandboxTable } from '../db/schema.js';
+import type { Reservation, StateStore } from '../db/store.js';
+import { hashOf } from '../idempotency.js';
+import type { IdempotencyKeys } from '../idempotency.js';
+import { grantLease } from '../leases.js';
+import type { NodeEntry, NodeRegistry } from '../nodes.js';
+import { POOLED_STATE } from '../pools.js';
+import type { PoolManager } from '../pools.js';
+import type { Placement, PlacementRequest } from '../scheduler.js';
+import type { TrajectoryLog } from '../trajectory.js';
+import { chainOf, trajectorySpec } from './common.js';
+import type { PlatformCounters, ServiceSinks } from './common.js';
+import type { LayerResolver, LayerService } from './layers.js';
+import type { LifecycleService } from './lifecycle.js';
+import type { OwnerService } from './owners.js';
+
+/** Fields of a create request a pool claim applies; every other field must match the pool's spec. */
+const CLAIM_FIELDS = ['env', 'labels', 'timeoutMs', 'lease', 'owner'] as const;
+/** The idempotency header's name, used as the field of its errors. */
+export const IDEMPOTENCY_FIELD = IDEMPOTENCY_KEY_HEADER;
+
+/** Merges run-time rules (deny-path, deny-syscall, deny-domain) into a new sandbox's spec. */
+export type SpecTightener = (projectId: string, spec: SandboxSpec) => Promise<SandboxSpec>;
+
+/** A create request, validated and resolved: what the create pipeline works on. */
+export interface CreateItem {
+  /** The request as given (no admission option). */
+  req: SandboxRequest;
+  /** What edge creates: layers as digests, resources granted, env and labels. */
+  spec: SandboxSpec;
+  resources: GrantedResources;
+  backend: BackendKind;
+  /** The lease granted (defaults filled in); a claimed pool member gets it too. */
+  lease: GrantedLease;
+  /** Hash of what the sandbox is, less what a claim applies: pools match on it. */
+  poolKey: string;
+  /** Hash of the whole request: idempotency keys match on it. */
+  requestHash: string;
+}
+
+/** Capacity held for one create: its quota reservation and a charge on its node. */
+export interface Ticket extends Admitted {
+  node: NodeEntry;
+  reservation: Reservation;
+}
+
+/** What {@link CreatePipeline} is built from. */
+export interface CreatePipelineDeps {
+  store: StateStore;
+  nodes: NodeRegistry;
+  placement: Placement;
+  admission: AdmissionQueue;
+  idempotency: IdempotencyKeys;
+  pools: PoolManager;
+  lifecycle: LifecycleService;
+  owners: OwnerService;
+  layers: LayerService;
+  trajectory: TrajectoryLog;
+  counters: PlatformCounters;
+  sinks: ServiceSinks;
+  /** Run-time rules applied to every new sandbox (none: the spec as asked). */
+  tighten?: SpecTightener | undefined;
+  /** Capacity went back: wake waiting creates, refill pools. */
+  onCapacityFreed: () => void;
+}
+
+/** The quota one item takes. */
+export function reservationOf(item: CreateItem): Reservation {
+  return { sandboxes: 1, cpu: item.resources.cpu, memoryMiB: item.resources.memoryMiB };
+}
+
+/** What placement needs of one item. */
+export function placementOf(item: CreateItem): PlacementRequest {
+  return { backend: item.backend, cpu: item.resources.cpu, memoryMiB: item.resources.memoryMiB, cpuClass: item.resources.cpuClass };
+}
+
+/** The refusal of an item no node has room for. */
+export function capacityError(item: CreateItem): DsecError {
+  const r = item.resources;
+  return new DsecError('CAPACITY_EXHAUSTED', `no node has room for this sandbox (${item.backend}, ${r.cpu} cpu, ${r.memoryMiB} MiB)`, { retryAfterMs: 1000 });
+}
+
+/** The sandbox spec JSON kept in a row: the request with its backend and granted resources. */
+function rowSpecOf(item: CreateItem): string {
+  return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources, ...(item.spec.protect ? { protect: item.spec.protect } : {}) });
+}
+
+/** Resolves, admits, places and creates sandboxes one item at a time. */
+export class CreatePipeline {
+  constructor(private readonly d: CreatePipelineDeps) {}
+
+  /** Resolves a validated request: layers to digests, resources granted, the pool and request hashes. */
+  async prepare(projectId: string, req: SandboxRequest, prefix: string, resolve: LayerResolver, p?: Principal): Promise<CreateItem> {
+    const at = (f: string): string => (prefix ? `${prefix}.${f}` : f);
+    const requestHash = hashOf(req);
+    const lease = grantLease(req, at);
+    if (req.owner !== undefined) {
+      // Only a caller's own request names an owner (pool members get theirs at claim).
+      if (!p) throw invalidArgument(at('owner'), 'an owner is given at claim, not in a pool');
+      await this.d.owners.liveOwner(p, req.owner, at('owner'));
+    }
+    const backend = req.backend ?? 'container';
+    if ((req.image === undefined) === (req.snapshot === undefined)) throw invalidArgument(at('image'), 'give exactly one of image or snapshot');
+    let image: SandboxSpec['image'];
+    let snapshots: string[] = [];
+    if (req.snapshot !== undefined) {
+      // A snapshot brings its parents: the image it was taken over, and older snapshots.
+      const snap = await this.d.layers.resolveSnapshot(projectId, req.snapshot, at('snapshot'));
+      image = JSON.parse(snap.image) as ImageSpec;
+      snapshots = [...chainOf(snap), snap.digest];
+      req = { ...req, image, snapshot: snap.digest };
+    } else {
+      const asked = req.image as ImageSpec;
+      image = { base: resolve(asked.base, at('image.base')) };
+      if (asked.workspace) image.workspace = resolve(asked.workspace, at('image.workspace'));
+      if (asked.toolkits?.length) image.toolkits = asked.toolkits.map((t, i) => resolve(t, at(`image.toolkits.${i}`)));
+    }
+    const resources: GrantedResources = {
+      cpu: req.resources?.cpu ?? DEFAULT_CPU,
+      memoryMiB: req.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
+      diskMiB: req.resources?.diskMiB ?? DEFAULT_DISK_MIB,
+      pids: req.resources?.pids ?? DEFAULT_PIDS,
+      cpuClass: req.resources?.cpuClass ?? 'latency-sensitive',
+    };
+    let spec: SandboxSpec = { backend, image, resources: { ...req.resources, ...resources } };
+    if (snapshots.length > 0) spec.snapshots = snapshots;
+    if (req.env) spec.env = req.env;
+    if (req.labels) spec.labels = req.labels;
+    if (req.protect) spec.protect = req.protect;
+    if (req.security) spec.security = req.security;
+    if (req.network) spec.network = req.network;
+    if (this.d.tighten) spec = await this.d.tighten(projectId, spec);
+    const rest: Record<string, unknown> = { ...req };
+    for (const f of CLAIM_FIELDS) delete rest[f];
+    const poolKey = hashOf({ ...rest, backend, image, resources: spec.resources });
+    return { req, spec, resources, backend, lease, poolKey, requestHash };
+  }
+
+  /** Creates one item whose idempotency key (if any) the caller holds; completes or releases it. */
+  async createHeld(projectId: string, item: CreateItem, admission: Admission, signal: AbortSignal | undefined, key: string | undefined, ticket?: Ticket): Promise<Sandbox> {
+    try {
+      let sb: Sandbox | undefined;
+      if (!ticket) sb = await this.claimFromPool(projectId, item);
+      if (!sb) {
+        const held = ticket ?? (await this.d.admission.admit(projectId, () => this.reserveAndPlace(projectId, item), { wait: admission.wait, timeoutMs: admission.timeoutMs, signal }));
+        sb = await this.createWithTicket(projectId, item, held, signal);
+      }
+      if (key !== undefined) await this.d.idempotency.complete(projectId, key, sb);
+      return sb;
+    } catch (err) {
+      if (key !== undefined) await this.d.idempotency.release(projectId, key);
+      throw err;
+    }
+  }
+
+  /** The reply to a retry: the sandbox as it is now, or the first reply if it is gone. */
+  async replayIdempotent(row: IdempotencyKeyTable): Promise<Sandbox> {
+    this.d.counters.idempotentReplays++;
+    const now = row.sandbox_id ? await this.d.store.sandbox(row.sandbox_id) : undefined;
+    if (now && now.project_id === row.project_id && now.pool_id === null) return this.d.lifecycle.toSandbox(now);
+    if (row.response) return JSON.parse(row.response) as Sandbox;
+    throw new DsecError('CONFLICT', `${IDEMPOTENCY_FIELD} ${row.key} belongs to a batch, not to one sandbox`, { field: IDEMPOTENCY_FIELD });
+  }
+
+  /** Adds (or removes) one item's requests to a node's allocation. */
+  chargeNode(node: NodeEntry, item: CreateItem, sign: 1 | -1): void {
+    this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign);
+  }
+
+  /** Reserves quota and a node for one create (the admission attempt); throws a capacity refusal. */
+  async reserveAndPlace(projectId: string, item: CreateItem): Promise<Ticket> {
+    const reservation = reservationOf(item);
+    await this.d.store.reserve(projectId, reservation);
+    const node = this.d.placement.place(placementOf(item), this.d.nodes.all()) as NodeEntry | undefined;
+    if (!node) {
+      await this.d.store.unreserve(projectId, reservation);
+      throw capacityError(item);
+    }
+    this.chargeNode(node, item, 1);
+    return this.ticket(projectId, item, node, reservation);
+  }
+
+  /** A ticket for capacity already reserved and charged; its release gives both back. */
+  ticket(projectId: string, item: CreateItem, node: NodeEntry, reservation: Reservation): Ticket {
+    return {
+      node,
+      reservation,
+      release: async () => {
+        this.chargeNode(node, item, -1);
+        await this.d.store.unreserve(projectId, reservation);
+        this.d.onCapacityFreed();
+      },
+    };
+  }
+
+  /**
+   * Creates a sandbox with the capacity a ticket holds; a node that refuses is excluded and
+   * placement runs again. On failure the reservation is returned and nothing is left behind.
+   */
+  async createWithTicket(projectId: string, item: CreateItem, ticket: Ticket, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox> {
+    let node = ticket.node;
+    const refused = new Set<string>();
+    try {
+      for (;;) {
+        const created = await this.createOn(node, projectId, item, signal, pool);
+        if (created) {
+          this.d.counters.sandboxesCreated++;
+          return created;
+        }
+        refused.add(node.name);
+        const next = this.d.placement.place(placementOf(item), this.d.nodes.all(), refused) as NodeEntry | undefined;
+        if (!next) throw capacityError(item);
+        this.chargeNode(next, item, 1);
+        node = next;
+      }
+    } catch (err) {
+      this.d.counters.sandboxCreateFailures++;
+      await this.d.store.unreserve(projectId, ticket.reservation);
+      this.d.onCapacityFreed();
+      throw err;
+    }
+  }
+
+  /**
+   * Creates on one node that is already charged for it; undefined when the node refused for
+   * want of capacity. On any failure the node's charge and the row are undone. A pool's member
+   * is created without env or labels and is left `pooled`.
+   */
+  private async createOn(node: NodeEntry, projectId: string, item: CreateItem, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox | undefined> {
+    const id = `${node.name}-${randomBytes(8).toString('hex')}`;
+    const createdAt = new Date();
+    const lifetimeMs = pool ? MAX_SANDBOX_TIMEOUT_MS : item.lease.maxLifetimeMs;
+    const row: SandboxTable = {
+      id,
+      project_id: projectId,
+      node: node.name,
+      backend: item.backend,
+      state: 'creating',
+      spec: rowSpecOf(item),
+      layers: JSON.stringify([item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean)),
+      cpu: item.resources.cpu,
+      memory_mib: item.resources.memoryMiB,
+      created_at: createdAt.toISOString(),
+      expires_at: new Date(createdAt.getTime() + lifetimeMs).toISOString(),
+      pool_id: pool?.id ?? null,
+      // A pool's member gets its lease and owner when it is claimed.
+      owner_id: pool ? null : (item.req.owner ?? null),
+      lease: pool ? null : JSON.stringify(item.lease),
+      last_active_at: createdAt.toISOString(),
+      paused_at: null,
+      pause_reason: null,
+    };
+    await this.d.store.insertSandbox(row, item.req.labels ?? {});
+    try {
+      await node.client.create(item.spec, signal ? { id, signal } : { id });
+    } catch (err) {
+      this.chargeNode(node, item, -1);
+      await this.d.store.db.deleteFrom('sandboxes').where('id', '=', id).execute();
+      if (err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
+      throw err;
+    }
+    row.state = pool ? POOLED_STATE : 'running';
+    await this.d.store.transitionSandbox(id, ['creating'], row.state);
+    if (!pool) this.openTrajectory(row, item);
+    return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
+  }
+
+  /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
+  private openTrajectory(row: SandboxTable, item: CreateItem): void {
+    this.d.trajectory.open({ sandboxId: row.id, projectId: row.project_id, spec: trajectorySpec(item.req, item.spec), layers: JSON.parse(row.layers) as string[], createdAt: row.created_at });
+  }
+
+  /**
+   * Claims a ready sandbox from one of the project's pools whose spec matches, in one
+   * transaction, and hands it over on its node (env, labels). Undefined when none is ready.
+   */
+  async claimFromPool(projectId: string, item: CreateItem): Promise<Sandbox | undefined> {
+    const now = new Date();
+    const labels = item.req.labels ?? {};
+    const row = await this.d.store.claimPooled({
+      projectId,
+      specKey: item.poolKey,
+      spec: rowSpecOf(item),
+      labels,
+      createdAt: now.toISOString(),
+      expiresAt: new Date(now.getTime() + item.lease.maxLifetimeMs).toISOString(),
+      lease: JSON.stringify(item.lease),
+      ownerId: item.req.owner ?? null,
+    });
+    if (!row) return undefined;
+    this.d.pools.claimed();
+    try {
+      const node = this.d.nodes.get(row.node);
+      if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
+      await node.client.claim(row.id, { ...(item.req.env ? { env: item.req.env } : {}), ...(item.req.labels ? { labels } : {}) });
+    } catch {
+      // The member cannot be handed over (its node or sandbox is gone, or it was used): it is
+      // dropped, and this create goes on without the pool. Nobody has seen its id yet.
+      await this.discardClaimed(row);
+      return undefined;
+    }
+    this.d.counters.poolClaims++;
+    this.openTrajectory(row, item);
+    return this.d.lifecycle.toSandbox({ ...row, labels });
+  }
+
+  /** Removes a claimed pool member that could not be handed over. */
+  private async discardClaimed(row: SandboxTable): Promise<void> {
+    const node = this.d.nodes.get(row.node);
+    if (node) {
+      await node.client.destroy(row.id).catch(() => undefined);
+      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+    }
+    await this.d.store.deleteSandbox(row);
+    this.d.onCapacityFreed();
+  }
+}

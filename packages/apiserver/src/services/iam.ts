@@ -1,0 +1,119 @@
+// Identity and access: projects (nested, each quota within its parent's), API keys (a role in
+// a project), and the nodes as an admin sees them.
+import { DsecError } from '@dsec/protocol';
+import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeBody, Project, Quota } from '@dsec/protocol';
+import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
+import type { Authenticator, Principal } from '../auth.js';
+import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
+import type { StateStore } from '../db/store.js';
+import type { NodeRegistry } from '../nodes.js';
+import type { Placement } from '../scheduler.js';
+
+function toProject(r: ProjectTable): Project {
+  return {
+    id: r.id,
+    name: r.name,
+    parent: r.parent_id,
+    quota: { sandboxes: r.quota_sandboxes, cpu: r.quota_cpu, memoryMiB: r.quota_memory_mib },
+    usage: { sandboxes: r.used_sandboxes, cpu: r.used_cpu, memoryMiB: r.used_memory_mib },
+    createdAt: r.created_at,
+  };
+}
+
+function toKey(r: ApiKeyTable, secret?: string): ApiKey {
+  const k: ApiKey = { id: r.id, name: r.name, role: r.role, project: r.project_id, createdAt: r.created_at, revokedAt: r.revoked_at };
+  if (secret) k.key = secret;
+  return k;
+}
+
+/** Projects, keys and the node list. */
+export class IamService {
+  constructor(
+    private readonly store: StateStore,
+    private readonly auth: Authenticator,
+    private readonly nodes: NodeRegistry,
+    private readonly placement: Placement,
+  ) {}
+
+  /** The principal of an `Authorization` header (UNAUTHENTICATED when it names no live key). */
+  authenticate(header: string | undefined): Promise<Principal> {
+    return this.auth.authenticate(header);
+  }
+
+  /** Creates a sub-project of the caller's project (or of a visible one) with a quota within its parent's. */
+  async createProject(p: Principal, req: CreateProjectRequest): Promise<Project> {
+    requireRole(p, 'admin');
+    const parentId = req.parent ?? p.projectId;
+    if (!p.visibleProjects.has(parentId)) throw new DsecError('NOT_FOUND', `project ${parentId} not found`, { field: 'parent' });
+    const parent = await this.store.project(parentId);
+    if (!parent) throw new DsecError('NOT_FOUND', `project ${parentId} not found`, { field: 'parent' });
+    const cap: Quota = { sandboxes: parent.quota_sandboxes, cpu: parent.quota_cpu, memoryMiB: parent.quota_memory_mib };
+    const quota: Quota = {
+      sandboxes: req.quota?.sandboxes ?? cap.sandboxes,
+      cpu: req.quota?.cpu ?? cap.cpu,
+      memoryMiB: req.quota?.memoryMiB ?? cap.memoryMiB,
+    };
+    for (const k of ['sandboxes', 'cpu', 'memoryMiB'] as const) {
+      if (quota[k] > cap[k]) throw new DsecError('PERMISSION_DENIED', `quota.${k}: ${quota[k]} exceeds the parent's ${cap[k]}`, { field: `quota.${k}` });
+    }
+    const row = await this.store.createProject({ name: req.name, parentId, quota });
+    this.auth.invalidate();
+    return toProject(row);
+  }
+
+  /** The projects the caller can see. */
+  async listProjects(p: Principal): Promise<Project[]> {
+    return (await this.store.projects()).filter((r) => p.visibleProjects.has(r.id)).map(toProject);
+  }
+
+  /** One visible project. */
+  async getProject(p: Principal, id: string): Promise<Project> {
+    const row = p.visibleProjects.has(id) ? await this.store.project(id) : undefined;
+    if (!row) throw new DsecError('NOT_FOUND', `project ${id} not found`);
+    return toProject(row);
+  }
+
+  /** Creates a key in the caller's project (or a descendant) with a role no stronger than its own. */
+  async createKey(p: Principal, req: CreateKeyRequest): Promise<ApiKey> {
+    requireRole(p, 'admin');
+    const project = req.project ?? p.projectId;
+    if (!p.visibleProjects.has(project)) throw new DsecError('NOT_FOUND', `project ${project} not found`, { field: 'project' });
+    if (!roleAtLeast(p.role, req.role)) throw new DsecError('PERMISSION_DENIED', `role: cannot grant ${req.role} with a ${p.role} key`, { field: 'role' });
+    return this.issueKey(project, req.name, req.role);
+  }
+
+  /** Creates a key without a caller (the first admin key). */
+  async issueKey(projectId: string, name: string, role: ApiKey['role']): Promise<ApiKey> {
+    const { secret, hash } = newKeySecret();
+    const row = await this.store.createKey({ projectId, name, role, keyHash: hash });
+    return toKey(row, secret);
+  }
+
+  /** The keys of the visible projects (no secrets). */
+  async listKeys(p: Principal): Promise<ApiKey[]> {
+    requireRole(p, 'admin');
+    return (await this.store.keys([...p.visibleProjects])).map((r) => toKey(r));
+  }
+
+  /** Revokes a key of a visible project. */
+  async revokeKey(p: Principal, id: string): Promise<void> {
+    requireRole(p, 'admin');
+    const row = await this.store.key(id);
+    if (!row || !p.visibleProjects.has(row.project_id)) throw new DsecError('NOT_FOUND', `key ${id} not found`);
+    await this.store.revokeKey(id);
+    this.auth.invalidate();
+  }
+
+  /** The nodes with their capacity and allocation. */
+  listNodes(p: Principal): NodeBody[] {
+    requireRole(p, 'viewer');
+    return this.nodes.all().map((n) => ({
+      name: n.name,
+      healthy: n.healthy,
+      backends: [...n.backends],
+      capacity: { ...n.capacity },
+      allocatable: this.placement.allocatable(n),
+      allocated: { ...n.allocated },
+    }));
+  }
+}

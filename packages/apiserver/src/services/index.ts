@@ -1,0 +1,132 @@
+// The services behind the API, built together: each takes its collaborators in its constructor,
+// and this is the one place that wires them.
+import type { EventSink } from '@dsec/protocol';
+import { AdmissionQueue } from '../admission.js';
+import type { Authenticator } from '../auth.js';
+import type { StateStore } from '../db/store.js';
+import { IdempotencyKeys } from '../idempotency.js';
+import { ActivityTracker } from '../leases.js';
+import type { NodeRegistry } from '../nodes.js';
+import { PoolManager } from '../pools.js';
+import type { Placement } from '../scheduler.js';
+import { TrajectoryLog } from '../trajectory.js';
+import type { TrajectoryOptions } from '../trajectory.js';
+import { CallService } from './calls.js';
+import { CommandService } from './commands.js';
+import { headerFromRow, newCounters } from './common.js';
+import type { PlatformCounters, ServiceSinks } from './common.js';
+import { CreatePipeline } from './create-pipeline.js';
+import type { SpecTightener } from './create-pipeline.js';
+import { FileService } from './files.js';
+import { IamService } from './iam.js';
+import { LayerService } from './layers.js';
+import { LifecycleService } from './lifecycle.js';
+import { NetworkService } from './networks.js';
+import type { DeniedNames } from './networks.js';
+import { OwnerService } from './owners.js';
+import { PoolService } from './pools.js';
+import { SandboxService } from './sandboxes.js';
+import { SnapshotService } from './snapshots.js';
+import { TrajectoryService } from './trajectories.js';
+
+/** What the services are built from. */
+export interface ServiceDeps {
+  store: StateStore;
+  auth: Authenticator;
+  nodes: NodeRegistry;
+  placement: Placement;
+  /** Where internal errors and background failures are logged. Default: nowhere. */
+  log?: (line: string) => void;
+  /** Where owner.lost and lease.exceeded go. Default: nowhere. */
+  raise?: EventSink;
+  /** Run-time rules merged into every new sandbox's spec. */
+  tighten?: SpecTightener;
+  /** Names run-time deny-domain rules keep out of a project's network policies. */
+  deniedNames?: DeniedNames;
+  /** Limits and retention of the trajectory log. */
+  trajectory?: TrajectoryOptions;
+  /** Counters to count in (shared with the metrics). Default: fresh ones. */
+  counters?: PlatformCounters;
+  /** The admission queue (shared with the metrics). Default: a fresh one. */
+  admission?: AdmissionQueue;
+}
+
+/** Every service, and the shared state they keep. */
+export interface Services {
+  counters: PlatformCounters;
+  admission: AdmissionQueue;
+  activity: ActivityTracker;
+  idempotency: IdempotencyKeys;
+  trajectory: TrajectoryLog;
+  /** Keeps warm pools full (started by the platform). */
+  poolManager: PoolManager;
+  nodes: NodeRegistry;
+  lifecycle: LifecycleService;
+  layers: LayerService;
+  owners: OwnerService;
+  sandboxes: SandboxService;
+  pools: PoolService;
+  snapshots: SnapshotService;
+  trajectories: TrajectoryService;
+  commands: CommandService;
+  files: FileService;
+  networks: NetworkService;
+  calls: CallService;
+  iam: IamService;
+}
+
+/** Builds the services over a store and a set of nodes. */
+export function createServices(deps: ServiceDeps): Services {
+  const { store, nodes, placement } = deps;
+  const log = deps.log ?? (() => undefined);
+  const sinks: ServiceSinks = { raise: deps.raise ?? (() => undefined), log };
+  const counters = deps.counters ?? newCounters();
+  const admission = deps.admission ?? new AdmissionQueue();
+  const activity = new ActivityTracker();
+  const idempotency = new IdempotencyKeys(store);
+  const trajectory = new TrajectoryLog(store, (id) => headerFromRow(store, id), deps.trajectory);
+  // The pool manager and the services that refill it know each other: it reaches them through
+  // these functions, which run only once everything below is built.
+  const poolManager: PoolManager = new PoolManager(
+    {
+      store,
+      createPoolMember: (pool) => pools.createMember(pool),
+      destroyPooled: (row) => lifecycle.destroyPooled(row),
+      waitingAdmissions: (projectId) => admission.waiting(projectId),
+    },
+    log,
+  );
+  const onCapacityFreed = (): void => {
+    admission.notify();
+    poolManager.kick();
+  };
+  const lifecycle: LifecycleService = new LifecycleService({ store, nodes, placement, activity, trajectory, counters, sinks, onCapacityFreed });
+  const layers = new LayerService(store, nodes);
+  const owners = new OwnerService(store, lifecycle);
+  const pipeline: CreatePipeline = new CreatePipeline({ store, nodes, placement, admission, idempotency, pools: poolManager, lifecycle, owners, layers, trajectory, counters, sinks, tighten: deps.tighten, onCapacityFreed });
+  const sandboxes = new SandboxService({ store, nodes, placement, admission, idempotency, pipeline, lifecycle, owners, layers, sinks });
+  const pools: PoolService = new PoolService(store, pipeline, layers, poolManager);
+  const commands = new CommandService(trajectory, activity);
+  const files = new FileService(trajectory);
+  return {
+    counters,
+    admission,
+    activity,
+    idempotency,
+    trajectory,
+    poolManager,
+    nodes,
+    lifecycle,
+    layers,
+    owners,
+    sandboxes,
+    pools,
+    snapshots: new SnapshotService(store, lifecycle, layers, sandboxes, trajectory),
+    trajectories: new TrajectoryService({ store, trajectory, lifecycle, sandboxes, layers, commands, files, sinks }),
+    commands,
+    files,
+    networks: new NetworkService(store, nodes, lifecycle, sinks, deps.deniedNames),
+    calls: new CallService(nodes, layers),
+    iam: new IamService(store, deps.auth, nodes, placement),
+  };
+}

@@ -1,0 +1,145 @@
+// Layers owned by projects: name and digest resolution in a project's scope (itself, its
+// ancestors, then the public layers), registration of layers the nodes build, listing, delete.
+import { DsecError, invalidArgument } from '@dsec/protocol';
+import type { EdgeClient, Layer, LayerBuildOptions, LayerBuildSource, LayerInfo, LayerKind } from '@dsec/protocol';
+import { requireRole } from '../auth.js';
+import type { Principal } from '../auth.js';
+import type { LayerTable, SnapshotTable } from '../db/schema.js';
+import { PUBLIC_PROJECT_ID } from '../db/store.js';
+import type { StateStore } from '../db/store.js';
+import type { NodeRegistry } from '../nodes.js';
+
+const DIGEST_RE = /^(sha256:)?[0-9a-f]{64}$/;
+
+/** Resolves a layer reference (digest or name) to a `sha256:` digest; `field` names it in errors. */
+export type LayerResolver = (ref: string, field: string) => string;
+
+/** Normalizes a layer name to `name:tag`. */
+export function layerName(ref: string): string {
+  return ref.includes(':') ? ref : `${ref}:latest`;
+}
+
+/** Finds a layer reference among the rows of a project's layer scope (nearest project first). */
+function matchLayer(rows: LayerTable[], scope: string[], ref: string, field: string): string {
+  let match: LayerTable | undefined;
+  if (DIGEST_RE.test(ref)) {
+    const digest = ref.startsWith('sha256:') ? ref : `sha256:${ref}`;
+    match = rows.find((r) => r.digest === digest);
+  } else {
+    const name = layerName(ref);
+    const named = rows.filter((r) => r.name === name);
+    match = scope.map((s) => named.find((r) => r.project_id === s)).find(Boolean);
+  }
+  if (!match) throw new DsecError('LAYER_NOT_FOUND', `${field}: layer ${ref} not found`, { field, layer: ref });
+  return match.digest;
+}
+
+function toLayer(row: LayerTable, info?: LayerInfo, snap?: SnapshotTable): Layer {
+  const layer: Layer = {
+    digest: row.digest,
+    kind: row.kind as LayerKind,
+    names: row.name ? [row.name] : [],
+    project: row.project_id,
+    contentBytes: info?.contentBytes ?? 0,
+    files: info?.files ?? 0,
+    createdAt: row.created_at,
+  };
+  if (snap) layer.snapshot = { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq };
+  return layer;
+}
+
+/** Layers of projects. */
+export class LayerService {
+  constructor(
+    private readonly store: StateStore,
+    private readonly nodes: NodeRegistry,
+  ) {}
+
+  /** Projects whose layers a project may use: itself, its ancestors, then the public ones. */
+  private async scope(projectId: string): Promise<string[]> {
+    return [...(await this.store.ancestry(projectId)), PUBLIC_PROJECT_ID];
+  }
+
+  /** A resolver of layer references in a project (one read of its layer scope for many refs). */
+  async resolver(projectId: string): Promise<LayerResolver> {
+    const scope = await this.scope(projectId);
+    const rows = await this.store.layers(scope);
+    return (ref, field) => matchLayer(rows, scope, ref, field);
+  }
+
+  /** Resolves a layer reference for a project to a `sha256:` digest. */
+  async resolve(projectId: string, ref: string, field: string): Promise<string> {
+    return (await this.resolver(projectId))(ref, field);
+  }
+
+  /** A snapshot layer visible to a project: 404 when unknown there, 400 when not a snapshot. */
+  async resolveSnapshot(projectId: string, ref: string, field: string): Promise<SnapshotTable> {
+    const digest = await this.resolve(projectId, ref, field);
+    const snap = await this.store.snapshot(digest);
+    if (!snap) throw invalidArgument(field, `layer ${ref} is not a snapshot`);
+    return snap;
+  }
+
+  /** Records a layer built on the nodes as owned by a project (public for built-ins). */
+  async register(projectId: string, info: LayerInfo, name: string | null): Promise<Layer> {
+    const row = await this.store.addLayer({ projectId, digest: info.digest, kind: info.kind, name: name === null ? null : layerName(name) });
+    return toLayer(row, info);
+  }
+
+  /** Builds a layer on a node and records it as the caller's project's, under `name` if given. */
+  async build(p: Principal, source: LayerBuildSource, opts: LayerBuildOptions, name: string | null): Promise<Layer> {
+    requireRole(p, 'member');
+    const info = await this.anyEdge().layers.build(source, opts);
+    return this.register(p.projectId, info, name);
+  }
+
+  /** Layers a principal can see. */
+  async list(p: Principal, kind?: LayerKind): Promise<Layer[]> {
+    const rows = await this.store.layers([...p.visibleProjects, ...(await this.store.ancestry(p.projectId)), PUBLIC_PROJECT_ID]);
+    const out: Layer[] = [];
+    const edge = this.anyEdge();
+    for (const row of rows) {
+      if (kind && row.kind !== kind) continue;
+      const info = await edge.layers.resolve(row.digest).catch(() => undefined);
+      out.push(toLayer(row, info, row.kind === 'snapshot' ? await this.store.snapshot(row.digest) : undefined));
+    }
+    return out;
+  }
+
+  /** One layer a principal can see. */
+  async get(p: Principal, ref: string): Promise<Layer> {
+    const digest = await this.resolve(p.projectId, ref, 'ref');
+    const rows = (await this.store.layerRowsForDigest(digest)).filter((r) => r.project_id === PUBLIC_PROJECT_ID || p.visibleProjects.has(r.project_id) || r.project_id === p.projectId);
+    const info = await this.anyEdge().layers.resolve(digest).catch(() => undefined);
+    const row = rows[0];
+    if (!row) throw new DsecError('LAYER_NOT_FOUND', `layer ${ref} not found`, { layer: ref });
+    const snap = row.kind === 'snapshot' ? await this.store.snapshot(digest) : undefined;
+    return { ...toLayer(row, info, snap), names: rows.map((r) => r.name).filter((n): n is string => n !== null) };
+  }
+
+  /** Drops a project's reference to a layer; the bytes go when nothing else refers to them. */
+  async remove(p: Principal, ref: string): Promise<void> {
+    requireRole(p, 'member');
+    const digest = await this.resolve(p.projectId, ref, 'ref');
+    const all = await this.store.layerRowsForDigest(digest);
+    const mine = all.filter((r) => p.visibleProjects.has(r.project_id) && (DIGEST_RE.test(ref) || r.name === layerName(ref)));
+    if (mine.length === 0) throw new DsecError('PERMISSION_DENIED', `layer ${ref} is not owned by this project`, { layer: ref });
+    if (mine.length === all.length && (await this.store.layerDigestInUse(digest))) {
+      throw new DsecError('CONFLICT', `layer ${ref} is used by a sandbox`, { layer: ref });
+    }
+    const over = mine.length === all.length ? await this.store.snapshotsOver(digest) : [];
+    if (over.length > 0) throw new DsecError('CONFLICT', `layer ${ref} is below snapshot ${over[0]!.digest}; delete the snapshot first`, { layer: ref });
+    await this.store.removeLayerRows(mine.map((r) => r.id));
+    if (mine.length === all.length) {
+      await this.store.removeSnapshot(digest);
+      for (const n of this.nodes.all()) await n.client.layers.remove(digest).catch(() => undefined);
+    }
+  }
+
+  /** An edge that holds layers (every node builds the same layers in this single-node form). */
+  anyEdge(): EdgeClient {
+    const n = this.nodes.all()[0];
+    if (!n) throw new DsecError('UNAVAILABLE', 'no node is registered');
+    return n.client;
+  }
+}

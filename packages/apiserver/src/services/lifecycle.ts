@@ -1,0 +1,345 @@
+// A sandbox's life after its create: routing requests to its node (resuming it when its lease
+// says so), pause and resume, leases (idle, owner gone), expiry and destroy.
+import { DsecError } from '@dsec/protocol';
+import type { EdgeClient, GrantedLease, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
+import { requireRole } from '../auth.js';
+import type { Principal } from '../auth.js';
+import { KeyedSerialQueue } from '../concurrency.js';
+import type { OwnerTable, SandboxTable } from '../db/schema.js';
+import type { StateStore } from '../db/store.js';
+import { leaseOf } from '../leases.js';
+import type { ActivityTracker, PauseReason } from '../leases.js';
+import type { NodeRegistry } from '../nodes.js';
+import { POOLED_STATE } from '../pools.js';
+import type { Placement } from '../scheduler.js';
+import type { TrajectoryLog } from '../trajectory.js';
+import { PAUSING, RESUMING, sandboxNotFound, toSandbox } from './common.js';
+import type { PlatformCounters, SandboxRow, ServiceSinks } from './common.js';
+
+/** States from which a sandbox may be destroyed. */
+const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
+/** Pause reasons that mean "the owner went away": the owner (or a new one) coming back resumes. */
+export const OWNER_GONE_REASONS = ['owner-lost', 'owner-closed'];
+/** Lost or closed owners that own nothing are forgotten this long after their last heartbeat. */
+const STALE_OWNER_MS = 7 * 86_400_000;
+const NO_CHANGE = { durationMs: 0, memoryBeforeBytes: 0, memoryAfterBytes: 0, swapBytes: 0 };
+
+/** A sandbox's row and the node it runs on: where a request about it goes. */
+export interface RoutedSandbox {
+  row: SandboxTable;
+  edge: EdgeClient;
+}
+
+/** Options of {@link LifecycleService.route}. */
+export interface RouteOptions {
+  /** `allow`: a paused sandbox is routed to as it is and the request is not activity. */
+  paused?: 'resume' | 'allow';
+}
+
+/** What {@link LifecycleService} is built from. */
+export interface LifecycleDeps {
+  store: StateStore;
+  nodes: NodeRegistry;
+  placement: Placement;
+  activity: ActivityTracker;
+  trajectory: TrajectoryLog;
+  counters: PlatformCounters;
+  sinks: ServiceSinks;
+  /** Capacity went back (a destroy): wake waiting creates, refill pools. */
+  onCapacityFreed: () => void;
+}
+
+/** When a sandbox's owner counts as gone for it: now when closed or unknown, else its last heartbeat plus the grace. */
+function ownerDeadline(owner: OwnerTable | undefined, lease: GrantedLease): number {
+  if (!owner || owner.state === 'closed') return 0;
+  return Date.parse(owner.heartbeat_at) + (lease.ownerGraceMs ?? owner.grace_ms);
+}
+
+/** Routing, pause and resume, leases, expiry and destroy. */
+export class LifecycleService {
+  /** Pauses and resumes under way in this process, by sandbox id: one at a time, requests wait. */
+  private readonly transitions = new KeyedSerialQueue();
+  /** When stale owner sessions were last deleted. */
+  private ownersCollectedAt = 0;
+
+  constructor(private readonly d: LifecycleDeps) {}
+
+  /** The CPU a row charges its node (best-effort sandboxes charge less). */
+  cpuCharge(row: SandboxTable): number {
+    const spec = JSON.parse(row.spec) as SandboxSpec;
+    return this.d.placement.cpuCharge({ cpu: row.cpu, cpuClass: spec.resources?.cpuClass ?? 'latency-sensitive' });
+  }
+
+  /**
+   * Rebuilds node allocations from the stored sandboxes (after a restart). A pause or resume
+   * that a crash interrupted is settled by what the node reports.
+   */
+  async loadAllocations(): Promise<void> {
+    const onNodes = new Map<string, string>();
+    for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
+    for (const row of await this.d.store.allSandboxes()) {
+      if (row.state === PAUSING || row.state === RESUMING) {
+        const actual = onNodes.get(row.id) === 'paused' ? 'paused' : 'running';
+        await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {});
+        row.state = actual;
+      }
+      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1);
+    }
+  }
+
+  /** The API's view of a row. */
+  toSandbox(row: SandboxRow): Sandbox {
+    return toSandbox(row, this.d.activity);
+  }
+
+  /** A sandbox row the principal may see, or SANDBOX_NOT_FOUND. */
+  async sandboxRow(p: Principal, id: string): Promise<SandboxRow> {
+    const row = id.length <= 128 ? await this.d.store.sandbox(id) : undefined;
+    // A pool's sandbox is nobody's until it is claimed.
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) throw sandboxNotFound(id);
+    return row;
+  }
+
+  /**
+   * The node client of a visible, running sandbox. The request counts as the sandbox's API
+   * activity; a paused sandbox is resumed first when its lease says `autoResume` (else 409).
+   * With `paused: 'allow'` (host-side reads: stats, diff, verify, network info and log, and
+   * snapshots, which keep a paused sandbox paused), a paused sandbox is routed to as it is, and
+   * the request is not activity.
+   */
+  async route(p: Principal, id: string, minRole: 'viewer' | 'member' = 'member', opts: RouteOptions = {}): Promise<RoutedSandbox> {
+    requireRole(p, minRole);
+    if (id.length > 128) throw sandboxNotFound(id);
+    // Recorded before the read: an idle pause that claims the row after this read sees it.
+    // Reading stats (host-side, `paused: 'allow'`) is not activity: monitoring never keeps a sandbox awake.
+    const touched = opts.paused === 'allow' ? undefined : this.d.activity.touch(id);
+    // The hot path (every exec and file operation): one indexed read, no labels.
+    let row = await this.d.store.sandboxOnly(id);
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) {
+      if (touched !== undefined) this.d.activity.forget(id, touched);
+      throw sandboxNotFound(id);
+    }
+    const node = this.d.nodes.get(row.node);
+    if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${id} is not reachable`, { sandboxId: id });
+    if (row.state !== 'running' && !(opts.paused === 'allow' && [PAUSING, 'paused', RESUMING].includes(row.state))) row = await this.runningRow(row);
+    return { row, edge: node.client };
+  }
+
+  /** A sandbox's row once it runs: waits for a pause or resume under way, resumes if its lease allows. */
+  private async runningRow(start: SandboxTable): Promise<SandboxTable> {
+    let row: SandboxTable | undefined = start;
+    for (let attempt = 0; attempt < 3 && row; attempt++) {
+      const pending = this.transitions.pending(row.id);
+      if (pending) {
+        await pending;
+      } else if (row.state === 'running') {
+        return row;
+      } else if (row.state === 'paused' && leaseOf(row).autoResume) {
+        await this.resumeRow(row, 'request');
+      } else if (row.state === 'paused') {
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is paused and its lease does not resume it on requests; resume it first`, { sandboxId: row.id, state: 'paused' });
+      } else if (row.state === PAUSING || row.state === RESUMING) {
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is being ${row.state === PAUSING ? 'paused' : 'resumed'}; retry`, { sandboxId: row.id, retryAfterMs: 200 });
+      } else {
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}`, { sandboxId: row.id, state: row.state });
+      }
+      row = await this.d.store.sandboxOnly(row.id);
+    }
+    if (!row) throw sandboxNotFound(start.id);
+    if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}; retry`, { sandboxId: row.id, retryAfterMs: 200 });
+    return row;
+  }
+
+  /**
+   * Pauses a sandbox on its node (freeze, reclaim) and gives its CPU back to the node. With
+   * `stillDue`, the pause is dropped (undefined) when it returns false once the row is
+   * claimed: a request that came in meanwhile keeps an idle sandbox running.
+   */
+  async pauseRow(row: SandboxTable, reason: PauseReason, stillDue?: () => boolean): Promise<PauseResult | undefined> {
+    return this.transitions.run(row.id, async () => {
+      const { store, nodes } = this.d;
+      if (!(await store.transitionSandbox(row.id, ['running'], PAUSING))) {
+        const now = await store.sandboxOnly(row.id);
+        if (!now) throw sandboxNotFound(row.id);
+        if (now.state === 'paused') return this.pauseReply(now, NO_CHANGE);
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${now.state}`, { sandboxId: row.id, state: now.state, retryAfterMs: 1000 });
+      }
+      const node = nodes.get(row.node);
+      if (!node || (stillDue && !stillDue())) {
+        await store.transitionSandbox(row.id, [PAUSING], 'running');
+        if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${row.id} is not reachable`, { sandboxId: row.id });
+        return undefined;
+      }
+      let result: Omit<PauseResult, 'sandbox'>;
+      try {
+        result = await node.client.pause(row.id, { reason });
+      } catch (err) {
+        await store.transitionSandbox(row.id, [PAUSING], 'running');
+        throw err;
+      }
+      await store.transitionSandbox(row.id, [PAUSING], 'paused', { paused_at: new Date().toISOString(), pause_reason: reason });
+      nodes.chargeCpu(row.node, this.cpuCharge(row), -1);
+      this.d.counters.sandboxesPaused++;
+      return this.pauseReply(row, result);
+    });
+  }
+
+  /** Resumes a paused sandbox on its node and charges its CPU to the node again. */
+  async resumeRow(row: SandboxTable, reason: string, opts: { prefetch?: boolean } = {}): Promise<PauseResult> {
+    return this.transitions.run(row.id, async () => {
+      const { store, nodes } = this.d;
+      if (!(await store.transitionSandbox(row.id, ['paused'], RESUMING))) {
+        const now = await store.sandboxOnly(row.id);
+        if (!now) throw sandboxNotFound(row.id);
+        if (now.state === 'running') return this.pauseReply(now, NO_CHANGE);
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${now.state}`, { sandboxId: row.id, state: now.state, retryAfterMs: 1000 });
+      }
+      const node = nodes.get(row.node);
+      let result: Omit<PauseResult, 'sandbox'>;
+      try {
+        if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${row.id} is not reachable`, { sandboxId: row.id });
+        result = await node.client.resume(row.id, { reason, ...(opts.prefetch === false ? { prefetch: false } : {}) });
+      } catch (err) {
+        await store.transitionSandbox(row.id, [RESUMING], 'paused');
+        throw err;
+      }
+      // A sandbox whose owner went away is no longer held by that owner once someone resumes it.
+      const current = await store.sandboxOnly(row.id);
+      const ownerGone = current?.owner_id ? (await store.owner(current.owner_id))?.state !== 'active' : false;
+      await store.transitionSandbox(row.id, [RESUMING], 'running', { paused_at: null, pause_reason: null, ...(ownerGone ? { owner_id: null } : {}) });
+      this.d.activity.touch(row.id);
+      nodes.chargeCpu(row.node, this.cpuCharge(row), 1);
+      this.d.counters.sandboxesResumed++;
+      return this.pauseReply(row, result);
+    });
+  }
+
+  private async pauseReply(row: SandboxTable, r: Omit<PauseResult, 'sandbox'>): Promise<PauseResult> {
+    const now = await this.d.store.sandbox(row.id);
+    if (!now) throw sandboxNotFound(row.id);
+    return { sandbox: this.toSandbox(now), durationMs: r.durationMs, memoryBeforeBytes: r.memoryBeforeBytes, memoryAfterBytes: r.memoryAfterBytes, swapBytes: r.swapBytes };
+  }
+
+  /** POST /v1/sandboxes/{id}/pause */
+  async pause(p: Principal, id: string): Promise<PauseResult> {
+    requireRole(p, 'member');
+    const row = await this.sandboxRow(p, id);
+    return (await this.pauseRow(row, 'api')) as PauseResult;
+  }
+
+  /** POST /v1/sandboxes/{id}/resume */
+  async resume(p: Principal, id: string, opts: { prefetch?: boolean | undefined }): Promise<PauseResult> {
+    requireRole(p, 'member');
+    const row = await this.sandboxRow(p, id);
+    this.d.activity.touch(row.id);
+    return this.resumeRow(row, 'api', opts.prefetch === false ? { prefetch: false } : {});
+  }
+
+  /**
+   * One watcher pass over leases: owners past their grace are lost (owner.lost); running
+   * sandboxes whose owner is gone (past the sandbox's grace, or closed) and idle ones get their
+   * lease's action (pause or kill, lease.exceeded first). Errors are logged per sandbox.
+   */
+  async enforceLeases(log: (line: string) => void = () => undefined, now = Date.now()): Promise<void> {
+    const { store, activity } = this.d;
+    for (const o of await store.expiredOwners(now)) {
+      if (!(await store.transitionOwner(o.id, ['active'], 'lost'))) continue;
+      const count = await store.ownedCount(o.id);
+      this.d.sinks.raise({ kind: 'owner.lost', severity: 'warning', message: `owner ${o.id}${o.name ? ` (${o.name})` : ''} sent no heartbeat for ${o.grace_ms} ms; it holds ${count} sandboxes`, data: { owner: o.id, project: o.project_id, graceMs: o.grace_ms, heartbeatAt: o.heartbeat_at, sandboxes: count } });
+    }
+    if (now - this.ownersCollectedAt >= 60_000) {
+      this.ownersCollectedAt = now;
+      await store.deleteStaleOwners(new Date(now - STALE_OWNER_MS).toISOString());
+    }
+    const rows = await store.sandboxesInStates(['running']);
+    const ownerIds = [...new Set(rows.map((r) => r.owner_id).filter((o): o is string => !!o))];
+    const owners = new Map((await store.ownersByIds(ownerIds)).map((o) => [o.id, o]));
+    for (const row of rows) {
+      const lease = leaseOf(row);
+      const owner = row.owner_id ? owners.get(row.owner_id) : undefined;
+      const ownerDue = row.owner_id ? ownerDeadline(owner, lease) <= now : false;
+      const idleFor = now - activity.lastActiveOf(row, now);
+      const idleDue = lease.idleTimeoutMs > 0 && idleFor >= lease.idleTimeoutMs;
+      if (!ownerDue && !idleDue) continue;
+      const [which, action, reason]: [string, GrantedLease['onIdle'], PauseReason] = ownerDue
+        ? ['ownerGraceMs', lease.onOwnerLost, owner?.state === 'closed' || !owner ? 'owner-closed' : 'owner-lost']
+        : ['idleTimeoutMs', lease.onIdle, 'idle'];
+      const why = ownerDue ? `owner ${row.owner_id} is gone` : `idle for ${idleFor} ms`;
+      try {
+        if (action === 'kill') {
+          this.raiseLeaseExceeded(row, which, action, why);
+          await this.destroyRow(row);
+        } else {
+          // Idle: a request that arrived since the decision keeps the sandbox running.
+          const stillDue = (): boolean => ownerDue || now - activity.lastActiveOf(row) >= lease.idleTimeoutMs;
+          const paused = await this.pauseRow(row, reason, stillDue);
+          if (paused) this.raiseLeaseExceeded(row, which, action, why);
+        }
+      } catch (err) {
+        log(`leases: ${action} of ${row.id} (${which}) failed: ${(err as Error).message}`);
+      }
+    }
+  }
+
+  private raiseLeaseExceeded(row: SandboxTable, lease: string, action: string, why: string): void {
+    this.d.sinks.raise({ kind: 'lease.exceeded', severity: 'info', sandboxId: row.id, node: row.node, message: `sandbox ${row.id}: ${lease} exceeded (${why}); ${action}`, data: { lease, action, project: row.project_id } });
+  }
+
+  /** Destroys a sandbox whose maximum lifetime has passed (the watcher's expiry pass). */
+  async expireRow(row: SandboxTable): Promise<void> {
+    // lease.exceeded for an elapsed lifetime is the watcher's (it raises it once per sandbox).
+    await this.destroyRow(row);
+    this.d.counters.sandboxesExpired++;
+  }
+
+  /** Writes recorded API activity to the store. */
+  async flushActivity(): Promise<void> {
+    await this.d.activity.flush(this.d.store);
+  }
+
+  /** DELETE /v1/sandboxes/{id}: destroys a sandbox on its node and forgets it. */
+  async destroy(p: Principal, id: string): Promise<void> {
+    requireRole(p, 'member');
+    await this.destroyRow(await this.sandboxRow(p, id));
+  }
+
+  /** Destroys a pool's member if it is still ready; a member claimed meanwhile is left alone. */
+  async destroyPooled(row: SandboxTable): Promise<void> {
+    await this.destroyRow(row, [POOLED_STATE]).catch((err: unknown) => {
+      if (!(err instanceof DsecError && (err.code === 'CONFLICT' || err.code === 'SANDBOX_NOT_FOUND'))) throw err;
+    });
+  }
+
+  /** Destroys a sandbox by its row (the watcher uses this for expiry and orphans). */
+  async destroyRow(row: SandboxTable, states: string[] = DESTROYABLE_STATES): Promise<void> {
+    const { store, nodes } = this.d;
+    // A pause or resume under way here finishes first.
+    await this.transitions.idle(row.id);
+    // Claim the row first: one destroyer per sandbox, and never one that is still being
+    // created (its quota and node charge belong to the create until it finishes).
+    const from = (await store.sandboxOnly(row.id))?.state;
+    if (!from || !states.includes(from) || !(await store.transitionSandbox(row.id, [from], 'stopping'))) {
+      const now = await store.sandbox(row.id);
+      if (!now) throw sandboxNotFound(row.id);
+      throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
+    }
+    const node = nodes.get(row.node);
+    if (node) {
+      try {
+        await node.client.destroy(row.id);
+      } catch (err) {
+        if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) {
+          await store.setSandboxState(row.id, 'failed');
+          throw err;
+        }
+      }
+      // A paused sandbox already gave its CPU back.
+      nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1);
+    }
+    await store.deleteSandbox(row);
+    this.d.activity.forget(row.id);
+    this.d.trajectory.end(row.id);
+    this.d.counters.sandboxesDestroyed++;
+    this.d.onCapacityFreed();
+  }
+}

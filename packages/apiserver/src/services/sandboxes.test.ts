@@ -1,0 +1,84 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { DsecError } from '@dsec/protocol';
+import { harness } from '../testing/harness.js';
+import type { Harness } from '../testing/harness.js';
+
+describe('sandboxes and their lifecycle (fake node, real store)', () => {
+  let h: Harness;
+  before(async () => {
+    h = await harness();
+  });
+  after(async () => h.close());
+
+  test('a create resolves the layer name, charges the node and opens a trajectory; destroy gives it all back', async () => {
+    const { sandboxes, lifecycle, nodes, trajectories } = h.services;
+    const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' }, labels: { run: 'a' } });
+    assert.equal(sb.state, 'running');
+    assert.match(sb.layers[0] ?? '', /^sha256:[0-9a-f]{64}$/, 'the name resolved to its digest');
+    assert.ok(h.edge.sandboxes.has(sb.id), 'created on the node');
+    const node = nodes.all()[0]!;
+    assert.equal(node.allocated.sandboxes, 1);
+    assert.equal((await trajectories.get(h.admin, sb.id, {})).sandboxState, 'running');
+    await lifecycle.destroy(h.admin, sb.id);
+    assert.equal(node.allocated.sandboxes, 0);
+    assert.equal(h.edge.sandboxes.has(sb.id), false);
+    await assert.rejects(sandboxes.get(h.admin, sb.id), (err: unknown) => err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND');
+    assert.equal(h.services.counters.sandboxesDestroyed, 1);
+  });
+
+  test('an unknown layer is LAYER_NOT_FOUND naming the field, and nothing is left behind', async () => {
+    const before = h.edge.sandboxes.size;
+    await assert.rejects(h.services.sandboxes.create(h.admin, { image: { base: 'nope' } }), (err: unknown) => err instanceof DsecError && err.code === 'LAYER_NOT_FOUND' && err.details.field === 'image.base');
+    assert.equal(h.edge.sandboxes.size, before);
+  });
+
+  test('a node that fails the create leaves no row and no charge', async () => {
+    h.edge.failNext.set('create', new Error('disk on fire'));
+    await assert.rejects(h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } }), /disk on fire/);
+    assert.equal(h.services.nodes.all()[0]!.allocated.sandboxes, 0);
+    assert.equal((await h.services.sandboxes.list(h.admin, {})).items.length, 0);
+  });
+
+  test('a batch reports a bad item alone and creates the others', async () => {
+    const bad = new DsecError('INVALID_ARGUMENT', 'items.1.image: broken', { field: 'items.1.image' });
+    const result = await h.services.sandboxes.createBatch(h.admin, { items: [{ image: { base: 'busybox' } }, {}, { image: { base: 'busybox' } }] }, {}, new Map([[1, bad]]));
+    assert.equal(result.created, 2);
+    assert.equal(result.failed, 1);
+    assert.equal(result.items[1]?.error?.code, 'INVALID_ARGUMENT');
+    for (const item of result.items) if (item.sandbox) await h.services.lifecycle.destroy(h.admin, item.sandbox.id);
+  });
+
+  test('a batch item that fails for an unknown reason reads as a generic INTERNAL; the detail goes to the log', async () => {
+    h.edge.failNext.set('create', new Error('secret detail'));
+    const result = await h.services.sandboxes.createBatch(h.admin, { spec: { image: { base: 'busybox' } }, count: 1 });
+    assert.deepEqual(result.items[0]?.error, { code: 'INTERNAL', message: 'internal error' });
+    assert.ok(h.logged.some((l) => l.includes('secret detail')));
+  });
+
+  test('pause gives the CPU back, a request on an auto-resume lease resumes it', async () => {
+    const { sandboxes, lifecycle, nodes } = h.services;
+    const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' }, resources: { cpu: 1 } });
+    const node = nodes.all()[0]!;
+    const cpuBefore = node.allocated.cpu;
+    const paused = await lifecycle.pause(h.admin, sb.id);
+    assert.equal(paused.sandbox.state, 'paused');
+    assert.ok(node.allocated.cpu < cpuBefore);
+    const routed = await lifecycle.route(h.admin, sb.id);
+    assert.equal(routed.row.state, 'running', 'resumed by the request');
+    assert.equal(node.allocated.cpu, cpuBefore);
+    await lifecycle.destroy(h.admin, sb.id);
+  });
+
+  test('an owner that stops its heartbeats is lost (owner.lost) and its idle sandbox is paused', async () => {
+    const { owners, sandboxes, lifecycle } = h.services;
+    const owner = await owners.create(h.admin, { graceMs: 1000 });
+    const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' }, owner: owner.id, lease: { ownerGraceMs: 1000 } });
+    await lifecycle.enforceLeases(undefined, Date.now() + 5000);
+    assert.ok(h.raised.some((e) => e.kind === 'owner.lost'));
+    assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'paused');
+    await owners.heartbeat(h.admin, owner.id);
+    assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'running', 'the returning owner resumes it');
+    await lifecycle.destroy(h.admin, sb.id);
+  });
+});

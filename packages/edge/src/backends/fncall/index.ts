@@ -1,0 +1,41 @@
+// The fncall runner as the node registers it: `Edge.open({ calls: fncallRunner() })`.
+import { mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import type { EdgeCalls } from '@dsec/protocol';
+import type { BackendHost } from '../../backend.js';
+import { FnCallRunner } from './runner.js';
+import type { WarmPoolOptions } from './pool.js';
+
+/** The node's function calls, with what it does when the node closes. */
+export interface CallRunner extends EdgeCalls {
+  /** Drains its pools; calls keep no state, so nothing of them outlives the node's process. */
+  close(): Promise<void>;
+}
+
+/** Builds the node's call runner once its host state exists. */
+export type CallRunnerFactory = (host: BackendHost) => Promise<CallRunner>;
+
+/** Options of {@link fncallRunner}. */
+export interface FnCallRunnerConfig {
+  /** Sizing of each warm pool. */
+  pool?: WarmPoolOptions;
+}
+
+/** Stateless calls on pools of single-use container sandboxes (what a previous process left is removed). */
+export function fncallRunner(config: FnCallRunnerConfig = {}): CallRunnerFactory {
+  return async (host) => {
+    const crunRoot = path.join(host.runDir, 'crun');
+    await mkdir(crunRoot, { recursive: true });
+    const runner = new FnCallRunner({
+      dir: path.join(host.home, 'fncall'),
+      crunRoot,
+      runtimePrefix: host.runtimeNs.prefix,
+      layers: host.layers,
+      cgroups: host.cgroups,
+      agentBinary: path.resolve(host.agentBinary),
+      ...(config.pool ? { pool: config.pool } : {}),
+    });
+    await runner.init();
+    return runner;
+  };
+}

@@ -1,0 +1,10 @@
+// The backends a node runs unless its opener names others. A new backend is a folder beside
+// `container/` (same file names) and one line here.
+import type { BackendFactory } from '../backend.js';
+import { containerBackend } from './container/index.js';
+import type { ContainerBackendConfig } from './container/index.js';
+
+/** The default backends of a node, configured from the node's options. */
+export function defaultBackends(config: ContainerBackendConfig = {}): BackendFactory[] {
+  return [containerBackend(config)];
+}
