@@ -355,7 +355,7 @@ export class WireEdgeClient implements EdgeClient {
         return;
       case 'event': {
         const sink = this.subscriptions.get(frame.id);
-        if (sink) this.callback(() => sink(frame.event as RaisedEvent));
+        if (sink) this.callback(() => sink(decodeValue(frame.event) as RaisedEvent));
         return;
       }
       case 'credit':

@@ -4,7 +4,6 @@
 // call it belongs to. docs/edge-wire.md describes the exchange.
 import { z } from 'zod';
 import type { NodeCapacity } from '../edge-client.js';
-import type { RaisedEvent } from '../events.js';
 import { parseOrThrow } from '../parse.js';
 import { BackendKindSchema } from '../types.js';
 import type { WireError, WireValue } from './values.js';
@@ -52,7 +51,7 @@ export type ServerFrame =
   /** A progress line of layer build `id`. */
   | { t: 'progress'; id: number; line: string }
   /** An event of subscription `id`. */
-  | { t: 'event'; id: number; event: RaisedEvent }
+  | { t: 'event'; id: number; event: WireValue }
   /** Grants `n` more upload chunks to layer build `id`. */
   | { t: 'credit'; id: number; n: number };
 
@@ -78,7 +77,7 @@ const ServerFrameSchema = z.discriminatedUnion('t', [
   z.object({ t: z.literal('exit'), id, exit: json.optional(), error: wireError.optional() }),
   z.object({ t: z.literal('end'), id, error: wireError.optional() }),
   z.object({ t: z.literal('progress'), id, line: z.string() }),
-  z.object({ t: z.literal('event'), id, event: z.custom<RaisedEvent>((v) => typeof v === 'object' && v !== null) }),
+  z.object({ t: z.literal('event'), id, event: json }),
   z.object({ t: z.literal('credit'), id, n: z.number().int().min(1) }),
 ]);
 

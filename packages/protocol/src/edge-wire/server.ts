@@ -55,7 +55,15 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
   const sendError = (id: number, err: unknown): void => send({ t: 'error', id, error: toWireError(err, log) });
 
   send({ t: 'hello', version: EDGE_WIRE_VERSION, nodeName: edge.nodeName, capacity: edge.capacity(), heartbeatMs });
-  const heartbeat = heartbeatMs > 0 ? setInterval(() => send({ t: 'heartbeat', capacity: edge.capacity() }), heartbeatMs) : undefined;
+  const beat = (): void => {
+    try {
+      send({ t: 'heartbeat', capacity: edge.capacity() });
+    } catch (err) {
+      // An edge that is shutting down may not answer; the next beat tries again.
+      log(`edge-wire: capacity for the heartbeat: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  };
+  const heartbeat = heartbeatMs > 0 ? setInterval(beat, heartbeatMs) : undefined;
   (heartbeat as { unref?: () => void } | undefined)?.unref?.();
 
   transport.onFrame((text) => {
@@ -122,10 +130,21 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
       return;
     }
     if (method === SUBSCRIBE_METHOD) {
-      subscriptions.set(
-        id,
-        edge.onEvent((event) => send({ t: 'event', id, event })),
-      );
+      try {
+        subscriptions.set(
+          id,
+          edge.onEvent((event) => {
+            // A sink must not throw: an event with no wire form is logged, not sent.
+            try {
+              send({ t: 'event', id, event: encodeValue(event) });
+            } catch (err) {
+              log(`edge-wire: event ${event.kind} not sent: ${err instanceof Error ? err.message : String(err)}`);
+            }
+          }),
+        );
+      } catch (err) {
+        sendError(id, err);
+      }
       return;
     }
     const streamOp = STREAM_METHODS[method];
@@ -224,7 +243,8 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
         send({ t: 'output', id, event: encodeValue(r.value) });
       }
     } catch (err) {
-      error = toWireError(err, log);
+      // A stream that was asked to stop may end any way it likes: that is the detach.
+      if (!s.stopping) error = toWireError(err, log);
     }
     s.ended = true;
     send(error ? { t: 'end', id, error } : { t: 'end', id });
