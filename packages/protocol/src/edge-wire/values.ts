@@ -20,6 +20,8 @@ const BYTES = '$b';
 const UNDEFINED = '$u';
 const LITERAL = '$o';
 const TAGS = new Set([BYTES, UNDEFINED, LITERAL]);
+// Objects whose fields are not their meaning: JSON would turn them into `{}` and hide a bug.
+const NO_WIRE_FORM: Array<abstract new (...args: never[]) => object> = [Map, Set, WeakMap, WeakSet, Promise, Error, ArrayBuffer, DataView, RegExp, AbortSignal];
 
 /** Base64 of bytes (Buffer where there is one, btoa elsewhere). */
 export function toBase64(bytes: Uint8Array): string {
@@ -44,8 +46,9 @@ export function fromBase64(text: string): Uint8Array {
 }
 
 /**
- * Turns a value into JSON-safe data. Functions, AbortSignals, symbols and bigints have no wire
- * form: the caller strips them first (a method's codec does), so meeting one is a bug (throws).
+ * Turns a value into JSON-safe data. Functions, AbortSignals, maps, errors, symbols and bigints
+ * have no wire form: the caller strips them first (a method's codec does), so meeting one is a
+ * bug (throws). Other class instances travel as their own fields, as with JSON.stringify.
  */
 export function encodeValue(value: unknown): WireValue {
   if (value === null || typeof value === 'boolean' || typeof value === 'string') return value;
@@ -56,7 +59,10 @@ export function encodeValue(value: unknown): WireValue {
   if (value === undefined) return { [UNDEFINED]: 0 };
   if (value instanceof Uint8Array) return { [BYTES]: toBase64(value) };
   if (Array.isArray(value)) return value.map(encodeValue);
-  if (typeof value === 'object' && isPlain(value)) {
+  if (typeof value === 'object' && !ArrayBuffer.isView(value) && !NO_WIRE_FORM.some((T) => value instanceof T)) {
+    // As JSON.stringify would: a value's own toJSON (a Date's ISO string), else its own fields.
+    const toJSON = (value as { toJSON?: unknown }).toJSON;
+    if (typeof toJSON === 'function' && !isPlain(value)) return encodeValue((toJSON as () => unknown).call(value));
     const out: Record<string, WireValue> = {};
     for (const [k, v] of Object.entries(value)) if (v !== undefined) out[k] = encodeValue(v);
     const keys = Object.keys(out);

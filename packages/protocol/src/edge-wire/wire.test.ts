@@ -45,6 +45,19 @@ describe('values', () => {
     assert.throws(() => encodeValue({ f: () => 1 }), /function/);
     assert.throws(() => encodeValue({ s: new AbortController().signal }), /AbortSignal/);
     assert.throws(() => encodeValue(NaN), /NaN/);
+    assert.throws(() => encodeValue(new Map()), /Map/);
+    assert.throws(() => encodeValue(new Error('x')), /Error/);
+    assert.throws(() => encodeValue(new Int32Array(2)), /Int32Array/);
+  });
+
+  test('a Date travels as its ISO string, a class instance as its own fields (as with JSON)', () => {
+    class Point {
+      constructor(
+        readonly x: number,
+        readonly y: number,
+      ) {}
+    }
+    assert.deepEqual(decodeValue(encodeValue({ at: new Date(0), p: new Point(1, 2) })), { at: '1970-01-01T00:00:00.000Z', p: { x: 1, y: 2 } });
   });
 
   test('a DsecError keeps its code, message and details; anything else is INTERNAL and logged', () => {
