@@ -16,7 +16,19 @@ import type {
   OutputEvent,
   ProcessStream,
 } from '../edge-client.js';
-import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult, DiffOptions, DiffResult, EgressLogEntryBody, ProcessInfo, SandboxNetwork, VerifyRequest, VerifyResult } from '../api.js';
+import type {
+  CallBatchRequest,
+  CallBatchResult,
+  CallRequest,
+  CallResult,
+  DiffOptions,
+  DiffResult,
+  EgressLogEntryBody,
+  ProcessInfo,
+  SandboxNetwork,
+  VerifyRequest,
+  VerifyResult,
+} from '../api.js';
 import type { NetworkPolicy } from '../network.js';
 import type { ExecResult, ExecSpec, ExitInfo, FileStat, LayerInfo, LayerKind, SandboxClaim, SandboxSpec, SandboxStats } from '../types.js';
 import type { ClientFrame, ServerFrame } from './frames.js';
@@ -41,7 +53,7 @@ export const DEFAULT_HELLO_TIMEOUT_MS = 10_000;
 
 interface Pending {
   resolve(value: unknown): void;
-  reject(err: unknown): void;
+  reject(err: Error): void;
   signal: AbortSignal | undefined;
   onOutput: ((ev: OutputEvent) => void) | undefined;
   onProgress: ((line: string) => void) | undefined;
@@ -58,6 +70,12 @@ interface CallExtras {
 }
 
 const noop = (): void => undefined;
+
+/** What a caller aborted with (an Error, as a rejection should be). */
+function abortReason(signal: AbortSignal): Error {
+  const reason: unknown = signal.reason;
+  return reason instanceof Error ? reason : new DsecError('CANCELLED', `aborted: ${String(reason)}`);
+}
 
 /**
  * An EdgeClient over a {@link Transport}. `nodeName` and the first `capacity()` come from the
@@ -135,7 +153,14 @@ export class WireEdgeClient implements EdgeClient {
     const id = this.nextId++;
     this.subscriptions.set(id, sink);
     const ended = (): void => void this.subscriptions.delete(id);
-    this.pending.set(id, { resolve: ended, reject: (err) => (ended(), this.log(`edge-wire: event subscription ended: ${String(err)}`)), signal: undefined, onOutput: undefined, onProgress: undefined, stream: false });
+    this.pending.set(id, {
+      resolve: ended,
+      reject: (err) => (ended(), this.log(`edge-wire: event subscription ended: ${String(err)}`)),
+      signal: undefined,
+      onOutput: undefined,
+      onProgress: undefined,
+      stream: false,
+    });
     if (this.lost) this.pending.get(id)?.reject(this.lost);
     else this.send({ t: 'call', id, method: SUBSCRIBE_METHOD, args: [] });
     return () => {
@@ -250,7 +275,7 @@ export class WireEdgeClient implements EdgeClient {
   private call<T>(method: string, args: unknown[], extras: CallExtras = {}): Promise<T> {
     if (this.lost) return Promise.reject(this.lost);
     const { signal } = extras;
-    if (signal?.aborted) return Promise.reject(signal.reason);
+    if (signal?.aborted) return Promise.reject(abortReason(signal));
     let wireArgs: WireValue[];
     try {
       while (args.length > 0 && args[args.length - 1] === undefined) args.pop();
@@ -334,7 +359,7 @@ export class WireEdgeClient implements EdgeClient {
         this.pending.delete(frame.id);
         const err = fromWireError(frame.error);
         // The caller's own abort comes back as what it aborted with, as it would in process.
-        p.reject(p.signal?.aborted && err.code === 'CANCELLED' ? p.signal.reason : err);
+        p.reject(p.signal?.aborted && err.code === 'CANCELLED' ? abortReason(p.signal) : err);
         return;
       }
       case 'output': {

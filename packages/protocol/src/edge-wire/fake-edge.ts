@@ -2,7 +2,18 @@
 // the arguments, processes whose output is pulled lazily (so back-pressure can be seen), and
 // hooks to look at what reached the "node". Not exported from the package.
 import { DsecError } from '../errors.js';
-import type { EdgeCalls, EdgeClient, EdgeExecOptions, EdgeLayers, EdgeSandbox, LayerBuildOptions, LayerBuildSource, NodeCapacity, OutputEvent, ProcessStream } from '../edge-client.js';
+import type {
+  EdgeCalls,
+  EdgeClient,
+  EdgeExecOptions,
+  EdgeLayers,
+  EdgeSandbox,
+  LayerBuildOptions,
+  LayerBuildSource,
+  NodeCapacity,
+  OutputEvent,
+  ProcessStream,
+} from '../edge-client.js';
 import type { EventSink, RaisedEvent } from '../events.js';
 import type { ExecResult, ExecSpec, ExitInfo, FileStat, LayerInfo, SandboxSpec } from '../types.js';
 import type { NetworkPolicy } from '../network.js';
@@ -44,57 +55,61 @@ export class FakeProcess {
 
   /** A stream of this process's output from chunk `from`. */
   stream(from = 0): ProcessStream {
-    const proc = this;
-    let stopped = false;
-    let wakeStop: (() => void) | undefined;
-    const listeners: Array<() => void> = [];
-    const ended = (): void => {
-      for (const fn of listeners.splice(0)) fn();
-    };
-    async function* output(): AsyncGenerator<OutputEvent> {
-      let offset = 0;
-      for (let i = 0; i < from; i++) offset += FakeProcess.chunk(i).byteLength;
-      try {
-        for (let i = from; i < proc.chunks; i++) {
-          if (stopped) return;
-          proc.pulled++;
-          const data = FakeProcess.chunk(i);
-          yield { kind: 'data', stream: 'stdout', offset, data };
-          offset += data.byteLength;
-        }
-        if (!proc.exit) proc.finish(fakeExit(0));
-        // Like a real process stream, iteration ends after the exit, or at a detach.
-        if (!stopped && proc.exit === undefined) await new Promise<void>((r) => (wakeStop = r));
-      } finally {
-        ended();
-      }
-    }
-    const gen = output();
-    return {
-      pid: proc.pid,
-      osPid: proc.pid + 1000,
-      exited: proc.exited(),
-      [Symbol.asyncIterator]: () => gen,
-      write: async (data, eof) => {
-        if (proc.stdinClosed) throw new DsecError('CONFLICT', 'stdin is closed');
-        proc.stdin.push(data);
-        if (eof) proc.stdinClosed = true;
-      },
-      closeStdin: async () => {
-        proc.stdinClosed = true;
-      },
-      kill: async (signal = 'SIGKILL') => {
-        proc.killedWith = signal;
-        proc.finish(fakeExit(null, String(signal)));
-      },
-      detach: async () => {
-        proc.detached++;
-        stopped = true;
-        wakeStop?.();
-      },
-      onDetach: (fn) => listeners.push(fn),
-    };
+    return processStream(this, from);
   }
+}
+
+/** A stream of `proc`'s output from chunk `from`. */
+function processStream(proc: FakeProcess, from: number): ProcessStream {
+  let stopped = false;
+  let wakeStop: (() => void) | undefined;
+  const listeners: Array<() => void> = [];
+  const ended = (): void => {
+    for (const fn of listeners.splice(0)) fn();
+  };
+  async function* output(): AsyncGenerator<OutputEvent> {
+    let offset = 0;
+    for (let i = 0; i < from; i++) offset += FakeProcess.chunk(i).byteLength;
+    try {
+      for (let i = from; i < proc.chunks; i++) {
+        if (stopped) return;
+        proc.pulled++;
+        const data = FakeProcess.chunk(i);
+        yield { kind: 'data', stream: 'stdout', offset, data };
+        offset += data.byteLength;
+      }
+      if (!proc.exit) proc.finish(fakeExit(0));
+      // Like a real process stream, iteration ends after the exit, or at a detach.
+      if (!stopped && proc.exit === undefined) await new Promise<void>((r) => (wakeStop = r));
+    } finally {
+      ended();
+    }
+  }
+  const gen = output();
+  return {
+    pid: proc.pid,
+    osPid: proc.pid + 1000,
+    exited: proc.exited(),
+    [Symbol.asyncIterator]: () => gen,
+    write: async (data, eof) => {
+      if (proc.stdinClosed) throw new DsecError('CONFLICT', 'stdin is closed');
+      proc.stdin.push(data);
+      if (eof) proc.stdinClosed = true;
+    },
+    closeStdin: async () => {
+      proc.stdinClosed = true;
+    },
+    kill: async (signal = 'SIGKILL') => {
+      proc.killedWith = signal;
+      proc.finish(fakeExit(null, String(signal)));
+    },
+    detach: async () => {
+      proc.detached++;
+      stopped = true;
+      wakeStop?.();
+    },
+    onDetach: (fn) => listeners.push(fn),
+  };
 }
 
 /** What the fake edge saw of a call that waits for its signal. */
@@ -141,9 +156,37 @@ export class FakeEdge implements EdgeClient {
   readonly calls: EdgeCalls = {
     run: async (req, opts) => {
       if (req.code === 'hang') return this.hold(opts?.signal);
-      return { exitCode: 0, signal: null, stdout: req.code ?? req.argv?.join(' ') ?? '', stderr: '', durationMs: 1, cpuMs: 1, peakMemoryKiB: 1, truncated: false, timedOut: false, oomKilled: false };
+      return {
+        exitCode: 0,
+        signal: null,
+        stdout: req.code ?? req.argv?.join(' ') ?? '',
+        stderr: '',
+        durationMs: 1,
+        cpuMs: 1,
+        peakMemoryKiB: 1,
+        truncated: false,
+        timedOut: false,
+        oomKilled: false,
+      };
     },
-    runBatch: async (req) => ({ results: req.calls.map((c, i) => (i % 2 ? { error: { code: 'INTERNAL', message: `call ${i}` } } : { exitCode: 0, signal: null, stdout: c.code ?? '', stderr: '', durationMs: 1, cpuMs: 1, peakMemoryKiB: 1, truncated: false, timedOut: false, oomKilled: false })) }),
+    runBatch: async (req) => ({
+      results: req.calls.map((c, i) =>
+        i % 2
+          ? { error: { code: 'INTERNAL', message: `call ${i}` } }
+          : {
+              exitCode: 0,
+              signal: null,
+              stdout: c.code ?? '',
+              stderr: '',
+              durationMs: 1,
+              cpuMs: 1,
+              peakMemoryKiB: 1,
+              truncated: false,
+              timedOut: false,
+              oomKilled: false,
+            },
+      ),
+    }),
   };
 
   async create(spec: SandboxSpec, opts: { id?: string; signal?: AbortSignal } = {}): Promise<EdgeSandbox> {
@@ -161,7 +204,17 @@ export class FakeEdge implements EdgeClient {
     return [sandbox('sb-1', { image: { base: 'busybox' } })];
   }
   async stats(id: string) {
-    return { cpuUsageMs: id.length, memoryBytes: 1, memoryPeakBytes: 2, memoryLimitBytes: 3, pids: 4, pidsLimit: 5, diskUsedBytes: 6, diskLimitBytes: 7, oomKills: 0 };
+    return {
+      cpuUsageMs: id.length,
+      memoryBytes: 1,
+      memoryPeakBytes: 2,
+      memoryLimitBytes: 3,
+      pids: 4,
+      pidsLimit: 5,
+      diskUsedBytes: 6,
+      diskLimitBytes: 7,
+      oomKills: 0,
+    };
   }
   async pause(_id: string, opts?: { reason?: string }) {
     return { durationMs: opts?.reason?.length ?? 0, memoryBeforeBytes: 10, memoryAfterBytes: 5, swapBytes: 5 };
@@ -173,7 +226,11 @@ export class FakeEdge implements EdgeClient {
     return { ...layerInfo(`snap-${id}`), kind: 'snapshot', labels: opts.labels ?? {} };
   }
   async diff(_id: string, opts: { paths?: string[] }) {
-    return { entries: (opts.paths ?? ['/']).map((path) => ({ path, change: 'added' as const, type: 'file' as const, size: 1 })), nextCursor: null, frozen: true };
+    return {
+      entries: (opts.paths ?? ['/']).map((path) => ({ path, change: 'added' as const, type: 'file' as const, size: 1 })),
+      nextCursor: null,
+      frozen: true,
+    };
   }
   async verify(_id: string, req: { expected: Record<string, string> }) {
     return { ok: true, results: Object.entries(req.expected).map(([path, expected]) => ({ path, expected, actual: expected, ok: true })) };
@@ -200,7 +257,15 @@ export class FakeEdge implements EdgeClient {
     return proc.stream();
   }
   async processes() {
-    return [...this.procs.values()].map((p) => ({ pid: p.pid, osPid: p.pid + 1000, argv: ['sh'], state: p.exit ? ('exited' as const) : ('running' as const), stdoutBytes: 0, stderrBytes: 0, ...(p.exit ? { exit: p.exit } : {}) }));
+    return [...this.procs.values()].map((p) => ({
+      pid: p.pid,
+      osPid: p.pid + 1000,
+      argv: ['sh'],
+      state: p.exit ? ('exited' as const) : ('running' as const),
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      ...(p.exit ? { exit: p.exit } : {}),
+    }));
   }
   async attach(_id: string, pid: number, from?: { stdout?: number }): Promise<ProcessStream> {
     const proc = this.procs.get(pid);
@@ -280,11 +345,29 @@ export class FakeEdge implements EdgeClient {
 }
 
 function sandbox(id: string, spec: SandboxSpec): EdgeSandbox {
-  return { id, node: 'fake-node', backend: spec.backend ?? 'container', state: 'running', spec, layers: ['sha256:' + 'a'.repeat(64)], createdAt: '2026-01-01T00:00:00.000Z' };
+  return {
+    id,
+    node: 'fake-node',
+    backend: spec.backend ?? 'container',
+    state: 'running',
+    spec,
+    layers: ['sha256:' + 'a'.repeat(64)],
+    createdAt: '2026-01-01T00:00:00.000Z',
+  };
 }
 
 function layerInfo(name: string): LayerInfo {
-  return { digest: 'sha256:' + 'b'.repeat(64), kind: 'base', names: [`${name}:latest`], labels: {}, contentBytes: 0, metaBytes: 1, blobBytes: 2, files: 3, createdAt: '2026-01-01T00:00:00.000Z' };
+  return {
+    digest: 'sha256:' + 'b'.repeat(64),
+    kind: 'base',
+    names: [`${name}:latest`],
+    labels: {},
+    contentBytes: 0,
+    metaBytes: 1,
+    blobBytes: 2,
+    files: 3,
+    createdAt: '2026-01-01T00:00:00.000Z',
+  };
 }
 
 function stat(path: string): FileStat {

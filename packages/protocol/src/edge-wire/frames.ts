@@ -60,7 +60,16 @@ const json = z.custom<WireValue>(() => true);
 const wireError = z.object({ code: z.string().max(64), message: z.string(), details: z.record(z.string(), json).optional() });
 
 const ClientFrameSchema = z.discriminatedUnion('t', [
-  z.object({ t: z.literal('call'), id, method: z.string().max(64), args: z.array(json).max(8), signal: z.boolean().optional(), output: z.boolean().optional(), progress: z.boolean().optional(), upload: z.boolean().optional() }),
+  z.object({
+    t: z.literal('call'),
+    id,
+    method: z.string().max(64),
+    args: z.array(json).max(8),
+    signal: z.boolean().optional(),
+    output: z.boolean().optional(),
+    progress: z.boolean().optional(),
+    upload: z.boolean().optional(),
+  }),
   z.object({ t: z.literal('cancel'), id }),
   z.object({ t: z.literal('credit'), id, n: z.number().int().min(1).max(1_000_000) }),
   z.object({ t: z.literal('chunk'), id, data: z.string().max(Math.ceil(MAX_UPLOAD_CHUNK_BYTES / 3) * 4) }),

@@ -14,11 +14,19 @@ import { loopbackTransport } from './transport.js';
 import { INTERNAL_MESSAGE, decodeValue, encodeValue, fromWireError, toWireError } from './values.js';
 
 /** A fake edge served over a loopback pair; every frame each way is kept. */
-async function connect(opts: { heartbeatMs?: number } = {}): Promise<{ fake: FakeEdge; client: WireEdgeClient; logs: string[]; frames: string[]; serverEnd: Transport; clientEnd: Transport }> {
+async function connect(
+  opts: { heartbeatMs?: number } = {},
+): Promise<{ fake: FakeEdge; client: WireEdgeClient; logs: string[]; frames: string[]; serverEnd: Transport; clientEnd: Transport }> {
   const fake = new FakeEdge();
   const [clientEnd, serverEnd] = loopbackTransport();
   const frames: string[] = [];
-  const tap = (t: Transport): Transport => ({ ...t, send: (f) => (frames.push(f), t.send(f)), onFrame: (r) => t.onFrame(r), onClose: (l) => t.onClose(l), close: (e) => t.close(e) });
+  const tap = (t: Transport): Transport => ({
+    ...t,
+    send: (f) => (frames.push(f), t.send(f)),
+    onFrame: (r) => t.onFrame(r),
+    onClose: (l) => t.onClose(l),
+    close: (e) => t.close(e),
+  });
   const logs: string[] = [];
   serveEdge(fake, tap(serverEnd), { log: (l) => logs.push(l), heartbeatMs: opts.heartbeatMs ?? 0 });
   const client = await WireEdgeClient.connect(tap(clientEnd));
@@ -104,7 +112,14 @@ describe('WireEdgeClient over serveEdge', () => {
       ['exec', (e) => e.exec('sb-1', { cmd: 'echo hi', stdin: new Uint8Array([1, 2]) }, { maxOutputBytes: 5 })],
       ['exec argv', (e) => e.exec('sb-1', { argv: ['ls', '-l'], stdin: 'text' })],
       ['processes', (e) => e.processes('sb-1')],
-      ['writeFile+readFile', async (e) => (await e.writeFile('sb-1', '/f', new Uint8Array([0, 200, 7]), { mode: 0o600 }), await e.writeFile('sb-1', '/f', 'x', { append: true }), e.readFile('sb-1', '/f', { offset: 1 }))],
+      [
+        'writeFile+readFile',
+        async (e) => (
+          await e.writeFile('sb-1', '/f', new Uint8Array([0, 200, 7]), { mode: 0o600 }),
+          await e.writeFile('sb-1', '/f', 'x', { append: true }),
+          e.readFile('sb-1', '/f', { offset: 1 })
+        ),
+      ],
       ['listDir', (e) => e.listDir('sb-1', '/')],
       ['stat', (e) => e.stat('sb-1', '/f')],
       ['mkdir', (e) => e.mkdir('sb-1', '/d')],
@@ -123,7 +138,16 @@ describe('WireEdgeClient over serveEdge', () => {
       ['layers.build busybox', (e) => e.layers.build({ type: 'busybox' }, { kind: 'base', name: 'bb', labels: { x: 'y' } })],
       ['layers.remove', (e) => e.layers.remove('bb')],
       ['calls.run', (e) => e.calls.run({ runtime: 'sh', code: 'echo 1' })],
-      ['calls.runBatch', (e) => e.calls.runBatch({ calls: [{ runtime: 'sh', code: 'a' }, { runtime: 'node', code: 'b' }] })],
+      [
+        'calls.runBatch',
+        (e) =>
+          e.calls.runBatch({
+            calls: [
+              { runtime: 'sh', code: 'a' },
+              { runtime: 'node', code: 'b' },
+            ],
+          }),
+      ],
     ];
     for (const [name, run] of cases) {
       assert.deepEqual(await run(client), await run(direct), name);
@@ -135,13 +159,25 @@ describe('WireEdgeClient over serveEdge', () => {
   test('errors keep their code and details; bad arguments are refused at the edge naming the field', async () => {
     const { fake, client, logs } = await connect();
     await assert.rejects(client.destroy('nope'), (e: unknown) => isDsecError(e, 'SANDBOX_NOT_FOUND') && e.status === 404 && e.details.sandboxId === 'nope');
-    await assert.rejects(client.readFile('sb', '/missing'), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND') && e.details.errno === 'ENOENT' && e.details.path === '/missing');
+    await assert.rejects(
+      client.readFile('sb', '/missing'),
+      (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND') && e.details.errno === 'ENOENT' && e.details.path === '/missing',
+    );
     await assert.rejects(client.layers.resolve('missing'), (e: unknown) => isDsecError(e, 'LAYER_NOT_FOUND') && e.details.layer === 'missing');
-    await assert.rejects(client.create({ image: { base: 'NOT A REF' } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'spec.image.base');
+    await assert.rejects(
+      client.create({ image: { base: 'NOT A REF' } }),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'spec.image.base',
+    );
     await assert.rejects(client.exec('sb', { cmd: 'a', argv: ['b'] }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'spec.cmd');
     await assert.rejects(client.resize('sb', 1, 0, 80), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'rows');
-    await assert.rejects(client.create({ image: { base: 'busybox' }, labels: { fail: 'internal' } }), (e: unknown) => isDsecError(e, 'INTERNAL') && e.message === INTERNAL_MESSAGE && !e.message.includes('secret'));
-    assert.ok(logs.some((l) => l.includes('secret detail of the node')), 'the real message is logged on the edge side');
+    await assert.rejects(
+      client.create({ image: { base: 'busybox' }, labels: { fail: 'internal' } }),
+      (e: unknown) => isDsecError(e, 'INTERNAL') && e.message === INTERNAL_MESSAGE && !e.message.includes('secret'),
+    );
+    assert.ok(
+      logs.some((l) => l.includes('secret detail of the node')),
+      'the real message is logged on the edge side',
+    );
     assert.equal(fake.procs.size, 0);
     client.close();
   });
@@ -351,7 +387,10 @@ describe('WireEdgeClient over serveEdge', () => {
       yield new Uint8Array(10);
       throw new DsecError('PAYLOAD_TOO_LARGE', 'body over 1 GiB');
     }
-    await assert.rejects(client.layers.build({ type: 'oci-archive', stream: tooLarge() }, { kind: 'base' }), (e: unknown) => isDsecError(e, 'PAYLOAD_TOO_LARGE') && e.message === 'body over 1 GiB');
+    await assert.rejects(
+      client.layers.build({ type: 'oci-archive', stream: tooLarge() }, { kind: 'base' }),
+      (e: unknown) => isDsecError(e, 'PAYLOAD_TOO_LARGE') && e.message === 'body over 1 GiB',
+    );
     client.close();
   });
 
