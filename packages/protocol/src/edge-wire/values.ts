@@ -32,13 +32,13 @@ export function toBase64(bytes: Uint8Array): string {
   return btoa(bin);
 }
 
-/** Bytes of base64 text (a plain Uint8Array, never a Buffer: the in-process edge hands out both). */
+/**
+ * Bytes of base64 text: a Buffer where there is one (what the in-process edge hands out, so
+ * callers see the same type either way), else a Uint8Array.
+ */
 export function fromBase64(text: string): Uint8Array {
   const B = (globalThis as { Buffer?: typeof Buffer }).Buffer;
-  if (B) {
-    const buf = B.from(text, 'base64');
-    return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
-  }
+  if (B) return B.from(text, 'base64');
   const bin = atob(text);
   const out = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
