@@ -315,7 +315,7 @@ export class WireEdgeClient implements EdgeClient {
   }
 
   /** Sends a frame; a frame sent after the loss goes nowhere (the loss already rejected its call). */
-  send(frame: ClientFrame): void {
+  private send(frame: ClientFrame): void {
     if (!this.lost) this.transport.send(encodeFrame(frame));
   }
 
@@ -347,7 +347,12 @@ export class WireEdgeClient implements EdgeClient {
         this.pending.delete(frame.id);
         if (p.stream) {
           const { pid, osPid } = frame.value as { pid: number; osPid: number };
-          const s = new WireProcessStream(this, frame.id, pid, osPid, () => this.streams.delete(frame.id));
+          const s = new WireProcessStream(
+            { call: (method, args) => this.call(method, args), send: (f) => this.send(f), forget: () => this.streams.delete(frame.id) },
+            frame.id,
+            pid,
+            osPid,
+          );
           this.streams.set(frame.id, s);
           p.resolve(s);
         } else p.resolve(decodeValue(frame.value));
@@ -418,11 +423,14 @@ export class WireEdgeClient implements EdgeClient {
     this.uploads.clear();
     this.subscriptions.clear();
   }
+}
 
-  /** Sends a call on behalf of a stream. */
-  streamCall(method: string, args: unknown[]): Promise<void> {
-    return this.call(method, args);
-  }
+/** What a process stream needs of its client's connection. */
+interface StreamConnection {
+  call(method: string, args: unknown[]): Promise<void>;
+  send(frame: ClientFrame): void;
+  /** The stream is done with: later frames for it are ignored. */
+  forget(): void;
 }
 
 /** A process stream whose output, exit and stdin cross the wire; credit is granted as output is read. */
@@ -440,11 +448,10 @@ class WireProcessStream implements ProcessStream {
   private readonly detachListeners: Array<() => void> = [];
 
   constructor(
-    private readonly client: WireEdgeClient,
+    private readonly conn: StreamConnection,
     private readonly id: number,
     readonly pid: number,
     readonly osPid: number,
-    private readonly forget: () => void,
   ) {
     this.exited = new Promise<ExitInfo>((resolve, reject) => {
       this.resolveExit = resolve;
@@ -464,7 +471,7 @@ class WireProcessStream implements ProcessStream {
     this.exitKnown = true;
     if (info) this.resolveExit(info);
     else this.rejectExit(error ? fromWireError(error) : new DsecError('INTERNAL', 'the edge sent an exit without its information'));
-    if (this.finished) this.forget();
+    if (this.finished) this.conn.forget();
   }
 
   /** The stream ended: after the queued output the iteration ends (throwing `error` if given). */
@@ -477,29 +484,29 @@ class WireProcessStream implements ProcessStream {
       this.exitKnown = true;
       this.rejectExit(error ?? new DsecError('CANCELLED', `process ${this.pid}: detached before it exited`));
     }
-    if (this.exitKnown) this.forget();
+    if (this.exitKnown) this.conn.forget();
     for (const fn of this.detachListeners.splice(0)) fn();
   }
 
   async write(data: Uint8Array | string, eof?: boolean): Promise<void> {
-    await this.client.streamCall('process.write', [this.id, data, eof]);
+    await this.conn.call('process.write', [this.id, data, eof]);
   }
 
   async closeStdin(): Promise<void> {
-    await this.client.streamCall('process.closeStdin', [this.id]);
+    await this.conn.call('process.closeStdin', [this.id]);
   }
 
   async kill(signal?: string | number): Promise<void> {
     // A process known to have exited has nothing left to signal.
     if (this.finished && this.exitKnown) return;
-    await this.client.streamCall('process.kill', [this.id, signal]);
+    await this.conn.call('process.kill', [this.id, signal]);
   }
 
   async detach(): Promise<void> {
     if (this.finished || this.detached) return;
     this.detached = true;
     try {
-      await this.client.streamCall('process.detach', [this.id]);
+      await this.conn.call('process.detach', [this.id]);
     } finally {
       this.end();
     }
@@ -517,7 +524,7 @@ class WireProcessStream implements ProcessStream {
           const ev = this.queue.shift();
           if (ev) {
             if (!this.finished && ++this.read >= STREAM_WINDOW_EVENTS / 2) {
-              this.client.send({ t: 'credit', id: this.id, n: this.read });
+              this.conn.send({ t: 'credit', id: this.id, n: this.read });
               this.read = 0;
             }
             return { done: false, value: ev };
