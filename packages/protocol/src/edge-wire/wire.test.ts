@@ -101,6 +101,26 @@ describe('WireEdgeClient over serveEdge', () => {
     client.close();
   });
 
+  test('heartbeats keep a connection alive; silence past the limit loses it', async () => {
+    const pair = async (heartbeatMs: number): Promise<WireEdgeClient> => {
+      const [c, s] = loopbackTransport();
+      serveEdge(new FakeEdge(), s, { heartbeatMs });
+      return WireEdgeClient.connect(c, { silenceTimeoutMs: 300 });
+    };
+    const beating = await pair(10);
+    const silent = await pair(0);
+    await tick(500);
+    assert.equal((await beating.list()).length, 1);
+    await assert.rejects(silent.list(), (e: unknown) => isDsecError(e, 'UNAVAILABLE') && /no frame from the edge/.test(e.message));
+    beating.close();
+  });
+
+  test('a server of another version is refused', async () => {
+    const [c, s] = loopbackTransport();
+    s.send(JSON.stringify({ t: 'hello', version: 99, nodeName: 'n', capacity: new FakeEdge().cap, heartbeatMs: 0 }));
+    await assert.rejects(WireEdgeClient.connect(c), (e: unknown) => isDsecError(e, 'UNAVAILABLE') && /version 99/.test(e.message));
+  });
+
   test('every method returns what the edge returned', async () => {
     const { fake, client } = await connect();
     const direct = new FakeEdge();
