@@ -19,4 +19,4 @@ export type { EdgeServer, ServeEdgeOptions } from './edge-wire/server.js';
 export { loopbackTransport } from './edge-wire/transport.js';
 export type { Transport } from './edge-wire/transport.js';
 export { EdgeWireModeSchema, edgeThroughWire, loopbackEdge } from './edge-wire/loopback.js';
-export type { EdgeWireMode } from './edge-wire/loopback.js';
+export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';

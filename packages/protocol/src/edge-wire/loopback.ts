@@ -21,7 +21,16 @@ export async function loopbackEdge(edge: EdgeClient, opts: ServeEdgeOptions = {}
   return WireEdgeClient.connect(clientEnd, opts.log ? { log: opts.log } : {});
 }
 
+/** An edge as the control plane reaches it, and how to end that connection. */
+export interface WiredEdge {
+  client: EdgeClient;
+  /** Ends the loopback connection (calls in flight fail, streams detach); nothing for `off`. */
+  close(): void;
+}
+
 /** `edge` itself (`off`) or wrapped in {@link loopbackEdge} (`loopback`). */
-export async function edgeThroughWire(edge: EdgeClient, mode: EdgeWireMode, opts: ServeEdgeOptions = {}): Promise<EdgeClient> {
-  return mode === 'loopback' ? loopbackEdge(edge, opts) : edge;
+export async function edgeThroughWire(edge: EdgeClient, mode: EdgeWireMode, opts: ServeEdgeOptions = {}): Promise<WiredEdge> {
+  if (mode === 'off') return { client: edge, close: () => undefined };
+  const client = await loopbackEdge(edge, opts);
+  return { client, close: () => client.close() };
 }

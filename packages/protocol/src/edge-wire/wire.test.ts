@@ -7,7 +7,7 @@ import type { RaisedEvent } from '../events.js';
 import { WireEdgeClient } from './client.js';
 import { FakeEdge, FakeProcess } from './fake-edge.js';
 import { STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS } from './frames.js';
-import { loopbackEdge } from './loopback.js';
+import { edgeThroughWire, loopbackEdge } from './loopback.js';
 import { serveEdge } from './server.js';
 import type { Transport } from './transport.js';
 import { loopbackTransport } from './transport.js';
@@ -429,6 +429,17 @@ describe('WireEdgeClient over serveEdge', () => {
     const r = await edge.exec('sb', { cmd: 'x', stdin: new Uint8Array([9]) });
     assert.equal(r.stdout, 'x|bytes:9');
     edge.close();
+  });
+
+  test('edgeThroughWire: off is the edge itself, loopback a wire client that closes', async () => {
+    const fake = new FakeEdge();
+    const off = await edgeThroughWire(fake, 'off');
+    assert.equal(off.client, fake);
+    const on = await edgeThroughWire(fake, 'loopback', { heartbeatMs: 0 });
+    assert.ok(on.client instanceof WireEdgeClient);
+    assert.equal((await on.client.stats('abc')).cpuUsageMs, 3);
+    on.close();
+    await assert.rejects(on.client.stats('abc'), (e: unknown) => isDsecError(e, 'UNAVAILABLE'));
   });
 
   test('frames are JSON text', async () => {
