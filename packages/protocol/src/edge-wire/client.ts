@@ -34,6 +34,7 @@ import type { ExecResult, ExecSpec, ExitInfo, FileStat, LayerInfo, LayerKind, Sa
 import type { ClientFrame, ServerFrame } from './frames.js';
 import { EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeServerFrame, encodeFrame } from './frames.js';
 import { SUBSCRIBE_METHOD } from './methods.js';
+import type { StreamMethodName, WireMethodName } from './methods.js';
 import type { Transport } from './transport.js';
 import type { WireError, WireValue } from './values.js';
 import { decodeValue, encodeValue, fromWireError, toBase64, toWireError } from './values.js';
@@ -272,7 +273,7 @@ export class WireEdgeClient implements EdgeClient {
   }
 
   /** Sends a call; `args` may end in `undefined`s (left off) and hold bytes (encoded). */
-  private call<T>(method: string, args: unknown[], extras: CallExtras = {}): Promise<T> {
+  private call<T>(method: WireMethodName | StreamMethodName, args: unknown[], extras: CallExtras = {}): Promise<T> {
     if (this.lost) return Promise.reject(this.lost);
     const { signal } = extras;
     if (signal?.aborted) return Promise.reject(abortReason(signal));
@@ -427,7 +428,7 @@ export class WireEdgeClient implements EdgeClient {
 
 /** What a process stream needs of its client's connection. */
 interface StreamConnection {
-  call(method: string, args: unknown[]): Promise<void>;
+  call(method: StreamMethodName, args: unknown[]): Promise<void>;
   send(frame: ClientFrame): void;
   /** The stream is done with: later frames for it are ignored. */
   forget(): void;

@@ -4,7 +4,7 @@
 // call frame says which exist and the serving side puts local ones in their place.
 import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema, DebianLayerRequestSchema, DiffOptionsSchema, VerifyRequestSchema } from '../api.js';
-import type { EdgeClient, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import type { EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
 import {
@@ -75,8 +75,15 @@ const a = <T>(args: Args, i: number): T => args[i] as T;
 /** Options with the local signal added when the caller had one. */
 const withSignal = <T extends object>(opts: T | undefined, ctx: CallContext): T => ({ ...(opts ?? ({} as T)), ...(ctx.signal ? { signal: ctx.signal } : {}) });
 
-/** Every call a client may make, by method name (`layers.` and `calls.` for the sub-objects). */
-export const WIRE_METHODS: Readonly<Record<string, WireMethod>> = {
+/**
+ * The name of every call of EdgeClient (`layers.` and `calls.` for the sub-objects): a method
+ * added to the interface does not compile until it has its entry in {@link WIRE_METHODS}.
+ */
+export type WireMethodName =
+  Exclude<keyof EdgeClient, 'nodeName' | 'capacity' | 'onEvent' | 'layers' | 'calls'> | `layers.${keyof EdgeLayers}` | `calls.${keyof EdgeCalls}`;
+
+/** Every call a client may make, by method name. */
+export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
   create: {
     args: [
       ['spec', SandboxSpecSchema],
@@ -285,9 +292,12 @@ export const WIRE_METHODS: Readonly<Record<string, WireMethod>> = {
   'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), withSignal(undefined, ctx)) },
 };
 
+/** A call on an open process stream: one per method of ProcessStream that acts. */
+export type StreamMethodName = `process.${Exclude<keyof ProcessStream, 'pid' | 'osPid' | 'exited' | 'onDetach' | typeof Symbol.asyncIterator>}`;
+
 /** Calls on an open process stream; the first argument is the stream's id (its spawn or attach call). */
 export const STREAM_METHODS: Readonly<
-  Record<string, { args: ReadonlyArray<readonly [string, z.ZodType]>; run(s: ProcessStream, args: unknown[]): Promise<void> }>
+  Record<StreamMethodName, { args: ReadonlyArray<readonly [string, z.ZodType]>; run(s: ProcessStream, args: unknown[]): Promise<void> }>
 > = {
   'process.write': {
     args: [

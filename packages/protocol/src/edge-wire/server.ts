@@ -5,7 +5,7 @@ import { DsecError } from '../errors.js';
 import type { EdgeClient, ProcessStream } from '../edge-client.js';
 import type { ClientFrame, ServerFrame } from './frames.js';
 import { DEFAULT_HEARTBEAT_MS, EDGE_WIRE_VERSION, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeClientFrame, encodeFrame } from './frames.js';
-import type { CallContext } from './methods.js';
+import type { CallContext, StreamMethodName, WireMethodName } from './methods.js';
 import { STREAM_METHODS, SUBSCRIBE_METHOD, WIRE_METHODS, parseArgs } from './methods.js';
 import type { Transport } from './transport.js';
 import type { WireError } from './values.js';
@@ -147,7 +147,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
       }
       return;
     }
-    const streamOp = STREAM_METHODS[method];
+    const streamOp = Object.hasOwn(STREAM_METHODS, method) ? STREAM_METHODS[method as StreamMethodName] : undefined;
     if (streamOp) {
       void settle(id, async () => {
         const args = parseArgs(method, streamOp.args, frame.args.map(decodeValue));
@@ -162,7 +162,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
       });
       return;
     }
-    const m = Object.hasOwn(WIRE_METHODS, method) ? WIRE_METHODS[method] : undefined;
+    const m = Object.hasOwn(WIRE_METHODS, method) ? WIRE_METHODS[method as WireMethodName] : undefined;
     if (!m) {
       sendError(id, new DsecError('INVALID_ARGUMENT', `unknown method ${JSON.stringify(method)}`, { field: 'method' }));
       return;
