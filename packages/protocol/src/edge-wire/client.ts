@@ -506,10 +506,12 @@ class WireProcessStream implements ProcessStream {
   async detach(): Promise<void> {
     if (this.finished || this.detached) return;
     this.detached = true;
+    // The output the edge still holds follows, then the end (which rejects `exited`).
     try {
       await this.conn.call('process.detach', [this.id]);
-    } finally {
-      this.end();
+    } catch (err) {
+      // The stream ended on its own while the detach was on its way: nothing left to stop.
+      if (!this.finished) throw err;
     }
   }
 

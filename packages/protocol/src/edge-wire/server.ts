@@ -32,8 +32,10 @@ interface OpenStream {
   stream: ProcessStream;
   credit: number;
   wake: (() => void) | undefined;
-  /** Detached by the client or the connection ended: stop pulling output. */
+  /** The connection ended: stop pulling output. */
   stopping: boolean;
+  /** Detached by the client: send what the edge still yields (it ends soon), credit or not. */
+  draining: boolean;
   ended: boolean;
   exitSent: boolean;
 }
@@ -154,7 +156,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
         const s = streams.get(args[0] as number);
         if (!s) throw new DsecError('PROCESS_NOT_FOUND', 'the process stream has ended');
         if (method === 'process.detach') {
-          s.stopping = true;
+          s.draining = true;
           s.wake?.();
         }
         await streamOp.run(s.stream, args);
@@ -209,7 +211,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
   }
 
   function openStream(id: number, stream: ProcessStream): void {
-    const s: OpenStream = { stream, credit: STREAM_WINDOW_EVENTS, wake: undefined, stopping: false, ended: false, exitSent: false };
+    const s: OpenStream = { stream, credit: STREAM_WINDOW_EVENTS, wake: undefined, stopping: false, draining: false, ended: false, exitSent: false };
     streams.set(id, s);
     const exit = (frame: ServerFrame): void => {
       s.exitSent = true;
@@ -232,7 +234,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
           await it.return?.();
           break;
         }
-        if (s.credit <= 0) {
+        if (s.credit <= 0 && !s.draining) {
           await new Promise<void>((resolve) => (s.wake = resolve));
           s.wake = undefined;
           continue;
@@ -244,12 +246,12 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
       }
     } catch (err) {
       // A stream that was asked to stop may end any way it likes: that is the detach.
-      if (!s.stopping) error = toWireError(err, log);
+      if (!s.stopping && !s.draining) error = toWireError(err, log);
     }
     s.ended = true;
     send(error ? { t: 'end', id, error } : { t: 'end', id });
     // The exit follows when it is known; a detached stream's process may run on unknown.
-    if (s.exitSent || s.stopping) streams.delete(id);
+    if (s.exitSent || s.stopping || s.draining) streams.delete(id);
   }
 
   function stopStream(s: OpenStream): void {

@@ -297,6 +297,9 @@ describe('WireEdgeClient over serveEdge', () => {
     const first = await it.next();
     assert.ok(!first.done && first.value.kind === 'data' && first.value.offset === 0);
     await stream.detach();
+    let rest = 0;
+    while (!(await it.next()).done) rest++;
+    assert.ok(rest <= STREAM_WINDOW_EVENTS, `what the edge held when it was detached (${rest}), then the end`);
     assert.equal(proc.detached, 1);
     assert.equal(proc.killedWith, undefined);
     assert.equal(proc.exit, undefined, 'the process still runs');
