@@ -325,6 +325,19 @@ export type {
   ProcessStream,
 } from './edge-client.js';
 
+export { DEFAULT_HEARTBEAT_MS, EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeClientFrame, decodeServerFrame, encodeFrame } from './edge-wire/frames.js';
+export type { ClientFrame, ServerFrame } from './edge-wire/frames.js';
+export { decodeValue, encodeValue, fromWireError, toWireError } from './edge-wire/values.js';
+export type { WireError, WireValue } from './edge-wire/values.js';
+export { WireEdgeClient } from './edge-wire/client.js';
+export type { WireEdgeClientOptions } from './edge-wire/client.js';
+export { serveEdge } from './edge-wire/server.js';
+export type { EdgeServer, ServeEdgeOptions } from './edge-wire/server.js';
+export { loopbackTransport } from './edge-wire/transport.js';
+export type { Transport } from './edge-wire/transport.js';
+export { EdgeWireModeSchema, edgeThroughWire, loopbackEdge } from './edge-wire/loopback.js';
+export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';
+
 // Names kept until the callers move:
 // (`ExecResultSchema` is a node's result now, without `pid`; the exec reply is `ExecReplySchema`.)
 export type { ExecReply as ExecResultBody } from './exec.js';

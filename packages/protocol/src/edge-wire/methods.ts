@@ -1,0 +1,327 @@
+// The calls of the edge wire protocol: for each EdgeClient method, the schema of every argument
+// (the serving side parses each with parseOrThrow before the edge sees it: this is a process
+// boundary) and how to make the call on a real edge. Callbacks and signals never travel: the
+// call frame says which exist and the serving side puts local ones in their place.
+import { z } from 'zod';
+import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
+import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
+import { DebianLayerRequestSchema } from '../layers.js';
+import type { EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import { NetworkPolicySchema } from '../network.js';
+import { parseOrThrow } from '../parse.js';
+import { LabelsSchema } from '../common.js';
+import { ExecSpecSchema, PtySchema } from '../exec.js';
+import { BuildableLayerKindSchema, LayerKindSchema, LayerRefSchema } from '../layers.js';
+import { SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
+import { invalidArgument } from '../errors.js';
+
+/** What the serving side gives a call besides its arguments. */
+export interface CallContext {
+  /** Aborted when the client cancels the call or the connection is lost; present when the caller passed a signal. */
+  signal?: AbortSignal;
+  /** Forwards one output event of an exec; present when the caller passed `onOutput`. */
+  onOutput?: (ev: OutputEvent) => void;
+  /** Forwards one progress line of a build; present when the caller passed `onProgress`. */
+  onProgress?: (line: string) => void;
+  /** The upload body of a layer build; present when the source had a stream. */
+  upload?: AsyncIterable<Uint8Array>;
+}
+
+/** One method of the protocol: argument schemas (named, for the field of an error) and the call. */
+export interface WireMethod {
+  args: ReadonlyArray<readonly [name: string, schema: z.ZodType]>;
+  /** Spawn and attach: the result is a ProcessStream kept open as stream `id`. */
+  stream?: boolean;
+  run(edge: EdgeClient, args: unknown[], ctx: CallContext): Promise<unknown>;
+}
+
+const sandboxId = z.string().min(1).max(256);
+const path = z.string().min(1).max(4096);
+const pid = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
+const bytes = z.union([z.string(), z.instanceof(Uint8Array)]);
+const signalName = z.union([
+  z
+    .string()
+    .regex(/^(SIG)?[A-Z0-9+-]+$/)
+    .max(16),
+  z.number().int().min(1).max(64),
+]);
+const labels = z.strictObject({ labels: LabelsSchema.optional() });
+const reason = z.string().max(1024).optional();
+const streamId = z.number().int().min(0);
+
+// The source of a build, with `upload: true` where the stream was (its bytes follow as chunks).
+const BuildSourceSchema = z.discriminatedUnion('type', [
+  z.strictObject({ type: z.literal('tar'), upload: z.literal(true) }),
+  z.strictObject({ type: z.literal('oci-archive'), upload: z.literal(true) }),
+  z.strictObject({
+    type: z.literal('debian'),
+    suite: DebianLayerRequestSchema.shape.suite,
+    packages: DebianLayerRequestSchema.shape.packages,
+    variant: z.enum(['minbase', 'apt']).optional(),
+  }),
+  z.strictObject({ type: z.literal('busybox') }),
+]);
+const BuildOptionsSchema = z.strictObject({ kind: BuildableLayerKindSchema, name: z.string().min(1).max(256).optional(), labels: LabelsSchema.optional() });
+
+type Args = unknown[];
+/** Argument `i`, already parsed with its schema: typed by the parameter it is passed to. */
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- inferred from where the argument goes
+const a = <T>(args: Args, i: number): T => args[i] as T;
+/** Options with the local signal added when the caller had one. */
+const withSignal = <T extends object>(opts: T | undefined, ctx: CallContext): T => ({ ...(opts ?? ({} as T)), ...(ctx.signal ? { signal: ctx.signal } : {}) });
+
+/**
+ * The name of every call of EdgeClient (`layers.` and `calls.` for the sub-objects): a method
+ * added to the interface does not compile until it has its entry in {@link WIRE_METHODS}.
+ */
+export type WireMethodName =
+  Exclude<keyof EdgeClient, 'nodeName' | 'capacity' | 'onEvent' | 'layers' | 'calls'> | `layers.${keyof EdgeLayers}` | `calls.${keyof EdgeCalls}`;
+
+/** Every call a client may make, by method name. */
+export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
+  create: {
+    args: [
+      ['spec', SandboxSpecSchema],
+      ['opts', z.strictObject({ id: sandboxId.optional() }).optional()],
+    ],
+    run: (e, x, ctx) => e.create(a(x, 0), withSignal(a(x, 1), ctx)),
+  },
+  claim: {
+    args: [
+      ['id', sandboxId],
+      ['claim', SandboxClaimSchema],
+    ],
+    run: (e, x) => e.claim(a(x, 0), a(x, 1)),
+  },
+  destroy: { args: [['id', sandboxId]], run: (e, x) => e.destroy(a(x, 0)) },
+  list: { args: [], run: (e) => e.list() },
+  stats: { args: [['id', sandboxId]], run: (e, x) => e.stats(a(x, 0)) },
+  pause: {
+    args: [
+      ['id', sandboxId],
+      ['opts', z.strictObject({ reason }).optional()],
+    ],
+    run: (e, x) => e.pause(a(x, 0), a(x, 1)),
+  },
+  resume: {
+    args: [
+      ['id', sandboxId],
+      ['opts', z.strictObject({ reason, prefetch: z.boolean().optional() }).optional()],
+    ],
+    run: (e, x) => e.resume(a(x, 0), a(x, 1)),
+  },
+  snapshot: {
+    args: [
+      ['id', sandboxId],
+      ['opts', labels.optional()],
+    ],
+    run: (e, x, ctx) => e.snapshot(a(x, 0), withSignal(a(x, 1), ctx)),
+  },
+  diff: {
+    args: [
+      ['id', sandboxId],
+      ['opts', DiffOptionsSchema],
+    ],
+    run: (e, x) => e.diff(a(x, 0), a(x, 1)),
+  },
+  verify: {
+    args: [
+      ['id', sandboxId],
+      ['req', VerifyRequestSchema],
+    ],
+    run: (e, x) => e.verify(a(x, 0), a(x, 1)),
+  },
+  collectGarbage: { args: [['opts', z.strictObject({ calls: z.boolean().optional() }).optional()]], run: (e, x) => e.collectGarbage(a(x, 0)) },
+
+  exec: {
+    args: [
+      ['id', sandboxId],
+      ['spec', ExecSpecSchema],
+      ['opts', z.strictObject({ maxOutputBytes: z.number().int().min(0).optional() }).optional()],
+    ],
+    run: (e, x, ctx) => e.exec(a(x, 0), a(x, 1), { ...withSignal(a(x, 2), ctx), ...(ctx.onOutput ? { onOutput: ctx.onOutput } : {}) }),
+  },
+  spawn: {
+    args: [
+      ['id', sandboxId],
+      ['spec', ExecSpecSchema],
+    ],
+    stream: true,
+    run: (e, x) => e.spawn(a(x, 0), a(x, 1)),
+  },
+  processes: { args: [['id', sandboxId]], run: (e, x) => e.processes(a(x, 0)) },
+  attach: {
+    args: [
+      ['id', sandboxId],
+      ['pid', pid],
+      ['from', z.strictObject({ stdout: z.number().int().min(0).optional(), stderr: z.number().int().min(0).optional() }).optional()],
+    ],
+    stream: true,
+    run: (e, x) => e.attach(a(x, 0), a(x, 1), a(x, 2)),
+  },
+  writeStdin: {
+    args: [
+      ['id', sandboxId],
+      ['pid', pid],
+      ['data', bytes],
+      ['eof', z.boolean().optional()],
+    ],
+    run: (e, x) => e.writeStdin(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+  },
+  signal: {
+    args: [
+      ['id', sandboxId],
+      ['pid', pid],
+      ['signal', signalName],
+    ],
+    run: (e, x) => e.signal(a(x, 0), a(x, 1), a(x, 2)),
+  },
+  resize: {
+    args: [
+      ['id', sandboxId],
+      ['pid', pid],
+      ['rows', PtySchema.shape.rows],
+      ['cols', PtySchema.shape.cols],
+    ],
+    run: (e, x) => e.resize(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+  },
+
+  readFile: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+      ['opts', z.strictObject({ offset: z.number().int().min(0).optional(), length: z.number().int().min(0).optional() }).optional()],
+    ],
+    run: (e, x) => e.readFile(a(x, 0), a(x, 1), a(x, 2)),
+  },
+  writeFile: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+      ['data', bytes],
+      ['opts', z.strictObject({ mode: z.number().int().min(0).max(0o7777).optional(), append: z.boolean().optional() }).optional()],
+    ],
+    run: (e, x) => e.writeFile(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+  },
+  listDir: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+    ],
+    run: (e, x) => e.listDir(a(x, 0), a(x, 1)),
+  },
+  stat: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+    ],
+    run: (e, x) => e.stat(a(x, 0), a(x, 1)),
+  },
+  mkdir: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+    ],
+    run: (e, x) => e.mkdir(a(x, 0), a(x, 1)),
+  },
+  remove: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+      ['opts', z.strictObject({ recursive: z.boolean().optional() }).optional()],
+    ],
+    run: (e, x) => e.remove(a(x, 0), a(x, 1), a(x, 2)),
+  },
+  rename: {
+    args: [
+      ['id', sandboxId],
+      ['from', path],
+      ['to', path],
+    ],
+    run: (e, x) => e.rename(a(x, 0), a(x, 1), a(x, 2)),
+  },
+  symlink: {
+    args: [
+      ['id', sandboxId],
+      ['path', path],
+      ['target', z.string().min(1).max(4096)],
+    ],
+    run: (e, x) => e.symlink(a(x, 0), a(x, 1), a(x, 2)),
+  },
+
+  setNetwork: {
+    args: [
+      ['id', sandboxId],
+      ['policy', NetworkPolicySchema],
+    ],
+    run: (e, x) => e.setNetwork(a(x, 0), a(x, 1)),
+  },
+  networkInfo: { args: [['id', sandboxId]], run: (e, x) => e.networkInfo(a(x, 0)) },
+  networkLog: {
+    args: [
+      ['id', sandboxId],
+      ['limit', z.number().int().min(1).max(100_000)],
+    ],
+    run: (e, x) => e.networkLog(a(x, 0), a(x, 1)),
+  },
+
+  'layers.resolve': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.resolve(a(x, 0)) },
+  'layers.list': { args: [['filter', z.strictObject({ kind: LayerKindSchema.optional() }).optional()]], run: (e, x) => e.layers.list(a(x, 0)) },
+  'layers.build': {
+    args: [
+      ['source', BuildSourceSchema],
+      ['opts', BuildOptionsSchema],
+    ],
+    run: (e, x, ctx) => {
+      const src = a<z.infer<typeof BuildSourceSchema>>(x, 0);
+      let source: LayerBuildSource;
+      if (src.type === 'tar' || src.type === 'oci-archive') {
+        if (!ctx.upload) throw invalidArgument('source', 'the upload is missing');
+        source = { type: src.type, stream: ctx.upload };
+      } else source = src as LayerBuildSource;
+      return e.layers.build(source, { ...withSignal(a(x, 1), ctx), ...(ctx.onProgress ? { onProgress: ctx.onProgress } : {}) });
+    },
+  },
+  'layers.remove': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.remove(a(x, 0)) },
+  'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), withSignal(undefined, ctx)) },
+  'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), withSignal(undefined, ctx)) },
+};
+
+/** A call on an open process stream: one per method of ProcessStream that acts. */
+export type StreamMethodName = `process.${Exclude<keyof ProcessStream, 'pid' | 'osPid' | 'exited' | 'onDetach' | typeof Symbol.asyncIterator>}`;
+
+/** Calls on an open process stream; the first argument is the stream's id (its spawn or attach call). */
+export const STREAM_METHODS: Readonly<
+  Record<StreamMethodName, { args: ReadonlyArray<readonly [string, z.ZodType]>; run(s: ProcessStream, args: unknown[]): Promise<void> }>
+> = {
+  'process.write': {
+    args: [
+      ['stream', streamId],
+      ['data', bytes],
+      ['eof', z.boolean().optional()],
+    ],
+    run: (s, x) => s.write(a(x, 1), a(x, 2)),
+  },
+  'process.closeStdin': { args: [['stream', streamId]], run: (s) => s.closeStdin() },
+  'process.kill': {
+    args: [
+      ['stream', streamId],
+      ['signal', signalName.optional()],
+    ],
+    run: (s, x) => s.kill(a(x, 1)),
+  },
+  'process.detach': { args: [['stream', streamId]], run: (s) => s.detach() },
+};
+
+/** The subscription to the node's events (`onEvent`): a call that never replies until cancelled. */
+export const SUBSCRIBE_METHOD = 'onEvent';
+
+/**
+ * Parses a call's arguments with their schemas; INVALID_ARGUMENT names the argument and field
+ * (`spec.image.base`). Missing trailing arguments are `undefined` (optional ones accept that).
+ */
+export function parseArgs(method: string, schemas: ReadonlyArray<readonly [string, z.ZodType]>, args: unknown[]): unknown[] {
+  if (args.length > schemas.length) throw invalidArgument('args', `${method} takes at most ${schemas.length} arguments`);
+  return schemas.map(([name, schema], i) => parseOrThrow(schema, args[i], name));
+}

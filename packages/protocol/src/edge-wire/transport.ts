@@ -1,0 +1,82 @@
+// What the edge wire protocol needs of a connection, and an in-memory pair of them.
+
+/**
+ * One end of an ordered, reliable duplex of text frames (a WebSocket, an HTTP/2 stream, a
+ * pipe with length prefixes). The protocol brings its own flow control for streams; a
+ * transport only has to keep frames in order and say when it is gone.
+ */
+export interface Transport {
+  /** Sends one frame. After close it does nothing (the sender learns of the loss from onClose). */
+  send(frame: string): void;
+  /** Sets the receiver of incoming frames; frames that came before it are delivered to it. */
+  onFrame(receiver: (frame: string) => void): void;
+  /** Called once when the connection ends: `err` says why when it was lost rather than closed. */
+  onClose(listener: (err?: Error) => void): void;
+  /** Closes the connection (both ends see onClose; `err` makes it a loss). */
+  close(err?: Error): void;
+}
+
+/**
+ * Two connected in-memory transports. Each frame crosses as UTF-8 bytes, decoded again on the
+ * other side, delivered in order on a later microtask: nothing but serialised text crosses,
+ * as on a socket. Closing one end closes both after the frames already sent.
+ */
+export function loopbackTransport(): [Transport, Transport] {
+  const a = new LoopbackEnd();
+  const b = new LoopbackEnd();
+  a.peer = b;
+  b.peer = a;
+  return [a, b];
+}
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder('utf-8', { fatal: true });
+
+class LoopbackEnd implements Transport {
+  peer: LoopbackEnd | undefined;
+  private receiver: ((frame: string) => void) | undefined;
+  private readonly early: string[] = [];
+  private readonly closeListeners: Array<(err?: Error) => void> = [];
+  private closed = false;
+
+  send(frame: string): void {
+    if (this.closed) return;
+    const bytes = encoder.encode(frame);
+    const peer = this.peer;
+    queueMicrotask(() => peer?.deliver(decoder.decode(bytes)));
+  }
+
+  onFrame(receiver: (frame: string) => void): void {
+    this.receiver = receiver;
+    for (const f of this.early.splice(0)) receiver(f);
+  }
+
+  onClose(listener: (err?: Error) => void): void {
+    if (this.closed) queueMicrotask(() => listener());
+    else this.closeListeners.push(listener);
+  }
+
+  close(err?: Error): void {
+    if (this.closed) return;
+    this.closed = true;
+    const peer = this.peer;
+    queueMicrotask(() => {
+      this.ended(err);
+      peer?.closeFromPeer(err);
+    });
+  }
+
+  private deliver(frame: string): void {
+    if (this.receiver) this.receiver(frame);
+    else this.early.push(frame);
+  }
+
+  private closeFromPeer(err?: Error): void {
+    this.closed = true;
+    this.ended(err);
+  }
+
+  private ended(err?: Error): void {
+    for (const l of this.closeListeners.splice(0)) l(err);
+  }
+}
