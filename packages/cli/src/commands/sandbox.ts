@@ -114,7 +114,7 @@ export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | '
   return {
     ...(flags.base !== undefined
       ? { image: { base: flags.base, ...(flags.workspace ? { workspace: flags.workspace } : {}), ...(flags.toolkit ? { toolkits: flags.toolkit } : {}) } }
-      : { snapshot: flags.snapshot as string }),
+      : { snapshot: flags.snapshot }),
     ...(Object.keys(resources).length ? { resources } : {}),
   };
 }

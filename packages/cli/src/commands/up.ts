@@ -19,7 +19,7 @@ export function registerUp(program: Command): void {
         ...(flags.home ? { home: flags.home } : {}),
         ...(flags.addr ? { addr: flags.addr } : {}),
         ...(flags.zramSwap !== undefined ? { zramSwapMiB: flags.zramSwap } : {}),
-        ...(flags.userns === false ? { userNamespaces: false } : {}),
+        ...(!flags.userns ? { userNamespaces: false } : {}),
         ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
       });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
