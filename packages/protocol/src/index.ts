@@ -8,3 +8,5 @@ export * from './watch.js';
 export * from './network.js';
 export { parseOrThrow } from './parse.js';
 export type { EdgeCalls, EdgeClient, EdgeExecOptions, EdgeLayers, EdgeSandbox, LayerBuildOptions, LayerBuildSource, NodeCapacity, NodeGarbageReport, NodePauseResult, OutputEvent, ProcessStream } from './edge-client.js';
+export { checkConfig, configJsonSchema, DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecConfigSchema, HostPortSchema, MirrorsConfigSchema, NetworkConfigSchema, NodeConfigSchema, ProxyLimitsConfigSchema, RetentionConfigSchema } from './config.js';
+export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
