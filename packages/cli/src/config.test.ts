@@ -55,7 +55,11 @@ describe('operator configuration: precedence', () => {
     assert.equal(config.addr, '127.0.0.1:3333', 'a flag wins over the environment and the file');
     assert.equal(config.node.userNamespaces, true, 'DSEC_USERNS=1 wins over the file');
     assert.equal(config.node.zramSwapMiB, 256, 'what only the file sets is kept');
-    assert.deepEqual(config.node.network, { pool: '10.200.0.0/16', nameservers: ['192.0.2.4'], hosts: { 'git.internal': '192.0.2.7' } }, 'objects merge key by key; a list is replaced whole');
+    assert.deepEqual(
+      config.node.network,
+      { pool: '10.200.0.0/16', nameservers: ['192.0.2.4'], hosts: { 'git.internal': '192.0.2.7' } },
+      'objects merge key by key; a list is replaced whole',
+    );
     assert.deepEqual(sources, [cfg, '$DSEC_HOME', '$DSEC_ADDR', '$DSEC_USERNS', '$DSEC_NAMESERVERS', '--addr', '--nameserver']);
     assert.deepEqual(platformOptions(config), {
       home: '/srv/from-env',
@@ -83,7 +87,10 @@ describe('operator configuration: precedence', () => {
 
   test('every setting of the file reaches the platform options', async () => {
     const cfg = await file('all.json', {
-      node: { agentBinary: '/opt/chronus', network: { slicePrefix: 24, proxyLimits: { maxConnections: 8 }, mirrors: { origins: ['http://mirror.internal:4873'] } } },
+      node: {
+        agentBinary: '/opt/chronus',
+        network: { slicePrefix: 24, proxyLimits: { maxConnections: 8 }, mirrors: { origins: ['http://mirror.internal:4873'] } },
+      },
       placement: { cpuOvercommit: 4, memoryOvercommit: 1, sampleK: 3 },
       watcher: { intervalMs: 500, gcIntervalMs: 10_000 },
       events: { heartbeatMs: 1000, auditRetention: { maxRows: 10, maxAgeMs: 60_000 } },
@@ -112,7 +119,10 @@ describe('operator configuration: refusal names the key and its source', () => {
   test('a bad variable', async () => {
     assert.equal(await refusal({ env: { DSEC_ZRAM_SWAP_MIB: 'lots' } }), 'config: node.zramSwapMiB: not a non-negative integer (from $DSEC_ZRAM_SWAP_MIB)');
     assert.equal(await refusal({ env: { DSEC_USERNS: 'maybe' } }), 'config: node.userNamespaces: not true or false (from $DSEC_USERNS)');
-    assert.equal(await refusal({ env: { DSEC_NAMESERVERS: '192.0.2.1,resolver' } }), 'config: node.network.nameservers.1: not an IPv4 address (from $DSEC_NAMESERVERS)');
+    assert.equal(
+      await refusal({ env: { DSEC_NAMESERVERS: '192.0.2.1,resolver' } }),
+      'config: node.network.nameservers.1: not an IPv4 address (from $DSEC_NAMESERVERS)',
+    );
   });
 
   test('a bad flag', async () => {

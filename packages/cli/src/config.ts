@@ -5,7 +5,7 @@
 import { readFile } from 'node:fs/promises';
 import type { PlatformOptions } from '@dsec/apiserver';
 import { checkConfig } from '@dsec/protocol';
-import type { DsecConfig, DsecConfigInput } from '@dsec/protocol';
+import type { DsecConfig } from '@dsec/protocol';
 
 /** A configuration that cannot be used: the CLI prints the message and exits with status 2. */
 export class ConfigError extends Error {
@@ -178,7 +178,7 @@ export async function loadConfig(sources: ConfigSources = {}): Promise<LoadedCon
   check(fromFlags, (key) => `from ${flagOf.get(key) ?? [...flagOf.entries()].find(([k]) => key.startsWith(`${k}.`))?.[1] ?? 'the flags'}`);
   merged = merge(merged, fromFlags);
 
-  const res = checkConfig(merged as DsecConfigInput);
+  const res = checkConfig(merged);
   if (!res.ok) throw new ConfigError(`config: ${res.issue.key}: ${res.issue.message}`);
   return { config: res.config, sources: used };
 }
@@ -190,7 +190,11 @@ type Defined<T> = T extends readonly (infer U)[] ? Defined<U>[] : T extends obje
 function defined<T>(value: T): Defined<T> {
   if (Array.isArray(value)) return value.map(defined) as Defined<T>;
   if (!isObject(value)) return value as Defined<T>;
-  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined).map(([k, v]) => [k, defined(v)])) as Defined<T>;
+  return Object.fromEntries(
+    Object.entries(value)
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => [k, defined(v)]),
+  ) as Defined<T>;
 }
 
 /** What `startPlatform` is given for a configuration (everything but the log). */

@@ -18,7 +18,10 @@ const nonNegativeInt = z.int({ error: 'not a non-negative integer' }).nonnegativ
 const durationMs = nonNegativeInt;
 
 /** `host:port` (IPv6 hosts in brackets); port 0 picks a free one. */
-export const HostPortSchema = z.string().regex(/^(\[[0-9a-fA-F:.]+\]|[^:[\]\s]+):(\d{1,5})$/, { error: 'not host:port' }).refine((s) => Number(s.slice(s.lastIndexOf(':') + 1)) <= 65535, { error: 'port above 65535' });
+export const HostPortSchema = z
+  .string()
+  .regex(/^(\[[0-9a-fA-F:.]+\]|[^:[\]\s]+):(\d{1,5})$/, { error: 'not host:port' })
+  .refine((s) => Number(s.slice(s.lastIndexOf(':') + 1)) <= 65535, { error: 'port above 65535' });
 
 /** Per-sandbox limits of the node's egress proxy (defaults in the edge's net/proxy/). */
 export const ProxyLimitsConfigSchema = z.strictObject({
