@@ -87,9 +87,13 @@ export default tseslint.config(
     },
   },
   {
-    // Plain JavaScript (this file): no type information.
+    // Plain JavaScript (this file, the CLI's launcher): no type information; Node's globals.
     files: ['**/*.js', '**/*.mjs'],
     ...tseslint.configs.disableTypeChecked,
+    languageOptions: {
+      ...tseslint.configs.disableTypeChecked.languageOptions,
+      globals: { process: 'readonly', console: 'readonly', URL: 'readonly' },
+    },
   },
   {
     // Tests: node:test's `describe`/`it` return promises the runner awaits itself.
