@@ -16,7 +16,7 @@ const DEEP_IMPORTS = [
   { regex: '^@dsec/[^/]+/.+', message: 'import a package by its index (`@dsec/<name>`), never a path inside it' },
   {
     regex: `^\\.{1,2}/(.*/)?(packages/|(${PACKAGES.join('|')})/(src|dist)(/|$))`,
-    message: "a relative path into another package: import it by name (`@dsec/<name>`) from its index",
+    message: 'a relative path into another package: import it by name (`@dsec/<name>`) from its index',
   },
   { regex: '(^|/)dist(/|$)', message: 'never import compiled output (`dist/`): import the source module or the package index' },
 ];
@@ -106,7 +106,10 @@ export default tseslint.config(
       '@typescript-eslint/no-unsafe-call': 'off',
       '@typescript-eslint/no-unsafe-member-access': 'off',
       '@typescript-eslint/no-unsafe-return': 'off',
-      '@typescript-eslint/no-floating-promises': ['error', { ignoreVoid: true, allowForKnownSafeCalls: [{ from: 'package', name: ['describe', 'it', 'test', 'suite'], package: 'node:test' }] }],
+      '@typescript-eslint/no-floating-promises': [
+        'error',
+        { ignoreVoid: true, allowForKnownSafeCalls: [{ from: 'package', name: ['describe', 'it', 'test', 'suite'], package: 'node:test' }] },
+      ],
     },
   },
   // Import boundaries: who may import whom (always by the package's index).
@@ -114,7 +117,11 @@ export default tseslint.config(
   boundary(['packages/sdk/**'], ['protocol'], '@dsec/sdk imports only @dsec/protocol (it is shipped to users alone)'),
   boundary(['packages/edge/**'], ['protocol'], '@dsec/edge imports only @dsec/protocol (never the apiserver)'),
   boundary(['packages/watcher/**'], ['protocol'], '@dsec/watcher imports only @dsec/protocol'),
-  boundary(['packages/apiserver/**'], ['protocol', 'watcher'], '@dsec/apiserver reaches the edge through the EdgeClient interface of @dsec/protocol; only its composition root (platform.ts) imports @dsec/edge'),
+  boundary(
+    ['packages/apiserver/**'],
+    ['protocol', 'watcher'],
+    '@dsec/apiserver reaches the edge through the EdgeClient interface of @dsec/protocol; only its composition root (platform.ts) imports @dsec/edge',
+  ),
   boundary(['packages/apiserver/src/platform.ts'], ['protocol', 'watcher', 'edge'], 'the composition root imports @dsec/edge by its index only'),
   boundary(['packages/cli/**', 'test/**', 'bench/**'], '*', ''),
   prettier,
