@@ -9,6 +9,10 @@ files=(packages/*/dist/**/*.test.js test/dist/**/*.test.js)
 if [ "${DSEC_SKIP_SLOW:-}" = "1" ]; then
   files=("${files[@]/*debian.test.js}")
 fi
+# The lint (typescript-eslint with types, import boundaries) is quick and fails the run before
+# the slow tests start.
+echo "dsec: lint"
+npx eslint --max-warnings 0 .
 status=0
 # The benchmark, small, so that it never rots: it fails only when a scenario crashes, never on
 # speed. DSEC_SKIP_SLOW=1 leaves out the episode scenario (its first run builds a Debian base).

@@ -24,7 +24,7 @@ async function call(method: string, route: string, opts: { key?: string | null |
     headers['content-type'] = 'application/json';
     body = typeof opts.json === 'string' ? opts.json : JSON.stringify(opts.json);
   }
-  const res = await fetch(platform.url + route, { method, headers, ...(body !== undefined ? { body, duplex: 'half' } : {}) } as RequestInit);
+  const res = await fetch(platform.url + route, { method, headers, ...(body !== undefined ? { body, duplex: 'half' } : {}) });
   const type = res.headers.get('content-type') ?? '';
   const parsed = type.includes('application/json') ? await res.json() : Buffer.from(await res.arrayBuffer());
   return { status: res.status, body: parsed, headers: res.headers };
@@ -275,7 +275,7 @@ describe('sandboxes, commands and files', () => {
     const rest = await call('GET', `/v1/sandboxes/${id}/processes/${pid}/output?from=${offset}`);
     const events = rest.body.toString().trim().split('\n').map((l: string) => JSON.parse(l));
     const tail = events.filter((e: { type: string }) => e.type === 'output').map((e: { data: string }) => Buffer.from(e.data, 'base64').toString()).join('');
-    assert.equal(seen + tail, [1, 2, 3, 4, 5, 6].map((i) => `line${i}\n`).join(''));
+    assert.equal(`${seen}${tail}`, [1, 2, 3, 4, 5, 6].map((i) => `line${i}\n`).join(''));
     assert.equal(events.at(-1).type, 'exit');
     assert.equal(events.at(-1).exitCode, 0);
     assert.equal((await call('GET', `/v1/sandboxes/${id}/processes/999999/output`)).status, 404);
@@ -288,7 +288,7 @@ describe('sandboxes, commands and files', () => {
       body: JSON.stringify({ argv: ['sleep', '60'] }),
     });
     const reader = res.body!.getReader();
-    const first = JSON.parse(Buffer.from((await reader.read()).value!).toString().split('\n')[0]!);
+    const first = JSON.parse(Buffer.from((await reader.read()).value).toString().split('\n')[0]!);
     assert.equal((await call('POST', `/v1/sandboxes/${id}/processes/${first.pid}/signal`, { json: { signal: 'SIGTERM' } })).status, 204);
     let text = '';
     for (;;) {
@@ -306,7 +306,7 @@ describe('sandboxes, commands and files', () => {
     const ws = new WebSocket(`${platform.url.replace('http', 'ws')}/v1/sandboxes/${id}/exec/ws`, { headers: { authorization: `Bearer ${platform.adminKey}` } });
     const events: any[] = [];
     const closed = new Promise<void>((resolve) => ws.on('close', () => resolve()));
-    ws.on('message', (m) => events.push(JSON.parse(m.toString())));
+    ws.on('message', (m: Buffer) => events.push(JSON.parse(m.toString())));
     await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
     ws.send(JSON.stringify({ argv: ['sh', '-c', 'read a; echo got:$a; read b; echo got:$b'] }));
     ws.send(JSON.stringify({ type: 'stdin', data: Buffer.from('one\n').toString('base64') }));

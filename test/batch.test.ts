@@ -124,14 +124,14 @@ describe('batch create', () => {
   test('a bad item fails alone with its field named; the others are created', async () => {
     const p = await project({ sandboxes: 5 });
     const result = await Sandbox.createBatch(
-      { items: [SPEC, { image: { base: 'no-such-layer' } }, { ...SPEC, resources: { memoryMiB: 1 } }, { ...SPEC, bogus: true } as never, { ...SPEC, labels: { n: '4' } }] },
+      { items: [SPEC, { image: { base: 'no-such-layer' } }, { ...SPEC, resources: { memoryMiB: 1 } }, { ...SPEC, bogus: true }, { ...SPEC, labels: { n: '4' } }] },
       {},
       { client: p.client },
     );
     assert.equal(result.created, 2);
     assert.ok(result.items[0]!.sandbox);
     assert.ok(result.items[4]!.sandbox);
-    assert.equal(result.items[4]!.sandbox!.lastInfo?.labels.n, '4');
+    assert.equal(result.items[4]!.sandbox?.lastInfo?.labels.n, '4');
     assert.equal(result.items[1]!.error?.code, 'LAYER_NOT_FOUND');
     assert.equal(result.items[1]!.error?.details.field, 'items.1.image.base');
     assert.equal(result.items[2]!.error?.code, 'INVALID_ARGUMENT');

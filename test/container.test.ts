@@ -13,22 +13,20 @@ import type { TestNode } from './helpers/node.js';
 import { tarOf } from './helpers/assert.js';
 
 let node: TestNode;
-let base: LayerInfo;
 let workspace: LayerInfo;
-let toolkit: LayerInfo;
 let scratch: string;
 
 before(async () => {
   node = await startNode();
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-'));
-  base = await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
+  await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
   const ws = path.join(scratch, 'ws');
   await mkdir(path.join(ws, 'project/tests'), { recursive: true });
   await writeFile(path.join(ws, 'project/README'), 'workspace readme\n');
   await writeFile(path.join(ws, 'project/tests/test.sh'), '#!/bin/sh\necho tests-pass\n', { mode: 0o755 });
   await writeFile(path.join(ws, 'project/shadowed'), 'from workspace\n');
   workspace = await node.edge.layers.build({ type: 'dir', path: ws }, { kind: 'workspace', name: 'ws-test' });
-  toolkit = await node.edge.layers.build(
+  await node.edge.layers.build(
     { type: 'tar', stream: Readable.from([await tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' }, 0o755)]) },
     { kind: 'toolkit', name: 'tool-test' },
   );
@@ -148,7 +146,7 @@ describe('container sandboxes', () => {
       const created = await Promise.all(Array.from({ length: 50 }, () => node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } })));
       ids.push(...created.map((s) => s.id));
       const outs = await Promise.all(ids.map((id) => node.edge.exec(id, { cmd: 'hostname; echo $$' })));
-      for (const o of outs) assert.equal(o.stdout, 'sandbox\n' + o.stdout.split('\n')[1] + '\n');
+      for (const o of outs) assert.equal(o.stdout, `sandbox\n${o.stdout.split('\n')[1]}\n`);
       assert.equal(new Set(ids).size, 50);
     } finally {
       await Promise.all(ids.map((id) => node.edge.destroy(id)));
@@ -241,7 +239,7 @@ describe('container sandboxes', () => {
       assert.equal(zombies.stdout.trim(), '0', 'PID 1 reaps orphans');
       const oom = (await node.edge.exec(sb.id, { cmd: 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj' })).stdout.split('\n').map(Number);
       assert.equal(oom[1], 500);
-      assert.ok(oom[0]! < oom[1]!, 'the agent is the OOM killer last choice in its sandbox');
+      assert.ok(oom[0]! < oom[1], 'the agent is the OOM killer last choice in its sandbox');
       const kill1 = await node.edge.exec(sb.id, { cmd: 'kill -TERM 1; kill -INT 1; kill -HUP 1; sleep 0.2; echo alive' });
       assert.equal(kill1.stdout, 'alive\n');
       assert.equal((await node.edge.exec(sb.id, { argv: ['true'] })).exitCode, 0, 'kill 1 from inside does not stop the sandbox');

@@ -504,7 +504,7 @@ describe('API and SDK', () => {
     const dsec = (args: string[]): Promise<{ code: number; stdout: string }> =>
       run(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env }).then(
         (r) => ({ code: 0, stdout: r.stdout }),
-        (e: { code?: number; stdout?: string }) => ({ code: e.code ?? -1, stdout: e.stdout ?? '' }),
+        (e: unknown) => ({ code: (e as { code?: number }).code ?? -1, stdout: (e as { stdout?: string }).stdout ?? '' }),
       );
     const created = await dsec(['sandbox', 'create', '--base', 'busybox', '--read-only', '/grader', '--allow-ptrace', '--json']);
     assert.equal(created.code, 0);

@@ -422,7 +422,7 @@ describe('platform: leases, owners, reattach', () => {
         if (msg.type === 'process') pid = msg.pid!;
         if (msg.type === 'output') {
           assert.equal(msg.offset, offset, 'the child saw the output contiguously');
-          seen += msg.text;
+          seen += msg.text ?? '';
           offset = msg.end!;
           if (seen.split('\n').length > 40) break;
         }

@@ -80,7 +80,7 @@ async function startUpstream(dir: string): Promise<Upstream> {
     const { readFile } = await import('node:fs/promises');
     // Wait for the servers, checking from the host (the positive control of the bypass tests).
     await waitFor(async () => (await httpGet(address, 9000, '/ok.txt').catch(() => '')) === 'upstream-ok\n', 'upstream httpd');
-    await waitFor(async () => (await udpProbe(address, 53)) === true, 'upstream udp');
+    await waitFor(async () => await udpProbe(address, 53), 'upstream udp');
     await writeFile(counter, '0');
     return { name, address, hostAddress, procs, close, udpSeen: async () => Number(await readFile(counter, 'utf8').catch(() => '0')) };
   } catch (err) {

@@ -6,7 +6,6 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { CommandExitError, DsecClient, DsecError, Sandbox } from '@dsec/sdk';
-import type { OutputEvent } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { isCode } from './helpers/assert.js';
@@ -163,7 +162,7 @@ describe('spawn and attach', () => {
     const it = h[Symbol.asyncIterator]();
     const first = await it.next();
     assert.equal(first.done, false);
-    assert.equal((first.value as OutputEvent).data.toString(), 'started\n');
+    assert.equal(first.value.data.toString(), 'started\n');
     assert.ok(h.pid >= 0);
     await h.kill();
     const exit = await h.wait();

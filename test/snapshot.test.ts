@@ -56,7 +56,7 @@ describe('snapshots', () => {
     assert.equal(await sh(a, 'echo still-here'), 'still-here\n');
     const b = await create({ snapshot: first.digest });
     assert.equal(b.lastInfo?.snapshot, first.digest);
-    assert.deepEqual(b.lastInfo?.layers, [...first.snapshot!.parents, first.digest]);
+    assert.deepEqual(b.lastInfo?.layers, [...first.snapshot.parents, first.digest]);
     assert.equal(await treeOf(b, '/work'), await treeOf(a, '/work'));
 
     // Deletions of files from the snapshot and from the base, a directory replaced by a new one
@@ -64,10 +64,10 @@ describe('snapshots', () => {
     await sh(b, 'rm /work/gone /etc/group && rm -rf /work/dir /work/tree && mkdir /work/dir && echo new > /work/dir/c && echo more >> /work/keep && mkdir -p /work/tree && echo fresh > /work/tree/g');
     const second = await b.snapshot({ name: 'chain-test:two' });
     assert.deepEqual(second.names, ['chain-test:two']);
-    assert.deepEqual(second.snapshot?.parents, [...first.snapshot!.parents, first.digest]);
+    assert.deepEqual(second.snapshot?.parents, [...first.snapshot.parents, first.digest]);
     const c = await create({ snapshot: 'chain-test:two' });
-    assert.deepEqual(c.lastInfo?.layers, [...second.snapshot!.parents, second.digest]);
-    assert.deepEqual(c.lastInfo?.image, { base: first.snapshot!.parents[0] });
+    assert.deepEqual(c.lastInfo?.layers, [...second.snapshot.parents, second.digest]);
+    assert.deepEqual(c.lastInfo?.image, { base: first.snapshot.parents[0] });
     assert.equal(await treeOf(c, '/work'), await treeOf(b, '/work'));
     assert.equal((await c.exec('test -e /work/gone')).exitCode, 1);
     assert.equal((await c.exec('test -e /etc/group')).exitCode, 1);

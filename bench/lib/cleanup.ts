@@ -2,13 +2,13 @@
 // normal exit, on error, and on Ctrl-C / SIGTERM.
 import { progress } from './stats.js';
 
-type Undo = { what: string; run: () => Promise<unknown> | unknown };
+type Undo = { what: string; run: () => unknown };
 
 const undos: Undo[] = [];
 let running: Promise<void> | undefined;
 
 /** Registers an undo step; returns a function that runs it now (and unregisters it). */
-export function onCleanup(what: string, run: () => Promise<unknown> | unknown): () => Promise<void> {
+export function onCleanup(what: string, run: () => unknown): () => Promise<void> {
   const undo: Undo = { what, run };
   undos.push(undo);
   return async () => {

@@ -104,7 +104,7 @@ export async function retryRateLimited<T>(fn: () => Promise<T>): Promise<T> {
     } catch (err) {
       if (!isDsecError(err) || err.code !== 'RATE_LIMITED') throw err;
       rateLimitedHits++;
-      await sleep(Number(err.details.retryAfterMs ?? 50));
+      await sleep(err.details.retryAfterMs ?? 50);
     }
   }
 }

@@ -164,7 +164,7 @@ async function reclaim(ctx: ScenarioContext): Promise<void> {
       ctx.note(`zram: not measured (${(err as Error).message}).`);
       return;
     }
-    swapOff = onCleanup('zram swap', () => zram!.disable());
+    swapOff = onCleanup('zram swap', () => zram.disable());
     await measure('zram swap', zram);
   } finally {
     await pool(sandboxes.length, 4, (i) => sandboxes[i]!.kill().catch(() => undefined));

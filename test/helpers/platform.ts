@@ -6,7 +6,6 @@ import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
 import type { Platform, PlatformOptions } from '@dsec/apiserver';
 import { mountsUnder, umount, MNT } from '@dsec/edge';
-import type { NetworkOptions } from '@dsec/edge';
 import { AGENT_BINARY } from './node.js';
 
 /** A running platform and what a client needs to reach it. */

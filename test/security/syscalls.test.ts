@@ -203,7 +203,7 @@ describe('/proc and /sys', () => {
     assert.equal(got.length, files.length, r.stdout);
     for (const p of got) {
       const nothing = p.result === 'ENOENT' || (p.result === 'OK' && p.bytes === 0);
-      assert.ok(nothing, `${String(p.path ?? '')} gave ${JSON.stringify(p)}`);
+      assert.ok(nothing, `${JSON.stringify(p.path ?? '')} gave ${JSON.stringify(p)}`);
     }
   });
 });

@@ -2,6 +2,7 @@
 // dsec: the command line of the dsec sandbox platform.
 import { Command, CommanderError } from 'commander';
 import { isDsecError } from '@dsec/sdk';
+import { ConfigError } from './config.js';
 import { registerKeys, registerNodes, registerProjects } from './commands/admin.js';
 import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
@@ -57,6 +58,10 @@ export async function main(argv: string[]): Promise<number> {
       // Errors thrown by actions have not been printed by commander yet.
       if (err.code === 'commander.invalidArgument' && !err.message.startsWith('error:')) process.stderr.write(`dsec: ${err.message}\n`);
       return err.exitCode === 0 ? 0 : EXIT_USAGE;
+    }
+    if (err instanceof ConfigError) {
+      process.stderr.write(`dsec: ${err.message}\n`);
+      return EXIT_USAGE;
     }
     if (isDsecError(err)) {
       process.stderr.write(`dsec: ${err.code}: ${err.message}\n`);

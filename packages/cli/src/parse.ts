@@ -17,7 +17,8 @@ export function repeated(value: string, previous: string[] = []): string[] {
 export function number(integer: boolean): (value: string) => number {
   return (value) => {
     const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || (integer && !Number.isInteger(n))) throw new InvalidArgumentError(`not ${integer ? 'an integer' : 'a number'}: "${value}"`);
+    if (value.trim() === '' || !Number.isFinite(n) || (integer && !Number.isInteger(n)))
+      throw new InvalidArgumentError(`not ${integer ? 'an integer' : 'a number'}: "${value}"`);
     return n;
   };
 }

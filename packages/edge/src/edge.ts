@@ -1089,6 +1089,12 @@ export class Edge implements EdgeClient {
     this.layers.detach();
     for (const b of this.backends.values()) await b.close();
     await this.network.close();
+    // With no sandbox left nothing needs the node's mounts (layer mounts, the runtime namespace,
+    // the home's shared bind mount): release them; the next open makes them again.
+    if (this.sandboxes.size === 0) {
+      await this.layers.close();
+      await this.runtimeNs.destroy();
+    }
   }
 
   /** Destroys every sandbox, unmounts every layer and removes the runtime namespace (tests). */

@@ -338,6 +338,9 @@ export type { Transport } from './edge-wire/transport.js';
 export { EdgeWireModeSchema, edgeThroughWire, loopbackEdge } from './edge-wire/loopback.js';
 export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';
 
+export { checkConfig, configJsonSchema, DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecConfigSchema, HostPortSchema, MirrorsConfigSchema, NetworkConfigSchema, NodeConfigSchema, ProxyLimitsConfigSchema, RetentionConfigSchema } from './config.js';
+export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
+
 // Names kept until the callers move:
 // (`ExecResultSchema` is a node's result now, without `pid`; the exec reply is `ExecReplySchema`.)
 export type { ExecReply as ExecResultBody } from './exec.js';

@@ -86,7 +86,14 @@ const MAX_DATA_CHARS = 8192;
 const SEVERITIES: readonly EventSeverity[] = ['info', 'warning', 'critical'];
 
 /** Kinds that are a refusal of something a sandbox tried (counted as denials in metrics). */
-export const DENIAL_KINDS: ReadonlySet<EventKind> = new Set<EventKind>(['protected-path.write', 'seccomp.denied', 'pids.limit-hit', 'egress.denied', 'egress.port-scan', 'control.forged-message']);
+export const DENIAL_KINDS: ReadonlySet<EventKind> = new Set<EventKind>([
+  'protected-path.write',
+  'seccomp.denied',
+  'pids.limit-hit',
+  'egress.denied',
+  'egress.port-scan',
+  'control.forged-message',
+]);
 
 /** A live subscriber: a bounded queue the SSE stream drains. */
 export interface EventSubscription {
@@ -325,7 +332,10 @@ export class EventHub {
     this.emit({
       ...last,
       at: new Date().toISOString(),
-      message: `${w.suppressed} more ${last.kind} event${w.suppressed === 1 ? '' : 's'} like this were rate-limited; the last: ${last.message}`.slice(0, MAX_MESSAGE_CHARS),
+      message: `${w.suppressed} more ${last.kind} event${w.suppressed === 1 ? '' : 's'} like this were rate-limited; the last: ${last.message}`.slice(
+        0,
+        MAX_MESSAGE_CHARS,
+      ),
       data: { ...last.data, rateLimited: w.suppressed },
     });
     w.suppressed = 0;

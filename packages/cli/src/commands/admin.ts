@@ -81,7 +81,14 @@ export function registerProjects(program: Command): void {
       if (flags.json) return printJson(items);
       printTable(
         ['id', 'name', 'parent', 'sandboxes', 'cpu', 'memory'],
-        items.map((p) => [p.id, p.name, p.parent ?? '-', `${p.usage.sandboxes}/${p.quota.sandboxes}`, `${p.usage.cpu}/${p.quota.cpu}`, `${p.usage.memoryMiB}/${p.quota.memoryMiB}Mi`]),
+        items.map((p) => [
+          p.id,
+          p.name,
+          p.parent ?? '-',
+          `${p.usage.sandboxes}/${p.quota.sandboxes}`,
+          `${p.usage.cpu}/${p.quota.cpu}`,
+          `${p.usage.memoryMiB}/${p.quota.memoryMiB}Mi`,
+        ]),
       );
     });
 }

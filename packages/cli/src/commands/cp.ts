@@ -1,5 +1,6 @@
 // dsec cp: copy files and directories between this machine and a sandbox (`ID:/path`).
 import { createReadStream, createWriteStream } from 'node:fs';
+import type { Stats } from 'node:fs';
 import { mkdir, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -15,7 +16,7 @@ export function parseRemote(spec: string): { id: string; path: string } | undefi
   return m ? { id: m[1] as string, path: m[2] as string } : undefined;
 }
 
-async function localStat(p: string): Promise<import('node:fs').Stats | undefined> {
+async function localStat(p: string): Promise<Stats | undefined> {
   try {
     return await stat(p);
   } catch {

@@ -49,50 +49,57 @@ export function registerExec(program: Command): void {
     .option('--timeout <ms>', 'kill the command after this long', number(true))
     .option('-i, --interactive', "forward this process's stdin")
     .option('-t, --tty', 'run under a terminal (with -i, when stdin is a terminal)')
-    .action(async (id: string, rawArgv: string[], flags: { cwd?: string; env?: Record<string, string>; timeout?: number; interactive?: boolean; tty?: boolean }, cmd: Command) => {
-      // Defensive: a `--` left in the operands is the end of dsec's options, not the command.
-      const argv = rawArgv[0] === '--' ? rawArgv.slice(1) : rawArgv;
-      if (argv.length === 0) throw new InvalidArgumentError('missing the command to run');
-      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const sandbox = await Sandbox.connect(id, { client });
-      const tty = Boolean(flags.tty && process.stdin.isTTY && process.stdout.isTTY);
-      const handle = await sandbox.spawn(argv, {
-        ...(flags.cwd ? { cwd: flags.cwd } : {}),
-        // A terminal program needs to know the terminal, as with ssh and docker exec -t.
-        ...(flags.env || tty ? { env: { ...(tty ? { TERM: process.env.TERM || 'xterm' } : {}), ...flags.env } } : {}),
-        ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
-        ...(flags.interactive ? { stdin: true } : {}),
-        ...(tty ? { pty: { rows: process.stdout.rows || 24, cols: process.stdout.columns || 80 } } : {}),
-      });
+    .action(
+      async (
+        id: string,
+        rawArgv: string[],
+        flags: { cwd?: string; env?: Record<string, string>; timeout?: number; interactive?: boolean; tty?: boolean },
+        cmd: Command,
+      ) => {
+        // Defensive: a `--` left in the operands is the end of dsec's options, not the command.
+        const argv = rawArgv[0] === '--' ? rawArgv.slice(1) : rawArgv;
+        if (argv.length === 0) throw new InvalidArgumentError('missing the command to run');
+        const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+        const sandbox = await Sandbox.connect(id, { client });
+        const tty = Boolean(flags.tty && process.stdin.isTTY && process.stdout.isTTY);
+        const handle = await sandbox.spawn(argv, {
+          ...(flags.cwd ? { cwd: flags.cwd } : {}),
+          // A terminal program needs to know the terminal, as with ssh and docker exec -t.
+          ...(flags.env || tty ? { env: { ...(tty ? { TERM: process.env.TERM || 'xterm' } : {}), ...flags.env } } : {}),
+          ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
+          ...(flags.interactive ? { stdin: true } : {}),
+          ...(tty ? { pty: { rows: process.stdout.rows || 24, cols: process.stdout.columns || 80 } } : {}),
+        });
 
-      // Without a terminal, ^C is passed on as SIGINT (a terminal passes it as a byte itself).
-      const onSigint = (): void => void handle.kill('SIGINT').catch(() => undefined);
-      const onSigterm = (): void => void handle.kill('SIGTERM').catch(() => undefined);
-      const onResize = (): void => void handle.resize(process.stdout.rows, process.stdout.columns).catch(() => undefined);
-      process.on('SIGINT', onSigint);
-      process.on('SIGTERM', onSigterm);
-      if (tty) {
-        process.stdin.setRawMode(true);
-        process.stdout.on('resize', onResize);
-      }
-      try {
-        const output = (async () => {
-          for await (const ev of handle) {
-            await writeOut(ev.stream === 'stdout' ? process.stdout : process.stderr, ev.data);
-          }
-        })();
-        const stdin = flags.interactive ? forwardStdin(handle, output) : Promise.resolve();
-        await output;
-        const exit = await handle.wait();
-        await stdin;
-        process.exitCode = exitCodeOf(exit);
-      } finally {
-        process.off('SIGINT', onSigint);
-        process.off('SIGTERM', onSigterm);
+        // Without a terminal, ^C is passed on as SIGINT (a terminal passes it as a byte itself).
+        const onSigint = (): void => void handle.kill('SIGINT').catch(() => undefined);
+        const onSigterm = (): void => void handle.kill('SIGTERM').catch(() => undefined);
+        const onResize = (): void => void handle.resize(process.stdout.rows, process.stdout.columns).catch(() => undefined);
+        process.on('SIGINT', onSigint);
+        process.on('SIGTERM', onSigterm);
         if (tty) {
-          process.stdin.setRawMode(false);
-          process.stdout.off('resize', onResize);
+          process.stdin.setRawMode(true);
+          process.stdout.on('resize', onResize);
         }
-      }
-    });
+        try {
+          const output = (async () => {
+            for await (const ev of handle) {
+              await writeOut(ev.stream === 'stdout' ? process.stdout : process.stderr, ev.data);
+            }
+          })();
+          const stdin = flags.interactive ? forwardStdin(handle, output) : Promise.resolve();
+          await output;
+          const exit = await handle.wait();
+          await stdin;
+          process.exitCode = exitCodeOf(exit);
+        } finally {
+          process.off('SIGINT', onSigint);
+          process.off('SIGTERM', onSigterm);
+          if (tty) {
+            process.stdin.setRawMode(false);
+            process.stdout.off('resize', onResize);
+          }
+        }
+      },
+    );
 }

@@ -51,38 +51,48 @@ export function registerImage(program: Command): void {
     .option('--debian <pkgs>', 'comma-separated Debian packages (built with mmdebstrap on the server)', commaList)
     .option('--suite <suite>', 'Debian suite for --debian')
     .option('--json', 'print the layer as JSON')
-    .action(async (name: string, flags: { kind: string; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean }, cmd: Command) => {
-      const sources = [flags.fromDir, flags.fromTar, flags.fromOci, flags.debian].filter((s) => s !== undefined);
-      if (sources.length !== 1) throw new InvalidArgumentError('give exactly one of --from-dir, --from-tar, --from-oci, --debian');
-      if (flags.suite && !flags.debian) throw new InvalidArgumentError('--suite goes with --debian');
-      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const kind = flags.kind as Exclude<LayerKind, 'snapshot'>;
-      let layer: LayerInfo;
-      if (flags.debian) {
-        layer = await client.layers.buildDebian(
-          { kind, name, packages: flags.debian, ...(flags.suite ? { suite: flags.suite } : {}) },
-          { onProgress: (message) => process.stderr.write(`${message}\n`) },
-        );
-      } else if (flags.fromDir) {
-        if (!(await stat(flags.fromDir)).isDirectory()) throw new InvalidArgumentError(`not a directory: ${flags.fromDir}`);
-        const progress = progressPrinter();
-        layer = await client.layers.uploadDir(flags.fromDir, { kind, name }, { onProgress: (n) => progress.update(n) });
-        progress.done();
-      } else {
-        const file = (flags.fromTar ?? flags.fromOci) as string;
-        const size = (await stat(file)).size;
-        const progress = progressPrinter(size);
-        layer = await client.layers.upload(createReadStream(file), { kind, name, format: flags.fromOci ? 'oci' : 'tar' }, { onProgress: (n) => progress.update(n) });
-        progress.done();
-      }
-      if (flags.json) printJson(layer);
-      else process.stdout.write(`${layer.digest}\n`);
-    });
+    .action(
+      async (
+        name: string,
+        flags: { kind: string; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean },
+        cmd: Command,
+      ) => {
+        const sources = [flags.fromDir, flags.fromTar, flags.fromOci, flags.debian].filter((s) => s !== undefined);
+        if (sources.length !== 1) throw new InvalidArgumentError('give exactly one of --from-dir, --from-tar, --from-oci, --debian');
+        if (flags.suite && !flags.debian) throw new InvalidArgumentError('--suite goes with --debian');
+        const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+        const kind = flags.kind as Exclude<LayerKind, 'snapshot'>;
+        let layer: LayerInfo;
+        if (flags.debian) {
+          layer = await client.layers.buildDebian(
+            { kind, name, packages: flags.debian, ...(flags.suite ? { suite: flags.suite } : {}) },
+            { onProgress: (message) => process.stderr.write(`${message}\n`) },
+          );
+        } else if (flags.fromDir) {
+          if (!(await stat(flags.fromDir)).isDirectory()) throw new InvalidArgumentError(`not a directory: ${flags.fromDir}`);
+          const progress = progressPrinter();
+          layer = await client.layers.uploadDir(flags.fromDir, { kind, name }, { onProgress: (n) => progress.update(n) });
+          progress.done();
+        } else {
+          const file = (flags.fromTar ?? flags.fromOci) as string;
+          const size = (await stat(file)).size;
+          const progress = progressPrinter(size);
+          layer = await client.layers.upload(
+            createReadStream(file),
+            { kind, name, format: flags.fromOci ? 'oci' : 'tar' },
+            { onProgress: (n) => progress.update(n) },
+          );
+          progress.done();
+        }
+        if (flags.json) printJson(layer);
+        else process.stdout.write(`${layer.digest}\n`);
+      },
+    );
 
   image
     .command('ls')
     .alias('list')
-    .description('list layers (the project\'s and the public ones)')
+    .description("list layers (the project's and the public ones)")
     .option('--kind <kind>', 'only this kind')
     .option('--json', 'print JSON')
     .action(async (flags: { kind?: string; json?: boolean }, cmd: Command) => {
@@ -91,7 +101,15 @@ export function registerImage(program: Command): void {
       if (flags.json) return printJson(items);
       printTable(
         ['name', 'kind', 'digest', 'size', 'files', 'project', 'age'],
-        items.map((l) => [l.names.join(',') || '-', l.kind, l.digest.replace(/^sha256:/, '').slice(0, 12), formatBytes(l.contentBytes), String(l.files), l.project, formatAge(l.createdAt)]),
+        items.map((l) => [
+          l.names.join(',') || '-',
+          l.kind,
+          l.digest.replace(/^sha256:/, '').slice(0, 12),
+          formatBytes(l.contentBytes),
+          String(l.files),
+          l.project,
+          formatAge(l.createdAt),
+        ]),
       );
     });
 

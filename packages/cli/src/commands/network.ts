@@ -90,7 +90,10 @@ function patchFrom(flags: PatchFlags): NetworkPolicyPatch {
   if (presets) patch.presets = presets as NetworkPolicyPatch['presets'];
   const addrs = addRemove(flags.addAddress, flags.removeAddress);
   if (addrs) patch.allowAddresses = addrs;
-  if (Object.keys(patch).length === 0) throw new InvalidArgumentError('nothing to change: give --allow, --deny, --add-preset, --remove-preset, --add-address, --remove-address, --none or --patch');
+  if (Object.keys(patch).length === 0)
+    throw new InvalidArgumentError(
+      'nothing to change: give --allow, --deny, --add-preset, --remove-preset, --add-address, --remove-address, --none or --patch',
+    );
   return patch;
 }
 
@@ -169,11 +172,21 @@ export function registerNetwork(program: Command): void {
       if (flags.json) return printJson(items);
       printTable(
         ['time', 'via', 'destination', 'verdict', 'rule / reason'],
-        items.map((e) => [e.at ?? '', e.via, `${e.host}:${e.port}${e.protocol && e.protocol !== 'tcp' ? `/${e.protocol}` : ''}`, e.verdict, e.verdict === 'allowed' ? (e.rule ?? '') : (e.reason ?? '')]),
+        items.map((e) => [
+          e.at ?? '',
+          e.via,
+          `${e.host}:${e.port}${e.protocol && e.protocol !== 'tcp' ? `/${e.protocol}` : ''}`,
+          e.verdict,
+          e.verdict === 'allowed' ? (e.rule ?? '') : (e.reason ?? ''),
+        ]),
       );
     });
 
-  withPatchFlags(network.command('apply').description('replace (--policy) or patch (--allow, --deny, --add-preset, ..., --patch) the policy of every sandbox with these labels'))
+  withPatchFlags(
+    network
+      .command('apply')
+      .description('replace (--policy) or patch (--allow, --deny, --add-preset, ..., --patch) the policy of every sandbox with these labels'),
+  )
     .requiredOption('--selector <k=v>', 'label the sandboxes carry (repeatable)', keyValue)
     .option('--policy <json>', 'replace with this whole policy (JSON)')
     .option('--json', 'print JSON')

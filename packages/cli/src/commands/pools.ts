@@ -24,7 +24,11 @@ export function registerPools(program: Command): void {
     .option('--json', 'print the pool as JSON')
     .action(async (name: string, flags: SpecFlags & { size: number; idleTimeout?: number; json?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const pool = await client.pools.put(name, { spec: specOf(flags), size: flags.size, ...(flags.idleTimeout !== undefined ? { idleTimeoutMs: flags.idleTimeout } : {}) });
+      const pool = await client.pools.put(name, {
+        spec: specOf(flags),
+        size: flags.size,
+        ...(flags.idleTimeout !== undefined ? { idleTimeoutMs: flags.idleTimeout } : {}),
+      });
       if (flags.json) printJson(pool);
       else process.stdout.write(`${pool.name}\n`);
     });
@@ -39,7 +43,16 @@ export function registerPools(program: Command): void {
       if (flags.json) return printJson(items);
       printTable(
         ['name', 'project', 'image', 'size', 'ready', 'creating', 'idle', 'last used'],
-        items.map((p) => [p.name, p.project, imageText(p), String(p.size), String(p.ready), String(p.creating), p.idle ? 'yes' : 'no', formatAge(p.lastUsedAt) + ' ago']),
+        items.map((p) => [
+          p.name,
+          p.project,
+          imageText(p),
+          String(p.size),
+          String(p.ready),
+          String(p.creating),
+          p.idle ? 'yes' : 'no',
+          formatAge(p.lastUsedAt) + ' ago',
+        ]),
       );
     });
 

@@ -65,7 +65,7 @@ function pauseText(r: PauseResult): string {
 function stepText(s: TrajectoryStep): string {
   if (s.kind === 'exec') {
     const what = s.command?.cmd ?? (s.command?.argv ?? []).join(' ');
-    const how = s.error ? s.error.code : s.exit === null || s.exit === undefined ? 'running' : s.exit.signal ?? `exit ${s.exit.exitCode}`;
+    const how = s.error ? s.error.code : s.exit === null || s.exit === undefined ? 'running' : (s.exit.signal ?? `exit ${s.exit.exitCode}`);
     return `${what}  [${how}]`;
   }
   const target = s.kind === 'rename' ? `${s.from} -> ${s.to}` : (s.path ?? '');
@@ -104,7 +104,8 @@ export function withSpecFlags(cmd: Command): Command {
 /** The image and resources the flags describe. */
 export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | 'snapshot' | 'resources'> {
   if ((flags.base === undefined) === (flags.snapshot === undefined)) throw new InvalidArgumentError('give exactly one of --base or --snapshot');
-  if (flags.snapshot !== undefined && (flags.workspace !== undefined || flags.toolkit !== undefined)) throw new InvalidArgumentError('--workspace and --toolkit go with --base');
+  if (flags.snapshot !== undefined && (flags.workspace !== undefined || flags.toolkit !== undefined))
+    throw new InvalidArgumentError('--workspace and --toolkit go with --base');
   const resources = {
     ...(flags.cpu !== undefined ? { cpu: flags.cpu } : {}),
     ...(flags.memory !== undefined ? { memoryMiB: flags.memory } : {}),
@@ -114,12 +115,25 @@ export function specOf(flags: SpecFlags): Pick<SandboxCreateOptions, 'image' | '
   return {
     ...(flags.base !== undefined
       ? { image: { base: flags.base, ...(flags.workspace ? { workspace: flags.workspace } : {}), ...(flags.toolkit ? { toolkits: flags.toolkit } : {}) } }
-      : { snapshot: flags.snapshot as string }),
+      : { snapshot: flags.snapshot }),
     ...(Object.keys(resources).length ? { resources } : {}),
   };
 }
 
-type CreateFlags = SpecFlags & PolicyFlags & LeaseFlags & { label?: Record<string, string>; env?: Record<string, string>; timeout?: number; readOnly?: string[]; watch?: string[]; allowPtrace?: boolean; json?: boolean; count?: number; wait?: number | true; idempotencyKey?: string };
+type CreateFlags = SpecFlags &
+  PolicyFlags &
+  LeaseFlags & {
+    label?: Record<string, string>;
+    env?: Record<string, string>;
+    timeout?: number;
+    readOnly?: string[];
+    watch?: string[];
+    allowPtrace?: boolean;
+    json?: boolean;
+    count?: number;
+    wait?: number | true;
+    idempotencyKey?: string;
+  };
 
 /** Registers `dsec sandbox ...`. */
 export function registerSandbox(program: Command): void {
@@ -143,7 +157,9 @@ export function registerSandbox(program: Command): void {
         ...(flags.label ? { labels: flags.label } : {}),
         ...(flags.env ? { env: flags.env } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
-        ...(flags.readOnly || flags.watch ? { protect: { ...(flags.readOnly ? { readOnly: flags.readOnly } : {}), ...(flags.watch ? { watch: flags.watch } : {}) } } : {}),
+        ...(flags.readOnly || flags.watch
+          ? { protect: { ...(flags.readOnly ? { readOnly: flags.readOnly } : {}), ...(flags.watch ? { watch: flags.watch } : {}) } }
+          : {}),
         ...(flags.allowPtrace ? { security: { allowPtrace: true } } : {}),
       };
       const network = policyFrom(flags);
@@ -164,7 +180,16 @@ export function registerSandbox(program: Command): void {
         else process.stderr.write(`dsec: ${item.error?.code ?? 'ERROR'}: item ${item.index}: ${item.error?.message ?? 'failed'}\n`);
       };
       const result = await Sandbox.createBatch({ spec, count: flags.count, ...(admission ? { admission } : {}) }, { onItem, ...key }, { client });
-      if (flags.json) printJson({ created: result.created, failed: result.failed, items: result.items.map((i) => ({ index: i.index, ...(i.sandbox ? { sandbox: i.sandbox.lastInfo } : {}), ...(i.error ? { error: i.error.toJSON().error } : {}) })) });
+      if (flags.json)
+        printJson({
+          created: result.created,
+          failed: result.failed,
+          items: result.items.map((i) => ({
+            index: i.index,
+            ...(i.sandbox ? { sandbox: i.sandbox.lastInfo } : {}),
+            ...(i.error ? { error: i.error.toJSON().error } : {}),
+          })),
+        });
       if (result.failed > 0) process.exitCode = 1;
     });
 
@@ -177,7 +202,10 @@ export function registerSandbox(program: Command): void {
     .option('--json', 'print JSON')
     .action(async (flags: { label?: Record<string, string>; state?: string; json?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const items = await Sandbox.list({ ...(flags.label ? { labels: flags.label } : {}), ...(flags.state ? { state: flags.state as SandboxState } : {}) }, { client }).toArray();
+      const items = await Sandbox.list(
+        { ...(flags.label ? { labels: flags.label } : {}), ...(flags.state ? { state: flags.state as SandboxState } : {}) },
+        { client },
+      ).toArray();
       if (flags.json) return printJson(items);
       printTable(
         ['id', 'state', 'image', 'cpu', 'memory', 'age', 'labels'],
@@ -205,10 +233,16 @@ export function registerSandbox(program: Command): void {
         ['resources', `cpu ${r.cpu} (${r.cpuClass}), memory ${r.memoryMiB}Mi, disk ${r.diskMiB}Mi, pids ${r.pids}`],
         ['labels', labelsText(s.labels) || '-'],
         ['env', s.envKeys.join(',') || '-'],
-        ['network', s.network.mode === 'none' ? 'none' : `allowlist (${(s.network.allow ?? []).length} rules, presets ${(s.network.presets ?? []).join(',') || '-'})`],
+        [
+          'network',
+          s.network.mode === 'none' ? 'none' : `allowlist (${(s.network.allow ?? []).length} rules, presets ${(s.network.presets ?? []).join(',') || '-'})`,
+        ],
         ['created', s.createdAt],
         ['expires', s.expiresAt],
-        ['lease', `idle ${s.lease.idleTimeoutMs} ms -> ${s.lease.onIdle}, owner lost -> ${s.lease.onOwnerLost}${s.lease.ownerGraceMs !== null ? ` after ${s.lease.ownerGraceMs} ms` : ''}, autoResume ${s.lease.autoResume}`],
+        [
+          'lease',
+          `idle ${s.lease.idleTimeoutMs} ms -> ${s.lease.onIdle}, owner lost -> ${s.lease.onOwnerLost}${s.lease.ownerGraceMs !== null ? ` after ${s.lease.ownerGraceMs} ms` : ''}, autoResume ${s.lease.autoResume}`,
+        ],
         ['owner', s.owner ?? '-'],
         ['active', s.lastActiveAt],
         ...(s.pausedAt ? ([['paused', `${s.pausedAt} (${s.pauseReason ?? '?'})`]] as Array<[string, string]>) : []),
@@ -234,21 +268,24 @@ export function registerSandbox(program: Command): void {
     .option('--json', 'print the results as JSON')
     .action(async (ids: string[], flags: { json?: boolean; prefetch?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      await eachSandbox(ids, flags, async (id) => (await Sandbox.connect(id, { client, claim: false })).resume(flags.prefetch === false ? { prefetch: false } : {}));
+      await eachSandbox(ids, flags, async (id) =>
+        (await Sandbox.connect(id, { client, claim: false })).resume(flags.prefetch === false ? { prefetch: false } : {}),
+      );
     });
 
-  leaseOptions(sandbox
-    .command('lease')
-    .description("change a sandbox's lease (only the flags given change)")
-    .argument('<id>')
-    .option('--json', 'print the sandbox as JSON'))
-    .action(async (id: string, flags: LeaseFlags & { json?: boolean }, cmd: Command) => {
-      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const lease = leaseFrom(flags) ?? {};
-      const s = await (await Sandbox.connect(id, { client, claim: false })).setLease(lease);
-      if (flags.json) return printJson(s);
-      process.stdout.write(`${JSON.stringify(s.lease)}\n`);
-    });
+  leaseOptions(
+    sandbox
+      .command('lease')
+      .description("change a sandbox's lease (only the flags given change)")
+      .argument('<id>')
+      .option('--json', 'print the sandbox as JSON'),
+  ).action(async (id: string, flags: LeaseFlags & { json?: boolean }, cmd: Command) => {
+    const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+    const lease = leaseFrom(flags) ?? {};
+    const s = await (await Sandbox.connect(id, { client, claim: false })).setLease(lease);
+    if (flags.json) return printJson(s);
+    process.stdout.write(`${JSON.stringify(s.lease)}\n`);
+  });
 
   sandbox
     .command('snapshot')
@@ -273,7 +310,10 @@ export function registerSandbox(program: Command): void {
     .option('--json', 'print the snapshot and the sandboxes as JSON')
     .action(async (id: string, flags: { count: number; label?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
       const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
-      const { snapshot, sandboxes } = await sb.fork(flags.count, { ...(flags.label ? { labels: flags.label } : {}), ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}) });
+      const { snapshot, sandboxes } = await sb.fork(flags.count, {
+        ...(flags.label ? { labels: flags.label } : {}),
+        ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
+      });
       if (flags.json) return printJson({ snapshot, sandboxes: sandboxes.map((s) => s.lastInfo) });
       for (const s of sandboxes) process.stdout.write(`${s.id}\n`);
     });
@@ -289,7 +329,11 @@ export function registerSandbox(program: Command): void {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
       // The sandbox may be gone: read its trajectory without looking it up first.
       const steps: TrajectoryStep[] = [];
-      for await (const s of Sandbox.fromId(id, { client }).trajectory({ ...(flags.after !== undefined ? { after: flags.after } : {}), content: flags.json === true })) steps.push(s);
+      for await (const s of Sandbox.fromId(id, { client }).trajectory({
+        ...(flags.after !== undefined ? { after: flags.after } : {}),
+        content: flags.json === true,
+      }))
+        steps.push(s);
       if (flags.json) return printJson(steps);
       printTable(
         ['seq', 'kind', 'ms', 'step'],
@@ -316,7 +360,9 @@ export function registerSandbox(program: Command): void {
       if (flags.json) return printJson({ ...result, sandbox: result.sandbox.lastInfo });
       const s = result.summary;
       process.stdout.write(`${result.sandbox.id}\n`);
-      process.stderr.write(`same ${s.same}, exit differs ${s.exitDiffers}, output differs ${s.outputDiffers}, not replayable ${s.notReplayable}${result.error ? `; stopped: ${result.error.code}: ${result.error.message}` : ''}\n`);
+      process.stderr.write(
+        `same ${s.same}, exit differs ${s.exitDiffers}, output differs ${s.outputDiffers}, not replayable ${s.notReplayable}${result.error ? `; stopped: ${result.error.code}: ${result.error.message}` : ''}\n`,
+      );
       if (result.error || s.exitDiffers + s.outputDiffers > 0) process.exitCode = 1;
     });
 
@@ -332,7 +378,13 @@ export function registerSandbox(program: Command): void {
       const rows: string[][] = [];
       for await (const e of sb.diffEntries({ ...(flags.path ? { paths: flags.path } : {}), hash: flags.hash })) {
         if (flags.json) process.stdout.write(`${JSON.stringify(e)}\n`);
-        else rows.push([e.change, e.type, e.sha256 ? e.sha256.slice(0, 12) : e.hashSkipped ? 'skipped' : '-', e.linkTarget ? `${e.path} -> ${e.linkTarget}` : e.path]);
+        else
+          rows.push([
+            e.change,
+            e.type,
+            e.sha256 ? e.sha256.slice(0, 12) : e.hashSkipped ? 'skipped' : '-',
+            e.linkTarget ? `${e.path} -> ${e.linkTarget}` : e.path,
+          ]);
       }
       if (!flags.json) printTable(['change', 'type', 'sha256', 'path'], rows);
     });
@@ -349,7 +401,11 @@ export function registerSandbox(program: Command): void {
       const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
       const res = await sb.verify(expected);
       if (flags.json) printJson(res);
-      else printTable(['ok', 'path', 'reason'], res.results.map((r) => [r.ok ? 'ok' : 'FAIL', r.path, r.reason ?? '']));
+      else
+        printTable(
+          ['ok', 'path', 'reason'],
+          res.results.map((r) => [r.ok ? 'ok' : 'FAIL', r.path, r.reason ?? '']),
+        );
       if (!res.ok) process.exitCode = 1;
     });
 

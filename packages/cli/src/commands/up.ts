@@ -1,27 +1,37 @@
-// dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground.
+// dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground;
+// dsec config: the effective operator configuration, and the schema of its file.
 import type { Command } from 'commander';
-import { number } from '../parse.js';
+import { configJsonSchema } from '@dsec/protocol';
+import { loadConfig, platformOptions } from '../config.js';
+import type { ConfigFlags } from '../config.js';
+import { number, repeated } from '../parse.js';
 
-/** Registers `dsec up`. */
-export function registerUp(program: Command): void {
-  program
-    .command('up')
-    .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
+/** The configuration flags shared by `dsec up` and `dsec config print`. */
+function configOptions(cmd: Command): Command {
+  return cmd
+    .option('--config <file>', 'configuration file, JSON (default $DSEC_CONFIG; see docs/operations.md)')
     .option('--home <dir>', 'state directory (default $DSEC_HOME or /var/lib/dsec)')
     .option('--addr <host:port>', 'listen address (default $DSEC_ADDR or 127.0.0.1:7878)')
+    .option('--agent <path>', 'chronus binary (default $DSEC_AGENT, else the one built in this checkout)')
     .option('--zram-swap <MiB>', 'swap paused sandboxes to a compressed zram device of this size (default $DSEC_ZRAM_SWAP_MIB, else none)', number(true))
+    .option('--network-pool <cidr>', 'IPv4 range of sandbox addresses (default $DSEC_NETWORK_POOL)')
+    .option('--nameserver <ip>', "resolver for sandboxes, repeatable (default $DSEC_NAMESERVERS, comma-separated, else the host's)", repeated)
+    .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
+    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)');
+}
+
+/** Registers `dsec up` and `dsec config`. */
+export function registerUp(program: Command): void {
+  configOptions(program.command('up'))
+    .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
     .option('-q, --quiet', 'do not print the server log')
-    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
-    .action(async (flags: { home?: string; addr?: string; quiet?: boolean; zramSwap?: number; userns: boolean }) => {
+    .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
+    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean }) => {
+      const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
-      const platform = await startPlatform({
-        ...(flags.home ? { home: flags.home } : {}),
-        ...(flags.addr ? { addr: flags.addr } : {}),
-        ...(flags.zramSwap !== undefined ? { zramSwapMiB: flags.zramSwap } : {}),
-        ...(flags.userns === false ? { userNamespaces: false } : {}),
-        ...(flags.quiet ? { log: () => undefined } : { log: (line: string) => process.stderr.write(`${line}\n`) }),
-      });
+      const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
+      const platform = await startPlatform({ ...platformOptions(config), log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.adminKey) {
         process.stdout.write(`admin key (shown once, also written to ${platform.adminKeyFile}):\n${platform.adminKey}\n`);
@@ -38,6 +48,24 @@ export function registerUp(program: Command): void {
         process.on('SIGINT', stop);
         process.on('SIGTERM', stop);
       });
-      await platform.close();
+      // --clean removes everything; a plain stop leaves running sandboxes to the next start (and
+      // the edge releases the node's mounts itself when none is left).
+      if (flags.clean) await platform.shutdown();
+      else await platform.close();
+    });
+
+  const config = program.command('config').description('the operator configuration of dsec up');
+  configOptions(config.command('print'))
+    .description('print the effective configuration (file, $DSEC_* variables and flags merged, defaults applied) as JSON')
+    .action(async (flags: ConfigFlags) => {
+      const { config: effective, sources } = await loadConfig({ flags });
+      process.stderr.write(`dsec: configuration from ${sources.length > 0 ? sources.join(', ') : 'defaults only'}\n`);
+      process.stdout.write(`${JSON.stringify(effective, null, 2)}\n`);
+    });
+  config
+    .command('schema')
+    .description('print the JSON Schema of the configuration file')
+    .action(() => {
+      process.stdout.write(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);
     });
 }
