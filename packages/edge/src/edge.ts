@@ -28,7 +28,7 @@ import type {
   VerifyRequest,
   VerifyResult,
 } from '@dsec/protocol';
-import type { Backend, BackendHost, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
+import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
 import { fncallRunner } from './backends/fncall/index.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
@@ -84,6 +84,24 @@ interface Entry {
 
 const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
 
+/** The parts an {@link Edge} is made of. */
+export interface EdgeParts {
+  home: string;
+  nodeName: string;
+  layers: LayerStore;
+  cgroups: Cgroups;
+  runtimeNs: Pick<RuntimeNamespace, 'destroy'>;
+  /** One per kind. */
+  backends: Backend[];
+  calls: CallRunner;
+  network: NodeNetwork;
+  swap?: ZramSwap | undefined;
+  /** Default {@link DEFAULT_MAX_SANDBOXES}. */
+  maxSandboxes?: number;
+  /** Whether the security monitor reads the kernel log (default true). */
+  kernelLog?: boolean;
+}
+
 /** The node agent. */
 export class Edge extends SandboxCalls implements EdgeClient {
   private readonly sandboxes = new Map<string, Entry>();
@@ -100,31 +118,35 @@ export class Edge extends SandboxCalls implements EdgeClient {
   readonly layers: LayerStore;
   /** The cgroups of this node's sandboxes. */
   readonly cgroups: Cgroups;
-  private readonly runtimeNs: RuntimeNamespace;
+  readonly home: string;
+  readonly nodeName: string;
+  /** Stateless function calls (the fncall runner's pools). */
+  readonly calls: CallRunner;
+  /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
+  readonly network: NodeNetwork;
+  /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
+  readonly swap: ZramSwap | undefined;
+  private readonly runtimeNs: Pick<RuntimeNamespace, 'destroy'>;
+  private readonly backends: Map<BackendKind, Backend>;
+  private readonly maxSandboxes: number;
   /** What the garbage collection at open removed. */
   lastStartGarbage: NodeGarbageReport | undefined;
 
-  private constructor(
-    readonly home: string,
-    readonly nodeName: string,
-    host: BackendHost,
-    private readonly backends: Map<BackendKind, Backend>,
-    private readonly maxSandboxes: number,
-    /** Stateless function calls (the fncall runner's pools). */
-    readonly calls: CallRunner,
-    /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
-    readonly network: NodeNetwork,
-    /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
-    readonly swap: ZramSwap | undefined,
-  ) {
+  /**
+   * A node of parts already made. `Edge.open` prepares the host and makes them; unit tests
+   * give fakes of the node's own interfaces (a `Backend`, a `CallRunner`).
+   */
+  constructor(parts: EdgeParts) {
     super();
-    this.layers = host.layers;
-    this.cgroups = host.cgroups;
-    this.runtimeNs = host.runtimeNs;
+    ({ layers: this.layers, cgroups: this.cgroups, home: this.home, nodeName: this.nodeName, calls: this.calls, network: this.network, runtimeNs: this.runtimeNs } = parts);
+    this.swap = parts.swap;
+    this.backends = new Map(parts.backends.map((b) => [b.kind, b]));
+    this.maxSandboxes = parts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES;
     this.security = new SecurityMonitor({
       raise: (ev) => this.raise(ev),
       sandboxOfIdBase: (uid) => this.idBases.get(uid),
-      cgroupParent: host.cgroups.parent,
+      cgroupParent: parts.cgroups.parent,
+      ...(parts.kernelLog === false ? { kernelLog: false } : {}),
     });
     this.monitor = new SandboxMonitor({
       raise: (ev) => this.raise(ev),
@@ -149,9 +171,20 @@ export class Edge extends SandboxCalls implements EdgeClient {
       raise: (ev) => raise(ev),
     });
     const swap = opts.zramSwapMiB !== undefined ? await prepareZramSwap(opts.zramSwapMiB) : undefined;
-    const edge = new Edge(home, nodeNameOf(opts.nodeName ?? hostname()), host, backends, opts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES, calls, network, swap);
+    const edge = new Edge({
+      home,
+      nodeName: nodeNameOf(opts.nodeName ?? hostname()),
+      layers: host.layers,
+      cgroups: host.cgroups,
+      runtimeNs: host.runtimeNs,
+      backends: [...backends.values()],
+      calls,
+      network,
+      swap,
+      ...(opts.maxSandboxes !== undefined ? { maxSandboxes: opts.maxSandboxes } : {}),
+    });
     raise = (ev) => edge.raise(ev);
-    for (const backend of backends.values()) {
+    for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
         edge.register(rest, backend, paused ? 'paused' : 'running');
@@ -354,23 +387,21 @@ export class Edge extends SandboxCalls implements EdgeClient {
   }
 
   /**
-   * The sandbox's entry once no pause or resume is under way. Callers must act on it without
-   * awaiting anything in between: a resolved promise reaches its caller a turn later, time
-   * enough for a pause to begin, and a call that slipped in behind a freeze would hang until
-   * the resume. So the wait loops here, reading the entry again after each transition.
+   * Waits while a pause or resume of the sandbox is under way and reads its entry again.
+   * Callers loop on it in their own body (`while (e.transition) e = await ...`) and act on the
+   * entry with no await after the check: a resolved promise reaches its caller a turn later,
+   * time enough for a pause to begin, and a call that slipped in behind a freeze would hang
+   * until the resume. With no transition under way nothing is awaited at all.
    */
-  private async settled(id: string): Promise<Entry> {
-    let e = this.entry(id);
-    while (e.transition) {
-      await e.transition.catch(() => undefined);
-      e = this.entry(id);
-    }
-    return e;
+  private async afterTransition(e: Entry, id: string): Promise<Entry> {
+    await e.transition?.catch(() => undefined);
+    return this.entry(id);
   }
 
   /** The agent of a running sandbox. */
   async agent(id: string): Promise<SandboxAgent> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) e = await this.afterTransition(e, id);
     if (e.state !== 'running') throw notRunning(id, e.state);
     e.used = true;
     return e.backend.agent(id);
@@ -382,7 +413,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * answer, so nothing is ever sent to it. `connect` gives the call a connection of its own.
    */
   protected async withAgent<T>(id: string, fn: (agent: SandboxAgent) => Promise<T>, connect = false): Promise<T> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) e = await this.afterTransition(e, id);
     if (e.state !== 'running') throw notRunning(id, e.state);
     e.used = true;
     e.busy++;
@@ -406,7 +438,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * simply see no output until the sandbox is resumed. Pausing a paused sandbox is a no-op.
    */
   async pause(id: string, opts: { reason?: string } = {}): Promise<PauseResult> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) e = await this.afterTransition(e, id);
     const pausing = e.backend.pausing;
     if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     if (e.state === 'paused') return unchanged(await pausing.memory(id).catch(() => undefined));
@@ -426,7 +459,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
 
   /** Resumes a paused sandbox (prefetching its swapped-out memory unless `prefetch: false`). */
   async resume(id: string, opts: { reason?: string; prefetch?: boolean } = {}): Promise<ResumeResult> {
-    const e = await this.settled(id);
+    let e = this.entry(id);
+    while (e.transition) e = await this.afterTransition(e, id);
     const pausing = e.backend.pausing;
     if (e.state === 'running') return unchanged(await pausing?.memory(id).catch(() => undefined));
     if (e.state !== 'paused' || !pausing) throw notRunning(id, e.state);
