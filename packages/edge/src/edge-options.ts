@@ -1,9 +1,13 @@
-// What a node is opened with.
-import type { SandboxSpec } from '@dsec/protocol';
-import type { BackendFactory } from './backend.js';
+// What a node is opened with, what it is made of, and the results of its own calls.
+import type { EdgeExecOptions, SandboxSpec } from '@dsec/protocol';
+import type { Backend, BackendFactory, BackendPauseResult, BackendResumeResult } from './backend.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
-import type { CallRunnerFactory } from './backends/fncall/index.js';
-import type { NetworkOptions } from './net/network.js';
+import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
+import type { Cgroups } from './host/cgroups.js';
+import type { RuntimeNamespace } from './host/runtime-ns.js';
+import type { ZramSwap } from './host/swap.js';
+import type { LayerStore } from './layers/index.js';
+import type { NetworkOptions, NodeNetwork } from './net/network.js';
 
 /** Default admission limit of a node (DSec runs up to 3,200 containers per node). */
 export const DEFAULT_MAX_SANDBOXES = 4000;
@@ -47,3 +51,34 @@ export interface EdgeOptions {
   /** The node's function calls. Default `fncallRunner()`. */
   calls?: CallRunnerFactory;
 }
+
+/** The parts an {@link Edge} is made of. */
+export interface EdgeParts {
+  home: string;
+  nodeName: string;
+  layers: LayerStore;
+  cgroups: Cgroups;
+  runtimeNs: Pick<RuntimeNamespace, 'destroy'>;
+  /** One per kind. */
+  backends: Backend[];
+  calls: CallRunner;
+  network: NodeNetwork;
+  swap?: ZramSwap | undefined;
+  /** Default {@link DEFAULT_MAX_SANDBOXES}. */
+  maxSandboxes?: number;
+  /** Whether the security monitor reads the kernel log (default true). */
+  kernelLog?: boolean;
+}
+
+/** What a pause did. */
+export interface PauseResult extends BackendPauseResult {
+  durationMs: number;
+}
+
+/** What a resume did. */
+export interface ResumeResult extends BackendResumeResult {
+  durationMs: number;
+}
+
+/** Options of {@link Edge.exec}. */
+export type ExecOptions = EdgeExecOptions;

@@ -11,7 +11,6 @@ import type {
   DiffOptions,
   DiffResult,
   EdgeClient,
-  EdgeExecOptions,
   EdgeSandbox,
   EgressLogEntryBody,
   EventSink,
@@ -28,12 +27,12 @@ import type {
   VerifyRequest,
   VerifyResult,
 } from '@dsec/protocol';
-import type { Backend, BackendPauseResult, BackendResumeResult, BackendSandbox, SandboxAgent } from './backend.js';
+import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import { fncallRunner } from './backends/fncall/index.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
-import type { EdgeOptions } from './edge-options.js';
+import type { EdgeOptions, EdgeParts, PauseResult, ResumeResult } from './edge-options.js';
 import type { Cgroups } from './host/cgroups.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
@@ -50,19 +49,6 @@ import type { SnapshotHold, SnapshotOptions } from './snapshots.js';
 
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
 export const PAUSE_DRAIN_TIMEOUT_MS = 10_000;
-
-/** What a pause did. */
-export interface PauseResult extends BackendPauseResult {
-  durationMs: number;
-}
-
-/** What a resume did. */
-export interface ResumeResult extends BackendResumeResult {
-  durationMs: number;
-}
-
-/** Options of {@link Edge.exec}. */
-export type ExecOptions = EdgeExecOptions;
 
 interface Entry {
   record: BackendSandbox;
@@ -83,24 +69,6 @@ interface Entry {
 }
 
 const ID_RE = /^[a-z0-9][a-z0-9-]{2,62}$/;
-
-/** The parts an {@link Edge} is made of. */
-export interface EdgeParts {
-  home: string;
-  nodeName: string;
-  layers: LayerStore;
-  cgroups: Cgroups;
-  runtimeNs: Pick<RuntimeNamespace, 'destroy'>;
-  /** One per kind. */
-  backends: Backend[];
-  calls: CallRunner;
-  network: NodeNetwork;
-  swap?: ZramSwap | undefined;
-  /** Default {@link DEFAULT_MAX_SANDBOXES}. */
-  maxSandboxes?: number;
-  /** Whether the security monitor reads the kernel log (default true). */
-  kernelLog?: boolean;
-}
 
 /** The node agent. */
 export class Edge extends SandboxCalls implements EdgeClient {

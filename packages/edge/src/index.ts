@@ -1,5 +1,5 @@
 export { Edge, PAUSE_DRAIN_TIMEOUT_MS } from './edge.js';
-export type { EdgeParts, ExecOptions, PauseResult, ResumeResult } from './edge.js';
+export type { EdgeParts, ExecOptions, PauseResult, ResumeResult } from './edge-options.js';
 export { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
 export type { EdgeOptions } from './edge-options.js';
 export { DEFAULT_MAX_OUTPUT_BYTES } from './commands.js';
