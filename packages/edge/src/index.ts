@@ -1,5 +1,12 @@
-export { Edge, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SANDBOXES, MAX_FILE_READ_BYTES, PAUSE_DRAIN_TIMEOUT_MS, SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL, DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './edge.js';
-export type { EdgeOptions, ExecOptions, PauseResult, ResumeResult, SnapshotOptions } from './edge.js';
+export { Edge, PAUSE_DRAIN_TIMEOUT_MS } from './edge.js';
+export type { EdgeParts, ExecOptions, PauseResult, ResumeResult } from './edge-options.js';
+export { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
+export type { EdgeOptions } from './edge-options.js';
+export { DEFAULT_MAX_OUTPUT_BYTES } from './commands.js';
+export { MAX_FILE_READ_BYTES } from './files.js';
+export { DEFAULT_COUNTER_SCAN_MS, SURVIVOR_GRACE_MS } from './sandbox-monitor.js';
+export { SNAPSHOT_PARENTS_LABEL, SNAPSHOT_SANDBOX_LABEL } from './snapshots.js';
+export type { SnapshotOptions } from './snapshots.js';
 export { EdgeProcessStream } from './process-stream.js';
 export type { ExitJudge } from './process-stream.js';
 export type {

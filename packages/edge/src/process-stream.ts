@@ -8,8 +8,11 @@ export type ExitJudge = (exit: AgentExit) => ExitInfo | Promise<ExitInfo>;
 
 /** {@link ProcessStream} over one chronus attachment. */
 export class EdgeProcessStream implements ProcessStream {
+  /** The agent's handle of the process (the API's `pid`). */
   readonly pid: number;
+  /** Its process id inside the sandbox. */
   readonly osPid: number;
+  /** How it ended, OOM kills told apart; rejects when the connection is lost first. */
   readonly exited: Promise<ExitInfo>;
   private readonly endHooks: Array<() => void> = [];
   private ended = false;
@@ -39,22 +42,27 @@ export class EdgeProcessStream implements ProcessStream {
     this.att.onOutput(fn);
   }
 
+  /** Writes to its stdin (`eof` closes it after). */
   write(data: Uint8Array | string, eof = false): Promise<void> {
     return this.att.write(data, eof);
   }
 
+  /** Closes its stdin. */
   closeStdin(): Promise<void> {
     return this.att.closeStdin();
   }
 
+  /** Signals its process group. */
   kill(signal: string | number = 'SIGKILL'): Promise<void> {
     return this.att.kill(signal, true);
   }
 
+  /** Stops the stream; the process runs on. */
   detach(): Promise<void> {
     return this.att.detach();
   }
 
+  /** Runs `fn` once when the stream ends (exit, detach or a lost connection). */
   onDetach(fn: () => void): void {
     if (this.ended) fn();
     else this.endHooks.push(fn);

@@ -1,0 +1,30 @@
+// Putting a sandbox on the node's network: its link in the backend's network namespace, its
+// resolver pointed at the gateway's DNS stub.
+import { invalidArgument } from '@dsec/protocol';
+import type { NetworkPolicy } from '@dsec/protocol';
+import type { Backend } from './backend.js';
+import type { NodeNetwork } from './net/network.js';
+
+/** The sandbox's network namespace; INVALID_ARGUMENT for a backend without networking. */
+export function netnsOf(backend: Backend, id: string): Promise<string> {
+  if (!backend.network) throw invalidArgument('network.mode', `the ${backend.kind} backend has no network; use mode none`);
+  return backend.network.netnsPath(id);
+}
+
+/** Points a networked sandbox's resolver at the gateway's DNS stub (nothing for one without a link). */
+export async function writeResolvConf(network: NodeNetwork, backend: Backend, id: string): Promise<void> {
+  const conf = network.resolvConf(id);
+  if (conf) await (await backend.agent(id)).writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
+}
+
+/** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */
+export async function joinNetwork(network: NodeNetwork, backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
+  try {
+    await network.apply(id, policy, () => netnsOf(backend, id));
+    await writeResolvConf(network, backend, id);
+  } catch (err) {
+    await backend.destroy(id).catch(() => undefined);
+    await network.remove(id).catch(() => undefined);
+    throw err;
+  }
+}

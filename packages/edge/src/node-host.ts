@@ -1,0 +1,65 @@
+// Preparing the host a node runs on: its state directory, cgroup mode, runtime namespace,
+// layer store and cgroups (what every backend is built with), its backends, name and zram swap.
+import { access, mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { DsecError, invalidArgument } from '@dsec/protocol';
+import type { BackendKind, EventSink } from '@dsec/protocol';
+import type { Backend, BackendHost } from './backend.js';
+import { defaultBackends } from './backends/index.js';
+import type { EdgeOptions } from './edge-options.js';
+import { Cgroups, detectCgroupMode } from './host/cgroups.js';
+import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
+import { ZramSwap } from './host/swap.js';
+import { LayerStore } from './layers/index.js';
+
+/** Longest node name: sandbox ids are `<node>-<16 hex>` and must stay short (crun ids, socket paths). */
+const MAX_NODE_NAME = 40;
+
+/** Prepares the host of a node at `home` (made 0700); events of backends go to `raise`. */
+export async function prepareHost(opts: { home: string; agentBinary: string; cgroupParent: string; raise: EventSink }): Promise<BackendHost> {
+  await access(opts.agentBinary).catch(() => {
+    throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
+  });
+  await mkdir(opts.home, { recursive: true, mode: 0o700 });
+  const mode = await detectCgroupMode();
+  const runtimeNs = await prepareRuntimeNamespace(opts.home, mode);
+  const layers = new LayerStore({ root: path.join(opts.home, 'layers') });
+  await layers.init();
+  const cgroups = new Cgroups(mode, opts.cgroupParent);
+  return { home: opts.home, runDir: runDirFor(opts.home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: opts.raise };
+}
+
+/** Builds the node's backends (`opts.backends`, else the defaults configured from `opts`), one per kind. */
+export async function openBackends(host: BackendHost, opts: EdgeOptions): Promise<Map<BackendKind, Backend>> {
+  const factories =
+    opts.backends ??
+    defaultBackends({
+      ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
+      ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}),
+      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
+    });
+  const backends = new Map<BackendKind, Backend>();
+  for (const factory of factories) {
+    const backend = await factory(host);
+    if (backends.has(backend.kind)) throw invalidArgument('backends', `${backend.kind} is registered twice`);
+    backends.set(backend.kind, backend);
+  }
+  return backends;
+}
+
+/**
+ * The node's zram swap: the one an earlier edge set up and left on, or a new one. A zram swap
+ * the host configured itself is used as it is (and left alone).
+ */
+export async function prepareZramSwap(sizeMiB: number): Promise<ZramSwap | undefined> {
+  const earlier = await ZramSwap.adopt();
+  if (earlier) return earlier;
+  if ((await ZramSwap.active()).some((d) => /^\/dev\/zram\d+$/.test(d))) return undefined;
+  return ZramSwap.enable({ sizeMiB });
+}
+
+/** A node name usable in sandbox ids: lowercase letters, digits and `-`. */
+export function nodeNameOf(name: string): string {
+  const clean = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, MAX_NODE_NAME);
+  return clean.length >= 1 ? clean : 'node';
+}

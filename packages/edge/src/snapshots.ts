@@ -1,0 +1,89 @@
+// A sandbox's writable layer read from the host: packed into a snapshot layer ("pack diff"),
+// or viewed over its lower layers for diffs and integrity checks.
+import type { LayerInfo } from '@dsec/protocol';
+import type { BackendSandbox, PauseFacet } from './backend.js';
+import type { SandboxLayersView } from './diff.js';
+import type { IdShift } from './host/idmap.js';
+import type { LayerStore } from './layers/index.js';
+
+/** Label of a snapshot layer: its parent layers' digests, bottom first, comma-separated. */
+export const SNAPSHOT_PARENTS_LABEL = 'dsec.snapshot.parents';
+/** Label of a snapshot layer: the sandbox it was taken of. */
+export const SNAPSHOT_SANDBOX_LABEL = 'dsec.snapshot.sandbox';
+
+/** Options of {@link Edge.snapshot}. */
+export interface SnapshotOptions {
+  /** Merged into the snapshot layer's labels. */
+  labels?: Record<string, string>;
+  /** Host ids `base + n` of a user-namespaced sandbox are stored as `n`; default none. */
+  idShift?: IdShift;
+  signal?: AbortSignal;
+}
+
+/** The sandbox held still for a snapshot: no pause or resume runs until `release` (idempotent). */
+export interface SnapshotHold {
+  /** The sandbox was paused (already frozen; it stays so). */
+  paused: boolean;
+  release(): void;
+}
+
+/** What {@link packWritableLayer} packs. */
+export interface PackRequest {
+  id: string;
+  /** Host path of the sandbox's upper directory. */
+  upper: string;
+  /** The sandbox's layers' digests, bottom first. */
+  parents: string[];
+  labels: Record<string, string>;
+  idShift?: IdShift;
+  signal?: AbortSignal;
+  freezer: Pick<PauseFacet, 'freeze' | 'thaw' | 'isFrozen'>;
+  hold: SnapshotHold;
+}
+
+/** The labels of a snapshot of `record`: the caller's, its parents and the sandbox. */
+export function snapshotLabels(record: BackendSandbox, labels: Record<string, string> | undefined): Record<string, string> {
+  return { ...labels, [SNAPSHOT_PARENTS_LABEL]: record.layers.map((l) => l.digest).join(','), [SNAPSHOT_SANDBOX_LABEL]: record.id };
+}
+
+/**
+ * Packs the upper directory into a layer of kind `snapshot`. A running sandbox is frozen only
+ * while the tree is read; the digest and the commit happen with it running again (a paused
+ * one is read as it is and stays paused). The hold is released with the thaw, also on failure.
+ */
+export async function packWritableLayer(layers: LayerStore, req: PackRequest): Promise<LayerInfo> {
+  const { id, freezer, hold } = req;
+  let frozen = false;
+  const thaw = async (): Promise<void> => {
+    try {
+      if (frozen) {
+        frozen = false;
+        await freezer.thaw(id);
+      }
+    } finally {
+      hold.release();
+    }
+  };
+  try {
+    if (!hold.paused && !(await freezer.isFrozen(id))) {
+      frozen = true;
+      await freezer.freeze(id);
+    }
+    return await layers.build(
+      { type: 'upper', dir: req.upper, parents: req.parents, ...(req.idShift ? { idShift: req.idShift } : {}) },
+      { kind: 'snapshot', labels: req.labels, onSourceRead: thaw, ...(req.signal ? { signal: req.signal } : {}) },
+    );
+  } finally {
+    await thaw();
+  }
+}
+
+/** The writable layer over its lower layers, as diffs and integrity checks read them. */
+export function layersView(upper: string, record: BackendSandbox, layers: LayerStore): SandboxLayersView {
+  return {
+    upper,
+    // Records list layers bottom first; overlayfs and the view want the topmost first.
+    lowers: record.layers.map((l) => layers.mountDir(l.digest)).reverse(),
+    ...(record.idRange ? { idRange: record.idRange } : {}),
+  };
+}
