@@ -16,7 +16,7 @@ import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 import { isDsecError } from '@dsec/protocol';
 import type { NetworkPolicy, RaisedEvent } from '@dsec/protocol';
-import type { EgressLogEntryBody as EgressLogEntry } from '@dsec/protocol';
+import type { EgressLogEntry } from '@dsec/protocol';
 import { parsed, patchNetwork, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 

@@ -42,7 +42,7 @@ const ROUTES: Route[] = [
   { method: 'patch', path: '/v1/sandboxes/{id}/network', summary: 'Patch the network policy of a sandbox', body: api.NetworkPolicyPatchSchema, reply: api.SandboxNetworkSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/network/log', summary: 'Latest egress attempts of a sandbox with their verdicts', query: api.NetworkLogQuerySchema, reply: page(api.EgressLogEntrySchema) },
   { method: 'post', path: '/v1/network:apply', summary: 'Replace or patch the network policy of every sandbox matching a label selector', body: api.ApplyNetworkRequestSchema, reply: api.ApplyNetworkResultSchema },
-  { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecResultSchema },
+  { method: 'post', path: '/v1/sandboxes/{id}/exec', summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)', body: api.ExecRequestSchema, reply: api.ExecReplySchema },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}/processes/{pid}/output', summary: 'Read output from byte offsets', query: api.OutputQuerySchema, reply: 'ndjson' },

@@ -1,5 +1,5 @@
 // dsec on one machine: apiserver + edge + watcher in one process, state in SQLite under
-// DSEC_HOME. This is what `dsec up` (and `npm start`) runs.
+// its home. This is what `dsec up` (and `npm start`) runs.
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { mkdir, writeFile } from 'node:fs/promises';
@@ -9,8 +9,8 @@ import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
-import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, EventSink, NodeGarbageReport } from '@dsec/protocol';
+import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError, edgeThroughWire } from '@dsec/protocol';
+import type { EdgeWireMode, EventSink, NodeGarbageReport } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
@@ -29,17 +29,17 @@ import type { Services } from './services/index.js';
 import type { TrajectoryOptions } from './trajectory.js';
 
 /** Default state directory. */
-export const DEFAULT_HOME = '/var/lib/dsec';
+export const DEFAULT_HOME = DEFAULT_DSEC_HOME;
 /** Default listen address. */
-export const DEFAULT_ADDR = '127.0.0.1:7878';
+export const DEFAULT_ADDR = DEFAULT_DSEC_ADDR;
 /** Name of the built-in base layer. */
 export const BUILTIN_BASE = 'busybox';
 
 /** Options of {@link startPlatform}. */
 export interface PlatformOptions {
-  /** State directory. Default `$DSEC_HOME` or `/var/lib/dsec`. */
+  /** State directory. Default {@link DEFAULT_HOME}. */
   home?: string;
-  /** `host:port` to listen on (port 0 picks a free one). Default `$DSEC_ADDR` or `127.0.0.1:7878`. */
+  /** `host:port` to listen on (port 0 picks a free one). Default {@link DEFAULT_ADDR}. */
   addr?: string;
   /** Host path of the chronus binary. Default: the one built in this checkout. */
   agentBinary?: string;
@@ -51,7 +51,7 @@ export interface PlatformOptions {
   watchIntervalMs?: number;
   /**
    * Size in MiB of a zram swap device for paused sandboxes' memory (EdgeOptions.zramSwapMiB).
-   * Default `$DSEC_ZRAM_SWAP_MIB`, else none.
+   * Default none.
    */
   zramSwapMiB?: number;
   /** Limits and retention of the trajectory log. */
@@ -60,18 +60,18 @@ export interface PlatformOptions {
   gcIntervalMs?: number;
   /** Events, audit and rules: heartbeats, queues, rate limits, retention. */
   watch?: WatchServiceOptions;
-  /** A user namespace per container sandbox (default true; `DSEC_USERNS=0` turns it off). */
+  /** A user namespace per container sandbox (default true). */
   userNamespaces?: boolean;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
   /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
   observeEvents?: EventSink;
   /**
-   * How the control plane reaches the in-process edge: the client to use and how to end it
-   * (closed before the edge). Default: the edge itself. The end-to-end suite passes a client that
-   * serialises every call and stream, to prove the interface can cross a wire.
+   * How the control plane reaches the in-process edge: directly (`off`, the default) or through
+   * the edge wire protocol over a loopback transport (`loopback`: every call, stream and event
+   * encoded and decoded, as a remote edge's would be; the end-to-end suite runs once so).
    */
-  reachEdge?: (edge: EdgeClient) => Promise<{ client: EdgeClient; close(): void }>;
+  edgeWire?: EdgeWireMode;
 }
 
 /** A running platform. */
@@ -95,7 +95,7 @@ export interface Platform {
 
 function parseAddr(addr: string): { host: string; port: number } {
   const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(addr);
-  if (!m || Number(m[2]) > 65535) throw new DsecError('INVALID_ARGUMENT', `DSEC_ADDR: ${addr} is not host:port`, { field: 'addr' });
+  if (!m || Number(m[2]) > 65535) throw new DsecError('INVALID_ARGUMENT', `addr: ${addr} is not host:port`, { field: 'addr' });
   return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
 }
 
@@ -105,19 +105,18 @@ function garbageCount(r: NodeGarbageReport): number {
 }
 
 function defaultAgentBinary(): string {
-  return process.env.DSEC_AGENT ?? path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../chronus/build/chronus');
+  return path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../chronus/build/chronus');
 }
 
 /** Starts apiserver, edge and watcher in this process. */
 export async function startPlatform(opts: PlatformOptions = {}): Promise<Platform> {
   const log = opts.log ?? ((line: string) => process.stderr.write(line + '\n'));
-  const home = path.resolve(opts.home ?? process.env.DSEC_HOME ?? DEFAULT_HOME);
-  const { host, port } = parseAddr(opts.addr ?? process.env.DSEC_ADDR ?? DEFAULT_ADDR);
+  const home = path.resolve(opts.home ?? DEFAULT_HOME);
+  const { host, port } = parseAddr(opts.addr ?? DEFAULT_ADDR);
   await mkdir(home, { recursive: true, mode: 0o700 });
 
-  const userNamespaces = opts.userNamespaces ?? process.env.DSEC_USERNS !== '0';
-  const zramEnv = process.env.DSEC_ZRAM_SWAP_MIB;
-  const zramSwapMiB = opts.zramSwapMiB ?? (zramEnv ? Number(zramEnv) : undefined);
+  const userNamespaces = opts.userNamespaces ?? true;
+  const zramSwapMiB = opts.zramSwapMiB;
   const edge = await Edge.open({
     home: path.join(home, 'node'),
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
@@ -131,7 +130,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
   try {
     const auth = new Authenticator(store);
     const nodes = new NodeRegistry();
-    const reached = opts.reachEdge ? await opts.reachEdge(edge) : { client: edge, close: () => undefined };
+    const reached = await edgeThroughWire(edge, opts.edgeWire ?? 'off', { log });
     closers.unshift(() => reached.close());
     nodes.add(reached.client);
 

@@ -6,7 +6,7 @@ import {
   invalidArgument,
   withDeniedNames,
 } from '@dsec/protocol';
-import type { AuditEntryBody, CreateRuleRequest, EventBody, EventKind, ListAuditQuery, ListEventsQuery, RuleBody, SandboxSpec } from '@dsec/protocol';
+import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
 import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
 import { requireRole, roleAtLeast } from './auth.js';
@@ -125,7 +125,7 @@ export class WatchService {
   }
 
   /** A page of events, newest first unless `order=asc`. */
-  async listEvents(p: Principal, query: ListEventsQuery): Promise<{ items: EventBody[]; nextCursor: string | null }> {
+  async listEvents(p: Principal, query: ListEventsQuery): Promise<{ items: RecordedEvent[]; nextCursor: string | null }> {
     requireRole(p, 'viewer');
     const q = this.eventQuery(p, query);
     const rows = await this.events.query({ ...q, limit: q.limit + 1 });
@@ -254,7 +254,7 @@ export class WatchService {
   }
 
   /** A page of audit entries, newest first unless `order=asc`. */
-  async listAudit(p: Principal, query: ListAuditQuery): Promise<{ items: AuditEntryBody[]; nextCursor: string | null }> {
+  async listAudit(p: Principal, query: ListAuditQuery): Promise<{ items: AuditEntry[]; nextCursor: string | null }> {
     requireRole(p, 'viewer');
     const q = this.auditQuery(p, query);
     const rows = await this.audit.query({ ...q, limit: q.limit + 1 });
@@ -286,7 +286,7 @@ export class WatchService {
   // ---- rules ----
 
   /** Adds a rule in the caller's project; it applies there and in the projects below. */
-  async createRule(p: Principal, spec: CreateRuleRequest): Promise<RuleBody> {
+  async createRule(p: Principal, spec: CreateRuleRequest): Promise<Rule> {
     requireRole(p, 'admin');
     if (spec.kind === 'event' && spec.suppress && p.projectId !== ROOT_PROJECT_ID) {
       throw new DsecError('PERMISSION_DENIED', "suppress: only the root project's admins may drop events", { field: 'suppress' });
@@ -299,7 +299,7 @@ export class WatchService {
   }
 
   /** Rules that apply to the caller's project (set above it) or that it set (in it or below). */
-  async listRules(p: Principal): Promise<RuleBody[]> {
+  async listRules(p: Principal): Promise<Rule[]> {
     requireRole(p, 'viewer');
     const above = new Set(await this.state.ancestry(p.projectId));
     return (await this.store.rules()).filter((r) => above.has(r.projectId) || p.visibleProjects.has(r.projectId)).map(toRuleBody);
@@ -342,15 +342,15 @@ function eventFilter(q: EventQuery): (e: StoredEvent) => boolean {
     (q.since === undefined || e.at >= q.since);
 }
 
-function toEventBody(e: StoredEvent): EventBody {
+function toEventBody(e: StoredEvent): RecordedEvent {
   return { id: e.id, at: e.at, kind: e.kind, severity: e.severity, project: e.projectId, sandbox: e.sandboxId, node: e.node, message: e.message, data: e.data };
 }
 
-function toAuditBody(a: AuditRecord): AuditEntryBody {
+function toAuditBody(a: AuditRecord): AuditEntry {
   return { id: a.id, at: a.at, key: a.keyId, project: a.projectId, method: a.method, route: a.route, sandbox: a.sandboxId, status: a.status, durationMs: a.durationMs, command: a.command, exitCode: a.exitCode };
 }
 
-function toRuleBody(r: RuleRecord): RuleBody {
+function toRuleBody(r: RuleRecord): Rule {
   const { kind: _kind, ...spec } = r.spec;
   return { id: r.id, kind: r.kind, project: r.projectId, createdBy: r.createdBy, createdAt: r.createdAt, spec, appliesTo: RULE_APPLIES_TO[r.kind] };
 }

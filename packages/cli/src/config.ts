@@ -24,6 +24,7 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_ZRAM_SWAP_MIB', key: 'node.zramSwapMiB', kind: 'integer' },
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
+  { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
 ];
 
 /** The variable naming the configuration file when `--config` is not given. */
@@ -207,6 +208,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.userNamespaces !== undefined ? { userNamespaces: node.userNamespaces } : {}),
     ...(node.zramSwapMiB ? { zramSwapMiB: node.zramSwapMiB } : {}),
     ...(node.network !== undefined ? { network: node.network } : {}),
+    ...(config.edgeWire !== undefined ? { edgeWire: config.edgeWire } : {}),
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),

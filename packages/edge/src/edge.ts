@@ -12,7 +12,7 @@ import type {
   DiffResult,
   EdgeClient,
   EdgeSandbox,
-  EgressLogEntryBody,
+  EgressLogEntry,
   EventSink,
   LayerInfo,
   NetworkPolicy,
@@ -328,7 +328,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
   }
 
   /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
-  async networkLog(id: string, limit?: number): Promise<EgressLogEntryBody[]> {
+  async networkLog(id: string, limit?: number): Promise<EgressLogEntry[]> {
     this.entry(id);
     return this.network.log(id, limit);
   }

@@ -7,6 +7,7 @@
 // constants named in each comment); only `home` and `addr` have their defaults here, because the
 // CLI prints and uses them before any component exists.
 import { z } from 'zod';
+import { EdgeWireModeSchema } from './edge-wire/loopback.js';
 
 /** State directory of a local installation when none is configured. */
 export const DEFAULT_DSEC_HOME = '/var/lib/dsec';
@@ -91,6 +92,8 @@ export const DsecConfigSchema = z.strictObject({
   addr: HostPortSchema.default(DEFAULT_DSEC_ADDR),
   /** This machine's node. */
   node: NodeConfigSchema.default({}),
+  /** How the control plane reaches this machine's node: directly (`off`) or through the edge wire protocol over a loopback (`loopback`). Default `off`. */
+  edgeWire: EdgeWireModeSchema.optional(),
   /** Scheduler over-commit and sampling (apiserver defaults `DEFAULT_CPU_OVERCOMMIT`, ...). */
   placement: z
     .strictObject({

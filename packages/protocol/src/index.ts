@@ -340,10 +340,3 @@ export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';
 
 export { checkConfig, configJsonSchema, DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecConfigSchema, HostPortSchema, MirrorsConfigSchema, NetworkConfigSchema, NodeConfigSchema, ProxyLimitsConfigSchema, RetentionConfigSchema } from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
-
-// Names kept until the callers move:
-// (`ExecResultSchema` is a node's result now, without `pid`; the exec reply is `ExecReplySchema`.)
-export type { ExecReply as ExecResultBody } from './exec.js';
-export type { NodeInfo as NodeBody } from './resources.js';
-export type { EgressLogEntry as EgressLogEntryBody } from './network.js';
-export type { RecordedEvent as EventBody, AuditEntry as AuditEntryBody, Rule as RuleBody } from './events.js';

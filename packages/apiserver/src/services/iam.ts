@@ -1,7 +1,7 @@
 // Identity and access: projects (nested, each quota within its parent's), API keys (a role in
 // a project), and the nodes as an admin sees them.
 import { DsecError } from '@dsec/protocol';
-import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeBody, Project, Quota } from '@dsec/protocol';
+import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeInfo, Project, Quota } from '@dsec/protocol';
 import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
 import type { Authenticator, Principal } from '../auth.js';
 import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
@@ -105,7 +105,7 @@ export class IamService {
   }
 
   /** The nodes with their capacity and allocation. */
-  listNodes(p: Principal): NodeBody[] {
+  listNodes(p: Principal): NodeInfo[] {
     requireRole(p, 'viewer');
     return this.nodes.all().map((n) => ({
       name: n.name,

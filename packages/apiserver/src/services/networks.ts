@@ -2,7 +2,7 @@
 // selector at once, its addresses and counters, and its egress log. Run-time deny-domain rules
 // of the project stay in every policy the API sets.
 import { DsecError, applyNetworkPatch, invalidArgument, MAX_NETWORK_APPLY_SANDBOXES, normalizeNetworkPolicy, NetworkPolicySchema, parseOrThrow, withDeniedNames } from '@dsec/protocol';
-import type { ApplyNetworkRequest, EgressLogEntryBody, NetworkPolicy, NetworkPolicyPatch, SandboxNetwork, ApplyNetworkResult, EdgeClient } from '@dsec/protocol';
+import type { ApplyNetworkRequest, EgressLogEntry, NetworkPolicy, NetworkPolicyPatch, SandboxNetwork, ApplyNetworkResult, EdgeClient } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { KeyedSerialQueue, forEachBounded } from '../concurrency.js';
@@ -60,7 +60,7 @@ export class NetworkService {
   }
 
   /** The latest `limit` egress attempts of a sandbox, oldest first. */
-  async log(p: Principal, id: string, limit: number): Promise<EgressLogEntryBody[]> {
+  async log(p: Principal, id: string, limit: number): Promise<EgressLogEntry[]> {
     const { row, edge } = await this.lifecycle.route(p, id, 'viewer', { paused: 'allow' });
     return edge.networkLog(row.id, limit);
   }

@@ -19,7 +19,7 @@ import type {
 import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult } from '../calls.js';
 import type { ProcessInfo } from '../exec.js';
 import type { DiffOptions, DiffResult, VerifyRequest, VerifyResult } from '../files.js';
-import type { EgressLogEntry as EgressLogEntryBody, SandboxNetwork } from '../network.js';
+import type { EgressLogEntry, SandboxNetwork } from '../network.js';
 import type { NetworkPolicy } from '../network.js';
 import type { ExecResult, ExecSpec, ExitInfo } from '../exec.js';
 import type { FileStat } from '../files.js';
@@ -254,7 +254,7 @@ export class WireEdgeClient implements EdgeClient {
   networkInfo(id: string): Promise<SandboxNetwork> {
     return this.call('networkInfo', [id]);
   }
-  networkLog(id: string, limit: number): Promise<EgressLogEntryBody[]> {
+  networkLog(id: string, limit: number): Promise<EgressLogEntry[]> {
     return this.call('networkLog', [id, limit]);
   }
 
