@@ -27,7 +27,20 @@ import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 
-const SCENARIOS: Scenario[] = [createScenario, sustainedScenario, execScenario, densityScenario, streamScenario, episodeScenario, fncallScenario, pauseScenario, batchScenario, snapshotScenario, networkScenario, proxyScenario];
+const SCENARIOS: Scenario[] = [
+  createScenario,
+  sustainedScenario,
+  execScenario,
+  densityScenario,
+  streamScenario,
+  episodeScenario,
+  fncallScenario,
+  pauseScenario,
+  batchScenario,
+  snapshotScenario,
+  networkScenario,
+  proxyScenario,
+];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
 const QUICK_DENSITY = 20;
@@ -44,7 +57,13 @@ async function main(): Promise<number> {
   const argv = process.argv.slice(2);
   const { values } = parseArgs({
     args: argv,
-    options: { quick: { type: 'boolean', default: false }, only: { type: 'string' }, density: { type: 'string' }, 'no-docs': { type: 'boolean', default: false }, render: { type: 'string' } },
+    options: {
+      quick: { type: 'boolean', default: false },
+      only: { type: 'string' },
+      density: { type: 'string' },
+      'no-docs': { type: 'boolean', default: false },
+      render: { type: 'string' },
+    },
   });
   if (values.render) {
     // Regenerates docs/benchmarks.md from a saved run (after editing the analysis notes).
@@ -55,7 +74,10 @@ async function main(): Promise<number> {
   const quick = values.quick ?? false;
   const density = values.density !== undefined ? Number(values.density) : quick ? QUICK_DENSITY : DEFAULT_DENSITY;
   if (!Number.isInteger(density) || density < 1) usage(`--density: not a positive integer: ${values.density}`);
-  const only = values.only?.split(',').map((s) => s.trim()).filter(Boolean);
+  const only = values.only
+    ?.split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   for (const name of only ?? []) if (!SCENARIOS.some((s) => s.name === name)) usage(`--only: no scenario ${name}`);
   const selected = SCENARIOS.filter((s) => !only || only.includes(s.name));
   if (process.getuid?.() !== 0) usage('the benchmark creates containers, mounts and cgroups: run it as root');
@@ -87,7 +109,10 @@ async function main(): Promise<number> {
   const rows: Row[] = [];
   const report: RunReport = {
     date,
-    command: process.env.npm_lifecycle_event === 'bench' ? `npm run bench${argv.length ? ' -- ' + argv.join(' ') : ''}` : `node bench/dist/main.js${argv.length ? ' ' + argv.join(' ') : ''}`,
+    command:
+      process.env.npm_lifecycle_event === 'bench'
+        ? `npm run bench${argv.length ? ' -- ' + argv.join(' ') : ''}`
+        : `node bench/dist/main.js${argv.length ? ' ' + argv.join(' ') : ''}`,
     quick,
     durationS: 0,
     machine: await machineInfo(await peerVersions()),

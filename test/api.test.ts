@@ -15,7 +15,11 @@ interface Reply {
   headers: Headers;
 }
 
-async function call(method: string, route: string, opts: { key?: string | null | undefined; json?: unknown; body?: string | Uint8Array; headers?: Record<string, string> } = {}): Promise<Reply> {
+async function call(
+  method: string,
+  route: string,
+  opts: { key?: string | null | undefined; json?: unknown; body?: string | Uint8Array; headers?: Record<string, string> } = {},
+): Promise<Reply> {
   const headers: Record<string, string> = { ...opts.headers };
   const key = opts.key === undefined ? platform.adminKey : opts.key;
   if (key) headers.authorization = `Bearer ${key}`;
@@ -215,7 +219,10 @@ describe('sandboxes, commands and files', () => {
     const extra = await create(undefined, { labels: { suite: 'other' } });
     try {
       const filtered = await call('GET', '/v1/sandboxes?label=suite=api');
-      assert.deepEqual(filtered.body.items.map((s: { id: string }) => s.id), [id]);
+      assert.deepEqual(
+        filtered.body.items.map((s: { id: string }) => s.id),
+        [id],
+      );
       const page1 = await call('GET', '/v1/sandboxes?limit=1');
       assert.equal(page1.body.items.length, 1);
       assert.ok(page1.body.nextCursor);
@@ -273,8 +280,15 @@ describe('sandboxes, commands and files', () => {
     assert.ok(proc, 'the command is listed');
     const offset = Buffer.byteLength(seen);
     const rest = await call('GET', `/v1/sandboxes/${id}/processes/${pid}/output?from=${offset}`);
-    const events = rest.body.toString().trim().split('\n').map((l: string) => JSON.parse(l));
-    const tail = events.filter((e: { type: string }) => e.type === 'output').map((e: { data: string }) => Buffer.from(e.data, 'base64').toString()).join('');
+    const events = rest.body
+      .toString()
+      .trim()
+      .split('\n')
+      .map((l: string) => JSON.parse(l));
+    const tail = events
+      .filter((e: { type: string }) => e.type === 'output')
+      .map((e: { data: string }) => Buffer.from(e.data, 'base64').toString())
+      .join('');
     assert.equal(`${seen}${tail}`, [1, 2, 3, 4, 5, 6].map((i) => `line${i}\n`).join(''));
     assert.equal(events.at(-1).type, 'exit');
     assert.equal(events.at(-1).exitCode, 0);
@@ -288,7 +302,11 @@ describe('sandboxes, commands and files', () => {
       body: JSON.stringify({ argv: ['sleep', '60'] }),
     });
     const reader = res.body!.getReader();
-    const first = JSON.parse(Buffer.from((await reader.read()).value).toString().split('\n')[0]!);
+    const first = JSON.parse(
+      Buffer.from((await reader.read()).value)
+        .toString()
+        .split('\n')[0]!,
+    );
     assert.equal((await call('POST', `/v1/sandboxes/${id}/processes/${first.pid}/signal`, { json: { signal: 'SIGTERM' } })).status, 204);
     let text = '';
     for (;;) {
@@ -296,7 +314,11 @@ describe('sandboxes, commands and files', () => {
       if (done) break;
       text += Buffer.from(value).toString();
     }
-    const exit = text.trim().split('\n').map((l) => JSON.parse(l)).at(-1);
+    const exit = text
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l))
+      .at(-1);
     assert.equal(exit.type, 'exit');
     assert.equal(exit.signal, 'SIGTERM');
     assert.equal((await call('POST', `/v1/sandboxes/${id}/processes/${first.pid}/signal`, { json: { signal: 'NOPE!' } })).status, 400);
@@ -313,11 +335,16 @@ describe('sandboxes, commands and files', () => {
     ws.send(JSON.stringify({ type: 'stdin', data: Buffer.from('two\n').toString('base64') }));
     ws.send(JSON.stringify({ type: 'eof' }));
     await closed;
-    const out = events.filter((e) => e.type === 'output').map((e) => Buffer.from(e.data, 'base64').toString()).join('');
+    const out = events
+      .filter((e) => e.type === 'output')
+      .map((e) => Buffer.from(e.data, 'base64').toString())
+      .join('');
     assert.equal(out, 'got:one\ngot:two\n');
     assert.equal(events.at(-1).type, 'exit');
     const unauth = new WebSocket(`${platform.url.replace('http', 'ws')}/v1/sandboxes/${id}/exec/ws`);
-    const status = await new Promise<number>((resolve) => unauth.on('unexpected-response', (_req, res) => resolve(res.statusCode ?? 0)).on('error', () => undefined));
+    const status = await new Promise<number>((resolve) =>
+      unauth.on('unexpected-response', (_req, res) => resolve(res.statusCode ?? 0)).on('error', () => undefined),
+    );
     assert.equal(status, 401);
   });
 
@@ -332,7 +359,10 @@ describe('sandboxes, commands and files', () => {
     assert.deepEqual([stat.body.type, stat.body.size, stat.body.mode], ['file', 11, 0o600]);
     assert.equal((await call('POST', `/v1/sandboxes/${id}/files/rename`, { json: { from: '/data/a.txt', to: '/data/b.txt' } })).status, 204);
     const list = await call('GET', `/v1/sandboxes/${id}/files/list?path=/data`);
-    assert.deepEqual(list.body.items.map((e: { name: string }) => e.name), ['b.txt']);
+    assert.deepEqual(
+      list.body.items.map((e: { name: string }) => e.name),
+      ['b.txt'],
+    );
     assert.equal((await call('GET', `/v1/sandboxes/${id}/files/stat?path=relative`)).body.error.field, 'query.path');
     const missing = await call('GET', q('/nope'));
     assert.equal(missing.status, 404);

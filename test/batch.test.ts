@@ -43,7 +43,13 @@ async function nodeSandboxes(): Promise<string[]> {
 }
 
 /** A raw request, for headers the SDK does not show. */
-async function call(key: string, method: string, route: string, json?: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any; headers: Headers }> {
+async function call(
+  key: string,
+  method: string,
+  route: string,
+  json?: unknown,
+  headers: Record<string, string> = {},
+): Promise<{ status: number; body: any; headers: Headers }> {
   const res = await fetch(platform.url + route, {
     method,
     headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers },
@@ -80,7 +86,10 @@ describe('batch create', () => {
     assert.equal(result.created, 5);
     assert.equal(result.failed, 7);
     assert.equal(seen.length, 12, 'progress reported every item');
-    assert.deepEqual(result.items.map((i) => i.index), [...Array(12).keys()]);
+    assert.deepEqual(
+      result.items.map((i) => i.index),
+      [...Array(12).keys()],
+    );
     for (const item of result.items) {
       assert.ok(Boolean(item.sandbox) !== Boolean(item.error), `item ${item.index} has exactly one of sandbox and error`);
       if (item.error) {
@@ -114,7 +123,10 @@ describe('batch create', () => {
     assert.equal(both.body.error.field, 'items');
     const noCount = await call(p.key, 'POST', '/v1/sandboxes:batch', { spec: SPEC });
     assert.equal(noCount.body.error.field, 'count');
-    await assert.rejects(Sandbox.createBatch({ spec: { image: { base: 'busybox' }, resources: { memoryMiB: 1 } }, count: 2 }, {}, { client: p.client }), isCode('INVALID_ARGUMENT', 'spec.resources.memoryMiB'));
+    await assert.rejects(
+      Sandbox.createBatch({ spec: { image: { base: 'busybox' }, resources: { memoryMiB: 1 } }, count: 2 }, {}, { client: p.client }),
+      isCode('INVALID_ARGUMENT', 'spec.resources.memoryMiB'),
+    );
     const streamed = await call(p.key, 'POST', '/v1/sandboxes:batch', { spec: SPEC, count: 0 }, { accept: 'application/x-ndjson' });
     assert.equal(streamed.status, 400, 'a streamed batch is still validated before its stream starts');
     assert.equal(streamed.body.error.field, 'count');
@@ -124,7 +136,15 @@ describe('batch create', () => {
   test('a bad item fails alone with its field named; the others are created', async () => {
     const p = await project({ sandboxes: 5 });
     const result = await Sandbox.createBatch(
-      { items: [SPEC, { image: { base: 'no-such-layer' } }, { ...SPEC, resources: { memoryMiB: 1 } }, { ...SPEC, bogus: true }, { ...SPEC, labels: { n: '4' } }] },
+      {
+        items: [
+          SPEC,
+          { image: { base: 'no-such-layer' } },
+          { ...SPEC, resources: { memoryMiB: 1 } },
+          { ...SPEC, bogus: true },
+          { ...SPEC, labels: { n: '4' } },
+        ],
+      },
       {},
       { client: p.client },
     );
@@ -221,7 +241,10 @@ describe('admission', () => {
     const p = await project({ sandboxes: 1 });
     const holder = await Sandbox.create(SPEC, { client: p.client });
     const ac = new AbortController();
-    const cancelled = Sandbox.create({ ...SPEC, labels: { cancelled: 'yes' }, admission: { wait: true, timeoutMs: 30_000 }, signal: ac.signal }, { client: p.client });
+    const cancelled = Sandbox.create(
+      { ...SPEC, labels: { cancelled: 'yes' }, admission: { wait: true, timeoutMs: 30_000 }, signal: ac.signal },
+      { client: p.client },
+    );
     await new Promise((r) => setTimeout(r, 300));
     ac.abort();
     await assert.rejects(cancelled);
@@ -238,7 +261,11 @@ describe('admission', () => {
     const p = await project({ sandboxes: 2 });
     const created: Sandbox[] = [];
     const ac = new AbortController();
-    const batch = Sandbox.createBatch({ spec: SPEC, count: 6, admission: { wait: true, timeoutMs: 60_000 } }, { signal: ac.signal, onItem: (i) => i.sandbox && created.push(i.sandbox) }, { client: p.client });
+    const batch = Sandbox.createBatch(
+      { spec: SPEC, count: 6, admission: { wait: true, timeoutMs: 60_000 } },
+      { signal: ac.signal, onItem: (i) => i.sandbox && created.push(i.sandbox) },
+      { client: p.client },
+    );
     await eventually('two sandboxes', async () => created.length === 2);
     ac.abort();
     await assert.rejects(batch);
@@ -254,7 +281,11 @@ describe('admission', () => {
   test('a waiting batch creates what fits, then the rest as sandboxes are destroyed', async () => {
     const p = await project({ sandboxes: 3 });
     const created: Sandbox[] = [];
-    const batch = Sandbox.createBatch({ spec: SPEC, count: 5, admission: { wait: true, timeoutMs: 60_000 } }, { onItem: (i) => i.sandbox && created.push(i.sandbox) }, { client: p.client });
+    const batch = Sandbox.createBatch(
+      { spec: SPEC, count: 5, admission: { wait: true, timeoutMs: 60_000 } },
+      { onItem: (i) => i.sandbox && created.push(i.sandbox) },
+      { client: p.client },
+    );
     await eventually('three sandboxes', async () => created.length === 3);
     await new Promise((r) => setTimeout(r, 200));
     assert.equal(created.length, 3, 'no item is created past the quota');
@@ -301,7 +332,10 @@ describe('idempotency keys', () => {
   test('the same key with another request is a 422 naming the header; a bad key is a 400', async () => {
     const p = await project({ sandboxes: 5 });
     await Sandbox.create({ ...SPEC, idempotencyKey: 'k-1' }, { client: p.client });
-    await assert.rejects(Sandbox.create({ ...SPEC, labels: { other: 'x' }, idempotencyKey: 'k-1' }, { client: p.client }), isCode('IDEMPOTENCY_KEY_REUSED', 'Idempotency-Key'));
+    await assert.rejects(
+      Sandbox.create({ ...SPEC, labels: { other: 'x' }, idempotencyKey: 'k-1' }, { client: p.client }),
+      isCode('IDEMPOTENCY_KEY_REUSED', 'Idempotency-Key'),
+    );
     const bad = await call(p.key, 'POST', '/v1/sandboxes', SPEC, { 'idempotency-key': 'has#hash' });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.field, 'Idempotency-Key');

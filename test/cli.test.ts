@@ -30,7 +30,13 @@ interface CliResult {
 function dsec(args: string[], opts: { input?: string; env?: Record<string, string> } = {}): Promise<CliResult> {
   const t0 = Date.now();
   const child = spawn(process.execPath, [CLI, ...args], {
-    env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform?.url ?? '', DSEC_API_KEY: platform?.adminKey ?? '', DSEC_HOME: path.join(scratch, 'no-home'), ...opts.env },
+    env: {
+      PATH: process.env.PATH ?? '',
+      DSEC_API_URL: platform?.url ?? '',
+      DSEC_API_KEY: platform?.adminKey ?? '',
+      DSEC_HOME: path.join(scratch, 'no-home'),
+      ...opts.env,
+    },
     stdio: ['pipe', 'pipe', 'pipe'],
   });
   let stdout = '';
@@ -67,7 +73,9 @@ before(async () => {
 after(async () => {
   try {
     if (platform) {
-      const ids = await dsec(['sandbox', 'ls', '--label', `run=${RUN}`, '--json']).then((r) => (JSON.parse(r.stdout || '[]') as Array<{ id: string }>).map((s) => s.id)).catch(() => created);
+      const ids = await dsec(['sandbox', 'ls', '--label', `run=${RUN}`, '--json'])
+        .then((r) => (JSON.parse(r.stdout || '[]') as Array<{ id: string }>).map((s) => s.id))
+        .catch(() => created);
       if (ids.length) await dsec(['sandbox', 'rm', ...ids]);
     }
   } finally {
@@ -83,7 +91,10 @@ describe('dsec', () => {
     id = (await ok(['sandbox', 'create', '--base', 'busybox', '--label', `run=${RUN}`, '--label', 'kind=main', '--env', 'FOO=bar', '--memory', '128'])).trim();
     created.push(id);
     assert.match(id, /^[a-z0-9-]+-[0-9a-f]+$/);
-    const json = JSON.parse(await ok(['sandbox', 'create', '--base', 'busybox', '--label', `run=${RUN}`, '--label', 'kind=other', '--json'])) as { id: string; labels: Record<string, string> };
+    const json = JSON.parse(await ok(['sandbox', 'create', '--base', 'busybox', '--label', `run=${RUN}`, '--label', 'kind=other', '--json'])) as {
+      id: string;
+      labels: Record<string, string>;
+    };
     created.push(json.id);
     assert.deepEqual(json.labels, { run: RUN, kind: 'other' });
 
@@ -92,7 +103,10 @@ describe('dsec', () => {
     assert.match(lines[0] ?? '', /^ID\s+STATE\s+IMAGE/);
     assert.equal(lines.length, 3);
     const only = JSON.parse(await ok(['sandbox', 'ls', '--label', `run=${RUN}`, '--label', 'kind=main', '--json'])) as Array<{ id: string }>;
-    assert.deepEqual(only.map((s) => s.id), [id]);
+    assert.deepEqual(
+      only.map((s) => s.id),
+      [id],
+    );
 
     const got = JSON.parse(await ok(['sandbox', 'get', id, '--json'])) as { id: string; envKeys: string[]; resources: { memoryMiB: number } };
     assert.equal(got.id, id);
@@ -117,7 +131,10 @@ describe('dsec', () => {
     assert.equal(env.stdout, '1 /tmp\n');
     const streamed = await dsec(['exec', id, '--', 'sh', '-c', 'echo first; sleep 1.5; echo second']);
     assert.equal(streamed.stdout, 'first\nsecond\n');
-    assert.ok(streamed.firstStdoutMs !== undefined && streamed.firstStdoutMs < streamed.durationMs - 1000, `first output at ${streamed.firstStdoutMs} ms of ${streamed.durationMs}`);
+    assert.ok(
+      streamed.firstStdoutMs !== undefined && streamed.firstStdoutMs < streamed.durationMs - 1000,
+      `first output at ${streamed.firstStdoutMs} ms of ${streamed.durationMs}`,
+    );
     const input = await dsec(['exec', '-i', id, '--', 'wc', '-l'], { input: 'a\nb\nc\n' });
     assert.equal(input.code, 0, input.stderr);
     assert.equal(input.stdout.trim(), '3');

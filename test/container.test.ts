@@ -27,7 +27,10 @@ before(async () => {
   await writeFile(path.join(ws, 'project/shadowed'), 'from workspace\n');
   workspace = await node.edge.layers.build({ type: 'dir', path: ws }, { kind: 'workspace', name: 'ws-test' });
   await node.edge.layers.build(
-    { type: 'tar', stream: Readable.from([await tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' }, 0o755)]) },
+    {
+      type: 'tar',
+      stream: Readable.from([await tarOf({ 'opt/tool/bin/hello': '#!/bin/sh\necho hello from toolkit\n', 'project/shadowed': 'from toolkit\n' }, 0o755)]),
+    },
     { kind: 'toolkit', name: 'tool-test' },
   );
 });
@@ -95,7 +98,10 @@ describe('container sandboxes', () => {
       const exit = await handle.exited;
       assert.equal(exit.signal, 'SIGTERM');
       await assert.rejects(node.edge.exec(sb.id, { argv: ['/no/such/binary'] }), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND'));
-      await assert.rejects(async () => node.edge.exec(sb.id, parsed.exec({ cwd: 'relative', cmd: 'true' })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
+      await assert.rejects(
+        async () => node.edge.exec(sb.id, parsed.exec({ cwd: 'relative', cmd: 'true' })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'),
+      );
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -143,7 +149,9 @@ describe('container sandboxes', () => {
   test('50 sandboxes at once', async () => {
     const ids: string[] = [];
     try {
-      const created = await Promise.all(Array.from({ length: 50 }, () => node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } })));
+      const created = await Promise.all(
+        Array.from({ length: 50 }, () => node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } })),
+      );
       ids.push(...created.map((s) => s.id));
       const outs = await Promise.all(ids.map((id) => node.edge.exec(id, { cmd: 'hostname; echo $$' })));
       for (const o of outs) assert.equal(o.stdout, `sandbox\n${o.stdout.split('\n')[1]}\n`);
@@ -164,7 +172,10 @@ describe('container sandboxes', () => {
       }
       const offset = Buffer.byteLength(seen);
       const edge = await node.restart();
-      assert.deepEqual((await edge.list()).map((s) => s.id), [sb.id]);
+      assert.deepEqual(
+        (await edge.list()).map((s) => s.id),
+        [sb.id],
+      );
       const procs = await edge.processes(sb.id);
       const proc = procs.find((p) => p.state === 'running');
       assert.ok(proc, 'the command is still running after the restart');
@@ -302,7 +313,10 @@ describe('container sandboxes', () => {
       assert.deepEqual([link.type, link.linkTarget], ['symlink', 'a/b/big.bin']);
       await node.edge.remove(sb.id, '/work/link');
       await node.edge.rename(sb.id, '/work/a/b/big.bin', '/work/a/moved');
-      assert.deepEqual((await node.edge.listDir(sb.id, '/work/a')).map((e) => [e.name, e.type]).sort(), [['b', 'dir'], ['moved', 'file']]);
+      assert.deepEqual((await node.edge.listDir(sb.id, '/work/a')).map((e) => [e.name, e.type]).sort(), [
+        ['b', 'dir'],
+        ['moved', 'file'],
+      ]);
       await node.edge.remove(sb.id, '/work', { recursive: true });
       await assert.rejects(node.edge.stat(sb.id, '/work'), (e: unknown) => isDsecError(e, 'FILE_NOT_FOUND'));
       const seen = await node.edge.exec(sb.id, { cmd: 'ls /work 2>&1 || echo gone' });
@@ -328,8 +342,14 @@ describe('container sandboxes', () => {
       assert.ok(cmdline !== 'sleep\u00001000\u0000', 'no process of the sandbox is left');
     }
     await assert.rejects(node.edge.create({ image: { base: 'no-such-layer' } }), (e: unknown) => isDsecError(e, 'LAYER_NOT_FOUND'));
-    await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB');
-    await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: {} })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base');
+    await assert.rejects(
+      async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, resources: { memoryMiB: -1 } })),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'resources.memoryMiB',
+    );
+    await assert.rejects(
+      async () => node.edge.create(parsed.sandbox({ image: {} })),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base',
+    );
     assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
     assert.deepEqual(await node.edge.list(), []);
   });

@@ -44,7 +44,12 @@ describe('fncall at the edge (sh runtime)', () => {
     assert.equal(r.truncated, false);
     assert.equal(r.timedOut, false);
     assert.ok(r.peakMemoryKiB > 0);
-    const io = await call({ argv: ['sh', 'main.sh', 'arg1'], files: { 'main.sh': 'read x; echo "$x $1 $GREETING $(pwd) $(id -u)"; cat lib/data.txt', 'lib/data.txt': 'data\n' }, stdin: 'line\n', env: { GREETING: 'hello' } });
+    const io = await call({
+      argv: ['sh', 'main.sh', 'arg1'],
+      files: { 'main.sh': 'read x; echo "$x $1 $GREETING $(pwd) $(id -u)"; cat lib/data.txt', 'lib/data.txt': 'data\n' },
+      stdin: 'line\n',
+      env: { GREETING: 'hello' },
+    });
     assert.equal(io.stdout, 'line arg1 hello /work 65534\ndata\n');
     assert.equal(io.exitCode, 0);
     const missing = await call({ argv: ['/no/such/binary'] });
@@ -98,7 +103,10 @@ describe('fncall at the edge (sh runtime)', () => {
   });
 
   test('no network: only loopback, and connecting out fails at once', async () => {
-    const r = await call({ code: 'cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "; nc -w 2 10.255.255.1 80 </dev/null 2>&1; echo rc=$?', timeoutMs: 5000 });
+    const r = await call({
+      code: 'cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d " "; nc -w 2 10.255.255.1 80 </dev/null 2>&1; echo rc=$?',
+      timeoutMs: 5000,
+    });
     assert.match(r.stdout, /^lo\n/);
     assert.match(r.stdout, /unreachable/i);
     assert.match(r.stdout, /rc=1/);
@@ -120,7 +128,11 @@ describe('fncall at the edge (sh runtime)', () => {
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
-    const r = await node.edge.calls.run({ image: { base: 'busybox', toolkits: ['fake-cc'] }, files: { 'prog.src': 'echo run\n' }, code: '/compile prog.src prog && cat prog' });
+    const r = await node.edge.calls.run({
+      image: { base: 'busybox', toolkits: ['fake-cc'] },
+      files: { 'prog.src': 'echo run\n' },
+      code: '/compile prog.src prog && cat prog',
+    });
     assert.equal(r.stdout, 'compiled: echo run\n', r.stderr);
   });
 
@@ -137,7 +149,10 @@ describe('fncall at the edge (sh runtime)', () => {
   test('closing the edge leaves no call sandbox, cgroup or mount behind', async () => {
     await Promise.all(Array.from({ length: 6 }, () => call({ code: 'true' })));
     await node.edge.calls.close();
-    assert.deepEqual((await node.edge.cgroups.list()).filter((id) => id.startsWith('fn-')), []);
+    assert.deepEqual(
+      (await node.edge.cgroups.list()).filter((id) => id.startsWith('fn-')),
+      [],
+    );
     assert.deepEqual(await mountsUnder(path.join(node.home, 'fncall')), []);
     assert.deepEqual(await readdir(path.join(node.home, 'fncall/sandboxes')), []);
   });
@@ -155,9 +170,17 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
   });
 
   test('python3 runs code, files and stdin', async () => {
-    const r = await node.edge.calls.run({ runtime: 'python3', code: 'import sys, json; print(json.dumps(sum(map(int, sys.stdin.read().split()))))', stdin: '1 2 3' });
+    const r = await node.edge.calls.run({
+      runtime: 'python3',
+      code: 'import sys, json; print(json.dumps(sum(map(int, sys.stdin.read().split()))))',
+      stdin: '1 2 3',
+    });
     assert.equal(r.stdout, '6\n', r.stderr);
-    const f = await node.edge.calls.run({ runtime: 'python3', argv: ['python3', 'main.py'], files: { 'main.py': 'from helper import f\nprint(f(20))\n', 'helper.py': 'def f(n):\n    return n * 2\n' } });
+    const f = await node.edge.calls.run({
+      runtime: 'python3',
+      argv: ['python3', 'main.py'],
+      files: { 'main.py': 'from helper import f\nprint(f(20))\n', 'helper.py': 'def f(n):\n    return n * 2\n' },
+    });
     assert.equal(f.stdout, '40\n', f.stderr);
     const err = await node.edge.calls.run({ runtime: 'python3', code: 'raise SystemExit(4)' });
     assert.equal(err.exitCode, 4);
@@ -170,7 +193,11 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
   });
 
   test('node runs code and reads stdin', async () => {
-    const r = await node.edge.calls.run({ runtime: 'node', code: 'let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => console.log(s.trim().toUpperCase(), process.version.startsWith("v")))', stdin: 'abc\n' });
+    const r = await node.edge.calls.run({
+      runtime: 'node',
+      code: 'let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => console.log(s.trim().toUpperCase(), process.version.startsWith("v")))',
+      stdin: 'abc\n',
+    });
     assert.equal(r.stdout, 'ABC true\n', r.stderr);
   });
 });
@@ -187,7 +214,11 @@ describe('fncall through the API, SDK and CLI', () => {
   });
 
   const post = async (route: string, body: unknown): Promise<{ status: number; json: Record<string, unknown> }> => {
-    const res = await fetch(`${platform.url}${route}`, { method: 'POST', headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    const res = await fetch(`${platform.url}${route}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' },
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+    });
     return { status: res.status, json: (await res.json()) as Record<string, unknown> };
   };
 
@@ -197,7 +228,10 @@ describe('fncall through the API, SDK and CLI', () => {
     assert.equal(one.json.stdout, 'hi\n');
     const batch = await post('/v1/calls/batch', { calls: [0, 1, 2].map((i) => ({ runtime: 'sh', code: `echo ${i}` })) });
     assert.equal(batch.status, 200);
-    assert.deepEqual((batch.json.results as CallResult[]).map((r) => r.stdout), ['0\n', '1\n', '2\n']);
+    assert.deepEqual(
+      (batch.json.results as CallResult[]).map((r) => r.stdout),
+      ['0\n', '1\n', '2\n'],
+    );
     const img = await post('/v1/calls', { image: { base: 'busybox' }, argv: ['echo', 'layers'] });
     assert.equal(img.json.stdout, 'layers\n');
   });
@@ -224,7 +258,10 @@ describe('fncall through the API, SDK and CLI', () => {
   test('SDK client.calls.run and runBatch', async () => {
     const r = await client.calls.run({ runtime: 'sh', code: 'cat', stdin: 'piped' });
     assert.equal(r.stdout, 'piped');
-    const items = await client.calls.runBatch([{ runtime: 'sh', code: 'echo a' }, { runtime: 'sh', code: 'exit 2' }]);
+    const items = await client.calls.runBatch([
+      { runtime: 'sh', code: 'echo a' },
+      { runtime: 'sh', code: 'exit 2' },
+    ]);
     assert.equal((items[0] as CallResult).stdout, 'a\n');
     assert.equal((items[1] as CallResult).exitCode, 2);
   });
@@ -232,7 +269,9 @@ describe('fncall through the API, SDK and CLI', () => {
   test('dsec call', async () => {
     const dsec = (args: string[], input?: string): Promise<{ code: number | null; stdout: string; stderr: string }> =>
       new Promise((resolve, reject) => {
-        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { ...process.env, DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey } });
+        const child = spawn(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], {
+          env: { ...process.env, DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey },
+        });
         let stdout = '';
         let stderr = '';
         child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));

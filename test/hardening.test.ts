@@ -38,7 +38,9 @@ before(async () => {
     edge: {
       userNamespaces: false,
       seccompProfile: (spec) =>
-        spec.labels?.profile === 'invalid' ? { ...defaultSeccompProfile(), defaultAction: 'SCMP_ACT_NO_SUCH_ACTION' } : defaultSeccompProfile({ allowPtrace: spec.security?.allowPtrace === true }),
+        spec.labels?.profile === 'invalid'
+          ? { ...defaultSeccompProfile(), defaultAction: 'SCMP_ACT_NO_SUCH_ACTION' }
+          : defaultSeccompProfile({ allowPtrace: spec.security?.allowPtrace === true }),
     },
   });
   const ws = path.join(scratch, 'ws');
@@ -97,7 +99,10 @@ describe('user namespaces', () => {
       assert.ok(other && Math.abs(other.uid - range.uid) >= ID_RANGE_SIZE, 'two sandboxes never share ids');
 
       const maps = await sh(node.edge, a.id, 'cat /proc/self/uid_map /proc/self/gid_map; id -u; stat -c %u:%g /etc/passwd /project/README');
-      const fields = maps.out.trim().split('\n').map((l) => l.trim().split(/\s+/).join(' '));
+      const fields = maps.out
+        .trim()
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/).join(' '));
       assert.deepEqual(fields, [`0 ${range.uid} ${ID_RANGE_SIZE}`, `0 ${range.gid} ${ID_RANGE_SIZE}`, '0', '0:0', '0:0'], 'layer files belong to root inside');
 
       assert.equal((await sh(node.edge, a.id, 'echo a > /root/by-root')).code, 0);
@@ -164,16 +169,59 @@ describe('seccomp', () => {
     await edge.writeFile(id, '/probe', probe, { mode: 0o755 });
     const r = await edge.exec(id, { argv: ['/probe'] });
     assert.equal(r.exitCode, 0, r.stderr);
-    return new Map(r.stdout.trim().split('\n').map((l) => l.split(' ') as [string, string]));
+    return new Map(
+      r.stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.split(' ') as [string, string]),
+    );
   }
 
   test('every listed system call and ioctl is refused; ptrace and process_vm_* only with security.allowPtrace', async () => {
     const strict = await node.edge.create({ image: { base: 'busybox' } });
     const debug = await node.edge.create({ image: { base: 'busybox' }, security: { allowPtrace: true } });
     try {
-      const config = JSON.parse(await readFile(path.join(node.home, 'sandboxes', strict.id, 'config.json'), 'utf8')) as { linux: { seccomp: { flags: string[]; syscalls: Array<{ names: string[] }> } } };
+      const config = JSON.parse(await readFile(path.join(node.home, 'sandboxes', strict.id, 'config.json'), 'utf8')) as {
+        linux: { seccomp: { flags: string[]; syscalls: Array<{ names: string[] }> } };
+      };
       const denied = new Set(config.linux.seccomp.syscalls.flatMap((r) => r.names));
-      for (const name of ['bpf', 'io_uring_setup', 'io_uring_enter', 'io_uring_register', 'userfaultfd', 'perf_event_open', 'keyctl', 'add_key', 'request_key', 'unshare', 'setns', 'mount', 'umount2', 'pivot_root', 'fsopen', 'fsmount', 'open_tree', 'move_mount', 'name_to_handle_at', 'open_by_handle_at', 'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module', 'ptrace', 'process_vm_readv', 'process_vm_writev', 'reboot', 'swapon', 'swapoff', 'acct', 'iopl', 'ioperm', 'ioctl']) {
+      for (const name of [
+        'bpf',
+        'io_uring_setup',
+        'io_uring_enter',
+        'io_uring_register',
+        'userfaultfd',
+        'perf_event_open',
+        'keyctl',
+        'add_key',
+        'request_key',
+        'unshare',
+        'setns',
+        'mount',
+        'umount2',
+        'pivot_root',
+        'fsopen',
+        'fsmount',
+        'open_tree',
+        'move_mount',
+        'name_to_handle_at',
+        'open_by_handle_at',
+        'kexec_load',
+        'kexec_file_load',
+        'init_module',
+        'finit_module',
+        'delete_module',
+        'ptrace',
+        'process_vm_readv',
+        'process_vm_writev',
+        'reboot',
+        'swapon',
+        'swapoff',
+        'acct',
+        'iopl',
+        'ioperm',
+        'ioctl',
+      ]) {
         assert.ok(denied.has(name), `${name} is in the profile`);
       }
       assert.deepEqual(config.linux.seccomp.flags, ['SECCOMP_FILTER_FLAG_LOG']);
@@ -198,7 +246,10 @@ describe('seccomp', () => {
   });
 
   test('a profile that cannot be applied fails the create and leaves nothing behind (fail closed)', async () => {
-    await assert.rejects(plain.edge.create({ image: { base: 'busybox' }, labels: { profile: 'invalid' } }), (e: unknown) => isDsecError(e, 'BACKEND_FAILED') && /seccomp/.test(e.message));
+    await assert.rejects(
+      plain.edge.create({ image: { base: 'busybox' }, labels: { profile: 'invalid' } }),
+      (e: unknown) => isDsecError(e, 'BACKEND_FAILED') && /seccomp/.test(e.message),
+    );
     assert.deepEqual(await plain.edge.list(), []);
     assert.deepEqual(await readdir(path.join(plain.home, 'sandboxes')), []);
     const fine = await plain.edge.create({ image: { base: 'busybox' } });
@@ -207,7 +258,10 @@ describe('seccomp', () => {
 
   test('denials are raised as seccomp.denied events naming the system call', async (t) => {
     const logged = await readFile('/proc/sys/kernel/seccomp/actions_logged', 'utf8').catch(() => '');
-    const kmsg = await access('/dev/kmsg').then(() => true, () => false);
+    const kmsg = await access('/dev/kmsg').then(
+      () => true,
+      () => false,
+    );
     if (!logged.split(/\s+/).includes('errno') || !kmsg) {
       t.skip('this kernel does not log seccomp errno actions to a readable /dev/kmsg');
       return;
@@ -281,11 +335,18 @@ describe('protected paths', () => {
       [{ readOnly: ['/x'], other: true }, 'protect'],
     ];
     for (const [protect, field] of bad) {
-      await assert.rejects(async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, protect })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field, JSON.stringify(protect));
+      await assert.rejects(
+        async () => node.edge.create(parsed.sandbox({ image: { base: 'busybox' }, protect })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field,
+        JSON.stringify(protect),
+      );
     }
     // busybox's /bin/sh is a symlink: protecting it (or a path through it) would protect nothing.
     for (const p of ['/bin/sh', '/bin/sh/x']) {
-      await assert.rejects(node.edge.create({ image: { base: 'busybox' }, protect: { readOnly: [p] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'protect.readOnly' && /symbolic link/.test(e.message));
+      await assert.rejects(
+        node.edge.create({ image: { base: 'busybox' }, protect: { readOnly: [p] } }),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'protect.readOnly' && /symbolic link/.test(e.message),
+      );
     }
     assert.deepEqual(await node.edge.list(), []);
     assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
@@ -297,7 +358,8 @@ describe('protected paths', () => {
     const off = node.edge.onEvent((ev) => events.push(ev));
     const sb = await node.edge.create({ image, protect: { watch: ['/project/tests'] } });
     try {
-      const writes = (p: string): RaisedEvent | undefined => events.find((e) => e.kind === 'protected-path.write' && e.sandboxId === sb.id && e.data?.path === p);
+      const writes = (p: string): RaisedEvent | undefined =>
+        events.find((e) => e.kind === 'protected-path.write' && e.sandboxId === sb.id && e.data?.path === p);
       assert.equal((await sh(node.edge, sb.id, 'echo "exit 0" >> /project/tests/test.sh')).code, 0);
       const ev = await eventually(() => writes('/project/tests/test.sh'), 'event for test.sh');
       assert.equal(ev.data?.watched, '/project/tests');
@@ -337,8 +399,34 @@ describe('diff and verify', () => {
       assert.equal(all.nextCursor, null);
       assert.equal(all.frozen, false);
       const by = new Map(all.entries.map((e) => [e.path, e]));
-      assert.deepEqual([...by.keys()], ['/bin/ls', '/etc', '/project/README', '/project/tests/test.sh', '/root/link', '/root/new', '/root/sparse', '/tmp', '/tmp/t', '/work', '/work/a', '/work/a/f'], 'in walk order; the runtime mount points are not listed');
-      assert.deepEqual(by.get('/root/new'), { path: '/root/new', change: 'added', type: 'file', mode: 0o644, uid: 0, gid: 0, size: 4, sha256: sha256('new\n') });
+      assert.deepEqual(
+        [...by.keys()],
+        [
+          '/bin/ls',
+          '/etc',
+          '/project/README',
+          '/project/tests/test.sh',
+          '/root/link',
+          '/root/new',
+          '/root/sparse',
+          '/tmp',
+          '/tmp/t',
+          '/work',
+          '/work/a',
+          '/work/a/f',
+        ],
+        'in walk order; the runtime mount points are not listed',
+      );
+      assert.deepEqual(by.get('/root/new'), {
+        path: '/root/new',
+        change: 'added',
+        type: 'file',
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        size: 4,
+        sha256: sha256('new\n'),
+      });
       assert.equal(by.get('/project/README')?.change, 'changed');
       assert.equal(by.get('/project/README')?.sha256, sha256('readme\nmore\n'));
       assert.equal(by.get('/project/README')?.contentChanged, true);
@@ -364,10 +452,19 @@ describe('diff and verify', () => {
       assert.deepEqual(paged, [...by.keys()]);
 
       const some = await node.edge.diff(sb.id, { paths: ['/work', '/project/tests'], hash: false });
-      assert.deepEqual(some.entries.map((e) => e.path), ['/project/tests/test.sh', '/work', '/work/a', '/work/a/f']);
+      assert.deepEqual(
+        some.entries.map((e) => e.path),
+        ['/project/tests/test.sh', '/work', '/work/a', '/work/a/f'],
+      );
       assert.ok(some.entries.every((e) => e.sha256 === undefined));
-      await assert.rejects(async () => node.edge.diff(sb.id, parsed.diff({ paths: ['relative'] })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'paths.0');
-      await assert.rejects(async () => node.edge.diff(sb.id, parsed.diff({ limit: 0 })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'limit');
+      await assert.rejects(
+        async () => node.edge.diff(sb.id, parsed.diff({ paths: ['relative'] })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'paths.0',
+      );
+      await assert.rejects(
+        async () => node.edge.diff(sb.id, parsed.diff({ limit: 0 })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'limit',
+      );
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -376,7 +473,16 @@ describe('diff and verify', () => {
   test('verify checks named paths against sha256 without following symlinks', async () => {
     const sb = await node.edge.create({ image });
     try {
-      assert.equal((await sh(node.edge, sb.id, 'echo changed > /project/README && ln -s /project/tests/test.sh /root/t && rm -rf /project/tests && mkdir /project/tests && echo fake > /project/tests/test.sh')).code, 0);
+      assert.equal(
+        (
+          await sh(
+            node.edge,
+            sb.id,
+            'echo changed > /project/README && ln -s /project/tests/test.sh /root/t && rm -rf /project/tests && mkdir /project/tests && echo fake > /project/tests/test.sh',
+          )
+        ).code,
+        0,
+      );
       const res = await node.edge.verify(sb.id, {
         expected: {
           '/project/README': sha256('changed\n'),
@@ -390,15 +496,24 @@ describe('diff and verify', () => {
       const by = new Map(res.results.map((r) => [r.path, r]));
       assert.equal(res.ok, false);
       assert.deepEqual([by.get('/project/README')?.ok, by.get('/project/README')?.source], [true, 'upper']);
-      assert.deepEqual([by.get('/project/tests/test.sh')?.ok, by.get('/project/tests/test.sh')?.reason, by.get('/project/tests/test.sh')?.actual], [false, 'mismatch', sha256('fake\n')]);
+      assert.deepEqual(
+        [by.get('/project/tests/test.sh')?.ok, by.get('/project/tests/test.sh')?.reason, by.get('/project/tests/test.sh')?.actual],
+        [false, 'mismatch', sha256('fake\n')],
+      );
       assert.deepEqual([by.get('/bin/busybox')?.reason, by.get('/bin/busybox')?.source], ['mismatch', 'layers']);
       assert.equal(by.get('/root/t')?.reason, 'symlink-in-path');
       assert.equal(by.get('/no/such/file')?.reason, 'missing');
       assert.equal(by.get('/etc')?.reason, 'not-a-file');
       const good = await node.edge.verify(sb.id, { expected: { '/project/README': sha256('changed\n') } });
       assert.equal(good.ok, true);
-      await assert.rejects(async () => node.edge.verify(sb.id, parsed.verify({ expected: { '/x': 'nothex' } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'expected./x');
-      await assert.rejects(async () => node.edge.verify(sb.id, parsed.verify({ expected: {} })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'));
+      await assert.rejects(
+        async () => node.edge.verify(sb.id, parsed.verify({ expected: { '/x': 'nothex' } })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'expected./x',
+      );
+      await assert.rejects(
+        async () => node.edge.verify(sb.id, parsed.verify({ expected: {} })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'),
+      );
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -409,7 +524,10 @@ describe('nothing of the platform inside', () => {
   test('no platform environment; chronus is read-only, its fds and memory unreachable; masked /proc, no cgroupfs, private /dev', async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' }, env: { MINE: 'x' } });
     try {
-      const env = (await node.edge.exec(sb.id, { argv: ['env'] })).stdout.trim().split('\n').map((l) => l.split('=')[0]);
+      const env = (await node.edge.exec(sb.id, { argv: ['env'] })).stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.split('=')[0]);
       assert.deepEqual(env.sort(), ['HOME', 'MINE', 'PATH']);
       const checks: Array<[string, RegExp]> = [
         ['cat /proc/1/fd/3', /Permission denied/],
@@ -424,11 +542,23 @@ describe('nothing of the platform inside', () => {
         assert.notEqual(r.code, 0, cmd);
         assert.match(r.out, why, cmd);
       }
-      const seen = await sh(node.edge, sb.id, 'wc -c < /proc/kpagecgroup; wc -c < /proc/kpageflags; wc -c < /proc/kpagecount; wc -c < /proc/keys; ls -A /sys/fs/cgroup | wc -l; find / -xdev -type s | wc -l; ls /dev');
+      const seen = await sh(
+        node.edge,
+        sb.id,
+        'wc -c < /proc/kpagecgroup; wc -c < /proc/kpageflags; wc -c < /proc/kpagecount; wc -c < /proc/keys; ls -A /sys/fs/cgroup | wc -l; find / -xdev -type s | wc -l; ls /dev',
+      );
       const lines = seen.out.trim().split('\n');
-      assert.deepEqual(lines.slice(0, 6).map((l) => l.trim()), ['0', '0', '0', '0', '0', '0'], 'kpage files and keys are masked, no cgroupfs, no agent socket inside');
+      assert.deepEqual(
+        lines.slice(0, 6).map((l) => l.trim()),
+        ['0', '0', '0', '0', '0', '0'],
+        'kpage files and keys are masked, no cgroupfs, no agent socket inside',
+      );
       const dev = lines.slice(6);
-      for (const d of dev) assert.ok(['core', 'fd', 'full', 'mqueue', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'tty', 'urandom', 'zero'].includes(d), `unexpected /dev/${d}`);
+      for (const d of dev)
+        assert.ok(
+          ['core', 'fd', 'full', 'mqueue', 'null', 'ptmx', 'pts', 'random', 'shm', 'stderr', 'stdin', 'stdout', 'tty', 'urandom', 'zero'].includes(d),
+          `unexpected /dev/${d}`,
+        );
       const caps = (await sh(node.edge, sb.id, 'grep CapEff /proc/self/status')).out.trim().split(/\s+/)[1] ?? '';
       const CAP_SYS_ADMIN = 21n;
       assert.equal((BigInt(`0x${caps}`) >> CAP_SYS_ADMIN) & 1n, 0n, 'no CAP_SYS_ADMIN');
@@ -440,14 +570,19 @@ describe('nothing of the platform inside', () => {
   test("replacing /bin/sh changes what the agent's own shell commands run, never what the platform runs", async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' } });
     try {
-      const replace = await node.edge.exec(sb.id, { argv: ['/bin/busybox', 'sh', '-c', 'rm /bin/sh && printf "#!/bin/busybox sh\\n/bin/busybox touch /pwned\\n" > /bin/sh && chmod 755 /bin/sh'] });
+      const replace = await node.edge.exec(sb.id, {
+        argv: ['/bin/busybox', 'sh', '-c', 'rm /bin/sh && printf "#!/bin/busybox sh\\n/bin/busybox touch /pwned\\n" > /bin/sh && chmod 755 /bin/sh'],
+      });
       assert.equal(replace.exitCode, 0, replace.stderr);
       // The platform's operations go through chronus's own system calls or the host.
       await node.edge.writeFile(sb.id, '/root/f', 'data');
       assert.equal((await node.edge.readFile(sb.id, '/root/f')).toString(), 'data');
       await node.edge.mkdir(sb.id, '/root/d');
       await node.edge.rename(sb.id, '/root/f', '/root/d/f');
-      assert.deepEqual((await node.edge.listDir(sb.id, '/root/d')).map((f) => f.name), ['f']);
+      assert.deepEqual(
+        (await node.edge.listDir(sb.id, '/root/d')).map((f) => f.name),
+        ['f'],
+      );
       await node.edge.remove(sb.id, '/root/d', { recursive: true });
       await node.edge.stats(sb.id);
       await node.edge.processes(sb.id);
@@ -477,14 +612,20 @@ describe('API and SDK', () => {
   });
 
   test('create takes protect and security; diff and verify are routes; bad input is a 400 naming the field', async () => {
-    const sb = await Sandbox.create({ image: { base: 'busybox' }, protect: { readOnly: ['/grader'], watch: ['/etc'] }, security: { allowPtrace: true }, resources: { memoryMiB: 64 } }, { client });
+    const sb = await Sandbox.create(
+      { image: { base: 'busybox' }, protect: { readOnly: ['/grader'], watch: ['/etc'] }, security: { allowPtrace: true }, resources: { memoryMiB: 64 } },
+      { client },
+    );
     try {
       assert.deepEqual(sb.lastInfo?.protect, { readOnly: ['/grader'], watch: ['/etc'] });
       assert.deepEqual((await sb.info()).security, { allowPtrace: true });
       const w = await sb.exec('echo hi > /root/hello; touch /grader/x', {});
       assert.match(w.stderr, /Read-only file system/);
       const page = await sb.diff({ paths: ['/root'] });
-      assert.deepEqual(page.entries.map((e) => [e.path, e.change, e.sha256]), [['/root/hello', 'added', sha256('hi\n')]]);
+      assert.deepEqual(
+        page.entries.map((e) => [e.path, e.change, e.sha256]),
+        [['/root/hello', 'added', sha256('hi\n')]],
+      );
       const entries: string[] = [];
       for await (const e of sb.diffEntries({ limit: 1, hash: false })) entries.push(e.path);
       assert.ok(entries.includes('/root/hello') && entries.includes('/grader'), entries.join(','));
@@ -496,7 +637,10 @@ describe('API and SDK', () => {
     } finally {
       await sb.kill();
     }
-    await assert.rejects(Sandbox.create({ image: { base: 'busybox' }, protect: { readOnly: ['/proc/x'] } }, { client }), (e: unknown) => e instanceof DsecError && e.code === 'INVALID_ARGUMENT' && e.details.field === 'protect.readOnly.0');
+    await assert.rejects(
+      Sandbox.create({ image: { base: 'busybox' }, protect: { readOnly: ['/proc/x'] } }, { client }),
+      (e: unknown) => e instanceof DsecError && e.code === 'INVALID_ARGUMENT' && e.details.field === 'protect.readOnly.0',
+    );
   });
 
   test('dsec sandbox create --read-only, diff and verify', async () => {
@@ -515,7 +659,13 @@ describe('API and SDK', () => {
       await sb.files.write('/root/hello', 'hi\n');
       const diff = await dsec(['sandbox', 'diff', info.id, '--path', '/root', '--json']);
       assert.equal(diff.code, 0);
-      assert.deepEqual(diff.stdout.trim().split('\n').map((l) => (JSON.parse(l) as { path: string; sha256?: string }).sha256), [sha256('hi\n')]);
+      assert.deepEqual(
+        diff.stdout
+          .trim()
+          .split('\n')
+          .map((l) => (JSON.parse(l) as { path: string; sha256?: string }).sha256),
+        [sha256('hi\n')],
+      );
       assert.equal((await dsec(['sandbox', 'verify', info.id, `/root/hello=${sha256('hi\n')}`])).code, 0);
       const bad = await dsec(['sandbox', 'verify', info.id, `/root/hello=${sha256('other')}`]);
       assert.equal(bad.code, 1);

@@ -184,7 +184,11 @@ describe('edge: pause and resume', () => {
     const sb = await node.edge.create({ image: { base: 'busybox' }, resources: { memoryMiB: 128 } });
     try {
       // 32 MiB of anonymous memory in a shell variable, plus 16 MiB in a tmpfs file.
-      const holder = await node.edge.spawn(sb.id, { cmd: 'x=$(head -c 12000000 /dev/urandom | od -An -tx1 | head -c 33554432); echo ready; read line; printf %s "$x" | md5sum' , keepStdinOpen: true, stdin: '' });
+      const holder = await node.edge.spawn(sb.id, {
+        cmd: 'x=$(head -c 12000000 /dev/urandom | od -An -tx1 | head -c 33554432); echo ready; read line; printf %s "$x" | md5sum',
+        keepStdinOpen: true,
+        stdin: '',
+      });
       let out = '';
       holder.onOutput((ev) => {
         if (ev.kind === 'data') out += ev.data.toString();
@@ -234,8 +238,16 @@ describe('platform: leases, owners, reattach', () => {
     }
   });
 
-  const api = async (method: string, route: string, body?: unknown): Promise<{ status: number; json: { error?: { code: string; field?: string } } & Record<string, unknown> }> => {
-    const res = await fetch(`${tp!.url}${route}`, { method, headers: { authorization: `Bearer ${tp!.adminKey}`, 'content-type': 'application/json' }, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) });
+  const api = async (
+    method: string,
+    route: string,
+    body?: unknown,
+  ): Promise<{ status: number; json: { error?: { code: string; field?: string } } & Record<string, unknown> }> => {
+    const res = await fetch(`${tp!.url}${route}`, {
+      method,
+      headers: { authorization: `Bearer ${tp!.adminKey}`, 'content-type': 'application/json' },
+      ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+    });
     const text = await res.text();
     return { status: res.status, json: text ? JSON.parse(text) : {} };
   };
@@ -290,14 +302,22 @@ describe('platform: leases, owners, reattach', () => {
     const sb = await Sandbox.create({ image, labels, resources: { cpu: 1, memoryMiB: 64 } }, { client });
     try {
       const allocated = async (): Promise<{ cpu: number; memoryMiB: number; sandboxes: number }> => (await client.nodes.list())[0]!.allocated;
-      assert.deepEqual(await allocated(), { cpu: nodesBefore[0]!.allocated.cpu + 1, memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64, sandboxes: nodesBefore[0]!.allocated.sandboxes + 1 });
+      assert.deepEqual(await allocated(), {
+        cpu: nodesBefore[0]!.allocated.cpu + 1,
+        memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64,
+        sandboxes: nodesBefore[0]!.allocated.sandboxes + 1,
+      });
       await sb.files.write('/tmp/state', 'kept');
       const paused = await sb.pause();
       assert.equal(paused.sandbox.state, 'paused');
       assert.equal(paused.sandbox.pauseReason, 'api');
       assert.ok(paused.sandbox.pausedAt);
       // A paused sandbox gives its CPU back to the node, but keeps its memory and its place.
-      assert.deepEqual(await allocated(), { cpu: nodesBefore[0]!.allocated.cpu, memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64, sandboxes: nodesBefore[0]!.allocated.sandboxes + 1 });
+      assert.deepEqual(await allocated(), {
+        cpu: nodesBefore[0]!.allocated.cpu,
+        memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64,
+        sandboxes: nodesBefore[0]!.allocated.sandboxes + 1,
+      });
       assert.equal((await Sandbox.list({ labels, state: 'paused' }, { client }).toArray()).length, 1);
       assert.ok((await sb.stats()).memoryLimitBytes > 0, 'stats of a paused sandbox do not resume it');
       assert.equal((await sb.info()).state, 'paused');
@@ -329,7 +349,14 @@ describe('platform: leases, owners, reattach', () => {
     const sb = await Sandbox.create({ image, labels, timeoutMs: 120_000 }, { client });
     try {
       const info = sb.lastInfo as SandboxInfo;
-      assert.deepEqual(info.lease, { idleTimeoutMs: 600_000, maxLifetimeMs: 120_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true });
+      assert.deepEqual(info.lease, {
+        idleTimeoutMs: 600_000,
+        maxLifetimeMs: 120_000,
+        onIdle: 'pause',
+        ownerGraceMs: null,
+        onOwnerLost: 'pause',
+        autoResume: true,
+      });
       assert.equal(Date.parse(info.expiresAt) - Date.parse(info.createdAt), 120_000);
       const changed = await sb.setLease({ idleTimeoutMs: 0, maxLifetimeMs: 300_000, onOwnerLost: 'kill' });
       assert.deepEqual(changed.lease, { idleTimeoutMs: 0, maxLifetimeMs: 300_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'kill', autoResume: true });
@@ -353,7 +380,9 @@ describe('platform: leases, owners, reattach', () => {
         return s.state === 'paused' ? s : undefined;
       });
       assert.equal(paused.pauseReason, 'idle');
-      await until('the idle kill', async () => ((await doomed.info().catch((e: unknown) => (isDsecError(e, 'SANDBOX_NOT_FOUND') ? 'gone' : undefined))) === 'gone' ? true : undefined));
+      await until('the idle kill', async () =>
+        (await doomed.info().catch((e: unknown) => (isDsecError(e, 'SANDBOX_NOT_FOUND') ? 'gone' : undefined))) === 'gone' ? true : undefined,
+      );
       assert.ok(events.some((e) => e.kind === 'lease.exceeded' && e.sandboxId === idle.id && e.data?.lease === 'idleTimeoutMs' && e.data.action === 'pause'));
       assert.ok(events.some((e) => e.kind === 'lease.exceeded' && e.sandboxId === doomed.id && e.data?.action === 'kill'));
       // One pipeline: the control plane's lease.exceeded is stored and served by GET /v1/events.
@@ -407,7 +436,9 @@ describe('platform: leases, owners, reattach', () => {
   });
 
   test('a client killed mid-command: its sandbox is paused after the grace, a new client reattaches, reads the missed output and goes on', async () => {
-    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'test/dist/helpers/lifecycle-child.js'), tp!.url, tp!.adminKey, '1500', RUN], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [path.join(REPO_ROOT, 'test/dist/helpers/lifecycle-child.js'), tp!.url, tp!.adminKey, '1500', RUN], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stderr = '';
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
@@ -523,11 +554,24 @@ describe('platform: leases, owners, reattach', () => {
       const put = await api('PUT', `/v1/pools/${pool}`, { spec: { image, resources: { memoryMiB: 96 } }, size: 1 });
       assert.equal(put.status, 200, JSON.stringify(put.json));
       await until('the pool to fill', async () => (((await api('GET', `/v1/pools/${pool}`)).json.ready as number) >= 1 ? true : undefined), 60_000);
-      const claimedReply = await api('POST', '/v1/sandboxes', { image, resources: { memoryMiB: 96 }, labels, owner: owner.id, lease: { idleTimeoutMs: 5000, autoResume: false } });
+      const claimedReply = await api('POST', '/v1/sandboxes', {
+        image,
+        resources: { memoryMiB: 96 },
+        labels,
+        owner: owner.id,
+        lease: { idleTimeoutMs: 5000, autoResume: false },
+      });
       assert.equal(claimedReply.status, 201, JSON.stringify(claimedReply.json));
       const claimed = claimedReply.json as unknown as SandboxInfo;
       assert.equal(claimed.owner, owner.id);
-      assert.deepEqual(claimed.lease, { idleTimeoutMs: 5000, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: false });
+      assert.deepEqual(claimed.lease, {
+        idleTimeoutMs: 5000,
+        maxLifetimeMs: 3_600_000,
+        onIdle: 'pause',
+        ownerGraceMs: null,
+        onOwnerLost: 'pause',
+        autoResume: false,
+      });
       assert.equal(Date.parse(claimed.expiresAt) - Date.parse(claimed.createdAt), 3_600_000);
       assert.ok(tp!.platform.services.counters.poolClaims >= 1, 'it came from the pool');
       await Sandbox.kill(claimed.id, { client });
@@ -543,7 +587,9 @@ describe('platform: leases, owners, reattach', () => {
     try {
       const cli = (args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> =>
         new Promise((resolve) => {
-          const c = spawn(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: tp!.url, DSEC_API_KEY: tp!.adminKey } });
+          const c = spawn(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], {
+            env: { PATH: process.env.PATH ?? '', DSEC_API_URL: tp!.url, DSEC_API_KEY: tp!.adminKey },
+          });
           let stdout = '';
           let stderr = '';
           c.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -563,7 +609,20 @@ describe('platform: leases, owners, reattach', () => {
       const bad = await cli(['sandbox', 'lease', sb.id, '--idle-timeout', '-5']);
       assert.notEqual(bad.code, 0);
       assert.match(bad.stderr, /lease\.idleTimeoutMs/);
-      const made = await cli(['sandbox', 'create', '--base', 'busybox', '--label', `run=${RUN}`, '--idle-timeout', '0', '--on-owner-lost', 'kill', '--no-auto-resume', '--json']);
+      const made = await cli([
+        'sandbox',
+        'create',
+        '--base',
+        'busybox',
+        '--label',
+        `run=${RUN}`,
+        '--idle-timeout',
+        '0',
+        '--on-owner-lost',
+        'kill',
+        '--no-auto-resume',
+        '--json',
+      ]);
       assert.equal(made.code, 0, made.stderr);
       const info = JSON.parse(made.stdout) as SandboxInfo;
       assert.deepEqual(info.lease, { idleTimeoutMs: 0, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'kill', autoResume: false });

@@ -17,7 +17,10 @@ let client: DsecClient;
 const JOB = `job-${randomBytes(3).toString('hex')}`;
 
 function dsec(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey, DSEC_HOME: '/nonexistent' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey, DSEC_HOME: '/nonexistent' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -25,8 +28,16 @@ function dsec(args: string[]): Promise<{ code: number | null; stdout: string; st
   return new Promise((resolve) => child.on('close', (code) => resolve({ code, stdout, stderr })));
 }
 
-async function raw(method: string, route: string, body?: unknown): Promise<{ status: number; json: { error?: { code: string; field?: string; message: string } } & Record<string, unknown> }> {
-  const res = await fetch(platform.url + route, { method, headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' }, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) });
+async function raw(
+  method: string,
+  route: string,
+  body?: unknown,
+): Promise<{ status: number; json: { error?: { code: string; field?: string; message: string } } & Record<string, unknown> }> {
+  const res = await fetch(platform.url + route, {
+    method,
+    headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' },
+    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+  });
   const text = await res.text();
   return { status: res.status, json: (text ? JSON.parse(text) : {}) as never };
 }
@@ -42,7 +53,10 @@ after(async () => {
 
 describe('network API', () => {
   test('create with a policy, read it back, replace and patch it, read the log', async () => {
-    const sb = await Sandbox.create({ image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: 'api.test', ports: [443] }], allowAddresses: ['127.0.0.2'] } }, { client });
+    const sb = await Sandbox.create(
+      { image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: 'api.test', ports: [443] }], allowAddresses: ['127.0.0.2'] } },
+      { client },
+    );
     try {
       assert.equal(sb.lastInfo?.network.mode, 'allowlist');
       const n = await sb.network();
@@ -71,7 +85,10 @@ describe('network API', () => {
   test('a deny-domain rule is merged into new policies and kept through every later change', async () => {
     const rule = await raw('POST', '/v1/rules', { kind: 'deny-domain', domain: 'pkg.test' });
     assert.equal(rule.status, 201, JSON.stringify(rule.json));
-    const sb = await Sandbox.create({ image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: '*.test' }], allowAddresses: ['127.0.0.2', '127.0.0.3'] } }, { client });
+    const sb = await Sandbox.create(
+      { image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: '*.test' }], allowAddresses: ['127.0.0.2', '127.0.0.3'] } },
+      { client },
+    );
     try {
       assert.deepEqual((await sb.network()).policy.deny, ['pkg.test']);
       assert.equal((await sb.exec('nslookup api.test >/dev/null && ! nslookup pkg.test >/dev/null')).exitCode, 0, 'the DNS stub refuses the denied name');
@@ -116,10 +133,16 @@ describe('network API', () => {
 
   test('network:apply changes every sandbox of a job, and only those', async () => {
     const a = await Sandbox.create({ image: { base: 'busybox' }, labels: { job: JOB, stage: '1' } }, { client });
-    const b = await Sandbox.create({ image: { base: 'busybox' }, labels: { job: JOB }, network: { mode: 'allowlist', allow: [{ host: 'api.test' }], allowAddresses: ['127.0.0.2'] } }, { client });
+    const b = await Sandbox.create(
+      { image: { base: 'busybox' }, labels: { job: JOB }, network: { mode: 'allowlist', allow: [{ host: 'api.test' }], allowAddresses: ['127.0.0.2'] } },
+      { client },
+    );
     const other = await Sandbox.create({ image: { base: 'busybox' }, labels: { job: `${JOB}-other` } }, { client });
     try {
-      const res = await client.applyNetwork({ selector: { labels: { job: JOB } }, patch: { allow: { add: [{ host: 'pkg.test' }] }, allowAddresses: { add: ['127.0.0.3'] } } });
+      const res = await client.applyNetwork({
+        selector: { labels: { job: JOB } },
+        patch: { allow: { add: [{ host: 'pkg.test' }] }, allowAddresses: { add: ['127.0.0.3'] } },
+      });
       assert.equal(res.matched, 2);
       assert.deepEqual(res.failed, []);
       assert.deepEqual(res.applied.map((x) => x.id).sort(), [a.id, b.id].sort());

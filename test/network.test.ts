@@ -23,7 +23,7 @@ import type { TestNode } from './helpers/node.js';
 const run = promisify(execFile);
 
 /** Loopback addresses of this run's upstreams (a /24 of 127/8 of its own, so runs do not collide). */
-const NET = `127.${1 + (randomBytes(1)[0] ?? 0) % 250}.${randomBytes(1)[0] ?? 0}`;
+const NET = `127.${1 + ((randomBytes(1)[0] ?? 0) % 250)}.${randomBytes(1)[0] ?? 0}`;
 const API = `${NET}.2`;
 const CDN = `${NET}.3`;
 const OTHER = `${NET}.4`;
@@ -66,7 +66,12 @@ async function startUpstream(dir: string): Promise<Upstream> {
     await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', name]);
     await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
     await run('ip', ['link', 'set', hostIf, 'up']);
-    for (const args of [['addr', 'add', `${address}/30`, 'dev', 'eth0'], ['link', 'set', 'lo', 'up'], ['link', 'set', 'eth0', 'up'], ['route', 'add', 'default', 'via', hostAddress]]) {
+    for (const args of [
+      ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
+      ['link', 'set', 'lo', 'up'],
+      ['link', 'set', 'eth0', 'up'],
+      ['route', 'add', 'default', 'via', hostAddress],
+    ]) {
       await run('ip', ['-n', name, ...args]);
     }
     const www = path.join(dir, 'www');
@@ -130,7 +135,12 @@ async function sh(id: string, cmd: string): Promise<{ code: number | null; out: 
   return { code: r.exitCode, out: r.stdout + r.stderr };
 }
 
-const allowlist = (extra: Partial<NetworkPolicy> = {}): NetworkPolicy => ({ mode: 'allowlist', allow: [{ host: 'api.test' }, { host: '*.assets.test' }, { host: 'rebind.test' }], allowAddresses: [API, CDN], ...extra });
+const allowlist = (extra: Partial<NetworkPolicy> = {}): NetworkPolicy => ({
+  mode: 'allowlist',
+  allow: [{ host: 'api.test' }, { host: '*.assets.test' }, { host: 'rebind.test' }],
+  allowAddresses: [API, CDN],
+  ...extra,
+});
 
 async function logHas(id: string, pred: (e: EgressLogEntry) => boolean): Promise<boolean> {
   return (await node.edge.networkLog(id)).some(pred);
@@ -170,7 +180,12 @@ function packument(origin: string): object {
     name: 'left-pad',
     'dist-tags': { latest: '2.0.0' },
     versions: { '1.0.0': v('1.0.0'), '2.0.0': v('2.0.0') },
-    time: { created: '2020-01-01T00:00:00.000Z', modified: '2025-06-01T00:00:00.000Z', '1.0.0': '2020-01-01T00:00:00.000Z', '2.0.0': '2025-06-01T00:00:00.000Z' },
+    time: {
+      created: '2020-01-01T00:00:00.000Z',
+      modified: '2025-06-01T00:00:00.000Z',
+      '1.0.0': '2020-01-01T00:00:00.000Z',
+      '2.0.0': '2025-06-01T00:00:00.000Z',
+    },
   };
 }
 
@@ -191,7 +206,23 @@ async function startServers(dir: string): Promise<Servers> {
   });
   all.push(echoServer);
   await listen(echoServer, 8080, API);
-  await run('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', path.join(dir, 'key.pem'), '-out', path.join(dir, 'cert.pem'), '-days', '1', '-subj', '/CN=api.test']);
+  await run('openssl', [
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-keyout',
+    path.join(dir, 'key.pem'),
+    '-out',
+    path.join(dir, 'cert.pem'),
+    '-days',
+    '1',
+    '-subj',
+    '/CN=api.test',
+  ]);
   const tlsServer = tls.createServer(
     {
       key: await readFile(path.join(dir, 'key.pem')),
@@ -325,7 +356,11 @@ describe('sandbox networks', () => {
         ['gateway ssh port', `nc -w 1 ${gw} 22 </dev/null`, (e) => e.host === gw && e.port === 22],
         ['UDP to a host port', `echo hi | tftp -p -l /etc/hostname -r x ${gw} ${udpPort}`, (e) => e.host === gw && e.port === udpPort && e.protocol === 'udp'],
         ['another sandbox', `echo secret | nc -w 1 ${bAddr} 8080`, (e) => e.host === bAddr && e.port === 8080],
-        ['a host by IP, another port', `printf 'GET /ok.txt HTTP/1.0\\r\\n\\r\\n' | nc -w 1 ${upstream.address} 9000`, (e) => e.host === upstream.address && e.port === 9000],
+        [
+          'a host by IP, another port',
+          `printf 'GET /ok.txt HTTP/1.0\\r\\n\\r\\n' | nc -w 1 ${upstream.address} 9000`,
+          (e) => e.host === upstream.address && e.port === 9000,
+        ],
         ['another resolver', `nslookup api.test ${upstream.address}`, (e) => e.host === upstream.address && e.port === 53 && e.protocol === 'udp'],
       ];
       for (const [what, cmd, match] of attempts) {
@@ -367,7 +402,10 @@ describe('sandbox networks', () => {
       const r1 = await sh(sb.id, 'cat /etc/resolv.conf; nslookup api.test && ! nslookup cdn.assets.test');
       assert.equal(r1.code, 0, r1.out);
 
-      const patched = await patchNetwork(node.edge, sb.id, { allow: { add: [{ host: '*.assets.test', ports: [443] }], remove: ['api.test'] }, allowAddresses: { add: [CDN] } });
+      const patched = await patchNetwork(node.edge, sb.id, {
+        allow: { add: [{ host: '*.assets.test', ports: [443] }], remove: ['api.test'] },
+        allowAddresses: { add: [CDN] },
+      });
       assert.deepEqual(patched.policy.allow, [{ host: '*.assets.test', ports: [443] }]);
       const r2 = await sh(sb.id, 'nslookup cdn.assets.test && ! nslookup api.test');
       assert.equal(r2.code, 0, r2.out);
@@ -397,11 +435,24 @@ describe('sandbox networks', () => {
         [{ mode: 'open' }, 'network.mode', /./],
       ];
       for (const [policy, field, msg] of bad) {
-        await assert.rejects(async () => node.edge.setNetwork(sb.id, parsed.network(policy)), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field && msg.test(e.message), JSON.stringify(policy));
+        await assert.rejects(
+          async () => node.edge.setNetwork(sb.id, parsed.network(policy)),
+          (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === field && msg.test(e.message),
+          JSON.stringify(policy),
+        );
       }
-      await assert.rejects(async () => patchNetwork(node.edge, sb.id, { presets: { add: ['nope'] } }), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.presets.add.0');
-      await assert.rejects(async () => node.edge.create(parsed.sandbox({ image, network: { mode: 'allowlist', allow: [{ host: 'a b' }] } })), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.allow.0.host');
-      assert.deepEqual((await node.edge.networkInfo(sb.id)).policy.allow?.map((r) => r.host), ['api.test', '*.assets.test', 'rebind.test']);
+      await assert.rejects(
+        async () => patchNetwork(node.edge, sb.id, { presets: { add: ['nope'] } }),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.presets.add.0',
+      );
+      await assert.rejects(
+        async () => node.edge.create(parsed.sandbox({ image, network: { mode: 'allowlist', allow: [{ host: 'a b' }] } })),
+        (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'network.allow.0.host',
+      );
+      assert.deepEqual(
+        (await node.edge.networkInfo(sb.id)).policy.allow?.map((r) => r.host),
+        ['api.test', '*.assets.test', 'rebind.test'],
+      );
 
       // A change that fails half-way (its policy cannot be saved) leaves the old one in force.
       const saved = path.join(node.home, 'net', `${sb.id}.json.tmp`);
@@ -460,13 +511,20 @@ describe('sandbox networks', () => {
       await other.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
       const sb = await other.edge.create({ image, network: allowlist() });
       const gw = (await other.edge.networkInfo(sb.id)).gateway as string;
-      assert.notEqual(gw, (await node.edge.networkInfo((await node.edge.create({ image, network: allowlist() })).id)).gateway, 'two homes get different slices');
+      assert.notEqual(
+        gw,
+        (await node.edge.networkInfo((await node.edge.create({ image, network: allowlist() })).id)).gateway,
+        'two homes get different slices',
+      );
       const prefix = other.edge.network.ifPrefix;
       const table = other.edge.network.table;
       assert.ok((await readdir('/sys/class/net')).some((l) => l.startsWith(prefix)));
       await other.cleanup();
       cleaned = true;
-      assert.deepEqual((await readdir('/sys/class/net')).filter((l) => l.startsWith(prefix)), []);
+      assert.deepEqual(
+        (await readdir('/sys/class/net')).filter((l) => l.startsWith(prefix)),
+        [],
+      );
       assert.ok(!(await nftTables()).includes(table));
       const claims = await readdir('/run/dsec-net').catch(() => [] as string[]);
       for (const c of claims) {
@@ -500,7 +558,16 @@ function clientHello(sni?: string): Buffer {
   exts.push(ext(0x000b, Buffer.from([1, 0])));
   exts.push(ext(0x000d, list16([0x0403, 0x0804, 0x0401, 0x0503, 0x0805, 0x0501])));
   const extensions = Buffer.concat(exts);
-  const body = Buffer.concat([u16(0x0303), randomBytes(32), u8(0), list16([0xc02b, 0xc02f, 0xc02c, 0xc030, 0x009c, 0x002f]), u8(1), u8(0), u16(extensions.length), extensions]);
+  const body = Buffer.concat([
+    u16(0x0303),
+    randomBytes(32),
+    u8(0),
+    list16([0xc02b, 0xc02f, 0xc02c, 0xc030, 0x009c, 0x002f]),
+    u8(1),
+    u8(0),
+    u16(extensions.length),
+    extensions,
+  ]);
   const handshake = Buffer.concat([u8(1), u24(body.length), body]);
   return Buffer.concat([u8(0x16), u16(0x0301), u16(handshake.length), handshake]);
 }
@@ -513,7 +580,10 @@ const ncSend = (request: string, host: string, port: number | string, holdS = 1)
 describe('sandbox networks through the egress proxy', () => {
   const policy = (): NetworkPolicy => ({
     mode: 'allowlist',
-    allow: [{ host: 'api.test', ports: [80, 443, 8080] }, { host: 'rebind.test', ports: [servers.hostServicePort] }],
+    allow: [
+      { host: 'api.test', ports: [80, 443, 8080] },
+      { host: 'rebind.test', ports: [servers.hostServicePort] },
+    ],
     allowAddresses: [API],
   });
 
@@ -527,7 +597,10 @@ describe('sandbox networks through the egress proxy', () => {
       const explicit = await sh(sb.id, ncSend(req('GET http://api.test/x', 'api.test'), gw, 3128));
       assert.match(explicit.out, /^HTTP\/1\.1 200/);
       assert.match(explicit.out, /hello api\.test \/x/);
-      const tunnel = await sh(sb.id, `(printf 'CONNECT api.test:8080 HTTP/1.1\\r\\nHost: api.test:8080\\r\\n\\r\\n'; sleep 0.5; printf 'ping-through-tunnel'; sleep 1) | nc -w 3 ${gw} 3128`);
+      const tunnel = await sh(
+        sb.id,
+        `(printf 'CONNECT api.test:8080 HTTP/1.1\\r\\nHost: api.test:8080\\r\\n\\r\\n'; sleep 0.5; printf 'ping-through-tunnel'; sleep 1) | nc -w 3 ${gw} 3128`,
+      );
       assert.match(tunnel.out, /^HTTP\/1\.1 200/);
       assert.match(tunnel.out, /ping-through-tunnel/);
       assert.match((await sh(sb.id, ncSend(req('GET http://other.test/', 'other.test'), gw, 3128))).out, /^HTTP\/1\.1 403/);
@@ -613,7 +686,10 @@ describe('sandbox networks through the egress proxy', () => {
   });
 
   test('a frozen npm mirror hides a version newer than its cutoff (local fake registry)', async () => {
-    const sb = await node.edge.create({ image, network: { mode: 'allowlist', presets: ['npm'], mirrors: { npm: { upstream: servers.registryOrigin, freeze: '2023-01-01' } } } });
+    const sb = await node.edge.create({
+      image,
+      network: { mode: 'allowlist', presets: ['npm'], mirrors: { npm: { upstream: servers.registryOrigin, freeze: '2023-01-01' } } },
+    });
     try {
       const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
       assert.equal((await sh(sb.id, 'echo $npm_config_registry')).out.trim(), 'http://registry.npmjs.org/');

@@ -89,7 +89,8 @@ after(async () => {
       const node = await up(home, ['--clean']).catch(() => undefined);
       if (node) await stop(node, 'SIGTERM');
     }
-    for (const m of [...(await mountsUnder(runDirOf(path.join(home, 'node'))).catch(() => [])), ...(await mountsUnder(home).catch(() => []))]) umount(m, MNT.DETACH);
+    for (const m of [...(await mountsUnder(runDirOf(path.join(home, 'node'))).catch(() => [])), ...(await mountsUnder(home).catch(() => []))])
+      umount(m, MNT.DETACH);
     await rm(home, { recursive: true, force: true });
   }
 });
@@ -99,7 +100,10 @@ describe('stopping dsec up', () => {
     const home = await freshHome();
     const node = await up(home);
     // Layer mounts and a sandbox's network exist only once a sandbox did.
-    const sb = await Sandbox.create({ image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: 'example.invalid' }] } }, { apiUrl: node.url, apiKey: node.apiKey });
+    const sb = await Sandbox.create(
+      { image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: 'example.invalid' }] } },
+      { apiUrl: node.url, apiKey: node.apiKey },
+    );
     assert.equal((await sb.exec('echo ok')).stdout, 'ok\n');
     assert.ok((await nodeMounts(home)).length > 0, 'the running node has mounts');
     await sb.kill();

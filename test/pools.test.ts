@@ -80,12 +80,19 @@ describe('pool configuration', () => {
     const p = await project({ sandboxes: 3, memoryMiB: 1024 });
     await assert.rejects(p.client.pools.put('big', { spec: POOL_SPEC, size: 4 }), isCode('INVALID_ARGUMENT', 'size'));
     // 3 x 512 MiB does not fit a 1 GiB memory quota either.
-    await assert.rejects(p.client.pools.put('fat', { spec: { image: { base: 'busybox' }, resources: { memoryMiB: 512 } }, size: 3 }), isCode('INVALID_ARGUMENT', 'size'));
+    await assert.rejects(
+      p.client.pools.put('fat', { spec: { image: { base: 'busybox' }, resources: { memoryMiB: 512 } }, size: 3 }),
+      isCode('INVALID_ARGUMENT', 'size'),
+    );
     await assert.rejects(p.client.pools.put('ok', { spec: POOL_SPEC, size: 1001 }), isCode('INVALID_ARGUMENT', 'size'));
     await assert.rejects(p.client.pools.put('ok', { spec: { image: { base: 'no-such-layer' } }, size: 1 }), isCode('LAYER_NOT_FOUND', 'spec.image.base'));
     // env and labels belong to a claim, not to a pool.
     await assert.rejects(p.client.pools.put('ok', { spec: { ...POOL_SPEC, env: { A: '1' } } as never, size: 1 }), isCode('INVALID_ARGUMENT', 'spec'));
-    const raw = await fetch(`${platform.url}/v1/pools/Bad_Name`, { method: 'PUT', headers: { authorization: `Bearer ${p.key}`, 'content-type': 'application/json' }, body: JSON.stringify({ spec: POOL_SPEC, size: 1 }) });
+    const raw = await fetch(`${platform.url}/v1/pools/Bad_Name`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${p.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ spec: POOL_SPEC, size: 1 }),
+    });
     assert.equal(raw.status, 400);
     assert.equal(((await raw.json()) as { error: { field: string } }).error.field, 'name');
     await assert.rejects(p.client.pools.get('missing'), isCode('NOT_FOUND'));
@@ -109,7 +116,11 @@ describe('claims', () => {
       // Nobody can reach a pool's sandbox before it is claimed: not even to look.
       await assert.rejects(Sandbox.connect(id, { client: p.client }), isCode('SANDBOX_NOT_FOUND'));
       await assert.rejects(Sandbox.connect(id, { client: admin }), isCode('SANDBOX_NOT_FOUND'));
-      const exec = await fetch(`${platform.url}/v1/sandboxes/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' }, body: JSON.stringify({ cmd: 'touch /tmp/x' }) });
+      const exec = await fetch(`${platform.url}/v1/sandboxes/${id}/exec`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ cmd: 'touch /tmp/x' }),
+      });
       assert.equal(exec.status, 404);
     }
     // The pool's spec is the quota's first call: a fresh create of another spec finds 2 of 4 used.
@@ -126,9 +137,15 @@ describe('claims', () => {
     await readyCount(p, 'clean', 2);
     const members = new Set(await nodeSandboxes());
 
-    const fresh = await Sandbox.create({ ...POOL_SPEC, resources: { ...POOL_SPEC.resources, diskMiB: 17 }, env: { EPISODE: 'fresh' }, labels: { kind: 'fresh' }, timeoutMs: 120_000 }, { client: p.client });
+    const fresh = await Sandbox.create(
+      { ...POOL_SPEC, resources: { ...POOL_SPEC.resources, diskMiB: 17 }, env: { EPISODE: 'fresh' }, labels: { kind: 'fresh' }, timeoutMs: 120_000 },
+      { client: p.client },
+    );
     const t0 = Date.now();
-    const a = await Sandbox.create({ ...POOL_SPEC, env: { EPISODE: 'a', SECRET: 's1' }, labels: { kind: 'claim', n: '1' }, timeoutMs: 120_000 }, { client: p.client });
+    const a = await Sandbox.create(
+      { ...POOL_SPEC, env: { EPISODE: 'a', SECRET: 's1' }, labels: { kind: 'claim', n: '1' }, timeoutMs: 120_000 },
+      { client: p.client },
+    );
     assert.ok(members.has(a.id), 'the create was answered by a pool sandbox');
     const info = a.lastInfo!;
     const freshInfo = fresh.lastInfo!;
@@ -252,7 +269,10 @@ describe('pool lifecycle', () => {
     await readyCount(p, 'resize', 1);
     await usageIs(p, 1);
     const after1 = await nodeSandboxes();
-    assert.ok(after1.every((id) => first.has(id)), 'shrinking created nothing');
+    assert.ok(
+      after1.every((id) => first.has(id)),
+      'shrinking created nothing',
+    );
     const bigger = { ...POOL_SPEC, resources: { ...POOL_SPEC.resources, memoryMiB: 40 } };
     const replaced = await p.client.pools.put('resize', { spec: bigger, size: 1 });
     assert.deepEqual(replaced.spec, bigger);
@@ -270,8 +290,11 @@ describe('cli', () => {
   /** Runs `dsec args...` as a real process with a project's key. */
   function dsec(p: TestProject, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
     return new Promise((resolve) => {
-      execFile(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: p.key }, timeout: 60_000 }, (err, stdout, stderr) =>
-        resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+      execFile(
+        process.execPath,
+        [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args],
+        { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: p.key }, timeout: 60_000 },
+        (err, stdout, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
       );
     });
   }
@@ -295,7 +318,22 @@ describe('cli', () => {
     await usageIs(p, 0);
     // A batch of 4 against a quota of 3: three ids on stdout, one refusal on stderr, exit 1.
     const q = await project({ sandboxes: 3 });
-    const batch = await dsec(q, ['sandbox', 'create', '--base', 'busybox', '--cpu', '0.1', '--memory', '32', '--disk', '16', '--count', '4', '--label', 'via=cli']);
+    const batch = await dsec(q, [
+      'sandbox',
+      'create',
+      '--base',
+      'busybox',
+      '--cpu',
+      '0.1',
+      '--memory',
+      '32',
+      '--disk',
+      '16',
+      '--count',
+      '4',
+      '--label',
+      'via=cli',
+    ]);
     assert.equal(batch.code, 1, 'a failed item makes the exit status 1');
     const ids = batch.stdout.trim().split('\n');
     assert.equal(ids.length, 3);

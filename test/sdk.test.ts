@@ -21,7 +21,10 @@ before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-sdk-e2e-'));
   platform = await startTestPlatform();
   client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
-  sandbox = await Sandbox.create({ image: { base: 'busybox' }, labels: { run: RUN, role: 'main' }, env: { GREETING: 'hello' }, resources: { memoryMiB: 128 } }, { client });
+  sandbox = await Sandbox.create(
+    { image: { base: 'busybox' }, labels: { run: RUN, role: 'main' }, env: { GREETING: 'hello' }, resources: { memoryMiB: 128 } },
+    { client },
+  );
 });
 
 after(async () => {
@@ -53,7 +56,10 @@ describe('sandboxes', () => {
     const all = await Sandbox.list({ labels: { run: RUN } }, { client }).toArray();
     assert.deepEqual(all.map((s) => s.id).sort(), [sandbox.id, other.id].sort());
     const main = await Sandbox.list({ labels: { run: RUN, role: 'main' } }, { client }).toArray();
-    assert.deepEqual(main.map((s) => s.id), [sandbox.id]);
+    assert.deepEqual(
+      main.map((s) => s.id),
+      [sandbox.id],
+    );
     const paged = await Sandbox.list({ labels: { run: RUN }, limit: 1 }, { client }).toArray();
     assert.equal(paged.length, 2, 'pages are followed');
     await other.kill();
@@ -63,15 +69,24 @@ describe('sandboxes', () => {
   test('connect finds a sandbox; unknown ids are SANDBOX_NOT_FOUND (404)', async () => {
     const again = await Sandbox.connect(sandbox.id, { client });
     assert.equal(again.lastInfo?.id, sandbox.id);
-    await assert.rejects(Sandbox.connect('test-0123456789abcdef', { client }), (err: unknown) => isCode('SANDBOX_NOT_FOUND')(err) && (err as DsecError).status === 404);
+    await assert.rejects(
+      Sandbox.connect('test-0123456789abcdef', { client }),
+      (err: unknown) => isCode('SANDBOX_NOT_FOUND')(err) && (err as DsecError).status === 404,
+    );
   });
 
   test('bad input is INVALID_ARGUMENT naming the field, before sending', async () => {
-    await assert.rejects(Sandbox.create({ image: { base: 'busybox' }, resources: { memoryMiB: 4 } }, { client }), isCode('INVALID_ARGUMENT', 'resources.memoryMiB'));
+    await assert.rejects(
+      Sandbox.create({ image: { base: 'busybox' }, resources: { memoryMiB: 4 } }, { client }),
+      isCode('INVALID_ARGUMENT', 'resources.memoryMiB'),
+    );
     await assert.rejects(sandbox.exec('true', { cwd: 'relative' }), isCode('INVALID_ARGUMENT', 'cwd'));
     await assert.rejects(sandbox.files.read('relative'), isCode('INVALID_ARGUMENT', 'path'));
     // The server maps its own checks the same way.
-    await assert.rejects(Sandbox.create({ image: { base: 'no-such-layer' } }, { client }), (err: unknown) => err instanceof DsecError && err.status >= 400 && err.status < 500);
+    await assert.rejects(
+      Sandbox.create({ image: { base: 'no-such-layer' } }, { client }),
+      (err: unknown) => err instanceof DsecError && err.status >= 400 && err.status < 500,
+    );
   });
 
   test('a missing or wrong key is UNAUTHENTICATED', async () => {
@@ -136,8 +151,20 @@ describe('exec', () => {
     assert.equal(r.exitCode, 0);
     assert.equal(r.stdout, 'o1\no2\no3\n');
     assert.equal(r.stderr, 'e1\ne2\ne3\n');
-    assert.equal(seen.filter(([s]) => s === 'out').map(([, d]) => d).join(''), 'o1\no2\no3\n');
-    assert.equal(seen.filter(([s]) => s === 'err').map(([, d]) => d).join(''), 'e1\ne2\ne3\n');
+    assert.equal(
+      seen
+        .filter(([s]) => s === 'out')
+        .map(([, d]) => d)
+        .join(''),
+      'o1\no2\no3\n',
+    );
+    assert.equal(
+      seen
+        .filter(([s]) => s === 'err')
+        .map(([, d]) => d)
+        .join(''),
+      'e1\ne2\ne3\n',
+    );
     const first = seen.find(([s, d]) => s === 'out' && d.includes('o1'));
     assert.ok(first && first[2] < Date.now() - t0 - 250, 'the first line arrived before the command ended');
   });

@@ -29,7 +29,10 @@ const call = (method: string, route: string, json?: unknown, key = platform.admi
 
 /** A listing of a tree inside a sandbox: type, mode, owner, size and content digest per path. */
 async function treeOf(sb: Sandbox, dir: string): Promise<string> {
-  return sh(sb, `cd ${dir} && find . | sort | while read -r f; do if [ -L "$f" ]; then echo "$f L $(readlink "$f")"; elif [ -d "$f" ]; then echo "$f D $(stat -c '%a %u:%g' "$f")"; else echo "$f F $(stat -c '%a %u:%g %s' "$f") $(md5sum < "$f" | cut -c1-32)"; fi; done`);
+  return sh(
+    sb,
+    `cd ${dir} && find . | sort | while read -r f; do if [ -L "$f" ]; then echo "$f L $(readlink "$f")"; elif [ -d "$f" ]; then echo "$f D $(stat -c '%a %u:%g' "$f")"; else echo "$f F $(stat -c '%a %u:%g %s' "$f") $(md5sum < "$f" | cut -c1-32)"; fi; done`,
+  );
 }
 
 before(async () => {
@@ -44,7 +47,10 @@ after(async () => {
 describe('snapshots', () => {
   test('a snapshot reproduces the file state, deletions and replaced directories included; snapshots chain', async () => {
     const a = await create({ image: { base: 'busybox' } });
-    await sh(a, 'mkdir -p /work/dir /work/tree/sub && echo keep > /work/keep && echo gone > /work/gone && echo 1 > /work/dir/a && echo 2 > /work/dir/b && echo deep > /work/tree/sub/f');
+    await sh(
+      a,
+      'mkdir -p /work/dir /work/tree/sub && echo keep > /work/keep && echo gone > /work/gone && echo 1 > /work/dir/a && echo 2 > /work/dir/b && echo deep > /work/tree/sub/f',
+    );
     await sh(a, 'chmod 750 /work/keep && chown 1234:5678 /work/dir/a && ln -s ../keep /work/dir/link && ln /work/keep /work/hard');
     const first = await a.snapshot();
     assert.equal(first.kind, 'snapshot');
@@ -61,7 +67,10 @@ describe('snapshots', () => {
 
     // Deletions of files from the snapshot and from the base, a directory replaced by a new one
     // (an opaque directory), a tree removed, a file changed.
-    await sh(b, 'rm /work/gone /etc/group && rm -rf /work/dir /work/tree && mkdir /work/dir && echo new > /work/dir/c && echo more >> /work/keep && mkdir -p /work/tree && echo fresh > /work/tree/g');
+    await sh(
+      b,
+      'rm /work/gone /etc/group && rm -rf /work/dir /work/tree && mkdir /work/dir && echo new > /work/dir/c && echo more >> /work/keep && mkdir -p /work/tree && echo fresh > /work/tree/g',
+    );
     const second = await b.snapshot({ name: 'chain-test:two' });
     assert.deepEqual(second.names, ['chain-test:two']);
     assert.deepEqual(second.snapshot?.parents, [...first.snapshot.parents, first.digest]);
@@ -152,7 +161,10 @@ describe('snapshots', () => {
     assert.equal(fork.body.error.code, 'QUOTA_EXCEEDED');
     assert.match(fork.body.error.snapshot, /^sha256:/);
     const left = await call('GET', '/v1/sandboxes', undefined, key);
-    assert.deepEqual(left.body.items.map((s: { id: string }) => s.id), [src.body.id]);
+    assert.deepEqual(
+      left.body.items.map((s: { id: string }) => s.id),
+      [src.body.id],
+    );
     assert.equal((await call('GET', `/v1/projects/${p.body.id}`)).body.usage.sandboxes, 1);
     // Within the quota the same fork works.
     const ok = await call('POST', `/v1/sandboxes/${src.body.id}/fork`, { count: 2 }, key);
@@ -215,7 +227,11 @@ describe('snapshots', () => {
     const foreignFork = await call('POST', `/v1/sandboxes/${own.body.id}/fork`, { count: 1 }, theirs);
     assert.equal(foreignFork.status, 404);
     // A snapshot layer cannot be uploaded as such.
-    const upload = await fetch(`${platform.url}/v1/layers?kind=snapshot`, { method: 'POST', headers: { authorization: `Bearer ${platform.adminKey}` }, body: Buffer.alloc(1024) });
+    const upload = await fetch(`${platform.url}/v1/layers?kind=snapshot`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${platform.adminKey}` },
+      body: Buffer.alloc(1024),
+    });
     assert.equal(upload.status, 400);
     assert.equal(((await upload.json()) as any).error.field, 'query.kind');
   });
@@ -265,7 +281,9 @@ describe('packing an upper directory', () => {
       } finally {
         await store.release(shifted.digest);
       }
-      await assert.rejects(store.build({ type: 'upper', dir: upper, parents, idShift: { uid: -1, gid: 0 } }, { kind: 'snapshot' }), (err: unknown) => isDsecError(err, 'INVALID_ARGUMENT'));
+      await assert.rejects(store.build({ type: 'upper', dir: upper, parents, idShift: { uid: -1, gid: 0 } }, { kind: 'snapshot' }), (err: unknown) =>
+        isDsecError(err, 'INVALID_ARGUMENT'),
+      );
       assert.deepEqual(await mountsUnder(path.join(dir, 'layers', 'tmp')), [], 'no mount left behind');
     } finally {
       await store.close();

@@ -41,7 +41,10 @@ async function allSteps(sb: Sandbox): Promise<TrajectoryStep[]> {
 
 /** Type, mode, size and content digest of every path below `dir` in a sandbox. */
 async function treeOf(sb: Sandbox, dir: string): Promise<string> {
-  return sh(sb, `cd ${dir} && find . | sort | while read -r f; do if [ -d "$f" ]; then echo "$f D"; else echo "$f F $(stat -c '%a %s' "$f") $(md5sum < "$f" | cut -c1-32)"; fi; done`);
+  return sh(
+    sb,
+    `cd ${dir} && find . | sort | while read -r f; do if [ -d "$f" ]; then echo "$f D"; else echo "$f F $(stat -c '%a %s' "$f") $(md5sum < "$f" | cut -c1-32)"; fi; done`,
+  );
 }
 
 before(async () => {
@@ -91,7 +94,20 @@ describe('trajectory', () => {
     const steps = await allSteps(source);
     assert.deepEqual(
       steps.map((s) => [s.seq, s.kind]),
-      [[0, 'exec'], [1, 'mkdir'], [2, 'write'], [3, 'exec'], [4, 'exec'], [5, 'tar'], [6, 'rename'], [7, 'write'], [8, 'remove'], [9, 'exec'], [10, 'exec'], [11, 'exec']],
+      [
+        [0, 'exec'],
+        [1, 'mkdir'],
+        [2, 'write'],
+        [3, 'exec'],
+        [4, 'exec'],
+        [5, 'tar'],
+        [6, 'rename'],
+        [7, 'write'],
+        [8, 'remove'],
+        [9, 'exec'],
+        [10, 'exec'],
+        [11, 'exec'],
+      ],
     );
     const [s0, s1, s2, s3, s4, s5, s6, , s8, s9, , s11] = steps as TrajectoryStep[] & { length: 12 };
     assert.deepEqual(s0!.command, { cmd: 'echo hello', timeoutMs: 60_000 });
@@ -143,7 +159,10 @@ describe('trajectory', () => {
     made.push(replay.sandbox);
     assert.notEqual(replay.sandbox.id, source.id);
     assert.equal(replay.fromSeq, -1);
-    assert.deepEqual(seen, replay.steps.map((s) => s.seq));
+    assert.deepEqual(
+      seen,
+      replay.steps.map((s) => s.seq),
+    );
     assert.equal(replay.steps.length, 12);
     const verdicts = Object.fromEntries(replay.steps.map((s) => [s.seq, s.verdict]));
     assert.equal(verdicts[10], 'output-differs', JSON.stringify(replay.steps[10]));
@@ -152,10 +171,17 @@ describe('trajectory', () => {
     assert.match(replay.steps[10]!.reason ?? '', /stdout/);
 
     // The replay has a trajectory of its own, step for step.
-    assert.deepEqual((await allSteps(replay.sandbox)).map((s) => s.kind), (await allSteps(source)).map((s) => s.kind));
+    assert.deepEqual(
+      (await allSteps(replay.sandbox)).map((s) => s.kind),
+      (await allSteps(source)).map((s) => s.kind),
+    );
 
     // The files are those of the episode, except the one written from a random id.
-    const tree = (t: string) => t.split('\n').filter((l) => !l.startsWith('./id ')).join('\n');
+    const tree = (t: string) =>
+      t
+        .split('\n')
+        .filter((l) => !l.startsWith('./id '))
+        .join('\n');
     assert.equal(tree(await treeOf(replay.sandbox, '/work')), tree(await treeOf(source, '/work')));
     assert.equal(await replay.sandbox.files.read('/work/ws.txt'), 'via-ws\n');
     assert.equal(await replay.sandbox.files.read('/work/up/b/c.txt'), 'gamma\n');
@@ -165,7 +191,10 @@ describe('trajectory', () => {
     // upTo and stopOnDivergence bound a replay.
     const partial = await source.replay({ upTo: 4 });
     made.push(partial.sandbox);
-    assert.deepEqual(partial.steps.map((s) => s.seq), [0, 1, 2, 3, 4]);
+    assert.deepEqual(
+      partial.steps.map((s) => s.seq),
+      [0, 1, 2, 3, 4],
+    );
     const stopped = await source.replay({ stopOnDivergence: true });
     made.push(stopped.sandbox);
     assert.equal(stopped.steps[stopped.steps.length - 1]?.seq, 10);
@@ -180,7 +209,10 @@ describe('trajectory', () => {
     await assert.rejects(sb.exec(['/no/such/program']), (err: unknown) => isDsecError(err, 'FILE_NOT_FOUND'));
     const same = await sb.replay();
     made.push(same.sandbox);
-    assert.deepEqual(same.steps.map((s) => s.verdict), ['same', 'same', 'same']);
+    assert.deepEqual(
+      same.steps.map((s) => s.verdict),
+      ['same', 'same', 'same'],
+    );
     // The same step in a sandbox whose environment differs exits 1.
     const other = await sb.replay({ env: { MODE: 'b' } });
     made.push(other.sandbox);
@@ -207,7 +239,10 @@ describe('trajectory', () => {
     const replay = await sb.replay({ snapshot: snap.digest });
     made.push(replay.sandbox);
     assert.equal(replay.fromSeq, 0);
-    assert.deepEqual(replay.steps.map((s) => [s.seq, s.verdict]), [[1, 'same']]);
+    assert.deepEqual(
+      replay.steps.map((s) => [s.seq, s.verdict]),
+      [[1, 'same']],
+    );
     assert.equal(replay.sandbox.lastInfo?.snapshot, snap.digest);
     assert.equal(await replay.sandbox.files.read('/f1'), 'one\n');
     assert.equal(await replay.sandbox.files.read('/f2'), 'two\n');
@@ -245,10 +280,16 @@ describe('trajectory', () => {
     assert.equal(steps[1]?.durationMs, null);
     const replay = await sb.replay();
     made.push(replay.sandbox);
-    assert.deepEqual(replay.steps.map((s) => s.verdict), ['not-replayable', 'same']);
+    assert.deepEqual(
+      replay.steps.map((s) => s.verdict),
+      ['not-replayable', 'same'],
+    );
     assert.match(replay.steps[1]?.reason ?? '', /running/);
     const procs = await replay.sandbox.processes();
-    assert.ok(procs.some((p) => p.state === 'running' && p.argv.join(' ').includes('sleep 600')), JSON.stringify(procs));
+    assert.ok(
+      procs.some((p) => p.state === 'running' && p.argv.join(' ').includes('sleep 600')),
+      JSON.stringify(procs),
+    );
   });
 
   test('a command whose reader left early is recorded to its end', async () => {
@@ -264,7 +305,10 @@ describe('trajectory', () => {
       if (steps.length === 2 && steps.every((s) => s.exit)) break;
       await new Promise((r) => setTimeout(r, 100));
     }
-    assert.deepEqual(steps.map((s) => s.via), ['stream', 'ws']);
+    assert.deepEqual(
+      steps.map((s) => s.via),
+      ['stream', 'ws'],
+    );
     for (const s of steps) {
       assert.equal(s.exit?.exitCode, 0, JSON.stringify(s));
       assert.equal(s.stdout?.sha256, sha256('late\n'));
@@ -304,8 +348,11 @@ describe('the dsec command', () => {
   /** Runs `dsec args...` against the test platform. */
   const dsec = (args: string[]): Promise<{ code: number; stdout: string; stderr: string }> =>
     new Promise((resolve) => {
-      execFile(process.execPath, [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args], { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey }, timeout: 60_000 }, (err, stdout, stderr) =>
-        resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+      execFile(
+        process.execPath,
+        [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args],
+        { env: { PATH: process.env.PATH ?? '', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey }, timeout: 60_000 },
+        (err, stdout, stderr) => resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
       );
     });
 
@@ -348,7 +395,13 @@ describe('the dsec command', () => {
 describe('trajectory limits', () => {
   test('steps past the limits are not stored, bytes past the limit lose their copies, and the log says truncated', async () => {
     const store = await StateStore.openSqlite(new Database(':memory:'));
-    const header = (id: string): TrajectoryHeader => ({ sandboxId: id, projectId: 'root', spec: { backend: 'container', image: { base: `sha256:${'a'.repeat(64)}` }, resources: {} }, layers: [], createdAt: new Date().toISOString() });
+    const header = (id: string): TrajectoryHeader => ({
+      sandboxId: id,
+      projectId: 'root',
+      spec: { backend: 'container', image: { base: `sha256:${'a'.repeat(64)}` }, resources: {} },
+      layers: [],
+      createdAt: new Date().toISOString(),
+    });
     const log = new TrajectoryLog(store, async () => undefined, { maxSteps: 3, maxBytes: 4096 });
     try {
       log.open(header('s-steps'));
@@ -356,11 +409,19 @@ describe('trajectory limits', () => {
       const h = await log.header('s-steps');
       assert.equal(h?.steps, 3);
       assert.equal(h?.truncated, 1);
-      assert.deepEqual((await log.page('s-steps', -1, 10)).map((s) => s.path), ['/d0', '/d1', '/d2']);
+      assert.deepEqual(
+        (await log.page('s-steps', -1, 10)).map((s) => s.path),
+        ['/d0', '/d1', '/d2'],
+      );
 
       log.open(header('s-bytes'));
       const rec = await log.beginFile('s-bytes', 'write', { path: '/f' });
-      for await (const _ of rec.tap((async function* () { yield Buffer.alloc(8192, 1); })())) assert.ok(_);
+      for await (const _ of rec.tap(
+        (async function* () {
+          yield Buffer.alloc(8192, 1);
+        })(),
+      ))
+        assert.ok(_);
       rec.ok();
       const [step] = await log.page('s-bytes', -1, 10);
       assert.equal(step?.data?.base64, undefined);

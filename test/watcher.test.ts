@@ -87,7 +87,11 @@ interface SseMessage {
 }
 
 /** A live GET /v1/events stream, parsed into messages. */
-async function openStream(key: string, query = '', lastEventId?: string): Promise<{ status: number; next(pick: (m: SseMessage) => boolean, timeoutMs?: number): Promise<SseMessage>; close(): void }> {
+async function openStream(
+  key: string,
+  query = '',
+  lastEventId?: string,
+): Promise<{ status: number; next(pick: (m: SseMessage) => boolean, timeoutMs?: number): Promise<SseMessage>; close(): void }> {
   const ctl = new AbortController();
   const headers: Record<string, string> = { authorization: `Bearer ${key}`, accept: 'text/event-stream' };
   if (lastEventId) headers['last-event-id'] = lastEventId;
@@ -170,7 +174,11 @@ describe('events', () => {
       assert.ok(hit.data.count >= 1);
 
       // Stored, and filtered by kind, sandbox and severity.
-      const stored = await waitForEvents(team.viewer, `sandbox=${id}`, (items) => items.some((e) => e.kind === 'pids.limit-hit') && items.some((e) => e.kind === 'oom.kill'));
+      const stored = await waitForEvents(
+        team.viewer,
+        `sandbox=${id}`,
+        (items) => items.some((e) => e.kind === 'pids.limit-hit') && items.some((e) => e.kind === 'oom.kill'),
+      );
       assert.ok(stored.every((e) => e.sandbox === id && e.project === team.id));
       const onlyOom = await call('GET', `/v1/events?sandbox=${id}&kind=oom.kill`, { key: team.viewer });
       assert.ok(onlyOom.body.items.length >= 1 && onlyOom.body.items.every((e: any) => e.kind === 'oom.kill'));
@@ -187,7 +195,10 @@ describe('events', () => {
       const hidden = await call('GET', `/v1/events?sandbox=${id}`, { key: other.member });
       assert.equal(hidden.status, 200);
       assert.deepEqual(hidden.body.items, []);
-      await assert.rejects(otherStream.next((m) => m.data !== undefined, 1500), /no matching SSE message/);
+      await assert.rejects(
+        otherStream.next((m) => m.data !== undefined, 1500),
+        /no matching SSE message/,
+      );
       // Heartbeats keep an idle stream alive.
       assert.ok((await otherStream.next((m) => m.comment?.startsWith('heartbeat') ?? false)).comment);
 
@@ -339,9 +350,15 @@ describe('audit', () => {
       const exported = await call('GET', '/v1/audit', { headers: { accept: 'application/x-ndjson' } });
       assert.equal(exported.status, 200);
       assert.match(exported.headers.get('content-type') ?? '', /x-ndjson/);
-      const lines = exported.text.trim().split('\n').map((l) => JSON.parse(l));
+      const lines = exported.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       assert.ok(lines.length >= 5);
-      assert.ok(lines.every((l: any, i: number) => i === 0 || l.id > lines[i - 1].id), 'oldest first');
+      assert.ok(
+        lines.every((l: any, i: number) => i === 0 || l.id > lines[i - 1].id),
+        'oldest first',
+      );
       for (const secret of [platform.adminKey, team.member, team.admin, fake]) assert.ok(!exported.text.includes(secret));
       const bad = await call('GET', '/v1/audit?key=dsec_abc');
       assert.equal(bad.status, 400);
@@ -427,7 +444,10 @@ describe('rules', () => {
     const team = await project('evrule-team');
     const labelled = await create(team.member, { labels: { tier: 'eval' } });
     const quiet = await create(team.member);
-    const raise = await call('POST', '/v1/rules', { key: team.admin, json: { kind: 'event', match: { events: ['process.survived-command'], labels: { tier: 'eval' } }, severity: 'critical' } });
+    const raise = await call('POST', '/v1/rules', {
+      key: team.admin,
+      json: { kind: 'event', match: { events: ['process.survived-command'], labels: { tier: 'eval' } }, severity: 'critical' },
+    });
     assert.equal(raise.status, 201, raise.text);
     const mute = await call('POST', '/v1/rules', { json: { kind: 'event', match: { sandbox: quiet }, suppress: true } });
     assert.equal(mute.status, 201, mute.text);
@@ -474,7 +494,9 @@ describe('edge', () => {
     // The same through a real sandbox whose agent socket is taken over.
     const node = await startNode();
     try {
-      const base = (await node.edge.layers.resolve('busybox').catch(() => undefined)) ?? (await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' }));
+      const base =
+        (await node.edge.layers.resolve('busybox').catch(() => undefined)) ??
+        (await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' }));
       const sb = await node.edge.create({ image: { base: base.digest }, resources: { memoryMiB: 64 } });
       const edge = await node.restart(); // no connection to the agent yet
       const events: RaisedEvent[] = [];
@@ -505,7 +527,9 @@ describe('edge', () => {
   test('garbage collection after an edge crash: containers, cgroups and processes of sandboxes it lost are removed', async () => {
     const node = await startNode();
     try {
-      const base = (await node.edge.layers.resolve('busybox').catch(() => undefined)) ?? (await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' }));
+      const base =
+        (await node.edge.layers.resolve('busybox').catch(() => undefined)) ??
+        (await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' }));
       const spec = { image: { base: base.digest }, resources: { memoryMiB: 64 } };
       const lostDir = await node.edge.create(spec);
       const lostAll = await node.edge.create(spec);
@@ -531,7 +555,10 @@ describe('edge', () => {
       // The runtime's delete takes the first one's cgroups along; the second had only its cgroups left.
       assert.ok(report.cgroups.includes(lostAll.id), JSON.stringify(report));
       assert.ok(report.processes >= 1, JSON.stringify(report));
-      assert.deepEqual((await edge.list()).map((s) => s.id), [kept.id]);
+      assert.deepEqual(
+        (await edge.list()).map((s) => s.id),
+        [kept.id],
+      );
       for (const id of [lostDir.id, lostAll.id]) {
         assert.deepEqual(await edge.cgroups.existing(id), [], `cgroups of ${id}`);
         assert.equal(existsSync(path.join(crunRoot, id)), false);

@@ -104,11 +104,16 @@ export class Peers {
     this.podmanArgs = [
       ...prefix,
       'podman',
-      '--root', path.join(dir, 'podman', 'root'),
-      '--runroot', path.join(dir, 'podman', 'run'),
-      '--cgroup-manager', 'cgroupfs',
-      '--events-backend', 'none',
-      '--storage-driver', 'overlay',
+      '--root',
+      path.join(dir, 'podman', 'root'),
+      '--runroot',
+      path.join(dir, 'podman', 'run'),
+      '--cgroup-manager',
+      'cgroupfs',
+      '--events-backend',
+      'none',
+      '--storage-driver',
+      'overlay',
     ];
   }
 

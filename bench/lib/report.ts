@@ -122,7 +122,11 @@ export function textTable(rows: readonly Row[]): string {
   const head = ['scenario', 'metric', 'system', 'n', 'p50/value', 'p90', 'p99', 'unit', 'vs peers', 'target'];
   const body = rows.map((r) => [r.scenario, ...cells(r), versus(rows, r), targetText(r)]);
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((b) => b[i]!.length)));
-  const line = (c: string[]): string => c.map((x, i) => x.padEnd(widths[i]!)).join('  ').trimEnd();
+  const line = (c: string[]): string =>
+    c
+      .map((x, i) => x.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd();
   return [line(head), line(widths.map((w) => '-'.repeat(w))), ...body.map(line)].join('\n');
 }
 

@@ -44,12 +44,23 @@ export const batchScenario: Scenario = {
     for (const count of ctx.quick ? [50] : [100, 1000]) {
       let first: number | undefined;
       const t0 = nowMs();
-      const result = await Sandbox.createBatch({ spec: { ...SPEC, labels: { bench: 'batch' } }, count }, { onItem: () => (first ??= nowMs() - t0) }, { client });
+      const result = await Sandbox.createBatch(
+        { spec: { ...SPEC, labels: { bench: 'batch' } }, count },
+        { onItem: () => (first ??= nowMs() - t0) },
+        { client },
+      );
       const ms = nowMs() - t0;
       if (result.failed > 0) throw new Error(`batch of ${count}: ${result.failed} items failed, first: ${result.items.find((i) => i.error)?.error?.message}`);
       progress(`batch: ${count} created in ${ms.toFixed(0)} ms`);
       ctx.record({ scenario: 'batch', metric: `batch of ${count} creates, end to end`, system: 'dsec', unit: 'ms', value: ms });
-      ctx.record({ scenario: 'batch', metric: `batch of ${count} creates, rate`, system: 'dsec', unit: 'creates/s', value: count / (ms / 1000), higherIsBetter: true });
+      ctx.record({
+        scenario: 'batch',
+        metric: `batch of ${count} creates, rate`,
+        system: 'dsec',
+        unit: 'creates/s',
+        value: count / (ms / 1000),
+        higherIsBetter: true,
+      });
       ctx.record({ scenario: 'batch', metric: `batch of ${count}: first item streamed`, system: 'dsec', unit: 'ms', value: first ?? ms });
       await destroyAll(result.sandboxes);
     }

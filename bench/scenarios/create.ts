@@ -25,7 +25,7 @@ export const createScenario: Scenario = {
   title: '1. Create to first exec',
   method: [
     'Time from the create call to the exit of `true` run in the new sandbox, busybox base layer cached, no pool.',
-    'dsec: `Sandbox.create` + `sb.exec([\'true\'])` through the SDK (HTTP API, apiserver, edge, crun, chronus);',
+    "dsec: `Sandbox.create` + `sb.exec(['true'])` through the SDK (HTTP API, apiserver, edge, crun, chronus);",
     'its removal is not timed. `dsec edge` is the same at the edge in-process (no HTTP, no scheduler, no state store).',
     'Peers: `podman run --rm` (includes its removal, which it does before returning), `crun run` of a prepared',
     'bundle (crun removes the container when `true` exits), and `bwrap --unshare-all` (no cgroups, no image',

@@ -78,11 +78,28 @@ async function fill<H>(ctx: ScenarioContext, f: Filler<H>, target: number, concu
   await f.destroyAll(extra);
 
   const isDsec = f.system === 'dsec';
-  rows.push({ scenario: 'density', metric: 'idle sandboxes running', system: f.system, unit: 'sandboxes', value: n, higherIsBetter: true, compare: false, ...(isDsec && target >= 3200 ? { targets: [{ text: '>= 3,200 running on 24 GiB', met: n >= 3200 }] } : {}), note: `filled in ${fillS.toFixed(1)} s${timedOut ? ' (stopped at the time bound)' : ''}` });
+  rows.push({
+    scenario: 'density',
+    metric: 'idle sandboxes running',
+    system: f.system,
+    unit: 'sandboxes',
+    value: n,
+    higherIsBetter: true,
+    compare: false,
+    ...(isDsec && target >= 3200 ? { targets: [{ text: '>= 3,200 running on 24 GiB', met: n >= 3200 }] } : {}),
+    note: `filled in ${fillS.toFixed(1)} s${timedOut ? ' (stopped at the time bound)' : ''}`,
+  });
   rows.push({ scenario: 'density', metric: 'host memory per sandbox (MemAvailable delta)', system: f.system, unit: 'MiB', value: hostMiB });
   if (cgMiB !== undefined) {
     rows.push({ scenario: 'density', metric: 'memory per sandbox charged to its cgroups', system: f.system, unit: 'MiB', value: cgMiB });
-    rows.push({ scenario: 'density', metric: 'host memory per sandbox beyond its cgroups', system: f.system, unit: 'MiB', value: hostMiB - cgMiB, ...(isDsec ? { targets: [{ text: '<= 1 MiB each beyond the agent\'s own processes', met: hostMiB - cgMiB <= 1 }] } : {}) });
+    rows.push({
+      scenario: 'density',
+      metric: 'host memory per sandbox beyond its cgroups',
+      system: f.system,
+      unit: 'MiB',
+      value: hostMiB - cgMiB,
+      ...(isDsec ? { targets: [{ text: "<= 1 MiB each beyond the agent's own processes", met: hostMiB - cgMiB <= 1 }] } : {}),
+    });
   }
   const t1 = nowMs();
   await f.destroyAll(handles);
@@ -100,7 +117,7 @@ export const densityScenario: Scenario = {
     'concurrency 8. Host memory per sandbox is the drop of MemAvailable in /proc/meminfo from before the fill to',
     '2 s after it (no caches dropped), divided by the count; it includes everything the node spends: chronus, the',
     'tmpfs and overlay mounts, crun state, kernel objects and the growth of the platform process. "Charged to its',
-    'cgroups" sums the sandboxes\' memory.usage_in_bytes; the difference is the host\'s cost beyond the agent\'s',
+    "cgroups\" sums the sandboxes' memory.usage_in_bytes; the difference is the host's cost beyond the agent's",
     'own processes. Create latency (create + first exec of `true`) is probed with a few sequential creates at',
     '0/25/50/75/100% fill. podman is filled with `podman run -d ... sleep` (its probe is `podman run -d`, no exec)',
     `at concurrency 4 up to ${PODMAN_CAP} containers (a cap, for time: each costs ~0.25 s), within a time bound.`,
@@ -111,7 +128,8 @@ export const densityScenario: Scenario = {
     const clients: DsecClient[] = await Promise.all(Array.from({ length: 9 }, () => ctx.bench.newClient()));
     const probeClient = clients[8]!;
     const edge = ctx.bench.platform.edge;
-    const create = (client: DsecClient): Promise<Sandbox> => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: IDLE_RESOURCES }, { client }));
+    const create = (client: DsecClient): Promise<Sandbox> =>
+      retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: IDLE_RESOURCES }, { client }));
     await fill<Sandbox>(
       ctx,
       {

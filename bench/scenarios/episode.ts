@@ -82,7 +82,7 @@ export const episodeScenario: Scenario = {
   title: '6. RL-style episode',
   method: [
     `Base: a Debian bookworm root with ${BASE_PACKAGES.join(', ')} (six: isodate's one dependency), built once with the project's Debian builder`,
-    '(mmdebstrap, ~25 s) into the bench\'s persistent cache (/var/tmp/dsec-bench-cache) and copied into the node\'s',
+    "(mmdebstrap, ~25 s) into the bench's persistent cache (/var/tmp/dsec-bench-cache) and copied into the node's",
     'layer store before the run, as a node that has served this environment before would have it. Workspace: the',
     `isodate library with its own unittest suite (278 tests, standard library only, runs offline) from Debian's`,
     `\`${PROJECT_DEB}\` package (its binary package ships the tests), in a git repository committed at build time.`,
@@ -126,13 +126,16 @@ export const episodeScenario: Scenario = {
 
     const dsecEpisode = async (w: number): Promise<number> => {
       const t0 = nowMs();
-      const sb = await retryRateLimited(() => Sandbox.create({ image: { base: BASE_NAME, workspace: WORKSPACE_NAME }, resources: { cpu: 1, memoryMiB: 512 } }, { client: clients[w]! }));
+      const sb = await retryRateLimited(() =>
+        Sandbox.create({ image: { base: BASE_NAME, workspace: WORKSPACE_NAME }, resources: { cpu: 1, memoryMiB: 512 } }, { client: clients[w]! }),
+      );
       try {
         const tests = await sb.exec(TEST_CMD, { cwd: PROJECT_DIR });
         if (tests.exitCode !== 0) throw new Error(`tests failed in dsec: ${tests.stderr.slice(-300)}`);
         await sb.files.write(`${PROJECT_DIR}/${EDITED_FILE}`, edited);
         const diff = await sb.exec(['git', 'diff'], { cwd: PROJECT_DIR });
-        if (!diff.stdout.includes('Edited by an episode')) throw new Error(`git diff in dsec missed the edit: ${diff.stdout.slice(0, 200)} ${diff.stderr.slice(0, 200)}`);
+        if (!diff.stdout.includes('Edited by an episode'))
+          throw new Error(`git diff in dsec missed the edit: ${diff.stdout.slice(0, 200)} ${diff.stderr.slice(0, 200)}`);
       } finally {
         await sb.kill();
       }
@@ -160,7 +163,10 @@ export const episodeScenario: Scenario = {
       ['podman', { episodes: 0, ms: 0, lat: [] }],
     ]);
     for (let r = 0; r < rounds; r++) {
-      for (const [name, fn] of [['dsec', dsecEpisode], ['podman', podmanEpisode]] as const) {
+      for (const [name, fn] of [
+        ['dsec', dsecEpisode],
+        ['podman', podmanEpisode],
+      ] as const) {
         const t0 = nowMs();
         const lat = await pool(perRound, concurrency, (_i, w) => fn(w));
         const s = stats.get(name)!;
@@ -171,7 +177,15 @@ export const episodeScenario: Scenario = {
       }
     }
     for (const [name, s] of stats) {
-      ctx.record({ scenario: 'episode', metric: `episodes per minute, concurrency ${concurrency}`, system: name, unit: 'episodes/min', value: (s.episodes / s.ms) * 60_000, higherIsBetter: true, n: s.episodes });
+      ctx.record({
+        scenario: 'episode',
+        metric: `episodes per minute, concurrency ${concurrency}`,
+        system: name,
+        unit: 'episodes/min',
+        value: (s.episodes / s.ms) * 60_000,
+        higherIsBetter: true,
+        n: s.episodes,
+      });
     }
     for (const [name, s] of stats) ctx.record(latencyRow('episode', 'episode duration (under that load)', name, summarize(s.lat)));
   },

@@ -12,7 +12,7 @@ export const execScenario: Scenario = {
   name: 'exec',
   title: '3. Exec round trip and throughput',
   method: [
-    'Round trip of `true` in a running sandbox: dsec `sb.exec([\'true\'])` through the SDK -> apiserver -> edge ->',
+    "Round trip of `true` in a running sandbox: dsec `sb.exec(['true'])` through the SDK -> apiserver -> edge ->",
     'chronus and back with the exit status; `dsec edge` is `edge.exec` in-process (no HTTP). Peers: `crun exec` and',
     '`podman exec` into an idle container of the same rootfs. The systems alternate every iteration.',
     'Throughput: one worker per sandbox (each with its own API key) runs `true` back to back for a fixed time.',
@@ -45,7 +45,13 @@ export const execScenario: Scenario = {
       const crun = summarize(samples.get('crun exec')!);
       for (const [name] of systems) {
         const s = summarize(samples.get(name)!);
-        const targets = name === 'dsec' ? [{ text: 'p50 <= 2 ms', met: s.p50 <= 2 }, { text: '>= 4x faster than crun exec', met: crun.p50 / s.p50 >= 4 }] : undefined;
+        const targets =
+          name === 'dsec'
+            ? [
+                { text: 'p50 <= 2 ms', met: s.p50 <= 2 },
+                { text: '>= 4x faster than crun exec', met: crun.p50 / s.p50 >= 4 },
+              ]
+            : undefined;
         ctx.record(latencyRow('exec', 'exec round trip (true)', name, s, targets ? { targets } : {}));
       }
     } finally {
@@ -58,7 +64,9 @@ export const execScenario: Scenario = {
     const count = ctx.quick ? 5 : 50;
     const durationMs = ctx.quick ? 2000 : 10_000;
     const clients = await Promise.all(Array.from({ length: count }, () => bench.newClient()));
-    const sandboxes = await pool(count, 8, (i) => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: { cpu: 0.5, memoryMiB: 64 } }, { client: clients[i]! })));
+    const sandboxes = await pool(count, 8, (i) =>
+      retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: { cpu: 0.5, memoryMiB: 64 } }, { client: clients[i]! })),
+    );
     try {
       progress(`exec: throughput across ${count} sandboxes for ${durationMs / 1000} s`);
       let execs = 0;

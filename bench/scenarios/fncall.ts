@@ -29,10 +29,10 @@ export const fncallScenario: Scenario = {
   title: '7. Function calls',
   method: [
     'A trivial call (`true` in the `sh` runtime) through `client.calls.run`: each call claims a pre-created single-use',
-    'sandbox from the runtime\'s pool and runs one process in it. Latency is measured paced (a call every',
+    "sandbox from the runtime's pool and runs one process in it. Latency is measured paced (a call every",
     `${PACE_MS} ms, what an online-judge agent does) and back to back (the pool cannot refill between calls);`,
     `the rate with ${RATE_CONCURRENCY} calls in flight. Peers: a bubblewrap one-shot (\`bwrap --unshare-all\`, no cgroups:`,
-    'the floor) and `podman run --rm` of the same busybox rootfs, alternating per iteration. `python3 -c \'print(1)\'`',
+    "the floor) and `podman run --rm` of the same busybox rootfs, alternating per iteration. `python3 -c 'print(1)'`",
     'runs in the Debian python3 runtime (built on first use; the full run only); it has no peer rows.',
   ].join(' '),
   async run(ctx: ScenarioContext) {
@@ -72,9 +72,31 @@ export const fncallScenario: Scenario = {
     const seconds = ctx.quick ? 2 : 10;
     progress(`fncall: rate for ${seconds} s per system`);
     const dsecRate = await rate(seconds * 1000, trivial);
-    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'dsec', unit: 'calls/s', value: dsecRate, higherIsBetter: true, targets: [{ text: '>= 300 calls/s', met: dsecRate >= 300 }] });
-    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'bwrap', unit: 'calls/s', value: await rate(seconds * 1000, () => peers.bwrapRun()), higherIsBetter: true });
-    ctx.record({ scenario: 'fncall', metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`, system: 'podman run --rm', unit: 'calls/s', value: await rate(seconds * 1000, () => peers.podmanRun()), higherIsBetter: true });
+    ctx.record({
+      scenario: 'fncall',
+      metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`,
+      system: 'dsec',
+      unit: 'calls/s',
+      value: dsecRate,
+      higherIsBetter: true,
+      targets: [{ text: '>= 300 calls/s', met: dsecRate >= 300 }],
+    });
+    ctx.record({
+      scenario: 'fncall',
+      metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`,
+      system: 'bwrap',
+      unit: 'calls/s',
+      value: await rate(seconds * 1000, () => peers.bwrapRun()),
+      higherIsBetter: true,
+    });
+    ctx.record({
+      scenario: 'fncall',
+      metric: `trivial calls per second, ${RATE_CONCURRENCY} in flight`,
+      system: 'podman run --rm',
+      unit: 'calls/s',
+      value: await rate(seconds * 1000, () => peers.podmanRun()),
+      higherIsBetter: true,
+    });
 
     if (ctx.quick) {
       ctx.note('`--quick` leaves out the python3 runtime (its first use builds a Debian layer).');
@@ -91,6 +113,13 @@ export const fncallScenario: Scenario = {
       await new Promise((r) => setTimeout(r, PACE_MS));
     }
     ctx.record(latencyRow('fncall', "python3 -c 'print(1)', paced", 'dsec', summarize(pySamples)));
-    ctx.record({ scenario: 'fncall', metric: `python3 calls per second, ${RATE_CONCURRENCY} in flight`, system: 'dsec', unit: 'calls/s', value: await rate(seconds * 1000, py), higherIsBetter: true });
+    ctx.record({
+      scenario: 'fncall',
+      metric: `python3 calls per second, ${RATE_CONCURRENCY} in flight`,
+      system: 'dsec',
+      unit: 'calls/s',
+      value: await rate(seconds * 1000, py),
+      higherIsBetter: true,
+    });
   },
 };

@@ -13,7 +13,11 @@ import { nowMs, progress, summarize } from '../lib/stats.js';
 const WARMUP = 3;
 /** A policy naming a host that nothing resolves: the benchmark sends no traffic anywhere. */
 const ALLOWLIST: NetworkPolicy = { mode: 'allowlist', allow: [{ host: 'bench.invalid' }], presets: ['npm', 'pypi'] };
-const OTHER_ALLOWLIST: NetworkPolicy = { mode: 'allowlist', allow: [{ host: 'bench.invalid' }, { host: '*.bench.invalid', ports: [443] }], presets: ['github'] };
+const OTHER_ALLOWLIST: NetworkPolicy = {
+  mode: 'allowlist',
+  allow: [{ host: 'bench.invalid' }, { host: '*.bench.invalid', ports: [443] }],
+  presets: ['github'],
+};
 
 async function edgeCreate(edge: Edge, network: NetworkPolicy | undefined): Promise<number> {
   const t0 = nowMs();
@@ -91,9 +95,9 @@ export const networkScenario: Scenario = {
   name: 'network',
   title: 'Network: create with and without a network, live policy changes',
   method: [
-    'Create to first exec (`true`) of a busybox sandbox with network `none` (loopback only: the runtime\'s empty',
+    "Create to first exec (`true`) of a busybox sandbox with network `none` (loopback only: the runtime's empty",
     'namespace, nothing added) and `allowlist` (a veth link to the node gateway, resolv.conf, policy compiled;',
-    'the node\'s table, DNS stub and proxy exist already), at the edge in-process and through the SDK, alternating',
+    "the node's table, DNS stub and proxy exist already), at the edge in-process and through the SDK, alternating",
     'round by round. Then the time `sandbox.setNetwork` (PUT /v1/sandboxes/{id}/network) takes on a running sandbox: none -> allowlist adds its link,',
     'allowlist -> allowlist swaps the compiled policy, allowlist -> none removes the link. No traffic is sent.',
   ].join(' '),

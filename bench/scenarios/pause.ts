@@ -45,9 +45,9 @@ export const pauseScenario: Scenario = {
   method: [
     'Latency: idle sandboxes (one sleeping process each) are paused and resumed one after another through the SDK',
     '(`sb.pause()`, `sb.resume()`: apiserver -> edge -> cgroup freezer, reclaim, thaw) and in-process (`edge.pause/resume`),',
-    'alternating. Memory: sandboxes that each hold 16 MiB of anonymous memory (busybox\'s binary as hex text in a shell',
-    'variable) and a 16 MiB tmpfs file are paused; the host\'s MemAvailable (median of 5 samples) and the sum of the',
-    'sandboxes\' cgroup memory are read before and after, first without swap (a pause can only drop page cache), then',
+    "alternating. Memory: sandboxes that each hold 16 MiB of anonymous memory (busybox's binary as hex text in a shell",
+    "variable) and a 16 MiB tmpfs file are paused; the host's MemAvailable (median of 5 samples) and the sum of the",
+    "sandboxes' cgroup memory are read before and after, first without swap (a pause can only drop page cache), then",
     `with a ${ZRAM_MIB} MiB zram swap device (lz4) set up as the node setting \`zramSwapMiB\` would. The resume from zram`,
     'prefetches swapped-out process memory; both checksums are verified after it.',
   ].join(' '),
@@ -66,7 +66,14 @@ async function latency(ctx: ScenarioContext): Promise<void> {
   const sandboxes = await pool(count, 4, () => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: IDLE_RESOURCES }, { client })));
   try {
     for (const sb of sandboxes) (await sb.spawn('sleep 86400')).disconnect();
-    const ms = { apiPause: [] as number[], apiResume: [] as number[], edgePause: [] as number[], edgeResume: [] as number[], nodePause: [] as number[], nodeResume: [] as number[] };
+    const ms = {
+      apiPause: [] as number[],
+      apiResume: [] as number[],
+      edgePause: [] as number[],
+      edgeResume: [] as number[],
+      nodePause: [] as number[],
+      nodeResume: [] as number[],
+    };
     for (let r = 0; r < rounds; r++) {
       for (const sb of sandboxes) {
         let t0 = nowMs();
@@ -90,7 +97,9 @@ async function latency(ctx: ScenarioContext): Promise<void> {
     ctx.record(latencyRow('pause', 'pause (freeze + reclaim), idle sandbox', 'dsec edge', summarize(ms.edgePause)));
     ctx.record(latencyRow('pause', 'resume (thaw), idle sandbox', 'dsec', summarize(ms.apiResume)));
     ctx.record(latencyRow('pause', 'resume (thaw), idle sandbox', 'dsec edge', summarize(ms.edgeResume)));
-    ctx.note(`Time on the node as the API reports it (durationMs): pause p50 ${summarize(ms.nodePause).p50.toFixed(2)} ms, resume p50 ${summarize(ms.nodeResume).p50.toFixed(2)} ms; the rest of the API figure is HTTP, the state store and the CPU accounting.`);
+    ctx.note(
+      `Time on the node as the API reports it (durationMs): pause p50 ${summarize(ms.nodePause).p50.toFixed(2)} ms, resume p50 ${summarize(ms.nodeResume).p50.toFixed(2)} ms; the rest of the API figure is HTTP, the state store and the CPU accounting.`,
+    );
   } finally {
     await pool(sandboxes.length, 4, (i) => sandboxes[i]!.kill().catch(() => undefined));
   }
@@ -101,7 +110,9 @@ async function reclaim(ctx: ScenarioContext): Promise<void> {
   const client = await bench.newClient();
   const count = ctx.quick ? 4 : 16;
   progress(`pause: filling ${count} sandboxes with ${HELD_MIB} MiB each`);
-  const sandboxes = await pool(count, 2, () => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: { cpu: 0.5, memoryMiB: 256, diskMiB: 64 } }, { client })));
+  const sandboxes = await pool(count, 2, () =>
+    retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: { cpu: 0.5, memoryMiB: 256, diskMiB: 64 } }, { client })),
+  );
   let swapOff: (() => Promise<void>) | undefined;
   try {
     for (const sb of sandboxes) (await sb.spawn(HOLDER)).disconnect();
@@ -131,18 +142,45 @@ async function reclaim(ctx: ScenarioContext): Promise<void> {
       const z = zram ? await zram.usage() : undefined;
       const perSandbox = (bytes: number): number => bytes / count / MiB;
       ctx.record(latencyRow('pause', `pause, ${HELD_MIB} MiB resident, ${config}`, 'dsec', summarize(pauses), { note: 'time on the node (durationMs)' }));
-      ctx.record({ scenario: 'pause', metric: `host memory freed per paused sandbox (MemAvailable), ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(availAfter - availBefore), higherIsBetter: true });
-      ctx.record({ scenario: 'pause', metric: `sandbox cgroup memory before -> after pause, ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(cgAfter), note: `from ${perSandbox(cgBefore).toFixed(1)} MiB per sandbox` });
+      ctx.record({
+        scenario: 'pause',
+        metric: `host memory freed per paused sandbox (MemAvailable), ${config}`,
+        system: 'dsec',
+        unit: 'MiB',
+        value: perSandbox(availAfter - availBefore),
+        higherIsBetter: true,
+      });
+      ctx.record({
+        scenario: 'pause',
+        metric: `sandbox cgroup memory before -> after pause, ${config}`,
+        system: 'dsec',
+        unit: 'MiB',
+        value: perSandbox(cgAfter),
+        note: `from ${perSandbox(cgBefore).toFixed(1)} MiB per sandbox`,
+      });
       if (z) {
         // The same figure from the kernel's own accounting, free of other processes' noise:
         // what left the sandboxes' cgroups, less the RAM zram took to hold it.
         const freed = cgBefore - cgAfter - (z.memoryUsedBytes - zramBefore);
-        ctx.record({ scenario: 'pause', metric: `host memory freed per paused sandbox (cgroups less zram RAM), ${config}`, system: 'dsec', unit: 'MiB', value: perSandbox(freed), higherIsBetter: true });
-        ctx.note(`${config}: zram holds ${(z.storedBytes / MiB).toFixed(1)} MiB of swapped pages in ${((z.memoryUsedBytes - zramBefore) / MiB).toFixed(1)} MiB of RAM (compression ${(z.storedBytes / Math.max(1, z.compressedBytes)).toFixed(2)}x).`);
+        ctx.record({
+          scenario: 'pause',
+          metric: `host memory freed per paused sandbox (cgroups less zram RAM), ${config}`,
+          system: 'dsec',
+          unit: 'MiB',
+          value: perSandbox(freed),
+          higherIsBetter: true,
+        });
+        ctx.note(
+          `${config}: zram holds ${(z.storedBytes / MiB).toFixed(1)} MiB of swapped pages in ${((z.memoryUsedBytes - zramBefore) / MiB).toFixed(1)} MiB of RAM (compression ${(z.storedBytes / Math.max(1, z.compressedBytes)).toFixed(2)}x).`,
+        );
       }
       const resumes: number[] = [];
       for (const sb of sandboxes) resumes.push((await retryRateLimited(() => sb.resume())).durationMs);
-      ctx.record(latencyRow('pause', `resume, ${HELD_MIB} MiB resident, ${config}`, 'dsec', summarize(resumes), { note: zram ? 'thaw and prefetch from zram; time on the node' : 'time on the node' }));
+      ctx.record(
+        latencyRow('pause', `resume, ${HELD_MIB} MiB resident, ${config}`, 'dsec', summarize(resumes), {
+          note: zram ? 'thaw and prefetch from zram; time on the node' : 'time on the node',
+        }),
+      );
       // Everything is as it was: the variable's and the file's checksums.
       for (const sb of sandboxes) {
         await sb.exec('touch /tmp/check');

@@ -72,7 +72,14 @@ function tlsGet(port: number, ca: string, pathName: string): Promise<number> {
 /** GET through a CONNECT tunnel (tunnel set-up included). */
 function connectGet(proxyPort: number, upstreamPort: number, pathName: string): Promise<number> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port: proxyPort, localAddress: SOURCE, method: 'CONNECT', path: `upstream.bench:${upstreamPort}`, agent: false });
+    const req = http.request({
+      host: '127.0.0.1',
+      port: proxyPort,
+      localAddress: SOURCE,
+      method: 'CONNECT',
+      path: `upstream.bench:${upstreamPort}`,
+      agent: false,
+    });
     req.on('connect', (res, socket) => {
       if (res.statusCode !== 200) return reject(new Error(`CONNECT: ${res.statusCode}`));
       const inner = http.request({ createConnection: () => socket, path: pathName, headers: { host: 'upstream.bench' } }, (r) => {
@@ -114,7 +121,7 @@ export const proxyScenario: Scenario = {
   method: [
     'A local HTTP and HTTPS upstream on loopback, a client bound to 127.0.0.2 (the "sandbox"); the proxy runs',
     'in-process with a policy that allows the upstream name. Latency: GET of 1 KiB on a fresh connection each time',
-    '(as a sandbox\'s tools mostly do), direct vs through the explicit forward proxy, a CONNECT tunnel, transparent',
+    "(as a sandbox's tools mostly do), direct vs through the explicit forward proxy, a CONNECT tunnel, transparent",
     'HTTP (Host header) and transparent TLS (SNI peeked, TLS handshake end to end); the systems alternate every',
     'iteration. Throughput: a large download, direct vs forward vs CONNECT (alternating, total bytes over total time),',
     'with the per-sandbox bandwidth limit raised out of the way. MiB = 2^20 bytes.',
@@ -124,7 +131,29 @@ export const proxyScenario: Scenario = {
     const bigBytes = (ctx.quick ? 64 : 1024) * 2 ** 20;
     const certDir = path.join(ctx.dir, 'proxy-cert');
     execFileSync('mkdir', ['-p', certDir]);
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', path.join(certDir, 'key.pem'), '-out', path.join(certDir, 'cert.pem'), '-days', '2', '-subj', '/CN=upstream.bench', '-addext', 'subjectAltName=DNS:upstream.bench'], { stdio: 'pipe' });
+    execFileSync(
+      'openssl',
+      [
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-keyout',
+        path.join(certDir, 'key.pem'),
+        '-out',
+        path.join(certDir, 'cert.pem'),
+        '-days',
+        '2',
+        '-subj',
+        '/CN=upstream.bench',
+        '-addext',
+        'subjectAltName=DNS:upstream.bench',
+      ],
+      { stdio: 'pipe' },
+    );
     const key = await readFile(path.join(certDir, 'key.pem'), 'utf8');
     const cert = await readFile(path.join(certDir, 'cert.pem'), 'utf8');
 
@@ -155,7 +184,10 @@ export const proxyScenario: Scenario = {
         ['direct', () => fetchBytes({ host: '127.0.0.1', port: upPort, path: small })],
         ['proxy: HTTP forward', () => fetchBytes({ host: '127.0.0.1', port: proxy.ports.http, path: `http://upstream.bench:${upPort}${small}` })],
         ['proxy: CONNECT', () => connectGet(proxy.ports.http, upPort, small)],
-        ['proxy: transparent HTTP', () => fetchBytes({ host: '127.0.0.1', port: proxy.ports.transparentHttp, path: small, headers: { host: 'upstream.bench' } })],
+        [
+          'proxy: transparent HTTP',
+          () => fetchBytes({ host: '127.0.0.1', port: proxy.ports.transparentHttp, path: small, headers: { host: 'upstream.bench' } }),
+        ],
         ['direct TLS', () => tlsGet(tlsPort, cert, small)],
         ['proxy: transparent TLS', () => tlsGet(proxy.ports.transparentTls, cert, small)],
       ];
@@ -195,11 +227,21 @@ export const proxyScenario: Scenario = {
       }
       for (const [name, t] of totals) {
         const mibps = t.bytes / 2 ** 20 / (t.ms / 1000);
-        ctx.record({ scenario: 'proxy', metric: `download of ${bigBytes / 2 ** 20} MiB`, system: name, unit: 'MiB/s', value: mibps, higherIsBetter: true, n: reps });
+        ctx.record({
+          scenario: 'proxy',
+          metric: `download of ${bigBytes / 2 ** 20} MiB`,
+          system: name,
+          unit: 'MiB/s',
+          value: mibps,
+          higherIsBetter: true,
+          n: reps,
+        });
         progress(`proxy: ${name}: ${mibps.toFixed(0)} MiB/s`);
       }
       const stats = proxy.stats('bench');
-      ctx.note(`The proxy counted ${(stats.bytesIn / 2 ** 20).toFixed(0)} MiB in and ${(stats.bytesOut / 2 ** 10).toFixed(0)} KiB out for the benchmark's sandbox over ${stats.totalConnections} connections.`);
+      ctx.note(
+        `The proxy counted ${(stats.bytesIn / 2 ** 20).toFixed(0)} MiB in and ${(stats.bytesOut / 2 ** 10).toFixed(0)} KiB out for the benchmark's sandbox over ${stats.totalConnections} connections.`,
+      );
     } finally {
       await proxy.close();
       upstream.closeAllConnections();

@@ -29,7 +29,9 @@ export const snapshotScenario: Scenario = {
     const sb = await Sandbox.create({ image: { base: 'busybox' }, resources: RESOURCES }, { client });
     const made: Sandbox[] = [];
     try {
-      const fill = await sb.exec(`i=0; while [ $i -lt ${files} ]; do d=/data/d$((i % 10)); mkdir -p $d; head -c 4096 /dev/urandom > $d/f$i; i=$((i+1)); done`, { timeoutMs: 600_000 });
+      const fill = await sb.exec(`i=0; while [ $i -lt ${files} ]; do d=/data/d$((i % 10)); mkdir -p $d; head -c 4096 /dev/urandom > $d/f$i; i=$((i+1)); done`, {
+        timeoutMs: 600_000,
+      });
       if (fill.exitCode !== 0) throw new Error(`filling the sandbox failed: ${fill.stderr}`);
       const samples = { api: [] as number[], edge: [] as number[], frozen: [] as number[] };
       // How long the sandbox's processes stand still: from the freeze to the end of the thaw.

@@ -66,7 +66,15 @@ export const streamScenario: Scenario = {
         }
       }
       for (const [name, t] of totals) {
-        ctx.record({ scenario: 'stream', metric: `stdout of ${size / 2 ** 20} MiB`, system: name, unit: 'MB/s', value: t.bytes / 1e3 / t.ms, higherIsBetter: true, n: reps });
+        ctx.record({
+          scenario: 'stream',
+          metric: `stdout of ${size / 2 ** 20} MiB`,
+          system: name,
+          unit: 'MB/s',
+          value: t.bytes / 1e3 / t.ms,
+          higherIsBetter: true,
+          n: reps,
+        });
       }
     } finally {
       await sb.kill();

@@ -43,7 +43,14 @@ export const sustainedScenario: Scenario = {
       const rate = trial / ((nowMs() - t0) / 1000);
       await destroyMany(sbs, c);
       progress(`sustained: trial at concurrency ${c}: ${rate.toFixed(1)} creates/s`);
-      ctx.record({ scenario: 'sustained', metric: `trial: ${trial} creates at concurrency ${c}`, system: 'dsec', unit: 'creates/s', value: rate, higherIsBetter: true });
+      ctx.record({
+        scenario: 'sustained',
+        metric: `trial: ${trial} creates at concurrency ${c}`,
+        system: 'dsec',
+        unit: 'creates/s',
+        value: rate,
+        higherIsBetter: true,
+      });
       if (rate > best.rate) best = { concurrency: c, rate };
     }
 
@@ -76,13 +83,34 @@ export const sustainedScenario: Scenario = {
         { text: 'flat as the node fills (last window >= 80% of the first)', met: flat },
       ],
     });
-    ctx.record({ scenario: 'sustained', metric: `slowest window of ${window}`, system: 'dsec', unit: 'creates/s', value: Math.min(...windows), higherIsBetter: true });
-    ctx.record({ scenario: 'sustained', metric: `fastest window of ${window}`, system: 'dsec', unit: 'creates/s', value: Math.max(...windows), higherIsBetter: true });
+    ctx.record({
+      scenario: 'sustained',
+      metric: `slowest window of ${window}`,
+      system: 'dsec',
+      unit: 'creates/s',
+      value: Math.min(...windows),
+      higherIsBetter: true,
+    });
+    ctx.record({
+      scenario: 'sustained',
+      metric: `fastest window of ${window}`,
+      system: 'dsec',
+      unit: 'creates/s',
+      value: Math.max(...windows),
+      higherIsBetter: true,
+    });
     ctx.note(`Rate per window of ${window} creations, in order: ${windows.map((w) => w.toFixed(0)).join(', ')} creates/s.`);
 
     const t1 = nowMs();
     await destroyMany(sandboxes, best.concurrency);
     const destroyRate = total / ((nowMs() - t1) / 1000);
-    ctx.record({ scenario: 'sustained', metric: `destroy ${total} at concurrency ${best.concurrency}`, system: 'dsec', unit: 'destroys/s', value: destroyRate, higherIsBetter: true });
+    ctx.record({
+      scenario: 'sustained',
+      metric: `destroy ${total} at concurrency ${best.concurrency}`,
+      system: 'dsec',
+      unit: 'destroys/s',
+      value: destroyRate,
+      higherIsBetter: true,
+    });
   },
 };

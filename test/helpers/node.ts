@@ -19,7 +19,17 @@ import {
   normalizeNetworkPolicy,
   parseOrThrow,
 } from '@dsec/protocol';
-import type { CallBatchRequest, CallRequest, DiffOptions, ExecSpec, NetworkPolicy, SandboxClaim, SandboxNetwork, SandboxSpec, VerifyRequest } from '@dsec/protocol';
+import type {
+  CallBatchRequest,
+  CallRequest,
+  DiffOptions,
+  ExecSpec,
+  NetworkPolicy,
+  SandboxClaim,
+  SandboxNetwork,
+  SandboxSpec,
+  VerifyRequest,
+} from '@dsec/protocol';
 
 /** Repository root (test/dist/helpers -> ../../..). */
 export const REPO_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -42,7 +52,15 @@ export async function startNode(opts: { outputCapBytes?: number; network?: Netwo
   const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-test-'));
   const cgroupParent = `dsec-test-${path.basename(home).slice(-6)}`;
   const open = (): Promise<Edge> =>
-    Edge.open({ home, agentBinary: AGENT_BINARY, nodeName: 'test', cgroupParent, ...(opts.outputCapBytes ? { outputCapBytes: opts.outputCapBytes } : {}), ...(opts.network ? { network: opts.network } : {}), ...opts.edge });
+    Edge.open({
+      home,
+      agentBinary: AGENT_BINARY,
+      nodeName: 'test',
+      cgroupParent,
+      ...(opts.outputCapBytes ? { outputCapBytes: opts.outputCapBytes } : {}),
+      ...(opts.network ? { network: opts.network } : {}),
+      ...opts.edge,
+    });
   const node: TestNode = {
     edge: await open(),
     home,

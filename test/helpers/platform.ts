@@ -35,7 +35,14 @@ export async function startTestPlatform(options: Omit<PlatformOptions, 'home' | 
   try {
     // DSEC_EDGE_WIRE=loopback: the control plane reaches the edge through the wire protocol.
     const edgeWire = process.env.DSEC_EDGE_WIRE === 'loopback' ? 'loopback' : 'off';
-    const platform = await startPlatform({ edgeWire, ...options, home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined });
+    const platform = await startPlatform({
+      edgeWire,
+      ...options,
+      home,
+      addr: '127.0.0.1:0',
+      agentBinary: AGENT_BINARY,
+      log: process.env.DSEC_TEST_LOG ? (line: string) => console.error(line) : () => undefined,
+    });
     const adminKey = platform.adminKey ?? (await readFile(platform.adminKeyFile, 'utf8')).trim();
     return {
       url: platform.url,

@@ -8,7 +8,20 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { REPO_ROOT } from '../helpers/node.js';
-import { KIT, KIT_BINARY, KIT_IMAGE, destroyAndCheck, expectEvent, hex, hostProcessesNamed, newCanary, probe, probes, startSecurityNode, uniqueProcessName } from './fixture.js';
+import {
+  KIT,
+  KIT_BINARY,
+  KIT_IMAGE,
+  destroyAndCheck,
+  expectEvent,
+  hex,
+  hostProcessesNamed,
+  newCanary,
+  probe,
+  probes,
+  startSecurityNode,
+  uniqueProcessName,
+} from './fixture.js';
 import type { SecurityNode } from './fixture.js';
 
 let sec: SecurityNode;
@@ -78,7 +91,10 @@ describe('searching for answers', () => {
       );
       assert.ok(Number(scan.files) > 1000 && Number(scan.dirs) > 100, `the search covered the file system: ${JSON.stringify(scan)}`);
       // The same, the way an agent would type it, over /proc/*/environ and mountinfo.
-      const direct = await sec.sh(attacker, `cat /proc/*/environ /proc/self/mountinfo /proc/1/mountinfo 2>/dev/null | grep -c -e ${canary} -e ${sec.hostCanary} -e ${sec.bystanderSecret}`);
+      const direct = await sec.sh(
+        attacker,
+        `cat /proc/*/environ /proc/self/mountinfo /proc/1/mountinfo 2>/dev/null | grep -c -e ${canary} -e ${sec.hostCanary} -e ${sec.bystanderSecret}`,
+      );
       assert.equal(direct.stdout.trim(), '0');
     } finally {
       delete process.env.DSEC_TEST_ANSWER;
@@ -87,15 +103,21 @@ describe('searching for answers', () => {
     }
   });
 
-  test('mountinfo names no host path (the layer store, the run directory, the repository)', { todo: 'overlay options show the host paths of the layers and the upper dir, and the agent bind shows its host path: the sandbox learns the node home, its id and the repository path (no access follows)' }, async () => {
-    const attacker = await sec.sandbox();
-    try {
-      const r = await sec.sh(attacker, 'cat /proc/self/mountinfo');
-      for (const hostPath of [sec.node.home, REPO_ROOT, '/run/dsec']) assert.ok(!r.stdout.includes(hostPath), `mountinfo shows ${hostPath}:\n${r.stdout}`);
-    } finally {
-      await sec.edge.destroy(attacker);
-    }
-  });
+  test(
+    'mountinfo names no host path (the layer store, the run directory, the repository)',
+    {
+      todo: 'overlay options show the host paths of the layers and the upper dir, and the agent bind shows its host path: the sandbox learns the node home, its id and the repository path (no access follows)',
+    },
+    async () => {
+      const attacker = await sec.sandbox();
+      try {
+        const r = await sec.sh(attacker, 'cat /proc/self/mountinfo');
+        for (const hostPath of [sec.node.home, REPO_ROOT, '/run/dsec']) assert.ok(!r.stdout.includes(hostPath), `mountinfo shows ${hostPath}:\n${r.stdout}`);
+      } finally {
+        await sec.edge.destroy(attacker);
+      }
+    },
+  );
 });
 
 describe("another sandbox's files", () => {
@@ -107,7 +129,10 @@ describe("another sandbox's files", () => {
       const upper = sec.edge.upperDir(victim);
       const hostFile = path.join(upper, 'root/sentinel');
       assert.equal((await readFile(hostFile, 'utf8')).trim(), sec.bystanderSecret, 'the host path is right');
-      const r = await sec.sh(attacker, `${KIT} read ${hostFile}; ${KIT} read ${path.join(sec.node.home, 'sandboxes', victim, 'sandbox.json')}; ls -A /dev/shm | wc -l; ls -d /proc/[0-9]* | wc -l; pidof sleep || echo no-sleep`);
+      const r = await sec.sh(
+        attacker,
+        `${KIT} read ${hostFile}; ${KIT} read ${path.join(sec.node.home, 'sandboxes', victim, 'sandbox.json')}; ls -A /dev/shm | wc -l; ls -d /proc/[0-9]* | wc -l; pidof sleep || echo no-sleep`,
+      );
       assert.deepEqual(
         probes(r).map((p) => p.result),
         ['ENOENT', 'ENOENT'],
@@ -123,15 +148,23 @@ describe("another sandbox's files", () => {
     }
   });
 
-  test('writing over a file of a shared layer changes the writer\'s copy only: the layer on the host and other sandboxes keep the original', async () => {
+  test("writing over a file of a shared layer changes the writer's copy only: the layer on the host and other sandboxes keep the original", async () => {
     const attacker = await sec.sandbox();
     try {
       const w = await sec.sh(attacker, `echo '#!/bin/sh' > ${KIT}; echo 'echo pwned' >> ${KIT}; ${KIT}`);
       assert.equal(w.stdout, 'pwned\n');
-      const kitSha = createHash('sha256').update(await readFile(KIT_BINARY)).digest('hex');
+      const kitSha = createHash('sha256')
+        .update(await readFile(KIT_BINARY))
+        .digest('hex');
       const layer = await sec.edge.layers.resolve(KIT_IMAGE.toolkits[0]!);
       const onHost = path.join(sec.node.home, 'layers/mnt', layer.digest.replace('sha256:', ''), 'opt/attack/kit');
-      assert.equal(createHash('sha256').update(await readFile(onHost)).digest('hex'), kitSha, 'the shared layer is unchanged');
+      assert.equal(
+        createHash('sha256')
+          .update(await readFile(onHost))
+          .digest('hex'),
+        kitSha,
+        'the shared layer is unchanged',
+      );
       const other = await sec.kit(sec.bystander, ['syscall', 'bpf']);
       assert.equal(probe(other, 'bpf').result, 'EPERM', 'another sandbox still runs the real kit');
     } finally {
@@ -160,7 +193,9 @@ describe('poisoning the next episode', () => {
     await destroyAndCheck(sec, first, [survivor]);
 
     const next = await sec.sandbox();
-    const check = await sec.edge.exec(next, { argv: ['/bin/sh', '-c', 'ls /tmp /dev/shm; cat /project/answer.txt /root/.profile 2>&1; grep -c evil /etc/passwd; ps -o comm | tail -n +2'] });
+    const check = await sec.edge.exec(next, {
+      argv: ['/bin/sh', '-c', 'ls /tmp /dev/shm; cat /project/answer.txt /root/.profile 2>&1; grep -c evil /etc/passwd; ps -o comm | tail -n +2'],
+    });
     assert.equal(check.exitCode, 0, check.stderr);
     const lines = check.stdout.split('\n');
     assert.ok(!check.stdout.includes('poison'), `nothing of the first sandbox is left:\n${check.stdout}`);
@@ -184,7 +219,6 @@ async function protectedTaskSandbox(): Promise<string> {
 async function grade(id: string): Promise<string> {
   return (await sec.edge.exec(id, { argv: [GRADER] })).stdout.trim();
 }
-
 
 describe('the grader and the toolchain', () => {
   test('overwriting the test runner in a protected path fails (write, truncate, rename over, delete, replace the directory); the grader still fails an unsolved task', async () => {
@@ -246,14 +280,20 @@ describe('the grader and the toolchain', () => {
     }
   });
 
-  test('a refused write to a read-only protected path is raised as protected-path.write', { todo: 'read-only paths refuse writes through the mount, which the watcher (fanotify on the writable layer) never sees: an attempt on the grader leaves no event' }, async (t) => {
-    const id = await protectedTaskSandbox();
-    try {
-      const r = await sec.sh(id, `echo 'echo PASS' > ${GRADER}`);
-      assert.notEqual(r.exitCode, 0);
-      await expectEvent(t, sec.events, 'protected-path.write', id, { path: GRADER });
-    } finally {
-      await sec.edge.destroy(id);
-    }
-  });
+  test(
+    'a refused write to a read-only protected path is raised as protected-path.write',
+    {
+      todo: 'read-only paths refuse writes through the mount, which the watcher (fanotify on the writable layer) never sees: an attempt on the grader leaves no event',
+    },
+    async (t) => {
+      const id = await protectedTaskSandbox();
+      try {
+        const r = await sec.sh(id, `echo 'echo PASS' > ${GRADER}`);
+        assert.notEqual(r.exitCode, 0);
+        await expectEvent(t, sec.events, 'protected-path.write', id, { path: GRADER });
+      } finally {
+        await sec.edge.destroy(id);
+      }
+    },
+  );
 });

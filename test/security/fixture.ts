@@ -28,7 +28,13 @@ export const SMALL = { memoryMiB: 64, pids: 64, diskMiB: 16 };
  * through {@link expectEvent}; a kind listed here is asserted, any other is reported as pending.
  * Add a kind here when its detector lands.
  */
-export const LIVE_DETECTORS: ReadonlySet<EventKind> = new Set<EventKind>(['seccomp.denied', 'protected-path.write', 'oom.kill', 'pids.limit-hit', 'process.survived-command']);
+export const LIVE_DETECTORS: ReadonlySet<EventKind> = new Set<EventKind>([
+  'seccomp.denied',
+  'protected-path.write',
+  'oom.kill',
+  'pids.limit-hit',
+  'process.survived-command',
+]);
 
 /** One line of the kit's output. */
 export interface Probe {
@@ -202,7 +208,8 @@ export async function startSecurityNode(opts: { outputCapBytes?: number } = {}):
       created.push(sb.id);
       return sb.id;
     };
-    const sh = (id: string, cmd: string, o: { timeoutMs?: number } = {}): Promise<ExecResult> => node.edge.exec(id, { cmd, timeoutMs: o.timeoutMs ?? 60_000 }, { maxOutputBytes: 1 << 20 });
+    const sh = (id: string, cmd: string, o: { timeoutMs?: number } = {}): Promise<ExecResult> =>
+      node.edge.exec(id, { cmd, timeoutMs: o.timeoutMs ?? 60_000 }, { maxOutputBytes: 1 << 20 });
     const kit = (id: string, args: string[], o: { timeoutMs?: number } = {}): Promise<ExecResult> =>
       node.edge.exec(id, { argv: [KIT, ...args], timeoutMs: o.timeoutMs ?? 60_000 }, { maxOutputBytes: 1 << 20 });
     const bystanderSecret = newCanary();

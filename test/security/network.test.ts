@@ -77,7 +77,10 @@ async function hostTargets(): Promise<string[]> {
 
 /** Asserts the precondition of every egress attempt below: loopback is the only interface and no route exists. */
 async function assertNoRoute(id: string): Promise<void> {
-  const r = await sec.sh(id, 'ls /sys/class/net; echo --; ip -4 route show table all | grep -v "^local\\|^broadcast"; echo --; ip -6 route show table all | grep -v "^local\\|^multicast\\|^anycast\\|^::1 \\|^fe80"');
+  const r = await sec.sh(
+    id,
+    'ls /sys/class/net; echo --; ip -4 route show table all | grep -v "^local\\|^broadcast"; echo --; ip -6 route show table all | grep -v "^local\\|^multicast\\|^anycast\\|^::1 \\|^fe80"',
+  );
   assert.equal(r.stdout, 'lo\n--\n--\n', `the sandbox's network must be loopback only:\n${r.stdout}`);
 }
 
@@ -139,10 +142,13 @@ describe('network, default policy (none)', () => {
     }
   });
 
-  test('UDP and DNS egress fail: a DNS query to the host\'s nameserver and the gateway fails with ENETUNREACH, and name resolution fails', async () => {
+  test("UDP and DNS egress fail: a DNS query to the host's nameserver and the gateway fails with ENETUNREACH, and name resolution fails", async () => {
     await assertNoRoute(attacker);
     const targets = await hostTargets();
-    const r = await sec.sh(attacker, `${targets.map((h) => `${KIT} udp ${h} 53`).join('; ')}; nslookup example.com ${targets[0]} >/dev/null 2>&1 && echo resolved || echo unresolved; wget -q -T 2 -O - http://example.com/ >/dev/null 2>&1 && echo fetched || echo unfetched`);
+    const r = await sec.sh(
+      attacker,
+      `${targets.map((h) => `${KIT} udp ${h} 53`).join('; ')}; nslookup example.com ${targets[0]} >/dev/null 2>&1 && echo resolved || echo unresolved; wget -q -T 2 -O - http://example.com/ >/dev/null 2>&1 && echo fetched || echo unfetched`,
+    );
     assert.deepEqual(
       probes(r).map((p) => [p.host, p.result]),
       targets.map((h) => [h, 'ENETUNREACH']),

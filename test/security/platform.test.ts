@@ -67,10 +67,12 @@ describe('platform', () => {
     assert.ok(Number(scan.files) > 1000, JSON.stringify(scan));
   });
 
-  test("the API is not reachable from inside a sandbox (its loopback is its own), so a sandbox cannot forge calls to the platform", async () => {
+  test('the API is not reachable from inside a sandbox (its loopback is its own), so a sandbox cannot forge calls to the platform', async () => {
     const attacker = await create(red);
     const port = new URL(platform!.url).port;
-    const r = await attacker.exec(`${KIT} ports 127.0.0.1 ${port} ${port} 1000; wget -q -T 2 -O - ${platform!.url}/v1/sandboxes >/dev/null 2>&1 && echo reached || echo unreached`);
+    const r = await attacker.exec(
+      `${KIT} ports 127.0.0.1 ${port} ${port} 1000; wget -q -T 2 -O - ${platform!.url}/v1/sandboxes >/dev/null 2>&1 && echo reached || echo unreached`,
+    );
     assert.deepEqual(
       probes(r).map((p) => p.result),
       ['ECONNREFUSED'],
@@ -94,7 +96,11 @@ describe('platform', () => {
       ['DELETE', ''],
     ];
     for (const [method, route, body] of attempts) {
-      const res = await fetch(`${base}${route}`, { method, headers: { authorization: `Bearer ${redKey}`, 'content-type': 'application/json' }, ...(body ? { body } : {}) });
+      const res = await fetch(`${base}${route}`, {
+        method,
+        headers: { authorization: `Bearer ${redKey}`, 'content-type': 'application/json' },
+        ...(body ? { body } : {}),
+      });
       const reply = (await res.json()) as { error?: { code?: string } };
       assert.equal(res.status, 404, `${method} ${route}`);
       assert.equal(reply.error?.code, 'SANDBOX_NOT_FOUND', `${method} ${route}: ${JSON.stringify(reply)}`);

@@ -139,7 +139,7 @@ describe('disk', () => {
     }
   });
 
-  test('an inode flood gets ENOSPC within the writable layer\'s inode budget', async () => {
+  test("an inode flood gets ENOSPC within the writable layer's inode budget", async () => {
     const id = await sec.sandbox({ resources: SMALL });
     try {
       const r = await sec.kit(id, ['flood-inodes', '/tmp/inodes', '1000000']);

@@ -81,7 +81,7 @@ const SYSCALL_ATTACKS: Array<{ what: string; expect: Record<string, string>; sec
   },
   { what: 'TIOCSTI (typing into the terminal of another process) fails with EPERM', expect: { 'ioctl-tiocsti': 'EPERM' }, seccomp: ['ioctl'] },
   {
-    what: 'XFS_IOC_SWAPEXT (swapping two files\' extents past access control) fails with EPERM',
+    what: "XFS_IOC_SWAPEXT (swapping two files' extents past access control) fails with EPERM",
     expect: { 'xfs-swapext': 'EPERM' },
     seccomp: ['ioctl'],
   },
@@ -111,22 +111,28 @@ describe('system calls', () => {
     }
   });
 
-  test('ordinary threads raise no seccomp.denied (clone3 is refused with ENOSYS so that libc falls back to clone: not an attack)', { todo: 'every pthread_create and posix_spawn of a glibc program is a logged clone3 refusal: false seccomp.denied events, and each one spends the host-wide kernel log budget that real denials need' }, async (t) => {
-    const id = await sec.sandbox();
-    try {
-      const r = await sec.kit(id, ['threads', '3']);
-      assert.equal(probe(r, 'threads').result, 'OK');
-      // A real denial after the threads: once its event is in, the threads' records were read.
-      await sec.kit(id, ['syscall', 'bpf']);
-      await expectEvent(t, sec.events, 'seccomp.denied', id, { syscall: 'bpf' });
-      assert.deepEqual(
-        sec.events.events.filter((e) => e.sandboxId === id && e.kind === 'seccomp.denied' && e.data?.syscall === 'clone3'),
-        [],
-      );
-    } finally {
-      await sec.edge.destroy(id);
-    }
-  });
+  test(
+    'ordinary threads raise no seccomp.denied (clone3 is refused with ENOSYS so that libc falls back to clone: not an attack)',
+    {
+      todo: 'every pthread_create and posix_spawn of a glibc program is a logged clone3 refusal: false seccomp.denied events, and each one spends the host-wide kernel log budget that real denials need',
+    },
+    async (t) => {
+      const id = await sec.sandbox();
+      try {
+        const r = await sec.kit(id, ['threads', '3']);
+        assert.equal(probe(r, 'threads').result, 'OK');
+        // A real denial after the threads: once its event is in, the threads' records were read.
+        await sec.kit(id, ['syscall', 'bpf']);
+        await expectEvent(t, sec.events, 'seccomp.denied', id, { syscall: 'bpf' });
+        assert.deepEqual(
+          sec.events.events.filter((e) => e.sandboxId === id && e.kind === 'seccomp.denied' && e.data?.syscall === 'clone3'),
+          [],
+        );
+      } finally {
+        await sec.edge.destroy(id);
+      }
+    },
+  );
 
   test('a denial cannot be hidden in noise: after 200 refused keyctl calls, one bpf call is still raised', { todo: DENIALS_LOST }, async (t) => {
     const id = await sec.sandbox();
@@ -193,7 +199,10 @@ describe('/proc and /sys', () => {
     const r = await sec.sh(attacker, files.map((f) => `${KIT} write ${f} x`).join('; '));
     assert.equal(probes(r).length, files.length, r.stdout);
     for (const p of probes(r)) assert.match(p.result ?? '', /^(EROFS|EACCES|ENOENT)$/, `${String(p.path)}: ${p.result}`);
-    assert.ok(probes(r).some((p) => p.result !== 'ENOENT'), r.stdout);
+    assert.ok(
+      probes(r).some((p) => p.result !== 'ENOENT'),
+      r.stdout,
+    );
   });
 
   test('/proc/kcore, /proc/keys, /proc/timer_list and the kpage* files read nothing (absent or masked with /dev/null)', async () => {
@@ -209,7 +218,7 @@ describe('/proc and /sys', () => {
 });
 
 describe('descriptors and the agent', () => {
-  test('a command inherits only fds 0, 1 and 2 (/dev/null and two pipes); the agent\'s fds are not readable through /proc/1/fd', async () => {
+  test("a command inherits only fds 0, 1 and 2 (/dev/null and two pipes); the agent's fds are not readable through /proc/1/fd", async () => {
     const r = await sec.kit(attacker, ['fds']);
     const fds = probes(r).map((p) => [p.fd, String(p.target).replace(/\d+/, 'N')]);
     assert.deepEqual(fds, [
@@ -217,7 +226,10 @@ describe('descriptors and the agent', () => {
       [1, 'pipe:[N]'],
       [2, 'pipe:[N]'],
     ]);
-    const agent = await sec.sh(attacker, `for f in /proc/1/fd/*; do readlink $f >/dev/null 2>&1 && echo readable $f; done; ${KIT} read /proc/1/fd/3; ${KIT} read /proc/1/environ; ${KIT} read /proc/1/mem`);
+    const agent = await sec.sh(
+      attacker,
+      `for f in /proc/1/fd/*; do readlink $f >/dev/null 2>&1 && echo readable $f; done; ${KIT} read /proc/1/fd/3; ${KIT} read /proc/1/environ; ${KIT} read /proc/1/mem`,
+    );
     assert.doesNotMatch(agent.stdout, /readable/);
     assert.deepEqual(
       probes(agent).map((p) => p.result),
@@ -227,7 +239,10 @@ describe('descriptors and the agent', () => {
 
   test("chronus's socket cannot be reached: no socket file inside, none in /proc/net/unix, its host path does not exist inside", async () => {
     const hostSocket = path.join(sec.node.home, 'sandboxes', attacker, 'agent.sock');
-    const r = await sec.sh(attacker, `find / -xdev -type s 2>/dev/null; echo sockets-end; tail -n +2 /proc/net/unix | wc -l; ${KIT} unix ${hostSocket}; ${KIT} unix @chronus`);
+    const r = await sec.sh(
+      attacker,
+      `find / -xdev -type s 2>/dev/null; echo sockets-end; tail -n +2 /proc/net/unix | wc -l; ${KIT} unix ${hostSocket}; ${KIT} unix @chronus`,
+    );
     const [sockets, unixCount] = r.stdout.split('sockets-end\n');
     assert.equal(sockets, '', 'no unix socket file in the sandbox');
     assert.equal(unixCount?.split('\n')[0], '0', 'no unix socket in the sandbox network namespace');

@@ -107,7 +107,10 @@ export class AdmissionQueue {
       }
     } else {
       const head = ahead[0]!.refusal;
-      refusal = new DsecError(head.code, `${head.message}; ${ahead.length} earlier request(s) of this project are waiting`, { ...head.details, retryAfterMs: ADMISSION_RETRY_AFTER_MS });
+      refusal = new DsecError(head.code, `${head.message}; ${ahead.length} earlier request(s) of this project are waiting`, {
+        ...head.details,
+        retryAfterMs: ADMISSION_RETRY_AFTER_MS,
+      });
       if (!o.wait) throw refusal;
     }
     o.signal?.throwIfAborted();
@@ -115,7 +118,10 @@ export class AdmissionQueue {
     const mine = this.queues.get(projectId)?.length ?? 0;
     if (this.queued >= this.maxQueued || mine >= this.maxQueuedPerProject) {
       this.counters.queueFull++;
-      throw new DsecError('ADMISSION_QUEUE_FULL', `the admission queue is full (${this.queued} waiting); ${refusal.message}`, { retryAfterMs: ADMISSION_RETRY_AFTER_MS, reason: refusal.code });
+      throw new DsecError('ADMISSION_QUEUE_FULL', `the admission queue is full (${this.queued} waiting); ${refusal.message}`, {
+        retryAfterMs: ADMISSION_RETRY_AFTER_MS,
+        reason: refusal.code,
+      });
     }
     this.counters.waited++;
     const timeoutMs = o.timeoutMs ?? DEFAULT_ADMISSION_WAIT_MS;
@@ -141,7 +147,15 @@ export class AdmissionQueue {
         this.counters.timedOut++;
         const r = w.refusal;
         const waitedMs = Date.now() - w.since;
-        this.leave(w, new DsecError(r.code, `${r.message} (still refused after waiting ${waitedMs} ms for admission)`, { ...r.details, retryAfterMs: ADMISSION_RETRY_AFTER_MS, waitedMs, reason: 'wait-timeout' }));
+        this.leave(
+          w,
+          new DsecError(r.code, `${r.message} (still refused after waiting ${waitedMs} ms for admission)`, {
+            ...r.details,
+            retryAfterMs: ADMISSION_RETRY_AFTER_MS,
+            waitedMs,
+            reason: 'wait-timeout',
+          }),
+        );
       }, timeoutMs);
       o.signal?.addEventListener('abort', onAbort, { once: true });
       const q = this.queues.get(projectId) ?? this.queues.set(projectId, []).get(projectId)!;

@@ -20,7 +20,12 @@ test('forEachBounded never runs more than its limit and visits every item once',
 
 test('forEachBounded takes no new item once stop says so', async () => {
   const started: number[] = [];
-  await forEachBounded([1, 2, 3, 4], 1, async (n) => void started.push(n), () => started.length >= 2);
+  await forEachBounded(
+    [1, 2, 3, 4],
+    1,
+    async (n) => void started.push(n),
+    () => started.length >= 2,
+  );
   assert.deepEqual(started, [1, 2]);
 });
 

@@ -5,7 +5,12 @@
  * Runs `task` for every item with at most `limit` in flight, in item order. `stop` is asked
  * before each item is taken: once it says true, no further item starts (those in flight finish).
  */
-export async function forEachBounded<T>(items: readonly T[], limit: number, task: (item: T, index: number) => Promise<void>, stop: () => boolean = () => false): Promise<void> {
+export async function forEachBounded<T>(
+  items: readonly T[],
+  limit: number,
+  task: (item: T, index: number) => Promise<void>,
+  stop: () => boolean = () => false,
+): Promise<void> {
   let next = 0;
   const worker = async (): Promise<void> => {
     while (next < items.length && !stop()) {

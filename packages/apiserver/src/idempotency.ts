@@ -53,7 +53,12 @@ export class IdempotencyKeys {
    * first. Waits while that request is still running; IDEMPOTENCY_KEY_REUSED when the key was
    * used with a different request.
    */
-  async acquire(projectId: string, key: string, requestHash: string, signal?: AbortSignal): Promise<{ owned: true } | { owned: false; row: IdempotencyKeyTable }> {
+  async acquire(
+    projectId: string,
+    key: string,
+    requestHash: string,
+    signal?: AbortSignal,
+  ): Promise<{ owned: true } | { owned: false; row: IdempotencyKeyTable }> {
     for (;;) {
       const held = await this.tryAcquire(projectId, key, requestHash);
       if (!('pending' in held)) return held;
@@ -69,7 +74,9 @@ export class IdempotencyKeys {
       if (got.owned) return got;
       const row = got.row;
       if (row.request_hash !== requestHash) {
-        throw new DsecError('IDEMPOTENCY_KEY_REUSED', `${IDEMPOTENCY_KEY_HEADER} ${key} was already used with a different request`, { field: IDEMPOTENCY_KEY_HEADER });
+        throw new DsecError('IDEMPOTENCY_KEY_REUSED', `${IDEMPOTENCY_KEY_HEADER} ${key} was already used with a different request`, {
+          field: IDEMPOTENCY_KEY_HEADER,
+        });
       }
       if (row.state === 'done') return { owned: false, row };
       if (Date.now() - Date.parse(row.created_at) < IDEMPOTENCY_PENDING_STALE_MS) return { owned: false, pending: true };

@@ -4,9 +4,23 @@ import { DsecError } from '@dsec/protocol';
 import { ActivityTracker, grantLease, heartbeatIntervalMs, leaseOf, mergeLease } from './leases.js';
 
 test('a lease gets its defaults; timeoutMs is the max lifetime; both at once is refused', () => {
-  assert.deepEqual(grantLease({}), { idleTimeoutMs: 600_000, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true });
+  assert.deepEqual(grantLease({}), {
+    idleTimeoutMs: 600_000,
+    maxLifetimeMs: 3_600_000,
+    onIdle: 'pause',
+    ownerGraceMs: null,
+    onOwnerLost: 'pause',
+    autoResume: true,
+  });
   assert.equal(grantLease({ timeoutMs: 5000 }).maxLifetimeMs, 5000);
-  assert.deepEqual(grantLease({ lease: { idleTimeoutMs: 0, onOwnerLost: 'kill', ownerGraceMs: 0 } }), { idleTimeoutMs: 0, maxLifetimeMs: 3_600_000, onIdle: 'pause', ownerGraceMs: 0, onOwnerLost: 'kill', autoResume: true });
+  assert.deepEqual(grantLease({ lease: { idleTimeoutMs: 0, onOwnerLost: 'kill', ownerGraceMs: 0 } }), {
+    idleTimeoutMs: 0,
+    maxLifetimeMs: 3_600_000,
+    onIdle: 'pause',
+    ownerGraceMs: 0,
+    onOwnerLost: 'kill',
+    autoResume: true,
+  });
   assert.throws(
     () => grantLease({ timeoutMs: 5000, lease: { maxLifetimeMs: 5000 } }),
     (err: unknown) => err instanceof DsecError && err.code === 'INVALID_ARGUMENT' && err.details.field === 'lease.maxLifetimeMs',

@@ -85,10 +85,22 @@ export class Metrics {
       out.push('# TYPE dsec_sandboxes_expired_total counter', `dsec_sandboxes_expired_total ${c.sandboxesExpired}`);
       out.push('# TYPE dsec_sandboxes_paused_total counter', `dsec_sandboxes_paused_total ${c.sandboxesPaused}`);
       out.push('# TYPE dsec_sandboxes_resumed_total counter', `dsec_sandboxes_resumed_total ${c.sandboxesResumed}`);
-      out.push('# HELP dsec_pool_claims_total Creates answered by a warm pool.', '# TYPE dsec_pool_claims_total counter', `dsec_pool_claims_total ${c.poolClaims}`);
-      out.push('# HELP dsec_idempotent_replays_total Creates answered by an earlier request with the same idempotency key.', '# TYPE dsec_idempotent_replays_total counter', `dsec_idempotent_replays_total ${c.idempotentReplays}`);
+      out.push(
+        '# HELP dsec_pool_claims_total Creates answered by a warm pool.',
+        '# TYPE dsec_pool_claims_total counter',
+        `dsec_pool_claims_total ${c.poolClaims}`,
+      );
+      out.push(
+        '# HELP dsec_idempotent_replays_total Creates answered by an earlier request with the same idempotency key.',
+        '# TYPE dsec_idempotent_replays_total counter',
+        `dsec_idempotent_replays_total ${c.idempotentReplays}`,
+      );
       const a = this.cp.admission;
-      out.push('# HELP dsec_admission_waiting Creates waiting for quota or capacity.', '# TYPE dsec_admission_waiting gauge', `dsec_admission_waiting ${a.waiting()}`);
+      out.push(
+        '# HELP dsec_admission_waiting Creates waiting for quota or capacity.',
+        '# TYPE dsec_admission_waiting gauge',
+        `dsec_admission_waiting ${a.waiting()}`,
+      );
       out.push('# TYPE dsec_admission_waits_total counter', `dsec_admission_waits_total ${a.counters.waited}`);
       out.push('# TYPE dsec_admission_timeouts_total counter', `dsec_admission_timeouts_total ${a.counters.timedOut}`);
       out.push('# TYPE dsec_admission_cancelled_total counter', `dsec_admission_cancelled_total ${a.counters.cancelled}`);
@@ -110,7 +122,8 @@ export class Metrics {
     const out: string[] = [];
     const byState = await w.store.sandboxesByState();
     out.push('# HELP dsec_sandboxes Sandboxes by lifecycle state.', '# TYPE dsec_sandboxes gauge');
-    for (const state of new Set([...SandboxStateSchema.options, 'stopping', ...byState.keys()])) out.push(`dsec_sandboxes{state="${state}"} ${byState.get(state) ?? 0}`);
+    for (const state of new Set([...SandboxStateSchema.options, 'stopping', ...byState.keys()]))
+      out.push(`dsec_sandboxes{state="${state}"} ${byState.get(state) ?? 0}`);
     out.push('# HELP dsec_events_total Events stored, by kind and severity.', '# TYPE dsec_events_total counter');
     const denials = new Map<string, number>();
     for (const [key, n] of w.events.counts) {
@@ -128,7 +141,10 @@ export class Metrics {
     out.push('# TYPE dsec_audit_entries_total counter', `dsec_audit_entries_total ${w.audit.recorded}`);
     out.push('# TYPE dsec_audit_dropped_total counter', `dsec_audit_dropped_total ${w.audit.dropped}`);
     out.push('# TYPE dsec_rules gauge', `dsec_rules ${w.rules.size}`);
-    out.push('# HELP dsec_garbage_collected_total Leftovers of unknown sandboxes removed (containers, cgroups, mounts, folders).', '# TYPE dsec_garbage_collected_total counter');
+    out.push(
+      '# HELP dsec_garbage_collected_total Leftovers of unknown sandboxes removed (containers, cgroups, mounts, folders).',
+      '# TYPE dsec_garbage_collected_total counter',
+    );
     out.push(`dsec_garbage_collected_total ${this.garbageCollected()}`);
     return out;
   }

@@ -186,11 +186,24 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
 
     const metrics = new Metrics(services, watch);
     const app = createApp(services, metrics, log, watch);
-    const ws = createWsHandler(services, (p, sandboxId, spec, exitCode) => {
-      const entry = { keyId: p.keyId, projectId: p.projectId, method: 'GET', route: '/v1/sandboxes/:id/exec/ws', sandboxId, status: 101, durationMs: 0, command: commandSummary(spec) };
-      const at = new Date().toISOString();
-      void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
-    }, log);
+    const ws = createWsHandler(
+      services,
+      (p, sandboxId, spec, exitCode) => {
+        const entry = {
+          keyId: p.keyId,
+          projectId: p.projectId,
+          method: 'GET',
+          route: '/v1/sandboxes/:id/exec/ws',
+          sandboxId,
+          status: 101,
+          durationMs: 0,
+          command: commandSummary(spec),
+        };
+        const at = new Date().toISOString();
+        void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
+      },
+      log,
+    );
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;
     server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
@@ -201,7 +214,11 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         resolve();
       });
     });
-    closers.unshift(() => ws.close(), () => new Promise<void>((r) => server.close(() => r())), () => void server.closeAllConnections());
+    closers.unshift(
+      () => ws.close(),
+      () => new Promise<void>((r) => server.close(() => r())),
+      () => void server.closeAllConnections(),
+    );
     // Live event streams end first: the server's close waits for open connections.
     closers.unshift(() => watch.events.endSubscriptions());
     const actual = server.address() as AddressInfo;
@@ -228,7 +245,11 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),
       },
-      { log, ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}), ...(opts.gcIntervalMs !== undefined ? { gcIntervalMs: opts.gcIntervalMs } : {}) },
+      {
+        log,
+        ...(opts.watchIntervalMs !== undefined ? { intervalMs: opts.watchIntervalMs } : {}),
+        ...(opts.gcIntervalMs !== undefined ? { gcIntervalMs: opts.gcIntervalMs } : {}),
+      },
     );
     metrics.garbageCollected = () => startRemoved + watcher.garbageCollected;
     watcher.start();
@@ -239,7 +260,10 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       () => services.admission.close(),
     );
     // API activity is recorded in memory and written about once a second (idle timeouts).
-    const flush = setInterval(() => void services.lifecycle.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)), ACTIVITY_FLUSH_INTERVAL_MS);
+    const flush = setInterval(
+      () => void services.lifecycle.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)),
+      ACTIVITY_FLUSH_INTERVAL_MS,
+    );
     flush.unref();
     closers.unshift(async () => {
       clearInterval(flush);
@@ -263,14 +287,18 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         await watcher.stop();
         await services.poolManager.stop();
         services.admission.close();
-        for (const row of await store.allSandboxes()) await services.lifecycle.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
+        for (const row of await store.allSandboxes())
+          await services.lifecycle.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
         await platform.close();
         await edge.shutdown();
       },
     };
     return platform;
   } catch (err) {
-    for (const c of closers) await Promise.resolve().then(c).catch(() => undefined);
+    for (const c of closers)
+      await Promise.resolve()
+        .then(c)
+        .catch(() => undefined);
     throw err;
   }
 }

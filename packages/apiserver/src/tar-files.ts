@@ -23,7 +23,13 @@ async function* limited(source: AsyncIterable<Uint8Array>, limit: { left: number
 }
 
 /** Streams a request body into a file in 1 MiB writes (first creates or truncates). */
-export async function writeStreamToFile(edge: EdgeClient, id: string, file: string, body: AsyncIterable<Uint8Array>, opts: { mode?: number; append?: boolean; limitBytes: number }): Promise<number> {
+export async function writeStreamToFile(
+  edge: EdgeClient,
+  id: string,
+  file: string,
+  body: AsyncIterable<Uint8Array>,
+  opts: { mode?: number; append?: boolean; limitBytes: number },
+): Promise<number> {
   let pending: Buffer[] = [];
   let pendingBytes = 0;
   let written = 0;
@@ -120,7 +126,13 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
         const name = rel ? `${rel}/${e.name}` : e.name;
         const full = path.posix.join(abs, e.name);
         if (++entries > MAX_TAR_ENTRIES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} has more than ${MAX_TAR_ENTRIES} entries`);
-        const base = { name, mode: e.mode, mtime: new Date(e.mtimeMs), ...(e.uid !== undefined ? { uid: e.uid } : {}), ...(e.gid !== undefined ? { gid: e.gid } : {}) };
+        const base = {
+          name,
+          mode: e.mode,
+          mtime: new Date(e.mtimeMs),
+          ...(e.uid !== undefined ? { uid: e.uid } : {}),
+          ...(e.gid !== undefined ? { gid: e.gid } : {}),
+        };
         if (e.type === 'dir') {
           await addEntry({ ...base, type: 'directory' });
           stack.push(name);

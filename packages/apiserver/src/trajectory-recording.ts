@@ -230,7 +230,10 @@ export class ExecRecording extends StepRecording {
       // A command that could not start (no such program or directory) replays as such; one
       // cut off while it ran did an unknown part of its work.
       if (cancelled || this.proc !== undefined || !START_ERRORS.has(error.code)) {
-        Object.assign(step, { replayable: false, reason: cancelled ? 'cancelled by the caller while it ran' : `it ended in an error (${error.code}), not an exit` });
+        Object.assign(step, {
+          replayable: false,
+          reason: cancelled ? 'cancelled by the caller while it ran' : `it ended in an error (${error.code}), not an exit`,
+        });
       }
       this.log.commit(this.sandboxId, step);
     }

@@ -12,7 +12,15 @@ import type { TrajectoryStepTable, TrajectoryTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
 import { ExecRecording, FileRecording } from './trajectory-recording.js';
 
-export { ByteRecorder, ExecRecording, FileRecording, StepRecording, sha256Hex, TRAJECTORY_DATA_COPY_BYTES, TRAJECTORY_OUTPUT_COPY_BYTES } from './trajectory-recording.js';
+export {
+  ByteRecorder,
+  ExecRecording,
+  FileRecording,
+  StepRecording,
+  sha256Hex,
+  TRAJECTORY_DATA_COPY_BYTES,
+  TRAJECTORY_OUTPUT_COPY_BYTES,
+} from './trajectory-recording.js';
 
 /** Most steps stored per sandbox; later steps set `truncated`. */
 export const DEFAULT_TRAJECTORY_MAX_STEPS = 10_000;
@@ -102,7 +110,10 @@ export class TrajectoryLog {
     this.maxBytes = opts.maxBytes ?? DEFAULT_TRAJECTORY_MAX_BYTES;
     this.retentionMs = opts.retentionMs ?? DEFAULT_TRAJECTORY_RETENTION_MS;
     this.log = opts.log ?? (() => undefined);
-    this.pruneTimer = setInterval(() => void this.prune().catch((err: unknown) => this.log(`trajectory: prune failed: ${(err as Error).message}`)), PRUNE_INTERVAL_MS);
+    this.pruneTimer = setInterval(
+      () => void this.prune().catch((err: unknown) => this.log(`trajectory: prune failed: ${(err as Error).message}`)),
+      PRUNE_INTERVAL_MS,
+    );
     this.pruneTimer.unref();
   }
 
@@ -201,7 +212,14 @@ export class TrajectoryLog {
     if (isNew) st.steps++;
     if (provisional) st.provisional.set(step.seq, json.length);
     else st.provisional.delete(step.seq);
-    this.steps.set(`${sandboxId}/${step.seq}`, { sandbox_id: sandboxId, seq: step.seq, kind: step.kind, started_at: step.startedAt, bytes: json.length, step: json });
+    this.steps.set(`${sandboxId}/${step.seq}`, {
+      sandbox_id: sandboxId,
+      seq: step.seq,
+      kind: step.kind,
+      started_at: step.startedAt,
+      bytes: json.length,
+      step: json,
+    });
     this.touched(sandboxId, st);
   }
 
@@ -302,7 +320,7 @@ export class TrajectoryLog {
 
   /** Every stored step with a seq above `after`, read a page at a time. */
   async *stepsAfter(sandboxId: string, after: number): AsyncGenerator<TrajectoryStep> {
-    for (let last = after; ; ) {
+    for (let last = after; ;) {
       const page = await this.page(sandboxId, last, 200);
       for (const s of page) yield s;
       const tail = page[page.length - 1];

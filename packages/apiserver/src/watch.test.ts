@@ -28,7 +28,15 @@ after(async () => {
   await store.close();
 });
 
-const ev = (sandboxId: string, i: number, extra: Partial<RaisedEvent> = {}): RaisedEvent => ({ kind: 'egress.denied', severity: 'warning', sandboxId, node: 'n1', message: `denied #${i}`, data: { i }, ...extra });
+const ev = (sandboxId: string, i: number, extra: Partial<RaisedEvent> = {}): RaisedEvent => ({
+  kind: 'egress.denied',
+  severity: 'warning',
+  sandboxId,
+  node: 'n1',
+  message: `denied #${i}`,
+  data: { i },
+  ...extra,
+});
 
 test('a burst of one kind from one sandbox is a few events and a summary with the count', async () => {
   for (let i = 0; i < 30; i++) watch.events.ingest(ev('burst-1', i));
@@ -52,7 +60,18 @@ test('a burst of one kind from one sandbox is a few events and a summary with th
 test('retention keeps the newest rows and none older than the age limit', async () => {
   for (let i = 0; i < 40; i++) watch.events.ingest(ev(`ret-${i}`, i));
   watch.events.ingest(ev('old-1', 0, { at: new Date(Date.now() - 7_200_000).toISOString() }));
-  for (let i = 0; i < 9; i++) watch.audit.record({ keyId: 'key_00', projectId: ROOT_PROJECT_ID, method: 'GET', route: '/v1/sandboxes', sandboxId: null, status: 200, durationMs: 1, command: null, exitCode: null });
+  for (let i = 0; i < 9; i++)
+    watch.audit.record({
+      keyId: 'key_00',
+      projectId: ROOT_PROJECT_ID,
+      method: 'GET',
+      route: '/v1/sandboxes',
+      sandboxId: null,
+      status: 200,
+      durationMs: 1,
+      command: null,
+      exitCode: null,
+    });
   await watch.maintain();
   const left = await watch.listEvents(root, { limit: 1000 });
   assert.equal(left.items.length, 19, 'the newest 20 less the one past the age limit');

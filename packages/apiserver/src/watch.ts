@@ -1,11 +1,6 @@
 // The watcher's side of the API: events (a page, or a live text/event-stream), the audit trail
 // (a page, or an NDJSON export) and run-time rules, scoped by project like everything else.
-import {
-  DEFAULT_WATCH_PAGE_SIZE,
-  DsecError,
-  invalidArgument,
-  withDeniedNames,
-} from '@dsec/protocol';
+import { DEFAULT_WATCH_PAGE_SIZE, DsecError, invalidArgument, withDeniedNames } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
 import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
@@ -233,7 +228,10 @@ export class WatchService {
         end();
       },
     });
-    return new Response(body, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' } });
+    return new Response(body, {
+      status: 200,
+      headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' },
+    });
   }
 
   // ---- audit ----
@@ -347,7 +345,19 @@ function toEventBody(e: StoredEvent): RecordedEvent {
 }
 
 function toAuditBody(a: AuditRecord): AuditEntry {
-  return { id: a.id, at: a.at, key: a.keyId, project: a.projectId, method: a.method, route: a.route, sandbox: a.sandboxId, status: a.status, durationMs: a.durationMs, command: a.command, exitCode: a.exitCode };
+  return {
+    id: a.id,
+    at: a.at,
+    key: a.keyId,
+    project: a.projectId,
+    method: a.method,
+    route: a.route,
+    sandbox: a.sandboxId,
+    status: a.status,
+    durationMs: a.durationMs,
+    command: a.command,
+    exitCode: a.exitCode,
+  };
 }
 
 function toRuleBody(r: RuleRecord): Rule {

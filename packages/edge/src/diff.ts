@@ -244,7 +244,11 @@ export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOption
           } else {
             const m = meta(st);
             // A directory copied up only because something below it changed is not a change.
-            if ((m.mode !== (lower.st.mode & 0o7777) || m.uid !== lower.st.uid || m.gid !== lower.st.gid) && !push({ path: p, change: 'changed', type: 'dir', ...m })) return false;
+            if (
+              (m.mode !== (lower.st.mode & 0o7777) || m.uid !== lower.st.uid || m.gid !== lower.st.gid) &&
+              !push({ path: p, change: 'changed', type: 'dir', ...m })
+            )
+              return false;
           }
           if (!(await walk(fd, p, fresh || !lowerDir || opaque))) return false;
         } finally {

@@ -32,7 +32,17 @@ const isCode =
     isDsecError(e, code as never) && (field === undefined || e.details.field === field);
 
 function layer(ref: string): LayerInfo {
-  return { digest: `sha256:${ref.padEnd(64, '0').slice(0, 64)}`, kind: 'base', names: [ref], labels: {}, contentBytes: 0, metaBytes: 0, blobBytes: 0, files: 0, createdAt: new Date(0).toISOString() };
+  return {
+    digest: `sha256:${ref.padEnd(64, '0').slice(0, 64)}`,
+    kind: 'base',
+    names: [ref],
+    labels: {},
+    contentBytes: 0,
+    metaBytes: 0,
+    blobBytes: 0,
+    files: 0,
+    createdAt: new Date(0).toISOString(),
+  };
 }
 
 /** Resolves any name but `missing` (nothing is built, mounted or read). */
@@ -224,7 +234,10 @@ describe('Edge state machine (fake backend)', () => {
     await assert.rejects(edge.create(SPEC, { id: 'Bad_Id' }), isCode('INVALID_ARGUMENT', 'id'));
     await assert.rejects(edge.create({ image: { base: 'busybox', toolkits: ['ok', 'missing'] } }), isCode('LAYER_NOT_FOUND', 'image.toolkits.1'));
     await assert.rejects(edge.create({ ...SPEC, protect: { denySyscalls: ['open', 'nosuchcall'] } }), isCode('INVALID_ARGUMENT', 'protect.denySyscalls.1'));
-    await assert.rejects(edge.create({ ...SPEC, network: { mode: 'allowlist', allow: [{ host: 'a.test' }] }, backend: 'microvm' }), isCode('INVALID_ARGUMENT', 'network.mode'));
+    await assert.rejects(
+      edge.create({ ...SPEC, network: { mode: 'allowlist', allow: [{ host: 'a.test' }] }, backend: 'microvm' }),
+      isCode('INVALID_ARGUMENT', 'network.mode'),
+    );
     const made = [];
     for (let i = 0; i < 6; i++) made.push(await edge.create(SPEC, { id: `unit-full-${i}` }));
     await assert.rejects(edge.create(SPEC, { id: 'unit-full-0' }), isCode('CONFLICT'));

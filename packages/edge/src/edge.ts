@@ -106,7 +106,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
    */
   constructor(parts: EdgeParts) {
     super();
-    ({ layers: this.layers, cgroups: this.cgroups, home: this.home, nodeName: this.nodeName, calls: this.calls, network: this.network, runtimeNs: this.runtimeNs } = parts);
+    ({
+      layers: this.layers,
+      cgroups: this.cgroups,
+      home: this.home,
+      nodeName: this.nodeName,
+      calls: this.calls,
+      network: this.network,
+      runtimeNs: this.runtimeNs,
+    } = parts);
     this.swap = parts.swap;
     this.backends = new Map(parts.backends.map((b) => [b.kind, b]));
     this.maxSandboxes = parts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES;
@@ -157,10 +165,17 @@ export class Edge extends SandboxCalls implements EdgeClient {
         const { paused, ...rest } = record;
         edge.register(rest, backend, paused ? 'paused' : 'running');
         edge.track(rest, backend);
-        await network.recover(record.id, record.spec.network, () => netnsOf(backend, record.id)).catch((err: unknown) => {
-          // Its network cannot be put back: it keeps none (closed), and the failure is told.
-          edge.raise({ kind: 'sandbox.lost', severity: 'warning', sandboxId: record.id, message: `network of ${record.id} not restored: ${(err as Error).message}` });
-        });
+        await network
+          .recover(record.id, record.spec.network, () => netnsOf(backend, record.id))
+          .catch((err: unknown) => {
+            // Its network cannot be put back: it keeps none (closed), and the failure is told.
+            edge.raise({
+              kind: 'sandbox.lost',
+              severity: 'warning',
+              sandboxId: record.id,
+              message: `network of ${record.id} not restored: ${(err as Error).message}`,
+            });
+          });
       }
     }
     // What a crashed edge left behind and recovery did not adopt: containers without a
@@ -192,7 +207,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
     const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
     for (const backend of this.backends.values()) {
       if (!backend.garbage) continue;
-      const r = await backend.garbage.collectGarbage({ keep: (id) => this.sandboxes.has(id) || this.creating.has(id), calls: opts.calls ?? false, ownerMark: this.home + '/' });
+      const r = await backend.garbage.collectGarbage({
+        keep: (id) => this.sandboxes.has(id) || this.creating.has(id),
+        calls: opts.calls ?? false,
+        ownerMark: this.home + '/',
+      });
       report.containers.push(...r.containers);
       report.cgroups.push(...r.cgroups);
       report.processes += r.processes;
@@ -311,7 +330,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     const wasLinked = this.network.resolvConf(id) !== undefined;
     const normal = normalizeNetworkPolicy(policy);
-    const applied = await this.network.apply(id, () => normal, () => netnsOf(this.entry(id).backend, id));
+    const applied = await this.network.apply(
+      id,
+      () => normal,
+      () => netnsOf(this.entry(id).backend, id),
+    );
     e.record = { ...e.record, spec: { ...e.record.spec, network: applied } };
     if (!wasLinked) {
       const conf = this.network.resolvConf(id);
@@ -341,7 +364,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
 
   private toInfo(e: Entry): EdgeSandbox {
     const { record } = e;
-    return { id: record.id, node: this.nodeName, backend: record.backend, state: e.state, spec: record.spec, layers: record.layers.map((l) => l.digest), createdAt: record.createdAt };
+    return {
+      id: record.id,
+      node: this.nodeName,
+      backend: record.backend,
+      state: e.state,
+      spec: record.spec,
+      layers: record.layers.map((l) => l.digest),
+      createdAt: record.createdAt,
+    };
   }
 
   /** One sandbox. */
@@ -485,7 +516,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
     // A user-namespaced sandbox's files are owned by its host id range: stored as the ids it sees.
     const range = e.record.idRange;
     const idShift = opts.idShift ?? (range ? { uid: range.uid, gid: range.gid, count: range.size } : undefined);
-    const request = { id, upper, parents: e.record.layers.map((l) => l.digest), labels: snapshotLabels(e.record, opts.labels), freezer, ...(idShift ? { idShift } : {}), ...(opts.signal ? { signal: opts.signal } : {}) };
+    const request = {
+      id,
+      upper,
+      parents: e.record.layers.map((l) => l.digest),
+      labels: snapshotLabels(e.record, opts.labels),
+      freezer,
+      ...(idShift ? { idShift } : {}),
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    };
     const pack = async (): Promise<LayerInfo> => {
       opts.signal?.throwIfAborted();
       return packWritableLayer(this.layers, { ...request, hold: await this.holdStill(e, id) });
@@ -522,7 +561,12 @@ export class Edge extends SandboxCalls implements EdgeClient {
   async diff(id: string, opts: DiffOptions = {}): Promise<DiffResult> {
     const e = this.entry(id);
     const { paths, hash, limit, cursor } = opts;
-    const page = { ...(paths ? { paths } : {}), ...(hash !== undefined ? { hash } : {}), ...(limit !== undefined ? { limit } : {}), ...(cursor !== undefined ? { cursor } : {}) };
+    const page = {
+      ...(paths ? { paths } : {}),
+      ...(hash !== undefined ? { hash } : {}),
+      ...(limit !== undefined ? { limit } : {}),
+      ...(cursor !== undefined ? { cursor } : {}),
+    };
     return diffLayers(layersView(this.upperDir(id), e.record, this.layers), { ...page, frozen: e.state === 'paused' });
   }
 
@@ -621,7 +665,12 @@ async function drain(e: Entry, id: string): Promise<void> {
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => {
       delete e.onIdle;
-      reject(new DsecError('CONFLICT', `sandbox ${id}: agent calls still under way after ${PAUSE_DRAIN_TIMEOUT_MS} ms; retry the pause`, { sandboxId: id, retryAfterMs: 1000 }));
+      reject(
+        new DsecError('CONFLICT', `sandbox ${id}: agent calls still under way after ${PAUSE_DRAIN_TIMEOUT_MS} ms; retry the pause`, {
+          sandboxId: id,
+          retryAfterMs: 1000,
+        }),
+      );
     }, PAUSE_DRAIN_TIMEOUT_MS);
     e.onIdle = () => {
       clearTimeout(timer);

@@ -75,4 +75,12 @@ export type {
   StartEgressProxy,
 } from './net/types.js';
 export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
-export type { EgressProxyHandle, EgressProxyOptions, ConnectionRecord, EgressReason, MirrorAdapter, MirrorCacheStats, MirrorServiceOptions } from './net/proxy/index.js';
+export type {
+  EgressProxyHandle,
+  EgressProxyOptions,
+  ConnectionRecord,
+  EgressReason,
+  MirrorAdapter,
+  MirrorCacheStats,
+  MirrorServiceOptions,
+} from './net/proxy/index.js';

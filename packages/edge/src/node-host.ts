@@ -60,6 +60,10 @@ export async function prepareZramSwap(sizeMiB: number): Promise<ZramSwap | undef
 
 /** A node name usable in sandbox ids: lowercase letters, digits and `-`. */
 export function nodeNameOf(name: string): string {
-  const clean = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, MAX_NODE_NAME);
+  const clean = name
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, '-')
+    .replace(/^-+|-+$/g, '')
+    .slice(0, MAX_NODE_NAME);
   return clean.length >= 1 ? clean : 'node';
 }

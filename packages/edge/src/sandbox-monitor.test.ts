@@ -10,7 +10,20 @@ import { SandboxMonitor } from './sandbox-monitor.js';
 const SPEC: SandboxSpec = { image: { base: 'busybox' }, resources: { memoryMiB: 64, pids: 32 } };
 
 function exit(over: Partial<AgentExit>): AgentExit {
-  return { proc: 1, pid: 7, exitCode: null, signal: 'SIGKILL', timedOut: false, durationMs: 5, cpuUserMs: 0, cpuSysMs: 0, peakMemoryKiB: 0, stdoutBytes: 0, stderrBytes: 0, ...over };
+  return {
+    proc: 1,
+    pid: 7,
+    exitCode: null,
+    signal: 'SIGKILL',
+    timedOut: false,
+    durationMs: 5,
+    cpuUserMs: 0,
+    cpuSysMs: 0,
+    peakMemoryKiB: 0,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    ...over,
+  };
 }
 
 function setup(start: SandboxCounters): { monitor: SandboxMonitor; counters: SandboxCounters; events: RaisedEvent[]; running: Set<string> } {

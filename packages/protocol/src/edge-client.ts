@@ -33,8 +33,7 @@ export interface EdgeSandbox {
 
 /** One piece of a process's output at its byte offset, or a gap where output was dropped. */
 export type OutputEvent =
-  | { kind: 'data'; stream: 'stdout' | 'stderr'; offset: number; data: Uint8Array }
-  | { kind: 'gap'; stream: 'stdout' | 'stderr'; offset: number; bytes: number };
+  { kind: 'data'; stream: 'stdout' | 'stderr'; offset: number; data: Uint8Array } | { kind: 'gap'; stream: 'stdout' | 'stderr'; offset: number; bytes: number };
 
 /**
  * A process started or attached through an edge: its output as an async iterable (in order,

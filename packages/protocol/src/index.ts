@@ -325,7 +325,16 @@ export type {
   ProcessStream,
 } from './edge-client.js';
 
-export { DEFAULT_HEARTBEAT_MS, EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeClientFrame, decodeServerFrame, encodeFrame } from './edge-wire/frames.js';
+export {
+  DEFAULT_HEARTBEAT_MS,
+  EDGE_WIRE_VERSION,
+  MAX_UPLOAD_CHUNK_BYTES,
+  STREAM_WINDOW_EVENTS,
+  UPLOAD_WINDOW_CHUNKS,
+  decodeClientFrame,
+  decodeServerFrame,
+  encodeFrame,
+} from './edge-wire/frames.js';
 export type { ClientFrame, ServerFrame } from './edge-wire/frames.js';
 export { decodeValue, encodeValue, fromWireError, toWireError } from './edge-wire/values.js';
 export type { WireError, WireValue } from './edge-wire/values.js';
@@ -338,5 +347,17 @@ export type { Transport } from './edge-wire/transport.js';
 export { EdgeWireModeSchema, edgeThroughWire, loopbackEdge } from './edge-wire/loopback.js';
 export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';
 
-export { checkConfig, configJsonSchema, DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecConfigSchema, HostPortSchema, MirrorsConfigSchema, NetworkConfigSchema, NodeConfigSchema, ProxyLimitsConfigSchema, RetentionConfigSchema } from './config.js';
+export {
+  checkConfig,
+  configJsonSchema,
+  DEFAULT_DSEC_ADDR,
+  DEFAULT_DSEC_HOME,
+  DsecConfigSchema,
+  HostPortSchema,
+  MirrorsConfigSchema,
+  NetworkConfigSchema,
+  NodeConfigSchema,
+  ProxyLimitsConfigSchema,
+  RetentionConfigSchema,
+} from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';

@@ -7,7 +7,19 @@ import { Kysely, Migrator, SqliteDialect } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
-import type { ApiKeyTable, Database, IdempotencyKeyTable, LayerTable, OwnerTable, PoolTable, ProjectTable, SandboxTable, SnapshotTable, TrajectoryStepTable, TrajectoryTable } from './schema.js';
+import type {
+  ApiKeyTable,
+  Database,
+  IdempotencyKeyTable,
+  LayerTable,
+  OwnerTable,
+  PoolTable,
+  ProjectTable,
+  SandboxTable,
+  SnapshotTable,
+  TrajectoryStepTable,
+  TrajectoryTable,
+} from './schema.js';
 import { migrationProvider } from './migrations.js';
 
 /** The id of the root project every tree hangs from. */
@@ -218,7 +230,15 @@ export class StateStore {
   // ---- keys ----
 
   async createKey(k: { projectId: string; name: string; role: Role; keyHash: string }): Promise<ApiKeyTable> {
-    const row: ApiKeyTable = { id: newId('key'), project_id: k.projectId, name: k.name, role: k.role, key_hash: k.keyHash, created_at: now(), revoked_at: null };
+    const row: ApiKeyTable = {
+      id: newId('key'),
+      project_id: k.projectId,
+      name: k.name,
+      role: k.role,
+      key_hash: k.keyHash,
+      created_at: now(),
+      revoked_at: null,
+    };
     await this.db.insertInto('api_keys').values(row).execute();
     return row;
   }
@@ -257,7 +277,12 @@ export class StateStore {
 
   /** Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it); true when it moved. */
   async transitionSandbox(id: string, from: string[], to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
-    const res = await this.db.updateTable('sandboxes').set({ ...also, state: to }).where('id', '=', id).where('state', 'in', from).executeTakeFirst();
+    const res = await this.db
+      .updateTable('sandboxes')
+      .set({ ...also, state: to })
+      .where('id', '=', id)
+      .where('state', 'in', from)
+      .executeTakeFirst();
     return Number(res.numUpdatedRows) === 1;
   }
 
@@ -269,7 +294,11 @@ export class StateStore {
   /** Records API activity of sandboxes (many at once: the activity tracker's flush). */
   async touchSandboxes(ids: string[], at: string): Promise<void> {
     for (let i = 0; i < ids.length; i += 500) {
-      await this.db.updateTable('sandboxes').set({ last_active_at: at }).where('id', 'in', ids.slice(i, i + 500)).execute();
+      await this.db
+        .updateTable('sandboxes')
+        .set({ last_active_at: at })
+        .where('id', 'in', ids.slice(i, i + 500))
+        .execute();
     }
   }
 
@@ -296,7 +325,14 @@ export class StateStore {
   async ownersByIds(ids: string[]): Promise<OwnerTable[]> {
     if (ids.length === 0) return [];
     const out: OwnerTable[] = [];
-    for (let i = 0; i < ids.length; i += 500) out.push(...(await this.db.selectFrom('owners').selectAll().where('id', 'in', ids.slice(i, i + 500)).execute()));
+    for (let i = 0; i < ids.length; i += 500)
+      out.push(
+        ...(await this.db
+          .selectFrom('owners')
+          .selectAll()
+          .where('id', 'in', ids.slice(i, i + 500))
+          .execute()),
+      );
     return out;
   }
 
@@ -308,7 +344,12 @@ export class StateStore {
 
   /** Records a heartbeat (an owner that was lost is active again); undefined for a closed or unknown owner. */
   async heartbeatOwner(id: string, at: string): Promise<OwnerTable | undefined> {
-    const res = await this.db.updateTable('owners').set({ heartbeat_at: at, state: 'active' }).where('id', '=', id).where('state', '!=', 'closed').executeTakeFirst();
+    const res = await this.db
+      .updateTable('owners')
+      .set({ heartbeat_at: at, state: 'active' })
+      .where('id', '=', id)
+      .where('state', '!=', 'closed')
+      .executeTakeFirst();
     return Number(res.numUpdatedRows) === 1 ? this.owner(id) : undefined;
   }
 
@@ -325,7 +366,12 @@ export class StateStore {
 
   /** Active owner sessions of a project. */
   async activeOwnerCount(projectId: string): Promise<number> {
-    const row = await this.db.selectFrom('owners').select((eb) => eb.fn.countAll<number>().as('n')).where('project_id', '=', projectId).where('state', '=', 'active').executeTakeFirst();
+    const row = await this.db
+      .selectFrom('owners')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where('project_id', '=', projectId)
+      .where('state', '=', 'active')
+      .executeTakeFirst();
     return Number(row?.n ?? 0);
   }
 
@@ -342,7 +388,11 @@ export class StateStore {
 
   /** Sandboxes an owner holds now. */
   async ownedCount(ownerId: string): Promise<number> {
-    const row = await this.db.selectFrom('sandboxes').select((eb) => eb.fn.countAll<number>().as('n')).where('owner_id', '=', ownerId).executeTakeFirst();
+    const row = await this.db
+      .selectFrom('sandboxes')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where('owner_id', '=', ownerId)
+      .executeTakeFirst();
     return Number(row?.n ?? 0);
   }
 
@@ -382,7 +432,13 @@ export class StateStore {
   }
 
   /** A page of sandboxes in the given projects, by id order, filtered by labels and state. */
-  async listSandboxes(q: { projectIds: string[]; labels: Array<[string, string]>; state?: string; limit: number; after?: string }): Promise<Array<SandboxTable & { labels: Record<string, string> }>> {
+  async listSandboxes(q: {
+    projectIds: string[];
+    labels: Array<[string, string]>;
+    state?: string;
+    limit: number;
+    after?: string;
+  }): Promise<Array<SandboxTable & { labels: Record<string, string> }>> {
     if (q.projectIds.length === 0) return [];
     let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
     for (const [key, value] of q.labels) {
@@ -403,7 +459,15 @@ export class StateStore {
     query = query.where('pool_id', 'is', null);
     const rows = await query.orderBy('id').limit(q.limit).execute();
     const labelRows = rows.length
-      ? await this.db.selectFrom('sandbox_labels').selectAll().where('sandbox_id', 'in', rows.map((r) => r.id)).execute()
+      ? await this.db
+          .selectFrom('sandbox_labels')
+          .selectAll()
+          .where(
+            'sandbox_id',
+            'in',
+            rows.map((r) => r.id),
+          )
+          .execute()
       : [];
     const byId = new Map<string, Record<string, string>>();
     for (const l of labelRows) (byId.get(l.sandbox_id) ?? byId.set(l.sandbox_id, {}).get(l.sandbox_id)!)[l.key] = l.value;
@@ -422,18 +486,35 @@ export class StateStore {
   // ---- warm pools ----
 
   /** Creates a pool, or updates one of the same name; a changed spec gives it a new id (old members go). */
-  async putPool(p: { projectId: string; name: string; spec: string; resolved: string; specKey: string; size: number; idleTimeoutMs: number; maxPools: number }): Promise<{ row: PoolTable; created: boolean }> {
+  async putPool(p: {
+    projectId: string;
+    name: string;
+    spec: string;
+    resolved: string;
+    specKey: string;
+    size: number;
+    idleTimeoutMs: number;
+    maxPools: number;
+  }): Promise<{ row: PoolTable; created: boolean }> {
     return this.db.transaction().execute(async (tx) => {
       const t = now();
       const old = await tx.selectFrom('pools').selectAll().where('project_id', '=', p.projectId).where('name', '=', p.name).executeTakeFirst();
       if (old && old.spec_key === p.specKey) {
         const row: PoolTable = { ...old, spec: p.spec, resolved: p.resolved, size: p.size, idle_timeout_ms: p.idleTimeoutMs, last_used_at: t, updated_at: t };
-        await tx.updateTable('pools').set({ spec: row.spec, resolved: row.resolved, size: row.size, idle_timeout_ms: row.idle_timeout_ms, last_used_at: t, updated_at: t }).where('id', '=', old.id).execute();
+        await tx
+          .updateTable('pools')
+          .set({ spec: row.spec, resolved: row.resolved, size: row.size, idle_timeout_ms: row.idle_timeout_ms, last_used_at: t, updated_at: t })
+          .where('id', '=', old.id)
+          .execute();
         return { row, created: false };
       }
       if (old) await tx.deleteFrom('pools').where('id', '=', old.id).execute();
       else {
-        const { n } = await tx.selectFrom('pools').select((eb) => eb.fn.countAll<number>().as('n')).where('project_id', '=', p.projectId).executeTakeFirstOrThrow();
+        const { n } = await tx
+          .selectFrom('pools')
+          .select((eb) => eb.fn.countAll<number>().as('n'))
+          .where('project_id', '=', p.projectId)
+          .executeTakeFirstOrThrow();
         if (Number(n) >= p.maxPools) throw new DsecError('INVALID_ARGUMENT', `name: the project already has ${p.maxPools} pools`, { field: 'name' });
       }
       const row: PoolTable = {
@@ -496,9 +577,24 @@ export class StateStore {
    * lease, owner and lifetime). Undefined when none is ready; a miss counts as use of the matching pools (an
    * idle pool wakes up and refills).
    */
-  async claimPooled(c: { projectId: string; specKey: string; spec: string; labels: Record<string, string>; createdAt: string; expiresAt: string; lease: string; ownerId: string | null }): Promise<SandboxTable | undefined> {
+  async claimPooled(c: {
+    projectId: string;
+    specKey: string;
+    spec: string;
+    labels: Record<string, string>;
+    createdAt: string;
+    expiresAt: string;
+    lease: string;
+    ownerId: string | null;
+  }): Promise<SandboxTable | undefined> {
     // Most creates match no pool: one indexed read, no transaction.
-    const any = await this.db.selectFrom('pools').select('id').where('project_id', '=', c.projectId).where('spec_key', '=', c.specKey).limit(1).executeTakeFirst();
+    const any = await this.db
+      .selectFrom('pools')
+      .select('id')
+      .where('project_id', '=', c.projectId)
+      .where('spec_key', '=', c.specKey)
+      .limit(1)
+      .executeTakeFirst();
     if (!any) return undefined;
     return this.db.transaction().execute(async (tx) => {
       for (;;) {
@@ -519,7 +615,16 @@ export class StateStore {
         }
         const row = await tx
           .updateTable('sandboxes')
-          .set({ state: 'running', pool_id: null, spec: c.spec, created_at: c.createdAt, expires_at: c.expiresAt, lease: c.lease, owner_id: c.ownerId, last_active_at: c.createdAt })
+          .set({
+            state: 'running',
+            pool_id: null,
+            spec: c.spec,
+            created_at: c.createdAt,
+            expires_at: c.expiresAt,
+            lease: c.lease,
+            owner_id: c.ownerId,
+            last_active_at: c.createdAt,
+          })
           .where('id', '=', cand.id)
           .where('state', '=', 'pooled')
           .returningAll()
@@ -527,7 +632,11 @@ export class StateStore {
         // Another server may have claimed it between the two statements (PostgreSQL): take the next.
         if (!row) continue;
         const entries = Object.entries(c.labels);
-        if (entries.length > 0) await tx.insertInto('sandbox_labels').values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value }))).execute();
+        if (entries.length > 0)
+          await tx
+            .insertInto('sandbox_labels')
+            .values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value })))
+            .execute();
         // Idle detection needs the time of use only roughly: skip the write within a second.
         const recent = new Date(Date.parse(c.createdAt) - 1000).toISOString();
         await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).where('last_used_at', '<', recent).execute();
@@ -542,13 +651,32 @@ export class StateStore {
    * Takes an idempotency key for a request: `owned` when this caller is the first (the key is
    * now `pending`), else the row of the request that holds it. Expired keys count as absent.
    */
-  async acquireIdempotencyKey(k: { projectId: string; key: string; requestHash: string; ttlMs: number }): Promise<{ owned: true } | { owned: false; row: IdempotencyKeyTable }> {
+  async acquireIdempotencyKey(k: {
+    projectId: string;
+    key: string;
+    requestHash: string;
+    ttlMs: number;
+  }): Promise<{ owned: true } | { owned: false; row: IdempotencyKeyTable }> {
     return this.db.transaction().execute(async (tx) => {
       const t = new Date();
-      await tx.deleteFrom('idempotency_keys').where('project_id', '=', k.projectId).where('key', '=', k.key).where('expires_at', '<=', t.toISOString()).execute();
+      await tx
+        .deleteFrom('idempotency_keys')
+        .where('project_id', '=', k.projectId)
+        .where('key', '=', k.key)
+        .where('expires_at', '<=', t.toISOString())
+        .execute();
       const res = await tx
         .insertInto('idempotency_keys')
-        .values({ project_id: k.projectId, key: k.key, request_hash: k.requestHash, state: 'pending', sandbox_id: null, response: null, created_at: t.toISOString(), expires_at: new Date(t.getTime() + k.ttlMs).toISOString() })
+        .values({
+          project_id: k.projectId,
+          key: k.key,
+          request_hash: k.requestHash,
+          state: 'pending',
+          sandbox_id: null,
+          response: null,
+          created_at: t.toISOString(),
+          expires_at: new Date(t.getTime() + k.ttlMs).toISOString(),
+        })
         .onConflict((oc) => oc.columns(['project_id', 'key']).doNothing())
         .executeTakeFirst();
       if (Number(res.numInsertedOrUpdatedRows ?? 0) === 1) return { owned: true as const };
@@ -559,7 +687,12 @@ export class StateStore {
 
   /** Records what a pending key created. */
   async completeIdempotencyKey(projectId: string, key: string, sandboxId: string | null, response: string | null): Promise<void> {
-    await this.db.updateTable('idempotency_keys').set({ state: 'done', sandbox_id: sandboxId, response }).where('project_id', '=', projectId).where('key', '=', key).execute();
+    await this.db
+      .updateTable('idempotency_keys')
+      .set({ state: 'done', sandbox_id: sandboxId, response })
+      .where('project_id', '=', projectId)
+      .where('key', '=', key)
+      .execute();
   }
 
   /** Lets go of a pending key whose request failed, so that a retry may try again. */
@@ -583,7 +716,13 @@ export class StateStore {
     if (l.name !== null) {
       await this.db.deleteFrom('layers').where('project_id', '=', l.projectId).where('name', '=', l.name).execute();
     } else {
-      const existing = await this.db.selectFrom('layers').selectAll().where('project_id', '=', l.projectId).where('digest', '=', l.digest).where('name', 'is', null).executeTakeFirst();
+      const existing = await this.db
+        .selectFrom('layers')
+        .selectAll()
+        .where('project_id', '=', l.projectId)
+        .where('digest', '=', l.digest)
+        .where('name', 'is', null)
+        .executeTakeFirst();
       if (existing) return existing;
     }
     const row: LayerTable = { id: newId('lyr'), project_id: l.projectId, digest: l.digest, kind: l.kind, name: l.name, created_at: now() };
@@ -612,7 +751,11 @@ export class StateStore {
 
   /** Records a snapshot layer; an existing record of the same digest is kept. */
   async addSnapshot(row: SnapshotTable): Promise<SnapshotTable> {
-    await this.db.insertInto('snapshots').values(row).onConflict((oc) => oc.column('digest').doNothing()).execute();
+    await this.db
+      .insertInto('snapshots')
+      .values(row)
+      .onConflict((oc) => oc.column('digest').doNothing())
+      .execute();
     return (await this.snapshot(row.digest)) ?? row;
   }
 
@@ -637,7 +780,11 @@ export class StateStore {
 
   /** Highest stored seq of a trajectory, or -1. */
   async lastTrajectorySeq(sandboxId: string): Promise<number> {
-    const row = await this.db.selectFrom('trajectory_steps').select((eb) => eb.fn.max('seq').as('seq')).where('sandbox_id', '=', sandboxId).executeTakeFirst();
+    const row = await this.db
+      .selectFrom('trajectory_steps')
+      .select((eb) => eb.fn.max('seq').as('seq'))
+      .where('sandbox_id', '=', sandboxId)
+      .executeTakeFirst();
     return row?.seq === null || row?.seq === undefined ? -1 : Number(row.seq);
   }
 
@@ -646,9 +793,19 @@ export class StateStore {
    * kept), steps (a step already stored is replaced: a command that was running has ended),
    * header counters, and ends.
    */
-  async writeTrajectories(batch: { headers: TrajectoryTable[]; steps: TrajectoryStepTable[]; counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>; ends: Array<{ sandboxId: string; at: string }> }): Promise<void> {
+  async writeTrajectories(batch: {
+    headers: TrajectoryTable[];
+    steps: TrajectoryStepTable[];
+    counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>;
+    ends: Array<{ sandboxId: string; at: string }>;
+  }): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
-      for (const h of batch.headers) await tx.insertInto('trajectories').values(h).onConflict((oc) => oc.column('sandbox_id').doNothing()).execute();
+      for (const h of batch.headers)
+        await tx
+          .insertInto('trajectories')
+          .values(h)
+          .onConflict((oc) => oc.column('sandbox_id').doNothing())
+          .execute();
       for (let i = 0; i < batch.steps.length; i += 500) {
         await tx
           .insertInto('trajectory_steps')
@@ -659,13 +816,21 @@ export class StateStore {
       for (const c of batch.counters) {
         await tx.updateTable('trajectories').set({ steps: c.steps, bytes: c.bytes, truncated: c.truncated }).where('sandbox_id', '=', c.sandbox_id).execute();
       }
-      for (const e of batch.ends) await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
+      for (const e of batch.ends)
+        await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
     });
   }
 
   /** Steps of a trajectory with a seq above `after`, in order. */
   async trajectorySteps(sandboxId: string, after: number, limit: number): Promise<TrajectoryStepTable[]> {
-    return this.db.selectFrom('trajectory_steps').selectAll().where('sandbox_id', '=', sandboxId).where('seq', '>', after).orderBy('seq').limit(limit).execute();
+    return this.db
+      .selectFrom('trajectory_steps')
+      .selectAll()
+      .where('sandbox_id', '=', sandboxId)
+      .where('seq', '>', after)
+      .orderBy('seq')
+      .limit(limit)
+      .execute();
   }
 
   /** Deletes trajectories (and their steps) of sandboxes that ended before `before`; returns how many. */

@@ -156,7 +156,11 @@ export class WatchStore implements EventStore, AuditStore {
       if (batch.length === 0) return deleted;
       const res = await this.db
         .deleteFrom(table)
-        .where('id', 'in', batch.map((r) => r.id))
+        .where(
+          'id',
+          'in',
+          batch.map((r) => r.id),
+        )
         .executeTakeFirst();
       deleted += Number(res.numDeletedRows);
       if (batch.length < PRUNE_BATCH) return deleted;
@@ -187,12 +191,22 @@ export class WatchStore implements EventStore, AuditStore {
   }
 
   async ruleCount(): Promise<number> {
-    const row = await this.db.selectFrom('rules').select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow();
+    const row = await this.db
+      .selectFrom('rules')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .executeTakeFirstOrThrow();
     return Number(row.n);
   }
 
   private toRule(r: RuleTable): RuleRecord {
-    return { id: r.id, projectId: r.project_id, kind: r.kind as RuleKind, spec: JSON.parse(r.spec) as CreateRuleRequest, createdBy: r.created_by, createdAt: r.created_at };
+    return {
+      id: r.id,
+      projectId: r.project_id,
+      kind: r.kind as RuleKind,
+      spec: JSON.parse(r.spec) as CreateRuleRequest,
+      createdBy: r.created_by,
+      createdAt: r.created_at,
+    };
   }
 
   // ---- metrics ----

@@ -23,7 +23,11 @@ describe('routing and validation through app.request() (fake node, real store)',
   after(async () => h.close());
 
   const call = async (method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
-    const res = await app.request(path, { method, headers: { authorization: `Bearer ${h.adminKey}`, ...headers }, ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}) });
+    const res = await app.request(path, {
+      method,
+      headers: { authorization: `Bearer ${h.adminKey}`, ...headers },
+      ...(body !== undefined ? { body: typeof body === 'string' ? body : JSON.stringify(body) } : {}),
+    });
     const text = await res.text();
     return { status: res.status, json: (text ? JSON.parse(text) : {}) as Reply, headers: res.headers };
   };
@@ -52,13 +56,24 @@ describe('routing and validation through app.request() (fake node, real store)',
     const id = created.json.id as string;
     const exec = await call('POST', `/v1/sandboxes/${id}/exec`, { cmd: 'echo hi' });
     assert.equal(exec.json.stdout, 'echo hi\n');
-    const stream = await app.request(`/v1/sandboxes/${id}/exec`, { method: 'POST', headers: { authorization: `Bearer ${h.adminKey}`, accept: 'application/x-ndjson' }, body: JSON.stringify({ argv: ['echo', 'x'] }) });
-    const lines = (await stream.text()).trim().split('\n').map((l) => JSON.parse(l) as { type: string });
+    const stream = await app.request(`/v1/sandboxes/${id}/exec`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${h.adminKey}`, accept: 'application/x-ndjson' },
+      body: JSON.stringify({ argv: ['echo', 'x'] }),
+    });
+    const lines = (await stream.text())
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { type: string });
     assert.deepEqual(
       lines.map((l) => l.type),
       ['start', 'output', 'exit'],
     );
-    const put = await app.request(`/v1/sandboxes/${id}/files?path=/tmp/f`, { method: 'PUT', headers: { authorization: `Bearer ${h.adminKey}` }, body: 'content' });
+    const put = await app.request(`/v1/sandboxes/${id}/files?path=/tmp/f`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${h.adminKey}` },
+      body: 'content',
+    });
     assert.equal(put.status, 204);
     const got = await app.request(`/v1/sandboxes/${id}/files?path=/tmp/f`, { headers: { authorization: `Bearer ${h.adminKey}` } });
     assert.equal(await got.text(), 'content');
@@ -67,7 +82,7 @@ describe('routing and validation through app.request() (fake node, real store)',
     assert.equal((await call('GET', `/v1/sandboxes/${id}`)).status, 404);
   });
 
-  test("an unexpected error is a generic 500: its message is logged, never sent", async () => {
+  test('an unexpected error is a generic 500: its message is logged, never sent', async () => {
     const id = (await call('POST', '/v1/sandboxes', { image: { base: 'busybox' } })).json.id as string;
     h.edge.failNext.set('stats', new Error('password=hunter2'));
     const res = await call('GET', `/v1/sandboxes/${id}/stats`);

@@ -39,7 +39,10 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.get('/metrics', async (c) => c.text(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
   app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
 
-  app.use('/v1/*', authAndAudit((header) => services.iam.authenticate(header), watch));
+  app.use(
+    '/v1/*',
+    authAndAudit((header) => services.iam.authenticate(header), watch),
+  );
 
   const deps: RouterDeps = { services, metrics, log };
   app.route('/v1', iamRoutes(deps));

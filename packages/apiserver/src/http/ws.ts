@@ -19,14 +19,25 @@ const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 function reject(socket: Duplex, err: unknown, log?: (line: string) => void): void {
   const e = toDsecError(err, log);
   const body = JSON.stringify(e.toJSON());
-  socket.end(`HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(
+    `HTTP/1.1 ${e.status} ${e.code}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
 }
 
 /** Records a command started over the WebSocket route in the audit trail (exit settles later). */
-export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exitCode: Promise<number | null>) => void;
+export type WsAudit = (
+  principal: Principal,
+  sandboxId: string,
+  spec: { argv?: string[] | undefined; cmd?: string | undefined },
+  exitCode: Promise<number | null>,
+) => void;
 
 /** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
-export function createWsHandler(services: Services, audit?: WsAudit, log?: (line: string) => void): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
+export function createWsHandler(
+  services: Services,
+  audit?: WsAudit,
+  log?: (line: string) => void,
+): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   return {
     handle(req, socket, head) {
@@ -37,7 +48,9 @@ export function createWsHandler(services: Services, audit?: WsAudit, log?: (line
         .authenticate(req.headers.authorization)
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
-          const onStart = audit ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode) : undefined;
+          const onStart = audit
+            ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode)
+            : undefined;
           wss.handleUpgrade(req, socket, head, (ws) => {
             // An open session counts as the sandbox's activity until it closes.
             ws.once('close', services.activity.hold(row.id));
@@ -53,7 +66,13 @@ export function createWsHandler(services: Services, audit?: WsAudit, log?: (line
   };
 }
 
-function serve(ws: WebSocket, services: Services, target: CommandTarget, onStart?: (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => void, log?: (line: string) => void): void {
+function serve(
+  ws: WebSocket,
+  services: Services,
+  target: CommandTarget,
+  onStart?: (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => void,
+  log?: (line: string) => void,
+): void {
   const send = (obj: unknown): Promise<void> =>
     new Promise((resolve) => {
       if (ws.readyState !== ws.OPEN) return resolve();

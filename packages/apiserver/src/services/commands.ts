@@ -33,7 +33,8 @@ export function outputEvent(ev: OutputEvent): ExecEvent {
 /** A process the edge no longer knows (or never knew) is the API's PROCESS_NOT_FOUND. */
 function processError(pid: number): (err: unknown) => never {
   return (err: unknown): never => {
-    if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PROCESS_NOT_FOUND')) throw new DsecError('PROCESS_NOT_FOUND', `process ${pid} not found`, { pid });
+    if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PROCESS_NOT_FOUND'))
+      throw new DsecError('PROCESS_NOT_FOUND', `process ${pid} not found`, { pid });
     throw err;
   };
 }
@@ -156,7 +157,9 @@ export class CommandService {
     const release = this.activity.hold(t.sandboxId);
     try {
       const recording = await this.trajectory.beginExec(t.sandboxId, spec, 'exec', signal);
-      const result = await t.edge.exec(t.sandboxId, spec, { onOutput: recording.onOutput, ...(signal ? { signal } : {}) }).then(recording.exited, recording.failed);
+      const result = await t.edge
+        .exec(t.sandboxId, spec, { onOutput: recording.onOutput, ...(signal ? { signal } : {}) })
+        .then(recording.exited, recording.failed);
       return { result, recording };
     } finally {
       release();

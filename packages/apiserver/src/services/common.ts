@@ -37,7 +37,16 @@ export interface PlatformCounters {
 
 /** Fresh counters, all zero. */
 export function newCounters(): PlatformCounters {
-  return { sandboxesCreated: 0, sandboxCreateFailures: 0, sandboxesDestroyed: 0, sandboxesExpired: 0, poolClaims: 0, idempotentReplays: 0, sandboxesPaused: 0, sandboxesResumed: 0 };
+  return {
+    sandboxesCreated: 0,
+    sandboxCreateFailures: 0,
+    sandboxesDestroyed: 0,
+    sandboxesExpired: 0,
+    poolClaims: 0,
+    idempotentReplays: 0,
+    sandboxesPaused: 0,
+    sandboxesResumed: 0,
+  };
 }
 
 /** Where services raise events, and where they log what no caller sees. */

@@ -2,7 +2,16 @@
 // warm pool's member claimed when one matches, else quota and a node reserved (or waited for),
 // the sandbox created on its node, its trajectory opened. Nothing is left behind on failure.
 import { randomBytes } from 'node:crypto';
-import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DEFAULT_PIDS, DsecError, IDEMPOTENCY_KEY_HEADER, MAX_SANDBOX_TIMEOUT_MS, invalidArgument } from '@dsec/protocol';
+import {
+  DEFAULT_CPU,
+  DEFAULT_DISK_MIB,
+  DEFAULT_MEMORY_MIB,
+  DEFAULT_PIDS,
+  DsecError,
+  IDEMPOTENCY_KEY_HEADER,
+  MAX_SANDBOX_TIMEOUT_MS,
+  invalidArgument,
+} from '@dsec/protocol';
 import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, ItemError, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
 import type { AdmissionQueue, Admitted } from '../admission.js';
 import type { Principal } from '../auth.js';
@@ -145,12 +154,25 @@ export class CreatePipeline {
   }
 
   /** Creates one item whose idempotency key (if any) the caller holds; completes or releases it. */
-  async createHeld(projectId: string, item: CreateItem, admission: Admission, signal: AbortSignal | undefined, key: string | undefined, ticket?: Ticket): Promise<Sandbox> {
+  async createHeld(
+    projectId: string,
+    item: CreateItem,
+    admission: Admission,
+    signal: AbortSignal | undefined,
+    key: string | undefined,
+    ticket?: Ticket,
+  ): Promise<Sandbox> {
     try {
       let sb: Sandbox | undefined;
       if (!ticket) sb = await this.claimFromPool(projectId, item);
       if (!sb) {
-        const held = ticket ?? (await this.d.admission.admit(projectId, () => this.reserveAndPlace(projectId, item), { wait: admission.wait, timeoutMs: admission.timeoutMs, signal }));
+        const held =
+          ticket ??
+          (await this.d.admission.admit(projectId, () => this.reserveAndPlace(projectId, item), {
+            wait: admission.wait,
+            timeoutMs: admission.timeoutMs,
+            signal,
+          }));
         sb = await this.createWithTicket(projectId, item, held, signal);
       }
       if (key !== undefined) await this.d.idempotency.complete(projectId, key, sb);
@@ -234,7 +256,13 @@ export class CreatePipeline {
    * want of capacity. On any failure the node's charge and the row are undone. A pool's member
    * is created without env or labels and is left `pooled`.
    */
-  private async createOn(node: NodeEntry, projectId: string, item: CreateItem, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox | undefined> {
+  private async createOn(
+    node: NodeEntry,
+    projectId: string,
+    item: CreateItem,
+    signal: AbortSignal | undefined,
+    pool?: PoolTable,
+  ): Promise<Sandbox | undefined> {
     const id = `${node.name}-${randomBytes(8).toString('hex')}`;
     const createdAt = new Date();
     const lifetimeMs = pool ? MAX_SANDBOX_TIMEOUT_MS : item.lease.maxLifetimeMs;
@@ -245,7 +273,9 @@ export class CreatePipeline {
       backend: item.backend,
       state: 'creating',
       spec: rowSpecOf(item),
-      layers: JSON.stringify([item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean)),
+      layers: JSON.stringify(
+        [item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean),
+      ),
       cpu: item.resources.cpu,
       memory_mib: item.resources.memoryMiB,
       created_at: createdAt.toISOString(),
@@ -275,7 +305,13 @@ export class CreatePipeline {
 
   /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
   private openTrajectory(row: SandboxTable, item: CreateItem): void {
-    this.d.trajectory.open({ sandboxId: row.id, projectId: row.project_id, spec: trajectorySpec(item.req, item.spec), layers: JSON.parse(row.layers) as string[], createdAt: row.created_at });
+    this.d.trajectory.open({
+      sandboxId: row.id,
+      projectId: row.project_id,
+      spec: trajectorySpec(item.req, item.spec),
+      layers: JSON.parse(row.layers) as string[],
+      createdAt: row.created_at,
+    });
   }
 
   /**

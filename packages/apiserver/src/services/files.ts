@@ -22,7 +22,12 @@ export class FileService {
   constructor(private readonly trajectory: TrajectoryLog) {}
 
   /** Runs a file change, recorded as a trajectory step (with its error when it fails). */
-  private async recorded<T>(sandboxId: string, kind: Exclude<TrajectoryStepKind, 'exec'>, fields: Partial<TrajectoryStep>, run: (rec: FileRecording) => Promise<T>): Promise<T> {
+  private async recorded<T>(
+    sandboxId: string,
+    kind: Exclude<TrajectoryStepKind, 'exec'>,
+    fields: Partial<TrajectoryStep>,
+    run: (rec: FileRecording) => Promise<T>,
+  ): Promise<T> {
     const rec = await this.trajectory.beginFile(sandboxId, kind, fields);
     const out = await run(rec).catch(rec.failed);
     rec.ok();
@@ -40,7 +45,10 @@ export class FileService {
 
   /** Reads a file (or a range of it). */
   read(t: CommandTarget, path: string, range: { offset?: number | undefined; length?: number | undefined } = {}): Promise<Uint8Array> {
-    return t.edge.readFile(t.sandboxId, path, { ...(range.offset !== undefined ? { offset: range.offset } : {}), ...(range.length !== undefined ? { length: range.length } : {}) });
+    return t.edge.readFile(t.sandboxId, path, {
+      ...(range.offset !== undefined ? { offset: range.offset } : {}),
+      ...(range.length !== undefined ? { length: range.length } : {}),
+    });
   }
 
   /** Removes a file or (with `recursive`) a tree. */

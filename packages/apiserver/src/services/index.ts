@@ -103,7 +103,22 @@ export function createServices(deps: ServiceDeps): Services {
   const lifecycle: LifecycleService = new LifecycleService({ store, nodes, placement, activity, trajectory, counters, sinks, onCapacityFreed });
   const layers = new LayerService(store, nodes);
   const owners = new OwnerService(store, lifecycle);
-  const pipeline: CreatePipeline = new CreatePipeline({ store, nodes, placement, admission, idempotency, pools: poolManager, lifecycle, owners, layers, trajectory, counters, sinks, tighten: deps.tighten, onCapacityFreed });
+  const pipeline: CreatePipeline = new CreatePipeline({
+    store,
+    nodes,
+    placement,
+    admission,
+    idempotency,
+    pools: poolManager,
+    lifecycle,
+    owners,
+    layers,
+    trajectory,
+    counters,
+    sinks,
+    tighten: deps.tighten,
+    onCapacityFreed,
+  });
   const sandboxes = new SandboxService({ store, nodes, placement, admission, idempotency, pipeline, lifecycle, owners, layers, sinks });
   const pools: PoolService = new PoolService(store, pipeline, layers, poolManager);
   const commands = new CommandService(trajectory, activity);

@@ -109,8 +109,12 @@ export class LayerService {
   /** One layer a principal can see. */
   async get(p: Principal, ref: string): Promise<Layer> {
     const digest = await this.resolve(p.projectId, ref, 'ref');
-    const rows = (await this.store.layerRowsForDigest(digest)).filter((r) => r.project_id === PUBLIC_PROJECT_ID || p.visibleProjects.has(r.project_id) || r.project_id === p.projectId);
-    const info = await this.anyEdge().layers.resolve(digest).catch(() => undefined);
+    const rows = (await this.store.layerRowsForDigest(digest)).filter(
+      (r) => r.project_id === PUBLIC_PROJECT_ID || p.visibleProjects.has(r.project_id) || r.project_id === p.projectId,
+    );
+    const info = await this.anyEdge()
+      .layers.resolve(digest)
+      .catch(() => undefined);
     const row = rows[0];
     if (!row) throw new DsecError('LAYER_NOT_FOUND', `layer ${ref} not found`, { layer: ref });
     const snap = row.kind === 'snapshot' ? await this.store.snapshot(digest) : undefined;

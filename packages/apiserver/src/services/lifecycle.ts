@@ -137,16 +137,23 @@ export class LifecycleService {
       } else if (row.state === 'paused' && leaseOf(row).autoResume) {
         await this.resumeRow(row, 'request');
       } else if (row.state === 'paused') {
-        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is paused and its lease does not resume it on requests; resume it first`, { sandboxId: row.id, state: 'paused' });
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is paused and its lease does not resume it on requests; resume it first`, {
+          sandboxId: row.id,
+          state: 'paused',
+        });
       } else if (row.state === PAUSING || row.state === RESUMING) {
-        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is being ${row.state === PAUSING ? 'paused' : 'resumed'}; retry`, { sandboxId: row.id, retryAfterMs: 200 });
+        throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is being ${row.state === PAUSING ? 'paused' : 'resumed'}; retry`, {
+          sandboxId: row.id,
+          retryAfterMs: 200,
+        });
       } else {
         throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}`, { sandboxId: row.id, state: row.state });
       }
       row = await this.d.store.sandboxOnly(row.id);
     }
     if (!row) throw sandboxNotFound(start.id);
-    if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}; retry`, { sandboxId: row.id, retryAfterMs: 200 });
+    if (row.state !== 'running')
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}; retry`, { sandboxId: row.id, retryAfterMs: 200 });
     return row;
   }
 
@@ -217,7 +224,13 @@ export class LifecycleService {
   private async pauseReply(row: SandboxTable, r: Omit<PauseResult, 'sandbox'>): Promise<PauseResult> {
     const now = await this.d.store.sandbox(row.id);
     if (!now) throw sandboxNotFound(row.id);
-    return { sandbox: this.toSandbox(now), durationMs: r.durationMs, memoryBeforeBytes: r.memoryBeforeBytes, memoryAfterBytes: r.memoryAfterBytes, swapBytes: r.swapBytes };
+    return {
+      sandbox: this.toSandbox(now),
+      durationMs: r.durationMs,
+      memoryBeforeBytes: r.memoryBeforeBytes,
+      memoryAfterBytes: r.memoryAfterBytes,
+      swapBytes: r.swapBytes,
+    };
   }
 
   /** POST /v1/sandboxes/{id}/pause */
@@ -245,7 +258,12 @@ export class LifecycleService {
     for (const o of await store.expiredOwners(now)) {
       if (!(await store.transitionOwner(o.id, ['active'], 'lost'))) continue;
       const count = await store.ownedCount(o.id);
-      this.d.sinks.raise({ kind: 'owner.lost', severity: 'warning', message: `owner ${o.id}${o.name ? ` (${o.name})` : ''} sent no heartbeat for ${o.grace_ms} ms; it holds ${count} sandboxes`, data: { owner: o.id, project: o.project_id, graceMs: o.grace_ms, heartbeatAt: o.heartbeat_at, sandboxes: count } });
+      this.d.sinks.raise({
+        kind: 'owner.lost',
+        severity: 'warning',
+        message: `owner ${o.id}${o.name ? ` (${o.name})` : ''} sent no heartbeat for ${o.grace_ms} ms; it holds ${count} sandboxes`,
+        data: { owner: o.id, project: o.project_id, graceMs: o.grace_ms, heartbeatAt: o.heartbeat_at, sandboxes: count },
+      });
     }
     if (now - this.ownersCollectedAt >= 60_000) {
       this.ownersCollectedAt = now;
@@ -282,7 +300,14 @@ export class LifecycleService {
   }
 
   private raiseLeaseExceeded(row: SandboxTable, lease: string, action: string, why: string): void {
-    this.d.sinks.raise({ kind: 'lease.exceeded', severity: 'info', sandboxId: row.id, node: row.node, message: `sandbox ${row.id}: ${lease} exceeded (${why}); ${action}`, data: { lease, action, project: row.project_id } });
+    this.d.sinks.raise({
+      kind: 'lease.exceeded',
+      severity: 'info',
+      sandboxId: row.id,
+      node: row.node,
+      message: `sandbox ${row.id}: ${lease} exceeded (${why}); ${action}`,
+      data: { lease, action, project: row.project_id },
+    });
   }
 
   /** Destroys a sandbox whose maximum lifetime has passed (the watcher's expiry pass). */

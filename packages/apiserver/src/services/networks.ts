@@ -1,7 +1,16 @@
 // Sandbox networks: the policy of one sandbox (replace or patch), of every sandbox of a label
 // selector at once, its addresses and counters, and its egress log. Run-time deny-domain rules
 // of the project stay in every policy the API sets.
-import { DsecError, applyNetworkPatch, invalidArgument, MAX_NETWORK_APPLY_SANDBOXES, normalizeNetworkPolicy, NetworkPolicySchema, parseOrThrow, withDeniedNames } from '@dsec/protocol';
+import {
+  DsecError,
+  applyNetworkPatch,
+  invalidArgument,
+  MAX_NETWORK_APPLY_SANDBOXES,
+  normalizeNetworkPolicy,
+  NetworkPolicySchema,
+  parseOrThrow,
+  withDeniedNames,
+} from '@dsec/protocol';
 import type { ApplyNetworkRequest, EgressLogEntry, NetworkPolicy, NetworkPolicyPatch, SandboxNetwork, ApplyNetworkResult, EdgeClient } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -45,7 +54,10 @@ export class NetworkService {
     return this.serial.run(row.id, async () => {
       const denied = (await this.deniedNames?.(row.project_id)) ?? [];
       // A patched policy is checked as a whole (limits on rules and names) before it is applied.
-      const next = 'replace' in change ? change.replace : parseOrThrow(NetworkPolicySchema, applyNetworkPatch((await edge.networkInfo(row.id)).policy, change.patch), 'network');
+      const next =
+        'replace' in change
+          ? change.replace
+          : parseOrThrow(NetworkPolicySchema, applyNetworkPatch((await edge.networkInfo(row.id)).policy, change.patch), 'network');
       const info = await edge.setNetwork(row.id, normalizeNetworkPolicy(denied.length === 0 ? next : withDeniedNames(next, denied)));
       const spec = JSON.parse((await this.store.sandboxOnly(row.id))?.spec ?? row.spec) as Record<string, unknown>;
       await this.store.setSandboxSpec(row.id, JSON.stringify({ ...spec, network: info.policy }));

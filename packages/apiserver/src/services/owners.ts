@@ -40,7 +40,16 @@ export class OwnerService {
       throw new DsecError('QUOTA_EXCEEDED', `project ${p.projectId} has ${MAX_OWNERS_PER_PROJECT} active owner sessions; close some`, { retryAfterMs: 1000 });
     }
     const now = new Date().toISOString();
-    const row: OwnerTable = { id: newId('own'), project_id: p.projectId, name: req.name ?? null, grace_ms: req.graceMs ?? DEFAULT_OWNER_GRACE_MS, state: 'active', created_at: now, heartbeat_at: now, closed_at: null };
+    const row: OwnerTable = {
+      id: newId('own'),
+      project_id: p.projectId,
+      name: req.name ?? null,
+      grace_ms: req.graceMs ?? DEFAULT_OWNER_GRACE_MS,
+      state: 'active',
+      created_at: now,
+      heartbeat_at: now,
+      closed_at: null,
+    };
     await this.store.insertOwner(row);
     return toOwner(row, 0);
   }

@@ -38,7 +38,13 @@ function codeOf(err: unknown): string {
 /** Re-runs one step and says how it compares. */
 export async function replayStep(t: ReplayTarget, step: TrajectoryStep, signal?: AbortSignal): Promise<ReplayStep> {
   const t0 = performance.now();
-  const out = (verdict: ReplayStep['verdict'], extra: Partial<ReplayStep> = {}): ReplayStep => ({ seq: step.seq, kind: step.kind, verdict, durationMs: performance.now() - t0, ...extra });
+  const out = (verdict: ReplayStep['verdict'], extra: Partial<ReplayStep> = {}): ReplayStep => ({
+    seq: step.seq,
+    kind: step.kind,
+    verdict,
+    durationMs: performance.now() - t0,
+    ...extra,
+  });
   if (!step.replayable) return out('not-replayable', { reason: step.reason ?? 'not replayable' });
   if (step.kind === 'exec') return replayExec(t, step, out, signal);
   const data = step.data?.base64 !== undefined ? Buffer.from(step.data.base64, 'base64') : undefined;
@@ -66,7 +72,12 @@ export async function replayStep(t: ReplayTarget, step: TrajectoryStep, signal?:
   return out('exit-differs', { reason: `expected ${expectedError ?? 'success'}, got ${actualError ?? 'success'}`, expected, actual });
 }
 
-async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: ReplayStep['verdict'], extra?: Partial<ReplayStep>) => ReplayStep, signal?: AbortSignal): Promise<ReplayStep> {
+async function replayExec(
+  t: ReplayTarget,
+  step: TrajectoryStep,
+  out: (v: ReplayStep['verdict'], extra?: Partial<ReplayStep>) => ReplayStep,
+  signal?: AbortSignal,
+): Promise<ReplayStep> {
   const command = step.command ?? {};
   if (step.stdin && (step.stdin.base64 === undefined || step.stdin.partial)) return out('not-replayable', { reason: 'stdin was not kept' });
   const stdin = step.stdin?.base64 !== undefined ? Buffer.from(step.stdin.base64, 'base64') : undefined;
@@ -85,7 +96,11 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
   if (step.exit === null && step.error === undefined) {
     // Still running when recorded (a server, a watcher): start it again and let it run.
     try {
-      const running = await t.commands.spawn(t.target, { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec, step.via ?? 'stream');
+      const running = await t.commands.spawn(
+        t.target,
+        { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec,
+        step.via ?? 'stream',
+      );
       await running.leave();
     } catch (err) {
       if (signal?.aborted) throw err;
@@ -104,10 +119,16 @@ async function replayExec(t: ReplayTarget, step: TrajectoryStep, out: (v: Replay
     actual = { error: codeOf(err) };
   }
   if (step.error !== undefined || actual.error !== undefined) {
-    return step.error?.code === actual.error ? out('same', { expected, actual }) : out('exit-differs', { reason: `expected ${step.error?.code ?? 'an exit'}, got ${actual.error ?? 'an exit'}`, expected, actual });
+    return step.error?.code === actual.error
+      ? out('same', { expected, actual })
+      : out('exit-differs', { reason: `expected ${step.error?.code ?? 'an exit'}, got ${actual.error ?? 'an exit'}`, expected, actual });
   }
   if (step.exit?.exitCode !== actual.exitCode || step.exit?.signal !== actual.signal) {
-    return out('exit-differs', { reason: `exit ${describeExit(step.exit?.exitCode, step.exit?.signal)} recorded, ${describeExit(actual.exitCode, actual.signal)} now`, expected, actual });
+    return out('exit-differs', {
+      reason: `exit ${describeExit(step.exit?.exitCode, step.exit?.signal)} recorded, ${describeExit(actual.exitCode, actual.signal)} now`,
+      expected,
+      actual,
+    });
   }
   const lost = (step.stdout?.lostBytes ?? 0) + (step.stderr?.lostBytes ?? 0) + (rec?.stdout.lostBytes ?? 0) + (rec?.stderr.lostBytes ?? 0);
   if (lost > 0) return out('same', { reason: 'output was dropped before it was read: only the exit is compared', expected, actual });

@@ -29,7 +29,10 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
 
   test('an unknown layer is LAYER_NOT_FOUND naming the field, and nothing is left behind', async () => {
     const before = h.edge.sandboxes.size;
-    await assert.rejects(h.services.sandboxes.create(h.admin, { image: { base: 'nope' } }), (err: unknown) => err instanceof DsecError && err.code === 'LAYER_NOT_FOUND' && err.details.field === 'image.base');
+    await assert.rejects(
+      h.services.sandboxes.create(h.admin, { image: { base: 'nope' } }),
+      (err: unknown) => err instanceof DsecError && err.code === 'LAYER_NOT_FOUND' && err.details.field === 'image.base',
+    );
     assert.equal(h.edge.sandboxes.size, before);
   });
 
@@ -42,7 +45,12 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
 
   test('a batch reports a bad item alone and creates the others', async () => {
     const bad = new DsecError('INVALID_ARGUMENT', 'items.1.image: broken', { field: 'items.1.image' });
-    const result = await h.services.sandboxes.createBatch(h.admin, { items: [{ image: { base: 'busybox' } }, {}, { image: { base: 'busybox' } }] }, {}, new Map([[1, bad]]));
+    const result = await h.services.sandboxes.createBatch(
+      h.admin,
+      { items: [{ image: { base: 'busybox' } }, {}, { image: { base: 'busybox' } }] },
+      {},
+      new Map([[1, bad]]),
+    );
     assert.equal(result.created, 2);
     assert.equal(result.failed, 1);
     assert.equal(result.items[1]?.error?.code, 'INVALID_ARGUMENT');

@@ -1,7 +1,17 @@
 // Sandboxes as a resource: create (one, or a batch with per-item results), read, list, update
 // (lease, owner), stats. The create path itself is the CreatePipeline's.
 import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE } from '@dsec/protocol';
-import type { BatchItemResult, CreateSandboxBatchRequest, CreateSandboxBatchResult, CreateSandboxRequest, ListSandboxesQuery, Sandbox, SandboxRequest, SandboxStats, UpdateSandboxRequest } from '@dsec/protocol';
+import type {
+  BatchItemResult,
+  CreateSandboxBatchRequest,
+  CreateSandboxBatchResult,
+  CreateSandboxRequest,
+  ListSandboxesQuery,
+  Sandbox,
+  SandboxRequest,
+  SandboxStats,
+  UpdateSandboxRequest,
+} from '@dsec/protocol';
 import type { AdmissionQueue } from '../admission.js';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -99,7 +109,12 @@ export class SandboxService {
    * (or wait, if the batch asks to); a failed item leaves nothing behind. `items` that failed
    * their schema arrive as errors in `invalid` (index -> error), the others parsed.
    */
-  async createBatch(p: Principal, batch: CreateSandboxBatchRequest, opts: CreateBatchOptions = {}, invalid: ReadonlyMap<number, unknown> = new Map()): Promise<CreateSandboxBatchResult> {
+  async createBatch(
+    p: Principal,
+    batch: CreateSandboxBatchRequest,
+    opts: CreateBatchOptions = {},
+    invalid: ReadonlyMap<number, unknown> = new Map(),
+  ): Promise<CreateSandboxBatchResult> {
     requireRole(p, 'member');
     const { pipeline, idempotency, store } = this.d;
     const key = opts.idempotencyKey;
@@ -110,7 +125,8 @@ export class SandboxService {
     const count = batch.items?.length ?? batch.count ?? 0;
     const results: BatchItemResult[] = new Array<BatchItemResult>(count);
     const finish = (index: number, outcome: { sandbox: Sandbox } | { error: unknown }): void => {
-      const r: BatchItemResult = 'sandbox' in outcome ? { index, sandbox: outcome.sandbox } : { index, error: itemError(outcome.error, (l) => this.d.sinks.log(`${l} (a batch item)`)) };
+      const r: BatchItemResult =
+        'sandbox' in outcome ? { index, sandbox: outcome.sandbox } : { index, error: itemError(outcome.error, (l) => this.d.sinks.log(`${l} (a batch item)`)) };
       results[index] = r;
       opts.onItem?.(r);
     };
@@ -176,7 +192,9 @@ export class SandboxService {
               run: async () => {
                 try {
                   const again = await idempotency.acquire(projectId, k, it.item.requestHash, signal);
-                  finish(it.index, { sandbox: again.owned ? await pipeline.createHeld(projectId, it.item, admission, signal, k) : await pipeline.replayIdempotent(again.row) });
+                  finish(it.index, {
+                    sandbox: again.owned ? await pipeline.createHeld(projectId, it.item, admission, signal, k) : await pipeline.replayIdempotent(again.row),
+                  });
                 } catch (err) {
                   finish(it.index, { error: err });
                 }
@@ -206,9 +224,17 @@ export class SandboxService {
     // Quota for the rest in one transaction, placement in one pass, unless the project already
     // has creates waiting (they go first: these queue behind them, or are refused).
     const queued = this.d.admission.waiting(projectId) > 0;
-    const refusals = queued ? fresh.map(() => undefined) : await store.reserveMany(projectId, fresh.map((f) => reservationOf(f.item)));
+    const refusals = queued
+      ? fresh.map(() => undefined)
+      : await store.reserveMany(
+          projectId,
+          fresh.map((f) => reservationOf(f.item)),
+        );
     const admitted = queued ? [] : fresh.filter((_, i) => !refusals[i]);
-    const nodes = this.d.placement.placeMany(admitted.map((f) => placementOf(f.item)), this.d.nodes.all());
+    const nodes = this.d.placement.placeMany(
+      admitted.map((f) => placementOf(f.item)),
+      this.d.nodes.all(),
+    );
     const later: Array<{ index: number; item: CreateItem; refusal: DsecError | undefined }> = queued ? fresh.map((f) => ({ ...f, refusal: undefined })) : [];
     for (const [i, f] of admitted.entries()) {
       const node = nodes[i];
@@ -255,10 +281,19 @@ export class SandboxService {
       after = Buffer.from(q.cursor, 'base64url').toString('utf8');
       if (!/^[a-z0-9-]{1,128}$/.test(after)) throw invalidArgument('query.cursor', 'not a cursor from this API');
     }
-    const rows = await this.d.store.listSandboxes({ projectIds: [...p.visibleProjects], labels, ...(q.state ? { state: q.state } : {}), limit: limit + 1, ...(after ? { after } : {}) });
+    const rows = await this.d.store.listSandboxes({
+      projectIds: [...p.visibleProjects],
+      labels,
+      ...(q.state ? { state: q.state } : {}),
+      limit: limit + 1,
+      ...(after ? { after } : {}),
+    });
     const page = rows.slice(0, limit);
     const last = page[page.length - 1];
-    return { items: page.map((r) => this.d.lifecycle.toSandbox(r)), nextCursor: rows.length > limit && last ? Buffer.from(last.id).toString('base64url') : null };
+    return {
+      items: page.map((r) => this.d.lifecycle.toSandbox(r)),
+      nextCursor: rows.length > limit && last ? Buffer.from(last.id).toString('base64url') : null,
+    };
   }
 
   /**

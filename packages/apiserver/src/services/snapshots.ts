@@ -36,7 +36,9 @@ export class SnapshotService {
     const { row, edge } = await this.lifecycle.route(p, id, 'member', { paused: 'allow' });
     const spec = await specOf(this.store, row);
     if ((spec.snapshots?.length ?? 0) >= MAX_SNAPSHOT_DEPTH) {
-      throw new DsecError('CONFLICT', `sandbox ${id} sits on a chain of ${MAX_SNAPSHOT_DEPTH} snapshots, the most there can be; start again from an image`, { sandboxId: id });
+      throw new DsecError('CONFLICT', `sandbox ${id} sits on a chain of ${MAX_SNAPSHOT_DEPTH} snapshots, the most there can be; start again from an image`, {
+        sandboxId: id,
+      });
     }
     const seq = await this.trajectory.position(row.id);
     const info = await edge.snapshot(row.id, signal ? { signal } : {});

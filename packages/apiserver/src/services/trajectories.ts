@@ -115,7 +115,14 @@ export class TrajectoryService {
     const timeoutMs = req.timeoutMs ?? spec.timeoutMs;
     const sandbox = await this.d.sandboxes.create(
       owner,
-      { backend: spec.backend as BackendKind, ...start, resources, ...(env ? { env } : {}), ...(labels ? { labels } : {}), ...(timeoutMs !== undefined ? { timeoutMs } : {}) },
+      {
+        backend: spec.backend as BackendKind,
+        ...start,
+        resources,
+        ...(env ? { env } : {}),
+        ...(labels ? { labels } : {}),
+        ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+      },
       signal ? { signal } : {},
     );
     onEvent?.({ type: 'sandbox', sandbox, fromSeq });

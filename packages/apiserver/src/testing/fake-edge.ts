@@ -35,7 +35,18 @@ export function fakeOutput(spec: ExecSpec): string {
 }
 
 function exitOf(code: number): ExitInfo {
-  return { exitCode: code, signal: null, timedOut: false, oomKilled: false, durationMs: 1, cpuUserMs: 0, cpuSysMs: 0, peakMemoryKiB: 0, stdoutBytes: 0, stderrBytes: 0 };
+  return {
+    exitCode: code,
+    signal: null,
+    timedOut: false,
+    oomKilled: false,
+    durationMs: 1,
+    cpuUserMs: 0,
+    cpuSysMs: 0,
+    peakMemoryKiB: 0,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+  };
 }
 
 /** A layer as a fake node holds it. */
@@ -124,7 +135,17 @@ export class FakeEdge implements EdgeClient {
     this.maybeFail('create');
     const id = opts.id ?? `${this.nodeName}-${this.sandboxes.size}`;
     const layers = [spec.image.base, spec.image.workspace, ...(spec.image.toolkits ?? []), ...(spec.snapshots ?? [])].filter((l): l is string => !!l);
-    const sb = { id, node: this.nodeName, backend: spec.backend ?? 'container', state: 'running' as const, spec, layers, createdAt: new Date().toISOString(), files: new Map<string, Uint8Array>(), policy: spec.network ?? { mode: 'none' as const } };
+    const sb = {
+      id,
+      node: this.nodeName,
+      backend: spec.backend ?? 'container',
+      state: 'running' as const,
+      spec,
+      layers,
+      createdAt: new Date().toISOString(),
+      files: new Map<string, Uint8Array>(),
+      policy: spec.network ?? { mode: 'none' as const },
+    };
     this.sandboxes.set(id, sb);
     return sb;
   }
@@ -226,7 +247,9 @@ export class FakeEdge implements EdgeClient {
 
   async listDir(id: string, path: string): Promise<FileStat[]> {
     const prefix = path.endsWith('/') ? path : `${path}/`;
-    return [...this.entry(id).files.entries()].filter(([p]) => p.startsWith(prefix)).map(([p, d]) => ({ name: p.slice(prefix.length), path: p, type: 'file', size: d.length }) as unknown as FileStat);
+    return [...this.entry(id).files.entries()]
+      .filter(([p]) => p.startsWith(prefix))
+      .map(([p, d]) => ({ name: p.slice(prefix.length), path: p, type: 'file', size: d.length }) as unknown as FileStat);
   }
 
   async stat(id: string, path: string): Promise<FileStat> {

@@ -97,7 +97,6 @@ const MAX_RECLAIM_PASSES = 4;
 /** A pass that frees less than this ends the reclaim. */
 const RECLAIM_PROGRESS_BYTES = 1048576;
 
-
 /** Address ranges of a process worth reading back in: everything but the kernel's own pages. */
 async function prefetchRanges(pid: number): Promise<Array<[bigint, bigint]>> {
   const maps = await readFile(`/proc/${pid}/maps`, 'utf8').catch(() => '');
@@ -374,7 +373,13 @@ export class Cgroups {
     const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));
     const out: string[] = [];
     for (const d of dirs) {
-      if (await stat(d).then(() => true, () => false)) out.push(d);
+      if (
+        await stat(d).then(
+          () => true,
+          () => false,
+        )
+      )
+        out.push(d);
     }
     return out;
   }

@@ -27,8 +27,13 @@ const MAX_ID = 4_294_967_294;
 /** Checks an id shift; INVALID_ARGUMENT naming the field when it cannot be a range. */
 export function checkIdShift(shift: IdShift): Required<IdShift> {
   const count = shift.count ?? DEFAULT_ID_RANGE;
-  for (const [field, v] of [['uid', shift.uid], ['gid', shift.gid], ['count', count]] as const) {
-    if (!Number.isSafeInteger(v) || v < 0 || v > MAX_ID) throw new DsecError('INVALID_ARGUMENT', `idShift.${field}: must be an integer id`, { field: `idShift.${field}` });
+  for (const [field, v] of [
+    ['uid', shift.uid],
+    ['gid', shift.gid],
+    ['count', count],
+  ] as const) {
+    if (!Number.isSafeInteger(v) || v < 0 || v > MAX_ID)
+      throw new DsecError('INVALID_ARGUMENT', `idShift.${field}: must be an integer id`, { field: `idShift.${field}` });
   }
   if (count < 1 || shift.uid + count - 1 > MAX_ID || shift.gid + count - 1 > MAX_ID) {
     throw new DsecError('INVALID_ARGUMENT', 'idShift.count: the range must hold 1 or more valid ids', { field: 'idShift.count' });

@@ -116,7 +116,12 @@ export class SecurityMonitor {
     }
     if (this.watcher.overflowed && !this.overflowReported) {
       this.overflowReported = true;
-      this.o.raise({ kind: 'protected-path.write', severity: 'warning', message: 'the watch queue overflowed: some changes to watched paths were not seen', data: { overflow: true } });
+      this.o.raise({
+        kind: 'protected-path.write',
+        severity: 'warning',
+        message: 'the watch queue overflowed: some changes to watched paths were not seen',
+        data: { overflow: true },
+      });
     }
   }
 

@@ -112,7 +112,7 @@ export class UpperWatcher {
         break; // EAGAIN
       }
       if (n <= 0) break;
-      for (let off = 0; off + META_BYTES <= n; ) {
+      for (let off = 0; off + META_BYTES <= n;) {
         const len = this.buf.readUInt32LE(off);
         if (len < META_BYTES || off + len > n) break;
         seen++;

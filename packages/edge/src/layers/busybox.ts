@@ -19,7 +19,13 @@ const FILES: Record<string, string> = {
 };
 
 const DIRS: Record<string, number> = {
-  bin: 0o755, etc: 0o755, tmp: 0o1777, root: 0o700, proc: 0o555, sys: 0o555, dev: 0o755,
+  bin: 0o755,
+  etc: 0o755,
+  tmp: 0o1777,
+  root: 0o700,
+  proc: 0o555,
+  sys: 0o555,
+  dev: 0o755,
 };
 
 /**

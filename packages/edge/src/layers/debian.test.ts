@@ -37,15 +37,26 @@ test('python3 and git on a minbase bookworm', { timeout: 600_000 }, async () => 
     { type: 'debian', suite: 'bookworm', packages: ['python3', 'git'], variant: 'minbase' },
     { kind: 'base', name: 'debian/python-git', onProgress: (m) => progress.push(m) },
   );
-  assert.ok(progress.some((m) => m.startsWith('I: ')), 'mmdebstrap progress reaches onProgress');
+  assert.ok(
+    progress.some((m) => m.startsWith('I: ')),
+    'mmdebstrap progress reaches onProgress',
+  );
   assert.deepEqual(info.names, ['debian/python-git:latest']);
   assert.deepEqual(readdirSync(join(dir, 'layers/tmp')), [], 'build dir removed');
   const mnt = await store.acquire(info.digest);
   try {
     for (const bin of ['usr/bin/python3', 'usr/bin/git', 'bin/sh']) assert.ok(existsSync(join(mnt, bin)), bin);
     assert.ok(statSync(join(mnt, 'usr/bin/python3')).mode & 0o111);
-    assert.deepEqual(readdirSync(join(mnt, 'var/cache/apt/archives')).filter((f) => f.endsWith('.deb')), [], 'no cached .debs');
-    assert.deepEqual(readdirSync(join(mnt, 'var/lib/apt/lists')).filter((f) => f.endsWith('Packages')), [], 'no apt lists');
+    assert.deepEqual(
+      readdirSync(join(mnt, 'var/cache/apt/archives')).filter((f) => f.endsWith('.deb')),
+      [],
+      'no cached .debs',
+    );
+    assert.deepEqual(
+      readdirSync(join(mnt, 'var/lib/apt/lists')).filter((f) => f.endsWith('Packages')),
+      [],
+      'no apt lists',
+    );
   } finally {
     await store.release(info.digest);
   }

@@ -37,7 +37,9 @@ export async function buildDebianTree(dest: string, opts: DebianTreeOptions): Pr
     if (!PACKAGE_RE.test(p)) throw new DsecError('INVALID_ARGUMENT', `source.packages: not a package name: ${p}`, { field: 'source.packages' });
   }
   const mirrors = await hostMirrors(suite, opts.aptDir ?? '/etc/apt');
-  onProgress?.(`mmdebstrap ${suite} (${variant}) with ${packages.length} package(s) from ${[...new Set(mirrors.map((m) => m.split(' ')[2] ?? ''))].join(', ') || 'the default mirror'}`);
+  onProgress?.(
+    `mmdebstrap ${suite} (${variant}) with ${packages.length} package(s) from ${[...new Set(mirrors.map((m) => m.split(' ')[2] ?? ''))].join(', ') || 'the default mirror'}`,
+  );
   const args = [`--variant=${variant}`, '--mode=root', '--format=directory'];
   if (packages.length > 0) args.push(`--include=${packages.join(',')}`);
   args.push('--', suite, dest, ...mirrors);

@@ -94,7 +94,9 @@ function crc32c(seed: number, data: Uint8Array): number {
  * changes over different parents (an empty upper over two bases, say) are different layers.
  */
 export function snapshotUuid(parents: readonly string[]): string {
-  const h = createHash('sha256').update('dsec-snapshot\n' + parents.join('\n')).digest('hex');
+  const h = createHash('sha256')
+    .update('dsec-snapshot\n' + parents.join('\n'))
+    .digest('hex');
   return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20, 32)}`;
 }
 
@@ -117,13 +119,7 @@ export interface ToolResult {
  * Runs a host tool to completion; a non-zero exit is an error carrying the tail of stderr.
  * Each complete stderr/stdout line is passed to `onLine` as it arrives.
  */
-export function runTool(
-  cmd: string,
-  args: string[],
-  signal?: AbortSignal,
-  onLine?: (line: string) => void,
-  env?: NodeJS.ProcessEnv,
-): Promise<ToolResult> {
+export function runTool(cmd: string, args: string[], signal?: AbortSignal, onLine?: (line: string) => void, env?: NodeJS.ProcessEnv): Promise<ToolResult> {
   return new Promise((resolve, reject) => {
     signal?.throwIfAborted();
     const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: env ?? process.env, ...(signal ? { signal } : {}) });

@@ -105,10 +105,7 @@ async function ociLayers(root: string, index: unknown, depth: number): Promise<L
   if (!Array.isArray(manifests) || manifests.length === 0) throw invalid('index.json: no manifests');
   const descs = manifests.map(descriptor);
   const arch = process.arch === 'x64' ? 'amd64' : process.arch;
-  const chosen =
-    descs.find((d) => d.platform?.os === 'linux' && d.platform.architecture === arch) ??
-    descs.find((d) => d.platform === undefined) ??
-    descs[0]!;
+  const chosen = descs.find((d) => d.platform?.os === 'linux' && d.platform.architecture === arch) ?? descs.find((d) => d.platform === undefined) ?? descs[0]!;
   const doc = await readBlobJson(root, chosen.digest);
   const mediaType = chosen.mediaType ?? (doc as { mediaType?: string }).mediaType;
   if (mediaType !== undefined && INDEX_TYPES.has(mediaType)) return ociLayers(root, doc, depth + 1);

@@ -162,7 +162,8 @@ export class LayerStore {
       switch (source.type) {
         case 'upper': {
           const st = await stat(source.dir).catch(() => null);
-          if (!st?.isDirectory()) throw new DsecError('INVALID_ARGUMENT', `source.dir: not a directory: ${source.dir}`, { field: 'source.dir', path: source.dir });
+          if (!st?.isDirectory())
+            throw new DsecError('INVALID_ARGUMENT', `source.dir: not a directory: ${source.dir}`, { field: 'source.dir', path: source.dir });
           tree = source.dir;
           uuid = snapshotUuid(source.parents);
           shift = source.idShift;
@@ -170,7 +171,8 @@ export class LayerStore {
         }
         case 'dir': {
           const st = await stat(source.path).catch(() => null);
-          if (!st?.isDirectory()) throw new DsecError('INVALID_ARGUMENT', `source.path: not a directory: ${source.path}`, { field: 'source.path', path: source.path });
+          if (!st?.isDirectory())
+            throw new DsecError('INVALID_ARGUMENT', `source.path: not a directory: ${source.path}`, { field: 'source.path', path: source.path });
           tree = source.path;
           break;
         }
@@ -222,7 +224,8 @@ export class LayerStore {
         await mkfsErofs(dir, join(out, META_FILE), join(out, BLOB_FILE), { chunkSizeBytes: this.chunkSizeBytes, uuid, signal });
         return counted;
       };
-      const { files, contentBytes } = shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
+      const { files, contentBytes } =
+        shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
       await opts.onSourceRead?.();
       const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
       signal?.throwIfAborted();
@@ -429,7 +432,10 @@ export class LayerStore {
   private info(hex: string): LayerInfo {
     const layer = this.layers.get(hex);
     if (layer === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer sha256:${hex}`, { layer: `sha256:${hex}` });
-    const names = [...this.names].filter(([, h]) => h === hex).map(([n]) => n).sort();
+    const names = [...this.names]
+      .filter(([, h]) => h === hex)
+      .map(([n]) => n)
+      .sort();
     return { ...layer, labels: { ...layer.labels }, names };
   }
 
@@ -532,4 +538,3 @@ async function countTree(dir: string): Promise<{ files: number; contentBytes: nu
   await walk(dir);
   return { files, contentBytes };
 }
-

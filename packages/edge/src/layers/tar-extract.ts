@@ -300,7 +300,10 @@ export class TarExtractor {
         const rel = comps.slice(0, i + 1).join('/');
         if (!this.dirMeta.has(rel)) this.dirMeta.set(rel, { mode: 0o755, uid: 0, gid: 0, mtime: EPOCH });
       } else if (!st.isDirectory()) {
-        throw invalid(`${comps.join('/')}: parent ${comps.slice(0, i + 1).join('/')} is ${st.isSymbolicLink() ? 'a symlink' : 'not a directory'}`, comps.join('/'));
+        throw invalid(
+          `${comps.join('/')}: parent ${comps.slice(0, i + 1).join('/')} is ${st.isSymbolicLink() ? 'a symlink' : 'not a directory'}`,
+          comps.join('/'),
+        );
       }
     }
     return path;

@@ -47,7 +47,13 @@ async function ask(stub: DnsStub, msg: Buffer, from = '127.0.0.1', overTcp = fal
 
 describe('DNS stub', () => {
   const node = { pool: parseCidr('10.213.0.0/16')!, localAddresses: [] };
-  const view = compilePolicy('sb', '127.0.0.1', { mode: 'allowlist', allow: [{ host: 'api.test' }, { host: 'rebind.test' }, { host: 'ghost.test' }], allowAddresses: ['127.0.0.2'] }, 1, node);
+  const view = compilePolicy(
+    'sb',
+    '127.0.0.1',
+    { mode: 'allowlist', allow: [{ host: 'api.test' }, { host: 'rebind.test' }, { host: 'ghost.test' }], allowAddresses: ['127.0.0.2'] },
+    1,
+    node,
+  );
   const log: EgressLogEntry[] = [];
   let stub: DnsStub;
 

@@ -216,7 +216,13 @@ export class DnsStub {
     if (addresses.length === 0) return buildResponse(q.id, q.rd, RCODE.NXDOMAIN, q.raw);
     const usable = addresses.filter((ip) => view.addressAllowed(ip));
     if (usable.length === 0) {
-      this.o.log({ ...entry, verdict: 'denied', ...(verdict.rule ? { rule: verdict.rule } : {}), address: addresses[0] as string, reason: 'resolves only to addresses the policy does not name' });
+      this.o.log({
+        ...entry,
+        verdict: 'denied',
+        ...(verdict.rule ? { rule: verdict.rule } : {}),
+        address: addresses[0] as string,
+        reason: 'resolves only to addresses the policy does not name',
+      });
       return buildResponse(q.id, q.rd, RCODE.NXDOMAIN, q.raw);
     }
     this.o.log({ ...entry, verdict: 'allowed', ...(verdict.rule ? { rule: verdict.rule } : {}), address: usable[0] as string });

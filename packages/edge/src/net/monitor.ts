@@ -52,7 +52,18 @@ export class EgressMonitor {
   private logOf(id: string): SandboxLog {
     let l = this.logs.get(id);
     if (!l) {
-      l = { entries: [], start: 0, counts: { allowed: 0, denied: 0 }, recentDenied: new Map(), raisedFor: new Map(), eventsThisMinute: 0, minuteStart: 0, suppressed: 0, lastScanEvent: 0, kernelSeen: new Map() };
+      l = {
+        entries: [],
+        start: 0,
+        counts: { allowed: 0, denied: 0 },
+        recentDenied: new Map(),
+        raisedFor: new Map(),
+        eventsThisMinute: 0,
+        minuteStart: 0,
+        suppressed: 0,
+        lastScanEvent: 0,
+        kernelSeen: new Map(),
+      };
       this.logs.set(id, l);
     }
     return l;
@@ -105,7 +116,13 @@ export class EgressMonitor {
       data.suppressed = l.suppressed;
       l.suppressed = 0;
     }
-    this.raise({ kind: 'egress.denied', severity: 'warning', sandboxId: e.sandboxId, message: `egress to ${e.host}:${e.port} (${data.protocol}, ${e.via}) denied: ${e.reason ?? 'not allowed'}`, data });
+    this.raise({
+      kind: 'egress.denied',
+      severity: 'warning',
+      sandboxId: e.sandboxId,
+      message: `egress to ${e.host}:${e.port} (${data.protocol}, ${e.via}) denied: ${e.reason ?? 'not allowed'}`,
+      data,
+    });
   }
 
   private scanCheck(l: SandboxLog, e: EgressLogEntry, dest: string, now: number): void {

@@ -397,7 +397,10 @@ export class NodeNetwork implements SandboxResolver {
       });
       return { slice, dns, proxy, kernelLog, links: new LinkMaker(this.deps.netlinkBinary), slots: new SlotAllocator(slice.slots) };
     } catch (err) {
-      for (const step of undo.reverse()) await Promise.resolve().then(step).catch(() => undefined);
+      for (const step of undo.reverse())
+        await Promise.resolve()
+          .then(step)
+          .catch(() => undefined);
       throw err;
     }
   }
@@ -413,7 +416,12 @@ export class NodeNetwork implements SandboxResolver {
       port: p.port,
       protocol,
       verdict: 'denied',
-      reason: p.reason === 'spoofed' ? `source address ${p.source} is not the sandbox's` : p.family === 6 ? 'IPv6 is not allowed' : 'only the gateway DNS and proxy are reachable',
+      reason:
+        p.reason === 'spoofed'
+          ? `source address ${p.source} is not the sandbox's`
+          : p.family === 6
+            ? 'IPv6 is not allowed'
+            : 'only the gateway DNS and proxy are reachable',
     });
   }
 

@@ -26,7 +26,12 @@ describe('compiled policies', () => {
   });
 
   test('denied names win over rules and presets, and survive patches', () => {
-    const v = view({ mode: 'allowlist', allow: [{ host: '*.example.com' }], presets: ['npm'], deny: ['secret.example.com', '*.hidden.example.com', 'registry.npmjs.org'] });
+    const v = view({
+      mode: 'allowlist',
+      allow: [{ host: '*.example.com' }],
+      presets: ['npm'],
+      deny: ['secret.example.com', '*.hidden.example.com', 'registry.npmjs.org'],
+    });
     assert.equal(v.allows('api.example.com', 443).allowed, true);
     assert.deepEqual(v.allows('Secret.Example.com.', 443), { allowed: false, rule: 'deny:secret.example.com', reason: 'denied by secret.example.com' });
     assert.equal(v.allows('a.b.hidden.example.com', 443).allowed, false);
@@ -66,7 +71,11 @@ describe('policy patches', () => {
     let p: NetworkPolicy = { mode: 'none' };
     p = applyNetworkPatch(p, { presets: { add: ['npm'] } });
     assert.deepEqual(p, { mode: 'allowlist', presets: ['npm'] });
-    p = applyNetworkPatch(p, { allow: { add: [{ host: 'a.test' }, { host: 'B.test', ports: [1] }] }, allowAddresses: { add: ['127.0.0.2'] }, mirrors: { npm: { freeze: '2024-01-01' } } });
+    p = applyNetworkPatch(p, {
+      allow: { add: [{ host: 'a.test' }, { host: 'B.test', ports: [1] }] },
+      allowAddresses: { add: ['127.0.0.2'] },
+      mirrors: { npm: { freeze: '2024-01-01' } },
+    });
     p = applyNetworkPatch(p, { allow: { add: [{ host: 'b.test', ports: [2] }], remove: ['a.test'] }, presets: { remove: ['npm'] } });
     assert.deepEqual(p.allow, [{ host: 'b.test', ports: [2] }]);
     assert.equal(p.presets, undefined);

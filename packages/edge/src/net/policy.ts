@@ -18,7 +18,7 @@ export function rangesOf(cidrs: readonly string[]): Range[] {
 /** True when the address (as a number) lies in the range. */
 export function inRange(ip: number, r: Range): boolean {
   const mask = r.prefix === 0 ? 0 : (0xffffffff << (32 - r.prefix)) >>> 0;
-  return ((ip & mask) >>> 0) === r.base;
+  return (ip & mask) >>> 0 === r.base;
 }
 
 /** Never dialled, whatever a policy says: "this host", multicast, reserved and broadcast. */

@@ -61,14 +61,14 @@ export async function claimSlice(home: string, pool: string, slicePrefix: number
   const range = parseCidr(pool);
   if (!range) throw new DsecError('INVALID_ARGUMENT', `network pool ${pool} is not an IPv4 range`, { field: 'network.pool' });
   if (!(slicePrefix >= range.prefix && slicePrefix <= 29)) {
-    throw new DsecError('INVALID_ARGUMENT', `network slice /${slicePrefix} does not fit the pool ${pool} (or is smaller than a /29)`, { field: 'network.slicePrefix' });
+    throw new DsecError('INVALID_ARGUMENT', `network slice /${slicePrefix} does not fit the pool ${pool} (or is smaller than a /29)`, {
+      field: 'network.slicePrefix',
+    });
   }
   await mkdir(CLAIMS_DIR, { recursive: true, mode: 0o700 });
   const owner = async (dir: string): Promise<string | undefined> => readFile(path.join(dir, 'home'), 'utf8').catch(() => undefined);
   const claims = async (): Promise<Array<{ name: string; range: Range }>> =>
-    (await readdir(CLAIMS_DIR))
-      .map((name) => ({ name, range: fromClaimName(name) }))
-      .filter((c): c is { name: string; range: Range } => c.range !== undefined);
+    (await readdir(CLAIMS_DIR)).map((name) => ({ name, range: fromClaimName(name) })).filter((c): c is { name: string; range: Range } => c.range !== undefined);
 
   for (const c of await claims()) {
     if ((await owner(path.join(CLAIMS_DIR, c.name))) === home && overlaps(c.range, range) && c.range.prefix === slicePrefix) return sliceOf(c.range);
@@ -81,14 +81,24 @@ export async function claimSlice(home: string, pool: string, slicePrefix: number
     for (const c of taken) {
       const dir = path.join(CLAIMS_DIR, c.name);
       const who = await owner(dir);
-      const alive = who !== undefined && (await access(who).then(() => true, () => false));
+      const alive =
+        who !== undefined &&
+        (await access(who).then(
+          () => true,
+          () => false,
+        ));
       if (alive) {
         free = false;
         continue;
       }
       // Stale: move it aside first (only one claimer wins the rename), then clean up after it.
       const aside = `${dir}.stale-${process.pid}-${Date.now()}`;
-      if (!(await rename(dir, aside).then(() => true, () => false))) {
+      if (
+        !(await rename(dir, aside).then(
+          () => true,
+          () => false,
+        ))
+      ) {
         free = false;
         continue;
       }
@@ -101,7 +111,12 @@ export async function claimSlice(home: string, pool: string, slicePrefix: number
     await mkdir(tmp);
     await writeFile(path.join(tmp, 'home'), home);
     // rename(2) onto a missing name is atomic, and fails when another home got there first.
-    if (await rename(tmp, dir).then(() => true, () => false)) {
+    if (
+      await rename(tmp, dir).then(
+        () => true,
+        () => false,
+      )
+    ) {
       const mine = await owner(dir);
       if (mine === home) return sliceOf(candidate);
     }
@@ -128,7 +143,8 @@ export class SlotAllocator {
 
   /** Takes a free slot. */
   take(): number {
-    if (this.used.size >= this.slots) throw new DsecError('CAPACITY_EXHAUSTED', `all ${this.slots} sandbox network addresses of this node are in use`, { retryAfterMs: 1000 });
+    if (this.used.size >= this.slots)
+      throw new DsecError('CAPACITY_EXHAUSTED', `all ${this.slots} sandbox network addresses of this node are in use`, { retryAfterMs: 1000 });
     for (;;) {
       const slot = this.next;
       this.next = (this.next % this.slots) + 1;

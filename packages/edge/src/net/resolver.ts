@@ -57,10 +57,7 @@ export class HostsResolver implements NameResolver {
     }
     if (!signal) return pending;
     signal.throwIfAborted();
-    return Promise.race([
-      pending,
-      new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true })),
-    ]);
+    return Promise.race([pending, new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true }))]);
   }
 
   private async query(name: string): Promise<string[]> {

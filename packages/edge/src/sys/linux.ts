@@ -67,9 +67,22 @@ export const MS = {
 export const MNT = { FORCE: 1, DETACH: 2 } as const;
 
 const ERRNO_NAMES: Record<number, string> = {
-  1: 'EPERM', 2: 'ENOENT', 5: 'EIO', 13: 'EACCES', 16: 'EBUSY', 17: 'EEXIST', 20: 'ENOTDIR',
-  22: 'EINVAL', 28: 'ENOSPC', 36: 'ENAMETOOLONG', 98: 'EADDRINUSE', 19: 'ENODEV', 61: 'ENODATA',
-  3: 'ESRCH', 12: 'ENOMEM', 38: 'ENOSYS',
+  1: 'EPERM',
+  2: 'ENOENT',
+  5: 'EIO',
+  13: 'EACCES',
+  16: 'EBUSY',
+  17: 'EEXIST',
+  20: 'ENOTDIR',
+  22: 'EINVAL',
+  28: 'ENOSPC',
+  36: 'ENAMETOOLONG',
+  98: 'EADDRINUSE',
+  19: 'ENODEV',
+  61: 'ENODATA',
+  3: 'ESRCH',
+  12: 'ENOMEM',
+  38: 'ENOSYS',
 };
 
 /** An error from a failed system call, carrying its errno name. */
@@ -112,8 +125,16 @@ export function idmappedBind(source: string, target: string, usernsFd: number): 
     const attr = Buffer.alloc(32); // struct mount_attr: attr_set, attr_clr, propagation, userns_fd
     attr.writeBigUInt64LE(BigInt(MOUNT_ATTR_IDMAP), 0);
     attr.writeBigUInt64LE(BigInt(usernsFd), 24);
-    check(c.syscall(SYS_MOUNT_SETATTR, 'int', tree, 'str', '', 'uint', AT_EMPTY_PATH | AT_RECURSIVE, 'void *', attr, 'size_t', attr.length), 'mount_setattr', source);
-    check(c.syscall(SYS_MOVE_MOUNT, 'int', tree, 'str', '', 'int', AT_FDCWD, 'str', target, 'uint', MOVE_MOUNT_F_EMPTY_PATH), 'move_mount', `${source} to ${target}`);
+    check(
+      c.syscall(SYS_MOUNT_SETATTR, 'int', tree, 'str', '', 'uint', AT_EMPTY_PATH | AT_RECURSIVE, 'void *', attr, 'size_t', attr.length),
+      'mount_setattr',
+      source,
+    );
+    check(
+      c.syscall(SYS_MOVE_MOUNT, 'int', tree, 'str', '', 'int', AT_FDCWD, 'str', target, 'uint', MOVE_MOUNT_F_EMPTY_PATH),
+      'move_mount',
+      `${source} to ${target}`,
+    );
   } finally {
     c.close(tree);
   }

@@ -20,7 +20,11 @@ export function fileRoutes({ services: { lifecycle, files } }: RouterDeps) {
       .put('/sandboxes/:id/files', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const q = c.get('query');
-        await files.write(t, q.path, uploadBody(c), { mode: q.mode ? parseInt(q.mode, 8) : undefined, append: q.append === 'true', limitBytes: MAX_UPLOAD_BYTES });
+        await files.write(t, q.path, uploadBody(c), {
+          mode: q.mode ? parseInt(q.mode, 8) : undefined,
+          append: q.append === 'true',
+          limitBytes: MAX_UPLOAD_BYTES,
+        });
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files', path, async (c) => {

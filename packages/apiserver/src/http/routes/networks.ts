@@ -8,8 +8,14 @@ import { jsonBody, query } from '../validate.js';
 export function networkRoutes({ services: { networks } }: RouterDeps) {
   return router()
     .get('/sandboxes/:id/network', async (c) => c.json(await networks.get(c.get('principal'), c.req.param('id'))))
-    .put('/sandboxes/:id/network', jsonBody(NetworkPolicySchema, 'network'), async (c) => c.json(await networks.change(c.get('principal'), c.req.param('id'), { replace: c.get('body') })))
-    .patch('/sandboxes/:id/network', jsonBody(NetworkPolicyPatchSchema, 'network'), async (c) => c.json(await networks.change(c.get('principal'), c.req.param('id'), { patch: c.get('body') })))
-    .get('/sandboxes/:id/network/log', query(NetworkLogQuerySchema), async (c) => c.json({ items: await networks.log(c.get('principal'), c.req.param('id'), c.get('query').limit ?? DEFAULT_NETWORK_LOG_LIMIT), nextCursor: null }))
+    .put('/sandboxes/:id/network', jsonBody(NetworkPolicySchema, 'network'), async (c) =>
+      c.json(await networks.change(c.get('principal'), c.req.param('id'), { replace: c.get('body') })),
+    )
+    .patch('/sandboxes/:id/network', jsonBody(NetworkPolicyPatchSchema, 'network'), async (c) =>
+      c.json(await networks.change(c.get('principal'), c.req.param('id'), { patch: c.get('body') })),
+    )
+    .get('/sandboxes/:id/network/log', query(NetworkLogQuerySchema), async (c) =>
+      c.json({ items: await networks.log(c.get('principal'), c.req.param('id'), c.get('query').limit ?? DEFAULT_NETWORK_LOG_LIMIT), nextCursor: null }),
+    )
     .post('/network:apply', jsonBody(ApplyNetworkRequestSchema), async (c) => c.json(await networks.apply(c.get('principal'), c.get('body'))));
 }

@@ -67,9 +67,13 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
         await lifecycle.destroy(c.get('principal'), c.req.param('id'));
         return c.body(null, 204);
       })
-      .patch('/sandboxes/:id', jsonBody(UpdateSandboxRequestSchema), async (c) => c.json(await sandboxes.update(c.get('principal'), c.req.param('id'), c.get('body'))))
+      .patch('/sandboxes/:id', jsonBody(UpdateSandboxRequestSchema), async (c) =>
+        c.json(await sandboxes.update(c.get('principal'), c.req.param('id'), c.get('body'))),
+      )
       .post('/sandboxes/:id/pause', async (c) => c.json(await lifecycle.pause(c.get('principal'), c.req.param('id'))))
-      .post('/sandboxes/:id/resume', jsonBody(ResumeRequestSchema), async (c) => c.json(await lifecycle.resume(c.get('principal'), c.req.param('id'), c.get('body'))))
+      .post('/sandboxes/:id/resume', jsonBody(ResumeRequestSchema), async (c) =>
+        c.json(await lifecycle.resume(c.get('principal'), c.req.param('id'), c.get('body'))),
+      )
       .get('/sandboxes/:id/stats', async (c) => c.json(await sandboxes.stats(c.get('principal'), c.req.param('id'))))
   );
 }
@@ -78,7 +82,14 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
  * A batch as ndjson: one line per item as it finishes, then a summary. Resolves once the batch
  * is accepted, so that a refusal of the whole batch (a bad spec) is still a plain error reply.
  */
-async function batchEvents(sandboxes: SandboxService, p: Principal, batch: CreateSandboxBatchRequest, invalid: Map<number, unknown>, opts: CreateBatchOptions, log: (line: string) => void): Promise<AsyncGenerator<BatchEvent>> {
+async function batchEvents(
+  sandboxes: SandboxService,
+  p: Principal,
+  batch: CreateSandboxBatchRequest,
+  invalid: Map<number, unknown>,
+  opts: CreateBatchOptions,
+  log: (line: string) => void,
+): Promise<AsyncGenerator<BatchEvent>> {
   const t0 = performance.now();
   const lines: BatchEvent[] = [];
   let wake: (() => void) | undefined;

@@ -10,9 +10,15 @@ import { jsonBody, query, wantsNdjson } from '../validate.js';
 /** Snapshots, forks, trajectories and replay. */
 export function snapshotRoutes({ services: { snapshots, trajectories }, log }: RouterDeps) {
   return router()
-    .post('/sandboxes/:id/snapshot', jsonBody(SnapshotRequestSchema), async (c) => c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201))
-    .post('/sandboxes/:id/fork', jsonBody(ForkRequestSchema), async (c) => c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201))
-    .get('/sandboxes/:id/trajectory', query(TrajectoryQuerySchema), async (c) => c.json(await trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))))
+    .post('/sandboxes/:id/snapshot', jsonBody(SnapshotRequestSchema), async (c) =>
+      c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
+    )
+    .post('/sandboxes/:id/fork', jsonBody(ForkRequestSchema), async (c) =>
+      c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
+    )
+    .get('/sandboxes/:id/trajectory', query(TrajectoryQuerySchema), async (c) =>
+      c.json(await trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))),
+    )
     .post('/sandboxes/:id/replay', jsonBody(ReplayRequestSchema), async (c) => {
       const p = c.get('principal');
       const id = c.req.param('id');

@@ -184,7 +184,11 @@ export class ContainerBackend implements Backend {
       // chain under a long state path) must be refused here, not fail inside dsec-launch.
       const optionBytes = Buffer.byteLength(`lowerdir=${lowers.join(':')},upperdir=${p.upper},workdir=${p.work}`);
       if (optionBytes >= MAX_MOUNT_OPTION_BYTES) {
-        throw new DsecError('INVALID_ARGUMENT', `image: ${lowers.length} layers do not fit in one overlay mount (${optionBytes} bytes of options, at most ${MAX_MOUNT_OPTION_BYTES - 1})`, { field: 'image' });
+        throw new DsecError(
+          'INVALID_ARGUMENT',
+          `image: ${lowers.length} layers do not fit in one overlay mount (${optionBytes} bytes of options, at most ${MAX_MOUNT_OPTION_BYTES - 1})`,
+          { field: 'image' },
+        );
       }
 
       // The writable layer is a size-limited tmpfs (writing past diskMiB fails with ENOSPC
@@ -205,11 +209,16 @@ export class ContainerBackend implements Backend {
       undo.push(() => rmdir(p.rootfs));
       const launch = [
         this.o.launcherBinary,
-        '--ns', this.o.runtimeNsFile,
-        '--rw', p.rw,
-        '--tmpfs', `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
-        '--rootfs', p.rootfs,
-        '--lower', lowers.join(':'),
+        '--ns',
+        this.o.runtimeNsFile,
+        '--rw',
+        p.rw,
+        '--tmpfs',
+        `size=${diskMiB}m,nr_inodes=${Math.max(1024, diskMiB * INODES_PER_MIB)},mode=0700`,
+        '--rootfs',
+        p.rootfs,
+        '--lower',
+        lowers.join(':'),
         ...(idRange ? ['--idmap', `${idRange.uid}:${idRange.gid}:${idRange.size}`, '--loginuid', String(idRange.uid)] : []),
         ...readOnlyPaths(req.spec.protect?.readOnly ?? []).flatMap((p) => ['--protect', p]),
         '--',
@@ -228,7 +237,14 @@ export class ContainerBackend implements Backend {
         ...(this.o.seccompProfile ? { seccomp: this.o.seccompProfile(req.spec) } : {}),
       });
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
-      const record: BackendSandbox = { id: req.id, backend: 'container', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), ...(idRange ? { idRange } : {}) };
+      const record: BackendSandbox = {
+        id: req.id,
+        backend: 'container',
+        spec: req.spec,
+        layers: req.layers,
+        createdAt: new Date().toISOString(),
+        ...(idRange ? { idRange } : {}),
+      };
       await writeJsonAtomic(p.record, record);
       signal?.throwIfAborted();
 
@@ -291,7 +307,13 @@ export class ContainerBackend implements Backend {
       if (status === 'paused') {
         // Paused (its memory settings are kept for the resume), or frozen by a snapshot that
         // ended with the previous edge: that one runs again.
-        if (await readFile(p.paused).then(() => true, () => false)) record.paused = true;
+        if (
+          await readFile(p.paused).then(
+            () => true,
+            () => false,
+          )
+        )
+          record.paused = true;
         else await this.o.cgroups.thaw(id).catch(() => undefined);
       } else if (status !== 'running') {
         // Its processes are gone (the node rebooted or PID 1 died): the sandbox is lost.
@@ -300,7 +322,10 @@ export class ContainerBackend implements Backend {
       }
       // Its layers are still mounted; take this process's references on them again.
       for (const layer of record.layers) await this.o.layers.acquire(layer.digest);
-      const claim = await readFile(p.claim, 'utf8').then((t) => JSON.parse(t) as SandboxClaim, () => undefined);
+      const claim = await readFile(p.claim, 'utf8').then(
+        (t) => JSON.parse(t) as SandboxClaim,
+        () => undefined,
+      );
       found.push(claim ? { ...record, spec: { ...record.spec, ...claim } } : record);
     }
     // Ranges this node claimed for sandboxes that did not survive (a crash mid-create).
@@ -319,7 +344,13 @@ export class ContainerBackend implements Backend {
   /** Raises control.forged-message when the agent's side of a connection breaks the protocol. */
   private forged(id: string): (message: string) => void {
     return (message) =>
-      this.o.events?.({ kind: 'control.forged-message', severity: 'critical', sandboxId: id, message: `sandbox ${id}: ${message}`, data: { channel: 'agent socket' } });
+      this.o.events?.({
+        kind: 'control.forged-message',
+        severity: 'critical',
+        sandboxId: id,
+        message: `sandbox ${id}: ${message}`,
+        data: { channel: 'agent socket' },
+      });
   }
 
   private async connect(id: string): Promise<ChronusClient> {
@@ -351,7 +382,11 @@ export class ContainerBackend implements Backend {
     } catch {
       throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
     }
-    await this.teardown(id, record.layers.map((l) => l.digest), record.idRange);
+    await this.teardown(
+      id,
+      record.layers.map((l) => l.digest),
+      record.idRange,
+    );
   }
 
   /** Removes every trace of a sandbox; safe to call on a half-created or already-gone one. */
@@ -402,7 +437,10 @@ export class ContainerBackend implements Backend {
   async resume(id: string, opts: { prefetch?: boolean } = {}): Promise<BackendResumeResult> {
     const p = this.paths(id);
     const before = await this.o.cgroups.memory(id);
-    const settings = await readFile(p.paused, 'utf8').then((t) => JSON.parse(t) as MemorySettings, () => ({}) as MemorySettings);
+    const settings = await readFile(p.paused, 'utf8').then(
+      (t) => JSON.parse(t) as MemorySettings,
+      () => ({}) as MemorySettings,
+    );
     await this.o.cgroups.restoreMemory(id, settings);
     await this.o.cgroups.thaw(id);
     await rm(p.paused, { force: true });
@@ -416,7 +454,6 @@ export class ContainerBackend implements Backend {
     const fs = await statfs(this.paths(id).rw);
     return { ...cg, diskUsedBytes: (fs.blocks - fs.bfree) * fs.bsize, diskLimitBytes: fs.blocks * fs.bsize };
   }
-
 
   async claim(id: string, claim: SandboxClaim): Promise<void> {
     // A file of its own, created once and written in one call: no rename over sandbox.json
@@ -532,4 +569,3 @@ function hostNofileHard(): number {
     return 1_048_576;
   }
 }
-

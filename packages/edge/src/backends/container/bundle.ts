@@ -13,16 +13,39 @@ const CPU_PERIOD_US = 100_000;
 
 /** Capabilities a container sandbox keeps (Docker's default set less NET_RAW and MKNOD). */
 export const DEFAULT_CAPABILITIES = [
-  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_SETGID', 'CAP_SETUID',
-  'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
+  'CAP_CHOWN',
+  'CAP_DAC_OVERRIDE',
+  'CAP_FSETID',
+  'CAP_FOWNER',
+  'CAP_SETGID',
+  'CAP_SETUID',
+  'CAP_SETFCAP',
+  'CAP_SETPCAP',
+  'CAP_NET_BIND_SERVICE',
+  'CAP_SYS_CHROOT',
+  'CAP_KILL',
+  'CAP_AUDIT_WRITE',
 ];
 
 /** /proc and /sys paths hidden from sandboxes (runc's and Docker's list plus the kpage files). */
 export const MASKED_PATHS = [
-  '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
-  '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/proc/kpagecgroup', '/proc/kpageflags',
-  '/proc/kpagecount', '/proc/sysrq-trigger', '/sys/firmware', '/sys/devices/virtual/powercap',
-  '/sys/kernel/debug', '/sys/fs/cgroup',
+  '/proc/acpi',
+  '/proc/asound',
+  '/proc/kcore',
+  '/proc/keys',
+  '/proc/latency_stats',
+  '/proc/timer_list',
+  '/proc/timer_stats',
+  '/proc/sched_debug',
+  '/proc/scsi',
+  '/proc/kpagecgroup',
+  '/proc/kpageflags',
+  '/proc/kpagecount',
+  '/proc/sysrq-trigger',
+  '/sys/firmware',
+  '/sys/devices/virtual/powercap',
+  '/sys/kernel/debug',
+  '/sys/fs/cgroup',
 ];
 
 /** /proc paths mounted read-only. */
@@ -67,7 +90,12 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     idMappings.uidMappings = [{ containerID: 0, hostID: o.idRange.uid, size: o.idRange.size }];
     idMappings.gidMappings = [{ containerID: 0, hostID: o.idRange.gid, size: o.idRange.size }];
   }
-  const seccomp = o.seccomp ?? defaultSeccompProfile({ allowPtrace: o.spec.security?.allowPtrace === true, ...(o.spec.protect?.denySyscalls ? { extraDenied: o.spec.protect.denySyscalls } : {}) });
+  const seccomp =
+    o.seccomp ??
+    defaultSeccompProfile({
+      allowPtrace: o.spec.security?.allowPtrace === true,
+      ...(o.spec.protect?.denySyscalls ? { extraDenied: o.spec.protect.denySyscalls } : {}),
+    });
   return {
     ociVersion: '1.0.2',
     process: {
@@ -75,12 +103,16 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
       user: { uid: 0, gid: 0 },
       args: [
         AGENT_PATH_IN_SANDBOX,
-        '--listen-fd', '3',
-        '--output-cap', String(o.outputCapBytes),
-        '--cpu-class', bestEffort ? 'best-effort' : 'latency-sensitive',
+        '--listen-fd',
+        '3',
+        '--output-cap',
+        String(o.outputCapBytes),
+        '--cpu-class',
+        bestEffort ? 'best-effort' : 'latency-sensitive',
         // The agent keeps the node's OOM score (lowering it needs privileges a runtime may not
         // have); its commands get 500, or 1000 in best-effort sandboxes, and die first.
-        '--child-oom-score-adj', String(bestEffort ? 1000 : 500),
+        '--child-oom-score-adj',
+        String(bestEffort ? 1000 : 500),
       ],
       env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', ...env],
       cwd: '/',

@@ -34,7 +34,15 @@ export function buildFnCallConfig(o: FnCallConfigOptions): Record<string, unknow
     resources: { cpu: 1, memoryMiB: o.memoryMiB, pids: CALL_PIDS, openFiles: CALL_OPEN_FILES },
     hostname: 'fncall',
   };
-  const config = buildOciConfig({ id: o.id, spec, rootfs: o.rootfs, agentBinary: o.agentBinary, cgroupsPath: o.cgroupsPath, outputCapBytes: o.outputCapBytes, hostNofileHard: o.hostNofileHard });
+  const config = buildOciConfig({
+    id: o.id,
+    spec,
+    rootfs: o.rootfs,
+    agentBinary: o.agentBinary,
+    cgroupsPath: o.cgroupsPath,
+    outputCapBytes: o.outputCapBytes,
+    hostNofileHard: o.hostNofileHard,
+  });
   config.root = { path: o.rootfs, readonly: true };
   const tmpfs = (destination: string, mode: string): Record<string, unknown> => ({
     destination,

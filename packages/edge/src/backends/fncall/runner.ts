@@ -6,13 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import {
-  DEFAULT_CALL_MEMORY_MIB,
-  DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
-  DEFAULT_CALL_TIMEOUT_MS,
-  DsecError,
-  invalidArgument,
-} from '@dsec/protocol';
+import { DEFAULT_CALL_MEMORY_MIB, DEFAULT_CALL_OUTPUT_LIMIT_BYTES, DEFAULT_CALL_TIMEOUT_MS, DsecError, invalidArgument } from '@dsec/protocol';
 import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit, Attachment } from '../../chronus/client.js';
@@ -314,7 +308,10 @@ export class FnCallRunner implements EdgeCalls {
       const sockFd = listenUnix(socket);
       const log = await open(logFile, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
-        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id], `create call sandbox ${id}`, { extraFds: [sockFd], logFd: log.fd });
+        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id], `create call sandbox ${id}`, {
+          extraFds: [sockFd],
+          logFd: log.fd,
+        });
       } catch (err) {
         const detail = await readFile(logFile, 'utf8').catch(() => '');
         if (err instanceof DsecError && detail.trim()) err.message += ` (${detail.trim().split('\n').slice(-3).join('; ')})`;
@@ -375,7 +372,18 @@ export class FnCallRunner implements EdgeCalls {
       // A command that cannot be started is the caller's result, as in a shell.
       if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PERMISSION_DENIED')) {
         const exitCode = err.code === 'FILE_NOT_FOUND' ? 127 : 126;
-        return { exitCode, signal: null, stdout: '', stderr: `${argv[0]}: ${err.message}\n`, durationMs: 0, cpuMs: 0, peakMemoryKiB: 0, truncated: false, timedOut: false, oomKilled: false };
+        return {
+          exitCode,
+          signal: null,
+          stdout: '',
+          stderr: `${argv[0]}: ${err.message}\n`,
+          durationMs: 0,
+          cpuMs: 0,
+          peakMemoryKiB: 0,
+          truncated: false,
+          timedOut: false,
+          oomKilled: false,
+        };
       }
       throw err;
     }
@@ -457,7 +465,11 @@ export class FnCallRunner implements EdgeCalls {
 function hostNofileHard(): number {
   try {
     const limits = readFileSync('/proc/self/limits', 'utf8');
-    const hard = limits.split('\n').find((l) => l.startsWith('Max open files'))?.trim().split(/\s+/)[4];
+    const hard = limits
+      .split('\n')
+      .find((l) => l.startsWith('Max open files'))
+      ?.trim()
+      .split(/\s+/)[4];
     return hard && hard !== 'unlimited' ? Number(hard) : 1_048_576;
   } catch {
     return 1_048_576;

@@ -8,7 +8,19 @@ test('authorities parse into host and port, or not at all', () => {
   assert.deepEqual(parseAuthority('example.com:8443'), { host: 'example.com', port: 8443 });
   assert.deepEqual(parseAuthority('[::1]:443'), { host: '::1', port: 443 });
   assert.deepEqual(parseAuthority('[::ffff:127.0.0.1]', 80), { host: '127.0.0.1', port: 80 });
-  for (const bad of ['example.com', 'example.com:0', 'example.com:65536', 'a:b:c', '::1', '[::1', 'exa mple.com:80', 'a..b:80', '-a.com:80', 'user@host:80', '']) {
+  for (const bad of [
+    'example.com',
+    'example.com:0',
+    'example.com:65536',
+    'a:b:c',
+    '::1',
+    '[::1',
+    'exa mple.com:80',
+    'a..b:80',
+    '-a.com:80',
+    'user@host:80',
+    '',
+  ]) {
     assert.equal(parseAuthority(bad), undefined, bad);
   }
   assert.equal(normalizeHost('x'.repeat(64) + '.com'), undefined, 'labels are at most 63 characters');

@@ -10,7 +10,19 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { startEgressProxy } from './proxy.js';
 import type { EgressProxyHandle } from './proxy.js';
-import { connectTunnel, LogSink, makeCertificate, request, SANDBOX_A, SANDBOX_B, SANDBOX_C, startFakeRegistry, staticResolver, TestSandboxes, tlsFrom } from './test-fixtures.js';
+import {
+  connectTunnel,
+  LogSink,
+  makeCertificate,
+  request,
+  SANDBOX_A,
+  SANDBOX_B,
+  SANDBOX_C,
+  startFakeRegistry,
+  staticResolver,
+  TestSandboxes,
+  tlsFrom,
+} from './test-fixtures.js';
 
 const FREEZE = '2022-01-01';
 const PACKAGES = {
@@ -148,7 +160,15 @@ describe('package mirrors', () => {
   test('the cache survives a restart of the proxy', async () => {
     const sandboxesAgain = new TestSandboxes();
     sandboxesAgain.set(SANDBOX_A, 'frozen', { mirrors: { npm: { upstream: registry.url, freeze: FREEZE } } });
-    const second = await startEgressProxy({ address: '127.0.0.1', ports: { http: 0 }, sandboxes: sandboxesAgain, resolver: staticResolver({}), log: () => {}, raise: () => {}, mirrors: { cacheDir: path.join(dir, 'cache'), origins: [registry.origin] } });
+    const second = await startEgressProxy({
+      address: '127.0.0.1',
+      ports: { http: 0 },
+      sandboxes: sandboxesAgain,
+      resolver: staticResolver({}),
+      log: () => {},
+      raise: () => {},
+      mirrors: { cacheDir: path.join(dir, 'cache'), origins: [registry.origin] },
+    });
     try {
       const before = registry.hits.get('/leftpad-x/-/leftpad-x-1.1.0.tgz');
       const res = await get(SANDBOX_A, '/leftpad-x/-/leftpad-x-1.1.0.tgz', second.ports.http);

@@ -61,7 +61,11 @@ describe('egress proxy', () => {
   });
 
   test('an allowed domain works through the explicit HTTP forward proxy', async () => {
-    const res = await request(proxy.ports.http, { localAddress: SANDBOX_A, target: `http://api.test:${up.port}/echo?x=1`, headers: { 'proxy-authorization': 'Basic c2VjcmV0', 'x-client': 'yes' } });
+    const res = await request(proxy.ports.http, {
+      localAddress: SANDBOX_A,
+      target: `http://api.test:${up.port}/echo?x=1`,
+      headers: { 'proxy-authorization': 'Basic c2VjcmV0', 'x-client': 'yes' },
+    });
     assert.equal(res.status, 200);
     const seen = JSON.parse(res.body.toString());
     assert.equal(seen.path, '/echo?x=1');
@@ -69,7 +73,10 @@ describe('egress proxy', () => {
     assert.equal(seen.headers['x-client'], 'yes');
     assert.equal(seen.headers['proxy-authorization'], undefined, 'proxy credentials stay on their hop');
     const entry = sink.last((e) => e.host === 'api.test');
-    assert.deepEqual({ ...entry, at: undefined }, { at: undefined, sandboxId: 'sb-a', via: 'http', host: 'api.test', port: up.port, address: '127.0.0.1', verdict: 'allowed', rule: 'allow:api.test' });
+    assert.deepEqual(
+      { ...entry, at: undefined },
+      { at: undefined, sandboxId: 'sb-a', via: 'http', host: 'api.test', port: up.port, address: '127.0.0.1', verdict: 'allowed', rule: 'allow:api.test' },
+    );
   });
 
   test('a POST body goes upstream', async () => {
@@ -125,7 +132,14 @@ describe('egress proxy', () => {
       [proxy.ports.transparentHttp, '/ws', 'api.test'],
     ] as const) {
       const socket = await new Promise<net.Socket>((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port, localAddress: SANDBOX_A, path: target, agent: false, headers: { connection: 'Upgrade', upgrade: 'echo', ...(host ? { host } : {}) } });
+        const req = http.request({
+          host: '127.0.0.1',
+          port,
+          localAddress: SANDBOX_A,
+          path: target,
+          agent: false,
+          headers: { connection: 'Upgrade', upgrade: 'echo', ...(host ? { host } : {}) },
+        });
         req.on('upgrade', (res, s: net.Socket) => {
           assert.equal(res.headers['x-seen-host'], `api.test:${up.port}`);
           resolve(s);
@@ -138,7 +152,14 @@ describe('egress proxy', () => {
       socket.destroy();
     }
     const denied = await new Promise<number>((resolve, reject) => {
-      const req = http.request({ host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://evil.test:${up.port}/ws`, agent: false, headers: { connection: 'Upgrade', upgrade: 'echo' } });
+      const req = http.request({
+        host: '127.0.0.1',
+        port: proxy.ports.http,
+        localAddress: SANDBOX_A,
+        path: `http://evil.test:${up.port}/ws`,
+        agent: false,
+        headers: { connection: 'Upgrade', upgrade: 'echo' },
+      });
       req.on('upgrade', () => reject(new Error('upgraded')));
       req.on('response', (res) => resolve(res.statusCode ?? 0));
       req.on('error', reject);
@@ -176,7 +197,12 @@ describe('egress proxy', () => {
   });
 
   test('IP literals are refused in Host, CONNECT and SNI, numeric shorthands included', async () => {
-    for (const target of [`http://127.0.0.1:${up.port}/echo`, `http://2130706433:${up.port}/echo`, `http://0x7f.1:${up.port}/echo`, `http://[::1]:${up.port}/echo`]) {
+    for (const target of [
+      `http://127.0.0.1:${up.port}/echo`,
+      `http://2130706433:${up.port}/echo`,
+      `http://0x7f.1:${up.port}/echo`,
+      `http://[::1]:${up.port}/echo`,
+    ]) {
       const res = await request(proxy.ports.http, { localAddress: SANDBOX_A, target });
       assert.equal(res.status, 403, target);
       assert.equal(res.headers['x-dsec-egress'], 'denied; reason=ip-literal', target);
@@ -224,7 +250,12 @@ describe('egress proxy', () => {
 
   test('bytes in and out are counted per sandbox and per connection', async () => {
     const before = proxy.stats('sb-a');
-    const res = await request(proxy.ports.http, { localAddress: SANDBOX_A, target: `http://api.test:${up.port}/bytes?n=300000`, method: 'POST', body: 'x'.repeat(5000) });
+    const res = await request(proxy.ports.http, {
+      localAddress: SANDBOX_A,
+      target: `http://api.test:${up.port}/bytes?n=300000`,
+      method: 'POST',
+      body: 'x'.repeat(5000),
+    });
     assert.equal(res.body.length, 300000);
     const after = proxy.stats('sb-a');
     assert.ok(after.bytesIn - before.bytesIn >= 300000, `in: ${after.bytesIn - before.bytesIn}`);
@@ -274,7 +305,15 @@ describe('egress proxy limits', () => {
     sandboxes.set(SANDBOX_A, 'sb-a', ALLOWED);
     sandboxes.set(SANDBOX_B, 'sb-b', ALLOWED);
     const sink = new LogSink();
-    const proxy = await startEgressProxy({ address: '127.0.0.1', ports: { http: 0 }, sandboxes, resolver: staticResolver(HOSTS), log: sink.fn, raise: () => {}, limits: { maxConnections: 2 } });
+    const proxy = await startEgressProxy({
+      address: '127.0.0.1',
+      ports: { http: 0 },
+      sandboxes,
+      resolver: staticResolver(HOSTS),
+      log: sink.fn,
+      raise: () => {},
+      limits: { maxConnections: 2 },
+    });
     try {
       const t1 = await connectTunnel(proxy.ports.http, SANDBOX_A, `api.test:${up.port}`);
       const t2 = await connectTunnel(proxy.ports.http, SANDBOX_A, `api.test:${up.port}`);
@@ -305,22 +344,33 @@ describe('egress proxy limits', () => {
     sandboxes.set(SANDBOX_A, 'sb-a', ALLOWED);
     const rate = 256 * 1024;
     const burst = 64 * 1024;
-    const proxy = await startEgressProxy({ address: '127.0.0.1', ports: { http: 0 }, sandboxes, resolver: staticResolver(HOSTS), log: () => {}, raise: () => {}, limits: { bytesPerSecond: rate, burstBytes: burst } });
+    const proxy = await startEgressProxy({
+      address: '127.0.0.1',
+      ports: { http: 0 },
+      sandboxes,
+      resolver: staticResolver(HOSTS),
+      log: () => {},
+      raise: () => {},
+      limits: { bytesPerSecond: rate, burstBytes: burst },
+    });
     const total = 64 * 1024 * 1024;
     try {
       const t0 = performance.now();
       let received = 0;
       await new Promise<void>((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://api.test:${up.port}/bytes?n=${total}`, agent: false }, (res) => {
-          res.on('data', (c: Buffer) => {
-            received += c.length;
-            if (received >= 400 * 1024) {
-              req.destroy();
-              resolve();
-            }
-          });
-          res.on('error', () => {});
-        });
+        const req = http.request(
+          { host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://api.test:${up.port}/bytes?n=${total}`, agent: false },
+          (res) => {
+            res.on('data', (c: Buffer) => {
+              received += c.length;
+              if (received >= 400 * 1024) {
+                req.destroy();
+                resolve();
+              }
+            });
+            res.on('error', () => {});
+          },
+        );
         req.on('error', reject);
         req.end();
       });

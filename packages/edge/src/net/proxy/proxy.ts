@@ -14,7 +14,15 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import net from 'node:net';
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
-import type { EgressPolicyView, EgressProxyHandle as NetEgressProxyHandle, EgressProxyLimits, EgressProxyOptions as NetEgressProxyOptions, EgressProxyPorts, EgressStats, EgressVia } from '../types.js';
+import type {
+  EgressPolicyView,
+  EgressProxyHandle as NetEgressProxyHandle,
+  EgressProxyLimits,
+  EgressProxyOptions as NetEgressProxyOptions,
+  EgressProxyPorts,
+  EgressStats,
+  EgressVia,
+} from '../types.js';
 import { formatDestination, isIpLiteralLike, normalizeAddress, normalizeHost, parseAuthority } from './address.js';
 import type { Destination } from './address.js';
 import { ConnectionLog } from './connections.js';
@@ -73,7 +81,8 @@ interface Active {
   kill(): void;
 }
 
-type DialResult = { socket: Socket; address: string } | { refused: 'unresolvable' | 'restricted-address'; detail: string } | { failed: string; address: string };
+type DialResult =
+  { socket: Socket; address: string } | { refused: 'unresolvable' | 'restricted-address'; detail: string } | { failed: string; address: string };
 
 /** Who asked, how, for where: the fields every decision shares. */
 interface Attempt {
@@ -113,7 +122,10 @@ const NOWHERE: Destination = { host: '*', port: 0 };
 
 function plainReply(socket: Socket, status: string, body: string, reason?: EgressReason): void {
   const extra = reason ? `X-Dsec-Egress: denied; reason=${reason}\r\n` : '';
-  if (socket.writable) socket.end(`HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`);
+  if (socket.writable)
+    socket.end(
+      `HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
+    );
   else socket.destroy();
 }
 
@@ -229,13 +241,22 @@ class EgressProxy implements EgressProxyHandle {
   }
 
   private closeActive(a: Active, reason: EgressReason, rule?: string, detail?: string): void {
-    this.decide({ sandboxId: a.sandboxId, source: a.source, via: a.via, dest: a.dest }, 'denied', { reason, ...(rule ? { rule } : {}), ...(detail ? { detail } : {}), ...(a.address ? { address: a.address } : {}) });
+    this.decide({ sandboxId: a.sandboxId, source: a.source, via: a.via, dest: a.dest }, 'denied', {
+      reason,
+      ...(rule ? { rule } : {}),
+      ...(detail ? { detail } : {}),
+      ...(a.address ? { address: a.address } : {}),
+    });
     a.kill();
   }
 
   // ---- decisions ----
 
-  private decide(at: Attempt, verdict: 'allowed' | 'denied', extra: { reason?: EgressReason; rule?: string; detail?: string; address?: string } = {}): ConnectionRecord {
+  private decide(
+    at: Attempt,
+    verdict: 'allowed' | 'denied',
+    extra: { reason?: EgressReason; rule?: string; detail?: string; address?: string } = {},
+  ): ConnectionRecord {
     return this.log.decide({
       ...(at.sandboxId !== undefined ? { sandboxId: at.sandboxId } : {}),
       source: at.source,
@@ -249,7 +270,11 @@ class EgressProxy implements EgressProxyHandle {
 
   private bucketsOf(sandboxId: string): { in: TokenBucket; out: TokenBucket } {
     let b = this.buckets.get(sandboxId);
-    if (!b) this.buckets.set(sandboxId, (b = { in: new TokenBucket(this.bytesPerSecond, this.burstBytes), out: new TokenBucket(this.bytesPerSecond, this.burstBytes) }));
+    if (!b)
+      this.buckets.set(
+        sandboxId,
+        (b = { in: new TokenBucket(this.bytesPerSecond, this.burstBytes), out: new TokenBucket(this.bytesPerSecond, this.burstBytes) }),
+      );
     return b;
   }
 
@@ -262,7 +287,8 @@ class EgressProxy implements EgressProxyHandle {
       // A mirror answers plain HTTP only: TLS to the public name would reach the real registry
       // past the mirror (and its freeze), so it is refused.
       if (via === 'connect' || via === 'transparent-tls') return { ok: false, reason: 'mirror-requires-http', rule, detail: `use http://${dest.host}/` };
-      if (!this.mirrors?.upstreamAllowed(mirror)) return { ok: false, reason: 'mirror-not-configured', rule, detail: mirror.mirror.upstream ?? 'no mirror cache on this node' };
+      if (!this.mirrors?.upstreamAllowed(mirror))
+        return { ok: false, reason: 'mirror-not-configured', rule, detail: mirror.mirror.upstream ?? 'no mirror cache on this node' };
       return { ok: true, rule, mirror };
     }
     if (isIpLiteralLike(dest.host)) {
@@ -309,7 +335,11 @@ class EgressProxy implements EgressProxyHandle {
   }
 
   /** Decides and dials for an attempt; the record is logged either way. */
-  private async open(view: EgressPolicyView, at: Attempt & { sandboxId: string }, j: Judgement & { ok: true }): Promise<{ record: ConnectionRecord; socket?: Socket; failed?: string }> {
+  private async open(
+    view: EgressPolicyView,
+    at: Attempt & { sandboxId: string },
+    j: Judgement & { ok: true },
+  ): Promise<{ record: ConnectionRecord; socket?: Socket; failed?: string }> {
     const dialed = await this.dial(view, at.dest);
     if ('refused' in dialed) return { record: this.decide(at, 'denied', { reason: dialed.refused, rule: j.rule, detail: dialed.detail }) };
     if ('failed' in dialed) {
@@ -398,7 +428,11 @@ class EgressProxy implements EgressProxyHandle {
 
   private refuseHttp(res: ServerResponse, record: ConnectionRecord, status = 403): void {
     const body = refusalText(record);
-    res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'content-length': Buffer.byteLength(body), 'x-dsec-egress': `denied; reason=${record.reason ?? 'policy'}` });
+    res.writeHead(status, {
+      'content-type': 'text/plain; charset=utf-8',
+      'content-length': Buffer.byteLength(body),
+      'x-dsec-egress': `denied; reason=${record.reason ?? 'policy'}`,
+    });
     res.end(body);
   }
 
@@ -407,7 +441,11 @@ class EgressProxy implements EgressProxyHandle {
     const target = this.httpTarget(via, req);
     if ('error' in target) {
       const view = this.opts.sandboxes.bySourceAddress(source);
-      this.refuseHttp(res, this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: target.error }), 400);
+      this.refuseHttp(
+        res,
+        this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: target.error }),
+        400,
+      );
       return;
     }
     this.forward(via, req, res, source, target).catch((err: unknown) => {
@@ -416,13 +454,24 @@ class EgressProxy implements EgressProxyHandle {
     });
   }
 
-  private async forward(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse, source: string, target: { dest: Destination; path: string; authority: string }): Promise<void> {
+  private async forward(
+    via: 'http' | 'transparent-http',
+    req: IncomingMessage,
+    res: ServerResponse,
+    source: string,
+    target: { dest: Destination; path: string; authority: string },
+  ): Promise<void> {
     const { dest, path } = target;
     const view = this.opts.sandboxes.bySourceAddress(source);
     if (!view) return this.refuseHttp(res, this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
     const at = { sandboxId: view.sandboxId, source, via, dest };
     const j = this.judge(view, via, dest);
-    if (!j.ok) return this.refuseHttp(res, this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }), j.reason === 'mirror-not-configured' ? 502 : 403);
+    if (!j.ok)
+      return this.refuseHttp(
+        res,
+        this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }),
+        j.reason === 'mirror-not-configured' ? 502 : 403,
+      );
     if (j.mirror) return this.serveMirror(req, res, at, j.mirror, j.rule, path);
 
     const opened = await this.open(view, at, j);
@@ -461,7 +510,8 @@ class EgressProxy implements EgressProxyHandle {
     this.log.addBytes(record, 'out', headBytes(`${req.method} ${path} HTTP/1.1`, req.rawHeaders));
     const upReq = http.request({ method: req.method, path, headers, setHost: false, createConnection: () => upstream });
     upReq.on('error', (err) => {
-      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${formatDestination(dest)}: ${err.message}\n`);
+      if (!res.headersSent)
+        res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${formatDestination(dest)}: ${err.message}\n`);
       else kill();
     });
     upReq.on('response', (upRes) => {
@@ -473,7 +523,14 @@ class EgressProxy implements EgressProxyHandle {
     req.pipe(out).pipe(upReq);
   }
 
-  private async serveMirror(req: IncomingMessage, res: ServerResponse, at: Attempt & { sandboxId: string }, m: MirrorMatch, rule: string, path: string): Promise<void> {
+  private async serveMirror(
+    req: IncomingMessage,
+    res: ServerResponse,
+    at: Attempt & { sandboxId: string },
+    m: MirrorMatch,
+    rule: string,
+    path: string,
+  ): Promise<void> {
     const publicBase = `http://${at.dest.port === 80 ? at.dest.host : formatDestination(at.dest)}/`;
     const answer: MirrorResponse = await this.mirrors!.serve(m, req.method ?? 'GET', at.dest.host, publicBase, path);
     req.resume(); // a request body, if any, is not used
@@ -488,7 +545,10 @@ class EgressProxy implements EgressProxyHandle {
       return;
     }
     const inn = new Throttle(this.bucketsOf(at.sandboxId).in, (n) => this.log.addBytes(record, 'in', n));
-    const headers: Record<string, string | number> = { ...answer.headers, 'x-dsec-mirror': m.mirror.freeze ? `${m.preset}; freeze=${m.mirror.freeze}` : m.preset };
+    const headers: Record<string, string | number> = {
+      ...answer.headers,
+      'x-dsec-mirror': m.mirror.freeze ? `${m.preset}; freeze=${m.mirror.freeze}` : m.preset,
+    };
     let body: Readable | undefined;
     if (Buffer.isBuffer(answer.body)) {
       headers['content-length'] = answer.body.length;
@@ -524,7 +584,10 @@ class EgressProxy implements EgressProxyHandle {
     const dest = parseAuthority(req.url ?? '');
     if (!dest) {
       const view = this.opts.sandboxes.bySourceAddress(source);
-      const r = this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via: 'connect', dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: `CONNECT target ${(req.url ?? '').slice(0, 300)}` });
+      const r = this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via: 'connect', dest: NOWHERE }, 'denied', {
+        reason: 'bad-request',
+        detail: `CONNECT target ${(req.url ?? '').slice(0, 300)}`,
+      });
       return plainReply(socket, '400 Bad Request', `dsec egress: ${r.detail}\n`);
     }
     void this.tunnel('connect', socket, source, dest, head, {
@@ -597,7 +660,8 @@ class EgressProxy implements EgressProxyHandle {
     if (!view) return respond.denied(this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
     const at = { sandboxId: view.sandboxId, source, via, dest };
     const j = this.judge(view, via, dest);
-    if (!j.ok) return respond.denied(this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }));
+    if (!j.ok)
+      return respond.denied(this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }));
     const opened = await this.open(view, at, j);
     if (!opened.socket) return opened.failed === undefined ? respond.denied(opened.record) : respond.failed(opened.failed);
     const { record, socket: upstream } = opened;

@@ -14,10 +14,7 @@ const EXT_SERVER_NAME = 0x0000;
 const SNI_HOST_NAME = 0x00;
 
 /** Outcome of parsing the bytes read so far. */
-export type ClientHelloParse =
-  | { state: 'incomplete' }
-  | { state: 'done'; serverName: string | undefined }
-  | { state: 'invalid'; reason: string };
+export type ClientHelloParse = { state: 'incomplete' } | { state: 'done'; serverName: string | undefined } | { state: 'invalid'; reason: string };
 
 /**
  * Parses a ClientHello that may span several handshake records. `serverName` is the first

@@ -137,10 +137,11 @@ export async function startHttpUpstream(): Promise<{ port: number; hits: number;
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
   state.port = (server.address() as net.AddressInfo).port;
-  state.close = () => new Promise<void>((r) => {
-    for (const s of sockets) s.destroy(); // upgraded ones included
-    server.close(() => r());
-  });
+  state.close = () =>
+    new Promise<void>((r) => {
+      for (const s of sockets) s.destroy(); // upgraded ones included
+      server.close(() => r());
+    });
   return state;
 }
 
@@ -148,7 +149,29 @@ export async function startHttpUpstream(): Promise<{ port: number; hits: number;
 export async function makeCertificate(name: string): Promise<{ key: string; cert: string }> {
   const dir = await mkdtemp(path.join(tmpdir(), 'dsec-scratch-cert-'));
   try {
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', path.join(dir, 'key.pem'), '-out', path.join(dir, 'cert.pem'), '-days', '2', '-subj', `/CN=${name}`, '-addext', `subjectAltName=DNS:${name}`], { stdio: 'pipe' });
+    execFileSync(
+      'openssl',
+      [
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-keyout',
+        path.join(dir, 'key.pem'),
+        '-out',
+        path.join(dir, 'cert.pem'),
+        '-days',
+        '2',
+        '-subj',
+        `/CN=${name}`,
+        '-addext',
+        `subjectAltName=DNS:${name}`,
+      ],
+      { stdio: 'pipe' },
+    );
     return { key: await readFile(path.join(dir, 'key.pem'), 'utf8'), cert: await readFile(path.join(dir, 'cert.pem'), 'utf8') };
   } finally {
     await rm(dir, { recursive: true, force: true });
@@ -170,10 +193,11 @@ export async function startTlsUpstream(name: string, pair: { key: string; cert: 
   await once(server, 'listening');
   return {
     port: (server.address() as net.AddressInfo).port,
-    close: () => new Promise<void>((r) => {
-      for (const s of sockets) s.destroy();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => r());
+      }),
   };
 }
 
@@ -185,14 +209,28 @@ export interface TestResponse {
 }
 
 /** An HTTP request from `localAddress` to the proxy (`target` is absolute-form or a path). */
-export function request(port: number, opts: { localAddress: string; target: string; host?: string; method?: string; headers?: Record<string, string>; body?: string }): Promise<TestResponse> {
+export function request(
+  port: number,
+  opts: { localAddress: string; target: string; host?: string; method?: string; headers?: Record<string, string>; body?: string },
+): Promise<TestResponse> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, localAddress: opts.localAddress, method: opts.method ?? 'GET', path: opts.target, agent: false, headers: { ...(opts.host ? { host: opts.host } : {}), ...opts.headers } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-      res.on('error', reject);
-    });
+    const req = http.request(
+      {
+        host: '127.0.0.1',
+        port,
+        localAddress: opts.localAddress,
+        method: opts.method ?? 'GET',
+        path: opts.target,
+        agent: false,
+        headers: { ...(opts.host ? { host: opts.host } : {}), ...opts.headers },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+        res.on('error', reject);
+      },
+    );
     req.on('error', reject);
     req.end(opts.body);
   });
@@ -287,7 +325,10 @@ export function npmTarball(name: string, version: string): Buffer {
 }
 
 /** A fake npm registry on loopback: full packuments with publish times, tarballs, hit counts. */
-export async function startFakeRegistry(packages: Record<string, FakeVersion[]>, opts: { delayMs?: number } = {}): Promise<{ url: string; origin: string; hits: Map<string, number>; tarballs: Map<string, Buffer>; close(): Promise<void> }> {
+export async function startFakeRegistry(
+  packages: Record<string, FakeVersion[]>,
+  opts: { delayMs?: number } = {},
+): Promise<{ url: string; origin: string; hits: Map<string, number>; tarballs: Map<string, Buffer>; close(): Promise<void> }> {
   const hits = new Map<string, number>();
   const tarballs = new Map<string, Buffer>();
   let origin = '';
@@ -344,9 +385,10 @@ export async function startFakeRegistry(packages: Record<string, FakeVersion[]>,
     origin,
     hits,
     tarballs,
-    close: () => new Promise<void>((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }

@@ -118,7 +118,9 @@ export class MirrorCache {
   }
 
   private keyOf(url: string, accept: string | undefined): string {
-    return createHash('sha256').update(`${url}\n${accept ?? ''}`).digest('hex');
+    return createHash('sha256')
+      .update(`${url}\n${accept ?? ''}`)
+      .digest('hex');
   }
 
   private bodyPath(key: string): string {
@@ -153,7 +155,14 @@ export class MirrorCache {
   private hit(entry: IndexEntry): MirrorObject {
     entry.lastUsed = Date.now();
     this.counters.hits++;
-    return { status: 200, ...(entry.contentType ? { contentType: entry.contentType } : {}), size: entry.size, fetchedAt: entry.fetchedAt, file: this.bodyPath(entry.key), source: 'cache' };
+    return {
+      status: 200,
+      ...(entry.contentType ? { contentType: entry.contentType } : {}),
+      size: entry.size,
+      fetchedAt: entry.fetchedAt,
+      file: this.bodyPath(entry.key),
+      source: 'cache',
+    };
   }
 
   private async fetch(key: string, url: string, accept: string | undefined): Promise<MirrorObject> {

@@ -4,7 +4,11 @@ import { NpmMirrorAdapter } from './npm.js';
 import type { MirrorContext } from './adapter.js';
 
 const npm = new NpmMirrorAdapter();
-const ctx = (cutoff?: string): MirrorContext => ({ publicBase: 'http://registry.npmjs.org/', upstreamBase: 'http://mirror.internal:4873/', ...(cutoff ? { cutoff: new Date(cutoff) } : {}) });
+const ctx = (cutoff?: string): MirrorContext => ({
+  publicBase: 'http://registry.npmjs.org/',
+  upstreamBase: 'http://mirror.internal:4873/',
+  ...(cutoff ? { cutoff: new Date(cutoff) } : {}),
+});
 
 test('requests are classified: packuments, tarballs, endpoints, nonsense', () => {
   assert.deepEqual(npm.classify('registry.npmjs.org', '/lodash'), { kind: 'metadata', upstreamPath: 'lodash', accept: 'application/json', cache: 'metadata' });
@@ -35,7 +39,16 @@ const packument = () => ({
     '4.0.0-rc.1': {},
     '9.9.9': {},
   },
-  time: { created: '2019-01-01T00:00:00Z', modified: '2024-01-01T00:00:00Z', '1.0.0': '2019-01-01T00:00:00Z', '2.0.0': '2020-01-01T00:00:00Z', '2.1.0-beta': '2020-06-01T00:00:00Z', '3.0.0': '2023-01-01T00:00:00Z', '4.0.0-rc.1': '2024-01-01T00:00:00Z', '0.0.1': '2018-01-01T00:00:00Z' },
+  time: {
+    created: '2019-01-01T00:00:00Z',
+    modified: '2024-01-01T00:00:00Z',
+    '1.0.0': '2019-01-01T00:00:00Z',
+    '2.0.0': '2020-01-01T00:00:00Z',
+    '2.1.0-beta': '2020-06-01T00:00:00Z',
+    '3.0.0': '2023-01-01T00:00:00Z',
+    '4.0.0-rc.1': '2024-01-01T00:00:00Z',
+    '0.0.1': '2018-01-01T00:00:00Z',
+  },
 });
 
 test('the freeze drops later versions and versions without a time, and repairs the tags', () => {

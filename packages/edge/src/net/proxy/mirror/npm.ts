@@ -84,10 +84,7 @@ export class NpmMirrorAdapter implements MirrorAdapter {
       if (version === '' || !/^[0-9A-Za-z.+-]+$/.test(version)) return undefined;
       return {
         kind: 'artifact',
-        upstreamPath: `${fullName(name)
-          .split('/')
-          .map(encodeURIComponent)
-          .join('/')}/-/${encodeURIComponent(file)}`,
+        upstreamPath: `${fullName(name).split('/').map(encodeURIComponent).join('/')}/-/${encodeURIComponent(file)}`,
         metadata: this.packumentRequest(name),
         artifactId: version,
         cache: 'immutable',

@@ -57,7 +57,11 @@ export function defaultMirrorAdapters(): MirrorAdapter[] {
 }
 
 /** The mirror of `mirrors` (a policy's, by preset) that serves `host`, if any. */
-export function matchMirror(adapters: readonly MirrorAdapter[], mirrors: Readonly<Partial<Record<NetworkPreset, Mirror>>>, host: string): MirrorMatch | undefined {
+export function matchMirror(
+  adapters: readonly MirrorAdapter[],
+  mirrors: Readonly<Partial<Record<NetworkPreset, Mirror>>>,
+  host: string,
+): MirrorMatch | undefined {
   for (const adapter of adapters) {
     const mirror = mirrors[adapter.preset];
     if (mirror && adapter.hosts.includes(host)) return { preset: adapter.preset, mirror, adapter };
@@ -119,7 +123,8 @@ export class MirrorService {
 
   /** Serves a GET or HEAD of `path` on the public name `publicBase` from the route's mirror. */
   async serve(m: MirrorMatch, method: string, host: string, publicBase: string, path: string): Promise<MirrorResponse> {
-    if (method !== 'GET' && method !== 'HEAD') return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
+    if (method !== 'GET' && method !== 'HEAD')
+      return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
     if (!this.upstreamAllowed(m)) return text(502, `mirror upstream ${upstreamOf(m)} is not configured on this node`);
     const req = m.adapter.classify(host, path);
     if (!req) return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
@@ -147,7 +152,11 @@ export class MirrorService {
     return (fetchedAt) => (cutoff !== undefined && fetchedAt > cutoff) || Date.now() - fetchedAt < this.metadataTtlMs;
   }
 
-  private async transformed(adapter: MirrorAdapter, req: MirrorRequest, ctx: MirrorContext): Promise<{ obj: MirrorObject; value: MirrorTransform | undefined }> {
+  private async transformed(
+    adapter: MirrorAdapter,
+    req: MirrorRequest,
+    ctx: MirrorContext,
+  ): Promise<{ obj: MirrorObject; value: MirrorTransform | undefined }> {
     const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return { obj, value: undefined };
@@ -195,7 +204,12 @@ export class MirrorService {
     const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
-    return { status: 200, headers: { 'content-type': obj.contentType ?? 'application/octet-stream' }, body: { file: obj.file, size: obj.size }, detail: `artifact (${obj.source})` };
+    return {
+      status: 200,
+      headers: { 'content-type': obj.contentType ?? 'application/octet-stream' },
+      body: { file: obj.file, size: obj.size },
+      detail: `artifact (${obj.source})`,
+    };
   }
 
   private async other(req: MirrorRequest, ctx: MirrorContext): Promise<MirrorResponse> {
@@ -204,7 +218,12 @@ export class MirrorService {
     if (req.cache === 'immutable') {
       const obj = await this.cache.get(url.href, { ...(req.accept ? { accept: req.accept } : {}), fresh: () => true });
       if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
-      return { status: 200, headers: { 'content-type': obj.contentType ?? 'application/octet-stream' }, body: { file: obj.file, size: obj.size }, detail: `passthrough (${obj.source})` };
+      return {
+        status: 200,
+        headers: { 'content-type': obj.contentType ?? 'application/octet-stream' },
+        body: { file: obj.file, size: obj.size },
+        detail: `passthrough (${obj.source})`,
+      };
     }
     const res = await upstreamGet(url, req.accept, AbortSignal.timeout(this.fetchTimeoutMs));
     const headers: Record<string, string> = {};
