@@ -72,6 +72,9 @@ export default tseslint.config(
       // Flags every defensive `?? default` on values that are typed as present but arrive from
       // JSON, the kernel or another process; these checks are intended.
       '@typescript-eslint/no-unnecessary-condition': 'off',
+      // `Number(x)` on values from SQL drivers and foreign calls (koffi) whose types are our own
+      // declarations: the conversion is the check that a bigint or a string never leaks through.
+      '@typescript-eslint/no-unnecessary-type-conversion': 'off',
       // `() => void promise` callbacks and `void` in unions are used as documented.
       '@typescript-eslint/no-confusing-void-expression': 'off',
       '@typescript-eslint/no-invalid-void-type': 'off',

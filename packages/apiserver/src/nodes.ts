@@ -1,6 +1,6 @@
 // The nodes the control plane can place sandboxes on, each reached through an EdgeClient (the
 // in-process edge, or one across the network: the registry cannot tell).
-import type { BackendKind, EdgeClient } from '@dsec/protocol';
+import type { EdgeClient } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 /** A node as the control plane tracks it. */
@@ -18,7 +18,7 @@ export class NodeRegistry {
     const entry: NodeEntry = {
       name: client.nodeName,
       healthy: true,
-      backends: cap.backends as BackendKind[],
+      backends: cap.backends,
       capacity: { cpu: cap.cpu, memoryMiB: cap.memoryMiB, sandboxes: cap.sandboxes },
       allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 },
       client,

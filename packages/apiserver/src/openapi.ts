@@ -216,7 +216,7 @@ export function openApiDocument(): unknown {
       for (const [name, schema] of Object.entries(q.properties ?? {}))
         params.push({ name, in: 'query', required: (q.required ?? []).includes(name), schema } as never);
     }
-    for (const name of r.headers ?? []) params.push({ name, in: 'header', required: false, schema: { type: 'string' } } as never);
+    for (const name of r.headers ?? []) params.push({ name, in: 'header', required: false, schema: { type: 'string' } });
     if (params.length) op.parameters = params;
     if (r.body === 'binary') op.requestBody = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
     else if (r.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(r.body, 'input') } } };

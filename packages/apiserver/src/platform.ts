@@ -140,7 +140,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     closers.unshift(() => watch.close());
     await watch.init();
     const unsubscribe = edge.onEvent(watch.events.ingest);
-    closers.unshift(() => void unsubscribe());
+    closers.unshift(() => unsubscribe());
     const observe = opts.observeEvents;
     const services = createServices({
       store,
@@ -181,7 +181,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     let adminKey: string | undefined;
     if ((await store.keys([ROOT_PROJECT_ID])).length === 0) {
       adminKey = (await services.iam.issueKey(ROOT_PROJECT_ID, 'admin', 'admin')).key;
-      await writeFile(adminKeyFile, adminKey + '\n', { mode: 0o600 });
+      await writeFile(adminKeyFile, `${adminKey}\n`, { mode: 0o600 });
     }
 
     const metrics = new Metrics(services, watch);
@@ -217,7 +217,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     closers.unshift(
       () => ws.close(),
       () => new Promise<void>((r) => server.close(() => r())),
-      () => void server.closeAllConnections(),
+      () => server.closeAllConnections(),
     );
     // Live event streams end first: the server's close waits for open connections.
     closers.unshift(() => watch.events.endSubscriptions());

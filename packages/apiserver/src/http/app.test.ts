@@ -53,7 +53,7 @@ describe('routing and validation through app.request() (fake node, real store)',
   test('create, exec (JSON and ndjson), files, then delete, with typed input all the way', async () => {
     const created = await call('POST', '/v1/sandboxes', { image: { base: 'busybox' } });
     assert.equal(created.status, 201);
-    const id = created.json.id as string;
+    const id = created.json.id;
     const exec = await call('POST', `/v1/sandboxes/${id}/exec`, { cmd: 'echo hi' });
     assert.equal(exec.json.stdout, 'echo hi\n');
     const stream = await app.request(`/v1/sandboxes/${id}/exec`, {
@@ -83,7 +83,7 @@ describe('routing and validation through app.request() (fake node, real store)',
   });
 
   test('an unexpected error is a generic 500: its message is logged, never sent', async () => {
-    const id = (await call('POST', '/v1/sandboxes', { image: { base: 'busybox' } })).json.id as string;
+    const id = (await call('POST', '/v1/sandboxes', { image: { base: 'busybox' } })).json.id;
     h.edge.failNext.set('stats', new Error('password=hunter2'));
     const res = await call('GET', `/v1/sandboxes/${id}/stats`);
     assert.equal(res.status, 500);

@@ -87,9 +87,9 @@ function serve(
     first = false;
     chain = chain.then(async (cmd) => {
       try {
-        if (isFirst) return await start(raw.toString());
+        if (isFirst) return await start(rawText(raw));
         if (!cmd) return cmd;
-        const msg = parseOrThrow(WsClientMessageSchema, parseJson(raw.toString()));
+        const msg = parseOrThrow(WsClientMessageSchema, parseJson(rawText(raw)));
         if (msg.type === 'stdin') await cmd.write(Buffer.from(msg.data, 'base64'));
         else if (msg.type === 'eof') await cmd.closeStdin();
         else if (msg.type === 'resize') await cmd.resize(msg.rows, msg.cols);
@@ -128,4 +128,10 @@ function parseJson(text: string): unknown {
   } catch {
     throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
   }
+}
+
+/** The text of one WebSocket message, whichever of its three forms the library hands over. */
+function rawText(raw: Buffer | ArrayBuffer | Buffer[]): string {
+  if (Array.isArray(raw)) return Buffer.concat(raw).toString();
+  return Buffer.isBuffer(raw) ? raw.toString() : Buffer.from(raw).toString();
 }

@@ -1,6 +1,6 @@
 // Function calls: stateless runs on any healthy node (the fncall backend), one or a batch.
 import { DsecError } from '@dsec/protocol';
-import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeClient } from '@dsec/protocol';
+import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeClient } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { NodeRegistry } from '../nodes.js';
@@ -26,7 +26,7 @@ export class CallService {
     const resolved: CallRequest[] = [];
     for (const [i, c] of req.calls.entries()) resolved.push(await this.resolve(p, c, `calls.${i}.`));
     const reply = await this.node().calls.runBatch({ calls: resolved }, signal ? { signal } : {});
-    return { results: reply.results as CallBatchItem[] };
+    return { results: reply.results };
   }
 
   /** A call with its image's layer references resolved to digests in the caller's project. */

@@ -12,7 +12,7 @@ import {
   MAX_SANDBOX_TIMEOUT_MS,
   invalidArgument,
 } from '@dsec/protocol';
-import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, ItemError, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
+import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
 import type { AdmissionQueue, Admitted } from '../admission.js';
 import type { Principal } from '../auth.js';
 import type { IdempotencyKeyTable, PoolTable, SandboxTable } from '../db/schema.js';

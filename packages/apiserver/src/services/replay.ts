@@ -86,7 +86,7 @@ async function replayExec(
     ...command,
     timeoutMs: command.timeoutMs ?? Math.min(MAX_REPLAY_TIMEOUT_MS, Math.max(MIN_REPLAY_TIMEOUT_MS, Math.ceil(recordedMs * 10))),
     ...(stdin !== undefined ? { stdin } : {}),
-  } as ExecSpec;
+  };
   const expected = {
     ...(step.exit ? { exitCode: step.exit.exitCode, signal: step.exit.signal } : {}),
     ...(step.error ? { error: step.error.code } : {}),
@@ -98,7 +98,7 @@ async function replayExec(
     try {
       const running = await t.commands.spawn(
         t.target,
-        { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) } as ExecSpec,
+        { ...spec, timeoutMs: command.timeoutMs, ...(step.via === 'ws' ? { keepStdinOpen: true } : {}) },
         step.via ?? 'stream',
       );
       await running.leave();

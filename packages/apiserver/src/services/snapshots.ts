@@ -95,7 +95,7 @@ export class SnapshotService {
         if (row) await this.lifecycle.destroyRow(row).catch(() => undefined);
       }
       if (failure instanceof DsecError) failure.details.snapshot = snapshot.digest;
-      throw failure;
+      throw failure instanceof Error ? failure : new DsecError('INTERNAL', 'internal error');
     }
     made.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
     return { snapshot, sandboxes: made };

@@ -228,9 +228,9 @@ export class Cgroups {
   private async writeFreezer(id: string, frozen: boolean): Promise<void> {
     const file = this.mode === 'v2' ? path.join(this.dir('', id), 'cgroup.freeze') : path.join(this.dir('freezer', id), 'freezer.state');
     const value = this.mode === 'v2' ? (frozen ? '1' : '0') : frozen ? 'FROZEN' : 'THAWED';
-    await writeFile(file, value).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOENT') throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no cgroup`, { sandboxId: id });
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: ${frozen ? 'freeze' : 'thaw'}: ${err.message}`, { sandboxId: id });
+    await writeFile(file, value).catch((err: unknown) => {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no cgroup`, { sandboxId: id });
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: ${frozen ? 'freeze' : 'thaw'}: ${(err as Error).message}`, { sandboxId: id });
     });
   }
 

@@ -19,7 +19,8 @@ export interface SeccompDenial {
   /** System call name (`syscall <nr>` when not in the table). */
   syscall: string;
   syscallNr: number;
-  arch: 'x86_64' | 'i386' | 'x32' | string;
+  /** `x86_64`, `i386`, `x32`, or another the kernel names. */
+  arch: string;
 }
 
 // The system calls the default profile refuses (only refusals are logged), by number.

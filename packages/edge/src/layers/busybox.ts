@@ -36,7 +36,7 @@ export async function buildBusyboxTree(dest: string, busybox = BUSYBOX_PATH): Pr
   let applets: string[];
   try {
     const { stdout } = await promisify(execFile)(busybox, ['--list']);
-    applets = stdout.split('\n').filter((a) => /^[A-Za-z0-9_.[\-]+$/.test(a) && a !== 'busybox');
+    applets = stdout.split('\n').filter((a) => /^[A-Za-z0-9_.[-]+$/.test(a) && a !== 'busybox');
   } catch (err) {
     throw new DsecError('UNAVAILABLE', `${busybox} is not runnable (install busybox-static)`, { path: busybox }, { cause: err });
   }

@@ -135,7 +135,7 @@ export class LayerStore {
     }
     const names = await readFile(join(this.root, NAMES_FILE), 'utf8')
       .then((t) => JSON.parse(t) as Record<string, string>)
-      .catch(() => ({}) as Record<string, string>);
+      .catch(() => ({}));
     for (const [name, digest] of Object.entries(names)) {
       const hex = digestHex(digest);
       if (hex !== null && this.layers.has(hex)) this.names.set(name, hex);

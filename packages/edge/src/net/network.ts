@@ -358,7 +358,7 @@ export class NodeNetwork implements SandboxResolver {
   }
 
   private async setUpInfra(): Promise<Infra> {
-    const undo: Array<() => Promise<unknown> | unknown> = [];
+    const undo: Array<() => unknown> = [];
     try {
       await mkdir(this.stateDir, { recursive: true, mode: 0o700 });
       const slice = await claimSlice(this.deps.home, this.o.pool ?? DEFAULT_NETWORK_POOL, this.o.slicePrefix ?? DEFAULT_SLICE_PREFIX, purgeHome);

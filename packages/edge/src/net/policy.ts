@@ -1,7 +1,7 @@
 // A network policy compiled for fast questions: may this sandbox reach host:port, may the proxy
 // dial this address. Built once per policy change, asked on every connection and DNS query.
 import { DEFAULT_ALLOW_PORTS, NETWORK_PRESETS, ipv4ToInt, isIPv4, parseCidr } from '@dsec/protocol';
-import type { Mirror, NetworkPolicy, NetworkPreset } from '@dsec/protocol';
+import type { NetworkPolicy } from '@dsec/protocol';
 import type { EgressPolicyView, EgressVerdict } from './types.js';
 
 /** An IPv4 range as numbers. */
@@ -73,7 +73,7 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
   if (policy.mode === 'allowlist') {
     for (const r of policy.allow ?? []) add(r.host, { rule: `allow:${normName(r.host)}`, ports: r.ports ? new Set(r.ports) : 'default' });
     for (const name of policy.presets ?? []) {
-      for (const domain of NETWORK_PRESETS[name as NetworkPreset] ?? []) add(domain, { rule: `preset:${name}:${domain}`, ports: 'default' });
+      for (const domain of NETWORK_PRESETS[name] ?? []) add(domain, { rule: `preset:${name}:${domain}`, ports: 'default' });
     }
   }
   const named = rangesOf(policy.mode === 'allowlist' ? [...(policy.allowAddresses ?? []), ...(policy.allow ?? []).map((r) => r.host).filter(isIPv4)] : []);
@@ -112,7 +112,7 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
     address,
     policy,
     version,
-    mirrors: (policy.mode === 'allowlist' ? (policy.mirrors ?? {}) : {}) as Partial<Record<NetworkPreset, Mirror>>,
+    mirrors: policy.mode === 'allowlist' ? (policy.mirrors ?? {}) : {},
     allows(host: string, port: number): EgressVerdict {
       if (policy.mode !== 'allowlist') return { allowed: false, reason: 'network mode is none' };
       const name = normName(host);

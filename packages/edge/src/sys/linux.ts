@@ -7,7 +7,7 @@ import { DsecError } from '@dsec/protocol';
 
 const require = createRequire(import.meta.url);
 // koffi ships prebuilt binaries inside its npm package; it has no types worth importing.
-// eslint-disable-next-line @typescript-eslint/no-require-imports
+
 const koffi = require('koffi') as KoffiModule;
 
 interface KoffiModule {

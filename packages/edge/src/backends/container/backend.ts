@@ -165,10 +165,10 @@ export class ContainerBackend implements Backend {
 
   async create(req: BackendCreateRequest, signal?: AbortSignal): Promise<BackendSandbox> {
     const p = this.paths(req.id);
-    const undo: Array<() => Promise<unknown> | unknown> = [];
+    const undo: Array<() => unknown> = [];
     try {
-      await mkdir(p.dir, { recursive: false }).catch((err: NodeJS.ErrnoException) => {
-        if (err.code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
+      await mkdir(p.dir, { recursive: false }).catch((err: unknown) => {
+        if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
         throw err;
       });
       undo.push(() => rm(p.dir, { recursive: true, force: true }));
@@ -439,7 +439,7 @@ export class ContainerBackend implements Backend {
     const before = await this.o.cgroups.memory(id);
     const settings = await readFile(p.paused, 'utf8').then(
       (t) => JSON.parse(t) as MemorySettings,
-      () => ({}) as MemorySettings,
+      () => ({}),
     );
     await this.o.cgroups.restoreMemory(id, settings);
     await this.o.cgroups.thaw(id);

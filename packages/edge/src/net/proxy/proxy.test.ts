@@ -395,7 +395,7 @@ function tlsHandshake(port: number, localAddress: string, servername: string | u
       s.destroy();
       resolve();
     });
-    s.once('error', (err) => {
+    s.once('error', (err: Error) => {
       s.destroy();
       reject(err);
     });

@@ -17,7 +17,7 @@ async function withUpstream(fn: (base: string, hits: Map<string, number>) => Pro
     if (req.url === '/away') return void res.writeHead(302, { location: 'http://127.0.0.2:1/x' }).end();
     if (req.url === '/missing') return void res.writeHead(404).end('gone');
     const size = Number(req.url!.split('/').pop()!.length) * 1000;
-    res.writeHead(200, { 'content-type': 'application/octet-stream' }).end(Buffer.alloc(size, req.url!));
+    res.writeHead(200, { 'content-type': 'application/octet-stream' }).end(Buffer.alloc(size, req.url));
   });
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');

@@ -163,7 +163,7 @@ export class NpmMirrorAdapter implements MirrorAdapter {
     } catch {
       return tarball;
     }
-    if ((this.hosts as readonly string[]).includes(url.hostname)) return ctx.publicBase + url.pathname.slice(1);
+    if (this.hosts.includes(url.hostname)) return ctx.publicBase + url.pathname.slice(1);
     return tarball;
   }
 }
