@@ -139,7 +139,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const watch = new WatchService(store, { log, ...opts.watch });
     closers.unshift(() => watch.close());
     await watch.init();
-    const unsubscribe = edge.onEvent(watch.events.ingest);
+    const unsubscribe = reached.client.onEvent(watch.events.ingest);
     closers.unshift(() => unsubscribe());
     const observe = opts.observeEvents;
     const services = createServices({

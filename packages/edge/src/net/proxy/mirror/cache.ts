@@ -2,8 +2,7 @@
 // sandbox. Identical requests in flight are coalesced into one upstream fetch; the total size is
 // bounded, least recently used objects going first.
 import { createHash, randomBytes } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
-import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import https from 'node:https';
 import path from 'node:path';
@@ -197,9 +196,13 @@ export class MirrorCache {
         else done(null, chunk);
       },
     });
+    // The file is created before the copy starts: a write stream that opens it itself may still
+    // be opening it when a refused body's error has already removed the temporary name.
+    const out = await open(tmp, 'wx', 0o600);
     try {
-      await pipeline(res, counter, createWriteStream(tmp, { mode: 0o600 }), { signal });
+      await pipeline(res, counter, out.createWriteStream(), { signal });
     } catch (err) {
+      await out.close().catch(() => undefined);
       await rm(tmp, { force: true });
       throw err;
     }
