@@ -1,7 +1,8 @@
 // The interface every isolation backend implements (container, microvm, vm), with optional
 // facets for what only some can do, and the host state a backend is built with.
 import type { BackendKind, EventSink, FileStat, LayerInfo, SandboxClaim, SandboxSpec, SandboxStats } from '@dsec/protocol';
-import type { AgentExit, AgentInfo, AgentProcess, Attachment, SpawnOptions } from './chronus/client.js';
+import type { AgentExit, AgentInfo, AgentProcess, SpawnOptions } from './chronus/client.js';
+import type { Attachment } from './chronus/attachment.js';
 import type { Cgroups } from './host/cgroups.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';

@@ -1,7 +1,8 @@
 // A process as an edge hands it out: a chronus attachment behind the protocol's ProcessStream,
 // whose exit carries what only the node can tell (an OOM kill) and whose end is told once.
 import type { ExitInfo, OutputEvent, ProcessStream } from '@dsec/protocol';
-import type { AgentExit, Attachment } from './chronus/client.js';
+import type { AgentExit } from './chronus/client.js';
+import type { Attachment } from './chronus/attachment.js';
 
 /** Turns the agent's exit report into the sandbox's verdict (OOM kills told apart). */
 export type ExitJudge = (exit: AgentExit) => ExitInfo | Promise<ExitInfo>;

@@ -1,12 +1,13 @@
 // Client side of the chronus wire protocol: one connection, many concurrent requests and
 // attachments multiplexed by request id, with window-based flow control on output.
 import net from 'node:net';
-import { constants as osConstants } from 'node:os';
 import type { Duplex } from 'node:stream';
 import { DsecError } from '@dsec/protocol';
-import type { ErrorDetails, ExitInfo, FileStat, FileType } from '@dsec/protocol';
+import type { ExitInfo, FileStat } from '@dsec/protocol';
+import { Attachment } from './attachment.js';
+import { agentError, parseExit, parseStat, signalNumber } from './replies.js';
 import { encodeFrame, F, FrameReader, MAX_IO_BYTES, T } from './wire.js';
-import type { Field, Fields, Frame } from './wire.js';
+import type { Field, Frame } from './wire.js';
 
 /** Default flow-control window per output stream. */
 export const DEFAULT_WINDOW_BYTES = 262_144;
@@ -58,82 +59,6 @@ export type OutputEvent =
   | { kind: 'data'; stream: 'stdout' | 'stderr'; offset: number; data: Buffer }
   | { kind: 'gap'; stream: 'stdout' | 'stderr'; offset: number; bytes: number };
 
-const SIGNAL_NAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([name, n]) => [n, name]));
-
-/** Maps a signal name or number to its number. */
-export function signalNumber(sig: string | number): number {
-  if (typeof sig === 'number') return sig;
-  const n = (osConstants.signals as Record<string, number>)[sig.startsWith('SIG') ? sig : `SIG${sig}`];
-  if (n === undefined) throw new DsecError('INVALID_ARGUMENT', `unknown signal ${sig}`, { field: 'signal' });
-  return n;
-}
-
-const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND' | 'INVALID_ARGUMENT' | 'CONFLICT' | 'PERMISSION_DENIED' | 'PAYLOAD_TOO_LARGE'; name: string }> = {
-  2: { code: 'FILE_NOT_FOUND', name: 'ENOENT' },
-  9: { code: 'CONFLICT', name: 'EBADF' },
-  11: { code: 'CONFLICT', name: 'EAGAIN' },
-  32: { code: 'CONFLICT', name: 'EPIPE' },
-  3: { code: 'PROCESS_NOT_FOUND', name: 'ESRCH' },
-  16: { code: 'CONFLICT', name: 'EBUSY' },
-  1: { code: 'PERMISSION_DENIED', name: 'EPERM' },
-  13: { code: 'PERMISSION_DENIED', name: 'EACCES' },
-  17: { code: 'CONFLICT', name: 'EEXIST' },
-  20: { code: 'INVALID_ARGUMENT', name: 'ENOTDIR' },
-  21: { code: 'INVALID_ARGUMENT', name: 'EISDIR' },
-  22: { code: 'INVALID_ARGUMENT', name: 'EINVAL' },
-  39: { code: 'CONFLICT', name: 'ENOTEMPTY' },
-  28: { code: 'PAYLOAD_TOO_LARGE', name: 'ENOSPC' },
-  122: { code: 'PAYLOAD_TOO_LARGE', name: 'EDQUOT' },
-};
-
-function agentError(fields: Fields, what: string, path?: string): DsecError {
-  const errno = fields.num(F.ERRNO) ?? 0;
-  const message = fields.str(F.MESSAGE) ?? `${what}: errno ${errno}`;
-  const mapped = ERRNO_CODES[errno];
-  const details: ErrorDetails = { errno: mapped?.name ?? String(errno) };
-  if (path !== undefined) {
-    details.path = path;
-    if (mapped?.code === 'INVALID_ARGUMENT') details.field = 'path';
-  }
-  return new DsecError(mapped?.code ?? 'BACKEND_FAILED', message, details);
-}
-
-function parseExit(f: Fields): AgentExit {
-  const sig = f.num(F.SIGNAL) ?? 0;
-  return {
-    proc: f.num(F.PROC) ?? 0,
-    pid: f.num(F.PID) ?? 0,
-    exitCode: sig === 0 ? (f.num(F.EXIT_CODE) ?? 0) : null,
-    signal: sig === 0 ? null : (SIGNAL_NAMES.get(sig) ?? `SIG${sig}`),
-    timedOut: f.has(F.TIMED_OUT),
-    durationMs: f.num(F.DURATION_MS) ?? 0,
-    cpuUserMs: f.num(F.CPU_USER_MS) ?? 0,
-    cpuSysMs: f.num(F.CPU_SYS_MS) ?? 0,
-    peakMemoryKiB: f.num(F.MAXRSS_KIB) ?? 0,
-    stdoutBytes: f.num(F.STDOUT_END) ?? 0,
-    stderrBytes: f.num(F.STDERR_END) ?? 0,
-  };
-}
-
-const FTYPES: Record<number, FileType> = { 1: 'file', 2: 'dir', 3: 'symlink', 4: 'other' };
-
-function parseStat(f: Fields, name: string): FileStat {
-  const stat: FileStat = {
-    name,
-    type: FTYPES[f.num(F.FTYPE) ?? 4] ?? 'other',
-    mode: (f.num(F.MODE) ?? 0) & 0o7777,
-    size: f.num(F.SIZE) ?? 0,
-    mtimeMs: f.num(F.MTIME_MS) ?? 0,
-  };
-  const uid = f.num(F.UID_OUT);
-  const gid = f.num(F.GID_OUT);
-  const link = f.str(F.LINK);
-  if (uid !== undefined) stat.uid = uid;
-  if (gid !== undefined) stat.gid = gid;
-  if (link !== undefined) stat.linkTarget = link;
-  return stat;
-}
-
 interface AttachMeta {
   proc: number;
   windowBytes: number;
@@ -142,156 +67,6 @@ interface AttachMeta {
 }
 
 type Pending = { resolve: (f: Frame) => void; reject: (e: Error) => void; what: string; path?: string };
-
-/**
- * A running (or finished) process seen through one attachment: output events in order, then
- * the exit. Output is acknowledged as it is consumed, so an unread attachment applies
- * back-pressure to the process instead of buffering without bound.
- */
-export class Attachment {
-  readonly proc: number;
-  readonly pid: number;
-  /** Resolves with the exit report; rejects if the connection is lost first. */
-  readonly exited: Promise<AgentExit>;
-  private readonly queue: OutputEvent[] = [];
-  private waiter: (() => void) | undefined;
-  private done = false;
-  private failure: Error | undefined;
-  private listener: ((ev: OutputEvent) => void) | undefined;
-  private readonly detachHooks: Array<() => void> = [];
-  private readonly consumed = { stdout: 0, stderr: 0 };
-  private readonly acked = { stdout: 0, stderr: 0 };
-  private resolveExit!: (e: AgentExit) => void;
-  private rejectExit!: (e: Error) => void;
-
-  constructor(
-    private readonly client: ChronusClient,
-    readonly requestId: number,
-    proc: number,
-    pid: number,
-    private readonly windowBytes: number,
-    from: { stdout: number; stderr: number },
-  ) {
-    this.proc = proc;
-    this.pid = pid;
-    this.consumed = { ...from };
-    this.acked = { ...from };
-    this.exited = new Promise<AgentExit>((resolve, reject) => {
-      this.resolveExit = resolve;
-      this.rejectExit = reject;
-    });
-    // The exit promise is also observed through wait(); never let it go unhandled.
-    this.exited.catch(() => undefined);
-  }
-
-  /** Delivers every output event to `fn` as it arrives (instead of the async iterator). */
-  onOutput(fn: (ev: OutputEvent) => void): void {
-    this.listener = fn;
-    for (const ev of this.queue.splice(0)) this.deliver(ev);
-  }
-
-  /** Output events in order; ends after the exit. */
-  async *[Symbol.asyncIterator](): AsyncIterator<OutputEvent> {
-    for (;;) {
-      const ev = this.queue.shift();
-      if (ev !== undefined) {
-        this.consume(ev);
-        yield ev;
-        continue;
-      }
-      if (this.failure) throw this.failure;
-      if (this.done) return;
-      await new Promise<void>((r) => (this.waiter = r));
-    }
-  }
-
-  /** Writes to the process's stdin; resolves when the agent has put it in the pipe. */
-  write(data: Uint8Array | string, eof = false): Promise<void> {
-    return this.client.writeStdin(this.proc, data, eof);
-  }
-
-  /** Closes the process's stdin. */
-  closeStdin(): Promise<void> {
-    return this.write(Buffer.alloc(0), true);
-  }
-
-  /** Sends a signal to the process (or its whole group). */
-  kill(signal: string | number = 'SIGKILL', group = true): Promise<void> {
-    return this.client.signal(this.proc, signal, group);
-  }
-
-  /** Stops receiving events; the process keeps running. */
-  async detach(): Promise<void> {
-    this.client.forget(this.requestId);
-    this.finish();
-    await this.client.request(T.DETACH, [[F.PROC, this.proc]], 'detach').catch(() => undefined);
-    for (const fn of this.detachHooks.splice(0)) fn();
-  }
-
-  /** Runs `fn` once the attachment is detached. */
-  onDetach(fn: () => void): void {
-    this.detachHooks.push(fn);
-  }
-
-  /** @internal */
-  handle(frame: Frame): void {
-    const f = frame.fields;
-    if (frame.type === T.OUTPUT || frame.type === T.GAP) {
-      const stream = f.num(F.STREAM) === 2 ? 'stderr' : 'stdout';
-      const offset = f.num(F.OFFSET) ?? 0;
-      const ev: OutputEvent =
-        frame.type === T.OUTPUT
-          ? { kind: 'data', stream, offset, data: f.bytes(F.DATA) ?? Buffer.alloc(0) }
-          : { kind: 'gap', stream, offset, bytes: f.num(F.COUNT) ?? 0 };
-      if (this.listener) this.deliver(ev);
-      else this.push(ev);
-    } else if (frame.type === T.EXIT) {
-      this.client.forget(this.requestId);
-      this.resolveExit(parseExit(f));
-      this.finish();
-    } else if (frame.type === T.ERROR) {
-      this.fail(agentError(f, 'attachment'));
-    }
-  }
-
-  /** @internal */
-  fail(err: Error): void {
-    if (this.done) return;
-    this.failure = err;
-    this.rejectExit(err);
-    this.finish();
-  }
-
-  private deliver(ev: OutputEvent): void {
-    this.consume(ev);
-    this.listener?.(ev);
-  }
-
-  private push(ev: OutputEvent): void {
-    this.queue.push(ev);
-    this.wake();
-  }
-
-  private finish(): void {
-    this.done = true;
-    this.wake();
-  }
-
-  private wake(): void {
-    const w = this.waiter;
-    this.waiter = undefined;
-    w?.();
-  }
-
-  private consume(ev: OutputEvent): void {
-    const end = ev.kind === 'data' ? ev.offset + ev.data.length : ev.offset + ev.bytes;
-    this.consumed[ev.stream] = Math.max(this.consumed[ev.stream], end);
-    if (this.consumed[ev.stream] - this.acked[ev.stream] >= this.windowBytes / 4) {
-      this.acked[ev.stream] = this.consumed[ev.stream];
-      this.client.send(T.ACK, 0, [[F.PROC, this.proc], [F.STREAM, ev.stream === 'stdout' ? 1 : 2], [F.OFFSET, this.acked[ev.stream]]]);
-    }
-  }
-}
 
 /** One connection to a sandbox's chronus agent. */
 export class ChronusClient {
