@@ -1,6 +1,7 @@
 // Destinations as the egress proxy sees them: parsing of Host headers, CONNECT targets and SNI
 // names, and IP-literal detection. (Which addresses may be dialled is the policy's question.)
-import { isIP, isIPv4 } from 'node:net';
+import type { IncomingMessage } from 'node:http';
+import { isIP, isIPv4, isIPv6 } from 'node:net';
 
 /** Longest DNS name accepted as a destination (RFC 1035, without the trailing dot). */
 export const MAX_HOSTNAME_LENGTH = 253;
@@ -90,4 +91,43 @@ export function parseAuthority(authority: string, defaultPort?: number): Destina
 /** `host:port`, with brackets around IPv6. */
 export function formatDestination(d: Destination): string {
   return isIP(d.host) === 6 ? `[${d.host}]:${d.port}` : `${d.host}:${d.port}`;
+}
+
+/** A plain-HTTP request's destination, its origin-form path, and the Host value to send upstream. */
+export interface HttpTarget {
+  dest: Destination;
+  path: string;
+  authority: string;
+}
+
+/** Matches the absolute-form target of a plain-HTTP proxy request. */
+const ABSOLUTE_HTTP = /^http:\/\/([^/?#]*)(.*)$/i;
+
+/**
+ * The destination, origin-form path and Host value of a plain-HTTP request: from its absolute URL
+ * (explicit proxy) or its Host header (transparent, where `transparentPort` is the default port).
+ */
+export function httpTarget(via: 'http' | 'transparent-http', req: IncomingMessage, transparentPort: number): HttpTarget | { error: string } {
+  const url = req.url ?? '';
+  const abs = ABSOLUTE_HTTP.exec(url);
+  let authority: string;
+  let path: string;
+  if (abs) {
+    authority = abs[1]!;
+    path = abs[2] || '/';
+    if (!path.startsWith('/')) path = '/' + path;
+  } else if (via === 'http') {
+    return { error: /^https:/i.test(url) ? 'https URLs go through CONNECT' : 'a proxy request needs an absolute http:// URL' };
+  } else {
+    const host = req.headers.host;
+    if (!host) return { error: 'no Host header' };
+    if (!url.startsWith('/')) return { error: `unsupported request target ${url.slice(0, 100)}` };
+    authority = host;
+    path = url;
+  }
+  if (authority.includes('@')) return { error: 'credentials in the URL are not forwarded' };
+  const dest = parseAuthority(authority, via === 'http' ? 80 : transparentPort);
+  if (!dest) return { error: `invalid host ${authority.slice(0, 300)}` };
+  const hostPart = isIPv6(dest.host) ? `[${dest.host}]` : dest.host;
+  return { dest, path, authority: dest.port === 80 ? hostPart : `${hostPart}:${dest.port}` };
 }

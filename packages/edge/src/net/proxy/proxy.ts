@@ -6,7 +6,8 @@
 // - transparent TLS: connections to port 443 redirected here; the destination is the SNI of the
 //   ClientHello, read without terminating TLS (the handshake runs end to end).
 // The caller is identified by its source address; its policy decides each destination, the proxy
-// resolves names itself and dials only addresses it checked.
+// resolves names itself and dials only addresses it checked. This file holds the listeners and the
+// splicing; the verdict is judge.ts, the dial upstream.ts, the refusal texts replies.ts.
 import { once } from 'node:events';
 import { createReadStream } from 'node:fs';
 import http from 'node:http';
@@ -23,17 +24,20 @@ import type {
   EgressStats,
   EgressVia,
 } from '../types.js';
-import { formatDestination, isIpLiteralLike, normalizeAddress, normalizeHost, parseAuthority } from './address.js';
-import type { Destination } from './address.js';
+import { formatDestination, httpTarget, normalizeAddress, normalizeHost, parseAuthority } from './address.js';
+import type { Destination, HttpTarget } from './address.js';
 import { ConnectionLog } from './connections.js';
 import type { ConnectionRecord, EgressReason } from './connections.js';
 import { endToEndHeaders, headBytes, upgradeHead } from './headers.js';
 import { DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, Throttle, TokenBucket } from './limits.js';
-import type { MirrorAdapter } from './mirror/adapter.js';
 import type { MirrorCacheStats } from './mirror/cache.js';
 import { defaultMirrorAdapters, matchMirror, MirrorService } from './mirror/service.js';
 import type { MirrorMatch, MirrorResponse, MirrorServiceOptions } from './mirror/service.js';
+import { judge, recheck } from './judge.js';
+import type { Judgement, MirrorRoutes } from './judge.js';
+import { plainReply, refusalText, refuseHttp } from './replies.js';
 import { readClientHello, tlsAlert } from './sni.js';
+import { dialUpstream } from './upstream.js';
 
 /** The explicit proxy's port when none is given (the usual one for HTTP proxies). */
 export const DEFAULT_EXPLICIT_PORT = 3128;
@@ -67,8 +71,6 @@ export interface EgressProxyHandle extends NetEgressProxyHandle {
   mirrorStats(): MirrorCacheStats | undefined;
 }
 
-type Judgement = { ok: true; rule: string; mirror?: MirrorMatch } | { ok: false; reason: EgressReason; rule?: string; detail?: string };
-
 /** An open proxied connection (or forwarded request), re-checked when its policy changes. */
 interface Active {
   sandboxId: string;
@@ -81,9 +83,6 @@ interface Active {
   kill(): void;
 }
 
-type DialResult =
-  { socket: Socket; address: string } | { refused: 'unresolvable' | 'restricted-address'; detail: string } | { failed: string; address: string };
-
 /** Who asked, how, for where: the fields every decision shares. */
 interface Attempt {
   sandboxId?: string;
@@ -94,44 +93,8 @@ interface Attempt {
 
 const noop = (): void => {};
 
-function connectTcp(address: string, port: number, timeoutMs: number): Promise<Socket> {
-  return new Promise((resolve, reject) => {
-    const s = net.connect({ host: address, port });
-    const timer = setTimeout(() => {
-      s.destroy();
-      reject(new Error(`connect to ${address}:${port} timed out`));
-    }, timeoutMs);
-    const onError = (err: Error): void => {
-      clearTimeout(timer);
-      reject(err);
-    };
-    s.once('error', onError);
-    s.once('connect', () => {
-      clearTimeout(timer);
-      s.off('error', onError);
-      s.on('error', noop); // whoever takes it over reacts to 'close'
-      resolve(s);
-    });
-  });
-}
-
-/** Matches the absolute-form target of a plain-HTTP proxy request. */
-const ABSOLUTE_HTTP = /^http:\/\/([^/?#]*)(.*)$/i;
 /** Where an unknown destination is logged (a refusal before any destination was read). */
 const NOWHERE: Destination = { host: '*', port: 0 };
-
-function plainReply(socket: Socket, status: string, body: string, reason?: EgressReason): void {
-  const extra = reason ? `X-Dsec-Egress: denied; reason=${reason}\r\n` : '';
-  if (socket.writable)
-    socket.end(
-      `HTTP/1.1 ${status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n${extra}Connection: close\r\n\r\n${body}`,
-    );
-  else socket.destroy();
-}
-
-function refusalText(r: ConnectionRecord): string {
-  return `dsec egress: ${formatDestination(r)} denied (${r.reason ?? 'policy'}${r.detail ? `: ${r.detail}` : ''})\n`;
-}
 
 class EgressProxy implements EgressProxyHandle {
   readonly ports: EgressProxyPorts = { http: 0, transparentHttp: 0, transparentTls: 0 };
@@ -152,7 +115,7 @@ class EgressProxy implements EgressProxyHandle {
   private readonly idleTimeoutMs: number;
   private readonly httpPort: number;
   private readonly tlsPort: number;
-  private readonly adapters: readonly MirrorAdapter[];
+  private readonly routes: MirrorRoutes;
   private closing = false;
 
   constructor(
@@ -169,7 +132,7 @@ class EgressProxy implements EgressProxyHandle {
     this.idleTimeoutMs = opts.limits?.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
     this.httpPort = opts.transparentPorts?.http ?? 80;
     this.tlsPort = opts.transparentPorts?.tls ?? 443;
-    this.adapters = opts.mirrors?.adapters ?? defaultMirrorAdapters();
+    this.routes = { adapters: opts.mirrors?.adapters ?? defaultMirrorAdapters(), mirrors };
 
     const httpServer = (via: 'http' | 'transparent-http'): http.Server => {
       const s = http.createServer({ requestTimeout: 0, headersTimeout: 30_000, keepAliveTimeout: 30_000 });
@@ -216,7 +179,7 @@ class EgressProxy implements EgressProxyHandle {
   policyChanged(sandboxId: string): void {
     for (const a of [...(this.active.get(sandboxId) ?? [])]) {
       const view = this.opts.sandboxes.bySourceAddress(a.source);
-      const j = this.recheck(a, view);
+      const j = recheck(this.routes, a, view);
       if (j.ok) continue;
       this.closeActive(a, 'policy-changed', j.rule, `now denied: ${j.reason}${j.detail ? ` (${j.detail})` : ''}`);
     }
@@ -278,69 +241,13 @@ class EgressProxy implements EgressProxyHandle {
     return b;
   }
 
-  /** The policy's verdict on a destination, before any name is resolved. */
-  private judge(view: EgressPolicyView, via: EgressVia, dest: Destination): Judgement {
-    if (view.mode === 'none') return { ok: false, reason: 'policy', rule: 'mode:none' };
-    const mirror = matchMirror(this.adapters, view.mirrors, dest.host);
-    if (mirror) {
-      const rule = `mirror:${mirror.preset}`;
-      // A mirror answers plain HTTP only: TLS to the public name would reach the real registry
-      // past the mirror (and its freeze), so it is refused.
-      if (via === 'connect' || via === 'transparent-tls') return { ok: false, reason: 'mirror-requires-http', rule, detail: `use http://${dest.host}/` };
-      if (!this.mirrors?.upstreamAllowed(mirror))
-        return { ok: false, reason: 'mirror-not-configured', rule, detail: mirror.mirror.upstream ?? 'no mirror cache on this node' };
-      return { ok: true, rule, mirror };
-    }
-    if (isIpLiteralLike(dest.host)) {
-      // Only a dotted-quad IPv4 literal that a rule names; numeric shorthands and IPv6 never.
-      const d = net.isIPv4(dest.host) ? view.allows(dest.host, dest.port) : undefined;
-      if (d?.allowed) return { ok: true, rule: d.rule ?? `address:${dest.host}` };
-      return { ok: false, reason: 'ip-literal', ...(d?.rule ? { rule: d.rule } : {}), ...(d?.reason ? { detail: d.reason } : {}) };
-    }
-    const d = view.allows(dest.host, dest.port);
-    if (!d.allowed) return { ok: false, reason: 'policy', ...(d.rule ? { rule: d.rule } : {}), ...(d.reason ? { detail: d.reason } : {}) };
-    return { ok: true, rule: d.rule ?? `host:${dest.host}` };
-  }
-
-  private recheck(a: Active, view: EgressPolicyView | undefined): Judgement {
-    if (!view || view.sandboxId !== a.sandboxId) return { ok: false, reason: 'unknown-source' };
-    const j = this.judge(view, a.via === 'mirror' ? 'http' : a.via, a.dest);
-    if (!j.ok) return j;
-    if (a.mirrored !== (j.mirror !== undefined)) return { ok: false, reason: 'policy', detail: 'mirror route changed' };
-    if (a.address && !view.addressAllowed(a.address)) return { ok: false, reason: 'restricted-address', detail: a.address };
-    return j;
-  }
-
-  /** Resolves `dest`, keeps the addresses the policy lets the proxy dial, connects to the first that answers. */
-  private async dial(view: EgressPolicyView, dest: Destination): Promise<DialResult> {
-    let addresses: string[];
-    try {
-      addresses = net.isIPv4(dest.host) ? [dest.host] : await this.opts.resolver.resolve4(dest.host, AbortSignal.timeout(this.connectTimeoutMs));
-    } catch (err) {
-      return { refused: 'unresolvable', detail: (err as Error).message };
-    }
-    if (addresses.length === 0) return { refused: 'unresolvable', detail: `${dest.host} has no address` };
-    // The addresses checked here are the ones dialled: no second lookup, no rebinding window.
-    const usable = addresses.filter((a) => net.isIPv4(a) && view.addressAllowed(a));
-    if (usable.length === 0) return { refused: 'restricted-address', detail: `${dest.host} resolves to ${addresses.slice(0, 8).join(', ')}` };
-    let failure = '';
-    for (const address of usable.slice(0, 8)) {
-      try {
-        return { socket: await connectTcp(address, dest.port, this.connectTimeoutMs), address };
-      } catch (err) {
-        failure = (err as Error).message;
-      }
-    }
-    return { failed: failure, address: usable[0]! };
-  }
-
   /** Decides and dials for an attempt; the record is logged either way. */
   private async open(
     view: EgressPolicyView,
     at: Attempt & { sandboxId: string },
     j: Judgement & { ok: true },
   ): Promise<{ record: ConnectionRecord; socket?: Socket; failed?: string }> {
-    const dialed = await this.dial(view, at.dest);
+    const dialed = await dialUpstream(this.opts.resolver, view, at.dest, this.connectTimeoutMs);
     if ('refused' in dialed) return { record: this.decide(at, 'denied', { reason: dialed.refused, rule: j.rule, detail: dialed.detail }) };
     if ('failed' in dialed) {
       const record = this.decide(at, 'allowed', { rule: j.rule, address: dialed.address, detail: dialed.failed });
@@ -400,48 +307,12 @@ class EgressProxy implements EgressProxyHandle {
     return true;
   }
 
-  /** The destination, origin-form path and Host value of a plain-HTTP request. */
-  private httpTarget(via: 'http' | 'transparent-http', req: IncomingMessage): { dest: Destination; path: string; authority: string } | { error: string } {
-    const url = req.url ?? '';
-    const abs = ABSOLUTE_HTTP.exec(url);
-    let authority: string;
-    let path: string;
-    if (abs) {
-      authority = abs[1]!;
-      path = abs[2] || '/';
-      if (!path.startsWith('/')) path = '/' + path;
-    } else if (via === 'http') {
-      return { error: /^https:/i.test(url) ? 'https URLs go through CONNECT' : 'a proxy request needs an absolute http:// URL' };
-    } else {
-      const host = req.headers.host;
-      if (!host) return { error: 'no Host header' };
-      if (!url.startsWith('/')) return { error: `unsupported request target ${url.slice(0, 100)}` };
-      authority = host;
-      path = url;
-    }
-    if (authority.includes('@')) return { error: 'credentials in the URL are not forwarded' };
-    const dest = parseAuthority(authority, via === 'http' ? 80 : this.httpPort);
-    if (!dest) return { error: `invalid host ${authority.slice(0, 300)}` };
-    const hostPart = net.isIPv6(dest.host) ? `[${dest.host}]` : dest.host;
-    return { dest, path, authority: dest.port === 80 ? hostPart : `${hostPart}:${dest.port}` };
-  }
-
-  private refuseHttp(res: ServerResponse, record: ConnectionRecord, status = 403): void {
-    const body = refusalText(record);
-    res.writeHead(status, {
-      'content-type': 'text/plain; charset=utf-8',
-      'content-length': Buffer.byteLength(body),
-      'x-dsec-egress': `denied; reason=${record.reason ?? 'policy'}`,
-    });
-    res.end(body);
-  }
-
   private onRequest(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse): void {
     const source = normalizeAddress(req.socket.remoteAddress ?? '');
-    const target = this.httpTarget(via, req);
+    const target = httpTarget(via, req, this.httpPort);
     if ('error' in target) {
       const view = this.opts.sandboxes.bySourceAddress(source);
-      this.refuseHttp(
+      refuseHttp(
         res,
         this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'bad-request', detail: target.error }),
         400,
@@ -454,20 +325,14 @@ class EgressProxy implements EgressProxyHandle {
     });
   }
 
-  private async forward(
-    via: 'http' | 'transparent-http',
-    req: IncomingMessage,
-    res: ServerResponse,
-    source: string,
-    target: { dest: Destination; path: string; authority: string },
-  ): Promise<void> {
+  private async forward(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse, source: string, target: HttpTarget): Promise<void> {
     const { dest, path } = target;
     const view = this.opts.sandboxes.bySourceAddress(source);
-    if (!view) return this.refuseHttp(res, this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
+    if (!view) return refuseHttp(res, this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
     const at = { sandboxId: view.sandboxId, source, via, dest };
-    const j = this.judge(view, via, dest);
+    const j = judge(this.routes, view, via, dest);
     if (!j.ok)
-      return this.refuseHttp(
+      return refuseHttp(
         res,
         this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }),
         j.reason === 'mirror-not-configured' ? 502 : 403,
@@ -476,7 +341,7 @@ class EgressProxy implements EgressProxyHandle {
 
     const opened = await this.open(view, at, j);
     if (!opened.socket) {
-      if (opened.failed === undefined) return this.refuseHttp(res, opened.record);
+      if (opened.failed === undefined) return refuseHttp(res, opened.record);
       res.writeHead(502, { 'content-type': 'text/plain; charset=utf-8' }).end(`dsec egress: ${formatDestination(dest)}: ${opened.failed}\n`);
       return;
     }
@@ -600,13 +465,13 @@ class EgressProxy implements EgressProxyHandle {
   private onUpgrade(via: 'http' | 'transparent-http', req: IncomingMessage, socket: Socket, head: Buffer): void {
     const source = normalizeAddress(socket.remoteAddress ?? '');
     const view = this.opts.sandboxes.bySourceAddress(source);
-    const target = this.httpTarget(via, req);
+    const target = httpTarget(via, req, this.httpPort);
     const refuse = (error: string, dest: Destination): void => {
       this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest }, 'denied', { reason: 'bad-request', detail: error });
       plainReply(socket, '400 Bad Request', `dsec egress: ${error}\n`);
     };
     if ('error' in target) return refuse(target.error, NOWHERE);
-    if (view && matchMirror(this.adapters, view.mirrors, target.dest.host)) return refuse('a package mirror does not upgrade connections', target.dest);
+    if (view && matchMirror(this.routes.adapters, view.mirrors, target.dest.host)) return refuse('a package mirror does not upgrade connections', target.dest);
     const first = Buffer.concat([upgradeHead(req, target.path, target.authority), head]);
     void this.tunnel(via, socket, source, target.dest, first, {
       allowed: noop,
@@ -659,7 +524,7 @@ class EgressProxy implements EgressProxyHandle {
     const view = this.opts.sandboxes.bySourceAddress(source);
     if (!view) return respond.denied(this.decide({ source, via, dest }, 'denied', { reason: 'unknown-source' }));
     const at = { sandboxId: view.sandboxId, source, via, dest };
-    const j = this.judge(view, via, dest);
+    const j = judge(this.routes, view, via, dest);
     if (!j.ok)
       return respond.denied(this.decide(at, 'denied', { reason: j.reason, ...(j.rule ? { rule: j.rule } : {}), ...(j.detail ? { detail: j.detail } : {}) }));
     const opened = await this.open(view, at, j);
