@@ -1,16 +1,20 @@
 // Preparing the host a node runs on: its state directory, cgroup mode, runtime namespace,
-// layer store and cgroups (what every backend is built with), its backends, name and zram swap.
+// layer store and cgroups (what every backend is built with), its backends, name and zram swap;
+// and the garbage collection across its backends.
 import { access, mkdir } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import path from 'node:path';
 import { DsecError, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, EventSink } from '@dsec/protocol';
-import type { Backend, BackendHost } from './backend.js';
+import type { BackendKind, EventSink, NodeGarbageReport } from '@dsec/protocol';
+import type { Backend, BackendHost, GarbageOptions } from './backend.js';
+import { fncallRunner } from './backends/fncall/index.js';
 import { defaultBackends } from './backends/index.js';
-import type { EdgeOptions } from './edge-options.js';
+import type { EdgeOptions, EdgeParts } from './edge-options.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
+import { NodeNetwork } from './net/network.js';
 
 /** Longest node name: sandbox ids are `<node>-<16 hex>` and must stay short (crun ids, socket paths). */
 const MAX_NODE_NAME = 40;
@@ -66,4 +70,55 @@ export function nodeNameOf(name: string): string {
     .replace(/^-+|-+$/g, '')
     .slice(0, MAX_NODE_NAME);
   return clean.length >= 1 ? clean : 'node';
+}
+
+/**
+ * Makes the parts of a node at `opts.home` (default /var/lib/dsec): the prepared host, its
+ * backends, function calls, network and zram swap. Their events go to `raise`.
+ */
+export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<EdgeParts> {
+  const home = path.resolve(opts.home ?? '/var/lib/dsec');
+  const host = await prepareHost({ home, agentBinary: opts.agentBinary, cgroupParent: opts.cgroupParent ?? 'dsec', raise });
+  const backends = await openBackends(host, opts);
+  const calls = await (opts.calls ?? fncallRunner())(host);
+  const helpers = path.dirname(path.resolve(opts.agentBinary));
+  const network = new NodeNetwork(opts.network ?? {}, {
+    home,
+    nflogBinary: path.join(helpers, 'dsec-nflog'),
+    netlinkBinary: path.join(helpers, 'dsec-netlink'),
+    raise,
+  });
+  const swap = opts.zramSwapMiB !== undefined ? await prepareZramSwap(opts.zramSwapMiB) : undefined;
+  return {
+    home,
+    nodeName: nodeNameOf(opts.nodeName ?? hostname()),
+    layers: host.layers,
+    cgroups: host.cgroups,
+    runtimeNs: host.runtimeNs,
+    backends: [...backends.values()],
+    calls,
+    network,
+    swap,
+    ...(opts.maxSandboxes !== undefined ? { maxSandboxes: opts.maxSandboxes } : {}),
+  };
+}
+
+/** Collects each backend's garbage (what `opts.keep` does not claim), then the layer mounts nobody uses. */
+export async function collectNodeGarbage(
+  backends: Iterable<Backend>,
+  layers: Pick<LayerStore, 'unmountUnused'>,
+  opts: GarbageOptions,
+): Promise<NodeGarbageReport> {
+  const report: NodeGarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
+  for (const backend of backends) {
+    if (!backend.garbage) continue;
+    const r = await backend.garbage.collectGarbage(opts);
+    report.containers.push(...r.containers);
+    report.cgroups.push(...r.cgroups);
+    report.processes += r.processes;
+    report.mounts += r.mounts;
+    report.dirs.push(...r.dirs);
+  }
+  report.layerMounts = await layers.unmountUnused();
+  return report;
 }

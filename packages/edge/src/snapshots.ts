@@ -1,8 +1,8 @@
 // A sandbox's writable layer read from the host: packed into a snapshot layer ("pack diff"),
 // or viewed over its lower layers for diffs and integrity checks.
-import type { LayerInfo } from '@dsec/protocol';
+import type { DiffOptions, LayerInfo } from '@dsec/protocol';
 import type { BackendSandbox, PauseFacet } from './backend.js';
-import type { SandboxLayersView } from './diff.js';
+import type { DiffLayersOptions, SandboxLayersView } from './diff.js';
 import type { IdShift } from './host/idmap.js';
 import type { LayerStore } from './layers/index.js';
 
@@ -47,6 +47,25 @@ export function snapshotLabels(record: BackendSandbox, labels: Record<string, st
 }
 
 /**
+ * What a snapshot of `record` packs, all but the hold: its upper directory (at `upper`), its
+ * layers as parents, its labels, and the ids to store. A user-namespaced sandbox's files are
+ * owned by its host id range: stored as the ids it sees, unless `opts.idShift` says otherwise.
+ */
+export function snapshotRequest(record: BackendSandbox, upper: string, freezer: PackRequest['freezer'], opts: SnapshotOptions): Omit<PackRequest, 'hold'> {
+  const range = record.idRange;
+  const idShift = opts.idShift ?? (range ? { uid: range.uid, gid: range.gid, count: range.size } : undefined);
+  return {
+    id: record.id,
+    upper,
+    parents: record.layers.map((l) => l.digest),
+    labels: snapshotLabels(record, opts.labels),
+    freezer,
+    ...(idShift ? { idShift } : {}),
+    ...(opts.signal ? { signal: opts.signal } : {}),
+  };
+}
+
+/**
  * Packs the upper directory into a layer of kind `snapshot`. A running sandbox is frozen only
  * while the tree is read; the digest and the commit happen with it running again (a paused
  * one is read as it is and stays paused). The hold is released with the thaw, also on failure.
@@ -85,5 +104,17 @@ export function layersView(upper: string, record: BackendSandbox, layers: LayerS
     // Records list layers bottom first; overlayfs and the view want the topmost first.
     lowers: record.layers.map((l) => layers.mountDir(l.digest)).reverse(),
     ...(record.idRange ? { idRange: record.idRange } : {}),
+  };
+}
+
+/** The page of a diff that `opts` asks for; `frozen` when the sandbox is paused (a consistent view). */
+export function diffPage(opts: DiffOptions, frozen: boolean): DiffLayersOptions {
+  const { paths, hash, limit, cursor } = opts;
+  return {
+    ...(paths ? { paths } : {}),
+    ...(hash !== undefined ? { hash } : {}),
+    ...(limit !== undefined ? { limit } : {}),
+    ...(cursor !== undefined ? { cursor } : {}),
+    frozen,
   };
 }
