@@ -163,30 +163,32 @@ export class SandboxMonitor {
     const w = this.watched.get(id);
     if (!w || !this.deps.isRunning(id)) return;
     const { resources } = w.spec();
-    if (now.oomKills > w.seen.oomKills) {
-      const count = now.oomKills - w.seen.oomKills;
-      w.seen.oomKills = now.oomKills;
-      const limitMiB = resources?.memoryMiB;
-      this.deps.raise({
-        kind: 'oom.kill',
-        severity: 'warning',
-        sandboxId: id,
-        message: `sandbox ${id}: ${count} process${count === 1 ? '' : 'es'} killed at the memory limit${limitMiB ? ` (${limitMiB} MiB)` : ''}`,
-        data: { count, total: now.oomKills, ...(limitMiB ? { memoryMiB: limitMiB } : {}), ...(context ? { proc: context.proc, pid: context.pid } : {}) },
-      });
-    }
-    if (now.pidsLimitHits > w.seen.pidsLimitHits) {
-      const count = now.pidsLimitHits - w.seen.pidsLimitHits;
-      w.seen.pidsLimitHits = now.pidsLimitHits;
-      const limit = resources?.pids;
-      this.deps.raise({
-        kind: 'pids.limit-hit',
-        severity: 'warning',
-        sandboxId: id,
-        message: `sandbox ${id}: ${count} fork${count === 1 ? '' : 's'} refused at the process limit${limit ? ` (${limit})` : ''}`,
-        data: { count, total: now.pidsLimitHits, ...(limit ? { pidsLimit: limit } : {}) },
-      });
-    }
+    const limitMiB = resources?.memoryMiB;
+    this.raiseGrowth(id, w, now, 'oomKills', 'oom.kill', (count) => ({
+      message: `sandbox ${id}: ${count} process${count === 1 ? '' : 'es'} killed at the memory limit${limitMiB ? ` (${limitMiB} MiB)` : ''}`,
+      data: { ...(limitMiB ? { memoryMiB: limitMiB } : {}), ...(context ? { proc: context.proc, pid: context.pid } : {}) },
+    }));
+    const limit = resources?.pids;
+    this.raiseGrowth(id, w, now, 'pidsLimitHits', 'pids.limit-hit', (count) => ({
+      message: `sandbox ${id}: ${count} fork${count === 1 ? '' : 's'} refused at the process limit${limit ? ` (${limit})` : ''}`,
+      data: limit ? { pidsLimit: limit } : {},
+    }));
+  }
+
+  /** Raises `kind` (a warning with the count and total) when counter `key` grew since last seen, and remembers the new value. */
+  private raiseGrowth(
+    id: string,
+    w: Watched,
+    now: SandboxCounters,
+    key: keyof SandboxCounters,
+    kind: 'oom.kill' | 'pids.limit-hit',
+    describe: (count: number) => { message: string; data: Record<string, unknown> },
+  ): void {
+    if (now[key] <= w.seen[key]) return;
+    const count = now[key] - w.seen[key];
+    w.seen[key] = now[key];
+    const { message, data } = describe(count);
+    this.deps.raise({ kind, severity: 'warning', sandboxId: id, message, data: { count, total: now[key], ...data } });
   }
 
   /**

@@ -24,6 +24,24 @@ export interface SeccompDenial {
 }
 
 // The system calls the default profile refuses (only refusals are logged), by number.
+// Since Linux 5.1 new system calls take one number on every architecture (424 and up).
+const SHARED_NUMBERS: Record<number, string> = {
+  425: 'io_uring_setup',
+  426: 'io_uring_enter',
+  427: 'io_uring_register',
+  428: 'open_tree',
+  429: 'move_mount',
+  430: 'fsopen',
+  431: 'fsconfig',
+  432: 'fsmount',
+  433: 'fspick',
+  435: 'clone3',
+  438: 'pidfd_getfd',
+  440: 'process_madvise',
+  442: 'mount_setattr',
+  443: 'quotactl_fd',
+  460: 'lsm_set_self_attr',
+};
 const X86_64: Record<number, string> = {
   16: 'ioctl',
   56: 'clone',
@@ -73,21 +91,7 @@ const X86_64: Record<number, string> = {
   320: 'kexec_file_load',
   321: 'bpf',
   323: 'userfaultfd',
-  425: 'io_uring_setup',
-  426: 'io_uring_enter',
-  427: 'io_uring_register',
-  428: 'open_tree',
-  429: 'move_mount',
-  430: 'fsopen',
-  431: 'fsconfig',
-  432: 'fsmount',
-  433: 'fspick',
-  435: 'clone3',
-  438: 'pidfd_getfd',
-  440: 'process_madvise',
-  442: 'mount_setattr',
-  443: 'quotactl_fd',
-  460: 'lsm_set_self_attr',
+  ...SHARED_NUMBERS,
 };
 const I386: Record<number, string> = {
   21: 'mount',
@@ -141,21 +145,7 @@ const I386: Record<number, string> = {
   350: 'finit_module',
   357: 'bpf',
   374: 'userfaultfd',
-  425: 'io_uring_setup',
-  426: 'io_uring_enter',
-  427: 'io_uring_register',
-  428: 'open_tree',
-  429: 'move_mount',
-  430: 'fsopen',
-  431: 'fsconfig',
-  432: 'fsmount',
-  433: 'fspick',
-  435: 'clone3',
-  438: 'pidfd_getfd',
-  440: 'process_madvise',
-  442: 'mount_setattr',
-  443: 'quotactl_fd',
-  460: 'lsm_set_self_attr',
+  ...SHARED_NUMBERS,
 };
 const AUDIT_ARCH_X86_64 = 'c000003e';
 const AUDIT_ARCH_I386 = '40000003';
