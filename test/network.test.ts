@@ -6,7 +6,7 @@ import { execFile, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import dgram from 'node:dgram';
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile, access } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, writeFile, access } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
 import tls from 'node:tls';
@@ -14,6 +14,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
+import { makeCertificate } from '@dsec/edge';
 import { isDsecError } from '@dsec/protocol';
 import type { NetworkPolicy, RaisedEvent } from '@dsec/protocol';
 import type { EgressLogEntry } from '@dsec/protocol';
@@ -189,7 +190,7 @@ function packument(origin: string): object {
   };
 }
 
-async function startServers(dir: string): Promise<Servers> {
+async function startServers(): Promise<Servers> {
   const all: net.Server[] = [];
   const echo = new Set<net.Socket>();
   const sni: string[] = [];
@@ -206,27 +207,11 @@ async function startServers(dir: string): Promise<Servers> {
   });
   all.push(echoServer);
   await listen(echoServer, 8080, API);
-  await run('openssl', [
-    'req',
-    '-x509',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:prime256v1',
-    '-nodes',
-    '-keyout',
-    path.join(dir, 'key.pem'),
-    '-out',
-    path.join(dir, 'cert.pem'),
-    '-days',
-    '1',
-    '-subj',
-    '/CN=api.test',
-  ]);
+  const { key, cert } = await makeCertificate('api.test');
   const tlsServer = tls.createServer(
     {
-      key: await readFile(path.join(dir, 'key.pem')),
-      cert: await readFile(path.join(dir, 'cert.pem')),
+      key,
+      cert,
       SNICallback: (name, cb) => {
         sni.push(name);
         cb(null, undefined);
@@ -265,7 +250,7 @@ async function startServers(dir: string): Promise<Servers> {
 
 before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-'));
-  servers = await startServers(scratch);
+  servers = await startServers();
   node = await startNode({ network: { hosts: HOSTS, nameservers: [], mirrors: { origins: [servers.registryOrigin] } } });
   node.edge.onEvent((ev) => events.push(ev));
   await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });

@@ -1,13 +1,10 @@
 // The egress proxy's cost: latency it adds to a small request and the throughput of a large
 // download, direct vs through each of its paths, all against local upstreams on loopback.
-import { execFileSync } from 'node:child_process';
 import { once } from 'node:events';
-import { readFile } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
-import path from 'node:path';
 import tls from 'node:tls';
-import { startEgressProxy } from '@dsec/edge';
+import { makeCertificate, startEgressProxy } from '@dsec/edge';
 import type { EgressProxyOptions } from '@dsec/edge';
 import { latencyRow } from '../lib/report.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
@@ -129,33 +126,7 @@ export const proxyScenario: Scenario = {
   async run(ctx: ScenarioContext) {
     const iterations = ctx.quick ? 100 : 1000;
     const bigBytes = (ctx.quick ? 64 : 1024) * 2 ** 20;
-    const certDir = path.join(ctx.dir, 'proxy-cert');
-    execFileSync('mkdir', ['-p', certDir]);
-    execFileSync(
-      'openssl',
-      [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-keyout',
-        path.join(certDir, 'key.pem'),
-        '-out',
-        path.join(certDir, 'cert.pem'),
-        '-days',
-        '2',
-        '-subj',
-        '/CN=upstream.bench',
-        '-addext',
-        'subjectAltName=DNS:upstream.bench',
-      ],
-      { stdio: 'pipe' },
-    );
-    const key = await readFile(path.join(certDir, 'key.pem'), 'utf8');
-    const cert = await readFile(path.join(certDir, 'cert.pem'), 'utf8');
+    const { key, cert } = await makeCertificate('upstream.bench');
 
     const upstream = http.createServer(bytesHandler);
     upstream.listen(0, '127.0.0.1');

@@ -76,6 +76,7 @@ export type {
   SandboxResolver,
   StartEgressProxy,
 } from './net/types.js';
+export { makeCertificate } from './net/proxy/certificate.js';
 export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
 export type {
   EgressProxyHandle,

@@ -13,7 +13,6 @@ import type { EgressProxyHandle } from './proxy.js';
 import {
   connectTunnel,
   LogSink,
-  makeCertificate,
   request,
   SANDBOX_A,
   SANDBOX_B,
@@ -23,6 +22,7 @@ import {
   TestSandboxes,
   tlsFrom,
 } from './test-fixtures.js';
+import { makeCertificate } from './certificate.js';
 
 const FREEZE = '2022-01-01';
 const PACKAGES = {

@@ -12,7 +12,6 @@ import {
   connectTunnel,
   exchangeLine,
   LogSink,
-  makeCertificate,
   NO_SANDBOX,
   request,
   SANDBOX_A,
@@ -24,6 +23,7 @@ import {
   TestSandboxes,
   tlsFrom,
 } from './test-fixtures.js';
+import { makeCertificate } from './certificate.js';
 
 const HOSTS = { 'api.test': '127.0.0.1', 'secure.test': '127.0.0.1', 'evil.test': '127.0.0.1', 'rebind.test': '127.0.0.1' };
 const ALLOWED = { allow: ['api.test', 'secure.test', 'rebind.test'], allowAddresses: ['127.0.0.1'] };

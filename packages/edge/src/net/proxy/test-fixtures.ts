@@ -1,15 +1,11 @@
 // What the egress proxy's tests share: policies for source addresses on loopback, a static name
-// resolver, local upstreams (HTTP, TLS with a certificate made at test time, a fake npm registry)
+// resolver, local upstreams (HTTP, TLS with a certificate from certificate.ts, a fake npm registry)
 // and clients bound to chosen source addresses. Everything listens and connects on 127.0.0.0/8.
-import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import http from 'node:http';
 import type { IncomingHttpHeaders } from 'node:http';
 import net from 'node:net';
-import { tmpdir } from 'node:os';
-import path from 'node:path';
 import tls from 'node:tls';
 import { gzipSync } from 'node:zlib';
 import type { Mirror, NetworkPreset } from '@dsec/protocol';
@@ -143,39 +139,6 @@ export async function startHttpUpstream(): Promise<{ port: number; hits: number;
       server.close(() => r());
     });
   return state;
-}
-
-/** A self-signed certificate for `name`, made with openssl. */
-export async function makeCertificate(name: string): Promise<{ key: string; cert: string }> {
-  const dir = await mkdtemp(path.join(tmpdir(), 'dsec-scratch-cert-'));
-  try {
-    execFileSync(
-      'openssl',
-      [
-        'req',
-        '-x509',
-        '-newkey',
-        'ec',
-        '-pkeyopt',
-        'ec_paramgen_curve:prime256v1',
-        '-nodes',
-        '-keyout',
-        path.join(dir, 'key.pem'),
-        '-out',
-        path.join(dir, 'cert.pem'),
-        '-days',
-        '2',
-        '-subj',
-        `/CN=${name}`,
-        '-addext',
-        `subjectAltName=DNS:${name}`,
-      ],
-      { stdio: 'pipe' },
-    );
-    return { key: await readFile(path.join(dir, 'key.pem'), 'utf8'), cert: await readFile(path.join(dir, 'cert.pem'), 'utf8') };
-  } finally {
-    await rm(dir, { recursive: true, force: true });
-  }
 }
 
 /** A TLS upstream on loopback that answers every line with `hello from <name>: <line>`. */
