@@ -58,9 +58,17 @@ export interface ProcessStream extends AsyncIterable<OutputEvent> {
   onDetach(fn: () => void): void;
 }
 
+/**
+ * What every call of an {@link EdgeClient} that does I/O takes as its last argument (merged into
+ * the call's own options where it has some). See {@link EdgeClient} for what an abort does.
+ */
+export interface EdgeCallOptions {
+  /** Aborting it ends the caller's wait; the call's work stops where that is safe. */
+  signal?: AbortSignal | undefined;
+}
+
 /** Options of {@link EdgeClient.exec}. */
-export interface EdgeExecOptions {
-  signal?: AbortSignal;
+export interface EdgeExecOptions extends EdgeCallOptions {
   /** Called with each piece of output as it arrives (the recording of a trajectory). */
   onOutput?: (ev: OutputEvent) => void;
   /** Cap on collected stdout and stderr (each); the rest is drained and `truncated` set. */
@@ -117,14 +125,26 @@ export interface EdgeLayers {
 
 /** Function calls (the fncall backend). */
 export interface EdgeCalls {
-  run(req: CallRequest, opts?: { signal?: AbortSignal }): Promise<CallResult>;
-  runBatch(req: CallBatchRequest, opts?: { signal?: AbortSignal }): Promise<CallBatchResult>;
+  run(req: CallRequest, opts?: EdgeCallOptions): Promise<CallResult>;
+  runBatch(req: CallBatchRequest, opts?: EdgeCallOptions): Promise<CallBatchResult>;
 }
 
 /**
  * A node as the control plane uses it. Inputs are already validated (parsed with the protocol's
  * schemas, defaults applied); an implementation across a process boundary validates again on
  * its side of the wire.
+ *
+ * Cancellation: every call that does I/O takes `signal` (in {@link EdgeCallOptions}). When it
+ * aborts, the caller stops waiting: the call rejects with the signal's reason (over the wire,
+ * the edge's CANCELLED becomes that reason again). What the call was doing on the node stops
+ * where it can stop safely: a create is undone, an exec's process is killed, a snapshot is not
+ * committed, a diff or verify walk stops between entries, a multi-chunk file read or write
+ * stops between chunks (a write so stopped leaves the chunks already written), and a call that
+ * waits for a pause, resume or drain stops waiting. A call whose effect is one step (mkdir,
+ * rename, a signal, a network policy) is either not begun or completes. A pause, resume,
+ * claim or destroy that has already begun completes on the node even though its caller has
+ * stopped waiting: stopping it half-way would leave the sandbox in no known state. A spawn or
+ * attach aborted after its process started leaves the process running (as a detach does).
  */
 export interface EdgeClient {
   /** The node's name (encoded in its sandboxes' ids). */
@@ -136,41 +156,41 @@ export interface EdgeClient {
   readonly calls: EdgeCalls;
 
   /** Creates and starts a sandbox; layers in `spec.image` and `spec.snapshots` are digests. */
-  create(spec: SandboxSpec, opts?: { id?: string; signal?: AbortSignal }): Promise<EdgeSandbox>;
+  create(spec: SandboxSpec, opts?: EdgeCallOptions & { id?: string }): Promise<EdgeSandbox>;
   /** Hands a sandbox made ahead of demand (a pool's) to its user: env and labels applied. */
-  claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox>;
+  claim(id: string, claim: SandboxClaim, opts?: EdgeCallOptions): Promise<EdgeSandbox>;
   /** Stops a sandbox and removes all it had; a sandbox already gone is not an error. */
-  destroy(id: string): Promise<void>;
+  destroy(id: string, opts?: EdgeCallOptions): Promise<void>;
   list(): Promise<EdgeSandbox[]>;
-  stats(id: string): Promise<SandboxStats>;
-  pause(id: string, opts?: { reason?: string }): Promise<NodePauseResult>;
-  resume(id: string, opts?: { reason?: string; prefetch?: boolean }): Promise<NodePauseResult>;
+  stats(id: string, opts?: EdgeCallOptions): Promise<SandboxStats>;
+  pause(id: string, opts?: EdgeCallOptions & { reason?: string }): Promise<NodePauseResult>;
+  resume(id: string, opts?: EdgeCallOptions & { reason?: string; prefetch?: boolean }): Promise<NodePauseResult>;
   /** Packs the sandbox's writable layer into a snapshot layer. */
-  snapshot(id: string, opts?: { labels?: Record<string, string>; signal?: AbortSignal }): Promise<LayerInfo>;
-  diff(id: string, opts: DiffOptions): Promise<DiffResult>;
-  verify(id: string, req: VerifyRequest): Promise<VerifyResult>;
+  snapshot(id: string, opts?: EdgeCallOptions & { labels?: Record<string, string> }): Promise<LayerInfo>;
+  diff(id: string, opts: DiffOptions, call?: EdgeCallOptions): Promise<DiffResult>;
+  verify(id: string, req: VerifyRequest, opts?: EdgeCallOptions): Promise<VerifyResult>;
   collectGarbage(opts?: { calls?: boolean }): Promise<NodeGarbageReport>;
 
   exec(id: string, spec: ExecSpec, opts?: EdgeExecOptions): Promise<ExecResult>;
-  spawn(id: string, spec: ExecSpec): Promise<ProcessStream>;
-  processes(id: string): Promise<ProcessInfo[]>;
+  spawn(id: string, spec: ExecSpec, opts?: EdgeCallOptions): Promise<ProcessStream>;
+  processes(id: string, opts?: EdgeCallOptions): Promise<ProcessInfo[]>;
   /** Streams a process's output from byte offsets (default 0) and its exit. */
-  attach(id: string, pid: number, from?: { stdout?: number; stderr?: number }): Promise<ProcessStream>;
-  writeStdin(id: string, pid: number, data: Uint8Array | string, eof?: boolean): Promise<void>;
-  signal(id: string, pid: number, signal: string | number): Promise<void>;
-  resize(id: string, pid: number, rows: number, cols: number): Promise<void>;
+  attach(id: string, pid: number, from?: { stdout?: number; stderr?: number }, opts?: EdgeCallOptions): Promise<ProcessStream>;
+  writeStdin(id: string, pid: number, data: Uint8Array | string, eof?: boolean, opts?: EdgeCallOptions): Promise<void>;
+  signal(id: string, pid: number, signal: string | number, opts?: EdgeCallOptions): Promise<void>;
+  resize(id: string, pid: number, rows: number, cols: number, opts?: EdgeCallOptions): Promise<void>;
 
-  readFile(id: string, path: string, opts?: { offset?: number; length?: number }): Promise<Uint8Array>;
-  writeFile(id: string, path: string, data: Uint8Array | string, opts?: { mode?: number; append?: boolean }): Promise<void>;
-  listDir(id: string, path: string): Promise<FileStat[]>;
-  stat(id: string, path: string): Promise<FileStat>;
-  mkdir(id: string, path: string): Promise<void>;
-  remove(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
-  rename(id: string, from: string, to: string): Promise<void>;
-  symlink(id: string, path: string, target: string): Promise<void>;
+  readFile(id: string, path: string, opts?: EdgeCallOptions & { offset?: number; length?: number }): Promise<Uint8Array>;
+  writeFile(id: string, path: string, data: Uint8Array | string, opts?: EdgeCallOptions & { mode?: number; append?: boolean }): Promise<void>;
+  listDir(id: string, path: string, opts?: EdgeCallOptions): Promise<FileStat[]>;
+  stat(id: string, path: string, opts?: EdgeCallOptions): Promise<FileStat>;
+  mkdir(id: string, path: string, opts?: EdgeCallOptions): Promise<void>;
+  remove(id: string, path: string, opts?: EdgeCallOptions & { recursive?: boolean }): Promise<void>;
+  rename(id: string, from: string, to: string, opts?: EdgeCallOptions): Promise<void>;
+  symlink(id: string, path: string, target: string, opts?: EdgeCallOptions): Promise<void>;
 
   /** Replaces the sandbox's network policy (validated and normalised by the caller). */
-  setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork>;
-  networkInfo(id: string): Promise<SandboxNetwork>;
-  networkLog(id: string, limit: number): Promise<EgressLogEntry[]>;
+  setNetwork(id: string, policy: NetworkPolicy, opts?: EdgeCallOptions): Promise<SandboxNetwork>;
+  networkInfo(id: string, opts?: EdgeCallOptions): Promise<SandboxNetwork>;
+  networkLog(id: string, limit: number, opts?: EdgeCallOptions): Promise<EgressLogEntry[]>;
 }

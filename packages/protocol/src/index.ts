@@ -313,6 +313,7 @@ export { ESSENTIAL_SYSCALLS, SYSCALL_NAMES } from './syscalls.js';
 export type {
   EdgeCalls,
   EdgeClient,
+  EdgeCallOptions,
   EdgeExecOptions,
   EdgeLayers,
   EdgeSandbox,

@@ -3,6 +3,7 @@
 import type { EventSink, RaisedEvent } from '../events.js';
 import { DsecError } from '../errors.js';
 import type {
+  EdgeCallOptions,
   EdgeCalls,
   EdgeClient,
   EdgeExecOptions,
@@ -164,37 +165,39 @@ export class WireEdgeClient implements EdgeClient {
     };
   }
 
-  create(spec: SandboxSpec, opts: { id?: string; signal?: AbortSignal } = {}): Promise<EdgeSandbox> {
+  create(spec: SandboxSpec, opts: EdgeCallOptions & { id?: string } = {}): Promise<EdgeSandbox> {
     const { signal, ...rest } = opts;
     return this.call('create', [spec, rest], { signal });
   }
-  claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox> {
-    return this.call('claim', [id, claim]);
+  claim(id: string, claim: SandboxClaim, opts: EdgeCallOptions = {}): Promise<EdgeSandbox> {
+    return this.call('claim', [id, claim], opts);
   }
-  destroy(id: string): Promise<void> {
-    return this.call('destroy', [id]);
+  destroy(id: string, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('destroy', [id], opts);
   }
   list(): Promise<EdgeSandbox[]> {
     return this.call('list', []);
   }
-  stats(id: string): Promise<SandboxStats> {
-    return this.call('stats', [id]);
+  stats(id: string, opts: EdgeCallOptions = {}): Promise<SandboxStats> {
+    return this.call('stats', [id], opts);
   }
-  pause(id: string, opts?: { reason?: string }): Promise<NodePauseResult> {
-    return this.call('pause', [id, opts]);
+  pause(id: string, opts: EdgeCallOptions & { reason?: string } = {}): Promise<NodePauseResult> {
+    const { signal, ...rest } = opts;
+    return this.call('pause', [id, rest], { signal });
   }
-  resume(id: string, opts?: { reason?: string; prefetch?: boolean }): Promise<NodePauseResult> {
-    return this.call('resume', [id, opts]);
+  resume(id: string, opts: EdgeCallOptions & { reason?: string; prefetch?: boolean } = {}): Promise<NodePauseResult> {
+    const { signal, ...rest } = opts;
+    return this.call('resume', [id, rest], { signal });
   }
-  snapshot(id: string, opts: { labels?: Record<string, string>; signal?: AbortSignal } = {}): Promise<LayerInfo> {
+  snapshot(id: string, opts: EdgeCallOptions & { labels?: Record<string, string> } = {}): Promise<LayerInfo> {
     const { signal, ...rest } = opts;
     return this.call('snapshot', [id, rest], { signal });
   }
-  diff(id: string, opts: DiffOptions): Promise<DiffResult> {
-    return this.call('diff', [id, opts]);
+  diff(id: string, opts: DiffOptions, call: EdgeCallOptions = {}): Promise<DiffResult> {
+    return this.call('diff', [id, opts], call);
   }
-  verify(id: string, req: VerifyRequest): Promise<VerifyResult> {
-    return this.call('verify', [id, req]);
+  verify(id: string, req: VerifyRequest, opts: EdgeCallOptions = {}): Promise<VerifyResult> {
+    return this.call('verify', [id, req], opts);
   }
   collectGarbage(opts?: { calls?: boolean }): Promise<NodeGarbageReport> {
     return this.call('collectGarbage', [opts]);
@@ -204,58 +207,61 @@ export class WireEdgeClient implements EdgeClient {
     const { signal, onOutput, ...rest } = opts;
     return this.call('exec', [id, spec, rest], { signal, onOutput });
   }
-  spawn(id: string, spec: ExecSpec): Promise<ProcessStream> {
-    return this.call('spawn', [id, spec], { stream: true });
+  spawn(id: string, spec: ExecSpec, opts: EdgeCallOptions = {}): Promise<ProcessStream> {
+    return this.call('spawn', [id, spec], { signal: opts.signal, stream: true });
   }
-  processes(id: string): Promise<ProcessInfo[]> {
-    return this.call('processes', [id]);
+  processes(id: string, opts: EdgeCallOptions = {}): Promise<ProcessInfo[]> {
+    return this.call('processes', [id], opts);
   }
-  attach(id: string, pid: number, from?: { stdout?: number; stderr?: number }): Promise<ProcessStream> {
-    return this.call('attach', [id, pid, from], { stream: true });
+  attach(id: string, pid: number, from?: { stdout?: number; stderr?: number }, opts: EdgeCallOptions = {}): Promise<ProcessStream> {
+    return this.call('attach', [id, pid, from], { signal: opts.signal, stream: true });
   }
-  writeStdin(id: string, pid: number, data: Uint8Array | string, eof?: boolean): Promise<void> {
-    return this.call('writeStdin', [id, pid, data, eof]);
+  writeStdin(id: string, pid: number, data: Uint8Array | string, eof?: boolean, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('writeStdin', [id, pid, data, eof], opts);
   }
-  signal(id: string, pid: number, signal: string | number): Promise<void> {
-    return this.call('signal', [id, pid, signal]);
+  signal(id: string, pid: number, signal: string | number, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('signal', [id, pid, signal], opts);
   }
-  resize(id: string, pid: number, rows: number, cols: number): Promise<void> {
-    return this.call('resize', [id, pid, rows, cols]);
-  }
-
-  readFile(id: string, path: string, opts?: { offset?: number; length?: number }): Promise<Uint8Array> {
-    return this.call('readFile', [id, path, opts]);
-  }
-  writeFile(id: string, path: string, data: Uint8Array | string, opts?: { mode?: number; append?: boolean }): Promise<void> {
-    return this.call('writeFile', [id, path, data, opts]);
-  }
-  listDir(id: string, path: string): Promise<FileStat[]> {
-    return this.call('listDir', [id, path]);
-  }
-  stat(id: string, path: string): Promise<FileStat> {
-    return this.call('stat', [id, path]);
-  }
-  mkdir(id: string, path: string): Promise<void> {
-    return this.call('mkdir', [id, path]);
-  }
-  remove(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
-    return this.call('remove', [id, path, opts]);
-  }
-  rename(id: string, from: string, to: string): Promise<void> {
-    return this.call('rename', [id, from, to]);
-  }
-  symlink(id: string, path: string, target: string): Promise<void> {
-    return this.call('symlink', [id, path, target]);
+  resize(id: string, pid: number, rows: number, cols: number, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('resize', [id, pid, rows, cols], opts);
   }
 
-  setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork> {
-    return this.call('setNetwork', [id, policy]);
+  readFile(id: string, path: string, opts: EdgeCallOptions & { offset?: number; length?: number } = {}): Promise<Uint8Array> {
+    const { signal, ...rest } = opts;
+    return this.call('readFile', [id, path, rest], { signal });
   }
-  networkInfo(id: string): Promise<SandboxNetwork> {
-    return this.call('networkInfo', [id]);
+  writeFile(id: string, path: string, data: Uint8Array | string, opts: EdgeCallOptions & { mode?: number; append?: boolean } = {}): Promise<void> {
+    const { signal, ...rest } = opts;
+    return this.call('writeFile', [id, path, data, rest], { signal });
   }
-  networkLog(id: string, limit: number): Promise<EgressLogEntry[]> {
-    return this.call('networkLog', [id, limit]);
+  listDir(id: string, path: string, opts: EdgeCallOptions = {}): Promise<FileStat[]> {
+    return this.call('listDir', [id, path], opts);
+  }
+  stat(id: string, path: string, opts: EdgeCallOptions = {}): Promise<FileStat> {
+    return this.call('stat', [id, path], opts);
+  }
+  mkdir(id: string, path: string, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('mkdir', [id, path], opts);
+  }
+  remove(id: string, path: string, opts: EdgeCallOptions & { recursive?: boolean } = {}): Promise<void> {
+    const { signal, ...rest } = opts;
+    return this.call('remove', [id, path, rest], { signal });
+  }
+  rename(id: string, from: string, to: string, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('rename', [id, from, to], opts);
+  }
+  symlink(id: string, path: string, target: string, opts: EdgeCallOptions = {}): Promise<void> {
+    return this.call('symlink', [id, path, target], opts);
+  }
+
+  setNetwork(id: string, policy: NetworkPolicy, opts: EdgeCallOptions = {}): Promise<SandboxNetwork> {
+    return this.call('setNetwork', [id, policy], opts);
+  }
+  networkInfo(id: string, opts: EdgeCallOptions = {}): Promise<SandboxNetwork> {
+    return this.call('networkInfo', [id], opts);
+  }
+  networkLog(id: string, limit: number, opts: EdgeCallOptions = {}): Promise<EgressLogEntry[]> {
+    return this.call('networkLog', [id, limit], opts);
   }
 
   private build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo> {

@@ -3,6 +3,7 @@
 // hooks to look at what reached the "node". Not exported from the package.
 import { DsecError } from '../errors.js';
 import type {
+  EdgeCallOptions,
   EdgeCalls,
   EdgeClient,
   EdgeExecOptions,
@@ -11,12 +12,13 @@ import type {
   LayerBuildOptions,
   LayerBuildSource,
   NodeCapacity,
+  NodePauseResult,
   OutputEvent,
   ProcessStream,
 } from '../edge-client.js';
 import type { EventSink, RaisedEvent } from '../events.js';
 import type { ExecResult, ExecSpec, ExitInfo } from '../exec.js';
-import type { FileStat } from '../files.js';
+import type { DiffResult, FileStat } from '../files.js';
 import type { LayerInfo } from '../layers.js';
 import type { SandboxSpec } from '../sandboxes.js';
 import type { NetworkPolicy } from '../network.js';
@@ -219,7 +221,8 @@ export class FakeEdge implements EdgeClient {
       oomKills: 0,
     };
   }
-  async pause(_id: string, opts?: { reason?: string }) {
+  async pause(_id: string, opts?: EdgeCallOptions & { reason?: string }): Promise<NodePauseResult> {
+    if (opts?.reason === 'hold') return this.hold(opts.signal);
     return { durationMs: opts?.reason?.length ?? 0, memoryBeforeBytes: 10, memoryAfterBytes: 5, swapBytes: 5 };
   }
   async resume(_id: string, opts?: { reason?: string; prefetch?: boolean }) {
@@ -228,7 +231,8 @@ export class FakeEdge implements EdgeClient {
   async snapshot(id: string, opts: { labels?: Record<string, string>; signal?: AbortSignal } = {}): Promise<LayerInfo> {
     return { ...layerInfo(`snap-${id}`), kind: 'snapshot', labels: opts.labels ?? {} };
   }
-  async diff(_id: string, opts: { paths?: string[] }) {
+  async diff(_id: string, opts: { paths?: string[] }, call?: EdgeCallOptions): Promise<DiffResult> {
+    if (opts.paths?.includes('/hold')) return this.hold(call?.signal);
     return {
       entries: (opts.paths ?? ['/']).map((path) => ({ path, change: 'added' as const, type: 'file' as const, size: 1 })),
       nextCursor: null,
@@ -283,7 +287,8 @@ export class FakeEdge implements EdgeClient {
   }
   async resize(): Promise<void> {}
 
-  async readFile(_id: string, path: string, opts?: { offset?: number; length?: number }): Promise<Uint8Array> {
+  async readFile(_id: string, path: string, opts?: EdgeCallOptions & { offset?: number; length?: number }): Promise<Uint8Array> {
+    if (path === '/hold') return this.hold(opts?.signal);
     const data = this.files.get(path);
     if (!data) throw new DsecError('FILE_NOT_FOUND', `${path}: no such file`, { path, errno: 'ENOENT' });
     const start = opts?.offset ?? 0;

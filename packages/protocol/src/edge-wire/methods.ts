@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
 import { DebianLayerRequestSchema } from '../layers.js';
-import type { EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
 import { LabelsSchema } from '../common.js';
@@ -70,6 +70,8 @@ type Args = unknown[];
 const a = <T>(args: Args, i: number): T => args[i] as T;
 /** Options with the local signal added when the caller had one. */
 const withSignal = <T extends object>(opts: T | undefined, ctx: CallContext): T => ({ ...(opts ?? ({} as T)), ...(ctx.signal ? { signal: ctx.signal } : {}) });
+/** The trailing call options of a method whose other arguments hold none: the local signal, if any. */
+const local = (ctx: CallContext): EdgeCallOptions => withSignal<EdgeCallOptions>(undefined, ctx);
 
 /**
  * The name of every call of EdgeClient (`layers.` and `calls.` for the sub-objects): a method
@@ -92,24 +94,24 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['id', sandboxId],
       ['claim', SandboxClaimSchema],
     ],
-    run: (e, x) => e.claim(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.claim(a(x, 0), a(x, 1), local(ctx)),
   },
-  destroy: { args: [['id', sandboxId]], run: (e, x) => e.destroy(a(x, 0)) },
+  destroy: { args: [['id', sandboxId]], run: (e, x, ctx) => e.destroy(a(x, 0), local(ctx)) },
   list: { args: [], run: (e) => e.list() },
-  stats: { args: [['id', sandboxId]], run: (e, x) => e.stats(a(x, 0)) },
+  stats: { args: [['id', sandboxId]], run: (e, x, ctx) => e.stats(a(x, 0), local(ctx)) },
   pause: {
     args: [
       ['id', sandboxId],
       ['opts', z.strictObject({ reason }).optional()],
     ],
-    run: (e, x) => e.pause(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.pause(a(x, 0), withSignal(a(x, 1), ctx)),
   },
   resume: {
     args: [
       ['id', sandboxId],
       ['opts', z.strictObject({ reason, prefetch: z.boolean().optional() }).optional()],
     ],
-    run: (e, x) => e.resume(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.resume(a(x, 0), withSignal(a(x, 1), ctx)),
   },
   snapshot: {
     args: [
@@ -123,14 +125,14 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['id', sandboxId],
       ['opts', DiffOptionsSchema],
     ],
-    run: (e, x) => e.diff(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.diff(a(x, 0), a(x, 1), local(ctx)),
   },
   verify: {
     args: [
       ['id', sandboxId],
       ['req', VerifyRequestSchema],
     ],
-    run: (e, x) => e.verify(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.verify(a(x, 0), a(x, 1), local(ctx)),
   },
   collectGarbage: { args: [['opts', z.strictObject({ calls: z.boolean().optional() }).optional()]], run: (e, x) => e.collectGarbage(a(x, 0)) },
 
@@ -148,9 +150,9 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['spec', ExecSpecSchema],
     ],
     stream: true,
-    run: (e, x) => e.spawn(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.spawn(a(x, 0), a(x, 1), local(ctx)),
   },
-  processes: { args: [['id', sandboxId]], run: (e, x) => e.processes(a(x, 0)) },
+  processes: { args: [['id', sandboxId]], run: (e, x, ctx) => e.processes(a(x, 0), local(ctx)) },
   attach: {
     args: [
       ['id', sandboxId],
@@ -158,7 +160,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['from', z.strictObject({ stdout: z.number().int().min(0).optional(), stderr: z.number().int().min(0).optional() }).optional()],
     ],
     stream: true,
-    run: (e, x) => e.attach(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.attach(a(x, 0), a(x, 1), a(x, 2), local(ctx)),
   },
   writeStdin: {
     args: [
@@ -167,7 +169,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['data', bytes],
       ['eof', z.boolean().optional()],
     ],
-    run: (e, x) => e.writeStdin(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+    run: (e, x, ctx) => e.writeStdin(a(x, 0), a(x, 1), a(x, 2), a(x, 3), local(ctx)),
   },
   signal: {
     args: [
@@ -175,7 +177,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['pid', pid],
       ['signal', signalName],
     ],
-    run: (e, x) => e.signal(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.signal(a(x, 0), a(x, 1), a(x, 2), local(ctx)),
   },
   resize: {
     args: [
@@ -184,7 +186,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['rows', PtySchema.shape.rows],
       ['cols', PtySchema.shape.cols],
     ],
-    run: (e, x) => e.resize(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+    run: (e, x, ctx) => e.resize(a(x, 0), a(x, 1), a(x, 2), a(x, 3), local(ctx)),
   },
 
   readFile: {
@@ -193,7 +195,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['path', path],
       ['opts', z.strictObject({ offset: z.number().int().min(0).optional(), length: z.number().int().min(0).optional() }).optional()],
     ],
-    run: (e, x) => e.readFile(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.readFile(a(x, 0), a(x, 1), withSignal(a(x, 2), ctx)),
   },
   writeFile: {
     args: [
@@ -202,28 +204,28 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['data', bytes],
       ['opts', z.strictObject({ mode: z.number().int().min(0).max(0o7777).optional(), append: z.boolean().optional() }).optional()],
     ],
-    run: (e, x) => e.writeFile(a(x, 0), a(x, 1), a(x, 2), a(x, 3)),
+    run: (e, x, ctx) => e.writeFile(a(x, 0), a(x, 1), a(x, 2), withSignal(a(x, 3), ctx)),
   },
   listDir: {
     args: [
       ['id', sandboxId],
       ['path', path],
     ],
-    run: (e, x) => e.listDir(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.listDir(a(x, 0), a(x, 1), local(ctx)),
   },
   stat: {
     args: [
       ['id', sandboxId],
       ['path', path],
     ],
-    run: (e, x) => e.stat(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.stat(a(x, 0), a(x, 1), local(ctx)),
   },
   mkdir: {
     args: [
       ['id', sandboxId],
       ['path', path],
     ],
-    run: (e, x) => e.mkdir(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.mkdir(a(x, 0), a(x, 1), local(ctx)),
   },
   remove: {
     args: [
@@ -231,7 +233,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['path', path],
       ['opts', z.strictObject({ recursive: z.boolean().optional() }).optional()],
     ],
-    run: (e, x) => e.remove(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.remove(a(x, 0), a(x, 1), withSignal(a(x, 2), ctx)),
   },
   rename: {
     args: [
@@ -239,7 +241,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['from', path],
       ['to', path],
     ],
-    run: (e, x) => e.rename(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.rename(a(x, 0), a(x, 1), a(x, 2), local(ctx)),
   },
   symlink: {
     args: [
@@ -247,7 +249,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['path', path],
       ['target', z.string().min(1).max(4096)],
     ],
-    run: (e, x) => e.symlink(a(x, 0), a(x, 1), a(x, 2)),
+    run: (e, x, ctx) => e.symlink(a(x, 0), a(x, 1), a(x, 2), local(ctx)),
   },
 
   setNetwork: {
@@ -255,15 +257,15 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['id', sandboxId],
       ['policy', NetworkPolicySchema],
     ],
-    run: (e, x) => e.setNetwork(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.setNetwork(a(x, 0), a(x, 1), local(ctx)),
   },
-  networkInfo: { args: [['id', sandboxId]], run: (e, x) => e.networkInfo(a(x, 0)) },
+  networkInfo: { args: [['id', sandboxId]], run: (e, x, ctx) => e.networkInfo(a(x, 0), local(ctx)) },
   networkLog: {
     args: [
       ['id', sandboxId],
       ['limit', z.number().int().min(1).max(100_000)],
     ],
-    run: (e, x) => e.networkLog(a(x, 0), a(x, 1)),
+    run: (e, x, ctx) => e.networkLog(a(x, 0), a(x, 1), local(ctx)),
   },
 
   'layers.resolve': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.resolve(a(x, 0)) },
@@ -284,8 +286,8 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     },
   },
   'layers.remove': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.remove(a(x, 0)) },
-  'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), withSignal(undefined, ctx)) },
-  'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), withSignal(undefined, ctx)) },
+  'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), local(ctx)) },
+  'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), local(ctx)) },
 };
 
 /** A call on an open process stream: one per method of ProcessStream that acts. */

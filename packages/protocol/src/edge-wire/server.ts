@@ -188,6 +188,11 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
             await stream.detach();
             return;
           }
+          // Cancelled while it was being made: the caller holds no handle, so let go of it here.
+          if (abort.signal.aborted) {
+            await stream.detach().catch(() => undefined);
+            throw abort.signal.reason as Error;
+          }
           openStream(id, stream);
           send({ t: 'reply', id, value: { pid: stream.pid, osPid: stream.osPid } });
           void pump(id, streams.get(id) as OpenStream);

@@ -347,6 +347,33 @@ describe('WireEdgeClient over serveEdge', () => {
     await assert.rejects(q, (e: unknown) => isDsecError(e, 'UNAVAILABLE'));
   });
 
+  test('a cancelled diff, file read or pause reaches the edge as its signal, and the caller sees its own reason', async () => {
+    const { fake, client } = await connect();
+    const calls: Array<(signal: AbortSignal) => Promise<unknown>> = [
+      (signal) => client.diff('sb', { paths: ['/hold'] }, { signal }),
+      (signal) => client.readFile('sb', '/hold', { offset: 1, signal }),
+      (signal) => client.pause('sb', { reason: 'hold', signal }),
+    ];
+    for (const [i, call] of calls.entries()) {
+      const ac = new AbortController();
+      const p = call(ac.signal);
+      await tick();
+      const held = fake.held[i];
+      assert.ok(held?.signal, `call ${i}: the edge got a signal`);
+      assert.equal(held.signal.aborted, false);
+      const reason = new Error(`caller ${i} went away`);
+      ac.abort(reason);
+      await assert.rejects(p, (e: unknown) => e === reason);
+      assert.ok(isDsecError(await held.aborted, 'CANCELLED'), `call ${i}: the edge saw the cancel`);
+    }
+    // The signal never travels as an argument: the same calls without one still work.
+    fake.files.set('/f', new Uint8Array([1, 2, 3]));
+    assert.deepEqual([...(await client.readFile('sb', '/f', { offset: 1, signal: new AbortController().signal }))], [2, 3]);
+    assert.equal((await client.pause('sb', { reason: 'ab', signal: new AbortController().signal })).durationMs, 2);
+    assert.equal((await client.diff('sb', { paths: ['/x'] }, { signal: new AbortController().signal })).entries[0]?.path, '/x');
+    client.close();
+  });
+
   test('a lost connection rejects pending calls, ends streams with an error and detaches them on the edge', async () => {
     const { fake, client, clientEnd } = await connect();
     const pending = client.exec('sb', { cmd: 'hang' }, { signal: new AbortController().signal });
