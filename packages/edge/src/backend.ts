@@ -23,8 +23,14 @@ export interface SandboxAgent {
   list(): Promise<AgentProcess[]>;
   release(proc: number): Promise<void>;
   stat(path: string, opts?: { followSymlinks?: boolean }): Promise<FileStat>;
-  readFile(path: string, opts?: { offset?: number; length?: number; maxBytes?: number }): Promise<Buffer>;
-  writeFile(path: string, data: Uint8Array | string, opts?: { mode?: number; uid?: number; gid?: number; append?: boolean }): Promise<void>;
+  /** Reads in chunks; an abort of `signal` stops it between chunks. */
+  readFile(path: string, opts?: { offset?: number; length?: number; maxBytes?: number; signal?: AbortSignal | undefined }): Promise<Buffer>;
+  /** Writes in chunks; an abort of `signal` stops it between chunks (those written stay). */
+  writeFile(
+    path: string,
+    data: Uint8Array | string,
+    opts?: { mode?: number; uid?: number; gid?: number; append?: boolean; signal?: AbortSignal | undefined },
+  ): Promise<void>;
   listDir(path: string): Promise<FileStat[]>;
   mkdir(path: string, opts?: { parents?: boolean; mode?: number; uid?: number; gid?: number }): Promise<void>;
   remove(path: string, opts?: { recursive?: boolean }): Promise<void>;

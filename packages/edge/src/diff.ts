@@ -179,8 +179,9 @@ class OpenView {
   }
 }
 
-/** Lists what a sandbox added, changed and deleted against its layers, a page at a time. */
-export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOptions = {}): Promise<DiffResult> {
+/** Lists what a sandbox added, changed and deleted against its layers, a page at a time; an abort of `signal` stops the walk between entries. */
+export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOptions = {}, signal?: AbortSignal): Promise<DiffResult> {
+  signal?.throwIfAborted();
   const limit = opts.limit ?? DEFAULT_DIFF_PAGE;
   const hashing = opts.hash !== false;
   const filters = opts.paths && opts.paths.length > 0 ? opts.paths : undefined;
@@ -214,6 +215,7 @@ export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOption
     const raw = await readdir(`/proc/self/fd/${dirFd}`, { encoding: 'buffer' });
     const named = raw.map((b) => ({ b, s: b.toString('utf8') })).sort((x, y) => (x.s < y.s ? -1 : x.s > y.s ? 1 : Buffer.compare(x.b, y.b)));
     for (const { b: nameBytes, s: name } of named) {
+      signal?.throwIfAborted();
       if (++visits > MAX_DIFF_VISITS) throw invalidArgument('paths', `more than ${MAX_DIFF_VISITS} entries to walk; narrow the diff with paths`);
       const p = join(dir, name);
       const hostPath = Buffer.concat([Buffer.from(`/proc/self/fd/${dirFd}/`), nameBytes]);
@@ -292,12 +294,18 @@ export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOption
   return { entries, nextCursor: more && last ? Buffer.from(last.path).toString('base64url') : null, frozen: opts.frozen === true };
 }
 
-/** Checks that each path holds a regular file with the expected sha256 (graders' integrity check). */
-export async function verifyLayers(view: SandboxLayersView, expected: Record<string, string>): Promise<{ ok: boolean; results: VerifyItem[] }> {
+/** Checks that each path holds a regular file with the expected sha256 (graders' integrity check); an abort of `signal` stops it between paths. */
+export async function verifyLayers(
+  view: SandboxLayersView,
+  expected: Record<string, string>,
+  signal?: AbortSignal,
+): Promise<{ ok: boolean; results: VerifyItem[] }> {
+  signal?.throwIfAborted();
   const v = new OpenView(view);
   const results: VerifyItem[] = [];
   try {
     for (const [p, want] of Object.entries(expected)) {
+      signal?.throwIfAborted();
       const item: VerifyItem = { path: p, expected: want, actual: null, ok: false };
       results.push(item);
       const found = locate(v, p);

@@ -287,6 +287,45 @@ describe('Edge state machine (fake backend)', () => {
     await edge.destroy(sb.id);
   });
 
+  test('an aborted signal: a pause stops draining and leaves the sandbox running; a call stops waiting for a pause; a begun pause completes', async () => {
+    const sb = await edge.create(SPEC, { id: 'unit-cancel' });
+    const agent = backend.agents.get(sb.id) as FakeAgent;
+    const held = gate();
+    agent.hold = held.promise;
+    backend.log.length = 0;
+    const during = edge.stat(sb.id, '/before');
+    const ac = new AbortController();
+    const pause = edge.pause(sb.id, { signal: ac.signal });
+    await settle();
+    const reason = new Error('caller went away');
+    ac.abort(reason);
+    await assert.rejects(pause, (e: unknown) => e === reason);
+    held.open();
+    await during;
+    assert.equal(edge.info(sb.id).state, 'running');
+    assert.ok(!backend.log.some((l) => l.startsWith('pause ')), 'nothing was frozen');
+    // An already aborted call never reaches the agent.
+    await assert.rejects(edge.stat(sb.id, '/x', { signal: AbortSignal.abort(reason) }), (e: unknown) => e === reason);
+    assert.ok(!backend.log.includes(`stat ${sb.id} /x`));
+    // A call waiting for a pause in the backend stops waiting; the pause itself completes.
+    const frozen = gate();
+    backend.holdPause = frozen.promise;
+    const pausing = new AbortController();
+    const begun = edge.pause(sb.id, { signal: pausing.signal });
+    await settle();
+    const waiter = new AbortController();
+    const waiting = edge.readFile(sb.id, '/y', { signal: waiter.signal });
+    await settle();
+    waiter.abort(reason);
+    pausing.abort(reason);
+    await assert.rejects(waiting, (e: unknown) => e === reason);
+    await assert.rejects(begun, (e: unknown) => e === reason);
+    frozen.open();
+    await settle();
+    assert.equal(edge.info(sb.id).state, 'paused', 'the pause completed on the node');
+    await edge.destroy(sb.id);
+  });
+
   test('pausing a paused sandbox and resuming a running one change nothing; concurrent pauses pause once', async () => {
     const sb = await edge.create(SPEC, { id: 'unit-idem' });
     backend.log.length = 0;

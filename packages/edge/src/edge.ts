@@ -12,6 +12,7 @@ import type {
   BackendKind,
   DiffOptions,
   DiffResult,
+  EdgeCallOptions,
   EdgeClient,
   EdgeSandbox,
   EgressLogEntry,
@@ -29,6 +30,7 @@ import type {
   VerifyRequest,
   VerifyResult,
 } from '@dsec/protocol';
+import { untilAborted } from './abortable.js';
 import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
@@ -264,14 +266,18 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * the claimer's env from now on and it carries the claimer's labels, as if it had been created
    * with them. Refused (CONFLICT) for a sandbox that anything has used, or claimed, before.
    */
-  async claim(id: string, claim: SandboxClaim): Promise<EdgeSandbox> {
+  async claim(id: string, claim: SandboxClaim, opts: EdgeCallOptions = {}): Promise<EdgeSandbox> {
+    opts.signal?.throwIfAborted();
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     if (e.used) throw new DsecError('CONFLICT', `sandbox ${id} was used before; it cannot be claimed`, { sandboxId: id });
     e.used = true;
     if (claim.env !== undefined || claim.labels !== undefined) {
-      await e.backend.claim(id, claim);
-      e.record = { ...e.record, spec: { ...e.record.spec, ...claim } };
+      // Once begun the claim completes (the sandbox is used either way); the caller may stop waiting.
+      const applied = e.backend.claim(id, claim).then(() => {
+        e.record = { ...e.record, spec: { ...e.record.spec, ...claim } };
+      });
+      await untilAborted(applied, opts.signal);
     }
     return this.toInfo(e);
   }
@@ -281,7 +287,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * policy is put in its normal form here too (cheap, and the node's state must not depend on
    * the caller having done it).
    */
-  async setNetwork(id: string, policy: NetworkPolicy): Promise<SandboxNetwork> {
+  async setNetwork(id: string, policy: NetworkPolicy, opts: EdgeCallOptions = {}): Promise<SandboxNetwork> {
+    opts.signal?.throwIfAborted();
     const e = this.entry(id);
     if (e.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${e.state}`, { sandboxId: id });
     const wasLinked = this.network.resolvConf(id) !== undefined;
@@ -301,13 +308,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
   }
 
   /** A sandbox's network: policy, addresses, traffic and attempt counters. */
-  async networkInfo(id: string): Promise<SandboxNetwork> {
+  async networkInfo(id: string, opts: EdgeCallOptions = {}): Promise<SandboxNetwork> {
+    opts.signal?.throwIfAborted();
     this.entry(id);
     return this.network.info(id);
   }
 
   /** The latest egress attempts of a sandbox (allowed and denied), oldest first. */
-  async networkLog(id: string, limit?: number): Promise<EgressLogEntry[]> {
+  async networkLog(id: string, limit?: number, opts: EdgeCallOptions = {}): Promise<EgressLogEntry[]> {
+    opts.signal?.throwIfAborted();
     this.entry(id);
     return this.network.log(id, limit);
   }
@@ -346,10 +355,16 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * Callers loop on it in their own body (`while (e.transition) e = await ...`) and act on the
    * entry with no await after the check: a resolved promise reaches its caller a turn later,
    * time enough for a pause to begin, and a call that slipped in behind a freeze would hang
-   * until the resume. With no transition under way nothing is awaited at all.
+   * until the resume. With no transition under way nothing is awaited at all. An abort of
+   * `signal` ends the wait (the transition goes on).
    */
-  private async afterTransition(e: Entry, id: string): Promise<Entry> {
-    await e.transition?.catch(() => undefined);
+  private async afterTransition(e: Entry, id: string, signal?: AbortSignal): Promise<Entry> {
+    const under = e.transition;
+    if (under)
+      await untilAborted(
+        under.catch(() => undefined),
+        signal,
+      );
     return this.entry(id);
   }
 
@@ -365,11 +380,19 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /**
    * Runs one agent call with the sandbox held running: a pause waits for calls under way and
    * calls that arrive during a pause or resume wait for it. A paused sandbox's agent cannot
-   * answer, so nothing is ever sent to it. `connect` gives the call a connection of its own.
+   * answer, so nothing is ever sent to it. `connect` gives the call a connection of its own; an
+   * abort of `signal` before the call is made (also while it waits for a transition) refuses it.
    */
-  protected async withAgent<T>(id: string, fn: (agent: SandboxAgent) => Promise<T>, connect = false): Promise<T> {
+  protected async withAgent<T>(
+    id: string,
+    fn: (agent: SandboxAgent) => Promise<T>,
+    opts: { connect?: boolean; signal?: AbortSignal | undefined } = {},
+  ): Promise<T> {
+    const { connect = false, signal } = opts;
+    signal?.throwIfAborted();
     let e = this.entry(id);
-    while (e.transition) e = await this.afterTransition(e, id);
+    while (e.transition) e = await this.afterTransition(e, id, signal);
+    signal?.throwIfAborted();
     if (e.state !== 'running') throw notRunning(id, e.state);
     e.used = true;
     e.busy++;
@@ -391,17 +414,22 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * Pauses a sandbox: waits for agent calls under way, freezes every process and makes its
    * memory reclaimable. Commands keep their state (and their output offsets); attachments
    * simply see no output until the sandbox is resumed. Pausing a paused sandbox is a no-op.
+   * An abort while it waits for a transition or for calls under way leaves the sandbox running;
+   * once the freeze has begun the pause completes and only the caller's wait ends.
    */
-  async pause(id: string, opts: { reason?: string } = {}): Promise<PauseResult> {
+  async pause(id: string, opts: EdgeCallOptions & { reason?: string } = {}): Promise<PauseResult> {
+    const { signal } = opts;
+    signal?.throwIfAborted();
     let e = this.entry(id);
-    while (e.transition) e = await this.afterTransition(e, id);
+    while (e.transition) e = await this.afterTransition(e, id, signal);
+    signal?.throwIfAborted();
     const pausing = e.backend.pausing;
     if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     if (e.state === 'paused') return unchanged(await pausing.memory(id).catch(() => undefined));
     if (e.state !== 'running') throw notRunning(id, e.state);
-    return this.transition(e, async () => {
+    const run = this.transition(e, async () => {
       const t0 = performance.now();
-      await drain(e, id);
+      await drain(e, id, signal);
       const r = await pausing.pause(id);
       e.state = 'paused';
       const result = { ...r, durationMs: performance.now() - t0 };
@@ -410,16 +438,21 @@ export class Edge extends SandboxCalls implements EdgeClient {
       this.raise({ kind: 'sandbox.paused', severity: 'info', sandboxId: id, message, data: { reason, ...result } });
       return result;
     });
+    return untilAborted(run, signal);
   }
 
   /** Resumes a paused sandbox (prefetching its swapped-out memory unless `prefetch: false`). */
-  async resume(id: string, opts: { reason?: string; prefetch?: boolean } = {}): Promise<ResumeResult> {
+  async resume(id: string, opts: EdgeCallOptions & { reason?: string; prefetch?: boolean } = {}): Promise<ResumeResult> {
+    const { signal } = opts;
+    signal?.throwIfAborted();
     let e = this.entry(id);
-    while (e.transition) e = await this.afterTransition(e, id);
+    while (e.transition) e = await this.afterTransition(e, id, signal);
+    signal?.throwIfAborted();
     const pausing = e.backend.pausing;
     if (e.state === 'running') return unchanged(await pausing?.memory(id).catch(() => undefined));
     if (e.state !== 'paused' || !pausing) throw notRunning(id, e.state);
-    return this.transition(e, async () => {
+    // Once begun the resume completes (a half-thawed sandbox is in no known state).
+    const run = this.transition(e, async () => {
       const t0 = performance.now();
       const r = await pausing.resume(id, opts.prefetch === false ? { prefetch: false } : {});
       e.state = 'running';
@@ -428,6 +461,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       this.raise({ kind: 'sandbox.resumed', severity: 'info', sandboxId: id, message: `sandbox ${id} resumed (${reason})`, data: { reason, ...result } });
       return result;
     });
+    return untilAborted(run, signal);
   }
 
   /** Runs a pause or resume as the sandbox's one transition; agent calls wait for it. */
@@ -503,14 +537,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * at a time. Consistent when the sandbox is paused (`frozen` in the result); otherwise files
    * written during the walk may be listed half-written.
    */
-  async diff(id: string, opts: DiffOptions = {}): Promise<DiffResult> {
+  async diff(id: string, opts: DiffOptions = {}, call: EdgeCallOptions = {}): Promise<DiffResult> {
     const e = this.entry(id);
-    return diffLayers(layersView(this.upperDir(id), e.record, this.layers), diffPage(opts, e.state === 'paused'));
+    return diffLayers(layersView(this.upperDir(id), e.record, this.layers), diffPage(opts, e.state === 'paused'), call.signal);
   }
 
   /** Integrity check for graders: does each path hold a regular file with the expected sha256? */
-  async verify(id: string, req: VerifyRequest): Promise<VerifyResult> {
-    return verifyLayers(layersView(this.upperDir(id), this.entry(id).record, this.layers), req.expected);
+  async verify(id: string, req: VerifyRequest, opts: EdgeCallOptions = {}): Promise<VerifyResult> {
+    return verifyLayers(layersView(this.upperDir(id), this.entry(id).record, this.layers), req.expected, opts.signal);
   }
 
   /**
@@ -522,12 +556,17 @@ export class Edge extends SandboxCalls implements EdgeClient {
   }
 
   /** Resource use of a sandbox. */
-  async stats(id: string): Promise<SandboxStats> {
-    return this.entry(id).backend.stats(id);
+  async stats(id: string, opts: EdgeCallOptions = {}): Promise<SandboxStats> {
+    opts.signal?.throwIfAborted();
+    return untilAborted(this.entry(id).backend.stats(id), opts.signal);
   }
 
-  /** Destroys a sandbox and everything it had. */
-  destroy(id: string): Promise<void> {
+  /**
+   * Destroys a sandbox and everything it had. An abort before it begins leaves the sandbox; once
+   * begun the destroy completes and only the caller's wait ends.
+   */
+  destroy(id: string, opts: EdgeCallOptions = {}): Promise<void> {
+    if (opts.signal?.aborted) return Promise.reject(opts.signal.reason as Error);
     const e = this.entry(id);
     e.destroying ??= (async () => {
       // A pause or resume under way finishes first (the runtime kills frozen processes too).
@@ -547,7 +586,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       await this.network.remove(id);
       this.sandboxes.delete(id);
     })();
-    return e.destroying;
+    return untilAborted(e.destroying, opts.signal);
   }
 
   /**
@@ -597,11 +636,22 @@ function mib(bytes: number): string {
   return (bytes / 1048576).toFixed(1);
 }
 
-/** Waits until no agent call is under way in a sandbox (CONFLICT after PAUSE_DRAIN_TIMEOUT_MS). */
-async function drain(e: Entry, id: string): Promise<void> {
+/**
+ * Waits until no agent call is under way in a sandbox (CONFLICT after PAUSE_DRAIN_TIMEOUT_MS,
+ * the signal's reason when it aborts first).
+ */
+async function drain(e: Entry, id: string, signal?: AbortSignal): Promise<void> {
   if (e.busy === 0) return;
+  signal?.throwIfAborted();
   await new Promise<void>((resolve, reject) => {
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      delete e.onIdle;
+      reject(signal?.reason as Error);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
     const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
       delete e.onIdle;
       reject(
         new DsecError('CONFLICT', `sandbox ${id}: agent calls still under way after ${PAUSE_DRAIN_TIMEOUT_MS} ms; retry the pause`, {
@@ -612,6 +662,7 @@ async function drain(e: Entry, id: string): Promise<void> {
     }, PAUSE_DRAIN_TIMEOUT_MS);
     e.onIdle = () => {
       clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
       delete e.onIdle;
       resolve();
     };

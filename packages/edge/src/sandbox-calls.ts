@@ -2,7 +2,7 @@
 // terminals) and file operations. Each is one agent call made through the sandbox's state
 // machine (`withAgent`, which `Edge` implements): it waits for a pause or resume under way, is
 // refused while the sandbox is paused, and a pause waits for it.
-import type { EdgeExecOptions, ExecResult, ExecSpec, FileStat, ProcessInfo } from '@dsec/protocol';
+import type { EdgeCallOptions, EdgeExecOptions, ExecResult, ExecSpec, FileStat, ProcessInfo } from '@dsec/protocol';
 import type { SandboxAgent } from './backend.js';
 import { collectResult, toSpawnOptions, writeStdinIgnoringExit } from './commands.js';
 import { checkLinkTarget, checkPath, MAX_FILE_READ_BYTES } from './files.js';
@@ -16,25 +16,32 @@ export abstract class SandboxCalls {
 
   /**
    * Runs one agent call with the sandbox held running (see `Edge`); `connect` gives the call a
-   * connection of its own.
+   * connection of its own; an aborted `signal` refuses the call before it is made.
    */
-  protected abstract withAgent<T>(id: string, fn: (agent: SandboxAgent) => Promise<T>, connect?: boolean): Promise<T>;
+  protected abstract withAgent<T>(
+    id: string,
+    fn: (agent: SandboxAgent) => Promise<T>,
+    opts?: { connect?: boolean; signal?: AbortSignal | undefined },
+  ): Promise<T>;
 
   /** The environment a command starts with below its own: the network's, then the sandbox's. */
   protected abstract commandEnv(id: string): Record<string, string> | undefined;
 
-  /** Starts a command and returns its stream (output, stdin, kill, exit). */
-  async spawn(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
-    const proc = await this.start(id, spec);
+  /**
+   * Starts a command and returns its stream (output, stdin, kill, exit). An abort before the
+   * command starts (also while a pause or resume is under way) refuses it; once started it runs.
+   */
+  async spawn(id: string, spec: ExecSpec, opts: EdgeCallOptions = {}): Promise<EdgeProcessStream> {
+    const proc = await this.start(id, spec, opts.signal);
     if (spec.stdin !== undefined) await writeStdinIgnoringExit(proc, spec.stdin, !spec.keepStdinOpen);
     return proc;
   }
 
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
-  protected async start(id: string, spec: ExecSpec): Promise<EdgeProcessStream> {
+  protected async start(id: string, spec: ExecSpec, signal?: AbortSignal): Promise<EdgeProcessStream> {
     const oomBaseline = this.monitor.oomBaseline(id);
     const env = this.commandEnv(id);
-    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)));
+    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)), { signal });
     this.monitor.spawned(id, att.proc, oomBaseline);
     const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit));
     void att.exited.then(
@@ -52,7 +59,7 @@ export abstract class SandboxCalls {
 
   /** Runs a command to completion and collects its output. */
   async exec(id: string, spec: ExecSpec, opts: EdgeExecOptions = {}): Promise<ExecResult> {
-    const proc = await this.start(id, spec);
+    const proc = await this.start(id, spec, opts.signal);
     try {
       return await collectResult(proc, spec, opts);
     } finally {
@@ -62,8 +69,8 @@ export abstract class SandboxCalls {
   }
 
   /** Running and recently exited processes of a sandbox. */
-  async processes(id: string): Promise<ProcessInfo[]> {
-    const list = await this.withAgent(id, (agent) => agent.list());
+  async processes(id: string, opts: EdgeCallOptions = {}): Promise<ProcessInfo[]> {
+    const list = await this.withAgent(id, (agent) => agent.list(), opts);
     return list.map((p) => ({
       pid: p.proc,
       osPid: p.pid,
@@ -75,8 +82,8 @@ export abstract class SandboxCalls {
     }));
   }
 
-  /** Reattaches to a process from byte offsets. */
-  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}): Promise<EdgeProcessStream> {
+  /** Reattaches to a process from byte offsets (refused when `signal` aborts before the attachment is made). */
+  async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}, opts: EdgeCallOptions = {}): Promise<EdgeProcessStream> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends. Held like any agent call until
     // the attachment is made (a pause waits for it); the attachment itself then outlives
@@ -97,73 +104,73 @@ export abstract class SandboxCalls {
           throw err;
         }
       },
-      true,
+      { connect: true, signal: opts.signal },
     );
     return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit));
   }
 
   /** Writes to a running process's stdin (and closes it after when `eof`). */
-  async writeStdin(id: string, proc: number, data: Uint8Array | string, eof = false): Promise<void> {
-    await this.withAgent(id, (agent) => agent.writeStdin(proc, data, eof));
+  async writeStdin(id: string, proc: number, data: Uint8Array | string, eof = false, opts: EdgeCallOptions = {}): Promise<void> {
+    await this.withAgent(id, (agent) => agent.writeStdin(proc, data, eof), opts);
   }
 
   /** Sends a signal to a process's group. */
-  async signal(id: string, proc: number, sig: string | number): Promise<void> {
-    await this.withAgent(id, (agent) => agent.signal(proc, sig, true));
+  async signal(id: string, proc: number, sig: string | number, opts: EdgeCallOptions = {}): Promise<void> {
+    await this.withAgent(id, (agent) => agent.signal(proc, sig, true), opts);
   }
 
   /** Resizes a process's terminal. */
-  async resize(id: string, proc: number, rows: number, cols: number): Promise<void> {
-    await this.withAgent(id, (agent) => agent.resize(proc, rows, cols));
+  async resize(id: string, proc: number, rows: number, cols: number, opts: EdgeCallOptions = {}): Promise<void> {
+    await this.withAgent(id, (agent) => agent.resize(proc, rows, cols), opts);
   }
 
-  /** Reads a file (or a byte range of it). */
-  async readFile(id: string, file: string, opts: { offset?: number; length?: number } = {}): Promise<Buffer> {
+  /** Reads a file (or a byte range of it); an abort stops the read between chunks. */
+  async readFile(id: string, file: string, opts: EdgeCallOptions & { offset?: number; length?: number } = {}): Promise<Buffer> {
     checkPath(file);
-    return this.withAgent(id, (agent) => agent.readFile(file, { ...opts, maxBytes: MAX_FILE_READ_BYTES }));
+    return this.withAgent(id, (agent) => agent.readFile(file, { ...opts, maxBytes: MAX_FILE_READ_BYTES }), opts);
   }
 
-  /** Writes a whole file. */
-  async writeFile(id: string, file: string, data: Uint8Array | string, opts: { mode?: number; append?: boolean } = {}): Promise<void> {
+  /** Writes a whole file; an abort stops the write between chunks (those written stay). */
+  async writeFile(id: string, file: string, data: Uint8Array | string, opts: EdgeCallOptions & { mode?: number; append?: boolean } = {}): Promise<void> {
     checkPath(file);
-    await this.withAgent(id, (agent) => agent.writeFile(file, data, opts));
+    await this.withAgent(id, (agent) => agent.writeFile(file, data, opts), opts);
   }
 
   /** Lists a directory. */
-  async listDir(id: string, dir: string): Promise<FileStat[]> {
+  async listDir(id: string, dir: string, opts: EdgeCallOptions = {}): Promise<FileStat[]> {
     checkPath(dir);
-    return this.withAgent(id, (agent) => agent.listDir(dir));
+    return this.withAgent(id, (agent) => agent.listDir(dir), opts);
   }
 
   /** Metadata of a path. */
-  async stat(id: string, file: string): Promise<FileStat> {
+  async stat(id: string, file: string, opts: EdgeCallOptions = {}): Promise<FileStat> {
     checkPath(file);
-    return this.withAgent(id, (agent) => agent.stat(file, { followSymlinks: false }));
+    return this.withAgent(id, (agent) => agent.stat(file, { followSymlinks: false }), opts);
   }
 
   /** `mkdir -p`. */
-  async mkdir(id: string, dir: string): Promise<void> {
+  async mkdir(id: string, dir: string, opts: EdgeCallOptions = {}): Promise<void> {
     checkPath(dir);
-    await this.withAgent(id, (agent) => agent.mkdir(dir, { parents: true }));
+    await this.withAgent(id, (agent) => agent.mkdir(dir, { parents: true }), opts);
   }
 
   /** Removes a file or a directory tree. */
-  async remove(id: string, file: string, opts: { recursive?: boolean } = {}): Promise<void> {
+  async remove(id: string, file: string, opts: EdgeCallOptions & { recursive?: boolean } = {}): Promise<void> {
     checkPath(file);
-    await this.withAgent(id, (agent) => agent.remove(file, opts));
+    await this.withAgent(id, (agent) => agent.remove(file, opts.recursive === undefined ? {} : { recursive: opts.recursive }), opts);
   }
 
   /** Renames a path. */
-  async rename(id: string, from: string, to: string): Promise<void> {
+  async rename(id: string, from: string, to: string, opts: EdgeCallOptions = {}): Promise<void> {
     checkPath(from);
     checkPath(to);
-    await this.withAgent(id, (agent) => agent.rename(from, to));
+    await this.withAgent(id, (agent) => agent.rename(from, to), opts);
   }
 
   /** Creates a symbolic link in a sandbox. */
-  async symlink(id: string, link: string, target: string): Promise<void> {
+  async symlink(id: string, link: string, target: string, opts: EdgeCallOptions = {}): Promise<void> {
     checkPath(link);
     checkLinkTarget(target);
-    await this.withAgent(id, (agent) => agent.symlink(link, target));
+    await this.withAgent(id, (agent) => agent.symlink(link, target), opts);
   }
 }

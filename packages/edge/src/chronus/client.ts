@@ -275,13 +275,14 @@ export class ChronusClient {
     return { data: f.bytes(F.DATA) ?? Buffer.alloc(0), size: f.num(F.SIZE) ?? 0, eof: f.has(F.EOF) };
   }
 
-  /** Reads a byte range (whole file by default) in 1 MiB chunks, refusing more than `maxBytes`. */
-  async readFile(path: string, opts: { offset?: number; length?: number; maxBytes?: number } = {}): Promise<Buffer> {
+  /** Reads a byte range (whole file by default) in 1 MiB chunks, refusing more than `maxBytes`; `signal` stops it between chunks. */
+  async readFile(path: string, opts: { offset?: number; length?: number; maxBytes?: number; signal?: AbortSignal | undefined } = {}): Promise<Buffer> {
     const chunks: Buffer[] = [];
     let offset = opts.offset ?? 0;
     let left = opts.length ?? Number.MAX_SAFE_INTEGER;
     let total = 0;
     while (left > 0) {
+      opts.signal?.throwIfAborted();
       const { data, eof } = await this.readChunk(path, offset, Math.min(left, MAX_IO_BYTES));
       chunks.push(data);
       total += data.length;
@@ -295,11 +296,16 @@ export class ChronusClient {
     return Buffer.concat(chunks);
   }
 
-  /** Writes a whole file (created or truncated), in 1 MiB frames. */
-  async writeFile(path: string, data: Uint8Array | string, opts: { mode?: number; uid?: number; gid?: number; append?: boolean } = {}): Promise<void> {
+  /** Writes a whole file (created or truncated), in 1 MiB frames; `signal` stops it between frames (those written stay). */
+  async writeFile(
+    path: string,
+    data: Uint8Array | string,
+    opts: { mode?: number; uid?: number; gid?: number; append?: boolean; signal?: AbortSignal | undefined } = {},
+  ): Promise<void> {
     const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
     let offset = 0;
     do {
+      opts.signal?.throwIfAborted();
       const chunk = buf.subarray(offset, offset + MAX_IO_BYTES);
       const first = offset === 0;
       const flags = 1 | (first && !opts.append ? 2 : 0) | (!first || opts.append ? 4 : 0);
