@@ -28,7 +28,7 @@ export async function writeStreamToFile(
   id: string,
   file: string,
   body: AsyncIterable<Uint8Array>,
-  opts: { mode?: number; append?: boolean; limitBytes: number },
+  opts: { mode?: number; append?: boolean; limitBytes: number; signal?: AbortSignal | undefined },
 ): Promise<number> {
   let pending: Buffer[] = [];
   let pendingBytes = 0;
@@ -38,7 +38,11 @@ export async function writeStreamToFile(
     const data = Buffer.concat(pending);
     pending = [];
     pendingBytes = 0;
-    await edge.writeFile(id, file, data, { ...(opts.mode !== undefined ? { mode: opts.mode } : {}), append: opts.append === true || !first });
+    await edge.writeFile(id, file, data, {
+      ...(opts.mode !== undefined ? { mode: opts.mode } : {}),
+      append: opts.append === true || !first,
+      signal: opts.signal,
+    });
     first = false;
     written += data.length;
   };
@@ -58,7 +62,15 @@ function safeJoin(root: string, name: string): string {
 }
 
 /** Unpacks a tar (or gzip-compressed tar) body into `dir` inside a sandbox. */
-export async function uploadTar(edge: EdgeClient, id: string, dir: string, body: AsyncIterable<Uint8Array>, limitBytes: number): Promise<{ files: number }> {
+export async function uploadTar(
+  edge: EdgeClient,
+  id: string,
+  dir: string,
+  body: AsyncIterable<Uint8Array>,
+  limitBytes: number,
+  signal?: AbortSignal,
+): Promise<{ files: number }> {
+  const call = { signal };
   // Peek at the first chunk to tell gzip from plain tar (before anything is piped).
   const it = limited(body, { left: limitBytes });
   const first = await it.next();
@@ -72,7 +84,7 @@ export async function uploadTar(edge: EdgeClient, id: string, dir: string, body:
   );
   const input = head[0] === 0x1f && head[1] === 0x8b ? source.pipe(createGunzip()) : source;
   source.on('error', (err) => input.destroy(err));
-  await edge.mkdir(id, dir);
+  await edge.mkdir(id, dir, call);
   // Iterate as soon as the stream is piped: entries must not arrive before the loop runs.
   const extract = tar.extract();
   input.pipe(extract);
@@ -84,23 +96,24 @@ export async function uploadTar(edge: EdgeClient, id: string, dir: string, body:
       const target = safeJoin(dir, h.name);
       const mode = (h.mode ?? 0o644) & 0o777;
       if (h.type === 'directory') {
-        await edge.mkdir(id, target);
+        await edge.mkdir(id, target, call);
       } else if (h.type === 'file' || h.type === 'contiguous-file') {
-        await edge.mkdir(id, path.posix.dirname(target));
-        await writeStreamToFile(edge, id, target, entry as unknown as AsyncIterable<Uint8Array>, { mode, limitBytes });
+        await edge.mkdir(id, path.posix.dirname(target), call);
+        await writeStreamToFile(edge, id, target, entry as unknown as AsyncIterable<Uint8Array>, { mode, limitBytes, signal });
         files++;
         continue;
       } else if (h.type === 'symlink') {
-        await edge.mkdir(id, path.posix.dirname(target));
-        await edge.remove(id, target).catch(() => undefined);
-        await edge.symlink(id, target, h.linkname ?? '');
+        await edge.mkdir(id, path.posix.dirname(target), call);
+        await edge.remove(id, target, call).catch(() => undefined);
+        await edge.symlink(id, target, h.linkname ?? '', call);
       } else {
         throw invalidArgument('body', `tar entry ${h.name} has unsupported type ${h.type ?? 'unknown'}`);
       }
       entry.resume();
     }
   } catch (err) {
-    if (err instanceof DsecError) throw err;
+    // The caller's abort is its own, not a fault of the archive.
+    if (err instanceof DsecError || signal?.aborted) throw err;
     throw invalidArgument('body', `not a valid tar stream: ${(err as Error).message}`);
   }
   return { files };

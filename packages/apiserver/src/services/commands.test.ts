@@ -64,6 +64,37 @@ describe('recorded commands and files (fake node, real store)', () => {
     assert.notEqual(result.sandbox.id, id);
   });
 
+  test("the request's signal reaches the node's file, diff, verify, process and attach calls; an aborted one fails the call", async () => {
+    const { commands, files } = h.services;
+    const t = await target();
+    const { edge } = h;
+    const ac = new AbortController();
+    async function* body() {
+      yield Buffer.from('x');
+    }
+    await files.write(t, '/tmp/s', body(), { limitBytes: 1024 }, ac.signal);
+    await files.read(t, '/tmp/s', {}, ac.signal);
+    await files.list(t, '/tmp', ac.signal);
+    await files.stat(t, '/tmp/s', ac.signal);
+    await files.diff(t, {}, ac.signal);
+    await files.verify(t, { expected: {} }, ac.signal);
+    await commands.processes(t, ac.signal);
+    const running = await commands.spawn(t, { argv: ['true'] }, 'stream');
+    for await (const _ of running.events());
+    const out = await commands.output(t, 1, { stdout: 0, stderr: 0 }, ac.signal);
+    out.detach();
+    for (const method of ['writeFile', 'readFile', 'listDir', 'stat', 'diff', 'verify', 'processes', 'attach']) {
+      assert.equal(edge.signals.get(method), ac.signal, method);
+    }
+    const reason = new Error('client went away');
+    await assert.rejects(files.read(t, '/tmp/s', {}, AbortSignal.abort(reason)), (e: unknown) => e === reason);
+    await assert.rejects(files.diff(t, {}, AbortSignal.abort(reason)), (e: unknown) => e === reason);
+    // A file change cut short is recorded with its error, as any failed change is.
+    await assert.rejects(files.mkdir(t, '/tmp/d', AbortSignal.abort(reason)), (e: unknown) => e === reason);
+    const traj = await h.services.trajectories.get(h.admin, id, {});
+    assert.equal(traj.items[traj.items.length - 1]?.kind, 'mkdir');
+  });
+
   test('stdin and signals to a process the node does not know are PROCESS_NOT_FOUND', async () => {
     const t = await target();
     await assert.rejects(h.services.commands.output(t, 999, { stdout: 0, stderr: 0 }), { code: 'PROCESS_NOT_FOUND' });

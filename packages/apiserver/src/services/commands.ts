@@ -175,19 +175,27 @@ export class CommandService {
   }
 
   /** The processes of a sandbox. */
-  processes(t: CommandTarget): Promise<ProcessInfo[]> {
-    return t.edge.processes(t.sandboxId);
+  processes(t: CommandTarget, signal?: AbortSignal): Promise<ProcessInfo[]> {
+    return t.edge.processes(t.sandboxId, { signal });
   }
 
-  /** A process's output from byte offsets, then its exit, as API events (no start event). */
-  async output(t: CommandTarget, pid: number, from: { stdout: number; stderr: number }): Promise<{ events: AsyncGenerator<ExecEvent>; detach: () => void }> {
-    const proc = await t.edge.attach(t.sandboxId, pid, from).catch(processError(pid));
+  /**
+   * A process's output from byte offsets, then its exit, as API events (no start event).
+   * `signal` covers the attaching; the stream then ends when its reader goes (`detach`).
+   */
+  async output(
+    t: CommandTarget,
+    pid: number,
+    from: { stdout: number; stderr: number },
+    signal?: AbortSignal,
+  ): Promise<{ events: AsyncGenerator<ExecEvent>; detach: () => void }> {
+    const proc = await t.edge.attach(t.sandboxId, pid, from, { signal }).catch(processError(pid));
     return { events: heldEvents(this.activity, t.sandboxId, processEvents(proc, false)), detach: () => void proc.detach().catch(() => undefined) };
   }
 
   /** Writes to a process's stdin (`eof` closes it after), recorded in its step. */
-  async writeStdin(t: CommandTarget, pid: number, data: Uint8Array, eof: boolean): Promise<void> {
-    await t.edge.writeStdin(t.sandboxId, pid, data, eof).catch(processError(pid));
+  async writeStdin(t: CommandTarget, pid: number, data: Uint8Array, eof: boolean, signal?: AbortSignal): Promise<void> {
+    await t.edge.writeStdin(t.sandboxId, pid, data, eof, { signal }).catch(processError(pid));
     if (data.length > 0) this.trajectory.noteStdin(t.sandboxId, pid, data);
   }
 

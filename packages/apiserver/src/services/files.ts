@@ -34,66 +34,67 @@ export class FileService {
     return out;
   }
 
-  /** Writes (or appends) a stream of bytes to a file. */
-  async write(t: CommandTarget, path: string, body: AsyncIterable<Uint8Array>, opts: WriteFileOptions): Promise<void> {
+  /** Writes (or appends) a stream of bytes to a file; `signal` (the request's) stops it between chunks. */
+  async write(t: CommandTarget, path: string, body: AsyncIterable<Uint8Array>, opts: WriteFileOptions, signal?: AbortSignal): Promise<void> {
     const mode = opts.mode;
     const append = opts.append === true;
     await this.recorded(t.sandboxId, 'write', { path, ...(mode !== undefined ? { mode } : {}), ...(append ? { append } : {}) }, (rec) =>
-      writeStreamToFile(t.edge, t.sandboxId, path, rec.tap(body), { ...(mode !== undefined ? { mode } : {}), append, limitBytes: opts.limitBytes }),
+      writeStreamToFile(t.edge, t.sandboxId, path, rec.tap(body), { ...(mode !== undefined ? { mode } : {}), append, limitBytes: opts.limitBytes, signal }),
     );
   }
 
   /** Reads a file (or a range of it). */
-  read(t: CommandTarget, path: string, range: { offset?: number | undefined; length?: number | undefined } = {}): Promise<Uint8Array> {
+  read(t: CommandTarget, path: string, range: { offset?: number | undefined; length?: number | undefined } = {}, signal?: AbortSignal): Promise<Uint8Array> {
     return t.edge.readFile(t.sandboxId, path, {
       ...(range.offset !== undefined ? { offset: range.offset } : {}),
       ...(range.length !== undefined ? { length: range.length } : {}),
+      signal,
     });
   }
 
   /** Removes a file or (with `recursive`) a tree. */
-  async remove(t: CommandTarget, path: string, recursive: boolean): Promise<void> {
-    await this.recorded(t.sandboxId, 'remove', { path, ...(recursive ? { recursive } : {}) }, () => t.edge.remove(t.sandboxId, path, { recursive }));
+  async remove(t: CommandTarget, path: string, recursive: boolean, signal?: AbortSignal): Promise<void> {
+    await this.recorded(t.sandboxId, 'remove', { path, ...(recursive ? { recursive } : {}) }, () => t.edge.remove(t.sandboxId, path, { recursive, signal }));
   }
 
   /** The entries of a directory. */
-  list(t: CommandTarget, path: string): Promise<FileStat[]> {
-    return t.edge.listDir(t.sandboxId, path);
+  list(t: CommandTarget, path: string, signal?: AbortSignal): Promise<FileStat[]> {
+    return t.edge.listDir(t.sandboxId, path, { signal });
   }
 
   /** One file's metadata. */
-  stat(t: CommandTarget, path: string): Promise<FileStat> {
-    return t.edge.stat(t.sandboxId, path);
+  stat(t: CommandTarget, path: string, signal?: AbortSignal): Promise<FileStat> {
+    return t.edge.stat(t.sandboxId, path, { signal });
   }
 
   /** Makes a directory (and its parents). */
-  async mkdir(t: CommandTarget, path: string): Promise<void> {
-    await this.recorded(t.sandboxId, 'mkdir', { path }, () => t.edge.mkdir(t.sandboxId, path));
+  async mkdir(t: CommandTarget, path: string, signal?: AbortSignal): Promise<void> {
+    await this.recorded(t.sandboxId, 'mkdir', { path }, () => t.edge.mkdir(t.sandboxId, path, { signal }));
   }
 
   /** Renames a file or directory. */
-  async rename(t: CommandTarget, from: string, to: string): Promise<void> {
-    await this.recorded(t.sandboxId, 'rename', { from, to }, () => t.edge.rename(t.sandboxId, from, to));
+  async rename(t: CommandTarget, from: string, to: string, signal?: AbortSignal): Promise<void> {
+    await this.recorded(t.sandboxId, 'rename', { from, to }, () => t.edge.rename(t.sandboxId, from, to, { signal }));
   }
 
   /** Unpacks a tar (or gzip-compressed tar) stream into a directory. */
-  async uploadTar(t: CommandTarget, dir: string, body: AsyncIterable<Uint8Array>, limitBytes: number): Promise<void> {
-    await this.recorded(t.sandboxId, 'tar', { path: dir }, (rec) => uploadTar(t.edge, t.sandboxId, dir, rec.tap(body), limitBytes));
+  async uploadTar(t: CommandTarget, dir: string, body: AsyncIterable<Uint8Array>, limitBytes: number, signal?: AbortSignal): Promise<void> {
+    await this.recorded(t.sandboxId, 'tar', { path: dir }, (rec) => uploadTar(t.edge, t.sandboxId, dir, rec.tap(body), limitBytes, signal));
   }
 
-  /** A directory as a tar stream. */
-  async downloadTar(t: CommandTarget, dir: string): Promise<Readable> {
-    if ((await t.edge.stat(t.sandboxId, dir)).type !== 'dir') throw invalidArgument('query.path', `${dir} is not a directory`);
+  /** A directory as a tar stream (`signal` covers the check before it; the stream ends when its reader goes). */
+  async downloadTar(t: CommandTarget, dir: string, signal?: AbortSignal): Promise<Readable> {
+    if ((await t.edge.stat(t.sandboxId, dir, { signal })).type !== 'dir') throw invalidArgument('query.path', `${dir} is not a directory`);
     return downloadTar(t.edge, t.sandboxId, dir);
   }
 
   /** What the sandbox changed against its layers. */
-  diff(t: CommandTarget, opts: DiffOptions): Promise<DiffResult> {
-    return t.edge.diff(t.sandboxId, opts);
+  diff(t: CommandTarget, opts: DiffOptions, signal?: AbortSignal): Promise<DiffResult> {
+    return t.edge.diff(t.sandboxId, opts, { signal });
   }
 
   /** Checks files against expected digests (the graders' integrity check). */
-  verify(t: CommandTarget, req: VerifyRequest): Promise<VerifyResult> {
-    return t.edge.verify(t.sandboxId, req);
+  verify(t: CommandTarget, req: VerifyRequest, signal?: AbortSignal): Promise<VerifyResult> {
+    return t.edge.verify(t.sandboxId, req, { signal });
   }
 }

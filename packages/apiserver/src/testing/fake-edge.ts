@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type {
+  EdgeCallOptions,
   EdgeCalls,
   EdgeClient,
   EdgeExecOptions,
@@ -88,6 +89,15 @@ export class FakeEdge implements EdgeClient {
 
   constructor(readonly nodeName = 'fake') {}
 
+  /** The signal the latest call of each method got (undefined: none), by method name. */
+  readonly signals = new Map<string, AbortSignal | undefined>();
+
+  /** Notes a call's signal and, as a node does, refuses the call when it is already aborted. */
+  private called(method: string, opts: EdgeCallOptions | undefined): void {
+    this.signals.set(method, opts?.signal);
+    opts?.signal?.throwIfAborted();
+  }
+
   private maybeFail(method: string): void {
     const err = this.failNext.get(method);
     if (err) {
@@ -150,11 +160,13 @@ export class FakeEdge implements EdgeClient {
     return sb;
   }
 
-  async claim(id: string): Promise<EdgeSandbox> {
+  async claim(id: string, _claim: unknown, opts?: EdgeCallOptions): Promise<EdgeSandbox> {
+    this.called('claim', opts);
     return this.entry(id);
   }
 
-  async destroy(id: string): Promise<void> {
+  async destroy(id: string, opts?: EdgeCallOptions): Promise<void> {
+    this.called('destroy', opts);
     this.sandboxes.delete(id);
   }
 
@@ -162,18 +174,21 @@ export class FakeEdge implements EdgeClient {
     return [...this.sandboxes.values()];
   }
 
-  async stats(id: string): Promise<SandboxStats> {
+  async stats(id: string, opts?: EdgeCallOptions): Promise<SandboxStats> {
+    this.called('stats', opts);
     this.maybeFail('stats');
     this.entry(id);
     return { cpuUsageMs: 0, memoryBytes: 0 } as unknown as SandboxStats;
   }
 
-  async pause(id: string): Promise<NodePauseResult> {
+  async pause(id: string, opts?: EdgeCallOptions): Promise<NodePauseResult> {
+    this.called('pause', opts);
     this.entry(id).state = 'paused';
     return NO_CHANGE;
   }
 
-  async resume(id: string): Promise<NodePauseResult> {
+  async resume(id: string, opts?: EdgeCallOptions): Promise<NodePauseResult> {
+    this.called('resume', opts);
     this.entry(id).state = 'running';
     return NO_CHANGE;
   }
@@ -184,11 +199,13 @@ export class FakeEdge implements EdgeClient {
     return info;
   }
 
-  async diff(): Promise<never> {
+  async diff(_id: string, _opts: unknown, call?: EdgeCallOptions): Promise<never> {
+    this.called('diff', call);
     return { items: [], nextCursor: null } as never;
   }
 
-  async verify(): Promise<never> {
+  async verify(_id: string, _req: unknown, opts?: EdgeCallOptions): Promise<never> {
+    this.called('verify', opts);
     return { ok: true, mismatches: [] } as never;
   }
 
@@ -205,23 +222,27 @@ export class FakeEdge implements EdgeClient {
     return { ...exitOf(code), stdout: out, stderr: '', truncated: false, stdoutBytes: out.length };
   }
 
-  async spawn(id: string, spec: ExecSpec): Promise<ProcessStream> {
+  async spawn(id: string, spec: ExecSpec, opts?: EdgeCallOptions): Promise<ProcessStream> {
+    this.called('spawn', opts);
     this.entry(id);
     return fakeStream(this.nextPid++, fakeOutput(spec), 0);
   }
 
-  async processes(id: string): Promise<ProcessInfo[]> {
+  async processes(id: string, opts?: EdgeCallOptions): Promise<ProcessInfo[]> {
+    this.called('processes', opts);
     this.entry(id);
     return [];
   }
 
-  async attach(id: string, pid: number): Promise<ProcessStream> {
+  async attach(id: string, pid: number, _from?: unknown, opts?: EdgeCallOptions): Promise<ProcessStream> {
+    this.called('attach', opts);
     this.entry(id);
     if (pid >= this.nextPid) throw new DsecError('PROCESS_NOT_FOUND', `process ${pid} not found`, { pid });
     return fakeStream(pid, '', 0);
   }
 
-  async writeStdin(id: string): Promise<void> {
+  async writeStdin(id: string, _pid: number, _data: unknown, _eof?: boolean, opts?: EdgeCallOptions): Promise<void> {
+    this.called('writeStdin', opts);
     this.entry(id);
   }
 
@@ -233,39 +254,47 @@ export class FakeEdge implements EdgeClient {
     this.entry(id);
   }
 
-  async readFile(id: string, path: string): Promise<Uint8Array> {
+  async readFile(id: string, path: string, opts?: EdgeCallOptions): Promise<Uint8Array> {
+    this.called('readFile', opts);
     const data = this.entry(id).files.get(path);
     if (!data) throw new DsecError('FILE_NOT_FOUND', `${path} not found`, { path });
     return data;
   }
 
-  async writeFile(id: string, path: string, data: Uint8Array | string, opts: { append?: boolean } = {}): Promise<void> {
+  async writeFile(id: string, path: string, data: Uint8Array | string, opts: EdgeCallOptions & { append?: boolean } = {}): Promise<void> {
+    this.called('writeFile', opts);
     const files = this.entry(id).files;
     const bytes = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
     files.set(path, opts.append ? Buffer.concat([files.get(path) ?? Buffer.alloc(0), bytes]) : bytes);
   }
 
-  async listDir(id: string, path: string): Promise<FileStat[]> {
+  async listDir(id: string, path: string, opts?: EdgeCallOptions): Promise<FileStat[]> {
+    this.called('listDir', opts);
     const prefix = path.endsWith('/') ? path : `${path}/`;
     return [...this.entry(id).files.entries()]
       .filter(([p]) => p.startsWith(prefix))
       .map(([p, d]) => ({ name: p.slice(prefix.length), path: p, type: 'file', size: d.length }) as unknown as FileStat);
   }
 
-  async stat(id: string, path: string): Promise<FileStat> {
-    const data = await this.readFile(id, path);
+  async stat(id: string, path: string, opts?: EdgeCallOptions): Promise<FileStat> {
+    this.called('stat', opts);
+    const data = this.entry(id).files.get(path);
+    if (!data) throw new DsecError('FILE_NOT_FOUND', `${path} not found`, { path });
     return { name: path.split('/').pop(), path, type: 'file', size: data.length } as unknown as FileStat;
   }
 
-  async mkdir(id: string): Promise<void> {
+  async mkdir(id: string, _path?: string, opts?: EdgeCallOptions): Promise<void> {
+    this.called('mkdir', opts);
     this.entry(id);
   }
 
-  async remove(id: string, path: string): Promise<void> {
+  async remove(id: string, path: string, opts?: EdgeCallOptions): Promise<void> {
+    this.called('remove', opts);
     this.entry(id).files.delete(path);
   }
 
-  async rename(id: string, from: string, to: string): Promise<void> {
+  async rename(id: string, from: string, to: string, opts?: EdgeCallOptions): Promise<void> {
+    this.called('rename', opts);
     const files = this.entry(id).files;
     const data = files.get(from);
     if (!data) throw new DsecError('FILE_NOT_FOUND', `${from} not found`, { path: from });
@@ -273,7 +302,8 @@ export class FakeEdge implements EdgeClient {
     files.set(to, data);
   }
 
-  async symlink(id: string): Promise<void> {
+  async symlink(id: string, _path?: string, _target?: string, opts?: EdgeCallOptions): Promise<void> {
+    this.called('symlink', opts);
     this.entry(id);
   }
 

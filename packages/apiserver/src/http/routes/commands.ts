@@ -40,12 +40,12 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
     })
     .get('/sandboxes/:id/processes', async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-      return c.json({ items: await commands.processes(t), nextCursor: null });
+      return c.json({ items: await commands.processes(t, c.req.raw.signal), nextCursor: null });
     })
     .get('/sandboxes/:id/processes/:pid/output', query(OutputQuerySchema), async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
       const q = c.get('query');
-      const out = await commands.output(t, pidParam(c), { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 });
+      const out = await commands.output(t, pidParam(c), { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 }, c.req.raw.signal);
       return ndjsonResponse(out.events, out.detach);
     })
     .post('/sandboxes/:id/processes/:pid/stdin', async (c) => {
@@ -53,7 +53,7 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
       const pid = pidParam(c);
       const chunks: Buffer[] = [];
       for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'stdin writes')) chunks.push(chunk);
-      await commands.writeStdin(t, pid, Buffer.concat(chunks), c.req.query('eof') === 'true');
+      await commands.writeStdin(t, pid, Buffer.concat(chunks), c.req.query('eof') === 'true', c.req.raw.signal);
       return c.body(null, 204);
     })
     .post('/sandboxes/:id/processes/:pid/signal', jsonBody(SignalRequestSchema), async (c) => {

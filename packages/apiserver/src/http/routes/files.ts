@@ -20,52 +20,58 @@ export function fileRoutes({ services: { lifecycle, files } }: RouterDeps) {
       .put('/sandboxes/:id/files', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const q = c.get('query');
-        await files.write(t, q.path, uploadBody(c), {
-          mode: q.mode ? parseInt(q.mode, 8) : undefined,
-          append: q.append === 'true',
-          limitBytes: MAX_UPLOAD_BYTES,
-        });
+        await files.write(
+          t,
+          q.path,
+          uploadBody(c),
+          {
+            mode: q.mode ? parseInt(q.mode, 8) : undefined,
+            append: q.append === 'true',
+            limitBytes: MAX_UPLOAD_BYTES,
+          },
+          c.req.raw.signal,
+        );
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
         const q = c.get('query');
-        const data = await files.read(t, q.path, { offset: q.offset, length: q.length });
+        const data = await files.read(t, q.path, { offset: q.offset, length: q.length }, c.req.raw.signal);
         return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' });
       })
       .delete('/sandboxes/:id/files', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const q = c.get('query');
-        await files.remove(t, q.path, q.recursive === 'true');
+        await files.remove(t, q.path, q.recursive === 'true', c.req.raw.signal);
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files/list', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        return c.json({ items: await files.list(t, c.get('query').path), nextCursor: null });
+        return c.json({ items: await files.list(t, c.get('query').path, c.req.raw.signal), nextCursor: null });
       })
       .get('/sandboxes/:id/files/stat', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        return c.json(await files.stat(t, c.get('query').path));
+        return c.json(await files.stat(t, c.get('query').path, c.req.raw.signal));
       })
       .post('/sandboxes/:id/files/mkdir', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
-        await files.mkdir(t, c.get('query').path);
+        await files.mkdir(t, c.get('query').path, c.req.raw.signal);
         return c.body(null, 204);
       })
       .post('/sandboxes/:id/files/rename', jsonBody(RenameRequestSchema), async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const { from, to } = c.get('body');
-        await files.rename(t, from, to);
+        await files.rename(t, from, to, c.req.raw.signal);
         return c.body(null, 204);
       })
       .put('/sandboxes/:id/files/tar', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
-        await files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES);
+        await files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES, c.req.raw.signal);
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files/tar', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        const stream = await files.downloadTar(t, c.get('query').path);
+        const stream = await files.downloadTar(t, c.get('query').path, c.req.raw.signal);
         return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
       })
       // What the sandbox changed against its layers, and the graders' integrity check. Both read
@@ -75,17 +81,21 @@ export function fileRoutes({ services: { lifecycle, files } }: RouterDeps) {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer', { paused: 'allow' });
         const q = c.get('query');
         return c.json(
-          await files.diff(t, {
-            ...(q.path ? { paths: q.path } : {}),
-            ...(q.hash ? { hash: q.hash === 'true' } : {}),
-            ...(q.limit !== undefined ? { limit: q.limit } : {}),
-            ...(q.cursor !== undefined ? { cursor: q.cursor } : {}),
-          }),
+          await files.diff(
+            t,
+            {
+              ...(q.path ? { paths: q.path } : {}),
+              ...(q.hash ? { hash: q.hash === 'true' } : {}),
+              ...(q.limit !== undefined ? { limit: q.limit } : {}),
+              ...(q.cursor !== undefined ? { cursor: q.cursor } : {}),
+            },
+            c.req.raw.signal,
+          ),
         );
       })
       .post('/sandboxes/:id/verify', jsonBody(VerifyRequestSchema), async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer', { paused: 'allow' });
-        return c.json(await files.verify(t, c.get('body')));
+        return c.json(await files.verify(t, c.get('body'), c.req.raw.signal));
       })
   );
 }
