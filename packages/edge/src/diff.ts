@@ -93,7 +93,11 @@ class OpenView {
   readonly lowerFds: number[] = [];
   hashedBytes = 0;
 
-  constructor(readonly view: SandboxLayersView) {
+  /** `signal` stops a hash between its chunks (and the walks that use this view between entries). */
+  constructor(
+    readonly view: SandboxLayersView,
+    readonly signal?: AbortSignal,
+  ) {
     this.upperFd = openFd(view.upper, O.RDONLY | O.DIRECTORY | O.CLOEXEC);
     try {
       for (const l of view.lowers) this.lowerFds.push(openFd(l, O.RDONLY | O.DIRECTORY | O.CLOEXEC));
@@ -165,6 +169,7 @@ class OpenView {
       const buf = Buffer.alloc(Math.min(HASH_CHUNK_BYTES, Math.max(size, 1)));
       let total = 0;
       for (;;) {
+        this.signal?.throwIfAborted();
         const { bytesRead } = await readAsync(fd, buf, 0, buf.length, null);
         if (bytesRead === 0) break;
         total += bytesRead;
@@ -190,7 +195,7 @@ export async function diffLayers(view: SandboxLayersView, opts: DiffLayersOption
     cursor = Buffer.from(opts.cursor, 'base64url').toString('utf8');
     if (!cursor.startsWith('/')) throw invalidArgument('cursor', 'not a cursor from this API');
   }
-  const v = new OpenView(view);
+  const v = new OpenView(view, signal);
   const entries: DiffEntry[] = [];
   let more = false;
   let visits = 0;
@@ -301,7 +306,7 @@ export async function verifyLayers(
   signal?: AbortSignal,
 ): Promise<{ ok: boolean; results: VerifyItem[] }> {
   signal?.throwIfAborted();
-  const v = new OpenView(view);
+  const v = new OpenView(view, signal);
   const results: VerifyItem[] = [];
   try {
     for (const [p, want] of Object.entries(expected)) {
