@@ -204,6 +204,21 @@ describe('snapshots', () => {
     assert.equal(badName.body.error.field, 'name');
     const extra = await call('POST', `/v1/sandboxes/${sb.id}/snapshot`, { nope: 1 });
     assert.equal(extra.status, 400);
+    // The forks' labels are the source's merged with the request's: together they are held to the
+    // limit of one create (64), and nothing is created past it.
+    const labelled = await create({
+      image: { base: 'busybox' },
+      resources: SMALL,
+      labels: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`src${i}`, 'x'])),
+    });
+    const before = (await call('GET', '/v1/sandboxes')).body.items.length as number;
+    const tooMany = await call('POST', `/v1/sandboxes/${labelled.id}/fork`, {
+      count: 1,
+      labels: Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`req${i}`, 'y'])),
+    });
+    assert.equal(tooMany.status, 400, JSON.stringify(tooMany.body));
+    assert.equal(tooMany.body.error.field, 'labels');
+    assert.equal((await call('GET', '/v1/sandboxes')).body.items.length, before);
 
     // A sibling project's snapshot (and sandbox) is not there for it; a sub-project sees its
     // parent's, as with every layer.

@@ -4,6 +4,7 @@
 // pools that stay unclaimed past their idle timeout, and removes members whose pool is gone.
 import type { PoolTable, SandboxTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
+import { publicError } from './errors.js';
 
 /** Interval of the reconciling passes (ms). */
 export const POOL_PASS_INTERVAL_MS = 250;
@@ -160,7 +161,8 @@ export class PoolManager {
         this.lastError.delete(pool.id);
       })
       .catch((err: unknown) => {
-        this.lastError.set(pool.id, (err as Error).message);
+        // Served in the pool's body: an internal fault's own text stays on the server.
+        this.lastError.set(pool.id, publicError(err).message);
         this.backoffUntil.set(pool.id, Date.now() + POOL_REFILL_BACKOFF_MS);
       })
       .finally(() => {

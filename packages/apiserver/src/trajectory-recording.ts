@@ -282,5 +282,6 @@ const START_ERRORS = new Set(['FILE_NOT_FOUND', 'INVALID_ARGUMENT', 'PERMISSION_
 function errorOf(err: unknown): { code: string; message: string } {
   if (err instanceof DsecError) return { code: err.code, message: err.message };
   if (err instanceof Error && err.name === 'AbortError') return { code: 'CANCELLED', message: 'the request was cancelled' };
-  return { code: 'INTERNAL', message: err instanceof Error ? err.message : String(err) };
+  // Trajectories are served to the tenant: an internal fault's own text stays on the server.
+  return { code: 'INTERNAL', message: 'internal error' };
 }

@@ -35,7 +35,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
     await next();
     // hono types the context of a '*' middleware with `any` inside; routePath takes it as it is.
     // eslint-disable-next-line @typescript-eslint/no-unsafe-argument
-    metrics.observeRequest(c.req.method, routePath(c, -1), c.res.status, performance.now() - start);
+    metrics.observeRequest(c.req.method, routePath(c), c.res.status, performance.now() - start);
   });
 
   app.get('/healthz', (c) => c.json({ status: 'ok' }));

@@ -1,6 +1,6 @@
 // Snapshots (a sandbox's writable layer packed into a layer of its project) and forks (one
 // snapshot, then N sandboxes from it).
-import { DsecError, MAX_SNAPSHOT_DEPTH, normalizeLayerName } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, normalizeLayerName, parseOrThrow } from '@dsec/protocol';
 import type { BackendKind, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -66,14 +66,15 @@ export class SnapshotService {
     const snapshot = await this.snapshot(p, id, {}, signal);
     const spec = await specOf(this.store, source);
     const owner: Principal = { ...p, projectId: source.project_id };
-    const create = {
+    // Composed from the source and the request (labels merged): checked as any create is.
+    const create = parseOrThrow(CreateSandboxRequestSchema, {
       backend: spec.backend as BackendKind,
       snapshot: snapshot.digest,
       resources: spec.resources,
       ...(spec.env ? { env: spec.env } : {}),
       labels: { ...source.labels, ...req.labels },
       ...(req.timeoutMs !== undefined ? { timeoutMs: req.timeoutMs } : {}),
-    };
+    });
     const made: Sandbox[] = [];
     let failure: unknown;
     const slots = Array.from({ length: req.count }, (_, i) => i);

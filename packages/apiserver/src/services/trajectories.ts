@@ -1,7 +1,7 @@
 // Trajectories (every step that reached a sandbox through the API, kept beyond its life) and
 // replay (a fresh sandbox from the trajectory's layers or a snapshot of it, its steps re-run
 // and compared with the record).
-import { DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SandboxStateSchema, invalidArgument } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SandboxStateSchema, invalidArgument, parseOrThrow } from '@dsec/protocol';
 import type { BackendKind, ImageSpec, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryQuery, TrajectoryStep } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -113,16 +113,17 @@ export class TrajectoryService {
     const env = req.env ?? spec.env;
     const labels = req.labels ?? spec.labels;
     const timeoutMs = req.timeoutMs ?? spec.timeoutMs;
+    // Read back from the store and merged with the request: checked as any create is.
     const sandbox = await this.d.sandboxes.create(
       owner,
-      {
+      parseOrThrow(CreateSandboxRequestSchema, {
         backend: spec.backend as BackendKind,
         ...start,
         resources,
         ...(env ? { env } : {}),
         ...(labels ? { labels } : {}),
         ...(timeoutMs !== undefined ? { timeoutMs } : {}),
-      },
+      }),
       signal ? { signal } : {},
     );
     onEvent?.({ type: 'sandbox', sandbox, fromSeq });
