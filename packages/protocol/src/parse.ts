@@ -11,6 +11,9 @@ export function parseOrThrow<S extends z.ZodType>(schema: S, value: unknown, pre
   const res = schema.safeParse(value);
   if (res.success) return res.data;
   const issue = res.error.issues[0];
-  const field = [prefix, ...(issue?.path ?? []).map(String)].filter(Boolean).join('.');
+  // zod reports an unknown key of a strict object at the object: name the key itself.
+  const unknownKey = issue?.code === 'unrecognized_keys' ? issue.keys[0] : undefined;
+  const path = [...(issue?.path ?? []).map(String), ...(unknownKey !== undefined ? [unknownKey] : [])];
+  const field = [prefix, ...path].filter(Boolean).join('.');
   throw invalidArgument(field || prefix || 'body', issue?.message ?? 'invalid');
 }

@@ -29,11 +29,12 @@ test('parseOrThrow names the offending field under its prefix', () => {
     () => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, resources: { memoryMiB: 1 } }, 'body'),
     invalid('body.resources.memoryMiB'),
   );
-  // An unknown key of a strict object is named in the message (zod reports it at the object).
+  // An unknown key of a strict object is the field (zod reports it at the object).
   assert.throws(
     () => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox' }, surprise: 1 }),
-    (err: unknown) => invalid('body')(err) && /surprise/.test((err as Error).message),
+    (err: unknown) => invalid('surprise')(err) && /surprise/.test((err as Error).message),
   );
+  assert.throws(() => parseOrThrow(CreateSandboxRequestSchema, { image: { base: 'busybox', extra: 'x' } }, 'body'), invalid('body.image.extra'));
   assert.throws(
     () => parseOrThrow(ExecRequestSchema, { cmd: 'true', argv: ['true'] }, 'body'),
     (err: unknown) => invalid('body.cmd')(err) && /exactly one of cmd or argv/.test((err as Error).message),
