@@ -156,7 +156,7 @@ describe('batch create', () => {
     assert.equal(result.items[1]!.error?.details.field, 'items.1.image.base');
     assert.equal(result.items[2]!.error?.code, 'INVALID_ARGUMENT');
     assert.equal(result.items[2]!.error?.details.field, 'items.2.resources.memoryMiB');
-    assert.equal(result.items[3]!.error?.details.field, 'items.3');
+    assert.equal(result.items[3]!.error?.details.field, 'items.3.bogus');
     assert.equal(await usage(p), 2);
     await killAll(p);
   });

@@ -332,7 +332,7 @@ describe('protected paths', () => {
       [{ watch: ['/'] }, 'protect.watch.0'],
       [{ watch: ['/a/'] }, 'protect.watch.0'],
       [{ readOnly: Array.from({ length: 33 }, (_, i) => `/p${i}`) }, 'protect.readOnly'],
-      [{ readOnly: ['/x'], other: true }, 'protect'],
+      [{ readOnly: ['/x'], other: true }, 'protect.other'],
     ];
     for (const [protect, field] of bad) {
       await assert.rejects(

@@ -285,7 +285,7 @@ describe('events', () => {
       ['limit=0', 'query.limit'],
       ['cursor=abc', 'query.cursor'],
       ['sandbox=..%2F', 'query.sandbox'],
-      ['bogus=1', 'query'],
+      ['bogus=1', 'query.bogus'],
     ] as const) {
       const r = await call('GET', `/v1/events?${q}`);
       assert.equal(r.status, 400, `${q}: ${r.text}`);
