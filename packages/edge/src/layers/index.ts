@@ -6,5 +6,4 @@ export type { TarLimits, TarInput, WhiteoutMode, TarExtractorOptions } from './t
 export { DEFAULT_CHUNK_SIZE_BYTES, LAYER_UUID } from './erofs.js';
 export { DEFAULT_DEBIAN_SUITE } from './debian.js';
 export { BUSYBOX_PATH } from './busybox.js';
-export { DEFAULT_TAG, normalizeName as normalizeLayerName } from './names.js';
 export { OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';

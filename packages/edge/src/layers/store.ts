@@ -6,7 +6,7 @@ import { lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, writ
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { DsecError } from '@dsec/protocol';
+import { DsecError, normalizeLayerName } from '@dsec/protocol';
 import type { LayerInfo, LayerKind } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
 import { buildBusyboxTree } from './busybox.js';
@@ -14,7 +14,7 @@ import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
 import { withShiftedView } from '../host/idmap.js';
 import type { IdShift } from '../host/idmap.js';
 import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs, snapshotUuid } from './erofs.js';
-import { digestHex, normalizeName } from './names.js';
+import { digestHex } from './names.js';
 import { importOci } from './oci.js';
 import { TarExtractor } from './tar-extract.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
@@ -151,7 +151,7 @@ export class LayerStore {
     await this.init();
     const { signal } = opts;
     const progress = opts.onProgress ?? (() => undefined);
-    const name = opts.name === undefined ? undefined : normalizeName(opts.name);
+    const name = opts.name === undefined ? undefined : normalizeLayerName(opts.name);
     signal?.throwIfAborted();
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
@@ -286,7 +286,7 @@ export class LayerStore {
   /** Points `name` (moved if it pointed elsewhere) at the layer `ref`. */
   async tag(ref: string, name: string): Promise<LayerInfo> {
     await this.init();
-    const full = normalizeName(name);
+    const full = normalizeLayerName(name);
     return this.locked(async () => {
       const hex = this.hexOf(ref);
       this.names.set(full, hex);
@@ -298,7 +298,7 @@ export class LayerStore {
   /** Drops a name; the layer stays until removed or collected. */
   async untag(name: string): Promise<void> {
     await this.init();
-    const full = normalizeName(name);
+    const full = normalizeLayerName(name);
     await this.locked(async () => {
       if (!this.names.delete(full)) throw new DsecError('LAYER_NOT_FOUND', `no layer named ${full}`, { layer: name });
       await this.saveNames();
@@ -446,7 +446,7 @@ export class LayerStore {
     } else {
       let full: string | undefined;
       try {
-        full = normalizeName(ref, 'layer');
+        full = normalizeLayerName(ref, 'layer');
       } catch {
         full = undefined;
       }
