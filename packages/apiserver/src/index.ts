@@ -29,7 +29,6 @@ export { NetworkService } from './services/networks.js';
 export type { DeniedNames, NetworkChange } from './services/networks.js';
 export { CallService } from './services/calls.js';
 export { IamService } from './services/iam.js';
-export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
 export { itemError, publicError, toDsecError } from './errors.js';
 export { AdmissionQueue, MAX_QUEUED_ADMISSIONS, MAX_QUEUED_PER_PROJECT } from './admission.js';
 export type { AdmissionQueueOptions, AdmitOptions, Admitted } from './admission.js';

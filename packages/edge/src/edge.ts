@@ -612,11 +612,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** Destroys every sandbox, unmounts every layer and removes the runtime namespace (tests). */
   async shutdown(): Promise<void> {
     for (const id of [...this.sandboxes.keys()]) await this.destroy(id).catch(() => undefined);
+    // close() releases the node's mounts once no sandbox is left; one that could not be destroyed
+    // does not keep them here.
+    const leftOver = this.sandboxes.size > 0;
     await this.close();
     await this.network.shutdown();
-    await this.layers.close();
+    if (leftOver) await this.layers.close();
     await this.cgroups.removeParent();
-    await this.runtimeNs.destroy();
+    if (leftOver) await this.runtimeNs.destroy();
     await this.swap?.disable();
   }
 }

@@ -3,6 +3,7 @@
 export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.js';
 export type { ErrorCode, ErrorDetails } from './errors.js';
 export { parseOrThrow } from './parse.js';
+export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
 export { DEFAULT_LAYER_TAG, normalizeLayerName } from './layer-names.js';
 export {
   DEFAULT_IDEMPOTENCY_TTL_MS,

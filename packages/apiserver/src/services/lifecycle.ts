@@ -1,10 +1,9 @@
 // A sandbox's life after its create: routing requests to its node (resuming it when its lease
 // says so), pause and resume, leases (idle, owner gone), expiry and destroy.
-import { DsecError } from '@dsec/protocol';
+import { DsecError, KeyedSerialQueue } from '@dsec/protocol';
 import type { EdgeClient, GrantedLease, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
-import { KeyedSerialQueue } from '../concurrency.js';
 import type { OwnerTable, SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import { leaseOf } from '../leases.js';

@@ -10,11 +10,12 @@ import {
   NetworkPolicySchema,
   parseOrThrow,
   withDeniedNames,
+  KeyedSerialQueue,
+  forEachBounded,
 } from '@dsec/protocol';
 import type { ApplyNetworkRequest, EgressLogEntry, NetworkPolicy, NetworkPolicyPatch, SandboxNetwork, ApplyNetworkResult, EdgeClient } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
-import { KeyedSerialQueue, forEachBounded } from '../concurrency.js';
 import type { SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import { publicError } from '../errors.js';

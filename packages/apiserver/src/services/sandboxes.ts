@@ -1,6 +1,6 @@
 // Sandboxes as a resource: create (one, or a batch with per-item results), read, list, update
 // (lease, owner), stats. The create path itself is the CreatePipeline's.
-import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE } from '@dsec/protocol';
+import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE, forEachBounded } from '@dsec/protocol';
 import type {
   BatchItemResult,
   CreateSandboxBatchRequest,
@@ -15,7 +15,6 @@ import type {
 import type { AdmissionQueue } from '../admission.js';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
-import { forEachBounded } from '../concurrency.js';
 import type { StateStore } from '../db/store.js';
 import { itemError } from '../errors.js';
 import { hashOf } from '../idempotency.js';

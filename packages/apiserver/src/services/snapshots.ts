@@ -1,10 +1,9 @@
 // Snapshots (a sandbox's writable layer packed into a layer of its project) and forks (one
 // snapshot, then N sandboxes from it).
-import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, normalizeLayerName, parseOrThrow } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, normalizeLayerName, parseOrThrow, forEachBounded } from '@dsec/protocol';
 import type { BackendKind, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
-import { forEachBounded } from '../concurrency.js';
 import type { StateStore } from '../db/store.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { specOf } from './common.js';

@@ -10,7 +10,7 @@
 import { readFile, mkdir, rm, rename, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { DEFAULT_NETWORK_POLICY, DsecError, parseCidr } from '@dsec/protocol';
+import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, parseCidr } from '@dsec/protocol';
 import type { EventSink, NetworkPolicy } from '@dsec/protocol';
 import { runDirFor } from '../host/runtime-ns.js';
 import { DnsStub } from './dns.js';
@@ -104,7 +104,7 @@ export class NodeNetwork implements SandboxResolver {
   private readonly byAddress = new Map<string, Linked>();
   private readonly byIfindex = new Map<number, Linked>();
   private readonly versions = new Map<string, number>();
-  private readonly chains = new Map<string, Promise<unknown>>();
+  private readonly changes = new KeyedSerialQueue();
   private infraP: Promise<Infra> | undefined;
   private readonly pool: Range;
   private readonly tag: string;
@@ -147,14 +147,7 @@ export class NodeNetwork implements SandboxResolver {
 
   /** Runs changes of one sandbox one after another. */
   private serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const prev = this.chains.get(id) ?? Promise.resolve();
-    const next = prev.then(fn, fn);
-    const tail = next.catch(() => undefined);
-    this.chains.set(id, tail);
-    void tail.then(() => {
-      if (this.chains.get(id) === tail) this.chains.delete(id);
-    });
-    return next;
+    return this.changes.run(id, fn);
   }
 
   /**

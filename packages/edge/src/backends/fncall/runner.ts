@@ -6,7 +6,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { DEFAULT_CALL_MEMORY_MIB, DEFAULT_CALL_OUTPUT_LIMIT_BYTES, DEFAULT_CALL_TIMEOUT_MS, DsecError, invalidArgument } from '@dsec/protocol';
+import { DEFAULT_CALL_MEMORY_MIB, DEFAULT_CALL_OUTPUT_LIMIT_BYTES, DEFAULT_CALL_TIMEOUT_MS, DsecError, forEachBounded, invalidArgument } from '@dsec/protocol';
 import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit } from '../../chronus/client.js';
@@ -139,18 +139,14 @@ export class FnCallRunner implements EdgeCalls {
   async runBatch(req: CallBatchRequest, opts: { signal?: AbortSignal } = {}): Promise<CallBatchResult> {
     const { calls } = req;
     const results: CallBatchItem[] = new Array<CallBatchItem>(calls.length);
-    let next = 0;
-    const worker = async (): Promise<void> => {
-      for (let i = next++; i < calls.length; i = next++) {
-        try {
-          results[i] = await this.runOne(calls[i] as CallRequest, opts.signal);
-        } catch (err) {
-          const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
-          results[i] = { error: { code: e.code, message: e.message } };
-        }
+    await forEachBounded(calls, BATCH_PARALLELISM, async (call, i) => {
+      try {
+        results[i] = await this.runOne(call, opts.signal);
+      } catch (err) {
+        const e = err instanceof DsecError ? err : new DsecError('INTERNAL', String(err));
+        results[i] = { error: { code: e.code, message: e.message } };
       }
-    };
-    await Promise.all(Array.from({ length: Math.min(BATCH_PARALLELISM, calls.length) }, worker));
+    });
     return { results };
   }
 
