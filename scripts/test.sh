@@ -50,7 +50,7 @@ run_file() { # [--pattern P] file: runs it, and once more when it fails
     failed_files+=("${DSEC_EDGE_WIRE:+wire: }$file")
   fi
 }
-for f in "${files[@]}"; do [ -n "$f" ] && run_file "$f"; done
+for f in "${files[@]}"; do if [ -n "$f" ]; then run_file "$f"; fi; done
 # The end-to-end tests that go through the HTTP API, the SDK or the CLI, once more with the
 # control plane reaching its edge through the edge wire protocol (every call, stream and event
 # encoded as text frames over a loopback transport): proof that EdgeClient can cross a wire.
