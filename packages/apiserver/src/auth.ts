@@ -71,6 +71,7 @@ export class Authenticator {
   private readonly cache = new Map<string, { principal: Principal; at: number }>();
   private readonly buckets = new Map<string, TokenBucket>();
   private tree: Map<string, string[]> | undefined;
+  private treeAt = 0;
 
   constructor(
     private readonly store: StateStore,
@@ -86,7 +87,10 @@ export class Authenticator {
 
   /** Every project below `id` (and `id` itself). */
   async descendants(id: string): Promise<Set<string>> {
+    // Replicas: another one may have made a project; the tree is read again after the cache TTL.
+    if (this.tree && this.store.shared && Date.now() - this.treeAt >= this.cacheTtlMs) this.tree = undefined;
     if (!this.tree) {
+      this.treeAt = Date.now();
       const tree = new Map<string, string[]>();
       for (const p of await this.store.projects()) {
         if (p.parent_id) (tree.get(p.parent_id) ?? tree.set(p.parent_id, []).get(p.parent_id)!).push(p.id);
@@ -106,6 +110,17 @@ export class Authenticator {
     return out;
   }
 
+  /**
+   * A token of the key's bucket: in memory when this process is the only apiserver, else in the
+   * shared store so that replicas together hold the rate. The ms to wait, or 0.
+   */
+  private async takeToken(keyId: string): Promise<number> {
+    if (this.store.shared) return this.store.takeRateToken(`key:${keyId}`, this.rate.perSecond, this.rate.burst);
+    let bucket = this.buckets.get(keyId);
+    if (!bucket) this.buckets.set(keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
+    return bucket.take();
+  }
+
   /** The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED. */
   async authenticate(header: string | undefined): Promise<Principal> {
     const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
@@ -120,9 +135,7 @@ export class Authenticator {
       principal = { keyId: row.id, projectId: row.project_id, role: row.role, visibleProjects: await this.descendants(row.project_id) };
       this.cache.set(hash, { principal, at: Date.now() });
     }
-    let bucket = this.buckets.get(principal.keyId);
-    if (!bucket) this.buckets.set(principal.keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
-    const waitMs = bucket.take();
+    const waitMs = await this.takeToken(principal.keyId);
     if (waitMs > 0) throw new DsecError('RATE_LIMITED', `too many requests for this key; retry in ${waitMs} ms`, { retryAfterMs: waitMs });
     return principal;
   }
