@@ -107,7 +107,16 @@ function storeSuite(open: () => Promise<StateStore>): void {
 
   it('claims a pooled member once', async () => {
     const prj = await store.createProject({ name: 'pool', parentId: ROOT_PROJECT_ID, quota: QUOTA });
-    const { row: pool } = await store.putPool({ projectId: prj.id, name: 'p', spec: '{}', resolved: '{}', specKey: 'sk', size: 1, idleTimeoutMs: 60_000, maxPools: 5 });
+    const { row: pool } = await store.putPool({
+      projectId: prj.id,
+      name: 'p',
+      spec: '{}',
+      resolved: '{}',
+      specKey: 'sk',
+      size: 1,
+      idleTimeoutMs: 60_000,
+      maxPools: 5,
+    });
     await store.insertSandbox(sandboxRow('sbx-pooled', prj.id, { state: 'pooled', pool_id: pool.id }), {});
     const claim = {
       projectId: prj.id,
@@ -130,7 +139,9 @@ function storeSuite(open: () => Promise<StateStore>): void {
   it('records trajectories and numbers their steps from the database', async () => {
     const t = new Date().toISOString();
     await store.writeTrajectories({
-      headers: [{ sandbox_id: 'sbx-t', project_id: ROOT_PROJECT_ID, spec: '{}', layers: '[]', created_at: t, ended_at: null, steps: 0, bytes: 0, truncated: 0 }],
+      headers: [
+        { sandbox_id: 'sbx-t', project_id: ROOT_PROJECT_ID, spec: '{}', layers: '[]', created_at: t, ended_at: null, steps: 0, bytes: 0, truncated: 0 },
+      ],
       steps: [0, 1].map((seq) => ({ sandbox_id: 'sbx-t', seq, kind: 'exec', started_at: t, bytes: 2, step: '{}' })),
       counters: [{ sandbox_id: 'sbx-t', steps: 2, bytes: 4, truncated: 0 }],
       ends: [],
@@ -198,7 +209,7 @@ describe('state store: PostgreSQL', { skip }, () => {
         const res = await server!.query('SELECT name FROM kysely_migration ORDER BY name', url.slice(url.lastIndexOf('/') + 1));
         assert.equal(new Set(res.rows.map((r: { name: string }) => r.name)).size, res.rows.length);
         assert.ok(res.rows.some((r: { name: string }) => r.name === '0007_replicas'));
-        const sync = await sql<{ synchronous_commit: string }>`SHOW synchronous_commit`.execute(stores[0]!.db);
+        const sync = await sql<{ synchronous_commit: string }>`SHOW synchronous_commit`.execute(stores[0].db);
         assert.equal(sync.rows[0]?.synchronous_commit, 'on');
       } finally {
         for (const s of stores) await s.close();

@@ -138,11 +138,14 @@ export async function startTestPostgres(): Promise<TestPostgres> {
 
   try {
     await chown(dir, ids.uid, ids.gid);
-    const init = spawnSync(
-      path.join(bin, 'initdb'),
-      ['-D', data, '-U', 'dsec', '--auth=trust', '--locale=C', '--encoding=UTF8', '--no-sync'],
-      { uid: ids.uid, gid: ids.gid, env, cwd: dir, encoding: 'utf8', timeout: 120_000 },
-    );
+    const init = spawnSync(path.join(bin, 'initdb'), ['-D', data, '-U', 'dsec', '--auth=trust', '--locale=C', '--encoding=UTF8', '--no-sync'], {
+      uid: ids.uid,
+      gid: ids.gid,
+      env,
+      cwd: dir,
+      encoding: 'utf8',
+      timeout: 120_000,
+    });
     if (init.status !== 0) throw new Error(`initdb failed (${init.status ?? init.signal}): ${init.stderr}`);
     await start();
   } catch (err) {

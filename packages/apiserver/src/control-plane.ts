@@ -18,7 +18,7 @@ import { createWsHandler } from './http/ws.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
 import { Metrics } from './metrics.js';
-import { NodeRegistry } from './nodes.js';
+import type { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
 import { createServices } from './services/index.js';

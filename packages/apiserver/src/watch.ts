@@ -34,7 +34,7 @@ function parseAnnouncement(payload: string): { origin: string; ids: string[] } |
   try {
     const v = JSON.parse(payload) as { origin?: unknown; ids?: unknown };
     if (typeof v.origin !== 'string' || !Array.isArray(v.ids) || !v.ids.every((i) => typeof i === 'string')) return undefined;
-    return { origin: v.origin, ids: v.ids as string[] };
+    return { origin: v.origin, ids: v.ids };
   } catch {
     return undefined;
   }

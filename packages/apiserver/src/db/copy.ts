@@ -76,15 +76,19 @@ async function copyTable(from: StateStore, tx: Transaction<Tables>, table: keyof
   const db = from.db.withoutPlugins();
   let copied = 0;
   if (table === 'projects') {
-    const rows = projectOrder((await db.selectFrom(table).selectAll().execute()) as Row[]);
-    for (let i = 0; i < rows.length; i += COPY_BATCH) await tx.insertInto(table).values(rows.slice(i, i + COPY_BATCH) as never).execute();
+    const rows = projectOrder(await db.selectFrom(table).selectAll().execute());
+    for (let i = 0; i < rows.length; i += COPY_BATCH)
+      await tx
+        .insertInto(table)
+        .values(rows.slice(i, i + COPY_BATCH) as never)
+        .execute();
     return rows.length;
   }
   for (let offset = 0; ; offset += COPY_BATCH) {
     let q = db.selectFrom(table).selectAll();
     for (const k of key) q = q.orderBy(sql.ref(k));
     const rows = (await q.limit(COPY_BATCH).offset(offset).execute()) as Row[];
-    if (rows.length > 0) await tx.insertInto(table).values(rows as never).execute();
+    if (rows.length > 0) await tx.insertInto(table).values(rows).execute();
     copied += rows.length;
     if (rows.length < COPY_BATCH) return copied;
   }

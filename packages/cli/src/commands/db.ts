@@ -7,7 +7,7 @@ import { ConfigError } from '../config.js';
 export function registerDb(program: Command): void {
   const db = program.command('db').description('the state store');
   db.command('copy')
-    .description('copy a home\'s SQLite state into an empty PostgreSQL database (both migrated to this release first)')
+    .description("copy a home's SQLite state into an empty PostgreSQL database (both migrated to this release first)")
     .requiredOption('--from <file>', 'SQLite state file of a home ($DSEC_HOME/dsec.db)')
     .requiredOption('--to <url>', 'postgres:// URL of an empty database')
     .action(async (flags: { from: string; to: string }) => {
