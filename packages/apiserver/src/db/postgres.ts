@@ -47,6 +47,10 @@ export function postgresDialect(url: string, opts: PostgresOptions = {}): Postgr
   // An idle connection whose server went away errors on the pool: without a listener that would
   // be an uncaught exception. The next query opens a new connection (or fails, and /healthz says so).
   pool.on('error', (err) => opts.log?.(`dsec: postgres connection lost: ${err.message}`));
+  // The pool listens only on idle connections: one checked out (a query or a transaction under
+  // way) that loses its server would emit an unheard error. Its queries fail; the pool drops it
+  // on release (it is no longer queryable).
+  pool.on('connect', (client) => client.on('error', () => undefined));
   const dialect = new PostgresDialect({
     pool,
     onCreateConnection: async (conn) => {
