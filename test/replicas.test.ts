@@ -216,7 +216,8 @@ describe('replicas on PostgreSQL', { skip }, () => {
       const r3 = await call(b!.url, admin, 'POST', '/v1/sandboxes', SPEC, headers);
       assert.equal(r3.body.id, r1.body.id);
       const other = await call(a!.url, admin, 'POST', '/v1/sandboxes', { ...SPEC, labels: { x: 'y' } }, headers);
-      assert.equal(other.status, 409, 'the same key with another request is refused');
+      assert.equal(other.status, 422, 'the same key with another request is refused');
+      assert.equal(other.body.error.code, 'IDEMPOTENCY_KEY_REUSED');
     });
 
     it('streams on one replica the events the other stored', async () => {

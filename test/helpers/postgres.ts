@@ -75,7 +75,9 @@ export async function startTestPostgres(): Promise<TestPostgres> {
   const bin = postgresBin();
   const ids = userIds('postgres');
   if (!bin || !ids) throw new Error(postgresSkipReason() ?? 'no PostgreSQL');
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-pg-'));
+  // Under /tmp, not $TMPDIR: the postgres user must be able to reach the directory, and a
+  // TMPDIR below root's home would not let it.
+  const dir = await mkdtemp(path.join(existsSync('/tmp') ? '/tmp' : os.tmpdir(), 'dsec-pg-'));
   const data = path.join(dir, 'data');
   const env = { PATH: '/usr/bin:/bin', HOME: dir, LANG: 'C', LC_ALL: 'C' };
   let proc: ChildProcess | undefined;
