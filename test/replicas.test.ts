@@ -149,9 +149,9 @@ describe('replicas on PostgreSQL', { skip }, () => {
 
     before(async () => {
       const url = await pg!.createDatabase('shared');
-      a = await startTestPlatform({ db: url });
+      a = await startTestPlatform({ db: url, watch: { heartbeatMs: 500 } });
       admin = a.adminKey;
-      b = await startApiserver({ db: url, home: await newHome(), addr: '127.0.0.1:0', log: quiet, nodes: [a.platform.edge] });
+      b = await startApiserver({ db: url, home: await newHome(), addr: '127.0.0.1:0', log: quiet, nodes: [a.platform.edge], watch: { heartbeatMs: 500 } });
       assert.equal(b.adminKey, undefined, 'the platform made the key first');
     });
     after(async () => {

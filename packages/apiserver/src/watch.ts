@@ -15,6 +15,8 @@ import { DEFAULT_AUDIT_RETENTION, DEFAULT_EVENT_RETENTION, WatchStore } from './
 export const DEFAULT_HEARTBEAT_MS = 15_000;
 /** Events a live subscriber may fall behind before it is cut off. */
 export const DEFAULT_SUBSCRIBER_QUEUE = 1000;
+/** Ids a live stream remembers having sent (to drop duplicates). */
+const SENT_IDS_KEPT = 10_000;
 /** Stored events replayed per step of a resumed stream. */
 const REPLAY_PAGE = 500;
 
@@ -220,7 +222,15 @@ export class WatchService {
     };
     signal?.addEventListener('abort', end, { once: true });
 
-    const frame = (e: StoredEvent): Uint8Array => encoder.encode(`id: ${e.id}\ndata: ${JSON.stringify(toEventBody(e))}\n\n`);
+    // Ids sent lately: the replay's tail and the live subscription overlap, and an event another
+    // replica stored can arrive after a newer one of this replica (its id sorts before the last
+    // sent), so duplicates are found by id, not by order.
+    const sent = new Set<string>();
+    const frame = (e: StoredEvent): Uint8Array => {
+      sent.add(e.id);
+      if (sent.size > SENT_IDS_KEPT) for (const id of [...sent].slice(0, SENT_IDS_KEPT / 2)) sent.delete(id);
+      return encoder.encode(`id: ${e.id}\ndata: ${JSON.stringify(toEventBody(e))}\n\n`);
+    };
     const stored = async (cursorId: string | undefined, limit: number): Promise<StoredEvent[]> => {
       const base: EventQuery = { ...q, order: 'asc', limit };
       if (cursorId !== undefined) return hub.query({ ...base, cursor: cursorId });
@@ -255,10 +265,12 @@ export class WatchService {
         }
         const s = sub!;
         for (;;) {
-          const batch = s.take().filter((e) => lastSent === undefined || e.id > lastSent);
+          const batch = s.take().filter((e) => !sent.has(e.id));
           if (batch.length > 0) {
-            for (const e of batch) controller.enqueue(frame(e));
-            lastSent = batch[batch.length - 1]!.id;
+            for (const e of batch) {
+              controller.enqueue(frame(e));
+              if (lastSent === undefined || e.id > lastSent) lastSent = e.id;
+            }
             return;
           }
           if (s.overflowed) {
