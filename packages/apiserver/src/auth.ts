@@ -5,6 +5,8 @@ import { DsecError } from '@dsec/protocol';
 import type { Role } from '@dsec/protocol';
 import type { StateStore } from './db/store.js';
 
+/** Channel on which replicas announce a new project or a revoked key. */
+export const IAM_CHANNEL = 'dsec_iam';
 /** Prefix of every API key secret. */
 export const KEY_PREFIX = 'dsec_';
 /** Requests per second a key may make on average. */
@@ -79,8 +81,20 @@ export class Authenticator {
     private readonly cacheTtlMs = 5_000,
   ) {}
 
-  /** Forgets cached keys and the project tree (after a revoke or a new project). */
-  invalidate(): void {
+  /** This process's name in announcements to the other replicas. */
+  readonly origin = randomBytes(8).toString('hex');
+
+  /**
+   * Forgets cached keys and the project tree (after a revoke or a new project); on a shared
+   * store the other replicas are told to forget theirs ({@link IAM_CHANNEL}).
+   */
+  async invalidate(): Promise<void> {
+    this.forget();
+    if (this.store.shared) await this.store.notify(IAM_CHANNEL, this.origin).catch(() => undefined);
+  }
+
+  /** Forgets cached keys and the project tree of this process only. */
+  forget(): void {
     this.cache.clear();
     this.tree = undefined;
   }

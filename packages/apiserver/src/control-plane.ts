@@ -9,7 +9,7 @@ import { getRequestListener } from '@hono/node-server';
 import { DsecError } from '@dsec/protocol';
 import type { EventSink, NodeGarbageReport } from '@dsec/protocol';
 import { Watcher, commandSummary } from '@dsec/watcher';
-import { Authenticator } from './auth.js';
+import { Authenticator, IAM_CHANNEL } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
@@ -111,6 +111,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       const listener = new PostgresListener(o.listenUrl, log);
       closers.unshift(() => listener.close());
       await watch.joinReplicas(listener);
+      await listener.listen(IAM_CHANNEL, (origin) => {
+        if (origin !== auth.origin) auth.forget();
+      });
     }
     const observe = o.observeEvents;
     const services = createServices({
