@@ -90,4 +90,28 @@ for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/c
   for cg in "$parent"/*/; do rmdir "$cg" 2>/dev/null; done
   rmdir "$parent" 2>/dev/null
 done
+# The state-store tests (test/helpers/postgres.ts, test/replicas.test.ts, test/db-copy.test.ts):
+# the PostgreSQL server of each cluster left behind (only one whose command line names that
+# data dir) is stopped at once, then its dir goes; the copy test's home held a node.
+for home in /tmp/dsec-copy-*/node; do
+  hash=$(printf '%s' "$home" | sha256sum | cut -c1-12)
+  run=/run/dsec/$hash
+  kill_sandboxes "$run/crun" "$run/mntns"
+  remove_network "$hash"
+  unmount_under "$home"
+  unmount_under "$run"
+  rm -rf "$run"
+done
+for dir in /tmp/dsec-pg-*; do
+  pid=$(head -n1 "$dir/data/postmaster.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$dir/data"; then
+    kill -QUIT "$pid" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do [ -d "/proc/$pid" ] || break; sleep 0.5; done
+  fi
+  rm -rf "$dir"
+done
+for dir in /tmp/dsec-copy-* /tmp/dsec-replica-*; do
+  unmount_under "$dir"
+  rm -rf "$dir"
+done
 exit 0

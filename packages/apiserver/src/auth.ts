@@ -5,6 +5,8 @@ import { DsecError } from '@dsec/protocol';
 import type { Role } from '@dsec/protocol';
 import type { StateStore } from './db/store.js';
 
+/** Channel on which replicas announce a new project or a revoked key. */
+export const IAM_CHANNEL = 'dsec_iam';
 /** Prefix of every API key secret. */
 export const KEY_PREFIX = 'dsec_';
 /** Requests per second a key may make on average. */
@@ -71,6 +73,7 @@ export class Authenticator {
   private readonly cache = new Map<string, { principal: Principal; at: number }>();
   private readonly buckets = new Map<string, TokenBucket>();
   private tree: Map<string, string[]> | undefined;
+  private treeAt = 0;
 
   constructor(
     private readonly store: StateStore,
@@ -78,15 +81,30 @@ export class Authenticator {
     private readonly cacheTtlMs = 5_000,
   ) {}
 
-  /** Forgets cached keys and the project tree (after a revoke or a new project). */
-  invalidate(): void {
+  /** This process's name in announcements to the other replicas. */
+  readonly origin = randomBytes(8).toString('hex');
+
+  /**
+   * Forgets cached keys and the project tree (after a revoke or a new project); on a shared
+   * store the other replicas are told to forget theirs ({@link IAM_CHANNEL}).
+   */
+  async invalidate(): Promise<void> {
+    this.forget();
+    if (this.store.shared) await this.store.notify(IAM_CHANNEL, this.origin).catch(() => undefined);
+  }
+
+  /** Forgets cached keys and the project tree of this process only. */
+  forget(): void {
     this.cache.clear();
     this.tree = undefined;
   }
 
   /** Every project below `id` (and `id` itself). */
   async descendants(id: string): Promise<Set<string>> {
+    // Replicas: another one may have made a project; the tree is read again after the cache TTL.
+    if (this.tree && this.store.shared && Date.now() - this.treeAt >= this.cacheTtlMs) this.tree = undefined;
     if (!this.tree) {
+      this.treeAt = Date.now();
       const tree = new Map<string, string[]>();
       for (const p of await this.store.projects()) {
         if (p.parent_id) (tree.get(p.parent_id) ?? tree.set(p.parent_id, []).get(p.parent_id)!).push(p.id);
@@ -106,6 +124,17 @@ export class Authenticator {
     return out;
   }
 
+  /**
+   * A token of the key's bucket: in memory when this process is the only apiserver, else in the
+   * shared store so that replicas together hold the rate. The ms to wait, or 0.
+   */
+  private async takeToken(keyId: string): Promise<number> {
+    if (this.store.shared) return this.store.takeRateToken(`key:${keyId}`, this.rate.perSecond, this.rate.burst);
+    let bucket = this.buckets.get(keyId);
+    if (!bucket) this.buckets.set(keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
+    return bucket.take();
+  }
+
   /** The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED. */
   async authenticate(header: string | undefined): Promise<Principal> {
     const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
@@ -120,9 +149,7 @@ export class Authenticator {
       principal = { keyId: row.id, projectId: row.project_id, role: row.role, visibleProjects: await this.descendants(row.project_id) };
       this.cache.set(hash, { principal, at: Date.now() });
     }
-    let bucket = this.buckets.get(principal.keyId);
-    if (!bucket) this.buckets.set(principal.keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
-    const waitMs = bucket.take();
+    const waitMs = await this.takeToken(principal.keyId);
     if (waitMs > 0) throw new DsecError('RATE_LIMITED', `too many requests for this key; retry in ${waitMs} ms`, { retryAfterMs: waitMs });
     return principal;
   }

@@ -1,5 +1,15 @@
 export { startPlatform, DEFAULT_ADDR, DEFAULT_HOME, BUILTIN_BASE } from './platform.js';
 export type { Platform, PlatformOptions } from './platform.js';
+export { startApiserver } from './replica.js';
+export type { Replica, ReplicaOptions } from './replica.js';
+export { startControlPlane } from './control-plane.js';
+export type { ControlPlane, ControlPlaneOptions } from './control-plane.js';
+export { isPostgresUrl, redactUrl, PostgresListener, DEFAULT_POSTGRES_POOL_SIZE } from './db/postgres.js';
+export type { PostgresOptions } from './db/postgres.js';
+export { copyStore, copySqliteToPostgres } from './db/copy.js';
+export type { CopyReport } from './db/copy.js';
+export { TrustedProxies } from './http/client-address.js';
+export { EVENTS_CHANNEL, RULES_CHANNEL } from './watch.js';
 export { createApp, MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './http/app.js';
 export type { Env, RouterDeps } from './http/env.js';
 export { createServices } from './services/index.js';
@@ -46,7 +56,7 @@ export {
 } from './trajectory.js';
 export type { TrajectoryHeader, TrajectoryOptions, TrajectorySpec } from './trajectory.js';
 export { StateStore, ROOT_PROJECT_ID, PUBLIC_PROJECT_ID } from './db/store.js';
-export type { SqliteDatabase, Reservation } from './db/store.js';
+export type { SqliteDatabase, Reservation, StoreOpenOptions } from './db/store.js';
 export { Authenticator, hashKey, newKeySecret, roleAtLeast } from './auth.js';
 export type { Principal } from './auth.js';
 export { Placement, DEFAULT_CPU_OVERCOMMIT, DEFAULT_MEMORY_OVERCOMMIT, DEFAULT_SAMPLE_K, BEST_EFFORT_CPU_FACTOR } from './scheduler.js';

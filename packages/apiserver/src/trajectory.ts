@@ -138,19 +138,32 @@ export class TrajectoryLog {
 
   /** Begins recording a command; `signal` is the request's (its abort kills the command). */
   async beginExec(sandboxId: string, spec: ExecSpec, via: 'exec' | 'stream' | 'ws', signal?: AbortSignal): Promise<ExecRecording> {
-    const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
-    return new ExecRecording(this, sandboxId, st.nextSeq++, new Date().toISOString(), spec, via, signal);
+    const seq = await this.takeSeq(sandboxId);
+    return new ExecRecording(this, sandboxId, seq, new Date().toISOString(), spec, via, signal);
   }
 
   /** Begins recording a file change. */
   async beginFile(sandboxId: string, kind: Exclude<TrajectoryStepKind, 'exec'>, fields: Partial<TrajectoryStep>): Promise<FileRecording> {
+    const seq = await this.takeSeq(sandboxId);
+    return new FileRecording(this, sandboxId, seq, kind, new Date().toISOString()).set(fields);
+  }
+
+  /**
+   * The seq of a new step: counted here when this process is the store's only writer, else
+   * handed out by the database (replicas record steps of one sandbox side by side).
+   */
+  private async takeSeq(sandboxId: string): Promise<number> {
     const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
-    return new FileRecording(this, sandboxId, st.nextSeq++, kind, new Date().toISOString()).set(fields);
+    if (!this.store.shared) return st.nextSeq++;
+    const seq = await this.store.nextTrajectorySeq(sandboxId);
+    st.nextSeq = Math.max(st.nextSeq, seq + 1);
+    return seq;
   }
 
   /** The seq the next step of a sandbox will get (steps below it happened before now). */
   async position(sandboxId: string): Promise<number> {
-    return (this.states.get(sandboxId) ?? (await this.load(sandboxId))).nextSeq;
+    const st = this.states.get(sandboxId) ?? (await this.load(sandboxId));
+    return this.store.shared ? this.store.peekTrajectorySeq(sandboxId) : st.nextSeq;
   }
 
   /** Adds bytes written to a running command's stdin to its step. */

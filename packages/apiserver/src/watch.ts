@@ -1,5 +1,6 @@
 // The watcher's side of the API: events (a page, or a live text/event-stream), the audit trail
 // (a page, or an NDJSON export) and run-time rules, scoped by project like everything else.
+import { randomBytes } from 'node:crypto';
 import { DEFAULT_WATCH_PAGE_SIZE, DsecError, invalidArgument, withDeniedNames } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
@@ -14,8 +15,32 @@ import { DEFAULT_AUDIT_RETENTION, DEFAULT_EVENT_RETENTION, WatchStore } from './
 export const DEFAULT_HEARTBEAT_MS = 15_000;
 /** Events a live subscriber may fall behind before it is cut off. */
 export const DEFAULT_SUBSCRIBER_QUEUE = 1000;
+/** Ids a live stream remembers having sent (to drop duplicates). */
+const SENT_IDS_KEPT = 10_000;
 /** Stored events replayed per step of a resumed stream. */
 const REPLAY_PAGE = 500;
+
+/** Channel on which replicas announce the events they stored. */
+export const EVENTS_CHANNEL = 'dsec_events';
+/** Channel on which replicas announce a change of the rules. */
+export const RULES_CHANNEL = 'dsec_rules';
+/** Event ids per announcement (a notification holds at most 8000 bytes). */
+const NOTIFY_IDS = 100;
+
+/** What joining the other replicas needs: a LISTEN connection (PostgresListener). */
+export interface ReplicaListener {
+  listen(channel: string, handler: (payload: string) => void): Promise<void>;
+}
+
+function parseAnnouncement(payload: string): { origin: string; ids: string[] } | undefined {
+  try {
+    const v = JSON.parse(payload) as { origin?: unknown; ids?: unknown };
+    if (typeof v.origin !== 'string' || !Array.isArray(v.ids) || !v.ids.every((i) => typeof i === 'string')) return undefined;
+    return { origin: v.origin, ids: v.ids };
+  } catch {
+    return undefined;
+  }
+}
 
 /** Retention of a table: newest `maxRows` rows, none older than `maxAgeMs`. */
 export interface Retention {
@@ -36,6 +61,8 @@ export interface WatchServiceOptions {
 /** Events, audit and rules for the HTTP API and the platform. */
 export class WatchService {
   readonly store: WatchStore;
+  /** This replica's name in announcements (set by joinReplicas). */
+  private origin: string | undefined;
   readonly rules: RuleSet;
   readonly events: EventHub;
   readonly audit: AuditLog;
@@ -53,6 +80,42 @@ export class WatchService {
   /** Loads the rules from the store. */
   async init(): Promise<void> {
     this.rules.replace(await this.store.rules());
+  }
+
+  /**
+   * Joins the other replicas of a shared store: the ids of events stored here are announced on
+   * {@link EVENTS_CHANNEL} and events the others stored are offered to this replica's live
+   * streams; a rule created or deleted anywhere reloads the rules everywhere.
+   */
+  async joinReplicas(listener: ReplicaListener): Promise<void> {
+    const origin = randomBytes(8).toString('hex');
+    this.origin = origin;
+    this.store.onEventsStored = async (ids) => {
+      // A notification carries at most 8000 bytes: ids go in chunks.
+      for (let i = 0; i < ids.length; i += NOTIFY_IDS) {
+        await this.state.notify(EVENTS_CHANNEL, JSON.stringify({ origin, ids: ids.slice(i, i + NOTIFY_IDS) })).catch(() => undefined);
+      }
+    };
+    await listener.listen(EVENTS_CHANNEL, (payload) => {
+      const msg = parseAnnouncement(payload);
+      if (!msg || msg.origin === origin) return;
+      void this.store
+        .eventsByIds(msg.ids)
+        .then((events) => this.events.offerStored(events))
+        .catch((err: unknown) => this.o.log?.(`dsec: reading events another replica stored: ${(err as Error).message}`));
+    });
+    await listener.listen(RULES_CHANNEL, (payload) => {
+      if (payload === origin) return;
+      void this.store
+        .rules()
+        .then((rules) => this.rules.replace(rules))
+        .catch((err: unknown) => this.o.log?.(`dsec: reloading rules: ${(err as Error).message}`));
+    });
+  }
+
+  /** Tells the other replicas that the rules changed. */
+  private async rulesChanged(): Promise<void> {
+    if (this.origin) await this.state.notify(RULES_CHANNEL, this.origin).catch(() => undefined);
   }
 
   /** Writes what is buffered and ends live streams. */
@@ -159,7 +222,15 @@ export class WatchService {
     };
     signal?.addEventListener('abort', end, { once: true });
 
-    const frame = (e: StoredEvent): Uint8Array => encoder.encode(`id: ${e.id}\ndata: ${JSON.stringify(toEventBody(e))}\n\n`);
+    // Ids sent lately: the replay's tail and the live subscription overlap, and an event another
+    // replica stored can arrive after a newer one of this replica (its id sorts before the last
+    // sent), so duplicates are found by id, not by order.
+    const sent = new Set<string>();
+    const frame = (e: StoredEvent): Uint8Array => {
+      sent.add(e.id);
+      if (sent.size > SENT_IDS_KEPT) for (const id of [...sent].slice(0, SENT_IDS_KEPT / 2)) sent.delete(id);
+      return encoder.encode(`id: ${e.id}\ndata: ${JSON.stringify(toEventBody(e))}\n\n`);
+    };
     const stored = async (cursorId: string | undefined, limit: number): Promise<StoredEvent[]> => {
       const base: EventQuery = { ...q, order: 'asc', limit };
       if (cursorId !== undefined) return hub.query({ ...base, cursor: cursorId });
@@ -194,10 +265,12 @@ export class WatchService {
         }
         const s = sub!;
         for (;;) {
-          const batch = s.take().filter((e) => lastSent === undefined || e.id > lastSent);
+          const batch = s.take().filter((e) => !sent.has(e.id));
           if (batch.length > 0) {
-            for (const e of batch) controller.enqueue(frame(e));
-            lastSent = batch[batch.length - 1]!.id;
+            for (const e of batch) {
+              controller.enqueue(frame(e));
+              if (lastSent === undefined || e.id > lastSent) lastSent = e.id;
+            }
             return;
           }
           if (s.overflowed) {
@@ -293,6 +366,7 @@ export class WatchService {
     const rule: RuleRecord = { id: sortableId('rl'), projectId: p.projectId, kind: spec.kind, spec, createdBy: p.keyId, createdAt: new Date().toISOString() };
     await this.store.insertRule(rule);
     this.rules.add(rule);
+    await this.rulesChanged();
     return toRuleBody(rule);
   }
 
@@ -310,6 +384,7 @@ export class WatchService {
     if (!rule || !p.visibleProjects.has(rule.projectId)) throw new DsecError('NOT_FOUND', `rule ${id} not found`);
     await this.store.deleteRule(id);
     this.rules.remove(id);
+    await this.rulesChanged();
   }
 }
 

@@ -4,7 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME } from '@dsec/protocol';
-import { ConfigError, loadConfig, platformOptions } from './config.js';
+import { ConfigError, loadConfig, platformOptions, replicaOptions } from './config.js';
 
 let dir: string;
 before(async () => {
@@ -139,5 +139,27 @@ describe('operator configuration: refusal names the key and its source', () => {
     assert.match(await refusal({ env: {}, flags: { config: path.join(dir, 'missing.json') } }), /^config: cannot read .*missing\.json: ENOENT$/);
     assert.match(await refusal({ env: {}, flags: { config: await file('broken.json', '{"home": ') } }), /^config: .*broken\.json is not JSON: /);
     assert.match(await refusal({ env: {}, flags: { config: await file('list.json', []) } }), /must hold a JSON object$/);
+  });
+});
+
+describe('the state store and proxies (dsec apiserver)', () => {
+  test('db and trusted proxies from variables and flags reach the replica', async () => {
+    const { config } = await loadConfig({
+      env: { DSEC_DB: 'postgres://dsec@db.internal:5432/dsec', DSEC_TRUSTED_PROXIES: '10.0.0.0/8, ::1' },
+      flags: { addr: '0.0.0.0:7878' },
+    });
+    const opts = replicaOptions(config);
+    assert.equal(opts.db, 'postgres://dsec@db.internal:5432/dsec');
+    assert.deepEqual(opts.trustedProxies, ['10.0.0.0/8', '::1']);
+    assert.equal(opts.addr, '0.0.0.0:7878');
+    assert.equal('agentBinary' in opts || 'network' in opts, false, 'a replica takes no node settings');
+    assert.equal(platformOptions(config).db, opts.db, 'dsec up --db shares the store');
+  });
+
+  test('a replica without a database, a bad URL and a bad proxy are refused', async () => {
+    const { config } = await loadConfig({ env: {} });
+    assert.throws(() => replicaOptions(config), /db: dsec apiserver needs/);
+    assert.equal(await refusal({ env: {}, flags: { db: 'mysql://x' } }), 'config: db: not a postgres:// URL (from --db)');
+    assert.match(await refusal({ env: { DSEC_TRUSTED_PROXIES: 'proxy.local' } }), /^config: trustedProxies\.0: .* \(from \$DSEC_TRUSTED_PROXIES\)$/);
   });
 });

@@ -3,7 +3,7 @@
 // validated before anything starts (the schema is DsecConfigSchema in @dsec/protocol). A bad
 // value is refused naming its key and where it came from, with exit status 2.
 import { readFile } from 'node:fs/promises';
-import type { PlatformOptions } from '@dsec/apiserver';
+import type { PlatformOptions, ReplicaOptions } from '@dsec/apiserver';
 import { checkConfig } from '@dsec/protocol';
 import type { DsecConfig } from '@dsec/protocol';
 
@@ -25,6 +25,8 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
+  { name: 'DSEC_DB', key: 'db', kind: 'string' },
+  { name: 'DSEC_TRUSTED_PROXIES', key: 'trustedProxies', kind: 'list' },
 ];
 
 /** The variable naming the configuration file when `--config` is not given. */
@@ -40,6 +42,8 @@ export interface ConfigFlags {
   zramSwap?: number;
   networkPool?: string;
   nameserver?: string[];
+  db?: string;
+  trustedProxy?: string[];
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -51,6 +55,8 @@ const FLAG_KEYS: ReadonlyArray<{ flag: keyof ConfigFlags; option: string; key: s
   { flag: 'zramSwap', option: '--zram-swap', key: 'node.zramSwapMiB' },
   { flag: 'networkPool', option: '--network-pool', key: 'node.network.pool' },
   { flag: 'nameserver', option: '--nameserver', key: 'node.network.nameservers' },
+  { flag: 'db', option: '--db', key: 'db' },
+  { flag: 'trustedProxy', option: '--trusted-proxy', key: 'trustedProxies' },
 ];
 
 /** Where the configuration comes from. */
@@ -214,6 +220,15 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
+    ...(config.db !== undefined ? { db: config.db } : {}),
+    ...(config.trustedProxies !== undefined ? { trustedProxies: config.trustedProxies } : {}),
   };
   return opts;
+}
+
+/** What `startApiserver` is given for a configuration: the control plane's part, no node. */
+export function replicaOptions(config: DsecConfig): ReplicaOptions {
+  if (config.db === undefined) throw new ConfigError('config: db: dsec apiserver needs the PostgreSQL URL of the shared store (--db or $DSEC_DB)');
+  const { edgeWire: _edgeWire, agentBinary: _agent, userNamespaces: _userns, zramSwapMiB: _zram, network: _network, ...rest } = platformOptions(config);
+  return { ...rest, db: config.db };
 }

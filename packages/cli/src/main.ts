@@ -6,6 +6,7 @@ import { ConfigError } from './config.js';
 import { registerKeys, registerNodes, registerProjects } from './commands/admin.js';
 import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
+import { registerDb } from './commands/db.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
 import { registerPools } from './commands/pools.js';
@@ -40,6 +41,7 @@ export function buildProgram(): Command {
   registerKeys(program);
   registerProjects(program);
   registerNodes(program);
+  registerDb(program);
   for (const cmd of program.commands) {
     cmd.exitOverride();
     for (const sub of cmd.commands) sub.exitOverride();

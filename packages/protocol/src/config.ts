@@ -125,6 +125,19 @@ export const DsecConfigSchema = z.strictObject({
       retentionMs: positiveInt.optional(),
     })
     .default({}),
+  /**
+   * PostgreSQL URL (`postgres://user:pass@host:5432/dsec`) of a state store shared by API
+   * replicas (`dsec apiserver`, or `dsec up` beside them). Default none: SQLite in `home`.
+   */
+  db: z
+    .string()
+    .regex(/^postgres(ql)?:\/\/\S+$/i, { error: 'not a postgres:// URL' })
+    .optional(),
+  /**
+   * Reverse proxies (addresses or CIDR ranges) in front of the API whose `X-Forwarded-For` is
+   * believed. Default none: the client is the connection's peer.
+   */
+  trustedProxies: z.array(z.union([z.ipv4(), z.ipv6(), z.cidrv4(), z.cidrv6()], { error: 'not an address or CIDR range' })).optional(),
   /** Events and audit: heartbeats, queues, retention. */
   events: z
     .strictObject({

@@ -1,7 +1,7 @@
 // DsecClient: connection settings plus the project-wide APIs (layers, keys, projects, nodes).
-import { ApplyNetworkRequestSchema, invalidArgument } from '@dsec/protocol';
+import { ApplyNetworkRequestSchema, DsecError, IDEMPOTENCY_KEY_HEADER, invalidArgument } from '@dsec/protocol';
 import { CallsApi } from './calls.js';
-import { send } from './http.js';
+import { isBodyStream, send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
 import { LayersApi } from './layers.js';
@@ -17,8 +17,12 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
 
 /** How to reach the API. */
 export interface DsecClientOptions {
-  /** Base URL of the API; default `$DSEC_API_URL`, else {@link DEFAULT_API_URL}. */
-  apiUrl?: string;
+  /**
+   * Base URL of the API, or several (an array, or comma-separated): replicas of one API, tried in
+   * turn when one cannot be reached or answers 503. Default `$DSEC_API_URL` (comma-separated
+   * too), else {@link DEFAULT_API_URL}.
+   */
+  apiUrl?: string | readonly string[];
   /** API key (`dsec_...`); default `$DSEC_API_KEY`. */
   apiKey?: string;
   /** Deadline of each API call in ms (0: none); default {@link DEFAULT_REQUEST_TIMEOUT_MS}. */
@@ -45,8 +49,10 @@ export type ClientRequest = Omit<HttpRequestOptions, 'timeoutMs'> & { timeoutMs?
 
 /** A connection to one dsec API. Cheap to create: all clients share keep-alive connections. */
 export class DsecClient {
-  /** Base URL of the API. */
+  /** Base URL of the API (the first of {@link apiUrls}). */
   readonly apiUrl: string;
+  /** Every API URL this client fails over between, in order. */
+  readonly apiUrls: readonly string[];
   /** Default deadline of each call in ms. */
   readonly requestTimeoutMs: number;
   /** Image layers: upload, build from Debian packages, list, remove. */
@@ -65,22 +71,31 @@ export class DsecClient {
   readonly owners: OwnersApi;
   /** This client's own owner session (set with the `owner` option). */
   readonly ownerSession: OwnerSession | undefined;
-  readonly #target: HttpTarget;
+  readonly #targets: HttpTarget[];
+  /** Index of the URL that answered last: calls start there. */
+  #current = 0;
 
   constructor(opts: DsecClientOptions = {}) {
-    const apiUrl = opts.apiUrl ?? process.env.DSEC_API_URL ?? DEFAULT_API_URL;
-    let url: URL;
-    try {
-      url = new URL(apiUrl);
-    } catch {
-      throw invalidArgument('apiUrl', `not a URL: ${apiUrl}`);
-    }
-    if (url.protocol !== 'http:' && url.protocol !== 'https:') throw invalidArgument('apiUrl', 'must be http: or https:');
+    const given = opts.apiUrl ?? process.env.DSEC_API_URL ?? DEFAULT_API_URL;
+    const list = (typeof given === 'string' ? given.split(',') : [...given]).map((u) => u.trim()).filter(Boolean);
+    if (list.length === 0) throw invalidArgument('apiUrl', 'no URL given');
+    const urls = list.map((apiUrl) => {
+      let url: URL;
+      try {
+        url = new URL(apiUrl);
+      } catch {
+        throw invalidArgument('apiUrl', `not a URL: ${apiUrl}`);
+      }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') throw invalidArgument('apiUrl', 'must be http: or https:');
+      return url;
+    });
     const timeout = opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
     if (!Number.isFinite(timeout) || timeout < 0) throw invalidArgument('requestTimeoutMs', 'must be >= 0');
-    this.apiUrl = url.toString().replace(/\/$/, '');
+    this.apiUrls = urls.map((u) => u.toString().replace(/\/$/, ''));
+    this.apiUrl = this.apiUrls[0]!;
     this.requestTimeoutMs = timeout;
-    this.#target = { apiUrl: url, apiKey: opts.apiKey ?? process.env.DSEC_API_KEY ?? undefined };
+    const apiKey = opts.apiKey ?? process.env.DSEC_API_KEY ?? undefined;
+    this.#targets = urls.map((apiUrl) => ({ apiUrl, apiKey }));
     this.layers = new LayersApi(this);
     this.keys = new KeysApi(this);
     this.projects = new ProjectsApi(this);
@@ -115,12 +130,35 @@ export class DsecClient {
 
   /** Sends a request and returns the reply with its body read. */
   async request(req: ClientRequest, opts: CallOptions = {}): Promise<HttpReply> {
-    return send(this.#target, { ...req, ...this.#deadline(req, opts) });
+    return this.#failover(req, (target) => send(target, { ...req, ...this.#deadline(req, opts) }));
   }
 
   /** Sends a request and returns the reply with its body unread. */
   async stream(req: ClientRequest, opts: CallOptions = {}): Promise<HttpStreamReply> {
-    return send(this.#target, { ...req, ...this.#deadline(req, opts), stream: true });
+    return this.#failover(req, (target) => send(target, { ...req, ...this.#deadline(req, opts), stream: true }));
+  }
+
+  /**
+   * Sends through the URL that answered last and, when it cannot be reached or answers 503,
+   * through the next ones: always when the request never reached a server (refused, no route);
+   * after a reset or a 503 only when repeating it is harmless (GET, PUT, DELETE, or an
+   * `Idempotency-Key`). A streamed request body cannot be sent twice: it never fails over.
+   */
+  async #failover<T>(req: ClientRequest, attempt: (target: HttpTarget) => Promise<T>): Promise<T> {
+    const n = this.#targets.length;
+    const start = this.#current;
+    const repeatable = req.method === 'GET' || req.method === 'PUT' || req.method === 'DELETE' || hasIdempotencyKey(req.headers);
+    const replayable = !isBodyStream(req.body);
+    for (let i = 0; ; i++) {
+      const at = (start + i) % n;
+      try {
+        const reply = await attempt(this.#targets[at]!);
+        this.#current = at;
+        return reply;
+      } catch (err) {
+        if (i + 1 >= n || !replayable || req.signal?.aborted || !worthFailingOver(err, repeatable)) throw err;
+      }
+    }
   }
 
   /** Sends a request and parses the JSON reply. */
@@ -129,9 +167,9 @@ export class DsecClient {
     return JSON.parse(reply.body.toString('utf8')) as T;
   }
 
-  /** Target for transports that do not go through {@link send} (WebSocket). */
+  /** Target for transports that do not go through {@link send} (WebSocket): the URL that answered last. */
   get target(): Readonly<HttpTarget> {
-    return this.#target;
+    return this.#targets[this.#current]!;
   }
 
   #deadline(req: ClientRequest, opts: CallOptions): { timeoutMs: number; signal?: AbortSignal } {
@@ -139,6 +177,25 @@ export class DsecClient {
     const signal = req.signal ?? opts.signal;
     return signal ? { timeoutMs, signal } : { timeoutMs };
   }
+}
+
+/** Errors of a request that never reached a server: any request may go to the next URL. */
+const NEVER_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
+
+function hasIdempotencyKey(headers: Record<string, string> | undefined): boolean {
+  if (!headers) return false;
+  const name = IDEMPOTENCY_KEY_HEADER.toLowerCase();
+  return Object.keys(headers).some((h) => h.toLowerCase() === name);
+}
+
+/** Whether a failed request goes on to the next API URL. */
+function worthFailingOver(err: unknown, repeatable: boolean): boolean {
+  if (!(err instanceof DsecError)) return false;
+  const errno = typeof err.details.errno === 'string' ? err.details.errno : undefined;
+  if (errno !== undefined && NEVER_SENT.has(errno)) return true;
+  if (!repeatable) return false;
+  // A reset or an unavailable replica (its store unreachable, shutting down).
+  return err.code === 'UNAVAILABLE' || err.status === 503;
 }
 
 /** How static helpers such as `Sandbox.create` find their client. */

@@ -69,7 +69,8 @@ export function buildPath(path: string, query: QueryValues | undefined): string 
   return qs ? `${path}?${qs}` : path;
 }
 
-function isBodyStream(body: unknown): body is Readable | AsyncIterable<Uint8Array> {
+/** True for a body that is a stream (it can be sent only once). */
+export function isBodyStream(body: unknown): body is Readable | AsyncIterable<Uint8Array> {
   return body instanceof Readable || (typeof body === 'object' && body !== null && Symbol.asyncIterator in body);
 }
 

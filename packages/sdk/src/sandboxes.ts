@@ -1,4 +1,5 @@
 // Creating, finding, listing and removing sandboxes: what the static methods of Sandbox do.
+import { randomUUID } from 'node:crypto';
 import {
   CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
@@ -25,13 +26,15 @@ export interface CreateOptions extends CallOptions {
   /**
    * Makes the create idempotent (`Idempotency-Key`): a retry with the same key and spec gets the
    * same sandbox, even while the first request is still creating it. Keys live 24 h per project.
+   * Default: a random key per call, so that the client's failover to another API URL never
+   * creates twice.
    */
   idempotencyKey?: string | undefined;
 }
 
 /** Options of `Sandbox.createBatch`. */
 export interface BatchCreateOptions extends CallOptions {
-  /** Makes the batch idempotent: a retry creates only the items that were not created. */
+  /** Makes the batch idempotent: a retry creates only the items that were not created. Default: a random key per call. */
   idempotencyKey?: string | undefined;
   /** Called with each item as it finishes (in completion order). */
   onItem?: ((item: BatchItem) => void) | undefined;
@@ -78,8 +81,12 @@ export class SandboxPaginator implements AsyncIterable<SandboxInfo> {
   }
 }
 
-function idempotencyHeaders(key: string | undefined): Record<string, string> | undefined {
-  return key === undefined ? undefined : { [IDEMPOTENCY_KEY_HEADER]: validate(IdempotencyKeySchema, key, 'idempotencyKey') };
+/**
+ * The create's `Idempotency-Key`: the caller's, else a new random one, so that the SDK's own
+ * retry on another API URL never creates twice.
+ */
+function idempotencyHeaders(key: string | undefined): Record<string, string> {
+  return { [IDEMPOTENCY_KEY_HEADER]: key === undefined ? `auto-${randomUUID()}` : validate(IdempotencyKeySchema, key, 'idempotencyKey') };
 }
 
 /** See {@link Sandbox.create}. */

@@ -224,6 +224,15 @@ export class EventHub {
     return s;
   }
 
+  /**
+   * Offers events that another process stored (a replica on the same store) to the live
+   * subscribers, as if raised here; they are not stored or counted again.
+   */
+  offerStored(events: readonly StoredEvent[]): void {
+    if (this.closed) return;
+    for (const e of events) for (const s of this.subscribers) s.offer(e);
+  }
+
   /** Ends every live subscription (their streams end; done before the HTTP server closes). */
   endSubscriptions(): void {
     for (const s of [...this.subscribers]) s.close();

@@ -223,6 +223,24 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  '0007_replicas': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // State that replicas on one PostgreSQL share: rate-limit buckets (taken in one upsert on
+      // the database's clock) and the trajectory seq counter of each sandbox.
+      await db.schema
+        .createTable('rate_buckets')
+        .addColumn('key', 'text', (c) => c.primaryKey())
+        .addColumn('tokens', 'double precision', (c) => c.notNull())
+        .addColumn('at_ms', 'double precision', (c) => c.notNull())
+        .addColumn('denied', 'integer', (c) => c.notNull().defaultTo(0))
+        .execute();
+      await db.schema
+        .createTable('trajectory_seqs')
+        .addColumn('sandbox_id', 'text', (c) => c.primaryKey())
+        .addColumn('last_seq', 'integer', (c) => c.notNull())
+        .execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

@@ -203,6 +203,22 @@ export interface RuleTable {
   created_at: string;
 }
 
+/** A rate-limit token bucket shared by replicas (migration 0007_replicas). */
+export interface RateBucketTable {
+  key: string;
+  tokens: number;
+  /** When `tokens` was computed, ms since the epoch on the database's clock. */
+  at_ms: number;
+  /** 1 when the last take found no token. */
+  denied: number;
+}
+
+/** The last trajectory seq handed out per sandbox (migration 0007_replicas). */
+export interface TrajectorySeqTable {
+  sandbox_id: string;
+  last_seq: number;
+}
+
 /** The whole database. */
 export interface Database {
   projects: ProjectTable;
@@ -219,4 +235,6 @@ export interface Database {
   events: EventTable;
   audit: AuditTable;
   rules: RuleTable;
+  rate_buckets: RateBucketTable;
+  trajectory_seqs: TrajectorySeqTable;
 }

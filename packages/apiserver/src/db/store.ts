@@ -3,7 +3,7 @@
 // Over 600 lines on purpose: it is the one shape a second store (PostgreSQL) implements, one
 // section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
-import { Kysely, Migrator, SqliteDialect } from 'kysely';
+import { Kysely, Migrator, SqliteDialect, sql } from 'kysely';
 import type { Dialect, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
@@ -21,6 +21,8 @@ import type {
   TrajectoryTable,
 } from './schema.js';
 import { migrationProvider } from './migrations.js';
+import { postgresDialect, redactUrl } from './postgres.js';
+import type { PostgresOptions } from './postgres.js';
 
 /** The id of the root project every tree hangs from. */
 export const ROOT_PROJECT_ID = 'root';
@@ -52,21 +54,73 @@ export function newId(prefix: string): string {
   return `${prefix}_${randomBytes(10).toString('hex')}`;
 }
 
+/** Options of {@link StateStore.open}. */
+export interface StoreOpenOptions {
+  /**
+   * Other processes use the same database (PostgreSQL replicas): nothing may be settled from
+   * one process's memory alone (no reconcile at start, no "pending keys are dead"). Default false.
+   */
+  shared?: boolean;
+}
+
+/** Collations under which text sorts by code point, as ids and cursors need. */
+const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
+
 /** State of the control plane. */
 export class StateStore {
-  private constructor(readonly db: Kysely<Database>) {}
+  /** True when other processes (replicas) share this store's database. */
+  readonly shared: boolean;
 
-  /** Opens a store on any Kysely dialect and migrates it to the latest schema. */
-  static async open(dialect: Dialect): Promise<StateStore> {
+  private constructor(
+    readonly db: Kysely<Database>,
+    opts: StoreOpenOptions,
+  ) {
+    this.shared = opts.shared ?? false;
+  }
+
+  /**
+   * Opens a store on any Kysely dialect and migrates it to the latest schema. On PostgreSQL,
+   * Kysely's migrator holds an advisory lock for the migration, so replicas starting together
+   * migrate once.
+   */
+  static async open(dialect: Dialect, opts: StoreOpenOptions = {}): Promise<StateStore> {
     const db = new Kysely<Database>({ dialect });
     // Migrations come from branches merged in any order (0002_lifecycle landed after 0003..0005
     // on some stores): each runs once, whichever order it was applied in.
     const migrator = new Migrator({ db, provider: migrationProvider, allowUnorderedMigrations: true });
     const { error } = await migrator.migrateToLatest();
-    if (error) throw new DsecError('INTERNAL', `state store migration failed: ${(error as Error).message}`);
-    const store = new StateStore(db);
+    if (error) {
+      await db.destroy();
+      throw new DsecError('INTERNAL', `state store migration failed: ${(error as Error).message}`);
+    }
+    const store = new StateStore(db, opts);
     await store.ensureRoot();
     return store;
+  }
+
+  /**
+   * Opens the PostgreSQL store at `url` (shared by every replica). The database must sort text by
+   * code point (collation C): ids, pages and event cursors compare as text.
+   */
+  static async openPostgres(url: string, opts: PostgresOptions = {}): Promise<StateStore> {
+    const { dialect, pool } = postgresDialect(url, opts);
+    let collation: string | undefined;
+    try {
+      const res = await pool.query<{ datcollate: string }>('SELECT datcollate FROM pg_database WHERE datname = current_database()');
+      collation = res.rows[0]?.datcollate;
+    } catch (err) {
+      await pool.end().catch(() => undefined);
+      throw new DsecError('UNAVAILABLE', `cannot reach the database ${redactUrl(url)}: ${(err as Error).message}`);
+    }
+    if (collation === undefined || !BYTE_ORDER_COLLATIONS.test(collation)) {
+      await pool.end().catch(() => undefined);
+      throw new DsecError(
+        'INVALID_ARGUMENT',
+        `db: the database's collation is ${collation ?? 'unknown'}; dsec needs C (createdb --template=template0 --locale=C, see docs/deploy.md)`,
+        { field: 'db' },
+      );
+    }
+    return StateStore.open(dialect, { shared: true });
   }
 
   /** Opens the embedded SQLite store. */
@@ -81,9 +135,33 @@ export class StateStore {
     await this.db.destroy();
   }
 
+  /** Resolves when the database answers a query; rejects otherwise (health checks). */
+  async ping(): Promise<void> {
+    await sql`SELECT 1`.execute(this.db);
+  }
+
+  /**
+   * Runs `fn` while no other process of the store runs a section of the same name (PostgreSQL:
+   * a transaction-scoped advisory lock; SQLite has one process). `fn` writes through the store
+   * as usual; the lock is released once it has returned.
+   */
+  async exclusive<T>(name: string, fn: () => Promise<T>): Promise<T> {
+    if (!this.shared) return fn();
+    return this.db.transaction().execute(async (tx) => {
+      await sql`SELECT pg_advisory_xact_lock(hashtext(${`dsec:${name}`}))`.execute(tx);
+      return fn();
+    });
+  }
+
+  /** Sends a notification to every listening replica when the statement commits (PostgreSQL only). */
+  async notify(channel: string, payload: string): Promise<void> {
+    if (this.shared) await sql`SELECT pg_notify(${channel}, ${payload})`.execute(this.db);
+  }
+
   private async ensureRoot(): Promise<void> {
     const root = await this.db.selectFrom('projects').select('id').where('id', '=', ROOT_PROJECT_ID).executeTakeFirst();
     if (root) return;
+    // Replicas starting together may both get here: the second insert does nothing.
     await this.db
       .insertInto('projects')
       .values({
@@ -98,7 +176,31 @@ export class StateStore {
         used_memory_mib: 0,
         created_at: now(),
       })
+      .onConflict((oc) => oc.column('id').doNothing())
       .execute();
+  }
+
+  // ---- rate limits (shared stores) ----
+
+  /**
+   * Takes one token from the bucket `key` (refilled at `perSecond`, holding at most `burst`) on
+   * the database's clock, in one statement, so that replicas share the bucket. Returns 0 when a
+   * token was taken, else the ms until one is there. PostgreSQL only.
+   */
+  async takeRateToken(key: string, perSecond: number, burst: number): Promise<number> {
+    const nowMs = sql<number>`(extract(epoch from statement_timestamp()) * 1000)::float8`;
+    const avail = sql<number>`least(${burst}::float8, b.tokens + greatest(0::float8, ${nowMs} - b.at_ms) * ${perSecond}::float8 / 1000.0)`;
+    const res = await sql<{ tokens: number; denied: number }>`
+      INSERT INTO rate_buckets AS b (key, tokens, at_ms, denied)
+      VALUES (${key}, ${burst - 1}::float8, ${nowMs}, 0)
+      ON CONFLICT (key) DO UPDATE SET
+        tokens = CASE WHEN ${avail} >= 1 THEN ${avail} - 1 ELSE ${avail} END,
+        at_ms = greatest(b.at_ms, ${nowMs}),
+        denied = CASE WHEN ${avail} >= 1 THEN 0 ELSE 1 END
+      RETURNING tokens, denied`.execute(this.db);
+    const row = res.rows[0];
+    if (!row || Number(row.denied) === 0) return 0;
+    return Math.max(1, Math.ceil(((1 - Number(row.tokens)) / perSecond) * 1000));
   }
 
   // ---- projects ----
@@ -789,6 +891,25 @@ export class StateStore {
   }
 
   /**
+   * Assigns the next seq of a trajectory from the database (replicas recording steps of one
+   * sandbox never give two steps one seq): the first call continues after the stored steps.
+   */
+  async nextTrajectorySeq(sandboxId: string): Promise<number> {
+    const res = await sql<{ last_seq: number }>`
+      INSERT INTO trajectory_seqs (sandbox_id, last_seq)
+      VALUES (${sandboxId}, (SELECT coalesce(max(seq), -1) + 1 FROM trajectory_steps WHERE sandbox_id = ${sandboxId}))
+      ON CONFLICT (sandbox_id) DO UPDATE SET last_seq = trajectory_seqs.last_seq + 1
+      RETURNING last_seq`.execute(this.db);
+    return Number(res.rows[0]!.last_seq);
+  }
+
+  /** The seq the next step of a trajectory will get (from the database's counter). */
+  async peekTrajectorySeq(sandboxId: string): Promise<number> {
+    const row = await this.db.selectFrom('trajectory_seqs').select('last_seq').where('sandbox_id', '=', sandboxId).executeTakeFirst();
+    return row ? Number(row.last_seq) + 1 : (await this.lastTrajectorySeq(sandboxId)) + 1;
+  }
+
+  /**
    * Writes a batch of trajectory changes in one transaction: new headers (an existing one is
    * kept), steps (a step already stored is replaced: a command that was running has ended),
    * header counters, and ends.
@@ -840,6 +961,7 @@ export class StateStore {
     const ids = ended.map((r) => r.sandbox_id);
     await this.db.transaction().execute(async (tx) => {
       await tx.deleteFrom('trajectory_steps').where('sandbox_id', 'in', ids).execute();
+      await tx.deleteFrom('trajectory_seqs').where('sandbox_id', 'in', ids).execute();
       await tx.deleteFrom('trajectories').where('sandbox_id', 'in', ids).execute();
     });
     return ids.length;

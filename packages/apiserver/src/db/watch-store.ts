@@ -51,6 +51,9 @@ function toAudit(r: AuditTable): AuditRecord {
 
 /** Events, audit entries and rules. */
 export class WatchStore implements EventStore, AuditStore {
+  /** Called with the ids of each batch of events once stored (replicas announce them to each other). */
+  onEventsStored: ((ids: string[]) => Promise<void>) | undefined;
+
   constructor(private readonly db: Kysely<Database>) {}
 
   // ---- events ----
@@ -73,6 +76,14 @@ export class WatchStore implements EventStore, AuditStore {
         })),
       )
       .execute();
+    await this.onEventsStored?.(rows.map((e) => e.id));
+  }
+
+  /** Stored events by id, in id order. */
+  async eventsByIds(ids: string[]): Promise<StoredEvent[]> {
+    if (ids.length === 0) return [];
+    const rows = await this.db.selectFrom('events').selectAll().where('id', 'in', ids).orderBy('id').execute();
+    return rows.map(toEvent);
   }
 
   async queryEvents(q: EventQuery): Promise<StoredEvent[]> {

@@ -1,5 +1,6 @@
 // The HTTP API (docs/api.md) on Hono: one router per resource under `/v1`, each validating its
 // input with the protocol's schemas (middleware) and handing typed values to the services.
+import type { IncomingMessage } from 'node:http';
 import { Hono } from 'hono';
 import { DsecError } from '@dsec/protocol';
 import type { Metrics } from '../metrics.js';
@@ -20,12 +21,24 @@ import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { watchRoutes } from './routes/watch.js';
 import { authAndAudit } from './audit.js';
+import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
+/** Options of {@link createApp}. */
+export interface AppOptions {
+  /** Resolves when the state store answers; `/healthz` is 503 while it rejects or hangs. */
+  health?: () => Promise<void>;
+  /** Proxies (addresses or CIDR ranges) whose `X-Forwarded-For` names the client. Default none. */
+  trustedProxies?: readonly string[];
+}
+
+/** How long `/healthz` waits for the store before it answers 503 (ms). */
+export const HEALTH_TIMEOUT_MS = 2000;
+
 /** Builds the Hono app; with `watch`, every call is audited and the events, audit and rules routes exist. */
-export function createApp(services: Services, metrics: Metrics, log: (line: string) => void, watch?: WatchService): Hono<Env> {
+export function createApp(services: Services, metrics: Metrics, log: (line: string) => void, watch?: WatchService, opts: AppOptions = {}): Hono<Env> {
   const app = new Hono<Env>();
   app.onError((err) => errorResponse(err, log));
   app.notFound(() => errorResponse(new DsecError('NOT_FOUND', 'no such route')));
@@ -38,7 +51,30 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
     metrics.observeRequest(c.req.method, routePath(c), c.res.status, performance.now() - start);
   });
 
-  app.get('/healthz', (c) => c.json({ status: 'ok' }));
+  const trusted = new TrustedProxies(opts.trustedProxies ?? []);
+  app.use('*', async (c, next) => {
+    const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
+    c.set('clientAddress', trusted.clientAddress(incoming?.socket.remoteAddress ?? '', c.req.header('x-forwarded-for')));
+    await next();
+  });
+
+  app.get('/healthz', async (c) => {
+    const health = opts.health;
+    if (health) {
+      let timer: NodeJS.Timeout | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${HEALTH_TIMEOUT_MS} ms`)), HEALTH_TIMEOUT_MS);
+      });
+      try {
+        await Promise.race([health(), timeout]);
+      } catch (err) {
+        return c.json({ status: 'unavailable', store: (err as Error).message }, 503);
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+    return c.json({ status: 'ok' });
+  });
   app.get('/metrics', async (c) => c.text(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
   app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
 

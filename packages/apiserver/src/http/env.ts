@@ -5,8 +5,11 @@ import type { Metrics } from '../metrics.js';
 import type { Services } from '../services/index.js';
 import type { AuditExec } from './audit.js';
 
-/** Variables set on every `/v1` request: who calls, and what an exec adds to its audit entry. */
-export type Env = { Variables: { principal: Principal; auditExec: AuditExec | undefined } };
+/**
+ * Variables set on every `/v1` request: who calls, and what an exec adds to its audit entry;
+ * on every request: the client's address (`X-Forwarded-For` only from trusted proxies).
+ */
+export type Env = { Variables: { principal: Principal; auditExec: AuditExec | undefined; clientAddress: string } };
 
 /** What the routers are built from. */
 export interface RouterDeps {

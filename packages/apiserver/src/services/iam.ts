@@ -57,7 +57,7 @@ export class IamService {
       if (quota[k] > cap[k]) throw new DsecError('PERMISSION_DENIED', `quota.${k}: ${quota[k]} exceeds the parent's ${cap[k]}`, { field: `quota.${k}` });
     }
     const row = await this.store.createProject({ name: req.name, parentId, quota });
-    this.auth.invalidate();
+    await this.auth.invalidate();
     return toProject(row);
   }
 
@@ -101,7 +101,7 @@ export class IamService {
     const row = await this.store.key(id);
     if (!row || !p.visibleProjects.has(row.project_id)) throw new DsecError('NOT_FOUND', `key ${id} not found`);
     await this.store.revokeKey(id);
-    this.auth.invalidate();
+    await this.auth.invalidate();
   }
 
   /** The nodes with their capacity and allocation. */

@@ -1,8 +1,9 @@
 // dsec up: the whole platform (apiserver + edge + watcher) on this machine, in the foreground;
+// dsec apiserver: one stateless API replica on a shared PostgreSQL store;
 // dsec config: the effective operator configuration, and the schema of its file.
 import type { Command } from 'commander';
 import { configJsonSchema } from '@dsec/protocol';
-import { loadConfig, platformOptions } from '../config.js';
+import { loadConfig, platformOptions, replicaOptions } from '../config.js';
 import type { ConfigFlags } from '../config.js';
 import { number, repeated } from '../parse.js';
 
@@ -17,7 +18,23 @@ function configOptions(cmd: Command): Command {
     .option('--network-pool <cidr>', 'IPv4 range of sandbox addresses (default $DSEC_NETWORK_POOL)')
     .option('--nameserver <ip>', "resolver for sandboxes, repeatable (default $DSEC_NAMESERVERS, comma-separated, else the host's)", repeated)
     .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
-    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)');
+    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
+    .option('--db <url>', 'PostgreSQL URL of a state store shared with API replicas (default $DSEC_DB, else SQLite in the home)')
+    .option('--trusted-proxy <addr|cidr>', 'reverse proxy whose X-Forwarded-For is believed, repeatable (default $DSEC_TRUSTED_PROXIES)', repeated);
+}
+
+/** Waits for SIGINT or SIGTERM. */
+function untilSignal(): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const stop = (sig: NodeJS.Signals): void => {
+      process.stderr.write(`dsec: ${sig}, shutting down\n`);
+      process.off('SIGINT', stop);
+      process.off('SIGTERM', stop);
+      resolve();
+    };
+    process.on('SIGINT', stop);
+    process.on('SIGTERM', stop);
+  });
 }
 
 /** Registers `dsec up` and `dsec config`. */
@@ -38,20 +55,28 @@ export function registerUp(program: Command): void {
       } else {
         process.stdout.write(`admin key: ${platform.adminKeyFile}\n`);
       }
-      await new Promise<void>((resolve) => {
-        const stop = (sig: NodeJS.Signals): void => {
-          process.stderr.write(`dsec: ${sig}, shutting down\n`);
-          process.off('SIGINT', stop);
-          process.off('SIGTERM', stop);
-          resolve();
-        };
-        process.on('SIGINT', stop);
-        process.on('SIGTERM', stop);
-      });
+      await untilSignal();
       // --clean removes everything; a plain stop leaves running sandboxes to the next start (and
       // the edge releases the node's mounts itself when none is left).
       if (flags.clean) await platform.shutdown();
       else await platform.close();
+    });
+
+  configOptions(program.command('apiserver'))
+    .description('run a stateless API replica on a shared PostgreSQL store (--db) until SIGINT/SIGTERM; any number may run')
+    .option('-q, --quiet', 'do not print the server log')
+    .action(async (flags: ConfigFlags & { quiet?: boolean }) => {
+      const { config } = await loadConfig({ flags });
+      const options = replicaOptions(config);
+      const { startApiserver } = await import('@dsec/apiserver');
+      const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
+      const replica = await startApiserver({ ...options, log });
+      process.stdout.write(`dsec apiserver is listening on ${replica.url}\n`);
+      if (replica.adminKey) {
+        process.stdout.write(`admin key (shown once, also written to ${replica.adminKeyFile}):\n${replica.adminKey}\n`);
+      }
+      await untilSignal();
+      await replica.close();
     });
 
   const config = program.command('config').description('the operator configuration of dsec up');

@@ -1,0 +1,270 @@
+// The control plane: services, HTTP API, watcher, pools and the first admin key over a state
+// store and a set of nodes. `dsec up` starts it with its own edge (platform.ts); `dsec apiserver`
+// starts it alone on a PostgreSQL store shared with other replicas (replica.ts).
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { getRequestListener } from '@hono/node-server';
+import { DsecError } from '@dsec/protocol';
+import type { EventSink, NodeGarbageReport } from '@dsec/protocol';
+import { Watcher, commandSummary } from '@dsec/watcher';
+import { Authenticator, IAM_CHANNEL } from './auth.js';
+import { ROOT_PROJECT_ID } from './db/store.js';
+import type { StateStore } from './db/store.js';
+import { PostgresListener } from './db/postgres.js';
+import { createApp } from './http/app.js';
+import { createWsHandler } from './http/ws.js';
+import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
+import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
+import { Metrics } from './metrics.js';
+import type { NodeRegistry } from './nodes.js';
+import { Placement } from './scheduler.js';
+import type { PlacementOptions } from './scheduler.js';
+import { createServices } from './services/index.js';
+import type { Services } from './services/index.js';
+import type { TrajectoryOptions } from './trajectory.js';
+import { WatchService } from './watch.js';
+import type { WatchServiceOptions } from './watch.js';
+
+/** How many things a garbage collection removed. */
+export function garbageCount(r: NodeGarbageReport): number {
+  return r.containers.length + r.cgroups.length + r.dirs.length + r.mounts + r.layerMounts;
+}
+
+/** `host:port` split; INVALID_ARGUMENT naming `addr` otherwise. */
+export function parseAddr(addr: string): { host: string; port: number } {
+  const m = /^(\[[^\]]+\]|[^:]+):(\d{1,5})$/.exec(addr);
+  if (!m || Number(m[2]) > 65535) throw new DsecError('INVALID_ARGUMENT', `addr: ${addr} is not host:port`, { field: 'addr' });
+  return { host: m[1]!.replace(/^\[|\]$/g, ''), port: Number(m[2]) };
+}
+
+/** Settings of the control plane that `dsec up` and `dsec apiserver` share. */
+export interface ControlPlaneOptions {
+  /** Scheduler over-commit and sampling. */
+  placement?: PlacementOptions;
+  /** Interval of the watcher's passes. */
+  watchIntervalMs?: number;
+  /** Interval of the watcher's garbage collection on the nodes. */
+  gcIntervalMs?: number;
+  /** Limits and retention of the trajectory log. */
+  trajectory?: TrajectoryOptions;
+  /** Events, audit and rules: heartbeats, queues, rate limits, retention. */
+  watch?: WatchServiceOptions;
+  /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
+  observeEvents?: EventSink;
+  /**
+   * Addresses (or CIDR ranges) of the reverse proxies in front of the API whose
+   * `X-Forwarded-For` is believed. Default none: the client is the socket's peer.
+   */
+  trustedProxies?: string[];
+}
+
+/** What {@link startControlPlane} is started with. */
+export interface ControlPlaneStart extends ControlPlaneOptions {
+  /** State directory (the admin key file lives here). */
+  home: string;
+  /** `host:port` to listen on. */
+  addr: string;
+  log: (line: string) => void;
+  store: StateStore;
+  nodes: NodeRegistry;
+  /** PostgreSQL URL of a shared store: this replica listens there for the others' announcements. */
+  listenUrl?: string;
+  /** Runs once the services exist and before the API listens (the built-in base of a node). */
+  prepare?: (services: Services, watch: WatchService) => Promise<void>;
+  /** Leftovers the node removed before the start (counted in the metrics). */
+  startGarbage?: number;
+}
+
+/** A running control plane. */
+export interface ControlPlane {
+  /** Base URL of the API. */
+  url: string;
+  /** The first admin key: set only where this process created it (it is printed once). */
+  adminKey?: string;
+  /** File holding the admin key (mode 0600). */
+  adminKeyFile: string;
+  services: Services;
+  watch: WatchService;
+  store: StateStore;
+  /** Stops the background passes and destroys every sandbox (tests, `dsec up --clean`). */
+  destroyAll(): Promise<void>;
+  /** Stops serving and closes the store. */
+  close(): Promise<void>;
+}
+
+/** Starts the control plane; on failure everything started is stopped again. */
+export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPlane> {
+  const { store, nodes, log } = o;
+  const { host, port } = parseAddr(o.addr);
+  await mkdir(o.home, { recursive: true, mode: 0o700 });
+  const closers: Array<() => Promise<void> | void> = [() => store.close()];
+  try {
+    const auth = new Authenticator(store);
+    // Events from the nodes and the control plane (owner.lost, lease.exceeded of idle and owner
+    // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
+    const watch = new WatchService(store, { log, ...o.watch });
+    closers.unshift(() => watch.close());
+    await watch.init();
+    if (o.listenUrl) {
+      const listener = new PostgresListener(o.listenUrl, log);
+      closers.unshift(() => listener.close());
+      await watch.joinReplicas(listener);
+      await listener.listen(IAM_CHANNEL, (origin) => {
+        if (origin !== auth.origin) auth.forget();
+      });
+    }
+    const observe = o.observeEvents;
+    const services = createServices({
+      store,
+      auth,
+      nodes,
+      placement: new Placement(o.placement),
+      log,
+      raise: (ev) => {
+        observe?.(ev);
+        watch.events.ingest(ev);
+      },
+      tighten: (projectId, spec) => watch.tighten(projectId, spec),
+      deniedNames: (projectId) => watch.deniedNames(projectId),
+      trajectory: { log, ...o.trajectory },
+    });
+    closers.unshift(() => services.trajectory.close());
+    await services.lifecycle.loadAllocations();
+    // One process: a key still pending belongs to a request that died with the previous one.
+    // Replicas: another one may be running that request; only a key pending far too long is dead.
+    await store.dropPendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
+    await o.prepare?.(services, watch);
+
+    // The first admin key, written where the local CLI finds it. Replicas starting together on
+    // an empty database: the first to take the lock makes it, the others find it.
+    const adminKeyFile = path.join(o.home, 'admin.key');
+    const adminKey = await store.exclusive('bootstrap', async () => {
+      if ((await store.keys([ROOT_PROJECT_ID])).length > 0) return undefined;
+      const key = (await services.iam.issueKey(ROOT_PROJECT_ID, 'admin', 'admin')).key;
+      await writeFile(adminKeyFile, `${key}\n`, { mode: 0o600 });
+      return key;
+    });
+
+    const metrics = new Metrics(services, watch);
+    const app = createApp(services, metrics, log, watch, {
+      health: () => store.ping(),
+      ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
+    });
+    const ws = createWsHandler(
+      services,
+      (p, sandboxId, spec, exitCode) => {
+        const entry = {
+          keyId: p.keyId,
+          projectId: p.projectId,
+          method: 'GET',
+          route: '/v1/sandboxes/:id/exec/ws',
+          sandboxId,
+          status: 101,
+          durationMs: 0,
+          command: commandSummary(spec),
+        };
+        const at = new Date().toISOString();
+        void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
+      },
+      log,
+    );
+    const server = createServer(getRequestListener(app.fetch));
+    server.keepAliveTimeout = 65_000;
+    server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, host, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    closers.unshift(
+      () => ws.close(),
+      () => new Promise<void>((r) => server.close(() => r())),
+      () => server.closeAllConnections(),
+    );
+    // Live event streams end first: the server's close waits for open connections.
+    closers.unshift(() => watch.events.endSubscriptions());
+    const actual = server.address() as AddressInfo;
+    const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
+
+    const watcher = new Watcher(
+      {
+        nodes: () =>
+          nodes.all().map((n) => ({
+            name: n.name,
+            sandboxIds: async () => (await n.client.list()).map((s) => s.id),
+            destroyOrphan: (id) => n.client.destroy(id),
+            collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
+          })),
+        sandboxes: async () => (await store.allSandboxes()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
+        setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
+        expire: async (id) => {
+          const row = await store.sandbox(id);
+          // Replicas: a sandbox on a node this replica does not reach is another's to expire.
+          if (!row || (store.shared && !nodes.get(row.node))) return;
+          await services.lifecycle.expireRow(row);
+        },
+        markLost: (id) => store.setSandboxState(id, 'lost'),
+        leases: () => services.lifecycle.enforceLeases(log),
+        raise: watch.events.ingest,
+        maintain: () => watch.maintain(),
+      },
+      {
+        log,
+        ...(o.watchIntervalMs !== undefined ? { intervalMs: o.watchIntervalMs } : {}),
+        ...(o.gcIntervalMs !== undefined ? { gcIntervalMs: o.gcIntervalMs } : {}),
+      },
+    );
+    metrics.garbageCollected = () => (o.startGarbage ?? 0) + watcher.garbageCollected;
+    watcher.start();
+    services.poolManager.start();
+    closers.unshift(
+      () => watcher.stop(),
+      () => services.poolManager.stop(),
+      () => services.admission.close(),
+    );
+    // API activity is recorded in memory and written about once a second (idle timeouts).
+    const flush = setInterval(
+      () => void services.lifecycle.flushActivity().catch((err: unknown) => log(`dsec: recording activity: ${(err as Error).message}`)),
+      ACTIVITY_FLUSH_INTERVAL_MS,
+    );
+    flush.unref();
+    closers.unshift(async () => {
+      clearInterval(flush);
+      await services.lifecycle.flushActivity().catch(() => undefined);
+    });
+
+    let closed = false;
+    return {
+      url,
+      ...(adminKey ? { adminKey } : {}),
+      adminKeyFile,
+      services,
+      watch,
+      store,
+      async destroyAll() {
+        await watcher.stop();
+        await services.poolManager.stop();
+        services.admission.close();
+        for (const row of await store.allSandboxes()) {
+          if (store.shared && !nodes.get(row.node)) continue;
+          await services.lifecycle.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));
+        }
+      },
+      async close() {
+        if (closed) return;
+        closed = true;
+        for (const c of closers) await c();
+      },
+    };
+  } catch (err) {
+    for (const c of closers)
+      await Promise.resolve()
+        .then(c)
+        .catch(() => undefined);
+    throw err;
+  }
+}

@@ -1,0 +1,144 @@
+// The PostgreSQL side of the state store: Kysely's PostgreSQL dialect on a `pg` pool, every
+// session with `synchronous_commit = on`, and a listening connection for LISTEN/NOTIFY that
+// reconnects by itself. Replicas of the apiserver share one database through this.
+import pg from 'pg';
+import { CompiledQuery, PostgresDialect } from 'kysely';
+import type { Dialect } from 'kysely';
+
+/** Connections each replica keeps to the database. */
+export const DEFAULT_POSTGRES_POOL_SIZE = 16;
+/** How long a query waits for a free connection or a new one before it fails (ms). */
+export const POSTGRES_CONNECT_TIMEOUT_MS = 5000;
+/** Wait between reconnection attempts of the listening connection (ms). */
+const LISTEN_RETRY_MS = 1000;
+
+/** True for a `postgres://` or `postgresql://` URL. */
+export function isPostgresUrl(url: string): boolean {
+  return /^postgres(ql)?:\/\//i.test(url);
+}
+
+/** The URL with its password hidden, for logs and errors. */
+export function redactUrl(url: string): string {
+  return url.replace(/^(postgres(?:ql)?:\/\/[^:/@]*:)[^@]*@/i, '$1***@');
+}
+
+/** A pool and the Kysely dialect over it. */
+export interface PostgresConnection {
+  dialect: Dialect;
+  pool: pg.Pool;
+}
+
+/** Options of {@link postgresDialect}. */
+export interface PostgresOptions {
+  /** Connections in the pool. Default {@link DEFAULT_POSTGRES_POOL_SIZE}. */
+  poolSize?: number;
+  /** Where connection errors go. Default: nowhere. */
+  log?: (line: string) => void;
+}
+
+/** A pool on `url` and the dialect that uses it; every session commits synchronously. */
+export function postgresDialect(url: string, opts: PostgresOptions = {}): PostgresConnection {
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: opts.poolSize ?? DEFAULT_POSTGRES_POOL_SIZE,
+    connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
+    application_name: 'dsec-apiserver',
+  });
+  // An idle connection whose server went away errors on the pool: without a listener that would
+  // be an uncaught exception. The next query opens a new connection (or fails, and /healthz says so).
+  pool.on('error', (err) => opts.log?.(`dsec: postgres connection lost: ${err.message}`));
+  // The pool listens only on idle connections: one checked out (a query or a transaction under
+  // way) that loses its server would emit an unheard error. Its queries fail; the pool drops it
+  // on release (it is no longer queryable).
+  pool.on('connect', (client) => client.on('error', () => undefined));
+  const dialect = new PostgresDialect({
+    pool,
+    onCreateConnection: async (conn) => {
+      await conn.executeQuery(CompiledQuery.raw('SET synchronous_commit = on'));
+    },
+  });
+  return { dialect, pool };
+}
+
+/**
+ * A connection that LISTENs on channels and hands each notification's payload to its handler;
+ * when the connection drops it reconnects (every second) and listens again.
+ */
+export class PostgresListener {
+  private client: pg.Client | undefined;
+  private readonly handlers = new Map<string, (payload: string) => void>();
+  private closed = false;
+  private retry: NodeJS.Timeout | undefined;
+  private connecting: Promise<void> | undefined;
+
+  constructor(
+    private readonly url: string,
+    private readonly log: (line: string) => void = () => undefined,
+  ) {}
+
+  /** Listens on `channel` (a plain identifier); returns once the LISTEN took effect or failed. */
+  async listen(channel: string, handler: (payload: string) => void): Promise<void> {
+    if (!/^[a-z_][a-z0-9_]*$/.test(channel)) throw new Error(`bad channel name ${channel}`);
+    this.handlers.set(channel, handler);
+    if (this.client) await this.client.query(`LISTEN ${channel}`);
+    else await this.connect();
+  }
+
+  /** Closes the connection and stops reconnecting. */
+  async close(): Promise<void> {
+    this.closed = true;
+    clearTimeout(this.retry);
+    await this.connecting?.catch(() => undefined);
+    const c = this.client;
+    this.client = undefined;
+    await c?.end().catch(() => undefined);
+  }
+
+  private connect(): Promise<void> {
+    this.connecting ??= this.open().finally(() => (this.connecting = undefined));
+    return this.connecting;
+  }
+
+  private async open(): Promise<void> {
+    if (this.closed) return;
+    const client = new pg.Client({ connectionString: this.url, connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS, application_name: 'dsec-listen' });
+    const lost = (err?: Error): void => {
+      if (this.client !== client) return;
+      this.client = undefined;
+      if (err) this.log(`dsec: postgres listening connection lost: ${err.message}`);
+      client.end().catch(() => undefined);
+      this.schedule();
+    };
+    client.on('error', lost);
+    client.on('end', () => lost());
+    client.on('notification', (n) => {
+      const h = this.handlers.get(n.channel);
+      if (h && n.payload !== undefined) h(n.payload);
+    });
+    try {
+      await client.connect();
+      for (const channel of this.handlers.keys()) await client.query(`LISTEN ${channel}`);
+    } catch (err) {
+      client.removeAllListeners('end');
+      client.on('error', () => undefined);
+      await client.end().catch(() => undefined);
+      this.log(`dsec: postgres listening connection: ${(err as Error).message}`);
+      this.schedule();
+      return;
+    }
+    if (this.closed) {
+      await client.end().catch(() => undefined);
+      return;
+    }
+    this.client = client;
+  }
+
+  private schedule(): void {
+    if (this.closed || this.retry) return;
+    this.retry = setTimeout(() => {
+      this.retry = undefined;
+      void this.connect();
+    }, LISTEN_RETRY_MS);
+    this.retry.unref();
+  }
+}

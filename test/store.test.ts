@@ -1,0 +1,274 @@
+// The state store's behaviour, once on SQLite and once on PostgreSQL (a cluster of the test's
+// own): the same migrations, the same answers. The PostgreSQL suite also checks what replicas
+// rely on: two stores on one database migrate once and never over-admit, double-claim or
+// double-number under concurrency.
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import Database from 'better-sqlite3';
+import { sql } from 'kysely';
+import { ROOT_PROJECT_ID, StateStore, WatchStore } from '@dsec/apiserver';
+import { postgresSkipReason, startTestPostgres } from './helpers/postgres.js';
+import type { TestPostgres } from './helpers/postgres.js';
+
+const QUOTA = { sandboxes: 10, cpu: 100, memoryMiB: 100_000 };
+
+function sandboxRow(id: string, projectId: string, extra: Record<string, unknown> = {}) {
+  const t = new Date().toISOString();
+  return {
+    id,
+    project_id: projectId,
+    node: 'n1',
+    backend: 'container',
+    state: 'running',
+    spec: '{}',
+    layers: '[]',
+    cpu: 1,
+    memory_mib: 256,
+    created_at: t,
+    expires_at: new Date(Date.now() + 3_600_000).toISOString(),
+    pool_id: null,
+    ...extra,
+  };
+}
+
+/** The behaviour every store has; `open` gives a fresh, empty store. */
+function storeSuite(open: () => Promise<StateStore>): void {
+  let store: StateStore;
+  before(async () => {
+    store = await open();
+  });
+  after(async () => {
+    await store?.close();
+  });
+
+  it('has the root project and refuses a duplicate project name', async () => {
+    assert.ok(await store.project(ROOT_PROJECT_ID));
+    await store.createProject({ name: 'dup', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    await assert.rejects(store.createProject({ name: 'dup', parentId: ROOT_PROJECT_ID, quota: QUOTA }), { code: 'CONFLICT' });
+    await store.ping();
+  });
+
+  it('reserves within the quota of a project and its ancestors, and gives back', async () => {
+    const parent = await store.createProject({ name: 'q-parent', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 3, cpu: 100, memoryMiB: 100_000 } });
+    const child = await store.createProject({ name: 'q-child', parentId: parent.id, quota: QUOTA });
+    const r = { sandboxes: 1, cpu: 1, memoryMiB: 256 };
+    await store.reserve(child.id, r);
+    const many = await store.reserveMany(child.id, [r, r, r]);
+    assert.deepEqual(
+      many.map((e) => e?.code),
+      [undefined, undefined, 'QUOTA_EXCEEDED'],
+    );
+    await assert.rejects(store.reserve(child.id, r), { code: 'QUOTA_EXCEEDED' });
+    assert.equal((await store.project(child.id))!.used_sandboxes, 3, 'a refusal rolls back the child too');
+    await store.unreserve(child.id, { sandboxes: 3, cpu: 3, memoryMiB: 768 });
+    const p = (await store.project(parent.id))!;
+    assert.deepEqual([p.used_sandboxes, p.used_cpu, p.used_memory_mib], [0, 0, 0]);
+  });
+
+  it('stores, lists, pages and deletes sandboxes with labels', async () => {
+    const prj = await store.createProject({ name: 'sbx', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    for (const id of ['sbx-a_1', 'sbx-B_2', 'sbx-c_3']) {
+      await store.reserve(prj.id, { sandboxes: 1, cpu: 1, memoryMiB: 256 });
+      await store.insertSandbox(sandboxRow(id, prj.id), { job: id === 'sbx-c_3' ? 'x' : 'y' });
+    }
+    // Text order is code-point order on both stores ('B' < 'a').
+    const page1 = await store.listSandboxes({ projectIds: [prj.id], labels: [], limit: 2 });
+    assert.deepEqual(
+      page1.map((s) => s.id),
+      ['sbx-B_2', 'sbx-a_1'],
+    );
+    const page2 = await store.listSandboxes({ projectIds: [prj.id], labels: [], limit: 2, after: page1[1]!.id });
+    assert.deepEqual(
+      page2.map((s) => s.id),
+      ['sbx-c_3'],
+    );
+    const labelled = await store.listSandboxes({ projectIds: [prj.id], labels: [['job', 'y']], limit: 10 });
+    assert.equal(labelled.length, 2);
+    assert.equal(await store.transitionSandbox('sbx-a_1', ['running'], 'paused'), true);
+    assert.equal(await store.transitionSandbox('sbx-a_1', ['running'], 'paused'), false);
+    const row = (await store.sandbox('sbx-a_1'))!;
+    assert.deepEqual(row.labels, { job: 'y' });
+    assert.equal(row.cpu, 1);
+    await store.deleteSandbox(row);
+    assert.equal(await store.sandbox('sbx-a_1'), undefined);
+    assert.equal((await store.project(prj.id))!.used_sandboxes, 2);
+  });
+
+  it('hands one idempotency key to one request', async () => {
+    const prj = await store.createProject({ name: 'idem', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const k = { projectId: prj.id, key: 'k1', requestHash: 'h', ttlMs: 60_000 };
+    const results = await Promise.all([store.acquireIdempotencyKey(k), store.acquireIdempotencyKey(k), store.acquireIdempotencyKey(k)]);
+    assert.equal(results.filter((r) => r.owned).length, 1);
+    await store.completeIdempotencyKey(prj.id, 'k1', 'sbx-1', '{}');
+    const again = await store.acquireIdempotencyKey(k);
+    assert.equal(again.owned, false);
+    assert.equal(!again.owned && again.row.sandbox_id, 'sbx-1');
+  });
+
+  it('claims a pooled member once', async () => {
+    const prj = await store.createProject({ name: 'pool', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const { row: pool } = await store.putPool({
+      projectId: prj.id,
+      name: 'p',
+      spec: '{}',
+      resolved: '{}',
+      specKey: 'sk',
+      size: 1,
+      idleTimeoutMs: 60_000,
+      maxPools: 5,
+    });
+    await store.insertSandbox(sandboxRow('sbx-pooled', prj.id, { state: 'pooled', pool_id: pool.id }), {});
+    const claim = {
+      projectId: prj.id,
+      specKey: 'sk',
+      spec: '{"x":1}',
+      labels: { a: 'b' },
+      createdAt: new Date().toISOString(),
+      expiresAt: new Date(Date.now() + 60_000).toISOString(),
+      lease: '{}',
+      ownerId: null,
+    };
+    const claims = await Promise.all([store.claimPooled(claim), store.claimPooled(claim), store.claimPooled(claim)]);
+    assert.deepEqual(
+      claims.filter(Boolean).map((c) => c!.id),
+      ['sbx-pooled'],
+    );
+    assert.deepEqual((await store.sandbox('sbx-pooled'))!.labels, { a: 'b' });
+  });
+
+  it('records trajectories and numbers their steps from the database', async () => {
+    const t = new Date().toISOString();
+    await store.writeTrajectories({
+      headers: [
+        { sandbox_id: 'sbx-t', project_id: ROOT_PROJECT_ID, spec: '{}', layers: '[]', created_at: t, ended_at: null, steps: 0, bytes: 0, truncated: 0 },
+      ],
+      steps: [0, 1].map((seq) => ({ sandbox_id: 'sbx-t', seq, kind: 'exec', started_at: t, bytes: 2, step: '{}' })),
+      counters: [{ sandbox_id: 'sbx-t', steps: 2, bytes: 4, truncated: 0 }],
+      ends: [],
+    });
+    assert.equal(await store.lastTrajectorySeq('sbx-t'), 1);
+    assert.equal(await store.peekTrajectorySeq('sbx-t'), 2);
+    const seqs = await Promise.all(Array.from({ length: 10 }, () => store.nextTrajectorySeq('sbx-t')));
+    assert.deepEqual(
+      seqs.sort((a, b) => a - b),
+      [2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+    );
+    assert.equal((await store.trajectorySteps('sbx-t', 0, 10)).length, 1);
+    assert.equal((await store.trajectory('sbx-t'))!.steps, 2);
+  });
+
+  it('stores and pages events in id order', async () => {
+    const watch = new WatchStore(store.db);
+    const ev = (id: string) => ({
+      id,
+      at: new Date().toISOString(),
+      kind: 'sandbox.lost' as const,
+      severity: 'warning' as const,
+      projectId: null,
+      sandboxId: null,
+      node: 'n1',
+      message: id,
+      data: { n: 1 },
+    });
+    await watch.insertEvents([ev('ev_0002'), ev('ev_0001'), ev('ev_0003')]);
+    const page = await watch.queryEvents({ projectIds: 'all', includeUnscoped: true, limit: 2, order: 'asc', cursor: 'ev_0001' });
+    assert.deepEqual(
+      page.map((e) => e.id),
+      ['ev_0002', 'ev_0003'],
+    );
+    assert.deepEqual(page[0]!.data, { n: 1 });
+  });
+}
+
+describe('state store: SQLite', () => {
+  storeSuite(() => StateStore.openSqlite(new Database(':memory:')));
+});
+
+const skip = postgresSkipReason();
+describe('state store: PostgreSQL', { skip }, () => {
+  let server: TestPostgres | undefined;
+  let n = 0;
+  const fresh = async (): Promise<string> => server!.createDatabase(`store_${++n}`);
+  before(async () => {
+    server = await startTestPostgres();
+  });
+  after(async () => {
+    await server?.close();
+  });
+
+  describe('the suite', () => {
+    storeSuite(async () => StateStore.openPostgres(await fresh()));
+  });
+
+  describe('replicas on one database', () => {
+    it('migrate once when they start together, with synchronous commits', async () => {
+      const url = await fresh();
+      const stores = await Promise.all([StateStore.openPostgres(url), StateStore.openPostgres(url), StateStore.openPostgres(url)]);
+      try {
+        assert.ok(stores.every((s) => s.shared));
+        const res = await server!.query('SELECT name FROM kysely_migration ORDER BY name', url.slice(url.lastIndexOf('/') + 1));
+        assert.equal(new Set(res.rows.map((r: { name: string }) => r.name)).size, res.rows.length);
+        assert.ok(res.rows.some((r: { name: string }) => r.name === '0007_replicas'));
+        const sync = await sql<{ synchronous_commit: string }>`SHOW synchronous_commit`.execute(stores[0].db);
+        assert.equal(sync.rows[0]?.synchronous_commit, 'on');
+      } finally {
+        for (const s of stores) await s.close();
+      }
+    });
+
+    it('never over-admit: 50 concurrent reservations over two stores', async () => {
+      const url = await fresh();
+      const a = await StateStore.openPostgres(url);
+      const b = await StateStore.openPostgres(url);
+      try {
+        const prj = await a.createProject({ name: 'race', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 20, cpu: 1000, memoryMiB: 1_000_000 } });
+        const r = { sandboxes: 1, cpu: 1, memoryMiB: 1 };
+        const results = await Promise.allSettled(Array.from({ length: 50 }, (_, i) => (i % 2 ? a : b).reserve(prj.id, r)));
+        assert.equal(results.filter((x) => x.status === 'fulfilled').length, 20);
+        for (const x of results) if (x.status === 'rejected') assert.equal((x.reason as { code: string }).code, 'QUOTA_EXCEEDED');
+        assert.equal((await b.project(prj.id))!.used_sandboxes, 20);
+        assert.equal((await b.project(ROOT_PROJECT_ID))!.used_sandboxes, 20);
+      } finally {
+        await a.close();
+        await b.close();
+      }
+    });
+
+    it('share rate buckets and exclusive sections', async () => {
+      const url = await fresh();
+      const a = await StateStore.openPostgres(url);
+      const b = await StateStore.openPostgres(url);
+      try {
+        // burst 10 at 0.001/s: exactly 10 takes succeed over both stores.
+        const waits = await Promise.all(Array.from({ length: 30 }, (_, i) => (i % 2 ? a : b).takeRateToken('key_x', 0.001, 10)));
+        assert.equal(waits.filter((w) => w === 0).length, 10);
+        assert.ok(waits.filter((w) => w > 0).every((w) => w > 1000));
+        let inside = 0;
+        let most = 0;
+        await Promise.all(
+          Array.from({ length: 6 }, (_, i) =>
+            (i % 2 ? a : b).exclusive('test', async () => {
+              most = Math.max(most, ++inside);
+              await new Promise((r) => setTimeout(r, 20));
+              inside--;
+            }),
+          ),
+        );
+        assert.equal(most, 1);
+      } finally {
+        await a.close();
+        await b.close();
+      }
+    });
+
+    it('refuse to open a database that cannot be reached, naming it without its password', async () => {
+      const url = server!.url('no_such_database').replace('dsec@', 'dsec:secret@');
+      await assert.rejects(StateStore.openPostgres(url), (err: Error & { code?: string }) => {
+        assert.equal(err.code, 'UNAVAILABLE');
+        assert.match(err.message, /no_such_database/);
+        assert.doesNotMatch(err.message, /secret/);
+        return true;
+      });
+    });
+  });
+});
