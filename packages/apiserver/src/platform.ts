@@ -22,6 +22,7 @@ import { WatchService } from './watch.js';
 import type { WatchServiceOptions } from './watch.js';
 import { commandSummary } from '@dsec/watcher';
 import { NodeRegistry } from './nodes.js';
+import { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
 import { createServices } from './services/index.js';
@@ -157,10 +158,11 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       trajectory: { log, ...opts.trajectory },
     });
     closers.unshift(() => services.trajectory.close());
+    // This process is the only apiserver: what a crash of the previous one cut short is settled
+    // against the node before anything is served or charged.
+    const reconciled = await reconcileAtStart({ store, nodes, log });
+    if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
     await services.lifecycle.loadAllocations();
-    // This process is the only apiserver: a key still pending belongs to a request that died
-    // with the previous one.
-    await store.dropPendingIdempotencyKeys(new Date().toISOString());
     const startGarbage = edge.lastStartGarbage;
     const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
     if (startRemoved > 0) log(`dsec: removed ${startRemoved} leftovers of sandboxes a previous run lost (${JSON.stringify(startGarbage)})`);
