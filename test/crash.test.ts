@@ -244,14 +244,14 @@ async function hostObjectsOf(home: string, id: string, mountinfo: string): Promi
   return found;
 }
 
-/** Host links of the node of `home` (its sandboxes' veths). */
+/** Host links of the node of `home` that belong to sandboxes (`<prefix><slot in hex>`; the node's own end in `-gw`, `-gp`). */
 async function nodeLinks(home: string): Promise<string[]> {
   const prefix = `d${path.basename(runDirOf(path.join(home, 'node'))).slice(0, 6)}-`;
   const { stdout } = await run('ip', ['-o', 'link', 'show']);
   return stdout
     .split('\n')
     .map((l) => /^\d+:\s+([^:@\s]+)/.exec(l)?.[1] ?? '')
-    .filter((name) => name.startsWith(prefix));
+    .filter((name) => name.startsWith(prefix) && /^[0-9a-f]+$/.test(name.slice(prefix.length)));
 }
 
 /** Polls `check` (which returns what is wrong, or nothing) until it passes or `ms` pass; then fails with the last answer. */
