@@ -44,6 +44,8 @@ describe('reconcile at start (fake node, real store)', () => {
     await store.reserve(ROOT_PROJECT_ID, { sandboxes: 3, cpu: 3, memoryMiB: 3 });
     await store.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key: 'k1', requestHash: 'h', ttlMs: 60_000 });
     await new Promise((r) => setTimeout(r, 5));
+    // What the log buffers is written before a crash (a process that starts has nothing buffered).
+    await h.services.trajectory.flush();
 
     const report = await reconcile();
     const to = new Map(report.settled.map((s) => [s.id, s.to]));
