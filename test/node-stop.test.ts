@@ -2,97 +2,27 @@
 // `dsec up --clean` leaves none even with sandboxes running. Runs the real CLI as a process on
 // a throw-away home and a free loopback port (needs root).
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import type { ChildProcessWithoutNullStreams } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import { after, describe, test } from 'node:test';
-import { MNT, mountsUnder, umount } from '@dsec/edge';
 import { Sandbox } from '@dsec/sdk';
-import { AGENT_BINARY, REPO_ROOT } from './helpers/node.js';
+import { freshHome as makeHome, nodeMounts, removeHome, stop, up as start } from './helpers/child-platform.js';
+import type { RunningNode } from './helpers/child-platform.js';
 
-const CLI = path.join(REPO_ROOT, 'packages/cli/dist/main.js');
-const START_TIMEOUT_MS = 120_000;
 const homes: string[] = [];
 
-/** The node's private run directory of a home (as the edge names it). */
-function runDirOf(nodeHome: string): string {
-  return path.join('/run/dsec', createHash('sha256').update(path.resolve(nodeHome)).digest('hex').slice(0, 12));
-}
-
-/** Mount points of the node of `home`: under the home, or under its run directory. */
-async function nodeMounts(home: string): Promise<string[]> {
-  const text = await readFile('/proc/self/mountinfo', 'utf8');
-  const runDir = runDirOf(path.join(home, 'node'));
-  return text
-    .split('\n')
-    .filter(Boolean)
-    .map((line) => line.split(' ')[4] ?? '')
-    .filter((target) => target === home || target.startsWith(`${home}/`) || target === runDir || target.startsWith(`${runDir}/`));
-}
-
-interface RunningNode {
-  child: ChildProcessWithoutNullStreams;
-  url: string;
-  apiKey: string;
-  stderr: () => string;
-}
-
-/** Starts `dsec up` on a fresh home and waits until it listens. */
-async function up(home: string, extra: string[] = []): Promise<RunningNode> {
-  const child = spawn(process.execPath, [CLI, 'up', '--addr', '127.0.0.1:0', ...extra], {
-    env: { PATH: process.env.PATH ?? '', DSEC_HOME: home, DSEC_AGENT: AGENT_BINARY },
-    stdio: ['pipe', 'pipe', 'pipe'],
-  });
-  let stdout = '';
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`dsec up did not listen in time: ${stderr}`)), START_TIMEOUT_MS);
-    child.stdout.on('data', (d: Buffer) => {
-      stdout += d.toString();
-      const m = /listening on (http:\/\/\S+)/.exec(stdout);
-      if (m && stdout.includes('admin key')) {
-        clearTimeout(timer);
-        resolve(m[1]!);
-      }
-    });
-    child.once('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`dsec up exited with ${code}: ${stderr}`));
-    });
-  });
-  const apiKey = (await readFile(path.join(home, 'admin.key'), 'utf8')).trim();
-  return { child, url, apiKey, stderr: () => stderr };
-}
-
-/** Stops `dsec up` with `signal` and returns its exit status. */
-async function stop(node: RunningNode, signal: NodeJS.Signals): Promise<number | null> {
-  const exited = new Promise<number | null>((resolve) => node.child.once('exit', (code) => resolve(code)));
-  node.child.kill(signal);
-  return exited;
+/** Starts `dsec up` on `home` with extra arguments and waits until it listens. */
+function up(home: string, extra: string[] = []): Promise<RunningNode> {
+  return start(home, { args: extra });
 }
 
 async function freshHome(): Promise<string> {
-  const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-stop-'));
+  const home = await makeHome('dsec-stop-');
   homes.push(home);
   return home;
 }
 
 after(async () => {
   // A failed test may leave a node behind: take it down the way an operator would, then unmount.
-  for (const home of homes) {
-    if ((await nodeMounts(home)).length > 0 && existsSync(path.join(home, 'dsec.db'))) {
-      const node = await up(home, ['--clean']).catch(() => undefined);
-      if (node) await stop(node, 'SIGTERM');
-    }
-    for (const m of [...(await mountsUnder(runDirOf(path.join(home, 'node'))).catch(() => [])), ...(await mountsUnder(home).catch(() => []))])
-      umount(m, MNT.DETACH);
-    await rm(home, { recursive: true, force: true });
-  }
+  for (const home of homes) await removeHome(home);
 });
 
 describe('stopping dsec up', () => {

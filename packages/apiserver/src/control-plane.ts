@@ -19,6 +19,7 @@ import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
 import { Metrics } from './metrics.js';
 import type { NodeRegistry } from './nodes.js';
+import { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
 import { createServices } from './services/index.js';
@@ -131,6 +132,12 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       trajectory: { log, ...o.trajectory },
     });
     closers.unshift(() => services.trajectory.close());
+    // A store of one process: what a crash of the previous one cut short is settled against the
+    // node before anything is served or charged. Replicas reconcile a node when its session opens.
+    if (!store.shared) {
+      const reconciled = await reconcileAtStart({ store, nodes, log });
+      if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
+    }
     await services.lifecycle.loadAllocations();
     // One process: a key still pending belongs to a request that died with the previous one.
     // Replicas: another one may be running that request; only a key pending far too long is dead.

@@ -71,3 +71,7 @@ export type { ActivityStore, PauseReason } from './leases.js';
 export { WatchService, DEFAULT_HEARTBEAT_MS, DEFAULT_SUBSCRIBER_QUEUE } from './watch.js';
 export type { Retention, WatchServiceOptions } from './watch.js';
 export { WatchStore, DEFAULT_EVENT_RETENTION, DEFAULT_AUDIT_RETENTION } from './db/watch-store.js';
+export { CRASH_STEPS, CRASH_AT_ENV, crashPoint } from './crash-points.js';
+export type { CrashStep } from './crash-points.js';
+export { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
+export type { ReconcileDeps, ReconcileReport, SettledRow } from './reconcile.js';

@@ -126,6 +126,9 @@ export class StateStore {
   /** Opens the embedded SQLite store. */
   static async openSqlite(database: SqliteDatabase): Promise<StateStore> {
     database.pragma('journal_mode = WAL');
+    // Every commit is on disk when it returns (WAL's default, NORMAL, may lose the last ones to a
+    // power cut): a sandbox the node made must never be forgotten by the store (issue 13 §4).
+    database.pragma('synchronous = FULL');
     database.pragma('foreign_keys = ON');
     database.pragma('busy_timeout = 5000');
     return StateStore.open(new SqliteDialect({ database: database as never }));
@@ -507,6 +510,43 @@ export class StateStore {
     await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
   }
 
+  /**
+   * Sets every project's usage to what its sandbox rows (its own and its sub-projects') hold, in
+   * one transaction: a reservation whose row a crash never wrote, or a row deleted before its
+   * reservation went back, no longer counts. Returns the projects that changed, before and after.
+   */
+  async recomputeUsage(): Promise<Array<{ projectId: string; before: Reservation; after: Reservation }>> {
+    return this.db.transaction().execute(async (tx) => {
+      const projects = await tx.selectFrom('projects').selectAll().execute();
+      const parentOf = new Map(projects.map((p) => [p.id, p.parent_id]));
+      const held = new Map<string, Reservation>(projects.map((p) => [p.id, { sandboxes: 0, cpu: 0, memoryMiB: 0 }]));
+      for (const s of await tx.selectFrom('sandboxes').select(['project_id', 'cpu', 'memory_mib']).execute()) {
+        const seen = new Set<string>();
+        for (let id: string | null | undefined = s.project_id; id && !seen.has(id); id = parentOf.get(id)) {
+          seen.add(id);
+          const r = held.get(id);
+          if (!r) continue;
+          r.sandboxes += 1;
+          r.cpu += s.cpu;
+          r.memoryMiB += s.memory_mib;
+        }
+      }
+      const changed: Array<{ projectId: string; before: Reservation; after: Reservation }> = [];
+      for (const p of projects) {
+        const after = held.get(p.id)!;
+        const before = { sandboxes: p.used_sandboxes, cpu: p.used_cpu, memoryMiB: p.used_memory_mib };
+        if (before.sandboxes === after.sandboxes && before.cpu === after.cpu && before.memoryMiB === after.memoryMiB) continue;
+        await tx
+          .updateTable('projects')
+          .set({ used_sandboxes: after.sandboxes, used_cpu: after.cpu, used_memory_mib: after.memoryMiB })
+          .where('id', '=', p.id)
+          .execute();
+        changed.push({ projectId: p.id, before, after });
+      }
+      return changed;
+    });
+  }
+
   /** Deletes a sandbox's row and returns its reservation to the quota, in one transaction. */
   async deleteSandbox(row: SandboxTable): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
@@ -802,9 +842,10 @@ export class StateStore {
     await this.db.deleteFrom('idempotency_keys').where('project_id', '=', projectId).where('key', '=', key).where('state', '=', 'pending').execute();
   }
 
-  /** Drops pending keys created before `before` (their request died with its server). */
-  async dropPendingIdempotencyKeys(before: string): Promise<void> {
-    await this.db.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).execute();
+  /** Drops pending keys created before `before` (their request died with its server); returns how many. */
+  async dropPendingIdempotencyKeys(before: string): Promise<number> {
+    const res = await this.db.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
+    return Number(res.numDeletedRows);
   }
 
   /** Forgets expired keys. */
@@ -940,6 +981,17 @@ export class StateStore {
       for (const e of batch.ends)
         await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
     });
+  }
+
+  /** Ends the open trajectories whose sandbox row is gone (a destroy a crash cut short); returns how many. */
+  async endOrphanTrajectories(at: string): Promise<number> {
+    const res = await this.db
+      .updateTable('trajectories')
+      .set({ ended_at: at })
+      .where('ended_at', 'is', null)
+      .where((eb) => eb.not(eb.exists(eb.selectFrom('sandboxes').select('sandboxes.id').whereRef('sandboxes.id', '=', 'trajectories.sandbox_id'))))
+      .executeTakeFirst();
+    return Number(res.numUpdatedRows);
   }
 
   /** Steps of a trajectory with a seq above `after`, in order. */

@@ -16,6 +16,7 @@ import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec,
 import type { AdmissionQueue, Admitted } from '../admission.js';
 import type { Principal } from '../auth.js';
 import type { IdempotencyKeyTable, PoolTable, SandboxTable } from '../db/schema.js';
+import { crashPoint } from '../crash-points.js';
 import type { Reservation, StateStore } from '../db/store.js';
 import { hashOf } from '../idempotency.js';
 import type { IdempotencyKeys } from '../idempotency.js';
@@ -207,6 +208,7 @@ export class CreatePipeline {
       throw capacityError(item);
     }
     this.chargeNode(node, item, 1);
+    crashPoint('create.reserved');
     return this.ticket(projectId, item, node, reservation);
   }
 
@@ -289,6 +291,7 @@ export class CreatePipeline {
       pause_reason: null,
     };
     await this.d.store.insertSandbox(row, item.req.labels ?? {});
+    crashPoint('create.row');
     try {
       await node.client.create(item.spec, signal ? { id, signal } : { id });
     } catch (err) {
@@ -297,8 +300,10 @@ export class CreatePipeline {
       if (err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
       throw err;
     }
+    crashPoint('create.node');
     row.state = pool ? POOLED_STATE : 'running';
     await this.d.store.transitionSandbox(id, ['creating'], row.state);
+    crashPoint('create.running');
     if (!pool) this.openTrajectory(row, item);
     return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
   }
@@ -333,10 +338,12 @@ export class CreatePipeline {
     });
     if (!row) return undefined;
     this.d.pools.claimed();
+    crashPoint('claim.row');
     try {
       const node = this.d.nodes.get(row.node);
       if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
       await node.client.claim(row.id, { ...(item.req.env ? { env: item.req.env } : {}), ...(item.req.labels ? { labels } : {}) });
+      crashPoint('claim.node');
     } catch {
       // The member cannot be handed over (its node or sandbox is gone, or it was used): it is
       // dropped, and this create goes on without the pool. Nobody has seen its id yet.

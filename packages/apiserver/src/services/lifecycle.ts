@@ -4,6 +4,7 @@ import { DsecError, KeyedSerialQueue } from '@dsec/protocol';
 import type { EdgeClient, GrantedLease, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
+import { crashPoint } from '../crash-points.js';
 import type { OwnerTable, SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import { leaseOf } from '../leases.js';
@@ -170,6 +171,7 @@ export class LifecycleService {
         if (now.state === 'paused') return this.pauseReply(now, NO_CHANGE);
         throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${now.state}`, { sandboxId: row.id, state: now.state, retryAfterMs: 1000 });
       }
+      crashPoint('pause.pausing');
       const node = nodes.get(row.node);
       if (!node || (stillDue && !stillDue())) {
         await store.transitionSandbox(row.id, [PAUSING], 'running');
@@ -183,6 +185,7 @@ export class LifecycleService {
         await store.transitionSandbox(row.id, [PAUSING], 'running');
         throw err;
       }
+      crashPoint('pause.node');
       await store.transitionSandbox(row.id, [PAUSING], 'paused', { paused_at: new Date().toISOString(), pause_reason: reason });
       nodes.chargeCpu(row.node, this.cpuCharge(row), -1);
       this.d.counters.sandboxesPaused++;
@@ -200,6 +203,7 @@ export class LifecycleService {
         if (now.state === 'running') return this.pauseReply(now, NO_CHANGE);
         throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${now.state}`, { sandboxId: row.id, state: now.state, retryAfterMs: 1000 });
       }
+      crashPoint('resume.resuming');
       const node = nodes.get(row.node);
       let result: Omit<PauseResult, 'sandbox'>;
       try {
@@ -209,6 +213,7 @@ export class LifecycleService {
         await store.transitionSandbox(row.id, [RESUMING], 'paused');
         throw err;
       }
+      crashPoint('resume.node');
       // A sandbox whose owner went away is no longer held by that owner once someone resumes it.
       const current = await store.sandboxOnly(row.id);
       const ownerGone = current?.owner_id ? (await store.owner(current.owner_id))?.state !== 'active' : false;
@@ -347,6 +352,7 @@ export class LifecycleService {
       if (!now) throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
     }
+    crashPoint('delete.stopping');
     const node = nodes.get(row.node);
     if (node) {
       try {
@@ -360,6 +366,7 @@ export class LifecycleService {
       // A paused sandbox already gave its CPU back.
       nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1);
     }
+    crashPoint('delete.node');
     await store.deleteSandbox(row);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);

@@ -15,6 +15,7 @@ import type {
 import type { AdmissionQueue } from '../admission.js';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
+import { crashPoint } from '../crash-points.js';
 import type { StateStore } from '../db/store.js';
 import { itemError } from '../errors.js';
 import { hashOf } from '../idempotency.js';
@@ -246,6 +247,7 @@ export class SandboxService {
       }
     }
     if (!queued) for (const [i, f] of fresh.entries()) if (refusals[i]) later.push({ ...f, refusal: refusals[i] });
+    if (admitted.length > 0) crashPoint('batch.reserved');
     for (const f of later.sort((a, b) => a.index - b.index)) {
       // Waiting, or behind the project's waiting creates: the admission queue answers.
       if (admission.wait || !f.refusal) {

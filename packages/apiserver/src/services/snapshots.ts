@@ -4,6 +4,7 @@ import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, normalizeLay
 import type { BackendKind, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
+import { crashPoint } from '../crash-points.js';
 import type { StateStore } from '../db/store.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { specOf } from './common.js';
@@ -41,6 +42,7 @@ export class SnapshotService {
     }
     const seq = await this.trajectory.position(row.id);
     const info = await edge.snapshot(row.id, signal ? { signal } : {});
+    crashPoint('snapshot.node');
     const snap = await this.store.addSnapshot({
       digest: info.digest,
       project_id: row.project_id,
@@ -50,6 +52,7 @@ export class SnapshotService {
       parents: row.layers,
       created_at: new Date().toISOString(),
     });
+    crashPoint('snapshot.row');
     const layer = await this.layers.register(row.project_id, info, name);
     return { ...layer, snapshot: { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq } };
   }

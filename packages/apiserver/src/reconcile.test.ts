@@ -1,0 +1,99 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { ROOT_PROJECT_ID } from './db/store.js';
+import { reconcileAtStart, reconcileWasClean } from './reconcile.js';
+import { harness } from './testing/harness.js';
+import type { Harness } from './testing/harness.js';
+
+describe('reconcile at start (fake node, real store)', () => {
+  let h: Harness;
+  before(async () => {
+    h = await harness();
+  });
+  after(async () => h.close());
+
+  const reconcile = () => reconcileAtStart({ store: h.store, nodes: h.services.nodes, log: () => undefined });
+  const create = async (labels: Record<string, string> = {}) => (await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' }, labels })).id;
+  const used = async () => (await h.store.project(ROOT_PROJECT_ID))!.used_sandboxes;
+
+  test('rows a crash left in every transitional state end final, orphans go, usage and keys are recomputed', async () => {
+    const { store, edge } = h;
+    const [creating, stopping, pausing, resuming, vanished, paused, claimed, kept] = await Promise.all(Array.from({ length: 8 }, () => create()));
+    // A crash in each pipeline leaves the row where that pipeline was.
+    await store.setSandboxState(creating!, 'creating');
+    await store.setSandboxState(stopping!, 'stopping');
+    await store.setSandboxState(pausing!, 'pausing');
+    await edge.pause(pausing!);
+    await store.setSandboxState(resuming!, 'resuming');
+    await edge.pause(resuming!);
+    await store.setSandboxState(paused!, 'paused');
+    edge.sandboxes.delete(vanished!);
+    // A pool claim committed in the store, not yet on the node: the row has labels the node lacks.
+    await store.db
+      .updateTable('sandboxes')
+      .set({ spec: JSON.stringify({ ...JSON.parse((await store.sandboxOnly(claimed!))!.spec), labels: { by: 'claim' } }) })
+      .where('id', '=', claimed!)
+      .execute();
+    // A sandbox on the node with no row (its row's insert never committed), and a pooled row whose node lost it.
+    await edge.create({ image: { base: 'busybox' } }, { id: 'node-orphan' });
+    const pooled = await create();
+    await store.setSandboxState(pooled, 'pooled');
+    await store.db.updateTable('sandboxes').set({ pool_id: 'pool_gone' }).where('id', '=', pooled).execute();
+    edge.sandboxes.delete(pooled);
+    // A reservation whose row a crash never wrote, and a key of a request that died.
+    await store.reserve(ROOT_PROJECT_ID, { sandboxes: 3, cpu: 3, memoryMiB: 3 });
+    await store.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key: 'k1', requestHash: 'h', ttlMs: 60_000 });
+    await new Promise((r) => setTimeout(r, 5));
+    // What the log buffers is written before a crash (a process that starts has nothing buffered).
+    await h.services.trajectory.flush();
+
+    const report = await reconcile();
+    const to = new Map(report.settled.map((s) => [s.id, s.to]));
+    assert.equal(to.get(creating!), 'deleted');
+    assert.equal(to.get(stopping!), 'deleted');
+    assert.equal(to.get(pausing!), 'running');
+    assert.equal(to.get(resuming!), 'running');
+    assert.equal(to.get(vanished!), 'lost');
+    assert.equal(to.get(paused!), 'running', 'the node runs it: the row follows');
+    assert.equal(to.get(claimed!), 'running (claim finished)');
+    assert.equal(to.get(pooled), 'deleted');
+    assert.equal(to.has(kept!), false, 'a consistent row is left alone');
+    assert.deepEqual(report.orphans, ['node-orphan']);
+    assert.equal(report.idempotencyKeys, 1);
+    assert.ok(report.usage.some((u) => u.projectId === ROOT_PROJECT_ID));
+
+    assert.equal(edge.sandboxes.has(creating!), false, 'a create cut short is rolled back on the node');
+    assert.equal(edge.sandboxes.has(stopping!), false);
+    assert.equal(edge.sandboxes.has('node-orphan'), false);
+    assert.equal(edge.sandboxes.get(pausing!)?.state, 'running');
+    assert.equal(edge.sandboxes.get(resuming!)?.state, 'running');
+    const rows = await store.allSandboxes();
+    assert.equal(await used(), rows.length, 'usage equals the rows');
+    assert.ok(rows.every((r) => ['running', 'lost'].includes(r.state)));
+
+    // Every row left can be deleted, and a second reconcile has nothing to do.
+    for (const r of rows) await h.services.lifecycle.destroyRow(r);
+    assert.equal(await used(), 0);
+    assert.equal(edge.sandboxes.size, 0);
+    await h.services.trajectory.flush();
+    const again = await reconcile();
+    assert.ok(reconcileWasClean(again), JSON.stringify(again));
+  });
+
+  test('a node that does not answer leaves its rows as they are', async () => {
+    const id = await create();
+    await h.store.setSandboxState(id, 'creating');
+    const list = h.edge.list.bind(h.edge);
+    h.edge.list = () => Promise.reject(new Error('unreachable'));
+    try {
+      const report = await reconcile();
+      assert.deepEqual(report.unreachable, [h.services.nodes.all()[0]!.name]);
+      assert.equal((await h.store.sandboxOnly(id))?.state, 'creating');
+    } finally {
+      h.edge.list = list;
+    }
+    await reconcile();
+    assert.equal(await h.store.sandboxOnly(id), undefined);
+    assert.equal(await used(), 0);
+  });
+});

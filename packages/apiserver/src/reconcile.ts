@@ -1,0 +1,175 @@
+// The control plane's start-up reconcile, on a store that one process serves alone (`dsec up`):
+// whatever a crash (SIGKILL, power cut) cut short is settled before the first request. Rows in a
+// transitional state are driven to a final one against what their node reports, sandboxes on a
+// node with no row are destroyed, pending idempotency keys and open trajectories of gone
+// sandboxes are let go, and every project's usage is recomputed from the rows that remain.
+import { DsecError } from '@dsec/protocol';
+import type { EdgeClient, EdgeSandbox, SandboxClaim } from '@dsec/protocol';
+import type { SandboxTable } from './db/schema.js';
+import type { Reservation, StateStore } from './db/store.js';
+import type { NodeRegistry } from './nodes.js';
+import { POOLED_STATE } from './pools.js';
+import { PAUSING, RESUMING } from './services/common.js';
+import type { StoredSpec } from './services/common.js';
+
+/** What {@link reconcileAtStart} works on. */
+export interface ReconcileDeps {
+  store: StateStore;
+  nodes: NodeRegistry;
+  log: (line: string) => void;
+}
+
+/** One row the reconcile moved: from its state to `to` (`deleted`: the row is gone). */
+export interface SettledRow {
+  id: string;
+  from: string;
+  to: string;
+}
+
+/** What the start-up reconcile did. */
+export interface ReconcileReport {
+  /** Rows moved to a final state (or deleted). */
+  settled: SettledRow[];
+  /** Sandboxes a node ran with no row: destroyed. */
+  orphans: string[];
+  /** Nodes that did not answer: their rows were left as they are. */
+  unreachable: string[];
+  /** Projects whose usage did not match their rows, before and after. */
+  usage: Array<{ projectId: string; before: Reservation; after: Reservation }>;
+  /** Idempotency keys of requests that died with the previous process. */
+  idempotencyKeys: number;
+  /** Open trajectories of sandboxes whose row is gone, now ended. */
+  trajectories: number;
+}
+
+/** True when the report changed nothing. */
+export function reconcileWasClean(r: ReconcileReport): boolean {
+  return r.settled.length + r.orphans.length + r.usage.length + r.idempotencyKeys + r.trajectories === 0;
+}
+
+/** One line for the log. */
+export function reconcileSummary(r: ReconcileReport): string {
+  const parts = [
+    ...r.settled.map((s) => `${s.id} ${s.from} -> ${s.to}`),
+    ...(r.orphans.length ? [`orphans destroyed: ${r.orphans.join(', ')}`] : []),
+    ...(r.usage.length ? [`usage recomputed for ${r.usage.map((u) => `${u.projectId} (${u.before.sandboxes} -> ${u.after.sandboxes})`).join(', ')}`] : []),
+    ...(r.idempotencyKeys ? [`${r.idempotencyKeys} pending idempotency keys dropped`] : []),
+    ...(r.trajectories ? [`${r.trajectories} trajectories ended`] : []),
+    ...(r.unreachable.length ? [`nodes not reconciled (unreachable): ${r.unreachable.join(', ')}`] : []),
+  ];
+  return `dsec: reconciled at start: ${parts.join('; ')}`;
+}
+
+function sameRecord(a: Record<string, string> | undefined, b: Record<string, string> | undefined): boolean {
+  const ea = Object.entries(a ?? {}).sort(([x], [y]) => x.localeCompare(y));
+  const eb = Object.entries(b ?? {}).sort(([x], [y]) => x.localeCompare(y));
+  return JSON.stringify(ea) === JSON.stringify(eb);
+}
+
+/** Destroys a sandbox on its node; one the node no longer has is fine. */
+async function destroyOnNode(client: EdgeClient, id: string): Promise<void> {
+  try {
+    await client.destroy(id);
+  } catch (err) {
+    if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) throw err;
+  }
+}
+
+/**
+ * Settles one row against its node's view (`onNode` undefined: the node does not run it).
+ * Returns the state the row was left in, `deleted`, or undefined when it was already final.
+ */
+async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTable, onNode: EdgeSandbox | undefined): Promise<string | undefined> {
+  const running = { paused_at: null, pause_reason: null };
+  switch (row.state) {
+    case 'creating':
+    case 'stopping':
+      // A create cut short is rolled back (its caller never got the sandbox: a retry with the
+      // same idempotency key makes a new one); a delete cut short is finished.
+      if (onNode) await destroyOnNode(client, row.id);
+      await store.deleteSandbox(row);
+      return 'deleted';
+    case PAUSING:
+    case RESUMING:
+    case 'running':
+    case 'paused': {
+      if (!onNode) {
+        await store.transitionSandbox(row.id, [row.state], 'lost');
+        return 'lost';
+      }
+      if (row.state === 'paused' && onNode.state === 'paused') return undefined;
+      // A pause cut short is undone (its caller saw no answer; an idle or owner pause comes
+      // again on the next lease pass); a resume cut short is finished. Either way: running.
+      if (onNode.state === 'paused' && row.state !== 'paused') await client.resume(row.id, { reason: 'reconcile' });
+      if (row.state !== 'running') await store.transitionSandbox(row.id, [row.state], 'running', running);
+      // A warm pool's member claimed in the store but not yet on its node: the claim finishes.
+      const spec = JSON.parse(row.spec) as StoredSpec;
+      if (!sameRecord(spec.env, onNode.spec.env) || !sameRecord(spec.labels, onNode.spec.labels)) {
+        const claim: SandboxClaim = { ...(spec.env ? { env: spec.env } : {}), ...(spec.labels ? { labels: spec.labels } : {}) };
+        await client.claim(row.id, claim);
+        return row.state === 'running' ? 'running (claim finished)' : 'running';
+      }
+      return row.state === 'running' ? undefined : 'running';
+    }
+    case POOLED_STATE:
+      if (onNode) return undefined;
+      // Nobody has seen a pool member's id: one its node lost simply goes.
+      await store.deleteSandbox(row);
+      return 'deleted';
+    default:
+      // failed, lost: final already, and deletable.
+      return undefined;
+  }
+}
+
+/**
+ * Reconciles the store with its nodes at start. Only for a store that this process alone
+ * serves: another replica's requests under way would look like crashes here.
+ */
+export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileReport> {
+  const { store, nodes, log } = d;
+  const report: ReconcileReport = { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, trajectories: 0 };
+  const views = new Map<string, { client: EdgeClient; sandboxes: Map<string, EdgeSandbox> }>();
+  for (const n of nodes.all()) {
+    try {
+      views.set(n.name, { client: n.client, sandboxes: new Map((await n.client.list()).map((s) => [s.id, s])) });
+    } catch (err) {
+      report.unreachable.push(n.name);
+      log(`dsec: reconcile: node ${n.name} did not answer: ${(err as Error).message}`);
+    }
+  }
+  const known = new Set<string>();
+  for (const row of await store.allSandboxes()) {
+    known.add(row.id);
+    const view = views.get(row.node);
+    if (!view) continue;
+    try {
+      const to = await settleRow(store, view.client, row, view.sandboxes.get(row.id));
+      if (to) report.settled.push({ id: row.id, from: row.state, to });
+    } catch (err) {
+      // The node refused (it will be retried by a delete): the row stays deletable.
+      log(`dsec: reconcile: ${row.id} (${row.state}): ${(err as Error).message}`);
+      if (!['failed', 'lost'].includes(row.state) && (await store.sandboxOnly(row.id))) {
+        await store.setSandboxState(row.id, 'failed');
+        report.settled.push({ id: row.id, from: row.state, to: 'failed' });
+      }
+    }
+  }
+  for (const [name, view] of views) {
+    for (const id of view.sandboxes.keys()) {
+      if (known.has(id)) continue;
+      try {
+        await destroyOnNode(view.client, id);
+        report.orphans.push(id);
+      } catch (err) {
+        log(`dsec: reconcile: orphan ${id} on ${name}: ${(err as Error).message}`);
+      }
+    }
+  }
+  // This process is the only apiserver: a key still pending belongs to a request that died with
+  // the previous one (a retry then creates anew).
+  report.idempotencyKeys = await store.dropPendingIdempotencyKeys(new Date().toISOString());
+  report.trajectories = await store.endOrphanTrajectories(new Date().toISOString());
+  report.usage = await store.recomputeUsage();
+  return report;
+}
