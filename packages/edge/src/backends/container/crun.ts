@@ -1,12 +1,60 @@
-// Runs crun, inside the runtime mount namespace when the host needs one.
+// Runs crun, inside the runtime mount namespace when the host needs one. crun runs from a
+// sealed memfd copy of itself, made once per process: a crun started from a file on disk
+// protects itself against a container that overwrites the runtime's binary through
+// /proc/<pid>/exe (CVE-2019-5736) by bind-mounting its own executable on a temporary file and
+// executing itself again, on every call (~3 ms, and two mount table changes). From a sealed
+// memfd (which nothing can change) it skips that.
 import { spawn } from 'node:child_process';
 import type { StdioOptions } from 'node:child_process';
+import { accessSync, constants as fsConstants } from 'node:fs';
+import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
+import { sealedCopy } from '../../sys/linux.js';
 
 /** Output kept from a crun call for error messages. */
 const MAX_CAPTURE_BYTES = 65_536;
 /** Time after which a crun call is considered hung. */
 export const CRUN_TIMEOUT_MS = 30_000;
+
+/** Sealed copies made by this process, by the binary's path: the path to exec each one through. */
+const sealedExecutables = new Map<string, string>();
+
+/** Absolute path of `binary`, looked up in PATH when it has no slash; undefined when not found. */
+function resolveBinary(binary: string): string | undefined {
+  const candidates = binary.includes('/')
+    ? [binary]
+    : (process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':').map((d) => path.join(d || '.', binary));
+  for (const file of candidates) {
+    try {
+      accessSync(file, fsConstants.X_OK);
+      return path.resolve(file);
+    } catch {
+      // next
+    }
+  }
+  return undefined;
+}
+
+/**
+ * The path to exec `binary` by: `/proc/<this pid>/fd/<n>` of a sealed memfd copy of it, made on
+ * first use and kept open (close-on-exec) for the life of the process; the binary itself when
+ * no copy can be made (no memfd support: crun then protects itself as before).
+ */
+export function sealedExecutable(binary: string): string {
+  const known = sealedExecutables.get(binary);
+  if (known) return known;
+  let exe = binary;
+  const file = resolveBinary(binary);
+  if (file) {
+    try {
+      exe = `/proc/${process.pid}/fd/${sealedCopy(file)}`;
+    } catch {
+      exe = binary;
+    }
+  }
+  sealedExecutables.set(binary, exe);
+  return exe;
+}
 
 /** Result of one crun call. */
 export interface CrunResult {
@@ -17,11 +65,15 @@ export interface CrunResult {
 
 /** A crun binary with a state root, reached through an argv prefix (nsenter on hybrid hosts). */
 export class Crun {
+  private readonly executable: string;
+
   constructor(
     private readonly prefix: string[],
     private readonly stateRoot: string,
-    private readonly binary: string = 'crun',
-  ) {}
+    binary: string = 'crun',
+  ) {
+    this.executable = sealedExecutable(binary);
+  }
 
   /**
    * Runs `crun --root R <args>`. `extraFds` are passed as fds 3, 4, ... of crun; `logFd`, when
@@ -29,7 +81,7 @@ export class Crun {
    * the default way into the runtime namespace (dsec-launch on create).
    */
   run(args: string[], opts: { extraFds?: number[]; logFd?: number; timeoutMs?: number; prefix?: string[] } = {}): Promise<CrunResult> {
-    const argv = [...(opts.prefix ?? this.prefix), this.binary, '--root', this.stateRoot, ...args];
+    const argv = [...(opts.prefix ?? this.prefix), this.executable, '--root', this.stateRoot, ...args];
     const out = opts.logFd ?? 'pipe';
     const stdio: StdioOptions = ['ignore', out, out, ...(opts.extraFds ?? [])];
     return new Promise((resolve, reject) => {
