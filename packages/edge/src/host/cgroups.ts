@@ -368,6 +368,19 @@ export class Cgroups {
     return killed.size;
   }
 
+  /**
+   * Waits until a sandbox's cgroup has no process left (the kernel empties it as the killed
+   * processes exit); false when some are still there after `timeoutMs`.
+   */
+  async waitEmpty(id: string, timeoutMs: number): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    for (let wait = 1; ; wait = Math.min(wait * 2, 20)) {
+      if ((await this.procs(id)).length === 0) return true;
+      if (Date.now() >= deadline) return false;
+      await sleep(wait);
+    }
+  }
+
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
   async existing(id: string): Promise<string[]> {
     const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));

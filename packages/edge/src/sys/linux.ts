@@ -246,6 +246,13 @@ export function lgetxattr(path: string, name: string): string | null {
   return buf.subarray(0, n).toString();
 }
 
+const SYS_PIDFD_SEND_SIGNAL = 424;
+
+/** pidfd_send_signal(2): signals the process a pidfd refers to (no pid reuse race). */
+export function pidfdSendSignal(pidfd: number, signal: number): void {
+  check(c.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', signal, 'void *', null, 'uint', 0), 'pidfd_send_signal', `pidfd ${pidfd}`);
+}
+
 /** madvise(2) advice that reads pages back in (swap-in for anonymous memory, readahead for files). */
 export const MADV_WILLNEED = 3;
 /** Most address ranges one process_madvise(2) call takes (UIO_MAXIOV). */
