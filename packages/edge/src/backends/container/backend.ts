@@ -24,10 +24,10 @@ import type {
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
-import { closeFd, listenUnix, MNT, umount, mountsUnder, pidfdOpen, pidfdSendSignal } from '../../sys/linux.js';
+import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
-import { Crun } from './crun.js';
+import { Crun, processStartTime } from './crun.js';
 
 /** What the container backend needs from the layer store. */
 export interface LayerMounter {
@@ -86,10 +86,6 @@ export interface ContainerBackendOptions {
 
 /** An empty cgroup of an unknown sandbox is removed once it is this old (a create may be filling it). */
 export const EMPTY_CGROUP_GRACE_MS = 60_000;
-
-/** How long a destroyed container's processes may take to exit before crun is asked to delete it. */
-const END_CONTAINER_TIMEOUT_MS = 2_000;
-const SIGKILL = 9;
 
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
@@ -397,7 +393,7 @@ export class ContainerBackend implements Backend {
   private async teardown(id: string, digests: string[], idRange?: IdRange): Promise<void> {
     const p = this.paths(id);
     this.dropAgent(id);
-    if (!(await this.endContainer(id))) {
+    if (!(await this.crun.end(id, this.o.cgroups))) {
       // Something outlived the kill (or its cgroup cannot go): crun's own delete, as before.
       const res = await this.crun.run(['delete', '--force', id]);
       if (res.code !== 0 && (await this.crun.status(id)) !== undefined) {
@@ -413,47 +409,6 @@ export class ContainerBackend implements Backend {
     await rm(p.dir, { recursive: true, force: true });
     // Last: the range is free only once nothing of the sandbox holds its ids.
     if (idRange) await this.o.idRanges?.release(idRange, id);
-  }
-
-  /**
-   * Ends a container without a crun process (a `crun delete --force` costs ~15 ms of process
-   * start, its self-copy and its state handling): SIGKILL to its PID 1 through a pidfd checked
-   * against the start time crun recorded (the kernel then kills everything else in its PID
-   * namespace), a thaw (a frozen process takes the kill only once thawed), the wait until its
-   * cgroup is empty, the cgroup's directories removed, then crun's state directory. The
-   * sandbox's root overlay lived in a mount namespace of its own, gone with its processes.
-   * False when a process or a cgroup directory is left: the caller falls back to crun.
-   */
-  private async endContainer(id: string): Promise<boolean> {
-    const init = await this.containerInit(id);
-    if (init) {
-      const fd = pidfdOpen(init.pid);
-      if (fd !== undefined) {
-        try {
-          if (processStartTime(init.pid) === init.startTime) pidfdSendSignal(fd, SIGKILL);
-        } catch {
-          // It exited meanwhile.
-        } finally {
-          closeFd(fd);
-        }
-      }
-    }
-    await this.o.cgroups.thaw(id).catch(() => undefined);
-    if (!(await this.o.cgroups.waitEmpty(id, END_CONTAINER_TIMEOUT_MS))) return false;
-    await this.o.cgroups.remove(id);
-    if ((await this.o.cgroups.existing(id)).length > 0) return false;
-    await rm(path.join(this.o.crunRoot, id), { recursive: true, force: true });
-    return true;
-  }
-
-  /** PID 1 of a sandbox's container and its start time, from crun's state file. */
-  private async containerInit(id: string): Promise<{ pid: number; startTime: number | undefined } | undefined> {
-    try {
-      const state = JSON.parse(await readFile(path.join(this.o.crunRoot, id, 'status'), 'utf8')) as { pid?: number; 'process-start-time'?: number };
-      return state.pid ? { pid: state.pid, startTime: state['process-start-time'] } : undefined;
-    } catch {
-      return undefined;
-    }
   }
 
   /** Unmounts and removes a writable layer's folder; a no-op when it is not there. */
@@ -563,7 +518,7 @@ export class ContainerBackend implements Backend {
    * file; the start time guards against a reused PID.
    */
   async netnsPath(id: string): Promise<string> {
-    const init = await this.containerInit(id);
+    const init = await this.crun.initProcess(id);
     if (!init) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no running container`, { sandboxId: id });
     const startTime = processStartTime(init.pid);
     if (startTime === undefined || (init.startTime !== undefined && startTime !== init.startTime)) {
@@ -575,19 +530,6 @@ export class ContainerBackend implements Backend {
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
   }
-}
-
-/** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks); undefined when it is gone. */
-function processStartTime(pid: number): number | undefined {
-  let stat: string;
-  try {
-    stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  } catch {
-    return undefined;
-  }
-  // Field 22 counts from after the command name, which may hold spaces.
-  const value = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
-  return Number.isFinite(value) ? value : undefined;
 }
 
 /** True when one of the processes has a mount naming `mark` (its root overlay's upper dir, say). */
