@@ -374,10 +374,11 @@ export class Cgroups {
    */
   async waitEmpty(id: string, timeoutMs: number): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
-    for (let wait = 1; ; wait = Math.min(wait * 2, 20)) {
+    // Killed processes are usually gone within a few ms: poll every ms at first, then back off.
+    for (let poll = 0; ; poll++) {
       if ((await this.procs(id)).length === 0) return true;
       if (Date.now() >= deadline) return false;
-      await sleep(wait);
+      await sleep(poll < 20 ? 1 : Math.min(2 ** (poll - 19), 20));
     }
   }
 
