@@ -9,6 +9,7 @@ import type { StdioOptions } from 'node:child_process';
 import { accessSync, constants as fsConstants, readFileSync } from 'node:fs';
 import { readFile, rm } from 'node:fs/promises';
 import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/protocol';
 import { closeFd, pidfdOpen, pidfdSendSignal, sealedCopy } from '../../sys/linux.js';
 
@@ -162,7 +163,12 @@ export class Crun {
       }
     }
     await cgroups.thaw(id).catch(() => undefined);
+    const deadline = Date.now() + END_TIMEOUT_MS;
     if (!(await cgroups.waitEmpty(id, END_TIMEOUT_MS))) return false;
+    // A process leaves its cgroup before it is reaped: the PID namespace's init reaps the others
+    // before it becomes a zombie itself, so once it is one (or gone) none of them is left even
+    // as a zombie.
+    if (init && !(await reaped(init.pid, init.startTime, deadline))) return false;
     await cgroups.remove(id);
     if ((await cgroups.existing(id)).length > 0) return false;
     await rm(path.join(this.stateRoot, id), { recursive: true, force: true });
@@ -181,15 +187,34 @@ export class Crun {
   }
 }
 
-/** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks); undefined when it is gone. */
-export function processStartTime(pid: number): number | undefined {
+/**
+ * Waits until the process is a zombie or gone (another process under its pid counts as gone);
+ * false at the deadline.
+ */
+async function reaped(pid: number, startTime: number | undefined, deadline: number): Promise<boolean> {
+  for (let poll = 0; ; poll++) {
+    const stat = procStat(pid);
+    if (!stat || (startTime !== undefined && stat.startTime !== startTime) || stat.state === 'Z' || stat.state === 'X') return true;
+    if (Date.now() >= deadline) return false;
+    await sleep(poll < 20 ? 1 : 10);
+  }
+}
+
+/** State (field 3) and start time (field 22) of /proc/<pid>/stat; undefined when it is gone. */
+function procStat(pid: number): { state: string; startTime: number } | undefined {
   let stat: string;
   try {
     stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   } catch {
     return undefined;
   }
-  // Field 22 counts from after the command name, which may hold spaces.
-  const value = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
-  return Number.isFinite(value) ? value : undefined;
+  // The fields count from after the command name, which may hold spaces.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return { state: fields[0] ?? '', startTime: Number(fields[19]) };
+}
+
+/** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks); undefined when it is gone. */
+export function processStartTime(pid: number): number | undefined {
+  const value = procStat(pid)?.startTime;
+  return value !== undefined && Number.isFinite(value) ? value : undefined;
 }
