@@ -10,10 +10,12 @@ import { cleanupAll, cleanupOnSignals } from './lib/cleanup.js';
 import { Peers, peerVersions } from './lib/peers.js';
 import { BENCH_PLACEMENT, benchTempDir, IDLE_RESOURCES, rateLimitedHits, startBenchPlatform } from './lib/platform.js';
 import type { PreloadedLayer } from './lib/platform.js';
+import { chartsOf } from './lib/charts.js';
 import { machineInfo, markdown, textTable, writeJson } from './lib/report.js';
 import type { Row, RunReport } from './lib/report.js';
 import type { Scenario } from './lib/scenario.js';
 import { nowMs, progress } from './lib/stats.js';
+import { checkTargets, targetLines } from './lib/targets.js';
 import { batchScenario } from './scenarios/batch.js';
 import { createScenario } from './scenarios/create.js';
 import { densityScenario } from './scenarios/density.js';
@@ -143,6 +145,7 @@ async function main(): Promise<number> {
   report.durationS = (nowMs() - started) / 1000;
 
   process.stdout.write(textTable(rows) + '\n');
+  process.stdout.write(`\nTargets of issue 15 (ratios to peers in this run; "quiet run" bounds are absolute):\n${targetLines(checkTargets(rows))}\n`);
   const json = await writeJson(path.join(REPO, 'bench', 'results'), report);
   progress(`wrote ${path.relative(REPO, json)}`);
   if (!values['no-docs']) await writeDocs(report);
@@ -151,8 +154,13 @@ async function main(): Promise<number> {
 
 async function writeDocs(report: RunReport): Promise<void> {
   const extra = await readFile(path.join(REPO, 'bench', 'notes', 'where-the-time-goes.md'), 'utf8').catch(() => '');
-  await writeFile(path.join(REPO, 'docs', 'benchmarks.md'), markdown(report, extra));
-  progress('wrote docs/benchmarks.md');
+  // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
+  const charts = chartsOf(report);
+  const chartDir = path.join(REPO, 'docs', 'benchmarks');
+  await mkdir(chartDir, { recursive: true });
+  for (const c of charts) await writeFile(path.join(chartDir, c.file), c.svg);
+  await writeFile(path.join(REPO, 'docs', 'benchmarks.md'), markdown(report, extra, charts));
+  progress(`wrote docs/benchmarks.md and ${charts.length} charts in docs/benchmarks/`);
 }
 
 let code = 1;

@@ -3,7 +3,9 @@
 import { readFile, mkdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import type { Chart } from './charts.js';
 import { fmt } from './stats.js';
+import { checkTargets } from './targets.js';
 import type { Summary } from './stats.js';
 
 /** A DESIGN.md target next to a figure, and whether this run met it. */
@@ -31,6 +33,8 @@ export interface Row {
   note?: string;
   /** False when the peers' figure is not comparable (e.g. a capped count). */
   compare?: boolean;
+  /** How the figure moved along the run (creates/s per window as the node fills), for the charts. */
+  series?: { x: string; y: string; points: Array<[number, number]> };
 }
 
 /** Builds a latency row from a summary. */
@@ -141,7 +145,7 @@ export async function writeJson(dir: string, report: RunReport): Promise<string>
 const esc = (s: string): string => s.replace(/\|/g, '\\|');
 
 /** docs/benchmarks.md from a run; `extra` (markdown) is appended (the hand-written analysis). */
-export function markdown(report: RunReport, extra: string): string {
+export function markdown(report: RunReport, extra: string, charts: readonly Chart[] = []): string {
   const m = report.machine;
   const out: string[] = [];
   out.push('# Benchmarks');
@@ -162,6 +166,27 @@ export function markdown(report: RunReport, extra: string): string {
   out.push('');
   for (const n of report.notes) out.push(`- ${n}`);
   if (report.notes.length) out.push('');
+  out.push('## Targets of issue 15 (faster than crun)');
+  out.push('');
+  out.push('Each a ratio to a peer measured in this run, except the bounds marked "quiet run" (absolute figures,');
+  out.push('judged only on an idle machine). "not measured": the scenario did not run at that size in this run.');
+  out.push('');
+  out.push('| figure | target | this run | verdict |');
+  out.push('|---|---|---|---|');
+  for (const t of checkTargets(report.rows)) {
+    out.push(
+      `| ${esc(t.figure)} | ${esc(t.target)} | ${esc(t.measured)} | ${t.verdict === 'MET' ? 'MET' : t.verdict === 'MISSED' ? '**MISSED**' : 'not measured'} |`,
+    );
+  }
+  out.push('');
+  if (charts.length) {
+    out.push('## Charts');
+    out.push('');
+    for (const c of charts) {
+      out.push(`![${c.title}](benchmarks/${c.file})`);
+      out.push('');
+    }
+  }
   out.push('## Targets (DESIGN.md)');
   out.push('');
   out.push('| scenario | figure | this run | target | met |');

@@ -1,5 +1,6 @@
 // Function calls (the fncall backend): latency and rate of a trivial call and of `python3 -c`,
 // against a bubblewrap one-shot and `podman run --rm` of the same busybox rootfs.
+import { mustRun } from '../lib/peers.js';
 import { retryRateLimited } from '../lib/platform.js';
 import { latencyRow } from '../lib/report.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
@@ -106,13 +107,20 @@ export const fncallScenario: Scenario = {
     const py = (): Promise<unknown> => retryRateLimited(() => client.calls.run({ runtime: 'python3', code: 'print(1)' }));
     for (let i = 0; i < WARMUP; i++) await py();
     const pySamples: number[] = [];
+    const hostPySamples: number[] = [];
     for (let i = 0; i < 50; i++) {
       const t0 = nowMs();
       await py();
       pySamples.push(nowMs() - t0);
       await new Promise((r) => setTimeout(r, PACE_MS));
+      // The peer: a fresh host python3 process, alternating with the calls.
+      const t1 = nowMs();
+      await mustRun(['python3', '-c', 'print(1)']);
+      hostPySamples.push(nowMs() - t1);
+      await new Promise((r) => setTimeout(r, PACE_MS));
     }
     ctx.record(latencyRow('fncall', "python3 -c 'print(1)', paced", 'dsec', summarize(pySamples)));
+    ctx.record(latencyRow('fncall', "python3 -c 'print(1)', paced", 'host python3', summarize(hostPySamples)));
     ctx.record({
       scenario: 'fncall',
       metric: `python3 calls per second, ${RATE_CONCURRENCY} in flight`,

@@ -102,7 +102,7 @@ const ROUTES: Route[] = [
   {
     method: 'post',
     path: '/v1/sandboxes/{id}/exec',
-    summary: 'Run a command (ndjson stream with Accept: application/x-ndjson)',
+    summary: 'Run a command (ndjson stream with Accept: application/x-ndjson; binary frames with Accept: application/vnd.dsec.exec-frames)',
     body: api.ExecRequestSchema,
     reply: api.ExecReplySchema,
   },

@@ -363,3 +363,5 @@ export {
   RetentionConfigSchema,
 } from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
+export { EXEC_FRAMES_MEDIA_TYPE, ExecFrameDecoder, MAX_EXEC_FRAME_BYTES, encodeExecFrame, readExecFrames } from './exec-frames.js';
+export type { ExecStreamEvent } from './exec-frames.js';

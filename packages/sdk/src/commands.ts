@@ -1,6 +1,7 @@
 // sandbox.commands: run commands to completion, start them with a handle, find them again.
 import { DsecError, ExecRequestSchema, WsExecRequestSchema, invalidArgument } from '@dsec/protocol';
-import type { ExecEvent, ExecRequest } from '@dsec/protocol';
+import { EXEC_FRAMES_MEDIA_TYPE, readExecFrames } from '@dsec/protocol';
+import type { ExecEvent, ExecRequest, ExecStreamEvent } from '@dsec/protocol';
 import type { CallOptions } from './client.js';
 import { CommandExitError } from './errors.js';
 import { ExecHandle } from './exec-handle.js';
@@ -139,7 +140,7 @@ export class Commands {
   async #spawnNdjson(body: object, opts: OutputCallbacks & { signal?: AbortSignal }, timeoutMs: number, headersOnly = false): Promise<ExecHandle> {
     const { client, id } = this.#scope;
     const reply = await client.stream(
-      { method: 'POST', path: this.#scope.route('/exec'), body, accept: 'application/x-ndjson', timeoutMs: headersOnly ? timeoutMs : 0 },
+      { method: 'POST', path: this.#scope.route('/exec'), body, accept: EXEC_STREAM_ACCEPT, timeoutMs: headersOnly ? timeoutMs : 0 },
       defined({ signal: opts.signal }),
     );
     // For exec, the deadline covers the whole run: end the stream when it passes.
@@ -148,7 +149,7 @@ export class Commands {
         ? setTimeout(() => reply.body.destroy(new DsecError('TIMEOUT', `exec: no exit within ${timeoutMs} ms`)), timeoutMs)
         : undefined;
     reply.body.once('close', () => clearTimeout(timer));
-    const source = ndjsonSource(reply.body);
+    const source = streamSource(reply);
     const first = await source.iterator.next().catch((err: unknown) => {
       reply.body.destroy();
       throw opts.signal?.aborted ? opts.signal.reason : err;
@@ -192,11 +193,11 @@ export class Commands {
         method: 'GET',
         path: this.#scope.route(`/processes/${pid}/output`),
         query: { from: offsets.stdout, fromStderr: offsets.stderr },
-        accept: 'application/x-ndjson',
+        accept: EXEC_STREAM_ACCEPT,
       },
       defined({ signal }),
     );
-    return ndjsonSource(reply.body);
+    return streamSource(reply);
   }
 }
 
@@ -210,9 +211,22 @@ function describe(cmd: string | readonly string[]): string {
   return typeof cmd === 'string' ? cmd : cmd.join(' ');
 }
 
-/** An ndjson reply as an event source whose first events can be read ahead. */
-function ndjsonSource(body: NodeJS.ReadableStream & { destroy(err?: Error): void }): EventSource & { iterator: AsyncIterator<ExecEvent> } {
-  const iterator = readNdjson<ExecEvent>(body)[Symbol.asyncIterator]();
+/**
+ * What a streamed exec asks for: binary frames (output bytes as they are), else ndjson (a server
+ * that predates the frames answers ndjson; the reply's Content-Type says which came).
+ */
+const EXEC_STREAM_ACCEPT = `${EXEC_FRAMES_MEDIA_TYPE}, application/x-ndjson`;
+
+/** A streamed exec reply (binary frames or ndjson) as an event source whose first events can be read ahead. */
+function streamSource(reply: {
+  headers: Record<string, string | string[] | undefined>;
+  body: NodeJS.ReadableStream & { destroy(err?: Error): void };
+}): EventSource & { iterator: AsyncIterator<ExecEvent | ExecStreamEvent> } {
+  const type = reply.headers['content-type'];
+  const body = reply.body;
+  const iterator = (String(type ?? '').includes(EXEC_FRAMES_MEDIA_TYPE) ? readExecFrames(body as AsyncIterable<Buffer>) : readNdjson<ExecEvent>(body))[
+    Symbol.asyncIterator
+  ]();
   return {
     iterator,
     events: { [Symbol.asyncIterator]: () => iterator },

@@ -1,7 +1,7 @@
 // ExecHandle: a running process in a sandbox, its output as events, and its control.
 import { StringDecoder } from 'node:string_decoder';
 import { DsecError } from '@dsec/protocol';
-import type { ExecEvent } from '@dsec/protocol';
+import type { ExecEvent, ExecStreamEvent } from '@dsec/protocol';
 import { streamedError } from './layers.js';
 import { PushQueue } from './push-queue.js';
 import type { ExitInfo } from './types.js';
@@ -26,9 +26,9 @@ export interface OutputCallbacks {
   onStderr?: ((data: string) => void) | undefined;
 }
 
-/** A source of stream events that can be dropped. */
+/** A source of stream events that can be dropped: output as base64 (ndjson, WebSocket) or bytes (binary frames). */
 export interface EventSource {
-  events: AsyncIterable<ExecEvent>;
+  events: AsyncIterable<ExecEvent | ExecStreamEvent>;
   /** Drops the connection; the process keeps running. */
   close(): void;
 }
@@ -181,10 +181,10 @@ export class ExecHandle implements AsyncIterable<OutputEvent> {
   }
 
   /** Applies one event; returns the exit info on the exit event. */
-  #handle(ev: ExecEvent): ExitInfo | undefined {
+  #handle(ev: ExecEvent | ExecStreamEvent): ExitInfo | undefined {
     switch (ev.type) {
       case 'output': {
-        let data = Buffer.from(ev.data, 'base64');
+        let data = typeof ev.data === 'string' ? Buffer.from(ev.data, 'base64') : Buffer.from(ev.data.buffer, ev.data.byteOffset, ev.data.byteLength);
         let offset = ev.offset;
         const seen = this.#offsets[ev.stream];
         if (offset + data.length <= seen) return undefined; // already delivered (overlap after a reattach)

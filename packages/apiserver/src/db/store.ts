@@ -38,6 +38,32 @@ export interface SqliteDatabase {
   pragma(source: string): unknown;
 }
 
+/** Prepared statements kept per SQLite database (Kysely prepares every query it runs). */
+const STATEMENT_CACHE_SIZE = 512;
+
+/**
+ * The database with its prepared statements kept and reused by SQL text: Kysely's SQLite driver
+ * prepares each query again on every run, and compiling the SQL was the largest single cost of
+ * an exec through the API (perf, issue 15). A statement that is busy (iterating) is not shared.
+ */
+function withStatementCache(database: SqliteDatabase): SqliteDatabase {
+  const cache = new Map<string, { busy?: boolean }>();
+  return {
+    close: () => database.close(),
+    pragma: (source) => database.pragma(source),
+    prepare(sql) {
+      const hit = cache.get(sql);
+      if (hit && !hit.busy) return hit;
+      const stmt = database.prepare(sql) as { busy?: boolean };
+      if (!hit) {
+        if (cache.size >= STATEMENT_CACHE_SIZE) cache.delete(cache.keys().next().value!);
+        cache.set(sql, stmt);
+      }
+      return stmt;
+    },
+  };
+}
+
 /** What a sandbox reserves against its project's quota. */
 export interface Reservation {
   sandboxes: number;
@@ -131,7 +157,7 @@ export class StateStore {
     database.pragma('synchronous = FULL');
     database.pragma('foreign_keys = ON');
     database.pragma('busy_timeout = 5000');
-    return StateStore.open(new SqliteDialect({ database: database as never }));
+    return StateStore.open(new SqliteDialect({ database: withStatementCache(database) as never }));
   }
 
   async close(): Promise<void> {

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { EXEC_FRAMES_MEDIA_TYPE, ExecFrameDecoder } from '@dsec/protocol';
 import { Metrics } from '../metrics.js';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
@@ -80,6 +81,32 @@ describe('routing and validation through app.request() (fake node, real store)',
     assert.equal((await call('GET', `/v1/sandboxes/${id}/files?path=relative`)).json.error.field, 'query.path');
     assert.equal((await call('DELETE', `/v1/sandboxes/${id}`)).status, 204);
     assert.equal((await call('GET', `/v1/sandboxes/${id}`)).status, 404);
+  });
+
+  test('a streamed exec comes as binary frames when asked for first, as ndjson otherwise (old clients)', async () => {
+    const id = (await call('POST', '/v1/sandboxes', { image: { base: 'busybox' } })).json.id;
+    const stream = (accept: string) =>
+      app.request(`/v1/sandboxes/${id}/exec`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${h.adminKey}`, accept },
+        body: JSON.stringify({ argv: ['echo', 'bin'] }),
+      });
+    const framed = await stream(`${EXEC_FRAMES_MEDIA_TYPE}, application/x-ndjson`);
+    assert.equal(framed.headers.get('content-type'), EXEC_FRAMES_MEDIA_TYPE);
+    const decoder = new ExecFrameDecoder();
+    const events = decoder.push(new Uint8Array(await framed.arrayBuffer()));
+    decoder.end();
+    assert.deepEqual(
+      events.map((e) => e.type),
+      ['start', 'output', 'exit'],
+    );
+    const out = events[1];
+    assert.ok(out?.type === 'output' && out.data instanceof Uint8Array);
+    assert.equal(Buffer.from(out.data).toString(), 'echo bin\n');
+    const ndjson = await stream('application/x-ndjson');
+    assert.equal(ndjson.headers.get('content-type'), 'application/x-ndjson');
+    const line = (await ndjson.text()).split('\n').map((l) => (l ? (JSON.parse(l) as { type: string; data?: string }) : undefined))[1];
+    assert.equal(Buffer.from(line?.data ?? '', 'base64').toString(), 'echo bin\n');
   });
 
   test('an unexpected error is a generic 500: its message is logged, never sent', async () => {

@@ -1,5 +1,9 @@
 // ndjson responses: events pulled one at a time, so that a slow HTTP client back-pressures the
 // producer (a command's output) instead of filling the server's memory.
+import { EXEC_FRAMES_MEDIA_TYPE, encodeExecFrame } from '@dsec/protocol';
+import type { ExecStreamEvent } from '@dsec/protocol';
+import { jsonEvent } from '../services/commands.js';
+
 /** An ndjson HTTP response from events; a reader that leaves runs `onCancel`. */
 export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => void = () => undefined, status = 200): Response {
   const encoder = new TextEncoder();
@@ -16,6 +20,41 @@ export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => vo
     },
   });
   return new Response(body, { status, headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' } });
+}
+
+/**
+ * An exec's events as a binary frame stream (`application/vnd.dsec.exec-frames`): output bytes
+ * as they are. Pulled one event at a time, like the ndjson form.
+ */
+export function execFramesResponse(events: AsyncIterable<ExecStreamEvent>, onCancel: () => void = () => undefined, status = 200): Response {
+  const it = events[Symbol.asyncIterator]();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const next = await it.next();
+      if (next.done) controller.close();
+      else for (const piece of encodeExecFrame(next.value)) controller.enqueue(piece);
+    },
+    cancel() {
+      onCancel();
+      void it.return?.(undefined);
+    },
+  });
+  return new Response(body, { status, headers: { 'content-type': EXEC_FRAMES_MEDIA_TYPE, 'cache-control': 'no-store' } });
+}
+
+/** An exec's events in the form the client asked for: binary frames, or ndjson (base64 output). */
+export function execStreamResponse(accept: string | undefined, events: AsyncIterable<ExecStreamEvent>, onCancel: () => void = () => undefined): Response {
+  if (wantsExecFrames(accept)) return execFramesResponse(events, onCancel);
+  return ndjsonResponse(mapEvents(events, jsonEvent), onCancel);
+}
+
+/** True when an Accept header asks for the binary exec stream. */
+export function wantsExecFrames(accept: string | undefined): boolean {
+  return (accept ?? '').includes(EXEC_FRAMES_MEDIA_TYPE);
+}
+
+async function* mapEvents<T, U>(events: AsyncIterable<T>, fn: (ev: T) => U): AsyncGenerator<U> {
+  for await (const ev of events) yield fn(ev);
 }
 
 /** A queue of events written by a producer and read by one consumer as they come. */

@@ -8,6 +8,7 @@ import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema, parseOrThrow } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
+import { jsonEvent } from '../services/commands.js';
 import type { CommandTarget, RunningCommand } from '../services/commands.js';
 import type { Services } from '../services/index.js';
 import { publicError, toDsecError } from './errors.js';
@@ -117,7 +118,7 @@ function serve(
     return cmd;
   };
   const pump = async (cmd: RunningCommand): Promise<void> => {
-    for await (const ev of cmd.events()) await send(ev);
+    for await (const ev of cmd.events()) await send(jsonEvent(ev));
     ws.close(1000, 'exited');
   };
 }

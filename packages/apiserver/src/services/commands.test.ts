@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import type { ExecEvent } from '@dsec/protocol';
+import type { ExecStreamEvent } from '@dsec/protocol';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 
@@ -24,7 +24,7 @@ describe('recorded commands and files (fake node, real store)', () => {
     const { result } = await commands.exec(t, { cmd: 'echo one' });
     assert.equal(result.stdout, 'echo one\n');
     const running = await commands.spawn(t, { argv: ['echo', 'two'] }, 'stream');
-    const events: ExecEvent[] = [];
+    const events: ExecStreamEvent[] = [];
     for await (const ev of running.events()) events.push(ev);
     assert.deepEqual(
       events.map((e) => e.type),

@@ -3,7 +3,7 @@
 // trajectory step; streamed output is read with back-pressure, and a command whose reader
 // leaves keeps running while its recording reads on alone.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, ExecEvent, ExecResult, ExecSpec, OutputEvent, ProcessInfo, ProcessStream } from '@dsec/protocol';
+import type { EdgeClient, ExecEvent, ExecResult, ExecSpec, ExecStreamEvent, OutputEvent, ProcessInfo, ProcessStream } from '@dsec/protocol';
 import { publicError } from '../errors.js';
 import type { ActivityTracker } from '../leases.js';
 import type { ExecRecording, TrajectoryLog } from '../trajectory.js';
@@ -28,6 +28,18 @@ export function outputEvent(ev: OutputEvent): ExecEvent {
   return ev.kind === 'data'
     ? { type: 'output', stream: ev.stream, offset: ev.offset, data: Buffer.from(ev.data.buffer, ev.data.byteOffset, ev.data.byteLength).toString('base64') }
     : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
+}
+
+/** One output event as the binary stream sends it (bytes as they are). */
+function streamEvent(ev: OutputEvent): ExecStreamEvent {
+  return ev.kind === 'data'
+    ? { type: 'output', stream: ev.stream, offset: ev.offset, data: ev.data }
+    : { type: 'gap', stream: ev.stream, offset: ev.offset, bytes: ev.bytes };
+}
+
+/** An event in its JSON form (ndjson lines, WebSocket messages): output bytes as base64. */
+export function jsonEvent(ev: ExecStreamEvent): ExecEvent {
+  return ev.type === 'output' ? { ...ev, data: Buffer.from(ev.data.buffer, ev.data.byteOffset, ev.data.byteLength).toString('base64') } : ev;
 }
 
 /** A process the edge no longer knows (or never knew) is the API's PROCESS_NOT_FOUND. */
@@ -74,7 +86,7 @@ export class RunningCommand {
   }
 
   /** Start, output and exit (or an error) as API events; the sandbox is held active meanwhile. */
-  events(): AsyncGenerator<ExecEvent> {
+  events(): AsyncGenerator<ExecStreamEvent> {
     return heldEvents(this.activity, this.target.sandboxId, processEvents(this.process, true, this.recording));
   }
 
@@ -116,12 +128,12 @@ export class RunningCommand {
 }
 
 /** Events of a process stream: optional start, output, then exit (or an error event). */
-async function* processEvents(proc: ProcessStream, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecEvent> {
+async function* processEvents(proc: ProcessStream, withStart: boolean, tap?: StreamTap): AsyncGenerator<ExecStreamEvent> {
   if (withStart) yield { type: 'start', pid: proc.pid, osPid: proc.osPid };
   try {
     for await (const ev of proc) {
       tap?.onOutput(ev);
-      yield outputEvent(ev);
+      yield streamEvent(ev);
     }
     const exit = await proc.exited;
     tap?.exited(exit);
@@ -133,7 +145,7 @@ async function* processEvents(proc: ProcessStream, withStart: boolean, tap?: Str
 }
 
 /** A stream of events that holds its sandbox active (no idle timeout) until it ends. */
-async function* heldEvents(activity: ActivityTracker, id: string, events: AsyncGenerator<ExecEvent>): AsyncGenerator<ExecEvent> {
+async function* heldEvents(activity: ActivityTracker, id: string, events: AsyncGenerator<ExecStreamEvent>): AsyncGenerator<ExecStreamEvent> {
   const release = activity.hold(id);
   try {
     yield* events;
@@ -188,7 +200,7 @@ export class CommandService {
     pid: number,
     from: { stdout: number; stderr: number },
     signal?: AbortSignal,
-  ): Promise<{ events: AsyncGenerator<ExecEvent>; detach: () => void }> {
+  ): Promise<{ events: AsyncGenerator<ExecStreamEvent>; detach: () => void }> {
     const proc = await t.edge.attach(t.sandboxId, pid, from, { signal }).catch(processError(pid));
     return { events: heldEvents(this.activity, t.sandboxId, processEvents(proc, false)), detach: () => void proc.detach().catch(() => undefined) };
   }

@@ -368,6 +368,20 @@ export class Cgroups {
     return killed.size;
   }
 
+  /**
+   * Waits until a sandbox's cgroup has no process left (the kernel empties it as the killed
+   * processes exit); false when some are still there after `timeoutMs`.
+   */
+  async waitEmpty(id: string, timeoutMs: number): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    // Killed processes are usually gone within a few ms: poll every ms at first, then back off.
+    for (let poll = 0; ; poll++) {
+      if ((await this.procs(id)).length === 0) return true;
+      if (Date.now() >= deadline) return false;
+      await sleep(poll < 20 ? 1 : Math.min(2 ** (poll - 19), 20));
+    }
+  }
+
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
   async existing(id: string): Promise<string[]> {
     const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));

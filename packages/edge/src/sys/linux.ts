@@ -2,6 +2,7 @@
 // mount(2) is called directly because util-linux mount silently puts a loop device under a
 // file-backed EROFS image; the unix socket is made here so its fd can be inherited by crun;
 // mknod(2) and l*xattr(2) write overlayfs whiteouts without a child process per entry.
+import { readFileSync, writeSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { DsecError } from '@dsec/protocol';
 
@@ -37,6 +38,8 @@ const c = {
   statfs: libc.func('int statfs(const char *path, _Out_ uint8_t *buf)'),
   syscall: libc.func('long syscall(long number, ...)'),
   getxattr: libc.func('intptr_t getxattr(const char *path, const char *name, _Out_ uint8_t *value, size_t size)'),
+  memfdCreate: libc.func('int memfd_create(const char *name, unsigned int flags)'),
+  fcntl: libc.func('int fcntl(int fd, int cmd, ...)'),
 };
 
 const SYS_OPEN_TREE = 428;
@@ -140,6 +143,37 @@ export function idmappedBind(source: string, target: string, usernsFd: number): 
   }
 }
 
+const MFD_CLOEXEC = 1;
+const MFD_ALLOW_SEALING = 2;
+const F_ADD_SEALS = 1033;
+const F_GET_SEALS = 1034;
+/** F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE: what crun (and runc) call a safe copy. */
+export const EXEC_SEALS = 0x1 | 0x2 | 0x4 | 0x8;
+
+/**
+ * A sealed, close-on-exec memfd holding a copy of the executable `file` (no one can change it
+ * afterwards, not even through /proc/<pid>/exe), for exec through /proc/<pid>/fd/<fd>.
+ */
+export function sealedCopy(file: string): number {
+  const name = file.slice(file.lastIndexOf('/') + 1) || 'exe';
+  const fd = check(c.memfdCreate(name, MFD_CLOEXEC | MFD_ALLOW_SEALING), 'memfd_create', file);
+  try {
+    const bytes = readFileSync(file);
+    for (let done = 0; done < bytes.length;) done += writeSync(fd, bytes, done);
+    check(c.fcntl(fd, F_ADD_SEALS, 'int', EXEC_SEALS), 'fcntl(F_ADD_SEALS)', file);
+    return fd;
+  } catch (err) {
+    c.close(fd);
+    throw err;
+  }
+}
+
+/** The seals of a memfd (fcntl F_GET_SEALS), or undefined when `fd` is not one. */
+export function sealsOf(fd: number): number | undefined {
+  const seals = c.fcntl(fd, F_GET_SEALS);
+  return seals < 0 ? undefined : seals;
+}
+
 /** Closes a raw file descriptor. */
 export function closeFd(fd: number): void {
   c.close(fd);
@@ -210,6 +244,13 @@ export function lgetxattr(path: string, name: string): string | null {
     throw new SyscallError('lgetxattr', koffi.errno(), path);
   }
   return buf.subarray(0, n).toString();
+}
+
+const SYS_PIDFD_SEND_SIGNAL = 424;
+
+/** pidfd_send_signal(2): signals the process a pidfd refers to (no pid reuse race). */
+export function pidfdSendSignal(pidfd: number, signal: number): void {
+  check(c.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', signal, 'void *', null, 'uint', 0), 'pidfd_send_signal', `pidfd ${pidfd}`);
 }
 
 /** madvise(2) advice that reads pages back in (swap-in for anonymous memory, readahead for files). */

@@ -5,7 +5,7 @@ import type { ExecSpec } from '@dsec/protocol';
 import { commandSummary } from '@dsec/watcher';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { ndjsonResponse } from '../streams.js';
+import { execStreamResponse, wantsExecFrames } from '../streams.js';
 import type { AuditExec } from '../audit.js';
 import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
 
@@ -23,13 +23,13 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
       const spec: ExecSpec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
       const audit: AuditExec = { command: commandSummary(req), exitCode: null };
       c.set('auditExec', audit);
-      if (wantsNdjson(c)) {
+      if (wantsNdjson(c) || wantsExecFrames(c.req.header('accept'))) {
         const cmd = await commands.spawn(t, spec, 'stream');
         metrics.execs++;
         // The audit entry gets the exit status when the stream ends (null if it ends first).
         audit.exitCode = cmd.exitCode;
         // A reader that leaves early leaves the command running: the recording reads on alone.
-        return ndjsonResponse(cmd.events(), () => void cmd.leave());
+        return execStreamResponse(c.req.header('accept'), cmd.events(), () => void cmd.leave());
       }
       // A client that goes away takes its command with it.
       const start = performance.now();
@@ -46,7 +46,7 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
       const q = c.get('query');
       const out = await commands.output(t, pidParam(c), { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 }, c.req.raw.signal);
-      return ndjsonResponse(out.events, out.detach);
+      return execStreamResponse(c.req.header('accept'), out.events, out.detach);
     })
     .post('/sandboxes/:id/processes/:pid/stdin', async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'));

@@ -27,7 +27,7 @@ import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
-import { Crun } from './crun.js';
+import { Crun, processStartTime } from './crun.js';
 
 /** What the container backend needs from the layer store. */
 export interface LayerMounter {
@@ -393,9 +393,13 @@ export class ContainerBackend implements Backend {
   private async teardown(id: string, digests: string[], idRange?: IdRange): Promise<void> {
     const p = this.paths(id);
     this.dropAgent(id);
-    const res = await this.crun.run(['delete', '--force', id]);
-    if (res.code !== 0 && (await this.crun.status(id)) !== undefined) {
-      throw new DsecError('BACKEND_FAILED', `destroy ${id}: ${res.stderr.trim()}`, { sandboxId: id });
+    if (!(await this.crun.end(id, this.o.cgroups))) {
+      // Something outlived the kill (or its cgroup cannot go): crun's own delete, as before.
+      const res = await this.crun.run(['delete', '--force', id]);
+      if (res.code !== 0 && (await this.crun.status(id)) !== undefined) {
+        throw new DsecError('BACKEND_FAILED', `destroy ${id}: ${res.stderr.trim()}`, { sandboxId: id });
+      }
+      await this.o.cgroups.killAll(id);
     }
     for (const m of await mountsUnder(p.dir)) umount(m, MNT.DETACH);
     await this.unmountWritable(p.rw);
@@ -514,20 +518,13 @@ export class ContainerBackend implements Backend {
    * file; the start time guards against a reused PID.
    */
   async netnsPath(id: string): Promise<string> {
-    let state: { pid?: number; 'process-start-time'?: number };
-    try {
-      state = JSON.parse(await readFile(path.join(this.o.crunRoot, id, 'status'), 'utf8')) as typeof state;
-    } catch {
-      throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no running container`, { sandboxId: id });
-    }
-    const pid = state.pid;
-    const stat = pid ? await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '') : '';
-    // Field 22 (start time) counts from after the command name, which may hold spaces.
-    const startTime = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
-    if (!pid || !stat || (state['process-start-time'] !== undefined && startTime !== state['process-start-time'])) {
+    const init = await this.crun.initProcess(id);
+    if (!init) throw new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} has no running container`, { sandboxId: id });
+    const startTime = processStartTime(init.pid);
+    if (startTime === undefined || (init.startTime !== undefined && startTime !== init.startTime)) {
       throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is not running`, { sandboxId: id });
     }
-    return `/proc/${pid}/ns/net`;
+    return `/proc/${init.pid}/ns/net`;
   }
 
   async close(): Promise<void> {

@@ -336,7 +336,9 @@ export class FnCallRunner implements EdgeCalls {
 
   /** Kills every process of a sandbox and removes its cgroups and files. */
   private async destroySandbox(id: string): Promise<void> {
-    await this.crun.run(['delete', '--force', id]).catch(() => undefined);
+    // Without a crun process when the kill empties its cgroup (Crun.end), else crun's delete.
+    const ended = await this.crun.end(id, this.o.cgroups).catch(() => false);
+    if (!ended) await this.crun.run(['delete', '--force', id]).catch(() => undefined);
     await this.o.cgroups.remove(id);
     await rm(path.join(this.sandboxesDir, id), { recursive: true, force: true });
   }

@@ -1,0 +1,104 @@
+// The charts of a run, drawn from its rows: latency distributions side by side with the peers,
+// throughput side by side, creates per second as the node fills, memory per sandbox.
+import type { Row, RunReport } from './report.js';
+import { barChart, lineChart } from './svg.js';
+import type { BarGroup } from './svg.js';
+
+/** One chart: its file name (beside docs/benchmarks.md, under benchmarks/), title and SVG text. */
+export interface Chart {
+  file: string;
+  title: string;
+  svg: string;
+}
+
+/** Latency figures drawn side by side (scenario, metric). */
+const LATENCIES: Array<[string, string | RegExp]> = [
+  ['create', 'create to first exec, concurrency 1'],
+  ['create', 'create to first exec, concurrency 8'],
+  ['create', 'destroy'],
+  ['exec', 'exec round trip (true)'],
+  ['fncall', 'trivial call, paced'],
+  ['fncall', "python3 -c 'print(1)', paced"],
+];
+/** Rates drawn side by side. */
+const RATES: Array<[string, string | RegExp]> = [
+  ['stream', /^stdout of /],
+  ['fncall', /^trivial calls per second/],
+  ['exec', /^exec throughput/],
+];
+
+const matches = (r: Row, scenario: string, metric: string | RegExp): boolean =>
+  r.scenario === scenario && (typeof metric === 'string' ? r.metric === metric : metric.test(r.metric));
+
+function groups(rows: readonly Row[], figures: Array<[string, string | RegExp]>): BarGroup[] {
+  const out: BarGroup[] = [];
+  for (const [scenario, metric] of figures) {
+    const of = rows.filter((r) => matches(r, scenario, metric) && (r.p50 ?? r.value) !== undefined);
+    if (of.length === 0) continue;
+    out.push({
+      label: `${scenario}: ${of[0]!.metric}${of[0]!.p50 === undefined ? ` (${of[0]!.unit})` : ''}`,
+      bars: of.map((r) => ({ label: r.system, value: (r.p50 ?? r.value)!, p90: r.p90, p99: r.p99 })),
+    });
+  }
+  return out;
+}
+
+/** The charts this run's rows allow (a scenario not run draws nothing). */
+export function chartsOf(report: RunReport): Chart[] {
+  const charts: Chart[] = [];
+  const latency = groups(report.rows, LATENCIES);
+  if (latency.length)
+    charts.push({
+      file: 'latency.svg',
+      title: 'Latency, dsec and its peers',
+      svg: barChart({ title: 'Latency, dsec and its peers', unit: 'ms', groups: latency }),
+    });
+  const rates = groups(report.rows, RATES);
+  if (rates.length)
+    charts.push({
+      file: 'throughput.svg',
+      title: 'Throughput, dsec and its peers',
+      svg: barChart({ title: 'Throughput, dsec and its peers', unit: 'per s', groups: rates, higherIsBetter: true }),
+    });
+  const fill = report.rows.find((r) => r.scenario === 'sustained' && r.series);
+  const probes = report.rows.filter((r) => r.scenario === 'density' && /^create at \d+% fill$/.test(r.metric) && r.p50 !== undefined);
+  if (fill?.series) {
+    charts.push({
+      file: 'creates-as-the-node-fills.svg',
+      title: 'Creates per second as the node fills',
+      svg: lineChart({
+        title: `Creates per second as the node fills (${fill.metric})`,
+        xLabel: fill.series.x,
+        yLabel: fill.series.y,
+        series: [{ label: 'dsec', points: fill.series.points }],
+      }),
+    });
+  }
+  if (probes.length) {
+    const systems = [...new Set(probes.map((r) => r.system))];
+    charts.push({
+      file: 'create-latency-as-the-node-fills.svg',
+      title: 'Create latency as the node fills',
+      svg: lineChart({
+        title: 'Create latency (p50) as the node fills',
+        xLabel: 'fill (% of the density target)',
+        yLabel: 'ms',
+        series: systems.map((s) => ({
+          label: s,
+          points: probes.filter((r) => r.system === s).map((r) => [Number(/(\d+)%/.exec(r.metric)![1]), r.p50!] as [number, number]),
+        })),
+      }),
+    });
+  }
+  const memory = groups(report.rows, [
+    ['density', 'host memory per sandbox (MemAvailable delta)'],
+    ['density', 'host memory per sandbox beyond its cgroups'],
+  ]);
+  if (memory.length)
+    charts.push({
+      file: 'memory-per-sandbox.svg',
+      title: 'Memory per idle sandbox',
+      svg: barChart({ title: 'Memory per idle sandbox', unit: 'MiB', groups: memory }),
+    });
+  return charts;
+}
