@@ -10,7 +10,7 @@ import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError, edgeThroughWire } from '@dsec/protocol';
-import type { EdgeWireMode, EventSink, NodeGarbageReport } from '@dsec/protocol';
+import type { EdgeWireMode, EventSink, LayerRegistryConfig, NodeGarbageReport, RegistryEndpointConfig } from '@dsec/protocol';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
@@ -64,6 +64,10 @@ export interface PlatformOptions {
   userNamespaces?: boolean;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
+  /** The OCI registry the node keeps its layers in (EdgeOptions.registry). */
+  registry?: LayerRegistryConfig;
+  /** Registries images may be pulled from (EdgeOptions.pullFrom). */
+  pullFrom?: RegistryEndpointConfig[];
   /** Also sees every event the control plane raises (owner.lost, lease.exceeded): for tests. */
   observeEvents?: EventSink;
   /**
@@ -122,6 +126,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
     ...(opts.network ? { network: opts.network } : {}),
+    ...(opts.registry ? { registry: opts.registry } : {}),
+    ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),
     ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
   });
   const sqlite = new Database(path.join(home, 'dsec.db'));
