@@ -8,7 +8,7 @@ import Database from 'better-sqlite3';
 import { Edge } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire } from '@dsec/protocol';
-import type { EdgeWireMode } from '@dsec/protocol';
+import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlaneOptions } from './control-plane.js';
 import { PUBLIC_PROJECT_ID, StateStore } from './db/store.js';
@@ -42,6 +42,10 @@ export interface PlatformOptions extends ControlPlaneOptions {
   userNamespaces?: boolean;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
+  /** The OCI registry the node keeps its layers in (EdgeOptions.registry). */
+  registry?: LayerRegistryConfig;
+  /** Registries images may be pulled from (EdgeOptions.pullFrom). */
+  pullFrom?: RegistryEndpointConfig[];
   /**
    * How the control plane reaches the in-process edge: directly (`off`, the default) or through
    * the edge wire protocol over a loopback transport (`loopback`: every call, stream and event
@@ -93,6 +97,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
     ...(opts.network ? { network: opts.network } : {}),
+    ...(opts.registry ? { registry: opts.registry } : {}),
+    ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),
     ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
   });
   const closers: Array<() => Promise<void> | void> = [() => edge.close()];

@@ -214,6 +214,8 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.userNamespaces !== undefined ? { userNamespaces: node.userNamespaces } : {}),
     ...(node.zramSwapMiB ? { zramSwapMiB: node.zramSwapMiB } : {}),
     ...(node.network !== undefined ? { network: node.network } : {}),
+    ...(node.registry !== undefined ? { registry: node.registry } : {}),
+    ...(node.pullFrom !== undefined ? { pullFrom: node.pullFrom } : {}),
     ...(config.edgeWire !== undefined ? { edgeWire: config.edgeWire } : {}),
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),

@@ -1,5 +1,5 @@
 // What a node is opened with, what it is made of, and the results of its own calls.
-import type { EdgeExecOptions, SandboxSpec } from '@dsec/protocol';
+import type { EdgeExecOptions, LayerRegistryConfig, RegistryEndpointConfig, SandboxSpec } from '@dsec/protocol';
 import type { Backend, BackendFactory, BackendPauseResult, BackendResumeResult } from './backend.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
@@ -34,6 +34,10 @@ export interface EdgeOptions {
   zramSwapMiB?: number;
   /** Sandbox networking: address pool, static hosts, resolvers, proxy limits. */
   network?: NetworkOptions;
+  /** The OCI registry the node pushes its layers to and pulls missing ones from. Default none. */
+  registry?: LayerRegistryConfig;
+  /** Registries images may be pulled from (`dsec image pull`). Default none. */
+  pullFrom?: RegistryEndpointConfig[];
   /**
    * Runs each container sandbox in a user namespace of its own (root inside is an unprivileged
    * host uid from a range of 65,536 ids). Default true (the default container backend).

@@ -225,7 +225,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (this.sandboxes.size + this.creating.size >= this.maxSandboxes) {
       throw new DsecError('CAPACITY_EXHAUSTED', `node ${this.nodeName} is full (${this.maxSandboxes} sandboxes)`, { retryAfterMs: 1000 });
     }
-    const layers = await resolveSpecLayers(this.layers, spec);
+    const layers = await resolveSpecLayers(this.layers, spec, opts.signal);
     const network = spec.network?.mode === 'allowlist' ? spec.network : undefined;
     if (network && !backend.network) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
     this.creating.add(id);

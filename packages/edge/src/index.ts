@@ -44,7 +44,7 @@ export { ZramSwap, ZRAM_MARKER_DIR, MAX_ZRAM_SWAP_MIB } from './host/swap.js';
 export type { ZramSwapOptions } from './host/swap.js';
 export { DEFAULT_ID_RANGE, checkIdShift, withShiftedView } from './host/idmap.js';
 export type { IdShift } from './host/idmap.js';
-export { LayerStore } from './layers/index.js';
+export { LayerRegistry, LayerStore, layerTag, parseImageRef, RegistryClient } from './layers/index.js';
 export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError, idmappedBind } from './sys/linux.js';
 export { FnCallRunner, MAX_CONCURRENT_CALLS } from './backends/fncall/runner.js';

@@ -5,7 +5,7 @@ import { access, mkdir } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { DsecError, invalidArgument } from '@dsec/protocol';
-import type { BackendKind, EventSink, NodeGarbageReport } from '@dsec/protocol';
+import type { BackendKind, EventSink, LayerRegistryConfig, NodeGarbageReport, RegistryEndpointConfig } from '@dsec/protocol';
 import type { Backend, BackendHost, GarbageOptions } from './backend.js';
 import { fncallRunner } from './backends/fncall/index.js';
 import { defaultBackends } from './backends/index.js';
@@ -14,20 +14,33 @@ import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
 import { LayerStore } from './layers/index.js';
+import { LayerRegistry } from './layers/remote.js';
 import { NodeNetwork } from './net/network.js';
 
 /** Longest node name: sandbox ids are `<node>-<16 hex>` and must stay short (crun ids, socket paths). */
 const MAX_NODE_NAME = 40;
 
 /** Prepares the host of a node at `home` (made 0700); events of backends go to `raise`. */
-export async function prepareHost(opts: { home: string; agentBinary: string; cgroupParent: string; raise: EventSink }): Promise<BackendHost> {
+export async function prepareHost(opts: {
+  home: string;
+  agentBinary: string;
+  cgroupParent: string;
+  raise: EventSink;
+  registry?: LayerRegistryConfig | undefined;
+  pullFrom?: RegistryEndpointConfig[] | undefined;
+}): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
   });
   await mkdir(opts.home, { recursive: true, mode: 0o700 });
   const mode = await detectCgroupMode();
   const runtimeNs = await prepareRuntimeNamespace(opts.home, mode);
-  const layers = new LayerStore({ root: path.join(opts.home, 'layers') });
+  const layers = new LayerStore({
+    root: path.join(opts.home, 'layers'),
+    registry: opts.registry && new LayerRegistry(opts.registry),
+    cacheMaxBytes: opts.registry?.cacheMaxBytes,
+    pullFrom: opts.pullFrom,
+  });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);
   return { home: opts.home, runDir: runDirFor(opts.home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: opts.raise };
@@ -78,7 +91,14 @@ export function nodeNameOf(name: string): string {
  */
 export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<EdgeParts> {
   const home = path.resolve(opts.home ?? '/var/lib/dsec');
-  const host = await prepareHost({ home, agentBinary: opts.agentBinary, cgroupParent: opts.cgroupParent ?? 'dsec', raise });
+  const host = await prepareHost({
+    home,
+    agentBinary: opts.agentBinary,
+    cgroupParent: opts.cgroupParent ?? 'dsec',
+    raise,
+    registry: opts.registry,
+    pullFrom: opts.pullFrom,
+  });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);
   const helpers = path.dirname(path.resolve(opts.agentBinary));

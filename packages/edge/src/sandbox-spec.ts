@@ -19,12 +19,15 @@ export function checkSandboxId(id: string): void {
   if (!ID_RE.test(id)) throw invalidArgument('id', 'must be 3-63 characters of a-z, 0-9 and -');
 }
 
-/** The layers a spec names, its image's first, then its snapshots; a layer that does not resolve names its field. */
-export async function resolveSpecLayers(store: Pick<LayerStore, 'resolve'>, spec: SandboxSpec): Promise<LayerInfo[]> {
+/**
+ * The layers a spec names, its image's first, then its snapshots, pulled from the node's
+ * registry where the node lacks them; a layer that does not resolve names its field.
+ */
+export async function resolveSpecLayers(store: Pick<LayerStore, 'fetch'>, spec: SandboxSpec, signal?: AbortSignal): Promise<LayerInfo[]> {
   const layers: LayerInfo[] = [];
   const refs = [...imageLayers(spec.image), ...(spec.snapshots ?? []).map((ref, i) => ({ field: `snapshots.${i}`, ref }))];
   for (const { field, ref } of refs) {
-    const layer = await store.resolve(ref).catch((err: unknown) => {
+    const layer = await store.fetch(ref, signal).catch((err: unknown) => {
       if (err instanceof DsecError) err.details.field = field;
       throw err;
     });

@@ -66,6 +66,25 @@ export const NetworkConfigSchema = z.strictObject({
   mirrors: MirrorsConfigSchema.optional(),
 });
 
+/** An OCI distribution registry and the credentials to use there. */
+export const RegistryEndpointConfigSchema = z.strictObject({
+  /** `http://host:port` or `https://host`. */
+  url: z.url({ error: 'not a URL', protocol: /^https?$/ }),
+  username: z.string().min(1, { error: 'empty user name' }).optional(),
+  password: z.string().optional(),
+});
+
+/** The registry a node keeps its layers in (the edge's `LayerRegistryOptions`). */
+export const LayerRegistryConfigSchema = RegistryEndpointConfigSchema.extend({
+  /** Repository of the layers (edge default `DEFAULT_LAYER_REPOSITORY`). */
+  repository: z
+    .string()
+    .regex(/^[a-z0-9]+([._-][a-z0-9]+)*(\/[a-z0-9]+([._-][a-z0-9]+)*)*$/, { error: 'not a repository name' })
+    .optional(),
+  /** Bytes of layers the node keeps; past it, unused layers the registry holds are removed (LRU). Default no bound. */
+  cacheMaxBytes: positiveInt.optional(),
+});
+
 /** The settings of one node: what a node joining from elsewhere is handed. */
 export const NodeConfigSchema = z.strictObject({
   /** Host path of the static chronus binary. Default: the one built in the checkout. */
@@ -76,6 +95,10 @@ export const NodeConfigSchema = z.strictObject({
   zramSwapMiB: nonNegativeInt.optional(),
   /** Sandbox networking. */
   network: NetworkConfigSchema.optional(),
+  /** Layers pushed to and pulled from an OCI registry. Default none (layers live on the node only). */
+  registry: LayerRegistryConfigSchema.optional(),
+  /** Registries `dsec image pull` may fetch images from. Default none. */
+  pullFrom: z.array(RegistryEndpointConfigSchema).max(64, { error: 'more than 64 registries' }).optional(),
 });
 
 /** Retention of a table: newest `maxRows` rows, none older than `maxAgeMs`. */
@@ -161,6 +184,10 @@ export type DsecConfigInput = z.input<typeof DsecConfigSchema>;
 export type NodeConfig = z.output<typeof NodeConfigSchema>;
 /** Sandbox networking of a node. */
 export type NetworkConfig = z.output<typeof NetworkConfigSchema>;
+/** A registry and its credentials. */
+export type RegistryEndpointConfig = z.output<typeof RegistryEndpointConfigSchema>;
+/** The registry a node keeps its layers in. */
+export type LayerRegistryConfig = z.output<typeof LayerRegistryConfigSchema>;
 
 /** A configuration that failed validation: `key` is the dotted path (`node.network.pool`). */
 export interface ConfigIssue {

@@ -100,7 +100,9 @@ export type LayerBuildSource =
   /** An OCI image archive (`docker save` / `skopeo copy oci-archive:`). */
   | { type: 'oci-archive'; stream: AsyncIterable<Uint8Array> }
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
-  | { type: 'busybox' };
+  | { type: 'busybox' }
+  /** An image in one of the registries the node pulls from (`node.pullFrom`). */
+  | { type: 'image'; ref: string };
 
 /** Options of {@link EdgeLayers.build}. */
 export interface LayerBuildOptions {

@@ -33,14 +33,16 @@ export {
   BuildableLayerKindSchema,
   DebianLayerRequestSchema,
   imageLayers,
+  ImageRefSchema,
   ImageSpecSchema,
   LayerInfoSchema,
   LayerKindSchema,
   LayerRefSchema,
   LayerSchema,
+  PullLayerRequestSchema,
   UploadLayerQuerySchema,
 } from './layers.js';
-export type { BuildableLayerKind, DebianLayerRequest, ImageSpec, Layer, LayerInfo, LayerKind, UploadLayerQuery } from './layers.js';
+export type { BuildableLayerKind, DebianLayerRequest, ImageSpec, Layer, LayerInfo, LayerKind, PullLayerRequest, UploadLayerQuery } from './layers.js';
 export {
   CreateOwnerRequestSchema,
   DEFAULT_OWNER_GRACE_MS,
@@ -356,12 +358,14 @@ export {
   DEFAULT_DSEC_HOME,
   DsecConfigSchema,
   HostPortSchema,
+  LayerRegistryConfigSchema,
   MirrorsConfigSchema,
   NetworkConfigSchema,
   NodeConfigSchema,
   ProxyLimitsConfigSchema,
+  RegistryEndpointConfigSchema,
   RetentionConfigSchema,
 } from './config.js';
-export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
+export type { ConfigIssue, DsecConfig, DsecConfigInput, LayerRegistryConfig, NetworkConfig, NodeConfig, RegistryEndpointConfig } from './config.js';
 export { EXEC_FRAMES_MEDIA_TYPE, ExecFrameDecoder, MAX_EXEC_FRAME_BYTES, encodeExecFrame, readExecFrames } from './exec-frames.js';
 export type { ExecStreamEvent } from './exec-frames.js';

@@ -68,6 +68,22 @@ export const DebianLayerRequestSchema = z.strictObject({
 /** POST /v1/layers/debian body. */
 export type DebianLayerRequest = z.infer<typeof DebianLayerRequestSchema>;
 
+/** An image in a registry: `host[:port]/repository[:tag]` or `...@sha256:<hex>`. */
+export const ImageRefSchema = z
+  .string()
+  .min(3)
+  .max(512)
+  .regex(/^[^\s/]+\/[^\s]+$/, 'not an image reference (host[:port]/repository[:tag|@sha256:<hex>])');
+
+/** POST /v1/layers/pull: an OCI or Docker image imported from a registry the node may pull from, squashed into one layer. */
+export const PullLayerRequestSchema = z.strictObject({
+  ref: ImageRefSchema,
+  kind: BuildableLayerKindSchema.default('base'),
+  name: z.string().max(256).optional(),
+});
+/** POST /v1/layers/pull body. */
+export type PullLayerRequest = z.infer<typeof PullLayerRequestSchema>;
+
 /** A layer as the API returns it. */
 export const LayerSchema = z.object({
   digest: z.string(),

@@ -1,7 +1,17 @@
-// Image layers: upload a tar or OCI image, build from Debian packages, list, remove.
+// Image layers: upload a tar or OCI image, build from Debian packages, pull from a registry, list,
+// remove.
 import { Readable } from 'node:stream';
-import { DebianLayerRequestSchema, DsecError, ERROR_STATUS, LayerKindSchema, LayerRefSchema, UploadLayerQuerySchema } from '@dsec/protocol';
+import {
+  DebianLayerRequestSchema,
+  DsecError,
+  ERROR_STATUS,
+  LayerKindSchema,
+  LayerRefSchema,
+  PullLayerRequestSchema,
+  UploadLayerQuerySchema,
+} from '@dsec/protocol';
 import type { ErrorCode } from '@dsec/protocol';
+import type { z } from 'zod';
 import type { CallOptions, DsecClient } from './client.js';
 import { readNdjson } from './ndjson.js';
 import { packDir } from './tar.js';
@@ -19,6 +29,9 @@ export interface DebianBuildOptions extends CallOptions {
   /** Called with each progress line of the build (mmdebstrap's). */
   onProgress?: (message: string) => void;
 }
+
+/** What {@link LayersApi.pull} takes: `kind` defaults to `base`. */
+export type PullLayerInput = z.input<typeof PullLayerRequestSchema>;
 
 /** Image layers of the caller's project, plus the public ones. */
 export class LayersApi {
@@ -57,11 +70,20 @@ export class LayersApi {
 
   /** Builds a layer from Debian packages with mmdebstrap on the server, streaming its progress. */
   async buildDebian(req: DebianLayerRequest, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
-    const body = validate(DebianLayerRequestSchema, req);
-    const reply = await this.client.stream(
-      { method: 'POST', path: '/v1/layers/debian', body, accept: 'application/x-ndjson', timeoutMs: opts.requestTimeoutMs ?? 0 },
-      opts,
-    );
+    return this.longBuild('/v1/layers/debian', validate(DebianLayerRequestSchema, req), 'debian build', opts);
+  }
+
+  /**
+   * Imports an OCI or Docker image from a registry the node may pull from (`host/repo:tag` or
+   * `host/repo@sha256:...`), squashed into one layer (kind `base` unless given), streaming progress.
+   */
+  async pull(req: PullLayerInput, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
+    return this.longBuild('/v1/layers/pull', validate(PullLayerRequestSchema, req), 'image pull', opts);
+  }
+
+  /** A build that streams its progress as ndjson lines and ends with the layer (or an error). */
+  private async longBuild(path: string, body: object, what: string, opts: DebianBuildOptions): Promise<LayerInfo> {
+    const reply = await this.client.stream({ method: 'POST', path, body, accept: 'application/x-ndjson', timeoutMs: opts.requestTimeoutMs ?? 0 }, opts);
     if (!(reply.headers['content-type'] ?? '').includes('ndjson')) {
       const chunks: Buffer[] = [];
       for await (const c of reply.body) chunks.push(c as Buffer);
@@ -75,7 +97,7 @@ export class LayersApi {
         return line.layer;
       } else if (line.type === 'error') throw streamedError(line.error);
     }
-    throw new DsecError('UNAVAILABLE', 'debian build: the stream ended without a layer');
+    throw new DsecError('UNAVAILABLE', `${what}: the stream ended without a layer`);
   }
 
   /** Lists the project's layers and the public ones, optionally of one kind. */

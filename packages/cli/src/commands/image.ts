@@ -1,4 +1,4 @@
-// dsec image build | ls | rm: image layers.
+// dsec image build | pull | ls | rm: image layers.
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import type { Command } from 'commander';
@@ -88,6 +88,23 @@ export function registerImage(program: Command): void {
         else process.stdout.write(`${layer.digest}\n`);
       },
     );
+
+  image
+    .command('pull')
+    .description('import an image from a registry the node pulls from (node.pullFrom), squashed into one layer')
+    .argument('<ref>', 'host[:port]/repository[:tag] or host[:port]/repository@sha256:...')
+    .option('--name <name>', 'name[:tag] to give the layer')
+    .option('--kind <kind>', 'base, workspace or toolkit', 'base')
+    .option('--json', 'print the layer as JSON')
+    .action(async (ref: string, flags: { name?: string; kind: string; json?: boolean }, cmd: Command) => {
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const layer = await client.layers.pull(
+        { ref, kind: flags.kind as Exclude<LayerKind, 'snapshot'>, ...(flags.name !== undefined ? { name: flags.name } : {}) },
+        { onProgress: (message) => process.stderr.write(`${message}\n`) },
+      );
+      if (flags.json) printJson(layer);
+      else process.stdout.write(`${layer.digest}\n`);
+    });
 
   image
     .command('ls')

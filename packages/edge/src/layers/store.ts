@@ -2,7 +2,7 @@
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, writeFile } from 'node:fs/promises';
+import { access, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -15,12 +15,17 @@ import { withShiftedView } from '../host/idmap.js';
 import type { IdShift } from '../host/idmap.js';
 import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs, snapshotUuid } from './erofs.js';
 import { digestHex } from './names.js';
+import { pullImage } from './image-pull.js';
 import { importOci } from './oci.js';
+import type { RegistryEndpoint } from './registry.js';
+import type { LayerRegistry } from './remote.js';
 import { TarExtractor } from './tar-extract.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
 
 /** How long an unused layer stays mounted after its last release. */
 export const DEFAULT_UNMOUNT_LINGER_MS = 10_000;
+/** How long a layer just used is safe from eviction. */
+const DEFAULT_EVICT_GRACE_MS = 60_000;
 
 /** Options of {@link LayerStore}. */
 export interface LayerStoreOptions {
@@ -32,6 +37,23 @@ export interface LayerStoreOptions {
   tarLimits?: Partial<TarLimits>;
   /** Milliseconds an unreferenced layer stays mounted; default 10 s, 0 unmounts at once. */
   unmountLingerMs?: number;
+  /**
+   * The registry the node keeps its layers in: every layer is pushed there before it is
+   * committed, and a layer asked for by digest that the node lacks is pulled from there.
+   */
+  registry?: LayerRegistry | undefined;
+  /**
+   * Bytes of layers kept on the node when a registry holds them all: past it, the layers no
+   * sandbox uses and no name points at are removed, least recently used first. Default none.
+   */
+  cacheMaxBytes?: number | undefined;
+  /**
+   * A layer used (built, pulled or mounted) this recently is never evicted, so that a pulled
+   * layer is still there when the create that pulled it mounts it. Default 60 s.
+   */
+  evictGraceMs?: number | undefined;
+  /** Registries `image` sources may name (the operator's `node.pullFrom`); default none. */
+  pullFrom?: readonly RegistryEndpoint[] | undefined;
 }
 
 /** Where a layer's files come from. */
@@ -43,6 +65,8 @@ export type LayerSource =
   | { type: 'oci-archive'; stream: AsyncIterable<Uint8Array> }
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
   | { type: 'busybox' }
+  /** An OCI or Docker image in one of the registries of {@link LayerStoreOptions.pullFrom}, squashed. */
+  | { type: 'image'; ref: string }
   /**
    * A sandbox's overlay upper directory ("pack diff"), packed as it is: whiteouts (char 0:0)
    * and opaque directories stay, so the layer stacks over `parents` (its digests, bottom first,
@@ -80,6 +104,8 @@ const META_FILE = 'meta.erofs';
 const BLOB_FILE = 'data.blob';
 const INFO_FILE = 'layer.json';
 const NAMES_FILE = 'names.json';
+/** Present in a layer's directory once the registry holds the layer (so it may be evicted). */
+const IN_REGISTRY_FILE = 'in-registry';
 const EBUSY = 16;
 
 /** Content-addressed EROFS layers on one node: build, name, mount, collect. */
@@ -96,6 +122,10 @@ export class LayerStore {
   private readonly refs = new Map<string, number>();
   private readonly mounted = new Set<string>();
   private readonly lingering = new Map<string, NodeJS.Timeout>();
+  /** Layers the registry holds; hex -> last use (ms since the epoch), for eviction. */
+  private readonly evictable = new Map<string, number>();
+  /** Pulls in progress, so that many creates needing one layer pull it once. */
+  private readonly pulls = new Map<string, Promise<LayerInfo>>();
   private initialized: Promise<void> | undefined;
   private chain: Promise<unknown> = Promise.resolve();
 
@@ -132,6 +162,8 @@ export class LayerStore {
       }
       const { names: _names, ...stored } = info;
       this.layers.set(hex, stored);
+      const marker = await stat(join(dir, IN_REGISTRY_FILE)).catch(() => null);
+      if (marker !== null) this.evictable.set(hex, marker.mtimeMs);
     }
     const names = await readFile(join(this.root, NAMES_FILE), 'utf8')
       .then((t) => JSON.parse(t) as Record<string, string>)
@@ -212,6 +244,14 @@ export class LayerStore {
           await mkdir(tree);
           await buildBusyboxTree(tree);
           break;
+        case 'image': {
+          const layout = join(work, 'image');
+          progress(`pulling ${source.ref}`);
+          await pullImage(source.ref, layout, { registries: this.opts.pullFrom ?? [], signal, onProgress: progress });
+          await mkdir(tree);
+          await importOci(layout, tree, { workDir: work, limits, signal, onProgress: progress });
+          break;
+        }
         default:
           throw new DsecError('INVALID_ARGUMENT', `source.type: unknown layer source ${(source as { type: string }).type}`, { field: 'source.type' });
       }
@@ -240,7 +280,14 @@ export class LayerStore {
         files,
         createdAt: new Date().toISOString(),
       };
+      const registry = this.opts.registry;
+      if (registry !== undefined && !this.evictable.has(digest.slice('sha256:'.length))) {
+        progress(`pushing ${digest} to ${registry.client.url}`);
+        await registry.push({ meta: join(out, META_FILE), blob: join(out, BLOB_FILE) }, layer, signal);
+        await writeFile(join(out, IN_REGISTRY_FILE), '');
+      }
       const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
+      await this.evict();
       progress(`layer ${digest}`);
       return info;
     } finally {
@@ -260,6 +307,7 @@ export class LayerStore {
       await writeFile(join(out, INFO_FILE), JSON.stringify({ ...layer, names: [] }, null, 2));
       await rename(out, join(this.blobsDir, hex));
       this.layers.set(hex, layer);
+      if (await exists(join(this.blobsDir, hex, IN_REGISTRY_FILE))) this.evictable.set(hex, Date.now());
     }
     if (name !== undefined) {
       this.names.set(name, hex);
@@ -272,6 +320,65 @@ export class LayerStore {
   async resolve(ref: string): Promise<LayerInfo> {
     await this.init();
     return this.info(this.hexOf(ref));
+  }
+
+  /**
+   * Like {@link resolve}, but a digest the node does not hold is pulled from the registry (once,
+   * however many callers ask at the same time). A create calls this; listings call resolve.
+   */
+  async fetch(ref: string, signal?: AbortSignal): Promise<LayerInfo> {
+    await this.init();
+    const hex = digestHex(ref);
+    const registry = this.opts.registry;
+    if (hex === null || registry === undefined || this.layers.has(hex)) return this.resolve(ref);
+    let pull = this.pulls.get(hex);
+    if (pull === undefined) {
+      pull = this.pull(registry, hex, signal).finally(() => this.pulls.delete(hex));
+      this.pulls.set(hex, pull);
+    }
+    return pull;
+  }
+
+  private async pull(registry: LayerRegistry, hex: string, signal?: AbortSignal): Promise<LayerInfo> {
+    const work = await mkdtemp(join(this.tmpDir, 'pull-'));
+    try {
+      const out = join(work, 'out');
+      await mkdir(out);
+      const files = { meta: join(out, META_FILE), blob: join(out, BLOB_FILE) };
+      const record = await registry.pull(`sha256:${hex}`, files, signal);
+      const [meta, blob] = await Promise.all([stat(files.meta), stat(files.blob)]);
+      await writeFile(join(out, IN_REGISTRY_FILE), '');
+      const layer: StoredLayer = { ...record, labels: { ...record.labels }, metaBytes: meta.size, blobBytes: blob.size };
+      const info = await this.locked(() => this.commit(out, layer, undefined, undefined));
+      await this.evict();
+      return info;
+    } finally {
+      await safeRemove(work);
+    }
+  }
+
+  /**
+   * Removes layers the registry holds, that no sandbox uses and no name points at, least
+   * recently used first, until the node's layers fit {@link LayerStoreOptions.cacheMaxBytes}.
+   */
+  private async evict(): Promise<void> {
+    const max = this.opts.cacheMaxBytes;
+    if (max === undefined) return;
+    await this.locked(async () => {
+      let total = 0;
+      for (const l of this.layers.values()) total += l.metaBytes + l.blobBytes;
+      const named = new Set(this.names.values());
+      const recent = Date.now() - (this.opts.evictGraceMs ?? DEFAULT_EVICT_GRACE_MS);
+      const candidates = [...this.evictable].sort((a, b) => a[1] - b[1]);
+      for (const [hex, lastUse] of candidates) {
+        if (total <= max || lastUse > recent) break;
+        const layer = this.layers.get(hex);
+        if (layer === undefined || named.has(hex) || (this.refs.get(hex) ?? 0) > 0 || this.pulls.has(hex)) continue;
+        if (!this.tryUnmount(hex)) continue;
+        await this.deleteLayer(hex);
+        total -= layer.metaBytes + layer.blobBytes;
+      }
+    });
   }
 
   /** All layers, oldest first, optionally of one kind. */
@@ -339,6 +446,12 @@ export class LayerStore {
         this.mounted.add(hex);
       }
       this.refs.set(hex, (this.refs.get(hex) ?? 0) + 1);
+      if (this.evictable.has(hex)) {
+        const now = Date.now();
+        this.evictable.set(hex, now);
+        // The marker's mtime carries the last use across edge restarts.
+        await utimes(join(this.blobsDir, hex, IN_REGISTRY_FILE), now / 1000, now / 1000).catch(() => undefined);
+      }
       return target;
     });
   }
@@ -481,6 +594,7 @@ export class LayerStore {
     const doomed = join(this.tmpDir, `delete-${hex}-${randomBytes(4).toString('hex')}`);
     await rename(join(this.blobsDir, hex), doomed);
     this.layers.delete(hex);
+    this.evictable.delete(hex);
     await rm(doomed, { recursive: true, force: true });
     await rmdir(join(this.mntDir, hex)).catch(() => undefined);
   }
@@ -501,6 +615,13 @@ export class LayerStore {
     this.chain = run.catch(() => undefined);
     return run;
   }
+}
+
+async function exists(path: string): Promise<boolean> {
+  return access(path).then(
+    () => true,
+    () => false,
+  );
 }
 
 async function atomicWrite(path: string, text: string): Promise<void> {

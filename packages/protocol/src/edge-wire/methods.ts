@@ -5,7 +5,7 @@
 import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
-import { DebianLayerRequestSchema } from '../layers.js';
+import { DebianLayerRequestSchema, ImageRefSchema } from '../layers.js';
 import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
@@ -61,6 +61,7 @@ const BuildSourceSchema = z.discriminatedUnion('type', [
     variant: z.enum(['minbase', 'apt']).optional(),
   }),
   z.strictObject({ type: z.literal('busybox') }),
+  z.strictObject({ type: z.literal('image'), ref: ImageRefSchema }),
 ]);
 const BuildOptionsSchema = z.strictObject({ kind: BuildableLayerKindSchema, name: z.string().min(1).max(256).optional(), labels: LabelsSchema.optional() });
 

@@ -1,14 +1,28 @@
-// /v1/layers: upload (a layer tar or an OCI image archive), Debian builds (JSON, or ndjson with
-// progress), list, get, delete.
-import { DebianLayerRequestSchema, LayerKindSchema, UploadLayerQuerySchema, parseOrThrow } from '@dsec/protocol';
+// /v1/layers: upload (a layer tar or an OCI image archive), Debian builds and image pulls (JSON,
+// or ndjson with progress), list, get, delete.
+import type { Context } from 'hono';
+import { DebianLayerRequestSchema, LayerKindSchema, PullLayerRequestSchema, UploadLayerQuerySchema, parseOrThrow } from '@dsec/protocol';
+import type { BuildableLayerKind, LayerBuildSource } from '@dsec/protocol';
 import { router } from '../env.js';
-import type { RouterDeps } from '../env.js';
+import type { Env, RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
 import { AsyncQueue, ndjsonResponse } from '../streams.js';
 import { jsonBody, query, uploadBody, wantsNdjson } from '../validate.js';
 
 /** Layers. */
 export function layerRoutes({ services: { layers }, log }: RouterDeps) {
+  /** A long build (Debian, image pull): the layer as JSON, or with `Accept: application/x-ndjson` its progress lines first. */
+  const buildResponse = async <E extends Env>(c: Context<E>, source: LayerBuildSource, kind: BuildableLayerKind, name: string | undefined) => {
+    const p = c.get('principal');
+    const build = (onProgress: (m: string) => void) => layers.build(p, source, { kind, onProgress, signal: c.req.raw.signal }, name ?? null);
+    if (!wantsNdjson(c)) return c.json(await build(() => undefined), 201);
+    const events = new AsyncQueue<object>();
+    build((message) => events.push({ type: 'progress', message }))
+      .then((layer) => events.push({ type: 'layer', layer }))
+      .catch((err: unknown) => events.push({ type: 'error', error: publicError(err, log) }))
+      .finally(() => events.end());
+    return ndjsonResponse(events, () => undefined, 201);
+  };
   return router()
     .post('/layers', query(UploadLayerQuerySchema), async (c) => {
       const q = c.get('query');
@@ -17,17 +31,13 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       return c.json(await layers.build(c.get('principal'), source, { kind: q.kind }, q.name ?? null), 201);
     })
     .post('/layers/debian', jsonBody(DebianLayerRequestSchema), async (c) => {
-      const p = c.get('principal');
       const req = c.get('body');
       const source = { type: 'debian' as const, packages: req.packages, ...(req.suite ? { suite: req.suite } : {}) };
-      const build = (onProgress: (m: string) => void) => layers.build(p, source, { kind: req.kind, onProgress, signal: c.req.raw.signal }, req.name ?? null);
-      if (!wantsNdjson(c)) return c.json(await build(() => undefined), 201);
-      const events = new AsyncQueue<object>();
-      build((message) => events.push({ type: 'progress', message }))
-        .then((layer) => events.push({ type: 'layer', layer }))
-        .catch((err: unknown) => events.push({ type: 'error', error: publicError(err, log) }))
-        .finally(() => events.end());
-      return ndjsonResponse(events, () => undefined, 201);
+      return buildResponse(c, source, req.kind, req.name);
+    })
+    .post('/layers/pull', jsonBody(PullLayerRequestSchema), async (c) => {
+      const req = c.get('body');
+      return buildResponse(c, { type: 'image', ref: req.ref }, req.kind, req.name);
     })
     .get('/layers', async (c) => {
       const kind = c.req.query('kind');

@@ -6,7 +6,15 @@ import { createHash, randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { DEFAULT_CALL_MEMORY_MIB, DEFAULT_CALL_OUTPUT_LIMIT_BYTES, DEFAULT_CALL_TIMEOUT_MS, DsecError, forEachBounded, invalidArgument } from '@dsec/protocol';
+import {
+  DEFAULT_CALL_MEMORY_MIB,
+  DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
+  DEFAULT_CALL_TIMEOUT_MS,
+  DsecError,
+  forEachBounded,
+  imageLayers,
+  invalidArgument,
+} from '@dsec/protocol';
 import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit } from '../../chronus/client.js';
@@ -169,13 +177,10 @@ export class FnCallRunner implements EdgeCalls {
     if (spec.runtime !== undefined) return [await this.runtimeLayer(spec.runtime)];
     const image = spec.image;
     if (!image) throw invalidArgument('runtime', 'give exactly one of runtime or image');
-    const refs: Array<[string, string]> = [['image.base', image.base]];
-    if (image.workspace) refs.push(['image.workspace', image.workspace]);
-    (image.toolkits ?? []).forEach((t, i) => refs.push([`image.toolkits.${i}`, t]));
     const out: LayerInfo[] = [];
-    for (const [field, ref] of refs) {
+    for (const { field, ref } of imageLayers(image)) {
       out.push(
-        await this.o.layers.resolve(ref).catch((err: unknown) => {
+        await this.o.layers.fetch(ref).catch((err: unknown) => {
           if (err instanceof DsecError) err.details.field = field;
           throw err;
         }),

@@ -1,0 +1,143 @@
+// A node's layers in an OCI registry. One dsec layer is one OCI artifact in the configured
+// repository, tagged `sha256-<hex>` after the layer's digest: its config blob is the layer's
+// record (kind, sizes, labels), its two blobs the EROFS metadata image and the data blob, so
+// any registry that speaks the distribution API stores them, deduplicates them and serves them
+// by range. A node pushes every layer before it commits it, and pulls by digest a layer it does
+// not hold.
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { z } from 'zod';
+import { DsecError, LayerKindSchema } from '@dsec/protocol';
+import type { LayerInfo } from '@dsec/protocol';
+import { layerDigest } from './erofs.js';
+import { RegistryClient } from './registry.js';
+import type { RegistryEndpoint } from './registry.js';
+
+/** The registry a node keeps its layers in. */
+export interface LayerRegistryOptions extends RegistryEndpoint {
+  /** Repository of the layers; default {@link DEFAULT_LAYER_REPOSITORY}. */
+  repository?: string | undefined;
+}
+
+/** Repository of a node's layers when none is configured. */
+export const DEFAULT_LAYER_REPOSITORY = 'dsec/layers';
+
+export const MANIFEST_TYPE = 'application/vnd.oci.image.manifest.v1+json';
+export const LAYER_ARTIFACT_TYPE = 'application/vnd.dsec.layer.v1';
+const CONFIG_TYPE = 'application/vnd.dsec.layer.config.v1+json';
+const META_TYPE = 'application/vnd.dsec.erofs.meta.v1';
+const BLOB_TYPE = 'application/vnd.dsec.erofs.blob.v1';
+/** Largest metadata image or data blob pulled (a layer's content is bounded when it is built). */
+const MAX_BLOB_BYTES = 64 * 1024 ** 3;
+const MAX_CONFIG_BYTES = 1024 * 1024;
+
+const DescriptorSchema = z.object({ mediaType: z.string(), digest: z.string().regex(/^sha256:[0-9a-f]{64}$/), size: z.number().int().nonnegative() });
+const LayerManifestSchema = z.object({
+  schemaVersion: z.literal(2),
+  config: DescriptorSchema.extend({ mediaType: z.literal(CONFIG_TYPE) }),
+  layers: z.tuple([DescriptorSchema.extend({ mediaType: z.literal(META_TYPE) }), DescriptorSchema.extend({ mediaType: z.literal(BLOB_TYPE) })]),
+});
+const LayerRecordSchema = z.object({
+  digest: z.string(),
+  kind: LayerKindSchema,
+  labels: z.record(z.string(), z.string()),
+  contentBytes: z.number().int().nonnegative(),
+  files: z.number().int().nonnegative(),
+  createdAt: z.string(),
+});
+
+/** A layer's record as stored in the registry (what {@link LayerInfo} says beyond names and sizes). */
+export type LayerRecord = z.infer<typeof LayerRecordSchema>;
+
+/** Files of a layer: its EROFS metadata image and data blob. */
+export interface LayerFiles {
+  meta: string;
+  blob: string;
+}
+
+/** sha256 and size of a file. */
+async function describe(path: string, mediaType: string): Promise<z.infer<typeof DescriptorSchema>> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return { mediaType, digest: `sha256:${hash.digest('hex')}`, size: (await stat(path)).size };
+}
+
+/** The tag of a layer in the repository. */
+export function layerTag(digest: string): string {
+  return digest.replace(':', '-');
+}
+
+/** Layers of a node in a registry. */
+export class LayerRegistry {
+  readonly client: RegistryClient;
+  readonly repository: string;
+
+  constructor(opts: LayerRegistryOptions) {
+    this.client = new RegistryClient(opts);
+    this.repository = opts.repository ?? DEFAULT_LAYER_REPOSITORY;
+  }
+
+  /** Whether the registry holds the layer. */
+  async has(digest: string, signal?: AbortSignal): Promise<boolean> {
+    return (await this.client.manifest(this.repository, layerTag(digest), [MANIFEST_TYPE], signal)) !== undefined;
+  }
+
+  /** Pushes a layer's blobs, then its manifest (so the tag never names missing blobs). */
+  async push(files: LayerFiles, layer: Omit<LayerInfo, 'names'>, signal?: AbortSignal): Promise<void> {
+    const repo = this.repository;
+    const record: LayerRecord = {
+      digest: layer.digest,
+      kind: layer.kind,
+      labels: layer.labels,
+      contentBytes: layer.contentBytes,
+      files: layer.files,
+      createdAt: layer.createdAt,
+    };
+    const configBody = Buffer.from(JSON.stringify(record));
+    const [meta, blob] = await Promise.all([describe(files.meta, META_TYPE), describe(files.blob, BLOB_TYPE)]);
+    const config = { mediaType: CONFIG_TYPE, digest: `sha256:${createHash('sha256').update(configBody).digest('hex')}`, size: configBody.length };
+    await this.client.pushBlob(repo, meta.digest, files.meta, meta.size, signal);
+    await this.client.pushBlob(repo, blob.digest, files.blob, blob.size, signal);
+    const configFile = `${files.meta}.config.json`;
+    await writeFile(configFile, configBody);
+    await this.client.pushBlob(repo, config.digest, configFile, config.size, signal);
+    await rm(configFile, { force: true });
+    const manifest = {
+      schemaVersion: 2,
+      mediaType: MANIFEST_TYPE,
+      artifactType: LAYER_ARTIFACT_TYPE,
+      config,
+      layers: [meta, blob],
+      annotations: { 'dev.dsec.layer.digest': layer.digest },
+    };
+    await this.client.putManifest(repo, layerTag(layer.digest), MANIFEST_TYPE, Buffer.from(JSON.stringify(manifest)), signal);
+  }
+
+  /**
+   * Pulls the layer `digest` into `dir` (as `files` names it there) and checks that the files
+   * are the layer (their digest is the one asked for). LAYER_NOT_FOUND when the registry has no
+   * such layer; UNAVAILABLE when it cannot be reached.
+   */
+  async pull(digest: string, files: LayerFiles, signal?: AbortSignal): Promise<LayerRecord> {
+    const repo = this.repository;
+    const fetched = await this.client.manifest(repo, layerTag(digest), [MANIFEST_TYPE], signal);
+    if (fetched === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer ${digest} on this node or in registry ${this.client.url}`, { layer: digest });
+    const parsed = LayerManifestSchema.safeParse(JSON.parse(fetched.body.toString('utf8')));
+    if (!parsed.success) throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: ${layerTag(digest)} is not a dsec layer`, { layer: digest });
+    const [meta, blob] = parsed.data.layers;
+    const configFile = `${files.meta}.config.json`;
+    await this.client.pullBlob(repo, parsed.data.config.digest, configFile, MAX_CONFIG_BYTES, signal);
+    const record = LayerRecordSchema.safeParse(JSON.parse(await readFile(configFile, 'utf8')));
+    await rm(configFile, { force: true });
+    if (!record.success || record.data.digest !== digest) {
+      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the record of ${layerTag(digest)} is not that layer's`, { layer: digest });
+    }
+    await this.client.pullBlob(repo, meta.digest, files.meta, Math.min(meta.size, MAX_BLOB_BYTES), signal);
+    await this.client.pullBlob(repo, blob.digest, files.blob, Math.min(blob.size, MAX_BLOB_BYTES), signal);
+    if ((await layerDigest(files.meta, files.blob)) !== digest) {
+      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the files of ${layerTag(digest)} are not that layer`, { layer: digest });
+    }
+    return record.data;
+  }
+}
