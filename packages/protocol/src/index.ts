@@ -72,6 +72,7 @@ export {
   MAX_SNAPSHOT_DEPTH,
   PauseResultSchema,
   ProtectSchema,
+  RecoverySchema,
   ResumeRequestSchema,
   SandboxClaimSchema,
   SandboxPathSchema,
@@ -96,6 +97,7 @@ export type {
   ListSandboxesQuery,
   PauseResult,
   Protect,
+  Recovery,
   ResumeRequest,
   Sandbox,
   SandboxClaim,
@@ -363,3 +365,22 @@ export {
   RetentionConfigSchema,
 } from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
+// Nodes of a cluster (issue 16): the admin API, joining and the edge wire's transport.
+export {
+  DEFAULT_JOIN_TOKEN_TTL_MS,
+  DEFAULT_NODE_LOST_AFTER_MS,
+  DEFAULT_NODE_UNREACHABLE_AFTER_MS,
+  DrainRequestSchema,
+  DrainResultSchema,
+  JoinTokenRequestSchema,
+  JoinTokenSchema,
+  NODE_JOIN_PATHS,
+  NodeDetailSchema,
+  NodeJoinRequestSchema,
+  NodeJoinResponseSchema,
+  NodeStateSchema,
+  parseJoinToken,
+} from './nodes.js';
+export type { DrainRequest, DrainResult, JoinToken, JoinTokenParts, JoinTokenRequest, NodeDetail, NodeJoinRequest, NodeJoinResponse, NodeState } from './nodes.js';
+export { lineTransport } from './edge-wire/line-transport.js';
+export type { ByteDuplex } from './edge-wire/line-transport.js';

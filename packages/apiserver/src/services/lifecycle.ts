@@ -348,7 +348,9 @@ export class LifecycleService {
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
     }
     const node = nodes.get(row.node);
-    if (node) {
+    // A lost sandbox on a node that is not back: nothing to reach; the node's reconcile
+    // destroys it there if it ever returns.
+    if (node && !(from === 'lost' && node.state !== 'ready')) {
       try {
         await node.client.destroy(row.id);
       } catch (err) {

@@ -1,0 +1,130 @@
+// The cluster CA: a key and certificate that `dsec` makes on first start under
+// `$DSEC_HOME/cluster/` (openssl, EC P-256), the control plane's own server certificate for the
+// node port, and the node certificates it signs at join. Replicas sharing the directory share
+// the CA. The CA key never leaves the control plane; a node's key never leaves the node.
+import { execFile } from 'node:child_process';
+import { X509Certificate, createHash, randomBytes } from 'node:crypto';
+import { access, chmod, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { DsecError, invalidArgument } from '@dsec/protocol';
+
+const run = promisify(execFile);
+
+/** The name in the control plane's server certificate; edges check it instead of an address. */
+export const CONTROL_PLANE_TLS_NAME = 'dsec-control-plane';
+/** Lifetime of the CA. */
+const CA_DAYS = 3650;
+/** Lifetime of a node's and of the server's certificate. */
+const CERT_DAYS = 825;
+
+/** Runs openssl; its stderr becomes the error's message. */
+export async function openssl(args: string[], cwd?: string): Promise<string> {
+  try {
+    const { stdout } = await run('openssl', args, { cwd, maxBuffer: 1 << 20 });
+    return stdout;
+  } catch (err) {
+    const e = err as { stderr?: string; message: string };
+    throw new DsecError('INTERNAL', `openssl ${args[0]}: ${(e.stderr ?? e.message).trim().split('\n')[0]}`);
+  }
+}
+
+/** Hex SHA-256 of a PEM certificate's DER bytes (what a join token carries). */
+export function certSha256(pem: string): string {
+  return createHash('sha256').update(new X509Certificate(pem).raw).digest('hex');
+}
+
+/** Makes a P-256 key (PKCS#8 PEM) at `keyPath`, mode 0600. */
+export async function makeKey(keyPath: string): Promise<void> {
+  await openssl(['genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', keyPath]);
+}
+
+/** A PEM CSR for `keyPath` with common name `cn`. */
+export async function makeCsr(keyPath: string, cn: string): Promise<string> {
+  return openssl(['req', '-new', '-key', keyPath, '-subj', `/CN=${cn}`]);
+}
+
+/** The cluster CA and the node port's server certificate. */
+export class ClusterCa {
+  private constructor(
+    readonly dir: string,
+    /** CA certificate (PEM). */
+    readonly caPem: string,
+    /** Server key and certificate of the node port (PEM). */
+    readonly serverKeyPem: string,
+    readonly serverCertPem: string,
+  ) {}
+
+  /** Hex SHA-256 of the CA certificate. */
+  get caSha256(): string {
+    return certSha256(this.caPem);
+  }
+
+  /** Opens the CA in `dir` (made 0700), making the CA and the server certificate on first use. */
+  static async open(dir: string): Promise<ClusterCa> {
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const p = (f: string): string => path.join(dir, f);
+    if (!(await exists(p('ca.crt')))) {
+      await makeKey(p('ca.key.tmp'));
+      await openssl(['req', '-x509', '-new', '-key', p('ca.key.tmp'), '-days', String(CA_DAYS), '-subj', '/CN=dsec cluster CA', '-out', p('ca.crt.tmp')]);
+      await chmod(p('ca.key.tmp'), 0o600);
+      await rename(p('ca.key.tmp'), p('ca.key'));
+      await rename(p('ca.crt.tmp'), p('ca.crt'));
+    }
+    if (!(await exists(p('server.crt')))) {
+      await makeKey(p('server.key'));
+      const csr = await makeCsr(p('server.key'), CONTROL_PLANE_TLS_NAME);
+      const cert = await signCsr(dir, csr, CONTROL_PLANE_TLS_NAME, 'serverAuth', [`DNS:${CONTROL_PLANE_TLS_NAME}`]);
+      await writeFile(p('server.crt'), cert, { mode: 0o600 });
+    }
+    return new ClusterCa(dir, await readFile(p('ca.crt'), 'utf8'), await readFile(p('server.key'), 'utf8'), await readFile(p('server.crt'), 'utf8'));
+  }
+
+  /** Signs a node's CSR as a client certificate for `name` (the CSR's common name must be `name`). */
+  async signNode(csrPem: string, name: string): Promise<string> {
+    return signCsr(this.dir, csrPem, name, 'clientAuth', []);
+  }
+}
+
+async function signCsr(dir: string, csrPem: string, name: string, usage: 'clientAuth' | 'serverAuth', san: string[]): Promise<string> {
+  const work = await mkdtemp(path.join(tmpdir(), 'dsec-csr-'));
+  try {
+    await writeFile(path.join(work, 'req.csr'), csrPem);
+    const subject = await openssl(['req', '-in', 'req.csr', '-noout', '-verify', '-subject', '-nameopt', 'RFC2253'], work).catch(() => {
+      throw invalidArgument('csr', 'not a valid certificate signing request');
+    });
+    if (subject.trim() !== `subject=CN=${name}`) throw invalidArgument('csr', `the request's subject must be CN=${name}`);
+    const ext = [`extendedKeyUsage=${usage}`, 'basicConstraints=critical,CA:FALSE', 'keyUsage=critical,digitalSignature'];
+    if (san.length) ext.push(`subjectAltName=${san.join(',')}`);
+    await writeFile(path.join(work, 'ext.cnf'), ext.join('\n') + '\n');
+    return await openssl(
+      [
+        'x509',
+        '-req',
+        '-in',
+        'req.csr',
+        '-CA',
+        path.join(dir, 'ca.crt'),
+        '-CAkey',
+        path.join(dir, 'ca.key'),
+        '-set_serial',
+        `0x${randomBytes(16).toString('hex')}`,
+        '-days',
+        String(CERT_DAYS),
+        '-extfile',
+        'ext.cnf',
+      ],
+      work,
+    );
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+async function exists(p: string): Promise<boolean> {
+  return access(p).then(
+    () => true,
+    () => false,
+  );
+}
