@@ -25,7 +25,7 @@ export interface NodeEntry extends NodeView {
 /** What a remote node's session brings. */
 export interface NodeSessionInfo {
   address: string | null;
-  version: number;
+  version: number | null;
   joinedAt: string | null;
   cordoned: boolean;
 }

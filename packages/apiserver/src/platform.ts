@@ -21,6 +21,7 @@ import { Metrics } from './metrics.js';
 import { WatchService } from './watch.js';
 import type { WatchServiceOptions } from './watch.js';
 import { commandSummary } from '@dsec/watcher';
+import { NodePort } from './cluster/node-port.js';
 import { NodeRegistry } from './nodes.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
@@ -72,12 +73,20 @@ export interface PlatformOptions {
    * encoded and decoded, as a remote edge's would be; the end-to-end suite runs once so).
    */
   edgeWire?: EdgeWireMode;
+  /**
+   * Nodes on other machines: the node port (`nodeAddr`, mutual TLS with the cluster CA under
+   * `<home>/cluster/`) and how long a node may be silent before it is unreachable, then lost.
+   * Default: no node port.
+   */
+  cluster?: { nodeAddr?: string; unreachableAfterMs?: number; lostAfterMs?: number };
 }
 
 /** A running platform. */
 export interface Platform {
   /** Base URL of the API. */
   url: string;
+  /** `https://host:port` of the node port, when there is one. */
+  nodeUrl?: string;
   /** The first admin key: set only on the first start (it is printed once). */
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
@@ -158,6 +167,25 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     });
     closers.unshift(() => services.trajectory.close());
     await services.lifecycle.loadAllocations();
+    // Nodes on other machines join here; each member is unreachable until its session opens.
+    let nodePort: NodePort | undefined;
+    if (opts.cluster?.nodeAddr) {
+      const at = parseAddr(opts.cluster.nodeAddr);
+      nodePort = await NodePort.start({
+        host: at.host,
+        port: at.port,
+        caDir: path.join(home, 'cluster'),
+        nodes,
+        nodeAdmin: services.nodeAdmin,
+        raise: watch.events.ingest,
+        log,
+        ...(opts.cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: opts.cluster.unreachableAfterMs } : {}),
+        ...(opts.cluster.lostAfterMs !== undefined ? { lostAfterMs: opts.cluster.lostAfterMs } : {}),
+      });
+      services.nodeAdmin.membership = nodePort;
+      const port = nodePort;
+      closers.unshift(() => port.close());
+    }
     // This process is the only apiserver: a key still pending belongs to a request that died
     // with the previous one.
     await store.dropPendingIdempotencyKeys(new Date().toISOString());
@@ -273,6 +301,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     let closed = false;
     const platform: Platform = {
       url,
+      ...(nodePort ? { nodeUrl: nodePort.url } : {}),
       ...(adminKey ? { adminKey } : {}),
       adminKeyFile,
       edge,

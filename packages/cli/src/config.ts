@@ -25,6 +25,7 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
+  { name: 'DSEC_NODE_ADDR', key: 'cluster.nodeAddr', kind: 'string' },
 ];
 
 /** The variable naming the configuration file when `--config` is not given. */
@@ -40,6 +41,7 @@ export interface ConfigFlags {
   zramSwap?: number;
   networkPool?: string;
   nameserver?: string[];
+  nodeAddr?: string;
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -51,6 +53,7 @@ const FLAG_KEYS: ReadonlyArray<{ flag: keyof ConfigFlags; option: string; key: s
   { flag: 'zramSwap', option: '--zram-swap', key: 'node.zramSwapMiB' },
   { flag: 'networkPool', option: '--network-pool', key: 'node.network.pool' },
   { flag: 'nameserver', option: '--nameserver', key: 'node.network.nameservers' },
+  { flag: 'nodeAddr', option: '--node-addr', key: 'cluster.nodeAddr' },
 ];
 
 /** Where the configuration comes from. */
@@ -200,7 +203,7 @@ function defined<T>(value: T): Defined<T> {
 
 /** What `startPlatform` is given for a configuration (everything but the log). */
 export function platformOptions(config: DsecConfig): PlatformOptions {
-  const { node, placement, watcher, trajectory, events } = defined(config);
+  const { node, placement, watcher, trajectory, events, cluster } = defined(config);
   const opts: PlatformOptions = {
     home: config.home,
     addr: config.addr,
@@ -214,6 +217,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
+    ...(cluster.nodeAddr !== undefined ? { cluster } : {}),
   };
   return opts;
 }

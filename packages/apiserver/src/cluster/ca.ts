@@ -2,48 +2,17 @@
 // `$DSEC_HOME/cluster/` (openssl, EC P-256), the control plane's own server certificate for the
 // node port, and the node certificates it signs at join. Replicas sharing the directory share
 // the CA. The CA key never leaves the control plane; a node's key never leaves the node.
-import { execFile } from 'node:child_process';
-import { X509Certificate, createHash, randomBytes } from 'node:crypto';
-import { access, chmod, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { access, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { promisify } from 'node:util';
-import { DsecError, invalidArgument } from '@dsec/protocol';
+import { CONTROL_PLANE_TLS_NAME, certSha256, makeCsr, makeKey, openssl } from '@dsec/edge';
+import { invalidArgument } from '@dsec/protocol';
 
-const run = promisify(execFile);
-
-/** The name in the control plane's server certificate; edges check it instead of an address. */
-export const CONTROL_PLANE_TLS_NAME = 'dsec-control-plane';
 /** Lifetime of the CA. */
 const CA_DAYS = 3650;
 /** Lifetime of a node's and of the server's certificate. */
 const CERT_DAYS = 825;
-
-/** Runs openssl; its stderr becomes the error's message. */
-export async function openssl(args: string[], cwd?: string): Promise<string> {
-  try {
-    const { stdout } = await run('openssl', args, { cwd, maxBuffer: 1 << 20 });
-    return stdout;
-  } catch (err) {
-    const e = err as { stderr?: string; message: string };
-    throw new DsecError('INTERNAL', `openssl ${args[0]}: ${(e.stderr ?? e.message).trim().split('\n')[0]}`);
-  }
-}
-
-/** Hex SHA-256 of a PEM certificate's DER bytes (what a join token carries). */
-export function certSha256(pem: string): string {
-  return createHash('sha256').update(new X509Certificate(pem).raw).digest('hex');
-}
-
-/** Makes a P-256 key (PKCS#8 PEM) at `keyPath`, mode 0600. */
-export async function makeKey(keyPath: string): Promise<void> {
-  await openssl(['genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', keyPath]);
-}
-
-/** A PEM CSR for `keyPath` with common name `cn`. */
-export async function makeCsr(keyPath: string, cn: string): Promise<string> {
-  return openssl(['req', '-new', '-key', keyPath, '-subj', `/CN=${cn}`]);
-}
 
 /** The cluster CA and the node port's server certificate. */
 export class ClusterCa {
@@ -68,7 +37,6 @@ export class ClusterCa {
     if (!(await exists(p('ca.crt')))) {
       await makeKey(p('ca.key.tmp'));
       await openssl(['req', '-x509', '-new', '-key', p('ca.key.tmp'), '-days', String(CA_DAYS), '-subj', '/CN=dsec cluster CA', '-out', p('ca.crt.tmp')]);
-      await chmod(p('ca.key.tmp'), 0o600);
       await rename(p('ca.key.tmp'), p('ca.key'));
       await rename(p('ca.crt.tmp'), p('ca.crt'));
     }

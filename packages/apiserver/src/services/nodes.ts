@@ -161,6 +161,11 @@ export class NodeService {
     const destroyed: string[] = [];
     for (const s of onNode) {
       const row = rows.get(s.id);
+      // Frozen by the node itself while it was cut off, and still meant to run: it runs again.
+      if (row?.state === 'running' && s.state === 'paused') {
+        await n.client.resume(s.id, { reason: 'node-returned' }).catch((err: unknown) => this.d.sinks.log(`nodes: ${n.name}: resuming ${s.id}: ${(err as Error).message}`));
+        continue;
+      }
       if (row && (ON_NODE_STATES.includes(row.state) || row.state === 'creating' || row.state === 'stopping')) continue;
       await n.client.destroy(s.id).then(
         () => destroyed.push(s.id),

@@ -17,7 +17,8 @@ function configOptions(cmd: Command): Command {
     .option('--network-pool <cidr>', 'IPv4 range of sandbox addresses (default $DSEC_NETWORK_POOL)')
     .option('--nameserver <ip>', "resolver for sandboxes, repeatable (default $DSEC_NAMESERVERS, comma-separated, else the host's)", repeated)
     .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
-    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)');
+    .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
+    .option('--node-addr <host:port>', 'take nodes on other machines on this node port, mutual TLS (default $DSEC_NODE_ADDR, else none; docs/deploy.md)');
 }
 
 /** Registers `dsec up` and `dsec config`. */
@@ -33,6 +34,7 @@ export function registerUp(program: Command): void {
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
       const platform = await startPlatform({ ...platformOptions(config), log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
+      if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {
         process.stdout.write(`admin key (shown once, also written to ${platform.adminKeyFile}):\n${platform.adminKey}\n`);
       } else {
