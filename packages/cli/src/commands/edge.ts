@@ -55,7 +55,7 @@ export function registerEdge(program: Command): void {
         userNamespaces: flags.userns !== false,
         network: { ...(pool ? { pool } : {}), ...(flags.nameserver?.length ? { nameservers: flags.nameserver } : {}) },
       });
-      let agent: InstanceType<typeof NodeAgent> | undefined;
+      let agent: Awaited<ReturnType<typeof NodeAgent.start>> | undefined;
       try {
         if (!(await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined))) {
           log(`edge: building the built-in ${BUILTIN_BASE} base layer`);
