@@ -54,9 +54,13 @@ const MAX_JOIN_BYTES = 64 * 1024;
 export class NodePort implements NodeMembership {
   private readonly sessions = new Map<string, WireEdgeClient>();
   private readonly lostTimers = new Map<string, ReturnType<typeof setTimeout>>();
+  /** Nodes removed while this process runs: their ending sessions raise nothing. */
+  private readonly revoked = new Set<string>();
   private readonly unreachableAfterMs: number;
   private readonly lostAfterMs: number;
   private closed = false;
+  /** Open HTTP/2 connections (ended on close: the server's own close waits for them). */
+  private readonly connections = new Set<http2.ServerHttp2Session>();
 
   private constructor(
     private readonly o: NodePortOptions,
@@ -91,6 +95,10 @@ export class NodePort implements NodeMembership {
     const a = server.address() as AddressInfo;
     const port = new NodePort(o, ca, server, `https://${o.host.includes(':') ? `[${o.host}]` : o.host}:${a.port}`);
     server.on('stream', (stream, headers) => port.onStream(stream, headers));
+    server.on('session', (s) => {
+      port.connections.add(s);
+      s.once('close', () => port.connections.delete(s));
+    });
     server.on('sessionError', () => undefined);
     server.on('tlsClientError', () => undefined);
     for (const row of await o.nodeAdmin.store.nodes()) {
@@ -117,6 +125,7 @@ export class NodePort implements NodeMembership {
   /** Revokes node `name` and ends its session. */
   async revoke(name: string): Promise<void> {
     await this.o.nodeAdmin.store.revoke(name);
+    this.revoked.add(name);
     clearTimeout(this.lostTimers.get(name));
     this.lostTimers.delete(name);
     const s = this.sessions.get(name);
@@ -131,7 +140,9 @@ export class NodePort implements NodeMembership {
     this.lostTimers.clear();
     for (const s of this.sessions.values()) s.close();
     this.sessions.clear();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    const stopped = new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const c of this.connections) c.destroy();
+    await stopped;
   }
 
   private onStream(stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders): void {
@@ -210,6 +221,7 @@ export class NodePort implements NodeMembership {
       client.close();
       throw new DsecError('PERMISSION_DENIED', `the edge says it is ${client.nodeName}, its certificate ${name}`);
     }
+    this.revoked.delete(name);
     const previous = this.sessions.get(name);
     this.sessions.set(name, client);
     previous?.close();
@@ -226,7 +238,7 @@ export class NodePort implements NodeMembership {
     transport.onClose(() => {
       unsubscribe();
       if (this.sessions.get(name) === client) this.sessions.delete(name);
-      if (!this.o.nodes.detach(name, client) || this.closed) return;
+      if (!this.o.nodes.detach(name, client) || this.closed || this.revoked.has(name)) return;
       this.nodeEvent('node.unreachable', 'warning', name, `node ${name} is unreachable (its session ended); lost in ${this.lostAfterMs} ms unless it returns`);
       this.startLostTimer(name);
     });
