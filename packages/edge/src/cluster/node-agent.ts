@@ -131,7 +131,8 @@ export class NodeAgent {
         const t = setTimeout(resolve, retryMs);
         this.wakeRetry = () => (clearTimeout(t), resolve());
       });
-      retryMs = Math.min(MAX_RETRY_MS, retryMs * 2);
+      // Retries stay well inside the lost grace, so a control plane that restarts finds its nodes back in time.
+      retryMs = Math.min(MAX_RETRY_MS, Math.max(250, this.lostAfterMs / 4), retryMs * 2);
     }
     clearInterval(this.freezeTimer);
   }
