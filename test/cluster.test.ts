@@ -116,7 +116,9 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   const conn = (): { client: DsecClient } => ({ client });
 
   const startUp = async (): Promise<void> => {
-    up = run(['up', '--addr', '127.0.0.1:0', '--node-addr', `127.0.0.1:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], { DSEC_HOME: home });
+    up = run(['up', '--addr', '127.0.0.1:0', '--node-addr', `127.0.0.1:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
+      DSEC_HOME: home,
+    });
     apiUrl = (await waitFor(up, /listening on (http:\/\/\S+)/, 'dsec up'))[1]!;
     nodeUrl = (await waitFor(up, /nodes join on (https:\/\/\S+)/, 'dsec up'))[1]!;
     client = new DsecClient({ apiUrl, apiKey: (await readFile(path.join(home, 'admin.key'), 'utf8')).trim() });
@@ -329,6 +331,9 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     assert.notEqual(code, 'still running');
     assert.notEqual(code, 0);
     assert.match(e2.err(), /not a member of this cluster/);
-    assert.equal((await client.nodes.list()).find((n) => n.name === 'e2'), undefined);
+    assert.equal(
+      (await client.nodes.list()).find((n) => n.name === 'e2'),
+      undefined,
+    );
   });
 });

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
-import { Edge } from '@dsec/edge';
+import { Edge, makeCsr, makeKey, openssl } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError, edgeThroughWire } from '@dsec/protocol';
 import type { EdgeWireMode, EventSink, NodeGarbageReport } from '@dsec/protocol';
@@ -175,6 +175,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         host: at.host,
         port: at.port,
         caDir: path.join(home, 'cluster'),
+        certTools: { openssl, makeKey, makeCsr },
         nodes,
         nodeAdmin: services.nodeAdmin,
         raise: watch.events.ingest,

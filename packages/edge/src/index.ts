@@ -89,14 +89,6 @@ export type {
 } from './net/proxy/index.js';
 // Cluster membership of a node (dsec edge --join) and the certificate helpers it shares with the control plane.
 export { nodeNameOf } from './node-host.js';
-export { CONTROL_PLANE_TLS_NAME, certSha256, makeCsr, makeKey, openssl } from './cluster/tls.js';
-export {
-  CUT_OFF_PAUSE_REASON,
-  EDGE_WIRE_VERSION_HEADER,
-  NODE_HEARTBEAT_HEADER,
-  NODE_LOST_AFTER_HEADER,
-  NODE_UNREACHABLE_AFTER_HEADER,
-  NodeAgent,
-  credentialsDir,
-} from './cluster/node-agent.js';
+export { certSha256, makeCsr, makeKey, openssl } from './cluster/tls.js';
+export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
 export type { NodeAgentOptions } from './cluster/node-agent.js';

@@ -367,6 +367,12 @@ export {
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
 // Nodes of a cluster (issue 16): the admin API, joining and the edge wire's transport.
 export {
+  CONTROL_PLANE_TLS_NAME,
+  CUT_OFF_PAUSE_REASON,
+  EDGE_WIRE_VERSION_HEADER,
+  NODE_HEARTBEAT_HEADER,
+  NODE_LOST_AFTER_HEADER,
+  NODE_UNREACHABLE_AFTER_HEADER,
   DEFAULT_JOIN_TOKEN_TTL_MS,
   DEFAULT_NODE_LOST_AFTER_MS,
   DEFAULT_NODE_UNREACHABLE_AFTER_MS,
@@ -381,6 +387,16 @@ export {
   NodeStateSchema,
   parseJoinToken,
 } from './nodes.js';
-export type { DrainRequest, DrainResult, JoinToken, JoinTokenParts, JoinTokenRequest, NodeDetail, NodeJoinRequest, NodeJoinResponse, NodeState } from './nodes.js';
+export type {
+  DrainRequest,
+  DrainResult,
+  JoinToken,
+  JoinTokenParts,
+  JoinTokenRequest,
+  NodeDetail,
+  NodeJoinRequest,
+  NodeJoinResponse,
+  NodeState,
+} from './nodes.js';
 export { lineTransport } from './edge-wire/line-transport.js';
 export type { ByteDuplex } from './edge-wire/line-transport.js';

@@ -26,6 +26,17 @@ export const NODE_JOIN_PATHS = {
   session: '/v1/node/session',
 } as const;
 
+/** The name in the control plane's node-port certificate; a node checks it instead of an address. */
+export const CONTROL_PLANE_TLS_NAME = 'dsec-control-plane';
+/** Header of the session request that carries the node's edge wire version. */
+export const EDGE_WIRE_VERSION_HEADER = 'dsec-edge-wire-version';
+/** Response headers of an accepted session: the lost grace, the silence allowed, the heartbeat wanted (ms). */
+export const NODE_LOST_AFTER_HEADER = 'dsec-node-lost-after-ms';
+export const NODE_UNREACHABLE_AFTER_HEADER = 'dsec-unreachable-after-ms';
+export const NODE_HEARTBEAT_HEADER = 'dsec-heartbeat-ms';
+/** Pause reason of a sandbox its node froze itself while cut off from the control plane. */
+export const CUT_OFF_PAUSE_REASON = 'node-cut-off';
+
 /** A node in full (GET /v1/nodes/{name}). */
 export const NodeDetailSchema = NodeSchema.extend({
   state: NodeStateSchema,

@@ -2,12 +2,26 @@
 // `$DSEC_HOME/cluster/` (openssl, EC P-256), the control plane's own server certificate for the
 // node port, and the node certificates it signs at join. Replicas sharing the directory share
 // the CA. The CA key never leaves the control plane; a node's key never leaves the node.
-import { randomBytes } from 'node:crypto';
+import { X509Certificate, createHash, randomBytes } from 'node:crypto';
 import { access, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { CONTROL_PLANE_TLS_NAME, certSha256, makeCsr, makeKey, openssl } from '@dsec/edge';
-import { invalidArgument } from '@dsec/protocol';
+import { CONTROL_PLANE_TLS_NAME, invalidArgument } from '@dsec/protocol';
+
+/**
+ * The certificate tools the CA runs (the node's own, from @dsec/edge, handed over by the
+ * composition root): openssl in a directory, a P-256 key, a CSR.
+ */
+export interface CertTools {
+  openssl: (args: string[], cwd?: string) => Promise<string>;
+  makeKey: (keyPath: string) => Promise<void>;
+  makeCsr: (keyPath: string, cn: string) => Promise<string>;
+}
+
+/** Hex SHA-256 of a PEM certificate's DER bytes. */
+function certSha256(pem: string): string {
+  return createHash('sha256').update(new X509Certificate(pem).raw).digest('hex');
+}
 
 /** Lifetime of the CA. */
 const CA_DAYS = 3650;
@@ -17,6 +31,7 @@ const CERT_DAYS = 825;
 /** The cluster CA and the node port's server certificate. */
 export class ClusterCa {
   private constructor(
+    private readonly tools: CertTools,
     readonly dir: string,
     /** CA certificate (PEM). */
     readonly caPem: string,
@@ -31,7 +46,8 @@ export class ClusterCa {
   }
 
   /** Opens the CA in `dir` (made 0700), making the CA and the server certificate on first use. */
-  static async open(dir: string): Promise<ClusterCa> {
+  static async open(dir: string, tools: CertTools): Promise<ClusterCa> {
+    const { openssl, makeKey, makeCsr } = tools;
     await mkdir(dir, { recursive: true, mode: 0o700 });
     const p = (f: string): string => path.join(dir, f);
     if (!(await exists(p('ca.crt')))) {
@@ -43,19 +59,19 @@ export class ClusterCa {
     if (!(await exists(p('server.crt')))) {
       await makeKey(p('server.key'));
       const csr = await makeCsr(p('server.key'), CONTROL_PLANE_TLS_NAME);
-      const cert = await signCsr(dir, csr, CONTROL_PLANE_TLS_NAME, 'serverAuth', [`DNS:${CONTROL_PLANE_TLS_NAME}`]);
+      const cert = await signCsr(tools, dir, csr, CONTROL_PLANE_TLS_NAME, 'serverAuth', [`DNS:${CONTROL_PLANE_TLS_NAME}`]);
       await writeFile(p('server.crt'), cert, { mode: 0o600 });
     }
-    return new ClusterCa(dir, await readFile(p('ca.crt'), 'utf8'), await readFile(p('server.key'), 'utf8'), await readFile(p('server.crt'), 'utf8'));
+    return new ClusterCa(tools, dir, await readFile(p('ca.crt'), 'utf8'), await readFile(p('server.key'), 'utf8'), await readFile(p('server.crt'), 'utf8'));
   }
 
   /** Signs a node's CSR as a client certificate for `name` (the CSR's common name must be `name`). */
   async signNode(csrPem: string, name: string): Promise<string> {
-    return signCsr(this.dir, csrPem, name, 'clientAuth', []);
+    return signCsr(this.tools, this.dir, csrPem, name, 'clientAuth', []);
   }
 }
 
-async function signCsr(dir: string, csrPem: string, name: string, usage: 'clientAuth' | 'serverAuth', san: string[]): Promise<string> {
+async function signCsr({ openssl }: CertTools, dir: string, csrPem: string, name: string, usage: 'clientAuth' | 'serverAuth', san: string[]): Promise<string> {
   const work = await mkdtemp(path.join(tmpdir(), 'dsec-csr-'));
   try {
     await writeFile(path.join(work, 'req.csr'), csrPem);

@@ -9,8 +9,8 @@ import os from 'node:os';
 import path from 'node:path';
 import tls from 'node:tls';
 import { after, before, describe, test } from 'node:test';
-import { CONTROL_PLANE_TLS_NAME, NodeAgent, credentialsDir } from '@dsec/edge';
-import { DsecError, NODE_JOIN_PATHS } from '@dsec/protocol';
+import { NodeAgent, credentialsDir, makeCsr, makeKey, openssl } from '@dsec/edge';
+import { CONTROL_PLANE_TLS_NAME, DsecError, NODE_JOIN_PATHS } from '@dsec/protocol';
 import type { EdgeSandbox, SandboxSpec } from '@dsec/protocol';
 import { FakeEdge, fakeLayer } from '../testing/fake-edge.js';
 import { harness } from '../testing/harness.js';
@@ -86,6 +86,7 @@ describe('node port', () => {
       host: '127.0.0.1',
       port: 0,
       caDir: path.join(dir, 'ca'),
+      certTools: { openssl, makeKey, makeCsr },
       nodes: h.services.nodes,
       nodeAdmin: h.services.nodeAdmin,
       raise: (ev) => void h.raised.push(ev),
@@ -105,7 +106,14 @@ describe('node port', () => {
   });
 
   const start = async (edge: FakeEdge, home: string, token?: string): Promise<NodeAgent> => {
-    const agent = await NodeAgent.start({ edge, url: port.url, home: path.join(dir, home), name: edge.nodeName, log: (l) => void h.logged.push(l), ...(token ? { token } : {}) });
+    const agent = await NodeAgent.start({
+      edge,
+      url: port.url,
+      home: path.join(dir, home),
+      name: edge.nodeName,
+      log: (l) => void h.logged.push(l),
+      ...(token ? { token } : {}),
+    });
     agents.push(agent);
     return agent;
   };

@@ -9,14 +9,17 @@ import { X509Certificate } from 'node:crypto';
 import http2 from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import type { TLSSocket } from 'node:tls';
-import { EDGE_WIRE_VERSION_HEADER, NODE_HEARTBEAT_HEADER, NODE_LOST_AFTER_HEADER, NODE_UNREACHABLE_AFTER_HEADER } from '@dsec/edge';
 import {
   DEFAULT_JOIN_TOKEN_TTL_MS,
   DEFAULT_NODE_LOST_AFTER_MS,
   DEFAULT_NODE_UNREACHABLE_AFTER_MS,
   DsecError,
   EDGE_WIRE_VERSION,
+  EDGE_WIRE_VERSION_HEADER,
+  NODE_HEARTBEAT_HEADER,
   NODE_JOIN_PATHS,
+  NODE_LOST_AFTER_HEADER,
+  NODE_UNREACHABLE_AFTER_HEADER,
   NodeJoinRequestSchema,
   WireEdgeClient,
   lineTransport,
@@ -28,6 +31,7 @@ import type { NodeRegistry } from '../nodes.js';
 import { unreachableEdge } from '../nodes.js';
 import type { NodeMembership, NodeService } from '../services/nodes.js';
 import { ClusterCa } from './ca.js';
+import type { CertTools } from './ca.js';
 
 /** Options of {@link NodePort.start}. */
 export interface NodePortOptions {
@@ -36,6 +40,8 @@ export interface NodePortOptions {
   port: number;
   /** Directory of the cluster CA (made on first start). */
   caDir: string;
+  /** What the CA signs with. */
+  certTools: CertTools;
   nodes: NodeRegistry;
   nodeAdmin: NodeService;
   /** Where the nodes' events and the node.* events go. */
@@ -75,7 +81,7 @@ export class NodePort implements NodeMembership {
 
   /** Opens the CA, listens, and registers every member node as unreachable until its session opens. */
   static async start(o: NodePortOptions): Promise<NodePort> {
-    const ca = await ClusterCa.open(o.caDir);
+    const ca = await ClusterCa.open(o.caDir, o.certTools);
     const server = http2.createSecureServer({
       key: ca.serverKeyPem,
       cert: ca.serverCertPem,
@@ -179,9 +185,11 @@ export class NodePort implements NodeMembership {
     const req = parseOrThrow(NodeJoinRequestSchema, body);
     const token = parseJoinToken(req.token);
     const store = this.o.nodeAdmin.store;
-    if (this.o.nodes.get(req.name) && !this.o.nodes.get(req.name)?.remote) throw new DsecError('CONFLICT', `node name ${req.name} is taken by the control plane's own edge`);
+    if (this.o.nodes.get(req.name) && !this.o.nodes.get(req.name)?.remote)
+      throw new DsecError('CONFLICT', `node name ${req.name} is taken by the control plane's own edge`);
     const before = await store.node(req.name);
-    if (before && before.revoked_at === null) throw new DsecError('CONFLICT', `node ${req.name} is already a member; remove it first (dsec nodes rm ${req.name})`);
+    if (before && before.revoked_at === null)
+      throw new DsecError('CONFLICT', `node ${req.name} is already a member; remove it first (dsec nodes rm ${req.name})`);
     await store.useToken(token.id, token.secret, req.name);
     const cert = await this.ca.signNode(req.csr, req.name);
     await store.join(req.name, new X509Certificate(cert).fingerprint256);
@@ -248,7 +256,8 @@ export class NodePort implements NodeMembership {
       this.o.log(`node port: reconciling ${name}: ${(err as Error).message}`);
       return { destroyed: [] as string[] };
     });
-    if (r.destroyed.length) this.o.log(`node port: node ${name}: destroyed ${r.destroyed.length} sandbox(es) the store no longer has there (${r.destroyed.join(', ')})`);
+    if (r.destroyed.length)
+      this.o.log(`node port: node ${name}: destroyed ${r.destroyed.length} sandbox(es) the store no longer has there (${r.destroyed.join(', ')})`);
   }
 
   private startLostTimer(name: string): void {

@@ -163,7 +163,9 @@ export class NodeService {
       const row = rows.get(s.id);
       // Frozen by the node itself while it was cut off, and still meant to run: it runs again.
       if (row?.state === 'running' && s.state === 'paused') {
-        await n.client.resume(s.id, { reason: 'node-returned' }).catch((err: unknown) => this.d.sinks.log(`nodes: ${n.name}: resuming ${s.id}: ${(err as Error).message}`));
+        await n.client
+          .resume(s.id, { reason: 'node-returned' })
+          .catch((err: unknown) => this.d.sinks.log(`nodes: ${n.name}: resuming ${s.id}: ${(err as Error).message}`));
         continue;
       }
       if (row && (ON_NODE_STATES.includes(row.state) || row.state === 'creating' || row.state === 'stopping')) continue;

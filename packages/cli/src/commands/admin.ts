@@ -114,7 +114,11 @@ async function listNodes(flags: { json?: boolean }, cmd: Command): Promise<void>
 
 /** Registers `dsec nodes [ls|get|join-token|cordon|uncordon|drain|rm]`. */
 export function registerNodes(program: Command): void {
-  const nodes = program.command('nodes').description('nodes: capacity and state; join tokens, cordon, drain, rm (admin)').option('--json', 'print JSON').action(listNodes);
+  const nodes = program
+    .command('nodes')
+    .description('nodes: capacity and state; join tokens, cordon, drain, rm (admin)')
+    .option('--json', 'print JSON')
+    .action(listNodes);
   const api = (cmd: Command) => clientFor(cmd.optsWithGlobals<ConnectionFlags>()).nodes;
   nodes.command('ls').alias('list').description('list nodes with state, capacity and allocation').option('--json', 'print JSON').action(listNodes);
   nodes

@@ -66,7 +66,7 @@ export function registerEdge(program: Command): void {
         process.stdout.write(`node ${name} joined ${flags.join}\n`);
         const refused = agent.done.then(
           () => undefined,
-          (err: unknown) => err,
+          (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
         );
         const stopped = new Promise<undefined>((resolve) => {
           const stop = (sig: NodeJS.Signals): void => {

@@ -11,6 +11,12 @@ import path from 'node:path';
 import tls from 'node:tls';
 import type { TLSSocket } from 'node:tls';
 import {
+  CONTROL_PLANE_TLS_NAME,
+  CUT_OFF_PAUSE_REASON,
+  EDGE_WIRE_VERSION_HEADER,
+  NODE_HEARTBEAT_HEADER,
+  NODE_LOST_AFTER_HEADER,
+  NODE_UNREACHABLE_AFTER_HEADER,
   DEFAULT_NODE_LOST_AFTER_MS,
   DEFAULT_NODE_UNREACHABLE_AFTER_MS,
   DsecError,
@@ -23,16 +29,7 @@ import {
   serveEdge,
 } from '@dsec/protocol';
 import type { EdgeClient, ErrorCode } from '@dsec/protocol';
-import { CONTROL_PLANE_TLS_NAME, certSha256, makeCsr, makeKey } from './tls.js';
-
-/** Header of the session request that carries the edge wire version. */
-export const EDGE_WIRE_VERSION_HEADER = 'dsec-edge-wire-version';
-/** Response headers of an accepted session: the control plane's lost grace and wanted heartbeat. */
-export const NODE_LOST_AFTER_HEADER = 'dsec-node-lost-after-ms';
-export const NODE_HEARTBEAT_HEADER = 'dsec-heartbeat-ms';
-export const NODE_UNREACHABLE_AFTER_HEADER = 'dsec-unreachable-after-ms';
-/** Pause reason of a sandbox the node froze itself when cut off. */
-export const CUT_OFF_PAUSE_REASON = 'node-cut-off';
+import { certSha256, makeCsr, makeKey } from './tls.js';
 
 /** Longest wait between two connection attempts. */
 const MAX_RETRY_MS = 5000;
@@ -263,7 +260,7 @@ async function request(
   try {
     await new Promise<void>((resolve, reject) => {
       session.once('connect', () => resolve());
-      session.once('error', (err) => reject(new DsecError('UNAVAILABLE', `cannot reach ${url}: ${err.message}`)));
+      session.once('error', (err: Error) => reject(new DsecError('UNAVAILABLE', `cannot reach ${url}: ${err.message}`)));
     });
     check?.(session.socket as TLSSocket);
     const req = session.request({ ':method': method, ':path': p, ...(body !== undefined ? { 'content-type': 'application/json' } : {}) });
@@ -291,7 +288,8 @@ async function loadCredentials(home: string): Promise<Credentials | undefined> {
  * (and signed the server's certificate), then sends a CSR of a key made here with the token.
  */
 async function join(o: NodeAgentOptions): Promise<Credentials> {
-  if (!o.token) throw new DsecError('INVALID_ARGUMENT', `this node has not joined yet (no certificate under ${credentialsDir(o.home)}): give --token`, { field: 'token' });
+  if (!o.token)
+    throw new DsecError('INVALID_ARGUMENT', `this node has not joined yet (no certificate under ${credentialsDir(o.home)}): give --token`, { field: 'token' });
   const token = parseJoinToken(o.token);
   let serverCert: X509Certificate | undefined;
   const caAnswer = await request(o.url, { rejectUnauthorized: false }, 'GET', NODE_JOIN_PATHS.ca, undefined, (socket) => {
@@ -313,7 +311,7 @@ async function join(o: NodeAgentOptions): Promise<Credentials> {
     let err = new DsecError('UNAVAILABLE', `join refused (${answer.status})`);
     try {
       const b = JSON.parse(answer.text) as { error: { code: ErrorCode; message: string } };
-      err = new DsecError(b.error.code, `join refused: ${b.error.message}`);
+      err = new DsecError(b.error.code, `join refused: ${String(b.error.message)}`);
     } catch {
       // keep the generic one
     }

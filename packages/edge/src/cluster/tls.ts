@@ -9,9 +9,6 @@ import { DsecError } from '@dsec/protocol';
 
 const run = promisify(execFile);
 
-/** The name in the control plane's server certificate; a node checks it instead of an address. */
-export const CONTROL_PLANE_TLS_NAME = 'dsec-control-plane';
-
 /** Runs openssl in `cwd`; its first line of stderr becomes the error's message. */
 export async function openssl(args: string[], cwd?: string): Promise<string> {
   try {

@@ -8,9 +8,8 @@ export interface ByteDuplex {
   end(): unknown;
   destroy(err?: Error): unknown;
   on(event: 'data', listener: (chunk: Uint8Array) => void): unknown;
-  on(event: 'close', listener: () => void): unknown;
+  on(event: 'close' | 'end', listener: () => void): unknown;
   on(event: 'error', listener: (err: Error) => void): unknown;
-  on(event: 'end', listener: () => void): unknown;
 }
 
 /** Largest frame accepted from the peer (a 256 KiB chunk as base64 plus its envelope, or a large reply). */
