@@ -247,7 +247,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     await only('e1');
     const plain = await Sandbox.create({ image: { base: 'busybox' } }, conn());
     const kept = await Sandbox.create({ image: { base: 'busybox' }, recovery: { onNodeLost: 'replay' } }, conn());
-    await kept.files.write('/root/progress.txt', 'step 1 done');
+    await kept.files.write('/tmp/progress.txt', 'step 1 done');
     assert.equal((await kept.info()).node, 'e1');
     await client.nodes.uncordon(local);
     await client.nodes.uncordon('e2');
@@ -263,7 +263,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     const info = await copy.info();
     assert.notEqual(info.node, 'e1');
     assert.deepEqual(info.recovery, { onNodeLost: 'replay' });
-    assert.equal((await copy.exec('cat /root/progress.txt')).stdout, 'step 1 done');
+    assert.equal((await copy.exec('cat /tmp/progress.txt')).stdout, 'step 1 done');
 
     // Back with the certificate it holds (no token): the lost sandboxes still running there go.
     assert.ok(hasCgroup('dsec-e1', plain.id) && hasCgroup('dsec-e1', kept.id));
@@ -278,7 +278,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   test('drain stops placement; drain --replay moves the sandboxes; no node removes another node’s objects', async () => {
     await only('e2');
     const moved = await Sandbox.create({ image: { base: 'busybox' }, labels: { job: 'drain' } }, conn());
-    await moved.files.write('/root/state', 'kept');
+    await moved.files.write('/tmp/state', 'kept');
     await client.nodes.uncordon(local);
     await client.nodes.uncordon('e1');
     await client.nodes.drain('e2');
@@ -301,7 +301,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     assert.ok(m, JSON.stringify(r));
     const copy = await Sandbox.connect(m.to, conn());
     assert.notEqual((await copy.info()).node, 'e2');
-    assert.equal((await copy.exec('cat /root/state')).stdout, 'kept');
+    assert.equal((await copy.exec('cat /tmp/state')).stdout, 'kept');
     await assert.rejects(moved.info());
     await client.nodes.uncordon('e2');
     for (const sb of [copy, ...placed]) await sb.kill();
