@@ -20,6 +20,8 @@ export interface NodeEntry extends NodeView {
   address: string | null;
   version: number | null;
   joinedAt: string | null;
+  /** When its session last carried a frame (ms since the epoch; remote nodes). */
+  lastHeardAt: () => number | null;
 }
 
 /** What a remote node's session brings. */
@@ -28,6 +30,7 @@ export interface NodeSessionInfo {
   version: number | null;
   joinedAt: string | null;
   cordoned: boolean;
+  lastHeardAt?: () => number | null;
 }
 
 /** Registry of nodes with their allocation (requested CPU and memory of their sandboxes). */
@@ -53,6 +56,7 @@ export class NodeRegistry {
     entry.version = info.version;
     entry.joinedAt = info.joinedAt;
     entry.cordoned = info.cordoned;
+    if (info.lastHeardAt) entry.lastHeardAt = info.lastHeardAt;
     this.nodes.set(entry.name, entry);
     return entry;
   }
@@ -153,6 +157,7 @@ export class NodeRegistry {
       address: null,
       version: null,
       joinedAt: null,
+      lastHeardAt: () => null,
     };
   }
 }

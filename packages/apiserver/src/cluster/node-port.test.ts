@@ -127,6 +127,7 @@ describe('node port', () => {
     assert.equal(n.state, 'ready');
     assert.equal(n.remote, true);
     assert.equal(n.version, 1);
+    assert.ok(n.lastHeardAt !== null && Date.parse(n.lastHeardAt) > Date.now() - 60_000);
     assert.ok((await readFile(path.join(credentialsDir(path.join(dir, 'remote-1')), 'node.key'), 'utf8')).includes('PRIVATE KEY'));
 
     await assert.rejects(start(remoteEdge('remote-2'), 'remote-2', token), (err: unknown) => err instanceof DsecError && err.code === 'UNAUTHENTICATED');

@@ -26,7 +26,7 @@ import {
   parseJoinToken,
   parseOrThrow,
 } from '@dsec/protocol';
-import type { EventSink, JoinToken, RaisedEvent } from '@dsec/protocol';
+import type { EventSink, JoinToken, RaisedEvent, Transport } from '@dsec/protocol';
 import type { NodeRegistry } from '../nodes.js';
 import { unreachableEdge } from '../nodes.js';
 import type { NodeMembership, NodeService } from '../services/nodes.js';
@@ -224,7 +224,18 @@ export class NodePort implements NodeMembership {
       [NODE_HEARTBEAT_HEADER]: String(heartbeatMs),
     });
     const transport = lineTransport(stream);
-    const client = await WireEdgeClient.connect(transport, { silenceTimeoutMs: this.unreachableAfterMs, log: this.o.log });
+    let heardAt = Date.now();
+    const heard: Transport = {
+      send: (f) => transport.send(f),
+      onFrame: (r) =>
+        transport.onFrame((f) => {
+          heardAt = Date.now();
+          r(f);
+        }),
+      onClose: (l) => transport.onClose(l),
+      close: (e) => transport.close(e),
+    };
+    const client = await WireEdgeClient.connect(heard, { silenceTimeoutMs: this.unreachableAfterMs, log: this.o.log });
     if (client.nodeName !== name) {
       client.close();
       throw new DsecError('PERMISSION_DENIED', `the edge says it is ${client.nodeName}, its certificate ${name}`);
@@ -241,6 +252,7 @@ export class NodePort implements NodeMembership {
       version,
       joinedAt: row.joined_at,
       cordoned: row.cordoned === 1,
+      lastHeardAt: () => heardAt,
     });
     const unsubscribe = client.onEvent(this.o.raise);
     transport.onClose(() => {

@@ -213,6 +213,7 @@ export class NodeService {
   private async detail(n: NodeEntry): Promise<NodeDetail> {
     const counts: Record<string, number> = {};
     for (const r of await this.store.sandboxesOn(n.name)) counts[r.state] = (counts[r.state] ?? 0) + 1;
+    const heardAt = n.lastHeardAt();
     return {
       name: n.name,
       healthy: n.healthy,
@@ -226,7 +227,7 @@ export class NodeService {
       address: n.address,
       version: n.version,
       joinedAt: n.joinedAt,
-      lastHeardAt: null,
+      lastHeardAt: heardAt === null ? null : new Date(heardAt).toISOString(),
       stateSince: new Date(n.stateSince).toISOString(),
       sandboxes: counts,
     };
