@@ -27,8 +27,8 @@ const CLI = path.join(REPO_ROOT, 'packages/cli/dist/main.js');
 /** Bound of a process start (the first start builds the busybox base layer). */
 const START_TIMEOUT_MS = 120_000;
 /** Silence before a node is unreachable, and the grace before it is lost (short for the test). */
-const UNREACHABLE_AFTER_MS = 3000;
-const LOST_AFTER_MS = 8000;
+const UNREACHABLE_AFTER_MS = 5000;
+const LOST_AFTER_MS = 10_000;
 /** Bound of every wait for a state change: far above the graces. */
 const WAIT_MS = 45_000;
 const EDGES = ['e1', 'e2'] as const;

@@ -381,6 +381,7 @@ export {
   JoinTokenRequestSchema,
   JoinTokenSchema,
   NODE_JOIN_PATHS,
+  NODE_SESSION_HTTP2,
   NodeDetailSchema,
   NodeJoinRequestSchema,
   NodeJoinResponseSchema,

@@ -37,6 +37,19 @@ export const NODE_HEARTBEAT_HEADER = 'dsec-heartbeat-ms';
 /** Pause reason of a sandbox its node froze itself while cut off from the control plane. */
 export const CUT_OFF_PAUSE_REASON = 'node-cut-off';
 
+/**
+ * HTTP/2 settings of both ends of a node session: one stream carries every call, so its window
+ * is large, and a large file's frame must not trip the default 10 MB session memory bound.
+ */
+export const NODE_SESSION_HTTP2 = {
+  /** Per-stream window, bytes. */
+  initialWindowSize: 8 * 1024 * 1024,
+  /** Connection window, bytes (set with setLocalWindowSize). */
+  connectionWindowSize: 32 * 1024 * 1024,
+  /** Node's maxSessionMemory, MB. */
+  maxSessionMemoryMB: 512,
+} as const;
+
 /** A node in full (GET /v1/nodes/{name}). */
 export const NodeDetailSchema = NodeSchema.extend({
   state: NodeStateSchema,

@@ -156,6 +156,10 @@ describe('node port', () => {
     const { edge } = await h.services.lifecycle.route(h.admin, sb.id);
     const r = await edge.exec(sb.id, { cmd: 'echo hi' });
     assert.equal(r.exitCode, 0);
+    // A large file crosses in one frame each way (beyond HTTP/2's default session memory).
+    const big = Buffer.alloc(24 * 1024 * 1024, 7);
+    await edge.writeFile(sb.id, '/big', big);
+    assert.equal((await edge.readFile(sb.id, '/big')).length, big.length);
     await h.services.nodeAdmin.cordon(h.admin, 'fake', false);
   });
 

@@ -19,6 +19,7 @@ import {
   NODE_HEARTBEAT_HEADER,
   NODE_JOIN_PATHS,
   NODE_LOST_AFTER_HEADER,
+  NODE_SESSION_HTTP2,
   NODE_UNREACHABLE_AFTER_HEADER,
   NodeJoinRequestSchema,
   WireEdgeClient,
@@ -90,6 +91,8 @@ export class NodePort implements NodeMembership {
       // Checked per request: the CA and the join are served without a client certificate.
       rejectUnauthorized: false,
       minVersion: 'TLSv1.3',
+      maxSessionMemory: NODE_SESSION_HTTP2.maxSessionMemoryMB,
+      settings: { initialWindowSize: NODE_SESSION_HTTP2.initialWindowSize },
     });
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
@@ -103,6 +106,7 @@ export class NodePort implements NodeMembership {
     server.on('stream', (stream, headers) => port.onStream(stream, headers));
     server.on('session', (s) => {
       port.connections.add(s);
+      s.once('connect', () => s.setLocalWindowSize(NODE_SESSION_HTTP2.connectionWindowSize));
       s.once('close', () => port.connections.delete(s));
     });
     server.on('sessionError', () => undefined);

@@ -22,6 +22,7 @@ import {
   DsecError,
   EDGE_WIRE_VERSION,
   NODE_JOIN_PATHS,
+  NODE_SESSION_HTTP2,
   NodeJoinResponseSchema,
   lineTransport,
   parseJoinToken,
@@ -141,9 +142,12 @@ export class NodeAgent {
       cert: this.creds.cert,
       ca: this.creds.ca,
       checkServerIdentity: (_host, cert) => tls.checkServerIdentity(CONTROL_PLANE_TLS_NAME, cert),
+      maxSessionMemory: NODE_SESSION_HTTP2.maxSessionMemoryMB,
+      settings: { initialWindowSize: NODE_SESSION_HTTP2.initialWindowSize },
     });
     this.session = session;
     session.on('error', () => undefined);
+    session.once('connect', () => session.setLocalWindowSize(NODE_SESSION_HTTP2.connectionWindowSize));
     // A control plane that takes the connection but never answers is as good as none.
     const answerTimer = setTimeout(() => session.destroy(new Error(`no answer within ${this.unreachableAfterMs} ms`)), this.unreachableAfterMs);
     try {

@@ -21,7 +21,6 @@ export function lineTransport(duplex: ByteDuplex): Transport {
   const closeListeners: Array<(err?: Error) => void> = [];
   const early: string[] = [];
   let receiver: ((frame: string) => void) | undefined;
-  let buffered = '';
   let closed = false;
   let closeError: Error | undefined;
 
@@ -35,21 +34,34 @@ export function lineTransport(duplex: ByteDuplex): Transport {
     if (receiver) receiver(frame);
     else early.push(frame);
   };
+  // A frame's pieces until its newline comes: only each new chunk is searched (a frame of
+  // megabytes arrives in thousands of chunks).
+  let pieces: string[] = [];
+  let pending = 0;
   duplex.on('data', (chunk) => {
     if (closed) return;
+    let text: string;
     try {
-      buffered += decoder.decode(chunk, { stream: true });
+      text = decoder.decode(chunk, { stream: true });
     } catch {
       duplex.destroy(new Error('the peer sent bytes that are not UTF-8'));
       return;
     }
+    let start = 0;
     let nl: number;
-    while ((nl = buffered.indexOf('\n')) >= 0) {
-      const line = buffered.slice(0, nl);
-      buffered = buffered.slice(nl + 1);
+    while ((nl = text.indexOf('\n', start)) >= 0) {
+      pieces.push(text.slice(start, nl));
+      const line = pieces.join('');
+      pieces = [];
+      pending = 0;
+      start = nl + 1;
       if (line.length > 0) deliver(line);
     }
-    if (buffered.length > MAX_LINE_FRAME_BYTES) duplex.destroy(new Error(`a frame longer than ${MAX_LINE_FRAME_BYTES} bytes`));
+    if (start < text.length) {
+      pieces.push(text.slice(start));
+      pending += text.length - start;
+    }
+    if (pending > MAX_LINE_FRAME_BYTES) duplex.destroy(new Error(`a frame longer than ${MAX_LINE_FRAME_BYTES} bytes`));
   });
   duplex.on('error', (err) => ended(err));
   duplex.on('end', () => ended());
