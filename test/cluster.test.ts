@@ -31,7 +31,10 @@ const UNREACHABLE_AFTER_MS = 5000;
 const LOST_AFTER_MS = 10_000;
 /** Bound of every wait for a state change: far above the graces. */
 const WAIT_MS = 45_000;
-const EDGES = ['e1', 'e2'] as const;
+/** Node names (their cgroup parents, dsec-ct-*, are what scripts/clean-test-leftovers.sh knows). */
+const E1 = 'ct-e1';
+const E2 = 'ct-e2';
+const EDGES = [E1, E2] as const;
 
 interface Proc {
   child: ChildProcessWithoutNullStreams;
@@ -154,7 +157,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     local = (await client.nodes.list())[0]!.name;
     const tokens = await Promise.all(EDGES.map(() => client.nodes.joinToken()));
     await Promise.all(EDGES.map((name, i) => startEdge(name, tokens[i]!.token)));
-    await until('both edges ready', async () => (await nodeState('e1')) === 'ready' && (await nodeState('e2')) === 'ready');
+    await until('both edges ready', async () => (await nodeState(E1)) === 'ready' && (await nodeState(E2)) === 'ready');
   });
 
   after(async () => {
@@ -181,7 +184,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   });
 
   test('the joined nodes are ready, remote, and shown in full', async () => {
-    const n = await client.nodes.get('e1');
+    const n = await client.nodes.get(E1);
     assert.equal(n.state, 'ready');
     assert.equal(n.remote, true);
     assert.equal(n.version, 1);
@@ -190,11 +193,11 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   });
 
   test('a sandbox on a remote node: exec, attach from an offset, files, pause, snapshot through the API', async () => {
-    await only('e1');
+    await only(E1);
     const sb = await Sandbox.create({ image: { base: 'busybox' } }, conn());
     try {
-      assert.equal((await sb.info()).node, 'e1');
-      assert.ok(hasCgroup('dsec-e1', sb.id), 'its cgroup is under the node-named parent');
+      assert.equal((await sb.info()).node, E1);
+      assert.ok(hasCgroup(`dsec-${E1}`, sb.id), 'its cgroup is under the node-named parent');
       const r = await sb.exec('echo hello from $(hostname)');
       assert.equal(r.exitCode, 0, r.stderr);
       assert.match(r.stdout, /^hello from/);
@@ -244,47 +247,47 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   });
 
   test('kill -9 a node: unreachable, then lost; a replay-enabled sandbox comes back elsewhere; the node returns and reconciles', async () => {
-    await only('e1');
+    await only(E1);
     const plain = await Sandbox.create({ image: { base: 'busybox' } }, conn());
     const kept = await Sandbox.create({ image: { base: 'busybox' }, recovery: { onNodeLost: 'replay' } }, conn());
     await kept.files.write('/tmp/progress.txt', 'step 1 done');
-    assert.equal((await kept.info()).node, 'e1');
+    assert.equal((await kept.info()).node, E1);
     await client.nodes.uncordon(local);
-    await client.nodes.uncordon('e2');
+    await client.nodes.uncordon(E2);
 
-    const e1 = edges.get('e1')!;
+    const e1 = edges.get(E1)!;
     e1.child.kill('SIGKILL');
     await e1.exited;
-    await until('e1 unreachable', async () => (await nodeState('e1')) === 'unreachable');
-    await until('e1 lost', async () => (await nodeState('e1')) === 'lost');
+    await until('e1 unreachable', async () => (await nodeState(E1)) === 'unreachable');
+    await until('e1 lost', async () => (await nodeState(E1)) === 'lost');
     await until('its sandboxes lost', async () => (await plain.info()).state === 'lost' && (await kept.info()).state === 'lost');
     const copy = await until('the replayed copy', async () => (await Sandbox.find({ labels: { 'dsec.replay-of': kept.id } }, conn()))[0]);
     assert.notEqual(copy.id, kept.id);
     const info = await copy.info();
-    assert.notEqual(info.node, 'e1');
+    assert.notEqual(info.node, E1);
     assert.deepEqual(info.recovery, { onNodeLost: 'replay' });
     assert.equal((await copy.exec('cat /tmp/progress.txt')).stdout, 'step 1 done');
 
     // Back with the certificate it holds (no token): the lost sandboxes still running there go.
-    assert.ok(hasCgroup('dsec-e1', plain.id) && hasCgroup('dsec-e1', kept.id));
-    await startEdge('e1');
-    await until('e1 ready again', async () => (await nodeState('e1')) === 'ready');
-    await until('e1 reconciled', () => !hasCgroup('dsec-e1', plain.id) && !hasCgroup('dsec-e1', kept.id));
+    assert.ok(hasCgroup(`dsec-${E1}`, plain.id) && hasCgroup(`dsec-${E1}`, kept.id));
+    await startEdge(E1);
+    await until('e1 ready again', async () => (await nodeState(E1)) === 'ready');
+    await until('e1 reconciled', () => !hasCgroup(`dsec-${E1}`, plain.id) && !hasCgroup(`dsec-${E1}`, kept.id));
     await plain.kill();
     await kept.kill();
     await copy.kill();
   });
 
   test('drain stops placement; drain --replay moves the sandboxes; no node removes another node’s objects', async () => {
-    await only('e2');
+    await only(E2);
     const moved = await Sandbox.create({ image: { base: 'busybox' }, labels: { job: 'drain' } }, conn());
     await moved.files.write('/tmp/state', 'kept');
     await client.nodes.uncordon(local);
-    await client.nodes.uncordon('e1');
-    await client.nodes.drain('e2');
-    assert.equal((await client.nodes.get('e2')).cordoned, true);
+    await client.nodes.uncordon(E1);
+    await client.nodes.drain(E2);
+    assert.equal((await client.nodes.get(E2)).cordoned, true);
     const placed = await Promise.all([0, 1, 2].map(() => Sandbox.create({ image: { base: 'busybox' } }, conn())));
-    for (const sb of placed) assert.notEqual((await sb.info()).node, 'e2');
+    for (const sb of placed) assert.notEqual((await sb.info()).node, E2);
 
     // Three edges on one host, each collecting its garbage every second: after a few passes each
     // one's sandboxes are still there, under its own cgroup parent.
@@ -295,29 +298,29 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
       assert.equal((await sb.exec('true')).exitCode, 0);
     }
 
-    const r = await client.nodes.drain('e2', { replay: true });
+    const r = await client.nodes.drain(E2, { replay: true });
     assert.equal(r.failed.length, 0, JSON.stringify(r.failed));
     const m = r.replayed.find((x) => x.from === moved.id);
     assert.ok(m, JSON.stringify(r));
     const copy = await Sandbox.connect(m.to, conn());
-    assert.notEqual((await copy.info()).node, 'e2');
+    assert.notEqual((await copy.info()).node, E2);
     assert.equal((await copy.exec('cat /tmp/state')).stdout, 'kept');
     await assert.rejects(moved.info());
-    await client.nodes.uncordon('e2');
+    await client.nodes.uncordon(E2);
     for (const sb of [copy, ...placed]) await sb.kill();
   });
 
   test('a node cut off from the control plane freezes its sandboxes, and runs them again when it returns', async () => {
-    await only('e2');
+    await only(E2);
     const sb = await Sandbox.create({ image: { base: 'busybox' } }, conn());
     const id = sb.id;
-    const e2 = edges.get('e2')!;
+    const e2 = edges.get(E2)!;
     const before = e2.err().length;
     up!.child.kill('SIGKILL');
     await up!.exited;
     await until('e2 froze its sandbox', () => /froze [1-9]\d* sandbox/.test(e2.err().slice(before)));
     await startUp();
-    await until('e2 back', async () => (await nodeState('e2')) === 'ready');
+    await until('e2 back', async () => (await nodeState(E2)) === 'ready');
     const back = await Sandbox.connect(id, conn());
     assert.equal((await back.info()).state, 'running');
     await until('it runs again', async () => (await back.exec('echo alive', { timeoutMs: 5000 })).stdout === 'alive\n');
@@ -325,14 +328,14 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   });
 
   test('a removed node is revoked: its session ends and it cannot come back', async () => {
-    await client.nodes.remove('e2');
-    const e2 = edges.get('e2')!;
+    await client.nodes.remove(E2);
+    const e2 = edges.get(E2)!;
     const code = await Promise.race([e2.exited, new Promise<string>((r) => setTimeout(() => r('still running'), WAIT_MS))]);
     assert.notEqual(code, 'still running');
     assert.notEqual(code, 0);
     assert.match(e2.err(), /not a member of this cluster/);
     assert.equal(
-      (await client.nodes.list()).find((n) => n.name === 'e2'),
+      (await client.nodes.list()).find((n) => n.name === E2),
       undefined,
     );
   });
