@@ -113,7 +113,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   let apiUrl: string;
   let nodeUrl: string;
   let client: DsecClient;
-  let local: string;
+  let local = '';
   const edges = new Map<string, Proc>();
   const edgeHome = (name: string): string => path.join(dir, `edge-${name}`);
   const conn = (): { client: DsecClient } => ({ client });
@@ -164,10 +164,12 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     await stopProc(up);
     for (const p of edges.values()) await stopProc(p);
     // Whatever a killed process left: each node's home opened once more and shut down.
-    for (const name of EDGES) {
-      if (!existsSync(edgeHome(name))) continue;
+    const homes: Array<[string, string, string]> = EDGES.map((name) => [edgeHome(name), name, `dsec-${name}`]);
+    if (local) homes.push([path.join(home, 'node'), local, 'dsec']);
+    for (const [nodeHome, name, cgroupParent] of homes) {
+      if (!existsSync(nodeHome)) continue;
       try {
-        const e = await Edge.open({ home: edgeHome(name), agentBinary: AGENT_BINARY, nodeName: name, cgroupParent: `dsec-${name}` });
+        const e = await Edge.open({ home: nodeHome, agentBinary: AGENT_BINARY, nodeName: name, cgroupParent });
         await e.shutdown();
       } catch {
         // nothing of it left to open
