@@ -265,7 +265,11 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     await until('its sandboxes lost', async () => (await plain.info()).state === 'lost' && (await kept.info()).state === 'lost');
     const copy = await until('the replayed copy', async () => (await Sandbox.find({ labels: { 'dsec.replay-of': kept.id } }, conn()))[0]);
     assert.notEqual(copy.id, kept.id);
-    const info = await copy.info();
+    // Found by its label as soon as its row exists: it runs once its replay has made it.
+    const info = await until('the copy running', async () => {
+      const i = await copy.info();
+      return i.state === 'running' && i;
+    });
     assert.notEqual(info.node, E1);
     assert.deepEqual(info.recovery, { onNodeLost: 'replay' });
     assert.equal((await copy.exec('cat /tmp/progress.txt')).stdout, 'step 1 done');
@@ -332,7 +336,9 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   test('a removed node is revoked: its session ends and it cannot come back', async () => {
     await client.nodes.remove(E2);
     const e2 = edges.get(E2)!;
-    const code = await Promise.race([e2.exited, new Promise<string>((r) => setTimeout(() => r('still running'), WAIT_MS))]);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const code = await Promise.race([e2.exited, new Promise<string>((r) => (timer = setTimeout(() => r('still running'), WAIT_MS)))]);
+    clearTimeout(timer);
     assert.notEqual(code, 'still running');
     assert.notEqual(code, 0);
     assert.match(e2.err(), /not a member of this cluster/);
