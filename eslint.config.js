@@ -126,6 +126,11 @@ export default tseslint.config(
     '@dsec/apiserver reaches the edge through the EdgeClient interface of @dsec/protocol; only its composition root (platform.ts) imports @dsec/edge',
   ),
   boundary(['packages/apiserver/src/platform.ts'], ['protocol', 'watcher', 'edge'], 'the composition root imports @dsec/edge by its index only'),
+  boundary(
+    ['packages/apiserver/src/cluster/*.test.ts'],
+    ['protocol', 'watcher', 'edge'],
+    'the node port tests drive a real node agent (@dsec/edge by its index)',
+  ),
   boundary(['packages/cli/**', 'test/**', 'bench/**'], '*', ''),
   prettier,
 );

@@ -33,7 +33,7 @@ remove_network() { # run-dir hash
   done
 }
 
-for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/dsec-cli-*/node /tmp/dsec-sdk-*/node; do
+for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/dsec-cli-*/node /tmp/dsec-sdk-*/node /tmp/dsec-cluster-*/cp/node /tmp/dsec-cluster-*/edge-*; do
   [ -d "$home" ] || continue
   hash=$(printf '%s' "$home" | sha256sum | cut -c1-12)
   run=/run/dsec/$hash
@@ -43,7 +43,7 @@ for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/ds
   unmount_under "$run"
   rm -rf "$run"
 done
-for dir in /tmp/dsec-test-* /tmp/dsec-platform-* /tmp/dsec-bench-* /tmp/dsec-scratch-* /tmp/dsec-cli-* /tmp/dsec-sdk-*; do
+for dir in /tmp/dsec-test-* /tmp/dsec-platform-* /tmp/dsec-bench-* /tmp/dsec-scratch-* /tmp/dsec-cli-* /tmp/dsec-sdk-* /tmp/dsec-cluster-*; do
   unmount_under "$dir"
   rm -rf "$dir"
 done
@@ -86,7 +86,7 @@ for claim in /run/dsec-net/*/; do
     rm -rf "$claim"
   fi
 done
-for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-*; do
+for parent in /sys/fs/cgroup/*/dsec-test-* /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-test-* /sys/fs/cgroup/*/dsec-ct-* /sys/fs/cgroup/dsec-ct-*; do
   for cg in "$parent"/*/; do rmdir "$cg" 2>/dev/null; done
   rmdir "$parent" 2>/dev/null
 done

@@ -199,13 +199,17 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
 
     const watcher = new Watcher(
       {
+        // A node whose session is down is the node port's to judge (unreachable, lost).
         nodes: () =>
-          nodes.all().map((n) => ({
-            name: n.name,
-            sandboxIds: async () => (await n.client.list()).map((s) => s.id),
-            destroyOrphan: (id) => n.client.destroy(id),
-            collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
-          })),
+          nodes
+            .all()
+            .filter((n) => n.state === 'ready')
+            .map((n) => ({
+              name: n.name,
+              sandboxIds: async () => (await n.client.list()).map((s) => s.id),
+              destroyOrphan: (id) => n.client.destroy(id),
+              collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
+            })),
         sandboxes: async () => (await store.allSandboxes()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
         setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
         expire: async (id) => {

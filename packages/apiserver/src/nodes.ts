@@ -1,30 +1,89 @@
-// The nodes the control plane can place sandboxes on, each reached through an EdgeClient (the
-// in-process edge, or one across the network: the registry cannot tell).
-import type { EdgeClient } from '@dsec/protocol';
+// The nodes the control plane can place sandboxes on, each reached through an EdgeClient: the
+// in-process edge, or an edge on another machine whose session came in on the node port (the
+// rest of the control plane cannot tell them apart). A remote node whose session ended keeps
+// its entry (state `unreachable`, then `lost`) with a client that refuses every call.
+import { DsecError } from '@dsec/protocol';
+import type { EdgeClient, NodeCapacity, NodeState } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 /** A node as the control plane tracks it. */
 export interface NodeEntry extends NodeView {
   client: EdgeClient;
+  /** False for the in-process edge. */
+  remote: boolean;
+  state: NodeState;
+  /** When it entered its state (ms since the epoch). */
+  stateSince: number;
+  /** The watcher's verdict: the node answered its last list. */
+  answering: boolean;
+  /** Where its session comes from, its wire version and when it joined (remote nodes). */
+  address: string | null;
+  version: number | null;
+  joinedAt: string | null;
+  /** When its session last carried a frame (ms since the epoch; remote nodes). */
+  lastHeardAt: () => number | null;
+}
+
+/** What a remote node's session brings. */
+export interface NodeSessionInfo {
+  address: string | null;
+  version: number | null;
+  joinedAt: string | null;
+  cordoned: boolean;
+  lastHeardAt?: () => number | null;
 }
 
 /** Registry of nodes with their allocation (requested CPU and memory of their sandboxes). */
 export class NodeRegistry {
   private readonly nodes = new Map<string, NodeEntry>();
 
-  /** Adds a node. */
+  /** Adds the in-process node. */
   add(client: EdgeClient): NodeEntry {
-    const cap = client.capacity();
-    const entry: NodeEntry = {
-      name: client.nodeName,
-      healthy: true,
-      backends: cap.backends,
-      capacity: { cpu: cap.cpu, memoryMiB: cap.memoryMiB, sandboxes: cap.sandboxes },
-      allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 },
-      client,
-    };
+    const entry = this.entry(client, false);
     this.nodes.set(entry.name, entry);
     return entry;
+  }
+
+  /**
+   * A remote node's session is up: its entry (new, or the one it left) now reaches it through
+   * `client`. The allocation is kept; the caller recounts it from the store.
+   */
+  attach(client: EdgeClient, info: NodeSessionInfo): NodeEntry {
+    const before = this.nodes.get(client.nodeName);
+    const entry = this.entry(client, true);
+    if (before) entry.allocated = before.allocated;
+    entry.address = info.address;
+    entry.version = info.version;
+    entry.joinedAt = info.joinedAt;
+    entry.cordoned = info.cordoned;
+    if (info.lastHeardAt) entry.lastHeardAt = info.lastHeardAt;
+    this.nodes.set(entry.name, entry);
+    return entry;
+  }
+
+  /**
+   * A remote node's session `client` ended: the node is `unreachable` and every call on it is
+   * refused with UNAVAILABLE. Nothing happens when a newer session replaced that one.
+   */
+  detach(name: string, client: EdgeClient): NodeEntry | undefined {
+    const n = this.nodes.get(name);
+    if (!n || n.client !== client) return undefined;
+    n.client = unreachableEdge(name, client.capacity());
+    this.setState(n, 'unreachable');
+    return n;
+  }
+
+  /** Marks a node lost (after its grace). */
+  markLost(name: string): NodeEntry | undefined {
+    const n = this.nodes.get(name);
+    if (!n || n.state !== 'unreachable') return undefined;
+    this.setState(n, 'lost');
+    return n;
+  }
+
+  /** Forgets a node (removed from the cluster). */
+  remove(name: string): void {
+    this.nodes.delete(name);
   }
 
   /** Every node. */
@@ -55,9 +114,61 @@ export class NodeRegistry {
     if (n) n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
   }
 
-  /** Marks a node healthy or not (the watcher's verdict). */
+  /** Sets a node's allocation outright (recounted from the store when its session opens). */
+  setAllocated(name: string, allocated: NodeView['allocated']): void {
+    const n = this.nodes.get(name);
+    if (n) n.allocated = { ...allocated };
+  }
+
+  /** Marks a node answering or not (the watcher's verdict). */
   setHealthy(name: string, healthy: boolean): void {
     const n = this.nodes.get(name);
-    if (n) n.healthy = healthy;
+    if (!n) return;
+    n.answering = healthy;
+    n.healthy = n.state === 'ready' && healthy;
   }
+
+  /** Cordons (placement skips it) or uncordons a node. */
+  setCordoned(name: string, cordoned: boolean): void {
+    const n = this.nodes.get(name);
+    if (n) n.cordoned = cordoned;
+  }
+
+  private setState(n: NodeEntry, state: NodeState): void {
+    n.state = state;
+    n.stateSince = Date.now();
+    n.healthy = state === 'ready' && n.answering;
+  }
+
+  private entry(client: EdgeClient, remote: boolean): NodeEntry {
+    const cap = client.capacity();
+    return {
+      name: client.nodeName,
+      healthy: true,
+      cordoned: false,
+      backends: cap.backends,
+      capacity: { cpu: cap.cpu, memoryMiB: cap.memoryMiB, sandboxes: cap.sandboxes },
+      allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 },
+      client,
+      remote,
+      state: 'ready',
+      stateSince: Date.now(),
+      answering: true,
+      address: null,
+      version: null,
+      joinedAt: null,
+      lastHeardAt: () => null,
+    };
+  }
+}
+
+/** An EdgeClient of a node whose session is down: every call is UNAVAILABLE, no events. */
+export function unreachableEdge(name: string, cap: NodeCapacity): EdgeClient {
+  const refuse = (): Promise<never> => Promise.reject(new DsecError('UNAVAILABLE', `node ${name} is unreachable`, { node: name }));
+  const base = { nodeName: name, capacity: () => cap, onEvent: () => () => undefined };
+  const refusing = (target: object): object =>
+    new Proxy(target, {
+      get: (t, prop) => (prop in t ? (t as Record<string | symbol, unknown>)[prop] : prop === 'then' ? undefined : refuse),
+    });
+  return refusing({ ...base, layers: refusing({}), calls: refusing({}) }) as EdgeClient;
 }

@@ -5,13 +5,14 @@ import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
-import { Edge } from '@dsec/edge';
+import { Edge, makeCsr, makeKey, openssl } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlaneOptions } from './control-plane.js';
 import { PUBLIC_PROJECT_ID, StateStore } from './db/store.js';
+import { NodePort } from './cluster/node-port.js';
 import { NodeRegistry } from './nodes.js';
 import type { Services } from './services/index.js';
 import type { WatchService } from './watch.js';
@@ -57,12 +58,20 @@ export interface PlatformOptions extends ControlPlaneOptions {
    * none: SQLite at `$home/dsec.db`.
    */
   db?: string;
+  /**
+   * Nodes on other machines: the node port (`nodeAddr`, mutual TLS with the cluster CA under
+   * `<home>/cluster/`) and how long a node may be silent before it is unreachable, then lost.
+   * Default: no node port.
+   */
+  cluster?: { nodeAddr?: string; unreachableAfterMs?: number; lostAfterMs?: number };
 }
 
 /** A running platform. */
 export interface Platform {
   /** Base URL of the API. */
   url: string;
+  /** `https://host:port` of the node port, when there is one. */
+  nodeUrl?: string;
   /** The first admin key: set only on the first start (it is printed once). */
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
@@ -115,6 +124,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const startRemoved = startGarbage ? garbageCount(startGarbage) : 0;
     if (startRemoved > 0) log(`dsec: removed ${startRemoved} leftovers of sandboxes a previous run lost (${JSON.stringify(startGarbage)})`);
 
+    let nodePort: NodePort | undefined;
     const cp = await startControlPlane({
       ...opts,
       home,
@@ -137,13 +147,35 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         if (!publicRows.some((r) => r.name === `${BUILTIN_BASE}:latest` && r.digest === base.digest)) {
           await services.layers.register(PUBLIC_PROJECT_ID, base, BUILTIN_BASE);
         }
+        // Nodes on other machines join here; each member is unreachable until its session opens.
+        const cluster = opts.cluster;
+        if (cluster?.nodeAddr) {
+          const at = parseAddr(cluster.nodeAddr);
+          nodePort = await NodePort.start({
+            host: at.host,
+            port: at.port,
+            caDir: path.join(home, 'cluster'),
+            certTools: { openssl, makeKey, makeCsr },
+            nodes,
+            nodeAdmin: services.nodeAdmin,
+            raise: watch.events.ingest,
+            log,
+            ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
+            ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),
+          });
+          services.nodeAdmin.membership = nodePort;
+        }
       },
     });
     closers.unshift(() => cp.close());
+    // The node port closes before the control plane: its sessions use the store.
+    const port = nodePort;
+    if (port) closers.unshift(() => port.close());
 
     let closed = false;
     const platform: Platform = {
       url: cp.url,
+      ...(port ? { nodeUrl: port.url } : {}),
       ...(cp.adminKey ? { adminKey: cp.adminKey } : {}),
       adminKeyFile: cp.adminKeyFile,
       edge,

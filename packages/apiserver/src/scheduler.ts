@@ -17,6 +17,8 @@ export const DEFAULT_SAMPLE_K = 2;
 export interface NodeView {
   name: string;
   healthy: boolean;
+  /** Placement skips a cordoned node (cordon, drain). */
+  cordoned?: boolean;
   backends: readonly BackendKind[];
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
@@ -64,6 +66,7 @@ export class Placement {
     const a = this.allocatable(n);
     return (
       n.healthy &&
+      !n.cordoned &&
       n.backends.includes(req.backend) &&
       n.allocated.sandboxes + 1 <= n.capacity.sandboxes &&
       n.allocated.cpu + this.cpuCharge(req) <= a.cpu &&

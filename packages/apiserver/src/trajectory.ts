@@ -7,7 +7,7 @@
 // transaction, never on the request's path. Reads flush first, so a step of a completed command
 // is always seen by the next read.
 import { DsecError } from '@dsec/protocol';
-import type { ExecSpec, ImageSpec, Resources, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
+import type { ExecSpec, ImageSpec, Recovery, Resources, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
 import type { TrajectoryStepTable, TrajectoryTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
 import { ExecRecording, FileRecording } from './trajectory-recording.js';
@@ -58,6 +58,8 @@ export interface TrajectorySpec {
   env?: Record<string, string>;
   labels?: Record<string, string>;
   timeoutMs?: number;
+  /** What happens when its node is lost (kept so that a replayed sandbox keeps it too). */
+  recovery?: Recovery;
 }
 
 /** What a trajectory's header holds. */

@@ -27,6 +27,7 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
   { name: 'DSEC_DB', key: 'db', kind: 'string' },
   { name: 'DSEC_TRUSTED_PROXIES', key: 'trustedProxies', kind: 'list' },
+  { name: 'DSEC_NODE_ADDR', key: 'cluster.nodeAddr', kind: 'string' },
 ];
 
 /** The variable naming the configuration file when `--config` is not given. */
@@ -44,6 +45,7 @@ export interface ConfigFlags {
   nameserver?: string[];
   db?: string;
   trustedProxy?: string[];
+  nodeAddr?: string;
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -57,6 +59,7 @@ const FLAG_KEYS: ReadonlyArray<{ flag: keyof ConfigFlags; option: string; key: s
   { flag: 'nameserver', option: '--nameserver', key: 'node.network.nameservers' },
   { flag: 'db', option: '--db', key: 'db' },
   { flag: 'trustedProxy', option: '--trusted-proxy', key: 'trustedProxies' },
+  { flag: 'nodeAddr', option: '--node-addr', key: 'cluster.nodeAddr' },
 ];
 
 /** Where the configuration comes from. */
@@ -206,7 +209,7 @@ function defined<T>(value: T): Defined<T> {
 
 /** What `startPlatform` is given for a configuration (everything but the log). */
 export function platformOptions(config: DsecConfig): PlatformOptions {
-  const { node, placement, watcher, trajectory, events } = defined(config);
+  const { node, placement, watcher, trajectory, events, cluster } = defined(config);
   const opts: PlatformOptions = {
     home: config.home,
     addr: config.addr,
@@ -224,6 +227,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
     ...(config.db !== undefined ? { db: config.db } : {}),
     ...(config.trustedProxies !== undefined ? { trustedProxies: config.trustedProxies } : {}),
+    ...(cluster.nodeAddr !== undefined ? { cluster } : {}),
   };
   return opts;
 }

@@ -7,6 +7,7 @@ import { registerKeys, registerNodes, registerProjects } from './commands/admin.
 import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
 import { registerDb } from './commands/db.js';
+import { registerEdge } from './commands/edge.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
 import { registerPools } from './commands/pools.js';
@@ -31,6 +32,7 @@ export function buildProgram(): Command {
     .exitOverride()
     .configureOutput({ outputError: (text, write) => write(`dsec: ${text.replace(/^error: /, '')}`) });
   registerUp(program);
+  registerEdge(program);
   registerSandbox(program);
   registerNetwork(program);
   registerExec(program);

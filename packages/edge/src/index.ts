@@ -87,3 +87,8 @@ export type {
   MirrorCacheStats,
   MirrorServiceOptions,
 } from './net/proxy/index.js';
+// Cluster membership of a node (dsec edge --join) and the certificate helpers it shares with the control plane.
+export { nodeNameOf } from './node-host.js';
+export { certSha256, makeCsr, makeKey, openssl } from './cluster/tls.js';
+export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
+export type { NodeAgentOptions } from './cluster/node-agent.js';

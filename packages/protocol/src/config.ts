@@ -161,6 +161,20 @@ export const DsecConfigSchema = z.strictObject({
    * believed. Default none: the client is the connection's peer.
    */
   trustedProxies: z.array(z.union([z.ipv4(), z.ipv6(), z.cidrv4(), z.cidrv6()], { error: 'not an address or CIDR range' })).optional(),
+  /**
+   * Nodes on other machines (docs/deploy.md): the node port they join and hold their sessions on
+   * (mutual TLS with the cluster CA under `<home>/cluster/`), and how long a node may be silent.
+   */
+  cluster: z
+    .strictObject({
+      /** `host:port` of the node port; none (the default) takes no remote nodes. */
+      nodeAddr: HostPortSchema.optional(),
+      /** Silence after which a node is `unreachable`, in ms (default `DEFAULT_NODE_UNREACHABLE_AFTER_MS`, 15 s). */
+      unreachableAfterMs: positiveInt.optional(),
+      /** Time `unreachable` before a node and its sandboxes are `lost`, in ms (default `DEFAULT_NODE_LOST_AFTER_MS`, 60 s). */
+      lostAfterMs: positiveInt.optional(),
+    })
+    .default({}),
   /** Events and audit: heartbeats, queues, retention. */
   events: z
     .strictObject({

@@ -32,6 +32,12 @@ export const EVENT_KINDS = [
   'sandbox.resumed',
   'sandbox.lost',
   'owner.lost',
+  // nodes of a cluster (node.* events carry the node; sandbox.replayed names the new sandbox)
+  'node.unreachable',
+  'node.lost',
+  'node.ready',
+  'sandbox.replayed',
+  'sandbox.replay-failed',
   // anything a rule added at run time matched
   'rule.matched',
 ] as const;

@@ -74,6 +74,7 @@ export {
   MAX_SNAPSHOT_DEPTH,
   PauseResultSchema,
   ProtectSchema,
+  RecoverySchema,
   ResumeRequestSchema,
   SandboxClaimSchema,
   SandboxPathSchema,
@@ -98,6 +99,7 @@ export type {
   ListSandboxesQuery,
   PauseResult,
   Protect,
+  Recovery,
   ResumeRequest,
   Sandbox,
   SandboxClaim,
@@ -369,3 +371,39 @@ export {
 export type { ConfigIssue, DsecConfig, DsecConfigInput, LayerRegistryConfig, NetworkConfig, NodeConfig, RegistryEndpointConfig } from './config.js';
 export { EXEC_FRAMES_MEDIA_TYPE, ExecFrameDecoder, MAX_EXEC_FRAME_BYTES, encodeExecFrame, readExecFrames } from './exec-frames.js';
 export type { ExecStreamEvent } from './exec-frames.js';
+// Nodes of a cluster (issue 16): the admin API, joining and the edge wire's transport.
+export {
+  CONTROL_PLANE_TLS_NAME,
+  CUT_OFF_PAUSE_REASON,
+  EDGE_WIRE_VERSION_HEADER,
+  NODE_HEARTBEAT_HEADER,
+  NODE_LOST_AFTER_HEADER,
+  NODE_UNREACHABLE_AFTER_HEADER,
+  DEFAULT_JOIN_TOKEN_TTL_MS,
+  DEFAULT_NODE_LOST_AFTER_MS,
+  DEFAULT_NODE_UNREACHABLE_AFTER_MS,
+  DrainRequestSchema,
+  DrainResultSchema,
+  JoinTokenRequestSchema,
+  JoinTokenSchema,
+  NODE_JOIN_PATHS,
+  NODE_SESSION_HTTP2,
+  NodeDetailSchema,
+  NodeJoinRequestSchema,
+  NodeJoinResponseSchema,
+  NodeStateSchema,
+  parseJoinToken,
+} from './nodes.js';
+export type {
+  DrainRequest,
+  DrainResult,
+  JoinToken,
+  JoinTokenParts,
+  JoinTokenRequest,
+  NodeDetail,
+  NodeJoinRequest,
+  NodeJoinResponse,
+  NodeState,
+} from './nodes.js';
+export { lineTransport } from './edge-wire/line-transport.js';
+export type { ByteDuplex } from './edge-wire/line-transport.js';

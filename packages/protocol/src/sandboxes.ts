@@ -151,6 +151,18 @@ export const AdmissionSchema = z.strictObject({
 export type Admission = z.infer<typeof AdmissionSchema>;
 
 /** POST /v1/sandboxes: give exactly one of `image` or `snapshot`. */
+/**
+ * What happens to a sandbox when its node is lost: `mark-lost` (the default) leaves it `lost`;
+ * `replay` recreates it on another node from its trajectory, as a new sandbox (a new id, since
+ * an id names its node) labelled `dsec.replay-of` with the lost one's id.
+ */
+export const RecoverySchema = z.strictObject({
+  onNodeLost: z.enum(['mark-lost', 'replay']),
+});
+
+/** A sandbox's recovery policy. */
+export type Recovery = z.infer<typeof RecoverySchema>;
+
 export const CreateSandboxRequestSchema = z.strictObject({
   backend: BackendKindSchema.optional(),
   image: ImageSpecSchema.optional(),
@@ -172,6 +184,8 @@ export const CreateSandboxRequestSchema = z.strictObject({
   protect: ProtectSchema.optional(),
   /** Relaxations of the default hardening (ptrace). */
   security: SecuritySchema.optional(),
+  /** What happens when the sandbox's node is lost (default: the sandbox is marked lost). */
+  recovery: RecoverySchema.optional(),
 });
 
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequestSchema>;
@@ -207,6 +221,8 @@ export const SandboxSchema = z.object({
   /** Hardening beyond the defaults, run-time rules (POST /v1/rules) included. */
   protect: ProtectSchema.optional(),
   security: SecuritySchema.optional(),
+  /** What happens when its node is lost (given at create). */
+  recovery: RecoverySchema.optional(),
 });
 
 export type Sandbox = z.infer<typeof SandboxSchema>;

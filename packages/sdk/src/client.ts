@@ -4,10 +4,11 @@ import { CallsApi } from './calls.js';
 import { isBodyStream, send } from './http.js';
 import type { HttpReply, HttpRequestOptions, HttpStreamReply, HttpTarget } from './http.js';
 import { KeysApi, ProjectsApi } from './iam.js';
+import { NodesApi } from './nodes.js';
 import { LayersApi } from './layers.js';
 import { OwnerSession, OwnersApi } from './owners.js';
 import { PoolsApi } from './pools.js';
-import type { ApplyNetworkRequest, ApplyNetworkResult, NodeInfo, OwnerCreateOptions } from './types.js';
+import type { ApplyNetworkRequest, ApplyNetworkResult, OwnerCreateOptions } from './types.js';
 import { validate } from './validate.js';
 
 /** API URL used when neither the options nor `DSEC_API_URL` give one. */
@@ -65,8 +66,8 @@ export class DsecClient {
   readonly calls: CallsApi;
   /** Warm pools: sandboxes kept ready for creates that match them. */
   readonly pools: PoolsApi;
-  /** Nodes and their capacity. */
-  readonly nodes: { list(opts?: CallOptions): Promise<NodeInfo[]> };
+  /** Nodes: capacity and state; join tokens, cordon, drain and removal (admin). */
+  readonly nodes: NodesApi;
   /** Owner sessions (the low-level API). */
   readonly owners: OwnersApi;
   /** This client's own owner session (set with the `owner` option). */
@@ -103,9 +104,7 @@ export class DsecClient {
     this.owners = new OwnersApi(this);
     this.ownerSession = opts.owner ? new OwnerSession(this.owners, opts.owner === true ? {} : opts.owner) : undefined;
     this.pools = new PoolsApi(this);
-    this.nodes = {
-      list: async (o: CallOptions = {}) => (await this.json<{ items: NodeInfo[] }>({ method: 'GET', path: '/v1/nodes' }, o)).items,
-    };
+    this.nodes = new NodesApi(this);
   }
 
   /** Ends this client's owner session, if it has one (its sandboxes then get their `onOwnerLost` action). */

@@ -21,6 +21,7 @@ export { OwnersApi, OwnerSession } from './owners.js';
 export { LayersApi } from './layers.js';
 export type { DebianBuildOptions, LayerUploadOptions } from './layers.js';
 export { KeysApi, ProjectsApi } from './iam.js';
+export { NodesApi } from './nodes.js';
 export { PoolsApi } from './pools.js';
 export { CommandExitError } from './errors.js';
 export { DsecError, isDsecError } from '@dsec/protocol';

@@ -241,6 +241,28 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  '0008_nodes': {
+    async up(db: Kysely<unknown>): Promise<void> {
+      // Nodes that joined from other machines, and the single-use tokens they joined with.
+      await db.schema
+        .createTable('nodes')
+        .addColumn('name', 'text', (c) => c.primaryKey())
+        .addColumn('cert_fingerprint', 'text', (c) => c.notNull())
+        .addColumn('cordoned', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('joined_at', 'text', (c) => c.notNull())
+        .addColumn('revoked_at', 'text')
+        .execute();
+      await db.schema
+        .createTable('join_tokens')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('hash', 'text', (c) => c.notNull())
+        .addColumn('created_at', 'text', (c) => c.notNull())
+        .addColumn('expires_at', 'text', (c) => c.notNull())
+        .addColumn('used_at', 'text')
+        .addColumn('used_by', 'text')
+        .execute();
+    },
+  },
 };
 
 /** The migrations of the state store, in order. */

@@ -219,8 +219,33 @@ export interface TrajectorySeqTable {
   last_seq: number;
 }
 
+/** A node that joined the cluster (remote edges; the in-process edge has no row). */
+export interface NodeTable {
+  name: string;
+  /** SHA-256 fingerprint of its client certificate (colon-separated hex, as Node prints it). */
+  cert_fingerprint: string;
+  /** 1 while cordoned (placement skips it). */
+  cordoned: number;
+  joined_at: string;
+  /** Set when the node was removed: its certificate is refused from then on. */
+  revoked_at: string | null;
+}
+
+/** A single-use join token (its secret stored hashed). */
+export interface JoinTokenTable {
+  id: string;
+  hash: string;
+  created_at: string;
+  expires_at: string;
+  /** Set when a node joined with it. */
+  used_at: string | null;
+  used_by: string | null;
+}
+
 /** The whole database. */
 export interface Database {
+  nodes: NodeTable;
+  join_tokens: JoinTokenTable;
   projects: ProjectTable;
   api_keys: ApiKeyTable;
   sandboxes: SandboxTable;

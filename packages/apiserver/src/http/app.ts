@@ -13,6 +13,7 @@ import { callRoutes } from './routes/calls.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
 import { iamRoutes } from './routes/iam.js';
+import { nodeRoutes } from './routes/nodes.js';
 import { layerRoutes } from './routes/layers.js';
 import { networkRoutes } from './routes/networks.js';
 import { ownerRoutes } from './routes/owners.js';
@@ -85,6 +86,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
 
   const deps: RouterDeps = { services, metrics, log };
   app.route('/v1', iamRoutes(deps));
+  app.route('/v1', nodeRoutes(deps));
   app.route('/v1', sandboxRoutes(deps));
   app.route('/v1', ownerRoutes(deps));
   app.route('/v1', poolRoutes(deps));

@@ -82,6 +82,7 @@ export function toSandbox(row: SandboxRow, activity: ActivityTracker): Sandbox {
     pauseReason: row.pause_reason ?? null,
     ...(spec.protect ? { protect: spec.protect } : {}),
     ...(spec.security ? { security: spec.security } : {}),
+    ...(spec.recovery ? { recovery: spec.recovery } : {}),
   };
 }
 
@@ -100,6 +101,7 @@ export function trajectorySpec(req: CreateSandboxRequest, spec: SandboxSpec): Tr
   if (req.env) out.env = req.env;
   if (req.labels) out.labels = req.labels;
   if (req.timeoutMs !== undefined) out.timeoutMs = req.timeoutMs;
+  if (req.recovery) out.recovery = req.recovery;
   return out;
 }
 

@@ -22,6 +22,7 @@ import { IamService } from './iam.js';
 import { LayerService } from './layers.js';
 import { LifecycleService } from './lifecycle.js';
 import { NetworkService } from './networks.js';
+import { NodeService } from './nodes.js';
 import type { DeniedNames } from './networks.js';
 import { OwnerService } from './owners.js';
 import { PoolService } from './pools.js';
@@ -73,6 +74,8 @@ export interface Services {
   networks: NetworkService;
   calls: CallService;
   iam: IamService;
+  /** Node administration (GET /v1/nodes/{name}, cordon, drain, rm, join tokens) and node loss. */
+  nodeAdmin: NodeService;
 }
 
 /** Builds the services over a store and a set of nodes. */
@@ -123,6 +126,7 @@ export function createServices(deps: ServiceDeps): Services {
   const pools: PoolService = new PoolService(store, pipeline, layers, poolManager);
   const commands = new CommandService(trajectory, activity);
   const files = new FileService(trajectory);
+  const trajectories = new TrajectoryService({ store, trajectory, lifecycle, sandboxes, layers, commands, files, sinks });
   return {
     counters,
     admission,
@@ -137,11 +141,12 @@ export function createServices(deps: ServiceDeps): Services {
     sandboxes,
     pools,
     snapshots: new SnapshotService(store, lifecycle, layers, sandboxes, trajectory),
-    trajectories: new TrajectoryService({ store, trajectory, lifecycle, sandboxes, layers, commands, files, sinks }),
+    trajectories,
     commands,
     files,
     networks: new NetworkService(store, nodes, lifecycle, sinks, deps.deniedNames),
     calls: new CallService(nodes, layers),
     iam: new IamService(store, deps.auth, nodes, placement),
+    nodeAdmin: new NodeService({ store, nodes, placement, lifecycle, trajectories, sinks }),
   };
 }

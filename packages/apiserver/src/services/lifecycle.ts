@@ -354,7 +354,9 @@ export class LifecycleService {
     }
     crashPoint('delete.stopping');
     const node = nodes.get(row.node);
-    if (node) {
+    // A lost sandbox on a node that is not back: nothing to reach; the node's reconcile
+    // destroys it there if it ever returns.
+    if (node && !(from === 'lost' && node.state !== 'ready')) {
       try {
         await node.client.destroy(row.id);
       } catch (err) {

@@ -123,6 +123,7 @@ export class TrajectoryService {
         ...(env ? { env } : {}),
         ...(labels ? { labels } : {}),
         ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+        ...(spec.recovery ? { recovery: spec.recovery } : {}),
       }),
       signal ? { signal } : {},
     );

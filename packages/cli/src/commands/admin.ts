@@ -93,25 +93,84 @@ export function registerProjects(program: Command): void {
     });
 }
 
-/** Registers `dsec nodes`. */
+/** The node table of `dsec nodes` and `dsec nodes ls`. */
+async function listNodes(flags: { json?: boolean }, cmd: Command): Promise<void> {
+  const items = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).nodes.list();
+  if (flags.json) return printJson(items);
+  printTable(
+    ['name', 'state', 'healthy', 'cordoned', 'backends', 'sandboxes', 'cpu', 'memory'],
+    items.map((n) => [
+      n.name,
+      n.state ?? '-',
+      n.healthy ? 'yes' : 'no',
+      n.cordoned ? 'yes' : 'no',
+      n.backends.join(','),
+      `${n.allocated.sandboxes}/${n.capacity.sandboxes}`,
+      `${n.allocated.cpu}/${n.allocatable.cpu}`,
+      `${n.allocated.memoryMiB}/${n.allocatable.memoryMiB}Mi`,
+    ]),
+  );
+}
+
+/** Registers `dsec nodes [ls|get|join-token|cordon|uncordon|drain|rm]`. */
 export function registerNodes(program: Command): void {
-  program
+  const nodes = program
     .command('nodes')
-    .description('list nodes with capacity and allocation')
+    .description('nodes: capacity and state; join tokens, cordon, drain, rm (admin)')
     .option('--json', 'print JSON')
-    .action(async (flags: { json?: boolean }, cmd: Command) => {
-      const items = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).nodes.list();
-      if (flags.json) return printJson(items);
-      printTable(
-        ['name', 'healthy', 'backends', 'sandboxes', 'cpu', 'memory'],
-        items.map((n) => [
-          n.name,
-          n.healthy ? 'yes' : 'no',
-          n.backends.join(','),
-          `${n.allocated.sandboxes}/${n.capacity.sandboxes}`,
-          `${n.allocated.cpu}/${n.allocatable.cpu}`,
-          `${n.allocated.memoryMiB}/${n.allocatable.memoryMiB}Mi`,
-        ]),
-      );
+    .action(listNodes);
+  const api = (cmd: Command) => clientFor(cmd.optsWithGlobals<ConnectionFlags>()).nodes;
+  nodes.command('ls').alias('list').description('list nodes with state, capacity and allocation').option('--json', 'print JSON').action(listNodes);
+  nodes
+    .command('get')
+    .description('one node in full (JSON)')
+    .argument('<name>')
+    .action(async (name: string, _f: object, cmd: Command) => printJson(await api(cmd).get(name)));
+  nodes
+    .command('join-token')
+    .description('print a single-use token for `dsec edge --join <url> --token <token>`')
+    .option('--ttl <ms>', 'lifetime of the token in ms (default one hour)', number(true))
+    .option('--json', 'print JSON (id, token, expiresAt)')
+    .action(async (flags: { ttl?: number; json?: boolean }, cmd: Command) => {
+      const t = await api(cmd).joinToken(flags.ttl !== undefined ? { ttlMs: flags.ttl } : {});
+      if (flags.json) return printJson(t);
+      process.stderr.write(`join token ${t.id}, single use, expires ${t.expiresAt}:\n`);
+      process.stdout.write(`${t.token}\n`);
+    });
+  for (const [verb, what] of [
+    ['cordon', 'stop placing sandboxes on a node'],
+    ['uncordon', 'place sandboxes on a node again'],
+  ] as const) {
+    nodes
+      .command(verb)
+      .description(what)
+      .argument('<name>')
+      .action(async (name: string, _f: object, cmd: Command) => {
+        const n = verb === 'cordon' ? await api(cmd).cordon(name) : await api(cmd).uncordon(name);
+        process.stderr.write(`node ${n.name}: ${n.cordoned ? 'cordoned' : 'uncordoned'}\n`);
+      });
+  }
+  nodes
+    .command('drain')
+    .description('cordon a node; with --replay, recreate its sandboxes on other nodes from their trajectories')
+    .argument('<name>')
+    .option('--replay', 'recreate each sandbox elsewhere and destroy the original')
+    .option('--json', 'print JSON')
+    .action(async (name: string, flags: { replay?: boolean; json?: boolean }, cmd: Command) => {
+      const r = await api(cmd).drain(name, flags.replay ? { replay: true } : {});
+      if (flags.json) return printJson(r);
+      for (const m of r.replayed) process.stdout.write(`${m.from} -> ${m.to}\n`);
+      for (const f of r.failed) process.stderr.write(`${f.sandboxId}: ${f.error}\n`);
+      process.stderr.write(`node ${r.node}: drained (${r.replayed.length} replayed, ${r.failed.length} failed)\n`);
+      if (r.failed.length > 0) process.exitCode = 1;
+    });
+  nodes
+    .command('rm')
+    .alias('remove')
+    .description('remove a joined node: revoke its certificate; its sandboxes are lost (or replayed)')
+    .argument('<name>')
+    .action(async (name: string, _f: object, cmd: Command) => {
+      await api(cmd).remove(name);
+      process.stderr.write(`node ${name}: removed\n`);
     });
 }

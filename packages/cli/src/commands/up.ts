@@ -20,7 +20,8 @@ function configOptions(cmd: Command): Command {
     .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
     .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
     .option('--db <url>', 'PostgreSQL URL of a state store shared with API replicas (default $DSEC_DB, else SQLite in the home)')
-    .option('--trusted-proxy <addr|cidr>', 'reverse proxy whose X-Forwarded-For is believed, repeatable (default $DSEC_TRUSTED_PROXIES)', repeated);
+    .option('--trusted-proxy <addr|cidr>', 'reverse proxy whose X-Forwarded-For is believed, repeatable (default $DSEC_TRUSTED_PROXIES)', repeated)
+    .option('--node-addr <host:port>', 'take nodes on other machines on this node port, mutual TLS (default $DSEC_NODE_ADDR, else none; docs/deploy.md)');
 }
 
 /** Waits for SIGINT or SIGTERM. */
@@ -50,6 +51,7 @@ export function registerUp(program: Command): void {
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
       const platform = await startPlatform({ ...platformOptions(config), log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
+      if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {
         process.stdout.write(`admin key (shown once, also written to ${platform.adminKeyFile}):\n${platform.adminKey}\n`);
       } else {

@@ -1,10 +1,10 @@
-// /v1/keys, /v1/projects, /v1/nodes
+// /v1/keys, /v1/projects (nodes: routes/nodes.ts)
 import { CreateKeyRequestSchema, CreateProjectRequestSchema } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { jsonBody } from '../validate.js';
 
-/** Keys, projects and nodes. */
+/** Keys and projects. */
 export function iamRoutes({ services: { iam } }: RouterDeps) {
   return router()
     .post('/keys', jsonBody(CreateKeyRequestSchema), async (c) => c.json(await iam.createKey(c.get('principal'), c.get('body')), 201))
@@ -15,6 +15,5 @@ export function iamRoutes({ services: { iam } }: RouterDeps) {
     })
     .post('/projects', jsonBody(CreateProjectRequestSchema), async (c) => c.json(await iam.createProject(c.get('principal'), c.get('body')), 201))
     .get('/projects', async (c) => c.json({ items: await iam.listProjects(c.get('principal')), nextCursor: null }))
-    .get('/projects/:id', async (c) => c.json(await iam.getProject(c.get('principal'), c.req.param('id'))))
-    .get('/nodes', (c) => c.json({ items: iam.listNodes(c.get('principal')), nextCursor: null }));
+    .get('/projects/:id', async (c) => c.json(await iam.getProject(c.get('principal'), c.req.param('id'))));
 }

@@ -1,0 +1,22 @@
+// /v1/nodes: the nodes of the cluster (list, one in full, join tokens, cordon, drain, rm)
+import { DrainRequestSchema, JoinTokenRequestSchema } from '@dsec/protocol';
+import { router } from '../env.js';
+import type { RouterDeps } from '../env.js';
+import { jsonBody } from '../validate.js';
+
+/** Nodes. */
+export function nodeRoutes({ services: { nodeAdmin } }: RouterDeps) {
+  return router()
+    .get('/nodes', async (c) => c.json({ items: await nodeAdmin.list(c.get('principal')), nextCursor: null }))
+    .post('/nodes/join-tokens', jsonBody(JoinTokenRequestSchema), async (c) => c.json(await nodeAdmin.joinToken(c.get('principal'), c.get('body')), 201))
+    .get('/nodes/:name', async (c) => c.json(await nodeAdmin.get(c.get('principal'), c.req.param('name'))))
+    .post('/nodes/:name/cordon', async (c) => c.json(await nodeAdmin.cordon(c.get('principal'), c.req.param('name'), true)))
+    .post('/nodes/:name/uncordon', async (c) => c.json(await nodeAdmin.cordon(c.get('principal'), c.req.param('name'), false)))
+    .post('/nodes/:name/drain', jsonBody(DrainRequestSchema), async (c) =>
+      c.json(await nodeAdmin.drain(c.get('principal'), c.req.param('name'), c.get('body').replay === true)),
+    )
+    .delete('/nodes/:name', async (c) => {
+      await nodeAdmin.remove(c.get('principal'), c.req.param('name'));
+      return c.body(null, 204);
+    });
+}

@@ -1,0 +1,241 @@
+// Nodes as the admin API sees them (GET /v1/nodes/{name}, cordon, drain, rm, join tokens) and
+// what happens to their sandboxes when a node comes back (reconcile) or is lost (marked lost,
+// and recreated elsewhere from their trajectories when their recovery says `replay`).
+import { DsecError } from '@dsec/protocol';
+import type { DrainResult, JoinToken, JoinTokenRequest, NodeDetail, RaisedEvent } from '@dsec/protocol';
+import { requireRole } from '../auth.js';
+import type { Principal } from '../auth.js';
+import { NodeStore } from '../cluster/node-store.js';
+import type { SandboxTable } from '../db/schema.js';
+import { ROOT_PROJECT_ID } from '../db/store.js';
+import type { StateStore } from '../db/store.js';
+import type { NodeEntry, NodeRegistry } from '../nodes.js';
+import type { Placement } from '../scheduler.js';
+import type { ServiceSinks, StoredSpec } from './common.js';
+import { PAUSING, RESUMING } from './common.js';
+import type { LifecycleService } from './lifecycle.js';
+import type { TrajectoryService } from './trajectories.js';
+
+/** Label a replayed sandbox carries: the id of the sandbox it replaces. */
+export const REPLAY_OF_LABEL = 'dsec.replay-of';
+
+/** States of a sandbox that still occupies its node. */
+const ON_NODE_STATES = ['running', 'paused', PAUSING, RESUMING];
+
+/** The node port's side of membership: join tokens and revocation (absent without `--node-addr`). */
+export interface NodeMembership {
+  issueToken(ttlMs?: number): Promise<JoinToken>;
+  /** Revokes a node's certificate and ends its session. */
+  revoke(name: string): Promise<void>;
+}
+
+/** What {@link NodeService} is built from. */
+export interface NodeServiceDeps {
+  store: StateStore;
+  nodes: NodeRegistry;
+  placement: Placement;
+  lifecycle: LifecycleService;
+  trajectories: TrajectoryService;
+  sinks: ServiceSinks;
+}
+
+/** Node administration and node loss. */
+export class NodeService {
+  /** Joined nodes and join tokens in the store. */
+  readonly store: NodeStore;
+  /** Set by the node port when the control plane takes remote nodes. */
+  membership: NodeMembership | undefined;
+
+  constructor(private readonly d: NodeServiceDeps) {
+    this.store = new NodeStore(d.store.db);
+  }
+
+  /** Every node in full (viewer). */
+  async list(p: Principal): Promise<NodeDetail[]> {
+    requireRole(p, 'viewer');
+    const out: NodeDetail[] = [];
+    for (const n of this.d.nodes.all()) out.push(await this.detail(n));
+    return out;
+  }
+
+  /** One node in full (admin of the root project). */
+  async get(p: Principal, name: string): Promise<NodeDetail> {
+    requireClusterAdmin(p);
+    return this.detail(this.entry(name));
+  }
+
+  /** A single-use join token. */
+  async joinToken(p: Principal, req: JoinTokenRequest): Promise<JoinToken> {
+    requireClusterAdmin(p);
+    if (!this.membership) throw new DsecError('UNAVAILABLE', 'this control plane takes no remote nodes (start it with --node-addr)');
+    return this.membership.issueToken(req.ttlMs);
+  }
+
+  /** Cordons (no new placement) or uncordons a node. */
+  async cordon(p: Principal, name: string, cordoned: boolean): Promise<NodeDetail> {
+    requireClusterAdmin(p);
+    const n = this.entry(name);
+    this.d.nodes.setCordoned(name, cordoned);
+    if (n.remote) await this.store.setCordoned(name, cordoned);
+    return this.detail(n);
+  }
+
+  /**
+   * Drains a node: cordons it; with `replay`, recreates each of its sandboxes elsewhere from its
+   * trajectory and destroys the original once its replacement runs.
+   */
+  async drain(p: Principal, name: string, replay: boolean): Promise<DrainResult> {
+    await this.cordon(p, name, true);
+    const result: DrainResult = { node: name, replayed: [], failed: [] };
+    if (!replay) return result;
+    for (const row of await this.store.sandboxesOn(name)) {
+      if (row.pool_id !== null || !ON_NODE_STATES.includes(row.state)) continue;
+      try {
+        const to = await this.replay(row);
+        result.replayed.push({ from: row.id, to });
+        await this.d.lifecycle.destroyRow(row).catch((err: unknown) => this.d.sinks.log(`nodes: drain: destroying ${row.id}: ${(err as Error).message}`));
+      } catch (err) {
+        result.failed.push({ sandboxId: row.id, error: err instanceof DsecError ? `${err.code}: ${err.message}` : 'internal error' });
+      }
+    }
+    return result;
+  }
+
+  /** Removes a remote node: its certificate is revoked, its session ends, its sandboxes are lost (and replayed where asked). */
+  async remove(p: Principal, name: string): Promise<void> {
+    requireClusterAdmin(p);
+    const n = this.d.nodes.get(name);
+    const row = await this.store.node(name);
+    if (n && !n.remote) throw new DsecError('INVALID_ARGUMENT', `node ${name} is this control plane's own edge; it cannot be removed`, { field: 'name' });
+    if (!row || row.revoked_at !== null) throw new DsecError('NOT_FOUND', `node ${name} not found`, { node: name });
+    if (!this.membership) throw new DsecError('UNAVAILABLE', 'this control plane takes no remote nodes (start it with --node-addr)');
+    await this.membership.revoke(name);
+    await this.nodeLost(name, 'removed');
+    this.d.nodes.remove(name);
+  }
+
+  /**
+   * A node is lost (its grace ran out) or removed: every sandbox still on it is `lost`, its
+   * charge released, and one whose recovery says `replay` is recreated on another node.
+   */
+  async nodeLost(name: string, why: 'lost' | 'removed'): Promise<void> {
+    const { store, sinks } = this.d;
+    for (const row of await this.store.sandboxesOn(name)) {
+      if (![...ON_NODE_STATES, 'creating'].includes(row.state)) continue;
+      if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
+      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+      this.raise({
+        kind: 'sandbox.lost',
+        severity: 'warning',
+        sandboxId: row.id,
+        message: `sandbox ${row.id}: its node ${name} was ${why}; marked lost`,
+        data: { node: name, reason: `node-${why}` },
+      });
+      if (row.pool_id !== null) continue;
+      const spec = JSON.parse(row.spec) as StoredSpec;
+      if (spec.recovery?.onNodeLost !== 'replay') continue;
+      try {
+        const to = await this.replay(row);
+        sinks.log(`nodes: sandbox ${row.id} of lost node ${name} replayed as ${to}`);
+      } catch (err) {
+        sinks.log(`nodes: replaying ${row.id} of lost node ${name} failed: ${(err as Error).message}`);
+        this.raise({
+          kind: 'sandbox.replay-failed',
+          severity: 'warning',
+          sandboxId: row.id,
+          message: `sandbox ${row.id} could not be replayed elsewhere`,
+          data: { node: name, error: err instanceof DsecError ? err.code : 'INTERNAL' },
+        });
+      }
+    }
+  }
+
+  /**
+   * A node's session opened: its allocation is recounted from the store, and every sandbox it
+   * runs that the store does not place there alive (lost meanwhile, replayed, deleted) is
+   * destroyed on it, so nothing runs twice. Rows it no longer has are left to the watcher.
+   */
+  async reconcile(n: NodeEntry): Promise<{ destroyed: string[] }> {
+    const onNode = await n.client.list();
+    const rows = new Map((await this.store.sandboxesOn(n.name)).map((r) => [r.id, r]));
+    const destroyed: string[] = [];
+    for (const s of onNode) {
+      const row = rows.get(s.id);
+      // Frozen by the node itself while it was cut off, and still meant to run: it runs again.
+      if (row?.state === 'running' && s.state === 'paused') {
+        await n.client
+          .resume(s.id, { reason: 'node-returned' })
+          .catch((err: unknown) => this.d.sinks.log(`nodes: ${n.name}: resuming ${s.id}: ${(err as Error).message}`));
+        continue;
+      }
+      if (row && (ON_NODE_STATES.includes(row.state) || row.state === 'creating' || row.state === 'stopping')) continue;
+      await n.client.destroy(s.id).then(
+        () => destroyed.push(s.id),
+        (err: unknown) => this.d.sinks.log(`nodes: ${n.name}: destroying ${s.id}: ${(err as Error).message}`),
+      );
+    }
+    const allocated = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
+    for (const row of rows.values()) {
+      if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating') continue;
+      allocated.cpu += row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row);
+      allocated.memoryMiB += row.memory_mib;
+      allocated.sandboxes += 1;
+    }
+    this.d.nodes.setAllocated(n.name, allocated);
+    return { destroyed };
+  }
+
+  /** Recreates a sandbox from its trajectory on another node; returns the new id. */
+  private async replay(row: SandboxTable): Promise<string> {
+    const labels = (await this.d.store.sandbox(row.id))?.labels ?? {};
+    const recovery: Principal = { keyId: 'node-recovery', projectId: row.project_id, role: 'admin', visibleProjects: new Set([row.project_id]) };
+    const result = await this.d.trajectories.replay(recovery, row.id, { labels: { ...labels, [REPLAY_OF_LABEL]: row.id } });
+    this.raise({
+      kind: 'sandbox.replayed',
+      severity: 'info',
+      sandboxId: row.id,
+      message: `sandbox ${row.id} was recreated as ${result.sandbox.id} on node ${result.sandbox.node} from its trajectory`,
+      data: { to: result.sandbox.id, node: result.sandbox.node, steps: result.steps.length, ...(result.error ? { error: result.error.code } : {}) },
+    });
+    return result.sandbox.id;
+  }
+
+  private raise(ev: RaisedEvent): void {
+    this.d.sinks.raise(ev);
+  }
+
+  private entry(name: string): NodeEntry {
+    const n = this.d.nodes.get(name);
+    if (!n) throw new DsecError('NOT_FOUND', `node ${name} not found`, { node: name });
+    return n;
+  }
+
+  private async detail(n: NodeEntry): Promise<NodeDetail> {
+    const counts: Record<string, number> = {};
+    for (const r of await this.store.sandboxesOn(n.name)) counts[r.state] = (counts[r.state] ?? 0) + 1;
+    const heardAt = n.lastHeardAt();
+    return {
+      name: n.name,
+      healthy: n.healthy,
+      backends: [...n.backends],
+      capacity: { ...n.capacity },
+      allocatable: this.d.placement.allocatable(n),
+      allocated: { ...n.allocated },
+      state: n.state,
+      cordoned: n.cordoned === true,
+      remote: n.remote,
+      address: n.address,
+      version: n.version,
+      joinedAt: n.joinedAt,
+      lastHeardAt: heardAt === null ? null : new Date(heardAt).toISOString(),
+      stateSince: new Date(n.stateSince).toISOString(),
+      sandboxes: counts,
+    };
+  }
+}
+
+/** Node administration is for admins of the root project (the operator), not of a tenant's project. */
+function requireClusterAdmin(p: Principal): void {
+  requireRole(p, 'admin');
+  if (p.projectId !== ROOT_PROJECT_ID) throw new DsecError('PERMISSION_DENIED', 'nodes are administered with a key of the root project');
+}
