@@ -76,8 +76,18 @@ export type {
   SandboxResolver,
   StartEgressProxy,
 } from './net/types.js';
-export { makeCertificate } from './net/proxy/certificate.js';
-export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export { makeCertificate, makeCertificateAuthority } from './net/proxy/certificate.js';
+export type { TestCertificateAuthority } from './net/proxy/certificate.js';
+export {
+  startEgressProxy,
+  NpmMirrorAdapter,
+  DEFAULT_BYTES_PER_SECOND,
+  DEFAULT_CONNECTION_QUEUE_MS,
+  DEFAULT_MAX_CONNECTIONS,
+  DEFAULT_MAX_CONNECTIONS_PER_SANDBOX,
+  DEFAULT_EXPLICIT_PORT,
+} from './net/proxy/index.js';
+export { OPERATOR_CA_FILE, SYSTEM_CA_BUNDLE, loadCaCertificates, trustEnv } from './net/trust.js';
 export type {
   EgressProxyHandle,
   EgressProxyOptions,

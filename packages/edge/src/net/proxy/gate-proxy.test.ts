@@ -113,12 +113,15 @@ describe('egress proxy connection accounting', () => {
     const t = await connectTunnel(proxy.ports.http, SANDBOX_A, `api.test:${up.port}`);
     t.socket!.resetAndDestroy();
     await new Promise<void>((resolve, reject) => {
-      const req = http.get({ host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://api.test:${up.port}/bytes?n=${64 * 1024 * 1024}`, agent: false }, (res) => {
-        res.once('data', () => {
-          req.destroy();
-          resolve();
-        });
-      });
+      const req = http.get(
+        { host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A, path: `http://api.test:${up.port}/bytes?n=${64 * 1024 * 1024}`, agent: false },
+        (res) => {
+          res.once('data', () => {
+            req.destroy();
+            resolve();
+          });
+        },
+      );
       req.on('error', (err) => (req.destroyed ? undefined : reject(err)));
     });
     const half = net.connect({ host: '127.0.0.1', port: proxy.ports.http, localAddress: SANDBOX_A });
@@ -199,7 +202,14 @@ describe('egress proxy connection accounting', () => {
     try {
       const answers = await Promise.all(Array.from({ length: 320 }, () => tunnelRequest(p.ports.http, SANDBOX_A, `api.test:${up.port}`)));
       const ok = answers.filter((a) => /^HTTP\/1\.1 200 Connection Established\r\n\r\nHTTP\/1\.1 200/.test(a)).length;
-      assert.equal(ok, 320, `answers that were not a tunnel and a 200: ${answers.filter((a) => !a.includes('200 Connection Established')).slice(0, 3).join(' | ')}`);
+      assert.equal(
+        ok,
+        320,
+        `answers that were not a tunnel and a 200: ${answers
+          .filter((a) => !a.includes('200 Connection Established'))
+          .slice(0, 3)
+          .join(' | ')}`,
+      );
       assert.ok(
         events.some((e) => e.kind === 'egress.throttled' && e.data?.limit === 'sandbox'),
         'the sandbox was told it was slowed',

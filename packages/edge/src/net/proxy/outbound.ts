@@ -97,25 +97,39 @@ export class Outbound {
   constructor(private readonly opts: OutboundOptions) {
     this.proxy = opts.upstreamProxy ? parseUpstreamProxy(opts.upstreamProxy) : undefined;
     this.ca = opts.caCertificates ? [...tls.rootCertificates, opts.caCertificates] : undefined;
-    const agentOptions = { keepAlive: true, maxSockets: MIRROR_SOCKETS_PER_ORIGIN, maxFreeSockets: MIRROR_SOCKETS_PER_ORIGIN, timeout: MIRROR_IDLE_SOCKET_MS, scheduling: 'lifo' as const };
+    const agentOptions = {
+      keepAlive: true,
+      maxSockets: MIRROR_SOCKETS_PER_ORIGIN,
+      maxFreeSockets: MIRROR_SOCKETS_PER_ORIGIN,
+      timeout: MIRROR_IDLE_SOCKET_MS,
+      scheduling: 'lifo' as const,
+    };
     this.httpAgent = new http.Agent(agentOptions);
     this.httpsAgent = new https.Agent(agentOptions);
     // Both agents dial through `connect` (the node's resolver, the operator's proxy); the https
     // one then runs TLS over the socket it got. Node's Agent takes an asynchronous createConnection.
-    type Create = (options: Record<string, unknown>, cb: (err: Error | null, socket?: Socket) => void) => undefined;
+    type Create = (
+      options: { host?: string | null; port?: number | string | null; servername?: string },
+      cb: (err: Error | null, socket?: Socket) => void,
+    ) => undefined;
     const create =
       (secure: boolean): Create =>
       (options, cb) => {
-        const host = String(options.host ?? 'localhost');
+        const host = options.host ?? 'localhost';
         const port = Number(options.port ?? (secure ? 443 : 80));
         this.dialName(host, port, 10_000).then(
           (raw) => {
             if (!secure) return cb(null, raw);
-            const s = tls.connect({ socket: raw, servername: String(options.servername ?? host), ...(this.ca ? { ca: this.ca } : {}), ALPNProtocols: ['http/1.1'] });
+            const s = tls.connect({
+              socket: raw,
+              servername: options.servername ?? host,
+              ...(this.ca ? { ca: this.ca } : {}),
+              ALPNProtocols: ['http/1.1'],
+            });
             s.on('error', noop);
             cb(null, s);
           },
-          (err: Error) => cb(err),
+          (err: unknown) => cb(err instanceof Error ? err : new Error(String(err))),
         );
         return undefined;
       };

@@ -177,7 +177,11 @@ class EgressProxy implements EgressProxyHandle {
   }
 
   async listen(): Promise<void> {
-    const wanted = { http: this.opts.ports?.http ?? DEFAULT_EXPLICIT_PORT, transparentHttp: this.opts.ports?.transparentHttp ?? 0, transparentTls: this.opts.ports?.transparentTls ?? 0 };
+    const wanted = {
+      http: this.opts.ports?.http ?? DEFAULT_EXPLICIT_PORT,
+      transparentHttp: this.opts.ports?.transparentHttp ?? 0,
+      transparentTls: this.opts.ports?.transparentTls ?? 0,
+    };
     for (const [name, server] of this.fronts) {
       if (name === 'mirror') continue;
       server.listen(wanted[name], this.address);
@@ -336,7 +340,7 @@ class EgressProxy implements EgressProxyHandle {
       pass.release();
       return void socket.destroy();
     }
-    socket.once('close', pass.release);
+    socket.once('close', () => pass.release());
     this.sockets.add(socket);
     socket.once('close', () => this.sockets.delete(socket));
     if (id !== undefined) {

@@ -253,17 +253,21 @@ export function upstreamGet(
 ): Promise<http.IncomingMessage> {
   const mod = url.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
-    const req = mod.get(url, { headers: { 'user-agent': 'dsec-egress-mirror', ...(accept ? { accept } : {}) }, signal, agent: agentFor?.(url) ?? false }, (res) => {
-      const location = res.headers.location;
-      if (res.statusCode !== undefined && [301, 302, 303, 307, 308].includes(res.statusCode) && location) {
-        res.resume();
-        const next = new URL(location, url);
-        if (next.origin !== url.origin || redirects >= MAX_REDIRECTS) return reject(new Error(`${url.href}: redirect to ${next.href} not followed`));
-        upstreamGet(next, accept, signal, agentFor, redirects + 1).then(resolve, reject);
-        return;
-      }
-      resolve(res);
-    });
+    const req = mod.get(
+      url,
+      { headers: { 'user-agent': 'dsec-egress-mirror', ...(accept ? { accept } : {}) }, signal, agent: agentFor?.(url) ?? false },
+      (res) => {
+        const location = res.headers.location;
+        if (res.statusCode !== undefined && [301, 302, 303, 307, 308].includes(res.statusCode) && location) {
+          res.resume();
+          const next = new URL(location, url);
+          if (next.origin !== url.origin || redirects >= MAX_REDIRECTS) return reject(new Error(`${url.href}: redirect to ${next.href} not followed`));
+          upstreamGet(next, accept, signal, agentFor, redirects + 1).then(resolve, reject);
+          return;
+        }
+        resolve(res);
+      },
+    );
     req.on('error', reject);
   });
 }
