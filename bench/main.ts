@@ -22,6 +22,7 @@ import { execScenario } from './scenarios/exec.js';
 import { fncallScenario } from './scenarios/fncall.js';
 import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
+import { installScenario } from './scenarios/install.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
@@ -40,6 +41,7 @@ const SCENARIOS: Scenario[] = [
   snapshotScenario,
   networkScenario,
   proxyScenario,
+  installScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -79,7 +81,7 @@ async function main(): Promise<number> {
     .map((s) => s.trim())
     .filter(Boolean);
   for (const name of only ?? []) if (!SCENARIOS.some((s) => s.name === name)) usage(`--only: no scenario ${name}`);
-  const selected = SCENARIOS.filter((s) => !only || only.includes(s.name));
+  const selected = SCENARIOS.filter((s) => (only ? only.includes(s.name) : !s.onlyWhenNamed));
   if (process.getuid?.() !== 0) usage('the benchmark creates containers, mounts and cgroups: run it as root');
 
   cleanupOnSignals();

@@ -97,3 +97,6 @@ export type {
   MirrorCacheStats,
   MirrorServiceOptions,
 } from './net/proxy/index.js';
+export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, npmTarball, startNpmRegistry, tarballManifest } from './testing/npm-registry.js';
+export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
+export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';

@@ -1,6 +1,7 @@
 // A self-signed certificate made at run time, for the TLS upstreams that tests and benchmarks
 // of the egress proxy start on loopback (the proxy itself never terminates TLS).
 import { execFileSync } from 'node:child_process';
+import { isIP } from 'node:net';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -42,7 +43,7 @@ export async function makeCertificate(name: string): Promise<{ key: string; cert
 export interface TestCertificateAuthority {
   key: string;
   cert: string;
-  /** A server certificate for `names` (subjectAltName DNS entries; the first is the CN), signed by this CA. */
+  /** A server certificate for `names` (subjectAltName entries, DNS names or IP addresses; the first is the CN), signed by this CA. */
   issue(names: string[]): Promise<{ key: string; cert: string }>;
 }
 
@@ -87,7 +88,10 @@ async function issueCertificate(ca: { key: string; cert: string }, names: string
     const p = (n: string): string => path.join(dir, n);
     await writeFile(p('ca.key'), ca.key, { mode: 0o600 });
     await writeFile(p('ca.pem'), ca.cert);
-    await writeFile(p('ext.cnf'), `subjectAltName=${names.map((n) => `DNS:${n}`).join(',')}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n`);
+    await writeFile(
+      p('ext.cnf'),
+      `subjectAltName=${names.map((n) => (isIP(n) ? `IP:${n}` : `DNS:${n}`)).join(',')}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n`,
+    );
     execFileSync(
       'openssl',
       [
