@@ -88,39 +88,34 @@ async function capturedTree(cacheDir: string): Promise<CapturedTree> {
   await rm(dir, { recursive: true, force: true });
   await mkdir(project, { recursive: true });
   await mkdir(tarDir, { recursive: true });
+  // The host's own environment and CA settings (this one-time capture is the host's npm talking
+  // to its registry, whatever its network needs); its own cache, a lockfile with `resolved` URLs.
+  const cache = path.join(dir, 'npm-cache');
   const npm = (args: string[], cwd: string): Promise<{ stdout: string }> =>
-    run(
-      'npm',
-      [...args, '--registry=https://registry.npmjs.org/', '--no-audit', '--no-fund', '--userconfig=/dev/null', `--cache=${path.join(dir, 'npm-cache')}`],
-      {
-        cwd,
-        env: cleanEnv(dir),
-        maxBuffer: 64 * 1024 * 1024,
-      },
-    );
+    run('npm', [...args, '--registry=https://registry.npmjs.org/', '--no-audit', '--no-fund', '--userconfig=/dev/null', `--cache=${cache}`], {
+      cwd,
+      maxBuffer: 64 * 1024 * 1024,
+      timeout: INSTALL_TIMEOUT_MS,
+    });
   const packed = (await npm(['pack', PROJECT, '--json'], dir)).stdout;
   const file = (JSON.parse(packed) as Array<{ filename: string }>)[0]!.filename;
   await run('tar', ['-xzf', path.join(dir, file), '-C', dir]);
   await cp(path.join(dir, 'package', 'package.json'), path.join(project, 'package.json'));
-  await npm(['install', '--package-lock-only', '--ignore-scripts'], project);
+  await npm(['install', '--ignore-scripts'], project);
+  await rm(path.join(project, 'node_modules'), { recursive: true, force: true });
+  // Every tarball the lockfile names, from npm's content-addressed cache (sha512 integrity).
   const lock = JSON.parse(await readFile(path.join(project, 'package-lock.json'), 'utf8')) as {
     packages: Record<string, { resolved?: string; integrity?: string }>;
   };
-  const urls = [...new Set(Object.values(lock.packages).flatMap((p) => (p.resolved?.startsWith('https://registry.npmjs.org/') ? [p.resolved] : [])))];
   const names: string[] = [];
-  let next = 0;
-  const fetchOne = async (): Promise<void> => {
-    for (;;) {
-      const url = urls[next++];
-      if (!url) return;
-      const name = url.slice('https://registry.npmjs.org/'.length).replace(/[/@]/g, '_');
-      const res = await fetch(url, { signal: AbortSignal.timeout(60_000) });
-      if (!res.ok) throw new Error(`${url}: ${res.status}`);
-      await writeFile(path.join(tarDir, name), Buffer.from(await res.arrayBuffer()));
-      names.push(name);
-    }
-  };
-  await Promise.all(Array.from({ length: 16 }, fetchOne));
+  for (const p of Object.values(lock.packages)) {
+    if (!p.resolved?.startsWith('https://registry.npmjs.org/') || !p.integrity?.startsWith('sha512-')) continue;
+    const hex = Buffer.from(p.integrity.slice('sha512-'.length), 'base64').toString('hex');
+    const name = p.resolved.slice('https://registry.npmjs.org/'.length).replace(/[/@]/g, '_');
+    if (names.includes(name)) continue;
+    await cp(path.join(cache, '_cacache', 'content-v2', 'sha512', hex.slice(0, 2), hex.slice(2, 4), hex.slice(4)), path.join(tarDir, name));
+    names.push(name);
+  }
   await writeFile(done, JSON.stringify(names.sort()));
   progress(`install: ${names.length} tarballs captured`);
   return { project, tarballs: names.map((f) => ({ file: path.join(tarDir, f) })) };
