@@ -41,6 +41,8 @@ const TREE_SIZE = 200;
 /** Per-sandbox connection limit of this node (small, so that the burst meets it). */
 const SANDBOX_CONNECTIONS = 32;
 const INSTALL_TIMEOUT_MS = 240_000;
+/** npm's home and cache inside the sandbox (empty in each new sandbox). */
+const NPM_ENV = { HOME: '/root', npm_config_cache: '/root/.npm', npm_config_update_notifier: 'false' };
 /** A loopback address of this run for the registry (port 443, as the transparent TLS port dials). */
 const REGISTRY_ADDRESS = `127.${100 + ((randomBytes(1)[0] ?? 0) % 100)}.${randomBytes(1)[0] ?? 0}.${1 + ((randomBytes(1)[0] ?? 0) % 250)}`;
 
@@ -124,6 +126,7 @@ async function waitFor(what: string, pred: () => Promise<boolean>, ms = 15_000):
 
 /** Writes the project, runs `npm install` and `npm test`; returns what the install printed. */
 async function installAndTest(sb: Sandbox): Promise<void> {
+  await sb.exec(['mkdir', '-p', '/work', '/root'], { check: true });
   await sb.files.write('/work/package.json', tree.packageJson);
   await sb.files.write('/work/test.js', tree.testJs);
   const install = await sb.exec(['npm', 'install', '--no-audit', '--no-fund', '--no-update-notifier', '--loglevel=warn'], {
@@ -131,7 +134,7 @@ async function installAndTest(sb: Sandbox): Promise<void> {
     timeoutMs: INSTALL_TIMEOUT_MS,
   });
   assert.equal(install.exitCode, 0, `npm install: ${install.stderr.slice(-2000)}`);
-  const t = await sb.exec(['npm', 'test', '--silent'], { cwd: '/work', timeoutMs: 60_000 });
+  const t = await sb.exec(['npm', 'test', '--silent'], { cwd: '/work', env: NPM_ENV, timeoutMs: 60_000 });
   assert.equal(t.exitCode, 0, `npm test: ${t.stdout.slice(-1000)} ${t.stderr.slice(-1000)}`);
   assert.match(t.stdout, new RegExp(`all ${TREE_SIZE} packages load`));
 }

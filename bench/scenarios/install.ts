@@ -217,11 +217,16 @@ async function sandboxInstall(client: DsecClient, tree: CapturedTree, reg: Shape
     { client },
   );
   try {
+    await sb.exec(['mkdir', '-p', '/work', '/root'], { check: true });
     await sb.files.write('/work/package.json', await readFile(path.join(tree.project, 'package.json')));
     await sb.files.write('/work/package-lock.json', await readFile(path.join(tree.project, 'package-lock.json')));
     await reg.reset();
     const t0 = nowMs();
-    const r = await sb.exec(['npm', 'install', '--no-audit', '--no-fund', '--no-update-notifier'], { cwd: '/work', timeoutMs: INSTALL_TIMEOUT_MS });
+    const r = await sb.exec(['npm', 'install', '--no-audit', '--no-fund', '--no-update-notifier'], {
+      cwd: '/work',
+      env: { HOME: '/root', npm_config_cache: '/root/.npm' },
+      timeoutMs: INSTALL_TIMEOUT_MS,
+    });
     const seconds = (nowMs() - t0) / 1000;
     if (r.exitCode !== 0) throw new Error(`npm install in the sandbox: ${r.stderr.slice(-2000)}`);
     const s = await reg.stats();
