@@ -188,6 +188,10 @@ class EgressProxy implements EgressProxyHandle {
       await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
       this.ports[name] = (server.address() as net.AddressInfo).port;
     }
+    // An http.Server starts tracking its connections (headersTimeout, requestTimeout, idle
+    // keep-alive sockets) on its 'listening' event; these two get their sockets from the fronts.
+    this.explicit.emit('listening');
+    this.transparentHttp.emit('listening');
   }
 
   // ---- the handle ----
@@ -235,6 +239,9 @@ class EgressProxy implements EgressProxyHandle {
     for (const s of this.accepted) s.destroy();
     this.explicit.closeAllConnections();
     this.transparentHttp.closeAllConnections();
+    // Not listening themselves: close() only stops their connection tracking.
+    this.explicit.close();
+    this.transparentHttp.close();
     await Promise.all(closed);
     this.outbound.close();
   }
