@@ -1,7 +1,7 @@
 // A real package install through the egress proxy: minimist 1.2.8's development dependencies,
 // captured once from the npm registry into the bench's cache, served by the local registry
 // fixture (@dsec/edge testing/npm-registry.ts, the egress test's too) from a network namespace
-// behind a shaped link (netem: 10 ms each way = 20 ms RTT, 100 Mbit/s). `npm install` with empty
+// behind a shaped link (a relay delaying data 10 ms each way = 20 ms RTT; tbf at 100 Mbit/s). `npm install` with empty
 // caches on the host, in a sandbox with the npm preset, and through the npm mirror cold and warm.
 // Run it by name (`--only install`): it is not part of `--quick`.
 import { execFile, spawn } from 'node:child_process';
@@ -29,8 +29,8 @@ const BASE_PACKAGES = ['ca-certificates', 'libstdc++6'];
 const BASE_NAME = `install-debian-${createHash('sha256').update(BASE_PACKAGES.join(',')).digest('hex').slice(0, 12)}`;
 const NODE_NAME = nodeToolkitName('install-node');
 const INSTALL_TIMEOUT_MS = 600_000;
-/** netem on each side of the registry's link. */
-const ONE_WAY_DELAY = '10ms';
+/** The registry's link: a relay in its namespace delays data this much each way (20 ms RTT); tbf holds both ends to RATE. */
+const ONE_WAY_DELAY_MS = 10;
 const RATE = '100mbit';
 /** The registry fixture as a child in the namespace (compiled beside this file). */
 const CHILD = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'npm-registry-child.js');
@@ -134,7 +134,7 @@ function registryLink(): { ns: string; hostIf: string; hostAddress: string; addr
   return { ns: `dsec-bench-reg-${tag}`, hostIf: `dbr${tag}`, hostAddress: `10.215.${octet}.1`, address: `10.215.${octet}.2` };
 }
 
-/** A network namespace with the registry child in it, behind netem on both sides of its link. */
+/** A network namespace with the registry child in it, behind a shaped link (tbf both ends, the child's delaying relay). */
 async function shapedRegistry(link: ReturnType<typeof registryLink>, index: string, tlsDir: string): Promise<ShapedRegistry> {
   const { ns, hostIf, hostAddress, address } = link;
   const procs: ChildProcess[] = [];
@@ -154,9 +154,13 @@ async function shapedRegistry(link: ReturnType<typeof registryLink>, index: stri
     ['route', 'add', 'default', 'via', hostAddress],
   ])
     await run('ip', ['-n', ns, ...args]);
-  await run('tc', ['qdisc', 'add', 'dev', hostIf, 'root', 'netem', 'delay', ONE_WAY_DELAY, 'rate', RATE, 'limit', '10000']);
-  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', 'root', 'netem', 'delay', ONE_WAY_DELAY, 'rate', RATE, 'limit', '10000']);
-  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir], { stdio: ['ignore', 'pipe', 'inherit'] });
+  // The rate on both ends of the link (tbf: this kernel has no netem); the delay is the child's relay.
+  const tbf = ['root', 'tbf', 'rate', RATE, 'burst', '64kb', 'latency', '400ms'];
+  await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
+  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir, String(ONE_WAY_DELAY_MS)], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   procs.push(child);
   await new Promise<void>((resolve, reject) => {
     let out = '';
@@ -244,7 +248,7 @@ export const installScenario: Scenario = {
   method: [
     `\`npm install\` of ${PROJECT}'s development dependencies (its package.json and package-lock.json, every tarball`,
     'the lockfile names), captured once from registry.npmjs.org into the bench cache and served by the local registry',
-    `fixture over TLS from a network namespace behind netem on both sides of its link (${ONE_WAY_DELAY} each way = 20 ms RTT,`,
+    `fixture over TLS from a network namespace behind a shaped link (a relay delaying data ${ONE_WAY_DELAY_MS} ms each way = 20 ms RTT, tbf at`,
     `${RATE}/s). Every run starts with an empty npm cache. Host: npm on the host against the registry's address. Preset:`,
     'a sandbox (Debian base + the same Node and npm as a toolkit) with `presets: [npm]`, `registry.npmjs.org` mapped to',
     "the registry by the node's `hosts`, the registry's CA in `node.network.caCertificates`. Mirror cold / warm: the same",
@@ -268,7 +272,7 @@ export const installScenario: Scenario = {
     const pair = await ca.issue(['registry.npmjs.org', link.address]);
     await writeFile(path.join(tlsDir, 'key.pem'), pair.key, { mode: 0o600 });
     await writeFile(path.join(tlsDir, 'cert.pem'), pair.cert);
-    progress(`install: registry with ${contents.packuments.size} packages, ${contents.tarballs.size} tarballs at ${link.address} behind netem`);
+    progress(`install: registry with ${contents.packuments.size} packages, ${contents.tarballs.size} tarballs at ${link.address} behind a shaped link`);
     const reg = await shapedRegistry(link, index, tlsDir);
 
     // A platform of its own: the node maps registry.npmjs.org to the registry and trusts its CA.
