@@ -216,10 +216,7 @@ async function hostInstall(tree: CapturedTree, reg: ShapedRegistry, caFile: stri
 }
 
 async function sandboxInstall(client: DsecClient, tree: CapturedTree, reg: ShapedRegistry, net: NetworkPolicy): Promise<Measured> {
-  const sb = await Sandbox.create(
-    { image: { base: BASE_NAME, toolkits: [NODE_NAME] }, resources: { cpu: 2, memoryMiB: 4096, diskMiB: 4096 }, network: net },
-    { client },
-  );
+  const sb = await Sandbox.create({ image: { base: BASE_NAME, toolkits: [NODE_NAME] }, resources: { cpu: 2, memoryMiB: 2048 }, network: net }, { client });
   try {
     await sb.exec(['mkdir', '-p', '/work', '/root'], { check: true });
     await sb.files.write('/work/package.json', await readFile(path.join(tree.project, 'package.json')));
