@@ -152,7 +152,8 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const extra = await readFile(path.join(REPO, 'bench', 'notes', 'where-the-time-goes.md'), 'utf8').catch(() => '');
+  const notes = ['where-the-time-goes.md', 'install.md'];
+  const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   await writeFile(path.join(REPO, 'docs', 'benchmarks.md'), markdown(report, extra));
   progress('wrote docs/benchmarks.md');
 }
