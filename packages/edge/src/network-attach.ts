@@ -17,6 +17,7 @@ export function netnsOf(backend: Backend, id: string): Promise<string> {
  * certificates to its trust (nothing for one without a link).
  */
 export async function writeResolvConf(network: NodeNetwork, backend: Backend, id: string): Promise<void> {
+  if (network.resolvConf(id) === undefined) return; // no link: nothing to write, no agent to reach
   await writeNetworkFiles(network, await backend.agent(id), id);
 }
 
