@@ -24,6 +24,7 @@ import { execScenario } from './scenarios/exec.js';
 import { fncallScenario } from './scenarios/fncall.js';
 import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
+import { installScenario } from './scenarios/install.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
@@ -42,6 +43,7 @@ const SCENARIOS: Scenario[] = [
   snapshotScenario,
   networkScenario,
   proxyScenario,
+  installScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -81,7 +83,7 @@ async function main(): Promise<number> {
     .map((s) => s.trim())
     .filter(Boolean);
   for (const name of only ?? []) if (!SCENARIOS.some((s) => s.name === name)) usage(`--only: no scenario ${name}`);
-  const selected = SCENARIOS.filter((s) => !only || only.includes(s.name));
+  const selected = SCENARIOS.filter((s) => (only ? only.includes(s.name) : !s.onlyWhenNamed));
   if (process.getuid?.() !== 0) usage('the benchmark creates containers, mounts and cgroups: run it as root');
 
   cleanupOnSignals();
@@ -153,7 +155,9 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const extra = await readFile(path.join(REPO, 'bench', 'notes', 'where-the-time-goes.md'), 'utf8').catch(() => '');
+  const notes = ['where-the-time-goes.md', 'install.md'];
+  const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('
+');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);
   const chartDir = path.join(REPO, 'docs', 'benchmarks');

@@ -26,6 +26,8 @@ export interface Scenario {
   title: string;
   /** How it measures (markdown), for the report. */
   method: string;
+  /** Runs only when named (`--only`), never in `--quick` runs or the full run (it needs the public registry once, and minutes). */
+  onlyWhenNamed?: boolean;
   /** Prepares what must exist before the platform starts: layers to copy into its store. */
   prepare?(opts: { cacheDir: string; quick: boolean }): Promise<PreloadedLayer[]>;
   run(ctx: ScenarioContext): Promise<void>;

@@ -1,6 +1,6 @@
 // Test fixture: the whole platform (apiserver + edge) in-process on a throw-away home and a free
 // loopback port, closed and removed even when a test fails.
-import { readFile, mkdtemp, rm } from 'node:fs/promises';
+import { cp, mkdir, readFile, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
@@ -20,7 +20,11 @@ export interface TestPlatform {
 }
 
 /** Starts a platform on a temp home (its name contains 'dsec'), with optional extra options. */
-export async function startTestPlatform(options: Omit<PlatformOptions, 'home' | 'addr' | 'agentBinary' | 'log'> = {}): Promise<TestPlatform> {
+export async function startTestPlatform(
+  options: Omit<PlatformOptions, 'home' | 'addr' | 'agentBinary' | 'log'> = {},
+  /** Layer blob directories (`<store>/blobs/<hex>` of a cache store) copied into the node's store before it opens. */
+  preloadBlobDirs: readonly string[] = [],
+): Promise<TestPlatform> {
   const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-platform-'));
   const removeHome = async (): Promise<void> => {
     for (const m of await mountsUnder(home).catch(() => [] as string[])) {
@@ -33,6 +37,11 @@ export async function startTestPlatform(options: Omit<PlatformOptions, 'home' | 
     await rm(home, { recursive: true, force: true });
   };
   try {
+    for (const dir of preloadBlobDirs) {
+      const blobs = path.join(home, 'node', 'layers', 'blobs');
+      await mkdir(blobs, { recursive: true });
+      await cp(dir, path.join(blobs, path.basename(dir)), { recursive: true });
+    }
     // DSEC_EDGE_WIRE=loopback: the control plane reaches the edge through the wire protocol.
     const edgeWire = process.env.DSEC_EDGE_WIRE === 'loopback' ? 'loopback' : 'off';
     const platform = await startPlatform({

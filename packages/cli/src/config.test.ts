@@ -125,6 +125,22 @@ describe('operator configuration: refusal names the key and its source', () => {
     );
   });
 
+  test("the operator's egress settings (issue 14): read from variables, refused when malformed", async () => {
+    const { config } = await loadConfig({
+      env: { DSEC_UPSTREAM_PROXY: 'http://u:p@proxy.corp:3128', DSEC_CA_CERTIFICATES: '/etc/corp/ca.pem,/etc/corp/ca2.pem' },
+    });
+    assert.equal(config.node.network?.upstreamProxy, 'http://u:p@proxy.corp:3128');
+    assert.deepEqual(config.node.network?.caCertificates, ['/etc/corp/ca.pem', '/etc/corp/ca2.pem']);
+    assert.equal(
+      await refusal({ env: { DSEC_UPSTREAM_PROXY: 'https://proxy.corp' } }),
+      'config: node.network.upstreamProxy: not a URL (from $DSEC_UPSTREAM_PROXY)',
+    );
+    assert.equal(
+      await refusal({ env: { DSEC_UPSTREAM_PROXY: 'http://proxy.corp:3128/path' } }),
+      'config: node.network.upstreamProxy: a proxy URL has no path (from $DSEC_UPSTREAM_PROXY)',
+    );
+  });
+
   test('a bad flag', async () => {
     assert.equal(await refusal({ env: {}, flags: { addr: 'localhost' } }), 'config: addr: not host:port (from --addr)');
     assert.equal(await refusal({ env: {}, flags: { addr: '127.0.0.1:70000' } }), 'config: addr: port above 65535 (from --addr)');

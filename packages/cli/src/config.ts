@@ -24,6 +24,8 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_ZRAM_SWAP_MIB', key: 'node.zramSwapMiB', kind: 'integer' },
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
+  { name: 'DSEC_UPSTREAM_PROXY', key: 'node.network.upstreamProxy', kind: 'string' },
+  { name: 'DSEC_CA_CERTIFICATES', key: 'node.network.caCertificates', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
   { name: 'DSEC_DB', key: 'db', kind: 'string' },
   { name: 'DSEC_TRUSTED_PROXIES', key: 'trustedProxies', kind: 'list' },

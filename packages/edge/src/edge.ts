@@ -43,7 +43,7 @@ import { SecurityMonitor } from './host/security-monitor.js';
 import type { ZramSwap } from './host/swap.js';
 import type { LayerStore } from './layers/index.js';
 import type { NodeNetwork } from './net/network.js';
-import { joinNetwork, netnsOf } from './network-attach.js';
+import { joinNetwork, netnsOf, writeNetworkFiles } from './network-attach.js';
 import { collectNodeGarbage, openParts } from './node-host.js';
 import { DEFAULT_COUNTER_SCAN_MS, SandboxMonitor } from './sandbox-monitor.js';
 import { SandboxCalls } from './sandbox-calls.js';
@@ -299,10 +299,9 @@ export class Edge extends SandboxCalls implements EdgeClient {
       () => netnsOf(this.entry(id).backend, id),
     );
     e.record = { ...e.record, spec: { ...e.record.spec, network: applied } };
-    if (!wasLinked) {
-      const conf = this.network.resolvConf(id);
+    if (!wasLinked && this.network.resolvConf(id) !== undefined) {
       // Through withAgent: a pause that begins meanwhile waits for the write.
-      if (conf) await this.withAgent(id, (agent) => agent.writeFile('/etc/resolv.conf', conf, { mode: 0o644 })).catch(() => undefined);
+      await this.withAgent(id, (agent) => writeNetworkFiles(this.network, agent, id)).catch(() => undefined);
     }
     return this.network.info(id);
   }

@@ -76,8 +76,18 @@ export type {
   SandboxResolver,
   StartEgressProxy,
 } from './net/types.js';
-export { makeCertificate } from './net/proxy/certificate.js';
-export { startEgressProxy, NpmMirrorAdapter, DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, DEFAULT_EXPLICIT_PORT } from './net/proxy/index.js';
+export { makeCertificate, makeCertificateAuthority } from './net/proxy/certificate.js';
+export type { TestCertificateAuthority } from './net/proxy/certificate.js';
+export {
+  startEgressProxy,
+  NpmMirrorAdapter,
+  DEFAULT_BYTES_PER_SECOND,
+  DEFAULT_CONNECTION_QUEUE_MS,
+  DEFAULT_MAX_CONNECTIONS,
+  DEFAULT_MAX_CONNECTIONS_PER_SANDBOX,
+  DEFAULT_EXPLICIT_PORT,
+} from './net/proxy/index.js';
+export { OPERATOR_CA_FILE, SYSTEM_CA_BUNDLE, loadCaCertificates, trustEnv } from './net/trust.js';
 export type {
   EgressProxyHandle,
   EgressProxyOptions,
@@ -92,3 +102,6 @@ export { nodeNameOf } from './node-host.js';
 export { certSha256, makeCsr, makeKey, openssl } from './cluster/tls.js';
 export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
 export type { NodeAgentOptions } from './cluster/node-agent.js';
+export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, npmTarball, startNpmRegistry, tarballManifest } from './testing/npm-registry.js';
+export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
+export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';

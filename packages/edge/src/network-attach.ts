@@ -2,7 +2,8 @@
 // resolver pointed at the gateway's DNS stub.
 import { invalidArgument } from '@dsec/protocol';
 import type { NetworkPolicy } from '@dsec/protocol';
-import type { Backend } from './backend.js';
+import type { Backend, SandboxAgent } from './backend.js';
+import { installTrust } from './net/trust.js';
 import type { NodeNetwork } from './net/network.js';
 
 /** The sandbox's network namespace; INVALID_ARGUMENT for a backend without networking. */
@@ -11,10 +12,22 @@ export function netnsOf(backend: Backend, id: string): Promise<string> {
   return backend.network.netnsPath(id);
 }
 
-/** Points a networked sandbox's resolver at the gateway's DNS stub (nothing for one without a link). */
+/**
+ * Points a networked sandbox's resolver at the gateway's DNS stub and adds the operator's CA
+ * certificates to its trust (nothing for one without a link).
+ */
 export async function writeResolvConf(network: NodeNetwork, backend: Backend, id: string): Promise<void> {
+  if (network.resolvConf(id) === undefined) return; // no link: nothing to write, no agent to reach
+  await writeNetworkFiles(network, await backend.agent(id), id);
+}
+
+/** Writes what a linked sandbox's root needs for the network: resolv.conf, the operator's CAs. */
+export async function writeNetworkFiles(network: NodeNetwork, agent: SandboxAgent, id: string): Promise<void> {
   const conf = network.resolvConf(id);
-  if (conf) await (await backend.agent(id)).writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
+  if (!conf) return;
+  await agent.writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
+  const cas = network.operatorCas(id);
+  if (cas) await installTrust(agent, cas);
 }
 
 /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */

@@ -34,6 +34,8 @@ export const ProxyLimitsConfigSchema = z.strictObject({
   connectTimeoutMs: positiveInt.optional(),
   /** A connection idle this long (ms) is closed. */
   idleTimeoutMs: positiveInt.optional(),
+  /** How long (ms) a connection over a connection limit waits for a slot before a refusal; 0: refused at once. */
+  queueTimeoutMs: nonNegativeInt.optional(),
 });
 
 /** Package mirrors the node's proxy serves (defaults in the edge's net/proxy/mirror/). */
@@ -64,6 +66,16 @@ export const NetworkConfigSchema = z.strictObject({
   proxyLimits: ProxyLimitsConfigSchema.optional(),
   /** Package mirrors. */
   mirrors: MirrorsConfigSchema.optional(),
+  // -- egress under operators' networks (issue 14) --
+  /** Open client connections to the egress proxy, node-wide (edge default `DEFAULT_MAX_CONNECTIONS`). */
+  maxProxyConnections: positiveInt.optional(),
+  /** The operator's HTTP proxy for all egress, `http://[user:pass@]host:port` (a CONNECT tunnel per connection, to the address the node checked). Default: direct. */
+  upstreamProxy: z
+    .url({ error: 'not a URL', protocol: /^http$/ })
+    .refine((u) => !/^http:\/\/[^/]+\/./.test(u), { error: 'a proxy URL has no path' })
+    .optional(),
+  /** CA certificates added to every networked sandbox's trust and to the mirrors' (each PEM text or the absolute path of a PEM file). Default none. */
+  caCertificates: z.array(z.string().min(1, { error: 'empty entry' })).optional(),
 });
 
 /** An OCI distribution registry and the credentials to use there. */

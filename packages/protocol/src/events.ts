@@ -26,6 +26,7 @@ export const EVENT_KINDS = [
   // network
   'egress.denied',
   'egress.port-scan',
+  'egress.throttled',
   // lifecycle
   'lease.exceeded',
   'sandbox.paused',

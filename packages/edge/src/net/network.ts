@@ -10,7 +10,7 @@
 import { readFile, mkdir, rm, rename, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, parseCidr } from '@dsec/protocol';
+import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, NETWORK_PRESETS, parseCidr } from '@dsec/protocol';
 import type { EventSink, NetworkPolicy } from '@dsec/protocol';
 import { runDirFor } from '../host/runtime-ns.js';
 import { DnsStub } from './dns.js';
@@ -24,7 +24,8 @@ import type { NodeAddressing, Range } from './policy.js';
 import { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX, SlotAllocator, claimSlice, releaseSlice } from './pool.js';
 import type { NetworkSlice } from './pool.js';
 import { HostsResolver } from './resolver.js';
-import { startEgressProxy } from './proxy/index.js';
+import { DEFAULT_MAX_CONNECTIONS, startEgressProxy } from './proxy/index.js';
+import { loadCaCertificates, trustEnv } from './trust.js';
 import type { EgressProxyHandle, MirrorServiceOptions } from './proxy/index.js';
 import type { EgressLogEntry, EgressPolicyView, EgressProxyLimits, EgressStats, SandboxResolver } from './types.js';
 
@@ -47,6 +48,15 @@ export interface NetworkOptions {
   proxyLimits?: Partial<EgressProxyLimits>;
   /** Package mirrors: origins a policy's mirror may name, cache size, TTL (cache under `<home>/net/mirrors`). */
   mirrors?: Omit<MirrorServiceOptions, 'cacheDir'>;
+  /** Open client connections to the proxy, node-wide. Default {@link DEFAULT_MAX_CONNECTIONS}. */
+  maxProxyConnections?: number;
+  /**
+   * The operator's HTTP proxy for all egress (`http://[user:pass@]host:port`): the egress proxy
+   * and the mirrors tunnel through it (CONNECT to the checked address). Default: direct.
+   */
+  upstreamProxy?: string;
+  /** CA certificates (PEM text or absolute paths of PEM files) added to every networked sandbox's trust and to the mirrors'. Default none. */
+  caCertificates?: string[];
 }
 
 /** What {@link NodeNetwork} needs besides {@link NetworkOptions}. */
@@ -82,6 +92,8 @@ interface Linked {
 
 interface Infra {
   slice: NetworkSlice;
+  /** The operator's CA certificates (PEM), when configured. */
+  operatorCas?: string;
   dns: DnsStub;
   proxy: EgressProxyHandle;
   kernelLog: KernelLog;
@@ -301,7 +313,20 @@ export class NodeNetwork implements SandboxResolver {
     const env: Record<string, string> = { HTTP_PROXY: proxy, HTTPS_PROXY: proxy, http_proxy: proxy, https_proxy: proxy, NO_PROXY: noProxy, no_proxy: noProxy };
     // A mirror answers only plain HTTP (the proxy does not terminate TLS): point npm at it.
     if (l?.view.mirrors.npm) env.npm_config_registry = 'http://registry.npmjs.org/';
+    // npm opens a CONNECT tunnel per request through HTTPS_PROXY (hundreds per install); its
+    // registry reached directly goes through the transparent ports instead, over npm's own
+    // keep-alive sockets (a few per install).
+    if (l?.view.policy.presets?.includes('npm') || l?.view.mirrors.npm) {
+      const direct = [noProxy, ...NETWORK_PRESETS.npm].join(',');
+      Object.assign(env, { NO_PROXY: direct, no_proxy: direct, npm_config_noproxy: direct });
+    }
+    if (this.infraNow?.operatorCas) Object.assign(env, trustEnv());
     return env;
+  }
+
+  /** The operator's CA certificates (PEM) to install in a linked sandbox, when configured. */
+  operatorCas(id: string): string | undefined {
+    return this.linked.has(id) ? this.infraNow?.operatorCas : undefined;
   }
 
   private proxyUrl(): string | undefined {
@@ -363,6 +388,7 @@ export class NodeNetwork implements SandboxResolver {
       const gwIf = `${this.ifPrefix}gw`;
       await ensureGateway(gwIf, `${this.ifPrefix}gp`, slice.gateway);
       undo.push(() => deleteLinks([gwIf]));
+      const operatorCas = this.o.caCertificates?.length ? await loadCaCertificates(this.o.caCertificates) : undefined;
       const record = (e: EgressLogEntry): void => this.monitor.record(e);
       const dns = await DnsStub.start({ address: slice.gateway, sandboxes: this, resolver: this.resolver, log: record });
       undo.push(() => dns.close());
@@ -374,6 +400,8 @@ export class NodeNetwork implements SandboxResolver {
         raise: this.deps.raise,
         mirrors: { ...this.o.mirrors, cacheDir: path.join(this.stateDir, 'mirrors') },
         ...(this.o.proxyLimits ? { limits: this.o.proxyLimits } : {}),
+        maxConnections: this.o.maxProxyConnections ?? DEFAULT_MAX_CONNECTIONS,
+        outbound: { ...(this.o.upstreamProxy ? { upstreamProxy: this.o.upstreamProxy } : {}), ...(operatorCas ? { caCertificates: operatorCas } : {}) },
       });
       undo.push(() => proxy.close());
       const logGroup = 20_000 + ((slice.range.base >>> (32 - slice.range.prefix)) % 40_000);
@@ -388,7 +416,15 @@ export class NodeNetwork implements SandboxResolver {
         logGroup,
         logRatePerSecond: KERNEL_LOG_RATE_PER_SECOND,
       });
-      return { slice, dns, proxy, kernelLog, links: new LinkMaker(this.deps.netlinkBinary), slots: new SlotAllocator(slice.slots) };
+      return {
+        slice,
+        ...(operatorCas ? { operatorCas } : {}),
+        dns,
+        proxy,
+        kernelLog,
+        links: new LinkMaker(this.deps.netlinkBinary),
+        slots: new SlotAllocator(slice.slots),
+      };
     } catch (err) {
       for (const step of undo.reverse())
         await Promise.resolve()

@@ -89,6 +89,8 @@ export interface EgressProxyLimits {
   connectTimeoutMs: number;
   /** A connection with no traffic either way for this long is closed. */
   idleTimeoutMs: number;
+  /** How long a connection over a connection limit waits for a slot before it is refused. */
+  queueTimeoutMs: number;
 }
 
 /** The ports the proxy listens on (all on {@link EgressProxyOptions.address}). */

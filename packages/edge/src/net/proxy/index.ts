@@ -3,7 +3,9 @@ export { startEgressProxy, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_EXPLICIT_PORT, DE
 export type { EgressProxyHandle, EgressProxyOptions } from './proxy.js';
 export { DEFAULT_RECENT_CONNECTIONS } from './connections.js';
 export type { ConnectionRecord, EgressReason } from './connections.js';
-export { DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX } from './limits.js';
+export { DEFAULT_BYTES_PER_SECOND } from './limits.js';
+export { ConnectionGate, DEFAULT_CONNECTION_QUEUE_MS, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX } from './gate.js';
+export type { ConnectionGateOptions, GateLimit, GatePass, GateRefusal } from './gate.js';
 export { MirrorService, DEFAULT_METADATA_TTL_MS, defaultMirrorAdapters } from './mirror/service.js';
 export type { MirrorServiceOptions } from './mirror/service.js';
 export { DEFAULT_MIRROR_CACHE_BYTES } from './mirror/cache.js';

@@ -5,17 +5,11 @@ import type { TransformCallback } from 'node:stream';
 
 /** Default bandwidth per sandbox and direction, bytes/s. */
 export const DEFAULT_BYTES_PER_SECOND = 32 * 1024 * 1024;
-/** Default concurrent proxied connections per sandbox. */
-export const DEFAULT_MAX_CONNECTIONS_PER_SANDBOX = 128;
-/** Default concurrent connections for the whole node's proxy. */
-export const DEFAULT_MAX_CONNECTIONS = 16_384;
 /** Largest piece a Throttle passes on at once, so that one connection cannot hog a bucket. */
 const MAX_SLICE_BYTES = 64 * 1024;
 
 /** Limits of one sandbox. */
 export interface SandboxLimits {
-  /** Concurrent client connections to the proxy. */
-  maxConnections: number;
   /** Sustained rate per direction, bytes/s. */
   bytesPerSecond: number;
   /** Bucket size per direction (bytes that may pass at once after a quiet period). */

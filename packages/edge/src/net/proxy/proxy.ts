@@ -29,7 +29,9 @@ import type { Destination, HttpTarget } from './address.js';
 import { ConnectionLog } from './connections.js';
 import type { ConnectionRecord, EgressReason } from './connections.js';
 import { endToEndHeaders, headBytes, upgradeHead } from './headers.js';
-import { DEFAULT_BYTES_PER_SECOND, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_SANDBOX, Throttle, TokenBucket } from './limits.js';
+import { ConnectionGate, DEFAULT_MAX_CONNECTIONS } from './gate.js';
+import type { GateLimit } from './gate.js';
+import { DEFAULT_BYTES_PER_SECOND, Throttle, TokenBucket } from './limits.js';
 import type { MirrorCacheStats } from './mirror/cache.js';
 import { defaultMirrorAdapters, matchMirror, MirrorService } from './mirror/service.js';
 import type { MirrorMatch, MirrorResponse, MirrorServiceOptions } from './mirror/service.js';
@@ -38,6 +40,8 @@ import type { Judgement, MirrorRoutes } from './judge.js';
 import { plainReply, refusalText, refuseHttp } from './replies.js';
 import { readClientHello, tlsAlert } from './sni.js';
 import { dialUpstream } from './upstream.js';
+import { Outbound } from './outbound.js';
+import type { OutboundOptions } from './outbound.js';
 
 /** The explicit proxy's port when none is given (the usual one for HTTP proxies). */
 export const DEFAULT_EXPLICIT_PORT = 3128;
@@ -51,12 +55,14 @@ export interface EgressProxyOptions extends NetEgressProxyOptions {
   /** Destination ports of transparently intercepted connections (the redirect loses them). Default http 80, tls 443. */
   transparentPorts?: { http?: number; tls?: number };
   /**
-   * Per-sandbox limits. Defaults: 128 connections, 32 MiB/s each direction with a burst of one
-   * second's worth, 10 s to connect, 5 min idle.
+   * Per-sandbox limits. Defaults: 512 connections (a wait of up to 15 s for a slot), 32 MiB/s
+   * each direction with a burst of one second's worth, 10 s to connect, 5 min idle.
    */
   limits?: Partial<EgressProxyLimits & { burstBytes: number }>;
   /** Concurrent connections for the whole proxy. Default {@link DEFAULT_MAX_CONNECTIONS}. */
   maxConnections?: number;
+  /** Egress through an operator's proxy and the mirrors' keep-alive agents (outbound.ts). Default: direct. */
+  outbound?: Omit<OutboundOptions, 'resolver'>;
   /** Connections kept in the recent list (`recent()`). Default 10,000. */
   recentConnections?: number;
   /** Package mirrors (cache under the edge home). Absent: a policy's mirrors are refused. */
@@ -69,7 +75,12 @@ export interface EgressProxyHandle extends NetEgressProxyHandle {
   recent(filter?: { sandboxId?: string; limit?: number }): ConnectionRecord[];
   /** Mirror cache counters (undefined without mirrors). */
   mirrorStats(): MirrorCacheStats | undefined;
+  /** Connection accounting: open and waiting, node-wide (per sandbox: `stats(id).connections`). */
+  gateStats(): { open: number; waiting: number; maxPerSandbox: number; maxTotal: number };
 }
+
+/** A sandbox gets at most one `egress.throttled` event per this interval (the waits between are counted in the next). */
+export const THROTTLED_EVENT_INTERVAL_MS = 10_000;
 
 /** An open proxied connection (or forwarded request), re-checked when its policy changes. */
 interface Active {
@@ -103,14 +114,17 @@ class EgressProxy implements EgressProxyHandle {
   private readonly explicit: http.Server;
   private readonly transparentHttp: http.Server;
   private readonly transparentTls: net.Server;
+  /** The listening sockets: each counts a connection in the gate, then hands it to its server. */
+  private readonly fronts: Array<[keyof EgressProxyPorts, net.Server]>;
+  private readonly gate: ConnectionGate;
+  private readonly throttled = new Map<string, { lastEventAt: number; waitsSince: number }>();
   private readonly sockets = new Set<Socket>();
+  private readonly accepted = new Set<Socket>();
   private readonly socketsBySandbox = new Map<string, Set<Socket>>();
   private readonly active = new Map<string, Set<Active>>();
   private readonly buckets = new Map<string, { in: TokenBucket; out: TokenBucket }>();
-  private readonly maxConnectionsPerSandbox: number;
   private readonly bytesPerSecond: number;
   private readonly burstBytes: number;
-  private readonly maxConnections: number;
   private readonly connectTimeoutMs: number;
   private readonly idleTimeoutMs: number;
   private readonly httpPort: number;
@@ -121,13 +135,18 @@ class EgressProxy implements EgressProxyHandle {
   constructor(
     private readonly opts: EgressProxyOptions,
     private readonly mirrors: MirrorService | undefined,
+    private readonly outbound: Outbound,
   ) {
     this.address = opts.address;
     this.log = new ConnectionLog(opts.log, opts.recentConnections);
-    this.maxConnectionsPerSandbox = opts.limits?.maxConnections ?? DEFAULT_MAX_CONNECTIONS_PER_SANDBOX;
     this.bytesPerSecond = opts.limits?.bytesPerSecond ?? DEFAULT_BYTES_PER_SECOND;
     this.burstBytes = opts.limits?.burstBytes ?? this.bytesPerSecond;
-    this.maxConnections = opts.maxConnections ?? DEFAULT_MAX_CONNECTIONS;
+    this.gate = new ConnectionGate({
+      ...(opts.limits?.maxConnections !== undefined ? { maxPerSandbox: opts.limits.maxConnections } : {}),
+      maxTotal: opts.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+      ...(opts.limits?.queueTimeoutMs !== undefined ? { queueTimeoutMs: opts.limits.queueTimeoutMs } : {}),
+      onQueued: (key, limit) => this.onQueued(key, limit),
+    });
     this.connectTimeoutMs = opts.limits?.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS;
     this.idleTimeoutMs = opts.limits?.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS;
     this.httpPort = opts.transparentPorts?.http ?? 80;
@@ -137,7 +156,6 @@ class EgressProxy implements EgressProxyHandle {
     const httpServer = (via: 'http' | 'transparent-http'): http.Server => {
       const s = http.createServer({ requestTimeout: 0, headersTimeout: 30_000, keepAliveTimeout: 30_000 });
       s.timeout = this.idleTimeoutMs;
-      s.on('connection', (socket: Socket) => this.admit(socket, via));
       s.on('request', (req: IncomingMessage, res: ServerResponse) => this.onRequest(via, req, res));
       s.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => this.onUpgrade(via, req, socket, head));
       s.on('clientError', (_err, socket: Socket) => plainReply(socket, '400 Bad Request', ''));
@@ -146,20 +164,34 @@ class EgressProxy implements EgressProxyHandle {
     this.explicit = httpServer('http');
     this.explicit.on('connect', (req: IncomingMessage, socket: Socket, head: Buffer) => this.onConnect(req, socket, head));
     this.transparentHttp = httpServer('transparent-http');
-    this.transparentTls = net.createServer({ allowHalfOpen: true }, (socket) => void this.onTls(socket));
+    this.transparentTls = net.createServer({ allowHalfOpen: true });
+    this.transparentTls.on('connection', (socket: Socket) => void this.onTls(socket));
+    // allowHalfOpen as http.Server has it: a client's FIN must not end a tunnel's other direction.
+    const front = (via: EgressVia, server: net.Server): net.Server =>
+      net.createServer({ allowHalfOpen: true }, (socket) => void this.accept(socket, via, server));
+    this.fronts = [
+      ['http', front('http', this.explicit)],
+      ['transparentHttp', front('transparent-http', this.transparentHttp)],
+      ['transparentTls', front('transparent-tls', this.transparentTls)],
+    ];
   }
 
   async listen(): Promise<void> {
-    const servers: Array<[keyof EgressProxyPorts, net.Server, number]> = [
-      ['http', this.explicit, this.opts.ports?.http ?? DEFAULT_EXPLICIT_PORT],
-      ['transparentHttp', this.transparentHttp, this.opts.ports?.transparentHttp ?? 0],
-      ['transparentTls', this.transparentTls, this.opts.ports?.transparentTls ?? 0],
-    ];
-    for (const [name, server, port] of servers) {
-      server.listen(port, this.address);
+    const wanted = {
+      http: this.opts.ports?.http ?? DEFAULT_EXPLICIT_PORT,
+      transparentHttp: this.opts.ports?.transparentHttp ?? 0,
+      transparentTls: this.opts.ports?.transparentTls ?? 0,
+    };
+    for (const [name, server] of this.fronts) {
+      if (name === 'mirror') continue;
+      server.listen(wanted[name], this.address);
       await Promise.race([once(server, 'listening'), once(server, 'error').then(([err]) => Promise.reject(err as Error))]);
       this.ports[name] = (server.address() as net.AddressInfo).port;
     }
+    // An http.Server starts tracking its connections (headersTimeout, requestTimeout, idle
+    // keep-alive sockets) on its 'listening' event; these two get their sockets from the fronts.
+    this.explicit.emit('listening');
+    this.transparentHttp.emit('listening');
   }
 
   // ---- the handle ----
@@ -176,6 +208,10 @@ class EgressProxy implements EgressProxyHandle {
     return this.mirrors?.stats();
   }
 
+  gateStats(): { open: number; waiting: number; maxPerSandbox: number; maxTotal: number } {
+    return { open: this.gate.totalOpen, waiting: this.gate.waiting, maxPerSandbox: this.gate.maxPerSandbox, maxTotal: this.gate.maxTotal };
+  }
+
   policyChanged(sandboxId: string): void {
     for (const a of [...(this.active.get(sandboxId) ?? [])]) {
       const view = this.opts.sandboxes.bySourceAddress(a.source);
@@ -190,17 +226,24 @@ class EgressProxy implements EgressProxyHandle {
     for (const s of this.socketsBySandbox.get(sandboxId) ?? []) s.destroy();
     this.socketsBySandbox.delete(sandboxId);
     this.buckets.delete(sandboxId);
+    this.throttled.delete(sandboxId);
     this.log.forget(sandboxId);
   }
 
   async close(): Promise<void> {
     this.closing = true;
-    const closed = [this.explicit, this.transparentHttp, this.transparentTls].map((s) => new Promise<void>((r) => s.close(() => r())));
+    this.gate.close();
+    const closed = this.fronts.map(([, s]) => new Promise<void>((r) => (s.listening ? s.close(() => r()) : r())));
     for (const set of this.active.values()) for (const a of set) a.kill();
     for (const s of this.sockets) s.destroy();
+    for (const s of this.accepted) s.destroy();
     this.explicit.closeAllConnections();
     this.transparentHttp.closeAllConnections();
+    // Not listening themselves: close() only stops their connection tracking.
+    this.explicit.close();
+    this.transparentHttp.close();
     await Promise.all(closed);
+    this.outbound.close();
   }
 
   private closeActive(a: Active, reason: EgressReason, rule?: string, detail?: string): void {
@@ -247,7 +290,9 @@ class EgressProxy implements EgressProxyHandle {
     at: Attempt & { sandboxId: string },
     j: Judgement & { ok: true },
   ): Promise<{ record: ConnectionRecord; socket?: Socket; failed?: string }> {
-    const dialed = await dialUpstream(this.opts.resolver, view, at.dest, this.connectTimeoutMs);
+    const dialed = await dialUpstream(this.opts.resolver, view, at.dest, this.connectTimeoutMs, (address, port, timeoutMs) =>
+      this.outbound.connect(address, port, timeoutMs),
+    );
     if ('refused' in dialed) return { record: this.decide(at, 'denied', { reason: dialed.refused, rule: j.rule, detail: dialed.detail }) };
     if ('failed' in dialed) {
       const record = this.decide(at, 'allowed', { rule: j.rule, address: dialed.address, detail: dialed.failed });
@@ -273,24 +318,39 @@ class EgressProxy implements EgressProxyHandle {
 
   // ---- connections ----
 
-  /** Counts a new client connection against the limits; closes it when over. */
-  private admit(socket: Socket, via: EgressVia): boolean {
+  /**
+   * Counts a new client connection in the gate (waiting in its queue when over a limit), then
+   * hands it to the port's server. Counted from here until the socket closes, whatever the path.
+   */
+  private async accept(socket: Socket, via: EgressVia, server: net.Server): Promise<void> {
     socket.on('error', noop);
-    if (this.closing) {
-      socket.destroy();
-      return false;
-    }
+    if (this.closing) return void socket.destroy();
+    // Every accepted socket, waiting or refused ones too, is ended by close().
+    this.accepted.add(socket);
+    socket.once('close', () => this.accepted.delete(socket));
     const source = normalizeAddress(socket.remoteAddress ?? '');
     const view = this.opts.sandboxes.bySourceAddress(source);
-    const over = (detail: string): false => {
-      this.decide({ ...(view ? { sandboxId: view.sandboxId } : {}), source, via, dest: NOWHERE }, 'denied', { reason: 'connection-limit', detail });
-      socket.destroy();
-      return false;
-    };
-    if (this.sockets.size >= this.maxConnections) return over(`node limit of ${this.maxConnections} connections`);
-    if (view) {
-      const id = view.sandboxId;
-      if (this.log.openConnections(id) >= this.maxConnectionsPerSandbox) return over(`sandbox limit of ${this.maxConnectionsPerSandbox} connections`);
+    const id = view?.sandboxId;
+    const pass = await this.gate.admit(id, (abandon) => socket.once('close', abandon));
+    if ('refused' in pass) {
+      if (socket.destroyed || pass.refused === 'closed') return void socket.destroy();
+      const r = this.decide({ ...(id !== undefined ? { sandboxId: id } : {}), source, via, dest: NOWHERE }, 'denied', {
+        reason: 'connection-limit',
+        detail: pass.detail,
+      });
+      if (via === 'transparent-tls') socket.end(tlsAlert('internal_error'));
+      else plainReply(socket, '503 Service Unavailable', refusalText(r), 'connection-limit');
+      setTimeout(() => socket.destroy(), 1_000).unref();
+      return;
+    }
+    if (socket.destroyed || this.closing) {
+      pass.release();
+      return void socket.destroy();
+    }
+    socket.once('close', () => pass.release());
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    if (id !== undefined) {
       this.log.connectionDelta(id, 1);
       let set = this.socketsBySandbox.get(id);
       if (!set) this.socketsBySandbox.set(id, (set = new Set()));
@@ -302,9 +362,39 @@ class EgressProxy implements EgressProxyHandle {
         if (s?.size === 0) this.socketsBySandbox.delete(id);
       });
     }
-    this.sockets.add(socket);
-    socket.once('close', () => this.sockets.delete(socket));
-    return true;
+    server.emit('connection', socket);
+  }
+
+  /** A connection had to wait for a slot: at most one `egress.throttled` per sandbox per interval. */
+  private onQueued(sandboxId: string | undefined, limit: GateLimit): void {
+    if (sandboxId === undefined) return;
+    const now = performance.now();
+    let t = this.throttled.get(sandboxId);
+    if (!t) this.throttled.set(sandboxId, (t = { lastEventAt: -Infinity, waitsSince: 0 }));
+    t.waitsSince++;
+    if (now - t.lastEventAt < THROTTLED_EVENT_INTERVAL_MS) return;
+    const max = limit === 'sandbox' ? this.gate.maxPerSandbox : this.gate.maxTotal;
+    const waits = t.waitsSince;
+    t.lastEventAt = now;
+    t.waitsSince = 0;
+    try {
+      this.opts.raise({
+        kind: 'egress.throttled',
+        severity: 'info',
+        sandboxId,
+        message: `egress connections wait for a slot: ${limit} limit of ${max} connections (up to ${Math.round(this.gate.queueTimeoutMs / 1000)} s, then refused)`,
+        data: {
+          limit,
+          maxConnections: max,
+          open: limit === 'sandbox' ? this.gate.openOf(sandboxId) : this.gate.totalOpen,
+          waiting: this.gate.waitingOf(sandboxId) + 1,
+          waits,
+          queueTimeoutMs: this.gate.queueTimeoutMs,
+        },
+      });
+    } catch {
+      // an event sink must not throw; if it does, the connection still waits its turn
+    }
   }
 
   private onRequest(via: 'http' | 'transparent-http', req: IncomingMessage, res: ServerResponse): void {
@@ -481,7 +571,6 @@ class EgressProxy implements EgressProxyHandle {
   }
 
   private async onTls(socket: Socket): Promise<void> {
-    if (!this.admit(socket, 'transparent-tls')) return;
     const source = normalizeAddress(socket.remoteAddress ?? '');
     const { buffered, parse } = await readClientHello(socket);
     if (socket.destroyed) return;
@@ -562,8 +651,9 @@ class EgressProxy implements EgressProxyHandle {
 
 /** Starts the node's egress proxy. */
 export async function startEgressProxy(opts: EgressProxyOptions): Promise<EgressProxyHandle> {
-  const mirrors = opts.mirrors ? await MirrorService.open(opts.mirrors) : undefined;
-  const proxy = new EgressProxy(opts, mirrors);
+  const outbound = new Outbound({ ...opts.outbound, resolver: opts.resolver });
+  const mirrors = opts.mirrors ? await MirrorService.open({ ...opts.mirrors, agentFor: (url) => outbound.agentFor(url) }) : undefined;
+  const proxy = new EgressProxy(opts, mirrors, outbound);
   try {
     await proxy.listen();
   } catch (err) {

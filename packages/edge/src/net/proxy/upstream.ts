@@ -2,6 +2,7 @@
 // addresses the sandbox's policy lets it dial, and connects to the first that answers.
 import net from 'node:net';
 import type { Socket } from 'node:net';
+import { connectTcp } from './outbound.js';
 import type { EgressPolicyView, NameResolver } from '../types.js';
 import type { Destination } from './address.js';
 
@@ -9,31 +10,15 @@ import type { Destination } from './address.js';
 export type DialResult =
   { socket: Socket; address: string } | { refused: 'unresolvable' | 'restricted-address'; detail: string } | { failed: string; address: string };
 
-const noop = (): void => {};
-
-function connectTcp(address: string, port: number, timeoutMs: number): Promise<Socket> {
-  return new Promise((resolve, reject) => {
-    const s = net.connect({ host: address, port });
-    const timer = setTimeout(() => {
-      s.destroy();
-      reject(new Error(`connect to ${address}:${port} timed out`));
-    }, timeoutMs);
-    const onError = (err: Error): void => {
-      clearTimeout(timer);
-      reject(err);
-    };
-    s.once('error', onError);
-    s.once('connect', () => {
-      clearTimeout(timer);
-      s.off('error', onError);
-      s.on('error', noop); // whoever takes it over reacts to 'close'
-      resolve(s);
-    });
-  });
-}
-
 /** Resolves `dest`, keeps the addresses the policy lets the proxy dial, connects to the first that answers. */
-export async function dialUpstream(resolver: NameResolver, view: EgressPolicyView, dest: Destination, timeoutMs: number): Promise<DialResult> {
+export async function dialUpstream(
+  resolver: NameResolver,
+  view: EgressPolicyView,
+  dest: Destination,
+  timeoutMs: number,
+  /** Connects to a checked address (outbound.ts: directly, or through the operator's proxy). */
+  connect: (address: string, port: number, timeoutMs: number) => Promise<Socket> = connectTcp,
+): Promise<DialResult> {
   let addresses: string[];
   try {
     addresses = net.isIPv4(dest.host) ? [dest.host] : await resolver.resolve4(dest.host, AbortSignal.timeout(timeoutMs));
@@ -47,7 +32,7 @@ export async function dialUpstream(resolver: NameResolver, view: EgressPolicyVie
   let failure = '';
   for (const address of usable.slice(0, 8)) {
     try {
-      return { socket: await connectTcp(address, dest.port, timeoutMs), address };
+      return { socket: await connect(address, dest.port, timeoutMs), address };
     } catch (err) {
       failure = (err as Error).message;
     }

@@ -30,7 +30,12 @@ export interface MirrorCacheOptions {
   maxObjectBytes?: number;
   /** Upstream fetch timeout in ms. Default {@link DEFAULT_MIRROR_FETCH_TIMEOUT_MS}. */
   fetchTimeoutMs?: number;
+  /** The keep-alive agent for an upstream URL (the node's outbound.ts). Default: a connection per fetch. */
+  agentFor?: UpstreamAgents;
 }
+
+/** Picks the agent an upstream fetch goes through. */
+export type UpstreamAgents = (url: URL) => http.Agent;
 
 /** An upstream answer: a cached file (status 200) or a small error body. */
 export interface MirrorObject {
@@ -85,7 +90,10 @@ export class MirrorCache {
     this.maxBytes = opts.maxBytes ?? DEFAULT_MIRROR_CACHE_BYTES;
     this.maxObjectBytes = Math.min(opts.maxObjectBytes ?? DEFAULT_MIRROR_OBJECT_BYTES, this.maxBytes);
     this.fetchTimeoutMs = opts.fetchTimeoutMs ?? DEFAULT_MIRROR_FETCH_TIMEOUT_MS;
+    this.agentFor = opts.agentFor;
   }
+
+  private readonly agentFor: UpstreamAgents | undefined;
 
   /** Opens (or creates) the cache in `opts.dir`, finding the objects a previous run left. */
   static async open(opts: MirrorCacheOptions): Promise<MirrorCache> {
@@ -167,7 +175,7 @@ export class MirrorCache {
   private async fetch(key: string, url: string, accept: string | undefined): Promise<MirrorObject> {
     this.counters.upstreamFetches++;
     const signal = AbortSignal.timeout(this.fetchTimeoutMs);
-    const res = await upstreamGet(new URL(url), accept, signal);
+    const res = await upstreamGet(new URL(url), accept, signal, this.agentFor);
     const fetchedAt = Date.now();
     const contentType = typeof res.headers['content-type'] === 'string' ? res.headers['content-type'] : undefined;
     const ct = contentType ? { contentType } : {};
@@ -236,20 +244,30 @@ export class MirrorCache {
 }
 
 /** GET from a mirror, following same-origin redirects only. */
-export function upstreamGet(url: URL, accept: string | undefined, signal: AbortSignal, redirects = 0): Promise<http.IncomingMessage> {
+export function upstreamGet(
+  url: URL,
+  accept: string | undefined,
+  signal: AbortSignal,
+  agentFor?: UpstreamAgents,
+  redirects = 0,
+): Promise<http.IncomingMessage> {
   const mod = url.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
-    const req = mod.get(url, { headers: { 'user-agent': 'dsec-egress-mirror', ...(accept ? { accept } : {}) }, signal, agent: false }, (res) => {
-      const location = res.headers.location;
-      if (res.statusCode !== undefined && [301, 302, 303, 307, 308].includes(res.statusCode) && location) {
-        res.resume();
-        const next = new URL(location, url);
-        if (next.origin !== url.origin || redirects >= MAX_REDIRECTS) return reject(new Error(`${url.href}: redirect to ${next.href} not followed`));
-        upstreamGet(next, accept, signal, redirects + 1).then(resolve, reject);
-        return;
-      }
-      resolve(res);
-    });
+    const req = mod.get(
+      url,
+      { headers: { 'user-agent': 'dsec-egress-mirror', ...(accept ? { accept } : {}) }, signal, agent: agentFor?.(url) ?? false },
+      (res) => {
+        const location = res.headers.location;
+        if (res.statusCode !== undefined && [301, 302, 303, 307, 308].includes(res.statusCode) && location) {
+          res.resume();
+          const next = new URL(location, url);
+          if (next.origin !== url.origin || redirects >= MAX_REDIRECTS) return reject(new Error(`${url.href}: redirect to ${next.href} not followed`));
+          upstreamGet(next, accept, signal, agentFor, redirects + 1).then(resolve, reject);
+          return;
+        }
+        resolve(res);
+      },
+    );
     req.on('error', reject);
   });
 }

@@ -6,7 +6,7 @@ import type { Readable } from 'node:stream';
 import type { Mirror, NetworkPreset } from '@dsec/protocol';
 import type { MirrorAdapter, MirrorContext, MirrorRequest, MirrorTransform } from './adapter.js';
 import { DEFAULT_MIRROR_FETCH_TIMEOUT_MS, MirrorCache, upstreamGet } from './cache.js';
-import type { MirrorCacheOptions, MirrorCacheStats, MirrorObject } from './cache.js';
+import type { MirrorCacheOptions, MirrorCacheStats, MirrorObject, UpstreamAgents } from './cache.js';
 import { NpmMirrorAdapter } from './npm.js';
 
 /** How long an unfrozen mirror's metadata is served from the cache before it is fetched again. */
@@ -97,7 +97,10 @@ export class MirrorService {
     this.origins = new Set((opts.origins ?? []).map((o) => new URL(o).origin));
     this.metadataTtlMs = opts.metadataTtlMs ?? DEFAULT_METADATA_TTL_MS;
     this.fetchTimeoutMs = opts.fetchTimeoutMs ?? DEFAULT_MIRROR_FETCH_TIMEOUT_MS;
+    this.agentFor = opts.agentFor;
   }
+
+  private readonly agentFor: UpstreamAgents | undefined;
 
   /** Opens the cache and the adapters. */
   static async open(opts: MirrorServiceOptions): Promise<MirrorService> {
@@ -225,7 +228,7 @@ export class MirrorService {
         detail: `passthrough (${obj.source})`,
       };
     }
-    const res = await upstreamGet(url, req.accept, AbortSignal.timeout(this.fetchTimeoutMs));
+    const res = await upstreamGet(url, req.accept, AbortSignal.timeout(this.fetchTimeoutMs), this.agentFor);
     const headers: Record<string, string> = {};
     const ct = res.headers['content-type'];
     if (typeof ct === 'string') headers['content-type'] = ct;

@@ -1,0 +1,65 @@
+// The install scenario's registry, run inside its network namespace: the shared fixture
+// (@dsec/edge testing/npm-registry.ts) over TLS behind a relay on port 443 that delays every
+// piece of data by the one-way delay in each direction (and a new connection by one round trip,
+// its handshake): this kernel has no netem, the link's rate is a tbf qdisc. Its counters on port
+// 9000 (GET: read, POST: read and reset).
+// Usage: node npm-registry-child.js <index.json> <address> <tls dir> <one-way delay ms>
+import { readFile } from 'node:fs/promises';
+import http from 'node:http';
+import net from 'node:net';
+import path from 'node:path';
+import { startNpmRegistry } from '@dsec/edge';
+
+const [index, address, tlsDir, delayArg] = process.argv.slice(2);
+const delayMs = Number(delayArg ?? '0');
+if (!index || !address || !tlsDir) throw new Error('usage: npm-registry-child.js <index.json> <address> <tls dir>');
+const saved = JSON.parse(await readFile(index, 'utf8')) as { packuments: Array<[string, unknown]>; tarballs: Array<[string, string]> };
+const registry = await startNpmRegistry(
+  { packuments: new Map(saved.packuments), tarballs: new Map(saved.tarballs) },
+  {
+    host: '127.0.0.1',
+    port: 0,
+    tls: { key: await readFile(path.join(tlsDir, 'key.pem'), 'utf8'), cert: await readFile(path.join(tlsDir, 'cert.pem'), 'utf8') },
+    publicUrl: 'https://registry.npmjs.org',
+  },
+);
+const stats = http.createServer((req, res) => {
+  const body = JSON.stringify({ connections: registry.connections, requests: registry.requests });
+  if (req.method === 'POST') registry.resetCounters();
+  res.writeHead(200, { 'content-type': 'application/json' }).end(body);
+});
+const upstreamPort = Number(new URL(registry.url).port);
+
+/** Passes `from`'s data to `to` `delayMs` later, in order, with backpressure. */
+function delayed(from: net.Socket, to: net.Socket): void {
+  from.on('data', (chunk: Buffer) => {
+    from.pause();
+    setTimeout(() => {
+      if (to.destroyed) return;
+      if (to.write(chunk)) from.resume();
+      else to.once('drain', () => from.resume());
+    }, delayMs);
+  });
+  from.on('end', () => setTimeout(() => to.end(), delayMs));
+}
+
+const relay = net.createServer({ allowHalfOpen: true }, (client) => {
+  client.pause();
+  const up = net.connect({ host: '127.0.0.1', port: upstreamPort, allowHalfOpen: true });
+  const kill = (): void => {
+    client.destroy();
+    up.destroy();
+  };
+  client.on('error', kill);
+  up.on('error', kill);
+  client.on('close', () => up.destroy());
+  up.on('close', () => client.destroy());
+  // The handshake's round trip, then data each way one delay late.
+  setTimeout(() => {
+    delayed(client, up);
+    delayed(up, client);
+    client.resume();
+  }, 2 * delayMs);
+});
+relay.listen(443, address);
+stats.listen(9000, address, () => process.stdout.write('ready\n'));

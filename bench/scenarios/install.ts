@@ -1,0 +1,338 @@
+// A real package install through the egress proxy: minimist 1.2.8's development dependencies,
+// captured once from the npm registry into the bench's cache, served by the local registry
+// fixture (@dsec/edge testing/npm-registry.ts, the egress test's too) from a network namespace
+// behind a shaped link (a relay delaying data 10 ms each way = 20 ms RTT; tbf at 100 Mbit/s). `npm install` with empty
+// caches on the host, in a sandbox with the npm preset, and through the npm mirror cold and warm.
+// Run it by name (`--only install`): it is not part of `--quick`.
+import { execFile, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { startPlatform, ROOT_PROJECT_ID } from '@dsec/apiserver';
+import type { Platform } from '@dsec/apiserver';
+import { contentsFromTarballs, LayerStore, makeCertificateAuthority, nodeToolkitName, writeNodeToolkitTree } from '@dsec/edge';
+import { NetworkConfigSchema } from '@dsec/protocol';
+import type { LayerInfo, NetworkPolicy } from '@dsec/protocol';
+import { DsecClient, Sandbox } from '@dsec/sdk';
+import { onCleanup } from '../lib/cleanup.js';
+import { AGENT_BINARY } from '../lib/platform.js';
+import type { PreloadedLayer } from '../lib/platform.js';
+import type { Scenario, ScenarioContext } from '../lib/scenario.js';
+import { nowMs, progress } from '../lib/stats.js';
+
+const run = promisify(execFile);
+const PROJECT = 'minimist@1.2.8';
+const BASE_PACKAGES = ['ca-certificates', 'libstdc++6'];
+const BASE_NAME = `install-debian-${createHash('sha256').update(BASE_PACKAGES.join(',')).digest('hex').slice(0, 12)}`;
+const NODE_NAME = nodeToolkitName('install-node');
+const INSTALL_TIMEOUT_MS = 600_000;
+/** The registry's link: a relay in its namespace delays data this much each way (20 ms RTT); tbf holds both ends to RATE. */
+const ONE_WAY_DELAY_MS = 10;
+const RATE = '100mbit';
+/** The registry fixture as a child in the namespace (compiled beside this file). */
+const CHILD = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'npm-registry-child.js');
+/** An environment for host npm with nothing of the host's proxies or CA variables. */
+const cleanEnv = (home: string): NodeJS.ProcessEnv => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: home });
+
+let layers: Array<{ info: LayerInfo; name: string }> = [];
+
+/** The base and Node toolkit in the bench cache, built there once. */
+async function cachedLayers(cacheDir: string): Promise<PreloadedLayer[]> {
+  const root = path.join(cacheDir, 'layers');
+  const store = new LayerStore({ root, unmountLingerMs: 0 });
+  await store.init();
+  try {
+    let base = await store.resolve(BASE_NAME).catch(() => undefined);
+    if (!base) {
+      progress(`install: building the Debian base (${BASE_PACKAGES.join(', ')}) into ${root}`);
+      base = await store.build({ type: 'debian', packages: BASE_PACKAGES }, { kind: 'base', name: BASE_NAME });
+    }
+    let node = await store.resolve(NODE_NAME).catch(() => undefined);
+    if (!node) {
+      const dir = await mkdtemp(path.join(cacheDir, 'node-toolkit-'));
+      try {
+        await writeNodeToolkitTree(dir);
+        node = await store.build({ type: 'dir', path: dir }, { kind: 'toolkit', name: NODE_NAME });
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
+    }
+    layers = [
+      { info: base, name: BASE_NAME },
+      { info: node, name: NODE_NAME },
+    ];
+    return layers.map((l) => ({ blobDir: path.join(root, 'blobs', l.info.digest.replace(/^sha256:/, '')) }));
+  } finally {
+    await store.close();
+  }
+}
+
+interface CapturedTree {
+  /** package.json and package-lock.json of the project. */
+  project: string;
+  tarballs: Array<{ file: string }>;
+}
+
+/** minimist's package.json, its lockfile and every tarball it names, fetched from the public registry once. */
+async function capturedTree(cacheDir: string): Promise<CapturedTree> {
+  const dir = path.join(cacheDir, 'npm-install', PROJECT.replace('@', '-'));
+  const project = path.join(dir, 'project');
+  const tarDir = path.join(dir, 'tarballs');
+  const done = path.join(dir, 'complete.json');
+  const have = await readFile(done, 'utf8').catch(() => undefined);
+  if (have) return { project, tarballs: (JSON.parse(have) as string[]).map((f) => ({ file: path.join(tarDir, f) })) };
+  progress(`install: capturing ${PROJECT}'s dependency tree from registry.npmjs.org into ${dir} (once)`);
+  await rm(dir, { recursive: true, force: true });
+  await mkdir(project, { recursive: true });
+  await mkdir(tarDir, { recursive: true });
+  // The host's own environment and CA settings (this one-time capture is the host's npm talking
+  // to its registry, whatever its network needs); its own cache, a lockfile with `resolved` URLs.
+  const cache = path.join(dir, 'npm-cache');
+  const npm = (args: string[], cwd: string): Promise<{ stdout: string }> =>
+    run('npm', [...args, '--registry=https://registry.npmjs.org/', '--no-audit', '--no-fund', '--userconfig=/dev/null', `--cache=${cache}`], {
+      cwd,
+      maxBuffer: 64 * 1024 * 1024,
+      timeout: INSTALL_TIMEOUT_MS,
+    });
+  const packed = (await npm(['pack', PROJECT, '--json'], dir)).stdout;
+  const file = (JSON.parse(packed) as Array<{ filename: string }>)[0]!.filename;
+  await run('tar', ['-xzf', path.join(dir, file), '-C', dir]);
+  await cp(path.join(dir, 'package', 'package.json'), path.join(project, 'package.json'));
+  await npm(['install', '--ignore-scripts'], project);
+  await rm(path.join(project, 'node_modules'), { recursive: true, force: true });
+  // Every tarball the lockfile names, from npm's content-addressed cache (sha512 integrity).
+  const lock = JSON.parse(await readFile(path.join(project, 'package-lock.json'), 'utf8')) as {
+    packages: Record<string, { resolved?: string; integrity?: string }>;
+  };
+  const names: string[] = [];
+  for (const p of Object.values(lock.packages)) {
+    if (!p.resolved?.startsWith('https://registry.npmjs.org/') || !p.integrity?.startsWith('sha512-')) continue;
+    const hex = Buffer.from(p.integrity.slice('sha512-'.length), 'base64').toString('hex');
+    const name = p.resolved.slice('https://registry.npmjs.org/'.length).replace(/[/@]/g, '_');
+    if (names.includes(name)) continue;
+    await cp(path.join(cache, '_cacache', 'content-v2', 'sha512', hex.slice(0, 2), hex.slice(2, 4), hex.slice(4)), path.join(tarDir, name));
+    names.push(name);
+  }
+  await writeFile(done, JSON.stringify(names.sort()));
+  progress(`install: ${names.length} tarballs captured`);
+  return { project, tarballs: names.map((f) => ({ file: path.join(tarDir, f) })) };
+}
+
+interface ShapedRegistry {
+  address: string;
+  stats(): Promise<{ connections: number; requests: number }>;
+  reset(): Promise<void>;
+}
+
+/** Names of a registry namespace and its link (`10.215.<n>.2` inside, `.1` on the host). */
+function registryLink(): { ns: string; hostIf: string; hostAddress: string; address: string } {
+  const tag = randomBytes(3).toString('hex');
+  const octet = 1 + (parseInt(tag, 16) % 250);
+  return { ns: `dsec-bench-reg-${tag}`, hostIf: `dbr${tag}`, hostAddress: `10.215.${octet}.1`, address: `10.215.${octet}.2` };
+}
+
+/** A network namespace with the registry child in it, behind a shaped link (tbf both ends, the child's delaying relay). */
+async function shapedRegistry(link: ReturnType<typeof registryLink>, index: string, tlsDir: string): Promise<ShapedRegistry> {
+  const { ns, hostIf, hostAddress, address } = link;
+  const procs: ChildProcess[] = [];
+  onCleanup(`registry namespace ${ns}`, async () => {
+    for (const p of procs) p.kill('SIGKILL');
+    await run('ip', ['netns', 'del', ns]).catch(() => undefined);
+    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
+  });
+  await run('ip', ['netns', 'add', ns]);
+  await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
+  await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
+  await run('ip', ['link', 'set', hostIf, 'up']);
+  for (const args of [
+    ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
+    ['link', 'set', 'lo', 'up'],
+    ['link', 'set', 'eth0', 'up'],
+    ['route', 'add', 'default', 'via', hostAddress],
+  ])
+    await run('ip', ['-n', ns, ...args]);
+  // The rate on both ends of the link (tbf: this kernel has no netem); the delay is the child's relay.
+  const tbf = ['root', 'tbf', 'rate', RATE, 'burst', '64kb', 'latency', '400ms'];
+  await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
+  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir, String(ONE_WAY_DELAY_MS)], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  procs.push(child);
+  await new Promise<void>((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      if (out.includes('ready')) resolve();
+    });
+    child.once('exit', (code) => reject(new Error(`the registry child exited (${code}): ${out}`)));
+  });
+  const call = async (method: string): Promise<{ connections: number; requests: number }> => {
+    const res = await fetch(`http://${address}:9000/stats`, { method, signal: AbortSignal.timeout(10_000) });
+    return (await res.json()) as { connections: number; requests: number };
+  };
+  return {
+    address,
+    stats: () => call('GET'),
+    reset: async () => {
+      await call('POST');
+    },
+  };
+}
+
+/** One timed install: connections and requests at the registry, refusals in the sandbox's log. */
+interface Measured {
+  seconds: number;
+  connections: number;
+  requests: number;
+  refused: number;
+}
+
+async function hostInstall(tree: CapturedTree, reg: ShapedRegistry, caFile: string, dir: string): Promise<Measured> {
+  const work = await mkdtemp(path.join(dir, 'host-'));
+  await cp(path.join(tree.project, 'package.json'), path.join(work, 'package.json'));
+  await cp(path.join(tree.project, 'package-lock.json'), path.join(work, 'package-lock.json'));
+  await reg.reset();
+  const t0 = nowMs();
+  await run(
+    'npm',
+    [
+      'install',
+      '--no-audit',
+      '--no-fund',
+      '--userconfig=/dev/null',
+      `--registry=https://${reg.address}/`,
+      `--cafile=${caFile}`,
+      `--cache=${path.join(work, '.npm-cache')}`,
+    ],
+    { cwd: work, env: cleanEnv(work), maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS },
+  );
+  const seconds = (nowMs() - t0) / 1000;
+  const s = await reg.stats();
+  return { seconds, ...s, refused: 0 };
+}
+
+async function sandboxInstall(client: DsecClient, tree: CapturedTree, reg: ShapedRegistry, net: NetworkPolicy): Promise<Measured> {
+  const sb = await Sandbox.create({ image: { base: BASE_NAME, toolkits: [NODE_NAME] }, resources: { cpu: 2, memoryMiB: 2048 }, network: net }, { client });
+  try {
+    await sb.exec(['mkdir', '-p', '/work', '/root'], { check: true });
+    await sb.files.write('/work/package.json', await readFile(path.join(tree.project, 'package.json')));
+    await sb.files.write('/work/package-lock.json', await readFile(path.join(tree.project, 'package-lock.json')));
+    await reg.reset();
+    const t0 = nowMs();
+    const r = await sb.exec(['npm', 'install', '--no-audit', '--no-fund', '--no-update-notifier'], {
+      cwd: '/work',
+      env: { HOME: '/root', npm_config_cache: '/root/.npm' },
+      timeoutMs: INSTALL_TIMEOUT_MS,
+    });
+    const seconds = (nowMs() - t0) / 1000;
+    if (r.exitCode !== 0) throw new Error(`npm install in the sandbox: ${r.stderr.slice(-2000)}`);
+    const s = await reg.stats();
+    const refused = (await sb.network.log({ limit: 1000 })).filter((e) => e.verdict === 'denied' && e.reason?.startsWith('connection-limit')).length;
+    return { seconds, ...s, refused };
+  } finally {
+    await sb.kill().catch(() => undefined);
+  }
+}
+
+export const installScenario: Scenario = {
+  name: 'install',
+  title: '13. Package install through the egress proxy',
+  onlyWhenNamed: true,
+  method: [
+    `\`npm install\` of ${PROJECT}'s development dependencies (its package.json and package-lock.json, every tarball`,
+    'the lockfile names), captured once from registry.npmjs.org into the bench cache and served by the local registry',
+    `fixture over TLS from a network namespace behind a shaped link (a relay delaying data ${ONE_WAY_DELAY_MS} ms each way = 20 ms RTT, tbf at`,
+    `${RATE}/s). Every run starts with an empty npm cache. Host: npm on the host against the registry's address. Preset:`,
+    'a sandbox (Debian base + the same Node and npm as a toolkit) with `presets: [npm]`, `registry.npmjs.org` mapped to',
+    "the registry by the node's `hosts`, the registry's CA in `node.network.caCertificates`. Mirror cold / warm: the same",
+    "with the npm mirror, first with the node's mirror cache empty, then full. Connections are what the registry accepted;",
+    'refused are connection-limit refusals in the sandbox egress log.',
+  ].join(' '),
+  async run(ctx: ScenarioContext): Promise<void> {
+    const tree = await capturedTree(ctx.cacheDir);
+    const preload = await cachedLayers(ctx.cacheDir);
+    const dir = path.join(ctx.dir, 'install');
+    await mkdir(dir, { recursive: true });
+    const contents = await contentsFromTarballs(tree.tarballs);
+    const index = path.join(dir, 'registry.json');
+    await writeFile(index, JSON.stringify({ packuments: [...contents.packuments], tarballs: [...contents.tarballs] }));
+    const link = registryLink();
+    const ca = await makeCertificateAuthority('dsec bench registry CA');
+    const tlsDir = path.join(dir, 'tls');
+    await mkdir(tlsDir, { recursive: true });
+    const caFile = path.join(tlsDir, 'ca.pem');
+    await writeFile(caFile, ca.cert);
+    const pair = await ca.issue(['registry.npmjs.org', link.address]);
+    await writeFile(path.join(tlsDir, 'key.pem'), pair.key, { mode: 0o600 });
+    await writeFile(path.join(tlsDir, 'cert.pem'), pair.cert);
+    progress(`install: registry with ${contents.packuments.size} packages, ${contents.tarballs.size} tarballs at ${link.address} behind a shaped link`);
+    const reg = await shapedRegistry(link, index, tlsDir);
+
+    // A platform of its own: the node maps registry.npmjs.org to the registry and trusts its CA.
+    const operatorRanges = 'allowedPrivateRanges' in NetworkConfigSchema.shape;
+    const home = path.join(dir, 'home');
+    for (const l of preload) {
+      const blobs = path.join(home, 'node', 'layers', 'blobs');
+      await mkdir(blobs, { recursive: true });
+      await cp(l.blobDir, path.join(blobs, path.basename(l.blobDir)), { recursive: true });
+    }
+    const platform: Platform = await startPlatform({
+      home,
+      addr: '127.0.0.1:0',
+      agentBinary: AGENT_BINARY,
+      log: () => undefined,
+      network: {
+        hosts: { 'registry.npmjs.org': link.address },
+        nameservers: [],
+        caCertificates: [ca.cert],
+        ...(operatorRanges ? ({ allowedPrivateRanges: [`${link.address}/32`] } as object) : {}),
+      },
+    });
+    onCleanup('install platform', () => platform.shutdown());
+    for (const l of layers) {
+      const stored = await platform.edge.layers.resolve(l.info.digest);
+      await platform.edge.layers.tag(stored.digest, l.name);
+      await platform.services.layers.register(ROOT_PROJECT_ID, stored, l.name);
+    }
+    const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey! });
+    const policy = (extra: Partial<NetworkPolicy> = {}): NetworkPolicy => ({
+      mode: 'allowlist',
+      presets: ['npm'],
+      ...(operatorRanges ? {} : { allowAddresses: [link.address] }),
+      ...extra,
+    });
+
+    const results: Array<[string, Measured]> = [];
+    progress('install: host');
+    results.push(['host', await hostInstall(tree, reg, caFile, dir)]);
+    progress('install: sandbox, npm preset');
+    results.push(['sandbox, npm preset', await sandboxInstall(client, tree, reg, policy())]);
+    progress('install: sandbox, npm mirror (cold)');
+    results.push(['sandbox, npm mirror cold', await sandboxInstall(client, tree, reg, policy({ mirrors: { npm: {} } }))]);
+    progress('install: sandbox, npm mirror (warm)');
+    results.push(['sandbox, npm mirror warm', await sandboxInstall(client, tree, reg, policy({ mirrors: { npm: {} } }))]);
+
+    const host = results[0]![1].seconds;
+    for (const [what, m] of results) {
+      ctx.record({
+        scenario: 'install',
+        metric: `npm install (${contents.tarballs.size} packages)`,
+        system: what,
+        unit: 's',
+        value: Number(m.seconds.toFixed(2)),
+        note: `${(m.seconds / host).toFixed(2)}x host; ${m.connections} connections, ${m.requests} requests at the registry; ${m.refused} refused`,
+        compare: false,
+      });
+      progress(`install: ${what}: ${m.seconds.toFixed(1)} s, ${m.connections} connections, ${m.requests} requests, ${m.refused} refused`);
+    }
+    const preset = results[1]![1].seconds;
+    const warm = results[3]![1].seconds;
+    ctx.note(
+      `${contents.tarballs.size} packages. Targets: preset <= 1.5x host: ${(preset / host).toFixed(2)}x (${preset / host <= 1.5 ? 'met' : 'missed'}); mirror warm faster than the host's cold install: ${warm.toFixed(1)} s vs ${host.toFixed(1)} s (${warm < host ? 'met' : 'missed'}).`,
+    );
+  },
+};
