@@ -156,8 +156,7 @@ async function main(): Promise<number> {
 
 async function writeDocs(report: RunReport): Promise<void> {
   const notes = ['where-the-time-goes.md', 'install.md'];
-  const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('
-');
+  const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);
   const chartDir = path.join(REPO, 'docs', 'benchmarks');
