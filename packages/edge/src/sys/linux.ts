@@ -331,7 +331,10 @@ const RESOLVE_STRICT = 0x01 | 0x02 | 0x04 | 0x08;
  */
 export function openBeneath(dirFd: number, rel: string | Buffer, flags: number): number {
   const how = Buffer.alloc(24);
-  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW | O.NONBLOCK), 0);
+  // openat2 refuses O_PATH with any flag but O_CLOEXEC, O_DIRECTORY and O_NOFOLLOW (and an
+  // O_PATH open reads nothing, so it cannot block).
+  const nonblock = flags & O.PATH ? 0 : O.NONBLOCK;
+  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW | nonblock), 0);
   how.writeBigUInt64LE(0n, 8);
   how.writeBigUInt64LE(BigInt(RESOLVE_STRICT), 16);
   const path = typeof rel === 'string' ? rel : Buffer.concat([rel, Buffer.from([0])]);
