@@ -148,6 +148,9 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
       // The sandbox runs while its tree is read: a directory gone or replaced (by a file, a
       // symlink) since it was listed is left out, as is a file gone or replaced by a FIFO, a
       // socket or a directory. The archive holds what could be read; it never stalls or fails.
+      // A directory swapped for a symlink since its parent was listed is not followed (the
+      // agent lists what a path resolves to; the check narrows the window to the two calls).
+      if (rel && (await changedAway(edge.stat(id, abs)))?.type !== 'dir') continue;
       const listed = rel ? await changedAway(edge.listDir(id, abs)) : await edge.listDir(id, abs);
       for (const e of listed ?? []) {
         const name = rel ? `${rel}/${e.name}` : e.name;
@@ -177,6 +180,13 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
     }
     pack.finalize();
   };
-  walk().catch((err: unknown) => out.destroy(err as Error));
+  // The walk starts when the reader does (the HTTP response attaches and resumes the stream):
+  // an error destroys a stream someone already listens to, and reaches the client as a broken
+  // download. The listener below only keeps an error that nobody awaits from becoming an
+  // uncaught exception of the whole platform.
+  out.on('error', () => undefined);
+  out.once('resume', () => {
+    walk().catch((err: unknown) => out.destroy(err as Error));
+  });
   return out;
 }
