@@ -180,13 +180,19 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
     }
     pack.finalize();
   };
-  // The walk starts when the reader does (the HTTP response attaches and resumes the stream):
+  // The walk starts when a reader attaches (the HTTP response's 'data', an iterator's 'readable'):
   // an error destroys a stream someone already listens to, and reaches the client as a broken
   // download. The listener below only keeps an error that nobody awaits from becoming an
-  // uncaught exception of the whole platform.
+  // uncaught exception of the whole platform; so for the packer, which the pipe destroys with
+  // the same error (streamx).
   out.on('error', () => undefined);
-  out.once('resume', () => {
-    walk().catch((err: unknown) => out.destroy(err as Error));
+  pack.on('error', () => undefined);
+  let started = false;
+  out.on('newListener', (event: string | symbol) => {
+    if (started || (event !== 'data' && event !== 'readable')) return;
+    started = true;
+    // After the listener is in place (newListener runs before it is added).
+    queueMicrotask(() => void walk().catch((err: unknown) => out.destroy(err as Error)));
   });
   return out;
 }
