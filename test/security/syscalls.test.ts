@@ -262,7 +262,8 @@ describe('descriptors and the agent', () => {
   test('signals to PID 1 from inside (SIGKILL, SIGSTOP, SIGTERM, SIGHUP) do not stop the agent', async () => {
     const r = await sec.sh(attacker, 'kill -KILL 1; kill -STOP 1; kill -TERM 1; kill -HUP 1; sleep 0.3; grep State /proc/1/status');
     assert.equal(r.exitCode, 0, r.stderr);
-    assert.match(r.stdout, /State:\s+S/, 'PID 1 is still running, not stopped');
+    // Sleeping or, on a busy machine, caught running: anything but stopped (T) or gone.
+    assert.match(r.stdout, /State:\s+[RS]/, 'PID 1 is still running, not stopped');
     const again = await sec.sh(attacker, 'echo still-served');
     assert.equal(again.stdout, 'still-served\n');
   });
