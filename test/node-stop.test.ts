@@ -34,7 +34,9 @@ describe('stopping dsec up', () => {
       { image: { base: 'busybox' }, network: { mode: 'allowlist', allow: [{ host: 'example.invalid' }] } },
       { apiUrl: node.url, apiKey: node.apiKey },
     );
-    assert.equal((await sb.exec('echo ok')).stdout, 'ok\n');
+    assert.equal((await sb.exec('echo ok > /tmp/ok && cat /tmp/ok')).stdout, 'ok\n');
+    // A hashed diff starts the host-read pool's threads: idle, they must not keep the node up.
+    assert.ok((await sb.diff({ hash: true })).entries.some((e) => e.path === '/tmp/ok' && e.sha256));
     assert.ok((await nodeMounts(home)).length > 0, 'the running node has mounts');
     await sb.kill();
     assert.equal(await stop(node, 'SIGINT'), 0, node.stderr());

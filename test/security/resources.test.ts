@@ -153,6 +153,23 @@ describe('disk', () => {
     }
   });
 
+  test("/dev/shm is counted in the sandbox's memory: what a sandbox keeps there shows in its memory use, and goes when removed", async () => {
+    const id = await sec.sandbox({ resources: { ...SMALL, memoryMiB: 128 } });
+    try {
+      const before = (await sec.edge.stats(id)).memoryBytes;
+      const r = await sec.kit(id, ['fill', '/dev/shm/kept', '40']);
+      assert.equal(probe(r, 'fill').result, 'OK', r.stdout);
+      const held = (await sec.edge.stats(id)).memoryBytes;
+      // The writer has exited: only the tmpfs pages can hold this much in the sandbox's cgroup.
+      assert.ok(held - before >= 32 * MiB, `memory use went from ${before} to ${held} bytes with 40 MiB in /dev/shm`);
+      await sec.sh(id, 'rm -f /dev/shm/kept');
+      const freed = (await sec.edge.stats(id)).memoryBytes;
+      assert.ok(held - freed >= 32 * MiB, `memory use went from ${held} to ${freed} bytes after removing the file`);
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
   test('the writable tmpfs outside the writable layer (/dev, /dev/shm) are bounded by their size and the memory limit', async () => {
     const id = await sec.sandbox({ resources: SMALL });
     try {

@@ -56,7 +56,9 @@ const SYSCALL_ATTACKS: Array<{ what: string; expect: Record<string, string>; sec
       'clone-newns': 'EPERM',
       setns: 'EACCES',
     },
-    seccomp: ['unshare', 'clone', 'clone3'],
+    // clone3 is refused for every program (ENOSYS, so that libc falls back to clone) and is not
+    // raised: the clone that follows is what a namespace attempt is refused and raised on.
+    seccomp: ['unshare', 'clone'],
   },
   {
     what: 'mount fails: mount(2) of tmpfs and proc, and the new mount API (fsopen, open_tree), with EPERM',
@@ -87,10 +89,6 @@ const SYSCALL_ATTACKS: Array<{ what: string; expect: Record<string, string>; sec
   },
 ];
 
-/** Why the denial events are not all seen yet. */
-const DENIALS_LOST =
-  'seccomp denials are read from the kernel log, which the kernel rate-limits host-wide (printk_ratelimit: 10 audit records per 5 s, "kauditd_printk_skb: N callbacks suppressed"): records past the limit are lost, so any busy sandbox hides every other one\'s denials';
-
 describe('system calls', () => {
   for (const attack of SYSCALL_ATTACKS) {
     test(attack.what, async () => {
@@ -100,7 +98,7 @@ describe('system calls', () => {
     });
   }
 
-  test('every system call the filter refuses is raised as a seccomp.denied event naming it', { todo: DENIALS_LOST }, async (t) => {
+  test('every system call the filter refuses is raised as a seccomp.denied event naming it (records read from the audit netlink group, not the rate-limited kernel log)', async (t) => {
     const id = await sec.sandbox();
     try {
       const r = await sec.kit(id, ['syscall', ...SYSCALL_ATTACKS.flatMap((a) => Object.keys(a.expect))]);
@@ -111,30 +109,24 @@ describe('system calls', () => {
     }
   });
 
-  test(
-    'ordinary threads raise no seccomp.denied (clone3 is refused with ENOSYS so that libc falls back to clone: not an attack)',
-    {
-      todo: 'every pthread_create and posix_spawn of a glibc program is a logged clone3 refusal: false seccomp.denied events, and each one spends the host-wide kernel log budget that real denials need',
-    },
-    async (t) => {
-      const id = await sec.sandbox();
-      try {
-        const r = await sec.kit(id, ['threads', '3']);
-        assert.equal(probe(r, 'threads').result, 'OK');
-        // A real denial after the threads: once its event is in, the threads' records were read.
-        await sec.kit(id, ['syscall', 'bpf']);
-        await expectEvent(t, sec.events, 'seccomp.denied', id, { syscall: 'bpf' });
-        assert.deepEqual(
-          sec.events.events.filter((e) => e.sandboxId === id && e.kind === 'seccomp.denied' && e.data?.syscall === 'clone3'),
-          [],
-        );
-      } finally {
-        await sec.edge.destroy(id);
-      }
-    },
-  );
+  test('ordinary threads raise no seccomp.denied (clone3 is refused with ENOSYS so that libc falls back to clone: not an attack)', async (t) => {
+    const id = await sec.sandbox();
+    try {
+      const r = await sec.kit(id, ['threads', '3']);
+      assert.equal(probe(r, 'threads').result, 'OK');
+      // A real denial after the threads: once its event is in, the threads' records were read.
+      await sec.kit(id, ['syscall', 'bpf']);
+      await expectEvent(t, sec.events, 'seccomp.denied', id, { syscall: 'bpf' });
+      assert.deepEqual(
+        sec.events.events.filter((e) => e.sandboxId === id && e.kind === 'seccomp.denied' && e.data?.syscall === 'clone3'),
+        [],
+      );
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
 
-  test('a denial cannot be hidden in noise: after 200 refused keyctl calls, one bpf call is still raised', { todo: DENIALS_LOST }, async (t) => {
+  test('a denial cannot be hidden in noise: after 200 refused keyctl calls, one bpf call is still raised', async (t) => {
     const id = await sec.sandbox();
     try {
       const r = await sec.sh(id, `for i in $(seq 200); do ${KIT} syscall keyctl >/dev/null; done; ${KIT} syscall bpf`);
@@ -270,7 +262,8 @@ describe('descriptors and the agent', () => {
   test('signals to PID 1 from inside (SIGKILL, SIGSTOP, SIGTERM, SIGHUP) do not stop the agent', async () => {
     const r = await sec.sh(attacker, 'kill -KILL 1; kill -STOP 1; kill -TERM 1; kill -HUP 1; sleep 0.3; grep State /proc/1/status');
     assert.equal(r.exitCode, 0, r.stderr);
-    assert.match(r.stdout, /State:\s+S/, 'PID 1 is still running, not stopped');
+    // Sleeping or, on a busy machine, caught running: anything but stopped (T) or gone.
+    assert.match(r.stdout, /State:\s+[RS]/, 'PID 1 is still running, not stopped');
     const again = await sec.sh(attacker, 'echo still-served');
     assert.equal(again.stdout, 'still-served\n');
   });

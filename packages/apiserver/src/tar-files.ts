@@ -119,6 +119,16 @@ export async function uploadTar(
   return { files };
 }
 
+/** The value of an agent read, or undefined when the path is gone or is no longer what it was listed as. */
+async function changedAway<T>(read: Promise<T>): Promise<T | undefined> {
+  try {
+    return await read;
+  } catch (err) {
+    if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'INVALID_ARGUMENT')) return undefined;
+    throw err;
+  }
+}
+
 /** A tar stream of the tree at `dir` inside a sandbox. */
 export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable {
   const pack = tar.pack();
@@ -135,7 +145,14 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
     while (stack.length) {
       const rel = stack.pop()!;
       const abs = rel ? path.posix.join(dir, rel) : dir;
-      for (const e of await edge.listDir(id, abs)) {
+      // The sandbox runs while its tree is read: a directory gone or replaced (by a file, a
+      // symlink) since it was listed is left out, as is a file gone or replaced by a FIFO, a
+      // socket or a directory. The archive holds what could be read; it never stalls or fails.
+      // A directory swapped for a symlink since its parent was listed is not followed (the
+      // agent lists what a path resolves to; the check narrows the window to the two calls).
+      if (rel && (await changedAway(edge.stat(id, abs)))?.type !== 'dir') continue;
+      const listed = rel ? await changedAway(edge.listDir(id, abs)) : await edge.listDir(id, abs);
+      for (const e of listed ?? []) {
         const name = rel ? `${rel}/${e.name}` : e.name;
         const full = path.posix.join(abs, e.name);
         if (++entries > MAX_TAR_ENTRIES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} has more than ${MAX_TAR_ENTRIES} entries`);
@@ -152,7 +169,8 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
         } else if (e.type === 'symlink') {
           await addEntry({ ...base, type: 'symlink', linkname: e.linkTarget ?? '' });
         } else if (e.type === 'file') {
-          const raw = await edge.readFile(id, full);
+          const raw = await changedAway(edge.readFile(id, full));
+          if (raw === undefined) continue;
           const data = Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength);
           bytes += data.length;
           if (bytes > MAX_TAR_DOWNLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} holds more than ${MAX_TAR_DOWNLOAD_BYTES} bytes`);
@@ -162,6 +180,19 @@ export function downloadTar(edge: EdgeClient, id: string, dir: string): Readable
     }
     pack.finalize();
   };
-  walk().catch((err: unknown) => out.destroy(err as Error));
+  // The walk starts when a reader attaches (the HTTP response's 'data', an iterator's 'readable'):
+  // an error destroys a stream someone already listens to, and reaches the client as a broken
+  // download. The listener below only keeps an error that nobody awaits from becoming an
+  // uncaught exception of the whole platform; so for the packer, which the pipe destroys with
+  // the same error (streamx).
+  out.on('error', () => undefined);
+  pack.on('error', () => undefined);
+  let started = false;
+  out.on('newListener', (event: string | symbol) => {
+    if (started || (event !== 'data' && event !== 'readable')) return;
+    started = true;
+    // After the listener is in place (newListener runs before it is added).
+    queueMicrotask(() => void walk().catch((err: unknown) => out.destroy(err as Error)));
+  });
   return out;
 }

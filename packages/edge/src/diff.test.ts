@@ -1,5 +1,6 @@
 // The writable-layer walks on plain folders (no overlay mount needed): an abort stops them.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -40,5 +41,27 @@ describe('diff and verify walks (plain folders)', () => {
       r.results.map((x) => x.reason),
       ['mismatch', 'missing'],
     );
+  });
+
+  test('a file swapped for a FIFO while the walk hashes it never blocks the walk: diff and verify keep answering', async () => {
+    const race = path.join(dir, 'upper', 'race');
+    mkdirSync(race);
+    // A writer-less FIFO: a blocking open of it would wait forever (and hold the event loop).
+    const swapper = spawn('sh', ['-c', 'cd "$1" && while :; do rm -f f; echo data > f; rm -f f; mkfifo f; done', 'swap', race], { stdio: 'ignore' });
+    try {
+      const until = Date.now() + 3_000;
+      let rounds = 0;
+      while (Date.now() < until) {
+        const d = await diffLayers(view, { paths: ['/race'], hash: true });
+        const f = d.entries.find((e) => e.path === '/race/f');
+        if (f?.type === 'other') assert.equal(f.sha256, undefined);
+        const v = await verifyLayers(view, { '/race/f': 'a'.repeat(64) });
+        assert.ok(['mismatch', 'missing', 'not-a-file'].includes(v.results[0]?.reason ?? ''), JSON.stringify(v.results));
+        rounds++;
+      }
+      assert.ok(rounds > 0);
+    } finally {
+      swapper.kill('SIGKILL');
+    }
   });
 });

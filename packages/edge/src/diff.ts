@@ -6,14 +6,13 @@
 // The sandbox may be changing its upper directory while it is read: every open goes through
 // openat2 below a directory fd without following any symlink, so nothing the sandbox plants can
 // lead the host's reads outside its own files.
-import { createHash } from 'node:crypto';
-import { fstatSync, read, readlinkSync } from 'node:fs';
+import { fstatSync, readlinkSync } from 'node:fs';
 import type { Stats } from 'node:fs';
 import { lstat, readdir } from 'node:fs/promises';
-import { promisify } from 'node:util';
 import { DEFAULT_DIFF_PAGE, MAX_HASH_BYTES, invalidArgument } from '@dsec/protocol';
 import type { DiffEntry, DiffResult, VerifyItem } from '@dsec/protocol';
 import type { IdRange } from './host/id-ranges.js';
+import { readPool } from './host/read-pool.js';
 import { closeFd, getxattr, O, OVERLAY_OPAQUE_XATTR, openBeneath, openFd } from './sys/linux.js';
 
 /** Bytes hashed in one diff or verify call at most; files past it are listed unhashed. */
@@ -28,8 +27,9 @@ export const MAX_DIFF_VISITS = 2_000_000;
 export const PLATFORM_MOUNT_POINTS = ['/.dsec', '/proc', '/sys', '/dev'];
 
 const ENOENT = 2;
-const HASH_CHUNK_BYTES = 1024 * 1024;
-const readAsync = promisify(read);
+/** Why a path was not read: what is there now is not a regular file (a FIFO, socket or device). */
+const CHANGED = 'changed while it was read';
+const NOT_REGULAR = 'not a regular file (a FIFO, socket or device is never opened for reading)';
 
 /** A sandbox's file system as the host holds it. */
 export interface SandboxLayersView {
@@ -157,27 +157,22 @@ class OpenView {
     return undefined;
   }
 
-  /** sha256 of a regular file opened below a root fd, within the per-file and per-call limits. */
+  /**
+   * sha256 of a regular file opened below a root fd, within the per-file and per-call limits.
+   * The open never blocks (O_NONBLOCK: a FIFO swapped in is not waited on) and what it opened
+   * must be a regular file (fstat); the reading and hashing run in the host-read pool.
+   */
   async hash(rootFd: number, rel: string | Buffer, size: number): Promise<{ sha256?: string; skipped?: string }> {
     if (size > MAX_HASH_BYTES) return { skipped: `larger than ${MAX_HASH_BYTES} bytes` };
     if (this.hashedBytes + size > HASH_BUDGET_BYTES) return { skipped: `this call's hashing budget of ${HASH_BUDGET_BYTES} bytes is spent` };
     const fd = openBeneath(rootFd, rel, O.RDONLY);
-    if (fd < 0) return { skipped: 'changed while it was read' };
+    if (fd < 0) return { skipped: CHANGED };
     try {
-      if (!fstatSync(fd).isFile()) return { skipped: 'changed while it was read' };
-      const h = createHash('sha256');
-      const buf = Buffer.alloc(Math.min(HASH_CHUNK_BYTES, Math.max(size, 1)));
-      let total = 0;
-      for (;;) {
-        this.signal?.throwIfAborted();
-        const { bytesRead } = await readAsync(fd, buf, 0, buf.length, null);
-        if (bytesRead === 0) break;
-        total += bytesRead;
-        if (total > MAX_HASH_BYTES) return { skipped: `larger than ${MAX_HASH_BYTES} bytes` };
-        h.update(buf.subarray(0, bytesRead));
-      }
-      this.hashedBytes += total;
-      return { sha256: h.digest('hex') };
+      if (!fstatSync(fd).isFile()) return { skipped: NOT_REGULAR };
+      const r = await readPool().hashFd(fd, MAX_HASH_BYTES, this.signal);
+      if (r.tooLarge || r.sha256 === undefined) return { skipped: `larger than ${MAX_HASH_BYTES} bytes` };
+      this.hashedBytes += r.bytes;
+      return { sha256: r.sha256 };
     } finally {
       closeFd(fd);
     }
@@ -325,7 +320,7 @@ export async function verifyLayers(
       }
       const h = await v.hash(found.rootFd, p.slice(1), found.st.size);
       if (!h.sha256) {
-        item.reason = 'too-large';
+        item.reason = h.skipped === NOT_REGULAR || h.skipped === CHANGED ? 'not-a-file' : 'too-large';
         continue;
       }
       item.actual = h.sha256;

@@ -42,6 +42,7 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- output: one JSON object per line ---- */
@@ -1091,6 +1092,83 @@ static int cmd_unix(const char *name)
 	return 0;
 }
 
+/* Puts a fresh object of kind `k` at `path` (whatever was there is removed first). */
+static void swap_one(const char *path, int k)
+{
+	unlink(path);
+	switch (k) {
+	case 0: {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			if (write(fd, "regular\n", 8) < 0) {
+			}
+			close(fd);
+		}
+		break;
+	}
+	case 1:
+		mkfifo(path, 0644);
+		break;
+	case 2: {
+		struct sockaddr_un sa;
+		memset(&sa, 0, sizeof sa);
+		sa.sun_family = AF_UNIX;
+		if (strlen(path) < sizeof sa.sun_path) {
+			strcpy(sa.sun_path, path);
+			int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			if (fd >= 0) {
+				if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+				}
+				close(fd);
+			}
+		}
+		break;
+	}
+	default:
+		if (symlink(k == 3 ? "/etc/shadow" : "/proc/self/fd/0", path) < 0) {
+		}
+		break;
+	}
+}
+
+/*
+ * Swaps the type of DIR/f0..f3 (regular file, FIFO, unix socket, symlink out of the sandbox)
+ * and of the directory DIR/d (a directory holding f, or a symlink to /) for SECONDS: a race
+ * against every host-side reader of the writable layer (diff, verify, snapshot, watches).
+ */
+static int cmd_swap(const char *dir, long seconds)
+{
+	char p[512], d[512], df[520];
+	long swaps = 0;
+	time_t until = time(NULL) + seconds;
+	snprintf(d, sizeof d, "%s/d", dir);
+	snprintf(df, sizeof df, "%s/f", d);
+	mkdir(dir, 0755);
+	for (long i = 0; time(NULL) < until; i++) {
+		for (int n = 0; n < 4; n++) {
+			snprintf(p, sizeof p, "%s/f%d", dir, n);
+			swap_one(p, (int)((i + n) % 5));
+			swaps++;
+		}
+		if (i % 2 == 0) {
+			unlink(d);
+			mkdir(d, 0755);
+			swap_one(df, (int)(i % 5));
+		} else {
+			unlink(df);
+			rmdir(d);
+			if (symlink("/", d) < 0) {
+			}
+		}
+		swaps++;
+	}
+	begin("swap");
+	field_str("result", "OK");
+	field_num("swaps", swaps);
+	end();
+	return 0;
+}
+
 /*
  * Writes what looks like a chronus EXIT frame (type 0x92, exit code 0) to stdout: an agent that
  * hopes the bytes it prints are parsed as the agent's own messages.
@@ -1114,7 +1192,7 @@ static void usage(void)
 		"usage: kit syscall [NAME...] | read PATH | write PATH DATA | opendir PATH | fds\n"
 		"       kit scan HEX[,HEX...] ROOT... | balloon MIB | forkbomb MAX | fill PATH MAXMIB\n"
 		"       kit threads N | flood BYTES | flood-inodes DIR MAX | doublefork NAME | ports HOST LO HI TIMEOUT_MS\n"
-		"       kit udp HOST PORT | unix PATH|@NAME | forge-exit-frame\n");
+		"       kit udp HOST PORT | unix PATH|@NAME | forge-exit-frame | swap DIR SECONDS\n");
 }
 
 int main(int argc, char **argv)
@@ -1156,6 +1234,8 @@ int main(int argc, char **argv)
 		return cmd_scan_ports(a[0], atoi(a[1]), atoi(a[2]), atoi(a[3]));
 	if (!strcmp(cmd, "udp") && n == 2)
 		return cmd_udp(a[0], atoi(a[1]));
+	if (!strcmp(cmd, "swap") && n == 2 && atol(a[1]) > 0)
+		return cmd_swap(a[0], atol(a[1]));
 	if (!strcmp(cmd, "unix") && n == 1)
 		return cmd_unix(a[0]);
 	if (!strcmp(cmd, "forge-exit-frame") && n == 0)

@@ -30,6 +30,9 @@ const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND'
   20: { code: 'INVALID_ARGUMENT', name: 'ENOTDIR' },
   21: { code: 'INVALID_ARGUMENT', name: 'EISDIR' },
   22: { code: 'INVALID_ARGUMENT', name: 'EINVAL' },
+  // A unix socket (or a FIFO opened for writing with no reader) where a file was expected.
+  6: { code: 'INVALID_ARGUMENT', name: 'ENXIO' },
+  40: { code: 'INVALID_ARGUMENT', name: 'ELOOP' },
   39: { code: 'CONFLICT', name: 'ENOTEMPTY' },
   28: { code: 'PAYLOAD_TOO_LARGE', name: 'ENOSPC' },
   122: { code: 'PAYLOAD_TOO_LARGE', name: 'EDQUOT' },

@@ -1,10 +1,13 @@
 // Seccomp denials as the kernel reports them. Container sandboxes install their filter with
-// SECCOMP_FILTER_FLAG_LOG, so every refused system call becomes an audit record (type 1326);
-// without an audit daemon the kernel prints it to its log, which edge reads from /dev/kmsg.
+// SECCOMP_FILTER_FLAG_LOG, so every refused system call becomes an audit record (type 1326).
+// Edge reads every record from the audit subsystem's netlink multicast group; the kernel log
+// (/dev/kmsg) is only the fallback where that group cannot be joined, because without an audit
+// daemon the kernel prints records there under a host-wide rate limit (printk_ratelimit, about
+// 10 per 5 s), so that a busy sandbox would hide every other one's denials.
 // dsec-launch gives each sandbox a login uid of its own (its host uid base), which the record
 // carries as `auid`, so a record is attributed even when its process has already exited.
 import { readSync } from 'node:fs';
-import { closeFd, O, openFd, seekEnd } from '../sys/linux.js';
+import { closeFd, O, openAuditMulticast, openFd, seekEnd } from '../sys/linux.js';
 
 /** One refused system call. */
 export interface SeccompDenial {
@@ -196,11 +199,89 @@ export function parseSeccompRecord(line: string): SeccompDenial | undefined {
   };
 }
 
+/** The seccomp audit record type. */
+const AUDIT_SECCOMP = 1326;
+/** clone3's number (the same on every architecture). */
+const CLONE3_NR = 435;
+
+/**
+ * True for a refusal that is not an attack: clone3 is refused with ENOSYS for every program
+ * (its flags sit in memory, where a filter cannot check them), so that libc falls back to
+ * clone, whose flags the filter does check. glibc tries it on every pthread_create and
+ * posix_spawn; the clone that follows is what a namespace attempt is refused (and raised) on.
+ */
+export function isExpectedRefusal(d: SeccompDenial): boolean {
+  return d.syscallNr === CLONE3_NR;
+}
+
+/** A reader of seccomp records: the audit netlink group, or the kernel log as a fallback. */
+export interface SeccompRecordSource {
+  /** Reads up to `max` new records (their text, with `type=1326`); never blocks. */
+  read(max: number): string[];
+  close(): void;
+}
+
+/** Largest audit netlink datagram read at once (a record's text is at most about 8 KiB). */
+const MAX_DATAGRAM_BYTES = 16 * 1024;
+/** struct nlmsghdr: len u32, type u16, flags u16, seq u32, pid u32. */
+const NLMSG_HEADER_BYTES = 16;
+
+/** Every audit record, from the audit subsystem's netlink multicast group (no rate limit). */
+export class AuditNetlinkReader implements SeccompRecordSource {
+  private readonly buf = Buffer.alloc(MAX_DATAGRAM_BYTES);
+  /** Times the socket's buffer overflowed (records lost, ENOBUFS). */
+  overruns = 0;
+
+  private constructor(private fd: number) {}
+
+  /** Joins the group; undefined when it cannot (no CAP_AUDIT_READ, no audit in the kernel). */
+  static open(): AuditNetlinkReader | undefined {
+    try {
+      return new AuditNetlinkReader(openAuditMulticast());
+    } catch {
+      return undefined;
+    }
+  }
+
+  read(max: number): string[] {
+    const out: string[] = [];
+    while (this.fd >= 0 && out.length < max) {
+      let n: number;
+      try {
+        n = readSync(this.fd, this.buf, 0, this.buf.length, null);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === 'ENOBUFS') {
+          this.overruns++;
+          continue;
+        }
+        break; // EAGAIN: nothing more for now
+      }
+      if (n <= 0) break;
+      for (let off = 0; off + NLMSG_HEADER_BYTES <= n;) {
+        const len = this.buf.readUInt32LE(off);
+        const type = this.buf.readUInt16LE(off + 4);
+        if (len < NLMSG_HEADER_BYTES || off + len > n) break;
+        if (type === AUDIT_SECCOMP) {
+          const text = this.buf.toString('utf8', off + NLMSG_HEADER_BYTES, off + len).replace(/\0+$/, '');
+          out.push(`type=${AUDIT_SECCOMP} ${text}`);
+        }
+        off += (len + 3) & ~3;
+      }
+    }
+    return out;
+  }
+
+  close(): void {
+    if (this.fd >= 0) closeFd(this.fd);
+    this.fd = -1;
+  }
+}
+
 /** Largest kernel log record (the kernel's own limit is 1 KiB of text plus its prefix). */
 const MAX_RECORD_BYTES = 8192;
 
 /** A non-blocking reader of the kernel log from the moment it was opened. */
-export class KmsgReader {
+export class KmsgReader implements SeccompRecordSource {
   private readonly buf = Buffer.alloc(MAX_RECORD_BYTES);
 
   private constructor(private fd: number) {}

@@ -1,11 +1,12 @@
-// Turns what the kernel reports about sandboxes into events: seccomp denials (from the kernel
-// log) and changes under watched paths (fanotify on the writable layers). One poll loop per
+// Turns what the kernel reports about sandboxes into events: seccomp denials (from the audit
+// netlink group) and changes under watched paths (fanotify on the writable layers). One poll loop per
 // node reads both without blocking; events are rate-limited per sandbox so that a sandbox that
 // loops on a refused call cannot flood the event stream (what was dropped is counted).
 import { readFileSync } from 'node:fs';
 import type { RaisedEvent } from '@dsec/protocol';
 import { ID_RANGE_SIZE, ID_RANGE_START, slotOfHostId } from './id-ranges.js';
-import { KmsgReader, parseSeccompRecord } from './seccomp-audit.js';
+import { AuditNetlinkReader, isExpectedRefusal, KmsgReader, parseSeccompRecord } from './seccomp-audit.js';
+import type { SeccompRecordSource } from './seccomp-audit.js';
 import { UpperWatcher } from './upper-watch.js';
 
 /** How often the kernel log and the fanotify queue are read. */
@@ -37,14 +38,15 @@ interface Window {
 
 /** The node's reader of seccomp denials and watched-path changes. */
 export class SecurityMonitor {
-  private readonly kmsg: KmsgReader | undefined;
+  private readonly kmsg: SeccompRecordSource | undefined;
   private readonly watcher = new UpperWatcher();
   private readonly windows = new Map<string, Window>();
   private readonly timer: NodeJS.Timeout;
   private overflowReported = false;
 
   constructor(private readonly o: SecurityMonitorOptions) {
-    this.kmsg = o.kernelLog === false ? undefined : KmsgReader.open();
+    // Every record from the audit group; the rate-limited kernel log only where it cannot be joined.
+    this.kmsg = o.kernelLog === false ? undefined : (AuditNetlinkReader.open() ?? KmsgReader.open());
     this.timer = setInterval(() => this.poll(), SECURITY_POLL_MS);
     this.timer.unref();
   }
@@ -80,16 +82,21 @@ export class SecurityMonitor {
     if (!this.kmsg) return;
     for (const line of this.kmsg.read(MAX_PER_POLL)) {
       const d = parseSeccompRecord(line);
-      if (!d) continue;
+      if (!d || isExpectedRefusal(d)) continue;
       const sandboxId = this.attribute(d.auid, d.uid, d.pid);
       if (!sandboxId) continue;
-      this.emit(sandboxId, {
-        kind: 'seccomp.denied',
-        severity: 'warning',
+      // One budget per system call: a loop on one refused call cannot hide another.
+      this.emit(
         sandboxId,
-        message: `seccomp refused ${d.syscall} to ${d.comm || 'a process'} (pid ${d.pid})`,
-        data: { syscall: d.syscall, syscallNr: d.syscallNr, arch: d.arch, pid: d.pid, comm: d.comm, exe: d.exe },
-      });
+        {
+          kind: 'seccomp.denied',
+          severity: 'warning',
+          sandboxId,
+          message: `seccomp refused ${d.syscall} to ${d.comm || 'a process'} (pid ${d.pid})`,
+          data: { syscall: d.syscall, syscallNr: d.syscallNr, arch: d.arch, pid: d.pid, comm: d.comm, exe: d.exe },
+        },
+        d.syscall,
+      );
     }
   }
 
@@ -142,9 +149,9 @@ export class SecurityMonitor {
     }
   }
 
-  /** Raises within the sandbox's budget for the kind; beyond it, counts. */
-  private emit(sandboxId: string, ev: RaisedEvent): void {
-    const key = `${sandboxId} ${ev.kind}`;
+  /** Raises within the sandbox's budget for the kind (and `subject`, when given); beyond it, counts. */
+  private emit(sandboxId: string, ev: RaisedEvent, subject?: string): void {
+    const key = subject === undefined ? `${sandboxId} ${ev.kind}` : `${sandboxId} ${ev.kind} ${subject}`;
     const now = Date.now();
     let w = this.windows.get(key);
     if (!w || now - w.start >= EVENT_WINDOW_MS) {
@@ -171,13 +178,13 @@ export class SecurityMonitor {
 
   private flushOne(key: string, w: Window): void {
     if (w.dropped === 0) return;
-    const [sandboxId, kind] = key.split(' ') as [string, RaisedEvent['kind']];
+    const [sandboxId, kind, subject] = key.split(' ') as [string, RaisedEvent['kind'], string | undefined];
     this.o.raise({
       kind,
       severity: 'warning',
       sandboxId,
-      message: `${w.dropped} more ${kind} events in ${EVENT_WINDOW_MS / 1000} s were not raised one by one`,
-      data: { suppressed: w.dropped },
+      message: `${w.dropped} more ${kind} events${subject ? ` (${subject})` : ''} in ${EVENT_WINDOW_MS / 1000} s were not raised one by one`,
+      data: { suppressed: w.dropped, ...(subject ? { subject } : {}) },
     });
     w.dropped = 0;
   }

@@ -3,8 +3,8 @@
 // fanotify filesystem mark per watched sandbox sees every create, write, attribute change,
 // rename and delete there (overlayfs's copy-ups included), with the directory and name of the
 // entry, whatever process inside did it. The sandbox cannot see or remove the mark.
-import { lstatSync, readSync, readlinkSync } from 'node:fs';
-import { closeFd, FAN, fanotifyInit, fanotifyMark, fsidOf, O, openByHandle, openFd } from '../sys/linux.js';
+import { fstatSync, readSync, readlinkSync } from 'node:fs';
+import { closeFd, FAN, fanotifyInit, fanotifyMark, fsidOf, O, openBeneath, openByHandle, openFd } from '../sys/linux.js';
 
 /** A change under a watched path. */
 export interface WatchHit {
@@ -36,13 +36,21 @@ interface Marked {
   watch: string[];
 }
 
-/** True when the upper directory holds a whiteout (a 0:0 character device: a deletion) there. */
-function isWhiteout(upperPath: string): boolean {
+/**
+ * True when the upper directory holds a whiteout (a 0:0 character device: a deletion) at `rel`,
+ * looked up below the writable layer's fd without following any symlink (O_PATH: nothing is
+ * opened for reading, nothing can block).
+ */
+function isWhiteout(rwFd: number, rel: string): boolean {
+  const fd = openBeneath(rwFd, rel, O.PATH);
+  if (fd < 0) return false;
   try {
-    const st = lstatSync(upperPath);
+    const st = fstatSync(fd);
     return st.isCharacterDevice() && st.rdev === 0;
   } catch {
     return false;
+  } finally {
+    closeFd(fd);
   }
 }
 
@@ -159,7 +167,7 @@ export class UpperWatcher {
       const replaced = (mask & DELETE_LIKE) !== 0 || ((mask & CREATE_LIKE) !== 0 && (mask & FAN.ONDIR) === 0);
       const above = replaced && w.startsWith(path === '/' ? '/' : path + '/');
       if (inside || above) {
-        hits.push({ sandboxId: m.sandboxId, path, watched: w, op: isWhiteout(m.upperPrefix + path) ? 'delete' : opOf(mask), pid });
+        hits.push({ sandboxId: m.sandboxId, path, watched: w, op: isWhiteout(m.mountFd, `upper${path === '/' ? '' : path}`) ? 'delete' : opOf(mask), pid });
         return;
       }
     }

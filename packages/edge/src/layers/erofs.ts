@@ -3,9 +3,9 @@
 // the same bytes (and so the same digest) on every build.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { createReadStream } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { DsecError } from '@dsec/protocol';
+import { readPool } from '../host/read-pool.js';
 
 /** Chunk size of the data blob; the unit of on-demand fetching. */
 export const DEFAULT_CHUNK_SIZE_BYTES = 1_048_576;
@@ -102,11 +102,8 @@ export function snapshotUuid(parents: readonly string[]): string {
 
 /** `sha256:` + sha256 over the metadata image followed by the data blob. */
 export async function layerDigest(metaPath: string, blobPath: string): Promise<string> {
-  const hash = createHash('sha256');
-  for (const path of [metaPath, blobPath]) {
-    for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  }
-  return 'sha256:' + hash.digest('hex');
+  // Hashed in the host-read pool: a snapshot's blob can be gigabytes of a sandbox's data.
+  return 'sha256:' + ((await readPool().run({ op: 'hash-files', paths: [metaPath, blobPath] })) as string);
 }
 
 /** Output of a finished tool run. */

@@ -2,7 +2,7 @@
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { access, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
+import { access, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -12,6 +12,7 @@ import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.
 import { buildBusyboxTree } from './busybox.js';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
 import { withShiftedView } from '../host/idmap.js';
+import { readPool } from '../host/read-pool.js';
 import type { IdShift } from '../host/idmap.js';
 import { DEFAULT_CHUNK_SIZE_BYTES, layerDigest, mkfsErofs, snapshotUuid } from './erofs.js';
 import { digestHex } from './names.js';
@@ -259,7 +260,7 @@ export class LayerStore {
       const out = join(work, 'out');
       await mkdir(out);
       const pack = async (dir: string): Promise<{ files: number; contentBytes: number }> => {
-        const counted = await countTree(dir);
+        const counted = await countTree(dir, signal);
         progress(`mkfs.erofs: ${counted.files} files, ${counted.contentBytes} bytes`);
         await mkfsErofs(dir, join(out, META_FILE), join(out, BLOB_FILE), { chunkSizeBytes: this.chunkSizeBytes, uuid, signal });
         return counted;
@@ -636,26 +637,11 @@ async function safeRemove(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });
 }
 
-/** Number of entries below `dir` and bytes of regular-file content (hard links once). */
-async function countTree(dir: string): Promise<{ files: number; contentBytes: number }> {
-  let files = 0;
-  let contentBytes = 0;
-  const seen = new Set<number>();
-  const walk = async (path: string): Promise<void> => {
-    for (const ent of await readdir(path, { withFileTypes: true })) {
-      files++;
-      const child = join(path, ent.name);
-      if (ent.isDirectory()) await walk(child);
-      else if (ent.isFile()) {
-        const st = await lstat(child);
-        if (st.nlink > 1) {
-          if (seen.has(st.ino)) continue;
-          seen.add(st.ino);
-        }
-        contentBytes += st.size;
-      }
-    }
-  };
-  await walk(dir);
-  return { files, contentBytes };
+/**
+ * Number of entries below `dir` and bytes of regular-file content (hard links once), counted in
+ * the host-read pool without following any symlink: for a snapshot `dir` is a sandbox's writable
+ * layer, which may hold anything.
+ */
+async function countTree(dir: string, signal?: AbortSignal): Promise<{ files: number; contentBytes: number }> {
+  return (await readPool().run({ op: 'count-tree', root: dir }, signal)) as { files: number; contentBytes: number };
 }

@@ -23,6 +23,7 @@ const c = {
   socket: libc.func('int socket(int domain, int type, int protocol)'),
   bind: libc.func('int bind(int fd, const void *addr, uint32_t len)'),
   listen: libc.func('int listen(int fd, int backlog)'),
+  setsockopt: libc.func('int setsockopt(int fd, int level, int name, const void *value, uint32_t len)'),
   close: libc.func('int close(int fd)'),
   strerror: libc.func('const char *strerror(int errnum)') as unknown as (n: number) => string,
   mknod: libc.func('int mknod(const char *path, uint32_t mode, uint64_t dev)'),
@@ -363,13 +364,18 @@ const RESOLVE_STRICT = 0x01 | 0x02 | 0x04 | 0x08;
 /**
  * Opens `rel` below the directory `dirFd` without following any symlink (none in the path, and
  * none as the last component unless `flags` has O_PATH, which then opens the link itself), and
- * without leaving the directory's mount. Returns the fd, or -errno. Used to read a sandbox's
- * writable layer from the host: the sandbox can change it at any moment, and a symlink it plants
- * must never lead the host elsewhere.
+ * without leaving the directory's mount, and never blocking (always O_NONBLOCK: a FIFO swapped
+ * in for a file opens at once instead of waiting for a writer; the caller checks what it got
+ * with fstat). Returns the fd, or -errno. Used to read a sandbox's writable layer from the host:
+ * the sandbox can change it at any moment, and a symlink or FIFO it plants must never lead the
+ * host elsewhere or stall it.
  */
 export function openBeneath(dirFd: number, rel: string | Buffer, flags: number): number {
   const how = Buffer.alloc(24);
-  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW), 0);
+  // openat2 refuses O_PATH with any flag but O_CLOEXEC, O_DIRECTORY and O_NOFOLLOW (and an
+  // O_PATH open reads nothing, so it cannot block).
+  const nonblock = flags & O.PATH ? 0 : O.NONBLOCK;
+  how.writeBigUInt64LE(BigInt(flags | O.CLOEXEC | O.NOFOLLOW | nonblock), 0);
   how.writeBigUInt64LE(0n, 8);
   how.writeBigUInt64LE(BigInt(RESOLVE_STRICT), 16);
   const path = typeof rel === 'string' ? rel : Buffer.concat([rel, Buffer.from([0])]);
@@ -383,4 +389,36 @@ export function getxattr(path: string, name: string): string | null {
   const n = Number(c.getxattr(path, name, buf, buf.length));
   if (n < 0) return null;
   return buf.subarray(0, n).toString();
+}
+
+/**
+ * Opens a non-blocking netlink socket joined to the audit subsystem's read-only multicast group
+ * (AUDIT_NLGRP_READLOG, CAP_AUDIT_READ): every audit record the kernel emits arrives here as one
+ * datagram, whether or not an audit daemon runs, and without the kernel log's host-wide rate
+ * limit. Its receive buffer is raised to `rcvbufBytes` (SO_RCVBUFFORCE, root; best effort).
+ */
+export function openAuditMulticast(rcvbufBytes = 8 * 1024 * 1024): number {
+  const AF_NETLINK = 16;
+  const SOCK_RAW = 3;
+  const SOCK_NONBLOCK = 0o4000;
+  const SOCK_CLOEXEC = 0o2000000;
+  const NETLINK_AUDIT = 9;
+  const AUDIT_NLGRP_READLOG = 1;
+  const SOL_SOCKET = 1;
+  const SO_RCVBUFFORCE = 33;
+  const fd = check(c.socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_AUDIT), 'socket', 'netlink audit');
+  try {
+    const size = Buffer.alloc(4);
+    size.writeInt32LE(rcvbufBytes, 0);
+    c.setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, size, 4);
+    // struct sockaddr_nl: family u16, pad u16, pid u32, groups u32.
+    const addr = Buffer.alloc(12);
+    addr.writeUInt16LE(AF_NETLINK, 0);
+    addr.writeUInt32LE(AUDIT_NLGRP_READLOG, 8);
+    check(c.bind(fd, addr, addr.length), 'bind', 'netlink audit group');
+  } catch (err) {
+    c.close(fd);
+    throw err;
+  }
+  return fd;
 }
