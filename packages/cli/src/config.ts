@@ -24,6 +24,7 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_ZRAM_SWAP_MIB', key: 'node.zramSwapMiB', kind: 'integer' },
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
+  { name: 'DSEC_ALLOWED_PRIVATE_RANGES', key: 'node.network.allowedPrivateRanges', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
 ];
 
@@ -40,6 +41,7 @@ export interface ConfigFlags {
   zramSwap?: number;
   networkPool?: string;
   nameserver?: string[];
+  allowPrivateRange?: string[];
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -51,6 +53,7 @@ const FLAG_KEYS: ReadonlyArray<{ flag: keyof ConfigFlags; option: string; key: s
   { flag: 'zramSwap', option: '--zram-swap', key: 'node.zramSwapMiB' },
   { flag: 'networkPool', option: '--network-pool', key: 'node.network.pool' },
   { flag: 'nameserver', option: '--nameserver', key: 'node.network.nameservers' },
+  { flag: 'allowPrivateRange', option: '--allow-private-range', key: 'node.network.allowedPrivateRanges' },
 ];
 
 /** Where the configuration comes from. */

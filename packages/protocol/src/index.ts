@@ -244,9 +244,14 @@ export {
   PresetNameSchema,
   SandboxNetworkSchema,
   withDeniedNames,
+  restrictedEntries,
+  restrictedHost,
+  restrictedPatchEntries,
+  restrictedRange,
 } from './network.js';
 export type {
   AllowRule,
+  RestrictedEntry,
   ApplyNetworkRequest,
   ApplyNetworkResult,
   EgressLogEntry,
@@ -359,7 +364,30 @@ export {
   MirrorsConfigSchema,
   NetworkConfigSchema,
   NodeConfigSchema,
+  PrivateRangeSchema,
   ProxyLimitsConfigSchema,
   RetentionConfigSchema,
 } from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, NetworkConfig, NodeConfig } from './config.js';
+export {
+  MAX_DNS_LABEL_LENGTH,
+  MAX_DNS_NAME_LENGTH,
+  NEVER_DIALLED_CLASSES,
+  SPECIAL_IPV4_RANGES,
+  classifyAddress,
+  classifyRange,
+  embeddedIPv4,
+  formatIpAddress,
+  formatIpRange,
+  hostNameProblem,
+  isCanonicalIPv4,
+  isLocalhostName,
+  looksLikeIpLiteral,
+  parseIPv4,
+  parseIPv6,
+  parseIpAddress,
+  parseIpRange,
+  rangeContains,
+  rangesOverlap,
+} from './addresses.js';
+export type { AddressClass, IpAddress, IpRange, NodeAddressContext } from './addresses.js';
