@@ -42,6 +42,26 @@ export interface MirrorResponse {
   hidden?: boolean;
   /** For the log: how it was served, or why not. */
   detail: string;
+  /** Set when the request was refused because its upstream URL would leave the mirror's upstream (an egress denial). */
+  refused?: 'mirror-path';
+}
+
+/**
+ * The upstream URL of a request path (relative to the base), or undefined when it would leave
+ * the base: another origin, userinfo, or a path outside the base's.
+ */
+export function upstreamUrl(base: string, relativePath: string): URL | undefined {
+  let b: URL;
+  let u: URL;
+  try {
+    b = new URL(base);
+    u = new URL(relativePath, b);
+  } catch {
+    return undefined;
+  }
+  if (/^[a-z][a-z0-9+.-]*:|^[/\\]/i.test(relativePath)) return undefined;
+  if (u.origin !== b.origin || u.username !== '' || u.password !== '' || !u.pathname.startsWith(b.pathname)) return undefined;
+  return u;
 }
 
 /** A mirror of a policy matched to its adapter. */
@@ -131,6 +151,12 @@ export class MirrorService {
     const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
     if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
     const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff), ...(cutoff ? { cutoff } : {}) };
+    // Whatever an adapter built, nothing is fetched from outside the configured upstream.
+    for (const r of [req, req.metadata]) {
+      if (r && !upstreamUrl(ctx.upstreamBase, r.upstreamPath)) {
+        return text(403, `${path.slice(0, 200)}: resolves outside the mirror's upstream ${ctx.upstreamBase}`, { refused: 'mirror-path' });
+      }
+    }
     try {
       switch (req.kind) {
         case 'metadata':
@@ -157,7 +183,7 @@ export class MirrorService {
     req: MirrorRequest,
     ctx: MirrorContext,
   ): Promise<{ obj: MirrorObject; value: MirrorTransform | undefined }> {
-    const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
+    const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return { obj, value: undefined };
     if (obj.size > MAX_METADATA_BYTES) throw new Error(`${url}: metadata of ${obj.size} bytes is over the limit`);
@@ -201,7 +227,7 @@ export class MirrorService {
         return text(404, `${req.upstreamPath}: published after the mirror's cutoff ${ctx.cutoff.toISOString()}`, { hidden: true });
       }
     }
-    const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
+    const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
     return {
@@ -214,7 +240,7 @@ export class MirrorService {
 
   private async other(req: MirrorRequest, ctx: MirrorContext): Promise<MirrorResponse> {
     if (ctx.cutoff && !req.servedWhenFrozen) return text(404, `${req.upstreamPath}: not served by a frozen mirror`, { hidden: true });
-    const url = new URL(req.upstreamPath, ctx.upstreamBase);
+    const url = upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL;
     if (req.cache === 'immutable') {
       const obj = await this.cache.get(url.href, { ...(req.accept ? { accept: req.accept } : {}), fresh: () => true });
       if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
