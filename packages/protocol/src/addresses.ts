@@ -159,7 +159,7 @@ export function formatIpAddress(a: IpAddress): string {
   // The longest run of two or more zero words becomes `::` (the first of equal runs).
   let best = -1;
   let bestLen = 1;
-  for (let i = 0; i < 8; ) {
+  for (let i = 0; i < 8;) {
     if (words[i] !== 0) {
       i++;
       continue;

@@ -229,7 +229,15 @@ export class DnsStub {
     if (q.cls !== CLASS_IN) return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
     if (q.nameProblem !== undefined) {
       // Refused before any policy check or lookup: the name never reaches a matcher or a resolver.
-      this.o.log({ sandboxId: view.sandboxId, via: 'dns', host: printableName(q.name), port: 53, protocol: 'udp', verdict: 'denied', reason: `bad-name: ${q.nameProblem}` });
+      this.o.log({
+        sandboxId: view.sandboxId,
+        via: 'dns',
+        host: printableName(q.name),
+        port: 53,
+        protocol: 'udp',
+        verdict: 'denied',
+        reason: `bad-name: ${q.nameProblem}`,
+      });
       return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
     }
     const verdict = view.allowsName(q.name);

@@ -130,7 +130,9 @@ export class NodeNetwork implements SandboxResolver {
     this.allowedPrivateRanges = (o.allowedPrivateRanges ?? []).map((cidr, i) => {
       const r = parseIpRange(cidr);
       if (!r || r.family !== 4) {
-        throw new DsecError('INVALID_ARGUMENT', `network.allowedPrivateRanges.${i}: ${cidr} is not an IPv4 range`, { field: `network.allowedPrivateRanges.${i}` });
+        throw new DsecError('INVALID_ARGUMENT', `network.allowedPrivateRanges.${i}: ${cidr} is not an IPv4 range`, {
+          field: `network.allowedPrivateRanges.${i}`,
+        });
       }
       return r;
     });

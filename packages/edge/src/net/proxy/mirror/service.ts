@@ -47,6 +47,24 @@ export interface MirrorResponse {
 }
 
 /**
+ * True when an origin-form path carries a spelling that moves a naively built URL elsewhere:
+ * empty segments (`//host`), backslashes, encoded separators or dots, dot segments, a scheme,
+ * userinfo, or anything that does not start with a single `/`.
+ */
+export function escapesBase(path: string): boolean {
+  const q = path.indexOf('?');
+  const pathname = q >= 0 ? path.slice(0, q) : path;
+  if (!pathname.startsWith('/') || pathname.startsWith('//') || pathname.includes('//')) return true;
+  if (/[\\@:#\s\x00-\x1f\x7f]|%(2f|5c|2e|00|40|3a|23)/i.test(pathname.replace(/^\/@[^/%]+%2f/i, '/'))) return true;
+  if (/(^|\/)\.{1,2}(\/|$)/.test(pathname)) return true;
+  try {
+    return new URL(pathname, 'http://mirror.invalid/base/').origin !== 'http://mirror.invalid';
+  } catch {
+    return true;
+  }
+}
+
+/**
  * The upstream URL of a request path (relative to the base), or undefined when it would leave
  * the base: another origin, userinfo, or a path outside the base's.
  */
@@ -147,7 +165,10 @@ export class MirrorService {
       return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
     if (!this.upstreamAllowed(m)) return text(502, `mirror upstream ${upstreamOf(m)} is not configured on this node`);
     const req = m.adapter.classify(host, path);
-    if (!req) return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
+    if (!req) {
+      if (escapesBase(path)) return text(403, `${path.slice(0, 200)}: a path that could leave the mirror's upstream is refused`, { refused: 'mirror-path' });
+      return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
+    }
     const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
     if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
     const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff), ...(cutoff ? { cutoff } : {}) };
