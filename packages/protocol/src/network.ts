@@ -382,7 +382,7 @@ const OPERATOR_ONLY = 'is reserved to the operator (node.network.allowedPrivateR
 /** Why a rule host names a special destination (a special address or a localhost name), or undefined. */
 export function restrictedHost(host: string): string | undefined {
   const h = host.toLowerCase().replace(/\.$/, '');
-  if (isLocalhostName(h.startsWith('*.') ? h.slice(2) : h)) return `${JSON.stringify(host)} is the node itself`;
+  if (isLocalhostName(h.startsWith('*.') ? h.slice(2) : h)) return `${JSON.stringify(host)} is the node itself and ${OPERATOR_ONLY}`;
   const addr = parseIpAddress(h);
   if (!addr) return undefined;
   const cls = classifyAddress(addr);
