@@ -73,7 +73,7 @@ const BASES = ['https://registry.npmjs.org/', 'http://127.0.0.1:4873/npm/', 'htt
 function randomPath(next: () => number): string {
   const n = 1 + Math.floor(next() * 7);
   let p = next() < 0.9 ? '/' : '';
-  for (let i = 0; i < n; i++) p += TOKENS[Math.floor(next() * TOKENS.length)];
+  for (let i = 0; i < n; i++) p += TOKENS[Math.floor(next() * TOKENS.length)] as string;
   return p;
 }
 

@@ -55,6 +55,7 @@ export function escapesBase(path: string): boolean {
   const q = path.indexOf('?');
   const pathname = q >= 0 ? path.slice(0, q) : path;
   if (!pathname.startsWith('/') || pathname.startsWith('//') || pathname.includes('//')) return true;
+  // eslint-disable-next-line no-control-regex -- control characters are exactly what is refused
   if (/[\\@:#\s\x00-\x1f\x7f]|%(2f|5c|2e|00|40|3a|23)/i.test(pathname.replace(/^\/@[^/%]+%2f/i, '/'))) return true;
   if (/(^|\/)\.{1,2}(\/|$)/.test(pathname)) return true;
   try {
