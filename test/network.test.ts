@@ -756,7 +756,7 @@ describe('sandbox networks through the egress proxy', () => {
       const asked = altDns.asked();
       const script = Array.from(
         { length: 8 },
-        (_, i) => `${ncSend(req(`GET http://alt.test:${port}/ok.txt`, `alt.test:${port}`), gw, 3128, 0.5)} > /tmp/alt-${i} 2>&1`,
+        (_, i) => `${ncSend(req(`GET http://alt.test:${port}/ok.txt`, `alt.test:${port}`), gw, 3128, 2)} > /tmp/alt-${i} 2>&1`,
       ).join('\n');
       await sh(sb.id, script);
       const outs = await Promise.all(Array.from({ length: 8 }, async (_, i) => (await sh(sb.id, `cat /tmp/alt-${i}`)).out));
@@ -790,7 +790,7 @@ describe('sandbox networks through the egress proxy', () => {
       for (const [i, labels] of bad.entries()) await node.edge.writeFile(sb.id, `/tmp/q-${i}`, framed(labels));
       for (const i of bad.keys()) {
         // The answer's flags end in rcode 5 (REFUSED): bytes 2-3 of the TCP frame are the id, 4-5 the flags.
-        const out = (await sh(sb.id, `(cat /tmp/q-${i}; sleep 0.5) | nc -w 2 ${gw} 53 | od -An -tx1 | head -1`)).out.trim().split(/\s+/);
+        const out = (await sh(sb.id, `(cat /tmp/q-${i}; sleep 1) | nc -w 3 ${gw} 53 | od -An -tx1 | head -1`)).out.trim().split(/\s+/);
         assert.equal(out[5], '85', `${JSON.stringify(bad[i])}: ${out.join(' ')}`);
       }
       assert.notEqual((await sh(sb.id, 'nslookup al_t.test')).code, 0);
