@@ -127,10 +127,13 @@ function udpProbe(host: string, port: number): Promise<boolean> {
  * A resolver on loopback that answers A questions for `name` from `answers` in turn, with TTL 0
  * (so nobody caches), and NXDOMAIN for anything else: DNS rebinding, as an attacker runs it.
  */
+/** `asked()`: every query it received, for any name. */
 async function startAlternatingDns(name: string, answers: string[]): Promise<{ port: number; asked: () => number; close: () => Promise<void> }> {
   const sock = dgram.createSocket('udp4');
   let n = 0;
+  let queries = 0;
   sock.on('message', (msg, rinfo) => {
+    queries++;
     if (msg.length < 17) return;
     let off = 12;
     const labels: string[] = [];
@@ -154,7 +157,7 @@ async function startAlternatingDns(name: string, answers: string[]): Promise<{ p
     sock.send(Buffer.concat(parts), rinfo.port, rinfo.address);
   });
   await new Promise<void>((resolve) => sock.bind(0, '127.0.0.1', resolve));
-  return { port: sock.address().port, asked: () => n, close: () => new Promise<void>((resolve) => sock.close(() => resolve())) };
+  return { port: sock.address().port, asked: () => queries, close: () => new Promise<void>((resolve) => sock.close(() => resolve())) };
 }
 
 async function waitFor(check: () => Promise<boolean> | boolean, what: string, timeoutMs = 8000): Promise<void> {
