@@ -823,8 +823,11 @@ describe('sandbox networks through the egress proxy', () => {
         `/user@${target}/secret`,
         '/left-pad/..%2f..%2fsecret',
       ];
+      // printf reads % as a conversion: the paths' escapes go as %%.
       const script =
-        paths.map((p, i) => `${ncSend(req(`GET http://registry.npmjs.org${p}`, 'registry.npmjs.org'), gw, 3128)} > /tmp/m-${i} 2>&1 &`).join('\n') + '\nwait';
+        paths
+          .map((p, i) => `${ncSend(req(`GET http://registry.npmjs.org${p.replace(/%/g, '%%')}`, 'registry.npmjs.org'), gw, 3128)} > /tmp/m-${i} 2>&1 &`)
+          .join('\n') + '\nwait';
       await sh(sb.id, script);
       for (const [i, p] of paths.entries()) assert.match((await sh(sb.id, `cat /tmp/m-${i}`)).out, /^HTTP\/1\.1 403/, p);
       assert.deepEqual(servers.hostHits, [], 'nothing was fetched from loopback');
