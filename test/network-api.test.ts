@@ -32,10 +32,11 @@ async function raw(
   method: string,
   route: string,
   body?: unknown,
+  key?: string,
 ): Promise<{ status: number; json: { error?: { code: string; field?: string; message: string } } & Record<string, unknown> }> {
   const res = await fetch(platform.url + route, {
     method,
-    headers: { authorization: `Bearer ${platform.adminKey}`, 'content-type': 'application/json' },
+    headers: { authorization: `Bearer ${key ?? platform.adminKey}`, 'content-type': 'application/json' },
     ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
   });
   const text = await res.text();
@@ -192,5 +193,98 @@ describe('network API', () => {
     } finally {
       await dsec(['sandbox', 'rm', id]);
     }
+  });
+});
+
+describe("a tenant's policy cannot reach the node or its neighbours", () => {
+  test('loopback, link-local, private and other special destinations are 400 naming the entry, on create, replace, patch and apply; the root project keeps them', async () => {
+    const project = await raw('POST', '/v1/projects', { name: `tenant-${randomBytes(3).toString('hex')}` });
+    assert.equal(project.status, 201, JSON.stringify(project.json));
+    const key = await raw('POST', '/v1/keys', { name: 'tenant-admin', role: 'admin', project: project.json.id });
+    assert.equal(key.status, 201, JSON.stringify(key.json));
+    const tenant = key.json.key as string;
+    const base = { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } };
+    const refusedCreates: Array<[object, string, RegExp]> = [
+      [{ allowAddresses: ['127.0.0.0/8'] }, 'network.allowAddresses.0', /loopback/],
+      [{ allowAddresses: ['93.184.216.0/24', '169.254.169.254'] }, 'network.allowAddresses.1', /link-local/],
+      [{ allowAddresses: ['10.0.0.0/8'] }, 'network.allowAddresses.0', /private/],
+      [{ allowAddresses: ['172.16.0.0/12'] }, 'network.allowAddresses.0', /private/],
+      [{ allowAddresses: ['192.168.1.0/24'] }, 'network.allowAddresses.0', /private/],
+      [{ allowAddresses: ['100.64.0.0/10'] }, 'network.allowAddresses.0', /shared/],
+      [{ allowAddresses: ['169.0.0.0/8'] }, 'network.allowAddresses.0', /link-local/],
+      [{ allowAddresses: ['224.0.0.0/8'] }, 'network.allowAddresses.0', /multicast/],
+      [{ allowAddresses: ['10.213.0.0/16'] }, 'network.allowAddresses.0', /private/],
+      [{ allow: [{ host: 'api.test' }, { host: '127.0.0.1' }] }, 'network.allow.1.host', /loopback/],
+      [{ allow: [{ host: '169.254.169.254', ports: [80] }] }, 'network.allow.0.host', /link-local/],
+      [{ allow: [{ host: 'localhost' }] }, 'network.allow.0.host', /the node itself/],
+      [{ allow: [{ host: '*.localhost' }] }, 'network.allow.0.host', /the node itself/],
+    ];
+    for (const [extra, field, message] of refusedCreates) {
+      const r = await raw('POST', '/v1/sandboxes', { ...base, network: { mode: 'allowlist', ...extra } }, tenant);
+      assert.equal(r.status, 400, `${JSON.stringify(extra)}: ${JSON.stringify(r.json)}`);
+      assert.equal(r.json.error?.field, field);
+      assert.match(r.json.error?.message ?? '', message);
+      assert.match(r.json.error?.message ?? '', /allowedPrivateRanges/);
+    }
+    // Spellings the policy schema does not take at all are refused before that (as not an address).
+    for (const host of ['0x7f.1', '2130706433', '127.1', '::1', '[::ffff:127.0.0.1]']) {
+      const r = await raw('POST', '/v1/sandboxes', { ...base, network: { mode: 'allowlist', allow: [{ host }] } }, tenant);
+      assert.equal(r.status, 400, host);
+      assert.equal(r.json.error?.field, 'network.allow.0.host', host);
+    }
+    const batch = await raw(
+      'POST',
+      '/v1/sandboxes:batch',
+      { spec: { ...base, network: { mode: 'allowlist', allowAddresses: ['127.0.0.2'] } }, count: 2 },
+      tenant,
+    );
+    assert.equal(batch.status, 400, JSON.stringify(batch.json));
+    assert.equal(batch.json.error?.field, 'spec.network.allowAddresses.0');
+    const listed = await raw('GET', '/v1/sandboxes', undefined, tenant);
+    assert.deepEqual(listed.json.items, [], 'nothing was created');
+
+    // A tenant sandbox with an ordinary policy; changes naming special destinations are refused.
+    const created = await raw(
+      'POST',
+      '/v1/sandboxes',
+      { ...base, network: { mode: 'allowlist', allow: [{ host: 'api.test' }], allowAddresses: ['93.184.216.0/24'] } },
+      tenant,
+    );
+    assert.equal(created.status, 201, JSON.stringify(created.json));
+    const id = created.json.id as string;
+    try {
+      const put = await raw('PUT', `/v1/sandboxes/${id}/network`, { mode: 'allowlist', allow: [{ host: 'api.test' }], allowAddresses: ['127.0.0.2'] }, tenant);
+      assert.equal(put.status, 400);
+      assert.equal(put.json.error?.field, 'network.allowAddresses.0');
+      const patch = await raw('PATCH', `/v1/sandboxes/${id}/network`, { allowAddresses: { add: ['8.8.8.0/24', '192.168.0.0/16'] } }, tenant);
+      assert.equal(patch.status, 400);
+      assert.equal(patch.json.error?.field, 'network.allowAddresses.add.1');
+      const patchHost = await raw('PATCH', `/v1/sandboxes/${id}/network`, { allow: { add: [{ host: '10.0.0.1' }] } }, tenant);
+      assert.equal(patchHost.json.error?.field, 'network.allow.add.0.host');
+      const apply = await raw('POST', '/v1/network:apply', { selector: { labels: { any: 'x' } }, patch: { allowAddresses: { add: ['127.0.0.0/8'] } } }, tenant);
+      assert.equal(apply.status, 400);
+      assert.equal(apply.json.error?.field, 'patch.allowAddresses.add.0');
+      const applyPolicy = await raw(
+        'POST',
+        '/v1/network:apply',
+        { selector: { labels: { any: 'x' } }, policy: { mode: 'allowlist', allow: [{ host: '127.0.0.1' }] } },
+        tenant,
+      );
+      assert.equal(applyPolicy.json.error?.field, 'policy.allow.0.host');
+      const now = await raw('GET', `/v1/sandboxes/${id}/network`, undefined, tenant);
+      assert.deepEqual((now.json.policy as { allowAddresses?: string[] }).allowAddresses, ['93.184.216.0/24'], 'the policy in force is unchanged');
+      const publicPatch = await raw('PATCH', `/v1/sandboxes/${id}/network`, { allowAddresses: { add: ['8.8.8.0/24'] } }, tenant);
+      assert.equal(publicPatch.status, 200, JSON.stringify(publicPatch.json));
+    } finally {
+      await raw('DELETE', `/v1/sandboxes/${id}`, undefined, tenant);
+    }
+
+    // The root project (the operator's own) may still name loopback ranges for its sandboxes.
+    const rootPut = await raw('POST', '/v1/sandboxes', {
+      ...base,
+      network: { mode: 'allowlist', allow: [{ host: 'api.test' }], allowAddresses: ['127.0.0.2'] },
+    });
+    assert.equal(rootPut.status, 201, JSON.stringify(rootPut.json));
+    await raw('DELETE', `/v1/sandboxes/${rootPut.json.id as string}`);
   });
 });

@@ -48,6 +48,7 @@ interface Upstream {
 }
 
 let upstream: Upstream;
+let altDns: Awaited<ReturnType<typeof startAlternatingDns>>;
 
 async function startUpstream(dir: string): Promise<Upstream> {
   const tag = randomBytes(3).toString('hex');
@@ -120,6 +121,43 @@ function udpProbe(host: string, port: number): Promise<boolean> {
     });
     s.send(Buffer.from('probe'), port, host);
   });
+}
+
+/**
+ * A resolver on loopback that answers A questions for `name` from `answers` in turn, with TTL 0
+ * (so nobody caches), and NXDOMAIN for anything else: DNS rebinding, as an attacker runs it.
+ */
+/** `asked()`: every query it received, for any name. */
+async function startAlternatingDns(name: string, answers: string[]): Promise<{ port: number; asked: () => number; close: () => Promise<void> }> {
+  const sock = dgram.createSocket('udp4');
+  let n = 0;
+  let queries = 0;
+  sock.on('message', (msg, rinfo) => {
+    queries++;
+    if (msg.length < 17) return;
+    let off = 12;
+    const labels: string[] = [];
+    while (off < msg.length && msg[off] !== 0) {
+      const len = msg[off] as number;
+      labels.push(msg.subarray(off + 1, off + 1 + len).toString('latin1'));
+      off += len + 1;
+    }
+    const question = msg.subarray(12, off + 5);
+    const header = Buffer.from(msg.subarray(0, 12));
+    const wanted = labels.join('.').toLowerCase() === name && msg.readUInt16BE(off + 1) === 1;
+    header.writeUInt16BE(0x8180 | (wanted ? 0 : 3), 2);
+    header.writeUInt16BE(1, 4);
+    header.writeUInt16BE(wanted ? 1 : 0, 6);
+    header.writeUInt32BE(0, 8);
+    const parts = [header, question];
+    if (wanted) {
+      const ip = answers[n++ % answers.length] as string;
+      parts.push(Buffer.from([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4, ...ip.split('.').map(Number)]));
+    }
+    sock.send(Buffer.concat(parts), rinfo.port, rinfo.address);
+  });
+  await new Promise<void>((resolve) => sock.bind(0, '127.0.0.1', resolve));
+  return { port: sock.address().port, asked: () => queries, close: () => new Promise<void>((resolve) => sock.close(() => resolve())) };
 }
 
 async function waitFor(check: () => Promise<boolean> | boolean, what: string, timeoutMs = 8000): Promise<void> {
@@ -251,13 +289,24 @@ async function startServers(): Promise<Servers> {
 before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-'));
   servers = await startServers();
-  node = await startNode({ network: { hosts: HOSTS, nameservers: [], mirrors: { origins: [servers.registryOrigin] } } });
+  upstream = await startUpstream(scratch);
+  // alt.test answers in turn with the upstream's address and with the node's own loopback.
+  altDns = await startAlternatingDns('alt.test', [upstream.address, '127.0.0.1']);
+  node = await startNode({
+    network: {
+      hosts: HOSTS,
+      nameservers: [`127.0.0.1:${altDns.port}`],
+      mirrors: { origins: [servers.registryOrigin] },
+      // The operator's setting: the upstream's private address may be reached by allowed names.
+      allowedPrivateRanges: [`${upstream.address}/32`],
+    },
+  });
   node.edge.onEvent((ev) => events.push(ev));
   await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
-  upstream = await startUpstream(scratch);
 });
 
 after(async () => {
+  await altDns?.close();
   await upstream?.close();
   await servers?.close();
   await node?.cleanup();
@@ -633,14 +682,42 @@ describe('sandbox networks through the egress proxy', () => {
         ['CONNECT to the gateway', `(printf 'CONNECT ${gw}:53 HTTP/1.1\\r\\n\\r\\n'; sleep 1) | nc -w 3 ${gw} 3128`],
         ['an IP literal in Host', ncSend(req('GET /', `127.0.0.1:${port}`), gw, 80)],
         ['a numeric shorthand in Host', ncSend(req('GET /', `2130706433:${port}`), gw, 80)],
+        ['a hex shorthand in Host', ncSend(req('GET /', `0x7f.1:${port}`), gw, 80)],
+        ['a short dotted form in Host', ncSend(req('GET /', `127.1:${port}`), gw, 80)],
+        ['IPv6 loopback in Host', ncSend(req('GET /', `[::1]:${port}`), gw, 80)],
+        ...[
+          '0x7f.1',
+          '127.1',
+          '0177.0.0.1',
+          '2130706433',
+          '[::1]',
+          '[::ffff:127.0.0.1]',
+          '[::ffff:7f00:1]',
+          '[64:ff9b::7f00:1]',
+          '[fe80::1]',
+          '[fc00::1]',
+          '169.254.169.254',
+          '[::ffff:169.254.169.254]',
+          '10.213.0.1',
+        ].map((h): [string, string] => [`explicit GET to ${h}`, ncSend(req(`GET http://${h}:${port}/`, `${h}:${port}`), gw, 3128)]),
+        ...['[::ffff:127.0.0.1]', '0x7f.1', '[64:ff9b::7f00:1]'].map((h): [string, string] => [
+          `CONNECT to ${h}`,
+          `(printf 'CONNECT ${h}:${port} HTTP/1.1\\r\\n\\r\\n'; sleep 1) | nc -w 3 ${gw} 3128`,
+        ]),
         ['a name rebinding to 127.0.0.1', ncSend(req(`GET http://rebind.test:${port}/`, `rebind.test:${port}`), gw, 3128)],
       ];
-      for (const [what, cmd] of refused) assert.match((await sh(sb.id, cmd)).out, /^HTTP\/1\.1 40[03]/, what);
+      // All at once (each holds its connection ~1 s), then each answer checked.
+      const script = refused.map(([, cmd], i) => `(${cmd}) > /tmp/refused-${i} 2>&1 &`).join('\n') + '\nwait';
+      await sh(sb.id, script);
+      for (const [i, [what]] of refused.entries()) assert.match((await sh(sb.id, `cat /tmp/refused-${i}`)).out, /^HTTP\/1\.1 40[03]/, what);
       await node.edge.writeFile(sb.id, '/tmp/hello-ip', clientHello('127.0.0.1'));
       assert.equal((await sh(sb.id, `(cat /tmp/hello-ip; sleep 1) | nc -w 3 ${gw} 443 | head -c 1 | od -An -tx1`)).out.trim(), '15', 'an IP literal in SNI');
       assert.deepEqual(servers.hostHits, [], 'the host service saw nothing');
       assert.ok(await logHas(sb.id, (e) => e.host === 'rebind.test' && e.verdict === 'denied' && /restricted-address/.test(e.reason ?? '')));
       assert.ok(await logHas(sb.id, (e) => e.host === '127.0.0.1' && e.verdict === 'denied' && /ip-literal/.test(e.reason ?? '')));
+      // Every spelling is logged as the address it means, with its class.
+      assert.ok(await logHas(sb.id, (e) => e.host === '169.254.169.254' && /ip-literal: a link-local/.test(e.reason ?? '')));
+      assert.ok(await logHas(sb.id, (e) => e.host === '::1' && /ip-literal: a loopback IPv6/.test(e.reason ?? '')));
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -665,6 +742,99 @@ describe('sandbox networks through the egress proxy', () => {
       assert.match((await sh(sb.id, ncSend(req('GET http://other.test/now', 'other.test'), gw, 3128))).out, /hello other\.test \/now/);
       assert.match((await sh(sb.id, ncSend(req('GET http://api.test/', 'api.test'), gw, 3128))).out, /^HTTP\/1\.1 403/);
       assert.ok(await logHas(sb.id, (e) => e.host === 'api.test' && e.port === 8080 && /policy-changed/.test(e.reason ?? '')));
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('a name whose answers alternate between an allowed address and 127.0.0.1 (no cache: TTL 0) never reaches the node', async () => {
+    const port = servers.hostServicePort;
+    // The upstream serves on the same port as the node's own service, so only the address decides.
+    const www = path.join(scratch, 'www');
+    upstream.procs.push(spawn('ip', ['netns', 'exec', upstream.name, 'busybox', 'httpd', '-f', '-p', String(port), '-h', www], { stdio: 'ignore' }));
+    await waitFor(async () => (await httpGet(upstream.address, port, '/ok.txt').catch(() => '')) === 'upstream-ok\n', 'upstream httpd on the host port');
+    const sb = await node.edge.create({ image, network: { mode: 'allowlist', allow: [{ host: 'alt.test', ports: [port] }] } });
+    try {
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
+      const asked = altDns.asked();
+      const script = Array.from(
+        { length: 8 },
+        (_, i) => `${ncSend(req(`GET http://alt.test:${port}/ok.txt`, `alt.test:${port}`), gw, 3128, 2)} > /tmp/alt-${i} 2>&1`,
+      ).join('\n');
+      await sh(sb.id, script);
+      const outs = await Promise.all(Array.from({ length: 8 }, async (_, i) => (await sh(sb.id, `cat /tmp/alt-${i}`)).out));
+      assert.ok(altDns.asked() - asked >= 8, 'every connection looked the name up again');
+      const reached = outs.filter((o) => /^HTTP\/1\.[01] 200/.test(o) && o.includes('upstream-ok')).length;
+      const refused = outs.filter((o) => /^HTTP\/1\.1 403/.test(o) && /restricted-address/.test(o)).length;
+      assert.ok(reached >= 1 && refused >= 1 && reached + refused === 8, outs.join('\n---\n'));
+      assert.deepEqual(servers.hostHits, [], "the node's own service saw nothing");
+      assert.ok(await logHas(sb.id, (e) => e.host === 'alt.test' && e.verdict === 'allowed' && e.address === upstream.address));
+      assert.ok(await logHas(sb.id, (e) => e.host === 'alt.test' && e.verdict === 'denied' && /restricted-address/.test(e.reason ?? '')));
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('the DNS stub refuses names that are no host names before any policy check or lookup', async () => {
+    const sb = await node.edge.create({ image, network: { mode: 'allowlist', allow: [{ host: '*.test' }] } });
+    try {
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
+      const asked = altDns.asked();
+      /** A DNS query over TCP (length-prefixed) for raw labels. */
+      const framed = (labels: string[]): Buffer => {
+        const q = Buffer.concat([
+          Buffer.from([0xab, 0xcd, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]),
+          ...labels.map((l) => Buffer.concat([Buffer.from([Buffer.byteLength(l, 'latin1')]), Buffer.from(l, 'latin1')])),
+          Buffer.from([0, 0, 1, 0, 1]),
+        ]);
+        return Buffer.concat([Buffer.from([q.length >> 8, q.length & 255]), q]);
+      };
+      const bad = [['alt\0x', 'test'], ['alt.test', 'test'], ['a\\046b', 'test'], ['x'.repeat(63), 'al_t', 'test'], ['2130706433']];
+      for (const [i, labels] of bad.entries()) await node.edge.writeFile(sb.id, `/tmp/q-${i}`, framed(labels));
+      for (const i of bad.keys()) {
+        // The answer's flags end in rcode 5 (REFUSED): bytes 2-3 of the TCP frame are the id, 4-5 the flags.
+        const out = (await sh(sb.id, `(cat /tmp/q-${i}; sleep 1) | nc -w 3 ${gw} 53 | od -An -tx1 | head -1`)).out.trim().split(/\s+/);
+        assert.equal(out[5], '85', `${JSON.stringify(bad[i])}: ${out.join(' ')}`);
+      }
+      assert.notEqual((await sh(sb.id, 'nslookup al_t.test')).code, 0);
+      assert.equal(altDns.asked(), asked, 'no lookup left the node');
+      const log = (await node.edge.networkLog(sb.id)).filter((e) => e.via === 'dns');
+      assert.ok(log.length >= bad.length + 1 && log.every((e) => e.verdict === 'denied' && /^bad-name: /.test(e.reason ?? '')), JSON.stringify(log));
+      assert.ok(
+        log.some((e) => e.host === 'alt\\u0000x.test'),
+        'a NUL is logged escaped',
+      );
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('an unfrozen mirror refuses paths that would leave its upstream (the SSRF to loopback on main), and logs them as denials', async () => {
+    const sb = await node.edge.create({ image, network: { mode: 'allowlist', presets: ['npm'], mirrors: { npm: { upstream: servers.registryOrigin } } } });
+    try {
+      const gw = (await node.edge.networkInfo(sb.id)).gateway as string;
+      const target = `127.0.0.1:${servers.hostServicePort}`;
+      const paths = [
+        `///${target}/secret`,
+        `//${target}/secret`,
+        `/%2f%2f${target}/secret`,
+        `/-//${target}/secret`,
+        `/http:%2f%2f${target}%2fsecret`,
+        `/user@${target}/secret`,
+        '/left-pad/..%2f..%2fsecret',
+      ];
+      // printf reads % as a conversion: the paths' escapes go as %%.
+      const script =
+        paths
+          .map((p, i) => `${ncSend(req(`GET http://registry.npmjs.org${p.replace(/%/g, '%%')}`, 'registry.npmjs.org'), gw, 3128)} > /tmp/m-${i} 2>&1 &`)
+          .join('\n') + '\nwait';
+      await sh(sb.id, script);
+      for (const [i, p] of paths.entries()) assert.match((await sh(sb.id, `cat /tmp/m-${i}`)).out, /^HTTP\/1\.1 403/, p);
+      assert.deepEqual(servers.hostHits, [], 'nothing was fetched from loopback');
+      const denials = (await node.edge.networkLog(sb.id)).filter((e) => e.via === 'mirror' && e.verdict === 'denied' && /^mirror-path/.test(e.reason ?? ''));
+      assert.equal(denials.length, paths.length);
+      const ok = await sh(sb.id, ncSend(req('GET http://registry.npmjs.org/left-pad', 'registry.npmjs.org'), gw, 3128, 2));
+      assert.match(ok.out, /^HTTP\/1\.1 200/, 'a real package path is still served');
     } finally {
       await node.edge.destroy(sb.id);
     }

@@ -141,6 +141,17 @@ describe('operator configuration: refusal names the key and its source', () => {
     );
   });
 
+  test("the operator's special ranges: flag, variable, and a bad range named with its source", async () => {
+    const { config } = await loadConfig({ env: { DSEC_ALLOWED_PRIVATE_RANGES: '10.20.0.0/16, 100.100.0.0/16' } });
+    assert.deepEqual(config.node.network?.allowedPrivateRanges, ['10.20.0.0/16', '100.100.0.0/16']);
+    const flagged = await loadConfig({ env: { DSEC_ALLOWED_PRIVATE_RANGES: '10.20.0.0/16' }, flags: { allowPrivateRange: ['192.168.7.0/24'] } });
+    assert.deepEqual(flagged.config.node.network?.allowedPrivateRanges, ['192.168.7.0/24']);
+    assert.equal(
+      await refusal({ env: {}, flags: { allowPrivateRange: ['0x7f.1/8'] } }),
+      'config: node.network.allowedPrivateRanges.0: "0x7f.1/8": not an IPv4 address or a.b.c.d/n range (from --allow-private-range)',
+    );
+  });
+
   test('a bad flag', async () => {
     assert.equal(await refusal({ env: {}, flags: { addr: 'localhost' } }), 'config: addr: not host:port (from --addr)');
     assert.equal(await refusal({ env: {}, flags: { addr: '127.0.0.1:70000' } }), 'config: addr: port above 65535 (from --addr)');

@@ -26,6 +26,7 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
   { name: 'DSEC_UPSTREAM_PROXY', key: 'node.network.upstreamProxy', kind: 'string' },
   { name: 'DSEC_CA_CERTIFICATES', key: 'node.network.caCertificates', kind: 'list' },
+  { name: 'DSEC_ALLOWED_PRIVATE_RANGES', key: 'node.network.allowedPrivateRanges', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
   { name: 'DSEC_DB', key: 'db', kind: 'string' },
   { name: 'DSEC_TRUSTED_PROXIES', key: 'trustedProxies', kind: 'list' },
@@ -48,6 +49,7 @@ export interface ConfigFlags {
   db?: string;
   trustedProxy?: string[];
   nodeAddr?: string;
+  allowPrivateRange?: string[];
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -62,6 +64,7 @@ const FLAG_KEYS: ReadonlyArray<{ flag: keyof ConfigFlags; option: string; key: s
   { flag: 'db', option: '--db', key: 'db' },
   { flag: 'trustedProxy', option: '--trusted-proxy', key: 'trustedProxies' },
   { flag: 'nodeAddr', option: '--node-addr', key: 'cluster.nodeAddr' },
+  { flag: 'allowPrivateRange', option: '--allow-private-range', key: 'node.network.allowedPrivateRanges' },
 ];
 
 /** Where the configuration comes from. */

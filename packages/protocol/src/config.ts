@@ -7,6 +7,7 @@
 // constants named in each comment); only `home` and `addr` have their defaults here, because the
 // CLI prints and uses them before any component exists.
 import { z } from 'zod';
+import { parseIpRange } from './addresses.js';
 import { EdgeWireModeSchema } from './edge-wire/loopback.js';
 
 /** State directory of a local installation when none is configured. */
@@ -52,6 +53,12 @@ export const MirrorsConfigSchema = z.strictObject({
   fetchTimeoutMs: positiveInt.optional(),
 });
 
+/** An IPv4 range of `node.network.allowedPrivateRanges`: `a.b.c.d/n` or one address. */
+export const PrivateRangeSchema = z.string().superRefine((v, ctx) => {
+  const r = parseIpRange(v);
+  if (!r || r.family !== 4) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(v)}: not an IPv4 address or a.b.c.d/n range` });
+});
+
 /** Sandbox networking of a node (the edge's `NetworkOptions`). */
 export const NetworkConfigSchema = z.strictObject({
   /** IPv4 range sandbox addresses come from, machine-wide (edge default `DEFAULT_NETWORK_POOL`). */
@@ -76,6 +83,15 @@ export const NetworkConfigSchema = z.strictObject({
     .optional(),
   /** CA certificates added to every networked sandbox's trust and to the mirrors' (each PEM text or the absolute path of a PEM file). Default none. */
   caCertificates: z.array(z.string().min(1, { error: 'empty entry' })).optional(),
+  // -- issue 13 §2 (net): the operator's way to special address ranges --
+  /**
+   * IPv4 ranges (loopback, private, link-local, shared, reserved...) that names a sandbox's
+   * policy allows may resolve to, and that the node's own addresses count as reachable in.
+   * The only way to them: a tenant's policy may not name special ranges. Default none.
+   * The sandbox pool, multicast, broadcast and 0.0.0.0/8 stay unreachable whatever this says.
+   */
+  allowedPrivateRanges: z.array(PrivateRangeSchema).max(256, { error: 'more than 256 ranges' }).optional(),
+  // -- end net --
 });
 
 /** An OCI distribution registry and the credentials to use there. */

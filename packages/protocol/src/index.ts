@@ -248,9 +248,14 @@ export {
   PresetNameSchema,
   SandboxNetworkSchema,
   withDeniedNames,
+  restrictedEntries,
+  restrictedHost,
+  restrictedPatchEntries,
+  restrictedRange,
 } from './network.js';
 export type {
   AllowRule,
+  RestrictedEntry,
   ApplyNetworkRequest,
   ApplyNetworkResult,
   EgressLogEntry,
@@ -364,6 +369,7 @@ export {
   MirrorsConfigSchema,
   NetworkConfigSchema,
   NodeConfigSchema,
+  PrivateRangeSchema,
   ProxyLimitsConfigSchema,
   RegistryEndpointConfigSchema,
   RetentionConfigSchema,
@@ -407,3 +413,25 @@ export type {
 } from './nodes.js';
 export { lineTransport } from './edge-wire/line-transport.js';
 export type { ByteDuplex } from './edge-wire/line-transport.js';
+export {
+  MAX_DNS_LABEL_LENGTH,
+  MAX_DNS_NAME_LENGTH,
+  NEVER_DIALLED_CLASSES,
+  SPECIAL_IPV4_RANGES,
+  classifyAddress,
+  classifyRange,
+  embeddedIPv4,
+  formatIpAddress,
+  formatIpRange,
+  hostNameProblem,
+  isCanonicalIPv4,
+  isLocalhostName,
+  looksLikeIpLiteral,
+  parseIPv4,
+  parseIPv6,
+  parseIpAddress,
+  parseIpRange,
+  rangeContains,
+  rangesOverlap,
+} from './addresses.js';
+export type { AddressClass, IpAddress, IpRange, NodeAddressContext } from './addresses.js';

@@ -1,6 +1,7 @@
 // The network policy of a sandbox: its schema, the named presets (kept here, in one place, for
 // edge, its egress proxy and clients alike) and the pure functions that patch and match it.
 import { z } from 'zod';
+import { classifyAddress, classifyRange, isLocalhostName, parseIpAddress, parseIpRange } from './addresses.js';
 import { LabelsSchema } from './common.js';
 
 /**
@@ -366,3 +367,65 @@ export const ApplyNetworkResultSchema = z.object({
 });
 
 export type ApplyNetworkResult = z.infer<typeof ApplyNetworkResultSchema>;
+
+// -- issue 13 §2 (net): what a tenant's policy may not name --
+
+/** An entry of a policy that names a destination no tenant may allow: its field path and why. */
+export interface RestrictedEntry {
+  /** Path below the policy (`allowAddresses.0`, `allow.2.host`). */
+  path: string;
+  message: string;
+}
+
+const OPERATOR_ONLY = 'is reserved to the operator (node.network.allowedPrivateRanges); a tenant policy cannot allow it';
+
+/** Why a rule host names a special destination (a special address or a localhost name), or undefined. */
+export function restrictedHost(host: string): string | undefined {
+  const h = host.toLowerCase().replace(/\.$/, '');
+  if (isLocalhostName(h.startsWith('*.') ? h.slice(2) : h)) return `${JSON.stringify(host)} is the node itself and ${OPERATOR_ONLY}`;
+  const addr = parseIpAddress(h);
+  if (!addr) return undefined;
+  const cls = classifyAddress(addr);
+  return cls === 'public' ? undefined : `${JSON.stringify(host)} is a ${cls} address and ${OPERATOR_ONLY}`;
+}
+
+/** Why an `allowAddresses` range covers special addresses, or undefined. */
+export function restrictedRange(cidr: string): string | undefined {
+  const r = parseIpRange(cidr);
+  if (!r) return undefined;
+  const cls = classifyRange(r);
+  return cls === 'public' ? undefined : `${JSON.stringify(cidr)} covers ${cls} addresses and ${OPERATOR_ONLY}`;
+}
+
+/**
+ * The entries of a policy that only the operator may allow: rule hosts that are special
+ * addresses (loopback, link-local, private, ...) or localhost names, and `allowAddresses`
+ * ranges that overlap a special range. Names that resolve there are refused when dialled.
+ */
+export function restrictedEntries(p: NetworkPolicy): RestrictedEntry[] {
+  const out: RestrictedEntry[] = [];
+  p.allow?.forEach((r, i) => {
+    const why = restrictedHost(r.host);
+    if (why) out.push({ path: `allow.${i}.host`, message: why });
+  });
+  p.allowAddresses?.forEach((a, i) => {
+    const why = restrictedRange(a);
+    if (why) out.push({ path: `allowAddresses.${i}`, message: why });
+  });
+  return out;
+}
+
+/** The same for a patch: the rules and ranges it adds (`allow.add.0.host`, `allowAddresses.add.1`). */
+export function restrictedPatchEntries(p: NetworkPolicyPatch): RestrictedEntry[] {
+  const out: RestrictedEntry[] = [];
+  p.allow?.add?.forEach((r, i) => {
+    const why = restrictedHost(r.host);
+    if (why) out.push({ path: `allow.add.${i}.host`, message: why });
+  });
+  p.allowAddresses?.add?.forEach((a, i) => {
+    const why = restrictedRange(a);
+    if (why) out.push({ path: `allowAddresses.add.${i}`, message: why });
+  });
+  return out;
+}
+// -- end net --

@@ -11,6 +11,7 @@ import {
   IDEMPOTENCY_KEY_HEADER,
   MAX_SANDBOX_TIMEOUT_MS,
   invalidArgument,
+  restrictedEntries,
 } from '@dsec/protocol';
 import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
 import type { AdmissionQueue, Admitted } from '../admission.js';
@@ -31,6 +32,7 @@ import type { PlatformCounters, ServiceSinks } from './common.js';
 import type { LayerResolver, LayerService } from './layers.js';
 import type { LifecycleService } from './lifecycle.js';
 import type { OwnerService } from './owners.js';
+import { refuseRestricted } from './networks.js';
 
 /** Fields of a create request a pool claim applies; every other field must match the pool's spec. */
 const CLAIM_FIELDS = ['env', 'labels', 'timeoutMs', 'lease', 'owner'] as const;
@@ -146,7 +148,10 @@ export class CreatePipeline {
     if (req.labels) spec.labels = req.labels;
     if (req.protect) spec.protect = req.protect;
     if (req.security) spec.security = req.security;
-    if (req.network) spec.network = req.network;
+    if (req.network) {
+      refuseRestricted(projectId, restrictedEntries(req.network), at('network'));
+      spec.network = req.network;
+    }
     if (this.d.tighten) spec = await this.d.tighten(projectId, spec);
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];

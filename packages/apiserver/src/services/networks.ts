@@ -12,11 +12,15 @@ import {
   withDeniedNames,
   KeyedSerialQueue,
   forEachBounded,
+  restrictedEntries,
+  restrictedPatchEntries,
 } from '@dsec/protocol';
+import type { RestrictedEntry } from '@dsec/protocol';
 import type { ApplyNetworkRequest, EgressLogEntry, NetworkPolicy, NetworkPolicyPatch, SandboxNetwork, ApplyNetworkResult, EdgeClient } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { SandboxTable } from '../db/schema.js';
+import { ROOT_PROJECT_ID } from '../db/store.js';
 import type { StateStore } from '../db/store.js';
 import { publicError } from '../errors.js';
 import type { NodeRegistry } from '../nodes.js';
@@ -31,6 +35,17 @@ export type NetworkChange = { replace: NetworkPolicy } | { patch: NetworkPolicyP
 
 /** Names run-time deny-domain rules refuse to a project's sandboxes. */
 export type DeniedNames = (projectId: string) => Promise<string[]>;
+
+/**
+ * Refuses (400, naming the entry under `field`) a policy of a tenant's sandbox that names a
+ * special destination: loopback, link-local, private and other special addresses are the
+ * operator's (`node.network.allowedPrivateRanges`). The root project is the operator's own.
+ */
+export function refuseRestricted(projectId: string, entries: readonly RestrictedEntry[], field: string): void {
+  if (projectId === ROOT_PROJECT_ID) return;
+  const first = entries[0];
+  if (first) throw invalidArgument(`${field}.${first.path}`, first.message);
+}
 
 /** Sandbox networks. */
 export class NetworkService {
@@ -51,14 +66,17 @@ export class NetworkService {
     return this.changeOf(row, edge, change);
   }
 
-  private changeOf(row: SandboxTable, edge: EdgeClient, change: NetworkChange): Promise<SandboxNetwork> {
+  private changeOf(row: SandboxTable, edge: EdgeClient, change: NetworkChange, field = 'network'): Promise<SandboxNetwork> {
     return this.serial.run(row.id, async () => {
+      if ('replace' in change) refuseRestricted(row.project_id, restrictedEntries(change.replace), field);
+      else refuseRestricted(row.project_id, restrictedPatchEntries(change.patch), field);
       const denied = (await this.deniedNames?.(row.project_id)) ?? [];
       // A patched policy is checked as a whole (limits on rules and names) before it is applied.
       const next =
         'replace' in change
           ? change.replace
           : parseOrThrow(NetworkPolicySchema, applyNetworkPatch((await edge.networkInfo(row.id)).policy, change.patch), 'network');
+      refuseRestricted(row.project_id, restrictedEntries(next), field);
       const info = await edge.setNetwork(row.id, normalizeNetworkPolicy(denied.length === 0 ? next : withDeniedNames(next, denied)));
       const spec = JSON.parse((await this.store.sandboxOnly(row.id))?.spec ?? row.spec) as Record<string, unknown>;
       await this.store.setSandboxSpec(row.id, JSON.stringify({ ...spec, network: info.policy }));
@@ -98,13 +116,16 @@ export class NetworkService {
       after = page[page.length - 1]?.id;
     }
     const change: NetworkChange = req.policy ? { replace: req.policy } : { patch: req.patch as NetworkPolicyPatch };
+    // A tenant's request naming the operator's destinations is refused as a whole, before any sandbox changes.
+    if (req.policy) refuseRestricted(p.projectId, restrictedEntries(req.policy), 'policy');
+    else refuseRestricted(p.projectId, restrictedPatchEntries(req.patch as NetworkPolicyPatch), 'patch');
     const result: ApplyNetworkResult = { matched: rows.length, applied: [], failed: [] };
     await forEachBounded(rows, NETWORK_APPLY_CONCURRENCY, async (row) => {
       try {
         const node = this.nodes.get(row.node);
         if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
         if (row.state !== 'running') throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${row.state}`);
-        const info = await this.changeOf(row, node.client, change);
+        const info = await this.changeOf(row, node.client, change, req.policy ? 'policy' : 'patch');
         result.applied.push({ id: row.id, network: info.policy });
       } catch (err) {
         result.failed.push({ id: row.id, error: publicError(err, this.sinks.log) });

@@ -100,3 +100,113 @@ describe('DNS stub', () => {
     assert.equal(r.readUInt16BE(2) & 0x8000, 0x8000);
   });
 });
+
+/** mulberry32: a small seeded PRNG, so every run asks the same names. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A query whose labels are the given raw bytes. */
+function rawQuery(labels: readonly Buffer[], type = 1): Buffer {
+  const header = Buffer.from([0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+  return Buffer.concat([header, ...labels.map((l) => Buffer.concat([Buffer.from([l.length]), l])), Buffer.from([0, 0, type, 0, 1])]);
+}
+
+const LDH = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-';
+/** Bytes that never belong in a host name's label. */
+const BAD = [0x00, 0x2e, 0x5c, 0x20, 0x5f, 0x2a, 0x40, 0x2f, 0x3a, 0x0a, 0x7f, 0x80, 0xc3, 0xff, 0x25, 0x22];
+
+function randomLabel(next: () => number): Buffer {
+  const len = next() < 0.05 ? 50 + Math.floor(next() * 14) : 1 + Math.floor(next() * 12);
+  const bytes: number[] = [];
+  for (let i = 0; i < len; i++) bytes.push(next() < 0.08 ? BAD[Math.floor(next() * BAD.length)]! : LDH.charCodeAt(Math.floor(next() * LDH.length)));
+  if (next() < 0.05) return Buffer.from(String(Math.floor(next() * 4294967295)));
+  return Buffer.from(bytes);
+}
+
+/** The rule, written independently of the stub: labels of letters, digits, inner hyphens; 253 in all; the last not numeric or hex. */
+function isHostName(labels: readonly Buffer[]): boolean {
+  if (labels.length === 0) return false;
+  for (const l of labels) {
+    const s = l.toString('latin1');
+    if (!/^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?$/.test(s)) return false;
+  }
+  const name = labels.map((l) => l.toString('latin1')).join('.');
+  return name.length <= 253 && !/^(\d+|0x[0-9a-f]*)$/i.test(labels[labels.length - 1]!.toString('latin1'));
+}
+
+describe('DNS stub names (fuzz, fixed seeds)', () => {
+  for (const seed of [11, 12, 13]) {
+    test(`seed ${seed}: 20,000 questions; a name is accepted exactly when every label is letters, digits and inner hyphens`, () => {
+      const next = prng(seed);
+      let good = 0;
+      let bad = 0;
+      for (let i = 0; i < 20_000; i++) {
+        const labels = Array.from({ length: 1 + Math.floor(next() * (next() < 0.1 ? 6 : 3)) }, () => randomLabel(next));
+        const msg = rawQuery(labels);
+        const q = parseQuery(msg);
+        const total = labels.reduce((n, l) => n + l.length + 1, 1);
+        if (total > 255) {
+          assert.ok(q && 'rcode' in q && q.rcode === RCODE.FORMERR, 'an over-long name is a format error');
+          continue;
+        }
+        assert.ok(q && !('rcode' in q));
+        const expected = isHostName(labels);
+        assert.equal(q.nameProblem === undefined, expected, `${JSON.stringify(labels.map((l) => l.toString('latin1')))}: ${q.nameProblem ?? 'accepted'}`);
+        if (expected) good++;
+        else bad++;
+      }
+      assert.ok(good > 1000 && bad > 1000, `both kinds tried (${good} good, ${bad} bad)`);
+    });
+  }
+
+  test('a bad name is refused before any policy check or lookup, and logged', async () => {
+    const asked: string[] = [];
+    const matched: string[] = [];
+    const base = compilePolicy('sb', '127.0.0.1', { mode: 'allowlist', allow: [{ host: '*.test' }] }, 1, {
+      pool: parseCidr('10.213.0.0/16')!,
+      localAddresses: [],
+    });
+    const view = { ...base, allowsName: (n: string) => (matched.push(n), base.allowsName(n)) };
+    const log: EgressLogEntry[] = [];
+    const stub = await DnsStub.start({
+      address: '127.0.0.1',
+      sandboxes: { bySourceAddress: (ip) => (ip === '127.0.0.1' ? view : undefined) },
+      resolver: { resolve4: (n) => (asked.push(n), Promise.resolve(['93.184.216.34'])) },
+      log: (e) => log.push(e),
+    });
+    try {
+      const bad = [
+        [Buffer.from('a\0b'), Buffer.from('test')],
+        [Buffer.from('a.b'), Buffer.from('test')],
+        [Buffer.from('a\\.b'), Buffer.from('test')],
+        [Buffer.from('x'.repeat(63)), Buffer.from('a_b'), Buffer.from('test')],
+        [Buffer.from('-a'), Buffer.from('test')],
+        [Buffer.from('caf\xc3\xa9', 'latin1'), Buffer.from('test')],
+        [Buffer.from('127'), Buffer.from('1')],
+        [Buffer.from('2130706433')],
+        [Buffer.from('a'), Buffer.from('0x7f')],
+      ];
+      for (const labels of bad) {
+        const reply = (await stub.answer(rawQuery(labels), '127.0.0.1'))!;
+        assert.equal(rcode(reply), RCODE.REFUSED, JSON.stringify(labels.map(String)));
+      }
+      assert.deepEqual(asked, [], 'no lookup');
+      assert.deepEqual(matched, [], 'no policy check');
+      assert.equal(log.length, bad.length);
+      assert.ok(log.every((e) => e.verdict === 'denied' && /^bad-name: /.test(e.reason ?? '') && !e.host.includes('\0')));
+      const ok = (await stub.answer(rawQuery([Buffer.from('api'), Buffer.from('test')]), '127.0.0.1'))!;
+      assert.equal(rcode(ok), RCODE.NOERROR, 'a good name still resolves');
+      assert.deepEqual(asked, ['api.test']);
+    } finally {
+      await stub.close();
+    }
+  });
+});

@@ -6,7 +6,7 @@
 // policy does not name (DNS rebinding into loopback or private ranges) is refused here already.
 import dgram from 'node:dgram';
 import net from 'node:net';
-import { DsecError } from '@dsec/protocol';
+import { DsecError, hostNameProblem } from '@dsec/protocol';
 import type { EgressLogSink, NameResolver, SandboxResolver } from './types.js';
 
 /** DNS response codes used here. */
@@ -35,6 +35,25 @@ export interface DnsQuestion {
   cls: number;
   /** The question section's bytes (copied into the answer). */
   raw: Buffer;
+  /** Why the name is no host name (a byte outside letters, digits and inner hyphens in a label, too long, an IP literal); undefined when it is one. */
+  nameProblem?: string;
+}
+
+/** A label's bytes as a host name allows them: letters, digits and inner hyphens. */
+const LDH_LABEL = /^[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?$/;
+
+/** Why the labels (raw, as on the wire) are not a host name, or undefined. */
+export function dnsNameProblem(labels: readonly string[]): string | undefined {
+  if (labels.length === 0) return 'the root name';
+  for (const l of labels) {
+    if (!LDH_LABEL.test(l)) return `label ${JSON.stringify(l).slice(0, 80)} has a byte outside letters, digits and inner hyphens`;
+  }
+  return hostNameProblem(labels.join('.'));
+}
+
+/** A name as it goes into the egress log: printable, bounded. */
+export function printableName(name: string): string {
+  return JSON.stringify(name).slice(1, -1).slice(0, 300);
 }
 
 /** Parses a query; returns an rcode when it cannot be answered normally (with the id when known). */
@@ -59,7 +78,16 @@ export function parseQuery(msg: Buffer): DnsQuestion | { id: number; rcode: numb
   if (off + 4 > msg.length || off - 12 > 255) return { id, rcode: RCODE.FORMERR };
   const type = msg.readUInt16BE(off);
   const cls = msg.readUInt16BE(off + 2);
-  return { id, rd: (flags & 0x0100) !== 0, name: labels.join('.').toLowerCase(), type, cls, raw: Buffer.from(msg.subarray(12, off + 4)) };
+  const problem = dnsNameProblem(labels);
+  return {
+    id,
+    rd: (flags & 0x0100) !== 0,
+    name: labels.join('.').toLowerCase(),
+    type,
+    cls,
+    raw: Buffer.from(msg.subarray(12, off + 4)),
+    ...(problem ? { nameProblem: problem } : {}),
+  };
 }
 
 /** Builds a response: the question echoed, and an A record per address. */
@@ -199,6 +227,19 @@ export class DnsStub {
     if (!view) return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
     if (!this.admit(source)) return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
     if (q.cls !== CLASS_IN) return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
+    if (q.nameProblem !== undefined) {
+      // Refused before any policy check or lookup: the name never reaches a matcher or a resolver.
+      this.o.log({
+        sandboxId: view.sandboxId,
+        via: 'dns',
+        host: printableName(q.name),
+        port: 53,
+        protocol: 'udp',
+        verdict: 'denied',
+        reason: `bad-name: ${q.nameProblem}`,
+      });
+      return buildResponse(q.id, q.rd, RCODE.REFUSED, q.raw);
+    }
     const verdict = view.allowsName(q.name);
     const entry = { sandboxId: view.sandboxId, via: 'dns' as const, host: q.name, port: 53, protocol: 'udp' };
     if (!verdict.allowed) {

@@ -10,8 +10,8 @@
 import { readFile, mkdir, rm, rename, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, NETWORK_PRESETS, parseCidr } from '@dsec/protocol';
-import type { EventSink, NetworkPolicy } from '@dsec/protocol';
+import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, NETWORK_PRESETS, parseCidr, parseIpRange } from '@dsec/protocol';
+import type { EventSink, IpRange, NetworkPolicy } from '@dsec/protocol';
 import { runDirFor } from '../host/runtime-ns.js';
 import { DnsStub } from './dns.js';
 import { EXPLICIT_PROXY_PORT, LinkMaker, applyTable, deleteLinks, deleteTable, ensureGateway, linksWithPrefix } from './kernel.js';
@@ -57,6 +57,12 @@ export interface NetworkOptions {
   upstreamProxy?: string;
   /** CA certificates (PEM text or absolute paths of PEM files) added to every networked sandbox's trust and to the mirrors'. Default none. */
   caCertificates?: string[];
+  /**
+   * IPv4 ranges of special addresses (loopback, private, link-local, ...) that names a policy
+   * allows may resolve to, the node's own addresses included: the operator's setting, the only
+   * way to them besides a root-project policy naming them. Default none.
+   */
+  allowedPrivateRanges?: readonly string[];
 }
 
 /** What {@link NodeNetwork} needs besides {@link NetworkOptions}. */
@@ -119,6 +125,7 @@ export class NodeNetwork implements SandboxResolver {
   private readonly changes = new KeyedSerialQueue();
   private infraP: Promise<Infra> | undefined;
   private readonly pool: Range;
+  private readonly allowedPrivateRanges: IpRange[];
   private readonly tag: string;
   private readonly stateDir: string;
   private local: { at: number; addresses: string[] } = { at: 0, addresses: [] };
@@ -132,6 +139,15 @@ export class NodeNetwork implements SandboxResolver {
     const pool = parseCidr(o.pool ?? DEFAULT_NETWORK_POOL);
     if (!pool) throw new DsecError('INVALID_ARGUMENT', `network.pool: ${o.pool} is not an IPv4 range`, { field: 'network.pool' });
     this.pool = pool;
+    this.allowedPrivateRanges = (o.allowedPrivateRanges ?? []).map((cidr, i) => {
+      const r = parseIpRange(cidr);
+      if (!r || r.family !== 4) {
+        throw new DsecError('INVALID_ARGUMENT', `network.allowedPrivateRanges.${i}: ${cidr} is not an IPv4 range`, {
+          field: `network.allowedPrivateRanges.${i}`,
+        });
+      }
+      return r;
+    });
     this.tag = path.basename(runDirFor(deps.home));
     this.stateDir = path.join(deps.home, 'net');
     this.monitor = new EgressMonitor(deps.raise);
@@ -258,7 +274,7 @@ export class NodeNetwork implements SandboxResolver {
       for (const list of Object.values(os.networkInterfaces())) for (const a of list ?? []) if (a.family === 'IPv4') addresses.add(a.address);
       this.local = { at: Date.now(), addresses: [...addresses] };
     }
-    return { pool: this.pool, localAddresses: this.local.addresses };
+    return { pool: this.pool, localAddresses: this.local.addresses, allowedPrivateRanges: this.allowedPrivateRanges };
   }
 
   /**

@@ -1,7 +1,19 @@
 // A network policy compiled for fast questions: may this sandbox reach host:port, may the proxy
 // dial this address. Built once per policy change, asked on every connection and DNS query.
-import { DEFAULT_ALLOW_PORTS, NETWORK_PRESETS, ipv4ToInt, isIPv4, parseCidr } from '@dsec/protocol';
-import type { NetworkPolicy } from '@dsec/protocol';
+import {
+  DEFAULT_ALLOW_PORTS,
+  NETWORK_PRESETS,
+  NEVER_DIALLED_CLASSES,
+  classifyAddress,
+  embeddedIPv4,
+  formatIpAddress,
+  ipv4ToInt,
+  isIPv4,
+  parseCidr,
+  parseIpAddress,
+  rangeContains,
+} from '@dsec/protocol';
+import type { IpRange, NetworkPolicy } from '@dsec/protocol';
 import type { EgressPolicyView, EgressVerdict } from './types.js';
 
 /** An IPv4 range as numbers. */
@@ -21,34 +33,40 @@ export function inRange(ip: number, r: Range): boolean {
   return (ip & mask) >>> 0 === r.base;
 }
 
-/** Never dialled, whatever a policy says: "this host", multicast, reserved and broadcast. */
-const NEVER = rangesOf(['0.0.0.0/8', '224.0.0.0/4', '240.0.0.0/4']);
-
-/**
- * Dialled only when a policy names them: loopback, private, shared (CGNAT), link-local,
- * protocol-assignment, documentation and benchmarking ranges.
- */
-export const SPECIAL_RANGES = rangesOf([
-  '10.0.0.0/8',
-  '100.64.0.0/10',
-  '127.0.0.0/8',
-  '169.254.0.0/16',
-  '172.16.0.0/12',
-  '192.0.0.0/24',
-  '192.0.2.0/24',
-  '192.88.99.0/24',
-  '192.168.0.0/16',
-  '198.18.0.0/15',
-  '198.51.100.0/24',
-  '203.0.113.0/24',
-]);
-
 /** What a compiled policy needs to know about its node. */
 export interface NodeAddressing {
   /** The node's sandbox address pool: never dialled (it holds the gateway and every sandbox). */
   pool: Range;
-  /** Addresses of the node's own interfaces: dialled only when a policy names them. */
+  /** Addresses of the node's own interfaces: dialled only inside `allowedPrivateRanges`. */
   localAddresses: readonly string[];
+  /** The operator's special ranges that allowed names may resolve to (`node.network.allowedPrivateRanges`). */
+  allowedPrivateRanges?: readonly IpRange[];
+}
+
+/** An IPv4 {@link Range} as protocol's {@link IpRange}. */
+function ipRangeOf(r: Range): IpRange {
+  return { family: 4, bytes: Uint8Array.of(r.base >>> 24, (r.base >>> 16) & 255, (r.base >>> 8) & 255, r.base & 255), prefix: r.prefix };
+}
+
+/**
+ * Whether the proxy may dial `ip` for a policy that names the special ranges `named`: public
+ * IPv4 addresses yes; the pool, "this network", multicast and broadcast never; the node's own
+ * addresses only inside the operator's `allowedPrivateRanges`; other special addresses
+ * (loopback, link-local, private, shared, reserved, ...) inside those or a range the policy
+ * names. IPv6 forms that carry IPv4 are judged as that IPv4 address; other IPv6, never.
+ */
+export function dialable(ip: string, named: readonly Range[], node: NodeAddressing): boolean {
+  const parsed = parseIpAddress(ip);
+  if (!parsed) return false;
+  const a = parsed.family === 4 ? parsed : embeddedIPv4(parsed);
+  if (!a) return false;
+  const cls = classifyAddress(a, { localAddresses: node.localAddresses, pool: ipRangeOf(node.pool) });
+  if (NEVER_DIALLED_CLASSES.has(cls)) return false;
+  if (cls === 'public') return true;
+  if ((node.allowedPrivateRanges ?? []).some((r) => rangeContains(r, a))) return true;
+  if (cls === 'node') return false;
+  const n = ipv4ToInt(formatIpAddress(a));
+  return named.some((r) => inRange(n, r));
 }
 
 interface PortRule {
@@ -77,7 +95,6 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
     }
   }
   const named = rangesOf(policy.mode === 'allowlist' ? [...(policy.allowAddresses ?? []), ...(policy.allow ?? []).map((r) => r.host).filter(isIPv4)] : []);
-  const local = new Set(node.localAddresses.filter(isIPv4).map(ipv4ToInt));
 
   // Denied names win over every rule and preset.
   const deniedExact = new Set<string>();
@@ -133,11 +150,7 @@ export function compilePolicy(sandboxId: string, address: string, policy: Networ
       return rule ? { allowed: true, rule: rule.rule } : { allowed: false, reason: 'no rule matches' };
     },
     addressAllowed(ip: string): boolean {
-      if (policy.mode !== 'allowlist' || !isIPv4(ip)) return false;
-      const n = ipv4ToInt(ip);
-      if (NEVER.some((r) => inRange(n, r)) || inRange(n, node.pool)) return false;
-      if (local.has(n) || SPECIAL_RANGES.some((r) => inRange(n, r))) return named.some((r) => inRange(n, r));
-      return true;
+      return policy.mode === 'allowlist' && dialable(ip, named, node);
     },
   };
   return view;

@@ -4,7 +4,7 @@ import { Resolver } from 'node:dns/promises';
 import { DsecError, isIPv4 } from '@dsec/protocol';
 import type { NameResolver } from './types.js';
 
-/** How long an answer (or a "no such name") is reused. */
+/** Longest time an answer (or a "no such name") is reused; an answer's own TTL bounds it further. */
 export const RESOLVE_CACHE_TTL_MS = 30_000;
 /** Most names cached. */
 export const RESOLVE_CACHE_ENTRIES = 10_000;
@@ -62,15 +62,20 @@ export class HostsResolver implements NameResolver {
 
   private async query(name: string): Promise<string[]> {
     let addresses: string[];
+    let ttlMs = RESOLVE_CACHE_TTL_MS;
     try {
-      addresses = await (this.upstream as Resolver).resolve4(name);
+      const records = await (this.upstream as Resolver).resolve4(name, { ttl: true });
+      addresses = records.map((r) => r.address);
+      // An answer is reused no longer than its TTL says: a name that changes its address is
+      // looked up again, and every connection is checked against the address it dials.
+      for (const r of records) ttlMs = Math.min(ttlMs, Math.max(0, r.ttl) * 1000);
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
       if (code === 'ENOTFOUND' || code === 'ENODATA' || code === 'EBADNAME') addresses = [];
       else throw new DsecError(code === 'ETIMEOUT' ? 'TIMEOUT' : 'UNAVAILABLE', `cannot resolve ${name}: ${code ?? (err as Error).message}`);
     }
     if (this.cache.size >= RESOLVE_CACHE_ENTRIES) this.cache.delete(this.cache.keys().next().value as string);
-    this.cache.set(name, { addresses, until: Date.now() + RESOLVE_CACHE_TTL_MS });
+    if (ttlMs > 0) this.cache.set(name, { addresses, until: Date.now() + ttlMs });
     return addresses;
   }
 

@@ -31,9 +31,12 @@ export interface EgressPolicyView {
   /** May the sandbox resolve `name` at all (some rule matches it on some port)? */
   allowsName(name: string): EgressVerdict;
   /**
-   * May the proxy dial `ip` (IPv4) for this sandbox? Public unicast addresses: yes. Loopback,
-   * private, link-local, CGNAT, multicast, broadcast and other special ranges: only when
-   * `allowAddresses` covers the address or a rule names it as an IP literal.
+   * May the proxy dial `ip` for this sandbox (any spelling; IPv6 forms carrying IPv4 judged as
+   * that address)? Public unicast addresses: yes. Loopback, private, link-local, CGNAT and other
+   * special ranges: only inside the node's `allowedPrivateRanges`, or when `allowAddresses`
+   * covers the address or a rule names it (root-project policies; the apiserver refuses them
+   * from tenants). The node's own addresses: only inside `allowedPrivateRanges`. The sandbox
+   * pool, 0/8, multicast and broadcast: never.
    */
   addressAllowed(ip: string): boolean;
   /** Package mirrors by preset. */

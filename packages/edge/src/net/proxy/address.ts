@@ -1,17 +1,14 @@
 // Destinations as the egress proxy sees them: parsing of Host headers, CONNECT targets and SNI
 // names, and IP-literal detection. (Which addresses may be dialled is the policy's question.)
 import type { IncomingMessage } from 'node:http';
-import { isIP, isIPv4, isIPv6 } from 'node:net';
+import { isIP, isIPv6 } from 'node:net';
+import { embeddedIPv4, formatIpAddress, hostNameProblem, looksLikeIpLiteral, parseIPv4, parseIPv6, parseIpAddress } from '@dsec/protocol';
 
-/** Longest DNS name accepted as a destination (RFC 1035, without the trailing dot). */
-export const MAX_HOSTNAME_LENGTH = 253;
-
-/** `::ffff:a.b.c.d` -> `a.b.c.d`; any other address unchanged (lower-cased). */
+/** `::ffff:a.b.c.d` (and every other IPv6 form carrying IPv4) -> `a.b.c.d`; any address in its canonical text. */
 export function normalizeAddress(ip: string): string {
-  const lower = ip.toLowerCase();
-  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/.exec(lower);
-  if (mapped && isIPv4(mapped[1]!)) return mapped[1]!;
-  return lower;
+  const a = parseIpAddress(ip);
+  if (!a) return ip.toLowerCase();
+  return formatIpAddress(a.family === 6 ? (embeddedIPv4(a) ?? a) : a);
 }
 
 /**
@@ -20,10 +17,7 @@ export function normalizeAddress(ip: string): string {
  * label is never all-numeric, so any name whose last label is numeric or hex counts as literal.
  */
 export function isIpLiteralLike(host: string): boolean {
-  if (isIP(host)) return true;
-  const labels = host.split('.');
-  const last = labels[labels.length - 1] ?? '';
-  return /^(\d+|0x[0-9a-f]*)$/i.test(last);
+  return looksLikeIpLiteral(host);
 }
 
 /** A destination as named by the client: host (lower case, no brackets, no trailing dot), port. */
@@ -33,23 +27,25 @@ export interface Destination {
 }
 
 /**
- * Normalises a host name or IP literal: lower case, brackets and one trailing dot removed.
- * Returns undefined when it is neither a valid DNS name nor an IP address.
+ * Normalises a host name or IP literal: lower case, brackets and one trailing dot removed; an IP
+ * literal in any spelling (`0x7f.1`, `[::ffff:7f00:1]`) becomes its canonical text, IPv4 for the
+ * IPv6 forms that carry one, so that every spelling meets the same checks. Returns undefined when
+ * it is neither a valid DNS name nor an IP address (a numeric-looking name that is no address).
  */
 export function normalizeHost(raw: string): string | undefined {
   let host = raw.trim().toLowerCase();
   if (host.startsWith('[') && host.endsWith(']')) {
-    host = host.slice(1, -1);
-    return isIP(host) === 6 ? normalizeAddress(host) : undefined;
+    const a = parseIPv6(host.slice(1, -1));
+    return a && !host.includes('%') ? normalizeAddress(formatIpAddress(a)) : undefined;
   }
-  if (isIP(host)) return normalizeAddress(host);
+  if (host.includes(':')) return isIP(host) === 6 ? normalizeAddress(host) : undefined;
+  if (looksLikeIpLiteral(host)) {
+    const a = parseIPv4(host);
+    return a ? formatIpAddress(a) : undefined;
+  }
   if (host.endsWith('.')) host = host.slice(0, -1);
-  if (host.length === 0 || host.length > MAX_HOSTNAME_LENGTH) return undefined;
   // Letters, digits, hyphens and underscores (seen in real names, e.g. SRV-style labels).
-  for (const label of host.split('.')) {
-    if (!/^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$/.test(label)) return undefined;
-  }
-  return host;
+  return hostNameProblem(host, { underscore: true }) === undefined ? host : undefined;
 }
 
 /**

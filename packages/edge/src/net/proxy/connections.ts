@@ -19,6 +19,7 @@ export type EgressReason =
   | 'mirror-requires-http'
   | 'mirror-not-configured'
   | 'mirror-hidden'
+  | 'mirror-path'
   | 'policy-changed'
   | 'sandbox-gone';
 

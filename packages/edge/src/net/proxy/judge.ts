@@ -1,6 +1,6 @@
 // The policy's verdict on a destination as the proxy asks it: package mirrors first, then IP
 // literals, then the sandbox's rules; and the re-check of an open connection when the policy changes.
-import net from 'node:net';
+import { classifyAddress, parseIpAddress } from '@dsec/protocol';
 import type { EgressPolicyView, EgressVia } from '../types.js';
 import { isIpLiteralLike } from './address.js';
 import type { Destination } from './address.js';
@@ -40,11 +40,14 @@ export function judge(routes: MirrorRoutes, view: EgressPolicyView, via: EgressV
       return { ok: false, reason: 'mirror-not-configured', rule, detail: mirror.mirror.upstream ?? 'no mirror cache on this node' };
     return { ok: true, rule, mirror };
   }
-  if (isIpLiteralLike(dest.host)) {
-    // Only a dotted-quad IPv4 literal that a rule names; numeric shorthands and IPv6 never.
-    const d = net.isIPv4(dest.host) ? view.allows(dest.host, dest.port) : undefined;
+  const literal = parseIpAddress(dest.host);
+  if (literal || isIpLiteralLike(dest.host)) {
+    // Only an IPv4 literal that a rule names (every spelling arrives here as its dotted quad);
+    // IPv6 never (sandboxes have no IPv6 route, and the proxy resolves A records only).
+    const d = literal?.family === 4 ? view.allows(dest.host, dest.port) : undefined;
     if (d?.allowed) return { ok: true, rule: d.rule ?? `address:${dest.host}` };
-    return { ok: false, reason: 'ip-literal', ...(d?.rule ? { rule: d.rule } : {}), ...(d?.reason ? { detail: d.reason } : {}) };
+    const what = literal ? `a ${classifyAddress(literal)} IPv${literal.family} address` : 'not an address';
+    return { ok: false, reason: 'ip-literal', ...(d?.rule ? { rule: d.rule } : {}), detail: d?.reason ? `${what}: ${d.reason}` : what };
   }
   const d = view.allows(dest.host, dest.port);
   if (!d.allowed) return { ok: false, reason: 'policy', ...(d.rule ? { rule: d.rule } : {}), ...(d.reason ? { detail: d.reason } : {}) };

@@ -489,9 +489,10 @@ class EgressProxy implements EgressProxyHandle {
     const publicBase = `http://${at.dest.port === 80 ? at.dest.host : formatDestination(at.dest)}/`;
     const answer: MirrorResponse = await this.mirrors!.serve(m, req.method ?? 'GET', at.dest.host, publicBase, path);
     req.resume(); // a request body, if any, is not used
-    const record = this.decide({ ...at, via: 'mirror' }, answer.hidden ? 'denied' : 'allowed', {
+    const denial = answer.refused ?? (answer.hidden ? ('mirror-hidden' as const) : undefined);
+    const record = this.decide({ ...at, via: 'mirror' }, denial ? 'denied' : 'allowed', {
       rule,
-      ...(answer.hidden ? { reason: 'mirror-hidden' as const } : {}),
+      ...(denial ? { reason: denial } : {}),
       detail: `${req.method} ${path.slice(0, 200)}: ${answer.status} ${answer.detail}`,
     });
     if (res.destroyed) {

@@ -9,6 +9,11 @@ const NAME_PART = /^[a-z0-9~._-][a-z0-9~._-]*$/i;
 const SCOPE_PART = /^@[a-z0-9~-][a-z0-9~._-]*$/i;
 const MAX_NAME_LENGTH = 214;
 
+/** A decoded path segment that is plain text: no separator, no dot segment, no control or escape character. */
+function isPlainSegment(s: string): boolean {
+  return s !== '.' && s !== '..' && /^[A-Za-z0-9@._~+-]{1,214}$/.test(s);
+}
+
 /** A parsed npm package name. */
 interface NpmName {
   scope?: string;
@@ -55,24 +60,35 @@ export class NpmMirrorAdapter implements MirrorAdapter {
   }
 
   classify(_host: string, rawPath: string): MirrorRequest | undefined {
+    // Upstream paths are built only from validated segments: nothing of the raw path is
+    // passed on, so no spelling (extra slashes, encoded separators, backslashes, dot segments,
+    // an absolute URL or userinfo) can move the fetch off the mirror's upstream.
     const q = rawPath.indexOf('?');
     const pathname = q >= 0 ? rawPath.slice(0, q) : rawPath;
+    const query = q >= 0 ? rawPath.slice(q) : '';
+    if (!pathname.startsWith('/') || pathname.startsWith('//') || pathname.length > 1024) return undefined;
+    if (!/^[A-Za-z0-9@%._~+/-]*$/.test(pathname)) return undefined;
+    const raw = pathname.slice(1).split('/');
+    if (raw.some((s) => s === '')) return undefined;
     let segments: string[];
     try {
-      // `@scope%2fname` is one segment on the wire; decode it into two.
-      segments = pathname
-        .split('/')
-        .filter((s) => s !== '')
-        .flatMap((s) => decodeURIComponent(s).split('/'));
+      // `@scope%2fname` is one segment on the wire: the one place an encoded slash is allowed.
+      segments = raw.flatMap((s, i) => {
+        const scoped = i === 0 && /^@[^%]+%2f[^%]+$/i.test(s);
+        const decoded = decodeURIComponent(s);
+        if (!scoped && decoded.includes('/')) throw new Error('an encoded separator');
+        return scoped ? decoded.split('/') : [decoded];
+      });
     } catch {
       return undefined;
     }
-    if (segments.length === 0) return undefined;
+    if (segments.length === 0 || !segments.every(isPlainSegment)) return undefined;
     if (segments[0] === '-') {
       // Registry endpoints (/-/ping, /-/v1/search, /-/npm/v1/...). Search results list current
       // versions, so a frozen mirror refuses them; ping is harmless.
+      if (query !== '' && !/^\?[A-Za-z0-9._~%=&+:,*-]*$/.test(query)) return undefined;
       const ping = segments.length === 2 && segments[1] === 'ping';
-      return { kind: 'other', upstreamPath: pathname.slice(1) + (q >= 0 ? rawPath.slice(q) : ''), cache: 'none', servedWhenFrozen: ping };
+      return { kind: 'other', upstreamPath: segments.map(encodeURIComponent).join('/') + query, cache: 'none', servedWhenFrozen: ping };
     }
     const dash = segments.indexOf('-');
     if (dash >= 0) {
@@ -97,8 +113,9 @@ export class NpmMirrorAdapter implements MirrorAdapter {
     // /<name>/<version-or-tag>: a single version document; refused when frozen (a tag may name a
     // hidden version), passed through otherwise.
     const nameOf = parseName(segments.slice(0, -1));
-    if (!nameOf) return undefined;
-    return { kind: 'other', upstreamPath: pathname.slice(1), accept: 'application/json', cache: 'none' };
+    const version = segments[segments.length - 1] ?? '';
+    if (!nameOf || !/^[0-9A-Za-z.+_-]+$/.test(version)) return undefined;
+    return { kind: 'other', upstreamPath: `${packumentPath(nameOf)}/${encodeURIComponent(version)}`, accept: 'application/json', cache: 'none' };
   }
 
   private packumentRequest(name: NpmName): MirrorRequest {

@@ -42,6 +42,45 @@ export interface MirrorResponse {
   hidden?: boolean;
   /** For the log: how it was served, or why not. */
   detail: string;
+  /** Set when the request was refused because its upstream URL would leave the mirror's upstream (an egress denial). */
+  refused?: 'mirror-path';
+}
+
+/**
+ * True when an origin-form path carries a spelling that moves a naively built URL elsewhere:
+ * empty segments (`//host`), backslashes, encoded separators or dots, dot segments, a scheme,
+ * userinfo, or anything that does not start with a single `/`.
+ */
+export function escapesBase(path: string): boolean {
+  const q = path.indexOf('?');
+  const pathname = q >= 0 ? path.slice(0, q) : path;
+  if (!pathname.startsWith('/') || pathname.startsWith('//') || pathname.includes('//')) return true;
+  // eslint-disable-next-line no-control-regex -- control characters are exactly what is refused
+  if (/[\\@:#\s\x00-\x1f\x7f]|%(2f|5c|2e|00|40|3a|23)/i.test(pathname.replace(/^\/@[^/%]+%2f/i, '/'))) return true;
+  if (/(^|\/)\.{1,2}(\/|$)/.test(pathname)) return true;
+  try {
+    return new URL(pathname, 'http://mirror.invalid/base/').origin !== 'http://mirror.invalid';
+  } catch {
+    return true;
+  }
+}
+
+/**
+ * The upstream URL of a request path (relative to the base), or undefined when it would leave
+ * the base: another origin, userinfo, or a path outside the base's.
+ */
+export function upstreamUrl(base: string, relativePath: string): URL | undefined {
+  let b: URL;
+  let u: URL;
+  try {
+    b = new URL(base);
+    u = new URL(relativePath, b);
+  } catch {
+    return undefined;
+  }
+  if (/^[a-z][a-z0-9+.-]*:|^[/\\]/i.test(relativePath)) return undefined;
+  if (u.origin !== b.origin || u.username !== '' || u.password !== '' || !u.pathname.startsWith(b.pathname)) return undefined;
+  return u;
 }
 
 /** A mirror of a policy matched to its adapter. */
@@ -130,10 +169,19 @@ export class MirrorService {
       return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
     if (!this.upstreamAllowed(m)) return text(502, `mirror upstream ${upstreamOf(m)} is not configured on this node`);
     const req = m.adapter.classify(host, path);
-    if (!req) return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
+    if (!req) {
+      if (escapesBase(path)) return text(403, `${path.slice(0, 200)}: a path that could leave the mirror's upstream is refused`, { refused: 'mirror-path' });
+      return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
+    }
     const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
     if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
     const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff), ...(cutoff ? { cutoff } : {}) };
+    // Whatever an adapter built, nothing is fetched from outside the configured upstream.
+    for (const r of [req, req.metadata]) {
+      if (r && !upstreamUrl(ctx.upstreamBase, r.upstreamPath)) {
+        return text(403, `${path.slice(0, 200)}: resolves outside the mirror's upstream ${ctx.upstreamBase}`, { refused: 'mirror-path' });
+      }
+    }
     try {
       switch (req.kind) {
         case 'metadata':
@@ -160,7 +208,7 @@ export class MirrorService {
     req: MirrorRequest,
     ctx: MirrorContext,
   ): Promise<{ obj: MirrorObject; value: MirrorTransform | undefined }> {
-    const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
+    const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return { obj, value: undefined };
     if (obj.size > MAX_METADATA_BYTES) throw new Error(`${url}: metadata of ${obj.size} bytes is over the limit`);
@@ -204,7 +252,7 @@ export class MirrorService {
         return text(404, `${req.upstreamPath}: published after the mirror's cutoff ${ctx.cutoff.toISOString()}`, { hidden: true });
       }
     }
-    const url = new URL(req.upstreamPath, ctx.upstreamBase).href;
+    const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
     const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
     if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
     return {
@@ -217,7 +265,7 @@ export class MirrorService {
 
   private async other(req: MirrorRequest, ctx: MirrorContext): Promise<MirrorResponse> {
     if (ctx.cutoff && !req.servedWhenFrozen) return text(404, `${req.upstreamPath}: not served by a frozen mirror`, { hidden: true });
-    const url = new URL(req.upstreamPath, ctx.upstreamBase);
+    const url = upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL;
     if (req.cache === 'immutable') {
       const obj = await this.cache.get(url.href, { ...(req.accept ? { accept: req.accept } : {}), fresh: () => true });
       if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
