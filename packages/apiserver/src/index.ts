@@ -61,3 +61,5 @@ export type { ActivityStore, PauseReason } from './leases.js';
 export { WatchService, DEFAULT_HEARTBEAT_MS, DEFAULT_SUBSCRIBER_QUEUE } from './watch.js';
 export type { Retention, WatchServiceOptions } from './watch.js';
 export { WatchStore, DEFAULT_EVENT_RETENTION, DEFAULT_AUDIT_RETENTION } from './db/watch-store.js';
+export { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
+export type { AuthFailureEntry, SlotKind } from './tenant-limits.js';

@@ -9,8 +9,10 @@ import Database from 'better-sqlite3';
 import { getRequestListener } from '@hono/node-server';
 import { Edge } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
-import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError, edgeThroughWire } from '@dsec/protocol';
-import type { EdgeWireMode, EventSink, NodeGarbageReport } from '@dsec/protocol';
+import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError, edgeThroughWire, resolveLimits } from '@dsec/protocol';
+import type { EdgeWireMode, EventSink, LimitsConfig, NodeGarbageReport } from '@dsec/protocol';
+import { authFailureAudit, requestSource } from './http/audit.js';
+import { AuthFailureGate } from './tenant-limits.js';
 import { Watcher } from '@dsec/watcher';
 import { Authenticator } from './auth.js';
 import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID, StateStore } from './db/store.js';
@@ -72,6 +74,13 @@ export interface PlatformOptions {
    * encoded and decoded, as a remote edge's would be; the end-to-end suite runs once so).
    */
   edgeWire?: EdgeWireMode;
+  /** Per-tenant limits over protocol's defaults (`DEFAULT_TENANT_LIMITS`; docs/security.md). */
+  limits?: LimitsConfig;
+  /**
+   * Addresses of reverse proxies whose `X-Forwarded-For` is believed when telling clients apart
+   * (failed authentications are rate-limited by client address). Default none: the peer address.
+   */
+  trustedProxies?: string[];
 }
 
 /** A running platform. */
@@ -117,7 +126,10 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
 
   const userNamespaces = opts.userNamespaces ?? true;
   const zramSwapMiB = opts.zramSwapMiB;
+  // The tenant limits, resolved once for the node and every service that enforces one.
+  const limits = resolveLimits(opts.limits);
   const edge = await Edge.open({
+    layerContentBytes: limits.layerUploadBytes,
     home: path.join(home, 'node'),
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
@@ -136,8 +148,12 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
 
     // Events from the node and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
-    const watch = new WatchService(store, { log, ...opts.watch });
+    const watch = new WatchService(store, { log, ...opts.watch, limits, tenantProjects: (t) => auth.tenantProjects(t) });
     closers.unshift(() => watch.close());
+    // Failed authentications by source, collapsed into the audit (closed before the audit is).
+    const authFailures = new AuthFailureGate(limits, authFailureAudit(watch));
+    closers.unshift(() => authFailures.close());
+    const trustedProxies = new Set(opts.trustedProxies ?? []);
     await watch.init();
     const unsubscribe = reached.client.onEvent(watch.events.ingest);
     closers.unshift(() => unsubscribe());
@@ -155,6 +171,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       tighten: (projectId, spec) => watch.tighten(projectId, spec),
       deniedNames: (projectId) => watch.deniedNames(projectId),
       trajectory: { log, ...opts.trajectory },
+      limits,
     });
     closers.unshift(() => services.trajectory.close());
     await services.lifecycle.loadAllocations();
@@ -185,7 +202,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     }
 
     const metrics = new Metrics(services, watch);
-    const app = createApp(services, metrics, log, watch);
+    const app = createApp(services, metrics, log, watch, { gate: authFailures, source: requestSource(trustedProxies) });
     const ws = createWsHandler(
       services,
       (p, sandboxId, spec, exitCode) => {
@@ -203,6 +220,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
       },
       log,
+      { gate: authFailures, trustedProxies },
     );
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;

@@ -4,7 +4,7 @@
 // value is refused naming its key and where it came from, with exit status 2.
 import { readFile } from 'node:fs/promises';
 import type { PlatformOptions } from '@dsec/apiserver';
-import { checkConfig } from '@dsec/protocol';
+import { LIMIT_NAMES, checkConfig } from '@dsec/protocol';
 import type { DsecConfig } from '@dsec/protocol';
 
 /** A configuration that cannot be used: the CLI prints the message and exits with status 2. */
@@ -25,7 +25,14 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_NETWORK_POOL', key: 'node.network.pool', kind: 'string' },
   { name: 'DSEC_NAMESERVERS', key: 'node.network.nameservers', kind: 'list' },
   { name: 'DSEC_EDGE_WIRE', key: 'edgeWire', kind: 'string' },
+  // One variable per tenant limit: DSEC_LIMIT_EXECS_PER_TENANT sets limits.execsPerTenant.
+  ...LIMIT_NAMES.map((n) => ({ name: limitEnvName(n), key: `limits.${n}`, kind: 'integer' as const })),
 ];
+
+/** The variable of a tenant limit: `execsPerTenant` -> `DSEC_LIMIT_EXECS_PER_TENANT`. */
+export function limitEnvName(limit: string): string {
+  return `DSEC_LIMIT_${limit.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
+}
 
 /** The variable naming the configuration file when `--config` is not given. */
 export const CONFIG_FILE_ENV = 'DSEC_CONFIG';
@@ -40,6 +47,8 @@ export interface ConfigFlags {
   zramSwap?: number;
   networkPool?: string;
   nameserver?: string[];
+  /** Tenant limits as `name=value` (repeatable): `--limit execsPerTenant=32`. */
+  limit?: string[];
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -176,6 +185,14 @@ export async function loadConfig(sources: ConfigSources = {}): Promise<LoadedCon
     flagOf.set(f.key, f.option);
     used.push(f.option);
   }
+  for (const text of flags.limit ?? []) {
+    const m = /^([A-Za-z]+)=(.*)$/.exec(text);
+    if (!m) throw new ConfigError(`config: --limit ${text}: not name=value`);
+    const key = `limits.${m[1]!}`;
+    setKey(fromFlags, key, envValue(m[2]!, 'integer'));
+    flagOf.set(key, '--limit');
+    used.push(`--limit ${m[1]!}`);
+  }
   check(fromFlags, (key) => `from ${flagOf.get(key) ?? [...flagOf.entries()].find(([k]) => key.startsWith(`${k}.`))?.[1] ?? 'the flags'}`);
   merged = merge(merged, fromFlags);
 
@@ -200,7 +217,7 @@ function defined<T>(value: T): Defined<T> {
 
 /** What `startPlatform` is given for a configuration (everything but the log). */
 export function platformOptions(config: DsecConfig): PlatformOptions {
-  const { node, placement, watcher, trajectory, events } = defined(config);
+  const { node, placement, watcher, trajectory, events, limits } = defined(config);
   const opts: PlatformOptions = {
     home: config.home,
     addr: config.addr,
@@ -214,6 +231,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
+    ...(Object.keys(limits).length > 0 ? { limits } : {}),
   };
   return opts;
 }

@@ -20,14 +20,23 @@ import { NodeNetwork } from './net/network.js';
 const MAX_NODE_NAME = 40;
 
 /** Prepares the host of a node at `home` (made 0700); events of backends go to `raise`. */
-export async function prepareHost(opts: { home: string; agentBinary: string; cgroupParent: string; raise: EventSink }): Promise<BackendHost> {
+export async function prepareHost(opts: {
+  home: string;
+  agentBinary: string;
+  cgroupParent: string;
+  raise: EventSink;
+  layerContentBytes?: number | undefined;
+}): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
   });
   await mkdir(opts.home, { recursive: true, mode: 0o700 });
   const mode = await detectCgroupMode();
   const runtimeNs = await prepareRuntimeNamespace(opts.home, mode);
-  const layers = new LayerStore({ root: path.join(opts.home, 'layers') });
+  const layers = new LayerStore({
+    root: path.join(opts.home, 'layers'),
+    ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
+  });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);
   return { home: opts.home, runDir: runDirFor(opts.home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: opts.raise };
@@ -78,7 +87,13 @@ export function nodeNameOf(name: string): string {
  */
 export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<EdgeParts> {
   const home = path.resolve(opts.home ?? '/var/lib/dsec');
-  const host = await prepareHost({ home, agentBinary: opts.agentBinary, cgroupParent: opts.cgroupParent ?? 'dsec', raise });
+  const host = await prepareHost({
+    home,
+    agentBinary: opts.agentBinary,
+    cgroupParent: opts.cgroupParent ?? 'dsec',
+    raise,
+    layerContentBytes: opts.layerContentBytes,
+  });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);
   const helpers = path.dirname(path.resolve(opts.agentBinary));

@@ -8,6 +8,7 @@
 // CLI prints and uses them before any component exists.
 import { z } from 'zod';
 import { EdgeWireModeSchema } from './edge-wire/loopback.js';
+import { LimitsConfigSchema } from './limits.js';
 
 /** State directory of a local installation when none is configured. */
 export const DEFAULT_DSEC_HOME = '/var/lib/dsec';
@@ -138,6 +139,8 @@ export const DsecConfigSchema = z.strictObject({
       auditRetention: RetentionConfigSchema.optional(),
     })
     .default({}),
+  /** Per-tenant limits (defaults `DEFAULT_TENANT_LIMITS` in protocol's limits.ts; docs/security.md). */
+  limits: LimitsConfigSchema.default({}),
 });
 
 /** A validated configuration, defaults applied. */

@@ -20,12 +20,20 @@ import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { watchRoutes } from './routes/watch.js';
 import { authAndAudit } from './audit.js';
+import type { AuthFailureOptions } from './audit.js';
 import { routePath } from 'hono/route';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
 /** Builds the Hono app; with `watch`, every call is audited and the events, audit and rules routes exist. */
-export function createApp(services: Services, metrics: Metrics, log: (line: string) => void, watch?: WatchService): Hono<Env> {
+export function createApp(
+  services: Services,
+  metrics: Metrics,
+  log: (line: string) => void,
+  watch?: WatchService,
+  /** Failed authentications rate-limited by source and collapsed in the audit (tenant limits). */
+  authFailures?: AuthFailureOptions,
+): Hono<Env> {
   const app = new Hono<Env>();
   app.onError((err) => errorResponse(err, log));
   app.notFound(() => errorResponse(new DsecError('NOT_FOUND', 'no such route')));
@@ -44,7 +52,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
 
   app.use(
     '/v1/*',
-    authAndAudit((header) => services.iam.authenticate(header), watch),
+    authAndAudit((header, cachedOnly) => services.iam.authenticate(header, cachedOnly), watch, authFailures),
   );
 
   const deps: RouterDeps = { services, metrics, log };

@@ -1,7 +1,7 @@
 // Owner sessions: a trainer (or any client) that holds sandboxes and proves it is alive with
 // heartbeats. Sandboxes of an owner that goes away get their lease's action.
-import { DEFAULT_OWNER_GRACE_MS, DsecError, OwnerIdSchema } from '@dsec/protocol';
-import type { CreateOwnerRequest, Owner } from '@dsec/protocol';
+import { DEFAULT_OWNER_GRACE_MS, DsecError, OwnerIdSchema, limitExceeded } from '@dsec/protocol';
+import type { CreateOwnerRequest, Owner, TenantLimits } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { OwnerTable } from '../db/schema.js';
@@ -18,6 +18,9 @@ export class OwnerService {
   constructor(
     private readonly store: StateStore,
     private readonly lifecycle: LifecycleService,
+    private readonly limits: Pick<TenantLimits, 'ownersPerTenant'>,
+    /** The projects of a tenant (itself and everything below it). */
+    private readonly tenantProjects: (tenantId: string) => Promise<Set<string>>,
   ) {}
 
   /** An owner the principal may use: visible, and neither lost nor closed. */
@@ -38,6 +41,10 @@ export class OwnerService {
     requireRole(p, 'member');
     if ((await this.store.activeOwnerCount(p.projectId)) >= MAX_OWNERS_PER_PROJECT) {
       throw new DsecError('QUOTA_EXCEEDED', `project ${p.projectId} has ${MAX_OWNERS_PER_PROJECT} active owner sessions; close some`, { retryAfterMs: 1000 });
+    }
+    const max = this.limits.ownersPerTenant;
+    if ((await this.store.activeOwnerCountIn([...(await this.tenantProjects(p.tenantId))])) >= max) {
+      throw limitExceeded('ownersPerTenant', max, `tenant ${p.tenantId} has ${max} active owner sessions; close some`);
     }
     const now = new Date().toISOString();
     const row: OwnerTable = {

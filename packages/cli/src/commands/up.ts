@@ -16,6 +16,7 @@ function configOptions(cmd: Command): Command {
     .option('--zram-swap <MiB>', 'swap paused sandboxes to a compressed zram device of this size (default $DSEC_ZRAM_SWAP_MIB, else none)', number(true))
     .option('--network-pool <cidr>', 'IPv4 range of sandbox addresses (default $DSEC_NETWORK_POOL)')
     .option('--nameserver <ip>', "resolver for sandboxes, repeatable (default $DSEC_NAMESERVERS, comma-separated, else the host's)", repeated)
+    .option('--limit <name=value>', 'a tenant limit, repeatable (default $DSEC_LIMIT_<NAME>; see docs/security.md)', repeated)
     .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
     .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)');
 }
