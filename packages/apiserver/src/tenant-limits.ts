@@ -26,32 +26,35 @@ export class TenantSlots {
   constructor(readonly limits: TenantLimits) {}
 
   /**
-   * Takes a slot of `kind` for `tenantId` on `node`, or throws LIMIT_EXCEEDED naming the limit
-   * that refused it. The returned release may be called any number of times.
+   * Takes `count` slots of `kind` for `tenantId` on `node`, or throws LIMIT_EXCEEDED naming the
+   * limit that refused them. The returned release may be called any number of times.
    */
-  acquire(kind: SlotKind, tenantId: string, node: string): () => void {
+  acquire(kind: SlotKind, tenantId: string, node: string, count = 1): () => void {
     const l = SLOT_LIMITS[kind];
     const tenantKey = `${kind}\0t\0${tenantId}`;
     const nodeKey = `${kind}\0n\0${node}`;
     const tenantMax = this.limits[l.tenant];
     const nodeMax = this.limits[l.node];
-    if ((this.used.get(tenantKey) ?? 0) >= tenantMax)
-      throw limitExceeded(l.tenant, tenantMax, `tenant ${tenantId} runs ${tenantMax} ${l.what} already`, SLOT_RETRY_MS);
-    if ((this.used.get(nodeKey) ?? 0) >= nodeMax) throw limitExceeded(l.node, nodeMax, `node ${node} runs ${nodeMax} ${l.what} already`, SLOT_RETRY_MS);
-    this.add(tenantKey, 1);
-    this.add(nodeKey, 1);
+    const tenantUsed = this.used.get(tenantKey) ?? 0;
+    const nodeUsed = this.used.get(nodeKey) ?? 0;
+    if (tenantUsed + count > tenantMax) {
+      throw limitExceeded(l.tenant, tenantMax, `tenant ${tenantId} runs ${tenantUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
+    }
+    if (nodeUsed + count > nodeMax) throw limitExceeded(l.node, nodeMax, `node ${node} runs ${nodeUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
+    this.add(tenantKey, count);
+    this.add(nodeKey, count);
     let released = false;
     return () => {
       if (released) return;
       released = true;
-      this.add(tenantKey, -1);
-      this.add(nodeKey, -1);
+      this.add(tenantKey, -count);
+      this.add(nodeKey, -count);
     };
   }
 
-  /** Runs `fn` holding a slot. */
-  async run<T>(kind: SlotKind, tenantId: string, node: string, fn: () => Promise<T>): Promise<T> {
-    const release = this.acquire(kind, tenantId, node);
+  /** Runs `fn` holding `count` slots. */
+  async run<T>(kind: SlotKind, tenantId: string, node: string, fn: () => Promise<T>, count = 1): Promise<T> {
+    const release = this.acquire(kind, tenantId, node, count);
     try {
       return await fn();
     } finally {

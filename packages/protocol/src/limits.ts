@@ -17,7 +17,7 @@ export const DEFAULT_EXECS_PER_NODE = 512;
 /** File transfers (reads, writes, tar up and down) one tenant has in flight. */
 export const DEFAULT_TRANSFERS_PER_TENANT = 16;
 /** File transfers in flight on the node for every tenant together. */
-export const DEFAULT_TRANSFERS_PER_NODE = 64;
+export const DEFAULT_TRANSFERS_PER_NODE = 32;
 /** Function calls (a batch counts as one) one tenant runs at once. */
 export const DEFAULT_CALLS_PER_TENANT = 16;
 /** Function-call slots of the node for every tenant together. */

@@ -7,6 +7,9 @@ import type { NodeRegistry } from '../nodes.js';
 import type { TenantSlots } from '../tenant-limits.js';
 import type { LayerService } from './layers.js';
 
+/** Calls of one batch a node runs at once (the fncall runner's `BATCH_PARALLELISM`): the slots a batch takes. */
+export const BATCH_SLOTS = 8;
+
 /** Function calls. */
 export class CallService {
   constructor(
@@ -28,9 +31,15 @@ export class CallService {
     requireRole(p, 'member');
     const resolved: CallRequest[] = [];
     for (const [i, c] of req.calls.entries()) resolved.push(await this.resolve(p, c, `calls.${i}.`));
-    // A batch takes one slot: the node runs its calls with a bounded concurrency of its own.
+    // A batch takes as many slots as the node runs of it at once.
     const node = this.node();
-    const reply = await this.slots.run('call', p.tenantId, node.name, () => node.client.calls.runBatch({ calls: resolved }, signal ? { signal } : {}));
+    const reply = await this.slots.run(
+      'call',
+      p.tenantId,
+      node.name,
+      () => node.client.calls.runBatch({ calls: resolved }, signal ? { signal } : {}),
+      Math.min(resolved.length, BATCH_SLOTS),
+    );
     return { results: reply.results };
   }
 
