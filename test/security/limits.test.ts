@@ -197,7 +197,7 @@ describe('tenant limits', () => {
             body,
             duplex: 'half',
             signal: ac.signal,
-          } as RequestInit).catch(() => undefined),
+          }).catch(() => undefined),
         );
       }
       await eventually('red uploads started', () => platform!.platform.services.slots.inUse('transfer', red.project) === DEFAULT_TRANSFERS_PER_TENANT);
