@@ -31,14 +31,14 @@ export class CallService {
     requireRole(p, 'member');
     const resolved: CallRequest[] = [];
     for (const [i, c] of req.calls.entries()) resolved.push(await this.resolve(p, c, `calls.${i}.`));
-    // A batch takes as many slots as the node runs of it at once.
+    // A batch takes as many slots as the node runs of it at once (never more than a limit allows).
     const node = this.node();
     const reply = await this.slots.run(
       'call',
       p.tenantId,
       node.name,
       () => node.client.calls.runBatch({ calls: resolved }, signal ? { signal } : {}),
-      Math.min(resolved.length, BATCH_SLOTS),
+      Math.min(resolved.length, BATCH_SLOTS, this.slots.limits.callsPerTenant, this.slots.limits.callSlotsPerNode),
     );
     return { results: reply.results };
   }
