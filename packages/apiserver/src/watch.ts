@@ -1,6 +1,6 @@
 // The watcher's side of the API: events (a page, or a live text/event-stream), the audit trail
 // (a page, or an NDJSON export) and run-time rules, scoped by project like everything else.
-import { DEFAULT_TENANT_LIMITS, DEFAULT_WATCH_PAGE_SIZE, DsecError, invalidArgument, limitExceeded, withDeniedNames } from '@dsec/protocol';
+import { DEFAULT_TENANT_LIMITS, DEFAULT_WATCH_PAGE_SIZE, DsecError, KeyedSerialQueue, invalidArgument, limitExceeded, withDeniedNames } from '@dsec/protocol';
 import type { TenantLimits } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
@@ -44,6 +44,8 @@ export class WatchService {
   readonly rules: RuleSet;
   readonly events: EventHub;
   readonly audit: AuditLog;
+  /** Rule additions run one at a time: the counts they check cannot be passed by concurrent ones. */
+  private readonly ruleAdds = new KeyedSerialQueue();
 
   constructor(
     private readonly state: StateStore,
@@ -295,12 +297,14 @@ export class WatchService {
     if (spec.kind === 'event' && spec.suppress && p.projectId !== ROOT_PROJECT_ID) {
       throw new DsecError('PERMISSION_DENIED', "suppress: only the root project's admins may drop events", { field: 'suppress' });
     }
-    if ((await this.store.ruleCount()) >= MAX_RULES) throw new DsecError('CONFLICT', `at most ${MAX_RULES} rules; delete one first`);
-    if (p.tenantId !== ROOT_PROJECT_ID) await this.checkTenantRules(p.tenantId);
-    const rule: RuleRecord = { id: sortableId('rl'), projectId: p.projectId, kind: spec.kind, spec, createdBy: p.keyId, createdAt: new Date().toISOString() };
-    await this.store.insertRule(rule);
-    this.rules.add(rule);
-    return toRuleBody(rule);
+    return this.ruleAdds.run('rules', async () => {
+      if ((await this.store.ruleCount()) >= MAX_RULES) throw new DsecError('CONFLICT', `at most ${MAX_RULES} rules; delete one first`);
+      if (p.tenantId !== ROOT_PROJECT_ID) await this.checkTenantRules(p.tenantId);
+      const rule: RuleRecord = { id: sortableId('rl'), projectId: p.projectId, kind: spec.kind, spec, createdBy: p.keyId, createdAt: new Date().toISOString() };
+      await this.store.insertRule(rule);
+      this.rules.add(rule);
+      return toRuleBody(rule);
+    });
   }
 
   /**

@@ -1,6 +1,6 @@
 // Identity and access: projects (nested, each quota within its parent's), API keys (a role in
 // a project), and the nodes as an admin sees them.
-import { DsecError, limitExceeded } from '@dsec/protocol';
+import { DsecError, KeyedSerialQueue, limitExceeded } from '@dsec/protocol';
 import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeInfo, Project, Quota, TenantLimits } from '@dsec/protocol';
 import { ROOT_PROJECT_ID } from '../db/store.js';
 import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
@@ -29,6 +29,9 @@ function toKey(r: ApiKeyTable, secret?: string): ApiKey {
 
 /** Projects, keys and the node list. */
 export class IamService {
+  /** A tenant's count-then-insert runs one at a time, so that concurrent requests cannot pass a limit together. */
+  private readonly perTenant = new KeyedSerialQueue();
+
   constructor(
     private readonly store: StateStore,
     private readonly auth: Authenticator,
@@ -55,11 +58,19 @@ export class IamService {
     const parent = await this.store.project(parentId);
     if (!parent) throw new DsecError('NOT_FOUND', `project ${parentId} not found`, { field: 'parent' });
     // A project made directly under the root is a new tenant; one below a tenant counts in it.
-    if (parentId !== ROOT_PROJECT_ID) {
-      const tenantId = await this.auth.tenantOf(parentId);
-      const max = this.limits.projectsPerTenant;
-      if ((await this.auth.descendants(tenantId)).size - 1 >= max) throw limitExceeded('projectsPerTenant', max, `tenant ${tenantId} has ${max} sub-projects`);
-    }
+    const tenantId = parentId === ROOT_PROJECT_ID ? undefined : await this.auth.tenantOf(parentId);
+    return this.perTenant.run(`projects/${tenantId ?? ''}`, async () => {
+      if (tenantId !== undefined) {
+        const max = this.limits.projectsPerTenant;
+        if ((await this.auth.descendants(tenantId)).size - 1 >= max)
+          throw limitExceeded('projectsPerTenant', max, `tenant ${tenantId} has ${max} sub-projects`);
+      }
+      return this.insertProject(req, parent);
+    });
+  }
+
+  private async insertProject(req: CreateProjectRequest, parent: ProjectTable): Promise<Project> {
+    const parentId = parent.id;
     const cap: Quota = { sandboxes: parent.quota_sandboxes, cpu: parent.quota_cpu, memoryMiB: parent.quota_memory_mib };
     const quota: Quota = {
       sandboxes: req.quota?.sandboxes ?? cap.sandboxes,
@@ -94,12 +105,14 @@ export class IamService {
     if (!roleAtLeast(p.role, req.role)) throw new DsecError('PERMISSION_DENIED', `role: cannot grant ${req.role} with a ${p.role} key`, { field: 'role' });
     // Keys count in the tenant of the project they act in (the root project's count in the root's).
     const tenantId = await this.auth.tenantOf(project);
-    const scope = [...(await this.auth.tenantProjects(tenantId))];
-    const max = this.limits.keysPerTenant;
-    if ((await this.store.keys(scope)).filter((k) => !k.revoked_at).length >= max) {
-      throw limitExceeded('keysPerTenant', max, `tenant ${tenantId} has ${max} live keys; revoke some`);
-    }
-    return this.issueKey(project, req.name, req.role);
+    return this.perTenant.run(`keys/${tenantId}`, async () => {
+      const scope = [...(await this.auth.tenantProjects(tenantId))];
+      const max = this.limits.keysPerTenant;
+      if ((await this.store.keys(scope)).filter((k) => !k.revoked_at).length >= max) {
+        throw limitExceeded('keysPerTenant', max, `tenant ${tenantId} has ${max} live keys; revoke some`);
+      }
+      return this.issueKey(project, req.name, req.role);
+    });
   }
 
   /** Creates a key without a caller (the first admin key). */
