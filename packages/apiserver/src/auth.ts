@@ -3,6 +3,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type { Role } from '@dsec/protocol';
+import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
 
 /** Channel on which replicas announce a new project or a revoked key. */
@@ -23,6 +24,17 @@ export interface Principal {
   role: Role;
   /** The key's project and all its descendants. */
   visibleProjects: Set<string>;
+  /**
+   * The tenant the key's project belongs to: its top-level project (the child of the root
+   * project it descends from), or the root project itself. Tenant limits count here.
+   */
+  tenantId: string;
+}
+
+/** The tenant of a project from its ancestry (itself first, the root project last). */
+export function tenantOfAncestry(ancestry: readonly string[], rootId: string): string {
+  if (ancestry[ancestry.length - 1] !== rootId || ancestry.length < 2) return ancestry[0] ?? rootId;
+  return ancestry[ancestry.length - 2]!;
 }
 
 /** A new secret key and its hash. */
@@ -135,18 +147,42 @@ export class Authenticator {
     return bucket.take();
   }
 
-  /** The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED. */
-  async authenticate(header: string | undefined): Promise<Principal> {
+  /**
+   * The projects whose use counts against a tenant's limits: the tenant and everything below
+   * it; for the root project only itself (the tenants below it count on their own).
+   */
+  async tenantProjects(tenantId: string): Promise<Set<string>> {
+    return tenantId === ROOT_PROJECT_ID ? new Set([ROOT_PROJECT_ID]) : this.descendants(tenantId);
+  }
+
+  /** The tenant of a project: its top-level project, or the root project itself. */
+  async tenantOf(projectId: string): Promise<string> {
+    return tenantOfAncestry(await this.store.ancestry(projectId), ROOT_PROJECT_ID);
+  }
+
+  /**
+   * The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED.
+   * With `cachedOnly` (a source refused for failing too often) only a key that authenticated
+   * recently is accepted, without a look-up in the store; any other is `refuse()`'s error.
+   */
+  async authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
     const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
-    if (!m) throw new DsecError('UNAUTHENTICATED', 'missing API key: send Authorization: Bearer <key>');
+    if (!m) throw cachedOnly?.refuse() ?? new DsecError('UNAUTHENTICATED', 'missing API key: send Authorization: Bearer <key>');
     const hash = hashKey(m[1]!);
     let principal: Principal | undefined;
     const hit = this.cache.get(hash);
     if (hit && Date.now() - hit.at < this.cacheTtlMs) principal = hit.principal;
+    else if (cachedOnly) throw cachedOnly.refuse();
     else {
       const row = await this.store.keyByHash(hash);
       if (!row || row.revoked_at) throw new DsecError('UNAUTHENTICATED', 'unknown or revoked API key');
-      principal = { keyId: row.id, projectId: row.project_id, role: row.role, visibleProjects: await this.descendants(row.project_id) };
+      principal = {
+        keyId: row.id,
+        projectId: row.project_id,
+        role: row.role,
+        visibleProjects: await this.descendants(row.project_id),
+        tenantId: await this.tenantOf(row.project_id),
+      };
       this.cache.set(hash, { principal, at: Date.now() });
     }
     const waitMs = await this.takeToken(principal.keyId);

@@ -6,8 +6,10 @@ import type { AddressInfo } from 'node:net';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { getRequestListener } from '@hono/node-server';
-import { DsecError } from '@dsec/protocol';
-import type { EventSink, NodeGarbageReport } from '@dsec/protocol';
+import { DsecError, resolveLimits } from '@dsec/protocol';
+import type { EventSink, LimitsConfig, NodeGarbageReport } from '@dsec/protocol';
+import { authFailureAudit } from './http/audit.js';
+import { AuthFailureGate } from './tenant-limits.js';
 import { Watcher, commandSummary } from '@dsec/watcher';
 import { Authenticator, IAM_CHANNEL } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
@@ -42,6 +44,8 @@ export function parseAddr(addr: string): { host: string; port: number } {
 
 /** Settings of the control plane that `dsec up` and `dsec apiserver` share. */
 export interface ControlPlaneOptions {
+  /** Per-tenant limits over protocol's defaults (`DEFAULT_TENANT_LIMITS`; docs/security.md). */
+  limits?: LimitsConfig;
   /** Scheduler over-commit and sampling. */
   placement?: PlacementOptions;
   /** Interval of the watcher's passes. */
@@ -103,11 +107,16 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
   const closers: Array<() => Promise<void> | void> = [() => store.close()];
   try {
     const auth = new Authenticator(store);
+    // The tenant limits, resolved once for every service that enforces one.
+    const limits = resolveLimits(o.limits);
     // Events from the nodes and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
-    const watch = new WatchService(store, { log, ...o.watch });
+    const watch = new WatchService(store, { log, ...o.watch, limits, tenantProjects: (t) => auth.tenantProjects(t) });
     closers.unshift(() => watch.close());
     await watch.init();
+    // Failed authentications by source, collapsed into the audit (closed before the audit is).
+    const authFailures = new AuthFailureGate(limits, authFailureAudit(watch));
+    closers.unshift(() => authFailures.close());
     if (o.listenUrl) {
       const listener = new PostgresListener(o.listenUrl, log);
       closers.unshift(() => listener.close());
@@ -130,6 +139,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       tighten: (projectId, spec) => watch.tighten(projectId, spec),
       deniedNames: (projectId) => watch.deniedNames(projectId),
       trajectory: { log, ...o.trajectory },
+      limits,
     });
     closers.unshift(() => services.trajectory.close());
     // A store of one process: what a crash of the previous one cut short is settled against the
@@ -158,6 +168,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     const app = createApp(services, metrics, log, watch, {
       health: () => store.ping(),
       ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
+      failures: { gate: authFailures, source: (c) => (c.get('clientAddress') as string | undefined) ?? 'unknown' },
     });
     const ws = createWsHandler(
       services,
@@ -176,6 +187,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
       },
       log,
+      { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },
     );
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;

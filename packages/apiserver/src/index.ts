@@ -75,3 +75,5 @@ export { CRASH_STEPS, CRASH_AT_ENV, crashPoint } from './crash-points.js';
 export type { CrashStep } from './crash-points.js';
 export { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
 export type { ReconcileDeps, ReconcileReport, SettledRow } from './reconcile.js';
+export { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
+export type { AuthFailureEntry, SlotKind } from './tenant-limits.js';

@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Edge, makeCsr, makeKey, openssl } from '@dsec/edge';
 import type { NetworkOptions } from '@dsec/edge';
-import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire } from '@dsec/protocol';
+import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire, resolveLimits } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlaneOptions } from './control-plane.js';
@@ -101,7 +101,9 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
 
   const userNamespaces = opts.userNamespaces ?? true;
   const zramSwapMiB = opts.zramSwapMiB;
+  const limits = resolveLimits(opts.limits);
   const edge = await Edge.open({
+    layerContentBytes: limits.layerUploadBytes,
     home: path.join(home, 'node'),
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,

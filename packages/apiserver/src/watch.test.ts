@@ -11,7 +11,7 @@ import { WatchService } from './watch.js';
 
 let store: StateStore;
 let watch: WatchService;
-const root: Principal = { keyId: 'key_00', projectId: ROOT_PROJECT_ID, role: 'admin', visibleProjects: new Set([ROOT_PROJECT_ID]) };
+const root: Principal = { keyId: 'key_00', projectId: ROOT_PROJECT_ID, role: 'admin', visibleProjects: new Set([ROOT_PROJECT_ID]), tenantId: ROOT_PROJECT_ID };
 
 before(async () => {
   store = await StateStore.openSqlite(new Database(':memory:'));

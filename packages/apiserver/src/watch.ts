@@ -1,7 +1,8 @@
 // The watcher's side of the API: events (a page, or a live text/event-stream), the audit trail
 // (a page, or an NDJSON export) and run-time rules, scoped by project like everything else.
 import { randomBytes } from 'node:crypto';
-import { DEFAULT_WATCH_PAGE_SIZE, DsecError, invalidArgument, withDeniedNames } from '@dsec/protocol';
+import { DEFAULT_TENANT_LIMITS, DEFAULT_WATCH_PAGE_SIZE, DsecError, KeyedSerialQueue, invalidArgument, limitExceeded, withDeniedNames } from '@dsec/protocol';
+import type { TenantLimits } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
 import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
@@ -56,6 +57,10 @@ export interface WatchServiceOptions {
   auditRetention?: Retention;
   events?: EventHubOptions;
   log?: (line: string) => void;
+  /** Rules per tenant, the root project's headroom, audit entries per project. Default protocol's defaults. */
+  limits?: Pick<TenantLimits, 'rulesPerTenant' | 'rootRuleHeadroom' | 'auditRowsPerProject'>;
+  /** The projects of a tenant (Authenticator.tenantProjects). Default: the tenant alone. */
+  tenantProjects?: (tenantId: string) => Promise<Set<string>>;
 }
 
 /** Events, audit and rules for the HTTP API and the platform. */
@@ -66,6 +71,8 @@ export class WatchService {
   readonly rules: RuleSet;
   readonly events: EventHub;
   readonly audit: AuditLog;
+  /** Rule additions run one at a time: the counts they check cannot be passed by concurrent ones. */
+  private readonly ruleAdds = new KeyedSerialQueue();
 
   constructor(
     private readonly state: StateStore,
@@ -133,6 +140,7 @@ export class WatchService {
     await this.events.flush();
     await this.store.pruneEvents(ev.maxRows, new Date(now - ev.maxAgeMs).toISOString());
     await this.audit.flush();
+    await this.store.pruneAuditPerProject((this.o.limits ?? DEFAULT_TENANT_LIMITS).auditRowsPerProject);
     await this.store.pruneAudit(au.maxRows, new Date(now - au.maxAgeMs).toISOString());
   }
 
@@ -362,12 +370,37 @@ export class WatchService {
     if (spec.kind === 'event' && spec.suppress && p.projectId !== ROOT_PROJECT_ID) {
       throw new DsecError('PERMISSION_DENIED', "suppress: only the root project's admins may drop events", { field: 'suppress' });
     }
-    if ((await this.store.ruleCount()) >= MAX_RULES) throw new DsecError('CONFLICT', `at most ${MAX_RULES} rules; delete one first`);
-    const rule: RuleRecord = { id: sortableId('rl'), projectId: p.projectId, kind: spec.kind, spec, createdBy: p.keyId, createdAt: new Date().toISOString() };
-    await this.store.insertRule(rule);
-    this.rules.add(rule);
-    await this.rulesChanged();
-    return toRuleBody(rule);
+    return this.ruleAdds.run('rules', async () => {
+      if ((await this.store.ruleCount()) >= MAX_RULES) throw new DsecError('CONFLICT', `at most ${MAX_RULES} rules; delete one first`);
+      if (p.tenantId !== ROOT_PROJECT_ID) await this.checkTenantRules(p.tenantId);
+      const rule: RuleRecord = { id: sortableId('rl'), projectId: p.projectId, kind: spec.kind, spec, createdBy: p.keyId, createdAt: new Date().toISOString() };
+      await this.store.insertRule(rule);
+      this.rules.add(rule);
+      await this.rulesChanged();
+      return toRuleBody(rule);
+    });
+  }
+
+  /**
+   * A tenant's rules stay within its limit, and all tenants' together leave the root project's
+   * headroom free (an operator can always add an emergency rule).
+   */
+  private async checkTenantRules(tenantId: string): Promise<void> {
+    const limits = this.o.limits ?? DEFAULT_TENANT_LIMITS;
+    const mine = (await this.o.tenantProjects?.(tenantId)) ?? new Set([tenantId]);
+    const all = await this.store.rules();
+    const max = limits.rulesPerTenant;
+    if (all.filter((r) => mine.has(r.projectId)).length >= max)
+      throw limitExceeded('rulesPerTenant', max, `tenant ${tenantId} has ${max} rules; delete one first`);
+    const tenants = all.filter((r) => r.projectId !== ROOT_PROJECT_ID).length;
+    const room = MAX_RULES - limits.rootRuleHeadroom;
+    if (tenants >= room) {
+      throw limitExceeded(
+        'rootRuleHeadroom',
+        limits.rootRuleHeadroom,
+        `the tenants have ${tenants} rules; the last ${limits.rootRuleHeadroom} of ${MAX_RULES} are kept for the root project`,
+      );
+    }
   }
 
   /** Rules that apply to the caller's project (set above it) or that it set (in it or below). */
@@ -432,6 +465,7 @@ function toAuditBody(a: AuditRecord): AuditEntry {
     durationMs: a.durationMs,
     command: a.command,
     exitCode: a.exitCode,
+    ...(a.count !== undefined && a.count > 1 ? { count: a.count } : {}),
   };
 }
 

@@ -190,3 +190,18 @@ describe('the state store and proxies (dsec apiserver)', () => {
     assert.match(await refusal({ env: { DSEC_TRUSTED_PROXIES: 'proxy.local' } }), /^config: trustedProxies\.0: .* \(from \$DSEC_TRUSTED_PROXIES\)$/);
   });
 });
+
+describe('operator configuration: tenant limits', () => {
+  test('file, DSEC_LIMIT_* and --limit, with precedence; a bad value names its key and source', async () => {
+    const f = await file('limits.json', { limits: { execsPerTenant: 10, callsPerTenant: 4 } });
+    const { config } = await loadConfig({
+      env: { DSEC_LIMIT_EXECS_PER_TENANT: '20', DSEC_LIMIT_KEYS_PER_TENANT: '7' },
+      flags: { config: f, limit: ['execsPerTenant=30'] },
+    });
+    assert.deepEqual(config.limits, { execsPerTenant: 30, callsPerTenant: 4, keysPerTenant: 7 });
+    assert.deepEqual(platformOptions(config).limits, { execsPerTenant: 30, callsPerTenant: 4, keysPerTenant: 7 });
+    assert.match(await refusal({ env: { DSEC_LIMIT_EXECS_PER_TENANT: 'many' } }), /limits\.execsPerTenant: .*DSEC_LIMIT_EXECS_PER_TENANT/);
+    assert.match(await refusal({ env: {}, flags: { limit: ['execsPerTennant=3'] } }), /limits\.execsPerTennant: unknown key \(from --limit\)/);
+    assert.match(await refusal({ env: {}, flags: { limit: ['execsPerTenant'] } }), /not name=value/);
+  });
+});

@@ -4,7 +4,7 @@
 // value is refused naming its key and where it came from, with exit status 2.
 import { readFile } from 'node:fs/promises';
 import type { PlatformOptions, ReplicaOptions } from '@dsec/apiserver';
-import { checkConfig } from '@dsec/protocol';
+import { LIMIT_NAMES, checkConfig } from '@dsec/protocol';
 import type { DsecConfig } from '@dsec/protocol';
 
 /** A configuration that cannot be used: the CLI prints the message and exits with status 2. */
@@ -31,7 +31,14 @@ export const CONFIG_ENV: ReadonlyArray<{ name: string; key: string; kind: EnvKin
   { name: 'DSEC_DB', key: 'db', kind: 'string' },
   { name: 'DSEC_TRUSTED_PROXIES', key: 'trustedProxies', kind: 'list' },
   { name: 'DSEC_NODE_ADDR', key: 'cluster.nodeAddr', kind: 'string' },
+  // One variable per tenant limit: DSEC_LIMIT_EXECS_PER_TENANT sets limits.execsPerTenant.
+  ...LIMIT_NAMES.map((n) => ({ name: limitEnvName(n), key: `limits.${n}`, kind: 'integer' as const })),
 ];
+
+/** The variable of a tenant limit: `execsPerTenant` -> `DSEC_LIMIT_EXECS_PER_TENANT`. */
+export function limitEnvName(limit: string): string {
+  return `DSEC_LIMIT_${limit.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()}`;
+}
 
 /** The variable naming the configuration file when `--config` is not given. */
 export const CONFIG_FILE_ENV = 'DSEC_CONFIG';
@@ -50,6 +57,8 @@ export interface ConfigFlags {
   trustedProxy?: string[];
   nodeAddr?: string;
   allowPrivateRange?: string[];
+  /** Tenant limits as `name=value` (repeatable): `--limit execsPerTenant=32`. */
+  limit?: string[];
 }
 
 /** Which flag sets which key (for the flag's name in an error). */
@@ -190,6 +199,14 @@ export async function loadConfig(sources: ConfigSources = {}): Promise<LoadedCon
     flagOf.set(f.key, f.option);
     used.push(f.option);
   }
+  for (const text of flags.limit ?? []) {
+    const m = /^([A-Za-z]+)=(.*)$/.exec(text);
+    if (!m) throw new ConfigError(`config: --limit ${text}: not name=value`);
+    const key = `limits.${m[1]!}`;
+    setKey(fromFlags, key, envValue(m[2]!, 'integer'));
+    flagOf.set(key, '--limit');
+    used.push(`--limit ${m[1]!}`);
+  }
   check(fromFlags, (key) => `from ${flagOf.get(key) ?? [...flagOf.entries()].find(([k]) => key.startsWith(`${k}.`))?.[1] ?? 'the flags'}`);
   merged = merge(merged, fromFlags);
 
@@ -214,7 +231,7 @@ function defined<T>(value: T): Defined<T> {
 
 /** What `startPlatform` is given for a configuration (everything but the log). */
 export function platformOptions(config: DsecConfig): PlatformOptions {
-  const { node, placement, watcher, trajectory, events, cluster } = defined(config);
+  const { node, placement, watcher, trajectory, events, cluster, limits } = defined(config);
   const opts: PlatformOptions = {
     home: config.home,
     addr: config.addr,
@@ -233,6 +250,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(config.db !== undefined ? { db: config.db } : {}),
     ...(config.trustedProxies !== undefined ? { trustedProxies: config.trustedProxies } : {}),
     ...(cluster.nodeAddr !== undefined ? { cluster } : {}),
+    ...(Object.keys(limits).length > 0 ? { limits } : {}),
   };
   return opts;
 }

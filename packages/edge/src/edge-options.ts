@@ -54,6 +54,12 @@ export interface EdgeOptions {
   backends?: BackendFactory[];
   /** The node's function calls. Default `fncallRunner()`. */
   calls?: CallRunnerFactory;
+  /**
+   * Decompressed bytes one uploaded or imported layer may hold (the tenant limit
+   * `layerUploadBytes`; staged under `home`, never the system temp dir). Default the tar
+   * extractor's `DEFAULT_TAR_LIMITS.maxTotalBytes`.
+   */
+  layerContentBytes?: number;
 }
 
 /** The parts an {@link Edge} is made of. */

@@ -28,6 +28,7 @@ export async function prepareHost(opts: {
   raise: EventSink;
   registry?: LayerRegistryConfig | undefined;
   pullFrom?: RegistryEndpointConfig[] | undefined;
+  layerContentBytes?: number | undefined;
 }): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
@@ -40,6 +41,7 @@ export async function prepareHost(opts: {
     registry: opts.registry && new LayerRegistry(opts.registry),
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
+    ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
   });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);
@@ -98,6 +100,7 @@ export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<Ed
     raise,
     registry: opts.registry,
     pullFrom: opts.pullFrom,
+    layerContentBytes: opts.layerContentBytes,
   });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);

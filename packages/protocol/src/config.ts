@@ -9,6 +9,7 @@
 import { z } from 'zod';
 import { parseIpRange } from './addresses.js';
 import { EdgeWireModeSchema } from './edge-wire/loopback.js';
+import { LimitsConfigSchema } from './limits.js';
 
 /** State directory of a local installation when none is configured. */
 export const DEFAULT_DSEC_HOME = '/var/lib/dsec';
@@ -216,6 +217,8 @@ export const DsecConfigSchema = z.strictObject({
       auditRetention: RetentionConfigSchema.optional(),
     })
     .default({}),
+  /** Per-tenant limits (defaults `DEFAULT_TENANT_LIMITS` in protocol's limits.ts; docs/security.md). */
+  limits: LimitsConfigSchema.default({}),
 });
 
 /** A validated configuration, defaults applied. */

@@ -16,6 +16,8 @@ export const ERROR_STATUS = {
   QUOTA_EXCEEDED: 429,
   RATE_LIMITED: 429,
   ADMISSION_QUEUE_FULL: 429,
+  /** A tenant limit (docs/security.md, "Tenants and crashes"); `limit` names it. */
+  LIMIT_EXCEEDED: 429,
   CANCELLED: 499,
   INTERNAL: 500,
   BACKEND_FAILED: 502,

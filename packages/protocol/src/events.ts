@@ -139,6 +139,8 @@ export const AuditEntrySchema = z.object({
   command: z.string().nullable(),
   /** exec: the command's exit status (null while unknown or when killed by a signal). */
   exitCode: z.number().nullable(),
+  /** Calls the entry stands for, when more than one: repeated failed authentications from one source are collapsed. */
+  count: z.number().optional(),
 });
 
 /** One audit entry. */

@@ -3,6 +3,34 @@
 export { DsecError, ERROR_STATUS, invalidArgument, isDsecError } from './errors.js';
 export type { ErrorCode, ErrorDetails } from './errors.js';
 export { parseOrThrow } from './parse.js';
+export {
+  DEFAULT_AUDIT_ROWS_PER_PROJECT,
+  DEFAULT_AUTH_FAILURE_BURST,
+  DEFAULT_AUTH_FAILURES_PER_SECOND,
+  DEFAULT_CALL_SLOTS_PER_NODE,
+  DEFAULT_CALLS_PER_TENANT,
+  DEFAULT_EXEC_OUTPUT_BYTES,
+  DEFAULT_EXECS_PER_NODE,
+  DEFAULT_EXECS_PER_TENANT,
+  DEFAULT_KEYS_PER_TENANT,
+  DEFAULT_LAYER_STORAGE_BYTES_PER_TENANT,
+  DEFAULT_LAYER_UPLOAD_BYTES,
+  DEFAULT_OWNERS_PER_TENANT,
+  DEFAULT_PROJECTS_PER_TENANT,
+  DEFAULT_ROOT_RULE_HEADROOM,
+  DEFAULT_RULES_PER_TENANT,
+  DEFAULT_TENANT_LIMITS,
+  DEFAULT_TRAJECTORY_BYTES_PER_TENANT,
+  DEFAULT_TRAJECTORY_BYTES_TOTAL,
+  DEFAULT_TRANSFERS_PER_NODE,
+  DEFAULT_TRANSFERS_PER_TENANT,
+  DEFAULT_WS_STDIN_BUFFER_BYTES,
+  LIMIT_NAMES,
+  LimitsConfigSchema,
+  limitExceeded,
+  resolveLimits,
+} from './limits.js';
+export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';
 export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
 export { DEFAULT_LAYER_TAG, normalizeLayerName } from './layer-names.js';
 export {

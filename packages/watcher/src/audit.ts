@@ -18,6 +18,8 @@ export interface AuditRecord {
   durationMs: number;
   command: string | null;
   exitCode: number | null;
+  /** Calls this entry stands for when more than one (repeated failed authentications from one source). */
+  count?: number;
 }
 
 /** A query of audit entries; all conditions hold. */

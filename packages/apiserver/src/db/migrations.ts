@@ -1,6 +1,7 @@
 // Schema migrations, written with Kysely's schema builder so that they run on SQLite and
 // PostgreSQL alike.
 import type { Kysely, Migration, MigrationProvider } from 'kysely';
+import { migration0006Limits } from './migration-0006-limits.js';
 
 const migrations: Record<string, Migration> = {
   '0001_initial': {
@@ -223,6 +224,7 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  '0006_limits': migration0006Limits,
   '0007_replicas': {
     async up(db: Kysely<unknown>): Promise<void> {
       // State that replicas on one PostgreSQL share: rate-limit buckets (taken in one upsert on

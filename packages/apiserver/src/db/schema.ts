@@ -191,6 +191,8 @@ export interface AuditTable {
   /** exec: the command, cut short. */
   command: string | null;
   exit_code: number | null;
+  /** Calls this entry stands for (repeated failed authentications collapsed; 0006_limits). */
+  count: number;
 }
 
 export interface RuleTable {

@@ -496,6 +496,18 @@ export class StateStore {
   }
 
   /** Active owner sessions of a project. */
+  /** Active owner sessions in any of `projectIds` (a tenant's; issue 13 §3 limits). */
+  async activeOwnerCountIn(projectIds: string[]): Promise<number> {
+    if (projectIds.length === 0) return 0;
+    const row = await this.db
+      .selectFrom('owners')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where('project_id', 'in', projectIds)
+      .where('state', '=', 'active')
+      .executeTakeFirst();
+    return Number(row?.n ?? 0);
+  }
+
   async activeOwnerCount(projectId: string): Promise<number> {
     const row = await this.db
       .selectFrom('owners')

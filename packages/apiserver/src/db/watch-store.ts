@@ -46,6 +46,7 @@ function toAudit(r: AuditTable): AuditRecord {
     durationMs: r.duration_ms,
     command: r.command,
     exitCode: r.exit_code,
+    ...(r.count > 1 ? { count: r.count } : {}),
   };
 }
 
@@ -130,6 +131,7 @@ export class WatchStore implements EventStore, AuditStore {
           duration_ms: a.durationMs,
           command: a.command,
           exit_code: a.exitCode,
+          count: a.count ?? 1,
         })),
       )
       .execute();
@@ -149,6 +151,53 @@ export class WatchStore implements EventStore, AuditStore {
 
   async pruneAudit(maxRows: number, before: string): Promise<number> {
     return this.prune('audit', maxRows, before);
+  }
+
+  /**
+   * Deletes each project's audit entries beyond its newest `maxRowsPerProject` (calls without a
+   * key count as one more project), so that a flood in one project never erases another's.
+   */
+  async pruneAuditPerProject(maxRowsPerProject: number): Promise<number> {
+    const over = await this.db
+      .selectFrom('audit')
+      .select((eb) => ['project_id', eb.fn.countAll<number>().as('n')])
+      .groupBy('project_id')
+      .having((eb) => eb.fn.countAll(), '>', maxRowsPerProject)
+      .execute();
+    let deleted = 0;
+    for (const { project_id: projectId } of over) {
+      const edge = await this.db
+        .selectFrom('audit')
+        .select('id')
+        .where((eb) => (projectId === null ? eb('project_id', 'is', null) : eb('project_id', '=', projectId)))
+        .orderBy('id', 'desc')
+        .offset(maxRowsPerProject)
+        .limit(1)
+        .executeTakeFirst();
+      if (!edge) continue;
+      for (;;) {
+        const batch = await this.db
+          .selectFrom('audit')
+          .select('id')
+          .where((eb) => (projectId === null ? eb('project_id', 'is', null) : eb('project_id', '=', projectId)))
+          .where('id', '<=', edge.id)
+          .orderBy('id')
+          .limit(PRUNE_BATCH)
+          .execute();
+        if (batch.length === 0) break;
+        const res = await this.db
+          .deleteFrom('audit')
+          .where(
+            'id',
+            'in',
+            batch.map((r) => r.id),
+          )
+          .executeTakeFirst();
+        deleted += Number(res.numDeletedRows);
+        if (batch.length < PRUNE_BATCH) break;
+      }
+    }
+    return deleted;
   }
 
   /** Deletes rows older than `before` and beyond the newest `maxRows`, in short batches. */

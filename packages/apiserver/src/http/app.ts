@@ -22,6 +22,7 @@ import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { watchRoutes } from './routes/watch.js';
 import { authAndAudit } from './audit.js';
+import type { AuthFailureOptions } from './audit.js';
 import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
 
@@ -33,6 +34,8 @@ export interface AppOptions {
   health?: () => Promise<void>;
   /** Proxies (addresses or CIDR ranges) whose `X-Forwarded-For` names the client. Default none. */
   trustedProxies?: readonly string[];
+  /** Failed authentications rate-limited by source and collapsed in the audit (tenant limits). */
+  failures?: AuthFailureOptions;
 }
 
 /** How long `/healthz` waits for the store before it answers 503 (ms). */
@@ -81,7 +84,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
 
   app.use(
     '/v1/*',
-    authAndAudit((header) => services.iam.authenticate(header), watch),
+    authAndAudit((header, cachedOnly) => services.iam.authenticate(header, cachedOnly), watch, opts.failures),
   );
 
   const deps: RouterDeps = { services, metrics, log };

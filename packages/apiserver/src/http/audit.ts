@@ -1,7 +1,11 @@
 // The audit of every API call: who called which route, with what outcome.
 import type { Context } from 'hono';
 import { routePath } from 'hono/route';
+import type { IncomingMessage } from 'node:http';
+import type { DsecError } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
+import { clientAddress } from '../tenant-limits.js';
+import type { AuthFailureEntry, AuthFailureGate } from '../tenant-limits.js';
 import type { WatchService } from '../watch.js';
 import { toDsecError } from './errors.js';
 
@@ -45,19 +49,81 @@ export function auditCall(watch: WatchService, c: Context, principal: Principal 
   watch.audit.record({ ...entry, exitCode: (exec?.exitCode as number | null | undefined) ?? null });
 }
 
-/** Authenticates `/v1/*` calls and records each in the audit trail (failed ones too). */
-export function authAndAudit(authenticate: (header: string | undefined) => Promise<Principal>, watch: WatchService | undefined) {
+/** How failed authentications are gated: the gate, and the client address of a request. */
+export interface AuthFailureOptions {
+  gate: AuthFailureGate;
+  /** The trusted-proxy-aware client address (tenant-limits.ts `clientAddress`). */
+  source: (c: Context) => string;
+}
+
+/** The client address of a request: the socket's peer, or what trusted proxies forwarded. */
+export function requestSource(trustedProxies: ReadonlySet<string>): (c: Context) => string {
+  return (c) => {
+    const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
+    return clientAddress(incoming?.socket.remoteAddress, c.req.header('x-forwarded-for'), trustedProxies);
+  };
+}
+
+/** Marks an error whose audit the failure gate took over. */
+const AUDITED = Symbol('audited');
+
+/** True for the errors of a failed authentication (counted by source, collapsed in the audit). */
+function isAuthFailure(err: unknown): boolean {
+  const code = toDsecError(err).code;
+  return code === 'UNAUTHENTICATED' || (code === 'LIMIT_EXCEEDED' && (err as DsecError).details.limit === 'authFailuresPerSecond');
+}
+
+/**
+ * Authenticates `/v1/*` calls and records each in the audit trail. Failed authentications go
+ * through the gate when there is one: rate-limited by source before any audit, and collapsed
+ * into one entry per source with a count.
+ */
+export function authAndAudit(
+  authenticate: (header: string | undefined, cachedOnly?: { refuse: () => Error }) => Promise<Principal>,
+  watch: WatchService | undefined,
+  failures?: AuthFailureOptions,
+) {
   return async (c: Context, next: () => Promise<void>): Promise<void> => {
     const start = performance.now();
     let principal: Principal | undefined;
     try {
-      principal = await authenticate(c.req.header('authorization'));
+      if (failures) {
+        const source = failures.source(c);
+        const gate = failures.gate;
+        try {
+          principal = await authenticate(c.req.header('authorization'), gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined);
+        } catch (err) {
+          if (!isAuthFailure(err)) throw err;
+          gate.failed(source, { method: c.req.method, route: routePath(c, -1) || '/v1/*', status: toDsecError(err).status });
+          principal = undefined;
+          (err as Record<symbol, unknown>)[AUDITED] = true;
+          throw err;
+        }
+      } else principal = await authenticate(c.req.header('authorization'));
       c.set('principal', principal);
       await next();
     } catch (err) {
-      if (watch) auditCall(watch, c, principal, toDsecError(err).status, performance.now() - start);
+      if (watch && !(err as Record<symbol, unknown>)[AUDITED]) auditCall(watch, c, principal, toDsecError(err).status, performance.now() - start);
       throw err;
     }
     if (watch) auditCall(watch, c, principal, c.res.status, performance.now() - start);
   };
+}
+
+/** The audit entry of a source's collapsed failed authentications. */
+export function authFailureAudit(watch: WatchService): (e: AuthFailureEntry) => void {
+  return (e) =>
+    watch.audit.record({
+      keyId: null,
+      projectId: null,
+      method: e.method,
+      route: e.route,
+      sandboxId: null,
+      status: e.status,
+      durationMs: 0,
+      command: null,
+      exitCode: null,
+      at: e.at,
+      ...(e.count > 1 ? { count: e.count } : {}),
+    });
 }

@@ -9,6 +9,8 @@ import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema, parseOrThrow } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
 import { jsonEvent } from '../services/commands.js';
+import { clientAddress } from '../tenant-limits.js';
+import type { AuthFailureGate } from '../tenant-limits.js';
 import type { CommandTarget, RunningCommand } from '../services/commands.js';
 import type { Services } from '../services/index.js';
 import { publicError, toDsecError } from './errors.js';
@@ -38,6 +40,8 @@ export function createWsHandler(
   services: Services,
   audit?: WsAudit,
   log?: (line: string) => void,
+  /** Failed authentications gated by source, as on the HTTP routes (tenant limits). */
+  authFailures?: { gate: AuthFailureGate; trustedProxies: ReadonlySet<string> },
 ): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   return {
@@ -45,17 +49,33 @@ export function createWsHandler(
       const m = ROUTE.exec(new URL(req.url ?? '/', 'http://x').pathname);
       if (!m) return reject(socket, new DsecError('NOT_FOUND', 'no such route'));
       const id = m[1]!;
+      const source = authFailures ? clientAddress(req.socket.remoteAddress, headerText(req.headers['x-forwarded-for']), authFailures.trustedProxies) : '';
+      const gate = authFailures?.gate;
       services.iam
-        .authenticate(req.headers.authorization)
+        .authenticate(req.headers.authorization, gate?.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined)
+        .catch((err: unknown) => {
+          const code = toDsecError(err).code;
+          if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {
+            gate.failed(source, { method: 'GET', route: '/v1/sandboxes/:id/exec/ws', status: toDsecError(err).status });
+          }
+          throw err;
+        })
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
           const onStart = audit
             ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode)
             : undefined;
+          // The session's command holds one of its tenant's (and node's) command slots.
+          const release = services.slots.acquire('exec', p.tenantId, row.node);
+          let upgraded = false;
+          socket.once('close', () => {
+            if (!upgraded) release();
+          });
           wss.handleUpgrade(req, socket, head, (ws) => {
+            upgraded = true;
             // An open session counts as the sandbox's activity until it closes.
             ws.once('close', services.activity.hold(row.id));
-            serve(ws, services, { sandboxId: row.id, edge }, onStart, log);
+            serve(ws, services, { sandboxId: row.id, edge }, release, onStart, log);
           });
         })
         .catch((err: unknown) => reject(socket, err, log));
@@ -71,6 +91,7 @@ function serve(
   ws: WebSocket,
   services: Services,
   target: CommandTarget,
+  releaseSlot: () => void,
   onStart?: (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => void,
   log?: (line: string) => void,
 ): void {
@@ -83,9 +104,25 @@ function serve(
   // still starting: each one waits for the previous (and for the spawn).
   let chain: Promise<RunningCommand | undefined> = Promise.resolve(undefined);
   let first = true;
+  // Back-pressure: past the limit of queued bytes the socket is no longer read (TCP pushes
+  // back on the client) until the queue has drained to half of it.
+  const maxQueued = services.limits.wsStdinBufferBytes;
+  let queued = 0;
+  let paused = false;
+  // Without a command (it failed to start, or never will) nothing holds the slot.
+  let started = false;
+  ws.once('close', () => {
+    if (!started) releaseSlot();
+  });
   ws.on('message', (raw) => {
     const isFirst = first;
     first = false;
+    const size = rawSize(raw);
+    queued += size;
+    if (!paused && queued > maxQueued) {
+      paused = true;
+      ws.pause();
+    }
     chain = chain.then(async (cmd) => {
       try {
         if (isFirst) return await start(rawText(raw));
@@ -99,6 +136,12 @@ function serve(
         const error = publicError(err, log);
         if (isFirst) void send({ type: 'error', error }).then(() => ws.close(1011, error.code));
         else await send({ type: 'error', error });
+      } finally {
+        queued -= size;
+        if (paused && queued <= maxQueued / 2) {
+          paused = false;
+          ws.resume();
+        }
       }
       return cmd;
     });
@@ -106,6 +149,8 @@ function serve(
   const start = async (text: string): Promise<RunningCommand> => {
     const spec = parseOrThrow(WsExecRequestSchema, parseJson(text));
     const cmd = await services.commands.spawn(target, { ...spec, keepStdinOpen: true, stdin: '' }, 'ws');
+    started = true;
+    void cmd.exitCode.finally(releaseSlot);
     onStart?.(cmd, spec);
     // The client may have gone while the command started: nobody can end it then.
     if (ws.readyState !== ws.OPEN) {
@@ -129,6 +174,17 @@ function parseJson(text: string): unknown {
   } catch {
     throw new DsecError('INVALID_ARGUMENT', 'body: not valid JSON', { field: 'body' });
   }
+}
+
+/** One header's text (the first of repeated ones). */
+function headerText(v: string | string[] | undefined): string | undefined {
+  return Array.isArray(v) ? v[0] : v;
+}
+
+/** The size in bytes of one WebSocket message. */
+function rawSize(raw: Buffer | ArrayBuffer | Buffer[]): number {
+  if (Array.isArray(raw)) return raw.reduce((n, b) => n + b.length, 0);
+  return raw.byteLength;
 }
 
 /** The text of one WebSocket message, whichever of its three forms the library hands over. */

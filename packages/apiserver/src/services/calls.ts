@@ -4,20 +4,26 @@ import type { CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCl
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { NodeRegistry } from '../nodes.js';
+import type { TenantSlots } from '../tenant-limits.js';
 import type { LayerService } from './layers.js';
+
+/** Calls of one batch a node runs at once (the fncall runner's `BATCH_PARALLELISM`): the slots a batch takes. */
+export const BATCH_SLOTS = 8;
 
 /** Function calls. */
 export class CallService {
   constructor(
     private readonly nodes: NodeRegistry,
     private readonly layers: LayerService,
+    private readonly slots: TenantSlots,
   ) {}
 
-  /** Runs one stateless call on a healthy node (counts against nothing but the key's rate limit). */
+  /** Runs one stateless call on a healthy node, in one of its tenant's call slots. */
   async run(p: Principal, req: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     requireRole(p, 'member');
     const spec = await this.resolve(p, req, '');
-    return this.node().calls.run(spec, signal ? { signal } : {});
+    const node = this.node();
+    return this.slots.run('call', p.tenantId, node.name, () => node.client.calls.run(spec, signal ? { signal } : {}));
   }
 
   /** Runs up to 1,000 calls; results come back in request order. */
@@ -25,7 +31,15 @@ export class CallService {
     requireRole(p, 'member');
     const resolved: CallRequest[] = [];
     for (const [i, c] of req.calls.entries()) resolved.push(await this.resolve(p, c, `calls.${i}.`));
-    const reply = await this.node().calls.runBatch({ calls: resolved }, signal ? { signal } : {});
+    // A batch takes as many slots as the node runs of it at once (never more than a limit allows).
+    const node = this.node();
+    const reply = await this.slots.run(
+      'call',
+      p.tenantId,
+      node.name,
+      () => node.client.calls.runBatch({ calls: resolved }, signal ? { signal } : {}),
+      Math.min(resolved.length, BATCH_SLOTS, this.slots.limits.callsPerTenant, this.slots.limits.callSlotsPerNode),
+    );
     return { results: reply.results };
   }
 
@@ -40,10 +54,10 @@ export class CallService {
   }
 
   /** A healthy node for a call: calls hold no state, so any node will do. */
-  private node(): EdgeClient {
+  private node(): { name: string; client: EdgeClient } {
     const healthy = this.nodes.all().filter((n) => n.healthy);
     const n = healthy[Math.floor(Math.random() * healthy.length)];
     if (!n) throw new DsecError('CAPACITY_EXHAUSTED', 'no healthy node can run calls', { retryAfterMs: 1000 });
-    return n.client;
+    return n;
   }
 }

@@ -3,7 +3,7 @@
 // trajectory step; streamed output is read with back-pressure, and a command whose reader
 // leaves keeps running while its recording reads on alone.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, ExecEvent, ExecResult, ExecSpec, ExecStreamEvent, OutputEvent, ProcessInfo, ProcessStream } from '@dsec/protocol';
+import type { EdgeClient, ExecEvent, ExecResult, ExecSpec, ExecStreamEvent, OutputEvent, ProcessInfo, ProcessStream, TenantLimits } from '@dsec/protocol';
 import { publicError } from '../errors.js';
 import type { ActivityTracker } from '../leases.js';
 import type { ExecRecording, TrajectoryLog } from '../trajectory.js';
@@ -159,6 +159,7 @@ export class CommandService {
   constructor(
     private readonly trajectory: TrajectoryLog,
     private readonly activity: ActivityTracker,
+    private readonly limits: Pick<TenantLimits, 'execOutputBytes'>,
   ) {}
 
   /**
@@ -170,7 +171,7 @@ export class CommandService {
     try {
       const recording = await this.trajectory.beginExec(t.sandboxId, spec, 'exec', signal);
       const result = await t.edge
-        .exec(t.sandboxId, spec, { onOutput: recording.onOutput, ...(signal ? { signal } : {}) })
+        .exec(t.sandboxId, spec, { onOutput: recording.onOutput, maxOutputBytes: this.limits.execOutputBytes, ...(signal ? { signal } : {}) })
         .then(recording.exited, recording.failed);
       return { result, recording };
     } finally {

@@ -1,7 +1,8 @@
 // Identity and access: projects (nested, each quota within its parent's), API keys (a role in
 // a project), and the nodes as an admin sees them.
-import { DsecError } from '@dsec/protocol';
-import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeInfo, Project, Quota } from '@dsec/protocol';
+import { DsecError, KeyedSerialQueue, limitExceeded } from '@dsec/protocol';
+import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeInfo, Project, Quota, TenantLimits } from '@dsec/protocol';
+import { ROOT_PROJECT_ID } from '../db/store.js';
 import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
 import type { Authenticator, Principal } from '../auth.js';
 import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
@@ -28,16 +29,25 @@ function toKey(r: ApiKeyTable, secret?: string): ApiKey {
 
 /** Projects, keys and the node list. */
 export class IamService {
+  /** A tenant's count-then-insert runs one at a time, so that concurrent requests cannot pass a limit together. */
+  private readonly perTenant = new KeyedSerialQueue();
+
   constructor(
     private readonly store: StateStore,
     private readonly auth: Authenticator,
     private readonly nodes: NodeRegistry,
     private readonly placement: Placement,
+    private readonly limits: Pick<TenantLimits, 'keysPerTenant' | 'projectsPerTenant'>,
   ) {}
 
   /** The principal of an `Authorization` header (UNAUTHENTICATED when it names no live key). */
-  authenticate(header: string | undefined): Promise<Principal> {
-    return this.auth.authenticate(header);
+  authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
+    return this.auth.authenticate(header, cachedOnly);
+  }
+
+  /** The tenant of a project: its top-level project (tenant limits count there). */
+  tenantOf(projectId: string): Promise<string> {
+    return this.auth.tenantOf(projectId);
   }
 
   /** Creates a sub-project of the caller's project (or of a visible one) with a quota within its parent's. */
@@ -47,6 +57,20 @@ export class IamService {
     if (!p.visibleProjects.has(parentId)) throw new DsecError('NOT_FOUND', `project ${parentId} not found`, { field: 'parent' });
     const parent = await this.store.project(parentId);
     if (!parent) throw new DsecError('NOT_FOUND', `project ${parentId} not found`, { field: 'parent' });
+    // A project made directly under the root is a new tenant; one below a tenant counts in it.
+    const tenantId = parentId === ROOT_PROJECT_ID ? undefined : await this.auth.tenantOf(parentId);
+    return this.perTenant.run(`projects/${tenantId ?? ''}`, async () => {
+      if (tenantId !== undefined) {
+        const max = this.limits.projectsPerTenant;
+        if ((await this.auth.descendants(tenantId)).size - 1 >= max)
+          throw limitExceeded('projectsPerTenant', max, `tenant ${tenantId} has ${max} sub-projects`);
+      }
+      return this.insertProject(req, parent);
+    });
+  }
+
+  private async insertProject(req: CreateProjectRequest, parent: ProjectTable): Promise<Project> {
+    const parentId = parent.id;
     const cap: Quota = { sandboxes: parent.quota_sandboxes, cpu: parent.quota_cpu, memoryMiB: parent.quota_memory_mib };
     const quota: Quota = {
       sandboxes: req.quota?.sandboxes ?? cap.sandboxes,
@@ -79,7 +103,16 @@ export class IamService {
     const project = req.project ?? p.projectId;
     if (!p.visibleProjects.has(project)) throw new DsecError('NOT_FOUND', `project ${project} not found`, { field: 'project' });
     if (!roleAtLeast(p.role, req.role)) throw new DsecError('PERMISSION_DENIED', `role: cannot grant ${req.role} with a ${p.role} key`, { field: 'role' });
-    return this.issueKey(project, req.name, req.role);
+    // Keys count in the tenant of the project they act in (the root project's count in the root's).
+    const tenantId = await this.auth.tenantOf(project);
+    return this.perTenant.run(`keys/${tenantId}`, async () => {
+      const scope = [...(await this.auth.tenantProjects(tenantId))];
+      const max = this.limits.keysPerTenant;
+      if ((await this.store.keys(scope)).filter((k) => !k.revoked_at).length >= max) {
+        throw limitExceeded('keysPerTenant', max, `tenant ${tenantId} has ${max} live keys; revoke some`);
+      }
+      return this.issueKey(project, req.name, req.role);
+    });
   }
 
   /** Creates a key without a caller (the first admin key). */

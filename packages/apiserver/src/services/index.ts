@@ -1,6 +1,8 @@
 // The services behind the API, built together: each takes its collaborators in its constructor,
 // and this is the one place that wires them.
-import type { EventSink } from '@dsec/protocol';
+import { resolveLimits } from '@dsec/protocol';
+import type { EventSink, TenantLimits } from '@dsec/protocol';
+import { TenantSlots } from '../tenant-limits.js';
 import { AdmissionQueue } from '../admission.js';
 import type { Authenticator } from '../auth.js';
 import type { StateStore } from '../db/store.js';
@@ -50,11 +52,17 @@ export interface ServiceDeps {
   counters?: PlatformCounters;
   /** The admission queue (shared with the metrics). Default: a fresh one. */
   admission?: AdmissionQueue;
+  /** Tenant limits, resolved once by the control plane. Default: protocol's `DEFAULT_TENANT_LIMITS`. */
+  limits?: TenantLimits;
 }
 
 /** Every service, and the shared state they keep. */
 export interface Services {
   counters: PlatformCounters;
+  /** The tenant limits in force. */
+  limits: TenantLimits;
+  /** Running commands, file transfers and calls, per tenant and per node. */
+  slots: TenantSlots;
   admission: AdmissionQueue;
   activity: ActivityTracker;
   idempotency: IdempotencyKeys;
@@ -84,6 +92,8 @@ export function createServices(deps: ServiceDeps): Services {
   const log = deps.log ?? (() => undefined);
   const sinks: ServiceSinks = { raise: deps.raise ?? (() => undefined), log };
   const counters = deps.counters ?? newCounters();
+  const limits = deps.limits ?? resolveLimits();
+  const slots = new TenantSlots(limits);
   const admission = deps.admission ?? new AdmissionQueue();
   const activity = new ActivityTracker();
   const idempotency = new IdempotencyKeys(store);
@@ -104,8 +114,8 @@ export function createServices(deps: ServiceDeps): Services {
     poolManager.kick();
   };
   const lifecycle: LifecycleService = new LifecycleService({ store, nodes, placement, activity, trajectory, counters, sinks, onCapacityFreed });
-  const layers = new LayerService(store, nodes);
-  const owners = new OwnerService(store, lifecycle);
+  const layers = new LayerService(store, nodes, limits, (t) => deps.auth.tenantProjects(t));
+  const owners = new OwnerService(store, lifecycle, limits, (t) => deps.auth.tenantProjects(t));
   const pipeline: CreatePipeline = new CreatePipeline({
     store,
     nodes,
@@ -124,11 +134,13 @@ export function createServices(deps: ServiceDeps): Services {
   });
   const sandboxes = new SandboxService({ store, nodes, placement, admission, idempotency, pipeline, lifecycle, owners, layers, sinks });
   const pools: PoolService = new PoolService(store, pipeline, layers, poolManager);
-  const commands = new CommandService(trajectory, activity);
+  const commands = new CommandService(trajectory, activity, limits);
   const files = new FileService(trajectory);
   const trajectories = new TrajectoryService({ store, trajectory, lifecycle, sandboxes, layers, commands, files, sinks });
   return {
     counters,
+    limits,
+    slots,
     admission,
     activity,
     idempotency,
@@ -145,8 +157,8 @@ export function createServices(deps: ServiceDeps): Services {
     commands,
     files,
     networks: new NetworkService(store, nodes, lifecycle, sinks, deps.deniedNames),
-    calls: new CallService(nodes, layers),
-    iam: new IamService(store, deps.auth, nodes, placement),
+    calls: new CallService(nodes, layers, slots),
+    iam: new IamService(store, deps.auth, nodes, placement, limits),
     nodeAdmin: new NodeService({ store, nodes, placement, lifecycle, trajectories, sinks }),
   };
 }

@@ -1,7 +1,7 @@
 // Layers owned by projects: name and digest resolution in a project's scope (itself, its
 // ancestors, then the public layers), registration of layers the nodes build, listing, delete.
-import { DsecError, invalidArgument } from '@dsec/protocol';
-import type { EdgeClient, Layer, LayerBuildOptions, LayerBuildSource, LayerInfo, LayerKind } from '@dsec/protocol';
+import { DEFAULT_TENANT_LIMITS, DsecError, invalidArgument, limitExceeded } from '@dsec/protocol';
+import type { EdgeClient, Layer, LayerBuildOptions, LayerBuildSource, LayerInfo, LayerKind, TenantLimits } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { LayerTable, SnapshotTable } from '../db/schema.js';
@@ -34,6 +34,11 @@ function matchLayer(rows: LayerTable[], scope: string[], ref: string, field: str
   return match.digest;
 }
 
+/** Whether a layer row in scope is visible: any layer but an ancestor's snapshot. */
+function visibleFrom(row: LayerTable, own: ReadonlySet<string>): boolean {
+  return row.kind !== 'snapshot' || own.has(row.project_id) || row.project_id === PUBLIC_PROJECT_ID;
+}
+
 function toLayer(row: LayerTable, info?: LayerInfo, snap?: SnapshotTable): Layer {
   const layer: Layer = {
     digest: row.digest,
@@ -53,6 +58,9 @@ export class LayerService {
   constructor(
     private readonly store: StateStore,
     private readonly nodes: NodeRegistry,
+    private readonly limits: Pick<TenantLimits, 'layerStorageBytesPerTenant'> = DEFAULT_TENANT_LIMITS,
+    /** The projects of a tenant (whose layers count in its storage). Default: the tenant alone. */
+    private readonly tenantProjects: (tenantId: string) => Promise<Set<string>> = async (t) => new Set([t]),
   ) {}
 
   /** Projects whose layers a project may use: itself, its ancestors, then the public ones. */
@@ -60,10 +68,14 @@ export class LayerService {
     return [...(await this.store.ancestry(projectId)), PUBLIC_PROJECT_ID];
   }
 
-  /** A resolver of layer references in a project (one read of its layer scope for many refs). */
+  /**
+   * A resolver of layer references in a project (one read of its layer scope for many refs).
+   * Snapshots are private to the project that took them: an ancestor's snapshot (its agents'
+   * state, perhaps a graded answer) is not visible below it.
+   */
   async resolver(projectId: string): Promise<LayerResolver> {
     const scope = await this.scope(projectId);
-    const rows = await this.store.layers(scope);
+    const rows = (await this.store.layers(scope)).filter((r) => visibleFrom(r, new Set([projectId])));
     return (ref, field) => matchLayer(rows, scope, ref, field);
   }
 
@@ -89,13 +101,33 @@ export class LayerService {
   /** Builds a layer on a node and records it as the caller's project's, under `name` if given. */
   async build(p: Principal, source: LayerBuildSource, opts: LayerBuildOptions, name: string | null): Promise<Layer> {
     requireRole(p, 'member');
-    const info = await this.anyEdge().layers.build(source, opts);
+    const edge = this.anyEdge();
+    const info = await edge.layers.build(source, opts);
+    await this.checkStorage(p.tenantId, info, edge);
     return this.register(p.projectId, info, name);
+  }
+
+  /**
+   * A new layer must fit in its tenant's layer storage (the content bytes of the distinct
+   * layers its projects hold); one that does not is removed again (unless another project
+   * holds it) and refused.
+   */
+  private async checkStorage(tenantId: string, info: LayerInfo, edge: EdgeClient): Promise<void> {
+    const digests = new Set((await this.store.layers([...(await this.tenantProjects(tenantId))])).map((r) => r.digest));
+    if (digests.has(info.digest)) return;
+    let used = 0;
+    for (const d of digests) used += (await edge.layers.resolve(d).catch(() => undefined))?.contentBytes ?? 0;
+    const max = this.limits.layerStorageBytesPerTenant;
+    if (used + info.contentBytes <= max) return;
+    if ((await this.store.layerRowsForDigest(info.digest)).length === 0) await edge.layers.remove(info.digest).catch(() => undefined);
+    throw limitExceeded('layerStorageBytesPerTenant', max, `tenant ${tenantId} holds ${used} bytes of layers; this one adds ${info.contentBytes}`);
   }
 
   /** Layers a principal can see. */
   async list(p: Principal, kind?: LayerKind): Promise<Layer[]> {
-    const rows = await this.store.layers([...p.visibleProjects, ...(await this.store.ancestry(p.projectId)), PUBLIC_PROJECT_ID]);
+    const rows = (await this.store.layers([...p.visibleProjects, ...(await this.store.ancestry(p.projectId)), PUBLIC_PROJECT_ID])).filter((r) =>
+      visibleFrom(r, p.visibleProjects),
+    );
     const out: Layer[] = [];
     const edge = this.anyEdge();
     for (const row of rows) {

@@ -3,7 +3,7 @@
 // and recreated elsewhere from their trajectories when their recovery says `replay`).
 import { DsecError } from '@dsec/protocol';
 import type { DrainResult, JoinToken, JoinTokenRequest, NodeDetail, RaisedEvent } from '@dsec/protocol';
-import { requireRole } from '../auth.js';
+import { requireRole, tenantOfAncestry } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { NodeStore } from '../cluster/node-store.js';
 import type { SandboxTable } from '../db/schema.js';
@@ -188,7 +188,13 @@ export class NodeService {
   /** Recreates a sandbox from its trajectory on another node; returns the new id. */
   private async replay(row: SandboxTable): Promise<string> {
     const labels = (await this.d.store.sandbox(row.id))?.labels ?? {};
-    const recovery: Principal = { keyId: 'node-recovery', projectId: row.project_id, role: 'admin', visibleProjects: new Set([row.project_id]) };
+    const recovery: Principal = {
+      keyId: 'node-recovery',
+      projectId: row.project_id,
+      role: 'admin',
+      visibleProjects: new Set([row.project_id]),
+      tenantId: tenantOfAncestry(await this.d.store.ancestry(row.project_id), ROOT_PROJECT_ID),
+    };
     const result = await this.d.trajectories.replay(recovery, row.id, { labels: { ...labels, [REPLAY_OF_LABEL]: row.id } });
     this.raise({
       kind: 'sandbox.replayed',

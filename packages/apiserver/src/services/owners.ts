@@ -1,7 +1,7 @@
 // Owner sessions: a trainer (or any client) that holds sandboxes and proves it is alive with
 // heartbeats. Sandboxes of an owner that goes away get their lease's action.
-import { DEFAULT_OWNER_GRACE_MS, DsecError, OwnerIdSchema } from '@dsec/protocol';
-import type { CreateOwnerRequest, Owner } from '@dsec/protocol';
+import { DEFAULT_OWNER_GRACE_MS, DsecError, KeyedSerialQueue, OwnerIdSchema, limitExceeded } from '@dsec/protocol';
+import type { CreateOwnerRequest, Owner, TenantLimits } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { OwnerTable } from '../db/schema.js';
@@ -15,9 +15,15 @@ export const MAX_OWNERS_PER_PROJECT = 10_000;
 
 /** Owner sessions. */
 export class OwnerService {
+  /** A tenant's count-then-insert runs one at a time, so that concurrent opens cannot pass the limit together. */
+  private readonly perTenant = new KeyedSerialQueue();
+
   constructor(
     private readonly store: StateStore,
     private readonly lifecycle: LifecycleService,
+    private readonly limits: Pick<TenantLimits, 'ownersPerTenant'>,
+    /** The projects of a tenant (itself and everything below it). */
+    private readonly tenantProjects: (tenantId: string) => Promise<Set<string>>,
   ) {}
 
   /** An owner the principal may use: visible, and neither lost nor closed. */
@@ -39,19 +45,25 @@ export class OwnerService {
     if ((await this.store.activeOwnerCount(p.projectId)) >= MAX_OWNERS_PER_PROJECT) {
       throw new DsecError('QUOTA_EXCEEDED', `project ${p.projectId} has ${MAX_OWNERS_PER_PROJECT} active owner sessions; close some`, { retryAfterMs: 1000 });
     }
-    const now = new Date().toISOString();
-    const row: OwnerTable = {
-      id: newId('own'),
-      project_id: p.projectId,
-      name: req.name ?? null,
-      grace_ms: req.graceMs ?? DEFAULT_OWNER_GRACE_MS,
-      state: 'active',
-      created_at: now,
-      heartbeat_at: now,
-      closed_at: null,
-    };
-    await this.store.insertOwner(row);
-    return toOwner(row, 0);
+    return this.perTenant.run(p.tenantId, async () => {
+      const max = this.limits.ownersPerTenant;
+      if ((await this.store.activeOwnerCountIn([...(await this.tenantProjects(p.tenantId))])) >= max) {
+        throw limitExceeded('ownersPerTenant', max, `tenant ${p.tenantId} has ${max} active owner sessions; close some`);
+      }
+      const now = new Date().toISOString();
+      const row: OwnerTable = {
+        id: newId('own'),
+        project_id: p.projectId,
+        name: req.name ?? null,
+        grace_ms: req.graceMs ?? DEFAULT_OWNER_GRACE_MS,
+        state: 'active',
+        created_at: now,
+        heartbeat_at: now,
+        closed_at: null,
+      };
+      await this.store.insertOwner(row);
+      return toOwner(row, 0);
+    });
   }
 
   /** GET /v1/owners/{id} */

@@ -22,6 +22,7 @@ function configOptions(cmd: Command): Command {
       'IPv4 range (private, loopback, link-local...) that allowed names may resolve to, repeatable (default $DSEC_ALLOWED_PRIVATE_RANGES, comma-separated, else none)',
       repeated,
     )
+    .option('--limit <name=value>', 'a tenant limit, repeatable (default $DSEC_LIMIT_<NAME>; see docs/security.md)', repeated)
     .option('--userns', 'run each container sandbox in a user namespace of its own (the default; $DSEC_USERNS=0 turns it off)')
     .option('--no-userns', 'run container sandboxes without a user namespace of their own (root inside is root on the host)')
     .option('--db <url>', 'PostgreSQL URL of a state store shared with API replicas (default $DSEC_DB, else SQLite in the home)')

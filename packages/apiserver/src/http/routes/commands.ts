@@ -10,10 +10,10 @@ import type { AuditExec } from '../audit.js';
 import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
 
 /** Commands and processes. */
-export function commandRoutes({ services: { lifecycle, commands }, metrics }: RouterDeps) {
+export function commandRoutes({ services: { lifecycle, commands, slots }, metrics }: RouterDeps) {
   const target = async (p: Parameters<typeof lifecycle.route>[0], id: string, role: 'viewer' | 'member' = 'member') => {
     const { row, edge } = await lifecycle.route(p, id, role);
-    return { sandboxId: row.id, edge };
+    return { sandboxId: row.id, edge, node: row.node };
   };
   return router()
     .post('/sandboxes/:id/exec', jsonBody(ExecRequestSchema), async (c) => {
@@ -23,8 +23,14 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
       const spec: ExecSpec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
       const audit: AuditExec = { command: commandSummary(req), exitCode: null };
       c.set('auditExec', audit);
+      // Each command holds one of its tenant's (and its node's) command slots while it runs.
+      const release = slots.acquire('exec', c.get('principal').tenantId, t.node);
       if (wantsNdjson(c) || wantsExecFrames(c.req.header('accept'))) {
-        const cmd = await commands.spawn(t, spec, 'stream');
+        const cmd = await commands.spawn(t, spec, 'stream').catch((err: unknown) => {
+          release();
+          throw err;
+        });
+        void cmd.exitCode.finally(release);
         metrics.execs++;
         // The audit entry gets the exit status when the stream ends (null if it ends first).
         audit.exitCode = cmd.exitCode;
@@ -33,7 +39,7 @@ export function commandRoutes({ services: { lifecycle, commands }, metrics }: Ro
       }
       // A client that goes away takes its command with it.
       const start = performance.now();
-      const { result } = await commands.exec(t, spec, c.req.raw.signal);
+      const { result } = await commands.exec(t, spec, c.req.raw.signal).finally(release);
       metrics.observeExec(performance.now() - start);
       audit.exitCode = result.exitCode;
       return c.json(result);

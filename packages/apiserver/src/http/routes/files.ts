@@ -9,34 +9,40 @@ import type { RouterDeps } from '../env.js';
 import { MAX_UPLOAD_BYTES, jsonBody, query, uploadBody } from '../validate.js';
 
 /** Files of sandboxes. */
-export function fileRoutes({ services: { lifecycle, files } }: RouterDeps) {
+export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps) {
   const target = async (p: Principal, id: string, role: 'viewer' | 'member' = 'member', opts: RouteOptions = {}) => {
     const { row, edge } = await lifecycle.route(p, id, role, opts);
-    return { sandboxId: row.id, edge };
+    return { sandboxId: row.id, edge, node: row.node };
   };
+  /** Runs a file transfer in one of its tenant's (and its node's) transfer slots. */
+  const transfer = <T>(p: Principal, t: { node: string }, fn: () => Promise<T>): Promise<T> => slots.run('transfer', p.tenantId, t.node, fn);
   const path = query(FilePathQuerySchema);
   return (
     router()
       .put('/sandboxes/:id/files', path, async (c) => {
-        const t = await target(c.get('principal'), c.req.param('id'));
+        const p = c.get('principal');
+        const t = await target(p, c.req.param('id'));
         const q = c.get('query');
-        await files.write(
-          t,
-          q.path,
-          uploadBody(c),
-          {
-            mode: q.mode ? parseInt(q.mode, 8) : undefined,
-            append: q.append === 'true',
-            limitBytes: MAX_UPLOAD_BYTES,
-          },
-          c.req.raw.signal,
+        await transfer(p, t, () =>
+          files.write(
+            t,
+            q.path,
+            uploadBody(c),
+            {
+              mode: q.mode ? parseInt(q.mode, 8) : undefined,
+              append: q.append === 'true',
+              limitBytes: MAX_UPLOAD_BYTES,
+            },
+            c.req.raw.signal,
+          ),
         );
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files', path, async (c) => {
-        const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
+        const p = c.get('principal');
+        const t = await target(p, c.req.param('id'), 'viewer');
         const q = c.get('query');
-        const data = await files.read(t, q.path, { offset: q.offset, length: q.length }, c.req.raw.signal);
+        const data = await transfer(p, t, () => files.read(t, q.path, { offset: q.offset, length: q.length }, c.req.raw.signal));
         return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' });
       })
       .delete('/sandboxes/:id/files', path, async (c) => {
@@ -65,13 +71,21 @@ export function fileRoutes({ services: { lifecycle, files } }: RouterDeps) {
         return c.body(null, 204);
       })
       .put('/sandboxes/:id/files/tar', path, async (c) => {
-        const t = await target(c.get('principal'), c.req.param('id'));
-        await files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES, c.req.raw.signal);
+        const p = c.get('principal');
+        const t = await target(p, c.req.param('id'));
+        await transfer(p, t, () => files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES, c.req.raw.signal));
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files/tar', path, async (c) => {
-        const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        const stream = await files.downloadTar(t, c.get('query').path, c.req.raw.signal);
+        const p = c.get('principal');
+        const t = await target(p, c.req.param('id'), 'viewer');
+        // The slot is held until the tar stream ends (or its reader goes).
+        const release = slots.acquire('transfer', p.tenantId, t.node);
+        const stream = await files.downloadTar(t, c.get('query').path, c.req.raw.signal).catch((err: unknown) => {
+          release();
+          throw err;
+        });
+        stream.once('close', release);
         return new Response(Readable.toWeb(stream) as ReadableStream, { status: 200, headers: { 'content-type': 'application/x-tar' } });
       })
       // What the sandbox changed against its layers, and the graders' integrity check. Both read

@@ -1,0 +1,117 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { DsecError, LimitsConfigSchema, checkConfig, resolveLimits } from '@dsec/protocol';
+import { tenantOfAncestry } from './auth.js';
+import { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
+import type { AuthFailureEntry } from './tenant-limits.js';
+
+function refusedWith(limit: string): (err: unknown) => boolean {
+  return (err) => {
+    assert.ok(err instanceof DsecError, String(err));
+    assert.equal(err.code, 'LIMIT_EXCEEDED');
+    assert.equal(err.status, 429);
+    assert.equal(err.details.limit, limit);
+    return true;
+  };
+}
+
+test('limits: defaults, configured values over them, bad values refused naming the key', () => {
+  const d = resolveLimits();
+  assert.equal(d.execsPerTenant, 64);
+  assert.equal(resolveLimits({ execsPerTenant: 3 }).execsPerTenant, 3);
+  assert.equal(resolveLimits({ execsPerTenant: 3 }).transfersPerTenant, d.transfersPerTenant);
+  const bad = checkConfig({ limits: { execsPerTenant: 0 } });
+  assert.equal(bad.ok, false);
+  assert.equal(!bad.ok && bad.issue.key, 'limits.execsPerTenant');
+  const unknown = checkConfig({ limits: { execsPerTennant: 3 } });
+  assert.equal(!unknown.ok && unknown.issue.key, 'limits.execsPerTennant');
+  assert.ok(LimitsConfigSchema.safeParse({ rootRuleHeadroom: 0 }).success);
+});
+
+test('tenants: a top-level project is its own tenant; below it, the top-level one; the root is its own', () => {
+  assert.equal(tenantOfAncestry(['root'], 'root'), 'root');
+  assert.equal(tenantOfAncestry(['red', 'root'], 'root'), 'red');
+  assert.equal(tenantOfAncestry(['red-a-1', 'red-a', 'red', 'root'], 'root'), 'red');
+  assert.equal(tenantOfAncestry(['public'], 'root'), 'public');
+});
+
+test('slots: refused past the tenant limit (others unaffected) and past the node limit; release frees once', () => {
+  const slots = new TenantSlots(resolveLimits({ execsPerTenant: 2, execsPerNode: 3 }));
+  const r1 = slots.acquire('exec', 'red', 'n1');
+  slots.acquire('exec', 'red', 'n1');
+  assert.throws(() => slots.acquire('exec', 'red', 'n1'), refusedWith('execsPerTenant'));
+  // Transfers and calls are other slots.
+  slots.acquire('transfer', 'red', 'n1')();
+  const b1 = slots.acquire('exec', 'blue', 'n1');
+  assert.throws(() => slots.acquire('exec', 'green', 'n1'), refusedWith('execsPerNode'));
+  slots.acquire('exec', 'green', 'n2')();
+  r1();
+  r1();
+  assert.equal(slots.inUse('exec', 'red'), 1);
+  b1();
+  slots.acquire('exec', 'red', 'n1');
+  assert.throws(() => slots.acquire('exec', 'red', 'n1'), refusedWith('execsPerTenant'));
+});
+
+test('slots: run() releases after a failure', async () => {
+  const slots = new TenantSlots(resolveLimits({ callsPerTenant: 1 }));
+  await assert.rejects(
+    slots.run('call', 'red', 'n1', () => Promise.reject(new Error('boom'))),
+    /boom/,
+  );
+  assert.equal(slots.inUse('call', 'red'), 0);
+  assert.equal(await slots.run('call', 'red', 'n1', () => Promise.resolve(7)), 7);
+});
+
+test('client address: the peer, unless it is a trusted proxy; then the nearest untrusted forwarded hop', () => {
+  const trusted = new Set(['10.0.0.1', '10.0.0.2']);
+  assert.equal(clientAddress('::ffff:192.0.2.7', undefined, trusted), '192.0.2.7');
+  // An untrusted peer's header is ignored: it could be anything.
+  assert.equal(clientAddress('192.0.2.7', '198.51.100.1', trusted), '192.0.2.7');
+  assert.equal(clientAddress('10.0.0.1', '203.0.113.9, 198.51.100.1, 10.0.0.2', trusted), '198.51.100.1');
+  assert.equal(clientAddress('10.0.0.1', 'garbage, 10.0.0.2', trusted), '10.0.0.1');
+  assert.equal(clientAddress(undefined, undefined, trusted), 'unknown');
+});
+
+test('failed authentications: blocked past the burst, refilled with time, collapsed into counted entries', () => {
+  let now = 1_000_000;
+  const entries: AuthFailureEntry[] = [];
+  const gate = new AuthFailureGate(
+    { authFailuresPerSecond: 5, authFailureBurst: 10 },
+    (e) => entries.push(e),
+    () => now,
+  );
+  try {
+    const f = { method: 'GET', route: '/v1/*', status: 401 };
+    assert.equal(gate.blocked('a'), false);
+    for (let i = 0; i < 10; i++) gate.failed('a', f);
+    assert.equal(gate.blocked('a'), true);
+    assert.equal(gate.blocked('b'), false, 'another source is not blocked');
+    assert.throws(() => {
+      throw gate.refusal('a');
+    }, refusedWith('authFailuresPerSecond'));
+    // The first failure is written at once, the others wait for the flush, as one entry.
+    assert.deepEqual(
+      entries.map((e) => e.count),
+      [1],
+    );
+    gate.failed('a', f);
+    gate.flush();
+    assert.deepEqual(
+      entries.map((e) => e.count),
+      [1, 10],
+    );
+    gate.flush();
+    assert.equal(entries.length, 2, 'nothing new, nothing written');
+    now += 1000;
+    assert.equal(gate.blocked('a'), false, 'five tokens back after a second');
+    // A source quiet long enough is forgotten; its next failure is written at once again.
+    now += 10_000;
+    gate.flush();
+    gate.failed('a', f);
+    assert.equal(entries.length, 3);
+    assert.equal(entries[2]!.count, 1);
+  } finally {
+    gate.close();
+  }
+});
