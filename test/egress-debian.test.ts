@@ -164,7 +164,7 @@ describe('egress under real work (Debian image, npm, operator CA)', { timeout: 9
           nameservers: [],
           caCertificates: [ca.cert],
           proxyLimits: { maxConnections: SANDBOX_CONNECTIONS, queueTimeoutMs: 60_000 },
-          ...(OPERATOR_RANGES ? ({ allowedPrivateRanges: [`${REGISTRY_ADDRESS}/32`] } as object) : {}),
+          ...(OPERATOR_RANGES ? { allowedPrivateRanges: [`${REGISTRY_ADDRESS}/32`] } : {}),
         },
       },
       layers.map((l) => l.blobDir),

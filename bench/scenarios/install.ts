@@ -289,7 +289,7 @@ export const installScenario: Scenario = {
         hosts: { 'registry.npmjs.org': link.address },
         nameservers: [],
         caCertificates: [ca.cert],
-        ...(operatorRanges ? ({ allowedPrivateRanges: [`${link.address}/32`] } as object) : {}),
+        ...(operatorRanges ? { allowedPrivateRanges: [`${link.address}/32`] } : {}),
       },
     });
     onCleanup('install platform', () => platform.shutdown());

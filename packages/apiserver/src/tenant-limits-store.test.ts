@@ -52,7 +52,7 @@ test('rules: per tenant (a sub-project counts in its tenant), the tenants togeth
   const a = await store.createProject({ name: 'a', parentId: ROOT_PROJECT_ID, quota });
   const aSub = await store.createProject({ name: 'a-sub', parentId: a.id, quota });
   const b = await store.createProject({ name: 'b', parentId: ROOT_PROJECT_ID, quota });
-  auth.invalidate();
+  await auth.invalidate();
   const rule = (n: number) => ({ kind: 'deny-domain' as const, domain: `r${n}.example` });
   await watch.createRule(await principal(a.id), rule(1));
   await watch.createRule(await principal(aSub.id), rule(2));
