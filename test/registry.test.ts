@@ -215,10 +215,10 @@ describe('dsec image pull', () => {
   test('a registry the node may not pull from, a bad reference and a missing image are refused, naming ref', async () => {
     const other = await apiCall(platform.url, platform.adminKey, 'POST', '/v1/layers/pull', { ref: '127.0.0.2:5000/test/hello:v1' });
     assert.equal(other.status, 403, JSON.stringify(other.body));
-    assert.equal(other.body.error.details.field, 'ref');
+    assert.equal(other.body.error.field, 'ref');
     const bad = await apiCall(platform.url, platform.adminKey, 'POST', '/v1/layers/pull', { ref: 'no-registry-here' });
     assert.equal(bad.status, 400, JSON.stringify(bad.body));
-    assert.equal(bad.body.error.details.field, 'ref');
+    assert.equal(bad.body.error.field, 'ref');
     const missing = await apiCall(platform.url, platform.adminKey, 'POST', '/v1/layers/pull', { ref: `${registry.host}/test/absent:v1` });
     assert.equal(missing.status, 404, JSON.stringify(missing.body));
     const layers = await client.layers.list();
