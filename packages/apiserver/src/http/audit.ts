@@ -1,10 +1,8 @@
 // The audit of every API call: who called which route, with what outcome.
 import type { Context } from 'hono';
 import { routePath } from 'hono/route';
-import type { IncomingMessage } from 'node:http';
 import type { DsecError } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
-import { clientAddress } from '../tenant-limits.js';
 import type { AuthFailureEntry, AuthFailureGate } from '../tenant-limits.js';
 import type { WatchService } from '../watch.js';
 import { toDsecError } from './errors.js';
@@ -52,16 +50,8 @@ export function auditCall(watch: WatchService, c: Context, principal: Principal 
 /** How failed authentications are gated: the gate, and the client address of a request. */
 export interface AuthFailureOptions {
   gate: AuthFailureGate;
-  /** The trusted-proxy-aware client address (tenant-limits.ts `clientAddress`). */
+  /** The request's client address (the trusted-proxy-aware `clientAddress` the app sets). */
   source: (c: Context) => string;
-}
-
-/** The client address of a request: the socket's peer, or what trusted proxies forwarded. */
-export function requestSource(trustedProxies: ReadonlySet<string>): (c: Context) => string {
-  return (c) => {
-    const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
-    return clientAddress(incoming?.socket.remoteAddress, c.req.header('x-forwarded-for'), trustedProxies);
-  };
 }
 
 /** Marks an error whose audit the failure gate took over. */
