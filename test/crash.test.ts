@@ -19,7 +19,7 @@ import { after, describe, test } from 'node:test';
 import type { TestContext } from 'node:test';
 import Database from 'better-sqlite3';
 import { CRASH_AT_ENV, CRASH_STEPS } from '@dsec/apiserver';
-import { EMPTY_CGROUP_GRACE_MS } from '@dsec/edge';
+import { EMPTY_CGROUP_GRACE_MS, seededRandom } from '@dsec/edge';
 import { DEFAULT_GC_INTERVAL_MS } from '@dsec/watcher';
 import type { CrashStep } from '@dsec/apiserver';
 import { freshHome, killChildren, nodeMounts, removeHome, runDirOf, stop, up } from './helpers/child-platform.js';
@@ -48,20 +48,8 @@ const BUSYBOX = { image: { base: 'busybox' } };
 
 type CrashRun = { step: CrashStep } | { afterMs: number };
 
-/** A small deterministic generator (mulberry32), so a failing random run can be repeated with its seed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const seed = Number(process.env.DSEC_CRASH_SEED ?? Date.now() % 1_000_000);
-const random = prng(seed);
+const random = seededRandom(seed);
 const runs: CrashRun[] = LONG
   ? [...CRASH_STEPS.map((step) => ({ step })), ...Array.from({ length: RANDOM_RUNS }, () => ({ afterMs: 200 + Math.floor(random() * 6000) }))]
   : CRASH_STEPS.filter((s) => QUICK_STEPS.includes(s)).map((step) => ({ step }));

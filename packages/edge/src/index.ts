@@ -104,4 +104,5 @@ export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
 export type { NodeAgentOptions } from './cluster/node-agent.js';
 export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, npmTarball, startNpmRegistry, tarballManifest } from './testing/npm-registry.js';
 export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
+export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';

@@ -8,6 +8,7 @@ import { DnsStub, RCODE, buildResponse, parseQuery } from './dns.js';
 import { compilePolicy } from './policy.js';
 import { HostsResolver } from './resolver.js';
 import type { EgressLogEntry } from './types.js';
+import { seededRandom } from '../testing/prng.js';
 
 function query(name: string, type = 1, id = 0x1234): Buffer {
   const labels = name.split('.').map((l) => Buffer.concat([Buffer.from([l.length]), Buffer.from(l)]));
@@ -101,18 +102,6 @@ describe('DNS stub', () => {
   });
 });
 
-/** mulberry32: a small seeded PRNG, so every run asks the same names. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** A query whose labels are the given raw bytes. */
 function rawQuery(labels: readonly Buffer[], type = 1): Buffer {
   const header = Buffer.from([0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
@@ -145,7 +134,7 @@ function isHostName(labels: readonly Buffer[]): boolean {
 describe('DNS stub names (fuzz, fixed seeds)', () => {
   for (const seed of [11, 12, 13]) {
     test(`seed ${seed}: 20,000 questions; a name is accepted exactly when every label is letters, digits and inner hyphens`, () => {
-      const next = prng(seed);
+      const next = seededRandom(seed);
       let good = 0;
       let bad = 0;
       for (let i = 0; i < 20_000; i++) {

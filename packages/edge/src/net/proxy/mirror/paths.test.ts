@@ -5,18 +5,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { NpmMirrorAdapter } from './npm.js';
 import { escapesBase, upstreamUrl } from './service.js';
-
-/** mulberry32: a small seeded PRNG, so every run tries the same paths. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { seededRandom } from '../../../testing/prng.js';
 
 const TOKENS = [
   '/',
@@ -119,7 +108,7 @@ describe('mirror path handling (fuzz, fixed seeds)', () => {
 
   for (const seed of [1, 2, 3]) {
     test(`seed ${seed}: 20,000 paths; every built upstream URL stays below the base, every naive escape is caught`, () => {
-      const next = prng(seed);
+      const next = seededRandom(seed);
       let mapped = 0;
       let escapes = 0;
       for (let i = 0; i < 20_000; i++) {
