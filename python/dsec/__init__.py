@@ -1,0 +1,123 @@
+"""dsec: a Python SDK for the dsec sandbox platform (standard library only).
+
+    import dsec
+    with dsec.Sandbox.create("busybox") as sb:
+        print(sb.exec("echo hi").stdout)
+
+Configuration comes from ``DSEC_API_URL`` (one URL or several, comma-separated: failover) and
+``DSEC_API_KEY`` (else ``$DSEC_HOME/admin.key``), as the CLI reads them, or from ``dsec.Client``.
+"""
+
+from ._errors import (
+    ERROR_STATUS,
+    AdmissionQueueFullError,
+    AuthenticationError,
+    BackendFailedError,
+    CancelledError,
+    CapacityExhaustedError,
+    CommandExitError,
+    ConflictError,
+    DsecError,
+    DsecTimeoutError,
+    FileNotFoundInSandboxError,
+    IdempotencyKeyReusedError,
+    InternalError,
+    InvalidArgumentError,
+    LayerInvalidError,
+    LayerNotFoundError,
+    LimitExceededError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    ProcessNotFoundError,
+    QuotaExceededError,
+    RateLimitedError,
+    SandboxNotFoundError,
+    SandboxNotRunningError,
+    TooManyRequestsError,
+    UnavailableError,
+)
+from ._http import Cancel
+from ._types import (
+    CallResult,
+    ExecResult,
+    ExitInfo,
+    FileInfo,
+    KeyInfo,
+    LayerInfo,
+    NetworkInfo,
+    OutputEvent,
+    OwnerInfo,
+    Page,
+    PauseResult,
+    PoolInfo,
+    ProcessInfo,
+    ProjectInfo,
+    SandboxInfo,
+    SandboxStats,
+    TrajectoryPage,
+)
+from .aio import AsyncClient, AsyncExecHandle, AsyncSandbox
+from .client import DEFAULT_API_URL, Client
+from .sandbox import BatchItem, BatchResult, ExecHandle, ForkResult, ReplayResult, Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ERROR_STATUS",
+    "DEFAULT_API_URL",
+    "AdmissionQueueFullError",
+    "AsyncClient",
+    "AsyncExecHandle",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "BackendFailedError",
+    "BatchItem",
+    "BatchResult",
+    "CallResult",
+    "Cancel",
+    "CancelledError",
+    "CapacityExhaustedError",
+    "Client",
+    "CommandExitError",
+    "ConflictError",
+    "DsecError",
+    "DsecTimeoutError",
+    "ExecHandle",
+    "ExecResult",
+    "ExitInfo",
+    "FileInfo",
+    "FileNotFoundInSandboxError",
+    "ForkResult",
+    "IdempotencyKeyReusedError",
+    "InternalError",
+    "InvalidArgumentError",
+    "KeyInfo",
+    "LayerInfo",
+    "LayerInvalidError",
+    "LayerNotFoundError",
+    "LimitExceededError",
+    "NetworkInfo",
+    "NotFoundError",
+    "OutputEvent",
+    "OwnerInfo",
+    "Page",
+    "PauseResult",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "PoolInfo",
+    "ProcessInfo",
+    "ProcessNotFoundError",
+    "ProjectInfo",
+    "QuotaExceededError",
+    "RateLimitedError",
+    "ReplayResult",
+    "Sandbox",
+    "SandboxInfo",
+    "SandboxNotFoundError",
+    "SandboxNotRunningError",
+    "SandboxStats",
+    "TooManyRequestsError",
+    "TrajectoryPage",
+    "UnavailableError",
+]
