@@ -51,6 +51,26 @@ run_file() { # [--pattern P] file: runs it, and once more when it fails
   fi
 }
 for f in "${files[@]}"; do if [ -n "$f" ]; then run_file "$f"; fi; done
+# The Python SDK (python/, package dsec): pytest against a real `dsec up` of this checkout that
+# its conftest starts on a temp home and removes. Debian's python3 with python3-pytest; like a
+# test file, a failing run runs once more, and fails the run if it fails again.
+echo "dsec: Python SDK (pytest python/tests)"
+run_pytest() {
+  local py=/usr/bin/python3
+  [ -x "$py" ] || py=python3
+  "$py" -m pytest -q -p no:cacheprovider python/tests
+}
+if run_pytest; then
+  passed=$((passed + 1))
+else
+  echo "dsec: python/tests failed; running it once more"
+  if run_pytest; then
+    passed=$((passed + 1))
+    flaky_files+=("python/tests")
+  else
+    failed_files+=("python/tests")
+  fi
+fi
 # The end-to-end tests that go through the HTTP API, the SDK or the CLI, once more with the
 # control plane reaching its edge through the edge wire protocol (every call, stream and event
 # encoded as text frames over a loopback transport): proof that EdgeClient can cross a wire.

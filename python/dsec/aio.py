@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
 
 from ._http import Cancel
 from ._types import ExitInfo, OutputEvent, SandboxInfo
 from .client import Client
-from .sandbox import BatchItem, BatchResult, ExecHandle, ForkResult, ReplayResult, Sandbox
+from .sandbox import BatchResult, ExecHandle, ForkResult, ReplayResult, Sandbox
 
 T = TypeVar("T")
 
@@ -199,4 +199,4 @@ class AsyncExecHandle:
         self.sync.disconnect()
 
 
-__all__ = ["AsyncClient", "AsyncSandbox", "AsyncExecHandle", "BatchItem", "run_sync"]
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncExecHandle", "run_sync"]

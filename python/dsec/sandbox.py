@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import base64
 import codecs
-import io
 import os
 import re
-import socket
 import tarfile
 import tempfile
 import time
@@ -21,7 +19,6 @@ from ._errors import (
     CommandExitError,
     DsecError,
     DsecTimeoutError,
-    FileNotFoundInSandboxError,
     InternalError,
     NotFoundError,
     UnavailableError,

@@ -6,12 +6,10 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
 
 import pytest
 
 import dsec
-from conftest import until
 
 
 def test_config_from_environment_and_errors(platform, client, monkeypatch):
