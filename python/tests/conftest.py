@@ -83,6 +83,11 @@ def _stop(proc: "subprocess.Popen[bytes]") -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    # What it started in its session and left running (a runtime build, a helper) goes too.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _mounts_under(paths: List[str]) -> List[str]:
@@ -105,9 +110,21 @@ def _remove_home(home: str) -> None:
             _stop(proc)
         except RuntimeError:
             pass
-    for m in sorted(_mounts_under([home, run_dir]), key=len, reverse=True):
-        subprocess.run(["umount", "-l", m], check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(3):
+        mounts = sorted(_mounts_under([home, run_dir]), key=len, reverse=True)
+        if not mounts:
+            break
+        for m in mounts:
+            subprocess.run(["umount", "-l", m], check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shutil.rmtree(home, ignore_errors=True)
+    # The node's run directory (its clean shutdown removes it; a killed node leaves it).
+    try:
+        with open(os.path.join(run_dir, "home"), encoding="utf-8") as f:
+            ours = f.read().strip() == os.path.join(home, "node")
+    except OSError:
+        ours = False
+    if ours:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
