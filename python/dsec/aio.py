@@ -195,6 +195,15 @@ class AsyncExecHandle:
     async def kill(self, signal: str = "SIGKILL") -> None:
         await run_sync(self.sync.kill, signal)
 
+    async def write_stdin(self, data: Union[str, bytes]) -> None:
+        await run_sync(self.sync.write_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await run_sync(self.sync.close_stdin)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        await run_sync(self.sync.resize, rows, cols)
+
     def disconnect(self) -> None:
         self.sync.disconnect()
 

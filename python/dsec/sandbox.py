@@ -25,6 +25,7 @@ from ._errors import (
     invalid_argument,
 )
 from ._http import StreamResponse, path_segment, streamed_error
+from ._ws import WebSocket
 from ._types import (
     ExecResult,
     ExitInfo,
@@ -169,10 +170,12 @@ class ExecHandle:
     running: ``sb.attach(handle.pid, from_stdout=..., from_stderr=...)`` reads on from
     ``handle.offsets`` without loss or repetition, from this process or another one."""
 
-    def __init__(self, sandbox: "Sandbox", pid: int, stream: StreamResponse, *, on_stdout: TextCallback = None, on_stderr: TextCallback = None, offsets: Optional[Dict[str, int]] = None, reconnect: bool = True) -> None:
+    def __init__(self, sandbox: "Sandbox", pid: int, stream: Any, *, on_stdout: TextCallback = None, on_stderr: TextCallback = None, offsets: Optional[Dict[str, int]] = None, reconnect: bool = True, ws: Optional[WebSocket] = None) -> None:
         self.sandbox = sandbox
         self.pid = pid
-        self._stream: Optional[StreamResponse] = stream
+        #: The WebSocket of an interactive process (``spawn(stdin=True)`` or ``pty``), else None.
+        self._ws = ws
+        self._stream: Any = stream
         self._events: Optional[Iterator[Any]] = stream.iter_json_lines()
         self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
@@ -234,14 +237,33 @@ class ExecHandle:
 
     def kill(self, signal: str = "SIGKILL") -> None:
         """Sends a signal to the process (default SIGKILL)."""
-        self.sandbox.signal(self.pid, signal)
+        if self._ws is not None and self._stream is not None:
+            self._ws.send_json({"type": "signal", "signal": signal})
+        else:
+            self.sandbox.signal(self.pid, signal)
 
-    def write_stdin(self, data: Union[str, bytes], *, eof: bool = False) -> None:
-        """Writes to the process's stdin (a process whose stdin is still open)."""
-        self.sandbox._write_stdin(self.pid, data, eof)
+    def write_stdin(self, data: Union[str, bytes]) -> None:
+        """Writes to the process's stdin (spawned with ``stdin=True`` or ``pty``)."""
+        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if self._ws is not None:
+            # Messages are capped at 2 MiB of base64: big writes go in pieces.
+            for i in range(0, max(len(payload), 1), 1 << 20):
+                self._ws.send_json({"type": "stdin", "data": base64.b64encode(payload[i : i + (1 << 20)]).decode("ascii")})
+        else:
+            self.sandbox._write_stdin(self.pid, payload, False)
 
     def close_stdin(self) -> None:
-        self.sandbox._write_stdin(self.pid, b"", True)
+        """Closes the process's stdin (EOF)."""
+        if self._ws is not None:
+            self._ws.send_json({"type": "eof"})
+        else:
+            self.sandbox._write_stdin(self.pid, b"", True)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Resizes the terminal of a process spawned with ``pty``."""
+        if self._ws is None:
+            raise invalid_argument("pty", "the process has no terminal")
+        self._ws.send_json({"type": "resize", "rows": rows, "cols": cols})
 
     def disconnect(self) -> None:
         """Drops the connection without stopping the process."""
@@ -785,17 +807,54 @@ class Sandbox:
         timeout: Optional[float] = None,
         env: Optional[Dict[str, str]] = None,
         cwd: Optional[str] = None,
-        stdin: Union[str, bytes, None] = None,
+        stdin: Union[bool, str, bytes, None] = None,
+        pty: Optional[Dict[str, int]] = None,
         uid: Optional[int] = None,
         gid: Optional[int] = None,
         on_stdout: TextCallback = None,
         on_stderr: TextCallback = None,
     ) -> ExecHandle:
         """Starts a command and returns at once with a handle (output streamed over HTTP as
-        ndjson; the handle reattaches by itself if the connection drops). ``stdin`` is written,
-        then closed. ``timeout``: seconds before the process is killed (default: never)."""
-        body = _exec_body(cmd, cwd=cwd, env=env, uid=uid, gid=gid, stdin=stdin, timeout_ms=_ms(timeout, "timeout"))
+        ndjson; the handle reattaches by itself if the connection drops). ``stdin`` (str or
+        bytes) is written, then closed. ``stdin=True`` keeps it open for ``write_stdin``, and
+        ``pty={"rows": 24, "cols": 80}`` runs under a terminal: both go over the WebSocket
+        route. ``timeout``: seconds before the process is killed (default: never)."""
+        timeout_ms = _ms(timeout, "timeout")
+        if stdin is True or pty is not None:
+            body = _exec_body(cmd, cwd=cwd, env=env, uid=uid, gid=gid, stdin=None, timeout_ms=timeout_ms)
+            if pty is not None:
+                if not isinstance(pty, dict) or not all(isinstance(pty.get(k), int) for k in ("rows", "cols")):
+                    raise invalid_argument("pty", "must be {'rows': int, 'cols': int}")
+                body["pty"] = {"rows": pty["rows"], "cols": pty["cols"]}
+            return self._spawn_ws(body, on_stdout, on_stderr)
+        body = _exec_body(cmd, cwd=cwd, env=env, uid=uid, gid=gid, stdin=None if stdin is False else stdin, timeout_ms=timeout_ms)  # type: ignore[arg-type]
         return self._spawn(body, on_stdout, on_stderr, "default", reconnect=True)
+
+    def _spawn_ws(self, body: Dict[str, Any], on_stdout: TextCallback, on_stderr: TextCallback) -> ExecHandle:
+        t = self._t
+        target = t.targets[t._current]
+        ws = WebSocket.connect(target, self._route("/exec/ws"), t.api_key, t.timeout, t.ssl_context)
+        try:
+            ws.set_read_timeout(t.timeout)
+            ws.send_json(body)
+            events = ws.iter_json_lines()
+            first = next(events, None)
+            ws.set_read_timeout(None)
+        except BaseException:
+            ws.close()
+            raise
+        if first is None:
+            ws.close()
+            raise UnavailableError("exec ws: closed before the start event")
+        if first.get("type") == "error":
+            ws.close()
+            raise streamed_error(first.get("error"))
+        if first.get("type") != "start":
+            ws.close()
+            raise InternalError(f"exec ws: expected a start event, got {first.get('type')}")
+        handle = ExecHandle(self, int(first["pid"]), ws, on_stdout=on_stdout, on_stderr=on_stderr, reconnect=False, ws=ws)
+        handle._events = events
+        return handle
 
     def _spawn(self, body: Dict[str, Any], on_stdout: TextCallback, on_stderr: TextCallback, timeout: Any, reconnect: bool) -> ExecHandle:
         stream = self._t.request("POST", self._route("/exec"), json_body=body, accept="application/x-ndjson", stream=True, timeout="default" if timeout is None else timeout)

@@ -17,7 +17,7 @@ def _examples():
     with open(README, encoding="utf-8") as f:
         text = f.read()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) >= 7
+    assert len(blocks) >= 8
     return blocks
 
 

@@ -227,3 +227,23 @@ def test_network_policy(sandbox, client, run_id):
     res = client.apply_network({"labels": {"run": run_id}}, policy={"mode": "none"})
     assert isinstance(res, dict)
     assert sandbox.network.info().policy == {"mode": "none"}
+
+
+def test_interactive_stdin_and_pty_over_websocket(sandbox):
+    h = sandbox.spawn("while read line; do echo got-$line; done; echo eof", stdin=True)
+    h.write_stdin("a\n")
+    first = next(iter(h))
+    assert first.data == b"got-a\n"
+    h.write_stdin(b"b\n")
+    h.close_stdin()
+    rest = b"".join(ev.data for ev in h)
+    assert rest == b"got-b\neof\n" and h.wait(timeout=30).exit_code == 0
+    t = sandbox.spawn("stty size; read x; echo [$x]", pty={"rows": 30, "cols": 100})
+    t.write_stdin("hi\r")
+    out = b"".join(ev.data for ev in t)
+    assert b"30 100" in out and b"[hi]" in out
+    k = sandbox.spawn("sleep 30", stdin=True)
+    k.kill("SIGTERM")
+    assert k.wait(timeout=30).signal == "SIGTERM"
+    with pytest.raises(dsec.InvalidArgumentError):
+        sandbox.spawn("true", pty={"rows": "x"})
