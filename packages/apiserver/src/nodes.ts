@@ -3,7 +3,7 @@
 // rest of the control plane cannot tell them apart). A remote node whose session ended keeps
 // its entry (state `unreachable`, then `lost`) with a client that refuses every call.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, NodeCapacity, NodeState } from '@dsec/protocol';
+import type { EdgeClient, NodeCapacity, NodeState, NodeUsageReport } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 /** A node as the control plane tracks it. */
@@ -22,6 +22,8 @@ export interface NodeEntry extends NodeView {
   joinedAt: string | null;
   /** When its session last carried a frame (ms since the epoch; remote nodes). */
   lastHeardAt: () => number | null;
+  /** The node's previous usage report and when it came (the CPU rate is taken between two). */
+  lastReport?: { report: NodeUsageReport; at: number } | undefined;
 }
 
 /** What a remote node's session brings. */
@@ -118,6 +120,20 @@ export class NodeRegistry {
   setAllocated(name: string, allocated: NodeView['allocated']): void {
     const n = this.nodes.get(name);
     if (n) n.allocated = { ...allocated };
+  }
+
+  /**
+   * Records a node's usage report (`at`: when it came, ms): the measured use placement judges
+   * room by. The CPU is the rate since the previous report; the first report sets memory alone.
+   */
+  setUsage(name: string, report: NodeUsageReport, at = Date.now()): void {
+    const n = this.nodes.get(name);
+    if (!n) return;
+    const prev = n.lastReport;
+    const dt = prev ? at - prev.at : 0;
+    const cpu = prev && dt > 0 && report.cpuUsageMs >= prev.report.cpuUsageMs ? (report.cpuUsageMs - prev.report.cpuUsageMs) / dt : (n.usage?.cpu ?? 0);
+    n.usage = { cpu, memoryMiB: report.memoryBytes / 1048576, sandboxes: report.sandboxes };
+    n.lastReport = { report, at };
   }
 
   /** Marks a node answering or not (the watcher's verdict). */
