@@ -7,7 +7,7 @@
 // sandbox spec cannot select it (its sandboxes are `container` ones as far as the API knows).
 import { DsecError } from '@dsec/protocol';
 import type { EdgeCallOptions, EdgeExecOptions, EdgeSandbox, ExecResult, ExecSpec, NodeCapacity, NodePauseResult, NodeUsageReport, SandboxSpec } from '@dsec/protocol';
-import { FakeEdge } from './fake-edge.js';
+import { FakeEdge, fakeLayer } from './fake-edge.js';
 
 /** How long each call takes on the node (ms): the real container backend's p50s. */
 export interface SimDelays {
@@ -48,6 +48,11 @@ const sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
     );
   });
 
+/** The sandbox as a node reports it, without the fake's own bookkeeping (files, policy). */
+function plain(sb: EdgeSandbox): EdgeSandbox {
+  return { id: sb.id, node: sb.node, backend: sb.backend, state: sb.state, spec: sb.spec, layers: sb.layers, createdAt: sb.createdAt };
+}
+
 /** A simulated node. */
 export class SimEdge extends FakeEdge {
   readonly delays: SimDelays;
@@ -60,6 +65,15 @@ export class SimEdge extends FakeEdge {
     super(nodeName);
     this.delays = { ...CONTAINER_DELAYS, ...o.delays };
     this.cap = { cpu: 64, memoryMiB: 262_144, sandboxes: 4000, backends: ['container'], ...o.capacity };
+    // A layer another node built is pulled by digest (as from the cluster's registry).
+    const known = this.layers.resolve.bind(this.layers);
+    this.layers.resolve = async (ref, ...rest) =>
+      known(ref, ...rest).catch((err: unknown) => {
+        if (!/^sha256:[0-9a-f]{64}$/.test(ref)) throw err;
+        const info = { ...fakeLayer(ref), digest: ref };
+        this.layerInfos.set(ref, info);
+        return info;
+      });
   }
 
   override capacity(): NodeCapacity {
@@ -71,7 +85,15 @@ export class SimEdge extends FakeEdge {
       throw new DsecError('CAPACITY_EXHAUSTED', `node ${this.nodeName} is full (${this.cap.sandboxes} sandboxes)`, { retryAfterMs: 1000 });
     }
     await sleep(this.delays.create, opts.signal);
-    return super.create(spec, opts);
+    return plain(await super.create(spec, opts));
+  }
+
+  override async claim(id: string, claim: unknown, opts?: EdgeCallOptions): Promise<EdgeSandbox> {
+    return plain(await super.claim(id, claim, opts));
+  }
+
+  override async list(): Promise<EdgeSandbox[]> {
+    return (await super.list()).map(plain);
   }
 
   override async destroy(id: string, opts?: EdgeCallOptions): Promise<void> {
