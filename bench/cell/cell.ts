@@ -80,6 +80,10 @@ export interface CellReport {
   /** PostgreSQL database size at the end (MiB) and sandbox rows. */
   storeMiB: number;
   sandboxRows: number;
+  /** Nodes holding at least one sandbox, and the most and fewest any node holds. */
+  nodesUsed: number;
+  perNodeMax: number;
+  perNodeMin: number;
   /** Last tenth's single-create p50 over the first's. */
   fillCostRatio: number;
   failures: number;
@@ -297,8 +301,11 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB`,
       );
     }
+    log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);
     const size = await pg.query(`SELECT pg_database_size('dsec_cell') AS bytes`);
     const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
+    const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
+    const perNode = spread.rows.map((row) => Number(row.n));
     const first = stages[0]!.singleP50;
     const last = stages[stages.length - 1]!.singleP50;
     return {
@@ -312,12 +319,17 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       rssMiB: peakRss,
       storeMiB: Number(size.rows[0]!.bytes) / 1048576,
       sandboxRows: Number(rows.rows[0]!.n),
+      nodesUsed: perNode.length,
+      perNodeMax: Math.max(...perNode),
+      perNodeMin: perNode.length < o.nodes ? 0 : Math.min(...perNode),
       fillCostRatio: last / first,
       failures,
       startS,
       durationS: (nowMs() - t0) / 1000,
     };
   } finally {
+    const tc = nowMs();
     for (const c of cleanups) await c().catch((err: unknown) => log(`cell: cleanup: ${(err as Error).message}`));
+    log(`cell: stopped everything in ${((nowMs() - tc) / 1000).toFixed(1)} s`);
   }
 }

@@ -68,6 +68,7 @@ function section(r: CellReport, command: string, date: string): string {
     `| machine | ${os.cpus().length} cores (${os.cpus()[0]?.model ?? '?'}), ${(os.totalmem() / 2 ** 30).toFixed(1)} GiB, node ${process.version} |`,
     `| sandboxes | ${r.sandboxRows.toLocaleString('en')} rows in the store; ${r.failures} failed creates or queries |`,
     `| store size | ${fmt(r.storeMiB)} MiB (pg_database_size) |`,
+    `| spread | ${r.nodesUsed} of ${o.nodes} nodes hold sandboxes, ${r.perNodeMin} to ${r.perNodeMax} each |`,
     '',
     '| figure | this run | target (380,000 sandboxes) | met |',
     '|---|---|---|---|',
