@@ -39,6 +39,20 @@ export const DEFAULT_IDLE_CPU_SHARE = 0.002;
 /** Memory an idle sandbox is expected to use, as a share of its limit (before it is measured). */
 export const DEFAULT_IDLE_MEMORY_SHARE = 1 / 16;
 
+/**
+ * Anti-affinity: a sandbox labelled `dsec.spread-by: <key>` is spread over the nodes by the value
+ * of its label `<key>` (`job: j1` and `dsec.spread-by: job`: the sandboxes of job j1 go to the
+ * nodes holding the fewest of them).
+ */
+export const SPREAD_BY_LABEL = 'dsec.spread-by';
+
+/** The label (`key=value`) a sandbox is spread by, or undefined. */
+export function spreadOf(labels: Readonly<Record<string, string>> | undefined): string | undefined {
+  const key = labels?.[SPREAD_BY_LABEL];
+  const value = key === undefined ? undefined : labels?.[key];
+  return key === undefined || value === undefined ? undefined : `${key}=${value}`;
+}
+
 /** What a node's sandboxes use, measured by the node (all of them together). */
 export interface NodeUsage {
   /** CPU cores busy (a rate over the last measuring interval). */
