@@ -13,7 +13,7 @@ import { REPO_ROOT } from './helpers/node.js';
 import { postgresSkipReason } from './helpers/postgres.js';
 
 interface CellModule {
-  runCell(o: Record<string, unknown>): Promise<{
+  runCell: (o: Record<string, unknown>) => Promise<{
     sandboxRows: number;
     failures: number;
     stages: Array<{ filled: number; singleCreated: number; rssMiB: number; listP99: number }>;

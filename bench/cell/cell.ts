@@ -46,6 +46,8 @@ export interface CellOptions {
   sim: SimEdgeOptions;
   /** Where progress goes. */
   log: (line: string) => void;
+  /** Stops the run (everything started is stopped). */
+  signal?: AbortSignal;
 }
 
 /** Figures of one of the ten stages. */
@@ -95,7 +97,11 @@ export interface CellReport {
 /** The PostgreSQL fixture of the tests (test/dist/helpers/postgres.js), loaded at run time. */
 interface PostgresHelper {
   postgresSkipReason(): string | undefined;
-  startTestPostgres(): Promise<{ createDatabase(name: string): Promise<string>; query(sql: string, database?: string): Promise<{ rows: Array<Record<string, unknown>> }>; close(): Promise<void> }>;
+  startTestPostgres(): Promise<{
+    createDatabase(name: string): Promise<string>;
+    query(sql: string, database?: string): Promise<{ rows: Array<Record<string, unknown>> }>;
+    close(): Promise<void>;
+  }>;
 }
 
 interface Proc {
@@ -108,8 +114,8 @@ function start(args: string[], env: Record<string, string> = {}): Proc {
   const child = spawn(process.execPath, args, { env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
-  child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr!.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-20_000)));
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-20_000)));
   return { child, out: () => out, err: () => err };
 }
 
@@ -118,7 +124,8 @@ async function waitFor(p: Proc, re: RegExp, name: string): Promise<RegExpExecArr
   for (;;) {
     const m = re.exec(p.out());
     if (m) return m;
-    if (p.child.exitCode !== null || p.child.signalCode !== null) throw new Error(`${name} exited (${p.child.exitCode ?? p.child.signalCode}): ${p.err().slice(-4000)}`);
+    if (p.child.exitCode !== null || p.child.signalCode !== null)
+      throw new Error(`${name} exited (${p.child.exitCode ?? p.child.signalCode}): ${p.err().slice(-4000)}`);
     if (Date.now() > deadline) throw new Error(`${name}: no ${re} within ${START_TIMEOUT_MS} ms: ${p.err().slice(-4000)}`);
     await new Promise((r) => setTimeout(r, 50));
   }
@@ -220,6 +227,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       await Promise.all(
         Array.from({ length: o.batchConcurrency }, async (_, w) => {
           for (;;) {
+            o.signal?.throwIfAborted();
             const count = Math.min(o.batchSize, toBatch);
             if (count <= 0) return;
             toBatch -= count;
@@ -252,6 +260,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       await Promise.all(
         Array.from({ length: o.singleConcurrency }, async (_, w) => {
           while (next < singles) {
+            o.signal?.throwIfAborted();
             next++;
             const t = nowMs();
             const res = await fetch(`${apiUrl}/v1/sandboxes`, { method: 'POST', headers: headers(keys[w]!), body: JSON.stringify(spec(job)) });
@@ -274,6 +283,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       // List/filter: one job's sandboxes by label, first page.
       const lists: number[] = [];
       for (let i = 0; i < o.listsPerStage; i++) {
+        o.signal?.throwIfAborted();
         const t = nowMs();
         const res = await fetch(`${apiUrl}/v1/sandboxes?label=job%3Dj${i % Math.max(1, job)}&limit=100`, { headers: headers(keys[0]!) });
         await res.arrayBuffer();
@@ -309,7 +319,17 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     const first = stages[0]!.singleP50;
     const last = stages[stages.length - 1]!.singleP50;
     return {
-      options: { nodes: o.nodes, sandboxes: o.sandboxes, edgeProcesses: o.edgeProcesses, batchSize: o.batchSize, batchConcurrency: o.batchConcurrency, singlesPerStage: o.singlesPerStage, singleConcurrency: o.singleConcurrency, listsPerStage: o.listsPerStage, sim: o.sim },
+      options: {
+        nodes: o.nodes,
+        sandboxes: o.sandboxes,
+        edgeProcesses: o.edgeProcesses,
+        batchSize: o.batchSize,
+        batchConcurrency: o.batchConcurrency,
+        singlesPerStage: o.singlesPerStage,
+        singleConcurrency: o.singleConcurrency,
+        listsPerStage: o.listsPerStage,
+        sim: o.sim,
+      },
       stages,
       batchPerSecond: batchTotal / (batchTime / 1000),
       singlePerSecond: allSingles.length / (singleTime / 1000),

@@ -96,7 +96,12 @@ if (reason) {
 const argv = process.argv.slice(2);
 const command = `npm run cell${argv.length ? ' -- ' + argv.join(' ') : ''}`;
 const date = new Date().toISOString();
+// ^C stops the run: everything it started (PostgreSQL, apiserver, nodes) is stopped first.
+const stopping = new AbortController();
+process.once('SIGINT', () => stopping.abort(new Error('interrupted')));
+process.once('SIGTERM', () => stopping.abort(new Error('terminated')));
 const report = await runCell({
+  signal: stopping.signal,
   nodes: int('nodes'),
   sandboxes: int('sandboxes'),
   edgeProcesses: int('edge-processes'),

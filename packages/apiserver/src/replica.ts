@@ -34,7 +34,6 @@ export interface ReplicaOptions extends ControlPlaneOptions {
 /** A running replica: the control plane, and the node port's URL when it takes nodes. */
 export type Replica = ControlPlane & { nodeUrl?: string };
 
-
 /** Starts an API replica on a shared PostgreSQL store. */
 export async function startApiserver(opts: ReplicaOptions): Promise<Replica> {
   if (!isPostgresUrl(opts.db)) throw new DsecError('INVALID_ARGUMENT', 'db: dsec apiserver needs a postgres:// URL', { field: 'db' });

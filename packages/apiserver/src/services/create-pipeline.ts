@@ -214,7 +214,7 @@ export class CreatePipeline {
   async reserveAndPlace(projectId: string, item: CreateItem): Promise<Ticket> {
     const reservation = reservationOf(item);
     await this.d.store.reserve(projectId, reservation);
-    const node = this.d.placement.place(placementOf(item), this.d.nodes.all()) as NodeEntry | undefined;
+    const node = this.d.placement.place(placementOf(item), this.d.nodes.all());
     if (!node) {
       await this.d.store.unreserve(projectId, reservation);
       throw capacityError(item);
@@ -252,7 +252,7 @@ export class CreatePipeline {
           return created;
         }
         refused.add(node.name);
-        const next = this.d.placement.place(placementOf(item), this.d.nodes.all(), refused) as NodeEntry | undefined;
+        const next = this.d.placement.place(placementOf(item), this.d.nodes.all(), refused);
         if (!next) throw capacityError(item);
         this.chargeNode(next, item, 1);
         node = next;

@@ -6,7 +6,17 @@
 // testing entry point (`@dsec/apiserver/testing`) alone, no configuration names it, and a
 // sandbox spec cannot select it (its sandboxes are `container` ones as far as the API knows).
 import { DsecError } from '@dsec/protocol';
-import type { EdgeCallOptions, EdgeExecOptions, EdgeSandbox, ExecResult, ExecSpec, NodeCapacity, NodePauseResult, NodeUsageReport, SandboxSpec } from '@dsec/protocol';
+import type {
+  EdgeCallOptions,
+  EdgeExecOptions,
+  EdgeSandbox,
+  ExecResult,
+  ExecSpec,
+  NodeCapacity,
+  NodePauseResult,
+  NodeUsageReport,
+  SandboxSpec,
+} from '@dsec/protocol';
 import { FakeEdge, fakeLayer } from './fake-edge.js';
 
 /** How long each call takes on the node (ms): the real container backend's p50s. */
