@@ -26,6 +26,7 @@ import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { proxyScenario } from './scenarios/proxy.js';
+import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
@@ -44,6 +45,7 @@ const SCENARIOS: Scenario[] = [
   networkScenario,
   proxyScenario,
   installScenario,
+  remoteEdgeScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

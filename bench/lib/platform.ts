@@ -74,6 +74,8 @@ export async function startBenchPlatform(home: string, preload: PreloadedLayer[]
     addr: '127.0.0.1:0',
     agentBinary: AGENT_BINARY,
     placement: BENCH_PLACEMENT,
+    // Nodes may join (the remote-edge scenario joins one): the node port on loopback.
+    cluster: { nodeAddr: '127.0.0.1:0' },
     log: () => undefined,
   });
   onCleanup('platform', () => platform.shutdown());
