@@ -79,6 +79,9 @@ test('the defaults admit at least 500 idle default sandboxes on a 2-core, 24 GiB
   assert.ok(placed >= 500, `placed ${placed}`);
   // The requests bound the blast radius: no more than cpu x 256 cores of requests.
   assert.ok(placed <= 2 * 256, `placed ${placed}`);
+  // A sandbox asking for more than the whole node has never fits.
+  assert.ok(!p.fits(newcomer(), { ...defaultReq, cpu: 3 }));
+  assert.ok(!p.fits(newcomer(), { ...defaultReq, memoryMiB: 30_000 }));
 });
 
 test('a burst before any measure still places 500 default sandboxes (idle estimates)', () => {

@@ -9,7 +9,8 @@
 //     latency-sensitive sandbox only: a best-effort one runs at the lowest weight and takes only
 //     cycles nobody else wants) and memory;
 //   - the requests stay under a wide over-commit bound (the blast radius if all wake at once);
-//   - the sandbox count stays under the node's own limit.
+//   - the sandbox count stays under the node's own limit, and the sandbox asks for no more than
+//     the whole node has.
 // A busy node (measured CPU or memory past the target) takes nothing more that could compete
 // with its running sandboxes, which keep their CPU through their weights (latency-sensitive
 // weight = 1024 x cores, best-effort 2 and SCHED_IDLE: the classes never share a weight band).
@@ -147,6 +148,8 @@ export class Placement {
     const a = this.allocatable(n);
     if (!n.healthy || n.cordoned || !n.backends.includes(req.backend)) return false;
     if (n.allocated.sandboxes + 1 > n.capacity.sandboxes) return false;
+    // One sandbox never asks for more than the whole node has: it could never get it.
+    if (req.cpu > n.capacity.cpu || req.memoryMiB > n.capacity.memoryMiB) return false;
     if (n.allocated.cpu + this.cpuCharge(req) > a.cpu || n.allocated.memoryMiB + req.memoryMiB > a.memoryMiB) return false;
     const e = this.expected(n);
     if (e.memoryMiB + req.memoryMiB * this.idleMemoryShare > n.capacity.memoryMiB * this.memoryTarget) return false;
