@@ -10,10 +10,12 @@ const PACKAGES = ['protocol', 'sdk', 'edge', 'apiserver', 'watcher', 'cli'];
 
 /**
  * Import paths nobody may use: another package's `src/` or `dist/` (by package name or by a
- * relative path into `packages/`), and any `dist/` folder. Packages are imported by their index only.
+ * relative path into `packages/`), and any `dist/` folder. Packages are imported by their index
+ * only, or by their testing entry point (`@dsec/<name>/testing`: test tools such as the cell's
+ * simulated nodes, which the platform never loads).
  */
 const DEEP_IMPORTS = [
-  { regex: '^@dsec/[^/]+/.+', message: 'import a package by its index (`@dsec/<name>`), never a path inside it' },
+  { regex: '^@dsec/[^/]+/(?!testing$).+', message: 'import a package by its index (`@dsec/<name>`), never a path inside it' },
   {
     regex: `^\\.{1,2}/(.*/)?(packages/|(${PACKAGES.join('|')})/(src|dist)(/|$))`,
     message: 'a relative path into another package: import it by name (`@dsec/<name>`) from its index',
@@ -126,6 +128,8 @@ export default tseslint.config(
     '@dsec/apiserver reaches the edge through the EdgeClient interface of @dsec/protocol; only its composition root (platform.ts) imports @dsec/edge',
   ),
   boundary(['packages/apiserver/src/platform.ts'], ['protocol', 'watcher', 'edge'], 'the composition root imports @dsec/edge by its index only'),
+  // `dsec apiserver` is a composition root too: its node port signs nodes with the edge's cert tools.
+  boundary(['packages/apiserver/src/replica.ts'], ['protocol', 'watcher', 'edge'], 'the replica composition root imports @dsec/edge by its index only'),
   boundary(
     ['packages/apiserver/src/cluster/*.test.ts'],
     ['protocol', 'watcher', 'edge'],

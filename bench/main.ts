@@ -26,6 +26,7 @@ import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { proxyScenario } from './scenarios/proxy.js';
+import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
@@ -44,6 +45,7 @@ const SCENARIOS: Scenario[] = [
   networkScenario,
   proxyScenario,
   installScenario,
+  remoteEdgeScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -123,7 +125,7 @@ async function main(): Promise<number> {
     scenarios: [],
     rows,
     notes: [
-      `The platform runs in-process (apiserver + edge + watcher, SQLite state) on a temp home, reached over loopback HTTP. Placement over-commit is raised to CPU x${BENCH_PLACEMENT.cpuOvercommit} and memory x${BENCH_PLACEMENT.memoryOvercommit} so that the edge's own admission limit (4,000 sandboxes) binds, not the scheduler's (the defaults admit 16 one-core sandboxes on 2 cores). Idle sandboxes request cpu ${IDLE_RESOURCES.cpu}, ${IDLE_RESOURCES.memoryMiB} MiB memory, ${IDLE_RESOURCES.diskMiB} MiB disk; the others use the API defaults (1 cpu, 512 MiB, 1 GiB disk) unless noted.`,
+      `The platform runs in-process (apiserver + edge + watcher, SQLite state) on a temp home, reached over loopback HTTP. Placement over-commit is raised to CPU x${BENCH_PLACEMENT.cpuOvercommit} and memory x${BENCH_PLACEMENT.memoryOvercommit} so that the edge's own admission limit (4,000 sandboxes) binds, not the scheduler's request bounds (room is judged on measured use either way). Idle sandboxes request cpu ${IDLE_RESOURCES.cpu}, ${IDLE_RESOURCES.memoryMiB} MiB memory, ${IDLE_RESOURCES.diskMiB} MiB disk; the others use the API defaults (1 cpu, 512 MiB, 1 GiB disk) unless noted.`,
       'The API limits each key to 100 requests/s on average (bursts of 1,000). The bench gives each concurrent worker its own key, as a trainer with many workers would.',
     ],
   };
@@ -162,7 +164,10 @@ async function writeDocs(report: RunReport): Promise<void> {
   const chartDir = path.join(REPO, 'docs', 'benchmarks');
   await mkdir(chartDir, { recursive: true });
   for (const c of charts) await writeFile(path.join(chartDir, c.file), c.svg);
-  await writeFile(path.join(REPO, 'docs', 'benchmarks.md'), markdown(report, extra, charts));
+  // The section `npm run cell` wrote (between its markers) stays.
+  const page = path.join(REPO, 'docs', 'benchmarks.md');
+  const cell = /<!-- cell:begin[\s\S]*?<!-- cell:end -->/.exec(await readFile(page, 'utf8').catch(() => ''))?.[0];
+  await writeFile(page, markdown(report, extra, charts) + (cell ? `\n${cell}\n` : ''));
   progress(`wrote docs/benchmarks.md and ${charts.length} charts in docs/benchmarks/`);
 }
 

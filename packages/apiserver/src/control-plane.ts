@@ -29,6 +29,7 @@ import type { Services } from './services/index.js';
 import type { TrajectoryOptions } from './trajectory.js';
 import { WatchService } from './watch.js';
 import type { WatchServiceOptions } from './watch.js';
+import { startUsagePoll } from './usage-poll.js';
 
 /** How many things a garbage collection removed. */
 export function garbageCount(r: NodeGarbageReport): number {
@@ -244,6 +245,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     metrics.garbageCollected = () => (o.startGarbage ?? 0) + watcher.garbageCollected;
     watcher.start();
     services.poolManager.start();
+    closers.unshift(startUsagePoll(nodes));
     closers.unshift(
       () => watcher.stop(),
       () => services.poolManager.stop(),

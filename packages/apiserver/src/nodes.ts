@@ -3,7 +3,7 @@
 // rest of the control plane cannot tell them apart). A remote node whose session ended keeps
 // its entry (state `unreachable`, then `lost`) with a client that refuses every call.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, NodeCapacity, NodeState } from '@dsec/protocol';
+import type { EdgeClient, NodeCapacity, NodeState, NodeUsageReport } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 /** A node as the control plane tracks it. */
@@ -22,6 +22,10 @@ export interface NodeEntry extends NodeView {
   joinedAt: string | null;
   /** When its session last carried a frame (ms since the epoch; remote nodes). */
   lastHeardAt: () => number | null;
+  /** Sandboxes per spread label (`key=value`) on the node: anti-affinity. */
+  spreads: Map<string, number>;
+  /** The node's previous usage report and when it came (the CPU rate is taken between two). */
+  lastReport?: { report: NodeUsageReport; at: number } | undefined;
 }
 
 /** What a remote node's session brings. */
@@ -51,7 +55,11 @@ export class NodeRegistry {
   attach(client: EdgeClient, info: NodeSessionInfo): NodeEntry {
     const before = this.nodes.get(client.nodeName);
     const entry = this.entry(client, true);
-    if (before) entry.allocated = before.allocated;
+    if (before) {
+      entry.allocated = before.allocated;
+      entry.spreads = before.spreads;
+      entry.labelCount = (l) => entry.spreads.get(l) ?? 0;
+    }
     entry.address = info.address;
     entry.version = info.version;
     entry.joinedAt = info.joinedAt;
@@ -96,10 +104,18 @@ export class NodeRegistry {
     return this.nodes.get(name);
   }
 
-  /** Adds (or with a negative sign removes) one sandbox's requests to a node's allocation. */
-  charge(name: string, cpu: number, memoryMiB: number, sign: 1 | -1): void {
+  /**
+   * Adds (or with a negative sign removes) one sandbox's requests to a node's allocation, and
+   * its spread label (anti-affinity) to the node's counts.
+   */
+  charge(name: string, cpu: number, memoryMiB: number, sign: 1 | -1, spread?: string): void {
     const n = this.nodes.get(name);
     if (!n) return;
+    if (spread !== undefined) {
+      const c = Math.max(0, (n.spreads.get(spread) ?? 0) + sign);
+      if (c === 0) n.spreads.delete(spread);
+      else n.spreads.set(spread, c);
+    }
     n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
     n.allocated.memoryMiB = Math.max(0, n.allocated.memoryMiB + sign * memoryMiB);
     n.allocated.sandboxes = Math.max(0, n.allocated.sandboxes + sign);
@@ -114,10 +130,29 @@ export class NodeRegistry {
     if (n) n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
   }
 
-  /** Sets a node's allocation outright (recounted from the store when its session opens). */
-  setAllocated(name: string, allocated: NodeView['allocated']): void {
+  /** Sets a node's allocation (and spread counts) outright (recounted from the store when its session opens). */
+  setAllocated(name: string, allocated: NodeView['allocated'], spreads?: ReadonlyMap<string, number>): void {
     const n = this.nodes.get(name);
-    if (n) n.allocated = { ...allocated };
+    if (!n) return;
+    n.allocated = { ...allocated };
+    if (spreads) {
+      n.spreads.clear();
+      for (const [k, v] of spreads) n.spreads.set(k, v);
+    }
+  }
+
+  /**
+   * Records a node's usage report (`at`: when it came, ms): the measured use placement judges
+   * room by. The CPU is the rate since the previous report; the first report sets memory alone.
+   */
+  setUsage(name: string, report: NodeUsageReport, at = Date.now()): void {
+    const n = this.nodes.get(name);
+    if (!n) return;
+    const prev = n.lastReport;
+    const dt = prev ? at - prev.at : 0;
+    const cpu = prev && dt > 0 && report.cpuUsageMs >= prev.report.cpuUsageMs ? (report.cpuUsageMs - prev.report.cpuUsageMs) / dt : (n.usage?.cpu ?? 0);
+    n.usage = { cpu, memoryMiB: report.memoryBytes / 1048576, sandboxes: report.sandboxes };
+    n.lastReport = { report, at };
   }
 
   /** Marks a node answering or not (the watcher's verdict). */
@@ -142,7 +177,10 @@ export class NodeRegistry {
 
   private entry(client: EdgeClient, remote: boolean): NodeEntry {
     const cap = client.capacity();
+    const spreads = new Map<string, number>();
     return {
+      spreads,
+      labelCount: (l: string) => spreads.get(l) ?? 0,
       name: client.nodeName,
       healthy: true,
       cordoned: false,

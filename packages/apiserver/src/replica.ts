@@ -1,14 +1,18 @@
 // `dsec apiserver --db postgres://...`: a stateless API replica. It holds no node of its own and
 // keeps nothing that matters in memory: any number run at once on one PostgreSQL database and any
-// of them serves any request. Nodes reach it by joining (remote edges); until then it serves
-// everything the store answers (projects, keys, lists, quotas, events) and refuses placement.
+// of them serves any request. Nodes reach it by joining (remote edges) on its node port
+// (`cluster.nodeAddr`; the cluster CA under `<home>/cluster/`, shared by replicas that share a
+// home); until then it serves everything the store answers (projects, keys, lists, quotas,
+// events) and refuses placement. A replica places only on the nodes whose sessions it holds.
 import path from 'node:path';
+import { makeCsr, makeKey, openssl } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, DsecError } from '@dsec/protocol';
 import type { EdgeClient } from '@dsec/protocol';
 import { parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlane, ControlPlaneOptions } from './control-plane.js';
 import { isPostgresUrl } from './db/postgres.js';
 import { StateStore } from './db/store.js';
+import { NodePort } from './cluster/node-port.js';
 import { NodeRegistry } from './nodes.js';
 
 /** Options of {@link startApiserver}. */
@@ -23,10 +27,12 @@ export interface ReplicaOptions extends ControlPlaneOptions {
   log?: (line: string) => void;
   /** Nodes this replica reaches from the start (remote edges add themselves as they join). */
   nodes?: EdgeClient[];
+  /** The node port remote edges join (none: no remote node) and the silence graces. */
+  cluster?: { nodeAddr?: string; unreachableAfterMs?: number; lostAfterMs?: number };
 }
 
-/** A running replica. */
-export type Replica = ControlPlane;
+/** A running replica: the control plane, and the node port's URL when it takes nodes. */
+export type Replica = ControlPlane & { nodeUrl?: string };
 
 /** Starts an API replica on a shared PostgreSQL store. */
 export async function startApiserver(opts: ReplicaOptions): Promise<Replica> {
@@ -37,5 +43,48 @@ export async function startApiserver(opts: ReplicaOptions): Promise<Replica> {
   const store = await StateStore.openPostgres(opts.db, { log });
   const nodes = new NodeRegistry();
   for (const n of opts.nodes ?? []) nodes.add(n);
-  return startControlPlane({ ...opts, home: path.resolve(opts.home ?? DEFAULT_DSEC_HOME), addr, log, store, nodes, listenUrl: opts.db });
+  const home = path.resolve(opts.home ?? DEFAULT_DSEC_HOME);
+  let nodePort: NodePort | undefined;
+  const started = startControlPlane({
+    ...opts,
+    home,
+    addr,
+    log,
+    store,
+    nodes,
+    listenUrl: opts.db,
+    prepare: async (services, watch) => {
+      const cluster = opts.cluster;
+      if (!cluster?.nodeAddr) return;
+      const at = parseAddr(cluster.nodeAddr);
+      nodePort = await NodePort.start({
+        host: at.host,
+        port: at.port,
+        caDir: path.join(home, 'cluster'),
+        certTools: { openssl, makeKey, makeCsr },
+        nodes,
+        nodeAdmin: services.nodeAdmin,
+        raise: watch.events.ingest,
+        log,
+        ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
+        ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),
+      });
+      services.nodeAdmin.membership = nodePort;
+    },
+  });
+  const cp = await started.catch(async (err: unknown) => {
+    await nodePort?.close();
+    throw err;
+  });
+  const port = nodePort;
+  if (!port) return cp;
+  // The node port closes before the control plane: its sessions use the store.
+  return {
+    ...cp,
+    nodeUrl: port.url,
+    close: async () => {
+      await port.close();
+      await cp.close();
+    },
+  };
 }

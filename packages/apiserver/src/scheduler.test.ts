@@ -51,3 +51,98 @@ test('sampling spreads load over many nodes', () => {
   const counts = nodes.map((n) => n.allocated.sandboxes);
   assert.ok(Math.max(...counts) - Math.min(...counts) <= 10, `spread ${Math.min(...counts)}..${Math.max(...counts)}`);
 });
+
+/** A 2-core, 24 GiB node with the edge's default admission limit. */
+function newcomer(): NodeView {
+  return node('laptop', {}, { capacity: { cpu: 2, memoryMiB: 24_576, sandboxes: 4000 } });
+}
+/** A default sandbox: 1 core, 512 MiB, latency-sensitive (the API's defaults). */
+const defaultReq = { backend: 'container' as const, cpu: 1, memoryMiB: 512, cpuClass: 'latency-sensitive' as const };
+
+function charge(p: Placement, n: NodeView, r: typeof defaultReq | (typeof defaultReq & { cpuClass: 'best-effort' })): void {
+  n.allocated.cpu += p.cpuCharge(r);
+  n.allocated.memoryMiB += r.memoryMiB;
+  n.allocated.sandboxes += 1;
+}
+
+test('the defaults admit at least 500 idle default sandboxes on a 2-core, 24 GiB node', () => {
+  const p = new Placement();
+  const n = newcomer();
+  // Idle as measured: a sandbox's agent asleep, ~3 MiB and a thousandth of a core each; the node
+  // reports every 50 placements (the usage poll lags the creates).
+  let placed = 0;
+  while (placed < 2000 && p.place(defaultReq, [n])) {
+    charge(p, n, defaultReq);
+    placed++;
+    if (placed % 50 === 0) n.usage = { cpu: placed * 0.001, memoryMiB: placed * 3, sandboxes: placed };
+  }
+  assert.ok(placed >= 500, `placed ${placed}`);
+  // The requests bound the blast radius: no more than cpu x 256 cores of requests.
+  assert.ok(placed <= 2 * 256, `placed ${placed}`);
+  // A sandbox asking for more than the whole node has never fits.
+  assert.ok(!p.fits(newcomer(), { ...defaultReq, cpu: 3 }));
+  assert.ok(!p.fits(newcomer(), { ...defaultReq, memoryMiB: 30_000 }));
+});
+
+test('a burst before any measure still places 500 default sandboxes (idle estimates)', () => {
+  const p = new Placement();
+  const nodes = [newcomer()];
+  const got = p.placeMany(
+    Array.from({ length: 500 }, () => defaultReq),
+    nodes,
+  );
+  assert.equal(got.filter(Boolean).length, 500);
+});
+
+test('running sandboxes are protected: a busy node takes no latency-sensitive sandbox, only best-effort ones', () => {
+  const p = new Placement();
+  const n = newcomer();
+  for (let i = 0; i < 40; i++) charge(p, n, defaultReq);
+  // Two of them run flat out: 1.7 of 2 cores measured busy.
+  n.usage = { cpu: 1.7, memoryMiB: 2048, sandboxes: 40 };
+  assert.ok(!p.fits(n, defaultReq), 'a latency-sensitive sandbox would compete with the running ones');
+  const be = { ...defaultReq, cpuClass: 'best-effort' as const };
+  assert.ok(p.fits(n, be), 'a best-effort sandbox runs at the lowest weight: it takes only idle cycles');
+  // Memory measured past the target: nothing more, of either class.
+  n.usage = { cpu: 0.1, memoryMiB: 24_576 * 0.85, sandboxes: 40 };
+  assert.ok(!p.fits(n, defaultReq));
+  assert.ok(!p.fits(n, be));
+  // Once the load is gone, the node takes sandboxes again.
+  n.usage = { cpu: 0.05, memoryMiB: 200, sandboxes: 40 };
+  assert.ok(p.fits(n, defaultReq));
+});
+
+test('placement prefers the idler node by measured use, not by requests', () => {
+  const p = new Placement({ sampleK: 2 });
+  const busy = node('busy', { cpu: 10, memoryMiB: 5120, sandboxes: 10 }, { usage: { cpu: 1.5, memoryMiB: 4000, sandboxes: 10 } });
+  const idle = node('idle', { cpu: 40, memoryMiB: 20_480, sandboxes: 40 }, { usage: { cpu: 0.05, memoryMiB: 120, sandboxes: 40 } });
+  assert.equal(p.place(defaultReq, [busy, idle])?.name, 'idle');
+});
+
+test('anti-affinity spreads the sandboxes of one job over the nodes, batches included', () => {
+  const p = new Placement({ sampleK: 2 });
+  const counts = new Map<string, number>();
+  const nodes = ['a', 'b', 'c', 'd'].map((name) => node(name, {}, { labelCount: (l: string) => (l === 'job=j1' ? (counts.get(name) ?? 0) : 0) }));
+  counts.set('a', 1);
+  const spread = { ...defaultReq, spread: 'job=j1' };
+  const picked = p.place(spread, nodes);
+  assert.ok(picked && picked.name !== 'a', 'the node already holding one of the job is avoided');
+  const batch = p
+    .placeMany(
+      Array.from({ length: 3 }, () => spread),
+      nodes,
+    )
+    .map((n) => n?.name);
+  assert.deepEqual([...batch].sort(), ['b', 'c', 'd']);
+});
+
+test('the node registry turns usage reports into a CPU rate and memory', async () => {
+  const { NodeRegistry } = await import('./nodes.js');
+  const { FakeEdge } = await import('./testing/fake-edge.js');
+  const reg = new NodeRegistry();
+  reg.add(new FakeEdge('n1'));
+  reg.setUsage('n1', { cpuUsageMs: 1000, memoryBytes: 64 * 1048576, sandboxes: 3 }, 10_000);
+  assert.deepEqual(reg.get('n1')?.usage, { cpu: 0, memoryMiB: 64, sandboxes: 3 });
+  reg.setUsage('n1', { cpuUsageMs: 2500, memoryBytes: 32 * 1048576, sandboxes: 2 }, 12_000);
+  assert.deepEqual(reg.get('n1')?.usage, { cpu: 0.75, memoryMiB: 32, sandboxes: 2 });
+});

@@ -21,6 +21,7 @@ import type {
   NetworkPolicy,
   NodeCapacity,
   NodeGarbageReport,
+  NodeUsageReport,
   RaisedEvent,
   SandboxClaim,
   SandboxNetwork,
@@ -188,6 +189,12 @@ export class Edge extends SandboxCalls implements EdgeClient {
       calls: opts.calls ?? false,
       ownerMark: this.home + '/',
     });
+  }
+
+  /** What the node's sandboxes use together (its cgroup parent's counters). */
+  async usage(opts: EdgeCallOptions = {}): Promise<NodeUsageReport> {
+    opts.signal?.throwIfAborted();
+    return { ...(await this.cgroups.parentUsage()), sandboxes: this.sandboxes.size };
   }
 
   /** Subscribes to the events this node raises; returns the unsubscribe function. */

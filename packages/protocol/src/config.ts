@@ -136,6 +136,9 @@ export const RetentionConfigSchema = z.strictObject({
   maxAgeMs: positiveInt,
 });
 
+/** A share in (0, 1]. */
+const share = z.number({ error: 'not a number' }).gt(0, { error: 'not above 0' }).max(1, { error: 'above 1' });
+
 /** The whole operator configuration of `dsec up`. */
 export const DsecConfigSchema = z.strictObject({
   /** State directory. Default {@link DEFAULT_DSEC_HOME}. */
@@ -155,6 +158,14 @@ export const DsecConfigSchema = z.strictObject({
       memoryOvercommit: z.number({ error: 'not a number' }).min(1, { error: 'below 1' }).optional(),
       /** Nodes sampled per placement (power of k choices). */
       sampleK: positiveInt.optional(),
+      /** Share of a node's CPUs its measured use may reach before latency-sensitive placement stops (apiserver `DEFAULT_CPU_TARGET`). */
+      cpuTarget: share.optional(),
+      /** Share of a node's memory its measured use may reach before placement stops (`DEFAULT_MEMORY_TARGET`). */
+      memoryTarget: share.optional(),
+      /** CPU a sandbox not yet measured is taken to use, as a share of its request (`DEFAULT_IDLE_CPU_SHARE`). */
+      idleCpuShare: share.optional(),
+      /** Memory a sandbox not yet measured is taken to use, as a share of its limit (`DEFAULT_IDLE_MEMORY_SHARE`). */
+      idleMemoryShare: share.optional(),
     })
     .default({}),
   /** The watcher's passes (watcher defaults `DEFAULT_WATCH_INTERVAL_MS`, `DEFAULT_GC_INTERVAL_MS`). */

@@ -83,6 +83,17 @@ export interface NodePauseResult {
   swapBytes: number;
 }
 
+/**
+ * What a node's sandboxes use, all of them together (the node's cgroup parent): the scheduler
+ * over-commits by it. CPU is cumulative; the control plane takes the rate between two reports.
+ */
+export interface NodeUsageReport {
+  cpuUsageMs: number;
+  memoryBytes: number;
+  /** Sandboxes the node holds. */
+  sandboxes: number;
+}
+
 /** What a node's garbage collection removed. */
 export interface NodeGarbageReport {
   containers: string[];
@@ -172,6 +183,8 @@ export interface EdgeClient {
   diff(id: string, opts: DiffOptions, call?: EdgeCallOptions): Promise<DiffResult>;
   verify(id: string, req: VerifyRequest, opts?: EdgeCallOptions): Promise<VerifyResult>;
   collectGarbage(opts?: { calls?: boolean }): Promise<NodeGarbageReport>;
+  /** What the node's sandboxes use now (placement by measured use). */
+  usage(opts?: EdgeCallOptions): Promise<NodeUsageReport>;
 
   exec(id: string, spec: ExecSpec, opts?: EdgeExecOptions): Promise<ExecResult>;
   spawn(id: string, spec: ExecSpec, opts?: EdgeCallOptions): Promise<ProcessStream>;

@@ -359,6 +359,7 @@ export type {
   LayerBuildSource,
   NodeCapacity,
   NodeGarbageReport,
+  NodeUsageReport,
   NodePauseResult,
   OutputEvent,
   ProcessStream,

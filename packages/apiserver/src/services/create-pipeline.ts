@@ -25,6 +25,7 @@ import { grantLease } from '../leases.js';
 import type { NodeEntry, NodeRegistry } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
 import type { PoolManager } from '../pools.js';
+import { spreadOf } from '../scheduler.js';
 import type { Placement, PlacementRequest } from '../scheduler.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { chainOf, trajectorySpec } from './common.js';
@@ -91,7 +92,13 @@ export function reservationOf(item: CreateItem): Reservation {
 
 /** What placement needs of one item. */
 export function placementOf(item: CreateItem): PlacementRequest {
-  return { backend: item.backend, cpu: item.resources.cpu, memoryMiB: item.resources.memoryMiB, cpuClass: item.resources.cpuClass };
+  return {
+    backend: item.backend,
+    cpu: item.resources.cpu,
+    memoryMiB: item.resources.memoryMiB,
+    cpuClass: item.resources.cpuClass,
+    spread: spreadOf(item.spec.labels),
+  };
 }
 
 /** The refusal of an item no node has room for. */
@@ -200,14 +207,14 @@ export class CreatePipeline {
 
   /** Adds (or removes) one item's requests to a node's allocation. */
   chargeNode(node: NodeEntry, item: CreateItem, sign: 1 | -1): void {
-    this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign);
+    this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign, spreadOf(item.spec.labels));
   }
 
   /** Reserves quota and a node for one create (the admission attempt); throws a capacity refusal. */
   async reserveAndPlace(projectId: string, item: CreateItem): Promise<Ticket> {
     const reservation = reservationOf(item);
     await this.d.store.reserve(projectId, reservation);
-    const node = this.d.placement.place(placementOf(item), this.d.nodes.all()) as NodeEntry | undefined;
+    const node = this.d.placement.place(placementOf(item), this.d.nodes.all());
     if (!node) {
       await this.d.store.unreserve(projectId, reservation);
       throw capacityError(item);
@@ -245,7 +252,7 @@ export class CreatePipeline {
           return created;
         }
         refused.add(node.name);
-        const next = this.d.placement.place(placementOf(item), this.d.nodes.all(), refused) as NodeEntry | undefined;
+        const next = this.d.placement.place(placementOf(item), this.d.nodes.all(), refused);
         if (!next) throw capacityError(item);
         this.chargeNode(next, item, 1);
         node = next;
@@ -365,7 +372,7 @@ export class CreatePipeline {
     const node = this.d.nodes.get(row.node);
     if (node) {
       await node.client.destroy(row.id).catch(() => undefined);
-      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row));
     }
     await this.d.store.deleteSandbox(row);
     this.d.onCapacityFreed();

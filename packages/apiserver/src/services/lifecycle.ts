@@ -11,6 +11,7 @@ import { leaseOf } from '../leases.js';
 import type { ActivityTracker, PauseReason } from '../leases.js';
 import type { NodeRegistry } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
+import { spreadOf } from '../scheduler.js';
 import type { Placement } from '../scheduler.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { PAUSING, RESUMING, sandboxNotFound, toSandbox } from './common.js';
@@ -64,6 +65,11 @@ export class LifecycleService {
 
   constructor(private readonly d: LifecycleDeps) {}
 
+  /** The label a row is spread by over the nodes (anti-affinity), if any. */
+  spreadOf(row: SandboxTable): string | undefined {
+    return spreadOf((JSON.parse(row.spec) as SandboxSpec).labels);
+  }
+
   /** The CPU a row charges its node (best-effort sandboxes charge less). */
   cpuCharge(row: SandboxTable): number {
     const spec = JSON.parse(row.spec) as SandboxSpec;
@@ -83,7 +89,7 @@ export class LifecycleService {
         await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {});
         row.state = actual;
       }
-      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1);
+      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row));
     }
   }
 
@@ -366,7 +372,7 @@ export class LifecycleService {
         }
       }
       // A paused sandbox already gave its CPU back.
-      nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1);
+      nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row));
     }
     crashPoint('delete.node');
     await store.deleteSandbox(row);

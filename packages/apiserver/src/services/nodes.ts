@@ -123,7 +123,7 @@ export class NodeService {
     for (const row of await this.store.sandboxesOn(name)) {
       if (![...ON_NODE_STATES, 'creating'].includes(row.state)) continue;
       if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
-      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row));
       this.raise({
         kind: 'sandbox.lost',
         severity: 'warning',
@@ -175,13 +175,16 @@ export class NodeService {
       );
     }
     const allocated = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
+    const spreads = new Map<string, number>();
     for (const row of rows.values()) {
       if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating') continue;
       allocated.cpu += row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row);
       allocated.memoryMiB += row.memory_mib;
       allocated.sandboxes += 1;
+      const spread = this.d.lifecycle.spreadOf(row);
+      if (spread !== undefined) spreads.set(spread, (spreads.get(spread) ?? 0) + 1);
     }
-    this.d.nodes.setAllocated(n.name, allocated);
+    this.d.nodes.setAllocated(n.name, allocated, spreads);
     return { destroyed };
   }
 

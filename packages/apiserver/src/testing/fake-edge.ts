@@ -19,6 +19,7 @@ import type {
   NetworkPolicy,
   NodeCapacity,
   NodeGarbageReport,
+  NodeUsageReport,
   NodePauseResult,
   OutputEvent,
   ProcessInfo,
@@ -207,6 +208,10 @@ export class FakeEdge implements EdgeClient {
   async verify(_id: string, _req: unknown, opts?: EdgeCallOptions): Promise<never> {
     this.called('verify', opts);
     return { ok: true, mismatches: [] } as never;
+  }
+
+  async usage(): Promise<NodeUsageReport> {
+    return { cpuUsageMs: 0, memoryBytes: 0, sandboxes: this.sandboxes.size };
   }
 
   async collectGarbage(): Promise<NodeGarbageReport> {

@@ -80,6 +80,7 @@ export function registerUp(program: Command): void {
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
       const replica = await startApiserver({ ...options, log });
       process.stdout.write(`dsec apiserver is listening on ${replica.url}\n`);
+      if (replica.nodeUrl) process.stdout.write(`nodes join on ${replica.nodeUrl}\n`);
       if (replica.adminKey) {
         process.stdout.write(`admin key (shown once, also written to ${replica.adminKeyFile}):\n${replica.adminKey}\n`);
       }

@@ -155,6 +155,19 @@ export class Cgroups {
     };
   }
 
+  /** CPU (cumulative) and memory of all the node's sandboxes together: the parent's counters. */
+  async parentUsage(): Promise<{ cpuUsageMs: number; memoryBytes: number }> {
+    if (this.mode === 'v2') {
+      const d = path.join(CGROUP_ROOT, this.parent);
+      const cpu = await readKeyed(path.join(d, 'cpu.stat'));
+      return { cpuUsageMs: (cpu.get('usage_usec') ?? 0) / 1000, memoryBytes: await readNum(path.join(d, 'memory.current')) };
+    }
+    return {
+      cpuUsageMs: (await readNum(path.join(CGROUP_ROOT, 'cpuacct', this.parent, 'cpuacct.usage'))) / 1e6,
+      memoryBytes: await readNum(path.join(CGROUP_ROOT, 'memory', this.parent, 'memory.usage_in_bytes')),
+    };
+  }
+
   /** OOM kills so far in a sandbox's memory cgroup. */
   async oomKills(id: string): Promise<number> {
     if (this.mode === 'v2') return (await readKeyed(path.join(this.dir('', id), 'memory.events'))).get('oom_kill') ?? 0;

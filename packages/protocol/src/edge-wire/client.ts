@@ -13,6 +13,7 @@ import type {
   LayerBuildSource,
   NodeCapacity,
   NodeGarbageReport,
+  NodeUsageReport,
   NodePauseResult,
   OutputEvent,
   ProcessStream,
@@ -201,6 +202,9 @@ export class WireEdgeClient implements EdgeClient {
   }
   collectGarbage(opts?: { calls?: boolean }): Promise<NodeGarbageReport> {
     return this.call('collectGarbage', [opts]);
+  }
+  usage(opts: EdgeCallOptions = {}): Promise<NodeUsageReport> {
+    return this.call('usage', [], opts);
   }
 
   exec(id: string, spec: ExecSpec, opts: EdgeExecOptions = {}): Promise<ExecResult> {

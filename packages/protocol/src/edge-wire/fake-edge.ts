@@ -242,6 +242,9 @@ export class FakeEdge implements EdgeClient {
   async verify(_id: string, req: { expected: Record<string, string> }) {
     return { ok: true, results: Object.entries(req.expected).map(([path, expected]) => ({ path, expected, actual: expected, ok: true })) };
   }
+  async usage() {
+    return { cpuUsageMs: 1.5, memoryBytes: 4096, sandboxes: 1 };
+  }
   async collectGarbage(opts?: { calls?: boolean }) {
     return { containers: opts?.calls ? ['c'] : [], cgroups: [], processes: 0, mounts: 0, dirs: [], layerMounts: 0 };
   }

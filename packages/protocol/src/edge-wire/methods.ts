@@ -135,6 +135,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     ],
     run: (e, x, ctx) => e.verify(a(x, 0), a(x, 1), local(ctx)),
   },
+  usage: { args: [], run: (e, _x, ctx) => e.usage(local(ctx)) },
   collectGarbage: { args: [['opts', z.strictObject({ calls: z.boolean().optional() }).optional()]], run: (e, x) => e.collectGarbage(a(x, 0)) },
 
   exec: {

@@ -137,6 +137,7 @@ describe('WireEdgeClient over serveEdge', () => {
       ['diff', (e) => e.diff('sb-1', { paths: ['/a', '/b'], hash: true })],
       ['verify', (e) => e.verify('sb-1', { expected: { '/a': 'c'.repeat(64) } })],
       ['collectGarbage', (e) => e.collectGarbage({ calls: true })],
+      ['usage', (e) => e.usage()],
       ['exec', (e) => e.exec('sb-1', { cmd: 'echo hi', stdin: new Uint8Array([1, 2]) }, { maxOutputBytes: 5 })],
       ['exec argv', (e) => e.exec('sb-1', { argv: ['ls', '-l'], stdin: 'text' })],
       ['processes', (e) => e.processes('sb-1')],

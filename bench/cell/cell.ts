@@ -1,0 +1,355 @@
+// The simulated cell (`npm run cell`): the real `dsec apiserver` on a PostgreSQL of its own
+// (Debian's server, started by the test helper test/helpers/postgres.ts) and N simulated nodes
+// that join its node port with single-use tokens and hold real sessions (HTTP/2 in mutual TLS,
+// the edge wire protocol), several per process (edge-host.ts). The nodes' sandboxes are records
+// with the delays of the real container backend (SimEdge, `@dsec/apiserver/testing`): what is
+// measured is the control plane, the store and the node protocol. The cell fills in ten
+// stages; each stage creates its share through batch creates, then times single creates
+// through the HTTP API and list/filter queries, and samples the apiserver's RSS.
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import type { SimEdgeOptions } from '@dsec/apiserver/testing';
+import { DsecClient } from '@dsec/sdk';
+import type { EdgeHostOrders } from './edge-host.js';
+import { nowMs, percentile } from '../lib/stats.js';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+/** The checkout (this file runs from bench/dist/cell/). */
+export const REPO = path.resolve(HERE, '../../..');
+const CLI = path.join(REPO, 'packages/cli/dist/main.js');
+/** Bound of a process start and of a node's join. */
+const START_TIMEOUT_MS = 120_000;
+
+/** The size and shape of a cell run. */
+export interface CellOptions {
+  /** Simulated nodes. */
+  nodes: number;
+  /** Sandboxes the cell holds at the end. */
+  sandboxes: number;
+  /** Processes the nodes are spread over. */
+  edgeProcesses: number;
+  /** Items per batch create. */
+  batchSize: number;
+  /** Batch creates in flight at once. */
+  batchConcurrency: number;
+  /** Single creates timed per stage (of the ten). */
+  singlesPerStage: number;
+  /** Single creates in flight at once (each worker with its own API key). */
+  singleConcurrency: number;
+  /** List/filter queries timed per stage. */
+  listsPerStage: number;
+  /** Capacity and delays of each simulated node. */
+  sim: SimEdgeOptions;
+  /** Where progress goes. */
+  log: (line: string) => void;
+  /** Stops the run (everything started is stopped). */
+  signal?: AbortSignal;
+}
+
+/** Figures of one of the ten stages. */
+export interface CellStage {
+  /** Sandboxes in the cell when the stage ended. */
+  filled: number;
+  batchCreated: number;
+  batchPerSecond: number;
+  singleCreated: number;
+  singlePerSecond: number;
+  singleP50: number;
+  singleP99: number;
+  listP50: number;
+  listP99: number;
+  rssMiB: number;
+  failures: number;
+}
+
+/** What a cell run measured. */
+export interface CellReport {
+  options: Omit<CellOptions, 'log'>;
+  stages: CellStage[];
+  /** Placements per second through batch creates, over the whole fill. */
+  batchPerSecond: number;
+  /** Single creates per second, and their latency, over every stage. */
+  singlePerSecond: number;
+  singleP50: number;
+  singleP99: number;
+  listP99: number;
+  /** Largest apiserver RSS sampled (MiB). */
+  rssMiB: number;
+  /** PostgreSQL database size at the end (MiB) and sandbox rows. */
+  storeMiB: number;
+  sandboxRows: number;
+  /** Nodes holding at least one sandbox, and the most and fewest any node holds. */
+  nodesUsed: number;
+  perNodeMax: number;
+  perNodeMin: number;
+  /** Last tenth's single-create p50 over the first's. */
+  fillCostRatio: number;
+  failures: number;
+  /** Seconds to start the cell (PostgreSQL, apiserver, nodes joined). */
+  startS: number;
+  durationS: number;
+}
+
+/** The PostgreSQL fixture of the tests (test/dist/helpers/postgres.js), loaded at run time. */
+interface PostgresHelper {
+  postgresSkipReason(): string | undefined;
+  startTestPostgres(): Promise<{
+    createDatabase(name: string): Promise<string>;
+    query(sql: string, database?: string): Promise<{ rows: Array<Record<string, unknown>> }>;
+    close(): Promise<void>;
+  }>;
+}
+
+interface Proc {
+  child: ChildProcess;
+  out: () => string;
+  err: () => string;
+}
+
+function start(args: string[], env: Record<string, string> = {}): Proc {
+  const child = spawn(process.execPath, args, { env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-20_000)));
+  return { child, out: () => out, err: () => err };
+}
+
+async function waitFor(p: Proc, re: RegExp, name: string): Promise<RegExpExecArray> {
+  const deadline = Date.now() + START_TIMEOUT_MS;
+  for (;;) {
+    const m = re.exec(p.out());
+    if (m) return m;
+    if (p.child.exitCode !== null || p.child.signalCode !== null)
+      throw new Error(`${name} exited (${p.child.exitCode ?? p.child.signalCode}): ${p.err().slice(-4000)}`);
+    if (Date.now() > deadline) throw new Error(`${name}: no ${re} within ${START_TIMEOUT_MS} ms: ${p.err().slice(-4000)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function stop(p: Proc | undefined): Promise<void> {
+  if (!p || p.child.exitCode !== null || p.child.signalCode !== null) return;
+  const exited = new Promise<void>((r) => p.child.once('exit', () => r()));
+  p.child.kill('SIGTERM');
+  const t = setTimeout(() => p.child.kill('SIGKILL'), 15_000);
+  await exited;
+  clearTimeout(t);
+}
+
+/** Resident memory of a process, MiB. */
+async function rssMiB(pid: number): Promise<number> {
+  const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+  const m = /VmRSS:\s+(\d+) kB/.exec(status);
+  return m ? Number(m[1]) / 1024 : NaN;
+}
+
+/** An empty tar archive (two zero blocks): the cell's base layer. */
+const EMPTY_TAR = new Uint8Array(1024);
+
+/** Why the cell cannot run here, or undefined. */
+export async function cellSkipReason(): Promise<string | undefined> {
+  return (await postgresHelper()).postgresSkipReason();
+}
+
+async function postgresHelper(): Promise<PostgresHelper> {
+  return (await import(pathToFileURL(path.join(REPO, 'test/dist/helpers/postgres.js')).href)) as PostgresHelper;
+}
+
+/** Runs a cell and reports what it measured; everything it started is stopped, even on failure. */
+export async function runCell(o: CellOptions): Promise<CellReport> {
+  const { log } = o;
+  const t0 = nowMs();
+  const pgHelper = await postgresHelper();
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-cell-'));
+  const cleanups: Array<() => Promise<void>> = [() => rm(dir, { recursive: true, force: true })];
+  try {
+    log('cell: starting PostgreSQL');
+    const pg = await pgHelper.startTestPostgres();
+    cleanups.unshift(() => pg.close());
+    const db = await pg.createDatabase('dsec_cell');
+    const home = path.join(dir, 'home');
+    log('cell: starting dsec apiserver');
+    const api = start([CLI, 'apiserver', '--db', db, '--home', home, '--addr', '127.0.0.1:0', '--node-addr', '127.0.0.1:0', '--quiet']);
+    cleanups.unshift(() => stop(api));
+    const apiUrl = (await waitFor(api, /listening on (http:\/\/\S+)/, 'dsec apiserver'))[1]!;
+    const nodeUrl = (await waitFor(api, /nodes join on (https:\/\/\S+)/, 'dsec apiserver'))[1]!;
+    const adminKey = (await readFile(path.join(home, 'admin.key'), 'utf8')).trim();
+    const admin = new DsecClient({ apiUrl, apiKey: adminKey, requestTimeoutMs: 300_000 });
+
+    // Nodes: a token each, then the edge processes, each joining its share.
+    log(`cell: joining ${o.nodes} simulated nodes over ${o.edgeProcesses} processes`);
+    const names = Array.from({ length: o.nodes }, (_, i) => `sim-${String(i).padStart(3, '0')}`);
+    const tokens: Array<{ name: string; token: string }> = [];
+    for (const name of names) tokens.push({ name, token: (await admin.nodes.joinToken({ ttlMs: 600_000 })).token });
+    const hosts: Proc[] = [];
+    for (let p = 0; p < o.edgeProcesses; p++) {
+      const orders: EdgeHostOrders = { url: nodeUrl, home: path.join(dir, 'nodes'), nodes: tokens.filter((_, i) => i % o.edgeProcesses === p), sim: o.sim };
+      if (orders.nodes.length === 0) continue;
+      const h = start([path.join(HERE, 'edge-host.js'), JSON.stringify(orders)]);
+      cleanups.unshift(() => stop(h));
+      hosts.push(h);
+    }
+    for (const [i, h] of hosts.entries()) await waitFor(h, /ready \d+/, `edge host ${i}`);
+    const deadline = Date.now() + START_TIMEOUT_MS;
+    while ((await admin.nodes.list()).filter((n) => n.state === 'ready').length < o.nodes) {
+      if (Date.now() > deadline) throw new Error('the nodes did not all become ready');
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    await admin.layers.upload(EMPTY_TAR, { kind: 'base', name: 'cellbase' });
+    const keys: string[] = [];
+    for (let i = 0; i < o.singleConcurrency + o.batchConcurrency; i++) keys.push((await admin.keys.create({ name: `cell-${i}`, role: 'member' })).key);
+    const startS = (nowMs() - t0) / 1000;
+    log(`cell: ready in ${startS.toFixed(1)} s`);
+
+    const headers = (key: string): Record<string, string> => ({ authorization: `Bearer ${key}`, 'content-type': 'application/json' });
+    const spec = (job: number): object => ({ image: { base: 'cellbase' }, labels: { job: `j${job}` } });
+    let failures = 0;
+    let created = 0;
+    let job = 0;
+    const stages: CellStage[] = [];
+    const allSingles: number[] = [];
+    const allLists: number[] = [];
+    let singleTime = 0;
+    let batchTime = 0;
+    let batchTotal = 0;
+    let peakRss = 0;
+    const perStage = Math.floor(o.sandboxes / 10);
+    for (let stage = 0; stage < 10; stage++) {
+      const singles = Math.min(o.singlesPerStage, perStage);
+      // Batches: the stage's share less its singles, split over the batch workers.
+      let toBatch = perStage - singles;
+      const tb = nowMs();
+      let batched = 0;
+      await Promise.all(
+        Array.from({ length: o.batchConcurrency }, async (_, w) => {
+          for (;;) {
+            o.signal?.throwIfAborted();
+            const count = Math.min(o.batchSize, toBatch);
+            if (count <= 0) return;
+            toBatch -= count;
+            const res = await fetch(`${apiUrl}/v1/sandboxes:batch`, {
+              method: 'POST',
+              headers: headers(keys[o.singleConcurrency + w]!),
+              body: JSON.stringify({ spec: spec(job++), count }),
+            });
+            const body = (await res.json()) as { items?: Array<{ sandbox?: unknown; error?: { code: string; message: string } }>; error?: { message: string } };
+            if (!res.ok || !body.items) throw new Error(`batch create: ${res.status} ${body.error?.message ?? ''}`);
+            for (const it of body.items) {
+              if (it.sandbox) batched++;
+              else {
+                failures++;
+                if (failures <= 5) log(`cell: batch item failed: ${it.error?.code} ${it.error?.message}`);
+              }
+            }
+          }
+        }),
+      );
+      const batchMs = nowMs() - tb;
+      batchTime += batchMs;
+      batchTotal += batched;
+      created += batched;
+
+      // Single creates through the HTTP API, each worker with its own key.
+      const lat: number[] = [];
+      let next = 0;
+      const ts = nowMs();
+      await Promise.all(
+        Array.from({ length: o.singleConcurrency }, async (_, w) => {
+          while (next < singles) {
+            o.signal?.throwIfAborted();
+            next++;
+            const t = nowMs();
+            const res = await fetch(`${apiUrl}/v1/sandboxes`, { method: 'POST', headers: headers(keys[w]!), body: JSON.stringify(spec(job)) });
+            await res.arrayBuffer();
+            if (res.status === 201 || res.status === 200) {
+              lat.push(nowMs() - t);
+              created++;
+            } else {
+              failures++;
+              if (failures <= 5) log(`cell: single create answered ${res.status}`);
+            }
+          }
+        }),
+      );
+      const singleMs = nowMs() - ts;
+      singleTime += singleMs;
+      job++;
+      allSingles.push(...lat);
+
+      // List/filter: one job's sandboxes by label, first page.
+      const lists: number[] = [];
+      for (let i = 0; i < o.listsPerStage; i++) {
+        o.signal?.throwIfAborted();
+        const t = nowMs();
+        const res = await fetch(`${apiUrl}/v1/sandboxes?label=job%3Dj${i % Math.max(1, job)}&limit=100`, { headers: headers(keys[0]!) });
+        await res.arrayBuffer();
+        if (res.ok) lists.push(nowMs() - t);
+        else failures++;
+      }
+      allLists.push(...lists);
+      const rss = await rssMiB(api.child.pid!);
+      peakRss = Math.max(peakRss, rss);
+      const s: CellStage = {
+        filled: created,
+        batchCreated: batched,
+        batchPerSecond: batched / (batchMs / 1000),
+        singleCreated: lat.length,
+        singlePerSecond: lat.length / (singleMs / 1000),
+        singleP50: percentile(lat, 50),
+        singleP99: percentile(lat, 99),
+        listP50: percentile(lists, 50),
+        listP99: percentile(lists, 99),
+        rssMiB: rss,
+        failures,
+      };
+      stages.push(s);
+      log(
+        `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB`,
+      );
+    }
+    log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);
+    const size = await pg.query(`SELECT pg_database_size('dsec_cell') AS bytes`);
+    const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
+    const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
+    const perNode = spread.rows.map((row) => Number(row.n));
+    const first = stages[0]!.singleP50;
+    const last = stages[stages.length - 1]!.singleP50;
+    return {
+      options: {
+        nodes: o.nodes,
+        sandboxes: o.sandboxes,
+        edgeProcesses: o.edgeProcesses,
+        batchSize: o.batchSize,
+        batchConcurrency: o.batchConcurrency,
+        singlesPerStage: o.singlesPerStage,
+        singleConcurrency: o.singleConcurrency,
+        listsPerStage: o.listsPerStage,
+        sim: o.sim,
+      },
+      stages,
+      batchPerSecond: batchTotal / (batchTime / 1000),
+      singlePerSecond: allSingles.length / (singleTime / 1000),
+      singleP50: percentile(allSingles, 50),
+      singleP99: percentile(allSingles, 99),
+      listP99: percentile(allLists, 99),
+      rssMiB: peakRss,
+      storeMiB: Number(size.rows[0]!.bytes) / 1048576,
+      sandboxRows: Number(rows.rows[0]!.n),
+      nodesUsed: perNode.length,
+      perNodeMax: Math.max(...perNode),
+      perNodeMin: perNode.length < o.nodes ? 0 : Math.min(...perNode),
+      fillCostRatio: last / first,
+      failures,
+      startS,
+      durationS: (nowMs() - t0) / 1000,
+    };
+  } finally {
+    const tc = nowMs();
+    for (const c of cleanups) await c().catch((err: unknown) => log(`cell: cleanup: ${(err as Error).message}`));
+    log(`cell: stopped everything in ${((nowMs() - tc) / 1000).toFixed(1)} s`);
+  }
+}

@@ -1,0 +1,64 @@
+// A small simulated cell (`npm run cell`, bench/cell/): the real `dsec apiserver` on a
+// PostgreSQL of the test's own, four simulated nodes in two processes joined over mutual TLS
+// with single-use tokens, filled to 60 sandboxes through batch and single creates with list
+// queries between. Checks that every create landed (the store holds them all, spread over the
+// nodes) and that the figures come back; no speed is asserted. Also: the simulated node is
+// reachable from the testing entry point only. Needs root (PostgreSQL runs as its own user).
+import assert from 'node:assert/strict';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { describe, test } from 'node:test';
+import { BackendKindSchema } from '@dsec/protocol';
+import { REPO_ROOT } from './helpers/node.js';
+import { postgresSkipReason } from './helpers/postgres.js';
+
+interface CellModule {
+  runCell: (o: Record<string, unknown>) => Promise<{
+    sandboxRows: number;
+    failures: number;
+    stages: Array<{ filled: number; singleCreated: number; rssMiB: number; listP99: number }>;
+    rssMiB: number;
+    storeMiB: number;
+    batchPerSecond: number;
+    nodesUsed: number;
+  }>;
+}
+
+const skip = postgresSkipReason();
+
+describe('simulated cell', { skip, timeout: 120_000 }, () => {
+  test('fills a cell of four simulated nodes through batch and single creates', async () => {
+    const { runCell } = (await import(pathToFileURL(path.join(REPO_ROOT, 'bench/dist/cell/cell.js')).href)) as CellModule;
+    const lines: string[] = [];
+    const r = await runCell({
+      nodes: 4,
+      sandboxes: 60,
+      edgeProcesses: 2,
+      batchSize: 3,
+      batchConcurrency: 2,
+      singlesPerStage: 2,
+      singleConcurrency: 2,
+      listsPerStage: 2,
+      sim: { capacity: { cpu: 2, memoryMiB: 24_576 } },
+      log: (l: string) => lines.push(l),
+    });
+    assert.equal(r.failures, 0, lines.join('\n'));
+    assert.equal(r.sandboxRows, 60);
+    assert.equal(r.nodesUsed, 4, 'power-of-two placement spreads 60 sandboxes over all four nodes');
+    assert.equal(r.stages.length, 10);
+    assert.deepEqual(
+      r.stages.map((s) => s.filled),
+      Array.from({ length: 10 }, (_, i) => 6 * (i + 1)),
+    );
+    assert.ok(r.stages.every((s) => s.singleCreated === 2 && s.rssMiB > 0 && Number.isFinite(s.listP99)));
+    assert.ok(r.storeMiB > 0 && r.batchPerSecond > 0);
+  });
+
+  test('the simulated node is a test tool: not on the main entry point, not a backend a spec can name', async () => {
+    const main = (await import('@dsec/apiserver')) as Record<string, unknown>;
+    assert.equal(main.SimEdge, undefined);
+    const testing = (await import('@dsec/apiserver/testing')) as Record<string, unknown>;
+    assert.equal(typeof testing.SimEdge, 'function');
+    assert.equal(BackendKindSchema.safeParse('sim').success, false);
+  });
+});
