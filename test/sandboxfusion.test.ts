@@ -87,11 +87,15 @@ after(async () => {
 describe('sandboxfusion run_code', () => {
   test('python: success, stdin, base64 files in and out, the exact response shape', async () => {
     const r = await runCode(
-      verlRequest('import sys\nn = int(sys.stdin.read())\nprint(open("data/in.txt").read().strip(), n * 2)\nopen("out.bin", "wb").write(bytes([0, 255, 1]))\n', 'python', {
-        stdin: '21\n',
-        files: { 'data/in.txt': b64('hello'), 'skipped.txt': null },
-        fetch_files: ['out.bin', 'missing.txt'],
-      }),
+      verlRequest(
+        'import sys\nn = int(sys.stdin.read())\nprint(open("data/in.txt").read().strip(), n * 2)\nopen("out.bin", "wb").write(bytes([0, 255, 1]))\n',
+        'python',
+        {
+          stdin: '21\n',
+          files: { 'data/in.txt': b64('hello'), 'skipped.txt': null },
+          fetch_files: ['out.bin', 'missing.txt'],
+        },
+      ),
     );
     assert.deepEqual(Object.keys(r).sort(), ['compile_result', 'executor_pod_name', 'files', 'message', 'run_result', 'status']);
     assert.equal(r.status, 'Success', JSON.stringify(r));
@@ -140,13 +144,20 @@ describe('sandboxfusion run_code', () => {
   });
 
   test('c and cpp: compiled, then run; a compile error has no run', async () => {
-    const c = await runCode(verlRequest('#include <stdio.h>\n#include <math.h>\nint main(void){int n; scanf("%d",&n); printf("%d %.0f\\n", n+1, sqrt(16.0)); return 0;}', 'c', { stdin: '41' }));
+    const c = await runCode(
+      verlRequest('#include <stdio.h>\n#include <math.h>\nint main(void){int n; scanf("%d",&n); printf("%d %.0f\\n", n+1, sqrt(16.0)); return 0;}', 'c', {
+        stdin: '41',
+      }),
+    );
     assert.equal(c.status, 'Success', JSON.stringify(c));
     assert.equal(c.compile_result?.status, 'Finished');
     assert.equal(c.compile_result?.return_code, 0);
     assert.equal(c.run_result?.stdout, '42 4\n');
     const cpp = await runCode(
-      verlRequest('#include <iostream>\n#include <thread>\n#include <optional>\nint main(){std::optional<int> v=6; int r=0; std::thread t([&]{r=*v*7;}); t.join(); std::cout<<r<<"\\n";}', 'cpp'),
+      verlRequest(
+        '#include <iostream>\n#include <thread>\n#include <optional>\nint main(){std::optional<int> v=6; int r=0; std::thread t([&]{r=*v*7;}); t.join(); std::cout<<r<<"\\n";}',
+        'cpp',
+      ),
     );
     assert.equal(cpp.status, 'Success', JSON.stringify(cpp));
     assert.equal(cpp.run_result?.stdout, '42\n');
@@ -161,7 +172,9 @@ describe('sandboxfusion run_code', () => {
   test('a runtime still being built answers SandboxError at once, with why', async (t) => {
     if (javaCached) {
       t.diagnostic('java is in the machine-wide cache: it runs instead');
-      const r = await runCode(verlRequest('public class Main { public static void main(String[] a) { assert a.length == 0; System.out.println("hi"); } }', 'java'));
+      const r = await runCode(
+        verlRequest('public class Main { public static void main(String[] a) { assert a.length == 0; System.out.println("hi"); } }', 'java'),
+      );
       assert.equal(r.status, 'Success', JSON.stringify(r));
       return;
     }
@@ -187,6 +200,9 @@ describe('sandboxfusion run_code', () => {
     assert.equal(badFile.status, 400);
     const noKey = await post(`${platform.url}/v1/sandboxfusion/run_code`, verlRequest('print(1)', 'python'));
     assert.equal(noKey.status, 401);
+    const doc = (await (await fetch(`${platform.url}/v1/openapi.json`)).json()) as { paths: Record<string, Record<string, unknown>> };
+    for (const p of ['/v1/sandboxfusion/run_code', '/v1/sandboxfusion/t/{token}/run_code', '/v1/endpoint-tokens', '/v1/sandboxes/{id}/swerex/run_in_session'])
+      assert.ok(doc.paths[p], `${p} in the OpenAPI document`);
   });
 });
 

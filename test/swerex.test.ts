@@ -114,8 +114,12 @@ describe('swerex runtime', () => {
   test('a session keeps cwd, environment, functions and aliases; output is exact', async () => {
     const created = await ok('create_session', { session: 'default', session_type: 'bash', startup_source: ['/no/such/rc'], startup_timeout: 1.0 });
     assert.equal(created.session_type, 'bash');
-    await raises('create_session', { session: 'default', session_type: 'bash', startup_source: [], startup_timeout: 1.0 }, 'swerex.exceptions.SessionExistsError');
-    const setup = await ok('run_in_session', bash("cd /tmp && export FOO=bar && f() { echo \"f:$1\"; }\nalias greet='echo hello'"));
+    await raises(
+      'create_session',
+      { session: 'default', session_type: 'bash', startup_source: [], startup_timeout: 1.0 },
+      'swerex.exceptions.SessionExistsError',
+    );
+    const setup = await ok('run_in_session', bash('cd /tmp && export FOO=bar && f() { echo "f:$1"; }\nalias greet=\'echo hello\''));
     assert.deepEqual(setup, { output: '', exit_code: 0, failure_reason: '', expect_string: '', session_type: 'bash' });
     const r = await ok('run_in_session', bash('pwd; echo "$FOO"; f x; greet'));
     assert.equal(r.output, '/tmp\nbar\nf:x\nhello\n');
@@ -132,7 +136,11 @@ describe('swerex runtime', () => {
   test('exit codes and check; syntax errors', async () => {
     assert.equal((await ok('run_in_session', bash('false'))).exit_code, 1);
     assert.equal((await ok('run_in_session', bash('(exit 7)', { check: 'ignore' }))).exit_code, null);
-    const failed = await raises('run_in_session', bash('echo nope; exit_status() { return 3; }; exit_status', { check: 'raise', error_msg: 'the step' }), 'swerex.exceptions.NonZeroExitCodeError');
+    const failed = await raises(
+      'run_in_session',
+      bash('echo nope; exit_status() { return 3; }; exit_status', { check: 'raise', error_msg: 'the step' }),
+      'swerex.exceptions.NonZeroExitCodeError',
+    );
     assert.match(failed.message, /^the step: Command .* failed with exit code 3/);
     const syntax = await raises('run_in_session', bash("echo 'unclosed"), 'swerex.exceptions.BashIncorrectSyntaxError');
     assert.match(String(syntax.extra_info.bash_stderr), /unexpected EOF|unexpected end of file/);

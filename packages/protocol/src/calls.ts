@@ -73,7 +73,16 @@ export const CallRequestSchema = z
     /** Time limit of the compile step (c, cpp, go, java with `code`), in ms. */
     compileTimeoutMs: z.number().int().min(1).max(MAX_CALL_TIMEOUT_MS).optional(),
     /** Files read back after the run (relative to `/work`, or absolute), returned in `files`; missing ones are left out. */
-    fetchFiles: z.array(z.string().min(1).max(1024).regex(/^[^\0]+$/)).max(256).optional(),
+    fetchFiles: z
+      .array(
+        z
+          .string()
+          .min(1)
+          .max(1024)
+          .regex(/^[^\0]+$/),
+      )
+      .max(256)
+      .optional(),
     /** Encoding of `files` in the request and in the result: `utf-8` (the default) or `base64`. */
     fileEncoding: z.enum(['utf-8', 'base64']).optional(),
   })

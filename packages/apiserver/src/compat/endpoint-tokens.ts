@@ -171,7 +171,9 @@ export class EndpointTokenService {
 /** /v1/endpoint-tokens: make (admin), list, revoke. */
 export function endpointTokenRoutes({ services: { endpointTokens } }: RouterDeps) {
   return router()
-    .post('/endpoint-tokens', jsonBody(CreateEndpointTokenRequestSchema), async (c) => c.json(await endpointTokens.create(c.get('principal'), c.get('body')), 201))
+    .post('/endpoint-tokens', jsonBody(CreateEndpointTokenRequestSchema), async (c) =>
+      c.json(await endpointTokens.create(c.get('principal'), c.get('body')), 201),
+    )
     .get('/endpoint-tokens', async (c) => c.json({ items: await endpointTokens.list(c.get('principal')), nextCursor: null }))
     .delete('/endpoint-tokens/:id', async (c) => {
       await endpointTokens.revoke(c.get('principal'), c.req.param('id'));

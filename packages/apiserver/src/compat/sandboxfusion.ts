@@ -71,24 +71,28 @@ export const RunCodeRequestSchema = z.object({
 
 export type RunCodeRequest = z.output<typeof RunCodeRequestSchema>;
 
-/** SandboxFusion's CommandRunResult. */
-export interface CommandRunResult {
-  status: 'Finished' | 'Error' | 'TimeLimitExceeded';
-  execution_time: number;
-  return_code: number | null;
-  stdout: string;
-  stderr: string;
-}
+/** SandboxFusion's CommandRunResult (`execution_time` in seconds; `return_code` null after a time limit). */
+export const CommandRunResultSchema = z.object({
+  status: z.enum(['Finished', 'Error', 'TimeLimitExceeded']),
+  execution_time: z.number(),
+  return_code: z.number().nullable(),
+  stdout: z.string(),
+  stderr: z.string(),
+});
 
-/** SandboxFusion's RunCodeResponse. */
-export interface RunCodeResponse {
-  status: 'Success' | 'Failed' | 'SandboxError';
-  message: string;
-  compile_result: CommandRunResult | null;
-  run_result: CommandRunResult | null;
-  executor_pod_name: string | null;
-  files: Record<string, string>;
-}
+export type CommandRunResult = z.infer<typeof CommandRunResultSchema>;
+
+/** SandboxFusion's RunCodeResponse (HTTP 200 for every outcome; `files` base64). */
+export const RunCodeResponseSchema = z.object({
+  status: z.enum(['Success', 'Failed', 'SandboxError']),
+  message: z.string(),
+  compile_result: CommandRunResultSchema.nullable(),
+  run_result: CommandRunResultSchema.nullable(),
+  executor_pod_name: z.string().nullable(),
+  files: z.record(z.string(), z.string()),
+});
+
+export type RunCodeResponse = z.infer<typeof RunCodeResponseSchema>;
 
 /** The fncall request of a run_code request. */
 export function toCallRequest(req: RunCodeRequest): CallRequest {

@@ -58,6 +58,8 @@ export class BashSession {
     readonly cmd: RunningCommand,
     /** Marker of this session's prompts (random). */
     readonly nonce: string,
+    /** Called once when the shell has ended. */
+    private readonly onEnd: () => void = () => undefined,
   ) {
     this.reading = this.read();
   }
@@ -76,6 +78,7 @@ export class BashSession {
     } finally {
       this.ended = true;
       this.notify?.();
+      this.onEnd();
     }
   }
 

@@ -29,19 +29,21 @@ const DEFAULT_TIMEOUT_S = 30;
 const MIN_INTERRUPT_WAIT_MS = 1_000;
 /** Responses kept per sandbox for retried requests (`X-Request-ID`). */
 const REPLAYS_PER_SANDBOX = 32;
+/** Sandboxes whose responses are kept (least recently first seen dropped). */
+const REPLAY_SANDBOXES = 4096;
 
 const SWEREX_PATH = /^\/v1\/sandboxes\/[^/]+\/swerex\//;
 
 // ---- SWE-ReX's request models (unknown fields are ignored, as pydantic does) ----
 
-const CreateSessionSchema = z.object({
+export const CreateSessionSchema = z.object({
   session: z.string().min(1).max(256).default('default'),
   session_type: z.literal('bash').default('bash'),
   startup_source: z.array(z.string().max(4096)).max(64).default([]),
   startup_timeout: z.number().positive().max(600).default(1),
 });
 
-const BashActionSchema = z.object({
+export const BashActionSchema = z.object({
   action_type: z.literal('bash').default('bash'),
   command: z.string().max(16 * 1_048_576),
   session: z.string().min(1).max(256).default('default'),
@@ -53,7 +55,7 @@ const BashActionSchema = z.object({
   expect: z.array(z.string().max(4096)).max(64).default([]),
 });
 
-const BashInterruptSchema = z.object({
+export const BashInterruptSchema = z.object({
   action_type: z.literal('bash_interrupt'),
   session: z.string().min(1).max(256).default('default'),
   timeout: z.number().positive().max(600).default(0.2),
@@ -61,14 +63,14 @@ const BashInterruptSchema = z.object({
   expect: z.array(z.string().max(4096)).max(64).default([]),
 });
 
-const ActionSchema = z.union([BashInterruptSchema, BashActionSchema]);
+export const ActionSchema = z.union([BashInterruptSchema, BashActionSchema]);
 
-const CloseSessionSchema = z.object({
+export const CloseSessionSchema = z.object({
   session: z.string().min(1).max(256).default('default'),
   session_type: z.literal('bash').default('bash'),
 });
 
-const CommandSchema = z.object({
+export const CommandSchema = z.object({
   command: z.union([z.string().min(1).max(1_048_576), z.array(z.string().max(1_048_576)).min(1).max(65_536)]),
   timeout: z.number().positive().max(86_400).nullable().default(null),
   shell: z.boolean().default(false),
@@ -79,13 +81,13 @@ const CommandSchema = z.object({
   merge_output_streams: z.boolean().default(false),
 });
 
-const ReadFileSchema = z.object({
+export const ReadFileSchema = z.object({
   path: z.string().min(1).max(4096),
   encoding: z.string().max(64).nullable().default(null),
   errors: z.string().max(64).nullable().default(null),
 });
 
-const WriteFileSchema = z.object({ content: z.string().max(256 * 1_048_576), path: z.string().min(1).max(4096) });
+export const WriteFileSchema = z.object({ content: z.string().max(256 * 1_048_576), path: z.string().min(1).max(4096) });
 
 /** A failure the SWE-ReX client raises again as `class_path`. */
 export class SwerexException extends Error {
@@ -103,7 +105,8 @@ export class SwerexException extends Error {
   }
 }
 
-const ex = (name: string, message: string, extra?: Record<string, unknown>): SwerexException => new SwerexException(`swerex.exceptions.${name}`, message, extra);
+const ex = (name: string, message: string, extra?: Record<string, unknown>): SwerexException =>
+  new SwerexException(`swerex.exceptions.${name}`, message, extra);
 
 /** A Python repr of a string (in messages, as SWE-ReX's use `!r`). */
 function pyRepr(s: string): string {
@@ -152,7 +155,11 @@ export class SwerexService {
   async once(sandboxId: string, requestId: string | undefined, run: () => Promise<Replay>): Promise<Replay> {
     if (!requestId) return run();
     let kept = this.replays.get(sandboxId);
-    if (!kept) this.replays.set(sandboxId, (kept = new Map()));
+    if (!kept) {
+      kept = new Map<string, Promise<Replay>>();
+      this.replays.set(sandboxId, kept);
+      while (this.replays.size > REPLAY_SANDBOXES) this.replays.delete(this.replays.keys().next().value!);
+    }
     const hit = kept.get(requestId);
     if (hit) return hit;
     const p = run();
@@ -172,7 +179,11 @@ export class SwerexService {
 
   async createSession(t: CommandTarget, body: z.output<typeof CreateSessionSchema>): Promise<Record<string, unknown>> {
     let mine = this.sessions.get(t.sandboxId);
-    if (!mine) this.sessions.set(t.sandboxId, (mine = new Map()));
+    if (!mine) {
+      mine = new Map<string, BashSession>();
+      this.sessions.set(t.sandboxId, mine);
+    }
+    const sessions = mine;
     const existing = mine.get(body.session);
     if (existing?.alive) throw ex('SessionExistsError', `session ${pyRepr(body.session)} already exists`);
     const nonce = randomBytes(8).toString('hex');
@@ -182,12 +193,18 @@ export class SwerexService {
       pty: { rows: 50, cols: 250 },
     };
     const cmd = await this.services.commands.spawn(t, spec, 'stream');
-    const s = new BashSession(cmd, nonce);
+    // A shell that ends (exit, the sandbox destroyed) leaves the table.
+    const s: BashSession = new BashSession(cmd, nonce, () => {
+      if (sessions.get(body.session) === s) sessions.delete(body.session);
+      if (sessions.size === 0 && this.sessions.get(t.sandboxId) === sessions) this.sessions.delete(t.sandboxId);
+    });
     mine.set(body.session, s);
     try {
       const wait = Math.max(MIN_STARTUP_MS, body.startup_timeout * 1000);
       const timeout = (err: unknown): never => {
-        throw err instanceof SessionTimeout ? ex('CommandTimeoutError', `timeout after ${wait / 1000} seconds while starting session ${pyRepr(body.session)}`) : err;
+        throw err instanceof SessionTimeout
+          ? ex('CommandTimeoutError', `timeout after ${wait / 1000} seconds while starting session ${pyRepr(body.session)}`)
+          : err;
       };
       // The first prompt says the terminal no longer echoes; then the startup files (which may
       // set their own prompt: it is set again after them).
@@ -200,7 +217,8 @@ export class SwerexService {
     } catch (err) {
       mine.delete(body.session);
       await s.close();
-      if (err instanceof SessionGone) throw new DsecError('CONFLICT', 'the sandbox has no bash to run a session (SWE-ReX sessions need /bin/sh, bash and stty)');
+      if (err instanceof SessionGone)
+        throw new DsecError('CONFLICT', 'the sandbox has no bash to run a session (SWE-ReX sessions need /bin/sh, bash and stty)');
       throw err;
     }
   }
@@ -231,10 +249,14 @@ export class SwerexService {
       const syntax = `__DSEC_SYNTAX_${s.nonce}__`;
       if (!interactive && output.startsWith(syntax)) {
         const stderr = output.slice(syntax.length);
-        throw ex('BashIncorrectSyntaxError', `Error (exit code 2) while checking bash command \n${pyRepr(action.command)}\n---- Stderr ----\n${stderr}\n---- Stdout ----\n`, {
-          bash_stdout: '',
-          bash_stderr: stderr,
-        });
+        throw ex(
+          'BashIncorrectSyntaxError',
+          `Error (exit code 2) while checking bash command \n${pyRepr(action.command)}\n---- Stderr ----\n${stderr}\n---- Stdout ----\n`,
+          {
+            bash_stdout: '',
+            bash_stderr: stderr,
+          },
+        );
       }
       if (interactive) return { output, exit_code: 0, failure_reason: '', expect_string: expectString, session_type: 'bash' };
       const exitCode = m.index === -1 ? m.exitCode : 0;
@@ -321,12 +343,15 @@ export class SwerexService {
 
   async readFile(t: CommandTarget, r: z.output<typeof ReadFileSchema>): Promise<Record<string, unknown>> {
     const data = await this.services.files.read(t, r.path).catch((err: unknown) => {
-      if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND') throw new SwerexException('builtins.FileNotFoundError', `[Errno 2] No such file or directory: ${pyRepr(r.path)}`);
-      if (err instanceof DsecError && /directory/i.test(err.message)) throw new SwerexException('builtins.IsADirectoryError', `[Errno 21] Is a directory: ${pyRepr(r.path)}`);
+      if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND')
+        throw new SwerexException('builtins.FileNotFoundError', `[Errno 2] No such file or directory: ${pyRepr(r.path)}`);
+      if (err instanceof DsecError && /directory/i.test(err.message))
+        throw new SwerexException('builtins.IsADirectoryError', `[Errno 21] Is a directory: ${pyRepr(r.path)}`);
       throw err;
     });
     const encoding = (r.encoding ?? 'utf-8').toLowerCase().replace('_', '-');
-    const enc: BufferEncoding = encoding === 'latin-1' || encoding === 'latin1' || encoding === 'iso-8859-1' ? 'latin1' : encoding === 'ascii' ? 'ascii' : 'utf8';
+    const enc: BufferEncoding =
+      encoding === 'latin-1' || encoding === 'latin1' || encoding === 'iso-8859-1' ? 'latin1' : encoding === 'ascii' ? 'ascii' : 'utf8';
     return { content: Buffer.from(data).toString(enc) };
   }
 
@@ -351,7 +376,10 @@ export class SwerexService {
         continue;
       }
       await this.services.files.mkdir(t, path.posix.dirname(dest));
-      await this.services.files.write(t, dest, oneChunk(e.data), { limitBytes: 4 * SWEREX_MAX_UPLOAD_BYTES, ...(e.mode !== undefined ? { mode: e.mode } : {}) });
+      await this.services.files.write(t, dest, oneChunk(e.data), {
+        limitBytes: 4 * SWEREX_MAX_UPLOAD_BYTES,
+        ...(e.mode !== undefined ? { mode: e.mode } : {}),
+      });
     }
     return {};
   }
@@ -360,7 +388,6 @@ export class SwerexService {
 async function* oneChunk(data: Buffer): AsyncGenerator<Uint8Array> {
   yield data;
 }
-
 
 /** A JSON body parsed with a SWE-ReX model (a missing body is `{}`). */
 async function model<S extends z.ZodType>(c: Context, schema: S): Promise<z.output<S>> {
@@ -395,19 +422,44 @@ export function swerexRoutes({ services }: RouterDeps) {
     return c.json(reply.body as object, reply.status as 200);
   };
   return router()
-    .get(`${base}/`, handle(async () => ({ message: 'hello world' })))
-    .get(`${base}/is_alive`, handle(async () => ({ is_alive: true, message: '' })))
-    .post(`${base}/create_session`, handle(async (c, _p, t) => swerex.createSession(t, await model(c, CreateSessionSchema))))
-    .post(`${base}/run_in_session`, handle(async (c, _p, t) => swerex.runInSession(t, await model(c, ActionSchema))))
-    .post(`${base}/close_session`, handle(async (c, _p, t) => swerex.closeSession(t.sandboxId, (await model(c, CloseSessionSchema)).session)))
-    .post(`${base}/execute`, handle(async (c, p, t) => swerex.execute(p, t, await model(c, CommandSchema))))
-    .post(`${base}/read_file`, handle(async (c, _p, t) => swerex.readFile(t, await model(c, ReadFileSchema))))
-    .post(`${base}/write_file`, handle(async (c, _p, t) => swerex.writeFile(t, await model(c, WriteFileSchema))))
+    .get(
+      `${base}/`,
+      handle(async () => ({ message: 'hello world' })),
+    )
+    .get(
+      `${base}/is_alive`,
+      handle(async () => ({ is_alive: true, message: '' })),
+    )
+    .post(
+      `${base}/create_session`,
+      handle(async (c, _p, t) => swerex.createSession(t, await model(c, CreateSessionSchema))),
+    )
+    .post(
+      `${base}/run_in_session`,
+      handle(async (c, _p, t) => swerex.runInSession(t, await model(c, ActionSchema))),
+    )
+    .post(
+      `${base}/close_session`,
+      handle(async (c, _p, t) => swerex.closeSession(t.sandboxId, (await model(c, CloseSessionSchema)).session)),
+    )
+    .post(
+      `${base}/execute`,
+      handle(async (c, p, t) => swerex.execute(p, t, await model(c, CommandSchema))),
+    )
+    .post(
+      `${base}/read_file`,
+      handle(async (c, _p, t) => swerex.readFile(t, await model(c, ReadFileSchema))),
+    )
+    .post(
+      `${base}/write_file`,
+      handle(async (c, _p, t) => swerex.writeFile(t, await model(c, WriteFileSchema))),
+    )
     .post(
       `${base}/upload`,
       handle(async (c, _p, t) => {
         const length = Number(c.req.header('content-length') ?? '0');
-        if (length > SWEREX_MAX_UPLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `body: uploads are at most ${SWEREX_MAX_UPLOAD_BYTES} bytes`, { field: 'body' });
+        if (length > SWEREX_MAX_UPLOAD_BYTES)
+          throw new DsecError('PAYLOAD_TOO_LARGE', `body: uploads are at most ${SWEREX_MAX_UPLOAD_BYTES} bytes`, { field: 'body' });
         const form = await c.req.parseBody().catch(() => {
           throw new DsecError('INVALID_ARGUMENT', 'body: not a multipart form', { field: 'body' });
         });

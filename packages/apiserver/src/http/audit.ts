@@ -81,7 +81,11 @@ export function authAndAudit(
         const source = failures.source(c);
         const gate = failures.gate;
         try {
-          principal = await authenticate(c.req.header('authorization'), gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined, authRequest(c));
+          principal = await authenticate(
+            c.req.header('authorization'),
+            gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined,
+            authRequest(c),
+          );
         } catch (err) {
           if (!isAuthFailure(err)) throw err;
           gate.failed(source, { method: c.req.method, route: routePath(c, -1) || '/v1/*', status: toDsecError(err).status });

@@ -39,7 +39,10 @@ export function registerEndpointTokens(program: Command): void {
     .description('list endpoint tokens (no secrets)')
     .option('--json', 'print JSON')
     .action(async (flags: { json?: boolean }, cmd: Command) => {
-      const { items } = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).json<{ items: EndpointToken[] }>({ method: 'GET', path: '/v1/endpoint-tokens' });
+      const { items } = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).json<{ items: EndpointToken[] }>({
+        method: 'GET',
+        path: '/v1/endpoint-tokens',
+      });
       if (flags.json) return printJson(items);
       printTable(
         ['id', 'name', 'protocol', 'project', 'age', 'revoked'],

@@ -375,7 +375,10 @@ export class FnCallRunner implements EdgeCalls {
     const { agent } = sb;
     const owner = { uid: CALL_UID, gid: CALL_UID };
     const base64 = spec.fileEncoding === 'base64';
-    const files: Array<[string, string | Buffer]> = Object.entries(spec.files ?? {}).map(([rel, content]) => [rel, base64 ? Buffer.from(content, 'base64') : content]);
+    const files: Array<[string, string | Buffer]> = Object.entries(spec.files ?? {}).map(([rel, content]) => [
+      rel,
+      base64 ? Buffer.from(content, 'base64') : content,
+    ]);
     const def = spec.runtime !== undefined ? RUNTIMES[spec.runtime] : undefined;
     const compile = spec.code !== undefined ? def?.compile : undefined;
     if (compile) files.push([compile.file, spec.code ?? '']);
@@ -396,7 +399,13 @@ export class FnCallRunner implements EdgeCalls {
       }
     }
     const argv = spec.argv ?? (def ? def.argv(spec.code ?? '') : ['/bin/sh', '-c', spec.code ?? '']);
-    const step = await this.runStep(sb, { argv, env, timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS, limit, ...(spec.stdin !== undefined ? { stdin: spec.stdin } : {}) });
+    const step = await this.runStep(sb, {
+      argv,
+      env,
+      timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS,
+      limit,
+      ...(spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
+    });
     const result: CallResult = { ...step, ...(compiled ? { compile: compiled } : {}) };
     if (spec.fetchFiles?.length) result.files = await this.fetchFiles(agent, spec.fetchFiles, base64);
     return result;
