@@ -29,6 +29,7 @@ import { proxyScenario } from './scenarios/proxy.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
+import { sandboxFusionScenario } from './scenarios/sandboxfusion.js';
 
 const SCENARIOS: Scenario[] = [
   createScenario,
@@ -44,6 +45,7 @@ const SCENARIOS: Scenario[] = [
   networkScenario,
   proxyScenario,
   installScenario,
+  sandboxFusionScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

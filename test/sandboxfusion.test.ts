@@ -235,6 +235,8 @@ describe('endpoint tokens', () => {
     assert.ok(audit.includes('/v1/sandboxfusion/t/:token/run_code'), 'the audit names the route');
     assert.ok(audit.includes(tok.id), 'the audit names the token by its id');
     assert.equal(audit.includes(tok.token), false, 'never the token');
+    const metrics = await (await fetch(`${platform.url}/metrics`)).text();
+    assert.equal(metrics.includes(tok.token), false, 'metrics label requests by route pattern');
 
     const del = await fetch(`${platform.url}/v1/endpoint-tokens/${tok.id}`, { method: 'DELETE', headers: auth });
     assert.equal(del.status, 204);

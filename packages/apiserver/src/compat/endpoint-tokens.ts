@@ -86,12 +86,6 @@ export function tokenInPath(path: string): { protocol: EndpointToken['protocol']
   return undefined;
 }
 
-/** Replaces endpoint tokens in a URL path by `:token` (for logs). */
-export function redactTokenPath(path: string): string {
-  const found = tokenInPath(path);
-  return found ? path.replace(`/t/${found.token}`, '/t/:token') : path;
-}
-
 /** Endpoint tokens: made, listed and revoked by admins; resolved to principals by the authenticator's hook. */
 export class EndpointTokenService {
   private readonly cache = new Map<string, { principal: Principal; at: number }>();
