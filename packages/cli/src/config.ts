@@ -4,7 +4,7 @@
 // value is refused naming its key and where it came from, with exit status 2.
 import { readFile } from 'node:fs/promises';
 import type { PlatformOptions, ReplicaOptions } from '@dsec/apiserver';
-import { DEFAULT_RUNTIME_CACHE, LIMIT_NAMES, RUNTIME_LAYER_IDS, checkConfig } from '@dsec/protocol';
+import { LIMIT_NAMES, checkConfig } from '@dsec/protocol';
 import type { DsecConfig } from '@dsec/protocol';
 
 /** A configuration that cannot be used: the CLI prints the message and exits with status 2. */
@@ -241,7 +241,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.network !== undefined ? { network: node.network } : {}),
     ...(node.registry !== undefined ? { registry: node.registry } : {}),
     ...(node.pullFrom !== undefined ? { pullFrom: node.pullFrom } : {}),
-    calls: { runtimeCache: node.calls?.runtimeCache ?? DEFAULT_RUNTIME_CACHE, prebuild: node.calls?.prebuild ?? [...RUNTIME_LAYER_IDS] },
+    ...(node.calls !== undefined ? { calls: node.calls } : {}),
     ...(config.edgeWire !== undefined ? { edgeWire: config.edgeWire } : {}),
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),
