@@ -17,6 +17,7 @@ import { after, before, describe, test } from 'node:test';
 import { ROOT_PROJECT_ID } from '@dsec/apiserver';
 import { RUNTIME_LAYERS, runtimeLayerName } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
+import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 
@@ -223,5 +224,13 @@ describe('swerex runtime', () => {
     await raises('run_in_session', bash('echo x'), 'swerex.exceptions.SessionDoesNotExistError');
     // The sandbox itself stays.
     assert.equal((await sandbox.exec(['true'])).exitCode, 0);
+  });
+
+  test("a stand-in of SWE-ReX's RemoteRuntime (Python, standard library) works unchanged", async () => {
+    const { stdout } = await run('python3', [path.join(REPO_ROOT, 'test/fixtures/swerex_client.py'), base, platform.adminKey, scratch], {
+      env: { PATH: process.env.PATH ?? '/usr/bin:/bin' },
+      timeout: 120_000,
+    });
+    assert.equal(stdout.trim(), 'ok');
   });
 });
