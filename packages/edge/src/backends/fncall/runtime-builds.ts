@@ -4,13 +4,14 @@
 // take them in at once. A call never waits for a build: until its layer is ready it is refused
 // with UNAVAILABLE naming the runtime, what is built and for how long, and a retry hint.
 import { randomBytes } from 'node:crypto';
-import { access, mkdir, rename, rm } from 'node:fs/promises';
+import { access, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import type { LayerStore } from '../../layers/index.js';
 import { LayerStore as CacheStore } from '../../layers/index.js';
 import { DEFAULT_DEBIAN_SUITE } from '../../layers/debian.js';
+import { mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { RUNTIME_LAYERS, runtimeLayerName } from './runtimes.js';
 import type { RuntimeLayerId } from './runtimes.js';
 
@@ -138,6 +139,7 @@ export class RuntimeBuilds {
     // Built in a store of its own beside the cache, then renamed into place: another process
     // building the same layer at the same time loses the rename and takes the winner's.
     await mkdir(cacheDir, { recursive: true, mode: 0o700 });
+    await sweepStaleBuilds(cacheDir);
     const scratch = path.join(cacheDir, `.build-${name}-${randomBytes(4).toString('hex')}`);
     const store = new CacheStore({ root: scratch, unmountLingerMs: 0 });
     try {
@@ -159,6 +161,21 @@ export class RuntimeBuilds {
     this.queue.length = 0;
     this.abort.abort(new DsecError('CANCELLED', 'the fncall backend is closing'));
     await this.idle.catch(() => undefined);
+  }
+}
+
+/** A build directory left this long ago belongs to a process that died while building. */
+const STALE_BUILD_MS = 24 * 3600_000;
+
+/** Removes build directories that dead processes left in the cache (their mounts first). */
+async function sweepStaleBuilds(cacheDir: string): Promise<void> {
+  for (const name of await readdir(cacheDir).catch(() => [] as string[])) {
+    if (!name.startsWith('.build-')) continue;
+    const dir = path.join(cacheDir, name);
+    const st = await stat(dir).catch(() => undefined);
+    if (!st || Date.now() - st.mtimeMs < STALE_BUILD_MS) continue;
+    for (const m of await mountsUnder(dir)) umount(m, MNT.DETACH);
+    await rm(dir, { recursive: true, force: true });
   }
 }
 
