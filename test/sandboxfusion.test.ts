@@ -263,4 +263,21 @@ describe('endpoint tokens', () => {
     await cli('endpoint-tokens', 'revoke', id);
     assert.equal((await post(url, verlRequest('print(1)', 'python'))).status, 401);
   });
+
+  test('dsec call compiles c: the exit of the program, or the compile failure', async () => {
+    const dsec = (...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> =>
+      new Promise((resolve) => {
+        execFile(
+          process.execPath,
+          [path.join(REPO_ROOT, 'packages/cli/dist/main.js'), ...args],
+          { env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_API_URL: platform.url, DSEC_API_KEY: platform.adminKey } },
+          (err, stdout, stderr) => resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+        );
+      });
+    const ran = await dsec('call', '--runtime', 'c', '-c', '#include <stdio.h>\nint main(void){puts("compiled"); return 3;}');
+    assert.deepEqual([ran.code, ran.stdout], [3, 'compiled\n'], ran.stderr);
+    const broken = await dsec('call', '--runtime', 'c', '-c', 'int main(void){ return nope; }');
+    assert.equal(broken.code, 1);
+    assert.match(broken.stderr, /nope[\s\S]*dsec: compile failed/);
+  });
 });
