@@ -30,6 +30,7 @@ import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
+import { sandboxFusionScenario } from './scenarios/sandboxfusion.js';
 
 const SCENARIOS: Scenario[] = [
   createScenario,
@@ -46,6 +47,7 @@ const SCENARIOS: Scenario[] = [
   proxyScenario,
   installScenario,
   remoteEdgeScenario,
+  sandboxFusionScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

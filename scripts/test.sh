@@ -81,6 +81,8 @@ for f in test/dist/{api,batch,cli,network-api,pools,sdk,trajectory}.test.js test
 for f in test/dist/{fncall,hardening,lifecycle,snapshot,watcher}.test.js; do
   run_file --pattern '^(fncall through the API, SDK and CLI|API and SDK|platform: leases, owners, reattach|events|audit|rules|snapshots)$' "$f"
 done
+# SandboxFusion's run_code through the wire too (the calls' compile step, base64 files, fetched files).
+run_file test/dist/sandboxfusion.test.js
 unset DSEC_EDGE_WIRE
 for f in "${flaky_files[@]}"; do echo "dsec: FLAKY (failed, then passed when run again): $f"; done
 for f in "${failed_files[@]}"; do echo "dsec: FAILED: $f"; done

@@ -151,6 +151,8 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
       JSON.stringify({
         cluster: { unreachableAfterMs: UNREACHABLE_AFTER_MS, lostAfterMs: LOST_AFTER_MS },
         watcher: { intervalMs: 500, gcIntervalMs: 1000 },
+        // No fncall runtime builds in the background here (dsec up starts them by default).
+        node: { calls: { prebuild: [] } },
       }),
     );
     await startUp();

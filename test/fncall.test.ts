@@ -6,7 +6,7 @@ import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { mountsUnder } from '@dsec/edge';
+import { fncallRunner, mountsUnder } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import type { CallResult } from '@dsec/protocol';
 import { DsecClient } from '@dsec/sdk';
@@ -161,9 +161,19 @@ describe('fncall at the edge (sh runtime)', () => {
 describe('fncall runtimes built from Debian packages (python3, node)', () => {
   let node: TestNode;
   before(async () => {
-    node = await startNode();
-    // Both runtimes are built on first use; build them side by side.
-    await Promise.all([node.edge.calls.run({ runtime: 'python3', code: 'pass' }), node.edge.calls.run({ runtime: 'node', code: '0' })]);
+    // Their layers come from the machine-wide runtime cache (built there once, minutes, on a
+    // machine's first run); until they are in, a call is refused at once: poll.
+    const runtimeCache = path.join(process.env.DSEC_TEST_CACHE ?? '/var/tmp/dsec-test-cache', 'runtimes');
+    node = await startNode({ edge: { calls: fncallRunner({ runtimeCache, prebuild: ['python', 'node'] }) } });
+    for (const req of [{ runtime: 'python3', code: 'pass' } as const, { runtime: 'node', code: '0' } as const]) {
+      const until = Date.now() + 900_000;
+      for (;;) {
+        const r = await node.edge.calls.run(req).catch((err: unknown) => err);
+        if (!(r instanceof DsecError && r.code === 'UNAVAILABLE' && Date.now() < until)) break;
+        assert.match(r.message, /is not ready yet/);
+        await new Promise((res) => setTimeout(res, 2000));
+      }
+    }
   });
   after(async () => {
     await node?.cleanup();

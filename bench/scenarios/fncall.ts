@@ -1,7 +1,7 @@
 // Function calls (the fncall backend): latency and rate of a trivial call and of `python3 -c`,
 // against a bubblewrap one-shot and `podman run --rm` of the same busybox rootfs.
 import { mustRun } from '../lib/peers.js';
-import { retryRateLimited } from '../lib/platform.js';
+import { retryRateLimited, waitForRuntime } from '../lib/platform.js';
 import { latencyRow } from '../lib/report.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
 import { nowMs, progress, summarize } from '../lib/stats.js';
@@ -103,7 +103,8 @@ export const fncallScenario: Scenario = {
       ctx.note('`--quick` leaves out the python3 runtime (its first use builds a Debian layer).');
       return;
     }
-    progress('fncall: python3 runtime (built on first use)');
+    progress('fncall: python3 runtime (its Debian layer built in the background on first use, or from the cache)');
+    await waitForRuntime(client, 'python3', 'pass');
     const py = (): Promise<unknown> => retryRateLimited(() => client.calls.run({ runtime: 'python3', code: 'print(1)' }));
     for (let i = 0; i < WARMUP; i++) await py();
     const pySamples: number[] = [];

@@ -80,9 +80,23 @@ class TokenBucket {
   }
 }
 
+/** A request as a {@link CredentialHook} sees it. */
+export interface AuthRequest {
+  path: string;
+  header(name: string): string | undefined;
+}
+
+/**
+ * Another credential than `Authorization: Bearer <key>` (an endpoint token in the path, a key in
+ * `X-API-Key`): the principal it names, or undefined when the request does not carry it. Each
+ * kind lives in a module of its own and registers here ({@link Authenticator.addCredentialHook}).
+ */
+export type CredentialHook = (req: AuthRequest) => Promise<Principal> | undefined;
+
 /** Resolves bearer tokens to principals, with a small cache and per-key rate limits. */
 export class Authenticator {
   private readonly cache = new Map<string, { principal: Principal; at: number }>();
+  private readonly hooks: CredentialHook[] = [];
   private readonly buckets = new Map<string, TokenBucket>();
   private tree: Map<string, string[]> | undefined;
   private treeAt = 0;
@@ -160,15 +174,32 @@ export class Authenticator {
     return tenantOfAncestry(await this.store.ancestry(projectId), ROOT_PROJECT_ID);
   }
 
+  /** Adds a credential tried before the `Authorization` header (see {@link CredentialHook}). */
+  addCredentialHook(hook: CredentialHook): void {
+    this.hooks.push(hook);
+  }
+
   /**
-   * The principal of an `Authorization` header value; throws UNAUTHENTICATED or RATE_LIMITED.
-   * With `cachedOnly` (a source refused for failing too often) only a key that authenticated
-   * recently is accepted, without a look-up in the store; any other is `refuse()`'s error.
+   * The principal of an `Authorization` header value (or of a credential a hook finds in `req`);
+   * throws UNAUTHENTICATED or RATE_LIMITED. With `cachedOnly` (a source refused for failing too
+   * often) only a key that authenticated recently is accepted, without a look-up in the store;
+   * any other is `refuse()`'s error.
    */
-  async authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
+  async authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }, req?: AuthRequest): Promise<Principal> {
+    for (const hook of req ? this.hooks : []) {
+      const found = hook(req!);
+      if (found === undefined) continue;
+      if (cachedOnly) throw cachedOnly.refuse();
+      return this.rateLimited(await found);
+    }
     const m = /^Bearer\s+(\S+)$/i.exec(header ?? '');
     if (!m) throw cachedOnly?.refuse() ?? new DsecError('UNAUTHENTICATED', 'missing API key: send Authorization: Bearer <key>');
-    const hash = hashKey(m[1]!);
+    return this.rateLimited(await this.keyPrincipal(m[1]!, cachedOnly));
+  }
+
+  /** The principal of a key's secret (for credential hooks that find a key elsewhere than `Authorization`), not rate-limited. */
+  async keyPrincipal(secret: string, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
+    const hash = hashKey(secret);
     let principal: Principal | undefined;
     const hit = this.cache.get(hash);
     if (hit && Date.now() - hit.at < this.cacheTtlMs) principal = hit.principal;
@@ -185,6 +216,11 @@ export class Authenticator {
       };
       this.cache.set(hash, { principal, at: Date.now() });
     }
+    return principal;
+  }
+
+  /** The principal, once a token of its key's bucket is taken (else RATE_LIMITED). */
+  private async rateLimited(principal: Principal): Promise<Principal> {
     const waitMs = await this.takeToken(principal.keyId);
     if (waitMs > 0) throw new DsecError('RATE_LIMITED', `too many requests for this key; retry in ${waitMs} ms`, { retryAfterMs: waitMs });
     return principal;

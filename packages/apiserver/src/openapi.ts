@@ -1,9 +1,11 @@
 // The OpenAPI 3.1 document, generated from the protocol's zod schemas.
 import { z } from 'zod';
 import * as api from '@dsec/protocol';
+import { COMPAT_ROUTES, COMPAT_SECURITY_SCHEMES } from './compat/openapi-routes.js';
 
 type Schema = z.ZodType;
-interface Route {
+/** One route of the document. */
+export interface Route {
   method: 'get' | 'post' | 'put' | 'patch' | 'delete';
   path: string;
   summary: string;
@@ -13,6 +15,10 @@ interface Route {
   status?: number;
   /** Optional request headers the route reads. */
   headers?: string[];
+  /** How the route authenticates (default the bearer key; see `components.securitySchemes`). */
+  security?: Array<Record<string, string[]>>;
+  /** A multipart form instead of a JSON body. */
+  form?: Record<string, { type: string; format?: string }>;
 }
 
 const page = (item: Schema): Schema => api.pageOf(item);
@@ -215,6 +221,7 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/rules', summary: 'Add a run-time rule', body: api.CreateRuleRequestSchema, reply: api.RuleSchema, status: 201 },
   { method: 'get', path: '/v1/rules', summary: 'List rules', reply: page(api.RuleSchema) },
   { method: 'delete', path: '/v1/rules/{id}', summary: 'Delete a rule', status: 204 },
+  ...COMPAT_ROUTES,
 ];
 
 function jsonSchema(s: Schema, io: 'input' | 'output'): unknown {
@@ -228,7 +235,7 @@ export function openApiDocument(): unknown {
   if (cached) return cached;
   const paths: Record<string, Record<string, unknown>> = {};
   for (const r of ROUTES) {
-    const op: Record<string, unknown> = { summary: r.summary, security: [{ bearer: [] }] };
+    const op: Record<string, unknown> = { summary: r.summary, security: r.security ?? [{ bearer: [] }] };
     const params = [...r.path.matchAll(/\{(\w+)\}/g)].map((m) => ({ name: m[1], in: 'path', required: true, schema: { type: 'string' } }));
     if (r.query) {
       const q = jsonSchema(r.query, 'input') as { properties?: Record<string, unknown>; required?: string[] };
@@ -238,6 +245,7 @@ export function openApiDocument(): unknown {
     for (const name of r.headers ?? []) params.push({ name, in: 'header', required: false, schema: { type: 'string' } });
     if (params.length) op.parameters = params;
     if (r.body === 'binary') op.requestBody = { content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } };
+    else if (r.form) op.requestBody = { required: true, content: { 'multipart/form-data': { schema: { type: 'object', properties: r.form } } } };
     else if (r.body) op.requestBody = { required: true, content: { 'application/json': { schema: jsonSchema(r.body, 'input') } } };
     const status = String(r.status ?? 200);
     const content =
@@ -257,7 +265,7 @@ export function openApiDocument(): unknown {
   cached = {
     openapi: '3.1.0',
     info: { title: 'dsec API', version: '1' },
-    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' }, ...COMPAT_SECURITY_SCHEMES } },
     paths,
   };
   return cached;

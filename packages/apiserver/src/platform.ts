@@ -5,8 +5,8 @@ import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
-import { Edge, makeCsr, makeKey, openssl } from '@dsec/edge';
-import type { NetworkOptions } from '@dsec/edge';
+import { Edge, fncallRunner, makeCsr, makeKey, openssl } from '@dsec/edge';
+import type { NetworkOptions, RuntimeLayerId } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire, resolveLimits } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
@@ -47,6 +47,8 @@ export interface PlatformOptions extends ControlPlaneOptions {
   registry?: LayerRegistryConfig;
   /** Registries images may be pulled from (EdgeOptions.pullFrom). */
   pullFrom?: RegistryEndpointConfig[];
+  /** The fncall language runtimes: machine-wide cache and the layers built at start (default: none, built when first asked for, in the node's store). */
+  calls?: { runtimeCache?: string | undefined; prebuild?: RuntimeLayerId[] | undefined };
   /**
    * How the control plane reaches the in-process edge: directly (`off`, the default) or through
    * the edge wire protocol over a loopback transport (`loopback`: every call, stream and event
@@ -110,6 +112,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     ...(opts.network ? { network: opts.network } : {}),
     ...(opts.registry ? { registry: opts.registry } : {}),
     ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),
+    ...(opts.calls ? { calls: fncallRunner({ ...opts.calls, log }) } : {}),
     ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
   });
   const closers: Array<() => Promise<void> | void> = [() => edge.close()];

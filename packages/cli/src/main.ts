@@ -8,6 +8,7 @@ import { registerCall } from './commands/call.js';
 import { registerCp } from './commands/cp.js';
 import { registerDb } from './commands/db.js';
 import { registerEdge } from './commands/edge.js';
+import { registerEndpointTokens } from './commands/endpoint-tokens.js';
 import { registerExec } from './commands/exec.js';
 import { registerImage } from './commands/image.js';
 import { registerPools } from './commands/pools.js';
@@ -40,6 +41,7 @@ export function buildProgram(): Command {
   registerCp(program);
   registerImage(program);
   registerPools(program);
+  registerEndpointTokens(program);
   registerKeys(program);
   registerProjects(program);
   registerNodes(program);

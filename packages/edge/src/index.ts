@@ -51,7 +51,9 @@ export { FnCallRunner, MAX_CONCURRENT_CALLS } from './backends/fncall/runner.js'
 export type { FnCallRunnerOptions } from './backends/fncall/runner.js';
 export { fncallRunner } from './backends/fncall/index.js';
 export type { CallRunner, CallRunnerFactory, FnCallRunnerConfig } from './backends/fncall/index.js';
-export { RUNTIMES } from './backends/fncall/runtimes.js';
+export { RUNTIMES, RUNTIME_LAYERS, runtimeLayerName } from './backends/fncall/runtimes.js';
+export type { RuntimeLayerId } from './backends/fncall/runtimes.js';
+export { RuntimeBuilds } from './backends/fncall/runtime-builds.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
 export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE } from './host/id-ranges.js';
 export { PLATFORM_MOUNT_POINTS } from './diff.js';

@@ -114,6 +114,19 @@ export const LayerRegistryConfigSchema = RegistryEndpointConfigSchema.extend({
   cacheMaxBytes: positiveInt.optional(),
 });
 
+/** Default machine-wide cache of the fncall runtimes' Debian layers (`node.calls.runtimeCache`) of `dsec up`. */
+export const DEFAULT_RUNTIME_CACHE = '/var/cache/dsec/runtimes';
+/** The fncall runtime layers, in the order `dsec up` builds them at start by default. */
+export const RUNTIME_LAYER_IDS = ['python', 'node', 'gcc', 'go', 'java'] as const;
+
+/** Function calls of a node: the language runtimes (docs/integrations.md). */
+export const CallsConfigSchema = z.strictObject({
+  /** Machine-wide directory of built runtime layers, shared by the node homes of the machine. Default {@link DEFAULT_RUNTIME_CACHE}. */
+  runtimeCache: z.string().startsWith('/', { error: 'not an absolute path' }).optional(),
+  /** Runtime layers built in the background at start, in this order (python: python3, pytest and bash; gcc: c and cpp). Default all of {@link RUNTIME_LAYER_IDS}; `[]`: each when first asked for. */
+  prebuild: z.array(z.enum(RUNTIME_LAYER_IDS, { error: `not one of ${RUNTIME_LAYER_IDS.join(', ')}` })).optional(),
+});
+
 /** The settings of one node: what a node joining from elsewhere is handed. */
 export const NodeConfigSchema = z.strictObject({
   /** Host path of the static chronus binary. Default: the one built in the checkout. */
@@ -128,6 +141,8 @@ export const NodeConfigSchema = z.strictObject({
   registry: LayerRegistryConfigSchema.optional(),
   /** Registries `dsec image pull` may fetch images from. Default none. */
   pullFrom: z.array(RegistryEndpointConfigSchema).max(64, { error: 'more than 64 registries' }).optional(),
+  /** Function calls: where the language runtimes are cached and which are built at start. */
+  calls: CallsConfigSchema.optional(),
 });
 
 /** Retention of a table: newest `maxRows` rows, none older than `maxAgeMs`. */

@@ -304,6 +304,8 @@ export {
   CallRequestSchema,
   CallResultSchema,
   CallRuntimeSchema,
+  CallStepResultSchema,
+  DEFAULT_CALL_COMPILE_TIMEOUT_MS,
   DEFAULT_CALL_MEMORY_MIB,
   DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
   DEFAULT_CALL_TIMEOUT_MS,
@@ -312,7 +314,7 @@ export {
   MAX_CALL_OUTPUT_LIMIT_BYTES,
   MAX_CALL_TIMEOUT_MS,
 } from './calls.js';
-export type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallRuntime } from './calls.js';
+export type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallRuntime, CallStepResult } from './calls.js';
 export { ApiKeySchema, CreateKeyRequestSchema, CreateProjectRequestSchema, ProjectSchema, QuotaSchema, RoleSchema } from './iam.js';
 export type { ApiKey, CreateKeyRequest, CreateProjectRequest, Project, Quota, Role } from './iam.js';
 export {
@@ -402,6 +404,9 @@ export {
   ProxyLimitsConfigSchema,
   RegistryEndpointConfigSchema,
   RetentionConfigSchema,
+  CallsConfigSchema,
+  DEFAULT_RUNTIME_CACHE,
+  RUNTIME_LAYER_IDS,
 } from './config.js';
 export type { ConfigIssue, DsecConfig, DsecConfigInput, LayerRegistryConfig, NetworkConfig, NodeConfig, RegistryEndpointConfig } from './config.js';
 export { EXEC_FRAMES_MEDIA_TYPE, ExecFrameDecoder, MAX_EXEC_FRAME_BYTES, encodeExecFrame, readExecFrames } from './exec-frames.js';

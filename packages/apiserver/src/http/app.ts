@@ -21,6 +21,9 @@ import { poolRoutes } from './routes/pools.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { watchRoutes } from './routes/watch.js';
+import { endpointTokenRoutes } from '../compat/endpoint-tokens.js';
+import { sandboxFusionRoutes } from '../compat/sandboxfusion.js';
+import { swerexRoutes } from '../compat/swerex.js';
 import { authAndAudit } from './audit.js';
 import type { AuthFailureOptions } from './audit.js';
 import { TrustedProxies } from './client-address.js';
@@ -84,7 +87,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
 
   app.use(
     '/v1/*',
-    authAndAudit((header, cachedOnly) => services.iam.authenticate(header, cachedOnly), watch, opts.failures),
+    authAndAudit((header, cachedOnly, req) => services.iam.authenticate(header, cachedOnly, req), watch, opts.failures),
   );
 
   const deps: RouterDeps = { services, metrics, log };
@@ -99,6 +102,9 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', snapshotRoutes(deps));
   app.route('/v1', callRoutes(deps));
   app.route('/v1', layerRoutes(deps));
+  app.route('/v1', endpointTokenRoutes(deps));
+  app.route('/v1', sandboxFusionRoutes(deps));
+  app.route('/v1', swerexRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
   return app;
 }

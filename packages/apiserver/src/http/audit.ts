@@ -2,7 +2,7 @@
 import type { Context } from 'hono';
 import { routePath } from 'hono/route';
 import type { DsecError } from '@dsec/protocol';
-import type { Principal } from '../auth.js';
+import type { AuthRequest, Principal } from '../auth.js';
 import type { AuthFailureEntry, AuthFailureGate } from '../tenant-limits.js';
 import type { WatchService } from '../watch.js';
 import { toDsecError } from './errors.js';
@@ -69,7 +69,7 @@ function isAuthFailure(err: unknown): boolean {
  * into one entry per source with a count.
  */
 export function authAndAudit(
-  authenticate: (header: string | undefined, cachedOnly?: { refuse: () => Error }) => Promise<Principal>,
+  authenticate: (header: string | undefined, cachedOnly?: { refuse: () => Error }, req?: AuthRequest) => Promise<Principal>,
   watch: WatchService | undefined,
   failures?: AuthFailureOptions,
 ) {
@@ -81,7 +81,11 @@ export function authAndAudit(
         const source = failures.source(c);
         const gate = failures.gate;
         try {
-          principal = await authenticate(c.req.header('authorization'), gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined);
+          principal = await authenticate(
+            c.req.header('authorization'),
+            gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined,
+            authRequest(c),
+          );
         } catch (err) {
           if (!isAuthFailure(err)) throw err;
           gate.failed(source, { method: c.req.method, route: routePath(c, -1) || '/v1/*', status: toDsecError(err).status });
@@ -89,7 +93,7 @@ export function authAndAudit(
           (err as Record<symbol, unknown>)[AUDITED] = true;
           throw err;
         }
-      } else principal = await authenticate(c.req.header('authorization'));
+      } else principal = await authenticate(c.req.header('authorization'), undefined, authRequest(c));
       c.set('principal', principal);
       await next();
     } catch (err) {
@@ -98,6 +102,11 @@ export function authAndAudit(
     }
     if (watch) auditCall(watch, c, principal, c.res.status, performance.now() - start);
   };
+}
+
+/** The request as credential hooks see it. */
+function authRequest(c: Context): AuthRequest {
+  return { path: c.req.path, header: (name) => c.req.header(name) };
 }
 
 /** The audit entry of a source's collapsed failed authentications. */

@@ -4,7 +4,7 @@ import { DsecError, KeyedSerialQueue, limitExceeded } from '@dsec/protocol';
 import type { ApiKey, CreateKeyRequest, CreateProjectRequest, NodeInfo, Project, Quota, TenantLimits } from '@dsec/protocol';
 import { ROOT_PROJECT_ID } from '../db/store.js';
 import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
-import type { Authenticator, Principal } from '../auth.js';
+import type { AuthRequest, Authenticator, Principal } from '../auth.js';
 import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import type { NodeRegistry } from '../nodes.js';
@@ -41,8 +41,8 @@ export class IamService {
   ) {}
 
   /** The principal of an `Authorization` header (UNAUTHENTICATED when it names no live key). */
-  authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
-    return this.auth.authenticate(header, cachedOnly);
+  authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }, req?: AuthRequest): Promise<Principal> {
+    return this.auth.authenticate(header, cachedOnly, req);
   }
 
   /** The tenant of a project: its top-level project (tenant limits count there). */

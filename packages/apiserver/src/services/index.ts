@@ -13,6 +13,8 @@ import { PoolManager } from '../pools.js';
 import type { Placement } from '../scheduler.js';
 import { TrajectoryLog } from '../trajectory.js';
 import type { TrajectoryOptions } from '../trajectory.js';
+import { EndpointTokenService } from '../compat/endpoint-tokens.js';
+import { SwerexService } from '../compat/swerex.js';
 import { CallService } from './calls.js';
 import { CommandService } from './commands.js';
 import { headerFromRow, newCounters } from './common.js';
@@ -84,6 +86,10 @@ export interface Services {
   iam: IamService;
   /** Node administration (GET /v1/nodes/{name}, cordon, drain, rm, join tokens) and node loss. */
   nodeAdmin: NodeService;
+  /** Endpoint tokens in URL paths (SandboxFusion clients without headers). */
+  endpointTokens: EndpointTokenService;
+  /** SWE-ReX runtimes of sandboxes (their bash sessions). */
+  swerex: SwerexService;
 }
 
 /** Builds the services over a store and a set of nodes. */
@@ -160,5 +166,7 @@ export function createServices(deps: ServiceDeps): Services {
     calls: new CallService(nodes, layers, slots),
     iam: new IamService(store, deps.auth, nodes, placement, limits),
     nodeAdmin: new NodeService({ store, nodes, placement, lifecycle, trajectories, sinks }),
+    endpointTokens: new EndpointTokenService(store, deps.auth),
+    swerex: new SwerexService({ lifecycle, commands, files, slots }, deps.auth),
   };
 }

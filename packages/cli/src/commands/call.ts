@@ -10,7 +10,7 @@ import { keyValue, number, repeated } from '../parse.js';
 import { exitCodeOf } from './exec.js';
 
 /** How each runtime runs a file when neither -c nor a command is given. */
-const INTERPRETERS: Record<string, string> = { sh: '/bin/sh', python3: 'python3', node: 'node' };
+const INTERPRETERS: Record<string, string> = { sh: '/bin/sh', bash: 'bash', python3: 'python3', node: 'node' };
 
 interface CallFlags {
   runtime?: string;
@@ -39,7 +39,7 @@ export function registerCall(program: Command): void {
     .command('call')
     .description('run code once in a fresh, stateless sandbox; exits with its exit code (128+signal when killed)')
     .argument('[argv...]', 'command to run instead of -c (after --)')
-    .option('--runtime <name>', 'runtime: sh, python3 or node')
+    .option('--runtime <name>', 'runtime: sh, bash, python3, node, c, cpp, go or java (c, cpp, go, java compile -c code first)')
     .option('--image <base>', 'base layer instead of a runtime')
     .option('--toolkit <layer>', 'toolkit layer on top of --image (repeatable)', repeated)
     .option('-c, --code <code>', 'source text for the runtime')
@@ -76,14 +76,20 @@ export function registerCall(program: Command): void {
       if (flags.memory !== undefined) req.memoryMiB = flags.memory;
       if (flags.outputLimit !== undefined) req.outputLimitBytes = flags.outputLimit;
       const result = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).calls.run(req);
+      const compile = result.compile;
       if (flags.json) process.stdout.write(JSON.stringify(result, null, 2) + '\n');
-      else {
+      else if (compile && compile.exitCode !== 0) {
+        // The compile step failed: nothing ran; its output and status are the call's.
+        process.stdout.write(compile.stdout);
+        process.stderr.write(compile.stderr);
+        process.stderr.write(compile.timedOut ? 'dsec: compile timed out\n' : 'dsec: compile failed\n');
+      } else {
         process.stdout.write(result.stdout);
         process.stderr.write(result.stderr);
         if (result.timedOut) process.stderr.write('dsec: call timed out\n');
         if (result.oomKilled) process.stderr.write('dsec: call ran out of memory\n');
         if (result.truncated) process.stderr.write('dsec: output truncated at the limit\n');
       }
-      process.exitCode = exitCodeOf(result);
+      process.exitCode = exitCodeOf(compile && compile.exitCode !== 0 ? compile : result);
     });
 }

@@ -2,7 +2,7 @@
 // dsec apiserver: one stateless API replica on a shared PostgreSQL store;
 // dsec config: the effective operator configuration, and the schema of its file.
 import type { Command } from 'commander';
-import { configJsonSchema } from '@dsec/protocol';
+import { configJsonSchema, DEFAULT_RUNTIME_CACHE, RUNTIME_LAYER_IDS } from '@dsec/protocol';
 import { loadConfig, platformOptions, replicaOptions } from '../config.js';
 import type { ConfigFlags } from '../config.js';
 import { number, repeated } from '../parse.js';
@@ -55,7 +55,10 @@ export function registerUp(program: Command): void {
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
-      const platform = await startPlatform({ ...platformOptions(config), log });
+      const opts = platformOptions(config);
+      // dsec up builds the fncall language runtimes in the background into the machine-wide cache (docs/integrations.md).
+      const calls = { runtimeCache: DEFAULT_RUNTIME_CACHE, prebuild: [...RUNTIME_LAYER_IDS], ...opts.calls };
+      const platform = await startPlatform({ ...opts, calls, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {

@@ -2,7 +2,7 @@
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { access, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
+import { access, copyFile, link, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -315,6 +315,33 @@ export class LayerStore {
       await this.saveNames();
     }
     return this.info(hex);
+  }
+
+  /**
+   * Takes in a layer another store committed (`dir` holds its meta, blob and info, as this
+   * store's `blobs/<hex>` does: a machine-wide cache of built layers), hard-linked when `dir` is
+   * on the same file system, else copied; sizes are checked against its info. Named `name`.
+   */
+  async adopt(dir: string, name: string): Promise<LayerInfo> {
+    await this.init();
+    const info = JSON.parse(await readFile(join(dir, INFO_FILE), 'utf8')) as LayerInfo;
+    const hex = digestHex(info.digest);
+    if (hex === null) throw new DsecError('INVALID_ARGUMENT', `${dir}: not a layer (bad digest)`);
+    if (this.layers.has(hex)) return this.locked(() => this.commit(join(this.blobsDir, hex), this.layers.get(hex)!, undefined, normalizeLayerName(name)));
+    const work = await mkdtemp(join(this.tmpDir, 'adopt-'));
+    try {
+      const out = join(work, 'out');
+      await mkdir(out);
+      for (const f of [META_FILE, BLOB_FILE]) {
+        await link(join(dir, f), join(out, f)).catch(() => copyFile(join(dir, f), join(out, f)));
+      }
+      const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
+      if (meta.size !== info.metaBytes || blob.size !== info.blobBytes) throw new DsecError('INTERNAL', `${dir}: layer files do not match their info`);
+      const { names: _names, ...layer } = info;
+      return await this.locked(() => this.commit(out, layer, undefined, normalizeLayerName(name)));
+    } finally {
+      await safeRemove(work);
+    }
   }
 
   /** Looks up `sha256:<hex>`, bare hex, `name` or `name:tag`; LAYER_NOT_FOUND when unknown. */

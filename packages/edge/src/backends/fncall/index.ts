@@ -5,6 +5,7 @@ import type { EdgeCalls } from '@dsec/protocol';
 import type { BackendHost } from '../../backend.js';
 import { FnCallRunner } from './runner.js';
 import type { WarmPoolOptions } from './pool.js';
+import type { RuntimeLayerId } from './runtimes.js';
 
 /** The node's function calls, with what it does when the node closes. */
 export interface CallRunner extends EdgeCalls {
@@ -19,6 +20,12 @@ export type CallRunnerFactory = (host: BackendHost) => Promise<CallRunner>;
 export interface FnCallRunnerConfig {
   /** Sizing of each warm pool. */
   pool?: WarmPoolOptions;
+  /** Machine-wide cache directory of the Debian runtime layers; none: built into the node's store only. */
+  runtimeCache?: string | undefined;
+  /** Runtime layers (`python`, `node`, `gcc`, `go`, `java`) built in the background from the start, in this order. */
+  prebuild?: readonly RuntimeLayerId[] | undefined;
+  /** Progress of runtime builds. */
+  log?: ((line: string) => void) | undefined;
 }
 
 /** Stateless calls on pools of single-use container sandboxes (what a previous process left is removed). */
@@ -34,6 +41,9 @@ export function fncallRunner(config: FnCallRunnerConfig = {}): CallRunnerFactory
       cgroups: host.cgroups,
       agentBinary: path.resolve(host.agentBinary),
       ...(config.pool ? { pool: config.pool } : {}),
+      runtimeCache: config.runtimeCache,
+      prebuild: config.prebuild,
+      log: config.log,
     });
     await runner.init();
     return runner;

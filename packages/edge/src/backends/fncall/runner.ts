@@ -7,6 +7,7 @@ import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import {
+  DEFAULT_CALL_COMPILE_TIMEOUT_MS,
   DEFAULT_CALL_MEMORY_MIB,
   DEFAULT_CALL_OUTPUT_LIMIT_BYTES,
   DEFAULT_CALL_TIMEOUT_MS,
@@ -15,7 +16,7 @@ import {
   imageLayers,
   invalidArgument,
 } from '@dsec/protocol';
-import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
+import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallStepResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit } from '../../chronus/client.js';
 import type { Attachment } from '../../chronus/attachment.js';
@@ -26,7 +27,9 @@ import { Crun } from '../container/crun.js';
 import { buildFnCallConfig, CALL_UID, CALL_WORKDIR } from './bundle.js';
 import { WarmPool } from './pool.js';
 import type { WarmPoolOptions } from './pool.js';
+import { RuntimeBuilds } from './runtime-builds.js';
 import { RUNTIMES } from './runtimes.js';
+import type { RuntimeLayerId } from './runtimes.js';
 
 /** Calls one node runs at once; further calls wait for a slot. */
 export const MAX_CONCURRENT_CALLS = 64;
@@ -42,6 +45,8 @@ const HARD_KILL_GRACE_MS = 1_000;
 const OVERFLOW_KILL_GRACE_MS = 250;
 /** Output chronus keeps per stream (calls are always attached, so this only bounds buffers). */
 const AGENT_OUTPUT_CAP_BYTES = 1_048_576;
+/** Largest file a call's `fetchFiles` returns. */
+const MAX_FETCH_FILE_BYTES = 16 * 1_048_576;
 const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
@@ -58,6 +63,12 @@ export interface FnCallRunnerOptions {
   crunBinary?: string;
   /** Sizing of each pool. */
   pool?: WarmPoolOptions;
+  /** Machine-wide cache of the Debian runtime layers (runtime-builds.ts); none: the node's store only. */
+  runtimeCache?: string | undefined;
+  /** Runtime layers built in the background from the start, in this order. Default none (built when first asked for). */
+  prebuild?: readonly RuntimeLayerId[] | undefined;
+  /** Progress of runtime builds. */
+  log?: ((line: string) => void) | undefined;
 }
 
 /** A pre-created sandbox waiting for its one call. */
@@ -106,6 +117,8 @@ export class FnCallRunner implements EdgeCalls {
   private readonly pools = new Map<string, PoolEntry>();
   private readonly roots = new Map<string, RootMount>();
   private readonly runtimeLayers = new Map<string, Promise<LayerInfo>>();
+  /** The Debian runtime layers, built in the background. */
+  readonly builds: RuntimeBuilds;
   private skeleton: Promise<LayerInfo> | undefined;
   private readonly runtimeOps = new Limiter(MAX_PARALLEL_RUNTIME_OPS);
   private readonly slots = new Limiter(MAX_CONCURRENT_CALLS);
@@ -116,6 +129,7 @@ export class FnCallRunner implements EdgeCalls {
 
   constructor(private readonly o: FnCallRunnerOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
+    this.builds = new RuntimeBuilds({ layers: o.layers, cacheDir: o.runtimeCache, ...(o.log ? { log: o.log } : {}) });
     this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
     this.sweeper.unref();
   }
@@ -136,6 +150,8 @@ export class FnCallRunner implements EdgeCalls {
     for (const m of await mountsUnder(this.rootsDir)) umount(m, MNT.DETACH);
     await rm(this.rootsDir, { recursive: true, force: true });
     await mkdir(this.rootsDir, { recursive: true });
+    await this.builds.init();
+    this.builds.prebuild(this.o.prebuild ?? []);
   }
 
   /** Runs one call in a fresh sandbox and returns its result. */
@@ -175,6 +191,7 @@ export class FnCallRunner implements EdgeCalls {
   /** The call's layers, bottom first. */
   private async layersOf(spec: CallRequest): Promise<LayerInfo[]> {
     if (spec.runtime !== undefined) return [await this.runtimeLayer(spec.runtime)];
+    if (spec.compileTimeoutMs !== undefined) throw invalidArgument('compileTimeoutMs', 'only runtimes c, cpp, go and java compile');
     const image = spec.image;
     if (!image) throw invalidArgument('runtime', 'give exactly one of runtime or image');
     const out: LayerInfo[] = [];
@@ -189,12 +206,17 @@ export class FnCallRunner implements EdgeCalls {
     return out;
   }
 
-  /** A built-in runtime's layer, built on first use (once, however many calls ask). */
-  private runtimeLayer(name: keyof typeof RUNTIMES): Promise<LayerInfo> {
+  /**
+   * A built-in runtime's layer: busybox is built on first use (once, however many calls ask);
+   * a Debian one must be ready (else UNAVAILABLE at once, its build started).
+   */
+  private async runtimeLayer(name: keyof typeof RUNTIMES): Promise<LayerInfo> {
+    const layer = RUNTIMES[name].layer;
+    if (layer.type === 'debian') return this.builds.layerFor(layer.id as RuntimeLayerId, name);
     let p = this.runtimeLayers.get(name);
     if (!p) {
-      const def = RUNTIMES[name];
-      p = this.o.layers.resolve(def.layerName).catch(() => this.o.layers.build(def.source, { kind: 'base', name: def.layerName }));
+      const layerName = layer.name;
+      p = this.o.layers.resolve(layerName).catch(() => this.o.layers.build({ type: 'busybox' }, { kind: 'base', name: layerName }));
       p.catch(() => this.runtimeLayers.delete(name));
       this.runtimeLayers.set(name, p);
     }
@@ -348,28 +370,75 @@ export class FnCallRunner implements EdgeCalls {
     await rm(path.join(this.sandboxesDir, id), { recursive: true, force: true });
   }
 
-  /** Runs the call's one process in a claimed sandbox. */
+  /** Runs the call in a claimed sandbox: its files, the compile step if any, the process, the files fetched back. */
   private async execute(sb: WarmSandbox, spec: CallRequest): Promise<CallResult> {
     const { agent } = sb;
     const owner = { uid: CALL_UID, gid: CALL_UID };
-    for (const [rel, content] of Object.entries(spec.files ?? {})) {
+    const base64 = spec.fileEncoding === 'base64';
+    const files: Array<[string, string | Buffer]> = Object.entries(spec.files ?? {}).map(([rel, content]) => [
+      rel,
+      base64 ? Buffer.from(content, 'base64') : content,
+    ]);
+    const def = spec.runtime !== undefined ? RUNTIMES[spec.runtime] : undefined;
+    const compile = spec.code !== undefined ? def?.compile : undefined;
+    if (compile) files.push([compile.file, spec.code ?? '']);
+    for (const [rel, content] of files) {
       const file = path.posix.join(CALL_WORKDIR, rel);
       const parent = path.posix.dirname(file);
       if (parent !== CALL_WORKDIR) await agent.mkdir(parent, { parents: true, ...owner });
       await agent.writeFile(file, content, { mode: 0o644, ...owner });
     }
-    const argv = spec.argv ?? (spec.runtime !== undefined ? RUNTIMES[spec.runtime].argv(spec.code ?? '') : ['/bin/sh', '-c', spec.code ?? '']);
-    const timeoutMs = spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS;
+    const env = { PATH: CALL_PATH, HOME: CALL_WORKDIR, LANG: 'C.UTF-8', ...def?.env, ...spec.env };
     const limit = spec.outputLimitBytes ?? DEFAULT_CALL_OUTPUT_LIMIT_BYTES;
+    let compiled: CallStepResult | undefined;
+    if (compile) {
+      compiled = await this.runStep(sb, { argv: compile.argv, env, timeoutMs: spec.compileTimeoutMs ?? DEFAULT_CALL_COMPILE_TIMEOUT_MS, limit });
+      if (compiled.exitCode !== 0) {
+        const skipped = { exitCode: null, signal: null, stdout: '', stderr: '', durationMs: 0, truncated: false, timedOut: false, oomKilled: false };
+        return { ...skipped, cpuMs: 0, peakMemoryKiB: 0, compile: compiled };
+      }
+    }
+    const argv = spec.argv ?? (def ? def.argv(spec.code ?? '') : ['/bin/sh', '-c', spec.code ?? '']);
+    const step = await this.runStep(sb, {
+      argv,
+      env,
+      timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS,
+      limit,
+      ...(spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
+    });
+    const result: CallResult = { ...step, ...(compiled ? { compile: compiled } : {}) };
+    if (spec.fetchFiles?.length) result.files = await this.fetchFiles(agent, spec.fetchFiles, base64);
+    return result;
+  }
+
+  /** The files asked for, from the sandbox after the run (relative paths under /work); missing ones left out. */
+  private async fetchFiles(agent: ChronusClient, names: readonly string[], base64: boolean): Promise<Record<string, string>> {
+    const out: Record<string, string> = {};
+    for (const name of names) {
+      const file = path.posix.resolve(CALL_WORKDIR, name);
+      const data = await agent.readFile(file, { maxBytes: MAX_FETCH_FILE_BYTES }).catch(() => undefined);
+      if (data !== undefined) out[name] = base64 ? data.toString('base64') : data.toString('utf8');
+    }
+    return out;
+  }
+
+  /** Runs one process of a call to its end (or its time limit, or an output overflow). */
+  private async runStep(
+    sb: WarmSandbox,
+    o: { argv: string[]; env: Record<string, string>; timeoutMs: number; limit: number; stdin?: string },
+  ): Promise<CallStepResult & { cpuMs: number; peakMemoryKiB: number }> {
+    const { agent } = sb;
+    const { argv, timeoutMs, limit } = o;
     const started = performance.now();
     let att: Attachment;
     try {
       att = await agent.spawn({
         argv,
-        env: { PATH: CALL_PATH, HOME: CALL_WORKDIR, LANG: 'C.UTF-8', ...spec.env },
+        env: o.env,
         cwd: CALL_WORKDIR,
-        ...owner,
-        stdin: spec.stdin !== undefined,
+        uid: CALL_UID,
+        gid: CALL_UID,
+        stdin: o.stdin !== undefined,
         timeoutMs,
       });
     } catch (err) {
@@ -417,7 +486,7 @@ export class FnCallRunner implements EdgeCalls {
     const deadline = setTimeout(killSandbox, timeoutMs + HARD_KILL_GRACE_MS);
     let exit: AgentExit | undefined;
     try {
-      if (spec.stdin !== undefined) await att.write(spec.stdin, true).catch(() => undefined);
+      if (o.stdin !== undefined) await att.write(o.stdin, true).catch(() => undefined);
       exit = await att.exited.catch(() => undefined);
     } finally {
       clearTimeout(deadline);
@@ -454,6 +523,7 @@ export class FnCallRunner implements EdgeCalls {
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.sweeper);
+    await this.builds.close();
     for (const [key, entry] of [...this.pools]) {
       this.pools.delete(key);
       await entry.pool.close();
