@@ -162,7 +162,9 @@ export class LazyLayers {
       if (child.exitCode === null) child.kill('SIGKILL');
       const why = await readFile(join(dir, 'server.log'), 'utf8').catch(() => '');
       await this.cleanup(hex);
-      throw new DsecError('UNAVAILABLE', `lazy server of layer sha256:${hex} did not start: ${why.trim().split('\n').slice(-3).join(' ')}`, { layer: `sha256:${hex}` });
+      throw new DsecError('UNAVAILABLE', `lazy server of layer sha256:${hex} did not start: ${why.trim().split('\n').slice(-3).join(' ')}`, {
+        layer: `sha256:${hex}`,
+      });
     }
     this.subscribe(hex);
     return blob;
@@ -329,7 +331,7 @@ export class LazyLayers {
         try {
           resolve(JSON.parse(line));
         } catch (err) {
-          reject(err as Error);
+          reject(err instanceof Error ? err : new Error(String(err)));
         }
       });
       sock.write(JSON.stringify(body) + '\n');

@@ -178,12 +178,19 @@ export class LayerRegistry {
       index.blobBytes === blob.size &&
       extents.length === index.chunks.length &&
       extents.every((e, i) => e.offset === index.chunks[i]!.offset && e.length === index.chunks[i]!.length);
-    if (!consistent) throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the chunk index of ${layerTag(digest)} does not match its metadata`, { layer: digest });
+    if (!consistent)
+      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the chunk index of ${layerTag(digest)} does not match its metadata`, {
+        layer: digest,
+      });
     return { record, blobDigest: blob.digest, index };
   }
 
   /** The manifest and record of a layer; LAYER_NOT_FOUND when the registry lacks it. */
-  private async manifestOf(digest: string, near: string, signal?: AbortSignal): Promise<{ manifest: z.infer<typeof LayerManifestSchema>; record: LayerRecord }> {
+  private async manifestOf(
+    digest: string,
+    near: string,
+    signal?: AbortSignal,
+  ): Promise<{ manifest: z.infer<typeof LayerManifestSchema>; record: LayerRecord }> {
     const repo = this.repository;
     const fetched = await this.client.manifest(repo, layerTag(digest), [MANIFEST_TYPE], signal);
     if (fetched === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer ${digest} on this node or in registry ${this.client.url}`, { layer: digest });

@@ -441,6 +441,22 @@ export class LayerStore {
     return this.lazy?.stats();
   }
 
+  /** {@link lazyStats} as the edge interface has it (null without lazy loading). */
+  async cacheStats(): Promise<LazyCacheStats | null> {
+    return (await this.lazy?.stats()) ?? null;
+  }
+
+  /** Bytes the lazy servers of these layers fetched (shared by every sandbox that uses them). */
+  async fetchedBytes(digests: readonly string[]): Promise<number> {
+    let n = 0;
+    for (const d of digests) {
+      const hex = digestHex(d);
+      if (hex === null || !this.lazyLayers.has(hex) || this.lazy === undefined) continue;
+      n += (await this.lazy.serverStats(hex))?.fetchedBytes ?? 0;
+    }
+    return n;
+  }
+
   /** All layers, oldest first, optionally of one kind. */
   async list(filter?: { kind?: LayerKind }): Promise<LayerInfo[]> {
     await this.init();
@@ -662,7 +678,10 @@ export class LayerStore {
     const lazy = this.lazy;
     if (lazy === undefined || this.lazyStops.has(hex)) return;
     const stop = lazy.stop(hex).finally(() => this.lazyStops.delete(hex));
-    this.lazyStops.set(hex, stop.catch(() => undefined));
+    this.lazyStops.set(
+      hex,
+      stop.catch(() => undefined),
+    );
   }
 
   /** Waits for the lazy servers being stopped (close, tests). */
