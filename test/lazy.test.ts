@@ -12,13 +12,18 @@ import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { execFile, spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { promisify } from 'node:util';
+import { LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
 import type { LayerInfo, RaisedEvent } from '@dsec/protocol';
-import { startNode } from './helpers/node.js';
+import { REPO_ROOT, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
 import { startRegistry } from './helpers/registry.js';
 import type { TestRegistry } from './helpers/registry.js';
 
 const MiB = 1024 * 1024;
+const execFileP = promisify(execFile);
 let registry: TestRegistry;
 let scratch: string;
 let builder: TestNode;
@@ -31,6 +36,8 @@ for (let i = 0; i < 8; i++) files[`opt/data/f${i}`] = randomBytes(64 * 1024);
 let base: LayerInfo;
 let toolA: LayerInfo;
 let toolB: LayerInfo;
+let toolC: LayerInfo;
+const cFiles = { 'opt/c/one': randomBytes(2 * MiB), 'opt/c/two': randomBytes(MiB / 2) };
 /** Layers no read has touched before the failure tests (read-ahead would have cached chunks). */
 let toolCorrupt: LayerInfo;
 let toolGone: LayerInfo;
@@ -76,11 +83,15 @@ before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-lazy-'));
   builder = await startNode({ edge: { registry: endpoint() } });
   nodes.push(builder);
-  base = await builder.edge.layers.build({ type: 'busybox' }, { kind: 'base' });
-  toolA = await dirLayer(builder, 'a', files);
-  toolB = await dirLayer(builder, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') });
-  toolCorrupt = await dirLayer(builder, 'corrupt', { 'opt/e/file': corruptFile });
-  toolGone = await dirLayer(builder, 'gone', { 'opt/f/file': goneFile });
+  // Built side by side: the base, and every toolkit the tests use (each pushed to the registry).
+  [base, toolA, toolB, toolC, toolCorrupt, toolGone] = await Promise.all([
+    builder.edge.layers.build({ type: 'busybox' }, { kind: 'base' }),
+    dirLayer(builder, 'a', files),
+    dirLayer(builder, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') }),
+    dirLayer(builder, 'c', cFiles),
+    dirLayer(builder, 'corrupt', { 'opt/e/file': corruptFile }),
+    dirLayer(builder, 'gone', { 'opt/f/file': goneFile }),
+  ]);
   lazy = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1 } } });
   nodes.push(lazy);
   lazy.edge.onEvent((ev) => events.push(ev));
@@ -147,7 +158,7 @@ describe('lazily loaded layers', () => {
   });
 
   test('concurrent cold starts of one layer fetch each chunk once', async () => {
-    const tool = await dirLayer(builder, 'c', { 'opt/c/one': randomBytes(2 * MiB), 'opt/c/two': randomBytes(MiB / 2) });
+    const tool = toolC;
     registry.clearLog();
     const sbs = await Promise.all([1, 2, 3].map(() => lazy.edge.create({ image: { base: base.digest, toolkits: [tool.digest] } })));
     try {
@@ -213,6 +224,45 @@ describe('lazily loaded layers', () => {
     const later = await lazy.edge.exec(failing.id, { cmd: 'sha256sum /opt/f/file' });
     assert.equal(later.stdout, `${sha(goneFile)}  /opt/f/file\n`, 'read again once the registry is back');
     await lazy.edge.destroy(failing.id);
+  });
+
+  test('an edge killed while a lazy layer is read: the read completes, a new edge adopts the server', async () => {
+    const tool = toolB; // not mounted on this node's lazy store: it pulls it anew
+    const root = path.join(scratch, 'killed-store');
+    const holder = spawn(
+      process.execPath,
+      [path.join(REPO_ROOT, 'test/dist/helpers/lazy-holder.js'), root, registry.url, registry.username, registry.password, tool.digest],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
+    const mountDir = await new Promise<string>((resolve, reject) => {
+      createInterface({ input: holder.stdout }).once('line', resolve);
+      holder.once('exit', (code) => reject(new Error(`holder exited with ${code}`)));
+    });
+    const store = new LayerStore({
+      root,
+      registry: new LayerRegistry(endpoint()),
+      unmountLingerMs: 0,
+      lazy: { lazyfsBinary: path.join(REPO_ROOT, 'chronus/build/dsec-lazyfs') },
+    });
+    try {
+      const reading = execFileP('sha256sum', [path.join(mountDir, 'opt/other/big')]);
+      holder.kill('SIGKILL');
+      const { stdout } = await reading;
+      assert.equal(stdout.split(' ')[0], sha(big), 'the read in progress completed with the right bytes');
+      // A new process on the same store adopts the mount and its server, then tears both down.
+      await store.init();
+      assert.equal(await store.lazy!.running(tool.digest.slice(7)), true);
+      await store.acquire(tool.digest);
+      await store.release(tool.digest);
+      await store.settled();
+      assert.equal(await store.lazy!.running(tool.digest.slice(7)), false, 'the server stopped with the last release');
+    } finally {
+      if (holder.exitCode === null) holder.kill('SIGKILL');
+      await store.close();
+      for (const m of (await mountsUnder(root)).reverse()) umount(m, MNT.DETACH);
+    }
   });
 
   test('an edge restart keeps the lazy servers and the cache; eviction spares mounted layers', async () => {
