@@ -257,6 +257,8 @@ describe('lazily loaded layers', () => {
       await store.acquire(tool.digest);
       await store.release(tool.digest);
       await store.settled();
+      const until = Date.now() + 10_000;
+      while (Date.now() < until && (await store.lazy!.running(tool.digest.slice(7)))) await new Promise((resolve) => setTimeout(resolve, 100));
       assert.equal(await store.lazy!.running(tool.digest.slice(7)), false, 'the server stopped with the last release');
     } finally {
       if (holder.exitCode === null) holder.kill('SIGKILL');

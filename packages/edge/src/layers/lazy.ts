@@ -177,8 +177,14 @@ export class LazyLayers {
     if (final !== undefined) this.retire((final as { stats: LazyServerStats }).stats);
     this.subscriptions.get(hex)?.destroy();
     this.subscriptions.delete(hex);
-    await this.request(hex, { op: 'stop' }).catch(() => undefined);
+    // The FUSE view may stay busy a moment after the layer's unmount (the kernel lets go of the
+    // backing file late): ask again for a while, then detach it (cleanup) and let the server go.
     const until = Date.now() + 5_000;
+    while (Date.now() < until) {
+      const reply = (await this.request(hex, { op: 'stop' }).catch(() => undefined)) as { stopped?: boolean } | undefined;
+      if (reply === undefined || reply.stopped === true) break;
+      await sleep(100);
+    }
     while (Date.now() < until && (await stat(this.socketOf(hex)).catch(() => null)) !== null) await sleep(20);
     await this.cleanup(hex);
     void this.evict();
