@@ -6,6 +6,7 @@
 // first) and never loses a chunk of a layer that is mounted. It is plain files: a node restart
 // keeps it.
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import net from 'node:net';
@@ -64,6 +65,8 @@ const DEFAULT_DEADLINE_MS = 10_000;
 const DEFAULT_CONCURRENCY = 16;
 const SERVER_SCRIPT = fileURLToPath(new URL('./lazy-server.js', import.meta.url));
 const REQUEST_TIMEOUT_MS = 5_000;
+/** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
+export const SOCKET_DIR = '/run/dsec/lazy';
 
 type Counters = Pick<LazyServerStats, 'hits' | 'misses' | 'fetchedBytes' | 'fetchedChunks' | 'failures' | 'corrupt'>;
 const ZERO: Counters = { hits: 0, misses: 0, fetchedBytes: 0, fetchedChunks: 0, failures: 0, corrupt: 0 };
@@ -81,7 +84,7 @@ export class LazyLayers {
   private evicting: Promise<void> = Promise.resolve();
 
   constructor(
-    root: string,
+    private readonly root: string,
     private readonly registry: LayerRegistry,
     private readonly opts: LazyOptions,
   ) {
@@ -93,8 +96,12 @@ export class LazyLayers {
     return join(this.lazyDir, hex);
   }
 
+  /**
+   * The server's control socket: in a short directory of its own, since a unix socket path is
+   * at most 107 bytes and a store's root can be long (named after the root and the layer).
+   */
   private socketOf(hex: string): string {
-    return join(this.dirOf(hex), 'ctl.sock');
+    return join(SOCKET_DIR, `${createHash('sha256').update(`${this.root}\n${hex}`).digest('hex').slice(0, 32)}.sock`);
   }
 
   /** Directories of lazy servers (running or left over). */
@@ -119,6 +126,7 @@ export class LazyLayers {
     await this.cleanup(hex);
     const record = JSON.parse(await readFile(join(layerDir, LAZY_RECORD_FILE), 'utf8')) as LazyRecord;
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    await mkdir(SOCKET_DIR, { recursive: true, mode: 0o700 });
     await mkdir(this.cacheDir, { recursive: true });
     const config: LazyServerConfig = {
       digest: `sha256:${hex}`,
@@ -195,6 +203,7 @@ export class LazyLayers {
     const dir = this.dirOf(hex);
     for (const m of (await mountsUnder(dir)).reverse()) umount(m, MNT.DETACH);
     await rm(dir, { recursive: true, force: true });
+    await rm(this.socketOf(hex), { force: true });
   }
 
   private retire(s: Counters): void {
