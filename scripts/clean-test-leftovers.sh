@@ -33,6 +33,11 @@ remove_network() { # run-dir hash
   done
 }
 
+# Lazy layers' FUSE views (dsec-lazyfs, type fuse.dsec-lazy) under dsec's temp homes: unmounted
+# first (their lazy servers exit once the view is gone), before the layer mounts over them go.
+awk '$3 == "fuse.dsec-lazy" && index($2, "/tmp/dsec-") == 1 {print $2}' /proc/self/mounts |
+  while read -r m; do umount -l "$m" 2>/dev/null; done
+
 for home in /tmp/dsec-test-* /tmp/dsec-platform-*/node /tmp/dsec-bench-* /tmp/dsec-cli-*/node /tmp/dsec-sdk-*/node /tmp/dsec-cluster-*/cp/node /tmp/dsec-cluster-*/edge-*; do
   [ -d "$home" ] || continue
   hash=$(printf '%s' "$home" | sha256sum | cut -c1-12)

@@ -76,7 +76,7 @@ describe('layers in an OCI registry', () => {
       assert.ok(manifest, `${layer.digest} is in the registry`);
       const doc = JSON.parse(manifest.body.toString('utf8')) as { annotations: Record<string, string>; layers: unknown[] };
       assert.equal(doc.annotations['dev.dsec.layer.digest'], layer.digest);
-      assert.equal(doc.layers.length, 2, 'EROFS metadata image and data blob');
+      assert.equal(doc.layers.length, 3, 'EROFS metadata image, data blob and chunk index (lazy loading)');
     }
   });
 

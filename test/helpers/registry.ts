@@ -17,6 +17,8 @@ export interface TestRegistry {
   host: string;
   username: string;
   password: string;
+  /** The file that holds blob `digest` in the registry's storage (a test may damage it). */
+  blobFile(digest: string): string;
   /** `METHOD path` of every request answered since the start (or the last {@link clearLog}). */
   requests(): string[];
   clearLog(): void;
@@ -131,6 +133,7 @@ export async function startRegistry(): Promise<TestRegistry> {
     host: `127.0.0.1:${port}`,
     username,
     password,
+    blobFile: (digest: string) => path.join(dir, 'data', 'docker', 'registry', 'v2', 'blobs', 'sha256', digest.slice(7, 9), digest.slice(7), 'data'),
     requests: () => [...log],
     clearLog: () => {
       log = [];

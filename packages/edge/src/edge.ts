@@ -564,7 +564,10 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** Resource use of a sandbox. */
   async stats(id: string, opts: EdgeCallOptions = {}): Promise<SandboxStats> {
     opts.signal?.throwIfAborted();
-    return untilAborted(this.entry(id).backend.stats(id), opts.signal);
+    const e = this.entry(id);
+    const stats = await untilAborted(e.backend.stats(id), opts.signal);
+    const lazy = (e.record.layers ?? []).map((l) => l.digest).filter((d) => this.layers.isLazy(d));
+    return lazy.length === 0 ? stats : { ...stats, layerBytesFetched: await this.layers.fetchedBytes(lazy) };
   }
 
   /**

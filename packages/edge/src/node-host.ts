@@ -42,6 +42,14 @@ export async function prepareHost(opts: {
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
     ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
+    lazy: opts.registry?.lazy
+      ? {
+          lazyfsBinary: path.join(path.dirname(opts.agentBinary), 'dsec-lazyfs'),
+          deadlineMs: opts.registry.fetchDeadlineMs,
+          chunkCacheMaxBytes: opts.registry.chunkCacheMaxBytes,
+          raise: opts.raise,
+        }
+      : undefined,
   });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);

@@ -112,6 +112,12 @@ export const LayerRegistryConfigSchema = RegistryEndpointConfigSchema.extend({
     .optional(),
   /** Bytes of layers the node keeps; past it, unused layers the registry holds are removed (LRU). Default no bound. */
   cacheMaxBytes: positiveInt.optional(),
+  /** Lazy loading: a layer the node lacks is mounted before its data blob arrives, chunks fetched as read. Default false. */
+  lazy: z.boolean({ error: 'not true or false' }).optional(),
+  /** Bytes of the node's chunk cache (lazy layers); past it, chunks no mounted layer needs go, LRU. Default no bound. */
+  chunkCacheMaxBytes: positiveInt.optional(),
+  /** A chunk the registry has not given within this many ms fails its read with EIO (`layer.fetch-failed`). Default 10000. */
+  fetchDeadlineMs: positiveInt.optional(),
 });
 
 /** Default machine-wide cache of the fncall runtimes' Debian layers (`node.calls.runtimeCache`) of `dsec up`. */

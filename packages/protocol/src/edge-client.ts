@@ -10,6 +10,7 @@ import type { EgressLogEntry, NetworkPolicy, SandboxNetwork } from './network.js
 import type { BackendKind } from './resources.js';
 import type { SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
 import type { EventSink } from './events.js';
+import type { LayerCacheStats } from './layer-cache.js';
 
 /** What a node offers, before over-commit. */
 export interface NodeCapacity {
@@ -134,6 +135,8 @@ export interface EdgeLayers {
   build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo>;
   /** Removes a layer no sandbox uses (CONFLICT while one does). */
   remove(ref: string): Promise<void>;
+  /** The chunk cache of lazily loaded layers; null when the node loads none lazily. */
+  cacheStats?(): Promise<LayerCacheStats | null>;
 }
 
 /** Function calls (the fncall backend). */

@@ -39,6 +39,9 @@ export const EVENT_KINDS = [
   'node.ready',
   'sandbox.replayed',
   'sandbox.replay-failed',
+  // lazily loaded layers (a chunk the registry did not give in time; one that failed its digest)
+  'layer.fetch-failed',
+  'layer.corrupt',
   // anything a rule added at run time matched
   'rule.matched',
 ] as const;

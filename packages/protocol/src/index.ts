@@ -57,6 +57,8 @@ export {
   ResourcesSchema,
 } from './resources.js';
 export type { BackendKind, GrantedResources, NodeInfo, Resources } from './resources.js';
+export { LayerCacheStatsSchema } from './layer-cache.js';
+export type { LayerCacheStats } from './layer-cache.js';
 export {
   BuildableLayerKindSchema,
   DebianLayerRequestSchema,

@@ -3,6 +3,7 @@
 import { z } from 'zod';
 import { invalidArgument } from './errors.js';
 import { NodeSchema } from './resources.js';
+import { LayerCacheStatsSchema } from './layer-cache.js';
 
 /** A node's connection state: `ready` (its session is up), `unreachable` (gone, within the lost grace), `lost`. */
 export const NodeStateSchema = z.enum(['ready', 'unreachable', 'lost']);
@@ -68,6 +69,8 @@ export const NodeDetailSchema = NodeSchema.extend({
   stateSince: z.string(),
   /** Its sandboxes by state (from the store). */
   sandboxes: z.record(z.string(), z.number()),
+  /** Its chunk cache of lazily loaded layers; null when it loads none lazily or did not answer. */
+  layerCache: LayerCacheStatsSchema.nullable().exactOptional(),
 });
 /** A node in full. */
 export type NodeDetail = z.infer<typeof NodeDetailSchema>;

@@ -268,6 +268,11 @@ export const SandboxStatsSchema = z.object({
   diskUsedBytes: z.number(),
   diskLimitBytes: z.number(),
   oomKills: z.number(),
+  /**
+   * Bytes fetched from the registry for the sandbox's lazily loaded layers (shared with the
+   * other sandboxes of those layers on the node); absent when none is lazy.
+   */
+  layerBytesFetched: z.number().exactOptional(),
 });
 /** Resource use of one sandbox. */
 export type SandboxStats = z.infer<typeof SandboxStatsSchema>;

@@ -2,7 +2,7 @@
 // what happens to their sandboxes when a node comes back (reconcile) or is lost (marked lost,
 // and recreated elsewhere from their trajectories when their recovery says `replay`).
 import { DsecError } from '@dsec/protocol';
-import type { DrainResult, JoinToken, JoinTokenRequest, NodeDetail, RaisedEvent } from '@dsec/protocol';
+import type { DrainResult, JoinToken, JoinTokenRequest, LayerCacheStats, NodeDetail, RaisedEvent } from '@dsec/protocol';
 import { requireRole, tenantOfAncestry } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { NodeStore } from '../cluster/node-store.js';
@@ -239,7 +239,23 @@ export class NodeService {
       lastHeardAt: heardAt === null ? null : new Date(heardAt).toISOString(),
       stateSince: new Date(n.stateSince).toISOString(),
       sandboxes: counts,
+      ...(n.healthy && n.client.layers.cacheStats ? { layerCache: await layerCacheOf(n) } : {}),
     };
+  }
+}
+
+/** A node's chunk cache of lazy layers; null when it loads none lazily or does not answer within 2 s. */
+async function layerCacheOf(n: NodeEntry): Promise<LayerCacheStats | null> {
+  const ask = n.client.layers.cacheStats?.();
+  if (ask === undefined) return null;
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<null>((resolve) => {
+    timer = setTimeout(() => resolve(null), 2_000);
+  });
+  try {
+    return await Promise.race([ask.catch(() => null), late]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

@@ -139,6 +139,33 @@ export class RegistryClient {
     return n;
   }
 
+  /**
+   * Bytes `[offset, offset + length)` of the blob `digest`, by HTTP range request (a lazily
+   * loaded layer's chunk). The caller checks them against the chunk's own digest.
+   */
+  async blobRange(repo: string, digest: string, offset: number, length: number, signal?: AbortSignal): Promise<Buffer> {
+    if (!DIGEST_RE.test(digest)) throw new DsecError('LAYER_INVALID', `not a sha256 digest: ${digest}`, { digest });
+    const res = await this.request('GET', `/v2/${repo}/blobs/${digest}`, {
+      scope: `repository:${repo}:pull`,
+      signal,
+      headers: { range: `bytes=${offset}-${offset + length - 1}` },
+    });
+    if (res.status !== 206) {
+      await res.body?.cancel();
+      if (res.ok) throw unavailable(this.url, `blob ${digest}: the registry does not answer range requests`);
+      throw this.refusal(res, `blob ${digest} range ${offset}+${length}`);
+    }
+    let body: Buffer;
+    try {
+      body = await readLimited(res, length, `range of ${digest}`, this.url);
+    } catch (err) {
+      if (err instanceof DsecError || signal?.aborted) throw err;
+      throw unavailable(this.url, `range of ${digest} broke off: ${(err as Error).message}`);
+    }
+    if (body.length !== length) throw unavailable(this.url, `range of ${digest}: ${body.length} bytes instead of ${length}`);
+    return body;
+  }
+
   /** Stores a manifest under `ref` (a tag); returns its digest. */
   async putManifest(repo: string, ref: string, mediaType: string, body: Buffer, signal?: AbortSignal): Promise<string> {
     const res = await this.request('PUT', `/v2/${repo}/manifests/${ref}`, {

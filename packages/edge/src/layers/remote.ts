@@ -11,6 +11,8 @@ import { z } from 'zod';
 import { DsecError, LayerKindSchema } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import { layerDigest } from './erofs.js';
+import { buildChunkIndex, decodeChunkIndex, encodeChunkIndex, erofsChunkExtents } from './lazy-index.js';
+import type { ChunkIndex } from './lazy-index.js';
 import { RegistryClient } from './registry.js';
 import type { RegistryEndpoint } from './registry.js';
 
@@ -28,6 +30,8 @@ export const LAYER_ARTIFACT_TYPE = 'application/vnd.dsec.layer.v1';
 const CONFIG_TYPE = 'application/vnd.dsec.layer.config.v1+json';
 const META_TYPE = 'application/vnd.dsec.erofs.meta.v1';
 const BLOB_TYPE = 'application/vnd.dsec.erofs.blob.v1';
+/** The chunk index (lazy-index.ts): what a node mounting the layer lazily fetches instead of the blob. */
+const CHUNKS_TYPE = 'application/vnd.dsec.erofs.chunks.v1';
 /** Largest metadata image or data blob pulled (a layer's content is bounded when it is built). */
 const MAX_BLOB_BYTES = 64 * 1024 ** 3;
 const MAX_CONFIG_BYTES = 1024 * 1024;
@@ -36,7 +40,14 @@ const DescriptorSchema = z.object({ mediaType: z.string(), digest: z.string().re
 const LayerManifestSchema = z.object({
   schemaVersion: z.literal(2),
   config: DescriptorSchema.extend({ mediaType: z.literal(CONFIG_TYPE) }),
-  layers: z.tuple([DescriptorSchema.extend({ mediaType: z.literal(META_TYPE) }), DescriptorSchema.extend({ mediaType: z.literal(BLOB_TYPE) })]),
+  layers: z.union([
+    z.tuple([DescriptorSchema.extend({ mediaType: z.literal(META_TYPE) }), DescriptorSchema.extend({ mediaType: z.literal(BLOB_TYPE) })]),
+    z.tuple([
+      DescriptorSchema.extend({ mediaType: z.literal(META_TYPE) }),
+      DescriptorSchema.extend({ mediaType: z.literal(BLOB_TYPE) }),
+      DescriptorSchema.extend({ mediaType: z.literal(CHUNKS_TYPE) }),
+    ]),
+  ]),
 });
 const LayerRecordSchema = z.object({
   digest: z.string(),
@@ -49,6 +60,14 @@ const LayerRecordSchema = z.object({
 
 /** A layer's record as stored in the registry (what {@link LayerInfo} says beyond names and sizes). */
 export type LayerRecord = z.infer<typeof LayerRecordSchema>;
+
+/** What a node needs to mount a layer without its data blob (see {@link LayerRegistry.pullLazy}). */
+export interface LazyLayer {
+  record: LayerRecord;
+  /** Digest of the data blob in the repository (what chunks are fetched from). */
+  blobDigest: string;
+  index: ChunkIndex;
+}
 
 /** Files of a layer: its EROFS metadata image and data blob. */
 export interface LayerFiles {
@@ -72,9 +91,12 @@ export function layerTag(digest: string): string {
 export class LayerRegistry {
   readonly client: RegistryClient;
   readonly repository: string;
+  /** The registry and credentials (handed to a lazy server, which fetches chunks itself). */
+  readonly endpoint: RegistryEndpoint;
 
   constructor(opts: LayerRegistryOptions) {
     this.client = new RegistryClient(opts);
+    this.endpoint = { url: opts.url, username: opts.username, password: opts.password };
     this.repository = opts.repository ?? DEFAULT_LAYER_REPOSITORY;
   }
 
@@ -96,6 +118,11 @@ export class LayerRegistry {
     };
     const configBody = Buffer.from(JSON.stringify(record));
     const [meta, blob] = await Promise.all([describe(files.meta, META_TYPE), describe(files.blob, BLOB_TYPE)]);
+    const indexFile = `${files.meta}.chunks`;
+    await writeFile(indexFile, encodeChunkIndex(await buildChunkIndex(files.meta, files.blob)));
+    const chunks = await describe(indexFile, CHUNKS_TYPE);
+    await this.client.pushBlob(repo, chunks.digest, indexFile, chunks.size, signal);
+    await rm(indexFile, { force: true });
     const config = { mediaType: CONFIG_TYPE, digest: `sha256:${createHash('sha256').update(configBody).digest('hex')}`, size: configBody.length };
     await this.client.pushBlob(repo, meta.digest, files.meta, meta.size, signal);
     await this.client.pushBlob(repo, blob.digest, files.blob, blob.size, signal);
@@ -108,7 +135,7 @@ export class LayerRegistry {
       mediaType: MANIFEST_TYPE,
       artifactType: LAYER_ARTIFACT_TYPE,
       config,
-      layers: [meta, blob],
+      layers: [meta, blob, chunks],
       annotations: { 'dev.dsec.layer.digest': layer.digest },
     };
     await this.client.putManifest(repo, layerTag(layer.digest), MANIFEST_TYPE, Buffer.from(JSON.stringify(manifest)), signal);
@@ -121,23 +148,63 @@ export class LayerRegistry {
    */
   async pull(digest: string, files: LayerFiles, signal?: AbortSignal): Promise<LayerRecord> {
     const repo = this.repository;
+    const { manifest, record } = await this.manifestOf(digest, files.meta, signal);
+    const [meta, blob] = manifest.layers;
+    await this.client.pullBlob(repo, meta.digest, files.meta, Math.min(meta.size, MAX_BLOB_BYTES), signal);
+    await this.client.pullBlob(repo, blob.digest, files.blob, Math.min(blob.size, MAX_BLOB_BYTES), signal);
+    if ((await layerDigest(files.meta, files.blob)) !== digest) {
+      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the files of ${layerTag(digest)} are not that layer`, { layer: digest });
+    }
+    return record;
+  }
+
+  /**
+   * Pulls what a lazy mount of the layer needs: its record, metadata image (to `metaPath`) and
+   * chunk index (checked against the metadata image). Undefined when the layer was pushed
+   * without an index (by an older node): it can only be pulled whole.
+   */
+  async pullLazy(digest: string, metaPath: string, signal?: AbortSignal): Promise<LazyLayer | undefined> {
+    const repo = this.repository;
+    const { manifest, record } = await this.manifestOf(digest, metaPath, signal);
+    if (manifest.layers.length < 3) return undefined;
+    const [meta, blob, chunks] = manifest.layers as [Descriptor, Descriptor, Descriptor];
+    await this.client.pullBlob(repo, meta.digest, metaPath, Math.min(meta.size, MAX_BLOB_BYTES), signal);
+    const indexFile = `${metaPath}.chunks`;
+    await this.client.pullBlob(repo, chunks.digest, indexFile, Math.min(chunks.size, MAX_BLOB_BYTES), signal);
+    const index = decodeChunkIndex(await readFile(indexFile));
+    await rm(indexFile, { force: true });
+    const extents = erofsChunkExtents(await readFile(metaPath));
+    const consistent =
+      index.blobBytes === blob.size &&
+      extents.length === index.chunks.length &&
+      extents.every((e, i) => e.offset === index.chunks[i]!.offset && e.length === index.chunks[i]!.length);
+    if (!consistent)
+      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the chunk index of ${layerTag(digest)} does not match its metadata`, {
+        layer: digest,
+      });
+    return { record, blobDigest: blob.digest, index };
+  }
+
+  /** The manifest and record of a layer; LAYER_NOT_FOUND when the registry lacks it. */
+  private async manifestOf(
+    digest: string,
+    near: string,
+    signal?: AbortSignal,
+  ): Promise<{ manifest: z.infer<typeof LayerManifestSchema>; record: LayerRecord }> {
+    const repo = this.repository;
     const fetched = await this.client.manifest(repo, layerTag(digest), [MANIFEST_TYPE], signal);
     if (fetched === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer ${digest} on this node or in registry ${this.client.url}`, { layer: digest });
     const parsed = LayerManifestSchema.safeParse(JSON.parse(fetched.body.toString('utf8')));
     if (!parsed.success) throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: ${layerTag(digest)} is not a dsec layer`, { layer: digest });
-    const [meta, blob] = parsed.data.layers;
-    const configFile = `${files.meta}.config.json`;
+    const configFile = `${near}.config.json`;
     await this.client.pullBlob(repo, parsed.data.config.digest, configFile, MAX_CONFIG_BYTES, signal);
     const record = LayerRecordSchema.safeParse(JSON.parse(await readFile(configFile, 'utf8')));
     await rm(configFile, { force: true });
     if (!record.success || record.data.digest !== digest) {
       throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the record of ${layerTag(digest)} is not that layer's`, { layer: digest });
     }
-    await this.client.pullBlob(repo, meta.digest, files.meta, Math.min(meta.size, MAX_BLOB_BYTES), signal);
-    await this.client.pullBlob(repo, blob.digest, files.blob, Math.min(blob.size, MAX_BLOB_BYTES), signal);
-    if ((await layerDigest(files.meta, files.blob)) !== digest) {
-      throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: the files of ${layerTag(digest)} are not that layer`, { layer: digest });
-    }
-    return record.data;
+    return { manifest: parsed.data, record: record.data };
   }
 }
+
+type Descriptor = z.infer<typeof DescriptorSchema>;

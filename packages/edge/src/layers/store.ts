@@ -21,6 +21,9 @@ import { importOci } from './oci.js';
 import type { RegistryEndpoint } from './registry.js';
 import type { LayerRegistry } from './remote.js';
 import { TarExtractor } from './tar-extract.js';
+import { CHUNK_INDEX_FILE, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
+import type { LazyCacheStats, LazyOptions, LazyRecord } from './lazy.js';
+import { encodeChunkIndex } from './lazy-index.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
 
 /** How long an unused layer stays mounted after its last release. */
@@ -55,6 +58,11 @@ export interface LayerStoreOptions {
   evictGraceMs?: number | undefined;
   /** Registries `image` sources may name (the operator's `node.pullFrom`); default none. */
   pullFrom?: readonly RegistryEndpoint[] | undefined;
+  /**
+   * Lazy loading (with a registry): a layer the node lacks is pulled without its data blob and
+   * mounted over a FUSE view of it that fetches the chunks read (lazy.ts). Default off.
+   */
+  lazy?: LazyOptions | undefined;
 }
 
 /** Where a layer's files come from. */
@@ -129,6 +137,12 @@ export class LayerStore {
   private readonly pulls = new Map<string, Promise<LayerInfo>>();
   private initialized: Promise<void> | undefined;
   private chain: Promise<unknown> = Promise.resolve();
+  /** Lazily loaded layers' servers and the chunk cache (with `lazy` and a registry). */
+  readonly lazy: LazyLayers | undefined;
+  /** Layers held without their data blob (hex). */
+  private readonly lazyLayers = new Set<string>();
+  /** Lazy servers being stopped, so that an acquire waits for the stop before starting one. */
+  private readonly lazyStops = new Map<string, Promise<void>>();
 
   constructor(private readonly opts: LayerStoreOptions) {
     this.root = opts.root;
@@ -137,6 +151,7 @@ export class LayerStore {
     this.tmpDir = join(opts.root, 'tmp');
     this.chunkSizeBytes = opts.chunkSizeBytes ?? DEFAULT_CHUNK_SIZE_BYTES;
     this.lingerMs = opts.unmountLingerMs ?? DEFAULT_UNMOUNT_LINGER_MS;
+    this.lazy = opts.lazy && opts.registry ? new LazyLayers(opts.root, opts.registry, opts.lazy) : undefined;
   }
 
   /** Creates the directories, loads the index, removes half-built layers, adopts mounts. */
@@ -163,6 +178,7 @@ export class LayerStore {
       }
       const { names: _names, ...stored } = info;
       this.layers.set(hex, stored);
+      if (await exists(join(dir, LAZY_RECORD_FILE))) this.lazyLayers.add(hex);
       const marker = await stat(join(dir, IN_REGISTRY_FILE)).catch(() => null);
       if (marker !== null) this.evictable.set(hex, marker.mtimeMs);
     }
@@ -176,6 +192,14 @@ export class LayerStore {
     for (const target of await mountsUnder(this.mntDir)) {
       const hex = target.slice(this.mntDir.length + 1);
       if (this.layers.has(hex)) this.mounted.add(hex);
+    }
+    // Lazy servers an earlier edge left: those of mounted layers serve on (their events are
+    // followed again), the others stop.
+    if (this.lazy !== undefined) {
+      for (const hex of await this.lazy.serverDirs()) {
+        if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.lazy.start(hex, join(this.blobsDir, hex));
+        else await this.lazy.stop(hex);
+      }
     }
   }
 
@@ -372,6 +396,24 @@ export class LayerStore {
     try {
       const out = join(work, 'out');
       await mkdir(out);
+      if (this.lazy !== undefined) {
+        const lazy = await registry.pullLazy(`sha256:${hex}`, join(out, META_FILE), signal);
+        if (lazy !== undefined) {
+          await writeFile(join(out, CHUNK_INDEX_FILE), encodeChunkIndex(lazy.index));
+          const record: LazyRecord = { blobDigest: lazy.blobDigest };
+          await writeFile(join(out, LAZY_RECORD_FILE), JSON.stringify(record));
+          await writeFile(join(out, IN_REGISTRY_FILE), '');
+          const meta = await stat(join(out, META_FILE));
+          const layer: StoredLayer = { ...lazy.record, labels: { ...lazy.record.labels }, metaBytes: meta.size, blobBytes: lazy.index.blobBytes };
+          const info = await this.locked(async () => {
+            const committed = await this.commit(out, layer, undefined, undefined);
+            if (await exists(join(this.blobsDir, hex, LAZY_RECORD_FILE))) this.lazyLayers.add(hex);
+            return committed;
+          });
+          await this.evict();
+          return info;
+        }
+      }
       const files = { meta: join(out, META_FILE), blob: join(out, BLOB_FILE) };
       const record = await registry.pull(`sha256:${hex}`, files, signal);
       const [meta, blob] = await Promise.all([stat(files.meta), stat(files.blob)]);
@@ -394,7 +436,7 @@ export class LayerStore {
     if (max === undefined) return;
     await this.locked(async () => {
       let total = 0;
-      for (const l of this.layers.values()) total += l.metaBytes + l.blobBytes;
+      for (const [h, l] of this.layers) total += this.diskBytes(h, l);
       const named = new Set(this.names.values());
       const recent = Date.now() - (this.opts.evictGraceMs ?? DEFAULT_EVICT_GRACE_MS);
       const candidates = [...this.evictable].sort((a, b) => a[1] - b[1]);
@@ -403,10 +445,43 @@ export class LayerStore {
         const layer = this.layers.get(hex);
         if (layer === undefined || named.has(hex) || (this.refs.get(hex) ?? 0) > 0 || this.pulls.has(hex)) continue;
         if (!this.tryUnmount(hex)) continue;
+        const bytes = this.diskBytes(hex, layer);
         await this.deleteLayer(hex);
-        total -= layer.metaBytes + layer.blobBytes;
+        total -= bytes;
       }
     });
+  }
+
+  /** Bytes a layer takes on the node (a lazy layer's chunks are in the chunk cache). */
+  private diskBytes(hex: string, layer: StoredLayer): number {
+    return layer.metaBytes + (this.lazyLayers.has(hex) ? 0 : layer.blobBytes);
+  }
+
+  /** Whether the node holds the layer without its data blob (chunks fetched as read). */
+  isLazy(digest: string): boolean {
+    const hex = digestHex(digest);
+    return hex !== null && this.lazyLayers.has(hex);
+  }
+
+  /** The chunk cache and fetch counters; undefined without lazy loading. */
+  async lazyStats(): Promise<LazyCacheStats | undefined> {
+    return this.lazy?.stats();
+  }
+
+  /** {@link lazyStats} as the edge interface has it (null without lazy loading). */
+  async cacheStats(): Promise<LazyCacheStats | null> {
+    return (await this.lazy?.stats()) ?? null;
+  }
+
+  /** Bytes the lazy servers of these layers fetched (shared by every sandbox that uses them). */
+  async fetchedBytes(digests: readonly string[]): Promise<number> {
+    let n = 0;
+    for (const d of digests) {
+      const hex = digestHex(d);
+      if (hex === null || !this.lazyLayers.has(hex) || this.lazy === undefined) continue;
+      n += (await this.lazy.serverStats(hex))?.fetchedBytes ?? 0;
+    }
+    return n;
   }
 
   /** All layers, oldest first, optionally of one kind. */
@@ -469,7 +544,17 @@ export class LayerStore {
         await mkdir(target, { recursive: true });
         if (!(await mountsUnder(target)).includes(target)) {
           const dir = join(this.blobsDir, hex);
-          mount(join(dir, META_FILE), target, 'erofs', MS.RDONLY | MS.NODEV, `device=${join(dir, BLOB_FILE)}`);
+          let blob = join(dir, BLOB_FILE);
+          if (this.lazy !== undefined && this.lazyLayers.has(hex)) {
+            await this.lazyStops.get(hex);
+            blob = await this.lazy.start(hex, dir);
+          }
+          try {
+            mount(join(dir, META_FILE), target, 'erofs', MS.RDONLY | MS.NODEV, `device=${blob}`);
+          } catch (err) {
+            if (blob !== join(dir, BLOB_FILE)) this.stopLazy(hex);
+            throw err;
+          }
         }
         this.mounted.add(hex);
       }
@@ -556,6 +641,7 @@ export class LayerStore {
   detach(): void {
     for (const timer of this.lingering.values()) clearTimeout(timer);
     this.lingering.clear();
+    this.lazy?.detach();
   }
 
   /** Unmounts every layer mount of this store that is not busy (shutdown and tests). */
@@ -568,6 +654,8 @@ export class LayerStore {
       this.refs.clear();
       for (const hex of [...this.mounted]) this.tryUnmount(hex);
     });
+    await this.settled();
+    this.lazy?.detach();
   }
 
   private info(hex: string): LayerInfo {
@@ -608,7 +696,24 @@ export class LayerStore {
       throw err;
     }
     this.mounted.delete(hex);
+    if (this.lazyLayers.has(hex)) this.stopLazy(hex);
     return true;
+  }
+
+  /** Stops a lazy layer's server in the background (an acquire waits for it). */
+  private stopLazy(hex: string): void {
+    const lazy = this.lazy;
+    if (lazy === undefined || this.lazyStops.has(hex)) return;
+    const stop = lazy.stop(hex).finally(() => this.lazyStops.delete(hex));
+    this.lazyStops.set(
+      hex,
+      stop.catch(() => undefined),
+    );
+  }
+
+  /** Waits for the lazy servers being stopped (close, tests). */
+  async settled(): Promise<void> {
+    await Promise.all([...this.lazyStops.values()]);
   }
 
   private cancelLinger(hex: string): void {
@@ -623,6 +728,7 @@ export class LayerStore {
     await rename(join(this.blobsDir, hex), doomed);
     this.layers.delete(hex);
     this.evictable.delete(hex);
+    this.lazyLayers.delete(hex);
     await rm(doomed, { recursive: true, force: true });
     await rmdir(join(this.mntDir, hex)).catch(() => undefined);
   }

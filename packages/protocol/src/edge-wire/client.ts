@@ -104,6 +104,7 @@ export class WireEdgeClient implements EdgeClient {
       list: (filter?: { kind?: LayerKind }) => this.call('layers.list', [filter]),
       build: (source, o) => this.build(source, o),
       remove: (ref) => this.call('layers.remove', [ref]),
+      cacheStats: () => this.call('layers.cacheStats', []),
     };
     this.calls = {
       run: (req: CallRequest, o?: { signal?: AbortSignal }): Promise<CallResult> => this.call('calls.run', [req], { signal: o?.signal }),

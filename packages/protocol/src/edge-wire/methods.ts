@@ -270,6 +270,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     run: (e, x, ctx) => e.networkLog(a(x, 0), a(x, 1), local(ctx)),
   },
 
+  'layers.cacheStats': { args: [], run: (e) => e.layers.cacheStats?.() ?? Promise.resolve(null) },
   'layers.resolve': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.resolve(a(x, 0)) },
   'layers.list': { args: [['filter', z.strictObject({ kind: LayerKindSchema.optional() }).optional()]], run: (e, x) => e.layers.list(a(x, 0)) },
   'layers.build': {

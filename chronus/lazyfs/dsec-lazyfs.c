@@ -1,0 +1,313 @@
+// dsec-lazyfs: a layer's data blob as one read-only file (`<mountpoint>/blob`) on FUSE, for an
+// EROFS metadata image to be mounted over (`device=<mountpoint>/blob`) before the blob has
+// arrived. The blob is a list of extents (EROFS chunks) in a binary index; each extent's bytes
+// live in the node's chunk cache as `<cache>/<2 hex>/<64 hex>` (named by their sha256). A read
+// of an extent the cache lacks asks the lazy server (the parent, over stdin/stdout: "F <i>\n"
+// out, "O <i>\n" or "E <i> <errno>\n" back) to fetch, verify and store it, then reads the file.
+// A read whose answer does not come within the deadline, or after the server has gone, fails
+// with EIO: the sandbox sees an I/O error, never a hang. Extents served from the cache are
+// reported ("H <i> <bytes>\n") for the server's statistics and LRU order.
+//
+// Index file: "DSLZIDX1", u64 blob size, u32 count, then count x {u64 offset, u32 length,
+// u8 sha256[32]} sorted by offset, not overlapping (little endian). Bytes outside every extent
+// read as zeros.
+//
+// Usage: dsec-lazyfs <mountpoint> <index> <cache-dir> <deadline-ms>
+#define FUSE_USE_VERSION 31
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct extent {
+  uint64_t off;
+  uint32_t len;
+  char path[4 + 64 + 1];
+};
+
+enum { UNKNOWN = 0, FETCHING = 1, PRESENT = 2 };
+
+static struct extent *extents;
+static uint32_t n_extents;
+static uint64_t blob_size;
+static char *cache_dir;
+static long deadline_ms;
+static unsigned char *state;
+static int *last_error;
+static int server_gone;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv;
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void say(const char *line) {
+  pthread_mutex_lock(&out_mu);
+  size_t n = strlen(line);
+  const char *p = line;
+  while (n > 0) {
+    ssize_t w = write(1, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    p += w;
+    n -= (size_t)w;
+  }
+  pthread_mutex_unlock(&out_mu);
+}
+
+static int load_index(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  char magic[8];
+  uint32_t count;
+  if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "DSLZIDX1", 8) != 0 || fread(&blob_size, 8, 1, f) != 1 || fread(&count, 4, 1, f) != 1) {
+    fclose(f);
+    return -1;
+  }
+  extents = calloc(count ? count : 1, sizeof(*extents));
+  state = calloc(count ? count : 1, 1);
+  last_error = calloc(count ? count : 1, sizeof(int));
+  if (!extents || !state || !last_error) {
+    fclose(f);
+    return -1;
+  }
+  static const char hex[] = "0123456789abcdef";
+  for (uint32_t i = 0; i < count; i++) {
+    unsigned char rec[8 + 4 + 32];
+    if (fread(rec, 1, sizeof(rec), f) != sizeof(rec)) {
+      fclose(f);
+      return -1;
+    }
+    memcpy(&extents[i].off, rec, 8);
+    memcpy(&extents[i].len, rec + 8, 4);
+    char *p = extents[i].path;
+    *p++ = hex[rec[12] >> 4];
+    *p++ = hex[rec[12] & 15];
+    *p++ = '/';
+    for (int k = 0; k < 32; k++) {
+      *p++ = hex[rec[12 + k] >> 4];
+      *p++ = hex[rec[12 + k] & 15];
+    }
+    *p = 0;
+    if (i > 0 && extents[i].off < extents[i - 1].off + extents[i - 1].len) {
+      fclose(f);
+      return -1;
+    }
+  }
+  n_extents = count;
+  fclose(f);
+  return 0;
+}
+
+/** First extent ending after `off`, or n_extents. */
+static uint32_t find_extent(uint64_t off) {
+  uint32_t lo = 0, hi = n_extents;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (extents[mid].off + extents[mid].len <= off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static int open_chunk(uint32_t i) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/%s", cache_dir, extents[i].path);
+  return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/** An fd of extent i's cache file, fetched first if missing; -errno on failure. */
+static int chunk_fd(uint32_t i) {
+  int fd = open_chunk(i);
+  if (fd >= 0) {
+    char line[64];
+    snprintf(line, sizeof(line), "H %u\n", i);
+    say(line);
+    return fd;
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += deadline_ms / 1000;
+  until.tv_nsec += (deadline_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&mu);
+  int err = 0;
+  for (;;) {
+    if (state[i] == PRESENT) break;
+    if (server_gone) {
+      err = EIO;
+      break;
+    }
+    if (state[i] == UNKNOWN) {
+      state[i] = FETCHING;
+      last_error[i] = 0;
+      char line[64];
+      snprintf(line, sizeof(line), "F %u\n", i);
+      say(line);
+    }
+    int rc = pthread_cond_timedwait(&cv, &mu, &until);
+    if (state[i] == UNKNOWN && last_error[i] != 0) {
+      err = last_error[i];
+      break;
+    }
+    if (rc == ETIMEDOUT && state[i] != PRESENT) {
+      err = EIO;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  if (err != 0) return -err;
+  fd = open_chunk(i);
+  if (fd < 0) {
+    pthread_mutex_lock(&mu);
+    state[i] = UNKNOWN; // evicted under us (never for a mounted layer); the next read asks again
+    pthread_mutex_unlock(&mu);
+    return -EIO;
+  }
+  return fd;
+}
+
+/** Reads the server's answers until it closes the pipe. */
+static void *answers(void *arg) {
+  (void)arg;
+  FILE *in = fdopen(0, "r");
+  char line[128];
+  while (in && fgets(line, sizeof(line), in)) {
+    unsigned i;
+    int e;
+    pthread_mutex_lock(&mu);
+    if (sscanf(line, "O %u", &i) == 1 && i < n_extents) {
+      state[i] = PRESENT;
+    } else if (sscanf(line, "E %u %d", &i, &e) == 2 && i < n_extents) {
+      state[i] = UNKNOWN;
+      last_error[i] = e > 0 ? e : EIO;
+    }
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+  }
+  pthread_mutex_lock(&mu);
+  server_gone = 1;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+  return NULL;
+}
+
+static int lz_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
+  (void)fi;
+  memset(st, 0, sizeof(*st));
+  if (strcmp(path, "/") == 0) {
+    st->st_mode = S_IFDIR | 0555;
+    st->st_nlink = 2;
+    return 0;
+  }
+  if (strcmp(path, "/blob") == 0) {
+    st->st_mode = S_IFREG | 0444;
+    st->st_nlink = 1;
+    st->st_size = (off_t)blob_size;
+    st->st_blksize = 4096;
+    st->st_blocks = (blkcnt_t)((blob_size + 511) / 512);
+    return 0;
+  }
+  return -ENOENT;
+}
+
+static int lz_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t off, struct fuse_file_info *fi, enum fuse_readdir_flags flags) {
+  (void)off;
+  (void)fi;
+  (void)flags;
+  if (strcmp(path, "/") != 0) return -ENOENT;
+  fill(buf, ".", NULL, 0, 0);
+  fill(buf, "..", NULL, 0, 0);
+  fill(buf, "blob", NULL, 0, 0);
+  return 0;
+}
+
+static int lz_open(const char *path, struct fuse_file_info *fi) {
+  if (strcmp(path, "/blob") != 0) return -ENOENT;
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) return -EROFS;
+  fi->keep_cache = 1;
+  return 0;
+}
+
+static int lz_read(const char *path, char *buf, size_t size, off_t offset, struct fuse_file_info *fi) {
+  (void)path;
+  (void)fi;
+  uint64_t off = (uint64_t)offset;
+  if (off >= blob_size) return 0;
+  if (off + size > blob_size) size = (size_t)(blob_size - off);
+  memset(buf, 0, size);
+  uint64_t end = off + size;
+  for (uint32_t i = find_extent(off); i < n_extents && extents[i].off < end; i++) {
+    uint64_t from = extents[i].off > off ? extents[i].off : off;
+    uint64_t to = extents[i].off + extents[i].len < end ? extents[i].off + extents[i].len : end;
+    int fd = chunk_fd(i);
+    if (fd < 0) return fd;
+    size_t want = (size_t)(to - from);
+    size_t got = 0;
+    while (got < want) {
+      ssize_t r = pread(fd, buf + (from - off) + got, want - got, (off_t)(from - extents[i].off + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        close(fd);
+        return -EIO;
+      }
+      got += (size_t)r;
+    }
+    close(fd);
+  }
+  return (int)size;
+}
+
+static void *lz_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
+  (void)conn;
+  cfg->kernel_cache = 1;
+  cfg->entry_timeout = 3600;
+  cfg->attr_timeout = 3600;
+  pthread_t t;
+  pthread_create(&t, NULL, answers, NULL);
+  pthread_detach(t);
+  return NULL;
+}
+
+static const struct fuse_operations ops = {
+    .init = lz_init,
+    .getattr = lz_getattr,
+    .readdir = lz_readdir,
+    .open = lz_open,
+    .read = lz_read,
+};
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: %s <mountpoint> <index> <cache-dir> <deadline-ms>\n", argv[0]);
+    return 2;
+  }
+  cache_dir = realpath(argv[3], NULL);
+  if (cache_dir == NULL) {
+    fprintf(stderr, "dsec-lazyfs: cache %s: %s\n", argv[3], strerror(errno));
+    return 2;
+  }
+  deadline_ms = strtol(argv[4], NULL, 10);
+  if (deadline_ms <= 0) deadline_ms = 10000;
+  if (load_index(argv[2]) != 0) {
+    fprintf(stderr, "dsec-lazyfs: bad index %s\n", argv[2]);
+    return 2;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_cond_init(&cv, &ca);
+  char *fargs[] = {argv[0], argv[1], "-f", "-o", "ro,allow_other,fsname=dsec-lazy,subtype=dsec-lazy", "-o", "max_threads=32", NULL};
+  return fuse_main(7, fargs, &ops, NULL);
+}

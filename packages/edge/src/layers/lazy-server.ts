@@ -1,0 +1,331 @@
+// The lazy server of one layer: a process of its own (started detached by the edge, so that it
+// outlives an edge restart) that runs dsec-lazyfs (the FUSE view of the layer's data blob) and
+// answers its requests for missing chunks: an HTTP range request on the blob in the registry,
+// checked against the chunk's sha256, written to the node-wide chunk cache (named by digest) and
+// only then reported present. A fetch past the deadline or refused by the registry is answered
+// EIO (the read in the sandbox fails, it never hangs) and raised as `layer.fetch-failed`; bytes
+// that fail their digest are never stored or served and are raised as `layer.corrupt`.
+//
+// The edge talks to it on a unix socket, one JSON object per line: `{"op":"stats"}`,
+// `{"op":"events"}` (then every event as it is raised), `{"op":"prefetch","chunks":[...]}`,
+// `{"op":"stop"}` (unmounts the FUSE view and exits; refused while the layer is mounted on it).
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { mkdir, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
+import net from 'node:net';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { RaisedEvent } from '@dsec/protocol';
+import { umount } from '../sys/linux.js';
+import { decodeChunkIndex } from './lazy-index.js';
+import { RegistryClient } from './registry.js';
+import type { RegistryEndpoint } from './registry.js';
+
+/** What the edge hands a lazy server (a 0600 file in the layer's lazy directory). */
+export interface LazyServerConfig {
+  /** The layer's digest (for events). */
+  digest: string;
+  /** FUSE mount point; the blob is `<mountpoint>/blob`. */
+  mountpoint: string;
+  /** The binary chunk index. */
+  index: string;
+  /** The node-wide chunk cache. */
+  cacheDir: string;
+  /** The dsec-lazyfs binary. */
+  lazyfs: string;
+  /** A chunk not fetched within this many ms fails its read with EIO. */
+  deadlineMs: number;
+  /** Most range requests in flight. */
+  concurrency: number;
+  registry: RegistryEndpoint;
+  repository: string;
+  /** Digest of the data blob in the repository. */
+  blobDigest: string;
+  /** Control socket. */
+  socket: string;
+}
+
+/** Counters of a lazy server. */
+export interface LazyServerStats {
+  /** Chunks fetched from the registry and their bytes. */
+  fetchedChunks: number;
+  fetchedBytes: number;
+  /** Reads served from the cache (no round trip). */
+  hits: number;
+  /** Reads that needed a fetch (or waited for one). */
+  misses: number;
+  /** Fetches that failed (registry unreachable, refused, past the deadline). */
+  failures: number;
+  /** Chunks refused for failing their digest. */
+  corrupt: number;
+  /** Distinct chunks read so far, in first-read order (the access profile). */
+  touched: number;
+  chunks: number;
+  blobBytes: number;
+}
+
+/** Chunk `sha256`'s file in the cache. */
+export function chunkPath(cacheDir: string, sha256: string): string {
+  return join(cacheDir, sha256.slice(0, 2), sha256);
+}
+
+/** Minimum spacing of `layer.fetch-failed` events of one layer (a dead registry fails every read). */
+const EVENT_SPACING_MS = 5_000;
+/** Cache files of chunks read are touched at most this often (their mtime is the LRU order). */
+const TOUCH_SPACING_MS = 30_000;
+
+async function main(configPath: string): Promise<void> {
+  const cfg = JSON.parse(readFileSync(configPath, 'utf8')) as LazyServerConfig;
+  const index = decodeChunkIndex(readFileSync(cfg.index));
+  const client = new RegistryClient(cfg.registry);
+  const stats: LazyServerStats = {
+    fetchedChunks: 0,
+    fetchedBytes: 0,
+    hits: 0,
+    misses: 0,
+    failures: 0,
+    corrupt: 0,
+    touched: 0,
+    chunks: index.chunks.length,
+    blobBytes: index.blobBytes,
+  };
+  const order: number[] = [];
+  const seen = new Uint8Array(index.chunks.length);
+  const touchedAt = new Map<number, number>();
+  const subscribers = new Set<net.Socket>();
+  const lastEvent = new Map<string, { at: number; suppressed: number }>();
+
+  const raise = (ev: RaisedEvent): void => {
+    const key = ev.kind;
+    const now = Date.now();
+    const last = lastEvent.get(key);
+    if (ev.kind === 'layer.fetch-failed' && last !== undefined && now - last.at < EVENT_SPACING_MS) {
+      last.suppressed++;
+      return;
+    }
+    const suppressed = last?.suppressed ?? 0;
+    lastEvent.set(key, { at: now, suppressed: 0 });
+    const line = JSON.stringify({ event: { ...ev, data: { ...ev.data, ...(suppressed > 0 ? { suppressed } : {}) }, at: new Date().toISOString() } }) + '\n';
+    for (const s of subscribers) s.write(line);
+  };
+
+  const note = (i: number): void => {
+    if (seen[i] === 1) return;
+    seen[i] = 1;
+    order.push(i);
+    stats.touched++;
+  };
+
+  // Bounded concurrency: a queue of waiters for a slot.
+  let active = 0;
+  const waiting: (() => void)[] = [];
+  const slot = async (signal: AbortSignal): Promise<void> => {
+    if (active < cfg.concurrency) {
+      active++;
+      return;
+    }
+    await new Promise<void>((resolve, reject) => {
+      const go = () => {
+        signal.removeEventListener('abort', abort);
+        active++;
+        resolve();
+      };
+      const abort = () => {
+        const k = waiting.indexOf(go);
+        if (k >= 0) waiting.splice(k, 1);
+        reject(signal.reason instanceof Error ? signal.reason : new Error('deadline'));
+      };
+      waiting.push(go);
+      signal.addEventListener('abort', abort, { once: true });
+    });
+  };
+  const unslot = (): void => {
+    active--;
+    waiting.shift()?.();
+  };
+
+  const inflight = new Map<number, Promise<void>>();
+  const ensure = (i: number): Promise<void> => {
+    let p = inflight.get(i);
+    if (p === undefined) {
+      p = fetchChunk(i).finally(() => inflight.delete(i));
+      inflight.set(i, p);
+    }
+    return p;
+  };
+
+  const fetchChunk = async (i: number): Promise<void> => {
+    const c = index.chunks[i]!;
+    const path = chunkPath(cfg.cacheDir, c.sha256);
+    if (existsSync(path)) return; // another layer with this chunk fetched it
+    const signal = AbortSignal.timeout(cfg.deadlineMs);
+    await slot(signal);
+    let bytes: Buffer;
+    try {
+      bytes = await client.blobRange(cfg.repository, cfg.blobDigest, c.offset, c.length, signal);
+    } finally {
+      unslot();
+    }
+    const got = createHash('sha256').update(bytes).digest('hex');
+    if (got !== c.sha256) {
+      stats.corrupt++;
+      raise({
+        kind: 'layer.corrupt',
+        severity: 'critical',
+        message: `layer ${cfg.digest}: chunk ${i} from ${client.url} fails its digest; refused`,
+        data: { layer: cfg.digest, chunk: i, offset: c.offset, length: c.length, expected: c.sha256, got },
+      });
+      throw new Error('corrupt chunk');
+    }
+    await mkdir(join(cfg.cacheDir, c.sha256.slice(0, 2)), { recursive: true });
+    const tmp = `${path}.tmp-${randomBytes(4).toString('hex')}`;
+    await writeFile(tmp, bytes);
+    await rename(tmp, path);
+    stats.fetchedChunks++;
+    stats.fetchedBytes += c.length;
+  };
+
+  const fetchFailed = (i: number, err: unknown): void => {
+    stats.failures++;
+    const c = index.chunks[i]!;
+    const why = err instanceof Error ? (err.name === 'TimeoutError' ? `no answer within ${cfg.deadlineMs} ms` : err.message) : String(err);
+    if (why === 'corrupt chunk') return;
+    raise({
+      kind: 'layer.fetch-failed',
+      severity: 'warning',
+      message: `layer ${cfg.digest}: chunk ${i} could not be fetched from ${client.url}: ${why}`,
+      data: { layer: cfg.digest, chunk: i, offset: c.offset, length: c.length, error: why },
+    });
+  };
+
+  await mkdir(cfg.cacheDir, { recursive: true });
+  await mkdir(cfg.mountpoint, { recursive: true });
+  // The FUSE side waits a little longer than a fetch may take, so the fetch's own failure (and
+  // its event) comes first; past that it answers EIO on its own (this process gone or stuck).
+  const fuse = spawn(cfg.lazyfs, [cfg.mountpoint, cfg.index, cfg.cacheDir, String(cfg.deadlineMs + 2_000)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const answer = (line: string): void => {
+    if (fuse.stdin.writable) fuse.stdin.write(line);
+  };
+  fuse.stdin.on('error', () => undefined);
+  createInterface({ input: fuse.stdout }).on('line', (line) => {
+    const [op, arg] = line.split(' ');
+    const i = Number(arg);
+    if (!Number.isInteger(i) || i < 0 || i >= index.chunks.length) return;
+    if (op === 'H') {
+      stats.hits++;
+      note(i);
+      const now = Date.now();
+      if (now - (touchedAt.get(i) ?? 0) > TOUCH_SPACING_MS) {
+        touchedAt.set(i, now);
+        const p = chunkPath(cfg.cacheDir, index.chunks[i]!.sha256);
+        utimes(p, now / 1000, now / 1000).catch(() => undefined);
+      }
+    } else if (op === 'F') {
+      stats.misses++;
+      note(i);
+      touchedAt.set(i, Date.now());
+      ensure(i).then(
+        () => answer(`O ${i}\n`),
+        (err: unknown) => {
+          fetchFailed(i, err);
+          answer(`E ${i} 5\n`);
+        },
+      );
+    }
+  });
+
+  const server = net.createServer((sock) => {
+    sock.on('error', () => undefined);
+    const lines = createInterface({ input: sock });
+    lines.on('error', () => undefined); // readline re-emits the socket's errors
+    lines.on('line', (line) => {
+      let req: { op?: string; chunks?: unknown; concurrency?: unknown };
+      try {
+        req = JSON.parse(line) as typeof req;
+      } catch {
+        sock.end(JSON.stringify({ error: 'not JSON' }) + '\n');
+        return;
+      }
+      switch (req.op) {
+        case 'stats':
+          sock.write(JSON.stringify({ stats, pid: process.pid }) + '\n');
+          break;
+        case 'order':
+          sock.write(JSON.stringify({ order }) + '\n');
+          break;
+        case 'events':
+          subscribers.add(sock);
+          sock.on('close', () => subscribers.delete(sock));
+          sock.write(JSON.stringify({ subscribed: true }) + '\n');
+          break;
+        case 'prefetch': {
+          const list = Array.isArray(req.chunks) ? req.chunks.filter((n): n is number => Number.isInteger(n) && n >= 0 && n < index.chunks.length) : [];
+          void prefetch(list);
+          sock.write(JSON.stringify({ prefetching: list.length }) + '\n');
+          break;
+        }
+        case 'stop':
+          try {
+            umount(cfg.mountpoint);
+            sock.end(JSON.stringify({ stopped: true }) + '\n');
+          } catch (err) {
+            sock.write(JSON.stringify({ stopped: false, error: (err as Error).message }) + '\n');
+          }
+          break;
+        default:
+          sock.write(JSON.stringify({ error: `unknown op ${String(req.op)}` }) + '\n');
+      }
+    });
+  });
+
+  /** Fetches `list` in order, a few at a time, in the background (missing chunks only). */
+  const prefetch = async (list: number[]): Promise<void> => {
+    let next = 0;
+    const worker = async () => {
+      while (next < list.length) {
+        const i = list[next++]!;
+        await ensure(i).catch(() => undefined);
+      }
+    };
+    await Promise.all(Array.from({ length: Math.max(1, Math.min(cfg.concurrency, 8)) }, worker));
+  };
+
+  fuse.on('exit', () => {
+    server.close();
+    for (const s of subscribers) s.destroy();
+    void rm(cfg.socket, { force: true }).finally(() => process.exit(0));
+  });
+
+  // Ready once the blob shows on the mount point with its size.
+  const readyBy = Date.now() + 10_000;
+  for (;;) {
+    if (fuse.exitCode !== null) throw new Error(`dsec-lazyfs exited with ${fuse.exitCode}`);
+    const st = await stat(join(cfg.mountpoint, 'blob')).catch(() => null);
+    if (st !== null && st.size === index.blobBytes) break;
+    if (Date.now() > readyBy) throw new Error('dsec-lazyfs did not mount within 10 s');
+    await sleep(20);
+  }
+  await rm(cfg.socket, { force: true });
+  await new Promise<void>((resolve) => server.listen(cfg.socket, resolve));
+  process.stdout.write(`ready ${process.pid}\n`);
+}
+
+if (process.argv[1] !== undefined && process.argv[1].endsWith('lazy-server.js') && process.argv[2] !== undefined) {
+  // Killed with the edge's process group only if the edge asks: this process is its own session.
+  process.on('SIGPIPE', () => undefined);
+  main(process.argv[2]).catch((err: unknown) => {
+    process.stderr.write(`dsec lazy server: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exit(1);
+  });
+}
+
+/** Whether a cache file exists (for callers that only need to know). */
+export function chunkCached(cacheDir: string, sha256: string): boolean {
+  try {
+    return statSync(chunkPath(cacheDir, sha256)).isFile();
+  } catch {
+    return false;
+  }
+}

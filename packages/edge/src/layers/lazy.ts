@@ -1,0 +1,355 @@
+// Lazily loaded layers, the edge's side: a layer pulled without its data blob is mounted over a
+// FUSE view of that blob served by a lazy server (lazy-server.ts, a detached process per mounted
+// layer that outlives the edge), which fetches the chunks read from the registry into the
+// node-wide chunk cache `<layers>/chunks/<2 hex>/<sha256>`. The cache is content-addressed (a
+// chunk shared by two layers is stored and fetched once), bounded (least recently read chunks go
+// first) and never loses a chunk of a layer that is mounted. It is plain files: a node restart
+// keeps it.
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { closeSync, openSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import net from 'node:net';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { fileURLToPath } from 'node:url';
+import { DsecError } from '@dsec/protocol';
+import type { EventSink, RaisedEvent } from '@dsec/protocol';
+import { mountsUnder, MNT, umount } from '../sys/linux.js';
+import { decodeChunkIndex } from './lazy-index.js';
+import type { LazyServerConfig, LazyServerStats } from './lazy-server.js';
+import type { LayerRegistry } from './remote.js';
+
+/** How lazily loaded layers behave on a node. */
+export interface LazyOptions {
+  /** The dsec-lazyfs binary (built beside chronus). */
+  lazyfsBinary: string;
+  /** A chunk not fetched within this many ms fails its read with EIO; default 10 s. */
+  deadlineMs?: number | undefined;
+  /** Range requests in flight per layer; default 16. */
+  concurrency?: number | undefined;
+  /** Bytes of the chunk cache; past it, chunks no mounted layer needs go, LRU. Default none. */
+  chunkCacheMaxBytes?: number | undefined;
+  /** Where `layer.fetch-failed` and `layer.corrupt` go. */
+  raise?: EventSink | undefined;
+}
+
+/** What a lazily pulled layer's directory records about its blob. */
+export interface LazyRecord {
+  /** Digest of the data blob in the registry's repository. */
+  blobDigest: string;
+}
+
+/** The chunk cache and the lazy servers of a node, as `GET /v1/nodes/{id}` reports them. */
+export interface LazyCacheStats {
+  cacheBytes: number;
+  cacheChunks: number;
+  cacheMaxBytes: number | null;
+  /** Chunk reads served from the cache, and those that needed a fetch, since the edge started. */
+  hits: number;
+  misses: number;
+  /** hits / (hits + misses); null before any read. */
+  hitRate: number | null;
+  fetchedBytes: number;
+  fetchedChunks: number;
+  failures: number;
+  corrupt: number;
+  /** Layers mounted lazily now. */
+  lazyLayers: number;
+}
+
+export const LAZY_RECORD_FILE = 'lazy.json';
+export const CHUNK_INDEX_FILE = 'chunks.idx';
+const DEFAULT_DEADLINE_MS = 10_000;
+const DEFAULT_CONCURRENCY = 16;
+const SERVER_SCRIPT = fileURLToPath(new URL('./lazy-server.js', import.meta.url));
+const REQUEST_TIMEOUT_MS = 5_000;
+/** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
+export const SOCKET_DIR = '/run/dsec/lazy';
+
+type Counters = Pick<LazyServerStats, 'hits' | 'misses' | 'fetchedBytes' | 'fetchedChunks' | 'failures' | 'corrupt'>;
+const ZERO: Counters = { hits: 0, misses: 0, fetchedBytes: 0, fetchedChunks: 0, failures: 0, corrupt: 0 };
+
+/** The lazy servers of one layer store. */
+export class LazyLayers {
+  readonly cacheDir: string;
+  private readonly lazyDir: string;
+  /** Event subscriptions to running servers, by layer hex. */
+  private readonly subscriptions = new Map<string, net.Socket>();
+  /** Chunks (sha256) each mounted lazy layer needs: never evicted. */
+  private readonly pinned = new Map<string, Set<string>>();
+  /** Counters of servers stopped since the edge started, and the last seen of running ones. */
+  private retired: Counters = { ...ZERO };
+  private evicting: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly root: string,
+    private readonly registry: LayerRegistry,
+    private readonly opts: LazyOptions,
+  ) {
+    this.cacheDir = join(root, 'chunks');
+    this.lazyDir = join(root, 'lazy');
+  }
+
+  private dirOf(hex: string): string {
+    return join(this.lazyDir, hex);
+  }
+
+  /**
+   * The server's control socket: in a short directory of its own, since a unix socket path is
+   * at most 107 bytes and a store's root can be long (named after the root and the layer).
+   */
+  private socketOf(hex: string): string {
+    return join(SOCKET_DIR, `${createHash('sha256').update(`${this.root}\n${hex}`).digest('hex').slice(0, 32)}.sock`);
+  }
+
+  /** Directories of lazy servers (running or left over). */
+  async serverDirs(): Promise<string[]> {
+    return readdir(this.lazyDir).catch(() => []);
+  }
+
+  /**
+   * Starts (or finds running) the lazy server of the layer whose files are in `layerDir` and
+   * returns the path of its blob (what the EROFS mount's `device=` names).
+   */
+  async start(hex: string, layerDir: string): Promise<string> {
+    const dir = this.dirOf(hex);
+    const mountpoint = join(dir, 'fuse');
+    const blob = join(mountpoint, 'blob');
+    const index = decodeChunkIndex(await readFile(join(layerDir, CHUNK_INDEX_FILE)));
+    this.pinned.set(hex, new Set(index.chunks.map((c) => c.sha256)));
+    if ((await this.request(hex, { op: 'stats' }).catch(() => undefined)) !== undefined) {
+      this.subscribe(hex);
+      return blob;
+    }
+    await this.cleanup(hex);
+    const record = JSON.parse(await readFile(join(layerDir, LAZY_RECORD_FILE), 'utf8')) as LazyRecord;
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await mkdir(SOCKET_DIR, { recursive: true, mode: 0o700 });
+    await mkdir(this.cacheDir, { recursive: true });
+    const config: LazyServerConfig = {
+      digest: `sha256:${hex}`,
+      mountpoint,
+      index: join(layerDir, CHUNK_INDEX_FILE),
+      cacheDir: this.cacheDir,
+      lazyfs: this.opts.lazyfsBinary,
+      deadlineMs: this.opts.deadlineMs ?? DEFAULT_DEADLINE_MS,
+      concurrency: this.opts.concurrency ?? DEFAULT_CONCURRENCY,
+      registry: this.registry.endpoint,
+      repository: this.registry.repository,
+      blobDigest: record.blobDigest,
+      socket: this.socketOf(hex),
+    };
+    const configPath = join(dir, 'server.json');
+    await writeFile(configPath, JSON.stringify(config), { mode: 0o600 });
+    const log = openSync(join(dir, 'server.log'), 'a', 0o600);
+    let child;
+    try {
+      // Its own session: an edge that dies (or is killed with its process group) leaves it serving.
+      child = spawn(process.execPath, [SERVER_SCRIPT, configPath], { detached: true, stdio: ['ignore', 'pipe', log] });
+    } finally {
+      closeSync(log);
+    }
+    child.unref();
+    const ready = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), 15_000);
+      const lines = createInterface({ input: child.stdout! });
+      lines.on('error', () => undefined);
+      lines.once('line', (line) => {
+        clearTimeout(timer);
+        resolve(line.startsWith('ready'));
+      });
+      child.once('exit', () => {
+        clearTimeout(timer);
+        resolve(false);
+      });
+    });
+    child.stdout?.destroy();
+    if (!ready) {
+      if (child.exitCode === null) child.kill('SIGKILL');
+      const why = await readFile(join(dir, 'server.log'), 'utf8').catch(() => '');
+      await this.cleanup(hex);
+      throw new DsecError('UNAVAILABLE', `lazy server of layer sha256:${hex} did not start: ${why.trim().split('\n').slice(-3).join(' ')}`, {
+        layer: `sha256:${hex}`,
+      });
+    }
+    this.subscribe(hex);
+    return blob;
+  }
+
+  /** Stops the layer's server (its EROFS mount must be gone) and removes its directory. */
+  async stop(hex: string): Promise<void> {
+    this.pinned.delete(hex);
+    const final = await this.request(hex, { op: 'stats' }).catch(() => undefined);
+    if (final !== undefined) this.retire((final as { stats: LazyServerStats }).stats);
+    this.subscriptions.get(hex)?.destroy();
+    this.subscriptions.delete(hex);
+    // The FUSE view may stay busy a moment after the layer's unmount (the kernel lets go of the
+    // backing file late): ask again for a while, then detach it (cleanup) and let the server go.
+    const until = Date.now() + 5_000;
+    while (Date.now() < until) {
+      const reply = (await this.request(hex, { op: 'stop' }).catch(() => undefined)) as { stopped?: boolean } | undefined;
+      if (reply === undefined || reply.stopped === true) break;
+      await sleep(100);
+    }
+    while (Date.now() < until && (await stat(this.socketOf(hex)).catch(() => null)) !== null) await sleep(20);
+    await this.cleanup(hex);
+    void this.evict();
+  }
+
+  /** Unmounts a leftover FUSE view of the layer (its server gone) and removes its directory. */
+  private async cleanup(hex: string): Promise<void> {
+    const dir = this.dirOf(hex);
+    for (const m of (await mountsUnder(dir)).reverse()) umount(m, MNT.DETACH);
+    await rm(dir, { recursive: true, force: true });
+    await rm(this.socketOf(hex), { force: true });
+  }
+
+  private retire(s: Counters): void {
+    for (const k of Object.keys(ZERO) as (keyof Counters)[]) this.retired[k] += s[k];
+  }
+
+  /** The counters of the layer's running server. */
+  async serverStats(hex: string): Promise<LazyServerStats | undefined> {
+    const reply = (await this.request(hex, { op: 'stats' }).catch(() => undefined)) as { stats: LazyServerStats } | undefined;
+    return reply?.stats;
+  }
+
+  /** Chunk indexes in the order the layer's reads first touched them (its access profile). */
+  async accessOrder(hex: string): Promise<number[]> {
+    const reply = (await this.request(hex, { op: 'order' })) as { order: number[] };
+    return reply.order;
+  }
+
+  /** Asks the layer's server to fetch `chunks` in the background, in order. */
+  async prefetch(hex: string, chunks: number[]): Promise<void> {
+    await this.request(hex, { op: 'prefetch', chunks });
+  }
+
+  /** Whether the layer has a running server. */
+  async running(hex: string): Promise<boolean> {
+    return (await this.request(hex, { op: 'stats' }).catch(() => undefined)) !== undefined;
+  }
+
+  /** Cache and fetch statistics of the node. */
+  async stats(): Promise<LazyCacheStats> {
+    const total: Counters = { ...this.retired };
+    for (const hex of this.pinned.keys()) {
+      const s = await this.serverStats(hex);
+      if (s !== undefined) for (const k of Object.keys(ZERO) as (keyof Counters)[]) total[k] += s[k];
+    }
+    const usage = await this.usage();
+    const reads = total.hits + total.misses;
+    return {
+      cacheBytes: usage.bytes,
+      cacheChunks: usage.files.length,
+      cacheMaxBytes: this.opts.chunkCacheMaxBytes ?? null,
+      ...total,
+      hitRate: reads === 0 ? null : total.hits / reads,
+      lazyLayers: this.pinned.size,
+    };
+  }
+
+  private async usage(): Promise<{ bytes: number; files: { path: string; sha: string; size: number; mtimeMs: number }[] }> {
+    const files: { path: string; sha: string; size: number; mtimeMs: number }[] = [];
+    let bytes = 0;
+    for (const sub of await readdir(this.cacheDir).catch(() => [] as string[])) {
+      const subDir = join(this.cacheDir, sub);
+      for (const name of await readdir(subDir).catch(() => [] as string[])) {
+        const path = join(subDir, name);
+        const st = await stat(path).catch(() => null);
+        if (st === null || !st.isFile()) continue;
+        if (name.includes('.tmp-')) {
+          // A fetch cut off by a crash; fetches in progress are younger than a minute.
+          if (Date.now() - st.mtimeMs > 60_000) await unlink(path).catch(() => undefined);
+          continue;
+        }
+        files.push({ path, sha: name, size: st.size, mtimeMs: st.mtimeMs });
+        bytes += st.size;
+      }
+    }
+    return { bytes, files };
+  }
+
+  /**
+   * Removes the least recently read chunks that no mounted lazy layer needs until the cache
+   * fits its bound. Serialized; a no-op without a bound.
+   */
+  evict(): Promise<void> {
+    const max = this.opts.chunkCacheMaxBytes;
+    if (max === undefined) return Promise.resolve();
+    const run = this.evicting.then(async () => {
+      const { bytes, files } = await this.usage();
+      let total = bytes;
+      if (total <= max) return;
+      const pinned = new Set<string>();
+      for (const set of this.pinned.values()) for (const sha of set) pinned.add(sha);
+      files.sort((a, b) => a.mtimeMs - b.mtimeMs);
+      for (const f of files) {
+        if (total <= max) break;
+        if (pinned.has(f.sha)) continue;
+        await unlink(f.path).catch(() => undefined);
+        total -= f.size;
+      }
+    });
+    this.evicting = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Keeps one connection to the server open for its events. */
+  private subscribe(hex: string): void {
+    if (this.subscriptions.has(hex)) return;
+    const sock = net.connect(this.socketOf(hex));
+    this.subscriptions.set(hex, sock);
+    sock.on('error', () => undefined);
+    sock.on('close', () => {
+      if (this.subscriptions.get(hex) === sock) this.subscriptions.delete(hex);
+    });
+    sock.unref();
+    sock.write(JSON.stringify({ op: 'events' }) + '\n');
+    const lines = createInterface({ input: sock });
+    lines.on('error', () => undefined); // readline re-emits the socket's errors
+    lines.on('line', (line) => {
+      try {
+        const msg = JSON.parse(line) as { event?: RaisedEvent };
+        if (msg.event !== undefined) this.opts.raise?.(msg.event);
+      } catch {
+        // not a line of the protocol
+      }
+    });
+  }
+
+  /** Subscriptions are dropped (the edge closing); servers keep running. */
+  detach(): void {
+    for (const s of this.subscriptions.values()) s.destroy();
+    this.subscriptions.clear();
+  }
+
+  /** One request to the layer's server, one line back. */
+  private request(hex: string, body: object): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      const sock = net.connect(this.socketOf(hex));
+      const timer = setTimeout(() => {
+        sock.destroy();
+        reject(new Error('lazy server did not answer'));
+      }, REQUEST_TIMEOUT_MS);
+      sock.on('error', (err) => {
+        clearTimeout(timer);
+        reject(err);
+      });
+      const lines = createInterface({ input: sock });
+      lines.on('error', () => undefined); // readline re-emits the socket's errors (handled above)
+      lines.once('line', (line) => {
+        clearTimeout(timer);
+        sock.destroy();
+        try {
+          resolve(JSON.parse(line));
+        } catch (err) {
+          reject(err instanceof Error ? err : new Error(String(err)));
+        }
+      });
+      sock.write(JSON.stringify(body) + '\n');
+    });
+  }
+}

@@ -1,0 +1,286 @@
+// Lazily loaded layers (real registry, real mounts): a node that lacks a layer mounts it from its
+// EROFS metadata and chunk index alone, over a FUSE view of the data blob (dsec-lazyfs) whose
+// missing chunks its lazy server fetches from the registry by range request, checks and caches.
+// Data read is byte-identical to the layer; only the chunks read are fetched; a chunk in two
+// layers is fetched once; concurrent cold starts fetch each chunk once; a registry that dies
+// mid-read gives EIO and `layer.fetch-failed`, never a hang, and the node stays usable; a chunk
+// that fails its digest is refused (`layer.corrupt`); the bounded cache never evicts a chunk a
+// mounted layer needs; an edge restart keeps the servers and the cache.
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { execFile, spawn } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { promisify } from 'node:util';
+import { LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
+import type { LayerInfo, RaisedEvent } from '@dsec/protocol';
+import { REPO_ROOT, startNode } from './helpers/node.js';
+import type { TestNode } from './helpers/node.js';
+import { startRegistry } from './helpers/registry.js';
+import type { TestRegistry } from './helpers/registry.js';
+
+const MiB = 1024 * 1024;
+const execFileP = promisify(execFile);
+let registry: TestRegistry;
+let scratch: string;
+let builder: TestNode;
+let lazy: TestNode;
+const nodes: TestNode[] = [];
+const events: RaisedEvent[] = [];
+const big = randomBytes(3 * MiB + 100);
+const files: Record<string, Buffer> = { 'opt/data/big': big, 'opt/data/hello': Buffer.from('hello, lazily\n') };
+for (let i = 0; i < 8; i++) files[`opt/data/f${i}`] = randomBytes(64 * 1024);
+let base: LayerInfo;
+let toolA: LayerInfo;
+let toolB: LayerInfo;
+let toolC: LayerInfo;
+const cFiles = { 'opt/c/one': randomBytes(2 * MiB), 'opt/c/two': randomBytes(MiB / 2) };
+/** Layers no read has touched before the failure tests (read-ahead would have cached chunks). */
+let toolCorrupt: LayerInfo;
+let toolGone: LayerInfo;
+const corruptFile = randomBytes(200 * 1024);
+const goneFile = randomBytes(200 * 1024);
+
+const endpoint = () => ({ url: registry.url, username: registry.username, password: registry.password });
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+
+async function dirLayer(n: TestNode, name: string, content: Record<string, Buffer>): Promise<LayerInfo> {
+  const dir = path.join(scratch, name);
+  for (const [rel, data] of Object.entries(content)) {
+    await mkdir(path.dirname(path.join(dir, rel)), { recursive: true });
+    await writeFile(path.join(dir, rel), data);
+  }
+  return n.edge.layers.build({ type: 'dir', path: dir }, { kind: 'toolkit' });
+}
+
+async function stats() {
+  const s = await lazy.edge.layers.lazyStats();
+  assert.ok(s, 'lazy loading is on');
+  return s;
+}
+
+async function layerStats(layer: LayerInfo) {
+  const s = await lazy.edge.layers.lazy!.serverStats(layer.digest.slice(7));
+  assert.ok(s, `${layer.digest} has a lazy server`);
+  return s;
+}
+
+/** Blob GETs of the registry log that named `digest`'s data blob (the range requests). */
+function rangeGets(blobDigest: string): number {
+  return registry.requests().filter((r) => r === `GET /v2/dsec/layers/blobs/${blobDigest}`).length;
+}
+
+async function blobDigestOf(n: TestNode, layer: LayerInfo): Promise<string> {
+  const rec = JSON.parse(await readFile(path.join(n.home, 'layers', 'blobs', layer.digest.slice(7), 'lazy.json'), 'utf8')) as { blobDigest: string };
+  return rec.blobDigest;
+}
+
+before(async () => {
+  registry = await startRegistry();
+  scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-lazy-'));
+  builder = await startNode({ edge: { registry: endpoint() } });
+  nodes.push(builder);
+  // Built side by side: the base, and every toolkit the tests use (each pushed to the registry).
+  [base, toolA, toolB, toolC, toolCorrupt, toolGone] = await Promise.all([
+    builder.edge.layers.build({ type: 'busybox' }, { kind: 'base' }),
+    dirLayer(builder, 'a', files),
+    dirLayer(builder, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') }),
+    dirLayer(builder, 'c', cFiles),
+    dirLayer(builder, 'corrupt', { 'opt/e/file': corruptFile }),
+    dirLayer(builder, 'gone', { 'opt/f/file': goneFile }),
+  ]);
+  lazy = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1 } } });
+  nodes.push(lazy);
+  lazy.edge.onEvent((ev) => events.push(ev));
+});
+
+after(async () => {
+  for (const n of nodes) await n.cleanup().catch((err: unknown) => console.error('node cleanup:', err));
+  await registry?.close();
+  await rm(scratch, { recursive: true, force: true });
+});
+
+describe('lazily loaded layers', () => {
+  let sandboxId: string;
+  let failing: { id: string };
+
+  test('a sandbox starts from a layer the node lacks and reads it byte for byte, fetching only what it reads', async () => {
+    registry.clearLog();
+    const sb = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolA.digest] } });
+    sandboxId = sb.id;
+    assert.equal(lazy.edge.layers.isLazy(toolA.digest), true);
+    assert.equal(lazy.edge.layers.isLazy(base.digest), true);
+    const layerDir = path.join(lazy.home, 'layers', 'blobs', toolA.digest.slice(7));
+    assert.ok(!(await readdir(layerDir)).includes('data.blob'), 'the data blob was not pulled');
+    const r = await lazy.edge.exec(sb.id, { cmd: 'cat /opt/data/hello' });
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.equal(r.stdout, 'hello, lazily\n');
+    const blobDigest = await blobDigestOf(lazy, toolA);
+    const afterHello = rangeGets(blobDigest);
+    assert.ok(afterHello >= 1 && afterHello <= 3, `a small file is one chunk (and read-ahead): ${afterHello} range requests`);
+    assert.equal(registry.requests().filter((l) => l === `GET /v2/dsec/layers/blobs/${blobDigest}`).length, afterHello);
+    const s1 = await layerStats(toolA);
+    assert.ok(s1.fetchedBytes < toolA.blobBytes / 2, `fetched ${s1.fetchedBytes} of ${toolA.blobBytes}`);
+    // Every file, byte for byte.
+    const sums = await lazy.edge.exec(sb.id, { cmd: 'cd /opt/data && sha256sum big f0 f7' });
+    assert.equal(sums.exitCode, 0, sums.stderr);
+    assert.equal(sums.stdout, [`${sha(big)}  big`, `${sha(files['opt/data/f0']!)}  f0`, `${sha(files['opt/data/f7']!)}  f7`, ''].join('\n'));
+    const s2 = await layerStats(toolA);
+    assert.ok(s2.fetchedBytes >= big.length, 'the big file came from the registry');
+    assert.ok(s2.fetchedBytes < toolA.blobBytes, 'f1..f6 were never read, never fetched');
+    assert.equal(s2.corrupt, 0);
+    const node = await stats();
+    assert.ok(node.cacheBytes >= s2.fetchedBytes, 'the cache holds what was fetched');
+    assert.ok(node.hits > 0 && node.misses > 0 && node.hitRate !== null);
+    assert.deepEqual(await lazy.edge.layers.cacheStats(), { ...(await stats()), hitRate: (await stats()).hitRate }, 'what GET /v1/nodes/{name} reports');
+    const sbStats = await lazy.edge.stats(sb.id);
+    assert.ok((sbStats.layerBytesFetched ?? 0) >= s2.fetchedBytes, 'the sandbox counts the bytes fetched for its layers');
+  });
+
+  test('a file present in two layers is fetched once', async () => {
+    const before = await stats();
+    const sb = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolB.digest] } });
+    try {
+      const r = await lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/other/big' });
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, `${sha(big)}  /opt/other/big\n`);
+      const after = await stats();
+      assert.ok(
+        after.fetchedBytes - before.fetchedBytes < MiB,
+        `the big file's chunks came from the cache (fetched ${after.fetchedBytes - before.fetchedBytes} bytes)`,
+      );
+    } finally {
+      await lazy.edge.destroy(sb.id);
+    }
+  });
+
+  test('concurrent cold starts of one layer fetch each chunk once', async () => {
+    const tool = toolC;
+    registry.clearLog();
+    const sbs = await Promise.all([1, 2, 3].map(() => lazy.edge.create({ image: { base: base.digest, toolkits: [tool.digest] } })));
+    try {
+      const runs = await Promise.all(sbs.map((sb) => lazy.edge.exec(sb.id, { cmd: 'cat /opt/c/one /opt/c/two | sha256sum' })));
+      for (const r of runs) assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(new Set(runs.map((r) => r.stdout)).size, 1);
+      const server = await lazy.edge.layers.lazy!.serverStats(tool.digest.slice(7));
+      assert.ok(server, 'the layer has a lazy server');
+      assert.equal(server.fetchedChunks, 3, 'two chunks of one, one of two');
+      assert.equal(rangeGets(await blobDigestOf(lazy, tool)), 3, 'one range request per chunk');
+    } finally {
+      for (const sb of sbs) await lazy.edge.destroy(sb.id);
+    }
+  });
+
+  test('a chunk that fails its digest is refused and raised as layer.corrupt', async () => {
+    failing = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolCorrupt.digest, toolGone.digest] } });
+    const blobDigest = await blobDigestOf(lazy, toolCorrupt);
+    const file = registry.blobFile(blobDigest);
+    const original = await readFile(file);
+    const damaged = Buffer.from(original);
+    for (let i = 0; i < damaged.length; i += 4096) damaged[i] = damaged[i]! ^ 0xff;
+    await writeFile(file, damaged);
+    try {
+      const r = await lazy.edge.exec(failing.id, { cmd: 'cat /opt/e/file > /dev/null', timeoutMs: 20_000 });
+      assert.notEqual(r.exitCode, 0, 'the read failed');
+      assert.match(r.stderr, /Input\/output error/);
+      const ev = events.find((e) => e.kind === 'layer.corrupt');
+      assert.ok(ev, 'layer.corrupt raised');
+      assert.equal(ev.data?.layer, toolCorrupt.digest);
+      assert.ok((await stats()).corrupt >= 1);
+    } finally {
+      await writeFile(file, original);
+    }
+    const again = await lazy.edge.exec(failing.id, { cmd: 'sha256sum /opt/e/file' });
+    assert.equal(again.stdout, `${sha(corruptFile)}  /opt/e/file\n`, 'good bytes once the registry serves them');
+  });
+
+  test('registry gone mid-read: EIO within the deadline, layer.fetch-failed, the node and what is cached stay usable', async () => {
+    await registry.stop();
+    try {
+      const t0 = Date.now();
+      const r = await lazy.edge.exec(failing.id, { cmd: 'cat /opt/f/file > /dev/null', timeoutMs: 30_000 });
+      const took = Date.now() - t0;
+      assert.notEqual(r.exitCode, 0);
+      assert.match(r.stderr, /Input\/output error/);
+      assert.ok(took < 25_000, `failed in ${took} ms, not hung`);
+      const ev = events.find((e) => e.kind === 'layer.fetch-failed');
+      assert.ok(ev, 'layer.fetch-failed raised');
+      assert.equal(ev.data?.layer, toolGone.digest);
+      // The sandboxes still read what is cached; the node still makes sandboxes from its layers.
+      const cached = await lazy.edge.exec(sandboxId, { cmd: 'cat /opt/data/hello' });
+      assert.equal(cached.stdout, 'hello, lazily\n');
+      const same = await lazy.edge.exec(failing.id, { cmd: 'sha256sum /opt/e/file' });
+      assert.equal(same.stdout, `${sha(corruptFile)}  /opt/e/file\n`);
+      const other = await lazy.edge.create({ image: { base: base.digest } });
+      const ok = await lazy.edge.exec(other.id, { cmd: 'echo fine' });
+      assert.equal(ok.stdout, 'fine\n');
+      await lazy.edge.destroy(other.id);
+    } finally {
+      await registry.start();
+    }
+    const later = await lazy.edge.exec(failing.id, { cmd: 'sha256sum /opt/f/file' });
+    assert.equal(later.stdout, `${sha(goneFile)}  /opt/f/file\n`, 'read again once the registry is back');
+    await lazy.edge.destroy(failing.id);
+  });
+
+  test('an edge killed while a lazy layer is read: the read completes, a new edge adopts the server', async () => {
+    const tool = toolB; // not mounted on this node's lazy store: it pulls it anew
+    const root = path.join(scratch, 'killed-store');
+    const holder = spawn(
+      process.execPath,
+      [path.join(REPO_ROOT, 'test/dist/helpers/lazy-holder.js'), root, registry.url, registry.username, registry.password, tool.digest],
+      {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
+    const mountDir = await new Promise<string>((resolve, reject) => {
+      createInterface({ input: holder.stdout }).once('line', resolve);
+      holder.once('exit', (code) => reject(new Error(`holder exited with ${code}`)));
+    });
+    const store = new LayerStore({
+      root,
+      registry: new LayerRegistry(endpoint()),
+      unmountLingerMs: 0,
+      lazy: { lazyfsBinary: path.join(REPO_ROOT, 'chronus/build/dsec-lazyfs') },
+    });
+    try {
+      const reading = execFileP('sha256sum', [path.join(mountDir, 'opt/other/big')]);
+      holder.kill('SIGKILL');
+      const { stdout } = await reading;
+      assert.equal(stdout.split(' ')[0], sha(big), 'the read in progress completed with the right bytes');
+      // A new process on the same store adopts the mount and its server, then tears both down.
+      await store.init();
+      assert.equal(await store.lazy!.running(tool.digest.slice(7)), true);
+      await store.acquire(tool.digest);
+      await store.release(tool.digest);
+      await store.settled();
+      const until = Date.now() + 10_000;
+      while (Date.now() < until && (await store.lazy!.running(tool.digest.slice(7)))) await new Promise((resolve) => setTimeout(resolve, 100));
+      assert.equal(await store.lazy!.running(tool.digest.slice(7)), false, 'the server stopped with the last release');
+    } finally {
+      if (holder.exitCode === null) holder.kill('SIGKILL');
+      await store.close();
+      for (const m of (await mountsUnder(root)).reverse()) umount(m, MNT.DETACH);
+    }
+  });
+
+  test('an edge restart keeps the lazy servers and the cache; eviction spares mounted layers', async () => {
+    const before = await stats();
+    assert.ok(before.cacheBytes > 1, 'over the bound of 1 byte, yet the mounted layer keeps its chunks');
+    await lazy.restart();
+    lazy.edge.onEvent((ev) => events.push(ev));
+    const r = await lazy.edge.exec(sandboxId, { cmd: 'sha256sum /opt/data/big /opt/data/f6' });
+    assert.equal(r.exitCode, 0, r.stderr);
+    assert.equal(r.stdout, `${sha(big)}  /opt/data/big\n${sha(files['opt/data/f6']!)}  /opt/data/f6\n`);
+    await lazy.edge.destroy(sandboxId);
+    // Once the layers are unmounted (close: no linger) their servers stop and the bound applies.
+    await lazy.edge.layers.close();
+    await lazy.edge.layers.lazy!.evict();
+    assert.equal((await stats()).cacheChunks, 0, 'unmounted layers leave the cache to its bound');
+    assert.deepEqual(await readdir(path.join(lazy.home, 'layers', 'lazy')), [], 'no lazy server is left');
+    assert.ok((await stat(path.join(lazy.home, 'layers', 'chunks'))).isDirectory());
+  });
+});
