@@ -25,6 +25,8 @@ import { authAndAudit } from './audit.js';
 import type { AuthFailureOptions } from './audit.js';
 import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
+import { uiRoutes } from './ui.js';
+import { sessionRoutes } from './routes/session.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -81,6 +83,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   });
   app.get('/metrics', async (c) => c.text(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
   app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
+  app.route('/ui', uiRoutes());
 
   app.use(
     '/v1/*',
@@ -99,6 +102,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', snapshotRoutes(deps));
   app.route('/v1', callRoutes(deps));
   app.route('/v1', layerRoutes(deps));
+  app.route('/v1', sessionRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
   return app;
 }
