@@ -185,6 +185,11 @@ describe('dashboard', () => {
       await page.locator('.xterm-rows').getByText('42dash').waitFor({ timeout: 15_000 });
       await shot(page, 'terminal');
 
+      // The shell is one of its processes; its output is read from offset 0.
+      await page.getByTestId('tab-processes').click();
+      await page.getByTestId('processes').locator('tr', { hasText: '/bin/sh -i' }).getByRole('button', { name: 'output' }).click();
+      await page.getByTestId('process-output').getByText('42dash').first().waitFor({ timeout: 15_000 });
+
       // Files: the hostile name listed as text; upload, then download.
       await page.getByTestId('tab-files').click();
       const files = page.getByTestId('files');

@@ -461,7 +461,15 @@ export function Events() {
   const [severity, setSeverity] = useState('');
   const [sandbox, setSandbox] = useState('');
   const [auditSandbox, setAuditSandbox] = useState('');
-  const audit = usePoll(() => get<{ items: AuditRow[] }>(withQuery('/v1/audit', { limit: 100, sandbox: auditSandbox || undefined })), 3000, [auditSandbox]);
+  const [auditKey, setAuditKey] = useState('');
+  const [writesOnly, setWritesOnly] = useState(true);
+  const audit = usePoll(
+    () => get<{ items: AuditRow[] }>(withQuery('/v1/audit', { limit: 500, sandbox: auditSandbox || undefined, key: auditKey || undefined })),
+    3000,
+    [auditSandbox, auditKey],
+  );
+  // The dashboard's own polling is audited too: by default only calls that change something are shown.
+  const auditRows = (audit.data?.items ?? []).filter((a) => !writesOnly || a.method !== 'GET');
   return (
     <div>
       <Section title="Events (live)">
@@ -480,12 +488,16 @@ export function Events() {
       <Section title="Audit">
         <div class="filters">
           <input placeholder="sandbox id" value={auditSandbox} onChange={(e) => setAuditSandbox(e.currentTarget.value)} />
+          <input placeholder="key id" value={auditKey} onChange={(e) => setAuditKey(e.currentTarget.value)} />
+          <label>
+            <input type="checkbox" checked={writesOnly} onChange={(e) => setWritesOnly(e.currentTarget.checked)} /> changes only (no GET)
+          </label>
         </div>
         <ErrorLine error={audit.error} />
         <Table
           testid="audit"
           head={['at', 'key', 'method', 'route', 'sandbox', 'status', 'ms', 'command', 'exit']}
-          rows={(audit.data?.items ?? []).map((a) => [
+          rows={auditRows.map((a) => [
             time(a.at),
             a.key ?? '-',
             a.method,
