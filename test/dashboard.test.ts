@@ -122,7 +122,7 @@ describe('dashboard', () => {
           ws.send(JSON.stringify({ cmd: 'echo ticket-ok' }));
         });
         ws.on('message', (m) => {
-          const ev = JSON.parse(String(m));
+          const ev = JSON.parse((m as Buffer).toString());
           if (ev.type === 'output') out += Buffer.from(ev.data, 'base64').toString();
         });
         ws.on('close', () => resolve({ out }));
@@ -201,7 +201,7 @@ describe('dashboard', () => {
       assert.equal(got.body, 'hello from the browser\n');
       const [dl] = await Promise.all([page.waitForEvent('download'), page.getByTestId('download-hello.txt').click()]);
       assert.equal(dl.suggestedFilename(), 'hello.txt');
-      assert.equal(await readFile((await dl.path())!, 'utf8'), 'hello from the browser\n');
+      assert.equal(await readFile(await dl.path(), 'utf8'), 'hello from the browser\n');
       await shot(page, 'files');
 
       // Network policy: edited in the page, in force through the API.

@@ -1,7 +1,7 @@
 // WebSocket tickets: single use, expiry, the bound on outstanding tickets, and the sub-protocol form.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { MAX_OUTSTANDING_TICKETS, WS_TICKET_TTL_MS, WsTickets, ticketFromProtocols } from './ws-tickets.js';
+import { MAX_OUTSTANDING_TICKETS, MAX_TICKETS_PER_KEY, WS_TICKET_TTL_MS, WsTickets, ticketFromProtocols } from './ws-tickets.js';
 
 describe('WebSocket tickets', () => {
   test('a ticket stands for its key once, and expires', async () => {
@@ -26,9 +26,18 @@ describe('WebSocket tickets', () => {
     t.issue('Bearer dsec_y');
     assert.equal(t.size, 1, 'the expired ticket went at the next issue');
     assert.equal(t.redeem(first.ticket), undefined);
+    // One key asking for many tickets drops only its own oldest ones.
     const many = new WsTickets();
-    for (let i = 0; i < MAX_OUTSTANDING_TICKETS + 5; i++) many.issue('Bearer dsec_z');
-    assert.equal(many.size, MAX_OUTSTANDING_TICKETS);
+    const other = many.issue('Bearer dsec_other');
+    const mine = Array.from({ length: MAX_TICKETS_PER_KEY + 5 }, () => many.issue('Bearer dsec_z'));
+    assert.equal(many.size, MAX_TICKETS_PER_KEY + 1);
+    assert.equal(many.redeem(mine[0]!.ticket), undefined, 'its oldest went');
+    assert.equal(many.redeem(mine.at(-1)!.ticket), 'Bearer dsec_z');
+    assert.equal(many.redeem(other.ticket), 'Bearer dsec_other', "another key's ticket stays");
+    // All keys together: at most MAX_OUTSTANDING_TICKETS.
+    const all = new WsTickets();
+    for (let i = 0; i < MAX_OUTSTANDING_TICKETS + 5; i++) all.issue(`Bearer dsec_${i}`);
+    assert.equal(all.size, MAX_OUTSTANDING_TICKETS);
   });
 
   test('the ticket is read from the offered sub-protocols', () => {

@@ -14,6 +14,8 @@ export const WS_PROTOCOL = 'dsec.v1';
 export const WS_TICKET_PROTOCOL_PREFIX = 'dsec.ticket.';
 /** Tickets outstanding at once, all keys together; past it the oldest are dropped. */
 export const MAX_OUTSTANDING_TICKETS = 10_000;
+/** Tickets outstanding at once for one key; past it that key's oldest is dropped (not another key's). */
+export const MAX_TICKETS_PER_KEY = 64;
 
 /** What POST /v1/ws-tickets answers. */
 export interface WsTicket {
@@ -24,16 +26,22 @@ export interface WsTicket {
 /** Outstanding tickets: each maps to the `Authorization` value of the request that asked for it. */
 export class WsTickets {
   private readonly tickets = new Map<string, { authorization: string; expires: number }>();
+  /** Each key's outstanding tickets, oldest first. */
+  private readonly byKey = new Map<string, Set<string>>();
 
   constructor(private readonly ttlMs = WS_TICKET_TTL_MS) {}
 
   /** A new ticket for the key of `authorization` (already authenticated by the caller). */
   issue(authorization: string): WsTicket {
     this.sweep();
-    while (this.tickets.size >= MAX_OUTSTANDING_TICKETS) this.tickets.delete(this.tickets.keys().next().value!);
+    // One key asking for many only drops its own oldest tickets.
+    const own = this.byKey.get(authorization);
+    while (own && own.size >= MAX_TICKETS_PER_KEY) this.drop(own.values().next().value!);
+    while (this.tickets.size >= MAX_OUTSTANDING_TICKETS) this.drop(this.tickets.keys().next().value!);
     const ticket = randomBytes(24).toString('base64url');
     const expires = Date.now() + this.ttlMs;
     this.tickets.set(ticket, { authorization, expires });
+    (this.byKey.get(authorization) ?? this.byKey.set(authorization, new Set()).get(authorization)!).add(ticket);
     return { ticket, expiresAt: new Date(expires).toISOString() };
   }
 
@@ -41,7 +49,7 @@ export class WsTickets {
   redeem(ticket: string): string | undefined {
     const t = this.tickets.get(ticket);
     if (!t) return undefined;
-    this.tickets.delete(ticket);
+    this.drop(ticket);
     return t.expires > Date.now() ? t.authorization : undefined;
   }
 
@@ -50,9 +58,22 @@ export class WsTickets {
     return this.tickets.size;
   }
 
+  private drop(ticket: string): void {
+    const t = this.tickets.get(ticket);
+    if (!t) return;
+    this.tickets.delete(ticket);
+    const own = this.byKey.get(t.authorization);
+    own?.delete(ticket);
+    if (own?.size === 0) this.byKey.delete(t.authorization);
+  }
+
+  /** Drops expired tickets: they are in issue order, so the walk stops at the first live one. */
   private sweep(): void {
     const now = Date.now();
-    for (const [k, t] of this.tickets) if (t.expires <= now) this.tickets.delete(k);
+    for (const [k, t] of this.tickets) {
+      if (t.expires > now) break;
+      this.drop(k);
+    }
   }
 }
 
