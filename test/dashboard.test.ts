@@ -165,6 +165,23 @@ describe('dashboard', () => {
       assert.ok((await row.innerText()).includes(`evil=${HOSTILE}`), 'the label is shown as text');
       await shot(page, 'sandboxes');
 
+      // Two more from the page, as one batch with its progress.
+      await page.getByTestId('create-count').fill('2');
+      await page.getByTestId('create-labels').fill('job=ui-batch');
+      await page.getByTestId('create').click();
+      await page.getByTestId('create-progress').getByText('2 created, 0 failed of 2 (done)').waitFor({ timeout: 30_000 });
+      const made = await call('GET', '/v1/sandboxes?label=job%3Dui-batch', platform.adminKey);
+      assert.equal(made.body.items.length, 2);
+      // ...and deleted again with the bulk action.
+      await page.getByTestId('filter-label').fill('job=ui-batch');
+      await page.getByTestId('sandboxes').locator('tbody tr').nth(1).locator('input[type=checkbox]').waitFor();
+      assert.equal(await page.getByTestId('sandboxes').locator('tbody tr').count(), 2);
+      for (const box of await page.getByTestId('sandboxes').locator('input[type=checkbox]').all()) await box.check();
+      await page.getByTestId('bulk-delete').click();
+      await page.getByTestId('sandboxes').getByText('nothing yet').waitFor({ timeout: 15_000 });
+      assert.equal((await call('GET', '/v1/sandboxes?label=job%3Dui-batch', platform.adminKey)).body.items.length, 0);
+      await page.getByTestId('filter-label').fill('');
+
       // A hostile file name, made inside the sandbox.
       const put = await call('PUT', `/v1/sandboxes/${id}/files?path=${encodeURIComponent(`/tmp/${HOSTILE}`)}`, platform.adminKey, undefined, Buffer.from('x'));
       assert.equal(put.status, 204, JSON.stringify(put.body));

@@ -206,6 +206,7 @@ export function Sandboxes() {
         ) : null}
       </div>
       <ErrorLine error={error ?? bulkError} />
+      {canAct ? <CreateSandboxes onDone={reload} /> : null}
       <Table
         testid="sandboxes"
         head={[...(canAct ? [''] : []), 'id', 'state', 'backend', 'project', 'node', 'labels', 'resources', 'created']}
@@ -225,6 +226,61 @@ export function Sandboxes() {
           time(s.createdAt),
         ])}
       />
+    </div>
+  );
+}
+
+/** Creates `count` sandboxes in one batch (POST /v1/sandboxes:batch), showing each item as it finishes. */
+function CreateSandboxes({ onDone }: { onDone: () => void }) {
+  const [base, setBase] = useState('busybox');
+  const [count, setCount] = useState('1');
+  const [labels, setLabels] = useState('');
+  const [memory, setMemory] = useState('64');
+  const [progress, setProgress] = useState<{ created: number; failed: number; total: number; errors: string[]; done: boolean } | undefined>(undefined);
+  return (
+    <div class="filters create">
+      <input data-testid="create-base" placeholder="image base" value={base} onInput={(e) => setBase(e.currentTarget.value)} />
+      <label>
+        count <input data-testid="create-count" type="number" min="1" max="10000" value={count} onInput={(e) => setCount(e.currentTarget.value)} />
+      </label>
+      <label>
+        MiB <input type="number" min="16" value={memory} onInput={(e) => setMemory(e.currentTarget.value)} />
+      </label>
+      <input data-testid="create-labels" placeholder="labels k=v,k2=v2" value={labels} onInput={(e) => setLabels(e.currentTarget.value)} />
+      <ActionButton
+        testid="create"
+        label="create"
+        run={async () => {
+          const total = Number(count);
+          const labelMap: Record<string, string> = {};
+          for (const kv of labels.split(',')) {
+            const i = kv.indexOf('=');
+            if (i > 0) labelMap[kv.slice(0, i).trim()] = kv.slice(i + 1).trim();
+          }
+          const state = { created: 0, failed: 0, total, errors: [] as string[], done: false };
+          setProgress({ ...state });
+          await ndjson<{ type: string; sandbox?: unknown; error?: { code: string; message: string } }>(
+            'POST',
+            '/v1/sandboxes:batch',
+            { spec: { image: { base }, resources: { memoryMiB: Number(memory) }, labels: labelMap }, count: total },
+            (ev) => {
+              if (ev.type === 'item' && ev.sandbox) state.created++;
+              else if (ev.type === 'item' || ev.type === 'error') {
+                state.failed += ev.type === 'item' ? 1 : 0;
+                if (ev.error && state.errors.length < 5) state.errors.push(`${ev.error.code}: ${ev.error.message}`);
+              } else if (ev.type === 'summary') state.done = true;
+              setProgress({ ...state, errors: [...state.errors] });
+            },
+          );
+          onDone();
+        }}
+      />
+      {progress ? (
+        <span data-testid="create-progress" class="muted">
+          {`${progress.created} created, ${progress.failed} failed of ${progress.total}${progress.done ? ' (done)' : '…'}`}
+          {progress.errors.length ? ` ${progress.errors.join('; ')}` : ''}
+        </span>
+      ) : null}
     </div>
   );
 }
