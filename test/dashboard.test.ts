@@ -174,6 +174,8 @@ describe('dashboard', () => {
       assert.equal(made.body.items.length, 2);
       // ...and deleted again with the bulk action.
       await page.getByTestId('filter-label').fill('job=ui-batch');
+      // The filtered list has replaced the whole one: the first sandbox is gone from it.
+      await row.waitFor({ state: 'detached', timeout: 15_000 });
       await page.getByTestId('sandboxes').locator('tbody tr').nth(1).locator('input[type=checkbox]').waitFor();
       assert.equal(await page.getByTestId('sandboxes').locator('tbody tr').count(), 2);
       for (const box of await page.getByTestId('sandboxes').locator('input[type=checkbox]').all()) await box.check();
@@ -181,6 +183,7 @@ describe('dashboard', () => {
       await page.getByTestId('sandboxes').getByText('nothing yet').waitFor({ timeout: 15_000 });
       assert.equal((await call('GET', '/v1/sandboxes?label=job%3Dui-batch', platform.adminKey)).body.items.length, 0);
       await page.getByTestId('filter-label').fill('');
+      await row.waitFor({ timeout: 15_000 });
 
       // A hostile file name, made inside the sandbox.
       const put = await call('PUT', `/v1/sandboxes/${id}/files?path=${encodeURIComponent(`/tmp/${HOSTILE}`)}`, platform.adminKey, undefined, Buffer.from('x'));
