@@ -533,7 +533,7 @@ function TrajectoryTab({ base }: { base: string }) {
               <span class="seq">{`#${s.seq}`}</span> <span class="when">{time(s.startedAt)}</span> <strong>{s.kind}</strong> <code>{stepText(s)}</code>{' '}
               <span class="muted">
                 {s.exit ? `exit ${s.exit.exitCode ?? s.exit.signal}` : s.kind === 'exec' ? 'running' : ''}
-                {s.durationMs != null ? ` ${s.durationMs} ms` : ''}
+                {s.durationMs != null ? ` ${Math.round(s.durationMs)} ms` : ''}
                 {s.replayable ? '' : ' (not replayable)'}
               </span>
             </li>
