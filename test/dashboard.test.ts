@@ -226,9 +226,14 @@ describe('dashboard', () => {
 
       // Network policy: edited in the page, in force through the API.
       await page.getByTestId('tab-network').click();
+      // The policy in force is shown first (the edit must not race its loading).
+      await page.waitForFunction('document.querySelector("[data-testid=policy]").value.includes("mode")', undefined, { timeout: 15_000 });
       await page.getByTestId('policy').fill(JSON.stringify({ mode: 'allowlist', allow: [{ host: 'example.com', ports: [443] }] }, null, 2));
       await page.getByTestId('apply-policy').click();
-      await page.getByTestId('policy-saved').getByText('applied').waitFor();
+      // Applied, or the error the page shows (named in the failure).
+      await page.locator('[data-testid=policy-saved]:has-text("applied"), .action .error').first().waitFor({ timeout: 30_000 });
+      const applyError = page.locator('.action .error');
+      assert.equal(await applyError.count(), 0, `apply failed: ${(await applyError.allInnerTexts()).join('; ')}`);
       const net = await call('GET', `/v1/sandboxes/${id}/network`, platform.adminKey);
       assert.equal(net.body.policy.mode, 'allowlist');
       assert.equal(net.body.policy.allow[0].host, 'example.com');
