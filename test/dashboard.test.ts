@@ -227,7 +227,11 @@ describe('dashboard', () => {
       // Network policy: edited in the page, in force through the API.
       await page.getByTestId('tab-network').click();
       // The policy in force is shown first (the edit must not race its loading).
-      await page.waitForFunction('document.querySelector("[data-testid=policy]").value.includes("mode")', undefined, { timeout: 15_000 });
+      // (Polled from here: the page's CSP forbids the eval a string predicate would need.)
+      for (const deadline = Date.now() + 15_000; !(await page.getByTestId('policy').inputValue()).includes('mode');) {
+        assert.ok(Date.now() < deadline, 'the policy in force is shown');
+        await page.waitForTimeout(100);
+      }
       await page.getByTestId('policy').fill(JSON.stringify({ mode: 'allowlist', allow: [{ host: 'example.com', ports: [443] }] }, null, 2));
       await page.getByTestId('apply-policy').click();
       // Applied, or the error the page shows (named in the failure).
