@@ -136,5 +136,7 @@ export default tseslint.config(
     'the node port tests drive a real node agent (@dsec/edge by its index)',
   ),
   boundary(['packages/cli/**', 'test/**', 'bench/**'], '*', ''),
+  // The dashboard runs in a browser and talks to the API over HTTP only.
+  boundary(['ui/**'], [], 'the dashboard (ui/) runs in a browser: it reaches dsec through the HTTP API, never by importing a package'),
   prettier,
 );

@@ -5,6 +5,7 @@ import { DsecError } from '@dsec/protocol';
 import type { Role } from '@dsec/protocol';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
+import { WsTickets } from './ws-tickets.js';
 
 /** Channel on which replicas announce a new project or a revoked key. */
 export const IAM_CHANNEL = 'dsec_iam';
@@ -109,6 +110,16 @@ export class Authenticator {
 
   /** This process's name in announcements to the other replicas. */
   readonly origin = randomBytes(8).toString('hex');
+
+  /** Single-use WebSocket tickets (ws-tickets.ts), each standing for the key that asked for it. */
+  readonly wsTickets = new WsTickets();
+
+  /** The principal of a WebSocket ticket: its key, checked (revoked, rate) as if it came itself. */
+  async authenticateTicket(ticket: string, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
+    const authorization = this.wsTickets.redeem(ticket);
+    if (authorization === undefined) throw cachedOnly?.refuse() ?? new DsecError('UNAUTHENTICATED', 'unknown, used or expired WebSocket ticket');
+    return this.authenticate(authorization, cachedOnly);
+  }
 
   /**
    * Forgets cached keys and the project tree (after a revoke or a new project); on a shared

@@ -181,6 +181,20 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/keys', summary: 'Create an API key', body: api.CreateKeyRequestSchema, reply: api.ApiKeySchema, status: 201 },
   { method: 'get', path: '/v1/keys', summary: 'List API keys', reply: page(api.ApiKeySchema) },
   { method: 'delete', path: '/v1/keys/{id}', summary: 'Revoke an API key', status: 204 },
+  // Browser clients (the dashboard): the calling key, and single-use WebSocket tickets (ws-tickets.ts).
+  {
+    method: 'get',
+    path: '/v1/whoami',
+    summary: 'The calling key: its id, project, role and tenant',
+    reply: z.object({ keyId: z.string(), project: z.string(), role: z.enum(['viewer', 'member', 'admin']), tenant: z.string() }),
+  },
+  {
+    method: 'post',
+    path: '/v1/ws-tickets',
+    summary: 'A single-use ticket (valid 30 s) to open one WebSocket as this key: offer it as the sub-protocol dsec.ticket.<ticket> with dsec.v1',
+    reply: z.object({ ticket: z.string(), expiresAt: z.string() }),
+    status: 201,
+  },
   { method: 'post', path: '/v1/projects', summary: 'Create a sub-project', body: api.CreateProjectRequestSchema, reply: api.ProjectSchema, status: 201 },
   { method: 'get', path: '/v1/projects', summary: 'List projects', reply: page(api.ProjectSchema) },
   { method: 'get', path: '/v1/projects/{id}', summary: 'Get a project', reply: api.ProjectSchema },

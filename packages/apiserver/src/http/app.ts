@@ -28,6 +28,8 @@ import { authAndAudit } from './audit.js';
 import type { AuthFailureOptions } from './audit.js';
 import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
+import { uiRoutes } from './ui.js';
+import { sessionRoutes } from './routes/session.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -84,6 +86,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   });
   app.get('/metrics', async (c) => c.text(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4' }));
   app.get('/v1/openapi.json', (c) => c.json(openApiDocument()));
+  app.route('/ui', uiRoutes());
 
   app.use(
     '/v1/*',
@@ -105,6 +108,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', endpointTokenRoutes(deps));
   app.route('/v1', sandboxFusionRoutes(deps));
   app.route('/v1', swerexRoutes(deps));
+  app.route('/v1', sessionRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
   return app;
 }

@@ -14,6 +14,7 @@ import type { AuthFailureGate } from '../tenant-limits.js';
 import type { CommandTarget, RunningCommand } from '../services/commands.js';
 import type { Services } from '../services/index.js';
 import { publicError, toDsecError } from './errors.js';
+import { WS_PROTOCOL, ticketFromProtocols } from '../ws-tickets.js';
 
 const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
 /** Largest WebSocket message accepted. */
@@ -43,7 +44,12 @@ export function createWsHandler(
   /** Failed authentications gated by source, as on the HTTP routes (tenant limits). */
   authFailures?: { gate: AuthFailureGate; trustedProxies: ReadonlySet<string> },
 ): { handle(req: IncomingMessage, socket: Duplex, head: Buffer): void; close(): void } {
-  const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
+  const wss = new WebSocketServer({
+    noServer: true,
+    maxPayload: MAX_MESSAGE_BYTES,
+    // Browsers offer `dsec.v1` with their ticket (ws-tickets.ts) and need one of theirs back.
+    handleProtocols: (offered) => (offered.has(WS_PROTOCOL) ? WS_PROTOCOL : false),
+  });
   return {
     handle(req, socket, head) {
       const m = ROUTE.exec(new URL(req.url ?? '/', 'http://x').pathname);
@@ -51,8 +57,10 @@ export function createWsHandler(
       const id = m[1]!;
       const source = authFailures ? clientAddress(req.socket.remoteAddress, headerText(req.headers['x-forwarded-for']), authFailures.trustedProxies) : '';
       const gate = authFailures?.gate;
-      services.iam
-        .authenticate(req.headers.authorization, gate?.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined)
+      const cachedOnly = gate?.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined;
+      // A browser's single-use ticket (ws-tickets.ts) in place of the Authorization header.
+      const ticket = ticketFromProtocols(req.headers['sec-websocket-protocol']);
+      (ticket !== undefined ? services.iam.authenticateTicket(ticket, cachedOnly) : services.iam.authenticate(req.headers.authorization, cachedOnly))
         .catch((err: unknown) => {
           const code = toDsecError(err).code;
           if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {

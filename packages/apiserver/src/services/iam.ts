@@ -9,6 +9,7 @@ import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import type { NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
+import type { WsTicket } from '../ws-tickets.js';
 
 function toProject(r: ProjectTable): Project {
   return {
@@ -43,6 +44,16 @@ export class IamService {
   /** The principal of an `Authorization` header (UNAUTHENTICATED when it names no live key). */
   authenticate(header: string | undefined, cachedOnly?: { refuse: () => Error }, req?: AuthRequest): Promise<Principal> {
     return this.auth.authenticate(header, cachedOnly, req);
+  }
+
+  /** The principal of a single-use WebSocket ticket (ws-tickets.ts). */
+  authenticateTicket(ticket: string, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
+    return this.auth.authenticateTicket(ticket, cachedOnly);
+  }
+
+  /** A single-use WebSocket ticket for the key of `authorization` (the caller, already authenticated). */
+  issueWsTicket(authorization: string): WsTicket {
+    return this.auth.wsTickets.issue(authorization);
   }
 
   /** The tenant of a project: its top-level project (tenant limits count there). */

@@ -1,0 +1,585 @@
+// The pages other than a sandbox's own (sandbox.tsx): overview, sandboxes, projects and usage,
+// keys, pools, layers, events and audit. Each polls or follows a stream to stay live.
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
+import { api, followEvents, get, ndjson, request, withQuery } from './api.js';
+import type { DsecEvent } from './api.js';
+
+/** A sandbox as GET /v1/sandboxes lists it (the fields the pages use). */
+export interface SandboxRow {
+  id: string;
+  project: string;
+  node: string;
+  backend: string;
+  state: string;
+  labels: Record<string, string>;
+  createdAt: string;
+  resources: { cpu: number; memoryMiB: number; diskMiB: number };
+}
+
+interface NodeRow {
+  name: string;
+  healthy: boolean;
+  backends: string[];
+  capacity: { cpu: number; memoryMiB: number; sandboxes: number };
+  allocatable: { cpu: number; memoryMiB: number };
+  allocated: { cpu: number; memoryMiB: number; sandboxes: number };
+}
+
+/** Every sandbox the key sees (pages of 1,000). */
+export async function allSandboxes(params: Record<string, string | string[] | undefined> = {}): Promise<SandboxRow[]> {
+  const out: SandboxRow[] = [];
+  let cursor: string | undefined;
+  for (let i = 0; i < 20; i++) {
+    const page = await get<{ items: SandboxRow[]; nextCursor: string | null }>(withQuery('/v1/sandboxes', { ...params, limit: 1000, cursor }));
+    out.push(...page.items);
+    if (!page.nextCursor) break;
+    cursor = page.nextCursor;
+  }
+  return out;
+}
+
+/** Values of one metric family from the Prometheus text, by its label set. */
+function metric(text: string, name: string): Array<{ labels: Record<string, string>; value: number }> {
+  const out: Array<{ labels: Record<string, string>; value: number }> = [];
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(name)) continue;
+    const m = /^([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)$/.exec(line);
+    if (!m || m[1] !== name) continue;
+    const labels: Record<string, string> = {};
+    for (const kv of (m[2] ?? '').split(',')) {
+      const p = /^([a-z_]+)="(.*)"$/.exec(kv);
+      if (p) labels[p[1]!] = p[2]!;
+    }
+    out.push({ labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+const HISTORY = 60;
+
+/** Overview: nodes (allocated and used), sandboxes by state and backend, creates per second. */
+export function Overview() {
+  const [series, setSeries] = useState<number[][]>([[], []]);
+  const [used, setUsed] = useState<Record<string, { cpu: number; memUsed: number; memTotal: number }>>({});
+  const prev = useRef<{ at: number; created: number; cpu: Record<string, { busy: number; total: number }> } | null>(null);
+  const { data, error } = usePoll(async () => ({ nodes: (await get<{ items: NodeRow[] }>('/v1/nodes')).items, sandboxes: await allSandboxes() }), 2000);
+  // Machine use and the create counter from /metrics (no key needed, nothing tenant-specific).
+  usePoll(async () => {
+    const text = await (await fetch('/metrics', { cache: 'no-store', credentials: 'omit' })).text();
+    const now = Date.now() / 1000;
+    const created = metric(text, 'dsec_sandboxes_created_total')[0]?.value ?? 0;
+    const cpu: Record<string, { busy: number; total: number }> = {};
+    for (const s of metric(text, 'dsec_node_cpu_seconds_total')) {
+      const n = (cpu[s.labels.node ?? ''] ??= { busy: 0, total: 0 });
+      n.total += s.value;
+      if (s.labels.mode !== 'idle' && s.labels.mode !== 'iowait') n.busy += s.value;
+    }
+    const mem: Record<string, { total: number; available: number }> = {};
+    for (const s of metric(text, 'dsec_node_memory_total_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).total = s.value;
+    for (const s of metric(text, 'dsec_node_memory_available_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).available = s.value;
+    const p = prev.current;
+    if (p) {
+      const rate = Math.max(0, (created - p.created) / (now - p.at));
+      setSeries((s) => [[...s[0]!, now].slice(-HISTORY), [...s[1]!, rate].slice(-HISTORY)]);
+      const u: Record<string, { cpu: number; memUsed: number; memTotal: number }> = {};
+      for (const [node, c] of Object.entries(cpu)) {
+        const before = p.cpu[node];
+        const dt = before ? c.total - before.total : 0;
+        u[node] = {
+          cpu: dt > 0 ? ((c.busy - before!.busy) / dt) * 100 : 0,
+          memUsed: (mem[node]?.total ?? 0) - (mem[node]?.available ?? 0),
+          memTotal: mem[node]?.total ?? 0,
+        };
+      }
+      setUsed(u);
+    }
+    prev.current = { at: now, created, cpu };
+  }, 2000);
+  const byState: Record<string, number> = {};
+  const byBackend: Record<string, number> = {};
+  for (const s of data?.sandboxes ?? []) {
+    byState[s.state] = (byState[s.state] ?? 0) + 1;
+    byBackend[s.backend] = (byBackend[s.backend] ?? 0) + 1;
+  }
+  return (
+    <div>
+      <ErrorLine error={error} />
+      <Section title="Nodes">
+        <Table
+          testid="nodes"
+          head={['node', 'healthy', 'backends', 'CPU allocated', 'memory allocated', 'sandboxes', 'machine CPU used', 'machine memory used']}
+          rows={(data?.nodes ?? []).map((n) => {
+            const u = used[n.name];
+            return [
+              n.name,
+              n.healthy ? 'yes' : 'no',
+              n.backends.join(', '),
+              <Meter used={n.allocated.cpu} total={n.allocatable.cpu} label={`${n.allocated.cpu} / ${n.allocatable.cpu} cores`} />,
+              <Meter used={n.allocated.memoryMiB} total={n.allocatable.memoryMiB} label={`${n.allocated.memoryMiB} / ${n.allocatable.memoryMiB} MiB`} />,
+              `${n.allocated.sandboxes} / ${n.capacity.sandboxes}`,
+              u ? <Meter used={u.cpu} total={100} label={`${u.cpu.toFixed(0)}%`} /> : '-',
+              u ? <Meter used={u.memUsed} total={u.memTotal} label={`${bytes(u.memUsed)} / ${bytes(u.memTotal)}`} /> : '-',
+            ];
+          })}
+        />
+      </Section>
+      <div class="row">
+        <Section title="Sandboxes by state">
+          <Table testid="by-state" head={['state', 'count']} rows={Object.entries(byState).map(([k, v]) => [k, String(v)])} />
+        </Section>
+        <Section title="Sandboxes by backend">
+          <Table head={['backend', 'count']} rows={Object.entries(byBackend).map(([k, v]) => [k, String(v)])} />
+        </Section>
+        <Section title="Creates per second">
+          <Chart title="creates/s" series={['creates/s']} points={series} unit="" />
+        </Section>
+      </div>
+    </div>
+  );
+}
+
+/** Sandboxes: filters by label, state and project; bulk pause, resume and delete. */
+export function Sandboxes() {
+  const [label, setLabel] = useState('');
+  const [state, setState] = useState('');
+  const [project, setProject] = useState('');
+  const [selected, setSelected] = useState<Set<string>>(new Set());
+  const [bulkError, setBulkError] = useState<string | undefined>(undefined);
+  const canAct = useCan('member');
+  const labels = label
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => /^[^=]+=.*$/.test(s));
+  const { data, error, reload } = usePoll(() => allSandboxes({ label: labels, state: state || undefined }), 2000, [labels.join(','), state]);
+  const rows = (data ?? []).filter((s) => !project || s.project === project);
+  const projects = [...new Set((data ?? []).map((s) => s.project))].sort();
+  const bulk = async (what: 'pause' | 'resume' | 'delete'): Promise<void> => {
+    setBulkError(undefined);
+    const ids = [...selected];
+    const results = await Promise.allSettled(
+      ids.map((id) =>
+        what === 'delete' ? api('DELETE', `/v1/sandboxes/${encodeURIComponent(id)}`) : api('POST', `/v1/sandboxes/${encodeURIComponent(id)}/${what}`, {}),
+      ),
+    );
+    const failed = results.flatMap((r, i) => (r.status === 'rejected' ? [`${ids[i]}: ${errorText(r.reason)}`] : []));
+    if (failed.length) setBulkError(failed.join('; '));
+    setSelected(new Set());
+    reload();
+  };
+  const toggle = (id: string): void => {
+    const next = new Set(selected);
+    if (next.has(id)) next.delete(id);
+    else next.add(id);
+    setSelected(next);
+  };
+  return (
+    <div>
+      <div class="filters">
+        <label>
+          labels <input data-testid="filter-label" placeholder="k=v,k2=v2" value={label} onInput={(e) => setLabel(e.currentTarget.value)} />
+        </label>
+        <label>
+          state{' '}
+          <select data-testid="filter-state" value={state} onChange={(e) => setState(e.currentTarget.value)}>
+            <option value="">any</option>
+            {['pending', 'creating', 'running', 'paused', 'stopped', 'failed', 'lost'].map((s) => (
+              <option value={s}>{s}</option>
+            ))}
+          </select>
+        </label>
+        <label>
+          project{' '}
+          <select value={project} onChange={(e) => setProject(e.currentTarget.value)}>
+            <option value="">any</option>
+            {projects.map((p) => (
+              <option value={p}>{p}</option>
+            ))}
+          </select>
+        </label>
+        {canAct ? (
+          <span class="bulk">
+            <ActionButton testid="bulk-pause" label={`pause ${selected.size}`} disabled={selected.size === 0} run={() => bulk('pause')} />
+            <ActionButton testid="bulk-resume" label={`resume ${selected.size}`} disabled={selected.size === 0} run={() => bulk('resume')} />
+            <ActionButton testid="bulk-delete" danger label={`delete ${selected.size}`} disabled={selected.size === 0} run={() => bulk('delete')} />
+          </span>
+        ) : null}
+      </div>
+      <ErrorLine error={error ?? bulkError} />
+      {canAct ? <CreateSandboxes onDone={reload} /> : null}
+      <Table
+        testid="sandboxes"
+        head={[...(canAct ? [''] : []), 'id', 'state', 'backend', 'project', 'node', 'labels', 'resources', 'created']}
+        rows={rows.map((s) => [
+          ...(canAct ? [<input type="checkbox" aria-label={`select ${s.id}`} checked={selected.has(s.id)} onChange={() => toggle(s.id)} />] : []),
+          <a href={`#/sandbox/${encodeURIComponent(s.id)}`}>{s.id}</a>,
+          <span class={`state state-${s.state}`}>{s.state}</span>,
+          s.backend,
+          s.project,
+          s.node,
+          <span class="labels">
+            {Object.entries(s.labels).map(([k, v]) => (
+              <span class="label">{`${k}=${v}`}</span>
+            ))}
+          </span>,
+          `${s.resources.cpu} CPU, ${s.resources.memoryMiB} MiB`,
+          time(s.createdAt),
+        ])}
+      />
+    </div>
+  );
+}
+
+/** Creates `count` sandboxes in one batch (POST /v1/sandboxes:batch), showing each item as it finishes. */
+function CreateSandboxes({ onDone }: { onDone: () => void }) {
+  const [base, setBase] = useState('busybox');
+  const [count, setCount] = useState('1');
+  const [labels, setLabels] = useState('');
+  const [memory, setMemory] = useState('64');
+  const [progress, setProgress] = useState<{ created: number; failed: number; total: number; errors: string[]; done: boolean } | undefined>(undefined);
+  return (
+    <div class="filters create">
+      <input data-testid="create-base" placeholder="image base" value={base} onInput={(e) => setBase(e.currentTarget.value)} />
+      <label>
+        count <input data-testid="create-count" type="number" min="1" max="10000" value={count} onInput={(e) => setCount(e.currentTarget.value)} />
+      </label>
+      <label>
+        MiB <input type="number" min="16" value={memory} onInput={(e) => setMemory(e.currentTarget.value)} />
+      </label>
+      <input data-testid="create-labels" placeholder="labels k=v,k2=v2" value={labels} onInput={(e) => setLabels(e.currentTarget.value)} />
+      <ActionButton
+        testid="create"
+        label="create"
+        run={async () => {
+          const total = Number(count);
+          const labelMap: Record<string, string> = {};
+          for (const kv of labels.split(',')) {
+            const i = kv.indexOf('=');
+            if (i > 0) labelMap[kv.slice(0, i).trim()] = kv.slice(i + 1).trim();
+          }
+          const state = { created: 0, failed: 0, total, errors: [] as string[], done: false };
+          setProgress({ ...state });
+          await ndjson<{ type: string; sandbox?: unknown; error?: { code: string; message: string } }>(
+            'POST',
+            '/v1/sandboxes:batch',
+            { spec: { image: { base }, resources: { memoryMiB: Number(memory) }, labels: labelMap }, count: total },
+            (ev) => {
+              if (ev.type === 'item' && ev.sandbox) state.created++;
+              else if (ev.type === 'item' || ev.type === 'error') {
+                state.failed += ev.type === 'item' ? 1 : 0;
+                if (ev.error && state.errors.length < 5) state.errors.push(`${ev.error.code}: ${ev.error.message}`);
+              } else if (ev.type === 'summary') state.done = true;
+              setProgress({ ...state, errors: [...state.errors] });
+            },
+          );
+          onDone();
+        }}
+      />
+      {progress ? (
+        <span data-testid="create-progress" class="muted">
+          {`${progress.created} created, ${progress.failed} failed of ${progress.total}${progress.done ? ' (done)' : '…'}`}
+          {progress.errors.length ? ` ${progress.errors.join('; ')}` : ''}
+        </span>
+      ) : null}
+    </div>
+  );
+}
+
+interface ProjectRow {
+  id: string;
+  name: string;
+  parent: string | null;
+  quota: { sandboxes: number; cpu: number; memoryMiB: number };
+  usage: { sandboxes: number; cpu: number; memoryMiB: number };
+  createdAt: string;
+}
+
+/** Projects with their quotas and usage. */
+export function Projects() {
+  const { data, error } = usePoll(() => get<{ items: ProjectRow[] }>('/v1/projects'), 5000);
+  return (
+    <Section title="Projects, quotas and usage">
+      <ErrorLine error={error} />
+      <Table
+        testid="projects"
+        head={['project', 'name', 'parent', 'sandboxes', 'CPU', 'memory']}
+        rows={(data?.items ?? []).map((p) => [
+          p.id,
+          p.name,
+          p.parent ?? '-',
+          <Meter used={p.usage.sandboxes} total={p.quota.sandboxes} label={`${p.usage.sandboxes} / ${p.quota.sandboxes}`} />,
+          <Meter used={p.usage.cpu} total={p.quota.cpu} label={`${p.usage.cpu} / ${p.quota.cpu}`} />,
+          <Meter used={p.usage.memoryMiB} total={p.quota.memoryMiB} label={`${p.usage.memoryMiB} / ${p.quota.memoryMiB} MiB`} />,
+        ])}
+      />
+    </Section>
+  );
+}
+
+interface KeyRow {
+  id: string;
+  name: string;
+  role: string;
+  project: string;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
+/** API keys (admins): list, create (the secret shown once), revoke. */
+export function Keys() {
+  const { data, error, reload } = usePoll(() => get<{ items: KeyRow[] }>('/v1/keys'), 5000);
+  const [name, setName] = useState('');
+  const [role, setRole] = useState('viewer');
+  const [secret, setSecret] = useState<string | undefined>(undefined);
+  return (
+    <Section title="API keys">
+      <ErrorLine error={error} />
+      <div class="filters">
+        <input placeholder="name" value={name} onInput={(e) => setName(e.currentTarget.value)} />
+        <select value={role} onChange={(e) => setRole(e.currentTarget.value)}>
+          <option value="viewer">viewer</option>
+          <option value="member">member</option>
+          <option value="admin">admin</option>
+        </select>
+        <ActionButton
+          label="create key"
+          run={async () => {
+            const k = await api<{ key: string }>('POST', '/v1/keys', { name, role });
+            setSecret(k.key);
+            reload();
+          }}
+        />
+      </div>
+      {secret ? (
+        <p class="secret">
+          New key (shown once): <code>{secret}</code>
+        </p>
+      ) : null}
+      <Table
+        head={['id', 'name', 'role', 'project', 'created', 'revoked', '']}
+        rows={(data?.items ?? []).map((k) => [
+          k.id,
+          k.name,
+          k.role,
+          k.project,
+          time(k.createdAt),
+          time(k.revokedAt),
+          k.revokedAt ? '' : <ActionButton danger label="revoke" run={() => api('DELETE', `/v1/keys/${encodeURIComponent(k.id)}`).then(reload)} />,
+        ])}
+      />
+    </Section>
+  );
+}
+
+interface PoolRow {
+  name: string;
+  project: string;
+  size: number;
+  ready: number;
+  creating: number;
+  idleTimeoutMs: number;
+}
+
+/** Warm pools. */
+export function Pools() {
+  const { data, error } = usePoll(() => get<{ items: PoolRow[] }>('/v1/pools'), 3000);
+  return (
+    <Section title="Warm pools">
+      <ErrorLine error={error} />
+      <Table
+        head={['pool', 'project', 'size', 'ready', 'creating', 'idle timeout']}
+        rows={(data?.items ?? []).map((p) => [p.name, p.project, String(p.size), String(p.ready), String(p.creating), `${p.idleTimeoutMs / 1000} s`])}
+      />
+    </Section>
+  );
+}
+
+interface LayerRow {
+  digest: string;
+  kind: string;
+  names: string[];
+  project: string;
+  contentBytes: number;
+  files: number;
+  createdAt: string;
+}
+
+/** Layers and images, with a Debian image build that shows its progress. */
+export function Layers() {
+  const { data, error, reload } = usePoll(() => get<{ items: LayerRow[] }>('/v1/layers'), 5000);
+  const canBuild = useCan('member');
+  const [name, setName] = useState('');
+  const [packages, setPackages] = useState('');
+  const [progress, setProgress] = useState<string[]>([]);
+  return (
+    <div>
+      <Section title="Layers and images">
+        <ErrorLine error={error} />
+        <Table
+          testid="layers"
+          head={['names', 'kind', 'project', 'size', 'files', 'digest', 'created']}
+          rows={(data?.items ?? []).map((l) => [
+            l.names.join(', '),
+            l.kind,
+            l.project,
+            bytes(l.contentBytes),
+            String(l.files),
+            l.digest.slice(0, 19),
+            time(l.createdAt),
+          ])}
+        />
+      </Section>
+      {canBuild ? (
+        <Section title="Build a Debian image">
+          <div class="filters">
+            <input placeholder="name:tag" value={name} onInput={(e) => setName(e.currentTarget.value)} />
+            <input placeholder="packages (space separated)" value={packages} onInput={(e) => setPackages(e.currentTarget.value)} />
+            <ActionButton
+              label="build"
+              run={async () => {
+                setProgress([]);
+                await ndjson<{ type: string; message?: string; layer?: LayerRow; error?: { message: string } }>(
+                  'POST',
+                  '/v1/layers/debian',
+                  { kind: 'base', ...(name ? { name } : {}), packages: packages.split(/\s+/).filter(Boolean) },
+                  (ev) => setProgress((p) => [...p, ev.type === 'layer' ? `done: ${ev.layer?.digest ?? ''}` : (ev.message ?? ev.error?.message ?? ev.type)]),
+                );
+                reload();
+              }}
+            />
+          </div>
+          <pre class="log">{progress.join('\n')}</pre>
+        </Section>
+      ) : null}
+    </div>
+  );
+}
+
+/** A live list of events (stream over fetch) with filters; used here and on a sandbox's page. */
+export function EventList({
+  sandbox,
+  kind,
+  severity,
+  testid,
+}: {
+  sandbox?: string | undefined;
+  kind?: string | undefined;
+  severity?: string | undefined;
+  testid?: string | undefined;
+}) {
+  const [events, setEvents] = useState<DsecEvent[]>([]);
+  const [live, setLive] = useState(false);
+  const [error, setError] = useState<string | undefined>(undefined);
+  useEffect(() => {
+    setEvents([]);
+    const ctl = new AbortController();
+    const q = new URLSearchParams();
+    if (sandbox) q.set('sandbox', sandbox);
+    if (kind) q.set('kind', kind);
+    if (severity) q.set('severity', severity);
+    // The stream replays stored events from `since` (the last hour), then follows.
+    q.set('since', new Date(Date.now() - 3600_000).toISOString());
+    followEvents(q.toString(), (ev) => setEvents((list) => [ev, ...list].slice(0, 500)), ctl.signal, setLive).catch((err: unknown) => setError(errorText(err)));
+    return () => ctl.abort();
+  }, [sandbox, kind, severity]);
+  return (
+    <div>
+      <p class="muted" data-testid={testid ? `${testid}-live` : undefined}>
+        {live ? 'live' : 'connecting…'}
+      </p>
+      <ErrorLine error={error} />
+      <Table
+        testid={testid}
+        head={['at', 'kind', 'severity', 'sandbox', 'message']}
+        rows={events.map((e) => [time(e.at), e.kind, <span class={`sev sev-${e.severity}`}>{e.severity}</span>, e.sandbox ?? '-', e.message])}
+      />
+    </div>
+  );
+}
+
+interface AuditRow {
+  at: string;
+  key: string | null;
+  project: string | null;
+  method: string;
+  route: string;
+  sandbox: string | null;
+  status: number;
+  durationMs: number;
+  command: string | null;
+  exitCode: number | null;
+  count?: number;
+}
+
+/** Events (live) and the audit trail, each with filters. */
+export function Events() {
+  const [kind, setKind] = useState('');
+  const [severity, setSeverity] = useState('');
+  const [sandbox, setSandbox] = useState('');
+  const [auditSandbox, setAuditSandbox] = useState('');
+  const [auditKey, setAuditKey] = useState('');
+  const [writesOnly, setWritesOnly] = useState(true);
+  const audit = usePoll(
+    () => get<{ items: AuditRow[] }>(withQuery('/v1/audit', { limit: 500, sandbox: auditSandbox || undefined, key: auditKey || undefined })),
+    3000,
+    [auditSandbox, auditKey],
+  );
+  // The dashboard's own polling is audited too: by default only calls that change something are shown.
+  const auditRows = (audit.data?.items ?? []).filter((a) => !writesOnly || a.method !== 'GET');
+  return (
+    <div>
+      <Section title="Events (live)">
+        <div class="filters">
+          <input data-testid="events-kind" placeholder="kinds, comma separated" value={kind} onChange={(e) => setKind(e.currentTarget.value)} />
+          <select value={severity} onChange={(e) => setSeverity(e.currentTarget.value)}>
+            <option value="">any severity</option>
+            <option value="info">info and up</option>
+            <option value="warning">warning and up</option>
+            <option value="critical">critical</option>
+          </select>
+          <input placeholder="sandbox id" value={sandbox} onChange={(e) => setSandbox(e.currentTarget.value)} />
+        </div>
+        <EventList testid="events" kind={kind} severity={severity} sandbox={sandbox} />
+      </Section>
+      <Section title="Audit">
+        <div class="filters">
+          <input placeholder="sandbox id" value={auditSandbox} onChange={(e) => setAuditSandbox(e.currentTarget.value)} />
+          <input placeholder="key id" value={auditKey} onChange={(e) => setAuditKey(e.currentTarget.value)} />
+          <label>
+            <input type="checkbox" checked={writesOnly} onChange={(e) => setWritesOnly(e.currentTarget.checked)} /> changes only (no GET)
+          </label>
+        </div>
+        <ErrorLine error={audit.error} />
+        <Table
+          testid="audit"
+          head={['at', 'key', 'method', 'route', 'sandbox', 'status', 'ms', 'command', 'exit']}
+          rows={auditRows.map((a) => [
+            time(a.at),
+            a.key ?? '-',
+            a.method,
+            a.route + (a.count ? ` (x${a.count})` : ''),
+            a.sandbox ?? '-',
+            String(a.status),
+            a.durationMs.toFixed(0),
+            a.command ?? '',
+            a.exitCode == null ? '' : String(a.exitCode),
+          ])}
+        />
+      </Section>
+    </div>
+  );
+}
+
+/** Downloads a response body as a file (the key stays in the header, never in a link). */
+export async function download(path: string, filename: string): Promise<void> {
+  const res = await request('GET', path);
+  const blob = await res.blob();
+  const url = URL.createObjectURL(blob);
+  const a = document.createElement('a');
+  a.href = url;
+  a.download = filename;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}

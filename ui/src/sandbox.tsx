@@ -1,0 +1,584 @@
+// One sandbox: spec, lease and owner, live charts, processes and their output, a terminal (xterm.js
+// over the exec WebSocket with a PTY), files, the network policy and egress log, events, the
+// trajectory with replay, and the diff.
+import { useEffect, useRef, useState } from 'preact/hooks';
+import { Terminal } from '@xterm/xterm';
+import { FitAddon } from '@xterm/addon-fit';
+import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
+import { api, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
+import { EventList, download } from './pages.js';
+
+interface Sandbox {
+  id: string;
+  project: string;
+  node: string;
+  backend: string;
+  state: string;
+  image: unknown;
+  resources: { cpu: number; memoryMiB: number; diskMiB: number; pids: number };
+  labels: Record<string, string>;
+  createdAt: string;
+  expiresAt: string | null;
+  lease: Record<string, unknown>;
+  owner: string | null;
+  lastActiveAt: string | null;
+  pausedAt: string | null;
+  pauseReason: string | null;
+}
+
+interface Stats {
+  cpuUsageMs: number;
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  diskUsedBytes: number;
+  diskLimitBytes: number;
+  pids: number;
+}
+
+const TABS = ['overview', 'terminal', 'processes', 'files', 'network', 'events', 'trajectory', 'diff'] as const;
+type Tab = (typeof TABS)[number];
+
+/** The page of sandbox `id`, on tab `tab`. */
+export function SandboxPage({ id, tab }: { id: string; tab: string }) {
+  const current: Tab = (TABS as readonly string[]).includes(tab) ? (tab as Tab) : 'overview';
+  const sb = usePoll(() => get<Sandbox>(`/v1/sandboxes/${encodeURIComponent(id)}`), 2000, [id]);
+  const canAct = useCan('member');
+  const base = `/v1/sandboxes/${encodeURIComponent(id)}`;
+  const s = sb.data;
+  return (
+    <div>
+      <header class="sandbox-head">
+        <h1>{id}</h1>
+        {s ? (
+          <span data-testid="sandbox-state" class={`state state-${s.state}`}>
+            {s.state}
+          </span>
+        ) : null}
+        {canAct && s ? (
+          <span class="actions">
+            {s.state === 'paused' ? (
+              <ActionButton testid="resume" label="resume" run={() => api('POST', `${base}/resume`, {}).then(sb.reload)} />
+            ) : (
+              <ActionButton testid="pause" label="pause" run={() => api('POST', `${base}/pause`).then(sb.reload)} />
+            )}
+            <ActionButton
+              testid="delete"
+              danger
+              label="delete"
+              run={async () => {
+                if (!confirm(`Delete sandbox ${id}?`)) return;
+                await api('DELETE', base);
+                location.hash = '#/sandboxes';
+              }}
+            />
+          </span>
+        ) : null}
+      </header>
+      <ErrorLine error={sb.error} />
+      <nav class="tabs">
+        {TABS.filter((t) => t !== 'terminal' || canAct).map((t) => (
+          <a class={t === current ? 'active' : ''} href={`#/sandbox/${encodeURIComponent(id)}/${t}`} data-testid={`tab-${t}`}>
+            {t}
+          </a>
+        ))}
+      </nav>
+      {current === 'overview' && s ? <OverviewTab sb={s} base={base} /> : null}
+      {current === 'terminal' && canAct ? <TerminalTab base={base} /> : null}
+      {current === 'processes' ? <ProcessesTab base={base} /> : null}
+      {current === 'files' ? <FilesTab base={base} /> : null}
+      {current === 'network' ? <NetworkTab base={base} /> : null}
+      {current === 'events' ? <EventList testid="sandbox-events" sandbox={id} /> : null}
+      {current === 'trajectory' ? <TrajectoryTab base={base} /> : null}
+      {current === 'diff' ? <DiffTab base={base} /> : null}
+    </div>
+  );
+}
+
+const POINTS = 90;
+
+function OverviewTab({ sb, base }: { sb: Sandbox; base: string }) {
+  const [cpu, setCpu] = useState<number[][]>([[], []]);
+  const [mem, setMem] = useState<number[][]>([[], [], []]);
+  const [disk, setDisk] = useState<number[][]>([[], [], []]);
+  const last = useRef<{ at: number; cpuMs: number } | null>(null);
+  const stats = usePoll(
+    async () => {
+      const st = await get<Stats>(`${base}/stats`);
+      const now = Date.now() / 1000;
+      const push = (arr: number[][], ...vals: number[]): number[][] => [
+        [...arr[0]!, now].slice(-POINTS),
+        ...vals.map((v, i) => [...arr[i + 1]!, v].slice(-POINTS)),
+      ];
+      const p = last.current;
+      if (p) setCpu((a) => push(a, Math.max(0, (st.cpuUsageMs - p.cpuMs) / ((now - p.at) * 1000)) * 100));
+      last.current = { at: now, cpuMs: st.cpuUsageMs };
+      setMem((a) => push(a, st.memoryBytes, st.memoryLimitBytes));
+      setDisk((a) => push(a, st.diskUsedBytes, st.diskLimitBytes));
+      return st;
+    },
+    2000,
+    [base],
+  );
+  return (
+    <div>
+      <div class="row">
+        <Chart title="CPU" series={['CPU %']} points={cpu} unit="%" />
+        <Chart title="memory" series={['used', 'limit']} points={mem} unit="bytes" />
+        <Chart title="disk" series={['used', 'limit']} points={disk} unit="bytes" />
+      </div>
+      <ErrorLine error={stats.error} />
+      <div class="row">
+        <Section title="Spec">
+          <dl class="kv" data-testid="spec">
+            <dt>project</dt>
+            <dd>{sb.project}</dd>
+            <dt>node</dt>
+            <dd>{sb.node}</dd>
+            <dt>backend</dt>
+            <dd>{sb.backend}</dd>
+            <dt>resources</dt>
+            <dd>{`${sb.resources.cpu} CPU, ${sb.resources.memoryMiB} MiB, ${sb.resources.diskMiB} MiB disk, ${sb.resources.pids} pids`}</dd>
+            <dt>image</dt>
+            <dd>
+              <code>{JSON.stringify(sb.image)}</code>
+            </dd>
+            <dt>labels</dt>
+            <dd class="labels" data-testid="sandbox-labels">
+              {Object.entries(sb.labels).map(([k, v]) => (
+                <span class="label">{`${k}=${v}`}</span>
+              ))}
+            </dd>
+            <dt>created</dt>
+            <dd>{time(sb.createdAt)}</dd>
+            <dt>expires</dt>
+            <dd>{time(sb.expiresAt)}</dd>
+          </dl>
+        </Section>
+        <Section title="Lease and owner">
+          <dl class="kv">
+            {Object.entries(sb.lease).map(([k, v]) => [<dt>{k}</dt>, <dd>{String(v)}</dd>])}
+            <dt>owner</dt>
+            <dd>{sb.owner ?? '-'}</dd>
+            <dt>last active</dt>
+            <dd>{time(sb.lastActiveAt)}</dd>
+            <dt>paused</dt>
+            <dd>{sb.pausedAt ? `${time(sb.pausedAt)} (${sb.pauseReason ?? ''})` : '-'}</dd>
+          </dl>
+        </Section>
+      </div>
+    </div>
+  );
+}
+
+/** An interactive shell: xterm.js over the exec WebSocket (PTY), opened with a single-use ticket. */
+function TerminalTab({ base }: { base: string }) {
+  const el = useRef<HTMLDivElement>(null);
+  const [status, setStatus] = useState('connecting…');
+  useEffect(() => {
+    if (!el.current) return;
+    const term = new Terminal({ convertEol: false, cursorBlink: true, fontSize: 13, scrollback: 5000 });
+    const fit = new FitAddon();
+    term.loadAddon(fit);
+    term.open(el.current);
+    fit.fit();
+    const enc = new TextEncoder();
+    let ws: WebSocket | undefined;
+    let closed = false;
+    void openSocket(`${base}/exec/ws`)
+      .then((socket) => {
+        ws = socket;
+        if (closed) socket.close();
+        socket.onopen = () => {
+          setStatus('connected');
+          socket.send(JSON.stringify({ argv: ['/bin/sh', '-i'], env: { TERM: 'xterm-256color' }, pty: { rows: term.rows, cols: term.cols } }));
+          term.focus();
+        };
+        socket.onmessage = (m) => {
+          const ev = JSON.parse(String(m.data)) as { type: string; data?: string; exitCode?: number | null; error?: { message: string } };
+          if (ev.type === 'output' && ev.data) term.write(fromBase64(ev.data));
+          else if (ev.type === 'exit') setStatus(`exited (${ev.exitCode ?? 'signal'})`);
+          else if (ev.type === 'error') setStatus(`error: ${ev.error?.message ?? ''}`);
+        };
+        socket.onclose = () => setStatus((s) => (s === 'connected' ? 'closed' : s));
+        socket.onerror = () => setStatus('connection failed');
+      })
+      .catch((err: unknown) => setStatus(`error: ${errorText(err)}`));
+    const input = term.onData((d) => {
+      if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'stdin', data: toBase64(enc.encode(d)) }));
+    });
+    const resize = term.onResize(({ rows, cols }) => {
+      if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: 'resize', rows, cols }));
+    });
+    const onWindow = (): void => fit.fit();
+    window.addEventListener('resize', onWindow);
+    return () => {
+      closed = true;
+      window.removeEventListener('resize', onWindow);
+      input.dispose();
+      resize.dispose();
+      ws?.close();
+      term.dispose();
+    };
+  }, [base]);
+  return (
+    <div>
+      <p class="muted" data-testid="terminal-status">
+        {status}
+      </p>
+      <div class="terminal" ref={el} data-testid="terminal" />
+    </div>
+  );
+}
+
+interface Proc {
+  pid: number;
+  osPid: number;
+  argv: string[];
+  state: string;
+  stdoutBytes: number;
+  stderrBytes: number;
+  exit?: { exitCode: number | null; signal: string | null };
+}
+
+function ProcessesTab({ base }: { base: string }) {
+  const { data, error } = usePoll(() => get<{ items: Proc[] }>(`${base}/processes`), 3000, [base]);
+  const [shown, setShown] = useState<number | undefined>(undefined);
+  return (
+    <div>
+      <ErrorLine error={error} />
+      <Table
+        testid="processes"
+        head={['pid', 'os pid', 'command', 'state', 'stdout', 'stderr', 'exit', '']}
+        rows={(data?.items ?? []).map((p) => [
+          String(p.pid),
+          String(p.osPid),
+          p.argv.join(' '),
+          p.state,
+          bytes(p.stdoutBytes),
+          bytes(p.stderrBytes),
+          p.exit ? String(p.exit.exitCode ?? p.exit.signal) : '',
+          <button onClick={() => setShown(p.pid)}>output</button>,
+        ])}
+      />
+      {shown !== undefined ? <ProcessOutput key={shown} base={base} pid={shown} /> : null}
+    </div>
+  );
+}
+
+/** A process's output from offset 0 on, as it comes (gaps shown). */
+function ProcessOutput({ base, pid }: { base: string; pid: number }) {
+  const [text, setText] = useState('');
+  const [error, setError] = useState<string | undefined>(undefined);
+  useEffect(() => {
+    const ctl = new AbortController();
+    const dec = new TextDecoder();
+    void ndjson<{ type: string; stream?: string; data?: string; bytes?: number; exitCode?: number | null }>(
+      'GET',
+      withQuery(`${base}/processes/${pid}/output`, { from: 0, fromStderr: 0 }),
+      undefined,
+      (ev) => {
+        if (ev.type === 'output' && ev.data) setText((t) => t + dec.decode(fromBase64(ev.data!), { stream: true }));
+        else if (ev.type === 'gap') setText((t) => `${t}\n[${ev.bytes ?? 0} bytes no longer kept]\n`);
+        else if (ev.type === 'exit') setText((t) => `${t}\n[exit ${ev.exitCode ?? 'by signal'}]`);
+      },
+      ctl.signal,
+    ).catch((err: unknown) => {
+      if (!ctl.signal.aborted) setError(errorText(err));
+    });
+    return () => ctl.abort();
+  }, [base, pid]);
+  return (
+    <Section title={`Output of process ${pid}`}>
+      <ErrorLine error={error} />
+      <pre class="log" data-testid="process-output">
+        {text}
+      </pre>
+    </Section>
+  );
+}
+
+interface Entry {
+  name: string;
+  type: string;
+  mode: number;
+  size: number;
+  mtimeMs: number;
+  linkTarget?: string;
+}
+
+function join(dir: string, name: string): string {
+  return dir === '/' ? `/${name}` : `${dir}/${name}`;
+}
+
+function FilesTab({ base }: { base: string }) {
+  const [dir, setDir] = useState('/tmp');
+  const [pathInput, setPathInput] = useState('/tmp');
+  const canWrite = useCan('member');
+  const { data, error, reload } = usePoll(() => get<{ items: Entry[] }>(withQuery(`${base}/files/list`, { path: dir })), 0, [base, dir]);
+  const fileInput = useRef<HTMLInputElement>(null);
+  const [uploadError, setUploadError] = useState<string | undefined>(undefined);
+  const go = (d: string): void => {
+    setDir(d);
+    setPathInput(d);
+  };
+  const parent = dir === '/' ? '/' : dir.replace(/\/[^/]*$/, '') || '/';
+  return (
+    <div>
+      <div class="filters">
+        <input
+          data-testid="files-path"
+          value={pathInput}
+          onInput={(e) => setPathInput(e.currentTarget.value)}
+          onKeyDown={(e) => {
+            if (e.key === 'Enter') setDir(pathInput);
+          }}
+        />
+        <button onClick={() => setDir(pathInput)}>open</button>
+        <button onClick={() => go(parent)}>up</button>
+        <button onClick={reload}>refresh</button>
+        {canWrite ? (
+          <label class="upload">
+            upload{' '}
+            <input
+              ref={fileInput}
+              type="file"
+              multiple
+              data-testid="upload"
+              onChange={async (e) => {
+                setUploadError(undefined);
+                try {
+                  for (const f of Array.from(e.currentTarget.files ?? [])) {
+                    await request('PUT', withQuery(`${base}/files`, { path: join(dir, f.name) }), f, { 'content-type': 'application/octet-stream' });
+                  }
+                } catch (err) {
+                  setUploadError(errorText(err));
+                }
+                if (fileInput.current) fileInput.current.value = '';
+                reload();
+              }}
+            />
+          </label>
+        ) : null}
+      </div>
+      <ErrorLine error={error ?? uploadError} />
+      <Table
+        testid="files"
+        head={['name', 'type', 'size', 'mode', 'modified', '']}
+        rows={(data?.items ?? []).map((f) => [
+          f.type === 'dir' ? (
+            <button class="link" onClick={() => go(join(dir, f.name))}>
+              {f.name}
+            </button>
+          ) : (
+            <span class="file-name">{f.name + (f.linkTarget ? ` -> ${f.linkTarget}` : '')}</span>
+          ),
+          f.type,
+          bytes(f.size),
+          (f.mode & 0o7777).toString(8),
+          new Date(f.mtimeMs).toLocaleString(),
+          f.type === 'file' ? (
+            <ActionButton
+              testid={`download-${f.name}`}
+              label="download"
+              run={() => download(withQuery(`${base}/files`, { path: join(dir, f.name) }), f.name)}
+            />
+          ) : (
+            ''
+          ),
+        ])}
+      />
+    </div>
+  );
+}
+
+interface NetworkInfo {
+  policy: unknown;
+  address?: string;
+  stats: Record<string, number>;
+}
+
+interface EgressEntry {
+  at: string;
+  via: string;
+  host: string;
+  port: number;
+  verdict: string;
+  rule?: string;
+  reason?: string;
+}
+
+function NetworkTab({ base }: { base: string }) {
+  const net = usePoll(() => get<NetworkInfo>(`${base}/network`), 0, [base]);
+  const log = usePoll(() => get<{ items: EgressEntry[] }>(withQuery(`${base}/network/log`, { limit: 200 })), 3000, [base]);
+  const canEdit = useCan('member');
+  const [text, setText] = useState<string | undefined>(undefined);
+  const [saved, setSaved] = useState('');
+  const shown = text ?? (net.data ? JSON.stringify(net.data.policy, null, 2) : '');
+  return (
+    <div class="row">
+      <Section title="Network policy">
+        <ErrorLine error={net.error} />
+        <textarea data-testid="policy" rows={14} cols={60} readOnly={!canEdit} value={shown} onInput={(e) => setText(e.currentTarget.value)} />
+        {canEdit ? (
+          <div>
+            <ActionButton
+              testid="apply-policy"
+              label="apply"
+              run={async () => {
+                let policy: unknown;
+                try {
+                  policy = JSON.parse(shown);
+                } catch {
+                  throw new Error('the policy is not valid JSON');
+                }
+                const res = await api<NetworkInfo>('PUT', `${base}/network`, policy);
+                setText(undefined);
+                setSaved(`applied at ${new Date().toLocaleTimeString()}`);
+                net.reload();
+                return res;
+              }}
+            />
+            <span class="muted" data-testid="policy-saved">
+              {saved}
+            </span>
+          </div>
+        ) : null}
+        {net.data ? (
+          <p class="muted">{`address ${net.data.address ?? '-'}; ${Object.entries(net.data.stats)
+            .map(([k, v]) => `${k} ${v}`)
+            .join(', ')}`}</p>
+        ) : null}
+      </Section>
+      <Section title="Egress log">
+        <Table
+          testid="egress"
+          head={['at', 'via', 'host', 'port', 'verdict', 'rule / reason']}
+          rows={(log.data?.items ?? [])
+            .slice()
+            .reverse()
+            .map((e) => [time(e.at), e.via, e.host, String(e.port), e.verdict, e.rule ?? e.reason ?? ''])}
+        />
+      </Section>
+    </div>
+  );
+}
+
+interface Step {
+  seq: number;
+  kind: string;
+  startedAt: string;
+  durationMs: number | null;
+  replayable: boolean;
+  via?: string;
+  command?: { cmd?: string; argv?: string[] };
+  exit?: { exitCode: number | null; signal: string | null } | null;
+  path?: string;
+  from?: string;
+  to?: string;
+}
+
+function stepText(s: Step): string {
+  if (s.kind === 'exec') return s.command?.cmd ?? s.command?.argv?.join(' ') ?? '';
+  if (s.kind === 'rename') return `${s.from ?? ''} -> ${s.to ?? ''}`;
+  return s.path ?? '';
+}
+
+function TrajectoryTab({ base }: { base: string }) {
+  const canReplay = useCan('member');
+  const { data, error } = usePoll(
+    () => get<{ items: Step[]; steps: number; truncated: boolean }>(withQuery(`${base}/trajectory`, { content: false, limit: 1000 })),
+    3000,
+    [base],
+  );
+  const [progress, setProgress] = useState<string[]>([]);
+  const [replayed, setReplayed] = useState<string | undefined>(undefined);
+  return (
+    <div>
+      <ErrorLine error={error} />
+      <Section
+        title={`Trajectory (${data?.steps ?? 0} steps${data?.truncated ? ', truncated' : ''})`}
+        actions={
+          canReplay ? (
+            <ActionButton
+              testid="replay"
+              label="replay"
+              run={async () => {
+                setProgress([]);
+                await ndjson<{
+                  type: string;
+                  sandbox?: { id: string };
+                  step?: { seq: number; verdict: string };
+                  result?: { summary: unknown };
+                  error?: { message: string };
+                }>('POST', `${base}/replay`, {}, (ev) => {
+                  if (ev.type === 'sandbox' && ev.sandbox) setReplayed(ev.sandbox.id);
+                  const line =
+                    ev.type === 'step'
+                      ? `step ${ev.step?.seq ?? '?'}: ${ev.step?.verdict ?? ''}`
+                      : ev.type === 'done'
+                        ? `done: ${JSON.stringify(ev.result?.summary)}`
+                        : ev.type === 'error'
+                          ? `error: ${ev.error?.message ?? ''}`
+                          : ev.type;
+                  setProgress((p) => [...p, line]);
+                });
+              }}
+            />
+          ) : null
+        }
+      >
+        <ol class="timeline" data-testid="trajectory">
+          {(data?.items ?? []).map((s) => (
+            <li class={`step step-${s.kind}`}>
+              <span class="seq">{`#${s.seq}`}</span> <span class="when">{time(s.startedAt)}</span> <strong>{s.kind}</strong> <code>{stepText(s)}</code>{' '}
+              <span class="muted">
+                {s.exit ? `exit ${s.exit.exitCode ?? s.exit.signal}` : s.kind === 'exec' ? 'running' : ''}
+                {s.durationMs != null ? ` ${Math.round(s.durationMs)} ms` : ''}
+                {s.replayable ? '' : ' (not replayable)'}
+              </span>
+            </li>
+          ))}
+        </ol>
+      </Section>
+      {progress.length ? (
+        <Section title="Replay">
+          {replayed ? (
+            <p>
+              new sandbox: <a href={`#/sandbox/${encodeURIComponent(replayed)}`}>{replayed}</a>
+            </p>
+          ) : null}
+          <pre class="log" data-testid="replay-progress">
+            {progress.join('\n')}
+          </pre>
+        </Section>
+      ) : null}
+    </div>
+  );
+}
+
+interface DiffEntry {
+  path: string;
+  change: string;
+  type: string;
+  size?: number;
+  sha256?: string;
+}
+
+function DiffTab({ base }: { base: string }) {
+  const { data, error, reload } = usePoll(
+    () => get<{ entries: DiffEntry[]; nextCursor: string | null; frozen: boolean }>(withQuery(`${base}/diff`, { limit: 1000 })),
+    0,
+    [base],
+  );
+  return (
+    <Section title="Changes against the image" actions={<button onClick={reload}>refresh</button>}>
+      <ErrorLine error={error} />
+      <Table
+        testid="diff"
+        head={['change', 'path', 'type', 'size', 'sha256']}
+        rows={(data?.entries ?? []).map((d) => [d.change, d.path, d.type, d.size == null ? '' : bytes(d.size), (d.sha256 ?? '').slice(0, 16)])}
+      />
+      {data?.nextCursor ? <p class="muted">more than 1,000 changes: the first 1,000 are shown</p> : null}
+    </Section>
+  );
+}
