@@ -6,7 +6,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Edge, makeCsr, makeKey, openssl } from '@dsec/edge';
-import type { NetworkOptions } from '@dsec/edge';
+import type { MicrovmBackendConfig, NetworkOptions } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire, resolveLimits } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
@@ -41,6 +41,8 @@ export interface PlatformOptions extends ControlPlaneOptions {
   zramSwapMiB?: number;
   /** A user namespace per container sandbox (default true). */
   userNamespaces?: boolean;
+  /** Runs microVM sandboxes beside containers (EdgeOptions.microvm). Default off. */
+  microvm?: MicrovmBackendConfig;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
   /** The OCI registry the node keeps its layers in (EdgeOptions.registry). */
@@ -107,6 +109,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     home: path.join(home, 'node'),
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
+    ...(opts.microvm ? { microvm: opts.microvm } : {}),
     ...(opts.network ? { network: opts.network } : {}),
     ...(opts.registry ? { registry: opts.registry } : {}),
     ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),

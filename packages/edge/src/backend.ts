@@ -208,6 +208,8 @@ export interface Backend {
   readonly network?: NetworkFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
+  /** A virtual machine's accelerator and measured boot time (the node's capabilities). */
+  readonly capabilities?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** What the node hands a backend when it opens: its shared host state. */

@@ -56,7 +56,7 @@ export async function openBackends(host: BackendHost, opts: EdgeOptions): Promis
       ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
       ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}),
       ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
-    });
+      }, opts.microvm);
   const backends = new Map<BackendKind, Backend>();
   for (const factory of factories) {
     const backend = await factory(host);
