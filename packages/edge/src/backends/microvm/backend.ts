@@ -18,7 +18,7 @@ import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from './qemu.js';
-import { qemuArgs, startQemu, vmSockets } from './qemu.js';
+import { diskFds, qemuArgs, startQemu, vmSockets } from './qemu.js';
 import { QmpClient } from './qmp.js';
 
 const run = promisify(execFile);
@@ -144,20 +144,22 @@ export class MicrovmBackend implements Backend {
         const files = this.o.layers.imageFiles(layer.digest);
         const meta = await open(files.meta, fsConstants.O_RDONLY);
         fds.push(meta);
-        disks.push({ serial: `m${i}`, fd: meta.fd, readOnly: true });
+        disks.push({ serial: `m${i}`, fds: [meta.fd], readOnly: true });
         if ((await stat(files.blob)).size > 0) {
           const blob = await open(files.blob, fsConstants.O_RDONLY);
           fds.push(blob);
-          disks.push({ serial: `b${i}`, fd: blob.fd, readOnly: true });
+          disks.push({ serial: `b${i}`, fds: [blob.fd], readOnly: true });
         }
       }
       // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
       await writeFile(p.disk, '', { mode: 0o600 });
       await truncate(p.disk, diskMiB * 1024 * 1024);
       await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
+      const rwRead = await open(p.disk, fsConstants.O_RDONLY);
+      fds.push(rwRead);
       const rw = await open(p.disk, fsConstants.O_RDWR);
       fds.push(rw);
-      disks.push({ serial: 'rw', fd: rw.fd, readOnly: false });
+      disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
       signal?.throwIfAborted();
 
       const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
@@ -181,7 +183,7 @@ export class MicrovmBackend implements Backend {
       });
       const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
-        vm.child = startQemu(this.o.qemu, args, { uid: idRange.uid, gid: idRange.gid, cgroupProcs }, [...fds.map((f) => f.fd)], log.fd);
+        vm.child = startQemu(this.o.qemu, args, { uid: idRange.uid, gid: idRange.gid, cgroupProcs }, diskFds(disks), log.fd);
       } finally {
         await log.close();
       }

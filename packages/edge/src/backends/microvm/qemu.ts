@@ -17,7 +17,11 @@ export type Accel = 'kvm' | 'tcg';
 export interface VmDisk {
   /** Serial the guest's init finds it by (`m0`, `b0`, ..., `rw`). */
   serial: string;
-  fd: number;
+  /**
+   * Host descriptors of the file, one per access mode QEMU may open it with (a writable disk is
+   * opened read-only first: it gets an O_RDONLY and an O_RDWR one).
+   */
+  fds: number[];
   readOnly: boolean;
 }
 
@@ -46,7 +50,12 @@ export function vmSockets(runDir: string): { qmp: string; agents: string[] } {
   };
 }
 
-/** QEMU's argv (without the binary), disks as `/dev/fdset/N` of descriptors 3, 4, ... in order. */
+/** The host descriptors QEMU inherits as 3, 4, ... (the disks' in order). */
+export function diskFds(disks: readonly VmDisk[]): number[] {
+  return disks.flatMap((d) => d.fds);
+}
+
+/** QEMU's argv (without the binary), disks as `/dev/fdset/N` of descriptors 3, 4, ... in order ({@link diskFds}). */
 export function qemuArgs(l: VmLaunch): string[] {
   const s = vmSockets(l.runDir);
   // Under TCG the microvm machine needs the legacy PIT and PIC for a timer (no kvmclock).
@@ -90,11 +99,11 @@ export function qemuArgs(l: VmLaunch): string[] {
   s.agents.forEach((sock, i) => {
     args.push('-chardev', `socket,id=agent${i},path=${sock},server=on,wait=off`, '-device', `virtserialport,chardev=agent${i},name=dsec.agent${i}`);
   });
+  let next = 3;
   l.disks.forEach((d, i) => {
     const set = i + 1;
+    for (const _ of d.fds) args.push('-add-fd', `fd=${next++},set=${set}`);
     args.push(
-      '-add-fd',
-      `fd=${3 + i},set=${set}`,
       '-drive',
       `id=${d.serial},file=/dev/fdset/${set},format=raw,if=none,${d.readOnly ? 'readonly=on' : 'discard=unmap'},cache=none,aio=threads`,
       '-device',
