@@ -109,7 +109,10 @@ describe('microvm backend', () => {
     assert.ok(pid, 'the QEMU process is found');
     const status = await readFile(`/proc/${pid}/status`, 'utf8');
     const uids = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(status)!.slice(1).map(Number);
-    assert.ok(uids.every((u) => u >= 0x4000_0000), `uids ${uids.join(' ')}`);
+    assert.ok(
+      uids.every((u) => u >= 0x4000_0000),
+      `uids ${uids.join(' ')}`,
+    );
     assert.match(status, /^Seccomp:\s+2$/m);
     assert.match(status, /^CapEff:\s+0+$/m);
     assert.match(status, /^NoNewPrivs:\s+1$/m);

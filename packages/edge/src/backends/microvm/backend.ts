@@ -11,10 +11,21 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, GarbageFacet, GarbageOptions, GarbageReport, PauseFacet, SandboxAgent } from '../../backend.js';
+import type {
+  Backend,
+  BackendCreateRequest,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  PauseFacet,
+  SandboxAgent,
+} from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
-import type { IdRange, IdRanges } from '../../host/id-ranges.js';
+import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from './qemu.js';
@@ -41,6 +52,8 @@ export interface MicrovmBackendOptions {
   socketsDir: string;
   guest: GuestImage;
   accel: Accel;
+  /** Group of /dev/kvm (under KVM). */
+  kvmGid?: number | undefined;
   /** The probe's boot time (QEMU start to chronus's first answer), ms. */
   bootMs: number;
   /** Extra guest kernel arguments the accelerator needs (`tsc_early_khz=` under TCG). */
@@ -89,9 +102,13 @@ export class MicrovmBackend implements Backend {
       pause: (id) => this.pause(id),
       resume: (id) => this.resume(id),
       memory: (id) => o.cgroups.memory(id),
-      freeze: async (id) => void (await this.qmp(id).execute('stop')),
-      thaw: async (id) => void (await this.qmp(id).execute('cont')),
-      isFrozen: async (id) => (await this.qmp(id).execute<{ running: boolean }>('query-status')).running === false,
+      freeze: async (id) => {
+        await this.qmp(id).execute('stop');
+      },
+      thaw: async (id) => {
+        await this.qmp(id).execute('cont');
+      },
+      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
     };
   }
 
@@ -183,7 +200,13 @@ export class MicrovmBackend implements Backend {
       });
       const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
-        vm.child = startQemu(this.o.qemu, args, { uid: idRange.uid, gid: idRange.gid, cgroupProcs }, diskFds(disks), log.fd);
+        vm.child = startQemu(
+          this.o.qemu,
+          args,
+          { uid: idRange.uid, gid: idRange.gid, cgroupProcs, ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}) },
+          diskFds(disks),
+          log.fd,
+        );
       } finally {
         await log.close();
       }
@@ -191,7 +214,9 @@ export class MicrovmBackend implements Backend {
       undo.push(() => this.kill(req.id));
       const child = vm.child;
       const exited = new Promise<never>((_, reject) =>
-        child.once('exit', (code, sig) => reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id }))),
+        child.once('exit', (code, sig) =>
+          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
+        ),
       );
       exited.catch(() => undefined);
       await writeFile(p.pid, String(child.pid));
@@ -364,7 +389,7 @@ export class MicrovmBackend implements Backend {
     await rm(p.dir, { recursive: true, force: true });
     await rm(p.run, { recursive: true, force: true });
     this.vms.delete(id);
-    if (record?.idRange) await this.o.idRanges.release(record.idRange as IdRange, id);
+    if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
   }
 
   async pause(id: string): Promise<BackendPauseResult> {
@@ -440,7 +465,7 @@ function withDeadline<T>(p: Promise<T>, deadline: number, message: string): Prom
       },
       (e: unknown) => {
         clearTimeout(t);
-        reject(e as Error);
+        reject(e instanceof Error ? e : new Error(String(e)));
       },
     );
   });

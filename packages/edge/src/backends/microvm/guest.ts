@@ -109,9 +109,10 @@ async function guestKernel(cacheDir: string, pkg: string): Promise<GuestKernel> 
       await rename(path.join(x, 'lib', 'modules', release), path.join(out, 'modules'));
       await writeFile(path.join(out, 'release'), release);
       await writeFile(path.join(out, 'ready'), key);
-      await rename(out, dir).catch(async (err: NodeJS.ErrnoException) => {
+      await rename(out, dir).catch((err: unknown) => {
         // Another node filled the same key meanwhile.
-        if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw err;
       });
     } finally {
       await rm(tmp, { recursive: true, force: true });

@@ -9,6 +9,7 @@ import { DEFAULT_OUTPUT_CAP_BYTES } from '../container/backend.js';
 import { MicrovmBackend } from './backend.js';
 import { DEFAULT_GUEST_CACHE, prepareGuest } from './guest.js';
 import { probeAccel } from './probe.js';
+import { kvmGroup } from './qemu.js';
 import type { AccelProbe } from './probe.js';
 
 export { MicrovmBackend, MIN_GUEST_MEMORY_MIB } from './backend.js';
@@ -62,6 +63,7 @@ export function microvmBackend(config: MicrovmBackendConfig = {}): BackendFactor
       socketsDir,
       guest,
       accel: probe.accel,
+      ...(probe.accel === 'kvm' ? { kvmGid: await kvmGroup() } : {}),
       bootMs: probe.bootMs,
       accelCmdline: probe.cmdline,
       qemu,

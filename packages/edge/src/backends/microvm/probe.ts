@@ -14,7 +14,7 @@ import { DsecError } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { GuestImage } from './guest.js';
 import type { Accel } from './qemu.js';
-import { qemuArgs, startQemu, vmSockets } from './qemu.js';
+import { kvmGroup, qemuArgs, startQemu, vmSockets } from './qemu.js';
 
 const run = promisify(execFile);
 
@@ -50,7 +50,9 @@ export interface ProbeOptions {
 /** Probes (or reads the cached verdict of) the accelerator this node's microVMs boot under. */
 export async function probeAccel(o: ProbeOptions): Promise<AccelProbe> {
   const qemuVersion = (await run(o.qemu, ['--version'])).stdout.split('\n')[0] ?? '';
-  const kvm = !o.noKvm && (await canOpen('/dev/kvm'));
+  // KVM as the VMs get it: an unprivileged QEMU in the device's group.
+  const group = o.noKvm ? undefined : await kvmGroup();
+  const kvm = group !== undefined;
   const key = createHash('sha256')
     .update(JSON.stringify([o.guest.kernel.key, path.basename(o.guest.initramfs), qemuVersion, os.release(), kvm]))
     .digest('hex')
@@ -67,11 +69,11 @@ export async function probeAccel(o: ProbeOptions): Promise<AccelProbe> {
   );
   if (cached) return { ...cached, cmdline: cached.accel === 'tcg' ? await tscCmdline() : [], cached: true };
 
-  let kvmRefused: string | undefined = kvm ? undefined : '/dev/kvm does not open';
+  let kvmRefused: string | undefined = kvm ? undefined : o.noKvm ? 'turned off' : '/dev/kvm is missing or not read-write for its group';
   let verdict: Omit<AccelProbe, 'cached'> | undefined;
   if (kvm) {
     try {
-      verdict = { accel: 'kvm', cmdline: [], bootMs: await bootOnce(o, 'kvm', []) };
+      verdict = { accel: 'kvm', cmdline: [], bootMs: await bootOnce(o, 'kvm', [], group) };
     } catch (err) {
       kvmRefused = (err as Error).message;
     }
@@ -87,7 +89,7 @@ export async function probeAccel(o: ProbeOptions): Promise<AccelProbe> {
 }
 
 /** One boot without disks (the init's probe mode): QEMU start to chronus's answer. */
-export async function bootOnce(o: Pick<ProbeOptions, 'qemu' | 'guest' | 'timeoutMs'>, accel: Accel, cmdline: string[]): Promise<number> {
+export async function bootOnce(o: Pick<ProbeOptions, 'qemu' | 'guest' | 'timeoutMs'>, accel: Accel, cmdline: string[], kvmGid?: number): Promise<number> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-probe-'));
   await chown(dir, PROBE_UID, PROBE_UID);
   const runDir = path.join(dir, 'run');
@@ -106,9 +108,11 @@ export async function bootOnce(o: Pick<ProbeOptions, 'qemu' | 'guest' | 'timeout
   });
   const log = await open(path.join(dir, 'qemu.log'), fsConstants.O_WRONLY | fsConstants.O_CREAT, 0o600);
   const started = performance.now();
-  const child = startQemu(o.qemu, args, { uid: PROBE_UID, gid: PROBE_UID, cgroupProcs: [] }, [], log.fd);
+  const child = startQemu(o.qemu, args, { uid: PROBE_UID, gid: PROBE_UID, cgroupProcs: [], ...(kvmGid !== undefined ? { groups: [kvmGid] } : {}) }, [], log.fd);
   await log.close();
-  const exited = new Promise<never>((_, reject) => child.once('exit', (code, sig) => reject(new DsecError('BACKEND_FAILED', `probe (${accel}): QEMU exited (${sig ?? code})`))));
+  const exited = new Promise<never>((_, reject) =>
+    child.once('exit', (code, sig) => reject(new DsecError('BACKEND_FAILED', `probe (${accel}): QEMU exited (${sig ?? code})`))),
+  );
   exited.catch(() => undefined);
   let client: ChronusClient | undefined;
   try {
@@ -150,15 +154,5 @@ async function connectUntil(file: string, deadline: number): Promise<net.Socket>
       if (Date.now() >= deadline) throw new DsecError('TIMEOUT', `no socket at ${file}: ${(err as Error).message}`);
       await new Promise((r) => setTimeout(r, 50));
     }
-  }
-}
-
-async function canOpen(file: string): Promise<boolean> {
-  try {
-    const fh = await open(file, fsConstants.O_RDWR);
-    await fh.close();
-    return true;
-  } catch {
-    return false;
   }
 }

@@ -3,6 +3,7 @@
 // under QEMU's own seccomp sandbox. Disks reach QEMU as open file descriptors (`-add-fd`), so
 // QEMU opens no host file but the kernel, the initramfs and its own sockets.
 import { spawn } from 'node:child_process';
+import { stat } from 'node:fs/promises';
 import type { ChildProcess } from 'node:child_process';
 import { AGENT_PORTS } from './guest.js';
 
@@ -116,12 +117,24 @@ export function qemuArgs(l: VmLaunch): string[] {
   return args;
 }
 
+/**
+ * The supplementary group that opens /dev/kvm for an unprivileged QEMU: the device's group when
+ * it grants read and write (Debian's `kvm` group, mode 0660), else undefined (KVM unusable).
+ */
+export async function kvmGroup(): Promise<number | undefined> {
+  const st = await stat('/dev/kvm').catch(() => undefined);
+  if (!st || (st.mode & 0o060) !== 0o060) return undefined;
+  return st.gid;
+}
+
 /** How QEMU is confined. */
 export interface Confinement {
   uid: number;
   gid: number;
   /** `cgroup.procs` files the process joins before QEMU starts. */
   cgroupProcs: string[];
+  /** Supplementary groups (the group of /dev/kvm under KVM); default none. */
+  groups?: number[];
   /** A network namespace to enter (`/proc/PID/ns/net` or a bind mount), absent: the host's. */
   netns?: string;
 }
@@ -139,7 +152,7 @@ export function startQemu(qemu: string, args: string[], c: Confinement, fds: num
     'setpriv',
     `--reuid=${c.uid}`,
     `--regid=${c.gid}`,
-    '--clear-groups',
+    ...(c.groups?.length ? [`--groups=${c.groups.join(',')}`] : ['--clear-groups']),
     '--no-new-privs',
     '--inh-caps=-all',
     '--bounding-set=-all',

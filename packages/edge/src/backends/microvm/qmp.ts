@@ -54,11 +54,7 @@ export class QmpClient extends EventEmitter {
     });
     const client = new QmpClient(sock);
     try {
-      await client.withTimeout(
-        new Promise((resolve) => (client.greeted = resolve)),
-        timeoutMs,
-        'greeting',
-      );
+      await client.withTimeout(new Promise((resolve) => (client.greeted = resolve)), timeoutMs, 'greeting');
       await client.execute('qmp_capabilities', undefined, timeoutMs);
     } catch (err) {
       client.close();
@@ -116,7 +112,7 @@ export class QmpClient extends EventEmitter {
         },
         (e: unknown) => {
           clearTimeout(t);
-          reject(e as Error);
+          reject(e instanceof Error ? e : new Error(String(e)));
         },
       );
     });
@@ -146,7 +142,7 @@ export class QmpClient extends EventEmitter {
         this.greeted?.(msg);
         this.greeted = undefined;
       } else if ('event' in msg) {
-        this.emit('event', msg as unknown as QmpEvent);
+        this.emit('event', msg);
       } else if ('return' in msg || 'error' in msg) {
         const w = this.waiting.shift();
         if (!w) continue;
