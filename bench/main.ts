@@ -25,6 +25,7 @@ import { fncallScenario } from './scenarios/fncall.js';
 import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
+import { microvmScenario } from './scenarios/microvm.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
@@ -44,6 +45,7 @@ const SCENARIOS: Scenario[] = [
   networkScenario,
   proxyScenario,
   installScenario,
+  microvmScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
