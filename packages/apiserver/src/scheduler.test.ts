@@ -51,3 +51,13 @@ test('sampling spreads load over many nodes', () => {
   const counts = nodes.map((n) => n.allocated.sandboxes);
   assert.ok(Math.max(...counts) - Math.min(...counts) <= 10, `spread ${Math.min(...counts)}..${Math.max(...counts)}`);
 });
+
+test('microVMs prefer nodes whose boot probe found KVM', () => {
+  const p = new Placement();
+  const vm = { ...req, backend: 'microvm' as const };
+  const tcg = node('tcg', {}, { backends: ['container', 'microvm'], microvmAccel: 'tcg' });
+  const kvm = node('kvm', { cpu: 1 }, { backends: ['container', 'microvm'], microvmAccel: 'kvm' });
+  for (let i = 0; i < 20; i++) assert.equal(p.place(vm, [tcg, kvm])?.name, 'kvm');
+  assert.equal(p.place(vm, [tcg, kvm], new Set(['kvm']))?.name, 'tcg');
+  assert.equal(p.place(req, [tcg, kvm])?.name, 'tcg', 'containers still go to the least loaded');
+});

@@ -20,6 +20,8 @@ export interface NodeView {
   /** Placement skips a cordoned node (cordon, drain). */
   cordoned?: boolean;
   backends: readonly BackendKind[];
+  /** The accelerator of the node's microVMs (its boot probe); `microvm` placement prefers `kvm`. */
+  microvmAccel?: 'kvm' | 'tcg' | undefined;
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
 }
@@ -82,7 +84,9 @@ export class Placement {
 
   /** Picks a node, or undefined when none fits. `exclude` names nodes that already refused. */
   place(req: PlacementRequest, nodes: readonly NodeView[], exclude: ReadonlySet<string> = new Set()): NodeView | undefined {
-    const candidates = nodes.filter((n) => !exclude.has(n.name) && this.fits(n, req));
+    let candidates = nodes.filter((n) => !exclude.has(n.name) && this.fits(n, req));
+    // MicroVMs go to KVM nodes while one has room; TCG nodes (no usable KVM) take the rest.
+    if (req.backend === 'microvm' && candidates.some((n) => n.microvmAccel === 'kvm')) candidates = candidates.filter((n) => n.microvmAccel === 'kvm');
     if (candidates.length <= this.sampleK) return this.leastLoaded(candidates);
     const sample: NodeView[] = [];
     const picked = new Set<number>();

@@ -224,6 +224,7 @@ export class NodeService {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
+      ...(n.microvmAccel ? { microvmAccel: n.microvmAccel } : {}),
       capacity: { ...n.capacity },
       allocatable: this.d.placement.allocatable(n),
       allocated: { ...n.allocated },
