@@ -133,6 +133,7 @@ describe('microvm backend', () => {
     // A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left.
     process.kill(pid, 'SIGKILL');
     await until('sandbox.lost', () => events.some((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id));
+    await until('the API says lost', async () => (await sb.info()).state === 'lost');
     await until('no QEMU, cgroup or folder left', async () => {
       return (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0;
     });

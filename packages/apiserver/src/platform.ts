@@ -140,7 +140,12 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       ...(opts.db ? { listenUrl: opts.db } : {}),
       startGarbage: startRemoved,
       prepare: async (services, watch) => {
-        const unsubscribe = reached.client.onEvent(watch.events.ingest);
+        const unsubscribe = reached.client.onEvent((ev) => {
+          watch.events.ingest(ev);
+          // A microVM whose QEMU died: its row becomes lost (the node already removed it).
+          if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
+            void services.nodeAdmin.sandboxLost(ev.sandboxId).catch(() => undefined);
+        });
         closers.unshift(() => unsubscribe());
         // The built-in base, built on first start (seconds) and public to every project.
         let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);
