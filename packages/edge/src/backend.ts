@@ -136,6 +136,8 @@ export interface WritableLayerFacet {
 export interface NetworkFacet {
   /** Path of the sandbox's network namespace. */
   netnsPath(id: string): Promise<string>;
+  /** Called once the node's link is in that namespace (a VM moves its address into the guest). */
+  linked?(id: string): Promise<void>;
 }
 
 /** Options of {@link GarbageFacet.collectGarbage}. */

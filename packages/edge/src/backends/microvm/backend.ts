@@ -3,6 +3,7 @@
 // directory is on a writable ext4 disk of diskMiB.
 import type { ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
 import { chown, mkdir, open, readFile, readdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
@@ -20,6 +21,7 @@ import type {
   GarbageFacet,
   GarbageOptions,
   GarbageReport,
+  NetworkFacet,
   PauseFacet,
   SandboxAgent,
 } from '../../backend.js';
@@ -96,8 +98,11 @@ export class MicrovmBackend implements Backend {
   /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
   readonly pausing: PauseFacet;
   readonly garbage: GarbageFacet = this;
+  /** A network namespace per networked VM, with a tap bridged to the node's link (see `linked`). */
+  readonly network: NetworkFacet;
 
   constructor(private readonly o: MicrovmBackendOptions) {
+    this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     this.pausing = {
       pause: (id) => this.pause(id),
       resume: (id) => this.resume(id),
@@ -179,6 +184,22 @@ export class MicrovmBackend implements Backend {
       disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
       signal?.throwIfAborted();
 
+      // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
+      // the node's link joins the bridge once it is made (`linked`).
+      const netns = req.spec.network?.mode === 'allowlist' ? netnsName(req.id) : undefined;
+      if (netns) {
+        await run('ip', ['netns', 'add', netns]);
+        undo.push(() => run('ip', ['netns', 'del', netns]));
+        for (const cmd of [
+          ['link', 'set', 'lo', 'up'],
+          ['tuntap', 'add', 'dev', 'tap0', 'mode', 'tap', 'user', String(idRange.uid), 'group', String(idRange.gid)],
+          ['link', 'add', 'br0', 'type', 'bridge'],
+          ['link', 'set', 'tap0', 'master', 'br0'],
+          ['link', 'set', 'tap0', 'up'],
+          ['link', 'set', 'br0', 'up'],
+        ])
+          await run('ip', ['-n', netns, ...cmd]);
+      }
       const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
       await writeJsonAtomic(p.record, record);
       const cgroupProcs = await this.o.cgroups.create(req.id, {
@@ -197,13 +218,20 @@ export class MicrovmBackend implements Backend {
         vcpus: Math.max(1, Math.ceil(cpu)),
         disks,
         runDir: p.run,
+        ...(netns ? { tap: { ifname: 'tap0', mac: macOf(req.id) } } : {}),
       });
       const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
         vm.child = startQemu(
           this.o.qemu,
           args,
-          { uid: idRange.uid, gid: idRange.gid, cgroupProcs, ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}) },
+          {
+            uid: idRange.uid,
+            gid: idRange.gid,
+            cgroupProcs,
+            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
+            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
+          },
           diskFds(disks),
           log.fd,
         );
@@ -388,8 +416,42 @@ export class MicrovmBackend implements Backend {
     if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
     await rm(p.dir, { recursive: true, force: true });
     await rm(p.run, { recursive: true, force: true });
+    await run('ip', ['netns', 'del', netnsName(id)]).catch(() => undefined);
     this.vms.delete(id);
     if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
+  }
+
+  /** The VM's network namespace (only a networked VM has one). */
+  async netnsPath(id: string): Promise<string> {
+    const file = `/run/netns/${netnsName(id)}`;
+    if (!(await exists(file))) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no network namespace`, { sandboxId: id });
+    return file;
+  }
+
+  /**
+   * The node made its link (eth0 with the sandbox's address peering the gateway, default route) in
+   * the VM's namespace: the address moves into the guest and eth0 joins the tap's bridge, so the
+   * guest's packets leave through the very link (and rules) a container's would.
+   */
+  async linked(id: string): Promise<void> {
+    const netns = netnsName(id);
+    const { stdout } = await run('ip', ['-n', netns, '-4', '-o', 'addr', 'show', 'dev', 'eth0']);
+    const address = /inet (\d+\.\d+\.\d+\.\d+)[ /]/.exec(stdout)?.[1];
+    const route = (await run('ip', ['-n', netns, '-4', 'route', 'show', 'default'])).stdout;
+    const gateway = /via (\d+\.\d+\.\d+\.\d+)/.exec(route)?.[1];
+    if (!address || !gateway) throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the node's link has no address or gateway`, { sandboxId: id });
+    for (const cmd of [
+      ['addr', 'flush', 'dev', 'eth0'],
+      ['link', 'set', 'eth0', 'master', 'br0'],
+    ])
+      await run('ip', ['-n', netns, ...cmd]);
+    const agent = await this.connect(id);
+    const script = `ip link set eth0 up && ip addr add ${address} peer ${gateway} dev eth0 && ip route add default via ${gateway} dev eth0`;
+    const att = await agent.spawn({ argv: ['/.dsec/busybox', 'sh', '-c', script] });
+    const exit = await att.exited;
+    await agent.release(exit.proc).catch(() => undefined);
+    if (exit.exitCode !== 0)
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
   }
 
   async pause(id: string): Promise<BackendPauseResult> {
@@ -482,4 +544,15 @@ async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
   const tmp = `${file}.tmp`;
   await writeFile(tmp, JSON.stringify(value));
   await rename(tmp, file);
+}
+
+/** The VM's network namespace name (`ip netns`). */
+function netnsName(id: string): string {
+  return `dsec-${id}`;
+}
+
+/** A locally administered unicast MAC derived from the sandbox id. */
+function macOf(id: string): string {
+  const h = createHash('sha256').update(id).digest();
+  return ['02', ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, '0'))].join(':');
 }

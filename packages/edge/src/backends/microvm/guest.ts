@@ -233,6 +233,9 @@ mkdir -p /newroot/.dsec /newroot/dev /newroot/proc /newroot/sys /newroot/tmp
 [ -e /newroot/.dsec/chronus ] || touch /newroot/.dsec/chronus
 mount --bind /chronus /newroot/.dsec/chronus
 mount -o remount,bind,ro /newroot/.dsec/chronus
+[ -e /newroot/.dsec/busybox ] || touch /newroot/.dsec/busybox
+mount --bind /bin/busybox /newroot/.dsec/busybox
+mount -o remount,bind,ro /newroot/.dsec/busybox
 agent_ports
 ip link set lo up 2>/dev/null
 if [ -n "$ADDR" ] && [ -e /sys/class/net/eth0 ]; then

@@ -148,6 +148,12 @@ export function startQemu(qemu: string, args: string[], c: Confinement, fds: num
   const chain: string[] = [];
   if (c.netns) chain.push('nsenter', `--net=${c.netns}`, '--');
   chain.push('unshare', '--mount', '--propagation', 'private', '--');
+  if (c.netns) {
+    // The host's /dev/net/tun is root's (0600): in QEMU's own mount namespace a tun node of the
+    // VM's uid is put in its place, so QEMU can open the tap made for it and nothing else changes.
+    const tun = `mount -t tmpfs -o size=4k,mode=0755 dsec-tun /dev/net && mknod -m 0600 /dev/net/tun c 10 200 && chown ${c.uid}:${c.gid} /dev/net/tun && exec "$@"`;
+    chain.push('/bin/sh', '-c', tun, 'dsec-tun');
+  }
   chain.push(
     'setpriv',
     `--reuid=${c.uid}`,
