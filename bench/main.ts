@@ -25,6 +25,7 @@ import { fncallScenario } from './scenarios/fncall.js';
 import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
+import { microvmScenario } from './scenarios/microvm.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
@@ -48,6 +49,7 @@ const SCENARIOS: Scenario[] = [
   installScenario,
   remoteEdgeScenario,
   sandboxFusionScenario,
+  microvmScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -159,7 +161,7 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const notes = ['where-the-time-goes.md', 'install.md'];
+  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md'];
   const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);

@@ -26,6 +26,7 @@ struct conn *conn_add(int fd, bool is_stream)
 		return NULL;
 	c->fd = fd;
 	c->is_stream = is_stream;
+	c->stream_slot = -1;
 	conns[nconns++] = c;
 	return c;
 }
@@ -275,13 +276,13 @@ void conns_reap(void)
 		proc_conn_closed(c);
 		if (close(c->fd) < 0)
 			log_msg("close connection: %s", strerror(errno));
-		bool was_stream = c->is_stream;
+		int slot = c->stream_slot;
 		buf_free(&c->in);
 		buf_free(&c->out);
 		free(c);
 		conns[i] = conns[--nconns];
-		if (was_stream)
-			stream_lost();
+		if (slot >= 0)
+			stream_lost(slot);
 	}
 }
 

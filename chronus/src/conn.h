@@ -14,6 +14,8 @@
 struct conn {
 	int fd;
 	bool is_stream;
+	/* Which --stream-path this connection is (-1: none). */
+	int stream_slot;
 	bool dead;
 	struct buf in;
 	struct buf out;
@@ -37,8 +39,8 @@ void reply_ok_count(struct conn *c, uint32_t id, uint64_t count);
 void reply_error(struct conn *c, uint32_t id, int err, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-/* Implemented by main.c: the stream connection is gone. */
-void stream_lost(void);
+/* Implemented by main.c: the stream connection of --stream-path number `slot` is gone. */
+void stream_lost(int slot);
 /* Implemented by main.c: milliseconds since the agent started. */
 uint64_t agent_uptime_ms(void);
 /* oom_score_adj given to every command (-1: leave as inherited). */

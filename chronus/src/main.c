@@ -21,11 +21,14 @@
 #define STREAM_REOPEN_MS 200
 #define MIN_OUTPUT_CAP_BYTES 4096
 #define MAX_OUTPUT_CAP_BYTES (1ull << 30)
+/* --stream-path may be given this many times (a microVM's virtio-serial ports, one connection each). */
+#define MAX_STREAM_PATHS 8
 
 struct options {
 	int listen_fd;
 	int stream_fd;
-	const char *stream_path;
+	const char *stream_paths[MAX_STREAM_PATHS];
+	int n_stream_paths;
 	uint64_t output_cap;
 	uint64_t grace_ms;
 	bool best_effort;
@@ -41,7 +44,7 @@ int agent_child_oom_score_adj(void)
 	return opt.child_oom_score_adj;
 }
 static int64_t start_ns;
-static int64_t stream_reopen_ns = -1;
+static int64_t stream_reopen_ns[MAX_STREAM_PATHS] = { -1, -1, -1, -1, -1, -1, -1, -1 };
 static int64_t shutdown_ns = -1;
 
 uint64_t agent_uptime_ms(void)
@@ -78,8 +81,8 @@ static void parse_args(int argc, char **argv)
 			opt.listen_fd = (int)parse_u64(v, 0, INT_MAX);
 		else if (!strcmp(a, "--stream-fd"))
 			opt.stream_fd = (int)parse_u64(v, 0, INT_MAX);
-		else if (!strcmp(a, "--stream-path"))
-			opt.stream_path = v;
+		else if (!strcmp(a, "--stream-path") && opt.n_stream_paths < MAX_STREAM_PATHS)
+			opt.stream_paths[opt.n_stream_paths++] = v;
 		else if (!strcmp(a, "--output-cap"))
 			opt.output_cap = parse_u64(v, MIN_OUTPUT_CAP_BYTES, MAX_OUTPUT_CAP_BYTES);
 		else if (!strcmp(a, "--grace-ms"))
@@ -93,7 +96,7 @@ static void parse_args(int argc, char **argv)
 		else
 			usage();
 	}
-	int modes = (opt.listen_fd >= 0) + (opt.stream_fd >= 0) + (opt.stream_path != NULL);
+	int modes = (opt.listen_fd >= 0) + (opt.stream_fd >= 0) + (opt.n_stream_paths > 0);
 	if (modes != 1)
 		usage();
 }
@@ -213,22 +216,24 @@ static void on_listen(void *obj, int fd, short revents)
 	}
 }
 
-static void open_stream(void)
+static void open_stream(int slot)
 {
-	int fd = open(opt.stream_path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0 || !conn_add(fd, true)) {
+	int fd = open(opt.stream_paths[slot], O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+	struct conn *c = fd >= 0 ? conn_add(fd, true) : NULL;
+	if (!c) {
 		if (fd >= 0)
 			close(fd);
-		stream_reopen_ns = mono_ns() + STREAM_REOPEN_MS * NS_PER_MS;
+		stream_reopen_ns[slot] = mono_ns() + STREAM_REOPEN_MS * NS_PER_MS;
 		return;
 	}
-	stream_reopen_ns = -1;
+	c->stream_slot = slot;
+	stream_reopen_ns[slot] = -1;
 }
 
-void stream_lost(void)
+void stream_lost(int slot)
 {
-	if (opt.stream_path)
-		stream_reopen_ns = mono_ns() + STREAM_REOPEN_MS * NS_PER_MS;
+	if (slot >= 0 && slot < opt.n_stream_paths)
+		stream_reopen_ns[slot] = mono_ns() + STREAM_REOPEN_MS * NS_PER_MS;
 }
 
 static int64_t min_deadline(int64_t a, int64_t b)
@@ -248,14 +253,16 @@ static int64_t housekeeping(void)
 		proc_signal_all(SIGKILL);
 		exit(0);
 	}
-	if (stream_reopen_ns >= 0 && now >= stream_reopen_ns)
-		open_stream();
+	for (int i = 0; i < opt.n_stream_paths; i++)
+		if (stream_reopen_ns[i] >= 0 && now >= stream_reopen_ns[i])
+			open_stream(i);
 	int64_t next = proc_tick(now);
 	conn_housekeeping();
 	proc_pump();
 	conns_flush();
 	conns_reap();
-	next = min_deadline(next, stream_reopen_ns);
+	for (int i = 0; i < opt.n_stream_paths; i++)
+		next = min_deadline(next, stream_reopen_ns[i]);
 	return min_deadline(next, shutdown_ns);
 }
 
@@ -313,7 +320,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	if (opt.stream_path)
-		open_stream();
+	for (int i = 0; i < opt.n_stream_paths; i++)
+		open_stream(i);
 	run(sigfd);
 }

@@ -185,6 +185,7 @@ export class NodeRegistry {
       healthy: true,
       cordoned: false,
       backends: cap.backends,
+      microvmAccel: cap.microvm?.accel,
       capacity: { cpu: cap.cpu, memoryMiB: cap.memoryMiB, sandboxes: cap.sandboxes },
       allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 },
       client,

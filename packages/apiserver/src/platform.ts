@@ -6,7 +6,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Edge, fncallRunner, makeCsr, makeKey, openssl } from '@dsec/edge';
-import type { NetworkOptions, RuntimeLayerId } from '@dsec/edge';
+import type { MicrovmBackendConfig, NetworkOptions, RuntimeLayerId } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire, resolveLimits } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
@@ -41,6 +41,8 @@ export interface PlatformOptions extends ControlPlaneOptions {
   zramSwapMiB?: number;
   /** A user namespace per container sandbox (default true). */
   userNamespaces?: boolean;
+  /** Runs microVM sandboxes beside containers (EdgeOptions.microvm). Default off. */
+  microvm?: MicrovmBackendConfig;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
   /** The OCI registry the node keeps its layers in (EdgeOptions.registry). */
@@ -109,6 +111,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     home: path.join(home, 'node'),
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
+    ...(opts.microvm ? { microvm: opts.microvm } : {}),
     ...(opts.network ? { network: opts.network } : {}),
     ...(opts.registry ? { registry: opts.registry } : {}),
     ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),
@@ -140,7 +143,12 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
       ...(opts.db ? { listenUrl: opts.db } : {}),
       startGarbage: startRemoved,
       prepare: async (services, watch) => {
-        const unsubscribe = reached.client.onEvent(watch.events.ingest);
+        const unsubscribe = reached.client.onEvent((ev) => {
+          watch.events.ingest(ev);
+          // A microVM whose QEMU died: its row becomes lost (the node already removed it).
+          if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
+            void services.nodeAdmin.sandboxLost(ev.sandboxId).catch(() => undefined);
+        });
         closers.unshift(() => unsubscribe());
         // The built-in base, built on first start (seconds) and public to every project.
         let base = await edge.layers.resolve(BUILTIN_BASE).catch(() => undefined);

@@ -146,3 +146,13 @@ test('the node registry turns usage reports into a CPU rate and memory', async (
   reg.setUsage('n1', { cpuUsageMs: 2500, memoryBytes: 32 * 1048576, sandboxes: 2 }, 12_000);
   assert.deepEqual(reg.get('n1')?.usage, { cpu: 0.75, memoryMiB: 32, sandboxes: 2 });
 });
+
+test('microVMs prefer nodes whose boot probe found KVM', () => {
+  const p = new Placement();
+  const vm = { ...req, backend: 'microvm' as const };
+  const tcg = node('tcg', {}, { backends: ['container', 'microvm'], microvmAccel: 'tcg' });
+  const kvm = node('kvm', { cpu: 1 }, { backends: ['container', 'microvm'], microvmAccel: 'kvm' });
+  for (let i = 0; i < 20; i++) assert.equal(p.place(vm, [tcg, kvm])?.name, 'kvm');
+  assert.equal(p.place(vm, [tcg, kvm], new Set(['kvm']))?.name, 'tcg');
+  assert.equal(p.place(req, [tcg, kvm])?.name, 'tcg', 'containers still go to the least loaded');
+});

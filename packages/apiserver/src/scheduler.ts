@@ -70,6 +70,8 @@ export interface NodeView {
   /** Placement skips a cordoned node (cordon, drain). */
   cordoned?: boolean;
   backends: readonly BackendKind[];
+  /** The accelerator of the node's microVMs (its boot probe); `microvm` placement prefers `kvm`. */
+  microvmAccel?: 'kvm' | 'tcg' | undefined;
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
   /** Latest measured use; absent until the node is measured (every sandbox then counts its idle estimate). */
@@ -174,6 +176,8 @@ export class Placement {
   /** Picks a node, or undefined when none fits. `exclude` names nodes that already refused. */
   place<V extends NodeView>(req: PlacementRequest, nodes: readonly V[], exclude: ReadonlySet<string> = new Set()): V | undefined {
     let candidates = nodes.filter((n) => !exclude.has(n.name) && this.fits(n, req));
+    // MicroVMs go to KVM nodes while one has room; TCG nodes (no usable KVM) take the rest.
+    if (req.backend === 'microvm' && candidates.some((n) => n.microvmAccel === 'kvm')) candidates = candidates.filter((n) => n.microvmAccel === 'kvm');
     const spread = req.spread;
     if (spread !== undefined && candidates.length > 1) {
       // Anti-affinity: only the nodes holding the fewest sandboxes of the job compete.

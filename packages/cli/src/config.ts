@@ -242,6 +242,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.registry !== undefined ? { registry: node.registry } : {}),
     ...(node.pullFrom !== undefined ? { pullFrom: node.pullFrom } : {}),
     ...(node.calls !== undefined ? { calls: node.calls } : {}),
+    ...(node.microvm !== undefined ? { microvm: node.microvm } : {}),
     ...(config.edgeWire !== undefined ? { edgeWire: config.edgeWire } : {}),
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),

@@ -136,6 +136,8 @@ export interface WritableLayerFacet {
 export interface NetworkFacet {
   /** Path of the sandbox's network namespace. */
   netnsPath(id: string): Promise<string>;
+  /** Called once the node's link is in that namespace (a VM moves its address into the guest). */
+  linked?(id: string): Promise<void>;
 }
 
 /** Options of {@link GarbageFacet.collectGarbage}. */
@@ -208,6 +210,8 @@ export interface Backend {
   readonly network?: NetworkFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
+  /** A virtual machine's accelerator and measured boot time (the node's capabilities). */
+  readonly capabilities?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** What the node hands a backend when it opens: its shared host state. */

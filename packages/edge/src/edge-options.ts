@@ -2,6 +2,7 @@
 import type { EdgeExecOptions, LayerRegistryConfig, RegistryEndpointConfig, SandboxSpec } from '@dsec/protocol';
 import type { Backend, BackendFactory, BackendPauseResult, BackendResumeResult } from './backend.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
+import type { MicrovmBackendConfig } from './backends/microvm/index.js';
 import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
 import type { Cgroups } from './host/cgroups.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
@@ -52,6 +53,8 @@ export interface EdgeOptions {
    * configured from `outputCapBytes`, `userNamespaces` and `seccompProfile`.
    */
   backends?: BackendFactory[];
+  /** Runs the microVM backend beside containers (its guest is prepared and probed at open). Default off. */
+  microvm?: MicrovmBackendConfig;
   /** The node's function calls. Default `fncallRunner()`. */
   calls?: CallRunnerFactory;
   /**

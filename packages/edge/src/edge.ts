@@ -168,7 +168,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
 
   /** What this node offers to the scheduler. */
   capacity(): NodeCapacity {
-    return { cpu: os.cpus().length, memoryMiB: Math.floor(os.totalmem() / 1048576), sandboxes: this.maxSandboxes, backends: [...this.backends.keys()] };
+    const microvm = this.backends.get('microvm')?.capabilities;
+    return {
+      cpu: os.cpus().length,
+      memoryMiB: Math.floor(os.totalmem() / 1048576),
+      sandboxes: this.maxSandboxes,
+      backends: [...this.backends.keys()],
+      ...(microvm ? { microvm } : {}),
+    };
   }
 
   /** Adds a sandbox to the registry (and to the monitor). */

@@ -31,6 +31,7 @@ export type {
 } from './backend.js';
 export { defaultBackends } from './backends/index.js';
 export { containerBackend } from './backends/container/index.js';
+export * from './backends/microvm/index.js';
 export type { ContainerBackendConfig } from './backends/container/index.js';
 export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
 export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';

@@ -34,6 +34,7 @@ export async function writeNetworkFiles(network: NodeNetwork, agent: SandboxAgen
 export async function joinNetwork(network: NodeNetwork, backend: Backend, id: string, policy: NetworkPolicy): Promise<void> {
   try {
     await network.apply(id, policy, () => netnsOf(backend, id));
+    await backend.network?.linked?.(id);
     await writeResolvConf(network, backend, id);
   } catch (err) {
     await backend.destroy(id).catch(() => undefined);

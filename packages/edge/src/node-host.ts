@@ -60,11 +60,14 @@ export async function prepareHost(opts: {
 export async function openBackends(host: BackendHost, opts: EdgeOptions): Promise<Map<BackendKind, Backend>> {
   const factories =
     opts.backends ??
-    defaultBackends({
-      ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
-      ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}),
-      ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
-    });
+    defaultBackends(
+      {
+        ...(opts.outputCapBytes !== undefined ? { outputCapBytes: opts.outputCapBytes } : {}),
+        ...(opts.userNamespaces !== undefined ? { userNamespaces: opts.userNamespaces } : {}),
+        ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
+      },
+      opts.microvm,
+    );
   const backends = new Map<BackendKind, Backend>();
   for (const factory of factories) {
     const backend = await factory(host);

@@ -133,6 +133,23 @@ export const CallsConfigSchema = z.strictObject({
   prebuild: z.array(z.enum(RUNTIME_LAYER_IDS, { error: `not one of ${RUNTIME_LAYER_IDS.join(', ')}` })).optional(),
 });
 
+/** The node's microVM backend (issue 17): off unless this block is present. */
+export const MicrovmConfigSchema = z.strictObject({
+  /** Cache of guest kernels, initramfs images and probe verdicts. Default `/var/cache/dsec/microvm`. */
+  cacheDir: z.string().min(1, { error: 'empty path' }).optional(),
+  /** Debian kernel package (fetched with apt-get download). Default `linux-image-cloud-amd64`. */
+  kernelPackage: z
+    .string()
+    .regex(/^[a-z0-9][a-z0-9.+-]+$/, { error: 'not a Debian package name' })
+    .optional(),
+  /** QEMU binary. Default `qemu-system-x86_64`. */
+  qemu: z.string().min(1, { error: 'empty path' }).optional(),
+  /** Longest a boot may take, ms. Default 120000. */
+  bootTimeoutMs: positiveInt.optional(),
+  /** Never use KVM, even when the probe would. */
+  noKvm: z.boolean({ error: 'not true or false' }).optional(),
+});
+
 /** The settings of one node: what a node joining from elsewhere is handed. */
 export const NodeConfigSchema = z.strictObject({
   /** Host path of the static chronus binary. Default: the one built in the checkout. */
@@ -149,6 +166,8 @@ export const NodeConfigSchema = z.strictObject({
   pullFrom: z.array(RegistryEndpointConfigSchema).max(64, { error: 'more than 64 registries' }).optional(),
   /** Function calls: where the language runtimes are cached and which are built at start. */
   calls: CallsConfigSchema.optional(),
+  /** Runs microVM sandboxes (`backend: "microvm"`) beside containers. Default off. */
+  microvm: MicrovmConfigSchema.optional(),
 });
 
 /** Retention of a table: newest `maxRows` rows, none older than `maxAgeMs`. */

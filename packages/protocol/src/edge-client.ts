@@ -18,6 +18,8 @@ export interface NodeCapacity {
   memoryMiB: number;
   sandboxes: number;
   backends: BackendKind[];
+  /** The microVM backend's accelerator (a real boot probe at node start) and measured boot time. */
+  microvm?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** A sandbox as its node reports it. */

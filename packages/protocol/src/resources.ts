@@ -53,6 +53,8 @@ export const NodeSchema = z.object({
   name: z.string(),
   healthy: z.boolean(),
   backends: z.array(BackendKindSchema),
+  /** The accelerator the node's microVMs boot under (found by its boot probe at start). */
+  microvmAccel: z.enum(['kvm', 'tcg']).optional(),
   capacity: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),
   allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }),
   allocated: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),

@@ -155,6 +155,7 @@ export class IamService {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
+      ...(n.microvmAccel ? { microvmAccel: n.microvmAccel } : {}),
       capacity: { ...n.capacity },
       allocatable: this.placement.allocatable(n),
       allocated: { ...n.allocated },

@@ -115,6 +115,17 @@ export class NodeService {
   }
 
   /**
+   * One sandbox its node reports lost (a microVM whose QEMU died: the node raised
+   * `sandbox.lost` and removed what it had): the row becomes `lost` and its charge is released.
+   */
+  async sandboxLost(id: string): Promise<void> {
+    const row = await this.d.store.sandbox(id);
+    if (!row || !ON_NODE_STATES.includes(row.state)) return;
+    if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return;
+    this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+  }
+
+  /**
    * A node is lost (its grace ran out) or removed: every sandbox still on it is `lost`, its
    * charge released, and one whose recovery says `replay` is recreated on another node.
    */
@@ -227,6 +238,7 @@ export class NodeService {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
+      ...(n.microvmAccel ? { microvmAccel: n.microvmAccel } : {}),
       capacity: { ...n.capacity },
       allocatable: this.d.placement.allocatable(n),
       allocated: { ...n.allocated },

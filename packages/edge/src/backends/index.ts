@@ -3,8 +3,10 @@
 import type { BackendFactory } from '../backend.js';
 import { containerBackend } from './container/index.js';
 import type { ContainerBackendConfig } from './container/index.js';
+import { microvmBackend } from './microvm/index.js';
+import type { MicrovmBackendConfig } from './microvm/index.js';
 
-/** The default backends of a node, configured from the node's options. */
-export function defaultBackends(config: ContainerBackendConfig = {}): BackendFactory[] {
-  return [containerBackend(config)];
+/** The default backends of a node, configured from the node's options (microVMs only when configured). */
+export function defaultBackends(config: ContainerBackendConfig = {}, microvm?: MicrovmBackendConfig): BackendFactory[] {
+  return [containerBackend(config), ...(microvm ? [microvmBackend(microvm)] : [])];
 }

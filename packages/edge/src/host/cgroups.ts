@@ -3,7 +3,7 @@
 // freezer and (while paused) the memory controller's reclaim settings, and checks that none are
 // left behind. Works with cgroup v1 (including this machine's hybrid layout) and v2.
 import { readFileSync } from 'node:fs';
-import { readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/protocol';
@@ -409,6 +409,37 @@ export class Cgroups {
         out.push(d);
     }
     return out;
+  }
+
+  /**
+   * Makes a sandbox's cgroups where no runtime does (a microVM's QEMU process) with its memory,
+   * CPU and pids limits, and returns the `cgroup.procs` files a process joins them by.
+   */
+  async create(id: string, limits: { memoryBytes: number; cpu: number; pids: number }): Promise<string[]> {
+    const procs: string[] = [];
+    const period = 100_000;
+    const quota = Math.max(1000, Math.round(limits.cpu * period));
+    if (this.mode === 'v2') {
+      const d = this.dir('', id);
+      await mkdir(d, { recursive: true });
+      await writeFile(path.join(d, 'memory.max'), String(limits.memoryBytes));
+      await writeFile(path.join(d, 'cpu.max'), `${quota} ${period}`);
+      await writeFile(path.join(d, 'pids.max'), String(limits.pids));
+      return [path.join(d, 'cgroup.procs')];
+    }
+    for (const c of V1_HIERARCHIES) {
+      if (c === 'cpuset') continue; // empty cpus/mems until copied; the parent's apply.
+      const d = this.dir(c, id);
+      await mkdir(d, { recursive: true });
+      if (c === 'memory') await writeFile(path.join(d, 'memory.limit_in_bytes'), String(limits.memoryBytes));
+      if (c === 'cpu') {
+        await writeFile(path.join(d, 'cpu.cfs_period_us'), String(period));
+        await writeFile(path.join(d, 'cpu.cfs_quota_us'), String(quota));
+      }
+      if (c === 'pids') await writeFile(path.join(d, 'pids.max'), String(limits.pids));
+      procs.push(path.join(d, 'cgroup.procs'));
+    }
+    return procs;
   }
 
   /** Removes a sandbox's (empty) cgroups that the runtime left behind. */

@@ -569,6 +569,15 @@ export class LayerStore {
     });
   }
 
+  /**
+   * The files of a stored layer: its EROFS metadata image and its data blob (a microVM attaches
+   * them as read-only disks instead of mounting them on the host).
+   */
+  imageFiles(digest: string): { meta: string; blob: string } {
+    const dir = join(this.blobsDir, this.hexOf(digest));
+    return { meta: join(dir, META_FILE), blob: join(dir, BLOB_FILE) };
+  }
+
   /** Where a layer is mounted while it is acquired (read-only; its files as the layer holds them). */
   mountDir(digest: string): string {
     return join(this.mntDir, this.hexOf(digest));

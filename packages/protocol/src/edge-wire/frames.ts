@@ -76,7 +76,13 @@ const ClientFrameSchema = z.discriminatedUnion('t', [
   z.object({ t: z.literal('chunk-end'), id, error: wireError.optional() }),
 ]);
 
-const capacity = z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number(), backends: z.array(BackendKindSchema) });
+const capacity = z.object({
+  cpu: z.number(),
+  memoryMiB: z.number(),
+  sandboxes: z.number(),
+  backends: z.array(BackendKindSchema),
+  microvm: z.object({ accel: z.enum(['kvm', 'tcg']), bootMs: z.number() }).optional(),
+});
 const ServerFrameSchema = z.discriminatedUnion('t', [
   z.object({ t: z.literal('hello'), version: z.number(), nodeName: z.string(), capacity, heartbeatMs: z.number() }),
   z.object({ t: z.literal('heartbeat'), capacity }),

@@ -1,0 +1,108 @@
+// MicroVMs beside containers: boot to first exec, exec round trip and idle host memory of a
+// `backend: "microvm"` sandbox, next to the container backend and to the floor, a plain
+// `qemu-system-x86_64 -M microvm` boot of the same kernel and initramfs to chronus's first
+// answer (no disks, no API). Under TCG the figures say nothing about KVM (see
+// docs/benchmarks.md). Run it by name (`--only microvm`): each boot is seconds of CPU under TCG.
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { startPlatform } from '@dsec/apiserver';
+import type { Platform } from '@dsec/apiserver';
+import { bootOnce, DEFAULT_GUEST_CACHE, prepareGuest, probeAccel } from '@dsec/edge';
+import { DsecClient, Sandbox } from '@dsec/sdk';
+import { onCleanup } from '../lib/cleanup.js';
+import { AGENT_BINARY } from '../lib/platform.js';
+import { latencyRow } from '../lib/report.js';
+import type { Scenario, ScenarioContext } from '../lib/scenario.js';
+import { nowMs, progress, summarize } from '../lib/stats.js';
+
+const RESOURCES = { cpu: 1, memoryMiB: 256, diskMiB: 256 } as const;
+
+/** Resident set of the QEMU process whose command line names the sandbox (KiB). */
+async function qemuRssKiB(id: string): Promise<number | undefined> {
+  for (const e of await readdir('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
+    if (!cmd.startsWith('qemu-system') || !cmd.includes(id)) continue;
+    const m = /^VmRSS:\s+(\d+) kB/m.exec(await readFile(`/proc/${e}/status`, 'utf8'));
+    return m ? Number(m[1]) : undefined;
+  }
+  return undefined;
+}
+
+async function measure(ctx: ScenarioContext, client: DsecClient, backend: 'microvm' | 'container', boots: number, execs: number): Promise<void> {
+  const system = backend === 'microvm' ? 'dsec microvm' : 'dsec container';
+  const firstExec: number[] = [];
+  const roundTrip: number[] = [];
+  const idleMiB: number[] = [];
+  const rssMiB: number[] = [];
+  for (let i = 0; i < boots; i++) {
+    const t0 = nowMs();
+    const sb = await Sandbox.create({ backend, image: { base: 'busybox' }, resources: RESOURCES }, { client });
+    try {
+      await sb.exec('true');
+      firstExec.push(nowMs() - t0);
+      if (i === 0) {
+        for (let j = 0; j < execs; j++) {
+          const t = nowMs();
+          await sb.exec('true');
+          roundTrip.push(nowMs() - t);
+        }
+      }
+      await new Promise((r) => setTimeout(r, 3000));
+      idleMiB.push((await sb.stats()).memoryBytes / 1048576);
+      if (backend === 'microvm') {
+        const rss = await qemuRssKiB(sb.id);
+        if (rss !== undefined) rssMiB.push(rss / 1024);
+      }
+    } finally {
+      await sb.kill().catch(() => undefined);
+    }
+  }
+  ctx.record(latencyRow('microvm', 'create to first exec (API)', system, summarize(firstExec)));
+  ctx.record(latencyRow('microvm', 'exec round trip `true` (API)', system, summarize(roundTrip)));
+  ctx.record({ scenario: 'microvm', metric: 'idle host memory per sandbox (cgroup)', system, unit: 'MiB', ...summarize(idleMiB) });
+  if (rssMiB.length) ctx.record({ scenario: 'microvm', metric: 'idle QEMU resident set', system, unit: 'MiB', ...summarize(rssMiB) });
+}
+
+export const microvmScenario: Scenario = {
+  name: 'microvm',
+  title: 'MicroVMs: boot, exec, idle memory (beside containers and a plain QEMU boot)',
+  method:
+    "A platform with `microvm: {}` (guest prepared and accelerator probed at start, both cached). Per backend: sandboxes of 1 cpu, 256 MiB, 256 MiB disk on the busybox base; create to the first `true` exec through the API, then `true` round trips on the first one, then the host memory charged to its cgroup after 3 s idle (for a microVM: the QEMU process, guest RAM it touched included) and QEMU's resident set. The floor: QEMU started by hand with the same kernel and initramfs, no disks, timed to chronus's first answer on virtio-serial.",
+  onlyWhenNamed: true,
+  async run(ctx: ScenarioContext): Promise<void> {
+    const quick = ctx.quick;
+    const home = path.join(ctx.dir, 'microvm-home');
+    progress('microvm: starting a platform with the microVM backend (guest kernel and probe cached)');
+    const platform: Platform = await startPlatform({ home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: () => undefined, microvm: {} });
+    onCleanup('microvm platform', () => platform.shutdown());
+    const cap = platform.edge.capacity().microvm;
+    if (!cap) throw new Error('the microVM backend did not open');
+    ctx.note(
+      `Accelerator: **${cap.accel}** (node probe: boot ${cap.bootMs} ms).${cap.accel === 'tcg' ? ' Under TCG every guest instruction is translated: these figures are not representative of KVM.' : ''}`,
+    );
+    const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey!, requestTimeoutMs: 300_000 });
+    try {
+      const guest = await prepareGuest({ cacheDir: DEFAULT_GUEST_CACHE, agentBinary: AGENT_BINARY });
+      const probe = await probeAccel({
+        qemu: 'qemu-system-x86_64',
+        guest,
+        cacheDir: DEFAULT_GUEST_CACHE,
+        tscHelper: path.join(path.dirname(AGENT_BINARY), 'dsec-tsckhz'),
+        timeoutMs: 120_000,
+      });
+      const floor: number[] = [];
+      for (let i = 0; i < (quick ? 1 : 3); i++)
+        floor.push(await bootOnce({ qemu: 'qemu-system-x86_64', guest, timeoutMs: 120_000 }, probe.accel, probe.cmdline));
+      ctx.record(
+        latencyRow('microvm', 'create to first exec (API)', 'plain qemu -M microvm (floor)', summarize(floor), {
+          note: 'QEMU start to chronus answering; no disks, no API',
+        }),
+      );
+      await measure(ctx, client, 'microvm', quick ? 1 : 3, quick ? 10 : 30);
+      await measure(ctx, client, 'container', quick ? 1 : 3, quick ? 10 : 30);
+    } finally {
+      await client.close();
+    }
+  },
+};

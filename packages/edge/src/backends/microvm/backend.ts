@@ -1,0 +1,558 @@
+// The microVM backend: one QEMU `-M microvm` per sandbox, chronus as the guest's PID 1 on
+// virtio-serial ports, the image's EROFS layers as read-only disks under an overlay whose upper
+// directory is on a writable ext4 disk of diskMiB.
+import type { ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { constants as fsConstants } from 'node:fs';
+import { chown, mkdir, open, readFile, readdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
+import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
+import type {
+  Backend,
+  BackendCreateRequest,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  NetworkFacet,
+  PauseFacet,
+  SandboxAgent,
+} from '../../backend.js';
+import { ChronusClient } from '../../chronus/client.js';
+import type { Cgroups } from '../../host/cgroups.js';
+import type { IdRanges } from '../../host/id-ranges.js';
+import type { GuestImage } from './guest.js';
+import { AGENT_PORTS } from './guest.js';
+import type { Accel, VmDisk } from './qemu.js';
+import { diskFds, qemuArgs, startQemu, vmSockets } from './qemu.js';
+import { QmpClient } from './qmp.js';
+
+const run = promisify(execFile);
+
+/** Smallest guest memory a Debian kernel and the initramfs boot in. */
+export const MIN_GUEST_MEMORY_MIB = 128;
+/** Host memory a QEMU process may use beyond its guest's RAM (its own code, buffers, page tables). */
+export const QEMU_OVERHEAD_MIB = 96;
+/** Default pids limit of the QEMU process's cgroup (its threads). */
+const QEMU_PIDS = 256;
+
+/** What the backend needs of the node and the machine. */
+export interface MicrovmBackendOptions {
+  /** Directory of one folder per sandbox (0700): records and writable disks. */
+  sandboxesDir: string;
+  /**
+   * Directory (0711, under /run) of one folder per sandbox owned by its QEMU uid (0700): QMP's
+   * and the agent's sockets.
+   */
+  socketsDir: string;
+  guest: GuestImage;
+  accel: Accel;
+  /** Group of /dev/kvm (under KVM). */
+  kvmGid?: number | undefined;
+  /** The probe's boot time (QEMU start to chronus's first answer), ms. */
+  bootMs: number;
+  /** Extra guest kernel arguments the accelerator needs (`tsc_early_khz=` under TCG). */
+  accelCmdline: string[];
+  qemu: string;
+  layers: { acquire(digest: string): Promise<string>; release(digest: string): Promise<void>; imageFiles(digest: string): { meta: string; blob: string } };
+  cgroups: Cgroups;
+  idRanges: IdRanges;
+  outputCapBytes: number;
+  /** How long a boot may take before the create fails. */
+  bootTimeoutMs: number;
+  events: EventSink;
+}
+
+interface Vm {
+  child?: ChildProcess;
+  qmp?: QmpClient;
+  /** Set while destroy runs: an exit is then expected. */
+  stopping?: boolean;
+  /** Extra agent ports (1..AGENT_PORTS-1) in use by connections of their own. */
+  portsInUse: Set<number>;
+}
+
+interface Paths {
+  dir: string;
+  run: string;
+  record: string;
+  claim: string;
+  disk: string;
+  pid: string;
+  log: string;
+}
+
+/** MicroVM sandboxes (QEMU microvm + chronus on virtio-serial). */
+export class MicrovmBackend implements Backend {
+  readonly kind = 'microvm' as const;
+  private readonly vms = new Map<string, Vm>();
+  private readonly agents = new Map<string, ChronusClient>();
+  private readonly connecting = new Map<string, Promise<ChronusClient>>();
+  /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
+  readonly pausing: PauseFacet;
+  readonly garbage: GarbageFacet = this;
+  /** A network namespace per networked VM, with a tap bridged to the node's link (see `linked`). */
+  readonly network: NetworkFacet;
+
+  constructor(private readonly o: MicrovmBackendOptions) {
+    this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
+    this.pausing = {
+      pause: (id) => this.pause(id),
+      resume: (id) => this.resume(id),
+      memory: (id) => o.cgroups.memory(id),
+      freeze: async (id) => {
+        await this.qmp(id).execute('stop');
+      },
+      thaw: async (id) => {
+        await this.qmp(id).execute('cont');
+      },
+      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+    };
+  }
+
+  /** The accelerator and the probe's boot time: the node's capabilities. */
+  get capabilities(): { accel: Accel; bootMs: number } {
+    return { accel: this.o.accel, bootMs: this.o.bootMs };
+  }
+
+  private paths(id: string): Paths {
+    const dir = path.join(this.o.sandboxesDir, id);
+    return {
+      dir,
+      run: path.join(this.o.socketsDir, id),
+      record: path.join(dir, 'sandbox.json'),
+      claim: path.join(dir, 'claim.json'),
+      disk: path.join(dir, 'rw.img'),
+      pid: path.join(dir, 'qemu.pid'),
+      log: path.join(dir, 'qemu.log'),
+    };
+  }
+
+  async create(req: BackendCreateRequest, signal?: AbortSignal): Promise<BackendSandbox> {
+    const p = this.paths(req.id);
+    const res = req.spec.resources ?? {};
+    const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    if (memoryMiB < MIN_GUEST_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a microVM needs at least ${MIN_GUEST_MEMORY_MIB} MiB`);
+    const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
+    const cpu = res.cpu ?? DEFAULT_CPU;
+    const undo: Array<() => unknown> = [];
+    const fds: FileHandle[] = [];
+    const vm: Vm = { portsInUse: new Set() };
+    try {
+      await mkdir(p.dir, { mode: 0o700 }).catch((err: unknown) => {
+        if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
+        throw err;
+      });
+      undo.push(() => rm(p.dir, { recursive: true, force: true }));
+      const ranges = this.o.idRanges;
+      const idRange = await ranges.allocate(req.id);
+      undo.push(() => ranges.release(idRange, req.id));
+      // QEMU (the sandbox's uid) may reach the run directory; the sandbox folder stays root's.
+      await mkdir(p.run, { mode: 0o700 });
+      undo.push(() => rm(p.run, { recursive: true, force: true }));
+      await chown(p.run, idRange.uid, idRange.gid);
+
+      const disks: VmDisk[] = [];
+      for (const [i, layer] of req.layers.entries()) {
+        await this.o.layers.acquire(layer.digest);
+        undo.push(() => this.o.layers.release(layer.digest));
+        const files = this.o.layers.imageFiles(layer.digest);
+        const meta = await open(files.meta, fsConstants.O_RDONLY);
+        fds.push(meta);
+        disks.push({ serial: `m${i}`, fds: [meta.fd], readOnly: true });
+        if ((await stat(files.blob)).size > 0) {
+          const blob = await open(files.blob, fsConstants.O_RDONLY);
+          fds.push(blob);
+          disks.push({ serial: `b${i}`, fds: [blob.fd], readOnly: true });
+        }
+      }
+      // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
+      await writeFile(p.disk, '', { mode: 0o600 });
+      await truncate(p.disk, diskMiB * 1024 * 1024);
+      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
+      const rwRead = await open(p.disk, fsConstants.O_RDONLY);
+      fds.push(rwRead);
+      const rw = await open(p.disk, fsConstants.O_RDWR);
+      fds.push(rw);
+      disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
+      signal?.throwIfAborted();
+
+      // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
+      // the node's link joins the bridge once it is made (`linked`).
+      const netns = req.spec.network?.mode === 'allowlist' ? netnsName(req.id) : undefined;
+      if (netns) {
+        await run('ip', ['netns', 'add', netns]);
+        undo.push(() => run('ip', ['netns', 'del', netns]));
+        for (const cmd of [
+          ['link', 'set', 'lo', 'up'],
+          ['tuntap', 'add', 'dev', 'tap0', 'mode', 'tap', 'user', String(idRange.uid), 'group', String(idRange.gid)],
+          ['link', 'add', 'br0', 'type', 'bridge'],
+          ['link', 'set', 'tap0', 'master', 'br0'],
+          ['link', 'set', 'tap0', 'up'],
+          ['link', 'set', 'br0', 'up'],
+        ])
+          await run('ip', ['-n', netns, ...cmd]);
+      }
+      const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
+      await writeJsonAtomic(p.record, record);
+      const cgroupProcs = await this.o.cgroups.create(req.id, {
+        memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024,
+        cpu,
+        pids: QEMU_PIDS,
+      });
+      undo.push(() => this.o.cgroups.remove(req.id));
+      const args = qemuArgs({
+        qemu: this.o.qemu,
+        accel: this.o.accel,
+        kernel: this.o.guest.kernel.vmlinuz,
+        initramfs: this.o.guest.initramfs,
+        cmdline: [...this.o.accelCmdline, `dsec.layers=${req.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
+        memoryMiB,
+        vcpus: Math.max(1, Math.ceil(cpu)),
+        disks,
+        runDir: p.run,
+        ...(netns ? { tap: { ifname: 'tap0', mac: macOf(req.id) } } : {}),
+      });
+      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      try {
+        vm.child = startQemu(
+          this.o.qemu,
+          args,
+          {
+            uid: idRange.uid,
+            gid: idRange.gid,
+            cgroupProcs,
+            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
+            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
+          },
+          diskFds(disks),
+          log.fd,
+        );
+      } finally {
+        await log.close();
+      }
+      this.vms.set(req.id, vm);
+      undo.push(() => this.kill(req.id));
+      const child = vm.child;
+      const exited = new Promise<never>((_, reject) =>
+        child.once('exit', (code, sig) =>
+          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
+        ),
+      );
+      exited.catch(() => undefined);
+      await writeFile(p.pid, String(child.pid));
+      for (const f of fds.splice(0)) await f.close();
+      const deadline = Date.now() + this.o.bootTimeoutMs;
+      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
+      const agent = await Promise.race([this.connect(req.id), exited]);
+      await Promise.race([withDeadline(agent.ping(), deadline, `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`), exited]);
+      this.watch(req.id, vm);
+      return record;
+    } catch (err) {
+      for (const f of fds) await f.close().catch(() => undefined);
+      const detail = await this.consoleTail(req.id, vm).catch(() => '');
+      this.dropAgent(req.id);
+      for (const step of undo.reverse()) {
+        await Promise.resolve()
+          .then(step)
+          .catch(() => undefined);
+      }
+      this.vms.delete(req.id);
+      if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
+      throw err;
+    }
+  }
+
+  /** The guest console's last lines (a failed boot's reason), read from QEMU's ring buffer. */
+  private async consoleTail(id: string, vm: Vm): Promise<string> {
+    if (!vm.qmp?.connected) return (await readFile(this.paths(id).log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join('; ');
+    const text = await vm.qmp.execute<string>('ringbuf-read', { device: 'console', size: 65536, format: 'utf8' }, 2000);
+    return text.trim().split('\n').slice(-4).join('; ');
+  }
+
+  /** A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left behind. */
+  private watch(id: string, vm: Vm): void {
+    vm.child?.once('exit', (code, sig) => {
+      if (vm.stopping) return;
+      this.o.events({
+        kind: 'sandbox.lost',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: its QEMU process exited (${sig ?? `code ${code}`})`,
+        data: { backend: 'microvm', ...(sig ? { signal: sig } : { code }) },
+      });
+      void this.teardown(id).catch(() => undefined);
+    });
+  }
+
+  async recover(): Promise<BackendSandbox[]> {
+    // A QEMU process outlives its edge only as an orphan nobody holds QMP for: end it.
+    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) await this.teardown(id).catch(() => undefined);
+    return [];
+  }
+
+  agent(id: string): Promise<SandboxAgent> {
+    return this.connect(id);
+  }
+
+  /** A connection of the caller's own: one of the guest's extra agent ports, released when it closes. */
+  async connectAgent(id: string): Promise<SandboxAgent> {
+    const vm = this.vm(id);
+    for (let port = 1; port < AGENT_PORTS; port++) {
+      if (vm.portsInUse.has(port)) continue;
+      vm.portsInUse.add(port);
+      try {
+        const sock = await connectUnix(vmSockets(this.paths(id).run).agents[port] as string);
+        sock.once('close', () => vm.portsInUse.delete(port));
+        return new ChronusClient(sock, this.forged(id));
+      } catch (err) {
+        vm.portsInUse.delete(port);
+        throw err;
+      }
+    }
+    throw new DsecError('UNAVAILABLE', `sandbox ${id}: all ${AGENT_PORTS - 1} extra agent ports are in use`, { sandboxId: id, retryAfterMs: 1000 });
+  }
+
+  private forged(id: string): (message: string) => void {
+    return (message) =>
+      this.o.events({
+        kind: 'control.forged-message',
+        severity: 'critical',
+        sandboxId: id,
+        message: `sandbox ${id}: ${message}`,
+        data: { channel: 'virtio-serial' },
+      });
+  }
+
+  private async connect(id: string): Promise<ChronusClient> {
+    const live = this.agents.get(id);
+    if (live?.connected) return live;
+    let pending = this.connecting.get(id);
+    if (!pending) {
+      this.vm(id);
+      pending = connectUnix(vmSockets(this.paths(id).run).agents[0] as string)
+        .then((sock) => {
+          const client = new ChronusClient(sock, this.forged(id));
+          this.agents.set(id, client);
+          return client;
+        })
+        .finally(() => this.connecting.delete(id));
+      this.connecting.set(id, pending);
+    }
+    return pending;
+  }
+
+  private vm(id: string): Vm {
+    const vm = this.vms.get(id);
+    if (!vm) throw new DsecError('SANDBOX_NOT_FOUND', `no microVM ${id} on this node`, { sandboxId: id });
+    return vm;
+  }
+
+  private qmp(id: string): QmpClient {
+    const q = this.vm(id).qmp;
+    if (!q?.connected) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id}: its QEMU does not answer`, { sandboxId: id });
+    return q;
+  }
+
+  private dropAgent(id: string): void {
+    this.agents.get(id)?.close();
+    this.agents.delete(id);
+  }
+
+  async claim(id: string, claim: SandboxClaim): Promise<void> {
+    try {
+      await writeFile(this.paths(id).claim, JSON.stringify(claim), { flag: 'wx', mode: 0o600 });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${id} was already claimed`, { sandboxId: id });
+      throw err;
+    }
+  }
+
+  async destroy(id: string): Promise<void> {
+    if (!this.vms.has(id) && !(await exists(this.paths(id).record))) {
+      throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
+    }
+    await this.teardown(id);
+  }
+
+  /** Ends QEMU (SIGKILL: the guest's disk holds nothing worth a clean shutdown) and waits for its exit. */
+  private async kill(id: string): Promise<void> {
+    const vm = this.vms.get(id);
+    if (vm) vm.stopping = true;
+    vm?.qmp?.close();
+    const child = vm?.child;
+    if (child && child.exitCode === null && child.signalCode === null) {
+      const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+      child.kill('SIGKILL');
+      await gone;
+      return;
+    }
+    // Not our child (a previous edge's): by its pid file, when the process is still QEMU.
+    const pid = Number(await readFile(this.paths(id).pid, 'utf8').catch(() => ''));
+    if (pid > 0 && (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(this.paths(id).run)) {
+      process.kill(pid, 'SIGKILL');
+      for (let i = 0; i < 500 && (await exists(`/proc/${pid}`)); i++) await new Promise((r) => setTimeout(r, 10));
+    }
+  }
+
+  /** Removes every trace of a sandbox; safe on a half-created or already-gone one. */
+  private async teardown(id: string): Promise<void> {
+    const p = this.paths(id);
+    this.dropAgent(id);
+    await this.kill(id);
+    await this.o.cgroups.killAll(id);
+    await this.o.cgroups.remove(id);
+    const record = await readFile(p.record, 'utf8').then(
+      (t) => JSON.parse(t) as BackendSandbox,
+      () => undefined,
+    );
+    if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
+    await rm(p.dir, { recursive: true, force: true });
+    await rm(p.run, { recursive: true, force: true });
+    await run('ip', ['netns', 'del', netnsName(id)]).catch(() => undefined);
+    this.vms.delete(id);
+    if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
+  }
+
+  /** The VM's network namespace (only a networked VM has one). */
+  async netnsPath(id: string): Promise<string> {
+    const file = `/run/netns/${netnsName(id)}`;
+    if (!(await exists(file))) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no network namespace`, { sandboxId: id });
+    return file;
+  }
+
+  /**
+   * The node made its link (eth0 with the sandbox's address peering the gateway, default route) in
+   * the VM's namespace: the address moves into the guest and eth0 joins the tap's bridge, so the
+   * guest's packets leave through the very link (and rules) a container's would.
+   */
+  async linked(id: string): Promise<void> {
+    const netns = netnsName(id);
+    const { stdout } = await run('ip', ['-n', netns, '-4', '-o', 'addr', 'show', 'dev', 'eth0']);
+    const address = /inet (\d+\.\d+\.\d+\.\d+)[ /]/.exec(stdout)?.[1];
+    const route = (await run('ip', ['-n', netns, '-4', 'route', 'show', 'default'])).stdout;
+    const gateway = /via (\d+\.\d+\.\d+\.\d+)/.exec(route)?.[1];
+    if (!address || !gateway) throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the node's link has no address or gateway`, { sandboxId: id });
+    for (const cmd of [
+      ['addr', 'flush', 'dev', 'eth0'],
+      ['link', 'set', 'eth0', 'master', 'br0'],
+    ])
+      await run('ip', ['-n', netns, ...cmd]);
+    const agent = await this.connect(id);
+    const script = `ip link set eth0 up && ip addr add ${address} peer ${gateway} dev eth0 && ip route add default via ${gateway} dev eth0`;
+    const att = await agent.spawn({ argv: ['/.dsec/busybox', 'sh', '-c', script] });
+    const exit = await att.exited;
+    await agent.release(exit.proc).catch(() => undefined);
+    if (exit.exitCode !== 0)
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
+  }
+
+  async pause(id: string): Promise<BackendPauseResult> {
+    const before = await this.o.cgroups.memory(id);
+    await this.qmp(id).execute('stop');
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  async resume(id: string): Promise<BackendResumeResult> {
+    const before = await this.o.cgroups.memory(id);
+    await this.qmp(id).execute('cont');
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  async stats(id: string): Promise<SandboxStats> {
+    const cg = await this.o.cgroups.stats(id);
+    const st = await stat(this.paths(id).disk);
+    return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: st.size };
+  }
+
+  /** QEMU's host pid (tests check its confinement). */
+  qemuPid(id: string): number | undefined {
+    return this.vms.get(id)?.child?.pid;
+  }
+
+  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
+    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
+    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) {
+      if (o.keep(id)) continue;
+      await this.teardown(id).catch(() => undefined);
+      report.dirs.push(id);
+    }
+    return report;
+  }
+
+  async close(): Promise<void> {
+    for (const id of [...this.agents.keys()]) this.dropAgent(id);
+    for (const vm of this.vms.values()) vm.qmp?.close();
+  }
+}
+
+function connectUnix(file: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.createConnection({ path: file });
+    s.once('error', (err) => reject(new DsecError('UNAVAILABLE', `sandbox agent unreachable: ${err.message}`)));
+    s.once('connect', () => {
+      s.removeAllListeners('error');
+      resolve(s);
+    });
+  });
+}
+
+async function connectRetrying<T>(fn: () => Promise<T>, deadline: number): Promise<T> {
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (Date.now() >= deadline) throw err;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+}
+
+function withDeadline<T>(p: Promise<T>, deadline: number, message: string): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const t = setTimeout(() => reject(new DsecError('TIMEOUT', message)), Math.max(0, deadline - Date.now()));
+    p.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e: unknown) => {
+        clearTimeout(t);
+        reject(e instanceof Error ? e : new Error(String(e)));
+      },
+    );
+  });
+}
+
+async function exists(p: string): Promise<boolean> {
+  return stat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
+  const tmp = `${file}.tmp`;
+  await writeFile(tmp, JSON.stringify(value));
+  await rename(tmp, file);
+}
+
+/** The VM's network namespace name (`ip netns`). */
+function netnsName(id: string): string {
+  return `dsec-${id}`;
+}
+
+/** A locally administered unicast MAC derived from the sandbox id. */
+function macOf(id: string): string {
+  const h = createHash('sha256').update(id).digest();
+  return ['02', ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, '0'))].join(':');
+}

@@ -1,0 +1,191 @@
+// The microVM backend end to end: one QEMU microvm (TCG on this machine) carries every check, so
+// the file boots the guest once (plus the node's cached accelerator probe).
+import assert from 'node:assert/strict';
+import { readdir, readFile, readlink } from 'node:fs/promises';
+import http from 'node:http';
+import { randomBytes } from 'node:crypto';
+import os from 'node:os';
+import { after, before, describe, test } from 'node:test';
+import { DsecClient, Sandbox } from '@dsec/sdk';
+import type { RaisedEvent } from '@dsec/protocol';
+import { startTestPlatform } from './helpers/platform.js';
+import type { TestPlatform } from './helpers/platform.js';
+import { apiCall, sh } from './helpers/assert.js';
+
+/** A loopback /24 of this run's own: an allowed upstream and one the policy does not name. */
+const NET = `127.${1 + ((randomBytes(1)[0] ?? 0) % 250)}.${randomBytes(1)[0] ?? 0}`;
+const ALLOWED = `${NET}.2`;
+const OTHER = `${NET}.3`;
+const servers: http.Server[] = [];
+/** Port of a host service listening on every address. */
+let hostPort = 0;
+
+let tp: TestPlatform;
+let client: DsecClient;
+const events: RaisedEvent[] = [];
+const made: Sandbox[] = [];
+
+/** Host pids of QEMU processes whose command line names `needle`. */
+async function qemuPids(needle: string): Promise<number[]> {
+  const out: number[] = [];
+  for (const e of await readdir('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
+    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) out.push(Number(e));
+  }
+  return out;
+}
+
+/** An HTTP GET with busybox nc (busybox wget crashes under TCG here; nc stops at stdin's end, hence the sleep). */
+function get(host: string, port = 80): string {
+  return `(printf 'GET / HTTP/1.0\\r\\nHost: ${host}\\r\\n\\r\\n'; sleep 4) | timeout 8 nc ${host} ${port}`;
+}
+
+async function until(what: string, fn: () => Promise<boolean> | boolean, ms = 30_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > end) assert.fail(`${what}: not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+before(async () => {
+  for (const address of [ALLOWED, OTHER]) {
+    const server = http.createServer((_req, res) => res.end(`hello from ${address}\n`));
+    await new Promise<void>((resolve) => server.listen(80, address, resolve));
+    servers.push(server);
+  }
+  const any = http.createServer((_req, res) => res.end('host\n'));
+  await new Promise<void>((resolve) => any.listen(0, '0.0.0.0', resolve));
+  servers.push(any);
+  hostPort = (any.address() as { port: number }).port;
+  tp = await startTestPlatform({
+    microvm: {},
+    network: { hosts: { 'allowed.test': ALLOWED, 'other.test': OTHER }, nameservers: [], allowedPrivateRanges: [`${ALLOWED}/32`, `${OTHER}/32`] },
+  });
+  tp.platform.edge.onEvent((ev) => events.push(ev));
+  client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey, requestTimeoutMs: 180_000 });
+});
+after(async () => {
+  for (const sb of made) await sb.kill().catch(() => undefined);
+  await client?.close();
+  await tp?.close();
+  for (const server of servers) await new Promise((resolve) => server.close(resolve));
+});
+
+describe('microvm backend', () => {
+  test('the node reports its accelerator and boot time from a real boot probe', () => {
+    const cap = tp.platform.edge.capacity();
+    assert.ok(cap.backends.includes('microvm'));
+    assert.ok(cap.microvm && (cap.microvm.accel === 'kvm' || cap.microvm.accel === 'tcg'), JSON.stringify(cap.microvm));
+    assert.ok(cap.microvm.bootMs > 0);
+  });
+
+  test('a spec that does not fit a microVM is refused naming the field', async () => {
+    const r = await apiCall(tp.url, tp.adminKey, 'POST', '/v1/sandboxes', {
+      backend: 'microvm',
+      image: { base: 'busybox' },
+      resources: { memoryMiB: 64 },
+    });
+    assert.equal(r.status, 400, JSON.stringify(r.body));
+    assert.match(JSON.stringify(r.body), /resources\.memoryMiB/);
+  });
+
+  test('one microVM: exec, files, attach, pause/resume, confinement, crash -> lost, nothing left', async () => {
+    const sb = await Sandbox.create({ backend: 'microvm', image: { base: 'busybox' }, resources: { cpu: 1, memoryMiB: 192, diskMiB: 64 } }, { client });
+    made.push(sb);
+
+    // A kernel of its own, chronus as PID 1, the image's files under an overlay.
+    const release = (await sh(sb, 'uname -r')).trim();
+    assert.notEqual(release, os.release(), 'the guest runs its own kernel');
+    assert.match(await sh(sb, 'cat /proc/1/cmdline | tr "\\0" " "'), /^\/\.dsec\/chronus --stream-path/);
+    assert.match(await sh(sb, 'cat /proc/mounts'), /^overlay \/ overlay/m);
+    assert.equal((await sb.exec('echo out; echo err >&2; exit 3')).exitCode, 3);
+
+    // Files through the agent; the writable disk is bounded by diskMiB.
+    await sb.files.write('/tmp/hello.txt', 'from the host');
+    assert.equal(await sb.files.read('/tmp/hello.txt'), 'from the host');
+    assert.equal(await sh(sb, 'cat /tmp/hello.txt'), 'from the host');
+    assert.ok((await sb.files.list('/tmp')).some((f) => f.name === 'hello.txt'));
+    const full = await sb.exec('dd if=/dev/zero of=/big bs=1M count=200 2>&1; echo rc=$?');
+    assert.match(full.stdout, /No space left on device/);
+    await sh(sb, 'rm -f /big');
+
+    // A running command, reattached from an offset on a connection of its own (an extra port).
+    const h = await sb.spawn('i=0; while [ $i -lt 5 ]; do echo line-$i; i=$((i+1)); done; sleep 600');
+    await until('five lines', async () => ((await sb.processes()).find((p) => p.pid === h.pid)?.stdoutBytes ?? 0) >= 35);
+    const again = await sb.attach(h.pid, { fromStdout: 7 });
+    let seen = '';
+    for await (const ev of again) {
+      seen += ev.data.toString();
+      if (seen.includes('line-4')) break;
+    }
+    again.disconnect();
+    assert.equal(seen, 'line-1\nline-2\nline-3\nline-4\n');
+
+    // Pause stops the vCPUs; resume goes on where it was.
+    await sb.pause();
+    assert.equal((await sb.info()).state, 'paused');
+    await sb.resume();
+    assert.equal((await sh(sb, 'echo back')).trim(), 'back');
+    const stats = await sb.stats();
+    assert.ok(stats.memoryBytes > 0 && stats.diskLimitBytes === 64 * 1024 * 1024, JSON.stringify(stats));
+
+    // QEMU is confined: an unprivileged uid, seccomp filter mode, a mount namespace of its own,
+    // in the sandbox's cgroup.
+    const [pid] = await qemuPids(sb.id);
+    assert.ok(pid, 'the QEMU process is found');
+    const status = await readFile(`/proc/${pid}/status`, 'utf8');
+    const uids = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/m.exec(status)!.slice(1).map(Number);
+    assert.ok(
+      uids.every((u) => u >= 0x4000_0000),
+      `uids ${uids.join(' ')}`,
+    );
+    assert.match(status, /^Seccomp:\s+2$/m);
+    assert.match(status, /^CapEff:\s+0+$/m);
+    assert.match(status, /^NoNewPrivs:\s+1$/m);
+    assert.notEqual(await readlink(`/proc/${pid}/ns/mnt`), await readlink('/proc/self/ns/mnt'));
+    assert.match(await readFile(`/proc/${pid}/cgroup`, 'utf8'), new RegExp(`/${sb.id}$`, 'm'));
+    const cmdline = (await readFile(`/proc/${pid}/cmdline`, 'utf8')).split('\0');
+    assert.ok(cmdline.includes('on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny'));
+
+    // A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left.
+    process.kill(pid, 'SIGKILL');
+    await until('sandbox.lost', () => events.some((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id));
+    await until('the API says lost', async () => (await sb.info()).state === 'lost');
+    await until('no QEMU, cgroup or folder left', async () => {
+      return (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0;
+    });
+    await sb.kill();
+    made.length = 0;
+  });
+
+  test('a networked microVM: a tap in its namespace; the node policy, DNS stub and proxy apply', async () => {
+    const sb = await Sandbox.create(
+      {
+        backend: 'microvm',
+        image: { base: 'busybox' },
+        resources: { cpu: 1, memoryMiB: 192, diskMiB: 64 },
+        network: { mode: 'allowlist', allow: [{ host: 'allowed.test' }] },
+      },
+      { client },
+    );
+    made.push(sb);
+    assert.match(await sh(sb, 'cat /etc/resolv.conf'), /^nameserver /m);
+    const ok = await sb.exec(get('allowed.test'));
+    assert.match(ok.stdout, new RegExp(`^HTTP/1\\.[01] 200[^]*hello from ${ALLOWED.replace(/\./g, '\\.')}\n$`), `${ok.exitCode} ${ok.stdout} ${ok.stderr}`);
+    assert.equal(ok.exitCode, 0);
+    const other = await sb.exec(get('other.test'));
+    assert.doesNotMatch(other.stdout, /hello/, 'a name the policy does not allow fails');
+    const direct = await sb.exec(get(OTHER));
+    assert.doesNotMatch(direct.stdout, /hello/, 'an address nobody allowed fails');
+    // A host service on every address (the gateway's included) is out of reach.
+    const gw = /^default via (\d+\.\d+\.\d+\.\d+)/m.exec(await sh(sb, 'ip route'))?.[1];
+    assert.ok(gw, 'the guest has a default route');
+    const host = await sb.exec(get(gw, hostPort));
+    assert.doesNotMatch(host.stdout, /host/, 'host services are unreachable');
+    await sb.kill();
+    made.length = 0;
+    await until('its namespace is gone', async () => !(await readdir('/run/netns').catch(() => [] as string[])).includes(`dsec-${sb.id}`));
+  });
+});
