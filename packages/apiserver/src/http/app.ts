@@ -25,6 +25,7 @@ import { authAndAudit } from './audit.js';
 import type { AuthFailureOptions } from './audit.js';
 import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
+import { mountE2b } from '../e2b/index.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -100,5 +101,6 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', callRoutes(deps));
   app.route('/v1', layerRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
+  mountE2b(app, deps, { watch, failures: opts.failures });
   return app;
 }
