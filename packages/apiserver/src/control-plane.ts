@@ -63,6 +63,8 @@ export interface ControlPlaneOptions {
    * `X-Forwarded-For` is believed. Default none: the client is the socket's peer.
    */
   trustedProxies?: string[];
+  /** The E2B-compatible API: build its `base` template at start (`dsec up` does), its `domain`. */
+  e2b?: { buildBase?: boolean; domain?: string | null };
 }
 
 /** What {@link startControlPlane} is started with. */
@@ -169,6 +171,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       health: () => store.ping(),
       ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
       failures: { gate: authFailures, source: (c) => (c.get('clientAddress') as string | undefined) ?? 'unknown' },
+      ...(o.e2b ? { e2b: o.e2b } : {}),
+      onClose: (fn) => void closers.unshift(fn),
     });
     const ws = createWsHandler(
       services,

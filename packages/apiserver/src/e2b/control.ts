@@ -116,8 +116,9 @@ export class E2bControl {
       ...(body.envVars ? { env: body.envVars } : {}),
       network: networkPolicy(body),
       timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000,
-      // E2B sandboxes live until their timeout: no idle pause, resumed by traffic when asked.
-      lease: { idleTimeoutMs: 0, ...(body.autoResume?.enabled ? { autoResume: true } : {}) },
+      // E2B sandboxes live until their timeout: no idle pause; traffic resumes a paused one only
+      // when the request asks (autoResume.enabled), else the data plane answers 502 as E2B's does.
+      lease: { idleTimeoutMs: 0, autoResume: body.autoResume?.enabled === true },
     };
     const s = await this.d.services.sandboxes.create(p, req, { signal });
     return sandboxReply(s, this.d.domain);

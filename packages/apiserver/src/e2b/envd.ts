@@ -269,6 +269,7 @@ export class Envd {
     const written: Array<Record<string, unknown>> = [];
     const write = async (abs: string, body: AsyncIterable<Uint8Array>): Promise<void> => {
       const parents = await this.missingParents(t, abs);
+      if (parents.length > 0) await this.services.files.mkdir(t, parents[parents.length - 1]!);
       await this.services.slots.run('transfer', t.p.tenantId, t.node, () =>
         this.services.files.write(t, abs, body, { limitBytes: MAX_UPLOAD_BYTES, mode: 0o644 }, c.req.raw.signal),
       );
@@ -345,6 +346,8 @@ export class Envd {
         yield r.value;
       }
     } finally {
+      // A read still pending when the reader goes must not reject unobserved.
+      pending.catch(() => undefined);
       await it.return?.(undefined);
     }
   }

@@ -50,12 +50,13 @@ export function registerUp(program: Command): void {
     .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
     .option('-q, --quiet', 'do not print the server log')
     .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
-    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean }) => {
+    .option('--no-e2b-base', "do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)")
+    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean }) => {
       const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
-      const platform = await startPlatform({ ...platformOptions(config), log });
+      const platform = await startPlatform({ ...platformOptions(config), e2b: { buildBase: flags.e2bBase !== false }, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {
