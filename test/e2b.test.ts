@@ -39,7 +39,8 @@ async function imageDir(dir: string): Promise<void> {
 
 before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-e2b-'));
-  platform = await startTestPlatform();
+  // `base` takes its Debian part from the small local image: no test reaches the Debian archive.
+  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE } });
   const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
   const key = await client.keys.create({ name: 'e2b', role: 'admin', format: 'e2b' });
   e2bKey = key.key;
@@ -227,18 +228,37 @@ for (const [version, E2B] of VERSIONS) {
   });
 }
 
-// Last: the build it starts runs in the background until the platform stops (and stops it).
-test('base: a create before the template is built is 503 with Retry-After, at once', async () => {
+test('base: 503 with Retry-After at once while it builds, then a sandbox with user `user`', async () => {
+  const create = () =>
+    fetch(`${platform.url}/v2/sandboxes`, {
+      method: 'POST',
+      headers: { 'x-api-key': e2bKey, 'content-type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 60 }),
+    });
   const start = Date.now();
-  const r = await fetch(`${platform.url}/v2/sandboxes`, {
-    method: 'POST',
-    headers: { 'x-api-key': e2bKey, 'content-type': 'application/json' },
-    body: JSON.stringify({ templateID: 'base', timeout: 60 }),
-  });
+  const r = await create();
   const body = (await r.json()) as { code: number; message: string };
-  // A machine where this month's base is already on the node would answer 201; a fresh home never has it.
   assert.equal(r.status, 503, body.message);
   assert.equal(body.code, 503);
   assert.ok(Number(r.headers.get('retry-after')) > 0);
   assert.ok(Date.now() - start < 10_000);
+  const deadline = Date.now() + 20_000;
+  let sbx: InstanceType<typeof E51.Sandbox> | undefined;
+  let last = '';
+  while (!sbx && Date.now() < deadline) {
+    sbx = await E51.Sandbox.create('base', { apiKey: e2bKey, apiUrl: platform.url, sandboxUrl: platform.url, timeoutMs: 60_000 }).catch((err: unknown) => {
+      last = String(err);
+      if (!/not ready/.test(last) || /failed/.test(last)) throw err;
+      return undefined;
+    });
+    if (!sbx) await new Promise((res) => setTimeout(res, 500));
+  }
+  assert.ok(sbx, `base became ready (${last})`);
+  try {
+    const r2 = await sbx.commands.run('whoami; echo $HOME; stat -c %U /home/user; grep -c NOPASSWD /etc/sudoers.d/user', { user: 'root' });
+    assert.equal(r2.stdout, 'root\n/root\nuser\n1\n');
+    assert.equal((await sbx.commands.run('id -un; pwd')).stdout, 'user\n/home/user\n');
+  } finally {
+    await sbx.kill();
+  }
 });

@@ -63,8 +63,11 @@ export interface ControlPlaneOptions {
    * `X-Forwarded-For` is believed. Default none: the client is the socket's peer.
    */
   trustedProxies?: string[];
-  /** The E2B-compatible API: build its `base` template at start (`dsec up` does), its `domain`. */
-  e2b?: { buildBase?: boolean; domain?: string | null };
+  /**
+   * The E2B-compatible API (docs/e2b.md): build its `base` template at start (`dsec up` does)
+   * or on first use, or take its Debian part from a layer (`baseFrom`); the `domain` it returns.
+   */
+  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null };
 }
 
 /** What {@link startControlPlane} is started with. */

@@ -27,6 +27,10 @@ export interface E2bOptions {
   failures?: AuthFailureOptions | undefined;
   /** Build the `base` template in the background now (default: on the first request for it). */
   buildBase?: boolean;
+  /** Build `base` on its first request (default true). */
+  buildOnDemand?: boolean;
+  /** A layer to use as the Debian part of `base` instead of building it (templates.ts). */
+  baseFrom?: string;
   /** The `domain` returned to clients, or null (default). */
   domain?: string | null;
 }
@@ -34,7 +38,11 @@ export interface E2bOptions {
 /** Mounts the E2B routes on the app (one line in http/app.ts). */
 export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}): { templates: TemplateResolver; envd: Envd } {
   const { services, log } = deps;
-  const templates = new TemplateResolver(services, { log });
+  const templates = new TemplateResolver(services, {
+    log,
+    ...(opts.buildOnDemand !== undefined ? { buildOnDemand: opts.buildOnDemand } : {}),
+    ...(opts.baseFrom !== undefined ? { baseFrom: opts.baseFrom } : {}),
+  });
   const envd = new Envd(services, log);
   const control = new E2bControl({ services, templates, domain: opts.domain ?? null });
   if (opts.buildBase) templates.start();

@@ -7,7 +7,7 @@ import tar from 'tar-stream';
 import { DsecError } from '@dsec/protocol';
 import type { CreateSandboxRequest } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
-import { PUBLIC_PROJECT_ID } from '../db/store.js';
+import { PUBLIC_PROJECT_ID, ROOT_PROJECT_ID } from '../db/store.js';
 import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
 
@@ -98,8 +98,14 @@ export type TemplateSource = Pick<CreateSandboxRequest, 'image' | 'snapshot'>;
 
 /** Options of {@link TemplateResolver}. */
 export interface TemplateOptions {
-  /** Build `base` when the platform starts (default true). */
-  buildBase?: boolean;
+  /** Build `base` on its first request when it is not built yet (default true). */
+  buildOnDemand?: boolean;
+  /**
+   * A layer (name or digest, public or the root project's) to use as the Debian part of `base`
+   * instead of building it: an operator's own image; tests use a small local one, so that no
+   * test reaches the Debian archive. The `user` toolkit is still built over it.
+   */
+  baseFrom?: string;
   log?: (line: string) => void;
 }
 
@@ -119,6 +125,15 @@ export class TemplateResolver {
   static baseNames(key = baseKey()): { base: string; user: string } {
     return { base: `e2b/base-${key}`, user: `e2b/base-user-${key}` };
   }
+
+  /** The layers of `base` in this platform: the Debian part (or the operator's), its `user` toolkit. */
+  private names(): { base: string; user: string } {
+    const n = TemplateResolver.baseNames();
+    return this.baseFromDigest ? { ...n, base: this.baseFromDigest } : n;
+  }
+
+  /** The digest of `baseFrom` (resolved in the root project, whose layers every project sees). */
+  private baseFromDigest: string | undefined;
 
   /** Starts building `base` in the background unless the node has it. */
   start(): void {
@@ -145,11 +160,13 @@ export class TemplateResolver {
 
   private async build(): Promise<void> {
     const { layers } = this.services;
-    const names = TemplateResolver.baseNames();
+    const names = this.names();
     const edge = layers.anyEdge();
     const signal = this.abort.signal;
     const have = async (n: string): Promise<boolean> => !!(await edge.layers.resolve(n).catch(() => undefined));
-    if (!(await have(names.base))) {
+    if (this.opts.baseFrom) {
+      this.baseFromDigest = await layers.resolve(ROOT_PROJECT_ID, this.opts.baseFrom, 'baseFrom');
+    } else if (!(await have(names.base))) {
       const info = await edge.layers.build(
         { type: 'debian', suite: BASE_SUITE, packages: BASE_PACKAGES, variant: 'apt' },
         { kind: 'base', name: names.base, signal, onProgress: (l) => this.opts.log?.(`e2b base: ${l}`) },
@@ -173,11 +190,11 @@ export class TemplateResolver {
   async resolve(p: Principal, templateID: string): Promise<TemplateSource> {
     if (templateID === BASE_ALIAS) {
       if (!this.ready) {
-        if (this.opts.buildBase !== false) this.start();
+        if (this.opts.buildOnDemand !== false) this.start();
         const why = this.failed ? `its last build failed (${this.failed}); building again` : 'it is being built';
         throw new E2bError(503, `template base is not ready yet: ${why}; retry in ${BASE_RETRY_AFTER_S} s`, BASE_RETRY_AFTER_S);
       }
-      const names = TemplateResolver.baseNames();
+      const names = this.names();
       return { image: { base: names.base, toolkits: [names.user] } };
     }
     const ref = /^[0-9a-f]{64}$/.test(templateID) ? `sha256:${templateID}` : templateID;

@@ -39,7 +39,7 @@ export interface AppOptions {
   /** Failed authentications rate-limited by source and collapsed in the audit (tenant limits). */
   failures?: AuthFailureOptions;
   /** The E2B-compatible API's options (e2b/index.ts). */
-  e2b?: Pick<E2bOptions, 'buildBase' | 'domain'>;
+  e2b?: Pick<E2bOptions, 'buildBase' | 'buildOnDemand' | 'baseFrom' | 'domain'>;
   /** Registers work to do when the server stops (the E2B base build is stopped). */
   onClose?: (fn: () => Promise<void>) => void;
 }
