@@ -93,8 +93,10 @@ export function streamReply(produce: AsyncGenerator<object>, log?: (line: string
   };
   const stream = new ReadableStream<Uint8Array>({
     async pull(controller) {
+      if (closed) return;
       try {
         const next = await produce.next();
+        if (closed) return;
         if (next.done) {
           controller.enqueue(envelope(END_STREAM, {}));
           controller.close();
@@ -103,6 +105,7 @@ export function streamReply(produce: AsyncGenerator<object>, log?: (line: string
           controller.enqueue(envelope(0, next.value));
         }
       } catch (err) {
+        if (closed) return;
         close();
         if (err instanceof CutStream) controller.error(err);
         else {

@@ -327,16 +327,24 @@ export class Envd {
     throw new ConnectError('not_found', `process with pid ${osPid} not found`);
   }
 
-  /** Adds keepalive messages to a stream of messages while it is idle. */
-  private async *withKeepalive(events: AsyncGenerator<object>, everyMs: number, keepalive: object): AsyncGenerator<object> {
+  /**
+   * Adds keepalive messages to a stream of messages while it is idle; ends at once when the
+   * request is aborted (its reader went), without waiting for the next message.
+   */
+  private async *withKeepalive(events: AsyncGenerator<object>, everyMs: number, keepalive: object, signal: AbortSignal): AsyncGenerator<object> {
     const it = events[Symbol.asyncIterator]();
     let pending = it.next();
+    const aborted = new Promise<'aborted'>((resolve) => {
+      if (signal.aborted) resolve('aborted');
+      else signal.addEventListener('abort', () => resolve('aborted'), { once: true });
+    });
     try {
       for (;;) {
         let timer: NodeJS.Timeout | undefined;
-        const tick = new Promise<'tick'>((resolve) => (timer = setTimeout(() => resolve('tick'), everyMs)));
-        const r = await Promise.race([pending, tick]);
+        const tick = new Promise<'tick'>((resolve) => (timer = setTimeout(() => resolve('tick'), everyMs).unref()));
+        const r = await Promise.race([pending, tick, aborted]);
         clearTimeout(timer);
+        if (r === 'aborted') return;
         if (r === 'tick') {
           yield keepalive;
           continue;
@@ -346,9 +354,9 @@ export class Envd {
         yield r.value;
       }
     } finally {
-      // A read still pending when the reader goes must not reject unobserved.
+      // A read still pending when the reader goes must not reject unobserved, nor be waited for.
       pending.catch(() => undefined);
-      await it.return?.(undefined);
+      void it.return?.(undefined).catch(() => undefined);
     }
   }
 
@@ -408,6 +416,8 @@ export class Envd {
       throw err;
     });
     void run.exitCode.finally(release);
+    // A reader that goes leaves the process running (E2B's disconnect); it can reconnect.
+    c.req.raw.signal.addEventListener('abort', () => void run.leave(), { once: true });
     const config = { cmd, args: args as string[], envs, ...(cwd ? { cwd } : {}) };
     this.startedOf(t.sandboxId).set(run.process.osPid, { pid: run.pid, osPid: run.process.osPid, config, ...(tag !== undefined ? { tag } : {}) });
     const self = this;
@@ -416,12 +426,12 @@ export class Envd {
         try {
           yield* self.processEvents(t, run.events(), run.process.osPid, !!ptyReq);
         } finally {
-          // A reader that goes leaves the process running (E2B's disconnect); it can reconnect.
           void run.leave();
         }
       })(),
       keepaliveMs(c),
       { event: { keepalive: {} } },
+      c.req.raw.signal,
     );
   }
 
@@ -431,6 +441,7 @@ export class Envd {
     const info = (await this.services.commands.processes(t)).find((p) => p.pid === pid);
     const from = { stdout: info?.stdoutBytes ?? 0, stderr: info?.stderrBytes ?? 0 };
     const out = await this.services.commands.output(t, pid, from, c.req.raw.signal);
+    c.req.raw.signal.addEventListener('abort', () => out.detach(), { once: true });
     const pty = false;
     const self = this;
     return this.withKeepalive(
@@ -444,6 +455,7 @@ export class Envd {
       })(),
       keepaliveMs(c),
       { event: { keepalive: {} } },
+      c.req.raw.signal,
     );
   }
 
@@ -642,7 +654,7 @@ export class Envd {
       (async function* () {
         yield { start: {} };
         while (!signal.aborted) {
-          await new Promise((r) => setTimeout(r, WATCH_POLL_MS));
+          await new Promise((r) => setTimeout(r, WATCH_POLL_MS).unref());
           const row = await self.services.lifecycle.rowById(t.sandboxId);
           if (!row || row.state !== 'running') throw new CutStream(`sandbox ${t.sandboxId} is gone`);
           const now = await self.tree(t, abs, recursive).catch((err: unknown) => {
@@ -655,6 +667,7 @@ export class Envd {
       })(),
       keepaliveMs(c),
       { keepalive: {} },
+      c.req.raw.signal,
     );
   }
 }
