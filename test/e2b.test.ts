@@ -21,7 +21,9 @@ const TEMPLATE = `e2b-test-${process.pid}`;
 async function imageDir(dir: string): Promise<void> {
   for (const d of ['bin', 'etc', 'home/user', 'tmp', 'root', 'lib64', 'lib/x86_64-linux-gnu']) await mkdir(path.join(dir, d), { recursive: true });
   await copyFile('/bin/busybox', path.join(dir, 'bin/busybox'));
-  for (const applet of execFileSync('/bin/busybox', ['--list'], { encoding: 'utf8' }).split('\n').filter((a) => a && a !== 'busybox' && a !== 'bash'))
+  for (const applet of execFileSync('/bin/busybox', ['--list'], { encoding: 'utf8' })
+    .split('\n')
+    .filter((a) => a && a !== 'busybox' && a !== 'bash'))
     await symlink('busybox', path.join(dir, 'bin', applet));
   await copyFile('/bin/bash', path.join(dir, 'bin/bash'));
   for (const line of execFileSync('ldd', ['/bin/bash'], { encoding: 'utf8' }).split('\n')) {
@@ -123,15 +125,24 @@ for (const [version, E2B] of VERSIONS) {
       const info = await sbx.files.write('dir/a.txt', 'hello');
       assert.equal(info.path, '/home/user/dir/a.txt');
       assert.equal(await sbx.files.read('/home/user/dir/a.txt'), 'hello');
-      await sbx.files.write([{ path: '/tmp/m/one', data: 'one' }, { path: '/tmp/m/two', data: new Blob(['two']) }]);
+      await sbx.files.write([
+        { path: '/tmp/m/one', data: 'one' },
+        { path: '/tmp/m/two', data: new Blob(['two']) },
+      ]);
       assert.equal(await sbx.files.read('/tmp/m/two'), 'two');
       assert.equal((await sbx.commands.run('stat -c %U /home/user/dir/a.txt')).stdout, 'user\n');
       assert.equal(await sbx.files.makeDir('dir/sub/deep'), true);
       assert.equal(await sbx.files.makeDir('dir/sub/deep'), false);
       const flat = await sbx.files.list('dir');
-      assert.deepEqual(flat.map((e) => e.name), ['a.txt', 'sub']);
+      assert.deepEqual(
+        flat.map((e) => e.name),
+        ['a.txt', 'sub'],
+      );
       const deep = await sbx.files.list('dir', { depth: 3 });
-      assert.deepEqual(deep.map((e) => e.path), ['/home/user/dir/a.txt', '/home/user/dir/sub', '/home/user/dir/sub/deep']);
+      assert.deepEqual(
+        deep.map((e) => e.path),
+        ['/home/user/dir/a.txt', '/home/user/dir/sub', '/home/user/dir/sub/deep'],
+      );
       const st = await sbx.files.getInfo('dir/a.txt');
       assert.equal(st.type, 'file');
       assert.equal(st.size, 5);
@@ -142,7 +153,7 @@ for (const [version, E2B] of VERSIONS) {
       await sbx.files.remove('dir');
       await sbx.files.remove('dir');
       assert.equal(await sbx.files.exists('dir'), false);
-      await assert.rejects(sbx.files.read('/nope'), E2B.NotFoundError);
+      await assert.rejects(sbx.files.read('/nope'), E2B.FileNotFoundError);
       const big = 'x'.repeat(100_000);
       await sbx.files.write('/tmp/big', big);
       assert.equal(await sbx.files.read('/tmp/big', { gzip: true } as never), big);
@@ -156,8 +167,14 @@ for (const [version, E2B] of VERSIONS) {
       const deadline = Date.now() + 15_000;
       while (!events.some((e) => e.name === 'new.txt' && e.type === 'write') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
       await handle.stop();
-      assert.ok(events.some((e) => e.name === 'new.txt' && e.type === 'create'), JSON.stringify(events));
-      assert.ok(events.some((e) => e.name === 'new.txt' && e.type === 'write'), JSON.stringify(events));
+      assert.ok(
+        events.some((e) => e.name === 'new.txt' && e.type === 'create'),
+        JSON.stringify(events),
+      );
+      assert.ok(
+        events.some((e) => e.name === 'new.txt' && e.type === 'write'),
+        JSON.stringify(events),
+      );
     });
 
     test('signed URLs: upload and download without headers; expired and wrong signatures are 401', async () => {
@@ -176,7 +193,10 @@ for (const [version, E2B] of VERSIONS) {
     test('control plane: list with metadata and state, info, timeout, metrics', async () => {
       const page = E2B.Sandbox.list({ ...opts(), query: { metadata: { suite: tag }, state: ['running'] } });
       const items = await page.nextItems();
-      assert.deepEqual(items.map((s) => s.sandboxId), [sbx.sandboxId]);
+      assert.deepEqual(
+        items.map((s) => s.sandboxId),
+        [sbx.sandboxId],
+      );
       assert.deepEqual(items[0]!.metadata, { suite: tag });
       const info = await sbx.getInfo();
       assert.equal(info.templateId, TEMPLATE);

@@ -12,7 +12,7 @@ import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import type { CommandTarget } from '../services/commands.js';
 import type { SandboxRow } from '../services/common.js';
-import { MAX_UPLOAD_BYTES } from '../http/validate.js';
+import { MAX_UPLOAD_BYTES, limitedBody } from '../http/validate.js';
 import { CutStream, deadlineMs, keepaliveMs } from './connect.js';
 import { ConnectError, E2bError } from './errors.js';
 import { NO_TOKEN, TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
@@ -39,13 +39,15 @@ const SIGNED_RATE = { perSecond: 20, burst: 50 };
 const WATCH_POLL_MS = 250;
 const MAX_WATCH_ENTRIES = 20_000;
 const MAX_WATCHERS = 64;
+/** Most bytes of a multipart upload (parsed whole); raw uploads stream up to MAX_UPLOAD_BYTES. */
+const MAX_MULTIPART_BYTES = 256 * 1024 * 1024;
 
 const FILE_TYPE: Record<string, string> = { file: 'FILE_TYPE_FILE', dir: 'FILE_TYPE_DIRECTORY', symlink: 'FILE_TYPE_SYMLINK' };
 
 function permissions(type: string, mode: number): string {
   const t = type === 'dir' ? 'd' : type === 'symlink' ? 'l' : '-';
   let s = t;
-  for (let i = 8; i >= 0; i--) s += mode & (1 << i) ? 'rwx'[(8 - i) % 3] : '-';
+  for (let i = 8; i >= 0; i--) s += mode & (1 << i) ? 'rwx'.charAt((8 - i) % 3) : '-';
   return s;
 }
 
@@ -141,7 +143,8 @@ export class Envd {
     if (id === undefined && signature !== undefined) {
       // Signed URLs come without headers: the signature names the sandbox through its token.
       // Rate-limited per client address before any hashing.
-      if (!this.signedRate.take(c.get('clientAddress') as string)) throw new DsecError('RATE_LIMITED', 'too many signed requests from this address', { retryAfterMs: 1000 });
+      if (!this.signedRate.take(c.get('clientAddress') as string))
+        throw new DsecError('RATE_LIMITED', 'too many signed requests from this address', { retryAfterMs: 1000 });
       id = this.bySignature(c, signed!.op);
       if (id === undefined) throw new E2bError(401, 'invalid signature');
     }
@@ -263,7 +266,8 @@ export class Envd {
     const t = await this.target(c, { op: 'write' });
     const user = await this.userOf(c, t, true);
     for (const h of Object.keys(c.req.header())) if (h.startsWith('x-metadata-')) throw invalidArgument(h, 'file metadata is not supported by dsec');
-    if (Number(c.req.header('content-length') ?? 0) > MAX_UPLOAD_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
+    if (Number(c.req.header('content-length') ?? 0) > MAX_UPLOAD_BYTES)
+      throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
     const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
     const queryPath = c.req.query('path');
     const written: Array<Record<string, unknown>> = [];
@@ -277,7 +281,13 @@ export class Envd {
       written.push({ path: abs, name: path.posix.basename(abs), type: 'file' });
     };
     if (type === 'multipart/form-data') {
-      const form = await c.req.raw.formData().catch(() => {
+      // Multipart bodies are parsed whole (bounded); large files go raw (octet-stream, streamed).
+      const chunks: Buffer[] = [];
+      for await (const chunk of limitedBody(c, MAX_MULTIPART_BYTES, 'multipart uploads')) chunks.push(chunk);
+      const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': c.req.header('content-type') ?? '' } });
+      // undici's parser: bounded above, and the only multipart parser among the dependencies.
+      // eslint-disable-next-line @typescript-eslint/no-deprecated
+      const form = await whole.formData().catch(() => {
         throw invalidArgument('body', 'not multipart/form-data');
       });
       const parts = form.getAll('file');
@@ -288,15 +298,17 @@ export class Envd {
         if (!name) throw invalidArgument('path', 'required when the part has no filename');
         const abs = resolvePath(name, user);
         const data = isFile ? new Uint8Array(await part.arrayBuffer()) : Buffer.from(part);
-        await write(abs, (async function* () {
-          yield data;
-        })());
+        await write(
+          abs,
+          (async function* () {
+            yield data;
+          })(),
+        );
       }
     } else {
       if (!queryPath) throw invalidArgument('path', 'required for a raw upload');
-      const raw = (c.req.raw.body ?? Readable.toWeb(Readable.from([]))) as ReadableStream<Uint8Array>;
-      let body: AsyncIterable<Uint8Array> = Readable.fromWeb(raw as Parameters<typeof Readable.fromWeb>[0]);
-      if ((c.req.header('content-encoding') ?? '').trim() === 'gzip') body = (body as Readable).pipe(createGunzip());
+      let body: AsyncIterable<Uint8Array> = limitedBody(c, MAX_UPLOAD_BYTES, 'uploads');
+      if ((c.req.header('content-encoding') ?? '').trim() === 'gzip') body = Readable.from(body).pipe(createGunzip());
       await write(resolvePath(queryPath, user), body);
     }
     return new Response(JSON.stringify(written), { status: 200, headers: { 'content-type': 'application/json' } });
@@ -306,7 +318,7 @@ export class Envd {
 
   private startedOf(id: string): Map<number, Started> {
     let m = this.started.get(id);
-    if (!m) this.started.set(id, (m = new Map()));
+    if (!m) this.started.set(id, (m = new Map<number, Started>()));
     return m;
   }
 
@@ -368,7 +380,10 @@ export class Envd {
         const data = Buffer.from(ev.data.buffer, ev.data.byteOffset, ev.data.byteLength).toString('base64');
         yield { event: { data: { [pty ? 'pty' : ev.stream]: data } } };
       } else if (ev.type === 'exit') {
-        const status = ev.exitCode !== null ? `exit status ${ev.exitCode}` : `signal: ${(ev.signal ?? 'killed').replace(/^SIG/, '').toLowerCase().replace('kill', 'killed').replace('term', 'terminated')}`;
+        const status =
+          ev.exitCode !== null
+            ? `exit status ${ev.exitCode}`
+            : `signal: ${(ev.signal ?? 'killed').replace(/^SIG/, '').toLowerCase().replace('kill', 'killed').replace('term', 'terminated')}`;
         const end: Record<string, unknown> = { exitCode: ev.exitCode ?? -1, exited: ev.exitCode !== null, status };
         if (ev.timedOut) end.error = 'context deadline exceeded';
         yield { event: { end } };
@@ -420,15 +435,14 @@ export class Envd {
     c.req.raw.signal.addEventListener('abort', () => void run.leave(), { once: true });
     const config = { cmd, args: args as string[], envs, ...(cwd ? { cwd } : {}) };
     this.startedOf(t.sandboxId).set(run.process.osPid, { pid: run.pid, osPid: run.process.osPid, config, ...(tag !== undefined ? { tag } : {}) });
-    const self = this;
     return this.withKeepalive(
-      (async function* () {
+      async function* (this: Envd): AsyncGenerator<object> {
         try {
-          yield* self.processEvents(t, run.events(), run.process.osPid, !!ptyReq);
+          yield* this.processEvents(t, run.events(), run.process.osPid, !!ptyReq);
         } finally {
           void run.leave();
         }
-      })(),
+      }.call(this),
       keepaliveMs(c),
       { event: { keepalive: {} } },
       c.req.raw.signal,
@@ -442,17 +456,15 @@ export class Envd {
     const from = { stdout: info?.stdoutBytes ?? 0, stderr: info?.stderrBytes ?? 0 };
     const out = await this.services.commands.output(t, pid, from, c.req.raw.signal);
     c.req.raw.signal.addEventListener('abort', () => out.detach(), { once: true });
-    const pty = false;
-    const self = this;
     return this.withKeepalive(
-      (async function* () {
+      async function* (this: Envd): AsyncGenerator<object> {
         try {
           yield { event: { start: { pid: osPid } } };
-          yield* self.processEvents(t, out.events, osPid, pty);
+          yield* this.processEvents(t, out.events, osPid, false);
         } finally {
           out.detach();
         }
-      })(),
+      }.call(this),
       keepaliveMs(c),
       { event: { keepalive: {} } },
       c.req.raw.signal,
@@ -516,9 +528,10 @@ export class Envd {
         if (out.length >= limit) throw new DsecError('PAYLOAD_TOO_LARGE', `${dir} has more than ${limit} entries`);
         const abs = path.posix.join(d, st.name);
         out.push({ abs, st });
-        if (st.type === 'dir' && level < depth) await visit(abs, level + 1).catch((err: unknown) => {
-          if (!(err instanceof DsecError && err.code === 'FILE_NOT_FOUND')) throw err;
-        });
+        if (st.type === 'dir' && level < depth)
+          await visit(abs, level + 1).catch((err: unknown) => {
+            if (!(err instanceof DsecError && err.code === 'FILE_NOT_FOUND')) throw err;
+          });
       }
     };
     await visit(dir, 1);
@@ -606,7 +619,10 @@ export class Envd {
     }
   }
 
-  private watcherOf(t: EnvdTarget, req: Record<string, unknown>): { sandboxId: string; dir: string; recursive: boolean; last: Map<string, FileStat>; at: number } {
+  private watcherOf(
+    t: EnvdTarget,
+    req: Record<string, unknown>,
+  ): { sandboxId: string; dir: string; recursive: boolean; last: Map<string, FileStat>; at: number } {
     const w = this.watchers.get(str(req.watcherId, 'watcherId')!);
     if (!w || w.sandboxId !== t.sandboxId) throw new ConnectError('not_found', 'watcher not found');
     return w;
@@ -648,23 +664,22 @@ export class Envd {
     const recursive = req.recursive === true;
     const withEntry = req.includeEntry === true;
     let last = await this.tree(t, abs, recursive);
-    const self = this;
     const signal = c.req.raw.signal;
     return this.withKeepalive(
-      (async function* () {
+      async function* (this: Envd): AsyncGenerator<object> {
         yield { start: {} };
         while (!signal.aborted) {
           await new Promise((r) => setTimeout(r, WATCH_POLL_MS).unref());
-          const row = await self.services.lifecycle.rowById(t.sandboxId);
+          const row = await this.services.lifecycle.rowById(t.sandboxId);
           if (!row || row.state !== 'running') throw new CutStream(`sandbox ${t.sandboxId} is gone`);
-          const now = await self.tree(t, abs, recursive).catch((err: unknown) => {
+          const now = await this.tree(t, abs, recursive).catch((err: unknown) => {
             if (err instanceof DsecError && err.code === 'FILE_NOT_FOUND') return new Map<string, FileStat>();
             throw err;
           });
-          for (const e of await self.changes(t, abs, last, now, withEntry)) yield { filesystem: e };
+          for (const e of await this.changes(t, abs, last, now, withEntry)) yield { filesystem: e };
           last = now;
         }
-      })(),
+      }.call(this),
       keepaliveMs(c),
       { keepalive: {} },
       c.req.raw.signal,

@@ -1,6 +1,6 @@
 // E2B-shaped errors: the control plane and envd's REST answer `{code, message}` with the HTTP
 // status as `code`; envd's Connect-RPC answers `{code: "<connect code>", message}`.
-import { DsecError } from '@dsec/protocol';
+import type { DsecError } from '@dsec/protocol';
 import { toDsecError } from '../http/errors.js';
 
 /** An error with an E2B status of its own (409 already paused, 503 template not ready, 502 not running). */

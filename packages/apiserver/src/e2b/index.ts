@@ -7,16 +7,7 @@ import { authAndAudit } from '../http/audit.js';
 import type { AuthFailureOptions } from '../http/audit.js';
 import type { WatchService } from '../watch.js';
 import { streamReply, streamRequest, unaryError, unaryReply, unaryRequest } from './connect.js';
-import {
-  ConnectBodySchema,
-  E2bControl,
-  ForkBodySchema,
-  NewSandboxSchema,
-  PauseBodySchema,
-  SnapshotBodySchema,
-  TimeoutBodySchema,
-  e2bBody,
-} from './control.js';
+import { ConnectBodySchema, E2bControl, ForkBodySchema, NewSandboxSchema, PauseBodySchema, SnapshotBodySchema, TimeoutBodySchema, e2bBody } from './control.js';
 import { E2bError, e2bErrorResponse } from './errors.js';
 import { Envd } from './envd.js';
 import { TemplateResolver } from './templates.js';
@@ -50,7 +41,11 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
   // Control plane: the key in X-API-KEY (or Authorization: Bearer), audited as /v1 calls are.
   const auth = async (c: Context<Env>, next: () => Promise<void>): Promise<Response | void> => {
     const key = c.req.header('x-api-key');
-    const mw = authAndAudit((header, cachedOnly) => services.iam.authenticate(key !== undefined ? `Bearer ${key}` : header, cachedOnly), opts.watch, opts.failures);
+    const mw = authAndAudit(
+      (header, cachedOnly) => services.iam.authenticate(key !== undefined ? `Bearer ${key}` : header, cachedOnly),
+      opts.watch,
+      opts.failures,
+    );
     try {
       await mw(c, next);
     } catch (err) {
@@ -87,7 +82,10 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
     });
   app.get('/v2/sandboxes', list(false));
   app.get('/sandboxes', list(true));
-  app.get('/sandboxes/:id', wrap(async (c) => json(await control.get(p(c), id(c)))));
+  app.get(
+    '/sandboxes/:id',
+    wrap(async (c) => json(await control.get(p(c), id(c)))),
+  );
   app.delete(
     '/sandboxes/:id',
     wrap(async (c) => {
@@ -142,7 +140,10 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
     '/sandboxes/:id/fork',
     wrap(async (c) => json(await control.fork(p(c), id(c), await e2bBody(c.req.raw, ForkBodySchema), c.req.raw.signal), 201)),
   );
-  app.get('/sandboxes/:id/metrics', wrap(async (c) => json(await control.metrics(p(c), id(c)))));
+  app.get(
+    '/sandboxes/:id/metrics',
+    wrap(async (c) => json(await control.metrics(p(c), id(c)))),
+  );
 
   // Data plane (envd). Authorised per sandbox by its access token, not by an API key.
   app.get(
@@ -152,8 +153,14 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
       return new Response(null, { status: 204 });
     }),
   );
-  app.get('/files', wrap(async (c) => envd.download(c)));
-  app.post('/files', wrap(async (c) => envd.upload(c)));
+  app.get(
+    '/files',
+    wrap(async (c) => envd.download(c)),
+  );
+  app.post(
+    '/files',
+    wrap(async (c) => envd.upload(c)),
+  );
   const rpc = (service: 'process.Process' | 'filesystem.Filesystem') => async (c: Context<Env>) => {
     const method = c.req.param('method') ?? '';
     const streaming = service === 'process.Process' ? method === 'Start' || method === 'Connect' : method === 'WatchDir';

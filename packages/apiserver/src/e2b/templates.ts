@@ -12,18 +12,7 @@ import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
 
 /** Packages of the `base` template (E2B's base: bash, coreutils, sudo, python3 + python, git, curl, ncurses). */
-export const BASE_PACKAGES = [
-  'bash',
-  'coreutils',
-  'sudo',
-  'python3',
-  'python-is-python3',
-  'git',
-  'curl',
-  'ca-certificates',
-  'ncurses-bin',
-  'procps',
-];
+export const BASE_PACKAGES = ['bash', 'coreutils', 'sudo', 'python3', 'python-is-python3', 'git', 'curl', 'ca-certificates', 'ncurses-bin', 'procps'];
 /** Debian suite of the `base` template. */
 export const BASE_SUITE = 'bookworm';
 /** Seconds a client is told to wait while `base` builds. */
@@ -38,7 +27,10 @@ export const BASE_ALIAS = 'base';
  */
 export function baseKey(now = new Date()): string {
   const month = now.toISOString().slice(0, 7);
-  return createHash('sha256').update(`${BASE_SUITE}\n${BASE_PACKAGES.join(',')}\n${month}`).digest('hex').slice(0, 16);
+  return createHash('sha256')
+    .update(`${BASE_SUITE}\n${BASE_PACKAGES.join(',')}\n${month}`)
+    .digest('hex')
+    .slice(0, 16);
 }
 
 const PASSWD = `root:x:0:0:root:/root:/bin/bash
@@ -212,4 +204,3 @@ export class TemplateResolver {
     return { image: { base: digest } };
   }
 }
-

@@ -50,7 +50,7 @@ export function registerUp(program: Command): void {
     .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
     .option('-q, --quiet', 'do not print the server log')
     .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
-    .option('--no-e2b-base', "do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)")
+    .option('--no-e2b-base', 'do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)')
     .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean }) => {
       const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
