@@ -4,6 +4,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type { Role } from '@dsec/protocol';
 import { ROOT_PROJECT_ID } from './db/store.js';
+import { newE2bKeySecret } from './e2b/keys.js';
 import type { StateStore } from './db/store.js';
 import { WsTickets } from './ws-tickets.js';
 
@@ -38,9 +39,9 @@ export function tenantOfAncestry(ancestry: readonly string[], rootId: string): s
   return ancestry[ancestry.length - 2]!;
 }
 
-/** A new secret key and its hash. */
-export function newKeySecret(): { secret: string; hash: string } {
-  const secret = KEY_PREFIX + randomBytes(24).toString('base64url');
+/** A new secret key and its hash (`format: 'e2b'`: `e2b_<hex>`, see e2b/keys.ts). */
+export function newKeySecret(format: 'dsec' | 'e2b' = 'dsec'): { secret: string; hash: string } {
+  const secret = format === 'e2b' ? newE2bKeySecret() : KEY_PREFIX + randomBytes(24).toString('base64url');
   return { secret, hash: hashKey(secret) };
 }
 

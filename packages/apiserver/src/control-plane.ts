@@ -64,6 +64,11 @@ export interface ControlPlaneOptions {
    * `X-Forwarded-For` is believed. Default none: the client is the socket's peer.
    */
   trustedProxies?: string[];
+  /**
+   * The E2B-compatible API (docs/e2b.md): build its `base` template at start (`dsec up` does)
+   * or on first use, or take its Debian part from a layer (`baseFrom`); the `domain` it returns.
+   */
+  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null };
 }
 
 /** What {@link startControlPlane} is started with. */
@@ -170,6 +175,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       health: () => store.ping(),
       ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
       failures: { gate: authFailures, source: (c) => (c.get('clientAddress') as string | undefined) ?? 'unknown' },
+      ...(o.e2b ? { e2b: o.e2b } : {}),
+      onClose: (fn) => void closers.unshift(fn),
     });
     const ws = createWsHandler(
       services,

@@ -42,6 +42,8 @@ export const CreateKeyRequestSchema = z.strictObject({
   role: RoleSchema,
   /** Project the key acts in; default the caller's. Must be the caller's or a descendant. */
   project: z.string().max(64).optional(),
+  /** `e2b`: a key of the form E2B clients accept (`e2b_<hex>`); default `dsec` (`dsec_...`). */
+  format: z.enum(['dsec', 'e2b']).optional(),
 });
 /** POST /v1/keys body. */
 export type CreateKeyRequest = z.infer<typeof CreateKeyRequestSchema>;

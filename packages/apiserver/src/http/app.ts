@@ -30,6 +30,8 @@ import { TrustedProxies } from './client-address.js';
 import { routePath } from 'hono/route';
 import { uiRoutes } from './ui.js';
 import { sessionRoutes } from './routes/session.js';
+import { mountE2b } from '../e2b/index.js';
+import type { E2bOptions } from '../e2b/index.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -41,6 +43,10 @@ export interface AppOptions {
   trustedProxies?: readonly string[];
   /** Failed authentications rate-limited by source and collapsed in the audit (tenant limits). */
   failures?: AuthFailureOptions;
+  /** The E2B-compatible API's options (e2b/index.ts). */
+  e2b?: Pick<E2bOptions, 'buildBase' | 'buildOnDemand' | 'baseFrom' | 'domain'>;
+  /** Registers work to do when the server stops (the E2B base build is stopped). */
+  onClose?: (fn: () => Promise<void>) => void;
 }
 
 /** How long `/healthz` waits for the store before it answers 503 (ms). */
@@ -110,5 +116,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', swerexRoutes(deps));
   app.route('/v1', sessionRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
+  const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
+  opts.onClose?.(() => e2b.templates.close());
   return app;
 }

@@ -122,13 +122,13 @@ export class IamService {
       if ((await this.store.keys(scope)).filter((k) => !k.revoked_at).length >= max) {
         throw limitExceeded('keysPerTenant', max, `tenant ${tenantId} has ${max} live keys; revoke some`);
       }
-      return this.issueKey(project, req.name, req.role);
+      return this.issueKey(project, req.name, req.role, req.format);
     });
   }
 
   /** Creates a key without a caller (the first admin key). */
-  async issueKey(projectId: string, name: string, role: ApiKey['role']): Promise<ApiKey> {
-    const { secret, hash } = newKeySecret();
+  async issueKey(projectId: string, name: string, role: ApiKey['role'], format?: 'dsec' | 'e2b'): Promise<ApiKey> {
+    const { secret, hash } = newKeySecret(format);
     const row = await this.store.createKey({ projectId, name, role, keyHash: hash });
     return toKey(row, secret);
   }

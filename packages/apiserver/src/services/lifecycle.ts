@@ -107,6 +107,15 @@ export class LifecycleService {
   }
 
   /**
+   * A sandbox's row (with labels) by id alone, for a caller that authorises by other means
+   * (the E2B data plane: the sandbox's access token). Pool members are nobody's.
+   */
+  async rowById(id: string): Promise<SandboxRow | undefined> {
+    const row = id.length <= 128 ? await this.d.store.sandbox(id) : undefined;
+    return row && row.pool_id === null ? row : undefined;
+  }
+
+  /**
    * The node client of a visible, running sandbox. The request counts as the sandbox's API
    * activity; a paused sandbox is resumed first when its lease says `autoResume` (else 409).
    * With `paused: 'allow'` (host-side reads: stats, diff, verify, network info and log, and

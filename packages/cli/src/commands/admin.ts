@@ -16,9 +16,15 @@ export function registerKeys(program: Command): void {
     .requiredOption('--role <role>', 'admin, member or viewer')
     .option('--project <id>', 'project the key acts in (default: yours)')
     .option('--json', 'print the key as JSON (secret included)')
-    .action(async (flags: { name: string; role: string; project?: string; json?: boolean }, cmd: Command) => {
+    .option('--e2b', 'issue the key in the form E2B clients accept (e2b_<hex>; docs/e2b.md)')
+    .action(async (flags: { name: string; role: string; project?: string; json?: boolean; e2b?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const key = await client.keys.create({ name: flags.name, role: flags.role as Role, ...(flags.project ? { project: flags.project } : {}) });
+      const key = await client.keys.create({
+        name: flags.name,
+        role: flags.role as Role,
+        ...(flags.project ? { project: flags.project } : {}),
+        ...(flags.e2b ? { format: 'e2b' as const } : {}),
+      });
       if (flags.json) return printJson(key);
       process.stderr.write(`key ${key.id} (${key.role} in ${key.project}); the secret is shown only now:\n`);
       process.stdout.write(`${key.key}\n`);

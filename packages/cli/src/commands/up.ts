@@ -50,7 +50,8 @@ export function registerUp(program: Command): void {
     .description('run dsec on this machine (API, edge and watcher) until SIGINT/SIGTERM')
     .option('-q, --quiet', 'do not print the server log')
     .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
-    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean }) => {
+    .option('--no-e2b-base', 'do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)')
+    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean }) => {
       const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
@@ -58,7 +59,7 @@ export function registerUp(program: Command): void {
       const opts = platformOptions(config);
       // dsec up builds the fncall language runtimes in the background into the machine-wide cache (docs/integrations.md).
       const calls = { runtimeCache: DEFAULT_RUNTIME_CACHE, prebuild: [...RUNTIME_LAYER_IDS], ...opts.calls };
-      const platform = await startPlatform({ ...opts, calls, log });
+      const platform = await startPlatform({ ...opts, calls, e2b: { buildBase: flags.e2bBase !== false }, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {

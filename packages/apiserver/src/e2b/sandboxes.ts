@@ -1,0 +1,87 @@
+// What E2B adds to a dsec sandbox, kept in its labels (so every replica and a restart see it):
+// the envd access token, the template it was created from, and the caller's metadata.
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import type { Sandbox } from '@dsec/protocol';
+import type { Principal } from '../auth.js';
+import type { SandboxRow } from '../services/common.js';
+
+/** Label holding the sandbox's envd access token (absent: not an E2B sandbox; `-`: not secure). */
+export const TOKEN_LABEL = 'e2b.token';
+/** Label holding the templateID the sandbox was created from. */
+export const TEMPLATE_LABEL = 'e2b.template';
+/** Prefix of labels that hold E2B metadata (`metadata.k` -> label `e2b/k`). */
+export const METADATA_PREFIX = 'e2b/';
+/** Value of {@link TOKEN_LABEL} for a sandbox created with `secure: false`. */
+export const NO_TOKEN = '-';
+/** The envd version reported: one with which the SDKs switch every feature on (docs/e2b.md). */
+export const ENVD_VERSION = '0.6.4';
+
+/** A new envd access token. */
+export function newAccessToken(): string {
+  return randomBytes(24).toString('hex');
+}
+
+/** True when `given` is the token (constant time). */
+export function tokenMatches(token: string, given: string | undefined): boolean {
+  if (given === undefined) return false;
+  const a = Buffer.from(token);
+  const b = Buffer.from(given);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** The metadata of a sandbox's labels. */
+export function metadataOf(labels: Record<string, string>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, v] of Object.entries(labels)) if (k.startsWith(METADATA_PREFIX)) out[k.slice(METADATA_PREFIX.length)] = v;
+  return out;
+}
+
+/** E2B's `Sandbox` (create and connect replies). */
+export function sandboxReply(s: Sandbox, domain: string | null): Record<string, unknown> {
+  const token = s.labels[TOKEN_LABEL];
+  return {
+    sandboxID: s.id,
+    templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
+    clientID: s.node,
+    envdVersion: ENVD_VERSION,
+    envdAccessToken: token && token !== NO_TOKEN ? token : null,
+    trafficAccessToken: null,
+    domain,
+    alias: null,
+  };
+}
+
+/** E2B's `ListedSandbox` / `SandboxDetail`. */
+export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null): Record<string, unknown> {
+  const out: Record<string, unknown> = {
+    sandboxID: s.id,
+    templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
+    clientID: s.node,
+    startedAt: s.createdAt,
+    endAt: s.expiresAt,
+    cpuCount: Math.max(1, Math.ceil(s.resources.cpu)),
+    memoryMB: s.resources.memoryMiB,
+    diskSizeMB: s.resources.diskMiB,
+    metadata: metadataOf(s.labels),
+    state: s.state === 'paused' ? 'paused' : 'running',
+    envdVersion: ENVD_VERSION,
+    volumeMounts: [],
+  };
+  if (detail) {
+    const token = s.labels[TOKEN_LABEL];
+    out.envdAccessToken = token && token !== NO_TOKEN ? token : null;
+    out.domain = domain;
+    out.allowInternetAccess = s.network.mode !== 'none';
+    out.network = {
+      allowOut: (s.network.allow ?? []).map((r) => r.host),
+      denyOut: s.network.deny ?? [],
+    };
+    out.lifecycle = { onTimeout: 'kill', autoResume: s.lease.autoResume };
+  }
+  return out;
+}
+
+/** A principal that acts on one sandbox for the data plane (authorised by its access token). */
+export function sandboxPrincipal(row: SandboxRow, tenantId: string): Principal {
+  return { keyId: `e2b-envd:${row.id}`, projectId: row.project_id, role: 'member', visibleProjects: new Set([row.project_id]), tenantId };
+}

@@ -1,0 +1,284 @@
+// The real `e2b` npm package (2.45.0 and 2.51.0, unmodified) against a real dsec: control plane,
+// envd's REST and Connect-RPC data plane, signed URLs, error cases, the base template's 503.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { chmod, chown, copyFile, mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import * as E45 from 'e2b-v2-45';
+import * as E51 from 'e2b-v2-51';
+import { DsecClient } from '@dsec/sdk';
+import { startTestPlatform } from './helpers/platform.js';
+import type { TestPlatform } from './helpers/platform.js';
+
+let platform: TestPlatform;
+let e2bKey: string;
+let scratch: string;
+const TEMPLATE = `e2b-test-${process.pid}`;
+
+/** A small image for E2B: busybox, the host's bash (with its libraries), a `user` account. */
+async function imageDir(dir: string): Promise<void> {
+  for (const d of ['bin', 'etc', 'home/user', 'tmp', 'root', 'lib64', 'lib/x86_64-linux-gnu']) await mkdir(path.join(dir, d), { recursive: true });
+  await copyFile('/bin/busybox', path.join(dir, 'bin/busybox'));
+  for (const applet of execFileSync('/bin/busybox', ['--list'], { encoding: 'utf8' })
+    .split('\n')
+    .filter((a) => a && a !== 'busybox' && a !== 'bash'))
+    await symlink('busybox', path.join(dir, 'bin', applet));
+  await copyFile('/bin/bash', path.join(dir, 'bin/bash'));
+  for (const line of execFileSync('ldd', ['/bin/bash'], { encoding: 'utf8' }).split('\n')) {
+    const m = /(\/\S+)\s+\(0x/.exec(line);
+    if (m) {
+      await mkdir(path.join(dir, path.dirname(m[1]!)), { recursive: true });
+      await copyFile(m[1]!, path.join(dir, m[1]!));
+    }
+  }
+  await writeFile(path.join(dir, 'etc/passwd'), 'root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n');
+  await writeFile(path.join(dir, 'etc/group'), 'root:x:0:\nuser:x:1000:\n');
+  await chmod(path.join(dir, 'tmp'), 0o1777);
+  await chown(path.join(dir, 'home/user'), 1000, 1000);
+}
+
+before(async () => {
+  scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-e2b-'));
+  // `base` takes its Debian part from the small local image: no test reaches the Debian archive.
+  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE } });
+  const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
+  const key = await client.keys.create({ name: 'e2b', role: 'admin', format: 'e2b' });
+  e2bKey = key.key;
+  const dir = path.join(scratch, 'image');
+  await imageDir(dir);
+  await client.layers.uploadDir(dir, { kind: 'base', name: TEMPLATE });
+});
+
+after(async () => {
+  await platform?.close();
+  if (scratch) await rm(scratch, { recursive: true, force: true });
+});
+
+test('POST /v1/keys with format e2b issues e2b_<hex> keys that are ordinary dsec keys', async () => {
+  assert.match(e2bKey, /^e2b_[0-9a-f]{40}$/);
+  const r = await fetch(`${platform.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${e2bKey}` } });
+  assert.equal(r.status, 200);
+  const bad = await fetch(`${platform.url}/v2/sandboxes`, { headers: { 'x-api-key': 'e2b_00' } });
+  assert.equal(bad.status, 401);
+  assert.equal(((await bad.json()) as { code: number }).code, 401);
+});
+
+// Both versions have the same surface for what is tested here; one type serves both.
+const VERSIONS: Array<[string, typeof E51]> = [
+  ['2.45.0', E45 as unknown as typeof E51],
+  ['2.51.0', E51],
+];
+for (const [version, E2B] of VERSIONS) {
+  describe(`e2b ${version}`, () => {
+    const opts = () => ({ apiKey: e2bKey, apiUrl: platform.url, sandboxUrl: platform.url, requestTimeoutMs: 30_000 });
+    let sbx: InstanceType<typeof E2B.Sandbox>;
+    const tag = `v${version.replace(/\./g, '')}`;
+
+    before(async () => {
+      sbx = await E2B.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 120_000, metadata: { suite: tag }, envs: { GREETING: 'hi' } });
+    });
+    after(async () => {
+      await sbx?.kill().catch(() => undefined);
+    });
+
+    test('commands: run, env, cwd, user, exit codes, background, stdin, kill, list', async () => {
+      const r = await sbx.commands.run('echo $GREETING $FOO; pwd; id -u', { envs: { FOO: 'bar' } });
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, 'hi bar\n/home/user\n1000\n');
+      assert.equal((await sbx.commands.run('id -u', { user: 'root', cwd: '/tmp' })).stdout, '0\n');
+      await assert.rejects(sbx.commands.run('echo oops >&2; exit 3'), (err: unknown) => {
+        const e = err as { exitCode: number; stderr: string };
+        return e.exitCode === 3 && e.stderr === 'oops\n';
+      });
+      const bg = await sbx.commands.run('cat', { background: true, stdin: true });
+      await sbx.commands.sendStdin(bg.pid, 'piped\n');
+      const listed = await sbx.commands.list();
+      assert.ok(listed.some((p) => p.pid === bg.pid));
+      await (sbx.commands as unknown as { closeStdin(pid: number): Promise<void> }).closeStdin(bg.pid);
+      const done = await bg.wait().catch((e: unknown) => e as { stdout: string });
+      assert.equal(done.stdout, 'piped\n');
+      const sleeper = await sbx.commands.run('sleep 30', { background: true });
+      assert.equal(await sbx.commands.kill(sleeper.pid), true);
+      await assert.rejects(sleeper.wait());
+      await assert.rejects(sbx.commands.run('sleep 10', { timeoutMs: 1000 }));
+    });
+
+    test('commands: connect to a running process; pty with resize', async () => {
+      const h = await sbx.commands.run('for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.3; done', { background: true });
+      await h.disconnect();
+      let seen = '';
+      const again = await sbx.commands.connect(h.pid, { onStdout: (d) => void (seen += d) });
+      const r = await again.wait();
+      assert.equal(r.exitCode, 0);
+      assert.match(seen + r.stdout, /tick 6/);
+      let out = '';
+      const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => void (out += Buffer.from(d).toString()) });
+      await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 });
+      await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; exit\n'));
+      await pty.wait().catch(() => undefined);
+      assert.match(out, /30 100/);
+    });
+
+    test('files: write, read, list with depth, stat, mkdir, move, remove, exists, gzip', async () => {
+      const info = await sbx.files.write('dir/a.txt', 'hello');
+      assert.equal(info.path, '/home/user/dir/a.txt');
+      assert.equal(await sbx.files.read('/home/user/dir/a.txt'), 'hello');
+      await sbx.files.write([
+        { path: '/tmp/m/one', data: 'one' },
+        { path: '/tmp/m/two', data: new Blob(['two']) },
+      ]);
+      assert.equal(await sbx.files.read('/tmp/m/two'), 'two');
+      assert.equal((await sbx.commands.run('stat -c %U /home/user/dir/a.txt')).stdout, 'user\n');
+      assert.equal(await sbx.files.makeDir('dir/sub/deep'), true);
+      assert.equal(await sbx.files.makeDir('dir/sub/deep'), false);
+      const flat = await sbx.files.list('dir');
+      assert.deepEqual(
+        flat.map((e) => e.name),
+        ['a.txt', 'sub'],
+      );
+      const deep = await sbx.files.list('dir', { depth: 3 });
+      assert.deepEqual(
+        deep.map((e) => e.path),
+        ['/home/user/dir/a.txt', '/home/user/dir/sub', '/home/user/dir/sub/deep'],
+      );
+      const st = await sbx.files.getInfo('dir/a.txt');
+      assert.equal(st.type, 'file');
+      assert.equal(st.size, 5);
+      assert.equal(st.owner, 'user');
+      const moved = await sbx.files.rename('dir/a.txt', 'dir/b.txt');
+      assert.equal(moved.path, '/home/user/dir/b.txt');
+      assert.equal(await sbx.files.exists('dir/a.txt'), false);
+      await sbx.files.remove('dir');
+      await sbx.files.remove('dir');
+      assert.equal(await sbx.files.exists('dir'), false);
+      await assert.rejects(sbx.files.read('/nope'), E2B.FileNotFoundError);
+      const big = 'x'.repeat(100_000);
+      await sbx.files.write('/tmp/big', big);
+      assert.equal(await sbx.files.read('/tmp/big', { gzip: true } as never), big);
+    });
+
+    test('files: watch a directory (recursive, entries)', async () => {
+      await sbx.files.makeDir('/tmp/w');
+      const events: Array<{ name: string; type: string }> = [];
+      const handle = await sbx.files.watchDir('/tmp/w', (e) => void events.push({ name: e.name, type: e.type }), { recursive: true });
+      await sbx.files.write('/tmp/w/new.txt', 'x');
+      const deadline = Date.now() + 15_000;
+      while (!events.some((e) => e.name === 'new.txt' && e.type === 'write') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+      await handle.stop();
+      assert.ok(
+        events.some((e) => e.name === 'new.txt' && e.type === 'create'),
+        JSON.stringify(events),
+      );
+      assert.ok(
+        events.some((e) => e.name === 'new.txt' && e.type === 'write'),
+        JSON.stringify(events),
+      );
+    });
+
+    test('signed URLs: upload and download without headers; expired and wrong signatures are 401', async () => {
+      const up = await sbx.uploadUrl('/tmp/signed.txt', { useSignatureExpiration: 60 });
+      const put = await fetch(up, { method: 'POST', body: (() => { const f = new FormData(); f.append('file', new Blob(['signed!']), 'signed.txt'); return f; })() }); // prettier-ignore
+      assert.equal(put.status, 200);
+      const down = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: 60 });
+      assert.equal(await (await fetch(down)).text(), 'signed!');
+      const expired = await sbx.downloadUrl('/tmp/signed.txt', { useSignatureExpiration: -10 });
+      assert.equal((await fetch(expired)).status, 401);
+      const wrong = new URL(down);
+      wrong.searchParams.set('signature', 'v1_AAAA');
+      assert.equal((await fetch(wrong)).status, 401);
+    });
+
+    test('control plane: list with metadata and state, info, timeout, metrics', async () => {
+      const page = E2B.Sandbox.list({ ...opts(), query: { metadata: { suite: tag }, state: ['running'] } });
+      const items = await page.nextItems();
+      assert.deepEqual(
+        items.map((s) => s.sandboxId),
+        [sbx.sandboxId],
+      );
+      assert.deepEqual(items[0]!.metadata, { suite: tag });
+      const info = await sbx.getInfo();
+      assert.equal(info.templateId, TEMPLATE);
+      await sbx.setTimeout(300_000);
+      const later = await sbx.getInfo();
+      assert.ok(later.endAt.getTime() > Date.now() + 200_000);
+      const m = await sbx.getMetrics();
+      assert.ok(m.length >= 1 && m[0]!.memTotal > 0);
+      assert.equal(await sbx.isRunning(), true);
+    });
+
+    test('pause: the data plane answers 502 while paused; connect resumes with processes alive', async () => {
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      assert.equal(await sbx.pause(), true);
+      assert.equal(await sbx.pause(), false);
+      assert.equal(await sbx.isRunning(), false);
+      await assert.rejects(sbx.commands.run('true'));
+      const back = await E2B.Sandbox.connect(sbx.sandboxId, opts());
+      assert.equal((await back.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n');
+      await back.commands.kill(bg.pid);
+    });
+
+    test('snapshots are templates', async () => {
+      await sbx.files.write('/tmp/snap.txt', 'from the snapshot');
+      const snap = await sbx.createSnapshot();
+      const child = await E2B.Sandbox.create(snap.snapshotId, { ...opts(), timeoutMs: 60_000 });
+      try {
+        assert.equal(await child.files.read('/tmp/snap.txt'), 'from the snapshot');
+      } finally {
+        await child.kill();
+      }
+    });
+
+    test('errors: unknown sandbox, wrong token, bad template, killed sandbox cuts streams', async () => {
+      await assert.rejects(E2B.Sandbox.connect('nope-0000', opts()), E2B.SandboxNotFoundError);
+      assert.equal(await E2B.Sandbox.kill('nope-0000', opts()), false);
+      await assert.rejects(E2B.Sandbox.create('no-such-template', opts()), (err: unknown) => err instanceof Error && /not found/.test(err.message));
+      const r = await fetch(`${platform.url}/health`, { headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': 'wrong' } });
+      assert.equal(r.status, 401);
+      const gone = await fetch(`${platform.url}/health`, { headers: { 'e2b-sandbox-id': 'nope-0000' } });
+      assert.equal(gone.status, 502);
+      assert.equal(((await gone.json()) as { code: number }).code, 502);
+      const victim = await E2B.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 60_000 });
+      const h = await victim.commands.run('sleep 600', { background: true });
+      await victim.kill();
+      await assert.rejects(h.wait());
+      assert.equal(await victim.isRunning(), false);
+    });
+  });
+}
+
+test('base: 503 with Retry-After at once while it builds, then a sandbox with user `user`', async () => {
+  const create = () =>
+    fetch(`${platform.url}/v2/sandboxes`, {
+      method: 'POST',
+      headers: { 'x-api-key': e2bKey, 'content-type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', timeout: 60 }),
+    });
+  const start = Date.now();
+  const r = await create();
+  const body = (await r.json()) as { code: number; message: string };
+  assert.equal(r.status, 503, body.message);
+  assert.equal(body.code, 503);
+  assert.ok(Number(r.headers.get('retry-after')) > 0);
+  assert.ok(Date.now() - start < 10_000);
+  const deadline = Date.now() + 20_000;
+  let sbx: InstanceType<typeof E51.Sandbox> | undefined;
+  let last = '';
+  while (!sbx && Date.now() < deadline) {
+    sbx = await E51.Sandbox.create('base', { apiKey: e2bKey, apiUrl: platform.url, sandboxUrl: platform.url, timeoutMs: 60_000 }).catch((err: unknown) => {
+      last = String(err);
+      if (!/not ready/.test(last) || /failed/.test(last)) throw err;
+      return undefined;
+    });
+    if (!sbx) await new Promise((res) => setTimeout(res, 500));
+  }
+  assert.ok(sbx, `base became ready (${last})`);
+  try {
+    const r2 = await sbx.commands.run('whoami; echo $HOME; stat -c %U /home/user; grep -c NOPASSWD /etc/sudoers.d/user', { user: 'root' });
+    assert.equal(r2.stdout, 'root\n/root\nuser\n1\n');
+    assert.equal((await sbx.commands.run('id -un; pwd')).stdout, 'user\n/home/user\n');
+  } finally {
+    await sbx.kill();
+  }
+});
