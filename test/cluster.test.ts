@@ -119,7 +119,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   const conn = (): { client: DsecClient } => ({ client });
 
   const startUp = async (): Promise<void> => {
-    up = run(['up', '--addr', '127.0.0.1:0', '--node-addr', `127.0.0.1:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
+    up = run(['up', '--addr', '127.0.0.1:0', '--no-prebuild', '--node-addr', `127.0.0.1:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
       DSEC_HOME: home,
     });
     apiUrl = (await waitFor(up, /listening on (http:\/\/\S+)/, 'dsec up'))[1]!;

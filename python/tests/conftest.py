@@ -45,7 +45,7 @@ class Platform:
 def _start(home: str, args: List[str]) -> "tuple[subprocess.Popen[bytes], str, List[str]]":
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DSEC_HOME": home, "DSEC_AGENT": AGENT}
     proc = subprocess.Popen(
-        ["node", CLI, "up", "--addr", "127.0.0.1:0", *args],
+        ["node", CLI, "up", "--addr", "127.0.0.1:0", "--no-prebuild", *args],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -67,7 +67,7 @@ export async function freshHome(prefix: string): Promise<string> {
 
 /** Starts `dsec up` on `home` and waits until it listens; a child that does not is killed. */
 export async function up(home: string, opts: UpOptions = {}): Promise<RunningNode> {
-  const child = spawn(process.execPath, [CLI, 'up', '--addr', '127.0.0.1:0', ...(opts.args ?? [])], {
+  const child = spawn(process.execPath, [CLI, 'up', '--addr', '127.0.0.1:0', '--no-prebuild', ...(opts.args ?? [])], {
     env: { PATH: process.env.PATH ?? '', DSEC_HOME: home, DSEC_AGENT: AGENT_BINARY, ...opts.env },
     stdio: ['pipe', 'pipe', 'pipe'],
   });

@@ -51,15 +51,17 @@ export function registerUp(program: Command): void {
     .option('-q, --quiet', 'do not print the server log')
     .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
     .option('--no-e2b-base', 'do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)')
-    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean }) => {
+    .option('--no-prebuild', 'build nothing in the background at start (the E2B `base` template, the function-call runtimes): each is built when first asked for')
+    .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean; prebuild?: boolean }) => {
       const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
       const { startPlatform } = await import('@dsec/apiserver');
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
       const opts = platformOptions(config);
       // dsec up builds the fncall language runtimes in the background into the machine-wide cache (docs/integrations.md).
-      const calls = { runtimeCache: DEFAULT_RUNTIME_CACHE, prebuild: [...RUNTIME_LAYER_IDS], ...opts.calls };
-      const platform = await startPlatform({ ...opts, calls, e2b: { buildBase: flags.e2bBase !== false }, log });
+      const prebuild = flags.prebuild !== false;
+      const calls = { runtimeCache: DEFAULT_RUNTIME_CACHE, prebuild: prebuild ? [...RUNTIME_LAYER_IDS] : [], ...opts.calls };
+      const platform = await startPlatform({ ...opts, calls, e2b: { buildBase: prebuild && flags.e2bBase !== false }, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {
