@@ -145,13 +145,13 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     // A store of one process: what a crash of the previous one cut short is settled against the
     // node before anything is served or charged. Replicas reconcile a node when its session opens.
     if (!store.shared) {
-      const reconciled = await reconcileAtStart({ store, nodes, log });
+      const reconciled = await reconcileAtStart({ store, nodes, log, toSandbox: (row) => services.lifecycle.toSandbox(row) });
       if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
     }
     await services.lifecycle.loadAllocations();
     // One process: a key still pending belongs to a request that died with the previous one.
     // Replicas: another one may be running that request; only a key pending far too long is dead.
-    await store.dropPendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
+    await store.settlePendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
     await o.prepare?.(services, watch);
 
     // The first admin key, written where the local CLI finds it. Replicas starting together on

@@ -393,9 +393,15 @@ export class StateStore {
 
   // ---- sandboxes ----
 
-  async insertSandbox(row: SandboxTable, labels: Record<string, string>): Promise<void> {
+  /**
+   * Inserts a sandbox row (and its labels). With `idempotencyKey`, the key (pending, held by
+   * this create) records the sandbox's id in the same transaction: a crash before the key
+   * completes leaves a key that the start-up reconcile settles against this row.
+   */
+  async insertSandbox(row: SandboxTable, labels: Record<string, string>, idempotencyKey?: string): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
       await tx.insertInto('sandboxes').values(row).execute();
+      if (idempotencyKey !== undefined) await bindIdempotencyKey(tx, row.project_id, idempotencyKey, row.id);
       const entries = Object.entries(labels);
       if (entries.length > 0) {
         await tx
@@ -766,6 +772,8 @@ export class StateStore {
     expiresAt: string;
     lease: string;
     ownerId: string | null;
+    /** A pending idempotency key of the claim: it records the claimed id in the claim's transaction. */
+    idempotencyKey?: string | undefined;
   }): Promise<SandboxTable | undefined> {
     // Most creates match no pool: one indexed read, no transaction.
     const any = await this.db
@@ -817,6 +825,7 @@ export class StateStore {
             .insertInto('sandbox_labels')
             .values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value })))
             .execute();
+        if (c.idempotencyKey !== undefined) await bindIdempotencyKey(tx, c.projectId, c.idempotencyKey, row.id);
         // Idle detection needs the time of use only roughly: skip the write within a second.
         const recent = new Date(Date.parse(c.createdAt) - 1000).toISOString();
         await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).where('last_used_at', '<', recent).execute();
@@ -880,10 +889,46 @@ export class StateStore {
     await this.db.deleteFrom('idempotency_keys').where('project_id', '=', projectId).where('key', '=', key).where('state', '=', 'pending').execute();
   }
 
-  /** Drops pending keys created before `before` (their request died with its server); returns how many. */
-  async dropPendingIdempotencyKeys(before: string): Promise<number> {
-    const res = await this.db.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
-    return Number(res.numDeletedRows);
+  /**
+   * Settles pending keys created before `before` (their request died with its server): a key
+   * that recorded a sandbox still standing in its project (not a pool's, not half made or half
+   * deleted) is done with that sandbox, so that a retry gets it instead of a second one; every
+   * other such key is dropped (a retry creates anew). Returns the keys settled and the number dropped.
+   */
+  async settlePendingIdempotencyKeys(before: string): Promise<{ settled: IdempotencyKeyTable[]; dropped: number }> {
+    return this.db.transaction().execute(async (tx) => {
+      const settled = await tx
+        .updateTable('idempotency_keys')
+        .set({ state: 'done' })
+        .where('state', '=', 'pending')
+        .where('created_at', '<', before)
+        .where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('sandboxes')
+              .select('sandboxes.id')
+              .whereRef('sandboxes.id', '=', 'idempotency_keys.sandbox_id')
+              .whereRef('sandboxes.project_id', '=', 'idempotency_keys.project_id')
+              .where('sandboxes.pool_id', 'is', null)
+              .where('sandboxes.state', 'not in', ['creating', 'stopping', 'pooled']),
+          ),
+        )
+        .returningAll()
+        .execute();
+      const res = await tx.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
+      return { settled, dropped: Number(res.numDeletedRows) };
+    });
+  }
+
+  /** Records the first reply of a key settled after a crash (it had none). */
+  async setIdempotencyResponse(projectId: string, key: string, response: string): Promise<void> {
+    await this.db
+      .updateTable('idempotency_keys')
+      .set({ response })
+      .where('project_id', '=', projectId)
+      .where('key', '=', key)
+      .where('response', 'is', null)
+      .execute();
   }
 
   /** Forgets expired keys. */
@@ -1056,6 +1101,17 @@ export class StateStore {
     });
     return ids.length;
   }
+}
+
+/** Records, on a pending key held by the create under way, the id of the sandbox it makes. */
+async function bindIdempotencyKey(tx: Transaction<Database>, projectId: string, key: string, sandboxId: string): Promise<void> {
+  await tx
+    .updateTable('idempotency_keys')
+    .set({ sandbox_id: sandboxId })
+    .where('project_id', '=', projectId)
+    .where('key', '=', key)
+    .where('state', '=', 'pending')
+    .execute();
 }
 
 function quotaError(row: ProjectTable | undefined, r: Reservation): DsecError {
