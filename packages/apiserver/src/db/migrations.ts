@@ -2,6 +2,7 @@
 // PostgreSQL alike.
 import type { Kysely, Migration, MigrationProvider } from 'kysely';
 import { migration0006Limits } from './migration-0006-limits.js';
+import { migration0012Tenants } from './migration-0012-tenants.js';
 
 const migrations: Record<string, Migration> = {
   '0001_initial': {
@@ -265,6 +266,7 @@ const migrations: Record<string, Migration> = {
         .execute();
     },
   },
+  '0012_tenants': migration0012Tenants,
 };
 
 /** The migrations of the state store, in order. */

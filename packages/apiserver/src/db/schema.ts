@@ -132,6 +132,8 @@ export interface TrajectoryTable {
   bytes: number;
   /** 1 when steps past the limits were not stored. */
   truncated: number;
+  /** When a byte budget (the tenant's or the platform's) stopped the recording: not replayable. */
+  cut_at: string | null;
 }
 
 /** One step of a trajectory. */

@@ -1043,6 +1043,8 @@ export class StateStore {
     steps: TrajectoryStepTable[];
     counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>;
     ends: Array<{ sandboxId: string; at: string }>;
+    /** Trajectories a byte budget cut short now (not replayable from now on). */
+    cuts?: Array<{ sandboxId: string; at: string }>;
   }): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
       for (const h of batch.headers)
@@ -1063,7 +1065,68 @@ export class StateStore {
       }
       for (const e of batch.ends)
         await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
+      for (const c of batch.cuts ?? [])
+        await tx.updateTable('trajectories').set({ cut_at: c.at, truncated: 1 }).where('sandbox_id', '=', c.sandboxId).where('cut_at', 'is', null).execute();
     });
+  }
+
+  /** Stored trajectory bytes of each project. */
+  async trajectoryBytesByProject(): Promise<Array<{ projectId: string; bytes: number }>> {
+    const rows = await this.db
+      .selectFrom('trajectories')
+      .select((eb) => ['project_id', eb.fn.sum<number | string>('bytes').as('bytes')])
+      .groupBy('project_id')
+      .execute();
+    return rows.map((r) => ({ projectId: r.project_id, bytes: Number(r.bytes ?? 0) }));
+  }
+
+  /**
+   * Deletes finished trajectories (their sandbox is gone), oldest end first, of the projects in
+   * `projectIds` (null: of every project), until at least `bytes` are freed or none is left;
+   * `keep` are never deleted. Returns what went.
+   */
+  async evictFinishedTrajectories(
+    projectIds: readonly string[] | null,
+    bytes: number,
+    keep: ReadonlySet<string> = new Set(),
+  ): Promise<Array<{ sandboxId: string; projectId: string; bytes: number }>> {
+    const gone: Array<{ sandboxId: string; projectId: string; bytes: number }> = [];
+    if (projectIds?.length === 0) return gone;
+    let freed = 0;
+    let after: { at: string; id: string } | undefined;
+    while (freed < bytes) {
+      let q = this.db
+        .selectFrom('trajectories')
+        .select(['sandbox_id', 'project_id', 'bytes', 'ended_at'])
+        .where('ended_at', 'is not', null)
+        .orderBy('ended_at')
+        .orderBy('sandbox_id')
+        .limit(100);
+      if (projectIds) q = q.where('project_id', 'in', [...projectIds]);
+      if (after) {
+        const a = after;
+        q = q.where((eb) => eb.or([eb('ended_at', '>', a.at), eb.and([eb('ended_at', '=', a.at), eb('sandbox_id', '>', a.id)])]));
+      }
+      const page = await q.execute();
+      if (page.length === 0) break;
+      const last = page[page.length - 1]!;
+      after = { at: last.ended_at!, id: last.sandbox_id };
+      const ids: string[] = [];
+      for (const r of page) {
+        if (freed >= bytes) break;
+        if (keep.has(r.sandbox_id)) continue;
+        ids.push(r.sandbox_id);
+        freed += Number(r.bytes);
+        gone.push({ sandboxId: r.sandbox_id, projectId: r.project_id, bytes: Number(r.bytes) });
+      }
+      if (ids.length === 0) continue;
+      await this.db.transaction().execute(async (tx) => {
+        await tx.deleteFrom('trajectory_steps').where('sandbox_id', 'in', ids).execute();
+        await tx.deleteFrom('trajectory_seqs').where('sandbox_id', 'in', ids).execute();
+        await tx.deleteFrom('trajectories').where('sandbox_id', 'in', ids).execute();
+      });
+    }
+    return gone;
   }
 
   /** Ends the open trajectories whose sandbox row is gone (a destroy a crash cut short); returns how many. */
