@@ -106,9 +106,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
   await mkdir(o.home, { recursive: true, mode: 0o700 });
   const closers: Array<() => Promise<void> | void> = [() => store.close()];
   try {
-    const auth = new Authenticator(store);
     // The tenant limits, resolved once for every service that enforces one.
     const limits = resolveLimits(o.limits);
+    const auth = new Authenticator(store, { perSecond: limits.requestsPerSecondPerTenant, burst: limits.requestBurstPerTenant });
     // Events from the nodes and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
     const watch = new WatchService(store, { log, ...o.watch, limits, tenantProjects: (t) => auth.tenantProjects(t) });
