@@ -81,6 +81,8 @@ export interface LayerTable {
   /** User-facing `name:tag`, unique per project; null for an unnamed upload. */
   name: string | null;
   created_at: string;
+  /** 1: a snapshot its project shares with its sub-projects (a snapshot is private otherwise). */
+  shared: number;
 }
 
 /** A warm pool: K sandboxes of one spec kept ready for claims. */

@@ -951,9 +951,35 @@ export class StateStore {
         .executeTakeFirst();
       if (existing) return existing;
     }
-    const row: LayerTable = { id: newId('lyr'), project_id: l.projectId, digest: l.digest, kind: l.kind, name: l.name, created_at: now() };
+    // A new name of a shared snapshot is shared too.
+    const shared = await this.db
+      .selectFrom('layers')
+      .select('shared')
+      .where('project_id', '=', l.projectId)
+      .where('digest', '=', l.digest)
+      .where('shared', '=', 1)
+      .executeTakeFirst();
+    const row: LayerTable = {
+      id: newId('lyr'),
+      project_id: l.projectId,
+      digest: l.digest,
+      kind: l.kind,
+      name: l.name,
+      created_at: now(),
+      shared: shared ? 1 : 0,
+    };
     await this.db.insertInto('layers').values(row).execute();
     return row;
+  }
+
+  /** Shares (or stops sharing) a project's layer with its sub-projects: every row of it in the project. */
+  async shareLayer(projectId: string, digest: string, shared: boolean): Promise<void> {
+    await this.db
+      .updateTable('layers')
+      .set({ shared: shared ? 1 : 0 })
+      .where('project_id', '=', projectId)
+      .where('digest', '=', digest)
+      .execute();
   }
 
   async layers(projectIds: string[]): Promise<LayerTable[]> {
