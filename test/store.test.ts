@@ -140,7 +140,18 @@ function storeSuite(open: () => Promise<StateStore>): void {
     const t = new Date().toISOString();
     await store.writeTrajectories({
       headers: [
-        { sandbox_id: 'sbx-t', project_id: ROOT_PROJECT_ID, spec: '{}', layers: '[]', created_at: t, ended_at: null, steps: 0, bytes: 0, truncated: 0 },
+        {
+          sandbox_id: 'sbx-t',
+          project_id: ROOT_PROJECT_ID,
+          spec: '{}',
+          layers: '[]',
+          created_at: t,
+          ended_at: null,
+          steps: 0,
+          bytes: 0,
+          truncated: 0,
+          cut_at: null,
+        },
       ],
       steps: [0, 1].map((seq) => ({ sandbox_id: 'sbx-t', seq, kind: 'exec', started_at: t, bytes: 2, step: '{}' })),
       counters: [{ sandbox_id: 'sbx-t', steps: 2, bytes: 4, truncated: 0 }],

@@ -60,6 +60,11 @@ export function requireRole(p: Principal, min: Role): void {
   if (!roleAtLeast(p.role, min)) throw new DsecError('PERMISSION_DENIED', `this needs the ${min} role; the key has ${p.role}`);
 }
 
+/** The rate bucket a principal draws from: its tenant's, or (the root project's keys) its key's. */
+export function rateBucketOf(p: Pick<Principal, 'keyId' | 'tenantId'>): string {
+  return p.tenantId === ROOT_PROJECT_ID ? `key:${p.keyId}` : `tenant:${p.tenantId}`;
+}
+
 class TokenBucket {
   private tokens: number;
   private last = Date.now();
@@ -163,13 +168,16 @@ export class Authenticator {
   }
 
   /**
-   * A token of the key's bucket: in memory when this process is the only apiserver, else in the
-   * shared store so that replicas together hold the rate. The ms to wait, or 0.
+   * A token of the principal's bucket: one per tenant (every key of a tenant's projects draws
+   * from it, so that more keys or sub-projects do not multiply the rate); the root project's
+   * keys (the operator's) have one each. In memory when this process is the only apiserver,
+   * else in the shared store so that replicas together hold the rate. The ms to wait, or 0.
    */
-  private async takeToken(keyId: string): Promise<number> {
-    if (this.store.shared) return this.store.takeRateToken(`key:${keyId}`, this.rate.perSecond, this.rate.burst);
-    let bucket = this.buckets.get(keyId);
-    if (!bucket) this.buckets.set(keyId, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
+  private async takeToken(p: Principal): Promise<number> {
+    const id = rateBucketOf(p);
+    if (this.store.shared) return this.store.takeRateToken(id, this.rate.perSecond, this.rate.burst);
+    let bucket = this.buckets.get(id);
+    if (!bucket) this.buckets.set(id, (bucket = new TokenBucket(this.rate.perSecond, this.rate.burst)));
     return bucket.take();
   }
 
@@ -231,10 +239,16 @@ export class Authenticator {
     return principal;
   }
 
-  /** The principal, once a token of its key's bucket is taken (else RATE_LIMITED). */
+  /** The principal, once a token of its tenant's bucket (the root project's keys: each its own) is taken (else RATE_LIMITED). */
   private async rateLimited(principal: Principal): Promise<Principal> {
-    const waitMs = await this.takeToken(principal.keyId);
-    if (waitMs > 0) throw new DsecError('RATE_LIMITED', `too many requests for this key; retry in ${waitMs} ms`, { retryAfterMs: waitMs });
+    const waitMs = await this.takeToken(principal);
+    if (waitMs > 0) {
+      const whose = principal.tenantId === ROOT_PROJECT_ID ? 'this key' : `tenant ${principal.tenantId} (all its keys together)`;
+      throw new DsecError('RATE_LIMITED', `too many requests for ${whose}; retry in ${waitMs} ms (limits.requestsPerSecondPerTenant)`, {
+        retryAfterMs: waitMs,
+        limit: 'requestsPerSecondPerTenant',
+      });
+    }
     return principal;
   }
 }

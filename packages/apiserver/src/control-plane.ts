@@ -112,9 +112,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
   await mkdir(o.home, { recursive: true, mode: 0o700 });
   const closers: Array<() => Promise<void> | void> = [() => store.close()];
   try {
-    const auth = new Authenticator(store);
     // The tenant limits, resolved once for every service that enforces one.
     const limits = resolveLimits(o.limits);
+    const auth = new Authenticator(store, { perSecond: limits.requestsPerSecondPerTenant, burst: limits.requestBurstPerTenant });
     // Events from the nodes and the control plane (owner.lost, lease.exceeded of idle and owner
     // leases) go through the watcher's pipeline; run-time rules tighten every new sandbox.
     const watch = new WatchService(store, { log, ...o.watch, limits, tenantProjects: (t) => auth.tenantProjects(t) });
@@ -151,13 +151,13 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     // A store of one process: what a crash of the previous one cut short is settled against the
     // node before anything is served or charged. Replicas reconcile a node when its session opens.
     if (!store.shared) {
-      const reconciled = await reconcileAtStart({ store, nodes, log });
+      const reconciled = await reconcileAtStart({ store, nodes, log, toSandbox: (row) => services.lifecycle.toSandbox(row) });
       if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
     }
     await services.lifecycle.loadAllocations();
     // One process: a key still pending belongs to a request that died with the previous one.
     // Replicas: another one may be running that request; only a key pending far too long is dead.
-    await store.dropPendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
+    await store.settlePendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
     await o.prepare?.(services, watch);
 
     // The first admin key, written where the local CLI finds it. Replicas starting together on

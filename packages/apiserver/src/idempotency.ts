@@ -80,8 +80,9 @@ export class IdempotencyKeys {
       }
       if (row.state === 'done') return { owned: false, row };
       if (Date.now() - Date.parse(row.created_at) < IDEMPOTENCY_PENDING_STALE_MS) return { owned: false, pending: true };
-      // The request that held it never finished (its server stopped): take the key over.
-      await this.store.releaseIdempotencyKey(projectId, key);
+      // The request that held it never finished (its server stopped): a key whose sandbox stands
+      // is done with it, any other is taken over.
+      await this.store.settlePendingIdempotencyKeys(new Date(Date.now() - IDEMPOTENCY_PENDING_STALE_MS + 1).toISOString());
     }
   }
 

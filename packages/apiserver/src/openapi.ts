@@ -177,6 +177,7 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/layers/debian', summary: 'Build a Debian layer', body: api.DebianLayerRequestSchema, reply: api.LayerSchema, status: 201 },
   { method: 'get', path: '/v1/layers', summary: 'List layers', reply: page(api.LayerSchema) },
   { method: 'get', path: '/v1/layers/{ref}', summary: 'Get a layer', reply: api.LayerSchema },
+  { method: 'patch', path: '/v1/layers/{ref}', summary: 'Share a snapshot with sub-projects', body: api.UpdateLayerRequestSchema, reply: api.LayerSchema },
   { method: 'delete', path: '/v1/layers/{ref}', summary: 'Delete a layer', status: 204 },
   { method: 'post', path: '/v1/keys', summary: 'Create an API key', body: api.CreateKeyRequestSchema, reply: api.ApiKeySchema, status: 201 },
   { method: 'get', path: '/v1/keys', summary: 'List API keys', reply: page(api.ApiKeySchema) },

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { ROOT_PROJECT_ID } from './db/store.js';
+import { hashOf } from './idempotency.js';
 import { reconcileAtStart, reconcileWasClean } from './reconcile.js';
 import { harness } from './testing/harness.js';
 import type { Harness } from './testing/harness.js';
@@ -95,5 +96,39 @@ describe('reconcile at start (fake node, real store)', () => {
     await reconcile();
     assert.equal(await h.store.sandboxOnly(id), undefined);
     assert.equal(await used(), 0);
+  });
+
+  test('a key whose sandbox stands is settled with it (a retry gets it); one whose sandbox went is dropped', async () => {
+    const { store } = h;
+    const req = { image: { base: 'busybox' }, labels: { k: 'v' } };
+    // Two creates that died after their row was written with the key's id: one sandbox stands,
+    // the other's create was cut short (its row rolled back by the reconcile).
+    const standing = await create({ k: 'v' });
+    const cut = await create({ k: 'v' });
+    await store.setSandboxState(cut, 'creating');
+    for (const [key, id] of [
+      ['stands', standing],
+      ['cut', cut],
+    ] as const) {
+      await store.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key, requestHash: hashOf(req), ttlMs: 60_000 });
+      await store.db.updateTable('idempotency_keys').set({ sandbox_id: id }).where('key', '=', key).execute();
+    }
+    await new Promise((r) => setTimeout(r, 5));
+    const report = await reconcileAtStart({
+      store,
+      nodes: h.services.nodes,
+      log: () => undefined,
+      toSandbox: (row) => h.services.lifecycle.toSandbox(row),
+    });
+    assert.deepEqual(report.idempotencySettled, [`stands -> ${standing}`]);
+    assert.equal(report.idempotencyKeys, 1);
+    const again = await h.services.sandboxes.create(h.admin, req, { idempotencyKey: 'stands' });
+    assert.equal(again.id, standing, 'the retry gets the standing sandbox');
+    const other = await h.services.sandboxes.create(h.admin, req, { idempotencyKey: 'cut' });
+    assert.notEqual(other.id, cut, 'a key whose create was rolled back creates anew');
+    // Deleted later, the sandbox's first reply (recorded at the reconcile) still answers.
+    await h.services.lifecycle.destroyRow((await store.sandboxOnly(standing))!);
+    assert.equal((await h.services.sandboxes.create(h.admin, req, { idempotencyKey: 'stands' })).id, standing);
+    await h.services.lifecycle.destroyRow((await store.sandboxOnly(other.id))!);
   });
 });

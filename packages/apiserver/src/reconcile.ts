@@ -4,7 +4,7 @@
 // node with no row are destroyed, pending idempotency keys and open trajectories of gone
 // sandboxes are let go, and every project's usage is recomputed from the rows that remain.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, EdgeSandbox, SandboxClaim } from '@dsec/protocol';
+import type { EdgeClient, EdgeSandbox, Sandbox, SandboxClaim } from '@dsec/protocol';
 import type { SandboxTable } from './db/schema.js';
 import type { Reservation, StateStore } from './db/store.js';
 import type { NodeRegistry } from './nodes.js';
@@ -17,6 +17,8 @@ export interface ReconcileDeps {
   store: StateStore;
   nodes: NodeRegistry;
   log: (line: string) => void;
+  /** The API's view of a row: the first reply recorded on an idempotency key settled here. */
+  toSandbox?: (row: SandboxTable & { labels: Record<string, string> }) => Sandbox;
 }
 
 /** One row the reconcile moved: from its state to `to` (`deleted`: the row is gone). */
@@ -36,15 +38,17 @@ export interface ReconcileReport {
   unreachable: string[];
   /** Projects whose usage did not match their rows, before and after. */
   usage: Array<{ projectId: string; before: Reservation; after: Reservation }>;
-  /** Idempotency keys of requests that died with the previous process. */
+  /** Idempotency keys of requests that died with the previous process before making a sandbox: dropped. */
   idempotencyKeys: number;
+  /** Keys of requests that died after their sandbox stood: done with it (`key -> sandbox id`). */
+  idempotencySettled: string[];
   /** Open trajectories of sandboxes whose row is gone, now ended. */
   trajectories: number;
 }
 
 /** True when the report changed nothing. */
 export function reconcileWasClean(r: ReconcileReport): boolean {
-  return r.settled.length + r.orphans.length + r.usage.length + r.idempotencyKeys + r.trajectories === 0;
+  return r.settled.length + r.orphans.length + r.usage.length + r.idempotencyKeys + r.idempotencySettled.length + r.trajectories === 0;
 }
 
 /** One line for the log. */
@@ -54,6 +58,7 @@ export function reconcileSummary(r: ReconcileReport): string {
     ...(r.orphans.length ? [`orphans destroyed: ${r.orphans.join(', ')}`] : []),
     ...(r.usage.length ? [`usage recomputed for ${r.usage.map((u) => `${u.projectId} (${u.before.sandboxes} -> ${u.after.sandboxes})`).join(', ')}`] : []),
     ...(r.idempotencyKeys ? [`${r.idempotencyKeys} pending idempotency keys dropped`] : []),
+    ...(r.idempotencySettled.length ? [`idempotency keys settled with their sandbox: ${r.idempotencySettled.join(', ')}`] : []),
     ...(r.trajectories ? [`${r.trajectories} trajectories ended`] : []),
     ...(r.unreachable.length ? [`nodes not reconciled (unreachable): ${r.unreachable.join(', ')}`] : []),
   ];
@@ -128,7 +133,7 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
  */
 export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileReport> {
   const { store, nodes, log } = d;
-  const report: ReconcileReport = { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, trajectories: 0 };
+  const report: ReconcileReport = { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, idempotencySettled: [], trajectories: 0 };
   const views = new Map<string, { client: EdgeClient; sandboxes: Map<string, EdgeSandbox> }>();
   for (const n of nodes.all()) {
     try {
@@ -167,8 +172,15 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
     }
   }
   // This process is the only apiserver: a key still pending belongs to a request that died with
-  // the previous one (a retry then creates anew).
-  report.idempotencyKeys = await store.dropPendingIdempotencyKeys(new Date().toISOString());
+  // the previous one. One whose sandbox stands (the rows are settled above) is done with it, so
+  // that a retry gets that sandbox and not a second one; the others go (a retry creates anew).
+  const keys = await store.settlePendingIdempotencyKeys(new Date().toISOString());
+  report.idempotencyKeys = keys.dropped;
+  for (const k of keys.settled) {
+    report.idempotencySettled.push(`${k.key} -> ${k.sandbox_id}`);
+    const row = d.toSandbox && k.sandbox_id ? await store.sandbox(k.sandbox_id) : undefined;
+    if (row && d.toSandbox) await store.setIdempotencyResponse(k.project_id, k.key, JSON.stringify(d.toSandbox(row)));
+  }
   report.trajectories = await store.endOrphanTrajectories(new Date().toISOString());
   report.usage = await store.recomputeUsage();
   return report;

@@ -11,6 +11,8 @@ import type { ExecSpec, ImageSpec, Recovery, Resources, TrajectoryStep, Trajecto
 import type { TrajectoryStepTable, TrajectoryTable } from './db/schema.js';
 import type { StateStore } from './db/store.js';
 import { ExecRecording, FileRecording } from './trajectory-recording.js';
+import { TrajectoryBudget } from './trajectory-budget.js';
+import type { TrajectoryBudgetOptions } from './trajectory-budget.js';
 
 export {
   ByteRecorder,
@@ -45,6 +47,8 @@ export interface TrajectoryOptions {
   retentionMs?: number;
   /** Where write failures are reported. */
   log?: (line: string) => void;
+  /** Byte budgets per tenant and in all (none: only `maxBytes` per sandbox). */
+  budget?: Omit<TrajectoryBudgetOptions, 'log'> | undefined;
 }
 
 /** The sandbox a trajectory belongs to, as it was created (layer references resolved). */
@@ -73,10 +77,16 @@ export interface TrajectoryHeader {
 
 /** Counters of one sandbox's log, kept in memory while it is written. */
 interface LogState {
+  projectId: string;
   nextSeq: number;
   steps: number;
   bytes: number;
+  /** `steps` and `bytes` as last written. */
+  storedSteps: number;
+  storedBytes: number;
   truncated: boolean;
+  /** A byte budget stopped the recording: nothing more is stored. */
+  cut: boolean;
   /** Steps of running commands already counted, with their stored size. */
   provisional: Map<number, number>;
   /** The sandbox is gone: the state is dropped after each late step. */
@@ -90,6 +100,8 @@ export class TrajectoryLog {
   private readonly headers = new Map<string, TrajectoryTable>();
   private readonly steps = new Map<string, TrajectoryStepTable>();
   private readonly ends = new Map<string, string>();
+  /** Trajectories cut by a byte budget whose mark is not written yet (a write failed). */
+  private readonly cuts = new Map<string, string>();
   /** Logs whose counters changed since the last write. */
   private readonly dirty = new Map<string, LogState>();
   /** Commands that run now, by `sandbox/proc` (stdin written later is added to them). */
@@ -101,6 +113,7 @@ export class TrajectoryLog {
   private readonly maxBytes: number;
   private readonly retentionMs: number;
   private readonly log: (line: string) => void;
+  private readonly budget: TrajectoryBudget | undefined;
 
   constructor(
     private readonly store: StateStore,
@@ -112,6 +125,7 @@ export class TrajectoryLog {
     this.maxBytes = opts.maxBytes ?? DEFAULT_TRAJECTORY_MAX_BYTES;
     this.retentionMs = opts.retentionMs ?? DEFAULT_TRAJECTORY_RETENTION_MS;
     this.log = opts.log ?? (() => undefined);
+    this.budget = opts.budget ? new TrajectoryBudget(store, { ...opts.budget, log: this.log }) : undefined;
     this.pruneTimer = setInterval(
       () => void this.prune().catch((err: unknown) => this.log(`trajectory: prune failed: ${(err as Error).message}`)),
       PRUNE_INTERVAL_MS,
@@ -121,7 +135,18 @@ export class TrajectoryLog {
 
   /** Starts the log of a new sandbox. */
   open(h: TrajectoryHeader): void {
-    this.states.set(h.sandboxId, { nextSeq: 0, steps: 0, bytes: 0, truncated: false, provisional: new Map(), ended: false });
+    this.states.set(h.sandboxId, {
+      projectId: h.projectId,
+      nextSeq: 0,
+      steps: 0,
+      bytes: 0,
+      storedSteps: 0,
+      storedBytes: 0,
+      truncated: false,
+      cut: false,
+      provisional: new Map(),
+      ended: false,
+    });
     this.headers.set(h.sandboxId, headerRow(h));
     this.schedule();
   }
@@ -204,6 +229,7 @@ export class TrajectoryLog {
         .catch((err: unknown) => this.log(`trajectory: ${sandboxId} step ${step.seq} lost: ${(err as Error).message}`));
       return;
     }
+    if (st.cut) return;
     let json = JSON.stringify(step);
     const counted = st.provisional.get(step.seq);
     const isNew = counted === undefined;
@@ -258,10 +284,14 @@ export class TrajectoryLog {
           this.headers.set(sandboxId, row);
         }
         const st: LogState = {
+          projectId: row.project_id,
           nextSeq: (await this.store.lastTrajectorySeq(sandboxId)) + 1,
           steps: row.steps,
           bytes: row.bytes,
+          storedSteps: row.steps,
+          storedBytes: row.bytes,
           truncated: row.truncated === 1,
+          cut: row.cut_at !== null,
           provisional: new Map(),
           ended: row.ended_at !== null,
         };
@@ -296,20 +326,41 @@ export class TrajectoryLog {
   }
 
   private async writeBatch(): Promise<void> {
-    if (this.headers.size === 0 && this.steps.size === 0 && this.ends.size === 0 && this.dirty.size === 0) return;
+    if (this.headers.size === 0 && this.steps.size === 0 && this.ends.size === 0 && this.dirty.size === 0 && this.cuts.size === 0) return;
     const headers = [...this.headers.values()];
-    const steps = [...this.steps.values()];
+    let steps = [...this.steps.values()];
     const ends = [...this.ends].map(([sandboxId, at]) => ({ sandboxId, at }));
-    const counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>> = [];
-    for (const [id, st] of this.dirty) counters.push({ sandbox_id: id, steps: st.steps, bytes: st.bytes, truncated: st.truncated ? 1 : 0 });
     const dirty = new Map(this.dirty);
     this.headers.clear();
     this.steps.clear();
     this.ends.clear();
     this.dirty.clear();
+    const cuts = [...this.cuts].map(([sandboxId, at]) => ({ sandboxId, at }));
+    this.cuts.clear();
     try {
-      await this.store.writeTrajectories({ headers, steps, counters, ends });
+      if (this.budget) {
+        // The byte budgets: what does not fit cuts its trajectory (its steps of this batch stay out).
+        const growth = [...dirty].map(([id, st]) => ({ sandboxId: id, projectId: st.projectId, delta: st.bytes - st.storedBytes }));
+        const cut = await this.budget.admit(growth.filter((g) => g.delta !== 0));
+        if (cut.size > 0) {
+          steps = steps.filter((s) => !cut.has(s.sandbox_id));
+          const at = new Date().toISOString();
+          for (const id of cut) {
+            const st = dirty.get(id)!;
+            Object.assign(st, { steps: st.storedSteps, bytes: st.storedBytes, truncated: true, cut: true });
+            st.provisional.clear();
+            if (st.ended) this.states.delete(id);
+            cuts.push({ sandboxId: id, at });
+          }
+        }
+      }
+      const counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>> = [];
+      for (const [id, st] of dirty) counters.push({ sandbox_id: id, steps: st.steps, bytes: st.bytes, truncated: st.truncated ? 1 : 0 });
+      await this.store.writeTrajectories({ headers, steps, counters, ends, cuts });
+      for (const st of dirty.values()) Object.assign(st, { storedSteps: st.steps, storedBytes: st.bytes });
     } catch (err) {
+      this.budget?.forget();
+      for (const c of cuts) if (!this.cuts.has(c.sandboxId)) this.cuts.set(c.sandboxId, c.at);
       // Keep the batch (newer entries win) and try again: a completed step is never dropped.
       for (const h of headers) if (!this.headers.has(h.sandbox_id)) this.headers.set(h.sandbox_id, h);
       for (const s of steps) if (!this.steps.has(`${s.sandbox_id}/${s.seq}`)) this.steps.set(`${s.sandbox_id}/${s.seq}`, s);
@@ -349,6 +400,7 @@ export class TrajectoryLog {
     await this.flush();
     let total = 0;
     for (let n = -1; n !== 0; total += n) n = await this.store.pruneTrajectories(new Date(now - this.retentionMs).toISOString());
+    if (total > 0) this.budget?.forget();
     return total;
   }
 
@@ -372,5 +424,6 @@ function headerRow(h: TrajectoryHeader): TrajectoryTable {
     steps: 0,
     bytes: 0,
     truncated: 0,
+    cut_at: null,
   };
 }

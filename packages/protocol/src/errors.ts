@@ -9,6 +9,8 @@ export const ERROR_STATUS = {
   FILE_NOT_FOUND: 404,
   NOT_FOUND: 404,
   CONFLICT: 409,
+  /** A replay of a trajectory whose recording a byte budget cut short (docs/security.md, "Tenants and crashes"). */
+  TRAJECTORY_TRUNCATED: 409,
   SANDBOX_NOT_RUNNING: 409,
   PAYLOAD_TOO_LARGE: 413,
   LAYER_INVALID: 422,

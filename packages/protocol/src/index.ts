@@ -73,6 +73,8 @@ export {
   UploadLayerQuerySchema,
 } from './layers.js';
 export type { BuildableLayerKind, DebianLayerRequest, ImageSpec, Layer, LayerInfo, LayerKind, PullLayerRequest, UploadLayerQuery } from './layers.js';
+export { UpdateLayerRequestSchema } from './layers.js';
+export type { UpdateLayerRequest } from './layers.js';
 export {
   CreateOwnerRequestSchema,
   DEFAULT_OWNER_GRACE_MS,

@@ -103,11 +103,21 @@ export const LayerSchema = z.object({
       sandboxId: z.string(),
       /** Trajectory steps of that sandbox with a lower seq were recorded before it was taken. */
       seq: z.number(),
+      /** Visible to the sub-projects of its project (else private to the project). */
+      sharedWithSubProjects: z.boolean().optional(),
     })
     .optional(),
 });
 
 export type Layer = z.infer<typeof LayerSchema>;
+
+/** PATCH /v1/layers/{ref}: what may change of a layer. */
+export const UpdateLayerRequestSchema = z.strictObject({
+  /** A snapshot: share it with the sub-projects of its project, or make it private again. */
+  shareWithSubProjects: z.boolean(),
+});
+/** PATCH /v1/layers/{ref} body. */
+export type UpdateLayerRequest = z.infer<typeof UpdateLayerRequestSchema>;
 
 /** A content-addressed layer held by a node. */
 export const LayerInfoSchema = z.object({

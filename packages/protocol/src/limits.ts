@@ -48,6 +48,10 @@ export const DEFAULT_AUTH_FAILURES_PER_SECOND = 5;
 export const DEFAULT_AUTH_FAILURE_BURST = 50;
 /** Audit entries kept per project (a flood in one never erases another's). */
 export const DEFAULT_AUDIT_ROWS_PER_PROJECT = 100_000;
+/** Authenticated requests one tenant (all its keys together) may make per second, on average. */
+export const DEFAULT_REQUESTS_PER_SECOND_PER_TENANT = 100;
+/** Authenticated requests one tenant may make in a burst. */
+export const DEFAULT_REQUEST_BURST_PER_TENANT = 1000;
 
 /** Every tenant limit, resolved (each key of the configuration's `limits`). */
 export interface TenantLimits {
@@ -91,6 +95,10 @@ export interface TenantLimits {
   authFailureBurst: number;
   /** Default {@link DEFAULT_AUDIT_ROWS_PER_PROJECT}. */
   auditRowsPerProject: number;
+  /** Default {@link DEFAULT_REQUESTS_PER_SECOND_PER_TENANT}. */
+  requestsPerSecondPerTenant: number;
+  /** Default {@link DEFAULT_REQUEST_BURST_PER_TENANT}. */
+  requestBurstPerTenant: number;
 }
 
 /** The name of one limit (what a LIMIT_EXCEEDED refusal's `limit` detail holds). */
@@ -118,6 +126,8 @@ export const DEFAULT_TENANT_LIMITS: Readonly<TenantLimits> = Object.freeze({
   authFailuresPerSecond: DEFAULT_AUTH_FAILURES_PER_SECOND,
   authFailureBurst: DEFAULT_AUTH_FAILURE_BURST,
   auditRowsPerProject: DEFAULT_AUDIT_ROWS_PER_PROJECT,
+  requestsPerSecondPerTenant: DEFAULT_REQUESTS_PER_SECOND_PER_TENANT,
+  requestBurstPerTenant: DEFAULT_REQUEST_BURST_PER_TENANT,
 });
 
 /** The names of every limit, in the order of the table in docs/security.md. */

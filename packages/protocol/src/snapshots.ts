@@ -11,6 +11,8 @@ export const MAX_FORK_COUNT = 256;
 export const SnapshotRequestSchema = z.strictObject({
   /** `name` or `name:tag` for the snapshot layer in the sandbox's project. */
   name: z.string().max(256).optional(),
+  /** Share the snapshot with the sub-projects of the sandbox's project (default: private to it). */
+  shareWithSubProjects: z.boolean().optional(),
 });
 /** POST /v1/sandboxes/{id}/snapshot body. */
 export type SnapshotRequest = z.infer<typeof SnapshotRequestSchema>;

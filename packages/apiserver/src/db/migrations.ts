@@ -3,6 +3,7 @@
 import type { Kysely, Migration, MigrationProvider } from 'kysely';
 import { migration0006Limits } from './migration-0006-limits.js';
 import { migration0010EndpointTokens } from './migration-0010-endpoint-tokens.js';
+import { migration0012Tenants } from './migration-0012-tenants.js';
 
 const migrations: Record<string, Migration> = {
   '0001_initial': {
@@ -267,6 +268,7 @@ const migrations: Record<string, Migration> = {
     },
   },
   '0010_endpoint_tokens': migration0010EndpointTokens,
+  '0012_tenants': migration0012Tenants,
 };
 
 /** The migrations of the state store, in order. */

@@ -81,6 +81,8 @@ export interface LayerTable {
   /** User-facing `name:tag`, unique per project; null for an unnamed upload. */
   name: string | null;
   created_at: string;
+  /** 1: a snapshot its project shares with its sub-projects (a snapshot is private otherwise). */
+  shared: number;
 }
 
 /** A warm pool: K sandboxes of one spec kept ready for claims. */
@@ -132,6 +134,8 @@ export interface TrajectoryTable {
   bytes: number;
   /** 1 when steps past the limits were not stored. */
   truncated: number;
+  /** When a byte budget (the tenant's or the platform's) stopped the recording: not replayable. */
+  cut_at: string | null;
 }
 
 /** One step of a trajectory. */

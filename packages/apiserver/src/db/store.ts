@@ -393,9 +393,15 @@ export class StateStore {
 
   // ---- sandboxes ----
 
-  async insertSandbox(row: SandboxTable, labels: Record<string, string>): Promise<void> {
+  /**
+   * Inserts a sandbox row (and its labels). With `idempotencyKey`, the key (pending, held by
+   * this create) records the sandbox's id in the same transaction: a crash before the key
+   * completes leaves a key that the start-up reconcile settles against this row.
+   */
+  async insertSandbox(row: SandboxTable, labels: Record<string, string>, idempotencyKey?: string): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
       await tx.insertInto('sandboxes').values(row).execute();
+      if (idempotencyKey !== undefined) await bindIdempotencyKey(tx, row.project_id, idempotencyKey, row.id);
       const entries = Object.entries(labels);
       if (entries.length > 0) {
         await tx
@@ -766,6 +772,8 @@ export class StateStore {
     expiresAt: string;
     lease: string;
     ownerId: string | null;
+    /** A pending idempotency key of the claim: it records the claimed id in the claim's transaction. */
+    idempotencyKey?: string | undefined;
   }): Promise<SandboxTable | undefined> {
     // Most creates match no pool: one indexed read, no transaction.
     const any = await this.db
@@ -817,6 +825,7 @@ export class StateStore {
             .insertInto('sandbox_labels')
             .values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value })))
             .execute();
+        if (c.idempotencyKey !== undefined) await bindIdempotencyKey(tx, c.projectId, c.idempotencyKey, row.id);
         // Idle detection needs the time of use only roughly: skip the write within a second.
         const recent = new Date(Date.parse(c.createdAt) - 1000).toISOString();
         await tx.updateTable('pools').set({ last_used_at: c.createdAt }).where('id', '=', cand.pool_id!).where('last_used_at', '<', recent).execute();
@@ -880,10 +889,46 @@ export class StateStore {
     await this.db.deleteFrom('idempotency_keys').where('project_id', '=', projectId).where('key', '=', key).where('state', '=', 'pending').execute();
   }
 
-  /** Drops pending keys created before `before` (their request died with its server); returns how many. */
-  async dropPendingIdempotencyKeys(before: string): Promise<number> {
-    const res = await this.db.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
-    return Number(res.numDeletedRows);
+  /**
+   * Settles pending keys created before `before` (their request died with its server): a key
+   * that recorded a sandbox still standing in its project (not a pool's, not half made or half
+   * deleted) is done with that sandbox, so that a retry gets it instead of a second one; every
+   * other such key is dropped (a retry creates anew). Returns the keys settled and the number dropped.
+   */
+  async settlePendingIdempotencyKeys(before: string): Promise<{ settled: IdempotencyKeyTable[]; dropped: number }> {
+    return this.db.transaction().execute(async (tx) => {
+      const settled = await tx
+        .updateTable('idempotency_keys')
+        .set({ state: 'done' })
+        .where('state', '=', 'pending')
+        .where('created_at', '<', before)
+        .where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('sandboxes')
+              .select('sandboxes.id')
+              .whereRef('sandboxes.id', '=', 'idempotency_keys.sandbox_id')
+              .whereRef('sandboxes.project_id', '=', 'idempotency_keys.project_id')
+              .where('sandboxes.pool_id', 'is', null)
+              .where('sandboxes.state', 'not in', ['creating', 'stopping', 'pooled']),
+          ),
+        )
+        .returningAll()
+        .execute();
+      const res = await tx.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
+      return { settled, dropped: Number(res.numDeletedRows) };
+    });
+  }
+
+  /** Records the first reply of a key settled after a crash (it had none). */
+  async setIdempotencyResponse(projectId: string, key: string, response: string): Promise<void> {
+    await this.db
+      .updateTable('idempotency_keys')
+      .set({ response })
+      .where('project_id', '=', projectId)
+      .where('key', '=', key)
+      .where('response', 'is', null)
+      .execute();
   }
 
   /** Forgets expired keys. */
@@ -906,9 +951,35 @@ export class StateStore {
         .executeTakeFirst();
       if (existing) return existing;
     }
-    const row: LayerTable = { id: newId('lyr'), project_id: l.projectId, digest: l.digest, kind: l.kind, name: l.name, created_at: now() };
+    // A new name of a shared snapshot is shared too.
+    const shared = await this.db
+      .selectFrom('layers')
+      .select('shared')
+      .where('project_id', '=', l.projectId)
+      .where('digest', '=', l.digest)
+      .where('shared', '=', 1)
+      .executeTakeFirst();
+    const row: LayerTable = {
+      id: newId('lyr'),
+      project_id: l.projectId,
+      digest: l.digest,
+      kind: l.kind,
+      name: l.name,
+      created_at: now(),
+      shared: shared ? 1 : 0,
+    };
     await this.db.insertInto('layers').values(row).execute();
     return row;
+  }
+
+  /** Shares (or stops sharing) a project's layer with its sub-projects: every row of it in the project. */
+  async shareLayer(projectId: string, digest: string, shared: boolean): Promise<void> {
+    await this.db
+      .updateTable('layers')
+      .set({ shared: shared ? 1 : 0 })
+      .where('project_id', '=', projectId)
+      .where('digest', '=', digest)
+      .execute();
   }
 
   async layers(projectIds: string[]): Promise<LayerTable[]> {
@@ -998,6 +1069,8 @@ export class StateStore {
     steps: TrajectoryStepTable[];
     counters: Array<Pick<TrajectoryTable, 'sandbox_id' | 'steps' | 'bytes' | 'truncated'>>;
     ends: Array<{ sandboxId: string; at: string }>;
+    /** Trajectories a byte budget cut short now (not replayable from now on). */
+    cuts?: Array<{ sandboxId: string; at: string }>;
   }): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
       for (const h of batch.headers)
@@ -1018,7 +1091,68 @@ export class StateStore {
       }
       for (const e of batch.ends)
         await tx.updateTable('trajectories').set({ ended_at: e.at }).where('sandbox_id', '=', e.sandboxId).where('ended_at', 'is', null).execute();
+      for (const c of batch.cuts ?? [])
+        await tx.updateTable('trajectories').set({ cut_at: c.at, truncated: 1 }).where('sandbox_id', '=', c.sandboxId).where('cut_at', 'is', null).execute();
     });
+  }
+
+  /** Stored trajectory bytes of each project. */
+  async trajectoryBytesByProject(): Promise<Array<{ projectId: string; bytes: number }>> {
+    const rows = await this.db
+      .selectFrom('trajectories')
+      .select((eb) => ['project_id', eb.fn.sum<number | string>('bytes').as('bytes')])
+      .groupBy('project_id')
+      .execute();
+    return rows.map((r) => ({ projectId: r.project_id, bytes: Number(r.bytes ?? 0) }));
+  }
+
+  /**
+   * Deletes finished trajectories (their sandbox is gone), oldest end first, of the projects in
+   * `projectIds` (null: of every project), until at least `bytes` are freed or none is left;
+   * `keep` are never deleted. Returns what went.
+   */
+  async evictFinishedTrajectories(
+    projectIds: readonly string[] | null,
+    bytes: number,
+    keep: ReadonlySet<string> = new Set(),
+  ): Promise<Array<{ sandboxId: string; projectId: string; bytes: number }>> {
+    const gone: Array<{ sandboxId: string; projectId: string; bytes: number }> = [];
+    if (projectIds?.length === 0) return gone;
+    let freed = 0;
+    let after: { at: string; id: string } | undefined;
+    while (freed < bytes) {
+      let q = this.db
+        .selectFrom('trajectories')
+        .select(['sandbox_id', 'project_id', 'bytes', 'ended_at'])
+        .where('ended_at', 'is not', null)
+        .orderBy('ended_at')
+        .orderBy('sandbox_id')
+        .limit(100);
+      if (projectIds) q = q.where('project_id', 'in', [...projectIds]);
+      if (after) {
+        const a = after;
+        q = q.where((eb) => eb.or([eb('ended_at', '>', a.at), eb.and([eb('ended_at', '=', a.at), eb('sandbox_id', '>', a.id)])]));
+      }
+      const page = await q.execute();
+      if (page.length === 0) break;
+      const last = page[page.length - 1]!;
+      after = { at: last.ended_at!, id: last.sandbox_id };
+      const ids: string[] = [];
+      for (const r of page) {
+        if (freed >= bytes) break;
+        if (keep.has(r.sandbox_id)) continue;
+        ids.push(r.sandbox_id);
+        freed += Number(r.bytes);
+        gone.push({ sandboxId: r.sandbox_id, projectId: r.project_id, bytes: Number(r.bytes) });
+      }
+      if (ids.length === 0) continue;
+      await this.db.transaction().execute(async (tx) => {
+        await tx.deleteFrom('trajectory_steps').where('sandbox_id', 'in', ids).execute();
+        await tx.deleteFrom('trajectory_seqs').where('sandbox_id', 'in', ids).execute();
+        await tx.deleteFrom('trajectories').where('sandbox_id', 'in', ids).execute();
+      });
+    }
+    return gone;
   }
 
   /** Ends the open trajectories whose sandbox row is gone (a destroy a crash cut short); returns how many. */
@@ -1056,6 +1190,17 @@ export class StateStore {
     });
     return ids.length;
   }
+}
+
+/** Records, on a pending key held by the create under way, the id of the sandbox it makes. */
+async function bindIdempotencyKey(tx: Transaction<Database>, projectId: string, key: string, sandboxId: string): Promise<void> {
+  await tx
+    .updateTable('idempotency_keys')
+    .set({ sandbox_id: sandboxId })
+    .where('project_id', '=', projectId)
+    .where('key', '=', key)
+    .where('state', '=', 'pending')
+    .execute();
 }
 
 function quotaError(row: ProjectTable | undefined, r: Reservation): DsecError {

@@ -177,7 +177,7 @@ export class CreatePipeline {
   ): Promise<Sandbox> {
     try {
       let sb: Sandbox | undefined;
-      if (!ticket) sb = await this.claimFromPool(projectId, item);
+      if (!ticket) sb = await this.claimFromPool(projectId, item, key);
       if (!sb) {
         const held =
           ticket ??
@@ -186,7 +186,7 @@ export class CreatePipeline {
             timeoutMs: admission.timeoutMs,
             signal,
           }));
-        sb = await this.createWithTicket(projectId, item, held, signal);
+        sb = await this.createWithTicket(projectId, item, held, signal, undefined, key);
       }
       if (key !== undefined) await this.d.idempotency.complete(projectId, key, sb);
       return sb;
@@ -202,6 +202,7 @@ export class CreatePipeline {
     const now = row.sandbox_id ? await this.d.store.sandbox(row.sandbox_id) : undefined;
     if (now && now.project_id === row.project_id && now.pool_id === null) return this.d.lifecycle.toSandbox(now);
     if (row.response) return JSON.parse(row.response) as Sandbox;
+    if (row.sandbox_id) throw new DsecError('SANDBOX_NOT_FOUND', `the sandbox ${row.sandbox_id} created with ${IDEMPOTENCY_FIELD} ${row.key} is gone`);
     throw new DsecError('CONFLICT', `${IDEMPOTENCY_FIELD} ${row.key} belongs to a batch, not to one sandbox`, { field: IDEMPOTENCY_FIELD });
   }
 
@@ -240,13 +241,21 @@ export class CreatePipeline {
   /**
    * Creates a sandbox with the capacity a ticket holds; a node that refuses is excluded and
    * placement runs again. On failure the reservation is returned and nothing is left behind.
+   * `key`: the pending idempotency key this create holds (it records the sandbox's id with its row).
    */
-  async createWithTicket(projectId: string, item: CreateItem, ticket: Ticket, signal: AbortSignal | undefined, pool?: PoolTable): Promise<Sandbox> {
+  async createWithTicket(
+    projectId: string,
+    item: CreateItem,
+    ticket: Ticket,
+    signal: AbortSignal | undefined,
+    pool?: PoolTable,
+    key?: string,
+  ): Promise<Sandbox> {
     let node = ticket.node;
     const refused = new Set<string>();
     try {
       for (;;) {
-        const created = await this.createOn(node, projectId, item, signal, pool);
+        const created = await this.createOn(node, projectId, item, signal, pool, key);
         if (created) {
           this.d.counters.sandboxesCreated++;
           return created;
@@ -276,6 +285,7 @@ export class CreatePipeline {
     item: CreateItem,
     signal: AbortSignal | undefined,
     pool?: PoolTable,
+    key?: string,
   ): Promise<Sandbox | undefined> {
     const id = `${node.name}-${randomBytes(8).toString('hex')}`;
     const createdAt = new Date();
@@ -302,7 +312,7 @@ export class CreatePipeline {
       paused_at: null,
       pause_reason: null,
     };
-    await this.d.store.insertSandbox(row, item.req.labels ?? {});
+    await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
     crashPoint('create.row');
     try {
       await node.client.create(item.spec, signal ? { id, signal } : { id });
@@ -334,8 +344,9 @@ export class CreatePipeline {
   /**
    * Claims a ready sandbox from one of the project's pools whose spec matches, in one
    * transaction, and hands it over on its node (env, labels). Undefined when none is ready.
+   * `key`: the pending idempotency key this create holds (it records the claimed id in the claim's transaction).
    */
-  async claimFromPool(projectId: string, item: CreateItem): Promise<Sandbox | undefined> {
+  async claimFromPool(projectId: string, item: CreateItem, key?: string): Promise<Sandbox | undefined> {
     const now = new Date();
     const labels = item.req.labels ?? {};
     const row = await this.d.store.claimPooled({
@@ -347,6 +358,7 @@ export class CreatePipeline {
       expiresAt: new Date(now.getTime() + item.lease.maxLifetimeMs).toISOString(),
       lease: JSON.stringify(item.lease),
       ownerId: item.req.owner ?? null,
+      idempotencyKey: key,
     });
     if (!row) return undefined;
     this.d.pools.claimed();

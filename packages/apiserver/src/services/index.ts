@@ -103,7 +103,15 @@ export function createServices(deps: ServiceDeps): Services {
   const admission = deps.admission ?? new AdmissionQueue();
   const activity = new ActivityTracker();
   const idempotency = new IdempotencyKeys(store);
-  const trajectory = new TrajectoryLog(store, (id) => headerFromRow(store, id), deps.trajectory);
+  const trajectory = new TrajectoryLog(store, (id) => headerFromRow(store, id), {
+    ...deps.trajectory,
+    budget: {
+      bytesPerTenant: limits.trajectoryBytesPerTenant,
+      bytesTotal: limits.trajectoryBytesTotal,
+      tenantOf: (projectId) => deps.auth.tenantOf(projectId),
+      tenantProjects: (tenantId) => deps.auth.tenantProjects(tenantId),
+    },
+  });
   // The pool manager and the services that refill it know each other: it reaches them through
   // these functions, which run only once everything below is built.
   const poolManager: PoolManager = new PoolManager(

@@ -1,7 +1,7 @@
 // Layers owned by projects: name and digest resolution in a project's scope (itself, its
 // ancestors, then the public layers), registration of layers the nodes build, listing, delete.
 import { DEFAULT_TENANT_LIMITS, DsecError, invalidArgument, limitExceeded } from '@dsec/protocol';
-import type { EdgeClient, Layer, LayerBuildOptions, LayerBuildSource, LayerInfo, LayerKind, TenantLimits } from '@dsec/protocol';
+import type { EdgeClient, Layer, LayerBuildOptions, LayerBuildSource, LayerInfo, LayerKind, TenantLimits, UpdateLayerRequest } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { LayerTable, SnapshotTable } from '../db/schema.js';
@@ -34,9 +34,9 @@ function matchLayer(rows: LayerTable[], scope: string[], ref: string, field: str
   return match.digest;
 }
 
-/** Whether a layer row in scope is visible: any layer but an ancestor's snapshot. */
+/** Whether a layer row in scope is visible: any layer but an ancestor's snapshot it has not shared. */
 function visibleFrom(row: LayerTable, own: ReadonlySet<string>): boolean {
-  return row.kind !== 'snapshot' || own.has(row.project_id) || row.project_id === PUBLIC_PROJECT_ID;
+  return row.kind !== 'snapshot' || own.has(row.project_id) || row.project_id === PUBLIC_PROJECT_ID || row.shared === 1;
 }
 
 function toLayer(row: LayerTable, info?: LayerInfo, snap?: SnapshotTable): Layer {
@@ -49,7 +49,8 @@ function toLayer(row: LayerTable, info?: LayerInfo, snap?: SnapshotTable): Layer
     files: info?.files ?? 0,
     createdAt: row.created_at,
   };
-  if (snap) layer.snapshot = { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq };
+  if (snap)
+    layer.snapshot = { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq, sharedWithSubProjects: row.shared === 1 };
   return layer;
 }
 
@@ -141,8 +142,14 @@ export class LayerService {
   /** One layer a principal can see. */
   async get(p: Principal, ref: string): Promise<Layer> {
     const digest = await this.resolve(p.projectId, ref, 'ref');
+    const ancestors = new Set(await this.store.ancestry(p.projectId));
     const rows = (await this.store.layerRowsForDigest(digest)).filter(
-      (r) => r.project_id === PUBLIC_PROJECT_ID || p.visibleProjects.has(r.project_id) || r.project_id === p.projectId,
+      (r) =>
+        r.project_id === PUBLIC_PROJECT_ID ||
+        p.visibleProjects.has(r.project_id) ||
+        r.project_id === p.projectId ||
+        // An ancestor's snapshot it shares with its sub-projects.
+        (r.kind === 'snapshot' && r.shared === 1 && ancestors.has(r.project_id)),
     );
     const info = await this.anyEdge()
       .layers.resolve(digest)
@@ -151,6 +158,22 @@ export class LayerService {
     if (!row) throw new DsecError('LAYER_NOT_FOUND', `layer ${ref} not found`, { layer: ref });
     const snap = row.kind === 'snapshot' ? await this.store.snapshot(digest) : undefined;
     return { ...toLayer(row, info, snap), names: rows.map((r) => r.name).filter((n): n is string => n !== null) };
+  }
+
+  /**
+   * Shares a snapshot of the caller's project (or of one below it) with that project's
+   * sub-projects, or makes it private again. Only the project that holds it may: a sub-project
+   * that sees a shared snapshot cannot change it.
+   */
+  async update(p: Principal, ref: string, req: UpdateLayerRequest): Promise<Layer> {
+    requireRole(p, 'member');
+    const digest = await this.resolve(p.projectId, ref, 'ref');
+    const mine = (await this.store.layerRowsForDigest(digest)).filter((r) => p.visibleProjects.has(r.project_id));
+    const row = mine.find((r) => r.project_id === p.projectId) ?? mine[0];
+    if (!row) throw new DsecError('PERMISSION_DENIED', `layer ${ref} is not owned by this project`, { layer: ref });
+    if (row.kind !== 'snapshot') throw invalidArgument('shareWithSubProjects', `layer ${ref} is a ${row.kind} layer: only snapshots are private to a project`);
+    await this.store.shareLayer(row.project_id, digest, req.shareWithSubProjects);
+    return this.get(p, ref);
   }
 
   /** Drops a project's reference to a layer; the bytes go when nothing else refers to them. */

@@ -208,7 +208,7 @@ export class SandboxService {
             continue;
           }
         }
-        const claimed = await pipeline.claimFromPool(projectId, it.item);
+        const claimed = await pipeline.claimFromPool(projectId, it.item, k);
         if (!claimed) {
           fresh.push(it);
           continue;

@@ -54,7 +54,16 @@ export class SnapshotService {
     });
     crashPoint('snapshot.row');
     const layer = await this.layers.register(row.project_id, info, name);
-    return { ...layer, snapshot: { parents: JSON.parse(snap.parents) as string[], sandboxId: snap.sandbox_id, seq: snap.seq } };
+    if (req.shareWithSubProjects) await this.store.shareLayer(row.project_id, info.digest, true);
+    return {
+      ...layer,
+      snapshot: {
+        parents: JSON.parse(snap.parents) as string[],
+        sandboxId: snap.sandbox_id,
+        seq: snap.seq,
+        sharedWithSubProjects: req.shareWithSubProjects === true,
+      },
+    };
   }
 
   /**

@@ -1,7 +1,7 @@
 // Trajectories (every step that reached a sandbox through the API, kept beyond its life) and
 // replay (a fresh sandbox from the trajectory's layers or a snapshot of it, its steps re-run
 // and compared with the record).
-import { CreateSandboxRequestSchema, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SandboxStateSchema, invalidArgument, parseOrThrow } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DEFAULT_PAGE_SIZE, DsecError, MAX_PAGE_SIZE, SandboxStateSchema, invalidArgument, parseOrThrow } from '@dsec/protocol';
 import type { BackendKind, ImageSpec, ReplayEvent, ReplayRequest, ReplayResult, ReplayStep, Trajectory, TrajectoryQuery, TrajectoryStep } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -99,6 +99,13 @@ export class TrajectoryService {
   async replay(p: Principal, id: string, req: ReplayRequest, signal?: AbortSignal, onEvent?: (ev: ReplayEvent) => void): Promise<ReplayResult> {
     requireRole(p, 'member');
     const t = await this.header(p, id);
+    if (t.cut_at !== null) {
+      throw new DsecError(
+        'TRAJECTORY_TRUNCATED',
+        `the trajectory of ${id} was cut short at ${t.cut_at} by a trajectory byte budget (limits.trajectoryBytesPerTenant or limits.trajectoryBytesTotal): it cannot be replayed`,
+        { sandboxId: id },
+      );
+    }
     const spec = JSON.parse(t.spec) as TrajectorySpec;
     const owner: Principal = { ...p, projectId: t.project_id };
     let fromSeq = -1;

@@ -1,7 +1,14 @@
 // /v1/layers: upload (a layer tar or an OCI image archive), Debian builds and image pulls (JSON,
 // or ndjson with progress), list, get, delete.
 import type { Context } from 'hono';
-import { DebianLayerRequestSchema, LayerKindSchema, PullLayerRequestSchema, UploadLayerQuerySchema, parseOrThrow } from '@dsec/protocol';
+import {
+  DebianLayerRequestSchema,
+  LayerKindSchema,
+  PullLayerRequestSchema,
+  UpdateLayerRequestSchema,
+  UploadLayerQuerySchema,
+  parseOrThrow,
+} from '@dsec/protocol';
 import type { BuildableLayerKind, LayerBuildSource } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { Env, RouterDeps } from '../env.js';
@@ -45,6 +52,9 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       return c.json({ items: await layers.list(c.get('principal'), parsed), nextCursor: null });
     })
     .get('/layers/:ref{.+}', async (c) => c.json(await layers.get(c.get('principal'), c.req.param('ref'))))
+    .patch('/layers/:ref{.+}', jsonBody(UpdateLayerRequestSchema), async (c) =>
+      c.json(await layers.update(c.get('principal'), c.req.param('ref'), c.get('body'))),
+    )
     .delete('/layers/:ref{.+}', async (c) => {
       await layers.remove(c.get('principal'), c.req.param('ref'));
       return c.body(null, 204);

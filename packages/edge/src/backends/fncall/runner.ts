@@ -115,7 +115,11 @@ export class FnCallRunner implements EdgeCalls {
   readonly kind = 'fncall' as const;
   private readonly crun: Crun;
   private readonly pools = new Map<string, PoolEntry>();
+  /** Pools being made (their root being mounted): concurrent first calls share one. */
+  private readonly poolsPending = new Map<string, Promise<PoolEntry>>();
   private readonly roots = new Map<string, RootMount>();
+  /** Roots being mounted: concurrent first calls wait for the one mount instead of mounting again. */
+  private readonly rootsPending = new Map<string, Promise<RootMount>>();
   private readonly runtimeLayers = new Map<string, Promise<LayerInfo>>();
   /** The Debian runtime layers, built in the background. */
   readonly builds: RuntimeBuilds;
@@ -249,35 +253,55 @@ export class FnCallRunner implements EdgeCalls {
     // overlayfs lists lower dirs top first.
     const digests = [skeleton.digest, ...layers.map((l) => l.digest).reverse()];
     const key = `${digests.join(',')}@${memoryMiB}`;
-    let entry = this.pools.get(key);
+    const entry = this.pools.get(key);
     if (entry) return entry;
-    const root = await this.acquireRoot(digests);
-    entry = this.pools.get(key);
-    if (entry) {
-      await this.releaseRoot(root);
-      return entry;
+    // One pool per key, made once however many first calls ask at the same moment (each
+    // making its own raced on the root's mount point: a loser's release unmounted the
+    // winner's root, and its calls failed).
+    let pending = this.poolsPending.get(key);
+    if (!pending) {
+      pending = (async () => {
+        const root = await this.acquireRoot(digests);
+        const pool = new WarmPool<WarmSandbox>(
+          {
+            create: () => this.runtimeOps.run(() => this.createSandbox(root.dir, memoryMiB)),
+            discard: (sb) => this.discard(sb),
+            healthy: (sb) => sb.agent.connected,
+          },
+          this.o.pool,
+        );
+        const made = { pool, root };
+        this.pools.set(key, made);
+        return made;
+      })().finally(() => this.poolsPending.delete(key));
+      this.poolsPending.set(key, pending);
     }
-    const pool = new WarmPool<WarmSandbox>(
-      {
-        create: () => this.runtimeOps.run(() => this.createSandbox(root.dir, memoryMiB)),
-        discard: (sb) => this.discard(sb),
-        healthy: (sb) => sb.agent.connected,
-      },
-      this.o.pool,
-    );
-    entry = { pool, root };
-    this.pools.set(key, entry);
-    return entry;
+    return pending;
   }
 
-  /** Mounts (or shares) the read-only overlay of a layer stack; one mount serves every sandbox. */
+  /**
+   * Mounts (or shares) the read-only overlay of a layer stack; one mount serves every sandbox.
+   * A stack being mounted is waited for, never mounted twice on the same directory.
+   */
   private async acquireRoot(digests: string[]): Promise<RootMount> {
     const key = digests.join(',');
-    const known = this.roots.get(key);
-    if (known) {
-      known.users++;
-      return known;
+    for (;;) {
+      const known = this.roots.get(key);
+      if (known) {
+        known.users++;
+        return known;
+      }
+      const pending = this.rootsPending.get(key);
+      if (!pending) break;
+      await pending.catch(() => undefined);
     }
+    const p = this.mountRoot(key, digests).finally(() => this.rootsPending.delete(key));
+    this.rootsPending.set(key, p);
+    return p;
+  }
+
+  /** Mounts a layer stack's overlay (its first user holds it). */
+  private async mountRoot(key: string, digests: string[]): Promise<RootMount> {
     const dirs: string[] = [];
     const taken: string[] = [];
     const dir = path.join(this.rootsDir, createHash('sha256').update(key).digest('hex').slice(0, 16));
@@ -285,12 +309,6 @@ export class FnCallRunner implements EdgeCalls {
       for (const d of digests) {
         dirs.push(await this.o.layers.acquire(d));
         taken.push(d);
-      }
-      const again = this.roots.get(key);
-      if (again) {
-        for (const d of taken) await this.o.layers.release(d);
-        again.users++;
-        return again;
       }
       await mkdir(dir, { recursive: true });
       mount('overlay', dir, 'overlay', MS.RDONLY | MS.NODEV | MS.NOSUID, `lowerdir=${dirs.join(':')}`);
