@@ -51,7 +51,10 @@ export function registerUp(program: Command): void {
     .option('-q, --quiet', 'do not print the server log')
     .option('--clean', 'on stop, destroy every sandbox and leave no mount, cgroup or namespace of the node behind')
     .option('--no-e2b-base', 'do not build the E2B `base` template at start (it is then built on first use; docs/e2b.md)')
-    .option('--no-prebuild', 'build nothing in the background at start (the E2B `base` template, the function-call runtimes): each is built when first asked for')
+    .option(
+      '--no-prebuild',
+      'build nothing in the background at start (the E2B `base` template, the function-call runtimes): each is built when first asked for',
+    )
     .action(async (flags: ConfigFlags & { quiet?: boolean; clean?: boolean; e2bBase?: boolean; prebuild?: boolean }) => {
       const { config } = await loadConfig({ flags });
       // Loaded here so that the other commands never load the server.
