@@ -57,6 +57,7 @@ export class NodeRegistry {
     const entry = this.entry(client, true);
     if (before) {
       entry.allocated = before.allocated;
+      entry.microvmMemoryMiB = before.microvmMemoryMiB;
       entry.spreads = before.spreads;
       entry.labelCount = (l) => entry.spreads.get(l) ?? 0;
     }
@@ -106,11 +107,13 @@ export class NodeRegistry {
 
   /**
    * Adds (or with a negative sign removes) one sandbox's requests to a node's allocation, and
-   * its spread label (anti-affinity) to the node's counts.
+   * its spread label (anti-affinity) to the node's counts. A microVM's memory is also counted
+   * apart (placement counts it at full size).
    */
-  charge(name: string, cpu: number, memoryMiB: number, sign: 1 | -1, spread?: string): void {
+  charge(name: string, cpu: number, memoryMiB: number, sign: 1 | -1, spread?: string, backend?: string): void {
     const n = this.nodes.get(name);
     if (!n) return;
+    if (backend === 'microvm') n.microvmMemoryMiB = Math.max(0, (n.microvmMemoryMiB ?? 0) + sign * memoryMiB);
     if (spread !== undefined) {
       const c = Math.max(0, (n.spreads.get(spread) ?? 0) + sign);
       if (c === 0) n.spreads.delete(spread);
@@ -131,10 +134,11 @@ export class NodeRegistry {
   }
 
   /** Sets a node's allocation (and spread counts) outright (recounted from the store when its session opens). */
-  setAllocated(name: string, allocated: NodeView['allocated'], spreads?: ReadonlyMap<string, number>): void {
+  setAllocated(name: string, allocated: NodeView['allocated'], spreads?: ReadonlyMap<string, number>, microvmMemoryMiB?: number): void {
     const n = this.nodes.get(name);
     if (!n) return;
     n.allocated = { ...allocated };
+    if (microvmMemoryMiB !== undefined) n.microvmMemoryMiB = microvmMemoryMiB;
     if (spreads) {
       n.spreads.clear();
       for (const [k, v] of spreads) n.spreads.set(k, v);

@@ -146,8 +146,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
         const unsubscribe = reached.client.onEvent((ev) => {
           watch.events.ingest(ev);
           // A microVM whose QEMU died: its row becomes lost (the node already removed it).
-          if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
-            void services.nodeAdmin.sandboxLost(ev.sandboxId).catch(() => undefined);
+          services.nodeAdmin.nodeEvent(ev, reached.client.nodeName);
         });
         closers.unshift(() => unsubscribe());
         // The built-in base, built on first start (seconds) and public to every project.
@@ -171,7 +170,10 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
             certTools: { openssl, makeKey, makeCsr },
             nodes,
             nodeAdmin: services.nodeAdmin,
-            raise: watch.events.ingest,
+            raise: (ev) => {
+              watch.events.ingest(ev);
+              services.nodeAdmin.nodeEvent(ev);
+            },
             log,
             ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
             ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),

@@ -64,7 +64,11 @@ export async function startApiserver(opts: ReplicaOptions): Promise<Replica> {
         certTools: { openssl, makeKey, makeCsr },
         nodes,
         nodeAdmin: services.nodeAdmin,
-        raise: watch.events.ingest,
+        raise: (ev) => {
+          watch.events.ingest(ev);
+          // A microVM whose QEMU died on a node: its row becomes lost.
+          services.nodeAdmin.nodeEvent(ev);
+        },
         log,
         ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
         ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),

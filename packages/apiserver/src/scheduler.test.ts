@@ -156,3 +156,33 @@ test('microVMs prefer nodes whose boot probe found KVM', () => {
   assert.equal(p.place(vm, [tcg, kvm], new Set(['kvm']))?.name, 'tcg');
   assert.equal(p.place(req, [tcg, kvm])?.name, 'tcg', 'containers still go to the least loaded');
 });
+
+test('microVM memory counts at full size: no idle discount, no over-commit', async () => {
+  const p = new Placement();
+  const vm = { ...req, cpu: 0.1, memoryMiB: 1024, backend: 'microvm' as const };
+  const box = { ...vm, backend: 'container' as const };
+  const n16 = (): NodeView =>
+    node(
+      'n',
+      {},
+      { backends: ['container', 'microvm'], capacity: { cpu: 16, memoryMiB: 16_384, sandboxes: 4000 }, usage: { cpu: 0, memoryMiB: 100, sandboxes: 0 } },
+    );
+  // 16 GiB at the 0.8 target: 12 microVMs of 1 GiB, however little they use yet.
+  assert.equal(p.placeMany(Array(40).fill(vm), [n16()]).filter(Boolean).length, 12);
+  // Containers of the same size still over-commit by measured use.
+  assert.equal(p.placeMany(Array(40).fill(box), [n16()]).filter(Boolean).length, 40);
+  // The microVMs' memory is a floor under the node's expected use: it holds for containers too.
+  const full = { ...n16(), allocated: { cpu: 1.3, memoryMiB: 13_100, sandboxes: 13 } };
+  assert.ok(p.fits(full, box));
+  assert.ok(!p.fits({ ...full, microvmMemoryMiB: 13_100 }, box));
+  // The registry counts a microVM's memory apart, and gives it back.
+  const { NodeRegistry } = await import('./nodes.js');
+  const { FakeEdge } = await import('./testing/fake-edge.js');
+  const reg = new NodeRegistry();
+  reg.add(new FakeEdge('n1'));
+  reg.charge('n1', 0.1, 1024, 1, undefined, 'microvm');
+  reg.charge('n1', 0.1, 512, 1, undefined, 'container');
+  assert.equal(reg.get('n1')?.microvmMemoryMiB, 1024);
+  reg.charge('n1', 0.1, 1024, -1, undefined, 'microvm');
+  assert.equal(reg.get('n1')?.microvmMemoryMiB, 0);
+});

@@ -14,6 +14,10 @@
 // A busy node (measured CPU or memory past the target) takes nothing more that could compete
 // with its running sandboxes, which keep their CPU through their weights (latency-sensitive
 // weight = 1024 x cores, best-effort 2 and SCHED_IDLE: the classes never share a weight band).
+// MicroVMs are the exception to measured use: a guest never hands back memory it touched (no
+// balloon), so a microVM's use climbs to its size and stays. Their memory counts at full size,
+// with no idle discount and no over-commit: their requests together stay under the memory target,
+// and they are a floor under the node's expected use.
 // Anti-affinity: a request may name a label its job shares; placement prefers the nodes holding
 // the fewest sandboxes with that label, then the least loaded.
 import { randomInt } from 'node:crypto';
@@ -76,6 +80,8 @@ export interface NodeView {
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
   /** Latest measured use; absent until the node is measured (every sandbox then counts its idle estimate). */
   usage?: NodeUsage | undefined;
+  /** Memory the node's microVMs request (counted at full size: a guest keeps what it touched). */
+  microvmMemoryMiB?: number | undefined;
   /** Sandboxes on the node carrying a label (`key=value`): anti-affinity. */
   labelCount?: ((label: string) => number) | undefined;
 }
@@ -128,7 +134,8 @@ export class Placement {
 
   /**
    * What the node's sandboxes are taken to use: the measured use plus the idle estimate of the
-   * sandboxes placed since the measure (at their average request).
+   * sandboxes placed since the measure (at their average request); memory never less than what
+   * its microVMs request.
    */
   expected(n: NodeView): { cpu: number; memoryMiB: number } {
     const u = n.usage;
@@ -136,7 +143,7 @@ export class Placement {
     const per = n.allocated.sandboxes > 0 ? unmeasured / n.allocated.sandboxes : 0;
     return {
       cpu: (u?.cpu ?? 0) + n.allocated.cpu * per * this.idleCpuShare,
-      memoryMiB: (u?.memoryMiB ?? 0) + n.allocated.memoryMiB * per * this.idleMemoryShare,
+      memoryMiB: Math.max((u?.memoryMiB ?? 0) + n.allocated.memoryMiB * per * this.idleMemoryShare, n.microvmMemoryMiB ?? 0),
     };
   }
 
@@ -154,7 +161,11 @@ export class Placement {
     if (req.cpu > n.capacity.cpu || req.memoryMiB > n.capacity.memoryMiB) return false;
     if (n.allocated.cpu + this.cpuCharge(req) > a.cpu || n.allocated.memoryMiB + req.memoryMiB > a.memoryMiB) return false;
     const e = this.expected(n);
-    if (e.memoryMiB + req.memoryMiB * this.idleMemoryShare > n.capacity.memoryMiB * this.memoryTarget) return false;
+    const memoryTarget = n.capacity.memoryMiB * this.memoryTarget;
+    if (req.backend === 'microvm') {
+      // A microVM's memory, all of it, with the microVMs already there: never over-committed.
+      if ((n.microvmMemoryMiB ?? 0) + req.memoryMiB > memoryTarget || e.memoryMiB + req.memoryMiB > memoryTarget) return false;
+    } else if (e.memoryMiB + req.memoryMiB * this.idleMemoryShare > memoryTarget) return false;
     // A best-effort sandbox takes only the cycles nobody else wants: a busy node still takes it.
     if (req.cpuClass === 'best-effort') return true;
     return e.cpu + req.cpu * this.idleCpuShare <= n.capacity.cpu * this.cpuTarget;
@@ -215,6 +226,7 @@ export class Placement {
       v.allocated.cpu += this.cpuCharge(req);
       v.allocated.memoryMiB += req.memoryMiB;
       v.allocated.sandboxes += 1;
+      if (req.backend === 'microvm') v.microvmMemoryMiB = (v.microvmMemoryMiB ?? 0) + req.memoryMiB;
       if (req.spread !== undefined) v.placed.set(req.spread, (v.placed.get(req.spread) ?? 0) + 1);
       return nodeOf.get(v);
     });

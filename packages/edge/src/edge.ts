@@ -139,7 +139,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
     // Backends raise through the edge, which exists only once they do.
     let raise: EventSink = () => undefined;
     const edge = new Edge(await openParts(opts, (ev) => raise(ev)));
-    raise = (ev) => edge.raise(ev);
+    raise = (ev) => {
+      // A backend that lost a sandbox (a microVM whose QEMU died) has removed it: the node forgets it too.
+      if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend !== undefined) void edge.forgetLost(ev.sandboxId);
+      edge.raise(ev);
+    };
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
@@ -268,6 +272,20 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
     if (watch.length > 0 && backend.writableLayer) this.security.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
+  }
+
+  /**
+   * Forgets a sandbox its backend no longer has (lost, or gone before a destroy): its watches,
+   * its network (link slot, DNS and proxy entries) and its entry go. Never throws.
+   */
+  private async forgetLost(id: string): Promise<void> {
+    const e = this.sandboxes.get(id);
+    if (!e) return;
+    e.state = 'stopped';
+    this.monitor.remove(id);
+    this.untrack(id);
+    this.sandboxes.delete(id);
+    await this.network.remove(id).catch(() => undefined);
   }
 
   private untrack(id: string): void {
@@ -594,6 +612,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
       try {
         await e.backend.destroy(id);
       } catch (err) {
+        // Already gone from its backend (a crashed microVM): what the node kept for it goes all the same.
+        if (err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND') return this.forgetLost(id);
         e.state = 'failed';
         delete e.destroying;
         throw err;

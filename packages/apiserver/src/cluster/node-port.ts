@@ -258,7 +258,8 @@ export class NodePort implements NodeMembership {
       cordoned: row.cordoned === 1,
       lastHeardAt: () => heardAt,
     });
-    const unsubscribe = client.onEvent(this.o.raise);
+    // A node's events carry the name of its certificate, whatever the node wrote in them.
+    const unsubscribe = client.onEvent((ev) => this.o.raise({ ...ev, node: name }));
     transport.onClose(() => {
       unsubscribe();
       if (this.sessions.get(name) === client) this.sessions.delete(name);

@@ -208,7 +208,7 @@ export class CreatePipeline {
 
   /** Adds (or removes) one item's requests to a node's allocation. */
   chargeNode(node: NodeEntry, item: CreateItem, sign: 1 | -1): void {
-    this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign, spreadOf(item.spec.labels));
+    this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign, spreadOf(item.spec.labels), item.backend);
   }
 
   /** Reserves quota and a node for one create (the admission attempt); throws a capacity refusal. */
@@ -384,7 +384,7 @@ export class CreatePipeline {
     const node = this.d.nodes.get(row.node);
     if (node) {
       await node.client.destroy(row.id).catch(() => undefined);
-      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row));
+      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
     }
     await this.d.store.deleteSandbox(row);
     this.d.onCapacityFreed();

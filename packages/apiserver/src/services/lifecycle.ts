@@ -89,7 +89,9 @@ export class LifecycleService {
         await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {});
         row.state = actual;
       }
-      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row));
+      // A lost sandbox holds nothing on its node (every path that marks one lost released it).
+      if (row.state === 'lost') continue;
+      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row), row.backend);
     }
   }
 
@@ -380,8 +382,8 @@ export class LifecycleService {
           throw err;
         }
       }
-      // A paused sandbox already gave its CPU back.
-      nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row));
+      // A paused sandbox already gave its CPU back; a lost one gave back everything when it was lost.
+      if (from !== 'lost') nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
     }
     crashPoint('delete.node');
     await store.deleteSandbox(row);

@@ -118,11 +118,28 @@ export class NodeService {
    * One sandbox its node reports lost (a microVM whose QEMU died: the node raised
    * `sandbox.lost` and removed what it had): the row becomes `lost` and its charge is released.
    */
-  async sandboxLost(id: string): Promise<void> {
+  async sandboxLost(id: string, node?: string): Promise<void> {
     const row = await this.d.store.sandbox(id);
-    if (!row || !ON_NODE_STATES.includes(row.state)) return;
+    // A node speaks only for its own sandboxes.
+    if (!row || !ON_NODE_STATES.includes(row.state) || (node !== undefined && row.node !== node)) return;
     if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return;
-    this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1);
+    this.d.nodes.charge(
+      row.node,
+      row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row),
+      row.memory_mib,
+      -1,
+      this.d.lifecycle.spreadOf(row),
+      row.backend,
+    );
+  }
+
+  /**
+   * An event a node raised (the local edge's or a remote node's): a microVM whose QEMU died
+   * makes its row lost. Never throws.
+   */
+  nodeEvent(ev: RaisedEvent, node?: string): void {
+    if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
+      void this.sandboxLost(ev.sandboxId, node ?? ev.node).catch((err: unknown) => this.d.sinks.log(`nodes: ${ev.sandboxId} lost: ${(err as Error).message}`));
   }
 
   /**
@@ -134,7 +151,7 @@ export class NodeService {
     for (const row of await this.store.sandboxesOn(name)) {
       if (![...ON_NODE_STATES, 'creating'].includes(row.state)) continue;
       if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
-      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row));
+      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
       this.raise({
         kind: 'sandbox.lost',
         severity: 'warning',
@@ -186,16 +203,18 @@ export class NodeService {
       );
     }
     const allocated = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
+    let microvmMemoryMiB = 0;
     const spreads = new Map<string, number>();
     for (const row of rows.values()) {
       if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating') continue;
       allocated.cpu += row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row);
       allocated.memoryMiB += row.memory_mib;
       allocated.sandboxes += 1;
+      if (row.backend === 'microvm') microvmMemoryMiB += row.memory_mib;
       const spread = this.d.lifecycle.spreadOf(row);
       if (spread !== undefined) spreads.set(spread, (spreads.get(spread) ?? 0) + 1);
     }
-    this.d.nodes.setAllocated(n.name, allocated, spreads);
+    this.d.nodes.setAllocated(n.name, allocated, spreads, microvmMemoryMiB);
     return { destroyed };
   }
 

@@ -114,11 +114,22 @@ export class LazyLayers {
    * returns the path of its blob (what the EROFS mount's `device=` names).
    */
   async start(hex: string, layerDir: string): Promise<string> {
+    const index = decodeChunkIndex(await readFile(join(layerDir, CHUNK_INDEX_FILE)));
+    this.pinned.set(hex, new Set(index.chunks.map((c) => c.sha256)));
+    try {
+      return await this.startPinned(hex, layerDir);
+    } catch (err) {
+      // A server that did not start holds no chunk: they may be evicted again.
+      this.pinned.delete(hex);
+      throw err;
+    }
+  }
+
+  /** {@link start} once the layer's chunks are pinned. */
+  private async startPinned(hex: string, layerDir: string): Promise<string> {
     const dir = this.dirOf(hex);
     const mountpoint = join(dir, 'fuse');
     const blob = join(mountpoint, 'blob');
-    const index = decodeChunkIndex(await readFile(join(layerDir, CHUNK_INDEX_FILE)));
-    this.pinned.set(hex, new Set(index.chunks.map((c) => c.sha256)));
     if ((await this.request(hex, { op: 'stats' }).catch(() => undefined)) !== undefined) {
       this.subscribe(hex);
       return blob;
