@@ -8,7 +8,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { CHUNK_INDEX_FILE, LazyLayers } from './lazy.js';
 import { encodeChunkIndex } from './lazy-index.js';
-import type { LayerRegistry } from './remote.js';
+import { LayerRegistry } from './remote.js';
 
 let dir: string;
 
@@ -26,7 +26,7 @@ test('a lazy server that fails to start unpins its chunks', async () => {
   const sha = randomBytes(32).toString('hex');
   await writeFile(path.join(layerDir, CHUNK_INDEX_FILE), encodeChunkIndex({ blobBytes: 4096, chunks: [{ offset: 0, length: 4096, sha256: sha }] }));
   // No lazy record beside the index: the start fails after the chunks were pinned.
-  const lazy = new LazyLayers(path.join(dir, 'store'), {} as LayerRegistry, { lazyfsBinary: '/nonexistent/dsec-lazyfs' });
+  const lazy = new LazyLayers(path.join(dir, 'store'), new LayerRegistry({ url: 'http://127.0.0.1:9' }), { lazyfsBinary: '/nonexistent/dsec-lazyfs' });
   const hex = randomBytes(32).toString('hex');
   await assert.rejects(lazy.start(hex, layerDir));
   assert.equal((await lazy.stats()).lazyLayers, 0);
