@@ -111,6 +111,8 @@ class FakeBackend implements Backend {
   holdPause: Promise<void> | undefined;
   /** Destroys that fail before one succeeds. */
   failDestroys = 0;
+  /** Sandboxes the backend no longer has (their destroy says SANDBOX_NOT_FOUND). */
+  readonly gone = new Set<string>();
   readonly pausing?: PauseFacet;
 
   constructor(
@@ -164,6 +166,7 @@ class FakeBackend implements Backend {
   async destroy(id: string): Promise<void> {
     this.log.push(`destroy ${id}`);
     await settle();
+    if (this.gone.has(id)) throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id}`);
     if (this.failDestroys > 0) {
       this.failDestroys--;
       throw new DsecError('BACKEND_FAILED', `destroy of ${id} failed`);
@@ -390,6 +393,24 @@ describe('Edge state machine (fake backend)', () => {
     assert.equal(edge.info(failing.id).state, 'failed');
     await edge.destroy(failing.id);
     assert.throws(() => edge.info(failing.id), isCode('SANDBOX_NOT_FOUND'));
+  });
+
+  test('a sandbox its backend lost is forgotten; a destroy of one the backend no longer has still cleans up', async () => {
+    const lost = await edge.create({ ...SPEC, backend: 'microvm' }, { id: 'unit-lost' });
+    plain.gone.add(lost.id);
+    edge.raise({ kind: 'sandbox.lost', severity: 'warning', sandboxId: lost.id, message: 'its QEMU process exited', data: { backend: 'microvm' } });
+    await settle();
+    assert.ok(!(await edge.list()).some((s) => s.id === lost.id), 'the lost sandbox left the node');
+    await assert.rejects(async () => edge.destroy(lost.id), isCode('SANDBOX_NOT_FOUND'));
+    // Gone from the backend without an event: the destroy succeeds and the entry goes.
+    const gone = await edge.create({ ...SPEC, backend: 'microvm' }, { id: 'unit-gone' });
+    plain.gone.add(gone.id);
+    await edge.destroy(gone.id);
+    assert.ok(!(await edge.list()).some((s) => s.id === gone.id));
+    // Their places are free again: the node takes its full count.
+    const made = [];
+    for (let i = 0; i < 6; i++) made.push(await edge.create(SPEC, { id: `unit-after-lost-${i}` }));
+    for (const sb of made) await edge.destroy(sb.id);
   });
 
   test('events carry the node and a time; a failing sink does not stop the others; unsubscribing stops delivery', async () => {

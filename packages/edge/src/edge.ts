@@ -139,11 +139,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     // Backends raise through the edge, which exists only once they do.
     let raise: EventSink = () => undefined;
     const edge = new Edge(await openParts(opts, (ev) => raise(ev)));
-    raise = (ev) => {
-      // A backend that lost a sandbox (a microVM whose QEMU died) has removed it: the node forgets it too.
-      if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend !== undefined) void edge.forgetLost(ev.sandboxId);
-      edge.raise(ev);
-    };
+    raise = (ev) => edge.raise(ev);
     for (const backend of edge.backends.values()) {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
@@ -216,6 +212,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
 
   /** Raises an event to every subscriber (node name and time filled in). Never throws. */
   raise(ev: RaisedEvent): void {
+    // A backend that lost a sandbox (a microVM whose QEMU died) has removed it: the node forgets it too.
+    if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend !== undefined) void this.forgetLost(ev.sandboxId);
     const full: RaisedEvent = { ...ev, node: ev.node ?? this.nodeName, at: ev.at ?? new Date().toISOString() };
     for (const sink of this.eventSinks) {
       try {
