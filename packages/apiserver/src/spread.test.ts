@@ -62,3 +62,33 @@ test('the sandboxes of one job go one per node while nodes without one remain', 
   const again = await services.sandboxes.create(admin, { image: { base: 'busybox' }, labels: labels('a') });
   assert.equal((await store.sandbox(again.id))?.node, gone!.node);
 });
+
+test('a sandbox its node reports lost gives its charge and spread count back once; deleting it gives nothing more', async () => {
+  const sb = await services.sandboxes.create(admin, { image: { base: 'busybox' }, labels: labels('lost') });
+  const row = (await store.sandbox(sb.id))!;
+  const n = nodes.get(row.node)!;
+  const before = { ...n.allocated };
+  const other = ['n1', 'n2', 'n3'].find((x) => x !== row.node)!;
+  const lost = {
+    kind: 'sandbox.lost' as const,
+    severity: 'warning' as const,
+    sandboxId: sb.id,
+    message: 'its QEMU process exited',
+    data: { backend: 'microvm' },
+  };
+  // Another node cannot speak for it.
+  services.nodeAdmin.nodeEvent({ ...lost, node: other });
+  await new Promise((r) => setTimeout(r, 50));
+  assert.equal((await store.sandbox(sb.id))?.state, 'running');
+  services.nodeAdmin.nodeEvent({ ...lost, node: row.node });
+  for (let i = 0; i < 100 && (await store.sandbox(sb.id))?.state !== 'lost'; i++) await new Promise((r) => setTimeout(r, 10));
+  assert.equal((await store.sandbox(sb.id))?.state, 'lost');
+  assert.equal(n.labelCount?.('job=lost'), 0);
+  assert.equal(n.allocated.sandboxes, before.sandboxes - 1);
+  await services.lifecycle.destroy(admin, sb.id);
+  assert.equal(await store.sandbox(sb.id), undefined);
+  assert.deepEqual(
+    { ...n.allocated, cpu: Math.round(n.allocated.cpu * 1000) },
+    { ...before, sandboxes: before.sandboxes - 1, cpu: Math.round((before.cpu - 1) * 1000), memoryMiB: before.memoryMiB - row.memory_mib },
+  );
+});
