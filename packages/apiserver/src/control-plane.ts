@@ -238,7 +238,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
           if (!row || (store.shared && !nodes.get(row.node))) return;
           await services.lifecycle.expireRow(row);
         },
-        markLost: (id) => store.setSandboxState(id, 'lost'),
+        // Through the node service: the row's node charge and spread count go with it.
+        markLost: async (id) => {
+          if (!(await services.nodeAdmin.sandboxLost(id))) throw new Error(`sandbox ${id} is no longer on its node`);
+        },
         leases: () => services.lifecycle.enforceLeases(log),
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),

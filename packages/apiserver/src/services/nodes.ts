@@ -116,13 +116,15 @@ export class NodeService {
 
   /**
    * One sandbox its node reports lost (a microVM whose QEMU died: the node raised
-   * `sandbox.lost` and removed what it had): the row becomes `lost` and its charge is released.
+   * `sandbox.lost` and removed what it had), or the watcher found missing from its node: the row
+   * becomes `lost` and its charge is released (once: a lost row holds none). False when the row
+   * was not on its node (gone, already lost, being created or deleted) or belongs to another node.
    */
-  async sandboxLost(id: string, node?: string): Promise<void> {
+  async sandboxLost(id: string, node?: string): Promise<boolean> {
     const row = await this.d.store.sandbox(id);
     // A node speaks only for its own sandboxes.
-    if (!row || !ON_NODE_STATES.includes(row.state) || (node !== undefined && row.node !== node)) return;
-    if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return;
+    if (!row || !ON_NODE_STATES.includes(row.state) || (node !== undefined && row.node !== node)) return false;
+    if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return false;
     this.d.nodes.charge(
       row.node,
       row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row),
@@ -131,6 +133,7 @@ export class NodeService {
       this.d.lifecycle.spreadOf(row),
       row.backend,
     );
+    return true;
   }
 
   /**
