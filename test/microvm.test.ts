@@ -92,6 +92,7 @@ describe('microvm backend', () => {
   });
 
   test('one microVM: exec, files, attach, pause/resume, confinement, crash -> lost, nothing left', async () => {
+    const allocatedBefore = (await client.nodes.list())[0]!.allocated;
     const sb = await Sandbox.create({ backend: 'microvm', image: { base: 'busybox' }, resources: { cpu: 1, memoryMiB: 192, diskMiB: 64 } }, { client });
     made.push(sb);
 
@@ -156,8 +157,11 @@ describe('microvm backend', () => {
     await until('no QEMU, cgroup or folder left', async () => {
       return (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0;
     });
+    assert.ok(!(await tp.platform.edge.list()).some((s) => s.id === sb.id), 'the edge forgot it');
     await sb.kill();
     made.length = 0;
+    // Its charge was given back once (when lost), not again by the delete.
+    assert.deepEqual((await client.nodes.list())[0]!.allocated, allocatedBefore);
   });
 
   test('a networked microVM: a tap in its namespace; the node policy, DNS stub and proxy apply', async () => {
