@@ -25,23 +25,23 @@ export interface WsTicket {
 
 /** Outstanding tickets: each maps to the `Authorization` value of the request that asked for it. */
 export class WsTickets {
-  private readonly tickets = new Map<string, { authorization: string; expires: number }>();
-  /** Each key's outstanding tickets, oldest first. */
+  private readonly tickets = new Map<string, { authorization: string; keyId: string; expires: number }>();
+  /** Each key's outstanding tickets (by key id, not by header text: `bearer  k` is `Bearer k`), oldest first. */
   private readonly byKey = new Map<string, Set<string>>();
 
   constructor(private readonly ttlMs = WS_TICKET_TTL_MS) {}
 
-  /** A new ticket for the key of `authorization` (already authenticated by the caller). */
-  issue(authorization: string): WsTicket {
+  /** A new ticket for the key `keyId` that sent `authorization` (already authenticated by the caller). */
+  issue(authorization: string, keyId: string): WsTicket {
     this.sweep();
     // One key asking for many only drops its own oldest tickets.
-    const own = this.byKey.get(authorization);
+    const own = this.byKey.get(keyId);
     while (own && own.size >= MAX_TICKETS_PER_KEY) this.drop(own.values().next().value!);
     while (this.tickets.size >= MAX_OUTSTANDING_TICKETS) this.drop(this.tickets.keys().next().value!);
     const ticket = randomBytes(24).toString('base64url');
     const expires = Date.now() + this.ttlMs;
-    this.tickets.set(ticket, { authorization, expires });
-    (this.byKey.get(authorization) ?? this.byKey.set(authorization, new Set()).get(authorization)!).add(ticket);
+    this.tickets.set(ticket, { authorization, keyId, expires });
+    (this.byKey.get(keyId) ?? this.byKey.set(keyId, new Set()).get(keyId)!).add(ticket);
     return { ticket, expiresAt: new Date(expires).toISOString() };
   }
 
@@ -62,9 +62,9 @@ export class WsTickets {
     const t = this.tickets.get(ticket);
     if (!t) return;
     this.tickets.delete(ticket);
-    const own = this.byKey.get(t.authorization);
+    const own = this.byKey.get(t.keyId);
     own?.delete(ticket);
-    if (own?.size === 0) this.byKey.delete(t.authorization);
+    if (own?.size === 0) this.byKey.delete(t.keyId);
   }
 
   /** Drops expired tickets: they are in issue order, so the walk stops at the first live one. */

@@ -5,6 +5,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME } from '@dsec/protocol';
 import { ConfigError, loadConfig, platformOptions, replicaOptions } from './config.js';
+import { upCalls } from './commands/up.js';
 
 let dir: string;
 before(async () => {
@@ -102,6 +103,15 @@ describe('operator configuration: precedence', () => {
     assert.equal(opts.watchIntervalMs, 500);
     assert.equal(opts.gcIntervalMs, 10_000);
     assert.deepEqual(opts.watch, { heartbeatMs: 1000, auditRetention: { maxRows: 10, maxAgeMs: 60_000 } });
+  });
+
+  test("dsec up --no-prebuild wins over the file's node.calls.prebuild", async () => {
+    const cfg = await file('prebuild.json', { node: { calls: { runtimeCache: '/tmp/rt', prebuild: ['python', 'gcc'] } } });
+    const opts = platformOptions((await loadConfig({ env: {}, flags: { config: cfg } })).config);
+    assert.deepEqual(upCalls(opts.calls, false), { runtimeCache: '/tmp/rt', prebuild: [] });
+    assert.deepEqual(upCalls(opts.calls, true), { runtimeCache: '/tmp/rt', prebuild: ['python', 'gcc'] });
+    assert.deepEqual(upCalls(undefined, true).prebuild, ['python', 'node', 'gcc', 'go', 'java']);
+    assert.deepEqual(upCalls(undefined, false).prebuild, []);
   });
 });
 

@@ -4,11 +4,14 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { deflateRawSync } from 'node:zlib';
 import { test } from 'node:test';
+import { Hono } from 'hono';
 import { DsecError, parseOrThrow } from '@dsec/protocol';
 import type { CallResult } from '@dsec/protocol';
 import { tokenInPath } from './endpoint-tokens.js';
 import { RunCodeRequestSchema, sandboxError, toCallRequest, toRunCodeResponse } from './sandboxfusion.js';
 import { ansiQuote } from './swerex-session.js';
+import { CommandSchema, SWEREX_MAX_UPLOAD_BYTES, swerexModel, swerexUploadForm } from './swerex.js';
+import { MAX_JSON_BYTES } from '../http/validate.js';
 import { readZip } from './zip.js';
 
 const step = { exitCode: 0, signal: null, stdout: 'ok\n', stderr: '', durationMs: 1500, truncated: false, timedOut: false, oomKilled: false };
@@ -93,7 +96,7 @@ test('ansiQuote: bash reads back exactly the text (quotes, backslashes, newlines
   }
 });
 
-test('readZip: stored and deflated entries, directories, modes; unsafe names refused', () => {
+test('readZip: stored and deflated entries, directories, modes; unsafe names refused', async () => {
   const entries = [
     { name: 'bin/', data: Buffer.alloc(0), method: 0, mode: 0o40755 },
     { name: 'bin/tool', data: Buffer.from('#!/bin/sh\necho hi\n'), method: 8, mode: 0o100755 },
@@ -101,8 +104,10 @@ test('readZip: stored and deflated entries, directories, modes; unsafe names ref
   ];
   const zip = makeZip(entries);
   const read = readZip(zip, 1 << 20);
+  const texts: string[] = [];
+  for (const e of read) texts.push((await e.read()).toString());
   assert.deepEqual(
-    read.map((e) => [e.name, e.dir, e.mode, e.data.toString()]),
+    read.map((e, i) => [e.name, e.dir, e.mode, texts[i]]),
     [
       ['bin/', true, 0o755, ''],
       ['bin/tool', false, 0o755, '#!/bin/sh\necho hi\n'],
@@ -114,14 +119,59 @@ test('readZip: stored and deflated entries, directories, modes; unsafe names ref
   assert.throws(() => readZip(Buffer.from('not a zip at all, not at all'), 1 << 20), /no end of central directory/);
 });
 
+test('readZip: bounded per entry and in total; an entry larger than it declares is a 400 naming it', async () => {
+  const big = { name: 'big', data: Buffer.alloc(4096, 1), method: 8, mode: 0o100644 };
+  assert.throws(
+    () => readZip(makeZip([big]), 1 << 20, 1000),
+    (e: unknown) => e instanceof DsecError && e.code === 'PAYLOAD_TOO_LARGE' && /entry "big"/.test(e.message),
+  );
+  assert.throws(
+    () => readZip(makeZip([big, { ...big, name: 'big2' }]), 6000, 5000),
+    (e: unknown) => e instanceof DsecError && e.code === 'PAYLOAD_TOO_LARGE' && /archive unpacks to more than 6000/.test(e.message),
+  );
+  // Deflated and stored entries whose data is longer than their declared size.
+  for (const method of [8, 0]) {
+    const [liar] = readZip(makeZip([{ ...big, name: 'liar', method, declared: 10 }]), 1 << 20);
+    await assert.rejects(
+      liar!.read(),
+      (e: unknown) => e instanceof DsecError && e.code === 'INVALID_ARGUMENT' && /entry "liar" is larger than it declares/.test(e.message),
+    );
+  }
+  const [garbage] = readZip(makeZip([{ ...big, name: 'junk', method: 8, raw: Buffer.from([0xff, 0xff, 0xff]) }]), 1 << 20);
+  await assert.rejects(garbage!.read(), (e: unknown) => e instanceof DsecError && e.code === 'INVALID_ARGUMENT' && /"junk"/.test(e.message));
+});
+
+test('SWE-ReX bodies are bounded when chunked (no Content-Length)', async () => {
+  const app = new Hono();
+  app.onError((err, c) => c.json({ code: err instanceof DsecError ? err.code : 'INTERNAL' }, 400));
+  app.post('/json', async (c) => c.json(await swerexModel(c, CommandSchema)));
+  app.post('/upload', async (c) => c.json({ n: [...(await swerexUploadForm(c)).keys()].length }));
+  /** A chunked body of `mib` MiB (a stream: no length is sent). */
+  const chunked = (mib: number): ReadableStream<Uint8Array> => {
+    let left = mib;
+    return new ReadableStream({
+      pull(ctl) {
+        if (left-- <= 0) ctl.close();
+        else ctl.enqueue(new Uint8Array(1_048_576).fill(0x20));
+      },
+    });
+  };
+  const post = async (route: string, body: ReadableStream<Uint8Array>, type: string) =>
+    (await (await app.request(route, { method: 'POST', body, headers: { 'content-type': type }, duplex: 'half' })).json()) as { code?: string };
+  assert.equal((await post('/json', chunked(MAX_JSON_BYTES / 1_048_576 + 1), 'application/json')).code, 'PAYLOAD_TOO_LARGE');
+  assert.equal((await post('/upload', chunked(SWEREX_MAX_UPLOAD_BYTES / 1_048_576 + 1), 'multipart/form-data; boundary=x')).code, 'PAYLOAD_TOO_LARGE');
+  const ok = await app.request('/json', { method: 'POST', body: JSON.stringify({ command: 'ls' }) });
+  assert.equal(((await ok.json()) as { command: string }).command, 'ls');
+});
+
 /** A minimal zip writer (Unix modes in the external attributes, as Python's zipfile writes them). */
-function makeZip(entries: Array<{ name: string; data: Buffer; method: number; mode: number }>): Buffer {
+function makeZip(entries: Array<{ name: string; data: Buffer; method: number; mode: number; declared?: number; raw?: Buffer }>): Buffer {
   const locals: Buffer[] = [];
   const centrals: Buffer[] = [];
   let offset = 0;
   for (const e of entries) {
     const name = Buffer.from(e.name);
-    const body = e.method === 8 ? deflateRawSync(e.data) : e.data;
+    const body = e.raw ?? (e.method === 8 ? deflateRawSync(e.data) : e.data);
     const local = Buffer.alloc(30);
     local.writeUInt32LE(0x04034b50, 0);
     local.writeUInt16LE(e.method, 8);
@@ -133,7 +183,7 @@ function makeZip(entries: Array<{ name: string; data: Buffer; method: number; mo
     central.writeUInt16LE((3 << 8) | 20, 4);
     central.writeUInt16LE(e.method, 10);
     central.writeUInt32LE(body.length, 20);
-    central.writeUInt32LE(e.data.length, 24);
+    central.writeUInt32LE(e.declared ?? e.data.length, 24);
     central.writeUInt16LE(name.length, 28);
     central.writeUInt32LE((e.mode << 16) >>> 0, 38);
     central.writeUInt32LE(offset, 42);

@@ -18,6 +18,7 @@ import type { Services } from '../services/index.js';
 import type { CommandTarget } from '../services/commands.js';
 import { ansiQuote, BashSession, MAX_INLINE_COMMAND, promptOf, SessionGone, SessionTimeout } from './swerex-session.js';
 import { readZip } from './zip.js';
+import { limitedBody, readJson } from '../http/validate.js';
 
 /** Largest upload (the multipart body is read whole). */
 export const SWEREX_MAX_UPLOAD_BYTES = 256 * 1_048_576;
@@ -369,14 +370,15 @@ export class SwerexService {
       return {};
     }
     await this.services.files.mkdir(t, target);
-    for (const e of readZip(file, 4 * SWEREX_MAX_UPLOAD_BYTES)) {
+    // Entries are inflated one at a time (each dropped once written), off the event loop.
+    for (const e of readZip(file, 4 * SWEREX_MAX_UPLOAD_BYTES, SWEREX_MAX_UPLOAD_BYTES)) {
       const dest = path.posix.join(target, e.name);
       if (e.dir) {
         await this.services.files.mkdir(t, dest);
         continue;
       }
       await this.services.files.mkdir(t, path.posix.dirname(dest));
-      await this.services.files.write(t, dest, oneChunk(e.data), {
+      await this.services.files.write(t, dest, oneChunk(await e.read()), {
         limitBytes: 4 * SWEREX_MAX_UPLOAD_BYTES,
         ...(e.mode !== undefined ? { mode: e.mode } : {}),
       });
@@ -389,18 +391,21 @@ async function* oneChunk(data: Buffer): AsyncGenerator<Uint8Array> {
   yield data;
 }
 
-/** A JSON body parsed with a SWE-ReX model (a missing body is `{}`). */
-async function model<S extends z.ZodType>(c: Context, schema: S): Promise<z.output<S>> {
-  const text = await c.req.text();
-  let value: unknown = {};
-  if (text.trim() !== '') {
-    try {
-      value = JSON.parse(text);
-    } catch {
-      throw new DsecError('INVALID_ARGUMENT', 'body: not JSON', { field: 'body' });
-    }
-  }
-  return parseOrThrow(schema, value, '');
+/** A JSON body parsed with a SWE-ReX model (a missing body is `{}`; at most MAX_JSON_BYTES, chunked or not). */
+export async function swerexModel<S extends z.ZodType>(c: Context, schema: S): Promise<z.output<S>> {
+  return parseOrThrow(schema, await readJson(c), '');
+}
+
+/** The multipart upload body, refused past SWEREX_MAX_UPLOAD_BYTES whether or not a length was sent. */
+export async function swerexUploadForm(c: Context): Promise<FormData> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of limitedBody(c, SWEREX_MAX_UPLOAD_BYTES, 'uploads')) chunks.push(chunk);
+  const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': c.req.header('content-type') ?? '' } });
+  // undici's parser, as envd's uploads (e2b/envd.ts): the body is bounded above.
+  // eslint-disable-next-line @typescript-eslint/no-deprecated
+  return whole.formData().catch(() => {
+    throw new DsecError('INVALID_ARGUMENT', 'body: not a multipart form', { field: 'body' });
+  });
 }
 
 /** The SWE-ReX routes (mounted under /v1). */
@@ -432,42 +437,38 @@ export function swerexRoutes({ services }: RouterDeps) {
     )
     .post(
       `${base}/create_session`,
-      handle(async (c, _p, t) => swerex.createSession(t, await model(c, CreateSessionSchema))),
+      handle(async (c, _p, t) => swerex.createSession(t, await swerexModel(c, CreateSessionSchema))),
     )
     .post(
       `${base}/run_in_session`,
-      handle(async (c, _p, t) => swerex.runInSession(t, await model(c, ActionSchema))),
+      handle(async (c, _p, t) => swerex.runInSession(t, await swerexModel(c, ActionSchema))),
     )
     .post(
       `${base}/close_session`,
-      handle(async (c, _p, t) => swerex.closeSession(t.sandboxId, (await model(c, CloseSessionSchema)).session)),
+      handle(async (c, _p, t) => swerex.closeSession(t.sandboxId, (await swerexModel(c, CloseSessionSchema)).session)),
     )
     .post(
       `${base}/execute`,
-      handle(async (c, p, t) => swerex.execute(p, t, await model(c, CommandSchema))),
+      handle(async (c, p, t) => swerex.execute(p, t, await swerexModel(c, CommandSchema))),
     )
     .post(
       `${base}/read_file`,
-      handle(async (c, _p, t) => swerex.readFile(t, await model(c, ReadFileSchema))),
+      handle(async (c, _p, t) => swerex.readFile(t, await swerexModel(c, ReadFileSchema))),
     )
     .post(
       `${base}/write_file`,
-      handle(async (c, _p, t) => swerex.writeFile(t, await model(c, WriteFileSchema))),
+      handle(async (c, _p, t) => swerex.writeFile(t, await swerexModel(c, WriteFileSchema))),
     )
     .post(
       `${base}/upload`,
       handle(async (c, _p, t) => {
-        const length = Number(c.req.header('content-length') ?? '0');
-        if (length > SWEREX_MAX_UPLOAD_BYTES)
-          throw new DsecError('PAYLOAD_TOO_LARGE', `body: uploads are at most ${SWEREX_MAX_UPLOAD_BYTES} bytes`, { field: 'body' });
-        const form = await c.req.parseBody().catch(() => {
-          throw new DsecError('INVALID_ARGUMENT', 'body: not a multipart form', { field: 'body' });
-        });
-        const file = form.file;
-        const target = form.target_path;
-        if (!(file instanceof File)) throw new DsecError('INVALID_ARGUMENT', 'file: missing (a multipart file field)', { field: 'file' });
+        const form = await swerexUploadForm(c);
+        const file = form.get('file');
+        const target = form.get('target_path');
+        if (file === null || typeof file === 'string') throw new DsecError('INVALID_ARGUMENT', 'file: missing (a multipart file field)', { field: 'file' });
         if (typeof target !== 'string' || target === '') throw new DsecError('INVALID_ARGUMENT', 'target_path: missing', { field: 'target_path' });
-        const unzip = typeof form.unzip === 'string' && ['true', '1', 'yes', 'on'].includes(form.unzip.toLowerCase());
+        const unzipField = form.get('unzip');
+        const unzip = typeof unzipField === 'string' && ['true', '1', 'yes', 'on'].includes(unzipField.toLowerCase());
         return swerex.upload(t, Buffer.from(await file.arrayBuffer()), target, unzip);
       }),
     )

@@ -51,9 +51,9 @@ export class IamService {
     return this.auth.authenticateTicket(ticket, cachedOnly);
   }
 
-  /** A single-use WebSocket ticket for the key of `authorization` (the caller, already authenticated). */
-  issueWsTicket(authorization: string): WsTicket {
-    return this.auth.wsTickets.issue(authorization);
+  /** A single-use WebSocket ticket for the key `keyId` that sent `authorization` (the caller, already authenticated); the per-key cap counts by key id. */
+  issueWsTicket(authorization: string, keyId: string): WsTicket {
+    return this.auth.wsTickets.issue(authorization, keyId);
   }
 
   /** The tenant of a project: its top-level project (tenant limits count there). */

@@ -44,6 +44,20 @@ function untilSignal(): Promise<void> {
   });
 }
 
+type RuntimeLayerId = (typeof RUNTIME_LAYER_IDS)[number];
+
+/** The function-call options of `dsec up`: the configuration's, except that `--no-prebuild`
+ * (`prebuild` false) builds nothing at start whatever the configuration's `prebuild` says. */
+export function upCalls(
+  calls: { runtimeCache?: string | undefined; prebuild?: RuntimeLayerId[] | undefined } | undefined,
+  prebuild: boolean,
+): { runtimeCache: string; prebuild: RuntimeLayerId[] } {
+  return {
+    runtimeCache: calls?.runtimeCache ?? DEFAULT_RUNTIME_CACHE,
+    prebuild: prebuild ? (calls?.prebuild ?? [...RUNTIME_LAYER_IDS]) : [],
+  };
+}
+
 /** Registers `dsec up` and `dsec config`. */
 export function registerUp(program: Command): void {
   configOptions(program.command('up'))
@@ -63,7 +77,7 @@ export function registerUp(program: Command): void {
       const opts = platformOptions(config);
       // dsec up builds the fncall language runtimes in the background into the machine-wide cache (docs/integrations.md).
       const prebuild = flags.prebuild !== false;
-      const calls = { runtimeCache: DEFAULT_RUNTIME_CACHE, prebuild: prebuild ? [...RUNTIME_LAYER_IDS] : [], ...opts.calls };
+      const calls = upCalls(opts.calls, prebuild);
       const platform = await startPlatform({ ...opts, calls, e2b: { buildBase: prebuild && flags.e2bBase !== false }, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
