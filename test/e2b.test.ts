@@ -14,6 +14,7 @@ import type { TestPlatform } from './helpers/platform.js';
 
 let platform: TestPlatform;
 let e2bKey: string;
+let viewerKey: string;
 let scratch: string;
 const TEMPLATE = `e2b-test-${process.pid}`;
 
@@ -46,6 +47,7 @@ before(async () => {
   const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
   const key = await client.keys.create({ name: 'e2b', role: 'admin', format: 'e2b' });
   e2bKey = key.key;
+  viewerKey = (await client.keys.create({ name: 'e2b-viewer', role: 'viewer', format: 'e2b' })).key;
   const dir = path.join(scratch, 'image');
   await imageDir(dir);
   await client.layers.uploadDir(dir, { kind: 'base', name: TEMPLATE });
@@ -206,6 +208,47 @@ for (const [version, E2B] of VERSIONS) {
       const m = await sbx.getMetrics();
       assert.ok(m.length >= 1 && m[0]!.memTotal > 0);
       assert.equal(await sbx.isRunning(), true);
+    });
+
+    test('the envd token: hidden from labels and from viewer keys; data-plane calls audited without it', async () => {
+      const admin = (await (await fetch(`${platform.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'x-api-key': e2bKey } })).json()) as {
+        envdAccessToken: string;
+      };
+      const token = admin.envdAccessToken;
+      assert.match(token, /^[0-9a-f]{48}$/);
+      const one = (await (await fetch(`${platform.url}/v1/sandboxes/${sbx.sandboxId}`, { headers: { authorization: `Bearer ${viewerKey}` } })).json()) as {
+        labels: Record<string, string>;
+      };
+      assert.equal(one.labels['e2b.token'], undefined);
+      const list = await (await fetch(`${platform.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${viewerKey}` } })).text();
+      assert.ok(!list.includes(token));
+      const asViewer = (await (await fetch(`${platform.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'x-api-key': viewerKey } })).json()) as {
+        envdAccessToken: string | null;
+      };
+      assert.equal(asViewer.envdAccessToken, null);
+      // The viewer's own data-plane calls (no token) are refused.
+      const r = await fetch(`${platform.url}/process.Process/Start`, {
+        method: 'POST',
+        headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-api-key': viewerKey, authorization: `Bearer ${viewerKey}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ process: { cmd: 'true' } }),
+      });
+      assert.equal(r.status, 401);
+      // The SDK's calls are audited as the sandbox's, with the command, never the token.
+      await sbx.commands.run('echo audited');
+      const deadline = Date.now() + 15_000;
+      let entries: Array<{ key: string | null; route: string; command: string | null }> = [];
+      while (Date.now() < deadline) {
+        const page = await fetch(`${platform.url}/v1/audit?limit=500`, { headers: { authorization: `Bearer ${platform.adminKey}` } });
+        const text = await page.text();
+        assert.ok(!text.includes(token));
+        entries = (JSON.parse(text) as { items: typeof entries }).items;
+        if (entries.some((e) => e.route === '/process.Process/:method' && e.key === `e2b-envd:${sbx.sandboxId}` && /echo audited/.test(e.command ?? ''))) break;
+        await new Promise((res) => setTimeout(res, 250));
+      }
+      assert.ok(
+        entries.some((e) => e.route === '/process.Process/:method' && /echo audited/.test(e.command ?? '')),
+        JSON.stringify(entries.slice(0, 5)),
+      );
     });
 
     test('pause: the data plane answers 502 while paused; connect resumes with processes alive', async () => {

@@ -240,7 +240,7 @@ export class Authenticator {
   }
 
   /** The principal, once a token of its tenant's bucket (the root project's keys: each its own) is taken (else RATE_LIMITED). */
-  private async rateLimited(principal: Principal): Promise<Principal> {
+  async rateLimited(principal: Principal): Promise<Principal> {
     const waitMs = await this.takeToken(principal);
     if (waitMs > 0) {
       const whose = principal.tenantId === ROOT_PROJECT_ID ? 'this key' : `tenant ${principal.tenantId} (all its keys together)`;

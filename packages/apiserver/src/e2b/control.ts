@@ -7,7 +7,7 @@ import type { CreateSandboxRequest, NetworkPolicy, Sandbox } from '@dsec/protoco
 import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
-import { METADATA_PREFIX, NO_TOKEN, TEMPLATE_LABEL, TOKEN_LABEL, listedSandbox, newAccessToken, sandboxReply } from './sandboxes.js';
+import { METADATA_PREFIX, NO_TOKEN, TEMPLATE_LABEL, TOKEN_LABEL, listedSandbox, newAccessToken, sandboxReply, tokenFor } from './sandboxes.js';
 import type { TemplateResolver } from './templates.js';
 
 /** E2B's default sandbox timeout when a request names none (its API's default), seconds. */
@@ -68,10 +68,29 @@ export function networkPolicy(body: Pick<NewSandbox, 'network' | 'allow_internet
   return { mode: 'allowlist', allow: allow.map((host) => ({ host })), ...(deny.length > 0 ? { deny } : {}) };
 }
 
+/** Largest control-plane JSON body. */
+export const MAX_E2B_BODY_BYTES = 4 * 1024 * 1024;
+
+/** The body as text, refused (413) once it passes `limit` bytes: never buffered past the limit, chunked or not. */
+async function boundedText(req: Request, limit: number): Promise<string> {
+  const tooLarge = () => new DsecError('PAYLOAD_TOO_LARGE', `body larger than ${limit} bytes`);
+  const declared = req.headers.get('content-length');
+  if (declared !== null && Number(declared) > limit) throw tooLarge();
+  if (!req.body) return '';
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  // Leaving the loop early (the throw) cancels the stream: nothing past the limit is buffered.
+  for await (const value of req.body as unknown as AsyncIterable<Uint8Array>) {
+    size += value.byteLength;
+    if (size > limit) throw tooLarge();
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
 /** Parses a JSON body (empty: `{}`) with an E2B schema; 400 naming the field. */
 export async function e2bBody<S extends z.ZodType>(req: Request, schema: S): Promise<z.infer<S>> {
-  const text = await req.text();
-  if (text.length > 4 * 1024 * 1024) throw new DsecError('PAYLOAD_TOO_LARGE', 'body too large');
+  const text = await boundedText(req, MAX_E2B_BODY_BYTES);
   let raw: unknown = {};
   if (text.trim() !== '') {
     try {
@@ -108,7 +127,8 @@ export class E2bControl {
     }
     if (Object.keys(labels).length > 60) throw invalidArgument('metadata', 'at most 60 entries');
     labels[TEMPLATE_LABEL] = body.templateID;
-    labels[TOKEN_LABEL] = body.secure === false ? NO_TOKEN : newAccessToken();
+    const token = body.secure === false ? NO_TOKEN : newAccessToken();
+    labels[TOKEN_LABEL] = token;
     const from = await this.d.templates.resolve(p, body.templateID);
     const req: CreateSandboxRequest = {
       ...from,
@@ -121,12 +141,18 @@ export class E2bControl {
       lease: { idleTimeoutMs: 0, autoResume: body.autoResume?.enabled === true },
     };
     const s = await this.d.services.sandboxes.create(p, req, { signal });
-    return sandboxReply(s, this.d.domain);
+    return sandboxReply(s, this.d.domain, tokenFor(p, token));
   }
 
   /** GET /sandboxes/{id} */
   async get(p: Principal, id: string): Promise<Record<string, unknown>> {
-    return listedSandbox(await this.d.services.sandboxes.get(p, id), true, this.d.domain);
+    const s = await this.d.services.sandboxes.get(p, id);
+    return listedSandbox(s, true, this.d.domain, tokenFor(p, await this.tokenOf(id)));
+  }
+
+  /** A sandbox's access token (kept out of its visible labels); read after the caller's access was checked. */
+  private async tokenOf(id: string): Promise<string | undefined> {
+    return (await this.d.services.lifecycle.rowById(id))?.labels[TOKEN_LABEL];
   }
 
   /**
@@ -205,7 +231,7 @@ export class E2bControl {
       status = 201;
     }
     if (seconds !== undefined) await this.setEnd(p, s, seconds, true);
-    return { status, body: sandboxReply(await this.d.services.sandboxes.get(p, id), this.d.domain) };
+    return { status, body: sandboxReply(await this.d.services.sandboxes.get(p, id), this.d.domain, tokenFor(p, await this.tokenOf(id))) };
   }
 
   /** POST /sandboxes/{id}/pause: 409 when already paused. */
@@ -247,13 +273,14 @@ export class E2bControl {
 
   /** POST /sandboxes/{id}/fork: `count` copies from one snapshot; each entry a sandbox. */
   async fork(p: Principal, id: string, body: z.infer<typeof ForkBodySchema>, signal?: AbortSignal): Promise<Record<string, unknown>[]> {
+    const token = newAccessToken();
     const r = await this.d.services.snapshots.fork(
       p,
       id,
-      { count: body.count ?? 1, labels: { [TOKEN_LABEL]: newAccessToken() }, timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000 },
+      { count: body.count ?? 1, labels: { [TOKEN_LABEL]: token }, timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000 },
       signal,
     );
-    return r.sandboxes.map((s) => ({ sandbox: sandboxReply(s, this.d.domain) }));
+    return r.sandboxes.map((s) => ({ sandbox: sandboxReply(s, this.d.domain, tokenFor(p, token)) }));
   }
 
   /** GET /sandboxes/{id}/metrics: one sample, taken now (dsec measures on demand). */

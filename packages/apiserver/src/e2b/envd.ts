@@ -7,6 +7,7 @@ import { gzipSync, createGunzip } from 'node:zlib';
 import { Readable } from 'node:stream';
 import type { Context } from 'hono';
 import { DsecError, invalidArgument } from '@dsec/protocol';
+import { commandSummary } from '@dsec/watcher';
 import type { ExecSpec, ExecStreamEvent, FileStat } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
@@ -91,7 +92,19 @@ class AddressBuckets {
     b.tokens -= 1;
     return true;
   }
+  /** True when `addr` has a request left (nothing taken). */
+  has(addr: string): boolean {
+    const b = this.buckets.get(addr);
+    return b === undefined || Math.min(SIGNED_RATE.burst, b.tokens + ((Date.now() - b.at) / 1000) * SIGNED_RATE.perSecond) >= 1;
+  }
 }
+
+/** How often per-sandbox state is checked against the sandboxes that still exist. */
+const SWEEP_MS = 30_000;
+/** A watcher nobody polled for this long is dropped (clients poll every second or so). */
+const WATCHER_IDLE_MS = 5 * 60_000;
+/** Rows in these states are ending or gone: their envd state is forgotten. */
+const ENDED_STATES = new Set(['stopping', 'failed', 'lost']);
 
 /** The signature of a `/files` URL (E2B's `getSignature`). */
 export function fileSignature(filePath: string, op: 'read' | 'write', username: string, token: string, expiration?: number): string {
@@ -107,13 +120,42 @@ export class Envd {
   private readonly started = new Map<string, Map<number, Started>>();
   private readonly watchers = new Map<string, { sandboxId: string; dir: string; recursive: boolean; last: Map<string, FileStat>; at: number }>();
   private readonly signedRate = new AddressBuckets();
+  /** Failed look-ups (unknown sandbox, wrong token or signature) by client address. */
+  private readonly failedLookups = new AddressBuckets();
   private watcherSeq = 0;
+  private readonly sweeper: NodeJS.Timeout;
 
   constructor(
     private readonly services: Services,
     private readonly log: (line: string) => void,
   ) {
     this.users = new SandboxUsers(services.files);
+    this.sweeper = setInterval(() => void this.sweep().catch((err: unknown) => this.log(`e2b: envd sweep: ${String(err)}`)), SWEEP_MS);
+    this.sweeper.unref();
+  }
+
+  /** Stops the sweep. */
+  close(): void {
+    clearInterval(this.sweeper);
+  }
+
+  /**
+   * Forgets the sandboxes that ended by any path (timeout, /v1 delete, another replica, loss),
+   * and watchers idle past {@link WATCHER_IDLE_MS}.
+   */
+  async sweep(now = Date.now()): Promise<void> {
+    for (const [id, w] of this.watchers) if (now - w.at > WATCHER_IDLE_MS) this.watchers.delete(id);
+    const ids = new Set([...this.tokens.keys(), ...this.started.keys(), ...this.users.ids(), ...[...this.watchers.values()].map((w) => w.sandboxId)]);
+    for (const id of ids) {
+      const row = await this.services.lifecycle.rowById(id);
+      if (!row || ENDED_STATES.has(row.state)) this.forget(id);
+    }
+  }
+
+  /** How many sandboxes and watchers this process holds state for (tests). */
+  held(): { sandboxes: number; watchers: number } {
+    const ids = new Set([...this.tokens.keys(), ...this.started.keys(), ...this.users.ids()]);
+    return { sandboxes: ids.size, watchers: this.watchers.size };
   }
 
   /** Records a sandbox's token (create, connect): signed URLs of it resolve from now on. */
@@ -121,11 +163,12 @@ export class Envd {
     if (token && token !== NO_TOKEN) this.tokens.set(id, token);
   }
 
-  /** Forgets a sandbox (killed). */
+  /** Forgets a sandbox (killed, expired, gone): its token, processes, users and watchers. */
   forget(id: string): void {
     this.tokens.delete(id);
     this.started.delete(id);
     this.users.forget(id);
+    for (const [wid, w] of this.watchers) if (w.sandboxId === id) this.watchers.delete(wid);
   }
 
   private notRunning(id: string, why: string): E2bError {
@@ -149,18 +192,30 @@ export class Envd {
       if (id === undefined) throw new E2bError(401, 'invalid signature');
     }
     if (id === undefined || id.length === 0 || id.length > 128) throw this.notRunning(String(id ?? ''), 'not found (no E2b-Sandbox-Id header)');
+    // Look-ups are not authenticated yet: a source whose look-ups keep failing (unknown ids,
+    // wrong tokens) is refused before the store is asked.
+    const source = c.get('clientAddress') as string;
+    if (!this.failedLookups.has(source))
+      throw new DsecError('RATE_LIMITED', 'too many failed sandbox look-ups from this address', { retryAfterMs: Math.ceil(1000 / SIGNED_RATE.perSecond) });
+    const failed = (err: Error): Error => {
+      this.failedLookups.take(source);
+      return err;
+    };
     const row = await this.services.lifecycle.rowById(id);
-    if (!row) throw this.notRunning(id, 'not found');
+    if (!row) throw failed(this.notRunning(id, 'not found'));
     const token = row.labels[TOKEN_LABEL];
-    if (token === undefined) throw new E2bError(401, `sandbox ${id} was not created through the E2B API`);
+    if (token === undefined) throw failed(new E2bError(401, `sandbox ${id} was not created through the E2B API`));
     if (token !== NO_TOKEN) {
-      this.tokens.set(id, token);
       if (!tokenMatches(token, c.req.header('x-access-token')) && !(signed && this.signatureValid(c, signed.op, token))) {
-        if (signature !== undefined) throw new E2bError(401, 'invalid or expired signature');
-        throw new E2bError(401, 'missing or wrong X-Access-Token');
+        if (signature !== undefined) throw failed(new E2bError(401, 'invalid or expired signature'));
+        throw failed(new E2bError(401, 'missing or wrong X-Access-Token'));
       }
+      if (!ENDED_STATES.has(row.state)) this.tokens.set(id, token);
     }
     const p = sandboxPrincipal(row, await this.services.iam.tenantOf(row.project_id));
+    // From here the call is the sandbox's: audited (index.ts) and counted in its tenant's rate.
+    c.set('principal', p);
+    await this.services.iam.rateLimited(p);
     try {
       const { row: running, edge } = await this.services.lifecycle.route(p, id, 'member');
       return { p, sandboxId: running.id, edge, node: running.node, row };
@@ -431,6 +486,8 @@ export class Envd {
       throw err;
     });
     void run.exitCode.finally(release);
+    // Audited as /v1 exec is: the command, and its exit status once it ends.
+    c.set('auditExec', { command: commandSummary(spec), exitCode: run.exitCode });
     // A reader that goes leaves the process running (E2B's disconnect); it can reconnect.
     c.req.raw.signal.addEventListener('abort', () => void run.leave(), { once: true });
     const config = { cmd, args: args as string[], envs, ...(cwd ? { cwd } : {}) };

@@ -3,7 +3,7 @@
 // by `E2b-Sandbox-Id`), so that `E2B_API_URL=E2B_SANDBOX_URL=<dsec>` runs E2B code unchanged.
 import type { Context, Hono } from 'hono';
 import type { Env, RouterDeps } from '../http/env.js';
-import { authAndAudit } from '../http/audit.js';
+import { auditCall, authAndAudit } from '../http/audit.js';
 import type { AuthFailureOptions } from '../http/audit.js';
 import type { WatchService } from '../watch.js';
 import { streamReply, streamRequest, unaryError, unaryReply, unaryRequest } from './connect.js';
@@ -145,22 +145,29 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
     wrap(async (c) => json(await control.metrics(p(c), id(c)))),
   );
 
-  // Data plane (envd). Authorised per sandbox by its access token, not by an API key.
+  // Data plane (envd). Authorised per sandbox by its access token, not by an API key. Once the
+  // token is checked (envd.target sets the sandbox's principal and takes its tenant's rate), each
+  // call is audited as a /v1 call is: the route pattern and status, never the token or the URL.
+  const audited =
+    (fn: (c: Context<Env>) => Promise<Response>) =>
+    async (c: Context<Env>): Promise<Response> => {
+      const start = performance.now();
+      const res = await fn(c);
+      const principal = c.get('principal') as Context<Env>['var']['principal'] | undefined;
+      if (opts.watch && principal) auditCall(opts.watch, c, principal, res.status, performance.now() - start);
+      return res;
+    };
   app.get(
     '/health',
-    wrap(async (c) => {
-      await envd.target(c);
-      return new Response(null, { status: 204 });
-    }),
+    audited(
+      wrap(async (c) => {
+        await envd.target(c);
+        return new Response(null, { status: 204 });
+      }),
+    ),
   );
-  app.get(
-    '/files',
-    wrap(async (c) => envd.download(c)),
-  );
-  app.post(
-    '/files',
-    wrap(async (c) => envd.upload(c)),
-  );
+  app.get('/files', audited(wrap(async (c) => envd.download(c))));
+  app.post('/files', audited(wrap(async (c) => envd.upload(c))));
   const rpc = (service: 'process.Process' | 'filesystem.Filesystem') => async (c: Context<Env>) => {
     const method = c.req.param('method') ?? '';
     const streaming = service === 'process.Process' ? method === 'Start' || method === 'Connect' : method === 'WatchDir';
@@ -180,7 +187,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
       return unaryError(err, log);
     }
   };
-  app.post('/process.Process/:method', rpc('process.Process'));
-  app.post('/filesystem.Filesystem/:method', rpc('filesystem.Filesystem'));
+  app.post('/process.Process/:method', audited(rpc('process.Process')));
+  app.post('/filesystem.Filesystem/:method', audited(rpc('filesystem.Filesystem')));
   return { templates, envd };
 }

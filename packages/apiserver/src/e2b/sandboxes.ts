@@ -1,12 +1,20 @@
 // What E2B adds to a dsec sandbox, kept in its labels (so every replica and a restart see it):
 // the envd access token, the template it was created from, and the caller's metadata.
 import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { invalidArgument } from '@dsec/protocol';
 import type { Sandbox } from '@dsec/protocol';
+import { roleAtLeast } from '../auth.js';
 import type { Principal } from '../auth.js';
 import type { SandboxRow } from '../services/common.js';
 
-/** Label holding the sandbox's envd access token (absent: not an E2B sandbox; `-`: not secure). */
+/**
+ * Label holding the sandbox's envd access token (absent: not an E2B sandbox; `-`: not secure).
+ * Never shown: `toSandbox` leaves it out of every API reply (the token gives member-level exec
+ * through the data plane), and only the E2B API may set it.
+ */
 export const TOKEN_LABEL = 'e2b.token';
+/** Labels only the E2B API sets (`e2b.token`, `e2b.template`); /v1 creates and forks refuse them. */
+export const RESERVED_LABEL_PREFIX = 'e2b.';
 /** Label holding the templateID the sandbox was created from. */
 export const TEMPLATE_LABEL = 'e2b.template';
 /** Prefix of labels that hold E2B metadata (`metadata.k` -> label `e2b/k`). */
@@ -15,6 +23,25 @@ export const METADATA_PREFIX = 'e2b/';
 export const NO_TOKEN = '-';
 /** The envd version reported: one with which the SDKs switch every feature on (docs/e2b.md). */
 export const ENVD_VERSION = '0.6.4';
+
+/** Refuses labels a /v1 caller may not set (the E2B API's own, {@link RESERVED_LABEL_PREFIX}). */
+export function refuseReservedLabels(labels: Record<string, string> | undefined, field = 'labels'): void {
+  for (const k of Object.keys(labels ?? {}))
+    if (k.startsWith(RESERVED_LABEL_PREFIX))
+      throw invalidArgument(`${field}.${k}`, `labels starting with "${RESERVED_LABEL_PREFIX}" are reserved for the E2B API`);
+}
+
+/** The labels a reply shows: every one but the access token. */
+export function visibleLabels(labels: Record<string, string>): Record<string, string> {
+  if (!(TOKEN_LABEL in labels)) return labels;
+  const { [TOKEN_LABEL]: _token, ...rest } = labels;
+  return rest;
+}
+
+/** The access token a principal may read: members and above only (it gives exec); null otherwise. */
+export function tokenFor(p: Principal, token: string | undefined): string | null {
+  return token && token !== NO_TOKEN && roleAtLeast(p.role, 'member') ? token : null;
+}
 
 /** A new envd access token. */
 export function newAccessToken(): string {
@@ -36,23 +63,22 @@ export function metadataOf(labels: Record<string, string>): Record<string, strin
   return out;
 }
 
-/** E2B's `Sandbox` (create and connect replies). */
-export function sandboxReply(s: Sandbox, domain: string | null): Record<string, unknown> {
-  const token = s.labels[TOKEN_LABEL];
+/** E2B's `Sandbox` (create and connect replies); `token`: the one the caller may read ({@link tokenFor}). */
+export function sandboxReply(s: Sandbox, domain: string | null, token: string | null): Record<string, unknown> {
   return {
     sandboxID: s.id,
     templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
     clientID: s.node,
     envdVersion: ENVD_VERSION,
-    envdAccessToken: token && token !== NO_TOKEN ? token : null,
+    envdAccessToken: token,
     trafficAccessToken: null,
     domain,
     alias: null,
   };
 }
 
-/** E2B's `ListedSandbox` / `SandboxDetail`. */
-export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null): Record<string, unknown> {
+/** E2B's `ListedSandbox` / `SandboxDetail` (`token`: for the detail, see {@link tokenFor}). */
+export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null, token: string | null = null): Record<string, unknown> {
   const out: Record<string, unknown> = {
     sandboxID: s.id,
     templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
@@ -68,8 +94,7 @@ export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null
     volumeMounts: [],
   };
   if (detail) {
-    const token = s.labels[TOKEN_LABEL];
-    out.envdAccessToken = token && token !== NO_TOKEN ? token : null;
+    out.envdAccessToken = token;
     out.domain = domain;
     out.allowInternetAccess = s.network.mode !== 'none';
     out.network = {

@@ -77,6 +77,11 @@ export class SandboxUsers {
     return { owner: uid === undefined ? '' : (a.byUid.get(uid) ?? String(uid)), group: gid === undefined ? '' : (a.groups.get(gid) ?? String(gid)) };
   }
 
+  /** The sandboxes whose accounts are cached. */
+  ids(): string[] {
+    return [...this.cache.keys()];
+  }
+
   /** Forgets a sandbox. */
   forget(id: string): void {
     this.cache.delete(id);

@@ -118,5 +118,6 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   if (watch) app.route('/v1', watchRoutes(watch));
   const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
   opts.onClose?.(() => e2b.templates.close());
+  opts.onClose?.(async () => e2b.envd.close());
   return app;
 }

@@ -7,6 +7,7 @@ import type { StateStore } from '../db/store.js';
 import type { ActivityTracker } from '../leases.js';
 import { leaseOf } from '../leases.js';
 import type { TrajectoryHeader, TrajectorySpec } from '../trajectory.js';
+import { visibleLabels } from '../e2b/sandboxes.js';
 
 /** A sandbox row with its labels. */
 export type SandboxRow = SandboxTable & { labels: Record<string, string> };
@@ -70,7 +71,7 @@ export function toSandbox(row: SandboxRow, activity: ActivityTracker): Sandbox {
     ...(spec.snapshot !== undefined ? { snapshot: spec.snapshot } : {}),
     layers: JSON.parse(row.layers) as string[],
     resources: spec.resources,
-    labels: row.labels,
+    labels: visibleLabels(row.labels),
     envKeys: Object.keys(spec.env ?? {}),
     network: spec.network ?? DEFAULT_NETWORK_POLICY,
     createdAt: row.created_at,

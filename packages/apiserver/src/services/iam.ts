@@ -56,6 +56,11 @@ export class IamService {
     return this.auth.wsTickets.issue(authorization, keyId);
   }
 
+  /** Takes one request of the principal's tenant rate (`limits.requestsPerSecondPerTenant`); RATE_LIMITED when spent. */
+  rateLimited(p: Principal): Promise<Principal> {
+    return this.auth.rateLimited(p);
+  }
+
   /** The tenant of a project: its top-level project (tenant limits count there). */
   tenantOf(projectId: string): Promise<string> {
     return this.auth.tenantOf(projectId);

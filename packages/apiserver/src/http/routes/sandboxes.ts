@@ -15,6 +15,7 @@ import {
 import type { BatchEvent, CreateSandboxBatchRequest, CreateSandboxBatchResult } from '@dsec/protocol';
 import type { Principal } from '../../auth.js';
 import type { CreateBatchOptions, SandboxService } from '../../services/sandboxes.js';
+import { refuseReservedLabels } from '../../e2b/sandboxes.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { toDsecError } from '../errors.js';
@@ -34,7 +35,9 @@ function batchItems(batch: CreateSandboxBatchRequest): { batch: CreateSandboxBat
   if (!batch.items) return { batch, invalid };
   const items = batch.items.map((raw, i) => {
     try {
-      return parseOrThrow(SandboxRequestSchema, raw, `items.${i}`);
+      const item = parseOrThrow(SandboxRequestSchema, raw, `items.${i}`);
+      refuseReservedLabels(item.labels, `items.${i}.labels`);
+      return item;
     } catch (err) {
       invalid.set(i, err);
       return raw;
@@ -49,6 +52,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
     router()
       .post('/sandboxes', idempotencyKey, jsonBody(CreateSandboxRequestSchema), async (c) => {
         let replayed = false;
+        refuseReservedLabels(c.get('body').labels);
         const opts = { signal: c.req.raw.signal, idempotencyKey: c.get('idempotencyKey'), onReplay: () => (replayed = true) };
         const sandbox = await sandboxes.create(c.get('principal'), c.get('body'), opts);
         return c.json(sandbox, 201, replayed ? { 'idempotent-replayed': 'true' } : {});
@@ -56,6 +60,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
       // `:batch` is a custom method on the collection (the AIP-136 form); Hono matches it literally.
       .post('/sandboxes:batch', idempotencyKey, jsonBody(CreateSandboxBatchRequestSchema), async (c) => {
         const p = c.get('principal');
+        refuseReservedLabels(c.get('body').spec?.labels, 'spec.labels');
         const { batch, invalid } = batchItems(c.get('body'));
         const opts = { signal: c.req.raw.signal, idempotencyKey: c.get('idempotencyKey') };
         if (!wantsNdjson(c)) return c.json(await sandboxes.createBatch(p, batch, opts, invalid));

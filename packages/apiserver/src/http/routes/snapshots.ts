@@ -1,6 +1,7 @@
 // /v1/sandboxes/{id}/snapshot, /fork, /trajectory and /replay (JSON, or ndjson as it runs).
 import { ForkRequestSchema, ReplayRequestSchema, SnapshotRequestSchema, TrajectoryQuerySchema } from '@dsec/protocol';
 import type { ReplayEvent } from '@dsec/protocol';
+import { refuseReservedLabels } from '../../e2b/sandboxes.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
@@ -13,9 +14,10 @@ export function snapshotRoutes({ services: { snapshots, trajectories }, log }: R
     .post('/sandboxes/:id/snapshot', jsonBody(SnapshotRequestSchema), async (c) =>
       c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
     )
-    .post('/sandboxes/:id/fork', jsonBody(ForkRequestSchema), async (c) =>
-      c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
-    )
+    .post('/sandboxes/:id/fork', jsonBody(ForkRequestSchema), async (c) => {
+      refuseReservedLabels(c.get('body').labels);
+      return c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201);
+    })
     .get('/sandboxes/:id/trajectory', query(TrajectoryQuerySchema), async (c) =>
       c.json(await trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))),
     )
