@@ -68,3 +68,18 @@ export function progress(line: string): void {
 export function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));
 }
+
+/** Operations per second of `fn` run back to back by `concurrency` workers for `durationMs`. */
+export async function rateInFlight(concurrency: number, durationMs: number, fn: () => Promise<unknown>): Promise<number> {
+  let done = 0;
+  const t0 = nowMs();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (nowMs() - t0 < durationMs) {
+        await fn();
+        done++;
+      }
+    }),
+  );
+  return done / ((nowMs() - t0) / 1000);
+}

@@ -4,25 +4,15 @@
 import { retryRateLimited, waitForRuntime } from '../lib/platform.js';
 import { latencyRow } from '../lib/report.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
-import { nowMs, progress, summarize } from '../lib/stats.js';
+import { nowMs, progress, rateInFlight, summarize } from '../lib/stats.js';
 
 const WARMUP = 10;
 const PACE_MS = 20;
 const RATE_CONCURRENCY = 8;
 const CODE = 'print(sum(range(10)))';
 
-async function rate(durationMs: number, fn: () => Promise<unknown>): Promise<number> {
-  let done = 0;
-  const t0 = nowMs();
-  await Promise.all(
-    Array.from({ length: RATE_CONCURRENCY }, async () => {
-      while (nowMs() - t0 < durationMs) {
-        await fn();
-        done++;
-      }
-    }),
-  );
-  return done / ((nowMs() - t0) / 1000);
+function rate(durationMs: number, fn: () => Promise<unknown>): Promise<number> {
+  return rateInFlight(RATE_CONCURRENCY, durationMs, fn);
 }
 
 export const sandboxFusionScenario: Scenario = {

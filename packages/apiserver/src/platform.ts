@@ -12,7 +12,8 @@ import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlaneOptions } from './control-plane.js';
 import { PUBLIC_PROJECT_ID, StateStore } from './db/store.js';
-import { NodePort } from './cluster/node-port.js';
+import { startNodePort } from './cluster/node-port.js';
+import type { ClusterOptions, NodePort } from './cluster/node-port.js';
 import { NodeRegistry } from './nodes.js';
 import type { Services } from './services/index.js';
 import type { WatchService } from './watch.js';
@@ -67,7 +68,7 @@ export interface PlatformOptions extends ControlPlaneOptions {
    * `<home>/cluster/`) and how long a node may be silent before it is unreachable, then lost.
    * Default: no node port.
    */
-  cluster?: { nodeAddr?: string; unreachableAfterMs?: number; lostAfterMs?: number };
+  cluster?: ClusterOptions;
 }
 
 /** A running platform. */
@@ -160,26 +161,14 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
           await services.layers.register(PUBLIC_PROJECT_ID, base, BUILTIN_BASE);
         }
         // Nodes on other machines join here; each member is unreachable until its session opens.
-        const cluster = opts.cluster;
-        if (cluster?.nodeAddr) {
-          const at = parseAddr(cluster.nodeAddr);
-          nodePort = await NodePort.start({
-            host: at.host,
-            port: at.port,
-            caDir: path.join(home, 'cluster'),
-            certTools: { openssl, makeKey, makeCsr },
-            nodes,
-            nodeAdmin: services.nodeAdmin,
-            raise: (ev) => {
-              watch.events.ingest(ev);
-              services.nodeAdmin.nodeEvent(ev);
-            },
-            log,
-            ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
-            ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),
-          });
-          services.nodeAdmin.membership = nodePort;
-        }
+        nodePort = await startNodePort(opts.cluster, {
+          home,
+          certTools: { openssl, makeKey, makeCsr },
+          nodes,
+          nodeAdmin: services.nodeAdmin,
+          ingest: watch.events.ingest,
+          log,
+        });
       },
     });
     closers.unshift(() => cp.close());

@@ -12,7 +12,8 @@ import { parseAddr, startControlPlane } from './control-plane.js';
 import type { ControlPlane, ControlPlaneOptions } from './control-plane.js';
 import { isPostgresUrl } from './db/postgres.js';
 import { StateStore } from './db/store.js';
-import { NodePort } from './cluster/node-port.js';
+import { startNodePort } from './cluster/node-port.js';
+import type { ClusterOptions, NodePort } from './cluster/node-port.js';
 import { NodeRegistry } from './nodes.js';
 
 /** Options of {@link startApiserver}. */
@@ -28,7 +29,7 @@ export interface ReplicaOptions extends ControlPlaneOptions {
   /** Nodes this replica reaches from the start (remote edges add themselves as they join). */
   nodes?: EdgeClient[];
   /** The node port remote edges join (none: no remote node) and the silence graces. */
-  cluster?: { nodeAddr?: string; unreachableAfterMs?: number; lostAfterMs?: number };
+  cluster?: ClusterOptions;
 }
 
 /** A running replica: the control plane, and the node port's URL when it takes nodes. */
@@ -54,26 +55,14 @@ export async function startApiserver(opts: ReplicaOptions): Promise<Replica> {
     nodes,
     listenUrl: opts.db,
     prepare: async (services, watch) => {
-      const cluster = opts.cluster;
-      if (!cluster?.nodeAddr) return;
-      const at = parseAddr(cluster.nodeAddr);
-      nodePort = await NodePort.start({
-        host: at.host,
-        port: at.port,
-        caDir: path.join(home, 'cluster'),
+      nodePort = await startNodePort(opts.cluster, {
+        home,
         certTools: { openssl, makeKey, makeCsr },
         nodes,
         nodeAdmin: services.nodeAdmin,
-        raise: (ev) => {
-          watch.events.ingest(ev);
-          // A microVM whose QEMU died on a node: its row becomes lost.
-          services.nodeAdmin.nodeEvent(ev);
-        },
+        ingest: watch.events.ingest,
         log,
-        ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
-        ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),
       });
-      services.nodeAdmin.membership = nodePort;
     },
   });
   const cp = await started.catch(async (err: unknown) => {

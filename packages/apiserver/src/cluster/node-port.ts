@@ -7,6 +7,7 @@
 // `unreachable`; one that does not come back within the lost grace makes it `lost`.
 import { X509Certificate } from 'node:crypto';
 import http2 from 'node:http2';
+import path from 'node:path';
 import type { AddressInfo } from 'node:net';
 import type { TLSSocket } from 'node:tls';
 import {
@@ -28,6 +29,7 @@ import {
   parseOrThrow,
 } from '@dsec/protocol';
 import type { EventSink, JoinToken, RaisedEvent, Transport } from '@dsec/protocol';
+import { parseAddr } from '../control-plane.js';
 import type { NodeRegistry } from '../nodes.js';
 import { unreachableEdge } from '../nodes.js';
 import type { NodeMembership, NodeService } from '../services/nodes.js';
@@ -307,4 +309,41 @@ function readBody(stream: http2.ServerHttp2Stream): Promise<string> {
     stream.once('end', () => resolve(Buffer.concat(parts).toString('utf8')));
     stream.once('error', reject);
   });
+}
+
+/** The `cluster` settings of `dsec up` and `dsec apiserver`. */
+export interface ClusterOptions {
+  nodeAddr?: string;
+  unreachableAfterMs?: number;
+  lostAfterMs?: number;
+}
+
+/**
+ * Starts the node port that `cluster.nodeAddr` asks for (none without it), its CA under
+ * `<home>/cluster`, and makes it the platform's node membership. A node's events go to the event
+ * stream and to the node service (a microVM whose QEMU died there: its row becomes lost).
+ */
+export async function startNodePort(
+  cluster: ClusterOptions | undefined,
+  o: Pick<NodePortOptions, 'certTools' | 'nodes' | 'nodeAdmin' | 'log'> & { home: string; ingest: EventSink },
+): Promise<NodePort | undefined> {
+  if (!cluster?.nodeAddr) return undefined;
+  const at = parseAddr(cluster.nodeAddr);
+  const port = await NodePort.start({
+    host: at.host,
+    port: at.port,
+    caDir: path.join(o.home, 'cluster'),
+    certTools: o.certTools,
+    nodes: o.nodes,
+    nodeAdmin: o.nodeAdmin,
+    raise: (ev) => {
+      o.ingest(ev);
+      o.nodeAdmin.nodeEvent(ev);
+    },
+    log: o.log,
+    ...(cluster.unreachableAfterMs !== undefined ? { unreachableAfterMs: cluster.unreachableAfterMs } : {}),
+    ...(cluster.lostAfterMs !== undefined ? { lostAfterMs: cluster.lostAfterMs } : {}),
+  });
+  o.nodeAdmin.membership = port;
+  return port;
 }
