@@ -1,5 +1,6 @@
 // How the node lets a caller stop waiting for work that must run to its end (a pause, a
-// destroy): the caller's promise settles with the abort, the work goes on by itself.
+// destroy): the caller's promise settles with the abort (or a deadline), the work goes on by itself.
+import { DsecError } from '@dsec/protocol';
 
 /**
  * `work`, or the signal's reason as soon as it aborts (whichever comes first). The work is not
@@ -20,4 +21,24 @@ export async function untilAborted<T>(work: Promise<T>, signal: AbortSignal | un
   } finally {
     signal.removeEventListener('abort', onAbort);
   }
+}
+
+/**
+ * `work`, or a TIMEOUT error with `message` once `ms` have passed (whichever comes first). The
+ * work is not stopped.
+ */
+export function withTimeout<T>(work: Promise<T>, ms: number, message: string): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const t = setTimeout(() => reject(new DsecError('TIMEOUT', message)), Math.max(0, ms));
+    work.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e: unknown) => {
+        clearTimeout(t);
+        reject(e instanceof Error ? e : new Error(String(e)));
+      },
+    );
+  });
 }

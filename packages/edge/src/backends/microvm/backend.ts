@@ -30,9 +30,11 @@ import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
-import type { Accel, VmDisk } from './qemu.js';
-import { diskFds, qemuArgs, startQemu, vmSockets } from './qemu.js';
-import { QmpClient } from './qmp.js';
+import type { Accel, VmDisk } from '../qemu/process.js';
+import { diskFds, startQemu } from '../qemu/process.js';
+import { qemuArgs, vmSockets } from './qemu.js';
+import { QmpClient } from '../qemu/qmp.js';
+import { withTimeout } from '../../abortable.js';
 
 const run = promisify(execFile);
 
@@ -252,7 +254,10 @@ export class MicrovmBackend implements Backend {
       const deadline = Date.now() + this.o.bootTimeoutMs;
       vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
       const agent = await Promise.race([this.connect(req.id), exited]);
-      await Promise.race([withDeadline(agent.ping(), deadline, `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`), exited]);
+      await Promise.race([
+        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
+        exited,
+      ]);
       this.watch(req.id, vm);
       return record;
     } catch (err) {
@@ -515,22 +520,6 @@ async function connectRetrying<T>(fn: () => Promise<T>, deadline: number): Promi
       await new Promise((r) => setTimeout(r, 50));
     }
   }
-}
-
-function withDeadline<T>(p: Promise<T>, deadline: number, message: string): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    const t = setTimeout(() => reject(new DsecError('TIMEOUT', message)), Math.max(0, deadline - Date.now()));
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e: unknown) => {
-        clearTimeout(t);
-        reject(e instanceof Error ? e : new Error(String(e)));
-      },
-    );
-  });
 }
 
 async function exists(p: string): Promise<boolean> {

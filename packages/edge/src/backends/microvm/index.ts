@@ -9,7 +9,7 @@ import { DEFAULT_OUTPUT_CAP_BYTES } from '../container/backend.js';
 import { MicrovmBackend } from './backend.js';
 import { DEFAULT_GUEST_CACHE, prepareGuest } from './guest.js';
 import { probeAccel } from './probe.js';
-import { kvmGroup } from './qemu.js';
+import { kvmGroup } from '../qemu/process.js';
 import type { AccelProbe } from './probe.js';
 
 export { MicrovmBackend, MIN_GUEST_MEMORY_MIB } from './backend.js';
@@ -17,8 +17,9 @@ export { cpioNewc, DEFAULT_GUEST_CACHE, GUEST_INIT, moduleOrder, prepareGuest } 
 export type { GuestImage, GuestKernel } from './guest.js';
 export { probeAccel, bootOnce } from './probe.js';
 export type { AccelProbe } from './probe.js';
-export { QmpClient } from './qmp.js';
-export { qemuArgs, QEMU_SANDBOX } from './qemu.js';
+export { QmpClient } from '../qemu/qmp.js';
+export { qemuArgs } from './qemu.js';
+export { QEMU_SANDBOX } from '../qemu/process.js';
 
 /** Options of {@link microvmBackend} (the node config's `microvm` block). */
 export interface MicrovmBackendConfig {

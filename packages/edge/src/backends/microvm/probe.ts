@@ -13,8 +13,9 @@ import { promisify } from 'node:util';
 import { DsecError } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
 import type { GuestImage } from './guest.js';
-import type { Accel } from './qemu.js';
-import { kvmGroup, qemuArgs, startQemu, vmSockets } from './qemu.js';
+import type { Accel } from '../qemu/process.js';
+import { kvmGroup, startQemu } from '../qemu/process.js';
+import { qemuArgs, vmSockets } from './qemu.js';
 
 const run = promisify(execFile);
 

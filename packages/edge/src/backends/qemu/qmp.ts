@@ -3,6 +3,7 @@
 import { EventEmitter } from 'node:events';
 import net from 'node:net';
 import { DsecError } from '@dsec/protocol';
+import { withTimeout } from '../../abortable.js';
 
 /** An asynchronous QMP event (`STOP`, `RESUME`, `SHUTDOWN`, `MIGRATION`, ...). */
 export interface QmpEvent {
@@ -54,7 +55,7 @@ export class QmpClient extends EventEmitter {
     });
     const client = new QmpClient(sock);
     try {
-      await client.withTimeout(new Promise((resolve) => (client.greeted = resolve)), timeoutMs, 'greeting');
+      await withTimeout(new Promise((resolve) => (client.greeted = resolve)), timeoutMs, `QMP greeting: no answer in ${timeoutMs} ms`);
       await client.execute('qmp_capabilities', undefined, timeoutMs);
     } catch (err) {
       client.close();
@@ -72,12 +73,12 @@ export class QmpClient extends EventEmitter {
     if (this.closedError) return Promise.reject(this.closedError);
     const p = new Promise<unknown>((resolve, reject) => this.waiting.push({ resolve, reject, what: command }));
     this.sock.write(JSON.stringify(args ? { execute: command, arguments: args } : { execute: command }) + '\n');
-    return this.withTimeout(p, timeoutMs, command) as Promise<T>;
+    return withTimeout(p, timeoutMs, `QMP ${command}: no answer in ${timeoutMs} ms`) as Promise<T>;
   }
 
   /** Waits for the next event of that name (or the connection's end, which rejects). */
   nextEvent(name: string, timeoutMs: number): Promise<QmpEvent> {
-    return this.withTimeout(
+    return withTimeout(
       new Promise<QmpEvent>((resolve, reject) => {
         const onEvent = (e: QmpEvent): void => {
           if (e.event !== name) return;
@@ -93,29 +94,13 @@ export class QmpClient extends EventEmitter {
         this.once('close', onClose);
       }),
       timeoutMs,
-      `event ${name}`,
+      `QMP event ${name}: no answer in ${timeoutMs} ms`,
     );
   }
 
   close(): void {
     this.sock.destroy();
     this.shutdown(new DsecError('UNAVAILABLE', 'QMP connection closed'));
-  }
-
-  private withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-    return new Promise<T>((resolve, reject) => {
-      const t = setTimeout(() => reject(new DsecError('TIMEOUT', `QMP ${what}: no answer in ${ms} ms`)), ms);
-      p.then(
-        (v) => {
-          clearTimeout(t);
-          resolve(v);
-        },
-        (e: unknown) => {
-          clearTimeout(t);
-          reject(e instanceof Error ? e : new Error(String(e)));
-        },
-      );
-    });
   }
 
   private onData(chunk: string): void {
