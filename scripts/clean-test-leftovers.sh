@@ -82,6 +82,8 @@ done
 for ns in /run/netns/dsec-test-*; do
   ip netns del "$(basename "$ns")" 2>/dev/null
 done
+# The bridge test/cluster.test.ts joins its nodes' namespaces to.
+ip link del dsec-test-ctbr 2>/dev/null
 # Address-slice claims whose home is gone (the home's table and links go with them).
 for claim in /run/dsec-net/*/; do
   claim=${claim%/}

@@ -1,6 +1,7 @@
 // End-to-end: a control plane (`dsec up --node-addr`) and two nodes on this machine joined with
 // `dsec edge --join` (real processes, real sandboxes, the node protocol over HTTP/2 in mutual
-// TLS on loopback). With the control plane's own edge that is three edges on one host, each
+// TLS). Each joined node runs in a network namespace of its own, reaching the control plane's
+// node port over a veth pair on a bridge the test makes, as a node on another machine would. With the control plane's own edge that is three edges on one host, each
 // with its own cgroup parent, run directory and network tag, and the watcher collecting garbage
 // on all of them every second. Sandboxes on a remote node are used through the API (exec,
 // attach from an offset, files, pause, snapshot); a caller without a member certificate is
@@ -10,7 +11,7 @@
 // sandboxes itself and resumes them when it returns; a removed node is refused. docs/deploy.md
 // shows the same commands. Needs root.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
@@ -19,6 +20,7 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { promisify } from 'node:util';
 import { Edge, MNT, mountsUnder, umount } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { AGENT_BINARY, REPO_ROOT } from './helpers/node.js';
@@ -35,6 +37,44 @@ const WAIT_MS = 45_000;
 const E1 = 'ct-e1';
 const E2 = 'ct-e2';
 const EDGES = [E1, E2] as const;
+/**
+ * The test's own network: a bridge with the control plane's node port on it, and one namespace
+ * per joined node with a veth into it (names that scripts/clean-test-leftovers.sh removes).
+ */
+const BRIDGE = 'dsec-test-ctbr';
+const NET = '10.213.7';
+const CONTROL_PLANE_ADDR = `${NET}.1`;
+const netnsOf = (name: string): string => `dsec-test-${name}`;
+
+const sh = promisify(execFile);
+async function ip(...args: string[]): Promise<void> {
+  await sh('ip', args);
+}
+
+/** The bridge, and per node a namespace whose eth0 (`${NET}.N`) is a veth on it. */
+async function makeNetwork(): Promise<void> {
+  await removeNetwork();
+  await ip('link', 'add', BRIDGE, 'type', 'bridge');
+  await ip('addr', 'add', `${CONTROL_PLANE_ADDR}/24`, 'dev', BRIDGE);
+  await ip('link', 'set', BRIDGE, 'up');
+  for (const [i, name] of EDGES.entries()) {
+    const ns = netnsOf(name);
+    const host = `dtct${i}`;
+    await ip('netns', 'add', ns);
+    await ip('link', 'add', host, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns);
+    await ip('link', 'set', host, 'master', BRIDGE);
+    await ip('link', 'set', host, 'up');
+    await ip('-n', ns, 'addr', 'add', `${NET}.${i + 2}/24`, 'dev', 'eth0');
+    await ip('-n', ns, 'link', 'set', 'eth0', 'up');
+    await ip('-n', ns, 'link', 'set', 'lo', 'up');
+  }
+}
+
+/** The namespaces (their veths go with them) and the bridge; nothing missing is an error. */
+async function removeNetwork(): Promise<void> {
+  for (const name of EDGES) await ip('netns', 'del', netnsOf(name)).catch(() => undefined);
+  await ip('link', 'del', BRIDGE).catch(() => undefined);
+}
 
 interface Proc {
   child: ChildProcessWithoutNullStreams;
@@ -43,8 +83,11 @@ interface Proc {
   exited: Promise<number | null>;
 }
 
-function run(args: string[], env: Record<string, string>): Proc {
-  const child = spawn(process.execPath, [CLI, ...args], {
+/** The CLI with `args`; in network namespace `netns` (by `nsenter`, which execs in place: the pid is the CLI's). */
+function run(args: string[], env: Record<string, string>, netns?: string): Proc {
+  const argv = [process.execPath, CLI, ...args];
+  const [cmd, ...rest] = netns ? ['nsenter', `--net=/run/netns/${netns}`, '--', ...argv] : argv;
+  const child = spawn(cmd!, rest, {
     env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', DSEC_AGENT: AGENT_BINARY, ...env },
     stdio: ['pipe', 'pipe', 'pipe'],
   });
@@ -84,9 +127,9 @@ async function waitFor(p: Proc, re: RegExp, name: string): Promise<RegExpExecArr
   });
 }
 
-async function freePort(): Promise<number> {
+async function freePort(host: string): Promise<number> {
   const server = net.createServer();
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  await new Promise<void>((r) => server.listen(0, host, () => r()));
   const port = (server.address() as net.AddressInfo).port;
   await new Promise<void>((r) => server.close(() => r()));
   return port;
@@ -119,15 +162,28 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   const conn = (): { client: DsecClient } => ({ client });
 
   const startUp = async (): Promise<void> => {
-    up = run(['up', '--addr', '127.0.0.1:0', '--no-prebuild', '--node-addr', `127.0.0.1:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
-      DSEC_HOME: home,
-    });
+    up = run(
+      [
+        'up',
+        '--addr',
+        '127.0.0.1:0',
+        '--no-prebuild',
+        '--node-addr',
+        `${CONTROL_PLANE_ADDR}:${nodePort}`,
+        '--config',
+        path.join(dir, 'config.json'),
+        '--clean',
+      ],
+      {
+        DSEC_HOME: home,
+      },
+    );
     apiUrl = (await waitFor(up, /listening on (http:\/\/\S+)/, 'dsec up'))[1]!;
     nodeUrl = (await waitFor(up, /nodes join on (https:\/\/\S+)/, 'dsec up'))[1]!;
     client = new DsecClient({ apiUrl, apiKey: (await readFile(path.join(home, 'admin.key'), 'utf8')).trim() });
   };
   const startEdge = async (name: string, token?: string): Promise<Proc> => {
-    const p = run(['edge', '--join', nodeUrl, ...(token ? ['--token', token] : []), '--name', name, '--home', edgeHome(name), '--clean'], {});
+    const p = run(['edge', '--join', nodeUrl, ...(token ? ['--token', token] : []), '--name', name, '--home', edgeHome(name), '--clean'], {}, netnsOf(name));
     edges.set(name, p);
     await waitFor(p, /joined/, `dsec edge ${name}`);
     return p;
@@ -145,7 +201,8 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-cluster-'));
     home = path.join(dir, 'cp');
-    nodePort = await freePort();
+    await makeNetwork();
+    nodePort = await freePort(CONTROL_PLANE_ADDR);
     await writeFile(
       path.join(dir, 'config.json'),
       JSON.stringify({
@@ -185,6 +242,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
       }
     }
     await rm(dir, { recursive: true, force: true });
+    await removeNetwork();
   });
 
   test('the joined nodes are ready, remote, and shown in full', async () => {
