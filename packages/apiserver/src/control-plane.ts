@@ -230,7 +230,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
               destroyOrphan: (id) => n.client.destroy(id),
               collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
             })),
-        sandboxes: async () => (await store.allSandboxes()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
+        sandboxes: async () => (await store.sandboxSummaries()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
         setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
         expire: async (id) => {
           const row = await store.sandbox(id);

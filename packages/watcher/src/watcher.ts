@@ -93,34 +93,34 @@ export class Watcher {
     await this.running;
   }
 
-  /** One pass; errors are logged, never thrown. */
+  /**
+   * One pass; errors are logged, never thrown. Every node is asked first (all at once) and the
+   * records are read once after: a record is written before its sandbox is created, so everything
+   * a node reported is known by then, and a sandbox created meanwhile is never taken for an
+   * orphan. One read of the records per pass, whatever the number of nodes.
+   */
   async pass(): Promise<void> {
     const log = this.o.log ?? (() => undefined);
     try {
+      const nodes = this.target.nodes();
+      const answers = await Promise.all(nodes.map((node) => this.ask(node, log)));
       const now = Date.now();
       const sandboxes = await this.target.sandboxes();
-      const ids = new Set(sandboxes.map((s) => s.id));
-      for (const id of this.leaseReported) if (!ids.has(id)) this.leaseReported.delete(id);
+      const byNode = new Map<string, WatchedSandbox[]>();
       for (const s of sandboxes) {
-        if (s.state !== 'creating' && s.state !== 'stopping' && Date.parse(s.expiresAt) <= now) {
-          if (!this.leaseReported.has(s.id)) {
-            this.leaseReported.add(s.id);
-            this.target.raise({
-              kind: 'lease.exceeded',
-              severity: 'warning',
-              sandboxId: s.id,
-              message: `sandbox ${s.id} exceeded its lifetime (it expired at ${s.expiresAt}) and is destroyed`,
-              data: { expiresAt: s.expiresAt, overdueMs: now - Date.parse(s.expiresAt) },
-            });
-          }
-          await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
-        }
+        const list = byNode.get(s.node);
+        if (list) list.push(s);
+        else byNode.set(s.node, [s]);
       }
+      for (const [i, node] of nodes.entries()) {
+        const running = answers[i];
+        if (running) await this.reconcile(node, running, byNode.get(node.name) ?? [], log);
+      }
+      await this.expire(sandboxes, now, log);
       await this.target.leases?.().catch((err: unknown) => log(`watcher: lease pass failed: ${(err as Error).message}`));
-      for (const node of this.target.nodes()) await this.reconcile(node, log);
       if (now - this.lastGc >= (this.o.gcIntervalMs ?? DEFAULT_GC_INTERVAL_MS)) {
         this.lastGc = now;
-        for (const node of this.target.nodes()) {
+        for (const node of nodes) {
           const n = await node.collectGarbage?.().catch((err: unknown) => {
             log(`watcher: garbage collection on ${node.name} failed: ${(err as Error).message}`);
             return 0;
@@ -140,29 +140,48 @@ export class Watcher {
     }
   }
 
-  /**
-   * Compares a node with the records. The node is asked first and the records read after: a
-   * record is written before its sandbox is created, so everything the node reported is known
-   * by then, and a sandbox created meanwhile is never taken for an orphan.
-   */
-  private async reconcile(node: WatchedNode, log: (line: string) => void): Promise<void> {
-    let running: Set<string>;
+  /** The ids a node runs (and the node marked healthy), or undefined when it did not answer. */
+  private async ask(node: WatchedNode, log: (line: string) => void): Promise<Set<string> | undefined> {
     try {
-      running = new Set(await node.sandboxIds());
+      const running = new Set(await node.sandboxIds());
       this.target.setNodeHealthy(node.name, true);
+      return running;
     } catch (err) {
       this.target.setNodeHealthy(node.name, false);
       log(`watcher: node ${node.name} unreachable: ${(err as Error).message}`);
-      return;
+      return undefined;
     }
-    const records = (await this.target.sandboxes()).filter((s) => s.node === node.name);
+  }
+
+  /** Destroys the sandboxes past their lifetime (lease.exceeded once each); forgets rows that are gone. */
+  private async expire(sandboxes: readonly WatchedSandbox[], now: number, log: (line: string) => void): Promise<void> {
+    const ids = new Set(sandboxes.map((s) => s.id));
+    for (const id of this.leaseReported) if (!ids.has(id)) this.leaseReported.delete(id);
+    for (const id of this.missingSince.keys()) if (!ids.has(id)) this.missingSince.delete(id);
+    for (const s of sandboxes) {
+      if (s.state === 'creating' || s.state === 'stopping' || Date.parse(s.expiresAt) > now) continue;
+      if (!this.leaseReported.has(s.id)) {
+        this.leaseReported.add(s.id);
+        this.target.raise({
+          kind: 'lease.exceeded',
+          severity: 'warning',
+          sandboxId: s.id,
+          message: `sandbox ${s.id} exceeded its lifetime (it expired at ${s.expiresAt}) and is destroyed`,
+          data: { expiresAt: s.expiresAt, overdueMs: now - Date.parse(s.expiresAt) },
+        });
+      }
+      await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
+    }
+  }
+
+  /** Compares what a node runs with its records: orphans destroyed, sandboxes missing too long lost. */
+  private async reconcile(node: WatchedNode, running: Set<string>, records: readonly WatchedSandbox[], log: (line: string) => void): Promise<void> {
     const known = new Set(records.map((s) => s.id));
     for (const id of running) {
       if (!known.has(id)) await node.destroyOrphan(id).catch((err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`));
     }
     const now = Date.now();
     for (const s of records) {
-      // Paused sandboxes are on their node too (frozen); one that vanished is lost as well.
       if ((s.state !== 'running' && s.state !== 'paused') || running.has(s.id)) {
         this.missingSince.delete(s.id);
         continue;

@@ -660,9 +660,14 @@ export class StateStore {
     return rows.map((r) => ({ ...r, labels: byId.get(r.id) ?? {} }));
   }
 
-  /** Every sandbox row (the watcher reconciles them with the nodes). */
+  /** Every sandbox row. */
   async allSandboxes(): Promise<SandboxTable[]> {
     return this.db.selectFrom('sandboxes').selectAll().execute();
+  }
+
+  /** Every sandbox's id, node, state and expiry: what the watcher reconciles with the nodes each pass. */
+  async sandboxSummaries(): Promise<Array<Pick<SandboxTable, 'id' | 'node' | 'state' | 'expires_at'>>> {
+    return this.db.selectFrom('sandboxes').select(['id', 'node', 'state', 'expires_at']).execute();
   }
 
   async expiredSandboxes(at: string): Promise<SandboxTable[]> {
