@@ -190,6 +190,10 @@ except urllib.error.HTTPError as e:
       await exec(sb, ['apt-get', ...APT_OPTS, 'update'], 'apt-get update');
       await exec(sb, ['apt-get', ...APT_OPTS, 'install', '-y', '--no-install-recommends', 'dsec-hello'], 'apt-get install');
       assert.equal((await exec(sb, ['dsec-hello'], 'dsec-hello')).trim(), 'dsec-hello 1.0');
+      // The node's apt setting for the mirror: an unfrozen one keeps apt's Valid-Until check.
+      const conf = (await sb.files.read('/etc/apt/apt.conf.d/99dsec-mirror')).toString();
+      assert.match(conf, /dsec/);
+      assert.doesNotMatch(conf, /Check-Valid-Until/);
       assert.ok(debian.requests >= 3, `the mirror fetched ${debian.requests} files from the repository`);
       assert.deepEqual(
         (await sb.network.log({ limit: 1000 })).filter((e) => e.verdict === 'denied').map((e) => `${e.host} ${e.reason}`),

@@ -6,8 +6,9 @@
 // then without the lockfile (npm resolves every packument) on the host and with the preset. The apt
 // part: a handful of real .debs downloaded once with `apt-get download`, indexed with
 // dpkg-scanpackages into a signed local repository served by the same child behind the same link;
-// `apt-get update && apt-get install` in the same Debian base on the host (bubblewrap over the
-// layer, host network) and in sandboxes with the debian preset and the debian mirror (cold, warm).
+// `apt-get update && apt-get install` in the same Debian base on the host (a chroot into an
+// overlay of the layer, host network) and in sandboxes with the debian preset and the debian
+// mirror (cold, warm).
 // Run it by name (`--only install`): it is not part of `--quick`.
 import { execFile, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
@@ -189,7 +190,7 @@ async function shapedRegistry(link: ReturnType<typeof registryLink>, index: stri
   const tbf = ['root', 'tbf', 'rate', RATE, 'burst', '64kb', 'latency', '400ms'];
   await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
   await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
-  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir, String(ONE_WAY_DELAY_MS)], {
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir, String(ONE_WAY_DELAY_MS), aptDir], {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   procs.push(child);
@@ -285,7 +286,7 @@ const APT_SCRIPT = [
 const aptSource = (host: string, key: RepoKey | undefined): string =>
   `deb ${key ? `[signed-by=${APT_KEYRING}]` : '[trusted=yes]'} http://${host}/debian ${APT_SUITE} main\n`;
 
-/** apt on the host: the same Debian base (bubblewrap over the layer, writes to a tmpfs overlay), the host's network. */
+/** apt on the host: the same Debian base (chroot into a tmpfs overlay over the layer, in a mount namespace of its own), the host's network. */
 async function hostApt(cacheDir: string, reg: ShapedRegistry, key: RepoKey | undefined, dir: string): Promise<Measured> {
   const store = new LayerStore({ root: path.join(cacheDir, 'layers'), unmountLingerMs: 0 });
   await store.init();
@@ -296,12 +297,26 @@ async function hostApt(cacheDir: string, reg: ShapedRegistry, key: RepoKey | und
     await writeFile(source, aptSource(reg.address, key));
     const keyring = path.join(dir, 'host-apt.gpg');
     if (key) await writeFile(keyring, key.keyring);
-    const args = ['--overlay-src', lower, '--tmp-overlay', '/', '--dev', '/dev', '--proc', '/proc', '--ro-bind', source, APT_SOURCE];
-    if (key) args.push('--ro-bind', keyring, APT_KEYRING);
-    args.push('--clearenv', '--setenv', 'PATH', '/usr/sbin:/usr/bin:/sbin:/bin', '--', 'sh', '-c', APT_SCRIPT);
+    // A private mount namespace: a tmpfs-backed overlay over the layer, /dev and /proc, then chroot;
+    // every mount goes with the namespace when the command ends.
+    const root = path.join(dir, 'host-apt-root');
+    await mkdir(root, { recursive: true });
+    const setup = [
+      'set -e',
+      'mount -t tmpfs tmpfs "$2"',
+      'mkdir "$2/u" "$2/w" "$2/m"',
+      'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2/u,workdir=$2/w" "$2/m"',
+      'mount --rbind /dev "$2/m/dev"',
+      'mount -t proc proc "$2/m/proc"',
+      `mkdir -p "$2/m${path.dirname(APT_KEYRING)}"`,
+      `cp "$3" "$2/m${APT_SOURCE}"`,
+      `if [ -n "$4" ]; then cp "$4" "$2/m${APT_KEYRING}"; fi`,
+      'exec chroot "$2/m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin sh -c "$5"',
+    ].join('\n');
+    const args = ['--mount', '--propagation', 'private', '--', 'sh', '-c', setup, 'sh', lower, root, source, key ? keyring : '', APT_SCRIPT];
     await reg.apt.reset();
     const t0 = nowMs();
-    await run('bwrap', args, { maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS });
+    await run('unshare', args, { maxBuffer: 64 * 1024 * 1024, timeout: INSTALL_TIMEOUT_MS });
     const seconds = (nowMs() - t0) / 1000;
     return { seconds, ...(await reg.apt.stats()), refused: 0 };
   } finally {
@@ -344,7 +359,7 @@ export const installScenario: Scenario = {
     'package-lock.json (npm resolves every packument; the registry serves the captured versions only).',
     `apt: \`apt-get update\` and \`apt-get install\` of ${APT_INSTALL.join(', ')} (${APT_DEBS.length} real .debs downloaded once with`,
     '`apt-get download`, indexed with dpkg-scanpackages, the Release signed with a key made for the run) from the same',
-    'child on port 80 behind the same link; host: the same Debian base under bubblewrap (tmpfs overlay, host network);',
+    'child on port 80 behind the same link; host: chroot into the same Debian base (a tmpfs overlay, host network);',
     'sandboxes with the debian preset (`deb.debian.org` mapped by `hosts`) and the debian mirror, cold and warm.',
   ].join(' '),
   async run(ctx: ScenarioContext): Promise<void> {
