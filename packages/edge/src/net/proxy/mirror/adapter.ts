@@ -29,6 +29,8 @@ export interface MirrorRequest {
   metadata?: MirrorRequest;
   /** For artifacts: its id in that document's {@link MirrorTransform.artifacts}. */
   artifactId?: string;
+  /** For artifacts: its key in that document's {@link MirrorTransform.digests}; set, the metadata is consulted even unfrozen (to check the file). */
+  digestId?: string;
   /** How long a cached copy is good: `immutable` (forever), `metadata` (refreshed after the metadata TTL; forever when frozen and fetched after the cutoff), `none`. */
   cache: 'immutable' | 'metadata' | 'none';
   /** Whether a frozen mirror may serve this `other` request (it cannot reveal anything newer). */
@@ -53,6 +55,8 @@ export interface MirrorTransform {
   contentType: string;
   /** The ids of the artifacts it lists (visible ones only, when frozen). */
   artifacts: Set<string>;
+  /** SHA-256 (hex) of artifacts by {@link MirrorRequest.digestId}, where the document gives them: such files are cached by content and checked. */
+  digests?: Map<string, string>;
 }
 
 /** An ecosystem's mirror logic. Implementations are pure: no I/O. */

@@ -54,7 +54,13 @@ const page = () => ({
   name: 'demo',
   versions: ['1.0', '2.0', '3.0'],
   files: [
-    { filename: 'demo-1.0.tar.gz', url: '../../packages/demo-1.0.tar.gz', hashes: {}, 'upload-time': '2023-01-01T00:00:00Z' },
+    {
+      filename: 'demo-1.0.tar.gz',
+      url: '../../packages/demo-1.0.tar.gz',
+      hashes: { sha256: 'a'.repeat(64) },
+      'core-metadata': { sha256: 'b'.repeat(64) },
+      'upload-time': '2023-01-01T00:00:00Z',
+    },
     {
       filename: 'demo-2.0-py3-none-any.whl',
       url: 'https://files.pythonhosted.org/packages/aa/demo-2.0-py3-none-any.whl',
@@ -76,6 +82,15 @@ test('frozen pages lose later files (and files without an upload time); URLs com
   const out = pypi.transformMetadata(Buffer.from(JSON.stringify(page())), req, ctx('2024-06-01'))!;
   assert.equal(out.contentType, PYPI_SIMPLE_JSON);
   assert.deepEqual([...out.artifacts], ['demo-1.0.tar.gz', 'demo-2.0-py3-none-any.whl']);
+  // Files are checked (and cached) by the SHA-256 the page gives, their PEP 658 metadata too.
+  assert.deepEqual(
+    [...out.digests!],
+    [
+      ['demo-1.0.tar.gz', 'a'.repeat(64)],
+      ['demo-1.0.tar.gz.metadata', 'b'.repeat(64)],
+    ],
+  );
+  assert.equal(pypi.classify('pypi.org', '/packages/demo-1.0.tar.gz.metadata')?.digestId, 'demo-1.0.tar.gz.metadata');
   const doc = JSON.parse(out.body.toString()) as ReturnType<typeof page>;
   assert.deepEqual(doc.versions, ['1.0', '2.0']);
   assert.deepEqual(

@@ -1,8 +1,9 @@
 // The Python Package Index as a mirror: a project's simple page (`/simple/<project>/`, fetched
 // upstream as PEP 691 JSON) is metadata, its files (`/packages/...`, on files.pythonhosted.org for
 // the public index, on the upstream's own origin for a single-origin mirror such as devpi) are
-// artifacts named by their file name. Frozen, a page loses every file whose PEP 700 `upload-time`
-// is after the cutoff (or missing), its `versions` follow, and files it no longer lists are refused.
+// artifacts named by their file name, cached by the SHA-256 the page gives (and checked against
+// it). Frozen, a page loses every file whose PEP 700 `upload-time` is after the cutoff (or
+// missing), its `versions` follow, and files it no longer lists are refused.
 import { NETWORK_PRESETS } from '@dsec/protocol';
 import type { MirrorAdapter, MirrorContext, MirrorRequest, MirrorTransform } from './adapter.js';
 
@@ -43,6 +44,9 @@ export function parseDistributionFile(filename: string): { project: string; vers
 
 type Json = Record<string, unknown>;
 const isObject = (v: unknown): v is Json => typeof v === 'object' && v !== null && !Array.isArray(v);
+/** A `{sha256: hex}` hash object's SHA-256, when well formed. */
+const sha256Of = (hashes: unknown): string | undefined =>
+  isObject(hashes) && typeof hashes.sha256 === 'string' && /^[0-9a-f]{64}$/.test(hashes.sha256) ? hashes.sha256 : undefined;
 
 /** The PyPI adapter. */
 export class PypiMirrorAdapter implements MirrorAdapter {
@@ -100,6 +104,7 @@ export class PypiMirrorAdapter implements MirrorAdapter {
       upstreamPath: segments.map(encodeURIComponent).join('/'),
       metadata: this.page(dist.project),
       artifactId: filename,
+      digestId: name,
       cache: 'immutable',
       host,
     };
@@ -128,7 +133,17 @@ export class PypiMirrorAdapter implements MirrorAdapter {
     for (const f of files) if (typeof f.url === 'string') f.url = this.rewriteFileUrl(f.url, pageUrl, ctx);
     page.files = files;
     const artifacts = new Set(files.map((f) => f.filename).filter((n): n is string => typeof n === 'string'));
-    return { body: Buffer.from(JSON.stringify(page)), contentType: PYPI_SIMPLE_JSON, artifacts };
+    // Files are cached by their SHA-256 and checked against it: the file's own, and its PEP 658
+    // metadata file's (`core-metadata`, formerly `dist-info-metadata`, when it is a hash object).
+    const digests = new Map<string, string>();
+    for (const f of files) {
+      if (typeof f.filename !== 'string') continue;
+      const own = sha256Of(f.hashes);
+      if (own) digests.set(f.filename, own);
+      const meta = sha256Of(f['core-metadata'] ?? f['dist-info-metadata']);
+      if (meta) digests.set(`${f.filename}.metadata`, meta);
+    }
+    return { body: Buffer.from(JSON.stringify(page)), contentType: PYPI_SIMPLE_JSON, artifacts, digests };
   }
 
   /** File URLs point back at a public name over plain HTTP, so they come through the proxy (and the freeze) again. */

@@ -250,16 +250,18 @@ export class MirrorService {
   }
 
   private async artifact(adapter: MirrorAdapter, req: MirrorRequest, ctx: MirrorContext, metaCtx: MirrorContext): Promise<MirrorResponse> {
-    if (ctx.cutoff) {
+    let sha256: string | undefined;
+    if (ctx.cutoff || (req.digestId !== undefined && req.metadata)) {
       if (!req.metadata || req.artifactId === undefined) return text(404, `${req.upstreamPath}: no metadata to check it against`, { hidden: true });
       const { obj, value } = await this.transformed(adapter, req.metadata, metaCtx);
       if (obj.status !== 200) return this.upstreamError(obj, req.metadata.upstreamPath);
-      if (!value?.artifacts.has(req.artifactId)) {
+      if (ctx.cutoff && !value?.artifacts.has(req.artifactId)) {
         return text(404, `${req.upstreamPath}: published after the mirror's cutoff ${ctx.cutoff.toISOString()}`, { hidden: true });
       }
+      if (req.digestId !== undefined) sha256 = value?.digests?.get(req.digestId);
     }
     const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
-    const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
+    const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx), ...(sha256 ? { sha256 } : {}) });
     if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
     return {
       status: 200,
