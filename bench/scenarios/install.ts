@@ -41,6 +41,8 @@ const ONE_WAY_DELAY_MS = 10;
 const RATE = '100mbit';
 /** The registry fixture as a child in the namespace (compiled beside this file). */
 const CHILD = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'npm-registry-child.js');
+/** The dev dependency left out of the install without a lockfile (see {@link packageJson}). */
+const NO_LOCKFILE_DROPS = 'nyc';
 /** What apt installs (its dependencies outside the base are in the repository too). */
 const APT_INSTALL = ['jq', 'tree', 'file', 'less', 'sqlite3'];
 /** Every .deb of the local repository, downloaded once with `apt-get download`. */
@@ -229,9 +231,22 @@ interface Measured {
   refused: number;
 }
 
+/**
+ * The project's package.json: as captured with its lockfile; without it, minus nyc, whose
+ * dependencies come bundled in its tarball (the fixture has no packuments for them, and npm
+ * resolving without a lockfile asks for them).
+ */
+async function packageJson(tree: CapturedTree, lockfile: boolean): Promise<Buffer> {
+  const raw = await readFile(path.join(tree.project, 'package.json'));
+  if (lockfile) return raw;
+  const pkg = JSON.parse(raw.toString('utf8')) as { devDependencies?: Record<string, string> };
+  if (pkg.devDependencies) delete pkg.devDependencies[NO_LOCKFILE_DROPS];
+  return Buffer.from(JSON.stringify(pkg, null, 2));
+}
+
 async function hostInstall(tree: CapturedTree, reg: ShapedRegistry, caFile: string, dir: string, lockfile = true): Promise<Measured> {
   const work = await mkdtemp(path.join(dir, 'host-'));
-  await cp(path.join(tree.project, 'package.json'), path.join(work, 'package.json'));
+  await writeFile(path.join(work, 'package.json'), await packageJson(tree, lockfile));
   if (lockfile) await cp(path.join(tree.project, 'package-lock.json'), path.join(work, 'package-lock.json'));
   await reg.reset();
   const t0 = nowMs();
@@ -257,7 +272,7 @@ async function sandboxInstall(client: DsecClient, tree: CapturedTree, reg: Shape
   const sb = await Sandbox.create({ image: { base: BASE_NAME, toolkits: [NODE_NAME] }, resources: { cpu: 2, memoryMiB: 2048 }, network: net }, { client });
   try {
     await sb.exec(['mkdir', '-p', '/work', '/root'], { check: true });
-    await sb.files.write('/work/package.json', await readFile(path.join(tree.project, 'package.json')));
+    await sb.files.write('/work/package.json', await packageJson(tree, lockfile));
     if (lockfile) await sb.files.write('/work/package-lock.json', await readFile(path.join(tree.project, 'package-lock.json')));
     await reg.reset();
     const t0 = nowMs();
@@ -356,7 +371,8 @@ export const installScenario: Scenario = {
     "the registry by the node's `hosts`, the registry's CA in `node.network.caCertificates`. Mirror cold / warm: the same",
     "with the npm mirror, first with the node's mirror cache empty, then full. Connections are what the registry accepted;",
     'refused are connection-limit refusals in the sandbox egress log. No lockfile: the same project without its',
-    'package-lock.json (npm resolves every packument; the registry serves the captured versions only).',
+    'package-lock.json and without nyc, whose 182 dependencies come bundled in its tarball (npm resolves every',
+    'packument; the registry serves the captured versions only).',
     `apt: \`apt-get update\` and \`apt-get install\` of ${APT_INSTALL.join(', ')} (${APT_DEBS.length} real .debs downloaded once with`,
     '`apt-get download`, indexed with dpkg-scanpackages, the Release signed with a key made for the run) from the same',
     'child on port 80 behind the same link; host: chroot into the same Debian base (a tmpfs overlay, host network);',
