@@ -113,7 +113,8 @@ describe('PyPI and Debian mirrors (Debian image, pip, apt)', { timeout: 900_000 
       path.join(scratch, 'deb'),
       [
         await buildDeb(debs, { name: 'dsec-hello', version: '1.0', depends: ['dsec-lib (>= 1.0)'] }),
-        await buildDeb(debs, { name: 'dsec-lib', version: '1.0' }),
+        // `~` and `+` in a version: apt asks for the pool file with them percent-encoded.
+        await buildDeb(debs, { name: 'dsec-lib', version: '1.0+dsec~1' }),
       ],
       { suite: SUITE, key },
     );

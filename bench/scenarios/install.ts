@@ -13,7 +13,7 @@
 import { execFile, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -148,6 +148,9 @@ async function capturedDebs(cacheDir: string): Promise<string[]> {
     await rm(dir, { recursive: true, force: true });
     await mkdir(dir, { recursive: true });
     await run('apt-get', ['download', ...APT_DEBS], { cwd: dir, timeout: INSTALL_TIMEOUT_MS });
+    // apt-get download keeps a version's epoch as `<n>%3a` in the file name; the archive's own
+    // pool names have no epoch.
+    for (const f of await readdir(dir)) if (/_\d+%3a/.test(f)) await rename(path.join(dir, f), path.join(dir, f.replace(/_\d+%3a/, '_')));
     await writeFile(done, 'ok\n');
   }
   return (await readdir(dir)).filter((f) => f.endsWith('.deb')).map((f) => path.join(dir, f));

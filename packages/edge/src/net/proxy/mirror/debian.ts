@@ -39,9 +39,15 @@ export class DebianMirrorAdapter implements MirrorAdapter {
   }
 
   classify(_host: string, rawPath: string, cutoff?: Date): MirrorRequest | undefined {
-    // Only validated segments reach the upstream path: no query, no encoding, no dot segment.
-    if (!rawPath.startsWith('/') || rawPath.length > 2048 || !/^[A-Za-z0-9._+~/-]*$/.test(rawPath)) return undefined;
-    const segments = rawPath.slice(1).split('/');
+    // Only validated segments reach the upstream path, decoded (apt writes `~` and `+` of
+    // versions as %7e and %2b) and encoded again: no query, no separator, no dot segment.
+    if (!rawPath.startsWith('/') || rawPath.length > 2048 || !/^[A-Za-z0-9._+~%/-]*$/.test(rawPath)) return undefined;
+    let segments: string[];
+    try {
+      segments = rawPath.slice(1).split('/').map(decodeURIComponent);
+    } catch {
+      return undefined;
+    }
     if (segments.some((s) => s === '.' || s === '..' || !SEGMENT_RE.test(s))) return undefined;
     const [archive, area, ...rest] = segments;
     if (!archive || !ARCHIVE_RE.test(archive) || (area !== 'dists' && area !== 'pool') || rest.length < 2) return undefined;
@@ -49,7 +55,7 @@ export class DebianMirrorAdapter implements MirrorAdapter {
     const at = cutoff ? `${archive}/${snapshotStamp(cutoff)}` : archive;
     return {
       kind: 'other',
-      upstreamPath: [at, area, ...rest].join('/'),
+      upstreamPath: [at, area, ...rest.map(encodeURIComponent)].join('/'),
       // A snapshot never changes; the live archive's indexes do (refreshed after the metadata TTL).
       cache: immutable || cutoff ? 'immutable' : 'metadata',
       servedWhenFrozen: true,
