@@ -478,7 +478,7 @@ export const installScenario: Scenario = {
     const aptHost = apt[0]![1].seconds;
     const rows: Array<[string, string, Measured, number]> = [
       ...results.map(([what, m]): [string, string, Measured, number] => [
-        `npm install (${contents.tarballs.size} packages${what.includes('no lockfile') ? ', no lockfile' : ''})`,
+        what.includes('no lockfile') ? `npm install (no lockfile, without ${NO_LOCKFILE_DROPS})` : `npm install (${contents.tarballs.size} packages)`,
         what,
         m,
         what.includes('no lockfile') ? hostNoLock : host,
