@@ -2,15 +2,17 @@
 // (@dsec/edge testing/npm-registry.ts) over TLS behind a relay on port 443 that delays every
 // piece of data by the one-way delay in each direction (and a new connection by one round trip,
 // its handshake): this kernel has no netem, the link's rate is a tbf qdisc. Its counters on port
-// 9000 (GET: read, POST: read and reset).
-// Usage: node npm-registry-child.js <index.json> <address> <tls dir> <one-way delay ms>
+// 9000 (GET: read, POST: read and reset). With a fifth argument, a directory served as plain HTTP
+// on port 80 behind the same kind of relay (the Debian repository of the apt part; counters at
+// /apt on port 9000).
+// Usage: node npm-registry-child.js <index.json> <address> <tls dir> <one-way delay ms> [<static dir>]
 import { readFile } from 'node:fs/promises';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
-import { startNpmRegistry } from '@dsec/edge';
+import { startNpmRegistry, startStaticRepo } from '@dsec/edge';
 
-const [index, address, tlsDir, delayArg] = process.argv.slice(2);
+const [index, address, tlsDir, delayArg, staticDir] = process.argv.slice(2);
 const delayMs = Number(delayArg ?? '0');
 if (!index || !address || !tlsDir) throw new Error('usage: npm-registry-child.js <index.json> <address> <tls dir>');
 const saved = JSON.parse(await readFile(index, 'utf8')) as { packuments: Array<[string, unknown]>; tarballs: Array<[string, string]> };
@@ -23,12 +25,14 @@ const registry = await startNpmRegistry(
     publicUrl: 'https://registry.npmjs.org',
   },
 );
+const repo = staticDir ? await startStaticRepo(staticDir, { host: '127.0.0.1' }) : undefined;
 const stats = http.createServer((req, res) => {
-  const body = JSON.stringify({ connections: registry.connections, requests: registry.requests });
-  if (req.method === 'POST') registry.resetCounters();
+  const counted = req.url === '/apt' ? repo : registry;
+  if (!counted) return void res.writeHead(404).end();
+  const body = JSON.stringify({ connections: counted.connections, requests: counted.requests });
+  if (req.method === 'POST') counted.resetCounters();
   res.writeHead(200, { 'content-type': 'application/json' }).end(body);
 });
-const upstreamPort = Number(new URL(registry.url).port);
 
 /** Passes `from`'s data to `to` `delayMs` later, in order, with backpressure. */
 function delayed(from: net.Socket, to: net.Socket): void {
@@ -43,23 +47,26 @@ function delayed(from: net.Socket, to: net.Socket): void {
   from.on('end', () => setTimeout(() => to.end(), delayMs));
 }
 
-const relay = net.createServer({ allowHalfOpen: true }, (client) => {
-  client.pause();
-  const up = net.connect({ host: '127.0.0.1', port: upstreamPort, allowHalfOpen: true });
-  const kill = (): void => {
-    client.destroy();
-    up.destroy();
-  };
-  client.on('error', kill);
-  up.on('error', kill);
-  client.on('close', () => up.destroy());
-  up.on('close', () => client.destroy());
-  // The handshake's round trip, then data each way one delay late.
-  setTimeout(() => {
-    delayed(client, up);
-    delayed(up, client);
-    client.resume();
-  }, 2 * delayMs);
-});
-relay.listen(443, address);
+/** A relay on `port` of the namespace's address to a local server's port, delayed each way. */
+const relay = (upstreamPort: number): net.Server =>
+  net.createServer({ allowHalfOpen: true }, (client) => {
+    client.pause();
+    const up = net.connect({ host: '127.0.0.1', port: upstreamPort, allowHalfOpen: true });
+    const kill = (): void => {
+      client.destroy();
+      up.destroy();
+    };
+    client.on('error', kill);
+    up.on('error', kill);
+    client.on('close', () => up.destroy());
+    up.on('close', () => client.destroy());
+    // The handshake's round trip, then data each way one delay late.
+    setTimeout(() => {
+      delayed(client, up);
+      delayed(up, client);
+      client.resume();
+    }, 2 * delayMs);
+  });
+relay(Number(new URL(registry.url).port)).listen(443, address);
+if (repo) relay(Number(new URL(repo.url).port)).listen(80, address);
 stats.listen(9000, address, () => process.stdout.write('ready\n'));

@@ -107,5 +107,7 @@ export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
 export type { NodeAgentOptions } from './cluster/node-agent.js';
 export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, npmTarball, startNpmRegistry, tarballManifest } from './testing/npm-registry.js';
 export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
+export { buildDeb, makeRepoKey, pyDistributionFile, startStaticRepo, writeDebianRepo, writePypiIndex, zipStored } from './testing/package-repos.js';
+export type { DebPackage, PyDistribution, RepoKey, StaticRepo } from './testing/package-repos.js';
 export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';

@@ -21,13 +21,15 @@ export async function writeResolvConf(network: NodeNetwork, backend: Backend, id
   await writeNetworkFiles(network, await backend.agent(id), id);
 }
 
-/** Writes what a linked sandbox's root needs for the network: resolv.conf, the operator's CAs. */
+/** Writes what a linked sandbox's root needs for the network: resolv.conf, the operator's CAs, package-manager settings. */
 export async function writeNetworkFiles(network: NodeNetwork, agent: SandboxAgent, id: string): Promise<void> {
   const conf = network.resolvConf(id);
   if (!conf) return;
   await agent.writeFile('/etc/resolv.conf', conf, { mode: 0o644 });
   const cas = network.operatorCas(id);
   if (cas) await installTrust(agent, cas);
+  // An image without the package manager (no /etc/apt) has nothing to configure.
+  for (const f of network.presetFiles(id)) await agent.writeFile(f.path, f.content, { mode: 0o644 }).catch(() => undefined);
 }
 
 /** Puts a new sandbox on the network; a failure destroys it (no half-created sandbox). */

@@ -33,6 +33,8 @@ import type { EgressLogEntry, EgressPolicyView, EgressProxyLimits, EgressStats, 
 export const KERNEL_LOG_RATE_PER_SECOND = 50;
 /** How long the node's own addresses are remembered before they are read again. */
 const LOCAL_ADDRESSES_TTL_MS = 60_000;
+/** apt's configuration for a sandbox's Debian mirror. */
+export const APT_MIRROR_CONF = '/etc/apt/apt.conf.d/99dsec-mirror';
 
 /** Network settings of a node (Edge options). */
 export interface NetworkOptions {
@@ -336,8 +338,25 @@ export class NodeNetwork implements SandboxResolver {
       const direct = [noProxy, ...NETWORK_PRESETS.npm].join(',');
       Object.assign(env, { NO_PROXY: direct, no_proxy: direct, npm_config_noproxy: direct });
     }
+    // pip: the index over plain HTTP when mirrored (the mirror rewrites file URLs onto
+    // files.pythonhosted.org, also plain HTTP), which pip must be told to accept.
+    if (l?.view.mirrors.pypi) {
+      Object.assign(env, { PIP_INDEX_URL: 'http://pypi.org/simple/', PIP_TRUSTED_HOST: NETWORK_PRESETS.pypi.join(' ') });
+    }
     if (this.infraNow?.operatorCas) Object.assign(env, trustEnv());
     return env;
+  }
+
+  /**
+   * Files a linked sandbox's root gets for its package managers: with a Debian mirror, apt's
+   * setting for it (a frozen mirror serves a snapshot archive, whose Release files are past their
+   * Valid-Until; an unfrozen one keeps apt's check). Empty when there is nothing to write.
+   */
+  presetFiles(id: string): Array<{ path: string; content: string }> {
+    const debian = this.linked.get(id)?.view.mirrors.debian;
+    if (!debian) return [];
+    const check = debian.freeze ? 'Acquire::Check-Valid-Until "false";\n' : '';
+    return [{ path: APT_MIRROR_CONF, content: `// Written by dsec for the sandbox's Debian mirror (network policy).\n${check}` }];
   }
 
   /** The operator's CA certificates (PEM) to install in a linked sandbox, when configured. */

@@ -148,13 +148,13 @@ function sendStatic(res: http.ServerResponse, dir: string, rel: string): void {
   );
 }
 
-/** A gzipped tar of `files` (paths below `package/`), as npm packs them. */
-export function npmTarball(files: Record<string, string>): Buffer {
+/** A gzipped tar of `files` (paths below `prefix`, `package/` as npm packs them). */
+export function npmTarball(files: Record<string, string>, prefix = 'package/'): Buffer {
   const blocks: Buffer[] = [];
   for (const [name, content] of Object.entries(files)) {
     const data = Buffer.from(content);
     const h = Buffer.alloc(512);
-    h.write(`package/${name}`, 0, 100);
+    h.write(`${prefix}${name}`, 0, 100);
     h.write('0000644\0', 100);
     h.write('0000000\0', 108);
     h.write('0000000\0', 116);

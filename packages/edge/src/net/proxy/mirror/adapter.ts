@@ -2,7 +2,7 @@
 // mirror, and how a frozen mirror hides what was published after its cutoff.
 //
 // The freeze has two mechanisms, and an adapter uses the one its ecosystem allows:
-// - Filtering (npm now, PyPI next): the metadata document lists artifacts with publish times, so
+// - Filtering (npm, PyPI): the metadata document lists artifacts with publish times, so
 //   the adapter drops the later ones from it (`transformMetadata`) and refuses any artifact that is
 //   not in the filtered document (`MirrorTransform.artifacts`). For PyPI, the metadata document is
 //   the JSON simple index (`/simple/<project>/`, PEP 691, asked for with
@@ -11,9 +11,10 @@
 //   files.pythonhosted.org names its file, whose project (from the wheel or sdist file name,
 //   normalised per PEP 503) gives the `metadata` request to check it against.
 // - Choosing the upstream (Debian): Release files are signed over the Packages indexes, so they
-//   cannot be filtered without re-signing. Instead `upstreamBase` maps the cutoff to a snapshot
-//   archive (snapshot.debian.org-style `<url>/archive/debian/<YYYYMMDDTHHMMSSZ>/`), whose
-//   content is immutable: every request is `kind: 'other'` with `cache: 'immutable'`.
+//   cannot be filtered without re-signing. Instead a frozen mirror reads a snapshot archive
+//   (snapshot.debian.org-style: the upstream is the `archive/` root, and `classify` puts
+//   `<archive>/<YYYYMMDDTHHMMSSZ>/` before the path), whose content is immutable: every request is
+//   `kind: 'other'`, and signatures hold because nothing is changed.
 import type { NetworkPreset } from '@dsec/protocol';
 
 /** What a request to a mirrored name is, as the adapter sees it. */
@@ -28,10 +29,14 @@ export interface MirrorRequest {
   metadata?: MirrorRequest;
   /** For artifacts: its id in that document's {@link MirrorTransform.artifacts}. */
   artifactId?: string;
+  /** For artifacts: its key in that document's {@link MirrorTransform.digests}; set, the metadata is consulted even unfrozen (to check the file). */
+  digestId?: string;
   /** How long a cached copy is good: `immutable` (forever), `metadata` (refreshed after the metadata TTL; forever when frozen and fetched after the cutoff), `none`. */
   cache: 'immutable' | 'metadata' | 'none';
   /** Whether a frozen mirror may serve this `other` request (it cannot reveal anything newer). */
   servedWhenFrozen?: boolean;
+  /** The public name whose upstream base `upstreamPath` is relative to (see {@link MirrorAdapter.upstreamBase}); default: the name asked. */
+  host?: string;
 }
 
 /** The context of one transformation. */
@@ -50,6 +55,8 @@ export interface MirrorTransform {
   contentType: string;
   /** The ids of the artifacts it lists (visible ones only, when frozen). */
   artifacts: Set<string>;
+  /** SHA-256 (hex) of artifacts by {@link MirrorRequest.digestId}, where the document gives them: such files are cached by content and checked. */
+  digests?: Map<string, string>;
 }
 
 /** An ecosystem's mirror logic. Implementations are pure: no I/O. */
@@ -60,10 +67,13 @@ export interface MirrorAdapter {
   readonly hosts: readonly string[];
   /** The public registry, fetched when a policy's mirror names no upstream. */
   readonly defaultUpstream: string;
-  /** The upstream base for a cutoff (a snapshot archive picks its timestamp here). */
-  upstreamBase(url: string, cutoff: Date | undefined): string;
+  /**
+   * The upstream base of requests for the public name `host`, given the mirror's upstream `url`
+   * (PyPI's files live on another origin than its index when the upstream is the public one).
+   */
+  upstreamBase(url: string, cutoff: Date | undefined, host: string): string;
   /** Maps a GET/HEAD of `path` (origin-form, with query) on `host`; undefined: not served (404). */
-  classify(host: string, path: string): MirrorRequest | undefined;
+  classify(host: string, path: string, cutoff?: Date): MirrorRequest | undefined;
   /** The document as the sandbox should see it; undefined when nothing in it is visible (404). Throws on a malformed document. */
   transformMetadata(doc: Buffer, req: MirrorRequest, ctx: MirrorContext): MirrorTransform | undefined;
 }

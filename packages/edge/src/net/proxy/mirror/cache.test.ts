@@ -1,5 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
@@ -76,6 +77,31 @@ test('an object over the size limit is refused and leaves nothing behind', async
       assert.equal(existsSync(dir), true);
       const { readdir } = await import('node:fs/promises');
       assert.deepEqual(await readdir(dir), []);
+    });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test('an object with a SHA-256 is stored by it (one object for any URL) and refused when it does not match', async () => {
+  const dir = await mkdtemp(path.join(tmpdir(), 'dsec-scratch-cache-'));
+  try {
+    await withUpstream(async (base, hits) => {
+      const cache = await MirrorCache.open({ dir });
+      const always = { fresh: () => true };
+      // Both URLs answer the same bytes (the body is the path repeated: same path, same content).
+      const body = Buffer.alloc(2000, '/obj/ab');
+      const sha256 = createHash('sha256').update(body).digest('hex');
+      const first = await cache.get(`${base}/obj/ab`, { ...always, sha256 });
+      assert.equal(first.source, 'upstream');
+      const again = await cache.get(`${base}/obj/ab?another-url`, { ...always, sha256 });
+      assert.equal(again.source, 'cache');
+      assert.equal(again.file, first.file);
+      assert.equal(hits.get('/obj/ab?another-url'), undefined);
+      const wrong = 'f'.repeat(64);
+      await assert.rejects(cache.get(`${base}/obj/cd`, { ...always, sha256: wrong }), /SHA-256/);
+      assert.equal(await cache.get(`${base}/obj/cd`, { ...always, sha256: wrong }).catch(() => 'refused again'), 'refused again');
+      assert.equal(cache.stats().objects, 1);
     });
   } finally {
     await rm(dir, { recursive: true, force: true });

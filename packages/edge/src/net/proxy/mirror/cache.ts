@@ -139,8 +139,10 @@ export class MirrorCache {
    * once upstream however many callers ask at the same time. When the refresh of a stale copy
    * fails (upstream down), the stale copy is served.
    */
-  async get(url: string, opts: { accept?: string; fresh: (fetchedAt: number) => boolean }): Promise<MirrorObject> {
-    const key = this.keyOf(url, opts.accept);
+  async get(url: string, opts: { accept?: string; fresh: (fetchedAt: number) => boolean; sha256?: string }): Promise<MirrorObject> {
+    // An object whose SHA-256 the metadata gives is stored by it (content-addressed: the same
+    // file reached through any URL is one object) and checked against it when fetched.
+    const key = opts.sha256 ? `sha256-${opts.sha256}` : this.keyOf(url, opts.accept);
     const entry = this.index.get(key);
     if (entry && opts.fresh(entry.fetchedAt)) return this.hit(entry);
     const running = this.inflight.get(key);
@@ -148,7 +150,7 @@ export class MirrorCache {
       this.counters.coalesced++;
       return { ...(await running), source: 'coalesced' };
     }
-    const p = this.fetch(key, url, opts.accept)
+    const p = this.fetch(key, url, opts.accept, opts.sha256)
       .catch((err: unknown) => {
         const stale = this.index.get(key);
         if (stale) return this.hit(stale);
@@ -172,7 +174,7 @@ export class MirrorCache {
     };
   }
 
-  private async fetch(key: string, url: string, accept: string | undefined): Promise<MirrorObject> {
+  private async fetch(key: string, url: string, accept: string | undefined, sha256?: string): Promise<MirrorObject> {
     this.counters.upstreamFetches++;
     const signal = AbortSignal.timeout(this.fetchTimeoutMs);
     const res = await upstreamGet(new URL(url), accept, signal, this.agentFor);
@@ -197,9 +199,11 @@ export class MirrorCache {
     const tmp = path.join(this.dir, `${key}.tmp-${randomBytes(6).toString('hex')}`);
     let size = 0;
     const limit = this.maxObjectBytes;
+    const hash = sha256 ? createHash('sha256') : undefined;
     const counter = new Transform({
       transform(chunk: Buffer, _enc, done) {
         size += chunk.length;
+        hash?.update(chunk);
         if (size > limit) done(new Error(`${url}: over the object limit of ${limit} bytes`));
         else done(null, chunk);
       },
@@ -209,6 +213,8 @@ export class MirrorCache {
     const out = await open(tmp, 'wx', 0o600);
     try {
       await pipeline(res, counter, out.createWriteStream(), { signal });
+      const got = hash?.digest('hex');
+      if (got !== undefined && got !== sha256) throw new Error(`${url}: its SHA-256 is ${got}, the metadata says ${sha256}`);
     } catch (err) {
       await out.close().catch(() => undefined);
       await rm(tmp, { force: true });

@@ -3,7 +3,9 @@
 // a naive URL join would send elsewhere is recognised as an escape (refused, logged as a denial).
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import { DebianMirrorAdapter } from './debian.js';
 import { NpmMirrorAdapter } from './npm.js';
+import { PypiMirrorAdapter } from './pypi.js';
 import { escapesBase, upstreamUrl } from './service.js';
 import { seededRandom } from '../../../testing/prng.js';
 
@@ -56,6 +58,14 @@ const TOKENS = [
   '%40scope%2fthing',
   '@scope%2fthing',
   'a%2f..%2f..',
+  'simple',
+  'packages',
+  'demo-1.0-py3-none-any.whl',
+  'demo-1.0.tar.gz',
+  'debian',
+  'debian-security',
+  'dists',
+  'pool',
 ];
 const BASES = ['https://registry.npmjs.org/', 'http://127.0.0.1:4873/npm/', 'http://mirror.internal:8080/a/b/'];
 
@@ -139,6 +149,21 @@ describe('mirror path handling (fuzz, fixed seeds)', () => {
       }
       assert.ok(mapped > 50, `the fuzz reaches real registry paths (${mapped})`);
       assert.ok(escapes > 500, `and escapes (${escapes})`);
+    });
+  }
+  for (const other of [new PypiMirrorAdapter(), new DebianMirrorAdapter()]) {
+    test(`the ${other.preset} adapter: 20,000 paths; every built upstream URL stays below the base`, () => {
+      const next = seededRandom(7);
+      for (let i = 0; i < 20_000; i++) {
+        const p = randomPath(next);
+        const base = BASES[i % BASES.length]!;
+        const req = other.classify(other.hosts[i % other.hosts.length]!, p, i % 2 ? new Date('2024-05-01') : undefined);
+        for (const r of [req, req?.metadata]) {
+          if (!r) continue;
+          const url = upstreamUrl(base, r.upstreamPath);
+          assert.ok(url && url.href.startsWith(base) && url.username === '', `${JSON.stringify(p)} -> ${r.upstreamPath} resolves below ${base}`);
+        }
+      }
     });
   }
 });

@@ -7,7 +7,9 @@ import type { Mirror, NetworkPreset } from '@dsec/protocol';
 import type { MirrorAdapter, MirrorContext, MirrorRequest, MirrorTransform } from './adapter.js';
 import { DEFAULT_MIRROR_FETCH_TIMEOUT_MS, MirrorCache, upstreamGet } from './cache.js';
 import type { MirrorCacheOptions, MirrorCacheStats, MirrorObject, UpstreamAgents } from './cache.js';
+import { DebianMirrorAdapter } from './debian.js';
 import { NpmMirrorAdapter } from './npm.js';
+import { PypiMirrorAdapter } from './pypi.js';
 
 /** How long an unfrozen mirror's metadata is served from the cache before it is fetched again. */
 export const DEFAULT_METADATA_TTL_MS = 5 * 60_000;
@@ -28,7 +30,7 @@ export interface MirrorServiceOptions extends Omit<MirrorCacheOptions, 'dir'> {
   origins?: readonly string[];
   /** Metadata TTL for unfrozen mirrors in ms. Default {@link DEFAULT_METADATA_TTL_MS}. */
   metadataTtlMs?: number;
-  /** Adapters by preset. Default: npm. */
+  /** Adapters by preset. Default: npm, PyPI, Debian. */
   adapters?: readonly MirrorAdapter[];
 }
 
@@ -92,7 +94,7 @@ export interface MirrorMatch {
 
 /** The adapters a node has unless told otherwise. */
 export function defaultMirrorAdapters(): MirrorAdapter[] {
-  return [new NpmMirrorAdapter()];
+  return [new NpmMirrorAdapter(), new PypiMirrorAdapter(), new DebianMirrorAdapter()];
 }
 
 /** The mirror of `mirrors` (a policy's, by preset) that serves `host`, if any. */
@@ -168,18 +170,22 @@ export class MirrorService {
     if (method !== 'GET' && method !== 'HEAD')
       return text(405, `${method}: a package mirror is read-only`, { headers: { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' } });
     if (!this.upstreamAllowed(m)) return text(502, `mirror upstream ${upstreamOf(m)} is not configured on this node`);
-    const req = m.adapter.classify(host, path);
+    const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
+    if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
+    const req = m.adapter.classify(host, path, cutoff);
     if (!req) {
       if (escapesBase(path)) return text(403, `${path.slice(0, 200)}: a path that could leave the mirror's upstream is refused`, { refused: 'mirror-path' });
       return text(404, `${path}: not served by the ${m.adapter.preset} mirror`);
     }
-    const cutoff = m.mirror.freeze !== undefined ? new Date(m.mirror.freeze) : undefined;
-    if (cutoff && Number.isNaN(cutoff.getTime())) return text(502, `mirror freeze is not a date: ${m.mirror.freeze}`);
-    const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff), ...(cutoff ? { cutoff } : {}) };
+    const ctx: MirrorContext = { publicBase, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff, req.host ?? host), ...(cutoff ? { cutoff } : {}) };
+    const metaCtx: MirrorContext = req.metadata ? { ...ctx, upstreamBase: m.adapter.upstreamBase(upstreamOf(m), cutoff, req.metadata.host ?? host) } : ctx;
     // Whatever an adapter built, nothing is fetched from outside the configured upstream.
-    for (const r of [req, req.metadata]) {
-      if (r && !upstreamUrl(ctx.upstreamBase, r.upstreamPath)) {
-        return text(403, `${path.slice(0, 200)}: resolves outside the mirror's upstream ${ctx.upstreamBase}`, { refused: 'mirror-path' });
+    for (const [r, c] of [
+      [req, ctx],
+      [req.metadata, metaCtx],
+    ] as const) {
+      if (r && !upstreamUrl(c.upstreamBase, r.upstreamPath)) {
+        return text(403, `${path.slice(0, 200)}: resolves outside the mirror's upstream ${c.upstreamBase}`, { refused: 'mirror-path' });
       }
     }
     try {
@@ -187,7 +193,7 @@ export class MirrorService {
         case 'metadata':
           return await this.metadata(m.adapter, req, ctx);
         case 'artifact':
-          return await this.artifact(m.adapter, req, ctx);
+          return await this.artifact(m.adapter, req, ctx, metaCtx);
         case 'other':
           return await this.other(req, ctx);
       }
@@ -243,17 +249,19 @@ export class MirrorService {
     return { status: 200, headers: { 'content-type': value.contentType, 'cache-control': 'no-cache' }, body: value.body, detail: `metadata (${obj.source})` };
   }
 
-  private async artifact(adapter: MirrorAdapter, req: MirrorRequest, ctx: MirrorContext): Promise<MirrorResponse> {
-    if (ctx.cutoff) {
+  private async artifact(adapter: MirrorAdapter, req: MirrorRequest, ctx: MirrorContext, metaCtx: MirrorContext): Promise<MirrorResponse> {
+    let sha256: string | undefined;
+    if (ctx.cutoff || (req.digestId !== undefined && req.metadata)) {
       if (!req.metadata || req.artifactId === undefined) return text(404, `${req.upstreamPath}: no metadata to check it against`, { hidden: true });
-      const { obj, value } = await this.transformed(adapter, req.metadata, ctx);
+      const { obj, value } = await this.transformed(adapter, req.metadata, metaCtx);
       if (obj.status !== 200) return this.upstreamError(obj, req.metadata.upstreamPath);
-      if (!value?.artifacts.has(req.artifactId)) {
+      if (ctx.cutoff && !value?.artifacts.has(req.artifactId)) {
         return text(404, `${req.upstreamPath}: published after the mirror's cutoff ${ctx.cutoff.toISOString()}`, { hidden: true });
       }
+      if (req.digestId !== undefined) sha256 = value?.digests?.get(req.digestId);
     }
     const url = (upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL).href;
-    const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
+    const obj = await this.cache.get(url, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx), ...(sha256 ? { sha256 } : {}) });
     if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
     return {
       status: 200,
@@ -266,8 +274,8 @@ export class MirrorService {
   private async other(req: MirrorRequest, ctx: MirrorContext): Promise<MirrorResponse> {
     if (ctx.cutoff && !req.servedWhenFrozen) return text(404, `${req.upstreamPath}: not served by a frozen mirror`, { hidden: true });
     const url = upstreamUrl(ctx.upstreamBase, req.upstreamPath) as URL;
-    if (req.cache === 'immutable') {
-      const obj = await this.cache.get(url.href, { ...(req.accept ? { accept: req.accept } : {}), fresh: () => true });
+    if (req.cache !== 'none') {
+      const obj = await this.cache.get(url.href, { ...(req.accept ? { accept: req.accept } : {}), fresh: this.fresh(req, ctx) });
       if (obj.status !== 200 || !obj.file) return this.upstreamError(obj, req.upstreamPath);
       return {
         status: 200,
