@@ -87,7 +87,7 @@ describe('microvm memory to a file', () => {
     assert.equal(paused.sandbox.state, 'paused');
     assert.ok(paused.memoryAfterBytes < paused.memoryBeforeBytes / 4, `memory ${paused.memoryBeforeBytes} -> ${paused.memoryAfterBytes}`);
     assert.deepEqual(await qemuPids(sb.id), [], 'no QEMU runs while paused to a file');
-    const stateFile = path.join(tp.home, 'microvm', sb.id, 'memory.state');
+    const stateFile = path.join(tp.platform.edge.home, 'microvm', sb.id, 'memory.state');
     const size = (await stat(stateFile)).size;
     assert.ok(size > 1024 * 1024 && size < 240 * 1024 * 1024, `state file ${size} bytes`);
 
@@ -135,6 +135,6 @@ describe('microvm memory to a file', () => {
     await sb.kill();
     made.pop();
     await until('nothing left', async () => (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0);
-    await assert.rejects(stat(path.join(tp.home, 'microvm', sb.id)));
+    await assert.rejects(stat(path.join(tp.platform.edge.home, 'microvm', sb.id)));
   });
 });

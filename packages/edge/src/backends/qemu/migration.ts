@@ -21,7 +21,7 @@ export const INCOMING_ARGS: readonly string[] = ['-incoming', 'defer'];
 export const DEFAULT_MIGRATION_TIMEOUT_MS = 120_000;
 
 /** Migration bandwidth: QEMU's default (32 MiB/s) is meant for live migration over a network. */
-const UNLIMITED_BANDWIDTH_BYTES = 1 << 40;
+const UNLIMITED_BANDWIDTH_BYTES = 2 ** 40;
 
 /** How often a save or restore polls QEMU's migration status, ms. */
 const POLL_MS = 25;
