@@ -3,7 +3,7 @@
 // `qemu-system-x86_64 -M microvm` boot of the same kernel and initramfs to chronus's first
 // answer (no disks, no API). Under TCG the figures say nothing about KVM (see
 // docs/benchmarks.md). Run it by name (`--only microvm`): each boot is seconds of CPU under TCG.
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { startPlatform } from '@dsec/apiserver';
 import type { Platform } from '@dsec/apiserver';
@@ -64,11 +64,51 @@ async function measure(ctx: ScenarioContext, client: DsecClient, backend: 'micro
   if (rssMiB.length) ctx.record({ scenario: 'microvm', metric: 'idle QEMU resident set', system, unit: 'MiB', ...summarize(rssMiB) });
 }
 
+/**
+ * Pause with memory to a file and resume from it, on an idle microVM: the API's wall times, the
+ * node's own durations, the state file's size and the host memory before and after.
+ */
+async function measureStateFile(ctx: ScenarioContext, client: DsecClient, edgeHome: string, rounds: number): Promise<void> {
+  const system = 'dsec microvm';
+  const pauseMs: number[] = [];
+  const resumeMs: number[] = [];
+  const stateMiB: number[] = [];
+  const pausedMiB: number[] = [];
+  const sb = await Sandbox.create({ backend: 'microvm', image: { base: 'busybox' }, resources: RESOURCES }, { client });
+  try {
+    await sb.exec('true');
+    await new Promise((r) => setTimeout(r, 3000));
+    for (let i = 0; i < rounds; i++) {
+      let t = nowMs();
+      const paused = await sb.pause({ memory: 'file' });
+      pauseMs.push(nowMs() - t);
+      pausedMiB.push(paused.memoryAfterBytes / 1048576);
+      stateMiB.push((await stat(path.join(edgeHome, 'microvm', sb.id, 'memory.state'))).size / 1048576);
+      t = nowMs();
+      await sb.resume();
+      await sb.exec('true');
+      resumeMs.push(nowMs() - t);
+    }
+  } finally {
+    await sb.kill().catch(() => undefined);
+  }
+  ctx.record(
+    latencyRow('microvm', 'pause with memory to a file (API)', system, summarize(pauseMs), {
+      note: 'idle VM; QEMU migrates to the edge over a unix socket, then exits',
+    }),
+  );
+  ctx.record(
+    latencyRow('microvm', 'resume from the memory file to first exec (API)', system, summarize(resumeMs), { note: 'a new QEMU loads the state, then cont' }),
+  );
+  ctx.record({ scenario: 'microvm', metric: 'memory state file of an idle VM', system, unit: 'MiB', ...summarize(stateMiB) });
+  ctx.record({ scenario: 'microvm', metric: 'host memory while paused to a file (cgroup)', system, unit: 'MiB', ...summarize(pausedMiB) });
+}
+
 export const microvmScenario: Scenario = {
   name: 'microvm',
   title: 'MicroVMs: boot, exec, idle memory (beside containers and a plain QEMU boot)',
   method:
-    "A platform with `microvm: {}` (guest prepared and accelerator probed at start, both cached). Per backend: sandboxes of 1 cpu, 256 MiB, 256 MiB disk on the busybox base; create to the first `true` exec through the API, then `true` round trips on the first one, then the host memory charged to its cgroup after 3 s idle (for a microVM: the QEMU process, guest RAM it touched included) and QEMU's resident set. The floor: QEMU started by hand with the same kernel and initramfs, no disks, timed to chronus's first answer on virtio-serial.",
+    "A platform with `microvm: {}` (guest prepared and accelerator probed at start, both cached). Per backend: sandboxes of 1 cpu, 256 MiB, 256 MiB disk on the busybox base; create to the first `true` exec through the API, then `true` round trips on the first one, then the host memory charged to its cgroup after 3 s idle (for a microVM: the QEMU process, guest RAM it touched included) and QEMU's resident set. Then, on one idle microVM, pause with `memory: \"file\"` and resume (to the first exec after it), the state file's size and the cgroup's memory while paused. The floor: QEMU started by hand with the same kernel and initramfs, no disks, timed to chronus's first answer on virtio-serial.",
   onlyWhenNamed: true,
   async run(ctx: ScenarioContext): Promise<void> {
     const quick = ctx.quick;
@@ -100,6 +140,7 @@ export const microvmScenario: Scenario = {
         }),
       );
       await measure(ctx, client, 'microvm', quick ? 1 : 3, quick ? 10 : 30);
+      await measureStateFile(ctx, client, platform.edge.home, quick ? 1 : 3);
       await measure(ctx, client, 'container', quick ? 1 : 3, quick ? 10 : 30);
     } finally {
       await client.close();

@@ -748,9 +748,13 @@ class Sandbox:
         """Destroys the sandbox and everything in it."""
         self._t.request("DELETE", self._route())
 
-    def pause(self) -> PauseResult:
-        """Freezes every process and makes its memory reclaimable; everything is kept."""
-        r = from_api(PauseResult, self._t.request("POST", self._route("/pause")).json())
+    def pause(self, *, memory: Optional[str] = None) -> PauseResult:
+        """Freezes every process and makes its memory reclaimable; everything is kept.
+
+        ``memory="file"`` (microVMs) writes the memory to a file on the node and frees it until resumed.
+        """
+        body = {} if memory is None else {"memory": memory}
+        r = from_api(PauseResult, self._t.request("POST", self._route("/pause"), json_body=body).json())
         self.last_info = r.sandbox
         return r
 
