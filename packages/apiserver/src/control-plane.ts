@@ -180,7 +180,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     });
     const ws = createWsHandler(
       services,
-      (p, sandboxId, spec, exitCode) => {
+      (p, sandboxId, spec, exit) => {
         const entry = {
           keyId: p.keyId,
           projectId: p.projectId,
@@ -192,7 +192,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
           command: commandSummary(spec),
         };
         const at = new Date().toISOString();
-        void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
+        exit.onSettled((code) => watch.audit.record({ ...entry, at, exitCode: code }));
       },
       log,
       { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },

@@ -8,6 +8,7 @@ import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema, parseOrThrow } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
+import type { SettlingExit } from './audit.js';
 import { jsonEvent } from '../services/commands.js';
 import { clientAddress } from '../tenant-limits.js';
 import type { AuthFailureGate } from '../tenant-limits.js';
@@ -33,7 +34,7 @@ export type WsAudit = (
   principal: Principal,
   sandboxId: string,
   spec: { argv?: string[] | undefined; cmd?: string | undefined },
-  exitCode: Promise<number | null>,
+  exit: SettlingExit,
 ) => void;
 
 /** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
@@ -71,7 +72,7 @@ export function createWsHandler(
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
           const onStart = audit
-            ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode)
+            ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd)
             : undefined;
           // The session's command holds one of its tenant's (and node's) command slots.
           const release = services.slots.acquire('exec', p.tenantId, row.node);
