@@ -142,6 +142,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         observe?.(ev);
         watch.events.ingest(ev);
       },
+      raiseOwned: (ev, owner) => {
+        observe?.(ev);
+        watch.events.ingest(ev, owner);
+      },
       tighten: (projectId, spec) => watch.tighten(projectId, spec),
       deniedNames: (projectId) => watch.deniedNames(projectId),
       trajectory: { log, ...o.trajectory },

@@ -5,7 +5,7 @@ import { DEFAULT_TENANT_LIMITS, DEFAULT_WATCH_PAGE_SIZE, DsecError, KeyedSerialQ
 import type { TenantLimits } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
-import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
+import type { AuditQuery, AuditRecord, EventHubOptions, EventOwner, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
 import { requireRole, roleAtLeast } from './auth.js';
 import type { Principal } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
@@ -144,10 +144,12 @@ export class WatchService {
     await this.store.pruneAudit(au.maxRows, new Date(now - au.maxAgeMs).toISOString());
   }
 
-  private async lookup(id: string): Promise<EventSandbox | undefined> {
+  private async lookup(id: string, owner?: EventOwner): Promise<EventSandbox | undefined> {
     const row = await this.state.sandbox(id);
-    if (!row) return undefined;
-    return { projectId: row.project_id, ancestry: await this.state.ancestry(row.project_id), labels: row.labels };
+    // A row already gone (a deletion): its raiser, the control plane, said whose it was.
+    const known = row ? { projectId: row.project_id, labels: row.labels } : owner;
+    if (!known) return undefined;
+    return { projectId: known.projectId, ancestry: await this.state.ancestry(known.projectId), labels: known.labels };
   }
 
   // ---- tightening of new sandboxes ----
