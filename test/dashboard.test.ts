@@ -16,6 +16,7 @@ import WebSocket from 'ws';
 import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { testProject } from './helpers/tenants.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const SCREENSHOTS = process.env.DSEC_UPDATE_SCREENSHOTS === '1';
@@ -302,15 +303,8 @@ describe('dashboard', () => {
   });
 
   test("a sandbox's row events (created, deleted) are seen by the keys that could see it, and only by them", async () => {
-    const project = async (name: string, role: string): Promise<string> => {
-      const p = await call('POST', '/v1/projects', platform.adminKey, { name });
-      assert.equal(p.status, 201, JSON.stringify(p.body));
-      const k = await call('POST', '/v1/keys', platform.adminKey, { name: `${name}-${role}`, role, project: p.body.id });
-      assert.equal(k.status, 201, JSON.stringify(k.body));
-      return k.body.key as string;
-    };
-    const member = await project('dash-rows', 'member');
-    const stranger = await project('dash-stranger', 'viewer');
+    const { member } = await testProject(platform, 'dash-rows');
+    const stranger = (await testProject(platform, 'dash-stranger')).viewer;
     const sb = await call('POST', '/v1/sandboxes', member, { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 }, labels: { job: 'rows' } });
     assert.equal(sb.status, 201, JSON.stringify(sb.body));
     const id: string = sb.body.id;
