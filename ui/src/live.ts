@@ -53,7 +53,10 @@ function matches(s: SandboxRow, f: SandboxFilter): boolean {
  * The sandboxes that match `filter`, live: one read of the list, then the row events. `onEvent`
  * sees every row event as it comes (the overview counts creates with it).
  */
-export function useLiveSandboxes(filter: SandboxFilter, onEvent?: (ev: DsecEvent) => void): { data: SandboxRow[] | undefined; error: string | undefined; live: boolean } {
+export function useLiveSandboxes(
+  filter: SandboxFilter,
+  onEvent?: (ev: DsecEvent) => void,
+): { data: SandboxRow[] | undefined; error: string | undefined; live: boolean } {
   const [data, setData] = useState<SandboxRow[] | undefined>(undefined);
   const [error, setError] = useState<string | undefined>(undefined);
   const [live, setLive] = useState(false);

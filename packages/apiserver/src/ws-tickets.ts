@@ -99,7 +99,10 @@ export class WsTickets {
 
   /** Tickets outstanding (expired ones included until the next issue sweeps them). */
   async size(): Promise<number> {
-    const r = await this.db.selectFrom('ws_tickets').select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow();
+    const r = await this.db
+      .selectFrom('ws_tickets')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .executeTakeFirstOrThrow();
     return Number(r.n);
   }
 }

@@ -30,12 +30,7 @@ function reject(socket: Duplex, err: unknown, log?: (line: string) => void): voi
 }
 
 /** Records a command started over the WebSocket route in the audit trail (exit settles later). */
-export type WsAudit = (
-  principal: Principal,
-  sandboxId: string,
-  spec: { argv?: string[] | undefined; cmd?: string | undefined },
-  exit: SettlingExit,
-) => void;
+export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: SettlingExit) => void;
 
 /** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
 export function createWsHandler(

@@ -57,7 +57,8 @@ export class IamService {
    * a ticket stands for a whole key.
    */
   issueWsTicket(p: Principal, authorization: string | undefined): Promise<WsTicket> {
-    if (!/^Bearer\s+\S+$/i.test(authorization ?? '')) throw new DsecError('PERMISSION_DENIED', 'a WebSocket ticket is issued only to an API key sent as Authorization: Bearer <key>');
+    if (!/^Bearer\s+\S+$/i.test(authorization ?? ''))
+      throw new DsecError('PERMISSION_DENIED', 'a WebSocket ticket is issued only to an API key sent as Authorization: Bearer <key>');
     return this.auth.wsTickets.issue(p.keyId);
   }
 

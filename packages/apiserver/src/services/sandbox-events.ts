@@ -30,7 +30,14 @@ export class SandboxRowEvents {
 
   /** A row deleted: its events keep the project it belonged to. */
   deleted(row: Pick<SandboxTable, 'id' | 'node' | 'project_id'>, from: string, labels: Record<string, string> = {}): void {
-    this.raise('sandbox.deleted', row.id, row.node, `sandbox ${row.id} deleted (was ${from})`, { from, project: row.project_id }, { projectId: row.project_id, labels });
+    this.raise(
+      'sandbox.deleted',
+      row.id,
+      row.node,
+      `sandbox ${row.id} deleted (was ${from})`,
+      { from, project: row.project_id },
+      { projectId: row.project_id, labels },
+    );
   }
 
   private raise(
