@@ -80,7 +80,7 @@ export class WatchService {
   ) {
     this.store = new WatchStore(state.db);
     this.rules = new RuleSet(ROOT_PROJECT_ID);
-    this.events = new EventHub(this.store, (id) => this.lookup(id), this.rules, { ...(o.log ? { log: o.log } : {}), ...o.events });
+    this.events = new EventHub(this.store, (id, owner) => this.lookup(id, owner), this.rules, { ...(o.log ? { log: o.log } : {}), ...o.events });
     this.audit = new AuditLog(this.store, o.log ? { log: o.log } : {});
   }
 
