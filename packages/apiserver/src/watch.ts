@@ -25,6 +25,10 @@ const REPLAY_PAGE = 500;
 export const EVENTS_CHANNEL = 'dsec_events';
 /** Channel on which replicas announce a change of the rules. */
 export const RULES_CHANNEL = 'dsec_rules';
+/** How long a project's ancestry read for events is reused (ms). */
+const ANCESTRY_CACHE_MS = 5000;
+/** Ancestries kept at most (the map is emptied past it). */
+const ANCESTRIES_KEPT = 10_000;
 /** Event ids per announcement (a notification holds at most 8000 bytes). */
 const NOTIFY_IDS = 100;
 
@@ -73,6 +77,8 @@ export class WatchService {
   readonly audit: AuditLog;
   /** Rule additions run one at a time: the counts they check cannot be passed by concurrent ones. */
   private readonly ruleAdds = new KeyedSerialQueue();
+  /** Projects' ancestries lately read, for the events' scoping and rules. */
+  private readonly ancestries = new Map<string, { chain: string[]; at: number }>();
 
   constructor(
     private readonly state: StateStore,
@@ -145,11 +151,26 @@ export class WatchService {
   }
 
   private async lookup(id: string, owner?: EventOwner): Promise<EventSandbox | undefined> {
-    const row = await this.state.sandbox(id);
-    // A row already gone (a deletion): its raiser, the control plane, said whose it was.
-    const known = row ? { projectId: row.project_id, labels: row.labels } : owner;
-    if (!known) return undefined;
-    return { projectId: known.projectId, ancestry: await this.state.ancestry(known.projectId), labels: known.labels };
+    // The control plane says whose a sandbox is when it raises about it (its row may be gone):
+    // no read of the row then.
+    let known = owner;
+    if (!known) {
+      const row = await this.state.sandbox(id);
+      if (!row) return undefined;
+      known = { projectId: row.project_id, labels: row.labels };
+    }
+    return { projectId: known.projectId, ancestry: await this.ancestry(known.projectId), labels: known.labels };
+  }
+
+  /** A project's ancestry (a project never changes its parent), kept a little while: events come in bursts. */
+  private async ancestry(projectId: string): Promise<string[]> {
+    const now = Date.now();
+    const hit = this.ancestries.get(projectId);
+    if (hit && now - hit.at < ANCESTRY_CACHE_MS) return hit.chain;
+    const chain = await this.state.ancestry(projectId);
+    if (this.ancestries.size >= ANCESTRIES_KEPT) this.ancestries.clear();
+    this.ancestries.set(projectId, { chain, at: now });
+    return chain;
   }
 
   // ---- tightening of new sandboxes ----

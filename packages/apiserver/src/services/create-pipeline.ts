@@ -329,7 +329,7 @@ export class CreatePipeline {
     if (pool) return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
     this.openTrajectory(row, item);
     const sandbox = this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
-    this.d.lifecycle.rowEvents.created(sandbox);
+    this.d.lifecycle.rowEvents.created(sandbox, item.req.labels ?? {});
     return sandbox;
   }
 
@@ -380,7 +380,7 @@ export class CreatePipeline {
     this.d.counters.poolClaims++;
     this.openTrajectory(row, item);
     const sandbox = this.d.lifecycle.toSandbox({ ...row, labels });
-    this.d.lifecycle.rowEvents.created(sandbox);
+    this.d.lifecycle.rowEvents.created(sandbox, labels);
     return sandbox;
   }
 

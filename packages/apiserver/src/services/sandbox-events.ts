@@ -18,9 +18,9 @@ export function sandboxSummary(s: Sandbox): SandboxSummary {
 export class SandboxRowEvents {
   constructor(private readonly sinks: ServiceSinks) {}
 
-  /** A sandbox its caller now holds (created, or claimed from a pool). */
-  created(s: Sandbox): void {
-    this.raise('sandbox.created', s.id, s.node, `sandbox ${s.id} created on ${s.node}`, { sandbox: sandboxSummary(s) });
+  /** A sandbox its caller now holds (created, or claimed from a pool); `labels`: all of its labels (rules match them). */
+  created(s: Sandbox, labels: Record<string, string>): void {
+    this.raise('sandbox.created', s.id, s.node, `sandbox ${s.id} created on ${s.node}`, { sandbox: sandboxSummary(s) }, { projectId: s.project, labels });
   }
 
   /** A row settled in a new state (`from` the one it left). */
