@@ -52,9 +52,15 @@ export interface CredentialRow {
  * The table of credentials: id, name, one column of their own (`kind`: a key's role, a token's
  * protocol), project, age and when revoked.
  */
-export function printCredentials<T extends CredentialRow>(kind: { header: string; of: (item: T) => string }, items: T[]): void {
+export function printCredentials<T extends CredentialRow>(
+  kind: { header: string; of: (item: T) => string },
+  items: T[],
+  out: NodeJS.WritableStream = process.stdout,
+  nowMs = Date.now(),
+): void {
   printTable(
     ['id', 'name', kind.header, 'project', 'age', 'revoked'],
-    items.map((c) => [c.id, c.name, kind.of(c), c.project, formatAge(c.createdAt), c.revokedAt ? formatAge(c.revokedAt) + ' ago' : '-']),
+    items.map((c) => [c.id, c.name, kind.of(c), c.project, formatAge(c.createdAt, nowMs), c.revokedAt ? formatAge(c.revokedAt, nowMs) + ' ago' : '-']),
+    out,
   );
 }
