@@ -1,6 +1,6 @@
 // The dashboard (/ui) in a real headless Chromium (Debian's `chromium`, driven by playwright-core)
-// against a real dsec: serving and its headers, sign-in, a sandbox made through the API appearing
-// without a reload, the terminal (xterm.js over the exec WebSocket, opened with a single-use
+// against a real dsec: serving and its headers, sign-in, sandboxes made, paused and deleted through
+// the API followed in the list from the event stream (no further read of the list), the terminal (xterm.js over the exec WebSocket, opened with a single-use
 // ticket), upload and download, a network policy change, pause and resume followed live in the
 // events stream, hostile labels and file names shown as text, and a viewer key that sees no
 // mutating buttons (and whose calls the API refuses). DSEC_UPDATE_SCREENSHOTS=1 writes
@@ -16,6 +16,7 @@ import WebSocket from 'ws';
 import { REPO_ROOT } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { testProject } from './helpers/tenants.js';
 
 const CHROMIUM = '/usr/bin/chromium';
 const SCREENSHOTS = process.env.DSEC_UPDATE_SCREENSHOTS === '1';
@@ -149,6 +150,12 @@ describe('dashboard', () => {
       assert.equal(await page.evaluate('sessionStorage.getItem("dsec.apiKey")'), platform.adminKey);
       assert.ok(!page.url().includes(platform.adminKey));
       await page.getByTestId('nodes').locator('tbody tr').first().waitFor();
+      // Every read of the sandbox list the page makes (it reads it once per filter, then follows events).
+      const listReads: string[] = [];
+      page.on('request', (r) => {
+        const u = new URL(r.url());
+        if (r.method() === 'GET' && u.pathname === '/v1/sandboxes') listReads.push(u.search);
+      });
       await page.goto(`${platform.url}/ui/#/sandboxes`);
       await page.getByTestId('sandboxes').waitFor();
 
@@ -164,6 +171,22 @@ describe('dashboard', () => {
       await row.waitFor({ timeout: 15_000 });
       assert.ok((await row.innerText()).includes(`evil=${HOSTILE}`), 'the label is shown as text');
       await shot(page, 'sandboxes');
+
+      // Another one appears, shows its pause, and disappears when deleted through the API: all
+      // from the event stream, with no further read of the list (the page used to poll it).
+      const readsBefore = listReads.length;
+      assert.equal(readsBefore, 1, listReads.join(' '));
+      const other = await call('POST', '/v1/sandboxes', platform.adminKey, { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } });
+      assert.equal(other.status, 201, JSON.stringify(other.body));
+      const otherRow = page.getByTestId('sandboxes').locator('tr', { hasText: other.body.id });
+      await otherRow.waitFor({ timeout: 15_000 });
+      assert.equal((await call('POST', `/v1/sandboxes/${other.body.id}/pause`, platform.adminKey, {})).status, 200);
+      await otherRow.locator('.state', { hasText: 'paused' }).waitFor({ timeout: 15_000 });
+      assert.equal((await call('DELETE', `/v1/sandboxes/${other.body.id}`, platform.adminKey)).status, 204);
+      await otherRow.waitFor({ state: 'detached', timeout: 15_000 });
+      // Longer than the old poll's period: still no read of the list.
+      await page.waitForTimeout(2500);
+      assert.deepEqual(listReads.slice(readsBefore), [], 'the list was not read again');
 
       // Two more from the page, as one batch with its progress.
       await page.getByTestId('create-count').fill('2');
@@ -277,6 +300,26 @@ describe('dashboard', () => {
     } finally {
       await context.close();
     }
+  });
+
+  test("a sandbox's row events (created, deleted) are seen by the keys that could see it, and only by them", async () => {
+    const { member } = await testProject(platform, 'dash-rows');
+    const stranger = (await testProject(platform, 'dash-stranger')).viewer;
+    const sb = await call('POST', '/v1/sandboxes', member, { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 }, labels: { job: 'rows' } });
+    assert.equal(sb.status, 201, JSON.stringify(sb.body));
+    const id: string = sb.body.id;
+    assert.equal((await call('DELETE', `/v1/sandboxes/${id}`, member)).status, 204);
+    const kinds = async (key: string): Promise<string[]> => {
+      const r = await call('GET', `/v1/events?sandbox=${id}&kind=sandbox.created,sandbox.deleted&order=asc`, key);
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      return r.body.items.map((e: any) => e.kind);
+    };
+    // The deletion keeps the project of a row that is gone.
+    assert.deepEqual(await kinds(member), ['sandbox.created', 'sandbox.deleted']);
+    assert.deepEqual(await kinds(platform.adminKey), ['sandbox.created', 'sandbox.deleted']);
+    assert.deepEqual(await kinds(stranger), []);
+    const created = (await call('GET', `/v1/events?sandbox=${id}&kind=sandbox.created`, member)).body.items[0];
+    assert.deepEqual([created.data.sandbox.id, created.data.sandbox.state, created.data.sandbox.labels], [id, 'running', { job: 'rows' }]);
   });
 
   test('a viewer sees no button it cannot use, and the API refuses it anyway', async () => {

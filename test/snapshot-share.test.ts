@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { testProject } from './helpers/tenants.js';
 
 const SMALL = { cpu: 0.1, memoryMiB: 64, diskMiB: 32 };
 let platform: TestPlatform;
@@ -29,10 +30,10 @@ async function ok(r: Promise<{ status: number; body: any }>, what: string): Prom
   return got.body;
 }
 
-async function project(name: string, key: string, parent?: string): Promise<{ id: string; key: string }> {
-  const p = await ok(call(key, 'POST', '/v1/projects', { name, ...(parent ? { parent } : {}) }), `project ${name}`);
-  const k = await ok(call(key, 'POST', '/v1/keys', { name, role: 'member', project: p.id }), `key ${name}`);
-  return { id: p.id as string, key: k.key as string };
+/** A project and its member key. */
+async function project(name: string, parent?: string): Promise<{ id: string; key: string }> {
+  const p = await testProject(platform, name, parent ? { parent } : {});
+  return { id: p.id, key: p.member };
 }
 
 async function sandbox(key: string, from: object): Promise<{ status: number; body: any }> {
@@ -55,10 +56,9 @@ after(async () => {
 
 describe('snapshots shared with sub-projects', () => {
   test('invisible before sharing, visible and usable after, hidden again when unshared', { timeout: 120_000 }, async () => {
-    const admin = platform.adminKey;
-    const parent = await project('parent', admin);
-    const child = await project('child', admin, parent.id);
-    const other = await project('other', admin);
+    const parent = await project('parent');
+    const child = await project('child', parent.id);
+    const other = await project('other');
 
     const source = (await sandbox(parent.key, { image: { base: 'busybox' } })).body.id as string;
     await ok(call(parent.key, 'POST', `/v1/sandboxes/${source}/exec`, { cmd: 'echo from-parent > /root/mark' }), 'write');

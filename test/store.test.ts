@@ -6,7 +6,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import Database from 'better-sqlite3';
 import { sql } from 'kysely';
-import { ROOT_PROJECT_ID, StateStore, WatchStore } from '@dsec/apiserver';
+import { ROOT_PROJECT_ID, StateStore, WatchStore, WsTickets } from '@dsec/apiserver';
 import { postgresSkipReason, startTestPostgres } from './helpers/postgres.js';
 import type { TestPostgres } from './helpers/postgres.js';
 
@@ -239,6 +239,27 @@ describe('state store: PostgreSQL', { skip }, () => {
         for (const x of results) if (x.status === 'rejected') assert.equal((x.reason as { code: string }).code, 'QUOTA_EXCEEDED');
         assert.equal((await b.project(prj.id))!.used_sandboxes, 20);
         assert.equal((await b.project(ROOT_PROJECT_ID))!.used_sandboxes, 20);
+      } finally {
+        await a.close();
+        await b.close();
+      }
+    });
+
+    it('a WebSocket ticket issued through one store is redeemed once through the other, however many try at once', async () => {
+      const url = await fresh();
+      const a = await StateStore.openPostgres(url);
+      const b = await StateStore.openPostgres(url);
+      try {
+        const { ticket } = await new WsTickets(a).issue('key_t');
+        const redeemers = [new WsTickets(a), new WsTickets(b)];
+        const got = await Promise.all(Array.from({ length: 10 }, (_, i) => redeemers[i % 2]!.redeem(ticket)));
+        assert.deepEqual(
+          got.filter((k) => k !== undefined),
+          ['key_t'],
+        );
+        const expired = await new WsTickets(b, 1).issue('key_u');
+        await new Promise((r) => setTimeout(r, 10));
+        assert.equal(await new WsTickets(a).redeem(expired.ticket), undefined, 'expired');
       } finally {
         await a.close();
         await b.close();

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { testProject } from './helpers/tenants.js';
 
 /** The red tenant's budget: two of its 30,000-byte outputs (about 40 kB stored each) fit, three do not. */
 const PER_TENANT = 100_000;
@@ -35,11 +36,8 @@ after(async () => {
 
 /** A tenant (a project of the root) with a member key; `parent` makes a sub-project of it. */
 async function tenant(name: string, parent?: string): Promise<{ id: string; key: string }> {
-  const p = await call(platform.adminKey, 'POST', '/v1/projects', { name, ...(parent ? { parent } : {}) });
-  assert.equal(p.status, 201, JSON.stringify(p.body));
-  const k = await call(platform.adminKey, 'POST', '/v1/keys', { name, role: 'member', project: p.body.id });
-  assert.equal(k.status, 201, JSON.stringify(k.body));
-  return { id: p.body.id as string, key: k.body.key as string };
+  const p = await testProject(platform, name, parent ? { parent } : {});
+  return { id: p.id, key: p.member };
 }
 
 async function sandbox(key: string): Promise<string> {

@@ -17,6 +17,8 @@ import type { RaisedEvent } from '@dsec/protocol';
 import { startNode } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
+import { testProject } from './helpers/tenants.js';
+import type { TestProject } from './helpers/tenants.js';
 
 let platform: TestPlatform;
 
@@ -43,15 +45,8 @@ async function call(method: string, route: string, opts: { key?: string | null; 
   return { status: res.status, body: parsed, text, headers: res.headers };
 }
 
-async function project(name: string): Promise<{ id: string; admin: string; member: string; viewer: string }> {
-  const p = await call('POST', '/v1/projects', { json: { name } });
-  assert.equal(p.status, 201, p.text);
-  const key = async (role: string): Promise<string> => {
-    const k = await call('POST', '/v1/keys', { json: { name: `${name}-${role}`, role, project: p.body.id } });
-    assert.equal(k.status, 201, k.text);
-    return k.body.key as string;
-  };
-  return { id: p.body.id, admin: await key('admin'), member: await key('member'), viewer: await key('viewer') };
+function project(name: string): Promise<TestProject> {
+  return testProject(platform, name);
 }
 
 async function create(key: string, spec: object = {}): Promise<string> {
@@ -463,7 +458,7 @@ describe('rules', () => {
         assert.ok(Date.now() < deadline, 'the suppressed event was never counted');
         await sleep(200);
       }
-      assert.deepEqual((await call('GET', `/v1/events?sandbox=${quiet}`)).body.items, []);
+      assert.deepEqual((await call('GET', `/v1/events?sandbox=${quiet}&kind=process.survived-command`)).body.items, []);
     } finally {
       await call('DELETE', `/v1/rules/${raise.body.id}`, { key: team.admin });
       await call('DELETE', `/v1/rules/${mute.body.id}`);

@@ -1,21 +1,11 @@
 // The pages other than a sandbox's own (sandbox.tsx): overview, sandboxes, projects and usage,
-// keys, pools, layers, events and audit. Each polls or follows a stream to stay live.
+// keys, pools, layers, events and audit. The overview and the sandboxes follow the event stream
+// (live.ts); the other lists poll.
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
 import { api, followEvents, get, ndjson, request, withQuery } from './api.js';
 import type { DsecEvent } from './api.js';
-
-/** A sandbox as GET /v1/sandboxes lists it (the fields the pages use). */
-export interface SandboxRow {
-  id: string;
-  project: string;
-  node: string;
-  backend: string;
-  state: string;
-  labels: Record<string, string>;
-  createdAt: string;
-  resources: { cpu: number; memoryMiB: number; diskMiB: number };
-}
+import { useLiveSandboxes } from './live.js';
 
 interface NodeRow {
   name: string;
@@ -24,19 +14,6 @@ interface NodeRow {
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocatable: { cpu: number; memoryMiB: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
-}
-
-/** Every sandbox the key sees (pages of 1,000). */
-export async function allSandboxes(params: Record<string, string | string[] | undefined> = {}): Promise<SandboxRow[]> {
-  const out: SandboxRow[] = [];
-  let cursor: string | undefined;
-  for (let i = 0; i < 20; i++) {
-    const page = await get<{ items: SandboxRow[]; nextCursor: string | null }>(withQuery('/v1/sandboxes', { ...params, limit: 1000, cursor }));
-    out.push(...page.items);
-    if (!page.nextCursor) break;
-    cursor = page.nextCursor;
-  }
-  return out;
 }
 
 /** Values of one metric family from the Prometheus text, by its label set. */
@@ -58,17 +35,45 @@ function metric(text: string, name: string): Array<{ labels: Record<string, stri
 
 const HISTORY = 60;
 
-/** Overview: nodes (allocated and used), sandboxes by state and backend, creates per second. */
+/** How often machine CPU and memory are read from /metrics (no stream carries them yet). */
+const MACHINE_USE_MS = 10_000;
+/** Node allocations are read again at most this often, and only after a sandbox event. */
+const NODES_AFTER_EVENT_MS = 1000;
+
+/**
+ * Overview: nodes (allocated and used), sandboxes by state and backend, creates per second. The
+ * counts and allocations follow the sandbox events; machine use is read from /metrics slowly.
+ */
 export function Overview() {
   const [series, setSeries] = useState<number[][]>([[], []]);
   const [used, setUsed] = useState<Record<string, { cpu: number; memUsed: number; memTotal: number }>>({});
-  const prev = useRef<{ at: number; created: number; cpu: Record<string, { busy: number; total: number }> } | null>(null);
-  const { data, error } = usePoll(async () => ({ nodes: (await get<{ items: NodeRow[] }>('/v1/nodes')).items, sandboxes: await allSandboxes() }), 2000);
-  // Machine use and the create counter from /metrics (no key needed, nothing tenant-specific).
+  const prev = useRef<{ cpu: Record<string, { busy: number; total: number }> } | null>(null);
+  const creates = useRef(0);
+  const [nodesDue, setNodesDue] = useState(0);
+  const nodesTimer = useRef<ReturnType<typeof setTimeout> | undefined>(undefined);
+  // A sandbox event changes what nodes hold: their allocations are read again (once per burst).
+  const sandboxes = useLiveSandboxes({ labels: [] }, (ev) => {
+    if (ev.kind === 'sandbox.created') creates.current++;
+    nodesTimer.current ??= setTimeout(() => {
+      nodesTimer.current = undefined;
+      setNodesDue((n) => n + 1);
+    }, NODES_AFTER_EVENT_MS);
+  });
+  useEffect(() => () => clearTimeout(nodesTimer.current), []);
+  const nodes = usePoll(async () => (await get<{ items: NodeRow[] }>('/v1/nodes')).items, 0, [nodesDue]);
+  // Creates per second, counted from the events (a local clock, no request).
+  useEffect(() => {
+    const timer = setInterval(() => {
+      const now = Date.now() / 1000;
+      const n = creates.current;
+      creates.current = 0;
+      setSeries((s) => [[...s[0]!, now].slice(-HISTORY), [...s[1]!, n].slice(-HISTORY)]);
+    }, 1000);
+    return () => clearInterval(timer);
+  }, []);
+  // Machine use from /metrics (no key needed, nothing tenant-specific).
   usePoll(async () => {
     const text = await (await fetch('/metrics', { cache: 'no-store', credentials: 'omit' })).text();
-    const now = Date.now() / 1000;
-    const created = metric(text, 'dsec_sandboxes_created_total')[0]?.value ?? 0;
     const cpu: Record<string, { busy: number; total: number }> = {};
     for (const s of metric(text, 'dsec_node_cpu_seconds_total')) {
       const n = (cpu[s.labels.node ?? ''] ??= { busy: 0, total: 0 });
@@ -79,23 +84,21 @@ export function Overview() {
     for (const s of metric(text, 'dsec_node_memory_total_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).total = s.value;
     for (const s of metric(text, 'dsec_node_memory_available_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).available = s.value;
     const p = prev.current;
-    if (p) {
-      const rate = Math.max(0, (created - p.created) / (now - p.at));
-      setSeries((s) => [[...s[0]!, now].slice(-HISTORY), [...s[1]!, rate].slice(-HISTORY)]);
-      const u: Record<string, { cpu: number; memUsed: number; memTotal: number }> = {};
-      for (const [node, c] of Object.entries(cpu)) {
-        const before = p.cpu[node];
-        const dt = before ? c.total - before.total : 0;
-        u[node] = {
-          cpu: dt > 0 ? ((c.busy - before!.busy) / dt) * 100 : 0,
-          memUsed: (mem[node]?.total ?? 0) - (mem[node]?.available ?? 0),
-          memTotal: mem[node]?.total ?? 0,
-        };
-      }
-      setUsed(u);
+    const u: Record<string, { cpu: number; memUsed: number; memTotal: number }> = {};
+    for (const [node, c] of Object.entries(cpu)) {
+      const before = p?.cpu[node];
+      const dt = before ? c.total - before.total : 0;
+      u[node] = {
+        cpu: dt > 0 ? ((c.busy - before!.busy) / dt) * 100 : 0,
+        memUsed: (mem[node]?.total ?? 0) - (mem[node]?.available ?? 0),
+        memTotal: mem[node]?.total ?? 0,
+      };
     }
-    prev.current = { at: now, created, cpu };
-  }, 2000);
+    setUsed(u);
+    prev.current = { cpu };
+  }, MACHINE_USE_MS);
+  const data = { nodes: nodes.data, sandboxes: sandboxes.data };
+  const error = sandboxes.error ?? nodes.error;
   const byState: Record<string, number> = {};
   const byBackend: Record<string, number> = {};
   for (const s of data?.sandboxes ?? []) {
@@ -151,7 +154,7 @@ export function Sandboxes() {
     .split(',')
     .map((s) => s.trim())
     .filter((s) => /^[^=]+=.*$/.test(s));
-  const { data, error, reload } = usePoll(() => allSandboxes({ label: labels, state: state || undefined }), 2000, [labels.join(','), state]);
+  const { data, error } = useLiveSandboxes({ labels, state });
   const rows = (data ?? []).filter((s) => !project || s.project === project);
   const projects = [...new Set((data ?? []).map((s) => s.project))].sort();
   const bulk = async (what: 'pause' | 'resume' | 'delete'): Promise<void> => {
@@ -165,7 +168,6 @@ export function Sandboxes() {
     const failed = results.flatMap((r, i) => (r.status === 'rejected' ? [`${ids[i]}: ${errorText(r.reason)}`] : []));
     if (failed.length) setBulkError(failed.join('; '));
     setSelected(new Set());
-    reload();
   };
   const toggle = (id: string): void => {
     const next = new Set(selected);
@@ -206,7 +208,7 @@ export function Sandboxes() {
         ) : null}
       </div>
       <ErrorLine error={error ?? bulkError} />
-      {canAct ? <CreateSandboxes onDone={reload} /> : null}
+      {canAct ? <CreateSandboxes /> : null}
       <Table
         testid="sandboxes"
         head={[...(canAct ? [''] : []), 'id', 'state', 'backend', 'project', 'node', 'labels', 'resources', 'created']}
@@ -231,7 +233,7 @@ export function Sandboxes() {
 }
 
 /** Creates `count` sandboxes in one batch (POST /v1/sandboxes:batch), showing each item as it finishes. */
-function CreateSandboxes({ onDone }: { onDone: () => void }) {
+function CreateSandboxes() {
   const [base, setBase] = useState('busybox');
   const [count, setCount] = useState('1');
   const [labels, setLabels] = useState('');
@@ -272,7 +274,6 @@ function CreateSandboxes({ onDone }: { onDone: () => void }) {
               setProgress({ ...state, errors: [...state.errors] });
             },
           );
-          onDone();
         }}
       />
       {progress ? (

@@ -5,7 +5,8 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
-import { api, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
+import { api, followEvents, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
+import { ROW_EVENT_KINDS } from './live.js';
 import { EventList, download } from './pages.js';
 
 interface Sandbox {
@@ -41,7 +42,15 @@ type Tab = (typeof TABS)[number];
 /** The page of sandbox `id`, on tab `tab`. */
 export function SandboxPage({ id, tab }: { id: string; tab: string }) {
   const current: Tab = (TABS as readonly string[]).includes(tab) ? (tab as Tab) : 'overview';
-  const sb = usePoll(() => get<Sandbox>(`/v1/sandboxes/${encodeURIComponent(id)}`), 2000, [id]);
+  // Read again when one of its row events (a state change, from anywhere) arrives: no polling.
+  const [changed, setChanged] = useState(0);
+  useEffect(() => {
+    const ctl = new AbortController();
+    const q = withQuery('', { sandbox: id, kind: ROW_EVENT_KINDS.join(',') }).slice(1);
+    followEvents(q, () => setChanged((n) => n + 1), ctl.signal).catch(() => undefined);
+    return () => ctl.abort();
+  }, [id]);
+  const sb = usePoll(() => get<Sandbox>(`/v1/sandboxes/${encodeURIComponent(id)}`), 0, [id, changed]);
   const canAct = useCan('member');
   const base = `/v1/sandboxes/${encodeURIComponent(id)}`;
   const s = sb.data;

@@ -117,14 +117,28 @@ export class Authenticator {
   /** This process's name in announcements to the other replicas. */
   readonly origin = randomBytes(8).toString('hex');
 
-  /** Single-use WebSocket tickets (ws-tickets.ts), each standing for the key that asked for it. */
-  readonly wsTickets = new WsTickets();
+  /** Single-use WebSocket tickets (ws-tickets.ts) in the store, each standing for the key that asked for it. */
+  get wsTickets(): WsTickets {
+    return (this.tickets ??= new WsTickets(this.store));
+  }
+  private tickets: WsTickets | undefined;
 
-  /** The principal of a WebSocket ticket: its key, checked (revoked, rate) as if it came itself. */
+  /**
+   * The principal of a WebSocket ticket: its key, checked (revoked, rate) as if it came itself.
+   * A source under the failed-authentication gate (`cachedOnly`) cannot redeem: that reads the store.
+   */
   async authenticateTicket(ticket: string, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
-    const authorization = this.wsTickets.redeem(ticket);
-    if (authorization === undefined) throw cachedOnly?.refuse() ?? new DsecError('UNAUTHENTICATED', 'unknown, used or expired WebSocket ticket');
-    return this.authenticate(authorization, cachedOnly);
+    if (cachedOnly) throw cachedOnly.refuse();
+    const keyId = await this.wsTickets.redeem(ticket);
+    const row = keyId === undefined ? undefined : await this.store.key(keyId);
+    if (!row || row.revoked_at) throw new DsecError('UNAUTHENTICATED', 'unknown, used or expired WebSocket ticket');
+    return this.rateLimited({
+      keyId: row.id,
+      projectId: row.project_id,
+      role: row.role,
+      visibleProjects: await this.descendants(row.project_id),
+      tenantId: await this.tenantOf(row.project_id),
+    });
   }
 
   /**

@@ -142,6 +142,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         observe?.(ev);
         watch.events.ingest(ev);
       },
+      raiseOwned: (ev, owner) => {
+        observe?.(ev);
+        watch.events.ingest(ev, owner);
+      },
       tighten: (projectId, spec) => watch.tighten(projectId, spec),
       deniedNames: (projectId) => watch.deniedNames(projectId),
       trajectory: { log, ...o.trajectory },
@@ -180,7 +184,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     });
     const ws = createWsHandler(
       services,
-      (p, sandboxId, spec, exitCode) => {
+      (p, sandboxId, spec, exit) => {
         const entry = {
           keyId: p.keyId,
           projectId: p.projectId,
@@ -192,7 +196,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
           command: commandSummary(spec),
         };
         const at = new Date().toISOString();
-        void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
+        exit.onSettled((code) => watch.audit.record({ ...entry, at, exitCode: code }));
       },
       log,
       { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },

@@ -77,3 +77,5 @@ export { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconci
 export type { ReconcileDeps, ReconcileReport, SettledRow } from './reconcile.js';
 export { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
 export type { AuthFailureEntry, SlotKind } from './tenant-limits.js';
+export { WsTickets, WS_TICKET_TTL_MS, MAX_TICKETS_PER_KEY } from './ws-tickets.js';
+export type { WsTicket } from './ws-tickets.js';

@@ -111,3 +111,18 @@ test('open streams end when the hub ends its subscriptions (before the HTTP serv
   watch.events.endSubscriptions();
   assert.equal((await pending).done, true);
 });
+
+test('an event about a row already gone is scoped to the project its raiser names; an unknown one without it only to the root', async () => {
+  const team = await store.createProject({ name: 'owner-team', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 10, cpu: 10, memoryMiB: 10_000 } });
+  const member: Principal = { keyId: 'key_m', projectId: team.id, role: 'viewer', visibleProjects: new Set([team.id]), tenantId: team.id };
+  const deleted: RaisedEvent = { kind: 'sandbox.deleted', severity: 'info', sandboxId: 'gone-1', node: 'n1', message: 'deleted', data: { from: 'running' } };
+  watch.events.ingest(deleted, { projectId: team.id, labels: {} });
+  watch.events.ingest({ ...deleted, sandboxId: 'gone-2' });
+  const seen = await watch.listEvents(member, { kind: 'sandbox.deleted' });
+  assert.deepEqual(
+    seen.items.map((e) => [e.sandbox, e.project]),
+    [['gone-1', team.id]],
+  );
+  const all = await watch.listEvents(root, { kind: 'sandbox.deleted' });
+  assert.deepEqual(all.items.map((e) => e.sandbox).sort(), ['gone-1', 'gone-2']);
+});

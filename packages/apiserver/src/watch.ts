@@ -5,7 +5,7 @@ import { DEFAULT_TENANT_LIMITS, DEFAULT_WATCH_PAGE_SIZE, DsecError, KeyedSerialQ
 import type { TenantLimits } from '@dsec/protocol';
 import type { AuditEntry, CreateRuleRequest, RecordedEvent, EventKind, ListAuditQuery, ListEventsQuery, Rule, SandboxSpec } from '@dsec/protocol';
 import { AuditLog, EventHub, MAX_RULES, RULE_APPLIES_TO, RuleSet, isSortableId, severitiesFrom, sortableId } from '@dsec/watcher';
-import type { AuditQuery, AuditRecord, EventHubOptions, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
+import type { AuditQuery, AuditRecord, EventHubOptions, EventOwner, EventQuery, EventSandbox, RuleRecord, StoredEvent, Tightening } from '@dsec/watcher';
 import { requireRole, roleAtLeast } from './auth.js';
 import type { Principal } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
@@ -25,6 +25,10 @@ const REPLAY_PAGE = 500;
 export const EVENTS_CHANNEL = 'dsec_events';
 /** Channel on which replicas announce a change of the rules. */
 export const RULES_CHANNEL = 'dsec_rules';
+/** How long a project's ancestry read for events is reused (ms). */
+const ANCESTRY_CACHE_MS = 5000;
+/** Ancestries kept at most (the map is emptied past it). */
+const ANCESTRIES_KEPT = 10_000;
 /** Event ids per announcement (a notification holds at most 8000 bytes). */
 const NOTIFY_IDS = 100;
 
@@ -73,6 +77,8 @@ export class WatchService {
   readonly audit: AuditLog;
   /** Rule additions run one at a time: the counts they check cannot be passed by concurrent ones. */
   private readonly ruleAdds = new KeyedSerialQueue();
+  /** Projects' ancestries lately read, for the events' scoping and rules. */
+  private readonly ancestries = new Map<string, { chain: string[]; at: number }>();
 
   constructor(
     private readonly state: StateStore,
@@ -80,7 +86,7 @@ export class WatchService {
   ) {
     this.store = new WatchStore(state.db);
     this.rules = new RuleSet(ROOT_PROJECT_ID);
-    this.events = new EventHub(this.store, (id) => this.lookup(id), this.rules, { ...(o.log ? { log: o.log } : {}), ...o.events });
+    this.events = new EventHub(this.store, (id, owner) => this.lookup(id, owner), this.rules, { ...(o.log ? { log: o.log } : {}), ...o.events });
     this.audit = new AuditLog(this.store, o.log ? { log: o.log } : {});
   }
 
@@ -144,10 +150,27 @@ export class WatchService {
     await this.store.pruneAudit(au.maxRows, new Date(now - au.maxAgeMs).toISOString());
   }
 
-  private async lookup(id: string): Promise<EventSandbox | undefined> {
-    const row = await this.state.sandbox(id);
-    if (!row) return undefined;
-    return { projectId: row.project_id, ancestry: await this.state.ancestry(row.project_id), labels: row.labels };
+  private async lookup(id: string, owner?: EventOwner): Promise<EventSandbox | undefined> {
+    // The control plane says whose a sandbox is when it raises about it (its row may be gone):
+    // no read of the row then.
+    let known = owner;
+    if (!known) {
+      const row = await this.state.sandbox(id);
+      if (!row) return undefined;
+      known = { projectId: row.project_id, labels: row.labels };
+    }
+    return { projectId: known.projectId, ancestry: await this.ancestry(known.projectId), labels: known.labels };
+  }
+
+  /** A project's ancestry (a project never changes its parent), kept a little while: events come in bursts. */
+  private async ancestry(projectId: string): Promise<string[]> {
+    const now = Date.now();
+    const hit = this.ancestries.get(projectId);
+    if (hit && now - hit.at < ANCESTRY_CACHE_MS) return hit.chain;
+    const chain = await this.state.ancestry(projectId);
+    if (this.ancestries.size >= ANCESTRIES_KEPT) this.ancestries.clear();
+    this.ancestries.set(projectId, { chain, at: now });
+    return chain;
   }
 
   // ---- tightening of new sandboxes ----

@@ -1,53 +1,64 @@
-// WebSocket tickets: single use, expiry, the bound on outstanding tickets, and the sub-protocol form.
+// WebSocket tickets in the state store (SQLite here; test/store.test.ts redeems one across two
+// PostgreSQL stores): single use (also when redeemed concurrently), expiry, only the hash kept,
+// the per-key bound, and the sub-protocol form.
 import assert from 'node:assert/strict';
-import { describe, test } from 'node:test';
-import { MAX_OUTSTANDING_TICKETS, MAX_TICKETS_PER_KEY, WS_TICKET_TTL_MS, WsTickets, ticketFromProtocols } from './ws-tickets.js';
+import { after, before, describe, test } from 'node:test';
+import Database from 'better-sqlite3';
+import { sql } from 'kysely';
+import { StateStore } from './db/store.js';
+import { MAX_TICKETS_PER_KEY, WS_TICKET_TTL_MS, WsTickets, ticketFromProtocols } from './ws-tickets.js';
 
 describe('WebSocket tickets', () => {
-  test('a ticket stands for its key once, and expires', async () => {
+  let store: StateStore;
+  before(async () => {
+    store = await StateStore.openSqlite(new Database(':memory:'));
+  });
+  after(async () => {
+    await store.close();
+  });
+
+  test('a ticket stands for its key once, and expires; only its hash is stored', async () => {
     assert.ok(WS_TICKET_TTL_MS <= 30_000);
-    const t = new WsTickets();
-    const a = t.issue('Bearer dsec_a', 'key_a');
+    const t = new WsTickets(store);
+    const a = await t.issue('key_a');
     assert.match(a.ticket, /^[A-Za-z0-9_-]{32}$/);
     assert.ok(Date.parse(a.expiresAt) - Date.now() <= WS_TICKET_TTL_MS);
-    assert.equal(t.redeem(a.ticket), 'Bearer dsec_a');
-    assert.equal(t.redeem(a.ticket), undefined, 'single use');
-    assert.equal(t.redeem('nope'), undefined);
-    const short = new WsTickets(20);
-    const b = short.issue('Bearer dsec_b', 'key_b');
+    const rows = await sql<Record<string, string>>`SELECT * FROM ws_tickets`.execute(store.db);
+    assert.ok(!JSON.stringify(rows.rows).includes(a.ticket), 'the ticket itself is not stored');
+    assert.equal(await t.redeem(a.ticket), 'key_a');
+    assert.equal(await t.redeem(a.ticket), undefined, 'single use');
+    assert.equal(await t.redeem('nope'), undefined);
+    const short = new WsTickets(store, 20);
+    const b = await short.issue('key_b');
     await new Promise((r) => setTimeout(r, 40));
-    assert.equal(short.redeem(b.ticket), undefined, 'expired');
+    assert.equal(await short.redeem(b.ticket), undefined, 'expired');
   });
 
-  test('outstanding tickets are bounded; expired ones are swept', async () => {
-    const t = new WsTickets(10);
-    const first = t.issue('Bearer dsec_x', 'key_x');
+  test('of concurrent redemptions of one ticket exactly one succeeds', async () => {
+    const t = new WsTickets(store);
+    const { ticket } = await t.issue('key_c');
+    const got = await Promise.all(Array.from({ length: 8 }, () => t.redeem(ticket)));
+    assert.deepEqual(
+      got.filter((k) => k !== undefined),
+      ['key_c'],
+    );
+  });
+
+  test('expired tickets are swept; one key asking for many drops only its own oldest', async () => {
+    const short = new WsTickets(store, 10);
+    await short.issue('key_x');
     await new Promise((r) => setTimeout(r, 20));
-    t.issue('Bearer dsec_y', 'key_y');
-    assert.equal(t.size, 1, 'the expired ticket went at the next issue');
-    assert.equal(t.redeem(first.ticket), undefined);
-    // One key asking for many tickets drops only its own oldest ones.
-    const many = new WsTickets();
-    const other = many.issue('Bearer dsec_other', 'key_other');
-    const mine = Array.from({ length: MAX_TICKETS_PER_KEY + 5 }, () => many.issue('Bearer dsec_z', 'key_z'));
-    assert.equal(many.size, MAX_TICKETS_PER_KEY + 1);
-    assert.equal(many.redeem(mine[0]!.ticket), undefined, 'its oldest went');
-    assert.equal(many.redeem(mine.at(-1)!.ticket), 'Bearer dsec_z');
-    assert.equal(many.redeem(other.ticket), 'Bearer dsec_other', "another key's ticket stays");
-    // All keys together: at most MAX_OUTSTANDING_TICKETS.
-    const all = new WsTickets();
-    for (let i = 0; i < MAX_OUTSTANDING_TICKETS + 5; i++) all.issue(`Bearer dsec_${i}`, `key_${i}`);
-    assert.equal(all.size, MAX_OUTSTANDING_TICKETS);
-  });
-
-  test("the per-key cap counts by key id, whatever the header's case or spacing", () => {
-    const t = new WsTickets();
-    const other = t.issue('Bearer dsec_other', 'key_other');
-    const spellings = ['Bearer dsec_z', 'bearer dsec_z', 'Bearer  dsec_z', 'BEARER dsec_z'];
-    const mine = Array.from({ length: MAX_TICKETS_PER_KEY * 4 }, (_, i) => t.issue(spellings[i % spellings.length]!, 'key_z'));
-    assert.equal(t.size, MAX_TICKETS_PER_KEY + 1, 'one key, however it spells its header, holds at most its cap');
-    assert.equal(t.redeem(mine.at(-1)!.ticket), 'BEARER dsec_z', 'the ticket keeps the header it was issued for');
-    assert.equal(t.redeem(other.ticket), 'Bearer dsec_other');
+    const t = new WsTickets(store);
+    const before = await t.size();
+    const other = await t.issue('key_other');
+    assert.equal(await t.size(), before, 'the expired ticket went at the next issue');
+    const mine = [];
+    for (let i = 0; i < MAX_TICKETS_PER_KEY + 5; i++) mine.push(await t.issue('key_z'));
+    assert.equal(await t.redeem(mine[0]!.ticket), undefined, 'its oldest went');
+    assert.equal(await t.redeem(mine[4]!.ticket), undefined);
+    assert.equal(await t.redeem(mine[5]!.ticket), 'key_z');
+    assert.equal(await t.redeem(mine.at(-1)!.ticket), 'key_z');
+    assert.equal(await t.redeem(other.ticket), 'key_other', "another key's ticket stays");
   });
 
   test('the ticket is read from the offered sub-protocols', () => {

@@ -2,9 +2,14 @@
 // `Authorization` header on a WebSocket, and a key must never travel in a URL: the dashboard asks
 // for a ticket with its key header, then offers it as a WebSocket sub-protocol
 // (`Sec-WebSocket-Protocol: dsec.v1, dsec.ticket.<ticket>`). A ticket stands for the key that
-// asked for it, is valid once and for at most 30 s, and is kept only in this process's memory
-// (never logged, never in the audit: the audit records the route, not the body).
-import { randomBytes } from 'node:crypto';
+// asked for it, is valid once and for at most 30 s, and lives in the state store (table
+// `ws_tickets`, migration 0018_live), so that a ticket one replica issued opens a WebSocket on
+// another. Only its SHA-256 is kept; it is never logged nor in the audit (the audit records the
+// route, not the body). Redemption is one `DELETE ... RETURNING`: of two replicas redeeming one
+// ticket at once, exactly one gets it (SQLite and PostgreSQL alike).
+import { createHash, randomBytes } from 'node:crypto';
+import type { Kysely, Migration } from 'kysely';
+import type { StateStore } from './db/store.js';
 
 /** How long a ticket may wait for its WebSocket (ms). */
 export const WS_TICKET_TTL_MS = 30_000;
@@ -12,9 +17,7 @@ export const WS_TICKET_TTL_MS = 30_000;
 export const WS_PROTOCOL = 'dsec.v1';
 /** Prefix of the sub-protocol that carries a ticket. */
 export const WS_TICKET_PROTOCOL_PREFIX = 'dsec.ticket.';
-/** Tickets outstanding at once, all keys together; past it the oldest are dropped. */
-export const MAX_OUTSTANDING_TICKETS = 10_000;
-/** Tickets outstanding at once for one key; past it that key's oldest is dropped (not another key's). */
+/** Tickets outstanding at once for one key; past it that key's oldest are dropped (not another key's). */
 export const MAX_TICKETS_PER_KEY = 64;
 
 /** What POST /v1/ws-tickets answers. */
@@ -23,57 +26,84 @@ export interface WsTicket {
   expiresAt: string;
 }
 
-/** Outstanding tickets: each maps to the `Authorization` value of the request that asked for it. */
+/** A row of `ws_tickets`. */
+interface WsTicketRow {
+  ticket_hash: string;
+  key_id: string;
+  created_at: string;
+  expires_at: string;
+}
+
+interface Tables {
+  ws_tickets: WsTicketRow;
+}
+
+/** Migration 0018_live_ws_tickets: the outstanding WebSocket tickets, by their hash. */
+export const migration0018LiveWsTickets: Migration = {
+  async up(db: Kysely<unknown>): Promise<void> {
+    await db.schema
+      .createTable('ws_tickets')
+      .addColumn('ticket_hash', 'text', (c) => c.primaryKey())
+      .addColumn('key_id', 'text', (c) => c.notNull())
+      .addColumn('created_at', 'text', (c) => c.notNull())
+      .addColumn('expires_at', 'text', (c) => c.notNull())
+      .execute();
+    await db.schema.createIndex('ws_tickets_key').on('ws_tickets').columns(['key_id', 'created_at']).execute();
+    await db.schema.createIndex('ws_tickets_expiry').on('ws_tickets').column('expires_at').execute();
+  },
+};
+
+function hashTicket(ticket: string): string {
+  return createHash('sha256').update(ticket).digest('hex');
+}
+
+/** Outstanding tickets in the state store: each stands for the key (by id) that asked for it. */
 export class WsTickets {
-  private readonly tickets = new Map<string, { authorization: string; keyId: string; expires: number }>();
-  /** Each key's outstanding tickets (by key id, not by header text: `bearer  k` is `Bearer k`), oldest first. */
-  private readonly byKey = new Map<string, Set<string>>();
+  constructor(
+    private readonly store: Pick<StateStore, 'db'>,
+    private readonly ttlMs = WS_TICKET_TTL_MS,
+  ) {}
 
-  constructor(private readonly ttlMs = WS_TICKET_TTL_MS) {}
+  private get db(): Kysely<Tables> {
+    return this.store.db as unknown as Kysely<Tables>;
+  }
 
-  /** A new ticket for the key `keyId` that sent `authorization` (already authenticated by the caller). */
-  issue(authorization: string, keyId: string): WsTicket {
-    this.sweep();
-    // One key asking for many only drops its own oldest tickets.
-    const own = this.byKey.get(keyId);
-    while (own && own.size >= MAX_TICKETS_PER_KEY) this.drop(own.values().next().value!);
-    while (this.tickets.size >= MAX_OUTSTANDING_TICKETS) this.drop(this.tickets.keys().next().value!);
+  /** A new ticket for the key `keyId` (the caller has authenticated it). */
+  async issue(keyId: string): Promise<WsTicket> {
     const ticket = randomBytes(24).toString('base64url');
-    const expires = Date.now() + this.ttlMs;
-    this.tickets.set(ticket, { authorization, keyId, expires });
-    (this.byKey.get(keyId) ?? this.byKey.set(keyId, new Set()).get(keyId)!).add(ticket);
-    return { ticket, expiresAt: new Date(expires).toISOString() };
-  }
-
-  /** The `Authorization` value a ticket stands for, once; undefined when unknown, used or expired. */
-  redeem(ticket: string): string | undefined {
-    const t = this.tickets.get(ticket);
-    if (!t) return undefined;
-    this.drop(ticket);
-    return t.expires > Date.now() ? t.authorization : undefined;
-  }
-
-  /** Tickets outstanding (expired ones included until the next sweep). */
-  get size(): number {
-    return this.tickets.size;
-  }
-
-  private drop(ticket: string): void {
-    const t = this.tickets.get(ticket);
-    if (!t) return;
-    this.tickets.delete(ticket);
-    const own = this.byKey.get(t.keyId);
-    own?.delete(ticket);
-    if (own?.size === 0) this.byKey.delete(t.keyId);
-  }
-
-  /** Drops expired tickets: they are in issue order, so the walk stops at the first live one. */
-  private sweep(): void {
     const now = Date.now();
-    for (const [k, t] of this.tickets) {
-      if (t.expires > now) break;
-      this.drop(k);
-    }
+    const row: WsTicketRow = {
+      ticket_hash: hashTicket(ticket),
+      key_id: keyId,
+      // Sub-millisecond order among one key's tickets: the cap drops the oldest.
+      created_at: `${new Date(now).toISOString()}|${process.hrtime.bigint().toString().padStart(24, '0')}`,
+      expires_at: new Date(now + this.ttlMs).toISOString(),
+    };
+    await this.db.transaction().execute(async (tx) => {
+      await tx.deleteFrom('ws_tickets').where('expires_at', '<=', new Date(now).toISOString()).execute();
+      // One key asking for many only drops its own oldest tickets.
+      const own = await tx.selectFrom('ws_tickets').select('ticket_hash').where('key_id', '=', keyId).orderBy('created_at', 'desc').execute();
+      const excess = own.slice(MAX_TICKETS_PER_KEY - 1).map((r) => r.ticket_hash);
+      if (excess.length > 0) await tx.deleteFrom('ws_tickets').where('ticket_hash', 'in', excess).execute();
+      await tx.insertInto('ws_tickets').values(row).execute();
+    });
+    return { ticket, expiresAt: row.expires_at };
+  }
+
+  /** The key id a ticket stands for, once; undefined when unknown, used or expired. */
+  async redeem(ticket: string): Promise<string | undefined> {
+    const row = await this.db.deleteFrom('ws_tickets').where('ticket_hash', '=', hashTicket(ticket)).returning(['key_id', 'expires_at']).executeTakeFirst();
+    if (!row) return undefined;
+    return Date.parse(row.expires_at) > Date.now() ? row.key_id : undefined;
+  }
+
+  /** Tickets outstanding (expired ones included until the next issue sweeps them). */
+  async size(): Promise<number> {
+    const r = await this.db
+      .selectFrom('ws_tickets')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .executeTakeFirstOrThrow();
+    return Number(r.n);
   }
 }
 

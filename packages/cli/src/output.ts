@@ -38,3 +38,29 @@ export function formatAge(iso: string, nowMs = Date.now()): string {
   if (s < 86_400) return `${Math.floor(s / 3600)}h`;
   return `${Math.floor(s / 86_400)}d`;
 }
+
+/** A credential as `dsec keys ls` and `dsec endpoint-tokens ls` list it (an API key or an endpoint token). */
+export interface CredentialRow {
+  id: string;
+  name: string;
+  project: string;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
+/**
+ * The table of credentials: id, name, one column of their own (`kind`: a key's role, a token's
+ * protocol), project, age and when revoked.
+ */
+export function printCredentials<T extends CredentialRow>(
+  kind: { header: string; of: (item: T) => string },
+  items: T[],
+  out: NodeJS.WritableStream = process.stdout,
+  nowMs = Date.now(),
+): void {
+  printTable(
+    ['id', 'name', kind.header, 'project', 'age', 'revoked'],
+    items.map((c) => [c.id, c.name, kind.of(c), c.project, formatAge(c.createdAt, nowMs), c.revokedAt ? formatAge(c.revokedAt, nowMs) + ' ago' : '-']),
+    out,
+  );
+}

@@ -33,6 +33,10 @@ export const EVENT_KINDS = [
   'sandbox.resumed',
   'sandbox.lost',
   'owner.lost',
+  // a sandbox's row, as lists show it (the control plane alone raises these; see SANDBOX_ROW_EVENT_KINDS)
+  'sandbox.created',
+  'sandbox.state-changed',
+  'sandbox.deleted',
   // nodes of a cluster (node.* events carry the node; sandbox.replayed names the new sandbox)
   'node.unreachable',
   'node.lost',
@@ -48,6 +52,13 @@ export const EVENT_KINDS = [
 
 /** One of {@link EVENT_KINDS}. */
 export type EventKind = (typeof EVENT_KINDS)[number];
+
+/**
+ * Kinds that follow a sandbox's row (created, each settled state, deleted), raised by the control
+ * plane only: an edge's events of these kinds are dropped. Their `data.sandbox` is the row as
+ * `GET /v1/sandboxes` lists it (fields a list shows), so a live list needs no read of its own.
+ */
+export const SANDBOX_ROW_EVENT_KINDS: readonly EventKind[] = ['sandbox.created', 'sandbox.state-changed', 'sandbox.deleted'];
 
 /** Default and largest page of events and audit entries. */
 export const DEFAULT_WATCH_PAGE_SIZE = 100;

@@ -332,6 +332,7 @@ export {
   DeniableSyscallSchema,
   DomainPatternSchema,
   EVENT_KINDS,
+  SANDBOX_ROW_EVENT_KINDS,
   EventKindSchema,
   EventMatchSchema,
   EventSchema,

@@ -53,8 +53,20 @@ export interface EventSandbox {
   labels: Record<string, string>;
 }
 
-/** Looks a sandbox up (undefined when unknown). */
-export type SandboxLookup = (sandboxId: string) => Promise<EventSandbox | undefined>;
+/**
+ * Whose sandbox an event is about, as its trusted raiser (the control plane) knows it: the
+ * project and labels of a row that may be gone by the time the event is stored (a deletion).
+ */
+export interface EventOwner {
+  projectId: string;
+  labels: Record<string, string>;
+}
+
+/**
+ * Looks a sandbox up (undefined when unknown). `owner`, when the raiser gave one, stands for a
+ * row already gone.
+ */
+export type SandboxLookup = (sandboxId: string, owner?: EventOwner) => Promise<EventSandbox | undefined>;
 
 /** Options of {@link EventHub}. */
 export interface EventHubOptions {
@@ -174,7 +186,7 @@ export class EventHub {
   /** Events lost to a full intake queue or a failed write. */
   dropped = 0;
 
-  private readonly pending: RaisedEvent[] = [];
+  private readonly pending: Array<RaisedEvent & { owner?: EventOwner }> = [];
   private draining: Promise<void> | undefined;
   /** Events taken in and events processed so far (a flush waits for those taken in before it). */
   private taken = 0;
@@ -198,8 +210,11 @@ export class EventHub {
     this.timer.unref();
   }
 
-  /** Takes an event in (an EventSink: never throws, never waits). */
-  readonly ingest = (ev: RaisedEvent): void => {
+  /**
+   * Takes an event in (an EventSink: never throws, never waits). `owner`: the sandbox's project
+   * and labels, from a trusted raiser only (the control plane), for a row that may be gone.
+   */
+  readonly ingest = (ev: RaisedEvent, owner?: EventOwner): void => {
     if (this.closed) return;
     if (this.pending.length >= MAX_PENDING_EVENTS) {
       this.dropped++;
@@ -207,7 +222,7 @@ export class EventHub {
     }
     // Times are stored as ISO-8601 UTC so that they compare as text.
     const at = ev.at !== undefined && !Number.isNaN(Date.parse(ev.at)) ? new Date(ev.at).toISOString() : new Date().toISOString();
-    this.pending.push({ ...ev, at });
+    this.pending.push(owner ? { ...ev, at, owner } : { ...ev, at });
     this.taken++;
     this.draining ??= this.drain().finally(() => (this.draining = undefined));
   };
@@ -284,8 +299,8 @@ export class EventHub {
     }
   }
 
-  private async process(ev: RaisedEvent): Promise<void> {
-    const sb = ev.sandboxId ? await this.sandbox(ev.sandboxId) : undefined;
+  private async process({ owner, ...ev }: RaisedEvent & { owner?: EventOwner }): Promise<void> {
+    const sb = ev.sandboxId ? await this.sandbox(ev.sandboxId, owner) : undefined;
     const verdict = this.rules.judge({ kind: ev.kind, sandboxId: ev.sandboxId ?? null, ancestry: sb?.ancestry ?? [], labels: sb?.labels ?? {} }, ev.severity);
     if (verdict.suppress) {
       this.suppressedByRule.set(ev.kind, (this.suppressedByRule.get(ev.kind) ?? 0) + 1);
@@ -387,9 +402,10 @@ export class EventHub {
     await this.writing;
   }
 
-  private async sandbox(id: string): Promise<EventSandbox | undefined> {
-    if (this.cache.has(id)) return this.cache.get(id) ?? undefined;
-    const sb = await this.lookup(id).catch(() => undefined);
+  private async sandbox(id: string, owner?: EventOwner): Promise<EventSandbox | undefined> {
+    const cached = this.cache.get(id);
+    if (cached || (this.cache.has(id) && !owner)) return cached ?? undefined;
+    const sb = await this.lookup(id, owner).catch(() => undefined);
     // An unknown id is cached as such: ids are never reused, and a sandbox's record is written
     // before the sandbox exists, so an id unknown now stays unknown (an orphan's).
     this.cacheSet(id, sb ?? null);

@@ -9,7 +9,7 @@ export {
   DENIAL_KINDS,
   severitiesFrom,
 } from './events.js';
-export type { EventHubOptions, EventQuery, EventSandbox, EventStore, EventSubscription, SandboxLookup, StoredEvent } from './events.js';
+export type { EventHubOptions, EventOwner, EventQuery, EventSandbox, EventStore, EventSubscription, SandboxLookup, StoredEvent } from './events.js';
 export { AuditLog, MAX_AUDIT_BUFFER, DEFAULT_AUDIT_FLUSH_MS, MAX_COMMAND_CHARS, commandSummary } from './audit.js';
 export type { AuditQuery, AuditRecord, AuditStore } from './audit.js';
 export { RuleSet, RULE_APPLIES_TO, MAX_RULES } from './rules.js';

@@ -23,6 +23,7 @@ import {
   NODE_SESSION_HTTP2,
   NODE_UNREACHABLE_AFTER_HEADER,
   NodeJoinRequestSchema,
+  SANDBOX_ROW_EVENT_KINDS,
   WireEdgeClient,
   lineTransport,
   parseJoinToken,
@@ -260,8 +261,11 @@ export class NodePort implements NodeMembership {
       cordoned: row.cordoned === 1,
       lastHeardAt: () => heardAt,
     });
-    // A node's events carry the name of its certificate, whatever the node wrote in them.
-    const unsubscribe = client.onEvent((ev) => this.o.raise({ ...ev, node: name }));
+    // A node's events carry the name of its certificate, whatever the node wrote in them; the
+    // events that follow sandbox rows are the control plane's alone.
+    const unsubscribe = client.onEvent((ev) => {
+      if (!SANDBOX_ROW_EVENT_KINDS.includes(ev.kind)) this.o.raise({ ...ev, node: name });
+    });
     transport.onClose(() => {
       unsubscribe();
       if (this.sessions.get(name) === client) this.sessions.delete(name);

@@ -29,8 +29,8 @@ const TABLES: ReadonlyArray<{ name: keyof Tables; key: string[] }> = [
   { name: 'rules', key: ['id'] },
 ];
 
-/** Tables that are not copied: rate buckets refill by themselves. */
-const NOT_COPIED = ['rate_buckets'];
+/** Tables that are not copied: rate buckets refill by themselves; WebSocket tickets live 30 s. */
+const NOT_COPIED = ['rate_buckets', 'ws_tickets'];
 
 /** Rows read and written per statement. */
 const COPY_BATCH = 500;

@@ -487,7 +487,7 @@ export class Envd {
     });
     void run.exitCode.finally(release);
     // Audited as /v1 exec is: the command, and its exit status once it ends.
-    c.set('auditExec', { command: commandSummary(spec), exitCode: run.exitCode });
+    c.set('auditExec', { command: commandSummary(spec), exitCode: run });
     // A reader that goes leaves the process running (E2B's disconnect); it can reconnect.
     c.req.raw.signal.addEventListener('abort', () => void run.leave(), { once: true });
     const config = { cmd, args: args as string[], envs, ...(cwd ? { cwd } : {}) };

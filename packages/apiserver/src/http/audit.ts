@@ -7,11 +7,19 @@ import type { AuthFailureEntry, AuthFailureGate } from '../tenant-limits.js';
 import type { WatchService } from '../watch.js';
 import { toDsecError } from './errors.js';
 
+/** A streamed command's exit status, told once (null when its stream ends first). */
+export interface SettlingExit {
+  onSettled(fn: (code: number | null) => void): void;
+}
+
 /** What the exec route adds to its call's audit entry. */
 export interface AuditExec {
   command: string;
-  /** Known at once for a plain exec; a streamed one settles when its stream ends. */
-  exitCode: number | null | Promise<number | null>;
+  /**
+   * Known at once for a plain exec; a streamed one settles as its exit event is handed on, so its
+   * entry is recorded before a client has read the stream's end.
+   */
+  exitCode: number | null | SettlingExit;
 }
 
 const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,127}$/;
@@ -36,15 +44,13 @@ export function auditCall(watch: WatchService, c: Context, principal: Principal 
     command: exec?.command ?? null,
     exitCode: null as number | null,
   };
-  if (exec && typeof exec.exitCode === 'object' && exec.exitCode !== null) {
+  const exitCode = exec?.exitCode ?? null;
+  if (typeof exitCode === 'object' && exitCode !== null) {
     const at = new Date().toISOString();
-    void exec.exitCode.then(
-      (code) => watch.audit.record({ ...entry, at, exitCode: code }),
-      () => watch.audit.record({ ...entry, at }),
-    );
+    exitCode.onSettled((code) => watch.audit.record({ ...entry, at, exitCode: code }));
     return;
   }
-  watch.audit.record({ ...entry, exitCode: (exec?.exitCode as number | null | undefined) ?? null });
+  watch.audit.record({ ...entry, exitCode });
 }
 
 /** How failed authentications are gated: the gate, and the client address of a request. */

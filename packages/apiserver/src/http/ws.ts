@@ -8,6 +8,7 @@ import { WebSocketServer } from 'ws';
 import type { WebSocket } from 'ws';
 import { DsecError, WsClientMessageSchema, WsExecRequestSchema, parseOrThrow } from '@dsec/protocol';
 import type { Principal } from '../auth.js';
+import type { SettlingExit } from './audit.js';
 import { jsonEvent } from '../services/commands.js';
 import { clientAddress } from '../tenant-limits.js';
 import type { AuthFailureGate } from '../tenant-limits.js';
@@ -29,12 +30,7 @@ function reject(socket: Duplex, err: unknown, log?: (line: string) => void): voi
 }
 
 /** Records a command started over the WebSocket route in the audit trail (exit settles later). */
-export type WsAudit = (
-  principal: Principal,
-  sandboxId: string,
-  spec: { argv?: string[] | undefined; cmd?: string | undefined },
-  exitCode: Promise<number | null>,
-) => void;
+export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: SettlingExit) => void;
 
 /** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
 export function createWsHandler(
@@ -71,7 +67,7 @@ export function createWsHandler(
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
           const onStart = audit
-            ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd.exitCode)
+            ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd)
             : undefined;
           // The session's command holds one of its tenant's (and node's) command slots.
           const release = services.slots.acquire('exec', p.tenantId, row.node);

@@ -63,6 +63,8 @@ interface StreamTap {
 export class RunningCommand {
   /** Its exit status once it exits; null when the stream ends first. For audit entries. */
   readonly exitCode: Promise<number | null>;
+  private outcome: { code: number | null } | undefined;
+  private readonly outcomeListeners: Array<(code: number | null) => void> = [];
 
   constructor(
     private readonly target: CommandTarget,
@@ -71,13 +73,29 @@ export class RunningCommand {
     private readonly recording: ExecRecording,
     private readonly activity: ActivityTracker,
   ) {
-    this.exitCode = new Promise<number | null>((resolve) => {
-      process.exited.then(
-        (e) => resolve(e.exitCode),
-        () => resolve(null),
-      );
-      process.onDetach(() => resolve(null));
-    });
+    this.exitCode = new Promise<number | null>((resolve) => this.onSettled(resolve));
+    // Without a reader of its events (or before one gets there), the process's own end settles it.
+    process.exited.then(
+      (e) => this.settle(e.exitCode),
+      () => this.settle(null),
+    );
+    process.onDetach(() => this.settle(null));
+  }
+
+  /**
+   * Runs `fn` once with its exit status (null when the stream ends first). A reader of
+   * {@link events} settles it before the exit event is handed on, so that what `fn` records (the
+   * audit entry) is there by the time a client has read the stream's end.
+   */
+  onSettled(fn: (code: number | null) => void): void {
+    if (this.outcome) fn(this.outcome.code);
+    else this.outcomeListeners.push(fn);
+  }
+
+  private settle(code: number | null): void {
+    if (this.outcome) return;
+    this.outcome = { code };
+    for (const fn of this.outcomeListeners.splice(0)) fn(code);
   }
 
   /** dsec's id of the process. */
@@ -87,7 +105,21 @@ export class RunningCommand {
 
   /** Start, output and exit (or an error) as API events; the sandbox is held active meanwhile. */
   events(): AsyncGenerator<ExecStreamEvent> {
-    return heldEvents(this.activity, this.target.sandboxId, processEvents(this.process, true, this.recording));
+    return heldEvents(this.activity, this.target.sandboxId, this.settling(processEvents(this.process, true, this.recording)));
+  }
+
+  /** Settles the exit status as the exit (or error) event passes, before it is handed on. */
+  private async *settling(events: AsyncGenerator<ExecStreamEvent>): AsyncGenerator<ExecStreamEvent> {
+    try {
+      for await (const ev of events) {
+        if (ev.type === 'exit') this.settle(ev.exitCode);
+        else if (ev.type === 'error') this.settle(null);
+        yield ev;
+      }
+    } finally {
+      // A reader that leaves first: the command runs on unknown to this entry.
+      if (!this.outcome) this.settle(null);
+    }
   }
 
   /** Writes to the command's stdin, recording what was written. */

@@ -1,7 +1,8 @@
 // What several services share: the row shapes, the states only the store knows, and how a
 // stored row becomes the API's sandbox or a trajectory's spec.
 import { DEFAULT_NETWORK_POLICY, DsecError } from '@dsec/protocol';
-import type { BackendKind, CreateSandboxRequest, EventSink, GrantedResources, ImageSpec, Sandbox, SandboxSpec } from '@dsec/protocol';
+import type { BackendKind, CreateSandboxRequest, EventSink, GrantedResources, ImageSpec, RaisedEvent, Sandbox, SandboxSpec } from '@dsec/protocol';
+import type { EventOwner } from '@dsec/watcher';
 import type { SandboxTable, SnapshotTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import type { ActivityTracker } from '../leases.js';
@@ -53,6 +54,8 @@ export function newCounters(): PlatformCounters {
 /** Where services raise events, and where they log what no caller sees. */
 export interface ServiceSinks {
   raise: EventSink;
+  /** Raises an event about a sandbox whose row may be gone when it is stored: `owner` says whose it was. */
+  raiseOwned: (ev: RaisedEvent, owner: EventOwner) => void;
   log: (line: string) => void;
 }
 

@@ -326,8 +326,11 @@ export class CreatePipeline {
     row.state = pool ? POOLED_STATE : 'running';
     await this.d.store.transitionSandbox(id, ['creating'], row.state);
     crashPoint('create.running');
-    if (!pool) this.openTrajectory(row, item);
-    return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
+    if (pool) return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
+    this.openTrajectory(row, item);
+    const sandbox = this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
+    this.d.lifecycle.rowEvents.created(sandbox, item.req.labels ?? {});
+    return sandbox;
   }
 
   /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
@@ -376,7 +379,9 @@ export class CreatePipeline {
     }
     this.d.counters.poolClaims++;
     this.openTrajectory(row, item);
-    return this.d.lifecycle.toSandbox({ ...row, labels });
+    const sandbox = this.d.lifecycle.toSandbox({ ...row, labels });
+    this.d.lifecycle.rowEvents.created(sandbox, labels);
+    return sandbox;
   }
 
   /** Removes a claimed pool member that could not be handed over. */

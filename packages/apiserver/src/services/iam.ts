@@ -51,9 +51,15 @@ export class IamService {
     return this.auth.authenticateTicket(ticket, cachedOnly);
   }
 
-  /** A single-use WebSocket ticket for the key `keyId` that sent `authorization` (the caller, already authenticated); the per-key cap counts by key id. */
-  issueWsTicket(authorization: string, keyId: string): WsTicket {
-    return this.auth.wsTickets.issue(authorization, keyId);
+  /**
+   * A single-use WebSocket ticket for the calling key (already authenticated by its
+   * `Authorization` header). A credential of another kind (an endpoint token in a path) gets none:
+   * a ticket stands for a whole key.
+   */
+  issueWsTicket(p: Principal, authorization: string | undefined): Promise<WsTicket> {
+    if (!/^Bearer\s+\S+$/i.test(authorization ?? ''))
+      throw new DsecError('PERMISSION_DENIED', 'a WebSocket ticket is issued only to an API key sent as Authorization: Bearer <key>');
+    return this.auth.wsTickets.issue(p.keyId);
   }
 
   /** Takes one request of the principal's tenant rate (`limits.requestsPerSecondPerTenant`); RATE_LIMITED when spent. */

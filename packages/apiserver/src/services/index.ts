@@ -44,6 +44,8 @@ export interface ServiceDeps {
   log?: (line: string) => void;
   /** Where owner.lost and lease.exceeded go. Default: nowhere. */
   raise?: EventSink;
+  /** Where events about a sandbox whose row may be gone go, with whose it was. Default: `raise`. */
+  raiseOwned?: ServiceSinks['raiseOwned'];
   /** Run-time rules merged into every new sandbox's spec. */
   tighten?: SpecTightener;
   /** Names run-time deny-domain rules keep out of a project's network policies. */
@@ -96,7 +98,8 @@ export interface Services {
 export function createServices(deps: ServiceDeps): Services {
   const { store, nodes, placement } = deps;
   const log = deps.log ?? (() => undefined);
-  const sinks: ServiceSinks = { raise: deps.raise ?? (() => undefined), log };
+  const raise = deps.raise ?? (() => undefined);
+  const sinks: ServiceSinks = { raise, raiseOwned: deps.raiseOwned ?? ((ev) => raise(ev)), log };
   const counters = deps.counters ?? newCounters();
   const limits = deps.limits ?? resolveLimits();
   const slots = new TenantSlots(limits);

@@ -16,6 +16,7 @@ import type { Placement } from '../scheduler.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { PAUSING, RESUMING, sandboxNotFound, toSandbox } from './common.js';
 import type { PlatformCounters, SandboxRow, ServiceSinks } from './common.js';
+import { SandboxRowEvents } from './sandbox-events.js';
 
 /** States from which a sandbox may be destroyed. */
 const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
@@ -62,8 +63,12 @@ export class LifecycleService {
   private readonly transitions = new KeyedSerialQueue();
   /** When stale owner sessions were last deleted. */
   private ownersCollectedAt = 0;
+  /** Events that follow the rows as lists show them (created, settled states, deleted). */
+  readonly rowEvents: SandboxRowEvents;
 
-  constructor(private readonly d: LifecycleDeps) {}
+  constructor(private readonly d: LifecycleDeps) {
+    this.rowEvents = new SandboxRowEvents(d.sinks);
+  }
 
   /** The label a row is spread by over the nodes (anti-affinity), if any. */
   spreadOf(row: SandboxTable): string | undefined {
@@ -204,6 +209,7 @@ export class LifecycleService {
       }
       crashPoint('pause.node');
       await store.transitionSandbox(row.id, [PAUSING], 'paused', { paused_at: new Date().toISOString(), pause_reason: reason });
+      this.rowEvents.stateChanged(row, 'paused', 'running');
       nodes.chargeCpu(row.node, this.cpuCharge(row), -1);
       this.d.counters.sandboxesPaused++;
       return this.pauseReply(row, result);
@@ -235,6 +241,7 @@ export class LifecycleService {
       const current = await store.sandboxOnly(row.id);
       const ownerGone = current?.owner_id ? (await store.owner(current.owner_id))?.state !== 'active' : false;
       await store.transitionSandbox(row.id, [RESUMING], 'running', { paused_at: null, pause_reason: null, ...(ownerGone ? { owner_id: null } : {}) });
+      this.rowEvents.stateChanged(row, 'running', 'paused');
       this.d.activity.touch(row.id);
       nodes.chargeCpu(row.node, this.cpuCharge(row), 1);
       this.d.counters.sandboxesResumed++;
@@ -379,6 +386,7 @@ export class LifecycleService {
       } catch (err) {
         if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) {
           await store.setSandboxState(row.id, 'failed');
+          if (from !== POOLED_STATE) this.rowEvents.stateChanged(row, 'failed', from);
           throw err;
         }
       }
@@ -387,6 +395,8 @@ export class LifecycleService {
     }
     crashPoint('delete.node');
     await store.deleteSandbox(row);
+    // A pool's unclaimed member was never anybody's to list.
+    if (from !== POOLED_STATE) this.rowEvents.deleted(row, from);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;

@@ -3,7 +3,7 @@ import type { Command } from 'commander';
 import type { Role } from '@dsec/protocol';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
-import { formatAge, printJson, printTable } from '../output.js';
+import { printCredentials, printJson, printTable } from '../output.js';
 import { number } from '../parse.js';
 
 /** Registers `dsec keys ...`. */
@@ -37,10 +37,7 @@ export function registerKeys(program: Command): void {
     .action(async (flags: { json?: boolean }, cmd: Command) => {
       const items = await clientFor(cmd.optsWithGlobals<ConnectionFlags>()).keys.list();
       if (flags.json) return printJson(items);
-      printTable(
-        ['id', 'name', 'role', 'project', 'age', 'revoked'],
-        items.map((k) => [k.id, k.name, k.role, k.project, formatAge(k.createdAt), k.revokedAt ? formatAge(k.revokedAt) + ' ago' : '-']),
-      );
+      printCredentials({ header: 'role', of: (k) => k.role }, items);
     });
   keys
     .command('revoke')

@@ -3,15 +3,11 @@
 import type { Command } from 'commander';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
-import { formatAge, printJson, printTable } from '../output.js';
+import type { CredentialRow } from '../output.js';
+import { printCredentials, printJson } from '../output.js';
 
-interface EndpointToken {
-  id: string;
-  name: string;
-  project: string;
+interface EndpointToken extends CredentialRow {
   protocol: string;
-  createdAt: string;
-  revokedAt: string | null;
   token?: string;
   path?: string;
 }
@@ -44,10 +40,7 @@ export function registerEndpointTokens(program: Command): void {
         path: '/v1/endpoint-tokens',
       });
       if (flags.json) return printJson(items);
-      printTable(
-        ['id', 'name', 'protocol', 'project', 'age', 'revoked'],
-        items.map((t) => [t.id, t.name, t.protocol, t.project, formatAge(t.createdAt), t.revokedAt ? formatAge(t.revokedAt) + ' ago' : '-']),
-      );
+      printCredentials({ header: 'protocol', of: (t) => t.protocol }, items);
     });
   tokens
     .command('revoke')

@@ -452,6 +452,7 @@ class WireProcessStream implements ProcessStream {
   private wake: (() => void) | undefined;
   private read = 0;
   private readonly detachListeners: Array<() => void> = [];
+  private endTold = false;
 
   constructor(
     private readonly conn: StreamConnection,
@@ -477,7 +478,11 @@ class WireProcessStream implements ProcessStream {
     this.exitKnown = true;
     if (info) this.resolveExit(info);
     else this.rejectExit(error ? fromWireError(error) : new DsecError('INTERNAL', 'the edge sent an exit without its information'));
-    if (this.finished) this.conn.forget();
+    if (this.finished) {
+      this.conn.forget();
+      // A stream that ended before its exit arrived tells its end now, after the exit's handlers.
+      this.tellEndAfterExit();
+    }
   }
 
   /** The stream ended: after the queued output the iteration ends (throwing `error` if given). */
@@ -487,11 +492,30 @@ class WireProcessStream implements ProcessStream {
     this.error = error;
     this.wake?.();
     if (!this.exitKnown && (error || this.detached)) {
+      // Lost or detached: no exit will come; the end is told at once.
       this.exitKnown = true;
       this.rejectExit(error ?? new DsecError('CANCELLED', `process ${this.pid}: detached before it exited`));
+      this.conn.forget();
+      this.tellEnd();
+      return;
     }
-    if (this.exitKnown) this.conn.forget();
+    // A stream that simply ran out has its exit here or on the way (the edge sends it once known):
+    // its end is told after the exit's own handlers ran, so that a listener hearing of both takes
+    // the exit (as with an in-process stream).
+    if (this.exitKnown) {
+      this.conn.forget();
+      this.tellEndAfterExit();
+    }
+  }
+
+  private tellEnd(): void {
+    this.endTold = true;
     for (const fn of this.detachListeners.splice(0)) fn();
+  }
+
+  /** Exit and end may arrive in one read: the exit's handlers (promise reactions) run first. */
+  private tellEndAfterExit(): void {
+    setTimeout(() => this.tellEnd(), 0);
   }
 
   async write(data: Uint8Array | string, eof?: boolean): Promise<void> {
@@ -521,7 +545,7 @@ class WireProcessStream implements ProcessStream {
   }
 
   onDetach(fn: () => void): void {
-    if (this.finished) queueMicrotask(fn);
+    if (this.endTold) queueMicrotask(fn);
     else this.detachListeners.push(fn);
   }
 

@@ -32,8 +32,8 @@ export function commandRoutes({ services: { lifecycle, commands, slots }, metric
         });
         void cmd.exitCode.finally(release);
         metrics.execs++;
-        // The audit entry gets the exit status when the stream ends (null if it ends first).
-        audit.exitCode = cmd.exitCode;
+        // The audit entry gets the exit status as the stream hands on its exit (null if it ends first).
+        audit.exitCode = cmd;
         // A reader that leaves early leaves the command running: the recording reads on alone.
         return execStreamResponse(c.req.header('accept'), cmd.events(), () => void cmd.leave());
       }

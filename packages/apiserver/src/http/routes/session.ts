@@ -11,8 +11,8 @@ export function sessionRoutes({ services: { iam } }: RouterDeps) {
         const p = c.get('principal');
         return c.json({ keyId: p.keyId, project: p.projectId, role: p.role, tenant: p.tenantId });
       })
-      // The middleware has authenticated the header: the ticket stands for that key (the header is
-      // authenticated again at redemption; the per-key cap counts by the key's id).
-      .post('/ws-tickets', (c) => c.json(iam.issueWsTicket(c.req.header('authorization') ?? '', c.get('principal').keyId), 201))
+      // The middleware has authenticated the header: the ticket stands for that key (checked
+      // again, revoked or not, at redemption on whichever replica the WebSocket reaches).
+      .post('/ws-tickets', async (c) => c.json(await iam.issueWsTicket(c.get('principal'), c.req.header('authorization')), 201))
   );
 }
