@@ -11,28 +11,23 @@
 // sandboxes itself and resumes them when it returns; a removed node is refused. docs/deploy.md
 // shows the same commands. Needs root.
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
-import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import http2 from 'node:http2';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { Edge, MNT, mountsUnder, umount } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
-import { AGENT_BINARY, REPO_ROOT } from './helpers/node.js';
+import { WAIT_MS, freePort, hasCgroup, run, stopProc, until, waitFor } from './helpers/cli-process.js';
+import type { Proc } from './helpers/cli-process.js';
+import { AGENT_BINARY } from './helpers/node.js';
 
-const CLI = path.join(REPO_ROOT, 'packages/cli/dist/main.js');
-/** Bound of a process start (the first start builds the busybox base layer). */
-const START_TIMEOUT_MS = 120_000;
 /** Silence before a node is unreachable, and the grace before it is lost (short for the test). */
 const UNREACHABLE_AFTER_MS = 5000;
 const LOST_AFTER_MS = 10_000;
-/** Bound of every wait for a state change: far above the graces. */
-const WAIT_MS = 45_000;
 /** Node names (their cgroup parents, dsec-ct-*, are what scripts/clean-test-leftovers.sh knows). */
 const E1 = 'ct-e1';
 const E2 = 'ct-e2';
@@ -76,78 +71,6 @@ async function removeNetwork(): Promise<void> {
   await ip('link', 'del', BRIDGE).catch(() => undefined);
 }
 
-interface Proc {
-  child: ChildProcessWithoutNullStreams;
-  out: () => string;
-  err: () => string;
-  exited: Promise<number | null>;
-}
-
-/** The CLI with `args`; in network namespace `netns` (by `nsenter`, which execs in place: the pid is the CLI's). */
-function run(args: string[], env: Record<string, string>, netns?: string): Proc {
-  const argv = [process.execPath, CLI, ...args];
-  const [cmd, ...rest] = netns ? ['nsenter', `--net=/run/netns/${netns}`, '--', ...argv] : argv;
-  const child = spawn(cmd!, rest, {
-    env: { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', DSEC_AGENT: AGENT_BINARY, ...env },
-    stdio: ['pipe', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  return { child, out: () => out, err: () => err, exited };
-}
-
-async function until<T>(what: string, check: () => Promise<T | undefined | false> | T | undefined | false, ms = WAIT_MS): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await Promise.resolve()
-      .then(check)
-      .catch(() => undefined);
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** Waits for `re` in a process's stdout, or fails with its stderr when it exits first. */
-async function waitFor(p: Proc, re: RegExp, name: string): Promise<RegExpExecArray> {
-  let code: number | null | undefined;
-  void p.exited.then((c) => (code = c));
-  return until(
-    `${name}: ${re}`,
-    () => {
-      if (code !== undefined) throw new Error(`${name} exited with ${code}: ${p.err()}`);
-      return re.exec(p.out()) ?? undefined;
-    },
-    START_TIMEOUT_MS,
-  ).catch((err: unknown) => {
-    throw new Error(`${(err as Error).message}\n--- ${name} stderr ---\n${p.err().slice(-4000)}`);
-  });
-}
-
-async function freePort(host: string): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((r) => server.listen(0, host, () => r()));
-  const port = (server.address() as net.AddressInfo).port;
-  await new Promise<void>((r) => server.close(() => r()));
-  return port;
-}
-
-/** True when sandbox `id` has a cgroup under `parent` (v1 memory controller, or v2). */
-function hasCgroup(parent: string, id: string): boolean {
-  return existsSync(path.join('/sys/fs/cgroup/memory', parent, id)) || existsSync(path.join('/sys/fs/cgroup', parent, id));
-}
-
-async function stopProc(p: Proc | undefined, signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
-  if (!p || p.child.exitCode !== null || p.child.signalCode !== null) return;
-  p.child.kill(signal);
-  const t = setTimeout(() => p.child.kill('SIGKILL'), 60_000);
-  await p.exited;
-  clearTimeout(t);
-}
-
 describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, () => {
   let dir: string;
   let home: string;
@@ -162,22 +85,9 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   const conn = (): { client: DsecClient } => ({ client });
 
   const startUp = async (): Promise<void> => {
-    up = run(
-      [
-        'up',
-        '--addr',
-        '127.0.0.1:0',
-        '--no-prebuild',
-        '--node-addr',
-        `${CONTROL_PLANE_ADDR}:${nodePort}`,
-        '--config',
-        path.join(dir, 'config.json'),
-        '--clean',
-      ],
-      {
-        DSEC_HOME: home,
-      },
-    );
+    up = run(['up', '--addr', '127.0.0.1:0', '--no-prebuild', '--node-addr', `${CONTROL_PLANE_ADDR}:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
+      DSEC_HOME: home,
+    });
     apiUrl = (await waitFor(up, /listening on (http:\/\/\S+)/, 'dsec up'))[1]!;
     nodeUrl = (await waitFor(up, /nodes join on (https:\/\/\S+)/, 'dsec up'))[1]!;
     client = new DsecClient({ apiUrl, apiKey: (await readFile(path.join(home, 'admin.key'), 'utf8')).trim() });

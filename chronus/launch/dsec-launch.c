@@ -15,12 +15,22 @@
  * appears owned by the sandbox's host uid base), and the upper directory belongs to that base,
  * so root inside the sandbox owns its files and is nobody on the host.
  *
+ * Without --rw the root is the read-only overlay of the lower directories alone (function-call
+ * sandboxes: one pre-created sandbox per call, writable only in the tmpfs mounts crun adds).
+ *
+ * The overlay names its layers as /proc/self/fd/N and its source as --source (default
+ * "overlay"): overlayfs shows its options in /proc/self/mountinfo exactly as they were given,
+ * so a sandbox reading its mountinfo learns neither the node's home nor its layer store nor its
+ * writable layer's host path. --source lets edge mark the sandbox as its node's (a digest of the
+ * node's home, not a path) for the garbage collection of a crashed edge's leftovers.
+ *
  * With --protect PATH (repeatable) PATH inside the root becomes a read-only bind mount of itself,
  * and every directory above it a (writable) bind mount of itself: a mount point cannot be
  * renamed or removed, so the protected path cannot be swapped for another one either.
  *
- * usage: dsec-launch [--ns FILE] --rw DIR --tmpfs OPTS --rootfs DIR --lower DIRS
- *                    [--idmap UID:GID:COUNT] [--protect PATH]... [--loginuid N] -- CMD ARGS...
+ * usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR --lower DIRS
+ *                    [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]... [--loginuid N]
+ *                    -- CMD ARGS...
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -58,9 +68,9 @@ static void __attribute__((noreturn)) bad_protect(const char *path, const char *
 
 static void __attribute__((noreturn)) usage(void)
 {
-	fprintf(stderr, "usage: dsec-launch [--ns FILE] --rw DIR --tmpfs OPTS --rootfs DIR"
-			" --lower DIRS [--idmap UID:GID:COUNT] [--protect PATH]... [--loginuid N]"
-			" -- CMD ARGS...\n");
+	fprintf(stderr, "usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR"
+			" --lower DIRS [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]..."
+			" [--loginuid N] -- CMD ARGS...\n");
 	exit(2);
 }
 
@@ -145,6 +155,31 @@ static void idmap_lowers(const char *lower, int userns)
 			die("move_mount to", dir);
 		close(tree);
 	}
+}
+
+/*
+ * Appends `/proc/self/fd/N` for `dir` (opened O_PATH, left open until the exec closes it) to
+ * `out`, after `sep` when `out` is not empty.
+ */
+static void append_fd_path(char *out, size_t size, const char *sep, const char *dir)
+{
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		die("open", dir);
+	size_t len = strlen(out);
+	if (snprintf(out + len, size - len, "%s/proc/self/fd/%d", len ? sep : "", fd) >= (int)(size - len))
+		die("too many lower dirs", NULL);
+}
+
+/* The lower dirs (top first, colon-separated) as a colon-separated list of fd paths. */
+static void lower_fd_paths(const char *lower, char *out, size_t size)
+{
+	char buf[16384];
+	if (snprintf(buf, sizeof buf, "%s", lower) >= (int)sizeof buf)
+		die("lower dirs too long", NULL);
+	out[0] = '\0';
+	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save))
+		append_fd_path(out, size, ":", dir);
 }
 
 /* Opens `name` in `dirfd` without following symlinks or leaving the tree (O_PATH). */
@@ -256,7 +291,7 @@ static void protect(int rootfd, const char *path, uid_t owner, gid_t group, stru
 int main(int argc, char **argv)
 {
 	const char *ns = NULL, *rw = NULL, *tmpfs = NULL, *rootfs = NULL, *lower = NULL;
-	const char *idmap = NULL, *loginuid = NULL;
+	const char *idmap = NULL, *loginuid = NULL, *source = "overlay";
 	const char *protected[MAX_PROTECT];
 	int nprotected = 0;
 	int i = 1;
@@ -278,12 +313,14 @@ int main(int argc, char **argv)
 			idmap = v;
 		else if (!strcmp(a, "--loginuid"))
 			loginuid = v;
+		else if (!strcmp(a, "--source"))
+			source = v;
 		else if (!strcmp(a, "--protect") && nprotected < MAX_PROTECT)
 			protected[nprotected++] = v;
 		else
 			usage();
 	}
-	if (i >= argc - 1 || !rw || !tmpfs || !rootfs || !lower)
+	if (i >= argc - 1 || !rootfs || !lower || !rw != !tmpfs)
 		usage();
 	char **cmd = &argv[i + 1];
 
@@ -291,27 +328,31 @@ int main(int argc, char **argv)
 	if (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0))
 		usage();
 
-	if (mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs) < 0)
-		die("mount tmpfs on", rw);
-	char upper[4096], work[4096], opts[16384];
-	if (snprintf(upper, sizeof upper, "%s/upper", rw) >= (int)sizeof upper ||
-	    snprintf(work, sizeof work, "%s/work", rw) >= (int)sizeof work)
-		die("path too long", rw);
-	if (mkdir(upper, 0755) < 0)
-		die("mkdir", upper);
-	if (mkdir(work, 0700) < 0)
-		die("mkdir", work);
-	/* The root directory of the sandbox is the upper directory's: its root owns it. */
-	if (chown(upper, (uid_t)uid, (gid_t)gid) < 0)
-		die("chown", upper);
+	char upper[4096], work[4096], opts[16384], lowers[8192];
+	if (rw) {
+		if (mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs) < 0)
+			die("mount tmpfs on", rw);
+		if (snprintf(upper, sizeof upper, "%s/upper", rw) >= (int)sizeof upper ||
+		    snprintf(work, sizeof work, "%s/work", rw) >= (int)sizeof work)
+			die("path too long", rw);
+		if (mkdir(upper, 0755) < 0)
+			die("mkdir", upper);
+		if (mkdir(work, 0700) < 0)
+			die("mkdir", work);
+		/* The root directory of the sandbox is the upper directory's: its root owns it. */
+		if (chown(upper, (uid_t)uid, (gid_t)gid) < 0)
+			die("chown", upper);
+	}
 	int userns = idmap ? userns_fd(uid, gid, count) : -1;
 
 	int tree = -1;
 	if (ns) {
 		/* A detached clone of the tmpfs mount travels into the runtime namespace. */
-		tree = open_tree(AT_FDCWD, rw, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-		if (tree < 0)
-			die("open_tree", rw);
+		if (rw) {
+			tree = open_tree(AT_FDCWD, rw, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+			if (tree < 0)
+				die("open_tree", rw);
+		}
 		int fd = open(ns, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			die("open", ns);
@@ -330,10 +371,20 @@ int main(int argc, char **argv)
 		idmap_lowers(lower, userns);
 		close(userns);
 	}
-	if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work) >=
-	    (int)sizeof opts)
+	/* Opened after the idmapping: each fd is the idmapped clone on top of its directory. */
+	lower_fd_paths(lower, lowers, sizeof lowers);
+	int n;
+	if (rw) {
+		char upper_fd[64] = "", work_fd[64] = "";
+		append_fd_path(upper_fd, sizeof upper_fd, "", upper);
+		append_fd_path(work_fd, sizeof work_fd, "", work);
+		n = snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s", lowers, upper_fd, work_fd);
+	} else {
+		n = snprintf(opts, sizeof opts, "lowerdir=%s", lowers);
+	}
+	if (n >= (int)sizeof opts)
 		die("overlay options too long for", rootfs);
-	if (mount("overlay", rootfs, "overlay", 0, opts) < 0)
+	if (mount(source, rootfs, "overlay", rw ? 0 : MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
 		die("mount overlay on", rootfs);
 
 	if (nprotected > 0) {

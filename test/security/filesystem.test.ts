@@ -9,6 +9,7 @@ import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 import { REPO_ROOT } from '../helpers/node.js';
 import {
+  mountinfoHostPathLines,
   KIT,
   KIT_BINARY,
   KIT_IMAGE,
@@ -103,21 +104,21 @@ describe('searching for answers', () => {
     }
   });
 
-  test(
-    'mountinfo names no host path (the layer store, the run directory, the repository)',
-    {
-      todo: 'overlay options show the host paths of the layers and the upper dir, and the agent bind shows its host path: the sandbox learns the node home, its id and the repository path (no access follows)',
-    },
-    async () => {
-      const attacker = await sec.sandbox();
-      try {
-        const r = await sec.sh(attacker, 'cat /proc/self/mountinfo');
-        for (const hostPath of [sec.node.home, REPO_ROOT, '/run/dsec']) assert.ok(!r.stdout.includes(hostPath), `mountinfo shows ${hostPath}:\n${r.stdout}`);
-      } finally {
-        await sec.edge.destroy(attacker);
-      }
-    },
-  );
+  test('mountinfo names no host path (the layer store, the run directory, the repository), a protected path and its binds included', async () => {
+    // main: overlay options showed the layers' and the upper dir's host paths, and the agent's
+    // bind its path in the repository. Now the overlay names its layers /proc/self/fd/N and
+    // chronus is bound from a tmpfs of its own.
+    const attacker = await sec.sandbox({ protect: { readOnly: ['/etc'] } });
+    try {
+      const r = await sec.sh(attacker, 'cat /proc/self/mountinfo; echo ---; cat /proc/1/mountinfo');
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.match(r.stdout, / - overlay dsec-[0-9a-f]{16} [^ ]*lowerdir=\/proc\/self\/fd\/\d+/, `the root overlay:\n${r.stdout}`);
+      const leaks = mountinfoHostPathLines(r.stdout, [sec.node.home, REPO_ROOT, '/run/dsec', os.tmpdir() + '/dsec-']);
+      assert.deepEqual(leaks, [], `mountinfo shows host paths:\n${r.stdout}`);
+    } finally {
+      await sec.edge.destroy(attacker);
+    }
+  });
 });
 
 describe("another sandbox's files", () => {

@@ -273,3 +273,23 @@ export async function destroyAndCheck(sec: SecurityNode, id: string, processName
   for (const name of processNames) assert.deepEqual(await hostProcessesNamed(name), [], `no host process named ${name} outlives the sandbox`);
   for (const dir of cgroups) await assert.rejects(stat(dir), `cgroup ${dir} is removed`);
 }
+
+/**
+ * The lines of a sandbox's /proc/self/mountinfo that tell it a host path: one naming any of
+ * `hostPaths` (the node's home, its run directory, the repository), or a layer option of an
+ * overlay (`lowerdir=`, `upperdir=`, `workdir=`, `datadir=`) that is not a descriptor path.
+ */
+export function mountinfoHostPathLines(mountinfo: string, hostPaths: readonly string[]): string[] {
+  return mountinfo
+    .split('\n')
+    .filter(Boolean)
+    .filter((line) => {
+      if (hostPaths.some((p) => line.includes(p))) return true;
+      const options = line.split(' - ')[1]?.split(' ')[2] ?? '';
+      return options
+        .split(',')
+        .filter((o) => /^(lowerdir|upperdir|workdir|datadir)=/.test(o))
+        .flatMap((o) => o.slice(o.indexOf('=') + 1).split(':'))
+        .some((p) => !/^\/proc\/self\/fd\/\d+$/.test(p));
+    });
+}

@@ -153,8 +153,8 @@ export interface GarbageOptions {
   /** Also collect function-call sandboxes (`fn-` ids): only while no call pool runs (edge start). */
   calls?: boolean;
   /**
-   * A path that marks this node's sandboxes (the node's home, with a trailing `/`): a cgroup
-   * whose processes' mounts name it is this node's even when nothing else of it is left.
+   * The mark of this node's sandboxes (`nodeMarkFor(home)`, the source of their root overlay): a
+   * cgroup whose processes' mounts name it is this node's even when nothing else of it is left.
    */
   ownerMark: string;
 }
@@ -233,6 +233,10 @@ export interface BackendHost {
   cgroups: Cgroups;
   /** Host path of the static chronus binary (its helpers sit beside it). */
   agentBinary: string;
+  /** The copy of chronus that sandboxes bind, on a mount of its own (host/agent-mount.ts): their mountinfo shows no host path. */
+  sandboxAgent: string;
+  /** Marks the node's sandboxes without naming a host path (the source of their root overlay; host/agent-mount.ts). */
+  nodeMark: string;
   /** Raises a node event (backends report forged agent messages and the like). */
   raise: EventSink;
 }

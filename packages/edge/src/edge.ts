@@ -38,6 +38,7 @@ import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
 import type { EdgeOptions, EdgeParts, PauseResult, ResumeResult } from './edge-options.js';
+import { nodeMarkFor } from './host/agent-mount.js';
 import type { Cgroups } from './host/cgroups.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
@@ -195,7 +196,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     return collectNodeGarbage(this.backends.values(), this.layers, {
       keep: (id) => this.sandboxes.has(id) || this.creating.has(id),
       calls: opts.calls ?? false,
-      ownerMark: this.home + '/',
+      ownerMark: nodeMarkFor(this.home),
     });
   }
 

@@ -56,7 +56,8 @@ export { RUNTIMES, RUNTIME_LAYERS, runtimeLayerName } from './backends/fncall/ru
 export type { RuntimeLayerId } from './backends/fncall/runtimes.js';
 export { RuntimeBuilds } from './backends/fncall/runtime-builds.js';
 export type { RuntimeDefinition } from './backends/fncall/runtimes.js';
-export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE } from './host/id-ranges.js';
+export { IdRanges, ID_RANGE_START, ID_RANGE_SIZE, DEFAULT_ID_RANGE_DIR } from './host/id-ranges.js';
+export { runDirFor } from './host/runtime-ns.js';
 export { PLATFORM_MOUNT_POINTS } from './diff.js';
 export type { IdRange } from './host/id-ranges.js';
 export { defaultSeccompProfile, DENIED_SYSCALLS, DENIED_IOCTLS, PTRACE_SYSCALLS } from './backends/container/seccomp.js';

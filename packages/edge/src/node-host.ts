@@ -10,6 +10,7 @@ import type { Backend, BackendHost, GarbageOptions } from './backend.js';
 import { fncallRunner } from './backends/fncall/index.js';
 import { defaultBackends } from './backends/index.js';
 import type { EdgeOptions, EdgeParts } from './edge-options.js';
+import { nodeMarkFor, prepareAgentMount } from './host/agent-mount.js';
 import { Cgroups, detectCgroupMode } from './host/cgroups.js';
 import { prepareRuntimeNamespace, runDirFor } from './host/runtime-ns.js';
 import { ZramSwap } from './host/swap.js';
@@ -53,7 +54,18 @@ export async function prepareHost(opts: {
   });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);
-  return { home: opts.home, runDir: runDirFor(opts.home), runtimeNs, layers, cgroups, agentBinary: opts.agentBinary, raise: opts.raise };
+  const sandboxAgent = await prepareAgentMount(opts.home, opts.agentBinary);
+  return {
+    home: opts.home,
+    runDir: runDirFor(opts.home),
+    runtimeNs,
+    layers,
+    cgroups,
+    agentBinary: opts.agentBinary,
+    sandboxAgent,
+    nodeMark: nodeMarkFor(opts.home),
+    raise: opts.raise,
+  };
 }
 
 /** Builds the node's backends (`opts.backends`, else the defaults configured from `opts`), one per kind. */

@@ -60,6 +60,7 @@ export const MS = {
   NOSUID: 0x2,
   NODEV: 0x4,
   NOEXEC: 0x8,
+  REMOUNT: 0x20,
   BIND: 0x1000,
   REC: 0x4000,
   PRIVATE: 1 << 18,

@@ -66,6 +66,8 @@ export interface ContainerBackendOptions {
   rootsDir: string;
   /** Host path of dsec-launch (built beside chronus). */
   launcherBinary: string;
+  /** The node's mark (`BackendHost.nodeMark`): the source of each sandbox's root overlay. */
+  nodeMark: string;
   layers: LayerMounter;
   cgroups: Cgroups;
   /** Host path of the static chronus binary. */
@@ -219,6 +221,8 @@ export class ContainerBackend implements Backend {
         p.rootfs,
         '--lower',
         lowers.join(':'),
+        '--source',
+        this.o.nodeMark,
         ...(idRange ? ['--idmap', `${idRange.uid}:${idRange.gid}:${idRange.size}`, '--loginuid', String(idRange.uid)] : []),
         ...readOnlyPaths(req.spec.protect?.readOnly ?? []).flatMap((p) => ['--protect', p]),
         '--',
@@ -532,11 +536,11 @@ export class ContainerBackend implements Backend {
   }
 }
 
-/** True when one of the processes has a mount naming `mark` (its root overlay's upper dir, say). */
+/** True when one of the processes has a mount whose source is `mark` (its root overlay: dsec-launch's `--source`). */
 async function ownedBy(pids: number[], mark: string): Promise<boolean> {
   for (const pid of pids.slice(0, 8)) {
     const info = await readFile(`/proc/${pid}/mountinfo`, 'utf8').catch(() => '');
-    if (info.includes(`=${mark}`) || info.includes(` ${mark}`) || info.includes(`,${mark}`)) return true;
+    if (info.split('\n').some((line) => line.split(' - ')[1]?.split(' ')[1] === mark)) return true;
   }
   return false;
 }

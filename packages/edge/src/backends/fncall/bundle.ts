@@ -2,6 +2,7 @@
 // seccomp, masked paths, no network, cgroup limits) with a read-only root and fresh tmpfs mounts
 // for /tmp and the working directory.
 import type { SandboxSpec } from '@dsec/protocol';
+import type { IdRange } from '../../host/id-ranges.js';
 import { buildOciConfig } from '../container/bundle.js';
 
 /** Working directory of every call (a fresh tmpfs). */
@@ -24,6 +25,8 @@ export interface FnCallConfigOptions {
   memoryMiB: number;
   outputCapBytes: number;
   hostNofileHard: number;
+  /** Host ids of the sandbox's user namespace. */
+  idRange: IdRange;
 }
 
 /** Builds config.json for one function-call sandbox. */
@@ -42,6 +45,7 @@ export function buildFnCallConfig(o: FnCallConfigOptions): Record<string, unknow
     cgroupsPath: o.cgroupsPath,
     outputCapBytes: o.outputCapBytes,
     hostNofileHard: o.hostNofileHard,
+    idRange: o.idRange,
   });
   config.root = { path: o.rootfs, readonly: true };
   const tmpfs = (destination: string, mode: string): Record<string, unknown> => ({

@@ -1,8 +1,9 @@
 // The fncall runner as the node registers it: `Edge.open({ calls: fncallRunner() })`.
-import { mkdir } from 'node:fs/promises';
+import { chmod, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { EdgeCalls } from '@dsec/protocol';
 import type { BackendHost } from '../../backend.js';
+import { IdRanges } from '../../host/id-ranges.js';
 import { FnCallRunner } from './runner.js';
 import type { WarmPoolOptions } from './pool.js';
 import type { RuntimeLayerId } from './runtimes.js';
@@ -33,13 +34,21 @@ export function fncallRunner(config: FnCallRunnerConfig = {}): CallRunnerFactory
   return async (host) => {
     const crunRoot = path.join(host.runDir, 'crun');
     await mkdir(crunRoot, { recursive: true });
+    const rootsDir = path.join(host.runDir, 'fncall-roots');
+    await mkdir(rootsDir, { recursive: true });
+    await chmod(rootsDir, 0o711);
     const runner = new FnCallRunner({
       dir: path.join(host.home, 'fncall'),
       crunRoot,
       runtimePrefix: host.runtimeNs.prefix,
       layers: host.layers,
       cgroups: host.cgroups,
-      agentBinary: path.resolve(host.agentBinary),
+      agentBinary: host.sandboxAgent,
+      launcherBinary: path.join(path.dirname(path.resolve(host.agentBinary)), 'dsec-launch'),
+      runtimeNsFile: host.runtimeNs.nsFile,
+      rootsDir,
+      idRanges: new IdRanges(`${host.home}#fncall`),
+      nodeMark: host.nodeMark,
       ...(config.pool ? { pool: config.pool } : {}),
       runtimeCache: config.runtimeCache,
       prebuild: config.prebuild,

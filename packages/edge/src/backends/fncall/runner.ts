@@ -2,7 +2,10 @@
 // root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
 // backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
 // process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
-import { createHash, randomBytes } from 'node:crypto';
+// Each sandbox has a user namespace of its own (a host id range from `IdRanges`, root inside an
+// unprivileged host uid): dsec-launch mounts its root, the read-only overlay of the layers
+// idmapped to that range, in a mount namespace of its own right before crun, as for containers.
+import { randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -21,8 +24,9 @@ import { ChronusClient } from '../../chronus/client.js';
 import type { AgentExit } from '../../chronus/client.js';
 import type { Attachment } from '../../chronus/attachment.js';
 import type { Cgroups } from '../../host/cgroups.js';
+import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
-import { closeFd, listenUnix, mount, mountsUnder, MNT, MS, umount } from '../../sys/linux.js';
+import { closeFd, listenUnix, mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { Crun } from '../container/crun.js';
 import { buildFnCallConfig, CALL_UID, CALL_WORKDIR } from './bundle.js';
 import { WarmPool } from './pool.js';
@@ -59,7 +63,21 @@ export interface FnCallRunnerOptions {
   runtimePrefix: string[];
   layers: LayerStore;
   cgroups: Cgroups;
+  /** Host path of the chronus copy sandboxes bind (`BackendHost.sandboxAgent`). */
   agentBinary: string;
+  /** Host path of dsec-launch. */
+  launcherBinary: string;
+  /** The runtime mount namespace's nsfs file (dsec-launch enters it). */
+  runtimeNsFile: string;
+  /**
+   * Host directory (mode 0711, outside the 0700 state directory) of the sandboxes' root mount
+   * points: the sandbox's root user sets its root up and must reach it.
+   */
+  rootsDir: string;
+  /** Host id ranges: one user namespace per sandbox. */
+  idRanges: IdRanges;
+  /** The node's mark (`BackendHost.nodeMark`): the source of each sandbox's root overlay. */
+  nodeMark: string;
   crunBinary?: string;
   /** Sizing of each pool. */
   pool?: WarmPoolOptions;
@@ -76,10 +94,13 @@ interface WarmSandbox {
   id: string;
   dir: string;
   agent: ChronusClient;
+  idRange: IdRange;
 }
 
+/** The mounted layers of one stack, held for the pools that use it. */
 interface RootMount {
-  dir: string;
+  /** Host directories of the layers, top first (overlayfs's order). */
+  lowers: string[];
   digests: string[];
   users: number;
 }
@@ -142,18 +163,21 @@ export class FnCallRunner implements EdgeCalls {
     return path.join(this.o.dir, 'sandboxes');
   }
 
-  private get rootsDir(): string {
+  /** Where the roots of earlier versions were mounted on the host (removed at start). */
+  private get oldRootsDir(): string {
     return path.join(this.o.dir, 'roots');
   }
 
   /** Removes what a previous edge process left behind (calls do not survive a restart). */
   async init(): Promise<void> {
     await mkdir(this.sandboxesDir, { recursive: true });
-    await mkdir(this.rootsDir, { recursive: true });
+    await mkdir(this.o.rootsDir, { recursive: true });
     for (const id of await readdir(this.sandboxesDir)) await this.destroySandbox(id);
-    for (const m of await mountsUnder(this.rootsDir)) umount(m, MNT.DETACH);
-    await rm(this.rootsDir, { recursive: true, force: true });
-    await mkdir(this.rootsDir, { recursive: true });
+    for (const m of await mountsUnder(this.oldRootsDir)) umount(m, MNT.DETACH);
+    await rm(this.oldRootsDir, { recursive: true, force: true });
+    await rm(this.o.rootsDir, { recursive: true, force: true });
+    await mkdir(this.o.rootsDir, { recursive: true, mode: 0o711 });
+    await this.o.idRanges.reconcile(new Set());
     await this.builds.init();
     this.builds.prebuild(this.o.prebuild ?? []);
   }
@@ -264,7 +288,7 @@ export class FnCallRunner implements EdgeCalls {
         const root = await this.acquireRoot(digests);
         const pool = new WarmPool<WarmSandbox>(
           {
-            create: () => this.runtimeOps.run(() => this.createSandbox(root.dir, memoryMiB)),
+            create: () => this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB)),
             discard: (sb) => this.discard(sb),
             healthy: (sb) => sb.agent.connected,
           },
@@ -280,8 +304,8 @@ export class FnCallRunner implements EdgeCalls {
   }
 
   /**
-   * Mounts (or shares) the read-only overlay of a layer stack; one mount serves every sandbox.
-   * A stack being mounted is waited for, never mounted twice on the same directory.
+   * Mounts (or shares) the layers of a stack; one set of layer mounts serves every sandbox. A
+   * stack being mounted is waited for, never mounted twice.
    */
   private async acquireRoot(digests: string[]): Promise<RootMount> {
     const key = digests.join(',');
@@ -300,23 +324,20 @@ export class FnCallRunner implements EdgeCalls {
     return p;
   }
 
-  /** Mounts a layer stack's overlay (its first user holds it). */
+  /** Mounts a layer stack's layers (its first user holds them). */
   private async mountRoot(key: string, digests: string[]): Promise<RootMount> {
-    const dirs: string[] = [];
+    const lowers: string[] = [];
     const taken: string[] = [];
-    const dir = path.join(this.rootsDir, createHash('sha256').update(key).digest('hex').slice(0, 16));
     try {
       for (const d of digests) {
-        dirs.push(await this.o.layers.acquire(d));
+        lowers.push(await this.o.layers.acquire(d));
         taken.push(d);
       }
-      await mkdir(dir, { recursive: true });
-      mount('overlay', dir, 'overlay', MS.RDONLY | MS.NODEV | MS.NOSUID, `lowerdir=${dirs.join(':')}`);
     } catch (err) {
       for (const d of taken) await this.o.layers.release(d).catch(() => undefined);
       throw err;
     }
-    const root: RootMount = { dir, digests, users: 1 };
+    const root: RootMount = { lowers, digests, users: 1 };
     this.roots.set(key, root);
     return root;
   }
@@ -324,19 +345,21 @@ export class FnCallRunner implements EdgeCalls {
   private async releaseRoot(root: RootMount): Promise<void> {
     if (--root.users > 0) return;
     this.roots.delete(root.digests.join(','));
-    umount(root.dir, MNT.DETACH);
-    await rm(root.dir, { recursive: true, force: true });
     for (const d of root.digests) await this.o.layers.release(d).catch(() => undefined);
   }
 
-  private async createSandbox(rootfs: string, memoryMiB: number): Promise<WarmSandbox> {
+  private async createSandbox(lowers: string[], memoryMiB: number): Promise<WarmSandbox> {
     const id = `fn-${randomBytes(8).toString('hex')}`;
     const dir = path.join(this.sandboxesDir, id);
+    const rootfs = path.join(this.o.rootsDir, id);
     const socket = path.join(dir, 'agent.sock');
     const logFile = path.join(dir, 'runtime.log');
     let agent: ChronusClient | undefined;
+    let idRange: IdRange | undefined;
     try {
       await mkdir(dir);
+      await mkdir(rootfs);
+      idRange = await this.o.idRanges.allocate(id);
       const config = buildFnCallConfig({
         id,
         rootfs,
@@ -345,14 +368,34 @@ export class FnCallRunner implements EdgeCalls {
         memoryMiB,
         outputCapBytes: AGENT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
+        idRange,
       });
       await writeFile(path.join(dir, 'config.json'), JSON.stringify(config));
       const sockFd = listenUnix(socket);
       const log = await open(logFile, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
+        // dsec-launch enters the runtime namespace, makes a mount namespace of its own, mounts
+        // the layers idmapped to the range and the read-only overlay on them, and runs crun.
+        const launch = [
+          this.o.launcherBinary,
+          '--ns',
+          this.o.runtimeNsFile,
+          '--rootfs',
+          rootfs,
+          '--lower',
+          lowers.join(':'),
+          '--source',
+          this.o.nodeMark,
+          '--idmap',
+          `${idRange.uid}:${idRange.gid}:${idRange.size}`,
+          '--loginuid',
+          String(idRange.uid),
+          '--',
+        ];
         await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id], `create call sandbox ${id}`, {
           extraFds: [sockFd],
           logFd: log.fd,
+          prefix: launch,
         });
       } catch (err) {
         const detail = await readFile(logFile, 'utf8').catch(() => '');
@@ -364,10 +407,10 @@ export class FnCallRunner implements EdgeCalls {
       }
       agent = await ChronusClient.connect(socket);
       await agent.ping();
-      return { id, dir, agent };
+      return { id, dir, agent, idRange };
     } catch (err) {
       agent?.close();
-      await this.destroySandbox(id);
+      await this.destroySandbox(id, idRange);
       throw err;
     }
   }
@@ -375,17 +418,20 @@ export class FnCallRunner implements EdgeCalls {
   /** Destroys a used (or dead) sandbox in the background. */
   private discard(sb: WarmSandbox): void {
     sb.agent.close();
-    const p = this.runtimeOps.run(() => this.destroySandbox(sb.id)).finally(() => this.destroying.delete(p));
+    const p = this.runtimeOps.run(() => this.destroySandbox(sb.id, sb.idRange)).finally(() => this.destroying.delete(p));
     this.destroying.add(p);
   }
 
-  /** Kills every process of a sandbox and removes its cgroups and files. */
-  private async destroySandbox(id: string): Promise<void> {
+  /** Kills every process of a sandbox and removes its cgroups, files and id range. */
+  private async destroySandbox(id: string, idRange?: IdRange): Promise<void> {
     // Without a crun process when the kill empties its cgroup (Crun.end), else crun's delete.
     const ended = await this.crun.end(id, this.o.cgroups).catch(() => false);
     if (!ended) await this.crun.run(['delete', '--force', id]).catch(() => undefined);
     await this.o.cgroups.remove(id);
     await rm(path.join(this.sandboxesDir, id), { recursive: true, force: true });
+    // Only a mount point: its overlay lived in the sandbox's own mount namespaces.
+    await rm(path.join(this.o.rootsDir, id), { recursive: true, force: true });
+    if (idRange) await this.o.idRanges.release(idRange, id);
   }
 
   /** Runs the call in a claimed sandbox: its files, the compile step if any, the process, the files fetched back. */

@@ -1,0 +1,37 @@
+// The agent binary as sandboxes see it: a copy on a small read-only tmpfs of its own under the
+// node's home. A bind mount shows, in the sandbox's /proc/self/mountinfo, the path of its source
+// inside the source's file system: binding chronus from the repository or /usr/lib showed that
+// host path to every sandbox; bound from this tmpfs it shows `/chronus` on `dsec-agent`.
+import { createHash } from 'node:crypto';
+import { copyFile, mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { mount, mountsUnder, MNT, MS, umount } from '../sys/linux.js';
+
+/** Source name of the agent's tmpfs (what a sandbox's mountinfo shows). */
+export const AGENT_MOUNT_SOURCE = 'dsec-agent';
+/** Size of the agent's tmpfs: the static binary is about 1 MiB. */
+const AGENT_MOUNT_MIB = 16;
+
+/**
+ * Mounts a fresh tmpfs at `$home/agent` holding a copy of `agentBinary` and returns the copy's
+ * path. The home is a shared mount, so the copy is seen in the runtime namespace too. A mount
+ * left by an earlier process is detached first (its sandboxes keep their own bind mounts).
+ */
+export async function prepareAgentMount(home: string, agentBinary: string): Promise<string> {
+  const dir = path.join(path.resolve(home), 'agent');
+  await mkdir(dir, { recursive: true, mode: 0o755 });
+  for (const m of await mountsUnder(dir)) umount(m, MNT.DETACH);
+  mount(AGENT_MOUNT_SOURCE, dir, 'tmpfs', MS.NOSUID | MS.NODEV, `size=${AGENT_MOUNT_MIB}m,mode=0755`);
+  const copy = path.join(dir, 'chronus');
+  await copyFile(agentBinary, copy);
+  mount('none', dir, null, MS.REMOUNT | MS.RDONLY | MS.NOSUID | MS.NODEV);
+  return copy;
+}
+
+/**
+ * A mark of the node's sandboxes that names no host path: the source of each sandbox's root
+ * overlay, which the garbage collection of a crashed edge's leftovers looks for.
+ */
+export function nodeMarkFor(home: string): string {
+  return `dsec-${createHash('sha256').update(path.resolve(home)).digest('hex').slice(0, 16)}`;
+}
