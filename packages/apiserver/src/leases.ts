@@ -11,7 +11,7 @@ export const MIN_HEARTBEAT_INTERVAL_MS = 250;
 export const ACTIVITY_FLUSH_INTERVAL_MS = 1000;
 
 /** Why a sandbox was paused (`pause_reason`). */
-export type PauseReason = 'api' | 'idle' | 'owner-lost' | 'owner-closed';
+export type PauseReason = 'api' | 'idle' | 'owner-lost' | 'owner-closed' | 'expired';
 
 /** The lease a create request asks for, defaults filled in. `timeoutMs` is the old name of `lease.maxLifetimeMs`. */
 export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease | undefined }, at: (field: string) => string = (f) => f): GrantedLease {
@@ -23,7 +23,7 @@ export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease 
 
 /** The lease of a sandbox created without one. */
 export function defaultLease(maxLifetimeMs: number): GrantedLease {
-  return { idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS, maxLifetimeMs, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true };
+  return { idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS, maxLifetimeMs, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true, onExpire: 'kill' };
 }
 
 /** A granted lease with the fields of `change` replaced. */
@@ -35,12 +35,14 @@ export function mergeLease(base: GrantedLease, change: Lease): GrantedLease {
   if (change.ownerGraceMs !== undefined) out.ownerGraceMs = change.ownerGraceMs;
   if (change.onOwnerLost !== undefined) out.onOwnerLost = change.onOwnerLost;
   if (change.autoResume !== undefined) out.autoResume = change.autoResume;
+  if (change.onExpire !== undefined) out.onExpire = change.onExpire;
   return out;
 }
 
 /** A row's granted lease (rows from before leases existed get the defaults). */
 export function leaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): GrantedLease {
-  if (row.lease) return JSON.parse(row.lease) as GrantedLease;
+  // Leases written before `onExpire` existed kill at the end of their lifetime.
+  if (row.lease) return { onExpire: 'kill', ...(JSON.parse(row.lease) as Omit<GrantedLease, 'onExpire'>) };
   return defaultLease(Date.parse(row.expires_at) - Date.parse(row.created_at));
 }
 
