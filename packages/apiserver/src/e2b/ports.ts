@@ -36,9 +36,10 @@ const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'tra
 /** The port and sandbox a Host header names under `domain`, or undefined. */
 export function hostTarget(host: string | undefined, domain: string | null | undefined): { port: number; sandboxId: string } | undefined {
   if (!host || !domain) return undefined;
-  const h = host.toLowerCase();
-  const suffix = `.${domain.toLowerCase()}`;
-  // The domain may carry a port (`localhost:7070`); a Host without one matches a domain without one.
+  const d = domain.toLowerCase();
+  // The domain may carry a port (`dsec.test:7070`); a domain without one matches on any port.
+  const h = d.includes(':') ? host.toLowerCase() : host.toLowerCase().replace(/:[0-9]{1,5}$/, '');
+  const suffix = `.${d}`;
   if (!h.endsWith(suffix)) return undefined;
   const m = /^([0-9]{1,5})-([a-z0-9-]{1,128})$/.exec(h.slice(0, -suffix.length));
   if (!m) return undefined;
@@ -47,11 +48,15 @@ export function hostTarget(host: string | undefined, domain: string | null | und
   return { port, sandboxId: m[2]! };
 }
 
-/** The relay run in the sandbox: connects to 127.0.0.1:$0, copies stdin to it and it to stdout; ends when the port closes. */
-const RELAY = 'exec 3<>/dev/tcp/127.0.0.1/$0 || exit 111; cat >&3 & cat <&3; kill $! 2>/dev/null; exit 0';
+/**
+ * The relay run in the sandbox: connects to 127.0.0.1:$0, copies stdin to it and it to stdout;
+ * ends when the port closes. Stdin is kept as fd 4 first: bash gives a background command
+ * /dev/null as its default stdin.
+ */
+export const RELAY = 'exec 3<>/dev/tcp/127.0.0.1/$0 || exit 111; exec 4<&0; cat <&4 >&3 & cat <&3; kill $! 2>/dev/null; exit 0';
 
-/** A connection to a port in a sandbox, as a Node stream over the relay process. */
-class RelaySocket extends Duplex {
+/** A connection to a port in a sandbox, as a Node stream over the relay process (exported for its unit test). */
+export class RelaySocket extends Duplex {
   constructor(private readonly proc: ProcessStream) {
     super();
     void this.pump();
