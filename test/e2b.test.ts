@@ -373,7 +373,9 @@ describe('host names, network updates, auto-pause (e2b 2.51.0)', () => {
       const echoed = await new Promise<string>((resolve, reject) => {
         const u = new URL(platform.url);
         const sock = netConnect(Number(u.port), u.hostname, () =>
-          sock.write(`GET /chat HTTP/1.1\r\nHost: ${sbx.getHost(4000)}\r\nUpgrade: echo\r\nConnection: Upgrade\r\ne2b-traffic-access-token: ${token}\r\n\r\nping`),
+          sock.write(
+            `GET /chat HTTP/1.1\r\nHost: ${sbx.getHost(4000)}\r\nUpgrade: echo\r\nConnection: Upgrade\r\ne2b-traffic-access-token: ${token}\r\n\r\nping`,
+          ),
         );
         let got = '';
         sock.setEncoding('utf8');
@@ -445,8 +447,11 @@ test('the docs example runs as written with only E2B_API_KEY, E2B_API_URL and E2
   const script = `${code.replace("from 'e2b'", "from 'e2b-v2-51'").replace("'my-image'", JSON.stringify(TEMPLATE))}\nconsole.log(JSON.stringify({ stdout: r.stdout }));\n`;
   const env = { PATH: '/usr/bin:/bin', E2B_API_KEY: e2bKey, E2B_API_URL: platform.url, E2B_SANDBOX_URL: platform.url };
   const out = await new Promise<string>((resolve, reject) =>
-    execFile(process.execPath, ['--input-type=module', '-e', script], { env, cwd: path.join(import.meta.dirname, '..', '..'), timeout: 60_000 }, (err, stdout, stderr) =>
-      err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout),
+    execFile(
+      process.execPath,
+      ['--input-type=module', '-e', script],
+      { env, cwd: path.join(import.meta.dirname, '..', '..'), timeout: 60_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
     ),
   );
   // The test image has bash and a `user` account, as `base` does.

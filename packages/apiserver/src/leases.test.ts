@@ -35,7 +35,11 @@ test('a change replaces only the fields it gives; rows from before leases read a
   const old = leaseOf({ lease: null, created_at: '2026-01-01T00:00:00.000Z', expires_at: '2026-01-01T00:10:00.000Z' });
   assert.equal(old.maxLifetimeMs, 600_000);
   assert.equal(old.onIdle, 'pause');
-  const before = leaseOf({ lease: JSON.stringify({ ...base, onExpire: undefined }), created_at: base.toString(), expires_at: '' });
+  const before = leaseOf({
+    lease: JSON.stringify({ ...base, onExpire: undefined }),
+    created_at: '2026-01-01T00:00:00.000Z',
+    expires_at: '2026-01-01T01:00:00.000Z',
+  });
   assert.equal(before.onExpire, 'kill', 'a lease stored before onExpire existed kills at its end');
   assert.equal(mergeLease(base, { onExpire: 'pause' }).onExpire, 'pause');
 });

@@ -23,7 +23,15 @@ export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease 
 
 /** The lease of a sandbox created without one. */
 export function defaultLease(maxLifetimeMs: number): GrantedLease {
-  return { idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS, maxLifetimeMs, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true, onExpire: 'kill' };
+  return {
+    idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS,
+    maxLifetimeMs,
+    onIdle: 'pause',
+    ownerGraceMs: null,
+    onOwnerLost: 'pause',
+    autoResume: true,
+    onExpire: 'kill',
+  };
 }
 
 /** A granted lease with the fields of `change` replaced. */

@@ -7,7 +7,17 @@ import type { CreateSandboxRequest, NetworkPolicy, Sandbox } from '@dsec/protoco
 import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
-import { METADATA_PREFIX, NO_TOKEN, TEMPLATE_LABEL, TOKEN_LABEL, TRAFFIC_TOKEN_LABEL, listedSandbox, newAccessToken, sandboxReply, tokenFor } from './sandboxes.js';
+import {
+  METADATA_PREFIX,
+  NO_TOKEN,
+  TEMPLATE_LABEL,
+  TOKEN_LABEL,
+  TRAFFIC_TOKEN_LABEL,
+  listedSandbox,
+  newAccessToken,
+  sandboxReply,
+  tokenFor,
+} from './sandboxes.js';
 import type { TemplateResolver } from './templates.js';
 
 /** E2B's default sandbox timeout when a request names none (its API's default), seconds. */
@@ -139,7 +149,8 @@ export class E2bControl {
     if (body.volumeMounts && body.volumeMounts.length > 0) throw invalidArgument('volumeMounts', 'volumes are not supported by dsec');
     if (body.iam !== undefined && body.iam !== null) throw invalidArgument('iam', 'IAM tokens are not supported by dsec');
     refuseUnsupportedNetwork(body.network, 'network.');
-    if (body.network?.maskRequestHost !== undefined) throw invalidArgument('network.maskRequestHost', 'host rewriting on port traffic is not supported by dsec');
+    if (body.network?.maskRequestHost !== undefined)
+      throw invalidArgument('network.maskRequestHost', 'host rewriting on port traffic is not supported by dsec');
     const labels: Record<string, string> = {};
     for (const [k, v] of Object.entries(body.metadata ?? {})) {
       if (!METADATA_KEY.test(k)) throw invalidArgument(`metadata.${k}`, 'keys are letters, digits, ".", "_" and "-" (at most 59)');
@@ -267,7 +278,10 @@ export class E2bControl {
   /** PUT /sandboxes/{id}/network: replaces the egress rules, validated as a create's are. */
   async updateNetwork(p: Principal, id: string, body: z.infer<typeof NetworkUpdateSchema>): Promise<void> {
     refuseUnsupportedNetwork(body, '');
-    const policy = networkPolicy({ network: { ...(body.allowOut ? { allowOut: body.allowOut } : {}), ...(body.denyOut ? { denyOut: body.denyOut } : {}) }, ...(body.allow_internet_access !== undefined ? { allow_internet_access: body.allow_internet_access } : {}) });
+    const policy = networkPolicy({
+      network: { ...(body.allowOut ? { allowOut: body.allowOut } : {}), ...(body.denyOut ? { denyOut: body.denyOut } : {}) },
+      ...(body.allow_internet_access !== undefined ? { allow_internet_access: body.allow_internet_access } : {}),
+    });
     await this.d.services.networks.change(p, id, { replace: policy });
   }
 

@@ -7,7 +7,17 @@ import { auditCall, authAndAudit } from '../http/audit.js';
 import type { AuthFailureOptions } from '../http/audit.js';
 import type { WatchService } from '../watch.js';
 import { streamReply, streamRequest, unaryError, unaryReply, unaryRequest } from './connect.js';
-import { ConnectBodySchema, E2bControl, ForkBodySchema, NetworkUpdateSchema, NewSandboxSchema, PauseBodySchema, SnapshotBodySchema, TimeoutBodySchema, e2bBody } from './control.js';
+import {
+  ConnectBodySchema,
+  E2bControl,
+  ForkBodySchema,
+  NetworkUpdateSchema,
+  NewSandboxSchema,
+  PauseBodySchema,
+  SnapshotBodySchema,
+  TimeoutBodySchema,
+  e2bBody,
+} from './control.js';
 import { E2bError, e2bErrorResponse } from './errors.js';
 import { Envd } from './envd.js';
 import { TemplateResolver } from './templates.js';

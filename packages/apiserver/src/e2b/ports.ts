@@ -63,7 +63,8 @@ export class RelaySocket extends Duplex {
   }
   private async pump(): Promise<void> {
     try {
-      for await (const ev of this.proc) if (ev.kind === 'data' && ev.stream === 'stdout' && !this.push(Buffer.from(ev.data))) await new Promise((r) => this.once('drain-read', r));
+      for await (const ev of this.proc)
+        if (ev.kind === 'data' && ev.stream === 'stdout' && !this.push(Buffer.from(ev.data))) await new Promise((r) => this.once('drain-read', r));
       const exit = await this.proc.exited.catch(() => undefined);
       if (exit && exit.exitCode === 111) this.destroy(new DsecError('UNAVAILABLE', 'nothing listens on that port in the sandbox'));
       else this.push(null);
@@ -166,9 +167,13 @@ export class SandboxPorts {
       })
       .catch((err: unknown) => {
         const res = e2bErrorResponse(err, this.log);
-        void res.text().then((body) =>
-          socket.end(`HTTP/1.1 ${res.status} E2B\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`),
-        );
+        void res
+          .text()
+          .then((body) =>
+            socket.end(
+              `HTTP/1.1 ${res.status} E2B\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+            ),
+          );
       });
     return true;
   }
@@ -184,7 +189,8 @@ export class SandboxPorts {
     const row = await this.services.lifecycle.rowById(m.sandboxId);
     if (!row || row.labels[TOKEN_LABEL] === undefined) throw fail(notRunning('not found'));
     const traffic = row.labels[TRAFFIC_TOKEN_LABEL];
-    if (traffic !== undefined && !tokenMatches(traffic, header(TRAFFIC_TOKEN_HEADER))) throw fail(new E2bError(403, `missing or wrong ${TRAFFIC_TOKEN_HEADER}`));
+    if (traffic !== undefined && !tokenMatches(traffic, header(TRAFFIC_TOKEN_HEADER)))
+      throw fail(new E2bError(403, `missing or wrong ${TRAFFIC_TOKEN_HEADER}`));
     const p = sandboxPrincipal(row, await this.services.iam.tenantOf(row.project_id));
     await this.services.iam.rateLimited(p);
     try {

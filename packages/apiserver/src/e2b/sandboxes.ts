@@ -83,7 +83,13 @@ export function sandboxReply(s: Sandbox, domain: string | null, token: string | 
 }
 
 /** E2B's `ListedSandbox` / `SandboxDetail` (`token`: for the detail, see {@link tokenFor}). */
-export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null, token: string | null = null, publicTrafficClosed = false): Record<string, unknown> {
+export function listedSandbox(
+  s: Sandbox,
+  detail: boolean,
+  domain: string | null,
+  token: string | null = null,
+  publicTrafficClosed = false,
+): Record<string, unknown> {
   const out: Record<string, unknown> = {
     sandboxID: s.id,
     templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,

@@ -80,7 +80,9 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   // E2B's per-sandbox host names (`<port>-<id>.<domain>`, e2b/ports.ts) before every route: any path on such a host is the sandbox's.
   const e2bPorts = new SandboxPorts(services, opts.e2b?.domain ?? null, log, watch);
   app.use('*', e2bPorts.middleware());
-  opts.onUpgrade?.((req, socket, head) => e2bPorts.upgrade(req, socket, head, trusted.clientAddress(req.socket.remoteAddress ?? '', [req.headers['x-forwarded-for']].flat()[0])));
+  opts.onUpgrade?.((req, socket, head) =>
+    e2bPorts.upgrade(req, socket, head, trusted.clientAddress(req.socket.remoteAddress ?? '', [req.headers['x-forwarded-for']].flat()[0])),
+  );
 
   app.get('/healthz', async (c) => {
     const health = opts.health;
