@@ -11,7 +11,6 @@ test('a lease gets its defaults; timeoutMs is the max lifetime; both at once is 
     ownerGraceMs: null,
     onOwnerLost: 'pause',
     autoResume: true,
-    onExpire: 'kill',
   });
   assert.equal(grantLease({ timeoutMs: 5000 }).maxLifetimeMs, 5000);
   assert.deepEqual(grantLease({ lease: { idleTimeoutMs: 0, onOwnerLost: 'kill', ownerGraceMs: 0 } }), {
@@ -21,7 +20,6 @@ test('a lease gets its defaults; timeoutMs is the max lifetime; both at once is 
     ownerGraceMs: 0,
     onOwnerLost: 'kill',
     autoResume: true,
-    onExpire: 'kill',
   });
   assert.throws(
     () => grantLease({ timeoutMs: 5000, lease: { maxLifetimeMs: 5000 } }),
@@ -35,12 +33,7 @@ test('a change replaces only the fields it gives; rows from before leases read a
   const old = leaseOf({ lease: null, created_at: '2026-01-01T00:00:00.000Z', expires_at: '2026-01-01T00:10:00.000Z' });
   assert.equal(old.maxLifetimeMs, 600_000);
   assert.equal(old.onIdle, 'pause');
-  const before = leaseOf({
-    lease: JSON.stringify({ ...base, onExpire: undefined }),
-    created_at: '2026-01-01T00:00:00.000Z',
-    expires_at: '2026-01-01T01:00:00.000Z',
-  });
-  assert.equal(before.onExpire, 'kill', 'a lease stored before onExpire existed kills at its end');
+  assert.equal(base.onExpire, undefined, 'absent: kill at the end of the lifetime');
   assert.equal(mergeLease(base, { onExpire: 'pause' }).onExpire, 'pause');
 });
 

@@ -23,15 +23,7 @@ export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease 
 
 /** The lease of a sandbox created without one. */
 export function defaultLease(maxLifetimeMs: number): GrantedLease {
-  return {
-    idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS,
-    maxLifetimeMs,
-    onIdle: 'pause',
-    ownerGraceMs: null,
-    onOwnerLost: 'pause',
-    autoResume: true,
-    onExpire: 'kill',
-  };
+  return { idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS, maxLifetimeMs, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true };
 }
 
 /** A granted lease with the fields of `change` replaced. */
@@ -49,8 +41,7 @@ export function mergeLease(base: GrantedLease, change: Lease): GrantedLease {
 
 /** A row's granted lease (rows from before leases existed get the defaults). */
 export function leaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): GrantedLease {
-  // Leases written before `onExpire` existed kill at the end of their lifetime.
-  if (row.lease) return { onExpire: 'kill', ...(JSON.parse(row.lease) as Omit<GrantedLease, 'onExpire'>) };
+  if (row.lease) return JSON.parse(row.lease) as GrantedLease;
   return defaultLease(Date.parse(row.expires_at) - Date.parse(row.created_at));
 }
 

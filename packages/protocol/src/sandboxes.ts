@@ -130,7 +130,8 @@ export const GrantedLeaseSchema = z.object({
   ownerGraceMs: z.number().nullable(),
   onOwnerLost: LeaseActionSchema,
   autoResume: z.boolean(),
-  onExpire: LeaseActionSchema,
+  /** Absent: `kill`. */
+  onExpire: LeaseActionSchema.optional(),
 });
 
 export type GrantedLease = z.infer<typeof GrantedLeaseSchema>;

@@ -113,7 +113,7 @@ export function listedSandbox(
       denyOut: s.network.deny ?? [],
       allowPublicTraffic: !publicTrafficClosed,
     };
-    out.lifecycle = { onTimeout: s.lease.onExpire, autoResume: s.lease.autoResume };
+    out.lifecycle = { onTimeout: s.lease.onExpire ?? 'kill', autoResume: s.lease.autoResume };
   }
   return out;
 }
