@@ -66,7 +66,8 @@ export class RelaySocket extends Duplex {
       for await (const ev of this.proc)
         if (ev.kind === 'data' && ev.stream === 'stdout' && !this.push(Buffer.from(ev.data))) await new Promise((r) => this.once('drain-read', r));
       const exit = await this.proc.exited.catch(() => undefined);
-      if (exit && exit.exitCode === 111) this.destroy(new DsecError('UNAVAILABLE', 'nothing listens on that port in the sandbox'));
+      // E2B's proxy answers 502 for a port nothing listens on (forward() maps errors to 502).
+      if (exit && exit.exitCode === 111) this.destroy(new Error('nothing listens on that port in the sandbox'));
       else this.push(null);
     } catch (err) {
       this.destroy(err as Error);
