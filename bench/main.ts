@@ -32,6 +32,7 @@ import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 import { sandboxFusionScenario } from './scenarios/sandboxfusion.js';
+import { e2bScenario } from './scenarios/e2b.js';
 
 const SCENARIOS: Scenario[] = [
   createScenario,
@@ -50,6 +51,7 @@ const SCENARIOS: Scenario[] = [
   remoteEdgeScenario,
   sandboxFusionScenario,
   microvmScenario,
+  e2bScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -161,7 +163,7 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md'];
+  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md'];
   const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);

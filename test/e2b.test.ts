@@ -1,7 +1,10 @@
 // The real `e2b` npm package (2.45.0 and 2.51.0, unmodified) against a real dsec: control plane,
 // envd's REST and Connect-RPC data plane, signed URLs, error cases, the base template's 503.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { request as httpRequest } from 'node:http';
+import { connect as netConnect } from 'node:net';
 import { chmod, chown, copyFile, mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -17,6 +20,8 @@ let e2bKey: string;
 let viewerKey: string;
 let scratch: string;
 const TEMPLATE = `e2b-test-${process.pid}`;
+/** The `e2b.domain` of the test platform: host names are sent as Host headers to its address (nothing resolves it). */
+const DOMAIN = 'e2b.test';
 
 /** A small image for E2B: busybox, the host's bash (with its libraries), a `user` account. */
 async function imageDir(dir: string): Promise<void> {
@@ -43,7 +48,7 @@ async function imageDir(dir: string): Promise<void> {
 before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-e2b-'));
   // `base` takes its Debian part from the small local image: no test reaches the Debian archive.
-  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE } });
+  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE, domain: DOMAIN } });
   const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
   const key = await client.keys.create({ name: 'e2b', role: 'admin', format: 'e2b' });
   e2bKey = key.key;
@@ -324,4 +329,128 @@ test('base: 503 with Retry-After at once while it builds, then a sandbox with us
   } finally {
     await sbx.kill();
   }
+});
+
+/** An HTTP request to the platform's address with `host` as the Host header (the resolver shim: every name is the platform). */
+function viaHost(host: string, pathname: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> {
+  const url = new URL(platform.url);
+  return new Promise((resolve, reject) => {
+    const req = httpRequest({ host: url.hostname, port: url.port, path: pathname, headers: { ...headers, host } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.setTimeout(30_000, () => req.destroy(new Error('no answer within 30 s')));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+describe('host names, network updates, auto-pause (e2b 2.51.0)', () => {
+  const opts = () => ({ apiKey: e2bKey, apiUrl: platform.url, sandboxUrl: platform.url, requestTimeoutMs: 30_000 });
+
+  test('getHost(port): HTTP and upgrades reach the port; closed to the public without the traffic token; envd by host name', async () => {
+    const sbx = await E51.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 120_000, network: { allowPublicTraffic: false } });
+    try {
+      await sbx.commands.run('mkdir -p /tmp/www && echo served from the sandbox > /tmp/www/index.html');
+      await sbx.commands.run('busybox httpd -f -p 127.0.0.1:3000 -h /tmp/www', { background: true });
+      const host = sbx.getHost(3000);
+      assert.equal(host, `3000-${sbx.sandboxId}.${DOMAIN}`);
+      const token = (sbx as unknown as { trafficAccessToken: string }).trafficAccessToken;
+      assert.match(token, /^[0-9a-f]{48}$/);
+      assert.equal((await viaHost(host, '/index.html')).status, 403);
+      // The servers start in the background: wait until the port answers.
+      let ok = await viaHost(host, '/index.html', { 'e2b-traffic-access-token': token });
+      for (const until = Date.now() + 15_000; ok.status === 502 && Date.now() < until; await new Promise((r) => setTimeout(r, 200)))
+        ok = await viaHost(host, '/index.html', { 'e2b-traffic-access-token': token });
+      assert.equal(ok.status, 200);
+      assert.equal(ok.body, 'served from the sandbox\n');
+      assert.equal((await viaHost(`3999-${sbx.sandboxId}.${DOMAIN}`, '/', { 'e2b-traffic-access-token': token })).status, 502);
+      assert.equal((await viaHost(`3000-nope-0000.${DOMAIN}`, '/')).status, 502);
+      // An upgrade (as a WebSocket handshake is): the raw connection is carried both ways; the
+      // server (busybox httpd, which ignores Upgrade) answers on it.
+      const raw = await new Promise<string>((resolve, reject) => {
+        const u = new URL(platform.url);
+        const sock = netConnect(Number(u.port), u.hostname, () =>
+          sock.write(`GET /index.html HTTP/1.1\r\nHost: ${host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\ne2b-traffic-access-token: ${token}\r\n\r\n`),
+        );
+        let got = '';
+        sock.setEncoding('utf8');
+        sock.on('data', (d: string) => {
+          got += d;
+          if (got.includes('served from the sandbox')) {
+            sock.destroy();
+            resolve(got);
+          }
+        });
+        sock.on('error', reject);
+        setTimeout(() => reject(new Error(`no answer within 30 s: ${got}`)), 30_000).unref();
+      });
+      assert.match(raw, /^HTTP\/1\.[01] 200 /);
+      // envd's own port by host name: the data plane without the E2b-Sandbox-Id header.
+      const envd = await viaHost(sbx.getHost(49983), '/health', { 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken });
+      assert.equal(envd.status, 204);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test('PUT /sandboxes/{id}/network replaces the egress rules, validated as at create', async () => {
+    const sbx = await E51.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 60_000 });
+    try {
+      assert.deepEqual((await sbx.getInfo()).network?.allowOut, []);
+      await sbx.updateNetwork({ allowOut: ['example.com'], denyOut: ['bad.example.com'] });
+      const info = await sbx.getInfo();
+      assert.deepEqual(info.network?.allowOut, ['example.com']);
+      assert.equal(info.allowInternetAccess, true);
+      await assert.rejects(sbx.updateNetwork({ allowOut: ['0.0.0.0/0'] }), /allowOut/);
+      await sbx.updateNetwork({});
+      assert.deepEqual((await sbx.getInfo()).network?.allowOut, []);
+      await assert.rejects(E51.Sandbox.updateNetwork('nope-0000', {}, opts()), E51.SandboxNotFoundError);
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test('autoPause: the timeout pauses; list shows it paused; connect resumes with its files and processes', async () => {
+    const sbx = await E51.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 2000, lifecycle: { onTimeout: 'pause' } });
+    try {
+      assert.equal((await sbx.getInfo()).lifecycle?.onTimeout, 'pause');
+      await sbx.files.write('/tmp/kept.txt', 'kept');
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      const deadline = Date.now() + 30_000;
+      while ((await sbx.getInfo()).state !== 'paused' && Date.now() < deadline) await new Promise((r) => setTimeout(r, 250));
+      assert.equal((await sbx.getInfo()).state, 'paused');
+      const listed = await E51.Sandbox.list({ ...opts(), query: { state: ['paused'] } }).nextItems();
+      assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId));
+      const back = await E51.Sandbox.connect(sbx.sandboxId, { ...opts(), timeoutMs: 60_000 });
+      assert.equal(await back.files.read('/tmp/kept.txt'), 'kept');
+      assert.equal((await back.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n');
+      // Still running a pass later: the resume gave it a new lifetime.
+      await new Promise((r) => setTimeout(r, 2500));
+      assert.equal((await back.getInfo()).state, 'running');
+    } finally {
+      await sbx.kill();
+    }
+  });
+});
+
+test('the docs example runs as written with only E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set', async () => {
+  const doc = await readFile(path.join(import.meta.dirname, '..', '..', 'docs', 'e2b.md'), 'utf8');
+  const code = /```ts\n([\s\S]*?)```/.exec(doc)?.[1];
+  assert.ok(code, 'docs/e2b.md has a ts example');
+  // The package is installed here under its versioned name; the image is the test's own.
+  const script = `${code.replace("from 'e2b'", "from 'e2b-v2-51'").replace("'my-image'", JSON.stringify(TEMPLATE))}\nconsole.log(JSON.stringify({ stdout: r.stdout }));\n`;
+  const env = { PATH: '/usr/bin:/bin', E2B_API_KEY: e2bKey, E2B_API_URL: platform.url, E2B_SANDBOX_URL: platform.url };
+  const out = await new Promise<string>((resolve, reject) =>
+    execFile(
+      process.execPath,
+      ['--input-type=module', '-e', script],
+      { env, cwd: path.join(import.meta.dirname, '..', '..'), timeout: 60_000 },
+      (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
+    ),
+  );
+  // The test image has bash and a `user` account, as `base` does.
+  assert.deepEqual(JSON.parse(out.trim().split('\n').pop()!), { stdout: 'hello\nuser\n' });
 });

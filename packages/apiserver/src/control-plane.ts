@@ -2,6 +2,8 @@
 // store and a set of nodes. `dsec up` starts it with its own edge (platform.ts); `dsec apiserver`
 // starts it alone on a PostgreSQL store shared with other replicas (replica.ts).
 import { createServer } from 'node:http';
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
 import type { AddressInfo } from 'node:net';
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -175,12 +177,14 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     });
 
     const metrics = new Metrics(services, watch);
+    const upgrades: Array<(req: IncomingMessage, socket: Duplex, head: Buffer) => boolean> = [];
     const app = createApp(services, metrics, log, watch, {
       health: () => store.ping(),
       ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
       failures: { gate: authFailures, source: (c) => (c.get('clientAddress') as string | undefined) ?? 'unknown' },
       ...(o.e2b ? { e2b: o.e2b } : {}),
       onClose: (fn) => void closers.unshift(fn),
+      onUpgrade: (fn) => void upgrades.push(fn),
     });
     const ws = createWsHandler(
       services,
@@ -203,7 +207,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     );
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;
-    server.on('upgrade', (req, socket, head) => ws.handle(req, socket, head));
+    server.on('upgrade', (req, socket, head) => {
+      if (!upgrades.some((take) => take(req, socket, head))) ws.handle(req, socket, head);
+    });
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(port, host, () => {

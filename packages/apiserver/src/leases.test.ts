@@ -33,6 +33,8 @@ test('a change replaces only the fields it gives; rows from before leases read a
   const old = leaseOf({ lease: null, created_at: '2026-01-01T00:00:00.000Z', expires_at: '2026-01-01T00:10:00.000Z' });
   assert.equal(old.maxLifetimeMs, 600_000);
   assert.equal(old.onIdle, 'pause');
+  assert.equal(base.onExpire, undefined, 'absent: kill at the end of the lifetime');
+  assert.equal(mergeLease(base, { onExpire: 'pause' }).onExpire, 'pause');
 });
 
 test('owners heartbeat three times per grace period, within bounds', () => {

@@ -11,7 +11,7 @@ export const MIN_HEARTBEAT_INTERVAL_MS = 250;
 export const ACTIVITY_FLUSH_INTERVAL_MS = 1000;
 
 /** Why a sandbox was paused (`pause_reason`). */
-export type PauseReason = 'api' | 'idle' | 'owner-lost' | 'owner-closed';
+export type PauseReason = 'api' | 'idle' | 'owner-lost' | 'owner-closed' | 'expired';
 
 /** The lease a create request asks for, defaults filled in. `timeoutMs` is the old name of `lease.maxLifetimeMs`. */
 export function grantLease(req: { timeoutMs?: number | undefined; lease?: Lease | undefined }, at: (field: string) => string = (f) => f): GrantedLease {
@@ -35,6 +35,7 @@ export function mergeLease(base: GrantedLease, change: Lease): GrantedLease {
   if (change.ownerGraceMs !== undefined) out.ownerGraceMs = change.ownerGraceMs;
   if (change.onOwnerLost !== undefined) out.onOwnerLost = change.onOwnerLost;
   if (change.autoResume !== undefined) out.autoResume = change.autoResume;
+  if (change.onExpire !== undefined) out.onExpire = change.onExpire;
   return out;
 }
 

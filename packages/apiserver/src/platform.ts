@@ -117,6 +117,8 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     ...(opts.registry ? { registry: opts.registry } : {}),
     ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),
     ...(opts.calls ? { calls: fncallRunner({ ...opts.calls, log }) } : {}),
+    // One machine-wide cache of built layers: the fncall runtimes' and E2B's `base`.
+    ...(opts.calls?.runtimeCache !== undefined ? { machineCacheDir: opts.calls.runtimeCache } : {}),
     ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
   });
   const closers: Array<() => Promise<void> | void> = [() => edge.close()];

@@ -253,6 +253,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(config.trustedProxies !== undefined ? { trustedProxies: config.trustedProxies } : {}),
     ...(cluster.nodeAddr !== undefined ? { cluster } : {}),
     ...(Object.keys(limits).length > 0 ? { limits } : {}),
+    ...(config.e2b.domain !== undefined ? { e2b: { domain: config.e2b.domain } } : {}),
   };
   return opts;
 }

@@ -63,6 +63,8 @@ export interface EdgeOptions {
    * extractor's `DEFAULT_TAR_LIMITS.maxTotalBytes`.
    */
   layerContentBytes?: number;
+  /** The machine-wide cache of built layers (layers/machine-cache.ts), e.g. `node.calls.runtimeCache`. Default none. */
+  machineCacheDir?: string | undefined;
 }
 
 /** The parts an {@link Edge} is made of. */

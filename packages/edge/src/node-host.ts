@@ -30,6 +30,7 @@ export async function prepareHost(opts: {
   registry?: LayerRegistryConfig | undefined;
   pullFrom?: RegistryEndpointConfig[] | undefined;
   layerContentBytes?: number | undefined;
+  machineCacheDir?: string | undefined;
 }): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
@@ -39,6 +40,7 @@ export async function prepareHost(opts: {
   const runtimeNs = await prepareRuntimeNamespace(opts.home, mode);
   const layers = new LayerStore({
     root: path.join(opts.home, 'layers'),
+    ...(opts.machineCacheDir !== undefined ? { machineCacheDir: opts.machineCacheDir } : {}),
     registry: opts.registry && new LayerRegistry(opts.registry),
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
@@ -124,6 +126,7 @@ export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<Ed
     registry: opts.registry,
     pullFrom: opts.pullFrom,
     layerContentBytes: opts.layerContentBytes,
+    machineCacheDir: opts.machineCacheDir,
   });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);

@@ -270,6 +270,20 @@ export const DsecConfigSchema = z.strictObject({
     .default({}),
   /** Per-tenant limits (defaults `DEFAULT_TENANT_LIMITS` in protocol's limits.ts; docs/security.md). */
   limits: LimitsConfigSchema.default({}),
+  /** The E2B-compatible API (docs/e2b.md). */
+  e2b: z
+    .strictObject({
+      /**
+       * Base domain of per-sandbox host names `<port>-<sandboxID>.<domain>` (a wildcard DNS name
+       * pointing at the API; `:port` allowed), returned to clients as `domain`. Default none: no
+       * host-name routing, `domain: null`.
+       */
+      domain: z
+        .string()
+        .regex(/^[a-z0-9]([a-z0-9-]{0,62}\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$/i, { error: 'not a domain name (with an optional :port)' })
+        .optional(),
+    })
+    .default({}),
 });
 
 /** A validated configuration, defaults applied. */

@@ -127,6 +127,8 @@ export interface LayerBuildOptions {
   /** Progress lines of long builds (Debian). */
   onProgress?: (line: string) => void;
   signal?: AbortSignal;
+  /** Build into (or take from) the node's machine-wide cache of built layers, keyed by `name`; a node without one builds in its store. */
+  machineCache?: boolean;
 }
 
 /** The layers a node holds. */

@@ -116,6 +116,8 @@ export const LeaseSchema = z.strictObject({
   onOwnerLost: LeaseActionSchema.optional(),
   /** A request to a paused sandbox resumes it first (else 409 SANDBOX_NOT_RUNNING). Default true. */
   autoResume: z.boolean().optional(),
+  /** What the end of `maxLifetimeMs` does: `kill` (default) or `pause` (kept paused until resumed or deleted). */
+  onExpire: LeaseActionSchema.optional(),
 });
 
 export type Lease = z.infer<typeof LeaseSchema>;
@@ -128,6 +130,8 @@ export const GrantedLeaseSchema = z.object({
   ownerGraceMs: z.number().nullable(),
   onOwnerLost: LeaseActionSchema,
   autoResume: z.boolean(),
+  /** Absent: `kill`. */
+  onExpire: LeaseActionSchema.optional(),
 });
 
 export type GrantedLease = z.infer<typeof GrantedLeaseSchema>;

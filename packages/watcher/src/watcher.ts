@@ -166,7 +166,7 @@ export class Watcher {
           kind: 'lease.exceeded',
           severity: 'warning',
           sandboxId: s.id,
-          message: `sandbox ${s.id} exceeded its lifetime (it expired at ${s.expiresAt}) and is destroyed`,
+          message: `sandbox ${s.id} exceeded its lifetime (it expired at ${s.expiresAt}); its lease's onExpire action (kill by default, or pause) follows`,
           data: { expiresAt: s.expiresAt, overdueMs: now - Date.parse(s.expiresAt) },
         });
       }

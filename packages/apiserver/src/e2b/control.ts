@@ -7,7 +7,17 @@ import type { CreateSandboxRequest, NetworkPolicy, Sandbox } from '@dsec/protoco
 import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
-import { METADATA_PREFIX, NO_TOKEN, TEMPLATE_LABEL, TOKEN_LABEL, listedSandbox, newAccessToken, sandboxReply, tokenFor } from './sandboxes.js';
+import {
+  METADATA_PREFIX,
+  NO_TOKEN,
+  TEMPLATE_LABEL,
+  TOKEN_LABEL,
+  TRAFFIC_TOKEN_LABEL,
+  listedSandbox,
+  newAccessToken,
+  sandboxReply,
+  tokenFor,
+} from './sandboxes.js';
 import type { TemplateResolver } from './templates.js';
 
 /** E2B's default sandbox timeout when a request names none (its API's default), seconds. */
@@ -32,6 +42,8 @@ export const NewSandboxSchema = z.object({
       denyOut: z.array(z.string().max(255)).max(256).optional(),
       allowPublicTraffic: z.boolean().optional(),
       maskRequestHost: z.string().optional(),
+      rules: z.unknown().optional(),
+      egressProxy: z.unknown().optional(),
     })
     .nullable()
     .optional(),
@@ -50,7 +62,24 @@ const PauseBodySchema = z.object({ memory: z.boolean().optional() });
 const SnapshotBodySchema = z.object({ name: z.string().min(1).max(200).optional() });
 const ForkBodySchema = z.object({ timeout: TimeoutSchema.optional(), count: z.number().int().min(1).max(64).optional() });
 
+/** `SandboxNetworkUpdateConfig` (PUT /sandboxes/{id}/network): replaces the egress rules. */
+const NetworkUpdateSchema = z.object({
+  allowOut: z.array(z.string().max(255)).max(256).optional(),
+  denyOut: z.array(z.string().max(255)).max(256).optional(),
+  allow_internet_access: z.boolean().optional(),
+  rules: z.unknown().optional(),
+  egressProxy: z.unknown().optional(),
+});
+
 const ANY_ADDRESS = '0.0.0.0/0';
+
+/** Refuses the E2B network fields dsec has no counterpart for (header rewriting rules, a customer egress proxy). */
+function refuseUnsupportedNetwork(n: { rules?: unknown; egressProxy?: unknown } | null | undefined, at: string): void {
+  const rules = n?.rules;
+  if (rules !== undefined && rules !== null && !(typeof rules === 'object' && Object.keys(rules).length === 0))
+    throw invalidArgument(`${at}rules`, 'per-host request transforms are not supported by dsec');
+  if (n?.egressProxy !== undefined && n.egressProxy !== null) throw invalidArgument(`${at}egressProxy`, 'a customer egress proxy is not supported by dsec');
+}
 
 /**
  * E2B's network fields as a dsec egress policy. dsec is closed by default and has no "open"
@@ -119,7 +148,9 @@ export class E2bControl {
     if (body.mcp !== undefined && body.mcp !== null) throw invalidArgument('mcp', 'MCP gateways are not supported by dsec');
     if (body.volumeMounts && body.volumeMounts.length > 0) throw invalidArgument('volumeMounts', 'volumes are not supported by dsec');
     if (body.iam !== undefined && body.iam !== null) throw invalidArgument('iam', 'IAM tokens are not supported by dsec');
-    if (body.autoPause) throw invalidArgument('autoPause', 'pausing at the timeout is not supported; dsec pauses on idle (lease.onIdle) instead');
+    refuseUnsupportedNetwork(body.network, 'network.');
+    if (body.network?.maskRequestHost !== undefined)
+      throw invalidArgument('network.maskRequestHost', 'host rewriting on port traffic is not supported by dsec');
     const labels: Record<string, string> = {};
     for (const [k, v] of Object.entries(body.metadata ?? {})) {
       if (!METADATA_KEY.test(k)) throw invalidArgument(`metadata.${k}`, 'keys are letters, digits, ".", "_" and "-" (at most 59)');
@@ -129,6 +160,9 @@ export class E2bControl {
     labels[TEMPLATE_LABEL] = body.templateID;
     const token = body.secure === false ? NO_TOKEN : newAccessToken();
     labels[TOKEN_LABEL] = token;
+    // Ports are public (E2B's default) unless the request closes them: then they need this token.
+    const traffic = body.network?.allowPublicTraffic === false ? newAccessToken() : undefined;
+    if (traffic) labels[TRAFFIC_TOKEN_LABEL] = traffic;
     const from = await this.d.templates.resolve(p, body.templateID);
     const req: CreateSandboxRequest = {
       ...from,
@@ -138,21 +172,28 @@ export class E2bControl {
       timeoutMs: (body.timeout ?? DEFAULT_TIMEOUT_S) * 1000,
       // E2B sandboxes live until their timeout: no idle pause; traffic resumes a paused one only
       // when the request asks (autoResume.enabled), else the data plane answers 502 as E2B's does.
-      lease: { idleTimeoutMs: 0, autoResume: body.autoResume?.enabled === true },
+      // `autoPause` (the SDK's `lifecycle.onTimeout: 'pause'`) pauses at the end instead of killing.
+      lease: { idleTimeoutMs: 0, autoResume: body.autoResume?.enabled === true, onExpire: body.autoPause === true ? 'pause' : 'kill' },
     };
     const s = await this.d.services.sandboxes.create(p, req, { signal });
-    return sandboxReply(s, this.d.domain, tokenFor(p, token));
+    return sandboxReply(s, this.d.domain, tokenFor(p, token), tokenFor(p, traffic));
   }
 
   /** GET /sandboxes/{id} */
   async get(p: Principal, id: string): Promise<Record<string, unknown>> {
     const s = await this.d.services.sandboxes.get(p, id);
-    return listedSandbox(s, true, this.d.domain, tokenFor(p, await this.tokenOf(id)));
+    return listedSandbox(s, true, this.d.domain, tokenFor(p, await this.tokenOf(id)), (await this.tokenOf(id, TRAFFIC_TOKEN_LABEL)) !== undefined);
   }
 
   /** A sandbox's access token (kept out of its visible labels); read after the caller's access was checked. */
-  private async tokenOf(id: string): Promise<string | undefined> {
-    return (await this.d.services.lifecycle.rowById(id))?.labels[TOKEN_LABEL];
+  private async tokenOf(id: string, label = TOKEN_LABEL): Promise<string | undefined> {
+    return (await this.d.services.lifecycle.rowById(id))?.labels[label];
+  }
+
+  /** The create/connect reply of a sandbox, with the tokens the caller may read. */
+  private async replyOf(p: Principal, id: string): Promise<Record<string, unknown>> {
+    const s = await this.d.services.sandboxes.get(p, id);
+    return sandboxReply(s, this.d.domain, tokenFor(p, await this.tokenOf(id)), tokenFor(p, await this.tokenOf(id, TRAFFIC_TOKEN_LABEL)));
   }
 
   /**
@@ -231,7 +272,17 @@ export class E2bControl {
       status = 201;
     }
     if (seconds !== undefined) await this.setEnd(p, s, seconds, true);
-    return { status, body: sandboxReply(await this.d.services.sandboxes.get(p, id), this.d.domain, tokenFor(p, await this.tokenOf(id))) };
+    return { status, body: await this.replyOf(p, id) };
+  }
+
+  /** PUT /sandboxes/{id}/network: replaces the egress rules, validated as a create's are. */
+  async updateNetwork(p: Principal, id: string, body: z.infer<typeof NetworkUpdateSchema>): Promise<void> {
+    refuseUnsupportedNetwork(body, '');
+    const policy = networkPolicy({
+      network: { ...(body.allowOut ? { allowOut: body.allowOut } : {}), ...(body.denyOut ? { denyOut: body.denyOut } : {}) },
+      ...(body.allow_internet_access !== undefined ? { allow_internet_access: body.allow_internet_access } : {}),
+    });
+    await this.d.services.networks.change(p, id, { replace: policy });
   }
 
   /** POST /sandboxes/{id}/pause: 409 when already paused. */
@@ -306,4 +357,4 @@ export class E2bControl {
   }
 }
 
-export { ConnectBodySchema, ForkBodySchema, PauseBodySchema, SnapshotBodySchema, TimeoutBodySchema };
+export { ConnectBodySchema, ForkBodySchema, NetworkUpdateSchema, PauseBodySchema, SnapshotBodySchema, TimeoutBodySchema };

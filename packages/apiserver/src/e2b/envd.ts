@@ -17,6 +17,7 @@ import { MAX_UPLOAD_BYTES, limitedBody } from '../http/validate.js';
 import { CutStream, deadlineMs, keepaliveMs } from './connect.js';
 import { ConnectError, E2bError } from './errors.js';
 import { NO_TOKEN, TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
+import { ENVD_PORT, hostTarget } from './ports.js';
 import { SandboxUsers, resolvePath } from './users.js';
 import type { SandboxUser } from './users.js';
 
@@ -78,8 +79,8 @@ function bytes(v: unknown, field: string): Buffer {
   return Buffer.from(v, 'base64');
 }
 
-/** A per-address token bucket for requests that carry no token (signed URLs). */
-class AddressBuckets {
+/** A per-address token bucket for requests that carry no token (signed URLs, failed look-ups; ports.ts too). */
+export class AddressBuckets {
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
   take(addr: string): boolean {
     const now = Date.now();
@@ -128,6 +129,7 @@ export class Envd {
   constructor(
     private readonly services: Services,
     private readonly log: (line: string) => void,
+    private readonly domain: string | null = null,
   ) {
     this.users = new SandboxUsers(services.files);
     this.sweeper = setInterval(() => void this.sweep().catch((err: unknown) => this.log(`e2b: envd sweep: ${String(err)}`)), SWEEP_MS);
@@ -181,7 +183,9 @@ export class Envd {
    * autoResume): 502, as E2B's proxy answers.
    */
   async target(c: Context, signed?: { op: 'read' | 'write' }): Promise<EnvdTarget> {
-    let id = c.req.header('e2b-sandbox-id');
+    // Behind a per-sandbox host name (`49983-<id>.<domain>`, ports.ts) the Host names the sandbox.
+    const byHost = hostTarget(c.req.header('host'), this.domain);
+    let id = c.req.header('e2b-sandbox-id') ?? (byHost?.port === ENVD_PORT ? byHost.sandboxId : undefined);
     const signature = signed ? c.req.query('signature') : undefined;
     if (id === undefined && signature !== undefined) {
       // Signed URLs come without headers: the signature names the sandbox through its token.

@@ -7,7 +7,17 @@ import { auditCall, authAndAudit } from '../http/audit.js';
 import type { AuthFailureOptions } from '../http/audit.js';
 import type { WatchService } from '../watch.js';
 import { streamReply, streamRequest, unaryError, unaryReply, unaryRequest } from './connect.js';
-import { ConnectBodySchema, E2bControl, ForkBodySchema, NewSandboxSchema, PauseBodySchema, SnapshotBodySchema, TimeoutBodySchema, e2bBody } from './control.js';
+import {
+  ConnectBodySchema,
+  E2bControl,
+  ForkBodySchema,
+  NetworkUpdateSchema,
+  NewSandboxSchema,
+  PauseBodySchema,
+  SnapshotBodySchema,
+  TimeoutBodySchema,
+  e2bBody,
+} from './control.js';
 import { E2bError, e2bErrorResponse } from './errors.js';
 import { Envd } from './envd.js';
 import { TemplateResolver } from './templates.js';
@@ -34,7 +44,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
     ...(opts.buildOnDemand !== undefined ? { buildOnDemand: opts.buildOnDemand } : {}),
     ...(opts.baseFrom !== undefined ? { baseFrom: opts.baseFrom } : {}),
   });
-  const envd = new Envd(services, log);
+  const envd = new Envd(services, log, opts.domain ?? null);
   const control = new E2bControl({ services, templates, domain: opts.domain ?? null });
   if (opts.buildBase) templates.start();
 
@@ -110,6 +120,13 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
   app.post('/sandboxes/:id/connect', connect);
   app.post('/v2/sandboxes/:id/connect', connect);
   app.post('/sandboxes/:id/resume', connect);
+  app.put(
+    '/sandboxes/:id/network',
+    wrap(async (c) => {
+      await control.updateNetwork(p(c), id(c), await e2bBody(c.req.raw, NetworkUpdateSchema));
+      return new Response(null, { status: 204 });
+    }),
+  );
   app.post(
     '/sandboxes/:id/pause',
     wrap(async (c) => {

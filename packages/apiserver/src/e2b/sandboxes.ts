@@ -13,6 +13,11 @@ import type { SandboxRow } from '../services/common.js';
  * through the data plane), and only the E2B API may set it.
  */
 export const TOKEN_LABEL = 'e2b.token';
+/**
+ * Label holding the traffic access token of a sandbox created with `network.allowPublicTraffic:
+ * false` (its host-named ports then need it; ports.ts). Never shown, like {@link TOKEN_LABEL}.
+ */
+export const TRAFFIC_TOKEN_LABEL = 'e2b.traffic-token';
 /** Labels only the E2B API sets (`e2b.token`, `e2b.template`); /v1 creates and forks refuse them. */
 export const RESERVED_LABEL_PREFIX = 'e2b.';
 /** Label holding the templateID the sandbox was created from. */
@@ -33,8 +38,8 @@ export function refuseReservedLabels(labels: Record<string, string> | undefined,
 
 /** The labels a reply shows: every one but the access token. */
 export function visibleLabels(labels: Record<string, string>): Record<string, string> {
-  if (!(TOKEN_LABEL in labels)) return labels;
-  const { [TOKEN_LABEL]: _token, ...rest } = labels;
+  if (!(TOKEN_LABEL in labels) && !(TRAFFIC_TOKEN_LABEL in labels)) return labels;
+  const { [TOKEN_LABEL]: _token, [TRAFFIC_TOKEN_LABEL]: _traffic, ...rest } = labels;
   return rest;
 }
 
@@ -64,21 +69,27 @@ export function metadataOf(labels: Record<string, string>): Record<string, strin
 }
 
 /** E2B's `Sandbox` (create and connect replies); `token`: the one the caller may read ({@link tokenFor}). */
-export function sandboxReply(s: Sandbox, domain: string | null, token: string | null): Record<string, unknown> {
+export function sandboxReply(s: Sandbox, domain: string | null, token: string | null, trafficToken: string | null = null): Record<string, unknown> {
   return {
     sandboxID: s.id,
     templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
     clientID: s.node,
     envdVersion: ENVD_VERSION,
     envdAccessToken: token,
-    trafficAccessToken: null,
+    trafficAccessToken: trafficToken,
     domain,
     alias: null,
   };
 }
 
 /** E2B's `ListedSandbox` / `SandboxDetail` (`token`: for the detail, see {@link tokenFor}). */
-export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null, token: string | null = null): Record<string, unknown> {
+export function listedSandbox(
+  s: Sandbox,
+  detail: boolean,
+  domain: string | null,
+  token: string | null = null,
+  publicTrafficClosed = false,
+): Record<string, unknown> {
   const out: Record<string, unknown> = {
     sandboxID: s.id,
     templateID: s.labels[TEMPLATE_LABEL] ?? s.image.base,
@@ -100,8 +111,9 @@ export function listedSandbox(s: Sandbox, detail: boolean, domain: string | null
     out.network = {
       allowOut: (s.network.allow ?? []).map((r) => r.host),
       denyOut: s.network.deny ?? [],
+      allowPublicTraffic: !publicTrafficClosed,
     };
-    out.lifecycle = { onTimeout: 'kill', autoResume: s.lease.autoResume };
+    out.lifecycle = { onTimeout: s.lease.onExpire ?? 'kill', autoResume: s.lease.autoResume };
   }
   return out;
 }

@@ -161,7 +161,8 @@ export class TemplateResolver {
     } else if (!(await have(names.base))) {
       const info = await edge.layers.build(
         { type: 'debian', suite: BASE_SUITE, packages: BASE_PACKAGES, variant: 'apt' },
-        { kind: 'base', name: names.base, signal, onProgress: (l) => this.opts.log?.(`e2b base: ${l}`) },
+        // Through the node's machine-wide cache (as the fncall runtimes): a new home on the machine takes it at once.
+        { kind: 'base', name: names.base, signal, machineCache: true, onProgress: (l) => this.opts.log?.(`e2b base: ${l}`) },
       );
       await layers.register(PUBLIC_PROJECT_ID, info, names.base);
     } else await this.registerPublic(names.base);

@@ -1,6 +1,7 @@
 // The HTTP API (docs/api.md) on Hono: one router per resource under `/v1`, each validating its
 // input with the protocol's schemas (middleware) and handing typed values to the services.
 import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { Hono } from 'hono';
 import { DsecError } from '@dsec/protocol';
 import type { Metrics } from '../metrics.js';
@@ -31,6 +32,7 @@ import { routePath } from 'hono/route';
 import { uiRoutes } from './ui.js';
 import { sessionRoutes } from './routes/session.js';
 import { mountE2b } from '../e2b/index.js';
+import { SandboxPorts } from '../e2b/ports.js';
 import type { E2bOptions } from '../e2b/index.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
@@ -47,6 +49,8 @@ export interface AppOptions {
   e2b?: Pick<E2bOptions, 'buildBase' | 'buildOnDemand' | 'baseFrom' | 'domain'>;
   /** Registers work to do when the server stops (the E2B base build is stopped). */
   onClose?: (fn: () => Promise<void>) => void;
+  /** Registers an HTTP upgrade handler tried before the WebSocket routes (true: it took the request). */
+  onUpgrade?: (fn: (req: IncomingMessage, socket: Duplex, head: Buffer) => boolean) => void;
 }
 
 /** How long `/healthz` waits for the store before it answers 503 (ms). */
@@ -72,6 +76,13 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
     c.set('clientAddress', trusted.clientAddress(incoming?.socket.remoteAddress ?? '', c.req.header('x-forwarded-for')));
     await next();
   });
+
+  // E2B's per-sandbox host names (`<port>-<id>.<domain>`, e2b/ports.ts) before every route: any path on such a host is the sandbox's.
+  const e2bPorts = new SandboxPorts(services, opts.e2b?.domain ?? null, log, watch);
+  app.use('*', e2bPorts.middleware());
+  opts.onUpgrade?.((req, socket, head) =>
+    e2bPorts.upgrade(req, socket, head, trusted.clientAddress(req.socket.remoteAddress ?? '', [req.headers['x-forwarded-for']].flat()[0])),
+  );
 
   app.get('/healthz', async (c) => {
     const health = opts.health;

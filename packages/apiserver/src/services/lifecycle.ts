@@ -1,6 +1,6 @@
 // A sandbox's life after its create: routing requests to its node (resuming it when its lease
 // says so), pause and resume, leases (idle, owner gone), expiry and destroy.
-import { DsecError, KeyedSerialQueue } from '@dsec/protocol';
+import { DsecError, KeyedSerialQueue, MAX_SANDBOX_TIMEOUT_MS } from '@dsec/protocol';
 import type { EdgeClient, GrantedLease, PauseMemory, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
@@ -237,6 +237,7 @@ export class LifecycleService {
         throw err;
       }
       crashPoint('resume.node');
+      await this.renewExpired(row.id);
       // A sandbox whose owner went away is no longer held by that owner once someone resumes it.
       const current = await store.sandboxOnly(row.id);
       const ownerGone = current?.owner_id ? (await store.owner(current.owner_id))?.state !== 'active' : false;
@@ -246,6 +247,24 @@ export class LifecycleService {
       nodes.chargeCpu(row.node, this.cpuCharge(row), 1);
       this.d.counters.sandboxesResumed++;
       return this.pauseReply(row, result);
+    });
+  }
+
+  /**
+   * A sandbox paused at the end of its lifetime (`onExpire: 'pause'`) and resumed gets a new
+   * lifetime of the same length from now (capped at the longest), else the next watcher pass
+   * would pause it again.
+   */
+  private async renewExpired(id: string, now = Date.now()): Promise<void> {
+    const row = await this.d.store.sandboxOnly(id);
+    if (!row || Date.parse(row.expires_at) > now) return;
+    const lease = leaseOf(row);
+    if (lease.onExpire !== 'pause') return;
+    const created = Date.parse(row.created_at);
+    const maxLifetimeMs = Math.min(MAX_SANDBOX_TIMEOUT_MS, now - created + lease.maxLifetimeMs);
+    await this.d.store.updateSandbox(id, {
+      lease: JSON.stringify({ ...lease, maxLifetimeMs }),
+      expires_at: new Date(created + maxLifetimeMs).toISOString(),
     });
   }
 
@@ -338,9 +357,16 @@ export class LifecycleService {
     });
   }
 
-  /** Destroys a sandbox whose maximum lifetime has passed (the watcher's expiry pass). */
+  /**
+   * Ends a sandbox whose maximum lifetime has passed (the watcher's expiry pass): destroys it,
+   * or with `lease.onExpire: 'pause'` pauses it and keeps it paused (a paused one is left alone).
+   */
   async expireRow(row: SandboxTable): Promise<void> {
     // lease.exceeded for an elapsed lifetime is the watcher's (it raises it once per sandbox).
+    if (leaseOf(row).onExpire === 'pause') {
+      if (row.state === 'running') await this.pauseRow(row, 'expired', () => Date.parse(row.expires_at) <= Date.now());
+      return;
+    }
     await this.destroyRow(row);
     this.d.counters.sandboxesExpired++;
   }

@@ -78,7 +78,7 @@ export function registerUp(program: Command): void {
       // dsec up builds the fncall language runtimes in the background into the machine-wide cache (docs/integrations.md).
       const prebuild = flags.prebuild !== false;
       const calls = upCalls(opts.calls, prebuild);
-      const platform = await startPlatform({ ...opts, calls, e2b: { buildBase: prebuild && flags.e2bBase !== false }, log });
+      const platform = await startPlatform({ ...opts, calls, e2b: { ...opts.e2b, buildBase: prebuild && flags.e2bBase !== false }, log });
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {

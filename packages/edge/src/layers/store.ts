@@ -24,6 +24,7 @@ import { TarExtractor } from './tar-extract.js';
 import { CHUNK_INDEX_FILE, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
 import type { LazyCacheStats, LazyOptions, LazyRecord } from './lazy.js';
 import { encodeChunkIndex } from './lazy-index.js';
+import { buildThroughCache } from './machine-cache.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
 
 /** How long an unused layer stays mounted after its last release. */
@@ -35,6 +36,8 @@ const DEFAULT_EVICT_GRACE_MS = 60_000;
 export interface LayerStoreOptions {
   /** Directory the store owns, e.g. `$DSEC_HOME/layers`. */
   root: string;
+  /** The machine-wide cache of built layers that builds asking for it go through (machine-cache.ts); none: they build here. */
+  machineCacheDir?: string | undefined;
   /** Chunk size of data blobs in bytes (power of two >= 4096); default 1 MiB. */
   chunkSizeBytes?: number;
   /** Limits applied to tar and OCI sources; defaults in {@link DEFAULT_TAR_LIMITS}. */
@@ -99,6 +102,8 @@ export interface BuildLayerOptions {
    */
   onSourceRead?: () => Promise<void>;
   signal?: AbortSignal;
+  /** Build into (or take from) the machine-wide cache, keyed by `name` (which must then be given); see {@link LayerStoreOptions.machineCacheDir}. */
+  machineCache?: boolean;
 }
 
 /** Result of {@link LayerStore.gc}. */
@@ -210,6 +215,11 @@ export class LayerStore {
     const progress = opts.onProgress ?? (() => undefined);
     const name = opts.name === undefined ? undefined : normalizeLayerName(opts.name);
     signal?.throwIfAborted();
+    const cacheDir = this.opts.machineCacheDir;
+    if (opts.machineCache && cacheDir !== undefined && opts.name !== undefined) {
+      const { machineCache: _cached, ...rest } = opts;
+      return buildThroughCache(this, cacheDir, opts.name, (scratch) => scratch.build(source, rest));
+    }
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
       let tree = join(work, 'root');

@@ -63,7 +63,12 @@ const BuildSourceSchema = z.discriminatedUnion('type', [
   z.strictObject({ type: z.literal('busybox') }),
   z.strictObject({ type: z.literal('image'), ref: ImageRefSchema }),
 ]);
-const BuildOptionsSchema = z.strictObject({ kind: BuildableLayerKindSchema, name: z.string().min(1).max(256).optional(), labels: LabelsSchema.optional() });
+const BuildOptionsSchema = z.strictObject({
+  kind: BuildableLayerKindSchema,
+  name: z.string().min(1).max(256).optional(),
+  labels: LabelsSchema.optional(),
+  machineCache: z.boolean().optional(),
+});
 
 type Args = unknown[];
 /** Argument `i`, already parsed with its schema: typed by the parameter it is passed to. */

@@ -3,15 +3,11 @@
 // in a machine-wide cache directory, so that other node homes on the machine (and the next start)
 // take them in at once. A call never waits for a build: until its layer is ready it is refused
 // with UNAVAILABLE naming the runtime, what is built and for how long, and a retry hint.
-import { randomBytes } from 'node:crypto';
-import { access, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
-import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import type { LayerStore } from '../../layers/index.js';
-import { LayerStore as CacheStore } from '../../layers/index.js';
+import { buildThroughCache } from '../../layers/machine-cache.js';
 import { DEFAULT_DEBIAN_SUITE } from '../../layers/debian.js';
-import { mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { RUNTIME_LAYERS, runtimeLayerName } from './runtimes.js';
 import type { RuntimeLayerId } from './runtimes.js';
 
@@ -127,32 +123,13 @@ export class RuntimeBuilds {
     }
   }
 
-  /** Takes the layer from the cache, or builds it there (or in the node's store without a cache). */
+  /** Takes the layer from the machine-wide cache, or builds it there (or in the node's store without a cache). */
   private async build(id: RuntimeLayerId): Promise<LayerInfo> {
     const name = this.nameOf(id);
     const source = { type: 'debian' as const, suite: this.suite, packages: [...RUNTIME_LAYERS[id].packages] };
     const signal = this.abort.signal;
-    const cacheDir = this.o.cacheDir;
-    if (cacheDir === undefined) return this.o.layers.build(source, { kind: 'base', name, signal });
-    const entry = path.join(cacheDir, name);
-    if (await exists(path.join(entry, 'layer.json'))) return this.o.layers.adopt(entry, name);
-    // Built in a store of its own beside the cache, then renamed into place: another process
-    // building the same layer at the same time loses the rename and takes the winner's.
-    await mkdir(cacheDir, { recursive: true, mode: 0o700 });
-    await sweepStaleBuilds(cacheDir);
-    const scratch = path.join(cacheDir, `.build-${name}-${randomBytes(4).toString('hex')}`);
-    const store = new CacheStore({ root: scratch, unmountLingerMs: 0 });
-    try {
-      const info = await store.build(source, { kind: 'base', name, signal });
-      await store.close();
-      await rename(path.join(scratch, 'blobs', info.digest.slice('sha256:'.length)), entry).catch(async (err: unknown) => {
-        if (!(await exists(path.join(entry, 'layer.json')))) throw err;
-      });
-      return await this.o.layers.adopt(entry, name);
-    } finally {
-      await store.close().catch(() => undefined);
-      await rm(scratch, { recursive: true, force: true });
-    }
+    if (this.o.cacheDir === undefined) return this.o.layers.build(source, { kind: 'base', name, signal });
+    return buildThroughCache(this.o.layers, this.o.cacheDir, name, (scratch) => scratch.build(source, { kind: 'base', name, signal }));
   }
 
   /** Stops the build in progress and drops the queue. */
@@ -162,26 +139,4 @@ export class RuntimeBuilds {
     this.abort.abort(new DsecError('CANCELLED', 'the fncall backend is closing'));
     await this.idle.catch(() => undefined);
   }
-}
-
-/** A build directory left this long ago belongs to a process that died while building. */
-const STALE_BUILD_MS = 24 * 3600_000;
-
-/** Removes build directories that dead processes left in the cache (their mounts first). */
-async function sweepStaleBuilds(cacheDir: string): Promise<void> {
-  for (const name of await readdir(cacheDir).catch(() => [] as string[])) {
-    if (!name.startsWith('.build-')) continue;
-    const dir = path.join(cacheDir, name);
-    const st = await stat(dir).catch(() => undefined);
-    if (!st || Date.now() - st.mtimeMs < STALE_BUILD_MS) continue;
-    for (const m of await mountsUnder(dir)) umount(m, MNT.DETACH);
-    await rm(dir, { recursive: true, force: true });
-  }
-}
-
-async function exists(p: string): Promise<boolean> {
-  return access(p).then(
-    () => true,
-    () => false,
-  );
 }

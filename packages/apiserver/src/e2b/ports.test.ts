@@ -1,0 +1,82 @@
+// Host-name routing without a sandbox: the Host forms that name a port, and the relay (the same
+// bash script a sandbox runs, here as a local process) carrying HTTP through RelaySocket.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { test } from 'node:test';
+import type { OutputEvent, ProcessStream } from '@dsec/protocol';
+import { RELAY, RelaySocket, hostTarget } from './ports.js';
+
+test('hostTarget: <port>-<id>.<domain>, with or without a port in the domain', () => {
+  assert.deepEqual(hostTarget('3000-sb-1a2b.e2b.test', 'e2b.test'), { port: 3000, sandboxId: 'sb-1a2b' });
+  assert.deepEqual(hostTarget('3000-SB-1A2B.E2B.test:8080', 'e2b.test'), { port: 3000, sandboxId: 'sb-1a2b' });
+  assert.deepEqual(hostTarget('49983-x.dsec.test:7070', 'dsec.test:7070'), { port: 49983, sandboxId: 'x' });
+  assert.equal(hostTarget('49983-x.dsec.test:7071', 'dsec.test:7070'), undefined);
+  assert.equal(hostTarget('e2b.test', 'e2b.test'), undefined);
+  assert.equal(hostTarget('70000-x.e2b.test', 'e2b.test'), undefined);
+  assert.equal(hostTarget('3000-x.y.e2b.test', 'e2b.test'), undefined);
+  assert.equal(hostTarget('3000-x.e2b.test', null), undefined);
+  assert.equal(hostTarget('3000-x.evil-e2b.test', 'e2b.test'), undefined);
+});
+
+/** The relay as a local process, seen as an edge's ProcessStream. */
+function localRelay(port: number): ProcessStream {
+  const child = spawn('bash', ['-c', RELAY, String(port)], { stdio: ['pipe', 'pipe', 'ignore'] });
+  const exited = new Promise<{ exitCode: number | null; signal: string | null }>((resolve) =>
+    child.once('exit', (code, signal) => resolve({ exitCode: code, signal })),
+  );
+  return {
+    pid: 1,
+    osPid: child.pid ?? 0,
+    exited: exited as unknown as ProcessStream['exited'],
+    write: async (data) => void child.stdin.write(data),
+    closeStdin: async () => void child.stdin.end(),
+    kill: async () => void child.kill('SIGKILL'),
+    detach: async () => undefined,
+    onDetach: () => undefined,
+    async *[Symbol.asyncIterator](): AsyncGenerator<OutputEvent> {
+      let offset = 0;
+      for await (const chunk of child.stdout as AsyncIterable<Buffer>) {
+        yield { kind: 'data', stream: 'stdout', offset, data: chunk };
+        offset += chunk.length;
+      }
+    },
+  };
+}
+
+test('the relay carries an HTTP request and its response; a closed port is an error', async () => {
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', () => res.end(`${req.method} ${req.url} ${body}`));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const port = (server.address() as AddressInfo).port;
+  try {
+    const relay = new RelaySocket(localRelay(port));
+    const answer = await new Promise<string>((resolve, reject) => {
+      const req = request({ createConnection: () => relay, method: 'POST', path: '/x?y=1', headers: { connection: 'close' } }, (res) => {
+        let b = '';
+        res.on('data', (d: Buffer) => (b += d.toString()));
+        res.on('end', () => resolve(`${res.statusCode} ${b}`));
+      });
+      req.setTimeout(10_000, () => req.destroy(new Error('no answer within 10 s')));
+      req.on('error', reject);
+      req.end('hello');
+    });
+    assert.equal(answer, '200 POST /x?y=1 hello');
+    server.close();
+    const closed = new RelaySocket(localRelay(port));
+    await assert.rejects(
+      new Promise((resolve, reject) => {
+        closed.on('error', reject);
+        closed.on('end', resolve);
+        closed.resume();
+      }),
+      /nothing listens/,
+    );
+  } finally {
+    server.close();
+  }
+});
