@@ -32,6 +32,7 @@ import { snapshotScenario } from './scenarios/snapshot.js';
 import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 import { sandboxFusionScenario } from './scenarios/sandboxfusion.js';
+import { lazyScenario } from './scenarios/lazy.js';
 
 const SCENARIOS: Scenario[] = [
   createScenario,
@@ -50,6 +51,7 @@ const SCENARIOS: Scenario[] = [
   remoteEdgeScenario,
   sandboxFusionScenario,
   microvmScenario,
+  lazyScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

@@ -107,5 +107,7 @@ export { NodeAgent, credentialsDir } from './cluster/node-agent.js';
 export type { NodeAgentOptions } from './cluster/node-agent.js';
 export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, npmTarball, startNpmRegistry, tarballManifest } from './testing/npm-registry.js';
 export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
+export { startOciRegistry } from './testing/oci-registry.js';
+export type { OciRegistry } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';
