@@ -20,7 +20,12 @@ const MiB = 1024 * 1024;
 /** The small image's toolkit: many small files, all read by its first command. */
 const SMALL_FILES = 2000;
 const SMALL_FILE_BYTES = 8 * 1024;
-const MODES = ['eager pull', 'lazy', 'lazy + profile'] as const;
+/** Its first command reads the first this-many hundred files (without read-ahead each costs a request). */
+const SMALL_READ_HUNDREDS = 2;
+/** `lazy, one request per read`: no read-ahead (what a node did before requests were merged), small image only. */
+const MODES = ['eager pull', 'lazy, one request per read', 'lazy', 'lazy + profile'] as const;
+/** The repository of the no-read-ahead runs: their profile must not serve the others. */
+const BEFORE_REPOSITORY = 'dsec/before';
 type Mode = (typeof MODES)[number];
 
 interface Image {
@@ -49,7 +54,11 @@ async function coldStart(
     agentBinary: AGENT_BINARY,
     nodeName: 'lazy-bench',
     cgroupParent: `dsec-bench-lazy-${path.basename(home).slice(-6)}`,
-    registry: { ...endpoint, lazy: mode !== 'eager pull' },
+    registry: {
+      ...endpoint,
+      lazy: mode !== 'eager pull',
+      ...(mode === 'lazy, one request per read' ? { readAheadBytes: 0, repository: BEFORE_REPOSITORY } : {}),
+    },
   });
   const done = onCleanup(`lazy bench node ${home}`, async () => {
     await edge.shutdown().catch(() => undefined);
@@ -98,8 +107,9 @@ export const lazyScenario: Scenario = {
     'metadata and chunk index pulled, data chunks fetched by HTTP range request as read, neighbouring missed extents',
     'and up to 1 MiB of read-ahead merged into one request), **lazy + profile** (the same, with the access profile the',
     "lazy run recorded up to its first command's end stored beside each layer in the registry and prefetched in",
-    'merged ranges from create on). Small image: the busybox base plus a toolkit of',
-    `${SMALL_FILES.toLocaleString('en')} files of ${SMALL_FILE_BYTES / 1024} KiB, first command \`cat\` of all of them. Large image: the Debian`,
+    'merged ranges from create on), and for the small image **lazy, one request per read** (no read-ahead: what a node did',
+    'before requests were merged; its own repository, so that its profile serves no other run). Small image: the busybox base plus a toolkit of',
+    `${SMALL_FILES.toLocaleString('en')} files of ${SMALL_FILE_BYTES / 1024} KiB, first command \`cat\` of the first ${SMALL_READ_HUNDREDS * 100} (in name order, as in the blob). Large image: the Debian`,
     `base of the episode scenario (${BASE_PACKAGES.join(', ')}), first command \`python3 -c 'import json'\`. The registry is`,
     "Debian's docker-registry on loopback with htpasswd (bcrypt) auth: every request pays a bcrypt check, so requests",
     'count more than bytes here. No `tc` shaping (loopback): the time column flatters eager pulls; bytes and',
@@ -114,7 +124,8 @@ export const lazyScenario: Scenario = {
     const edge = ctx.bench.platform.edge;
     const registry = await startOciRegistry();
     onCleanup('lazy bench registry', () => registry.close());
-    const reg = new LayerRegistry({ url: registry.url, username: registry.username, password: registry.password });
+    const endpoint = { url: registry.url, username: registry.username, password: registry.password };
+    const reg = new LayerRegistry(endpoint);
 
     const tree = path.join(ctx.dir, 'lazy', 'small');
     await mkdir(path.join(tree, 'opt', 'small'), { recursive: true });
@@ -126,7 +137,7 @@ export const lazyScenario: Scenario = {
     const busybox = await edge.layers.resolve('busybox');
     const small = await edge.layers.build({ type: 'dir', path: tree }, { kind: 'toolkit' });
     const images: Image[] = [
-      { name: `small (busybox + ${SMALL_FILES} files)`, base: busybox, toolkits: [small], cmd: 'cat /opt/small/* > /dev/null' },
+      { name: `small (busybox + ${SMALL_FILES} files)`, base: busybox, toolkits: [small], cmd: `cat /opt/small/f0[0-${SMALL_READ_HUNDREDS - 1}]* > /dev/null` },
       { name: `large (Debian: ${BASE_PACKAGES.join(', ')})`, base: debian.info, toolkits: [], cmd: "python3 -c 'import json'" },
     ];
     progress('lazy: pushing the layers to the registry');
@@ -140,6 +151,7 @@ export const lazyScenario: Scenario = {
     for (const image of images) {
       const total = [image.base, ...image.toolkits].reduce((n, l) => n + l.metaBytes + l.blobBytes, 0);
       for (const mode of MODES) {
+        if (mode === 'lazy, one request per read' && image.base === debian.info) continue;
         if (mode === 'lazy + profile') await profilesStored(reg, image, path.join(ctx.dir, 'lazy', 'profile.json'));
         progress(`lazy: ${image.name}, ${mode}`);
         const r = await coldStart(ctx, registry, image, mode);

@@ -323,6 +323,20 @@ export class LazyLayers {
     await this.request(hex, { op: 'prefetch', chunks });
   }
 
+  /**
+   * Whether the layer's server is gone for certain: its socket is missing or refuses
+   * connections (a server too busy to answer in time is not gone).
+   */
+  async gone(hex: string): Promise<boolean> {
+    try {
+      await this.request(hex, { op: 'stats' });
+      return false;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      return code === 'ENOENT' || code === 'ECONNREFUSED';
+    }
+  }
+
   /** Whether the layer has a running server. */
   async running(hex: string): Promise<boolean> {
     return (await this.request(hex, { op: 'stats' }).catch(() => undefined)) !== undefined;
@@ -402,8 +416,8 @@ export class LazyLayers {
     sock.on('close', () => {
       if (this.subscriptions.get(hex) !== sock) return; // stopped or detached by this edge
       this.subscriptions.delete(hex);
-      void this.running(hex).then((alive) => {
-        if (!alive && this.pinned.has(hex)) this.onServerLost?.(hex);
+      void this.gone(hex).then((gone) => {
+        if (gone && this.pinned.has(hex)) this.onServerLost?.(hex);
       });
     });
     sock.unref();

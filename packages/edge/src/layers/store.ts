@@ -204,7 +204,7 @@ export class LayerStore {
     // followed again), the others stop.
     if (this.lazy !== undefined) {
       for (const hex of await this.lazy.serverDirs()) {
-        if (this.mounted.has(hex) && this.lazyLayers.has(hex) && (await this.lazy.running(hex))) await this.lazy.start(hex, join(this.blobsDir, hex));
+        if (this.mounted.has(hex) && this.lazyLayers.has(hex) && !(await this.lazy.gone(hex))) await this.lazy.start(hex, join(this.blobsDir, hex));
         else if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.dropDeadMount(hex);
         else await this.lazy.stop(hex);
       }
@@ -564,7 +564,7 @@ export class LayerStore {
       const target = join(this.mntDir, hex);
       this.cancelLinger(hex);
       // A lazy layer whose server died reads ENOTCONN: it is mounted anew for this user.
-      if (this.mounted.has(hex) && this.lazy !== undefined && this.lazyLayers.has(hex) && !(await this.lazy.running(hex))) await this.dropDeadMount(hex);
+      if (this.mounted.has(hex) && this.lazy !== undefined && this.lazyLayers.has(hex) && (await this.lazy.gone(hex))) await this.dropDeadMount(hex);
       if (!this.mounted.has(hex)) {
         await mkdir(target, { recursive: true });
         if (!(await mountsUnder(target)).includes(target)) {
