@@ -270,7 +270,7 @@ describe('lazily loaded layers', () => {
       while ((profile = await reg.profile(toolP.digest, path.join(scratch, 'profile.json'))) === undefined && Date.now() < until) await sleep(100);
       assert.ok(profile, 'the profile is in the registry');
       assert.equal(profile.chunks.length, firstRun.touched, 'every chunk read, in first-read order');
-      assert.ok(registry.requests().includes(`PUT /v2/dsec/layers/manifests/${toolP.digest.replace(':', '-')}.profile`));
+      assert.ok(profile.chunks.length >= 240 && profile.chunks.every((c) => c < firstRun.chunks), 'chunk indexes of the layer');
     } finally {
       await lazy.edge.destroy(first.id);
     }
