@@ -17,6 +17,7 @@ import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
+import type { LayerProfile, LazyServerStats } from '@dsec/edge';
 import type { LayerInfo, RaisedEvent } from '@dsec/protocol';
 import { REPO_ROOT, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
@@ -255,8 +256,8 @@ describe('lazily loaded layers', () => {
   test('missed neighbours come in one request; the first run records a profile, the next cold start prefetches it', async () => {
     registry.clearLog();
     const first = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolP.digest] } });
-    let profile;
-    let firstRun;
+    let profile: LayerProfile | undefined;
+    let firstRun: LazyServerStats;
     try {
       const r = await lazy.edge.exec(first.id, { cmd: 'cat /opt/p/s* | sha256sum' });
       assert.equal(r.stdout, `${smallSum}  -\n`, r.stderr);
