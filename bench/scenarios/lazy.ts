@@ -77,6 +77,8 @@ async function coldStart(
     const cache = await edge.layers.cacheStats();
     let prefetched = 0;
     for (const l of layers) prefetched += (await edge.layers.lazy?.serverStats(l.digest.slice(7)))?.prefetchedChunks ?? 0;
+    // The profiles are stored after the first command's end, before the node goes.
+    if (mode === 'lazy') await profilesStored(new LayerRegistry(endpoint), image, path.join(ctx.dir, 'lazy-profile.json'));
     const bytes = mode === 'eager pull' ? layers.reduce((n, l) => n + l.metaBytes + l.blobBytes, 0) : metaBytes + (cache?.fetchedBytes ?? 0);
     await edge.destroy(sb.id);
     return { ms, bytes, requests, prefetched };
@@ -156,7 +158,6 @@ export const lazyScenario: Scenario = {
       const total = [image.base, ...image.toolkits].reduce((n, l) => n + l.metaBytes + l.blobBytes, 0);
       for (const mode of MODES) {
         if (mode === 'lazy, one request per read' && image.base === debian.info) continue;
-        if (mode === 'lazy + profile') await profilesStored(reg, image, path.join(ctx.dir, 'lazy', 'profile.json'));
         progress(`lazy: ${image.name}, ${mode}`);
         const r = await coldStart(ctx, mode === 'lazy, one request per read' ? beforeRegistry : registry, image, mode);
         const system = `dsec ${mode}`;
