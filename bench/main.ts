@@ -33,6 +33,7 @@ import { streamScenario } from './scenarios/stream.js';
 import { sustainedScenario } from './scenarios/sustained.js';
 import { sandboxFusionScenario } from './scenarios/sandboxfusion.js';
 import { e2bScenario } from './scenarios/e2b.js';
+import { lazyScenario } from './scenarios/lazy.js';
 
 const SCENARIOS: Scenario[] = [
   createScenario,
@@ -52,6 +53,7 @@ const SCENARIOS: Scenario[] = [
   sandboxFusionScenario,
   microvmScenario,
   e2bScenario,
+  lazyScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;
@@ -163,7 +165,7 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md'];
+  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md', 'lazy.md'];
   const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);

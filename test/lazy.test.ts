@@ -14,8 +14,10 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { execFile, spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
+import type { LayerProfile, LazyServerStats } from '@dsec/edge';
 import type { LayerInfo, RaisedEvent } from '@dsec/protocol';
 import { REPO_ROOT, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
@@ -43,6 +45,24 @@ let toolCorrupt: LayerInfo;
 let toolGone: LayerInfo;
 const corruptFile = randomBytes(200 * 1024);
 const goneFile = randomBytes(200 * 1024);
+/** Many small files read together (what an interpreter's start does): neighbours share requests. */
+const smallFiles: Record<string, Buffer> = { 'opt/p/unread': randomBytes(2 * MiB) };
+for (let i = 0; i < 240; i++) smallFiles[`opt/p/s${String(i).padStart(3, '0')}`] = randomBytes(8 * 1024);
+const smallSum = createHash('sha256')
+  .update(
+    Buffer.concat(
+      Object.keys(smallFiles)
+        .filter((k) => k !== 'opt/p/unread')
+        .sort()
+        .map((k) => smallFiles[k]!),
+    ),
+  )
+  .digest('hex');
+let toolP: LayerInfo;
+let toolD: LayerInfo;
+const deadFiles = { 'opt/d/first': randomBytes(64 * 1024), 'opt/d/second': randomBytes(300 * 1024) };
+/** A node with the default read-ahead and an empty cache: the next cold start of what `lazy` ran. */
+let lazy2: TestNode;
 
 const endpoint = () => ({ url: registry.url, username: registry.username, password: registry.password });
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
@@ -84,17 +104,22 @@ before(async () => {
   builder = await startNode({ edge: { registry: endpoint() } });
   nodes.push(builder);
   // Built side by side: the base, and every toolkit the tests use (each pushed to the registry).
-  [base, toolA, toolB, toolC, toolCorrupt, toolGone] = await Promise.all([
+  [base, toolA, toolB, toolC, toolCorrupt, toolGone, toolP, toolD] = await Promise.all([
     builder.edge.layers.build({ type: 'busybox' }, { kind: 'base' }),
     dirLayer(builder, 'a', files),
     dirLayer(builder, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') }),
     dirLayer(builder, 'c', cFiles),
     dirLayer(builder, 'corrupt', { 'opt/e/file': corruptFile }),
     dirLayer(builder, 'gone', { 'opt/f/file': goneFile }),
+    dirLayer(builder, 'profiled', smallFiles),
+    dirLayer(builder, 'dead', deadFiles),
   ]);
-  lazy = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1 } } });
+  // A read-ahead of one small file's worth, so that the tests can tell what was read from what was not.
+  lazy = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1, readAheadBytes: 64 * 1024 } } });
   nodes.push(lazy);
   lazy.edge.onEvent((ev) => events.push(ev));
+  lazy2 = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000 } } });
+  nodes.push(lazy2);
 });
 
 after(async () => {
@@ -168,7 +193,9 @@ describe('lazily loaded layers', () => {
       const server = await lazy.edge.layers.lazy!.serverStats(tool.digest.slice(7));
       assert.ok(server, 'the layer has a lazy server');
       assert.equal(server.fetchedChunks, 3, 'two chunks of one, one of two');
-      assert.equal(rangeGets(await blobDigestOf(lazy, tool)), 3, 'one range request per chunk');
+      const gets = rangeGets(await blobDigestOf(lazy, tool));
+      assert.equal(gets, server.requests, 'the range requests the server counts are those the registry saw');
+      assert.ok(gets <= 3, `each chunk fetched once, neighbours together: ${gets} range requests for 3 chunks`);
     } finally {
       for (const sb of sbs) await lazy.edge.destroy(sb.id);
     }
@@ -224,6 +251,81 @@ describe('lazily loaded layers', () => {
     const later = await lazy.edge.exec(failing.id, { cmd: 'sha256sum /opt/f/file' });
     assert.equal(later.stdout, `${sha(goneFile)}  /opt/f/file\n`, 'read again once the registry is back');
     await lazy.edge.destroy(failing.id);
+  });
+
+  test('missed neighbours come in one request; the first run records a profile, the next cold start prefetches it', async () => {
+    registry.clearLog();
+    const first = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolP.digest] } });
+    let profile: LayerProfile | undefined;
+    let firstRun: LazyServerStats;
+    try {
+      const r = await lazy.edge.exec(first.id, { cmd: 'cat /opt/p/s* | sha256sum' });
+      assert.equal(r.stdout, `${smallSum}  -\n`, r.stderr);
+      firstRun = await layerStats(toolP);
+      assert.ok(firstRun.fetchedChunks >= 240, `${firstRun.fetchedChunks} chunks`);
+      assert.ok(firstRun.requests * 4 <= firstRun.fetchedChunks, `${firstRun.requests} range requests for ${firstRun.fetchedChunks} small files`);
+      assert.ok(firstRun.fetchedBytes < toolP.blobBytes, 'the unread file was not fetched');
+      // The first command's end stores the layer's access profile beside it in the registry.
+      const reg = new LayerRegistry(endpoint());
+      const until = Date.now() + 15_000;
+      while ((profile = await reg.profile(toolP.digest, path.join(scratch, 'profile.json'))) === undefined && Date.now() < until) await sleep(100);
+      assert.ok(profile, 'the profile is in the registry');
+      assert.equal(profile.chunks.length, firstRun.touched, 'every chunk read, in first-read order');
+      assert.ok(profile.chunks.length >= 240 && profile.chunks.every((c) => c < firstRun.chunks), 'chunk indexes of the layer');
+    } finally {
+      await lazy.edge.destroy(first.id);
+    }
+    // A cold start on another node: the profile's chunks come before any read, merged.
+    const second = await lazy2.edge.create({ image: { base: base.digest, toolkits: [toolP.digest] } });
+    try {
+      const hex = toolP.digest.slice(7);
+      let s = await lazy2.edge.layers.lazy!.serverStats(hex);
+      const until = Date.now() + 15_000;
+      while ((s?.prefetches ?? 0) < 1 && Date.now() < until) {
+        await sleep(100);
+        s = await lazy2.edge.layers.lazy!.serverStats(hex);
+      }
+      assert.ok(s && s.prefetches === 1, 'the profile was prefetched');
+      assert.equal(s.prefetchedChunks, profile.chunks.length);
+      assert.ok(s.requests * 8 <= s.prefetchedChunks, `${s.requests} range requests for ${s.prefetchedChunks} prefetched chunks`);
+      registry.clearLog();
+      const r = await lazy2.edge.exec(second.id, { cmd: 'cat /opt/p/s* | sha256sum' });
+      assert.equal(r.stdout, `${smallSum}  -\n`, r.stderr);
+      const after = await lazy2.edge.layers.lazy!.serverStats(hex);
+      assert.ok(after);
+      assert.equal(after.misses, 0, 'no read waited for the registry');
+      assert.equal(rangeGets(await blobDigestOf(lazy2, toolP)), 0, `the second run's reads sent no range request (the first run's sent ${firstRun.requests})`);
+    } finally {
+      await lazy2.edge.destroy(second.id);
+    }
+  });
+
+  test('a lazy server that dies under a mounted layer: its sandboxes are lost (no ENOTCONN for good), the next one gets a new server', async () => {
+    const sb = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolD.digest] } });
+    const r = await lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/d/first' });
+    assert.equal(r.stdout, `${sha(deadFiles['opt/d/first'])}  /opt/d/first\n`, r.stderr);
+    const hex = toolD.digest.slice(7);
+    const pid = await lazy.edge.layers.lazy!.serverPid(hex);
+    assert.ok(pid, 'the layer has a server');
+    // The FUSE process dies (a crash): the layer's mount would answer ENOTCONN from now on.
+    const fusePid = Number((await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8')).trim().split(/\s+/)[0]);
+    assert.ok(fusePid > 0, 'dsec-lazyfs runs under the server');
+    process.kill(fusePid, 'SIGKILL');
+    const until = Date.now() + 15_000;
+    const lost = () => events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id);
+    while (lost() === undefined && Date.now() < until) await sleep(100);
+    const layerLost = events.find((e) => e.kind === 'layer.server-lost');
+    assert.equal(layerLost?.data?.layer, toolD.digest, 'layer.server-lost names the layer');
+    assert.equal(lost()?.data?.reason, 'layer-server-lost', 'its sandbox is marked lost');
+    await assert.rejects(lazy.edge.exec(sb.id, { cmd: 'true' }), /not found|SANDBOX_NOT_FOUND/i);
+    const next = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolD.digest] } });
+    try {
+      const again = await lazy.edge.exec(next.id, { cmd: 'sha256sum /opt/d/first /opt/d/second' });
+      assert.equal(again.stdout, `${sha(deadFiles['opt/d/first'])}  /opt/d/first\n${sha(deadFiles['opt/d/second'])}  /opt/d/second\n`, again.stderr);
+      assert.notEqual(await lazy.edge.layers.lazy!.serverPid(hex), pid, 'a new server');
+    } finally {
+      await lazy.edge.destroy(next.id);
+    }
   });
 
   test('an edge killed while a lazy layer is read: the read completes, a new edge adopts the server', async () => {

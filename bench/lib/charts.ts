@@ -60,6 +60,24 @@ export function chartsOf(report: RunReport): Chart[] {
       title: 'Throughput, dsec and its peers',
       svg: barChart({ title: 'Throughput, dsec and its peers', unit: 'per s', groups: rates, higherIsBetter: true }),
     });
+  for (const [suffix, file, unit, title] of [
+    ['create to first command end', 'lazy-start.svg', 'ms', "Cold start to the first command's end: eager pull, lazy, lazy + profile"],
+    ['blob requests to the registry', 'lazy-requests.svg', 'requests', 'Registry requests of a cold start: eager pull, lazy, lazy + profile'],
+    ['bytes fetched', 'lazy-bytes.svg', 'MiB', 'Bytes fetched before the first command ends: eager pull, lazy, lazy + profile'],
+  ] as const) {
+    const of = report.rows.filter((r) => r.scenario === 'lazy' && r.metric.endsWith(`: ${suffix}`) && r.value !== undefined);
+    const images = [...new Set(of.map((r) => r.metric))];
+    if (images.length > 0)
+      charts.push({
+        file,
+        title,
+        svg: barChart({
+          title,
+          unit,
+          groups: images.map((m) => ({ label: m, bars: of.filter((r) => r.metric === m).map((r) => ({ label: r.system, value: r.value! })) })),
+        }),
+      });
+  }
   const fill = report.rows.find((r) => r.scenario === 'sustained' && r.series);
   const probes = report.rows.filter((r) => r.scenario === 'density' && /^create at \d+% fill$/.test(r.metric) && r.p50 !== undefined);
   if (fill?.series) {

@@ -15,9 +15,9 @@ import type { Scenario, ScenarioContext } from '../lib/scenario.js';
 import { nowMs, pool, progress, summarize } from '../lib/stats.js';
 
 /** The Debian base: python3 and git, plus six, the project's one dependency. */
-const BASE_PACKAGES = ['python3', 'python3-six', 'git'];
+export const BASE_PACKAGES = ['python3', 'python3-six', 'git'];
 /** Name of the cached base; it names the packages, so a change of the list builds a new one. */
-const BASE_NAME = `bench-${BASE_PACKAGES.join('-')}`;
+export const BASE_NAME = `bench-${BASE_PACKAGES.join('-')}`;
 /** The project: isodate, a small pure-Python library whose Debian package ships its unittest suite. */
 const PROJECT_DEB = 'python3-isodate';
 const WORKSPACE_NAME = 'bench-isodate';
@@ -28,7 +28,7 @@ const TEST_CMD = ['python3', '-m', 'unittest', 'discover', '-q', '-s', 'isodate/
 let cachedBase: LayerInfo | undefined;
 
 /** The Debian base from the bench's persistent cache, built there on first use. */
-async function cachedDebianBase(cacheDir: string): Promise<{ info: LayerInfo; blobDir: string }> {
+export async function cachedDebianBase(cacheDir: string): Promise<{ info: LayerInfo; blobDir: string }> {
   const root = path.join(cacheDir, 'layers');
   const store = new LayerStore({ root });
   try {

@@ -4,7 +4,8 @@
 // live in the node's chunk cache as `<cache>/<2 hex>/<64 hex>` (named by their sha256). A read
 // of an extent the cache lacks asks the lazy server (the parent, over stdin/stdout: "F <i>\n"
 // out, "O <i>\n" or "E <i> <errno>\n" back) to fetch, verify and store it, then reads the file.
-// A read whose answer does not come within the deadline, or after the server has gone, fails
+// A read announces every extent it misses at once (the server merges neighbours into one range
+// request). A read whose answer does not come within the deadline, or after the server has gone, fails
 // with EIO: the sandbox sees an I/O error, never a hang. Extents served from the cache are
 // reported ("H <i> <bytes>\n") for the server's statistics and LRU order.
 //
@@ -125,10 +126,34 @@ static int open_chunk(uint32_t i) {
   return open(path, O_RDONLY | O_CLOEXEC);
 }
 
-/** An fd of extent i's cache file, fetched first if missing; -errno on failure. */
-static int chunk_fd(uint32_t i) {
+/**
+ * Asks the server for extent i if the cache lacks it and nobody asked yet; 1 when this call
+ * asked. A read announces every extent it misses before it waits for the first, so that the
+ * server sees neighbours together and fetches them with one range request.
+ */
+static int announce(uint32_t i) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/%s", cache_dir, extents[i].path);
+  if (access(path, F_OK) == 0) return 0;
+  int asked = 0;
+  pthread_mutex_lock(&mu);
+  if (state[i] == UNKNOWN && !server_gone) {
+    state[i] = FETCHING;
+    last_error[i] = 0;
+    char line[64];
+    snprintf(line, sizeof(line), "F %u\n", i);
+    say(line);
+    asked = 1;
+  }
+  pthread_mutex_unlock(&mu);
+  return asked;
+}
+
+/** An fd of extent i's cache file, fetched first if missing; -errno on failure. `asked`: this read announced it (no hit). */
+static int chunk_fd(uint32_t i, int asked) {
   int fd = open_chunk(i);
   if (fd >= 0) {
+    if (asked) return fd;
     char line[64];
     snprintf(line, sizeof(line), "H %u\n", i);
     say(line);
@@ -249,10 +274,14 @@ static int lz_read(const char *path, char *buf, size_t size, off_t offset, struc
   if (off + size > blob_size) size = (size_t)(blob_size - off);
   memset(buf, 0, size);
   uint64_t end = off + size;
-  for (uint32_t i = find_extent(off); i < n_extents && extents[i].off < end; i++) {
+  uint32_t first = find_extent(off);
+  uint64_t asked = 0; // bit k: extent first+k announced by this read (the first 64)
+  for (uint32_t i = first; i < n_extents && extents[i].off < end; i++)
+    if (announce(i) && i - first < 64) asked |= 1ull << (i - first);
+  for (uint32_t i = first; i < n_extents && extents[i].off < end; i++) {
     uint64_t from = extents[i].off > off ? extents[i].off : off;
     uint64_t to = extents[i].off + extents[i].len < end ? extents[i].off + extents[i].len : end;
-    int fd = chunk_fd(i);
+    int fd = chunk_fd(i, i - first < 64 && ((asked >> (i - first)) & 1));
     if (fd < 0) return fd;
     size_t want = (size_t)(to - from);
     size_t got = 0;

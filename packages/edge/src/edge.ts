@@ -71,6 +71,8 @@ interface Entry {
   transition?: Promise<unknown>;
   /** Set on the first use of its agent (or a claim): a used sandbox is never claimed. */
   used: boolean;
+  /** Set once its first command ended (the access profiles of its lazy layers are recorded then). */
+  profiled?: boolean;
   /** The last snapshot started: snapshots of one sandbox run one after another. */
   snapshotting?: Promise<unknown>;
 }
@@ -163,6 +165,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
     // What a crashed edge left behind and recovery did not adopt: containers without a
     // folder, cgroups without a container, stale layer mounts. No call pool runs yet, so
     // function-call sandboxes left behind go too.
+    // Lazy layers whose server died while this edge was down: their sandboxes cannot read them.
+    await edge.loseLayerUsers(edge.layers.takeLostLayers());
     edge.lastStartGarbage = await edge.collectGarbage({ calls: true });
     edge.monitor.start(opts.counterScanMs ?? DEFAULT_COUNTER_SCAN_MS);
     return edge;
@@ -216,6 +220,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
   raise(ev: RaisedEvent): void {
     // A backend that lost a sandbox (a microVM whose QEMU died) has removed it: the node forgets it too.
     if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend !== undefined) void this.forgetLost(ev.sandboxId);
+    if (ev.kind === 'layer.server-lost') void this.loseLayerUsers(this.layers.takeLostLayers());
     const full: RaisedEvent = { ...ev, node: ev.node ?? this.nodeName, at: ev.at ?? new Date().toISOString() };
     for (const sink of this.eventSinks) {
       try {
@@ -272,6 +277,29 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
     if (watch.length > 0 && backend.writableLayer) this.security.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
+  }
+
+  /**
+   * Sandboxes using a lazy layer whose server died (see LayerStore.dropDeadMount): their root
+   * reads through a dead FUSE connection (ENOTCONN) that cannot be re-attached, so they are
+   * destroyed and raised `sandbox.lost` (reason `layer-server-lost`) rather than left failing
+   * reads for good. Never throws.
+   */
+  private async loseLayerUsers(digests: string[]): Promise<void> {
+    if (digests.length === 0) return;
+    const dead = new Set(digests);
+    for (const [id, e] of [...this.sandboxes]) {
+      const layer = (e.record.layers ?? []).find((l) => dead.has(l.digest));
+      if (layer === undefined) continue;
+      await this.destroy(id).catch(() => undefined);
+      this.raise({
+        kind: 'sandbox.lost',
+        severity: 'warning',
+        sandboxId: id,
+        message: `sandbox ${id}: the lazy server of its layer ${layer.digest} died; its root cannot be read any more`,
+        data: { backend: e.backend.kind, reason: 'layer-server-lost', layer: layer.digest },
+      });
+    }
   }
 
   /**
@@ -586,6 +614,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
    */
   idRange(id: string): IdRange | undefined {
     return this.entry(id).record.idRange;
+  }
+
+  /** The first command's end is where lazy layers' access profiles stop recording. */
+  protected override commandEnded(id: string): void {
+    const e = this.sandboxes.get(id);
+    if (e === undefined || e.profiled === true) return;
+    e.profiled = true;
+    const lazy = (e.record.layers ?? []).map((l) => l.digest).filter((d) => this.layers.isLazy(d));
+    if (lazy.length > 0) this.layers.recordProfiles(lazy).catch(() => undefined); // a profile is an optimization
   }
 
   /** Resource use of a sandbox. */

@@ -46,7 +46,7 @@ export type { ZramSwapOptions } from './host/swap.js';
 export { DEFAULT_ID_RANGE, checkIdShift, withShiftedView } from './host/idmap.js';
 export type { IdShift } from './host/idmap.js';
 export { LayerRegistry, LayerStore, layerTag, parseImageRef, RegistryClient } from './layers/index.js';
-export type { BuildLayerOptions, LayerSource, LayerStoreOptions } from './layers/index.js';
+export type { BuildLayerOptions, LayerProfile, LayerSource, LayerStoreOptions, LazyServerStats } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError, idmappedBind } from './sys/linux.js';
 export { FnCallRunner, MAX_CONCURRENT_CALLS } from './backends/fncall/runner.js';
 export type { FnCallRunnerOptions } from './backends/fncall/runner.js';
@@ -110,5 +110,7 @@ export { REGISTRY_BASE_PLACEHOLDER, contentsFromTarballs, generatePackageTree, n
 export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOptions } from './testing/npm-registry.js';
 export { buildDeb, makeRepoKey, pyDistributionFile, startStaticRepo, writeDebianRepo, writePypiIndex, zipStored } from './testing/package-repos.js';
 export type { DebPackage, PyDistribution, RepoKey, StaticRepo } from './testing/package-repos.js';
+export { startOciRegistry } from './testing/oci-registry.js';
+export type { OciRegistry } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';

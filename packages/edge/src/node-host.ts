@@ -49,6 +49,7 @@ export async function prepareHost(opts: {
       ? {
           lazyfsBinary: path.join(path.dirname(opts.agentBinary), 'dsec-lazyfs'),
           deadlineMs: opts.registry.fetchDeadlineMs,
+          readAheadBytes: opts.registry.readAheadBytes,
           chunkCacheMaxBytes: opts.registry.chunkCacheMaxBytes,
           raise: opts.raise,
         }

@@ -37,6 +37,9 @@ export abstract class SandboxCalls {
     return proc;
   }
 
+  /** A command of the sandbox ended (lazy layers record their access profile at the first). */
+  protected commandEnded(_id: string): void {}
+
   /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
   protected async start(id: string, spec: ExecSpec, signal?: AbortSignal): Promise<EdgeProcessStream> {
     const oomBaseline = this.monitor.oomBaseline(id);
@@ -45,7 +48,10 @@ export abstract class SandboxCalls {
     this.monitor.spawned(id, att.proc, oomBaseline);
     const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit));
     void att.exited.then(
-      () => this.monitor.exited(id),
+      () => {
+        this.monitor.exited(id);
+        this.commandEnded(id);
+      },
       () => undefined,
     );
     return proc;

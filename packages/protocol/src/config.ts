@@ -118,6 +118,8 @@ export const LayerRegistryConfigSchema = RegistryEndpointConfigSchema.extend({
   chunkCacheMaxBytes: positiveInt.optional(),
   /** A chunk the registry has not given within this many ms fails its read with EIO (`layer.fetch-failed`). Default 10000. */
   fetchDeadlineMs: positiveInt.optional(),
+  /** Bytes of the extents after a missed read that are fetched with it in one range request. Default 1048576; 0 for none. */
+  readAheadBytes: z.int({ error: 'not a non-negative integer' }).nonnegative({ error: 'not a non-negative integer' }).optional(),
 });
 
 /** Default machine-wide cache of the fncall runtimes' Debian layers (`node.calls.runtimeCache`) of `dsec up`. */

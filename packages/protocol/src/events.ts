@@ -46,6 +46,8 @@ export const EVENT_KINDS = [
   // lazily loaded layers (a chunk the registry did not give in time; one that failed its digest)
   'layer.fetch-failed',
   'layer.corrupt',
+  // a lazy layer's server died while mounted (its sandboxes are lost)
+  'layer.server-lost',
   // anything a rule added at run time matched
   'rule.matched',
 ] as const;

@@ -138,11 +138,11 @@ export class NodeService {
   }
 
   /**
-   * An event a node raised (the local edge's or a remote node's): a microVM whose QEMU died
-   * makes its row lost. Never throws.
+   * An event a node raised (the local edge's or a remote node's): a microVM whose QEMU died, or
+   * a sandbox whose lazy layer's server died, makes its row lost. Never throws.
    */
   nodeEvent(ev: RaisedEvent, node?: string): void {
-    if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
+    if (ev.kind === 'sandbox.lost' && ev.sandboxId && (ev.data?.backend === 'microvm' || ev.data?.reason === 'layer-server-lost'))
       void this.sandboxLost(ev.sandboxId, node ?? ev.node).catch((err: unknown) => this.d.sinks.log(`nodes: ${ev.sandboxId} lost: ${(err as Error).message}`));
   }
 

@@ -45,6 +45,10 @@ export interface LazyServerConfig {
   blobDigest: string;
   /** Control socket. */
   socket: string;
+  /** Extents after those a read misses fetched with them (same request), in bytes. */
+  readAheadBytes: number;
+  /** Largest range one request asks for, in bytes. */
+  maxRangeBytes: number;
 }
 
 /** Counters of a lazy server. */
@@ -64,6 +68,34 @@ export interface LazyServerStats {
   touched: number;
   chunks: number;
   blobBytes: number;
+  /** Range requests sent to the registry (one per run of neighbouring extents). */
+  requests: number;
+  /** Chunks fetched as read-ahead (not asked for by a read yet). */
+  readAheadChunks: number;
+  /** Chunks fetched ahead of any read from an access profile, and profiles fetched to the end. */
+  prefetchedChunks: number;
+  prefetches: number;
+}
+
+/** A chunk asked for or being fetched: every reader waits on its promise. */
+interface PendingChunk {
+  promise: Promise<void>;
+  resolve: () => void;
+  reject: (err: unknown) => void;
+  /** Part of a range request already (or about to be) sent. */
+  started: boolean;
+}
+
+function pendingChunk(): PendingChunk {
+  let resolve!: () => void;
+  let reject!: (err: unknown) => void;
+  const promise = new Promise<void>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  // Read-ahead and prefetched chunks may have no reader to hear of their failure.
+  promise.catch(() => undefined);
+  return { promise, resolve, reject, started: false };
 }
 
 /** Chunk `sha256`'s file in the cache. */
@@ -73,6 +105,10 @@ export function chunkPath(cacheDir: string, sha256: string): string {
 
 /** Minimum spacing of `layer.fetch-failed` events of one layer (a dead registry fails every read). */
 const EVENT_SPACING_MS = 5_000;
+/** Largest hole between two extents fetched by one request (its bytes are read and dropped). */
+const MAX_GAP_BYTES = 64 * 1024;
+/** Prefetch runs in flight at once. */
+const PREFETCH_RUNS = 4;
 /** Cache files of chunks read are touched at most this often (their mtime is the LRU order). */
 const TOUCH_SPACING_MS = 30_000;
 
@@ -90,6 +126,10 @@ async function main(configPath: string): Promise<void> {
     touched: 0,
     chunks: index.chunks.length,
     blobBytes: index.blobBytes,
+    requests: 0,
+    readAheadChunks: 0,
+    prefetchedChunks: 0,
+    prefetches: 0,
   };
   const order: number[] = [];
   const seen = new Uint8Array(index.chunks.length);
@@ -146,28 +186,118 @@ async function main(configPath: string): Promise<void> {
     waiting.shift()?.();
   };
 
-  const inflight = new Map<number, Promise<void>>();
+  // Every chunk asked for or being fetched has one pending entry, which every reader of that
+  // chunk waits on; a chunk is fetched once however many readers, layers or prefetches want it.
+  const inflight = new Map<number, PendingChunk>();
+  /** Chunks asked for since the last flush (one tick): neighbours among them share a request. */
+  let asked: number[] = [];
+  let flushing = false;
+  const cached = (i: number): boolean => existsSync(chunkPath(cfg.cacheDir, index.chunks[i]!.sha256));
+
+  /** Resolves once chunk `i` is in the cache (fetched with its neighbours, see {@link flush}). */
   const ensure = (i: number): Promise<void> => {
-    let p = inflight.get(i);
-    if (p === undefined) {
-      p = fetchChunk(i).finally(() => inflight.delete(i));
-      inflight.set(i, p);
+    const known = inflight.get(i);
+    if (known !== undefined) return known.promise;
+    const p = pendingChunk();
+    inflight.set(i, p);
+    if (cached(i)) {
+      // Another layer with this chunk fetched it.
+      inflight.delete(i);
+      p.resolve();
+      return p.promise;
     }
-    return p;
+    asked.push(i);
+    if (!flushing) {
+      flushing = true;
+      setImmediate(flush);
+    }
+    return p.promise;
   };
 
-  const fetchChunk = async (i: number): Promise<void> => {
-    const c = index.chunks[i]!;
-    const path = chunkPath(cfg.cacheDir, c.sha256);
-    if (existsSync(path)) return; // another layer with this chunk fetched it
-    const signal = AbortSignal.timeout(cfg.deadlineMs);
-    await slot(signal);
+  /**
+   * Groups the chunks asked for in the last tick into runs of neighbouring extents (with the
+   * extents after the last one asked for, up to the read-ahead) and fetches each run with one
+   * range request.
+   */
+  const flush = (): void => {
+    flushing = false;
+    const list = [...new Set(asked)].sort((a, b) => a - b);
+    asked = [];
+    const wanted = new Set(list);
+    for (const i of list) {
+      const first = inflight.get(i);
+      if (first === undefined || first.started) continue;
+      first.started = true;
+      const run = [i];
+      const from = index.chunks[i]!.offset;
+      let end = from + index.chunks[i]!.length;
+      let wantedEnd = end;
+      for (let j = i + 1; j < index.chunks.length; j++) {
+        const c = index.chunks[j]!;
+        const stop = c.offset + c.length;
+        if (c.offset - end > MAX_GAP_BYTES || stop - from > cfg.maxRangeBytes) break;
+        const known = inflight.get(j);
+        if (wanted.has(j) && known !== undefined && !known.started) {
+          known.started = true;
+          wantedEnd = stop;
+        } else if (known !== undefined || stop - wantedEnd > cfg.readAheadBytes || cached(j)) {
+          break;
+        } else {
+          // Read-ahead: the extents after those read are most often the rest of the file (or
+          // the next files of the directory); a registry round trip costs more than the bytes.
+          const p = pendingChunk();
+          p.started = true;
+          inflight.set(j, p);
+          stats.readAheadChunks++;
+        }
+        run.push(j);
+        end = stop;
+      }
+      void fetchRun(run);
+    }
+  };
+
+  /**
+   * Fetches the extents `run` (consecutive indexes) with one range request, checks each against
+   * its own digest and stores the good ones; each chunk's waiters learn its own outcome.
+   */
+  const fetchRun = async (run: number[]): Promise<void> => {
+    const first = index.chunks[run[0]!]!;
+    const last = index.chunks[run[run.length - 1]!]!;
+    const settle = (i: number, err?: unknown): void => {
+      const p = inflight.get(i);
+      inflight.delete(i);
+      if (err === undefined) p?.resolve();
+      else p?.reject(err);
+    };
     let bytes: Buffer;
     try {
-      bytes = await client.blobRange(cfg.repository, cfg.blobDigest, c.offset, c.length, signal);
-    } finally {
-      unslot();
+      const signal = AbortSignal.timeout(cfg.deadlineMs);
+      await slot(signal);
+      try {
+        stats.requests++;
+        bytes = await client.blobRange(cfg.repository, cfg.blobDigest, first.offset, last.offset + last.length - first.offset, signal);
+      } finally {
+        unslot();
+      }
+    } catch (err) {
+      for (const i of run) settle(i, err);
+      return;
     }
+    for (const i of run) {
+      const c = index.chunks[i]!;
+      try {
+        await storeChunk(i, bytes.subarray(c.offset - first.offset, c.offset - first.offset + c.length));
+        settle(i);
+      } catch (err) {
+        settle(i, err);
+      }
+    }
+  };
+
+  /** Checks chunk `i`'s bytes against its digest and writes them to the cache. */
+  const storeChunk = async (i: number, bytes: Buffer): Promise<void> => {
+    const c = index.chunks[i]!;
     const got = createHash('sha256').update(bytes).digest('hex');
     if (got !== c.sha256) {
       stats.corrupt++;
@@ -179,6 +309,7 @@ async function main(configPath: string): Promise<void> {
       });
       throw new Error('corrupt chunk');
     }
+    const path = chunkPath(cfg.cacheDir, c.sha256);
     await mkdir(join(cfg.cacheDir, c.sha256.slice(0, 2)), { recursive: true });
     const tmp = `${path}.tmp-${randomBytes(4).toString('hex')}`;
     await writeFile(tmp, bytes);
@@ -280,16 +411,38 @@ async function main(configPath: string): Promise<void> {
     });
   });
 
-  /** Fetches `list` in order, a few at a time, in the background (missing chunks only). */
+  /**
+   * Fetches an access profile's chunks in its order, in the background: each next chunk still
+   * missing starts a run with the profile's chunks that follow it in the blob (one range request
+   * for them all), a few runs at a time. A read of a chunk being prefetched waits for that fetch.
+   */
   const prefetch = async (list: number[]): Promise<void> => {
+    const inProfile = new Set(list);
     let next = 0;
-    const worker = async () => {
+    const worker = async (): Promise<void> => {
       while (next < list.length) {
         const i = list[next++]!;
-        await ensure(i).catch(() => undefined);
+        if (inflight.has(i) || cached(i)) continue;
+        const run = [i];
+        const from = index.chunks[i]!.offset;
+        let end = from + index.chunks[i]!.length;
+        for (let j = i + 1; j < index.chunks.length && inProfile.has(j); j++) {
+          const c = index.chunks[j]!;
+          if (c.offset - end > MAX_GAP_BYTES || c.offset + c.length - from > cfg.maxRangeBytes || inflight.has(j) || cached(j)) break;
+          run.push(j);
+          end = c.offset + c.length;
+        }
+        for (const k of run) {
+          const p = pendingChunk();
+          p.started = true;
+          inflight.set(k, p);
+        }
+        stats.prefetchedChunks += run.length;
+        await fetchRun(run);
       }
     };
-    await Promise.all(Array.from({ length: Math.max(1, Math.min(cfg.concurrency, 8)) }, worker));
+    await Promise.all(Array.from({ length: Math.max(1, Math.min(cfg.concurrency, PREFETCH_RUNS)) }, worker));
+    stats.prefetches++;
   };
 
   fuse.on('exit', () => {

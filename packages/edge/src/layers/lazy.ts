@@ -29,6 +29,10 @@ export interface LazyOptions {
   deadlineMs?: number | undefined;
   /** Range requests in flight per layer; default 16. */
   concurrency?: number | undefined;
+  /** Bytes of the extents after a missed read fetched with it (one request); default 1 MiB, 0 for none. */
+  readAheadBytes?: number | undefined;
+  /** Largest range one request asks for (neighbouring missed extents are merged up to it); default 4 MiB. */
+  maxRangeBytes?: number | undefined;
   /** Bytes of the chunk cache; past it, chunks no mounted layer needs go, LRU. Default none. */
   chunkCacheMaxBytes?: number | undefined;
   /** Where `layer.fetch-failed` and `layer.corrupt` go. */
@@ -63,13 +67,27 @@ export const LAZY_RECORD_FILE = 'lazy.json';
 export const CHUNK_INDEX_FILE = 'chunks.idx';
 const DEFAULT_DEADLINE_MS = 10_000;
 const DEFAULT_CONCURRENCY = 16;
+/** Read-ahead past a missed read (bytes): a round trip to the registry costs more than 1 MiB on a cluster link. */
+export const DEFAULT_READ_AHEAD_BYTES = 1024 * 1024;
+/** Largest range request (bytes). */
+export const DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024;
 const SERVER_SCRIPT = fileURLToPath(new URL('./lazy-server.js', import.meta.url));
 const REQUEST_TIMEOUT_MS = 5_000;
+/** A profile is recorded at the first command's end, or this long after the layer's server started. */
+export const PROFILE_WINDOW_MS = 120_000;
 /** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
 export const SOCKET_DIR = '/run/dsec/lazy';
 
 type Counters = Pick<LazyServerStats, 'hits' | 'misses' | 'fetchedBytes' | 'fetchedChunks' | 'failures' | 'corrupt'>;
 const ZERO: Counters = { hits: 0, misses: 0, fetchedBytes: 0, fetchedChunks: 0, failures: 0, corrupt: 0 };
+
+/** Where a layer's access profile stands on this node (see LazyLayers.recordProfile). */
+interface ProfileState {
+  state: 'loading' | 'recording' | 'recorded' | 'prefetching';
+  /** Settles once the registry said whether it has a profile. */
+  loaded: Promise<void>;
+  timer?: NodeJS.Timeout;
+}
 
 /** The lazy servers of one layer store. */
 export class LazyLayers {
@@ -82,6 +100,17 @@ export class LazyLayers {
   /** Counters of servers stopped since the edge started, and the last seen of running ones. */
   private retired: Counters = { ...ZERO };
   private evicting: Promise<void> = Promise.resolve();
+  /**
+   * Called when a layer's server dies on its own (its event connection closed and it answers no
+   * more): its FUSE view is gone (ENOTCONN) under the layer's EROFS mount (see LayerStore).
+   */
+  onServerLost: ((hex: string) => void) | undefined;
+  /**
+   * Access profiles of the servers this edge started: `recording` until the first command of a
+   * sandbox using the layer ends (or {@link PROFILE_WINDOW_MS}), then stored in the registry;
+   * `prefetching` when the registry had one (its chunks are fetched in the background).
+   */
+  private readonly profiles = new Map<string, ProfileState>();
 
   constructor(
     private readonly root: string,
@@ -151,6 +180,8 @@ export class LazyLayers {
       repository: this.registry.repository,
       blobDigest: record.blobDigest,
       socket: this.socketOf(hex),
+      readAheadBytes: this.opts.readAheadBytes ?? DEFAULT_READ_AHEAD_BYTES,
+      maxRangeBytes: Math.max(this.opts.maxRangeBytes ?? DEFAULT_MAX_RANGE_BYTES, 64 * 1024),
     };
     const configPath = join(dir, 'server.json');
     await writeFile(configPath, JSON.stringify(config), { mode: 0o600 });
@@ -186,19 +217,67 @@ export class LazyLayers {
       });
     }
     this.subscribe(hex);
+    this.loadProfile(hex);
     return blob;
+  }
+
+  /**
+   * A server just started (a cold start of the layer on this node): fetches the layer's access
+   * profile and prefetches its chunks, or, when there is none, records one.
+   */
+  private loadProfile(hex: string): void {
+    const entry: ProfileState = { state: 'loading', loaded: Promise.resolve() };
+    this.profiles.set(hex, entry);
+    const scratch = join(this.dirOf(hex), 'profile.json');
+    entry.loaded = this.registry
+      .profile(`sha256:${hex}`, scratch, AbortSignal.timeout(REQUEST_TIMEOUT_MS))
+      .then(async (profile) => {
+        if (profile !== undefined) {
+          entry.state = 'prefetching';
+          await this.prefetch(hex, profile.chunks);
+          return;
+        }
+        entry.state = 'recording';
+        entry.timer = setTimeout(() => {
+          this.recordProfile(hex).catch(() => undefined);
+        }, PROFILE_WINDOW_MS);
+        entry.timer.unref();
+      })
+      .catch(() => {
+        // No profile to be had (registry down): reads fetch as they come; nothing is recorded.
+        entry.state = 'recorded';
+      });
+  }
+
+  /**
+   * Stores the layer's access profile (the chunks read so far, in order) in the registry if this
+   * edge is recording one (the layer's first run on a node that found none). Once per server.
+   */
+  async recordProfile(hex: string): Promise<boolean> {
+    const entry = this.profiles.get(hex);
+    await entry?.loaded;
+    if (entry?.state !== 'recording') return false;
+    entry.state = 'recorded';
+    clearTimeout(entry.timer);
+    const order = await this.accessOrder(hex);
+    if (order.length === 0) return false;
+    await this.registry.pushProfile(`sha256:${hex}`, order, join(this.dirOf(hex), 'profile.json'));
+    return true;
   }
 
   /** Stops the layer's server (its EROFS mount must be gone) and removes its directory. */
   async stop(hex: string): Promise<void> {
     this.pinned.delete(hex);
+    clearTimeout(this.profiles.get(hex)?.timer);
+    this.profiles.delete(hex);
     const final = await this.request(hex, { op: 'stats' }).catch(() => undefined);
     if (final !== undefined) this.retire((final as { stats: LazyServerStats }).stats);
     this.subscriptions.get(hex)?.destroy();
     this.subscriptions.delete(hex);
     // The FUSE view may stay busy a moment after the layer's unmount (the kernel lets go of the
     // backing file late): ask again for a while, then detach it (cleanup) and let the server go.
-    const until = Date.now() + 5_000;
+    // A server that did not answer is gone (died): nothing to wait for, only its leftovers.
+    const until = final === undefined ? 0 : Date.now() + 5_000;
     while (Date.now() < until) {
       const reply = (await this.request(hex, { op: 'stop' }).catch(() => undefined)) as { stopped?: boolean } | undefined;
       if (reply === undefined || reply.stopped === true) break;
@@ -227,6 +306,12 @@ export class LazyLayers {
     return reply?.stats;
   }
 
+  /** The process id of the layer's server; undefined when none answers. */
+  async serverPid(hex: string): Promise<number | undefined> {
+    const reply = (await this.request(hex, { op: 'stats' }).catch(() => undefined)) as { pid?: number } | undefined;
+    return reply?.pid;
+  }
+
   /** Chunk indexes in the order the layer's reads first touched them (its access profile). */
   async accessOrder(hex: string): Promise<number[]> {
     const reply = (await this.request(hex, { op: 'order' })) as { order: number[] };
@@ -236,6 +321,20 @@ export class LazyLayers {
   /** Asks the layer's server to fetch `chunks` in the background, in order. */
   async prefetch(hex: string, chunks: number[]): Promise<void> {
     await this.request(hex, { op: 'prefetch', chunks });
+  }
+
+  /**
+   * Whether the layer's server is gone for certain: its socket is missing or refuses
+   * connections (a server too busy to answer in time is not gone).
+   */
+  async gone(hex: string): Promise<boolean> {
+    try {
+      await this.request(hex, { op: 'stats' });
+      return false;
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      return code === 'ENOENT' || code === 'ECONNREFUSED';
+    }
   }
 
   /** Whether the layer has a running server. */
@@ -315,7 +414,11 @@ export class LazyLayers {
     this.subscriptions.set(hex, sock);
     sock.on('error', () => undefined);
     sock.on('close', () => {
-      if (this.subscriptions.get(hex) === sock) this.subscriptions.delete(hex);
+      if (this.subscriptions.get(hex) !== sock) return; // stopped or detached by this edge
+      this.subscriptions.delete(hex);
+      void this.gone(hex).then((gone) => {
+        if (gone && this.pinned.has(hex)) this.onServerLost?.(hex);
+      });
     });
     sock.unref();
     sock.write(JSON.stringify({ op: 'events' }) + '\n');
@@ -333,6 +436,7 @@ export class LazyLayers {
 
   /** Subscriptions are dropped (the edge closing); servers keep running. */
   detach(): void {
+    for (const p of this.profiles.values()) clearTimeout(p.timer);
     for (const s of this.subscriptions.values()) s.destroy();
     this.subscriptions.clear();
   }

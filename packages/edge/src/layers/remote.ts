@@ -32,6 +32,15 @@ const META_TYPE = 'application/vnd.dsec.erofs.meta.v1';
 const BLOB_TYPE = 'application/vnd.dsec.erofs.blob.v1';
 /** The chunk index (lazy-index.ts): what a node mounting the layer lazily fetches instead of the blob. */
 const CHUNKS_TYPE = 'application/vnd.dsec.erofs.chunks.v1';
+/**
+ * A layer's access profile (an artifact of its own beside the layer, tagged `<layer tag>.profile`,
+ * its `subject` the layer's manifest): the chunks the first run of the layer read, in order.
+ */
+export const PROFILE_ARTIFACT_TYPE = 'application/vnd.dsec.layer.profile.v1';
+const PROFILE_TYPE = 'application/vnd.dsec.layer.profile.v1+json';
+const EMPTY_CONFIG_TYPE = 'application/vnd.oci.empty.v1+json';
+/** Largest profile read (4 bytes per chunk index, give or take). */
+const MAX_PROFILE_BYTES = 64 * 1024 * 1024;
 /** Largest metadata image or data blob pulled (a layer's content is bounded when it is built). */
 const MAX_BLOB_BYTES = 64 * 1024 ** 3;
 const MAX_CONFIG_BYTES = 1024 * 1024;
@@ -67,6 +76,25 @@ export interface LazyLayer {
   /** Digest of the data blob in the repository (what chunks are fetched from). */
   blobDigest: string;
   index: ChunkIndex;
+}
+
+const ProfileManifestSchema = z.object({
+  schemaVersion: z.literal(2),
+  artifactType: z.literal(PROFILE_ARTIFACT_TYPE),
+  layers: z.tuple([DescriptorSchema.extend({ mediaType: z.literal(PROFILE_TYPE) })]),
+});
+const ProfileSchema = z.object({
+  layer: z.string(),
+  chunks: z.array(z.int().nonnegative()),
+  recordedAt: z.string(),
+});
+
+/** A layer's access profile as stored in the registry. */
+export type LayerProfile = z.infer<typeof ProfileSchema>;
+
+/** The tag of a layer's access profile. */
+export function profileTag(digest: string): string {
+  return `${layerTag(digest)}.profile`;
 }
 
 /** Files of a layer: its EROFS metadata image and data blob. */
@@ -183,6 +211,57 @@ export class LayerRegistry {
         layer: digest,
       });
     return { record, blobDigest: blob.digest, index };
+  }
+
+  /**
+   * Stores a layer's access profile (`scratch`: a file path to stage the blob in). The layer must
+   * be in the registry: the profile names its manifest as `subject`.
+   */
+  async pushProfile(digest: string, chunks: number[], scratch: string, signal?: AbortSignal): Promise<void> {
+    const repo = this.repository;
+    const layer = await this.client.manifest(repo, layerTag(digest), [MANIFEST_TYPE], signal);
+    if (layer === undefined) throw new DsecError('LAYER_NOT_FOUND', `no layer ${digest} in registry ${this.client.url}`, { layer: digest });
+    const profile: LayerProfile = { layer: digest, chunks, recordedAt: new Date().toISOString() };
+    const empty = Buffer.from('{}');
+    try {
+      await writeFile(scratch, JSON.stringify(profile));
+      const body = await describe(scratch, PROFILE_TYPE);
+      await this.client.pushBlob(repo, body.digest, scratch, body.size, signal);
+      await writeFile(scratch, empty);
+      const config = await describe(scratch, EMPTY_CONFIG_TYPE);
+      await this.client.pushBlob(repo, config.digest, scratch, config.size, signal);
+      const manifest = {
+        schemaVersion: 2,
+        mediaType: MANIFEST_TYPE,
+        artifactType: PROFILE_ARTIFACT_TYPE,
+        config,
+        layers: [body],
+        subject: { mediaType: MANIFEST_TYPE, digest: layer.digest, size: layer.body.length },
+        annotations: { 'dev.dsec.layer.digest': digest },
+      };
+      await this.client.putManifest(repo, profileTag(digest), MANIFEST_TYPE, Buffer.from(JSON.stringify(manifest)), signal);
+    } finally {
+      await rm(scratch, { force: true });
+    }
+  }
+
+  /** A layer's access profile; undefined when none was stored (`scratch`: a file path to stage it in). */
+  async profile(digest: string, scratch: string, signal?: AbortSignal): Promise<LayerProfile | undefined> {
+    const repo = this.repository;
+    const fetched = await this.client.manifest(repo, profileTag(digest), [MANIFEST_TYPE], signal);
+    if (fetched === undefined) return undefined;
+    const manifest = ProfileManifestSchema.safeParse(JSON.parse(fetched.body.toString('utf8')));
+    if (!manifest.success) throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: ${profileTag(digest)} is not a profile`, { layer: digest });
+    try {
+      await this.client.pullBlob(repo, manifest.data.layers[0].digest, scratch, MAX_PROFILE_BYTES, signal);
+      const profile = ProfileSchema.safeParse(JSON.parse(await readFile(scratch, 'utf8')));
+      if (!profile.success || profile.data.layer !== digest) {
+        throw new DsecError('LAYER_INVALID', `registry ${this.client.url}: ${profileTag(digest)} is not that layer's profile`, { layer: digest });
+      }
+      return profile.data;
+    } finally {
+      await rm(scratch, { force: true });
+    }
   }
 
   /** The manifest and record of a layer; LAYER_NOT_FOUND when the registry lacks it. */

@@ -148,6 +148,8 @@ export class LayerStore {
   private readonly lazyLayers = new Set<string>();
   /** Lazy servers being stopped, so that an acquire waits for the stop before starting one. */
   private readonly lazyStops = new Map<string, Promise<void>>();
+  /** Layers whose lazy server died while mounted (see {@link dropDeadMount}). */
+  private readonly lostLayers = new Set<string>();
 
   constructor(private readonly opts: LayerStoreOptions) {
     this.root = opts.root;
@@ -157,6 +159,11 @@ export class LayerStore {
     this.chunkSizeBytes = opts.chunkSizeBytes ?? DEFAULT_CHUNK_SIZE_BYTES;
     this.lingerMs = opts.unmountLingerMs ?? DEFAULT_UNMOUNT_LINGER_MS;
     this.lazy = opts.lazy && opts.registry ? new LazyLayers(opts.root, opts.registry, opts.lazy) : undefined;
+    if (this.lazy !== undefined) {
+      this.lazy.onServerLost = (hex) => {
+        this.locked(() => this.dropDeadMount(hex)).catch(() => undefined);
+      };
+    }
   }
 
   /** Creates the directories, loads the index, removes half-built layers, adopts mounts. */
@@ -202,7 +209,8 @@ export class LayerStore {
     // followed again), the others stop.
     if (this.lazy !== undefined) {
       for (const hex of await this.lazy.serverDirs()) {
-        if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.lazy.start(hex, join(this.blobsDir, hex));
+        if (this.mounted.has(hex) && this.lazyLayers.has(hex) && !(await this.lazy.gone(hex))) await this.lazy.start(hex, join(this.blobsDir, hex));
+        else if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.dropDeadMount(hex);
         else await this.lazy.stop(hex);
       }
     }
@@ -483,6 +491,21 @@ export class LayerStore {
     return (await this.lazy?.stats()) ?? null;
   }
 
+  /**
+   * The first command of a sandbox using these layers ended: the lazy ones this node is
+   * recording an access profile for store it in the registry (see LazyLayers.recordProfile).
+   * Resolves to the digests whose profile was stored.
+   */
+  async recordProfiles(digests: string[]): Promise<string[]> {
+    const stored: string[] = [];
+    for (const d of digests) {
+      const hex = digestHex(d);
+      if (hex === null || !this.lazyLayers.has(hex) || this.lazy === undefined) continue;
+      if (await this.lazy.recordProfile(hex)) stored.push(`sha256:${hex}`);
+    }
+    return stored;
+  }
+
   /** Bytes the lazy servers of these layers fetched (shared by every sandbox that uses them). */
   async fetchedBytes(digests: readonly string[]): Promise<number> {
     let n = 0;
@@ -550,6 +573,8 @@ export class LayerStore {
       const hex = this.hexOf(digest);
       const target = join(this.mntDir, hex);
       this.cancelLinger(hex);
+      // A lazy layer whose server died reads ENOTCONN: it is mounted anew for this user.
+      if (this.mounted.has(hex) && this.lazy !== undefined && this.lazyLayers.has(hex) && (await this.lazy.gone(hex))) await this.dropDeadMount(hex);
       if (!this.mounted.has(hex)) {
         await mkdir(target, { recursive: true });
         if (!(await mountsUnder(target)).includes(target)) {
@@ -717,6 +742,39 @@ export class LayerStore {
     this.mounted.delete(hex);
     if (this.lazyLayers.has(hex)) this.stopLazy(hex);
     return true;
+  }
+
+  /**
+   * A lazy layer mounted over a server that died: its EROFS mount reads through a FUSE
+   * connection that is gone, ENOTCONN for every chunk not in the page cache, for good. A FUSE
+   * mount cannot be re-attached to a new server, and the overlays of the sandboxes using the
+   * layer hold this mount (not its path): they cannot be moved to a new one. So the mount is
+   * detached (new users get a new server and mount, see {@link acquire}) and `layer.server-lost`
+   * names the layer, for the edge to mark the sandboxes using it lost. Called locked.
+   */
+  private async dropDeadMount(hex: string): Promise<void> {
+    if (!this.mounted.has(hex) || this.lazy === undefined) return;
+    umount(join(this.mntDir, hex), MNT.DETACH);
+    this.mounted.delete(hex);
+    await this.lazyStops.get(hex);
+    await this.lazy.stop(hex);
+    this.lostLayers.add(`sha256:${hex}`);
+    this.opts.lazy?.raise?.({
+      kind: 'layer.server-lost',
+      severity: 'warning',
+      message: `layer sha256:${hex}: its lazy server died; the sandboxes using it cannot read it any more and are lost, later ones get a new server`,
+      data: { layer: `sha256:${hex}`, users: this.refs.get(hex) ?? 0 },
+    });
+  }
+
+  /**
+   * Layers whose lazy server was found dead (by this edge, or when it started): the edge marks
+   * the sandboxes using them lost. Each is handed out once.
+   */
+  takeLostLayers(): string[] {
+    const out = [...this.lostLayers];
+    this.lostLayers.clear();
+    return out;
   }
 
   /** Stops a lazy layer's server in the background (an acquire waits for it). */
