@@ -85,9 +85,22 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
   const conn = (): { client: DsecClient } => ({ client });
 
   const startUp = async (): Promise<void> => {
-    up = run(['up', '--addr', '127.0.0.1:0', '--no-prebuild', '--node-addr', `${CONTROL_PLANE_ADDR}:${nodePort}`, '--config', path.join(dir, 'config.json'), '--clean'], {
-      DSEC_HOME: home,
-    });
+    up = run(
+      [
+        'up',
+        '--addr',
+        '127.0.0.1:0',
+        '--no-prebuild',
+        '--node-addr',
+        `${CONTROL_PLANE_ADDR}:${nodePort}`,
+        '--config',
+        path.join(dir, 'config.json'),
+        '--clean',
+      ],
+      {
+        DSEC_HOME: home,
+      },
+    );
     apiUrl = (await waitFor(up, /listening on (http:\/\/\S+)/, 'dsec up'))[1]!;
     nodeUrl = (await waitFor(up, /nodes join on (https:\/\/\S+)/, 'dsec up'))[1]!;
     client = new DsecClient({ apiUrl, apiKey: (await readFile(path.join(home, 'admin.key'), 'utf8')).trim() });
