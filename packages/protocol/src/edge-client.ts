@@ -143,6 +143,19 @@ export interface EdgeLayers {
   remove(ref: string): Promise<void>;
   /** The chunk cache of lazily loaded layers; null when the node loads none lazily. */
   cacheStats?(): Promise<LayerCacheStats | null>;
+  /**
+   * Bytes of a `disk` layer's image as `format` (raw: converted once, sparse), from `offset`;
+   * empty past the end. The export of `dsec image export`.
+   */
+  readDisk?(ref: string, opts: ReadDiskOptions): Promise<Uint8Array>;
+}
+
+/** Options of {@link EdgeLayers.readDisk}. */
+export interface ReadDiskOptions {
+  format: 'raw' | 'qcow2';
+  offset: number;
+  /** Bytes at most (up to 8 MiB). */
+  length: number;
 }
 
 /** Function calls (the fncall backend). */

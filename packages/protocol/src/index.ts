@@ -364,6 +364,7 @@ export type {
   EdgeLayers,
   EdgeSandbox,
   LayerBuildOptions,
+  ReadDiskOptions,
   LayerBuildSource,
   NodeCapacity,
   NodeGarbageReport,

@@ -105,6 +105,7 @@ export class WireEdgeClient implements EdgeClient {
       build: (source, o) => this.build(source, o),
       remove: (ref) => this.call('layers.remove', [ref]),
       cacheStats: () => this.call('layers.cacheStats', []),
+      readDisk: (ref, o) => this.call('layers.readDisk', [ref, o]),
     };
     this.calls = {
       run: (req: CallRequest, o?: { signal?: AbortSignal }): Promise<CallResult> => this.call('calls.run', [req], { signal: o?.signal }),

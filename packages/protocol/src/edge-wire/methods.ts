@@ -291,6 +291,27 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     },
   },
   'layers.remove': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.remove(a(x, 0)) },
+  'layers.readDisk': {
+    args: [
+      ['ref', LayerRefSchema],
+      [
+        'opts',
+        z.strictObject({
+          format: z.enum(['raw', 'qcow2']),
+          offset: z.number().int().min(0),
+          length: z
+            .number()
+            .int()
+            .min(1)
+            .max(8 * 1024 * 1024),
+        }),
+      ],
+    ],
+    run: (e, x) => {
+      if (!e.layers.readDisk) throw invalidArgument('ref', 'this node exports no disk images');
+      return e.layers.readDisk(a(x, 0), a(x, 1));
+    },
+  },
   'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), local(ctx)) },
   'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), local(ctx)) },
 };

@@ -29,6 +29,7 @@ import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
 import { virtualBytes } from '../../layers/vm-image.js';
+import { VM_AGENT_LABEL } from '../../layers/store.js';
 import { killQemu, watchQemu } from '../qemu/lifecycle.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
@@ -46,8 +47,6 @@ export const MIN_VM_MEMORY_MIB = 256;
 export const VM_QEMU_OVERHEAD_MIB = 320;
 /** Default pids limit of the QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
-/** Label of a disk layer whose guest runs chronus (set by `dsec image build --vm`). */
-export const VM_AGENT_LABEL = 'dsec.vm.agent';
 
 /** What the backend needs of the node and the machine. */
 export interface VmBackendOptions {
