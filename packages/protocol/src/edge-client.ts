@@ -8,7 +8,7 @@ import type { DiffOptions, DiffResult, FileStat, VerifyRequest, VerifyResult } f
 import type { BuildableLayerKind, LayerInfo, LayerKind } from './layers.js';
 import type { EgressLogEntry, NetworkPolicy, SandboxNetwork } from './network.js';
 import type { BackendKind } from './resources.js';
-import type { SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
+import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
 import type { EventSink } from './events.js';
 import type { LayerCacheStats } from './layer-cache.js';
 
@@ -198,7 +198,7 @@ export interface EdgeClient {
   destroy(id: string, opts?: EdgeCallOptions): Promise<void>;
   list(): Promise<EdgeSandbox[]>;
   stats(id: string, opts?: EdgeCallOptions): Promise<SandboxStats>;
-  pause(id: string, opts?: EdgeCallOptions & { reason?: string }): Promise<NodePauseResult>;
+  pause(id: string, opts?: EdgeCallOptions & { reason?: string; memory?: PauseMemory }): Promise<NodePauseResult>;
   resume(id: string, opts?: EdgeCallOptions & { reason?: string; prefetch?: boolean }): Promise<NodePauseResult>;
   /** Packs the sandbox's writable layer into a snapshot layer. */
   snapshot(id: string, opts?: EdgeCallOptions & { labels?: Record<string, string> }): Promise<LayerInfo>;

@@ -26,7 +26,7 @@ import type { NetworkPolicy } from '../network.js';
 import type { ExecResult, ExecSpec, ExitInfo } from '../exec.js';
 import type { FileStat } from '../files.js';
 import type { LayerInfo, LayerKind } from '../layers.js';
-import type { SandboxClaim, SandboxSpec, SandboxStats } from '../sandboxes.js';
+import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxStats } from '../sandboxes.js';
 import type { ClientFrame, ServerFrame } from './frames.js';
 import { EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeServerFrame, encodeFrame } from './frames.js';
 import { SUBSCRIBE_METHOD } from './methods.js';
@@ -184,7 +184,7 @@ export class WireEdgeClient implements EdgeClient {
   stats(id: string, opts: EdgeCallOptions = {}): Promise<SandboxStats> {
     return this.call('stats', [id], opts);
   }
-  pause(id: string, opts: EdgeCallOptions & { reason?: string } = {}): Promise<NodePauseResult> {
+  pause(id: string, opts: EdgeCallOptions & { reason?: string; memory?: PauseMemory } = {}): Promise<NodePauseResult> {
     const { signal, ...rest } = opts;
     return this.call('pause', [id, rest], { signal });
   }

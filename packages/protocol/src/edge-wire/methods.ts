@@ -12,7 +12,7 @@ import { parseOrThrow } from '../parse.js';
 import { LabelsSchema } from '../common.js';
 import { ExecSpecSchema, PtySchema } from '../exec.js';
 import { BuildableLayerKindSchema, LayerKindSchema, LayerRefSchema } from '../layers.js';
-import { SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
+import { PauseMemorySchema, SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
 import { invalidArgument } from '../errors.js';
 
 /** What the serving side gives a call besides its arguments. */
@@ -105,7 +105,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
   pause: {
     args: [
       ['id', sandboxId],
-      ['opts', z.strictObject({ reason }).optional()],
+      ['opts', z.strictObject({ reason, memory: PauseMemorySchema.optional() }).optional()],
     ],
     run: (e, x, ctx) => e.pause(a(x, 0), withSignal(a(x, 1), ctx)),
   },
