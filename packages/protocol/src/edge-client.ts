@@ -20,6 +20,8 @@ export interface NodeCapacity {
   backends: BackendKind[];
   /** The microVM backend's accelerator (a real boot probe at node start) and measured boot time. */
   microvm?: { accel: 'kvm' | 'tcg'; bootMs: number };
+  /** The full-VM backend's accelerator and its last boot's time (0 before the first). */
+  vm?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** A sandbox as its node reports it. */
