@@ -257,6 +257,7 @@ export class VmBackend implements Backend {
         exited,
         ...(abort ? [abort] : []),
       ]);
+      if (vm.chronus) await Promise.race([this.settle(req.id, deadline), exited, ...(abort ? [abort] : [])]);
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
@@ -273,6 +274,28 @@ export class VmBackend implements Backend {
       this.vms.delete(req.id);
       if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
       throw err;
+    }
+  }
+
+  /**
+   * Waits until the guest's boot is over (`systemctl is-system-running --wait`). chronus answers
+   * early in the boot (it needs nothing but its ports); a connection made then was seen to end
+   * before the boot did, so the first command runs on a settled guest, reconnecting while it
+   * settles.
+   */
+  private async settle(id: string, deadline: number): Promise<void> {
+    for (;;) {
+      try {
+        const agent = await this.connect(id);
+        const att = await agent.spawn({ argv: ['/bin/systemctl', 'is-system-running', '--wait'] });
+        const exit = await withTimeout(att.exited, Math.max(1000, deadline - Date.now()), `create ${id}: the guest's boot did not finish in time`);
+        await agent.release(exit.proc).catch(() => undefined);
+        return;
+      } catch (err) {
+        if (Date.now() >= deadline || (err instanceof DsecError && err.code !== 'UNAVAILABLE')) throw err;
+        this.dropAgent(id);
+        await new Promise((r) => setTimeout(r, 200));
+      }
     }
   }
 
