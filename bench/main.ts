@@ -26,6 +26,7 @@ import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { microvmScenario } from './scenarios/microvm.js';
+import { vmScenario } from './scenarios/vm.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
@@ -54,6 +55,7 @@ const SCENARIOS: Scenario[] = [
   microvmScenario,
   e2bScenario,
   lazyScenario,
+  vmScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

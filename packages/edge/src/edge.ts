@@ -175,12 +175,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** What this node offers to the scheduler. */
   capacity(): NodeCapacity {
     const microvm = this.backends.get('microvm')?.capabilities;
+    const vm = this.backends.get('vm')?.capabilities;
     return {
       cpu: os.cpus().length,
       memoryMiB: Math.floor(os.totalmem() / 1048576),
       sandboxes: this.maxSandboxes,
       backends: [...this.backends.keys()],
       ...(microvm ? { microvm } : {}),
+      ...(vm ? { vm } : {}),
     };
   }
 

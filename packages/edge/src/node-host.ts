@@ -31,6 +31,8 @@ export async function prepareHost(opts: {
   pullFrom?: RegistryEndpointConfig[] | undefined;
   layerContentBytes?: number | undefined;
   machineCacheDir?: string | undefined;
+  /** Machine-wide cache of built VM disk images (`vm` layer sources). Default `/var/cache/dsec/vm`. */
+  vmImageCache?: string | undefined;
 }): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
@@ -44,6 +46,7 @@ export async function prepareHost(opts: {
     registry: opts.registry && new LayerRegistry(opts.registry),
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
+    vmImage: { agentBinary: opts.agentBinary, cacheDir: opts.vmImageCache },
     ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
     lazy: opts.registry?.lazy
       ? {
@@ -82,6 +85,7 @@ export async function openBackends(host: BackendHost, opts: EdgeOptions): Promis
         ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
       },
       opts.microvm,
+      opts.vm,
     );
   const backends = new Map<BackendKind, Backend>();
   for (const factory of factories) {
@@ -128,6 +132,7 @@ export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<Ed
     pullFrom: opts.pullFrom,
     layerContentBytes: opts.layerContentBytes,
     machineCacheDir: opts.machineCacheDir,
+    vmImageCache: opts.vm?.imageCache,
   });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);

@@ -20,6 +20,8 @@ export interface NodeCapacity {
   backends: BackendKind[];
   /** The microVM backend's accelerator (a real boot probe at node start) and measured boot time. */
   microvm?: { accel: 'kvm' | 'tcg'; bootMs: number };
+  /** The full-VM backend's accelerator and its last boot's time (0 before the first). */
+  vm?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** A sandbox as its node reports it. */
@@ -116,7 +118,11 @@ export type LayerBuildSource =
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
   | { type: 'busybox' }
   /** An image in one of the registries the node pulls from (`node.pullFrom`). */
-  | { type: 'image'; ref: string };
+  | { type: 'image'; ref: string }
+  /** A bootable VM disk image built from Debian (a `disk` layer; `opts.kind` is not used). */
+  | { type: 'vm'; suite?: string; packages?: string[] }
+  /** An uploaded qcow2 or raw disk image (a `disk` layer; `opts.kind` is not used). */
+  | { type: 'disk'; stream: AsyncIterable<Uint8Array> };
 
 /** Options of {@link EdgeLayers.build}. */
 export interface LayerBuildOptions {
@@ -141,6 +147,19 @@ export interface EdgeLayers {
   remove(ref: string): Promise<void>;
   /** The chunk cache of lazily loaded layers; null when the node loads none lazily. */
   cacheStats?(): Promise<LayerCacheStats | null>;
+  /**
+   * Bytes of a `disk` layer's image as `format` (raw: converted once, sparse), from `offset`;
+   * empty past the end. The export of `dsec image export`.
+   */
+  readDisk?(ref: string, opts: ReadDiskOptions): Promise<Uint8Array>;
+}
+
+/** Options of {@link EdgeLayers.readDisk}. */
+export interface ReadDiskOptions {
+  format: 'raw' | 'qcow2';
+  offset: number;
+  /** Bytes at most (up to 8 MiB). */
+  length: number;
 }
 
 /** Function calls (the fncall backend). */

@@ -1,5 +1,6 @@
 // Image layers: upload a tar or OCI image, build from Debian packages, pull from a registry, list,
 // remove.
+import { open } from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import {
   DebianLayerRequestSchema,
@@ -9,13 +10,14 @@ import {
   LayerRefSchema,
   PullLayerRequestSchema,
   UploadLayerQuerySchema,
+  VmLayerRequestSchema,
 } from '@dsec/protocol';
 import type { ErrorCode } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { CallOptions, DsecClient } from './client.js';
 import { readNdjson } from './ndjson.js';
 import { packDir } from './tar.js';
-import type { DebianLayerRequest, LayerInfo, LayerUploadQuery } from './types.js';
+import type { DebianLayerRequest, LayerInfo, LayerUploadQuery, VmLayerRequest } from './types.js';
 import { validate } from './validate.js';
 
 /** Options of a layer upload. Uploads and builds have no deadline unless `requestTimeoutMs` is given. */
@@ -74,6 +76,14 @@ export class LayersApi {
   }
 
   /**
+   * Builds a bootable VM disk image (a `disk` layer for `backend: "vm"`) on the server: Debian with
+   * systemd, the QEMU guest agent and chronus, plus `packages`; streams its progress.
+   */
+  async buildVm(req: VmLayerRequest = {}, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
+    return this.longBuild('/v1/layers/vm', validate(VmLayerRequestSchema, req), 'vm image build', opts);
+  }
+
+  /**
    * Imports an OCI or Docker image from a registry the node may pull from (`host/repo:tag` or
    * `host/repo@sha256:...`), squashed into one layer (kind `base` unless given), streaming progress.
    */
@@ -98,6 +108,34 @@ export class LayersApi {
       } else if (line.type === 'error') throw streamedError(line.error);
     }
     throw new DsecError('UNAVAILABLE', `${what}: the stream ended without a layer`);
+  }
+
+  /**
+   * Downloads a `disk` layer's image (raw by default, or qcow2) to `file`; runs of zeros are
+   * skipped, so a raw image stays sparse. Returns the image's size in bytes.
+   */
+  async exportDisk(ref: string, file: string, opts: CallOptions & { format?: 'raw' | 'qcow2' } = {}): Promise<number> {
+    const layer = validate(LayerRefSchema, ref, 'ref');
+    const reply = await this.client.stream(
+      { method: 'GET', path: `/v1/layers/${encodeURIComponent(layer)}/disk`, query: { format: opts.format ?? 'raw' }, timeoutMs: opts.requestTimeoutMs ?? 0 },
+      opts,
+    );
+    const fh = await open(file, 'w', 0o644);
+    let size = 0;
+    try {
+      for await (const chunk of reply.body as AsyncIterable<Buffer>) {
+        // Write what is not all zeros; holes make the rest.
+        for (let at = 0; at < chunk.length; at += SPARSE_BLOCK_BYTES) {
+          const block = chunk.subarray(at, at + SPARSE_BLOCK_BYTES);
+          if (!isZero(block)) await fh.write(block, 0, block.length, size + at);
+        }
+        size += chunk.length;
+      }
+      await fh.truncate(size);
+    } finally {
+      await fh.close();
+    }
+    return size;
   }
 
   /** Lists the project's layers and the public ones, optionally of one kind. */
@@ -127,4 +165,13 @@ function* chunksOf(buf: Buffer, size: number): Generator<Buffer> {
 export function streamedError(e: { code: string; message: string } & Record<string, unknown>): DsecError {
   const { code, message, ...details } = e;
   return new DsecError(code in ERROR_STATUS ? (code as ErrorCode) : 'INTERNAL', message, details);
+}
+
+/** Block size of the zero test of {@link LayersApi.exportDisk}. */
+const SPARSE_BLOCK_BYTES = 64 * 1024;
+
+const ZEROS = Buffer.alloc(SPARSE_BLOCK_BYTES);
+
+function isZero(b: Buffer): boolean {
+  return b.equals(ZEROS.subarray(0, b.length));
 }

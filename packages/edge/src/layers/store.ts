@@ -2,12 +2,12 @@
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { access, copyFile, link, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
+import { access, copyFile, link, mkdir, mkdtemp, open, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { DsecError, normalizeLayerName } from '@dsec/protocol';
-import type { LayerInfo, LayerKind } from '@dsec/protocol';
+import type { LayerInfo, LayerKind, ReadDiskOptions } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
 import { buildBusyboxTree } from './busybox.js';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
@@ -25,6 +25,7 @@ import { CHUNK_INDEX_FILE, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
 import type { LazyCacheStats, LazyOptions, LazyRecord } from './lazy.js';
 import { encodeChunkIndex } from './lazy-index.js';
 import { buildThroughCache } from './machine-cache.js';
+import { buildVmImage, exportRawImage, importDiskImage } from './vm-image.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
 
 /** How long an unused layer stays mounted after its last release. */
@@ -66,6 +67,8 @@ export interface LayerStoreOptions {
    * mounted over a FUSE view of it that fetches the chunks read (lazy.ts). Default off.
    */
   lazy?: LazyOptions | undefined;
+  /** How VM disk images are built (`vm` sources): chronus to install, the machine-wide cache. */
+  vmImage?: { agentBinary: string; cacheDir?: string | undefined } | undefined;
 }
 
 /** Where a layer's files come from. */
@@ -79,6 +82,10 @@ export type LayerSource =
   | { type: 'busybox' }
   /** An OCI or Docker image in one of the registries of {@link LayerStoreOptions.pullFrom}, squashed. */
   | { type: 'image'; ref: string }
+  /** A bootable VM disk (`disk` kind): Debian with systemd, the guest agent and chronus (vm-image.ts). */
+  | { type: 'vm'; suite?: string; packages?: string[] }
+  /** An uploaded qcow2 or raw disk image (`disk` kind), validated and stored as qcow2. */
+  | { type: 'disk'; stream: AsyncIterable<Uint8Array> }
   /**
    * A sandbox's overlay upper directory ("pack diff"), packed as it is: whiteouts (char 0:0)
    * and opaque directories stay, so the layer stacks over `parents` (its digests, bottom first,
@@ -114,6 +121,14 @@ export interface LayerGcResult {
 
 type StoredLayer = Omit<LayerInfo, 'names'>;
 
+/** Largest slice {@link LayerStore.readDisk} returns. */
+const MAX_DISK_READ_BYTES = 8 * 1024 * 1024;
+/** How long a raw export stays after its last read. */
+const RAW_EXPORT_LINGER_MS = 60_000;
+
+/** Label of a `disk` layer whose guest runs chronus (else the QEMU guest agent alone serves it). */
+export const VM_AGENT_LABEL = 'dsec.vm.agent';
+
 const META_FILE = 'meta.erofs';
 const BLOB_FILE = 'data.blob';
 const INFO_FILE = 'layer.json';
@@ -146,6 +161,9 @@ export class LayerStore {
   readonly lazy: LazyLayers | undefined;
   /** Layers held without their data blob (hex). */
   private readonly lazyLayers = new Set<string>();
+  /** Raw conversions of disk layers being exported (hex -> the raw file). */
+  private readonly rawExports = new Map<string, Promise<string>>();
+  private readonly rawExpiry = new Map<string, NodeJS.Timeout>();
   /** Lazy servers being stopped, so that an acquire waits for the stop before starting one. */
   private readonly lazyStops = new Map<string, Promise<void>>();
   /** Layers whose lazy server died while mounted (see {@link dropDeadMount}). */
@@ -230,6 +248,7 @@ export class LayerStore {
     }
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
+      if (source.type === 'vm' || source.type === 'disk') return await this.buildDisk(source, work, opts, name);
       let tree = join(work, 'root');
       let uuid: string | undefined;
       let shift: IdShift | undefined;
@@ -310,31 +329,121 @@ export class LayerStore {
       const { files, contentBytes } =
         shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
       await opts.onSourceRead?.();
-      const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
-      signal?.throwIfAborted();
-      const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
-      const layer: StoredLayer = {
-        digest,
-        kind: opts.kind,
-        labels: { ...opts.labels },
-        contentBytes,
-        metaBytes: meta.size,
-        blobBytes: blob.size,
-        files,
-        createdAt: new Date().toISOString(),
-      };
-      const registry = this.opts.registry;
-      if (registry !== undefined && !this.evictable.has(digest.slice('sha256:'.length))) {
-        progress(`pushing ${digest} to ${registry.client.url}`);
-        await registry.push({ meta: join(out, META_FILE), blob: join(out, BLOB_FILE) }, layer, signal);
-        await writeFile(join(out, IN_REGISTRY_FILE), '');
-      }
-      const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
-      await this.evict();
-      progress(`layer ${digest}`);
-      return info;
+      return await this.finishBuild(out, { kind: opts.kind, labels: { ...opts.labels }, contentBytes, files }, opts, name);
     } finally {
       await safeRemove(work);
+    }
+  }
+
+  /** Digest, push (with a registry) and commit of a layer built into `out` (meta + blob). */
+  private async finishBuild(
+    out: string,
+    fields: Pick<StoredLayer, 'kind' | 'labels' | 'contentBytes' | 'files'>,
+    opts: BuildLayerOptions,
+    name: string | undefined,
+  ): Promise<LayerInfo> {
+    const { signal } = opts;
+    const progress = opts.onProgress ?? (() => undefined);
+    const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
+    signal?.throwIfAborted();
+    const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
+    const layer: StoredLayer = { digest, ...fields, metaBytes: meta.size, blobBytes: blob.size, createdAt: new Date().toISOString() };
+    const registry = this.opts.registry;
+    if (registry !== undefined && !this.evictable.has(digest.slice('sha256:'.length))) {
+      progress(`pushing ${digest} to ${registry.client.url}`);
+      await registry.push({ meta: join(out, META_FILE), blob: join(out, BLOB_FILE) }, layer, signal);
+      await writeFile(join(out, IN_REGISTRY_FILE), '');
+    }
+    const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
+    await this.evict();
+    progress(`layer ${digest}`);
+    return info;
+  }
+
+  /**
+   * A `disk` layer: a qcow2 image as the layer's blob (its meta empty, so the digest is the
+   * image's sha256), built from Debian (`vm`) or an upload (`disk`, validated).
+   */
+  private async buildDisk(
+    source: Extract<LayerSource, { type: 'vm' | 'disk' }>,
+    work: string,
+    opts: BuildLayerOptions,
+    name: string | undefined,
+  ): Promise<LayerInfo> {
+    const { signal } = opts;
+    const out = join(work, 'out');
+    await mkdir(out);
+    const qcow = join(out, BLOB_FILE);
+    const labels: Record<string, string> = { ...opts.labels };
+    if (source.type === 'vm') {
+      if (!this.opts.vmImage) throw new DsecError('UNAVAILABLE', 'this node builds no VM images');
+      const image = await buildVmImage({
+        ...this.opts.vmImage,
+        ...(source.suite ? { suite: source.suite } : {}),
+        ...(source.packages ? { packages: source.packages } : {}),
+        signal,
+        onProgress: opts.onProgress,
+      });
+      await link(image, qcow).catch(() => copyFile(image, qcow));
+      labels[VM_AGENT_LABEL] = 'chronus';
+    } else {
+      const upload = join(work, 'upload.img');
+      await pipeline(Readable.from(source.stream), createWriteStream(upload), ...(signal ? [{ signal }] : []));
+      opts.onProgress?.('validating the disk image');
+      await importDiskImage(upload, qcow, signal);
+      await rm(upload, { force: true });
+    }
+    await writeFile(join(out, META_FILE), '');
+    // The bytes the node stores (a tenant's layer storage counts them), not the virtual size.
+    const contentBytes = (await stat(qcow)).size;
+    return this.finishBuild(out, { kind: 'disk', labels, contentBytes, files: 0 }, { ...opts, labels }, name);
+  }
+
+  /** The qcow2 image of a `disk` layer (QEMU opens it read-only, as an overlay's backing). */
+  diskFile(digest: string): string {
+    const hex = this.hexOf(digest);
+    if (this.layers.get(hex)?.kind !== 'disk') throw new DsecError('INVALID_ARGUMENT', `layer ${digest} is not a disk image`, { field: 'image.base' });
+    return join(this.blobsDir, hex, BLOB_FILE);
+  }
+
+  /**
+   * Bytes of a `disk` layer's image from `offset` (empty past the end): its qcow2 as stored, or
+   * as raw, converted once into the store's tmp directory (sparse) and kept while it is read.
+   */
+  async readDisk(ref: string, opts: ReadDiskOptions): Promise<Uint8Array> {
+    await this.init();
+    const info = await this.resolve(ref);
+    const hex = this.hexOf(info.digest);
+    let file = this.diskFile(info.digest);
+    if (opts.format === 'raw') {
+      let pending = this.rawExports.get(hex);
+      if (!pending) {
+        const out = join(this.tmpDir, `export-${hex}.raw`);
+        pending = exportRawImage(file, `${out}.part`)
+          .then(() => rename(`${out}.part`, out))
+          .then(() => out);
+        pending.catch(() => this.rawExports.delete(hex));
+        this.rawExports.set(hex, pending);
+      }
+      file = await pending;
+      // Removed a while after its last read (an export reads it front to back).
+      clearTimeout(this.rawExpiry.get(hex));
+      this.rawExpiry.set(
+        hex,
+        setTimeout(() => {
+          this.rawExports.delete(hex);
+          this.rawExpiry.delete(hex);
+          void rm(file, { force: true });
+        }, RAW_EXPORT_LINGER_MS).unref(),
+      );
+    }
+    const fh = await open(file, 'r');
+    try {
+      const buf = Buffer.alloc(Math.min(opts.length, MAX_DISK_READ_BYTES));
+      const { bytesRead } = await fh.read(buf, 0, buf.length, opts.offset);
+      return buf.subarray(0, bytesRead);
+    } finally {
+      await fh.close();
     }
   }
 
@@ -575,7 +684,8 @@ export class LayerStore {
       this.cancelLinger(hex);
       // A lazy layer whose server died reads ENOTCONN: it is mounted anew for this user.
       if (this.mounted.has(hex) && this.lazy !== undefined && this.lazyLayers.has(hex) && (await this.lazy.gone(hex))) await this.dropDeadMount(hex);
-      if (!this.mounted.has(hex)) {
+      // A disk layer is a VM's image file: counted, never mounted.
+      if (!this.mounted.has(hex) && this.layers.get(hex)?.kind !== 'disk') {
         await mkdir(target, { recursive: true });
         if (!(await mountsUnder(target)).includes(target)) {
           const dir = join(this.blobsDir, hex);

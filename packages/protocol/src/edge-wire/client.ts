@@ -105,6 +105,7 @@ export class WireEdgeClient implements EdgeClient {
       build: (source, o) => this.build(source, o),
       remove: (ref) => this.call('layers.remove', [ref]),
       cacheStats: () => this.call('layers.cacheStats', []),
+      readDisk: (ref, o) => this.call('layers.readDisk', [ref, o]),
     };
     this.calls = {
       run: (req: CallRequest, o?: { signal?: AbortSignal }): Promise<CallResult> => this.call('calls.run', [req], { signal: o?.signal }),
@@ -271,7 +272,7 @@ export class WireEdgeClient implements EdgeClient {
 
   private build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo> {
     const { signal, onProgress, ...rest } = opts;
-    if (source.type === 'tar' || source.type === 'oci-archive') {
+    if (source.type === 'tar' || source.type === 'oci-archive' || source.type === 'disk') {
       return this.call('layers.build', [{ type: source.type, upload: true }, rest], { signal, onProgress, upload: source.stream });
     }
     return this.call('layers.build', [source, rest], { signal, onProgress });

@@ -5,7 +5,7 @@
 import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
-import { DebianLayerRequestSchema, ImageRefSchema } from '../layers.js';
+import { DebianLayerRequestSchema, ImageRefSchema, VmLayerRequestSchema } from '../layers.js';
 import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
@@ -62,6 +62,8 @@ const BuildSourceSchema = z.discriminatedUnion('type', [
   }),
   z.strictObject({ type: z.literal('busybox') }),
   z.strictObject({ type: z.literal('image'), ref: ImageRefSchema }),
+  z.strictObject({ type: z.literal('vm'), suite: VmLayerRequestSchema.shape.suite, packages: VmLayerRequestSchema.shape.packages }),
+  z.strictObject({ type: z.literal('disk'), upload: z.literal(true) }),
 ]);
 const BuildOptionsSchema = z.strictObject({
   kind: BuildableLayerKindSchema,
@@ -286,7 +288,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     run: (e, x, ctx) => {
       const src = a<z.infer<typeof BuildSourceSchema>>(x, 0);
       let source: LayerBuildSource;
-      if (src.type === 'tar' || src.type === 'oci-archive') {
+      if (src.type === 'tar' || src.type === 'oci-archive' || src.type === 'disk') {
         if (!ctx.upload) throw invalidArgument('source', 'the upload is missing');
         source = { type: src.type, stream: ctx.upload };
       } else source = src as LayerBuildSource;
@@ -294,6 +296,27 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     },
   },
   'layers.remove': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.remove(a(x, 0)) },
+  'layers.readDisk': {
+    args: [
+      ['ref', LayerRefSchema],
+      [
+        'opts',
+        z.strictObject({
+          format: z.enum(['raw', 'qcow2']),
+          offset: z.number().int().min(0),
+          length: z
+            .number()
+            .int()
+            .min(1)
+            .max(8 * 1024 * 1024),
+        }),
+      ],
+    ],
+    run: (e, x) => {
+      if (!e.layers.readDisk) throw invalidArgument('ref', 'this node exports no disk images');
+      return e.layers.readDisk(a(x, 0), a(x, 1));
+    },
+  },
   'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), local(ctx)) },
   'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), local(ctx)) },
 };

@@ -1,12 +1,16 @@
 // /v1/layers: upload (a layer tar or an OCI image archive), Debian builds and image pulls (JSON,
 // or ndjson with progress), list, get, delete.
+import { Readable } from 'node:stream';
 import type { Context } from 'hono';
+import { z } from 'zod';
 import {
   DebianLayerRequestSchema,
   LayerKindSchema,
   PullLayerRequestSchema,
   UpdateLayerRequestSchema,
   UploadLayerQuerySchema,
+  VmLayerRequestSchema,
+  invalidArgument,
   parseOrThrow,
 } from '@dsec/protocol';
 import type { BuildableLayerKind, LayerBuildSource } from '@dsec/protocol';
@@ -33,9 +37,17 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
   return router()
     .post('/layers', query(UploadLayerQuerySchema), async (c) => {
       const q = c.get('query');
+      // A disk image is a `disk` layer whatever the kind; a tar or OCI upload names its kind.
+      if (q.format !== 'disk' && q.kind === undefined) throw invalidArgument('query.kind', 'required (base, workspace or toolkit)');
       const stream = uploadBody(c);
-      const source = q.format === 'oci' ? { type: 'oci-archive' as const, stream } : { type: 'tar' as const, stream };
-      return c.json(await layers.build(c.get('principal'), source, { kind: q.kind }, q.name ?? null), 201);
+      const source: LayerBuildSource =
+        q.format === 'disk' ? { type: 'disk', stream } : q.format === 'oci' ? { type: 'oci-archive', stream } : { type: 'tar', stream };
+      return c.json(await layers.build(c.get('principal'), source, { kind: q.kind ?? 'base' }, q.name ?? null), 201);
+    })
+    .post('/layers/vm', jsonBody(VmLayerRequestSchema), async (c) => {
+      const req = c.get('body');
+      const source = { type: 'vm' as const, ...(req.packages ? { packages: req.packages } : {}), ...(req.suite ? { suite: req.suite } : {}) };
+      return buildResponse(c, source, 'base', req.name);
     })
     .post('/layers/debian', jsonBody(DebianLayerRequestSchema), async (c) => {
       const req = c.get('body');
@@ -50,6 +62,14 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       const kind = c.req.query('kind');
       const parsed = kind === undefined ? undefined : parseOrThrow(LayerKindSchema, kind, 'query.kind');
       return c.json({ items: await layers.list(c.get('principal'), parsed), nextCursor: null });
+    })
+    .get('/layers/:ref{.+}/disk', async (c) => {
+      const format = parseOrThrow(z.enum(['raw', 'qcow2']).default('raw'), c.req.query('format'), 'query.format');
+      const chunks = await layers.exportDisk(c.get('principal'), c.req.param('ref'), format, c.req.raw.signal);
+      return new Response(Readable.toWeb(Readable.from(chunks)) as ReadableStream, {
+        status: 200,
+        headers: { 'content-type': 'application/octet-stream', 'content-disposition': `attachment; filename="disk.${format === 'raw' ? 'img' : 'qcow2'}"` },
+      });
     })
     .get('/layers/:ref{.+}', async (c) => c.json(await layers.get(c.get('principal'), c.req.param('ref'))))
     .patch('/layers/:ref{.+}', jsonBody(UpdateLayerRequestSchema), async (c) =>
