@@ -180,16 +180,16 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     });
     const ws = createWsHandler(
       services,
-      (p, sandboxId, spec, exitCode) => {
+      (p, sandboxId, spec, exitCode, route) => {
         const entry = {
           keyId: p.keyId,
           projectId: p.projectId,
           method: 'GET',
-          route: '/v1/sandboxes/:id/exec/ws',
+          route: route ?? '/v1/sandboxes/:id/exec/ws',
           sandboxId,
           status: 101,
           durationMs: 0,
-          command: commandSummary(spec),
+          command: spec ? commandSummary(spec) : null,
         };
         const at = new Date().toISOString();
         void exitCode.then((code) => watch.audit.record({ ...entry, at, exitCode: code }));
