@@ -113,7 +113,7 @@ export class NodeRegistry {
   charge(name: string, cpu: number, memoryMiB: number, sign: 1 | -1, spread?: string, backend?: string): void {
     const n = this.nodes.get(name);
     if (!n) return;
-    if (backend === 'microvm') n.microvmMemoryMiB = Math.max(0, (n.microvmMemoryMiB ?? 0) + sign * memoryMiB);
+    if (backend === 'microvm' || backend === 'vm') n.microvmMemoryMiB = Math.max(0, (n.microvmMemoryMiB ?? 0) + sign * memoryMiB);
     if (spread !== undefined) {
       const c = Math.max(0, (n.spreads.get(spread) ?? 0) + sign);
       if (c === 0) n.spreads.delete(spread);

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Edge, fncallRunner, makeCsr, makeKey, openssl } from '@dsec/edge';
-import type { MicrovmBackendConfig, NetworkOptions, RuntimeLayerId } from '@dsec/edge';
+import type { MicrovmBackendConfig, NetworkOptions, RuntimeLayerId, VmBackendConfig } from '@dsec/edge';
 import { DEFAULT_DSEC_ADDR, DEFAULT_DSEC_HOME, edgeThroughWire, resolveLimits } from '@dsec/protocol';
 import type { EdgeWireMode, LayerRegistryConfig, RegistryEndpointConfig } from '@dsec/protocol';
 import { garbageCount, parseAddr, startControlPlane } from './control-plane.js';
@@ -44,6 +44,8 @@ export interface PlatformOptions extends ControlPlaneOptions {
   userNamespaces?: boolean;
   /** Runs microVM sandboxes beside containers (EdgeOptions.microvm). Default off. */
   microvm?: MicrovmBackendConfig;
+  /** Runs full-VM sandboxes beside containers (EdgeOptions.vm). Default off. */
+  vm?: VmBackendConfig;
   /** Sandbox networking of the node (address pool, static hosts, resolvers). */
   network?: NetworkOptions;
   /** The OCI registry the node keeps its layers in (EdgeOptions.registry). */
@@ -113,6 +115,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     agentBinary: opts.agentBinary ?? defaultAgentBinary(),
     userNamespaces,
     ...(opts.microvm ? { microvm: opts.microvm } : {}),
+    ...(opts.vm ? { vm: opts.vm } : {}),
     ...(opts.network ? { network: opts.network } : {}),
     ...(opts.registry ? { registry: opts.registry } : {}),
     ...(opts.pullFrom ? { pullFrom: opts.pullFrom } : {}),

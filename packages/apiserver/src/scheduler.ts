@@ -162,7 +162,7 @@ export class Placement {
     if (n.allocated.cpu + this.cpuCharge(req) > a.cpu || n.allocated.memoryMiB + req.memoryMiB > a.memoryMiB) return false;
     const e = this.expected(n);
     const memoryTarget = n.capacity.memoryMiB * this.memoryTarget;
-    if (req.backend === 'microvm') {
+    if (req.backend === 'microvm' || req.backend === 'vm') {
       // A microVM's memory, all of it, with the microVMs already there: never over-committed.
       if ((n.microvmMemoryMiB ?? 0) + req.memoryMiB > memoryTarget || e.memoryMiB + req.memoryMiB > memoryTarget) return false;
     } else if (e.memoryMiB + req.memoryMiB * this.idleMemoryShare > memoryTarget) return false;

@@ -243,6 +243,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.pullFrom !== undefined ? { pullFrom: node.pullFrom } : {}),
     ...(node.calls !== undefined ? { calls: node.calls } : {}),
     ...(node.microvm !== undefined ? { microvm: node.microvm } : {}),
+    ...(node.vm !== undefined ? { vm: node.vm } : {}),
     ...(config.edgeWire !== undefined ? { edgeWire: config.edgeWire } : {}),
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),

@@ -3,6 +3,7 @@ import type { EdgeExecOptions, LayerRegistryConfig, RegistryEndpointConfig, Sand
 import type { Backend, BackendFactory, BackendPauseResult, BackendResumeResult } from './backend.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 import type { MicrovmBackendConfig } from './backends/microvm/index.js';
+import type { VmBackendConfig } from './backends/vm/index.js';
 import type { CallRunner, CallRunnerFactory } from './backends/fncall/index.js';
 import type { Cgroups } from './host/cgroups.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
@@ -55,6 +56,8 @@ export interface EdgeOptions {
   backends?: BackendFactory[];
   /** Runs the microVM backend beside containers (its guest is prepared and probed at open). Default off. */
   microvm?: MicrovmBackendConfig;
+  /** Runs the full-VM backend beside containers (and lets the layer store build VM images). Default off. */
+  vm?: VmBackendConfig;
   /** The node's function calls. Default `fncallRunner()`. */
   calls?: CallRunnerFactory;
   /**

@@ -33,6 +33,7 @@ export type {
 export { defaultBackends } from './backends/index.js';
 export { containerBackend } from './backends/container/index.js';
 export * from './backends/microvm/index.js';
+export * from './backends/vm/index.js';
 export type { ContainerBackendConfig } from './backends/container/index.js';
 export { ContainerBackend, DEFAULT_OUTPUT_CAP_BYTES, EMPTY_CGROUP_GRACE_MS } from './backends/container/backend.js';
 export type { ContainerBackendOptions, LayerMounter } from './backends/container/backend.js';

@@ -29,6 +29,8 @@ export async function prepareHost(opts: {
   registry?: LayerRegistryConfig | undefined;
   pullFrom?: RegistryEndpointConfig[] | undefined;
   layerContentBytes?: number | undefined;
+  /** Machine-wide cache of built VM disk images (`vm` layer sources). Default `/var/cache/dsec/vm`. */
+  vmImageCache?: string | undefined;
 }): Promise<BackendHost> {
   await access(opts.agentBinary).catch(() => {
     throw new DsecError('UNAVAILABLE', `chronus binary not found at ${opts.agentBinary} (run the install step: npm run setup)`);
@@ -41,6 +43,7 @@ export async function prepareHost(opts: {
     registry: opts.registry && new LayerRegistry(opts.registry),
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
+    vmImage: { agentBinary: opts.agentBinary, cacheDir: opts.vmImageCache },
     ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
     lazy: opts.registry?.lazy
       ? {
@@ -67,6 +70,7 @@ export async function openBackends(host: BackendHost, opts: EdgeOptions): Promis
         ...(opts.seccompProfile ? { seccompProfile: opts.seccompProfile } : {}),
       },
       opts.microvm,
+      opts.vm,
     );
   const backends = new Map<BackendKind, Backend>();
   for (const factory of factories) {
@@ -112,6 +116,7 @@ export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<Ed
     registry: opts.registry,
     pullFrom: opts.pullFrom,
     layerContentBytes: opts.layerContentBytes,
+    vmImageCache: opts.vm?.imageCache,
   });
   const backends = await openBackends(host, opts);
   const calls = await (opts.calls ?? fncallRunner())(host);

@@ -150,6 +150,18 @@ export const MicrovmConfigSchema = z.strictObject({
   noKvm: z.boolean({ error: 'not true or false' }).optional(),
 });
 
+/** The node's full-VM backend (issue 22): off unless this block is present. */
+export const VmConfigSchema = z.strictObject({
+  /** QEMU binary. Default `qemu-system-x86_64`. */
+  qemu: z.string().min(1, { error: 'empty path' }).optional(),
+  /** Longest a boot may take (QEMU start to the guest's agent answering), ms. Default 300000. */
+  bootTimeoutMs: positiveInt.optional(),
+  /** Accelerator. Default `tcg` (KVM only when asked for). */
+  accel: z.enum(['kvm', 'tcg'], { error: 'not kvm or tcg' }).optional(),
+  /** Machine-wide cache of built VM disk images. Default `/var/cache/dsec/vm`. */
+  imageCache: z.string().startsWith('/', { error: 'not an absolute path' }).optional(),
+});
+
 /** The settings of one node: what a node joining from elsewhere is handed. */
 export const NodeConfigSchema = z.strictObject({
   /** Host path of the static chronus binary. Default: the one built in the checkout. */
@@ -168,6 +180,8 @@ export const NodeConfigSchema = z.strictObject({
   calls: CallsConfigSchema.optional(),
   /** Runs microVM sandboxes (`backend: "microvm"`) beside containers. Default off. */
   microvm: MicrovmConfigSchema.optional(),
+  /** Runs full-VM sandboxes (`backend: "vm"`, q35 + OVMF booting a disk image layer). Default off. */
+  vm: VmConfigSchema.optional(),
 });
 
 /** Retention of a table: newest `maxRows` rows, none older than `maxAgeMs`. */

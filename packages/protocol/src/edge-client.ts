@@ -117,7 +117,11 @@ export type LayerBuildSource =
   | { type: 'debian'; suite?: string; packages: string[]; variant?: 'minbase' | 'apt' }
   | { type: 'busybox' }
   /** An image in one of the registries the node pulls from (`node.pullFrom`). */
-  | { type: 'image'; ref: string };
+  | { type: 'image'; ref: string }
+  /** A bootable VM disk image built from Debian (a `disk` layer; `opts.kind` is not used). */
+  | { type: 'vm'; suite?: string; packages?: string[] }
+  /** An uploaded qcow2 or raw disk image (a `disk` layer; `opts.kind` is not used). */
+  | { type: 'disk'; stream: AsyncIterable<Uint8Array> };
 
 /** Options of {@link EdgeLayers.build}. */
 export interface LayerBuildOptions {

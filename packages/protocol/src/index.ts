@@ -74,6 +74,8 @@ export {
 } from './layers.js';
 export type { BuildableLayerKind, DebianLayerRequest, ImageSpec, Layer, LayerInfo, LayerKind, PullLayerRequest, UploadLayerQuery } from './layers.js';
 export { UpdateLayerRequestSchema } from './layers.js';
+export { VmLayerRequestSchema } from './layers.js';
+export type { VmLayerRequest } from './layers.js';
 export type { UpdateLayerRequest } from './layers.js';
 export {
   CreateOwnerRequestSchema,

@@ -6,7 +6,7 @@ import { z } from 'zod';
  * The kind of an image layer: a base, a workspace on top, toolkits above that; a snapshot is a
  * sandbox's packed writable layer, above the layers it was taken over.
  */
-export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot']);
+export const LayerKindSchema = z.enum(['base', 'workspace', 'toolkit', 'snapshot', 'disk']);
 
 /** The kind of an image layer. */
 export type LayerKind = z.infer<typeof LayerKindSchema>;
@@ -47,10 +47,14 @@ export function imageLayers(image: ImageSpec): Array<{ field: string; ref: strin
 
 /** POST /v1/layers query (the body is a tar stream, optionally gzip-compressed). */
 export const UploadLayerQuerySchema = z.strictObject({
-  kind: BuildableLayerKindSchema,
+  /** Required for `tar` and `oci`; a `disk` upload is always a `disk` layer. */
+  kind: BuildableLayerKindSchema.optional(),
   name: z.string().max(256).optional(),
-  /** `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed. */
-  format: z.enum(['tar', 'oci']).optional(),
+  /**
+   * `tar`: one layer tar (default); `oci`: an OCI layout or `docker save` tarball, squashed;
+   * `disk`: a qcow2 or raw disk image of any OS (a `disk` layer, for `backend: "vm"`).
+   */
+  format: z.enum(['tar', 'oci', 'disk']).optional(),
 });
 /** POST /v1/layers query. */
 export type UploadLayerQuery = z.infer<typeof UploadLayerQuerySchema>;
@@ -67,6 +71,18 @@ export const DebianLayerRequestSchema = z.strictObject({
 });
 /** POST /v1/layers/debian body. */
 export type DebianLayerRequest = z.infer<typeof DebianLayerRequestSchema>;
+
+/**
+ * POST /v1/layers/vm: a bootable VM disk image (a `disk` layer, qcow2) built from Debian with
+ * systemd, the QEMU guest agent and chronus as a service; `packages` are added to those.
+ */
+export const VmLayerRequestSchema = z.strictObject({
+  name: z.string().max(256).optional(),
+  packages: DebianLayerRequestSchema.shape.packages.optional(),
+  suite: DebianLayerRequestSchema.shape.suite,
+});
+/** POST /v1/layers/vm body. */
+export type VmLayerRequest = z.infer<typeof VmLayerRequestSchema>;
 
 /** An image in a registry: `host[:port]/repository[:tag]` or `...@sha256:<hex>`. */
 export const ImageRefSchema = z

@@ -47,6 +47,7 @@ export type {
   ApplyNetworkRequest,
   ApplyNetworkResult,
   DebianLayerRequest,
+  VmLayerRequest,
   EgressLogEntry,
   ExecResult,
   ExitInfo,

@@ -9,13 +9,14 @@ import {
   LayerRefSchema,
   PullLayerRequestSchema,
   UploadLayerQuerySchema,
+  VmLayerRequestSchema,
 } from '@dsec/protocol';
 import type { ErrorCode } from '@dsec/protocol';
 import type { z } from 'zod';
 import type { CallOptions, DsecClient } from './client.js';
 import { readNdjson } from './ndjson.js';
 import { packDir } from './tar.js';
-import type { DebianLayerRequest, LayerInfo, LayerUploadQuery } from './types.js';
+import type { DebianLayerRequest, LayerInfo, LayerUploadQuery, VmLayerRequest } from './types.js';
 import { validate } from './validate.js';
 
 /** Options of a layer upload. Uploads and builds have no deadline unless `requestTimeoutMs` is given. */
@@ -71,6 +72,14 @@ export class LayersApi {
   /** Builds a layer from Debian packages with mmdebstrap on the server, streaming its progress. */
   async buildDebian(req: DebianLayerRequest, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
     return this.longBuild('/v1/layers/debian', validate(DebianLayerRequestSchema, req), 'debian build', opts);
+  }
+
+  /**
+   * Builds a bootable VM disk image (a `disk` layer for `backend: "vm"`) on the server: Debian with
+   * systemd, the QEMU guest agent and chronus, plus `packages`; streams its progress.
+   */
+  async buildVm(req: VmLayerRequest = {}, opts: DebianBuildOptions = {}): Promise<LayerInfo> {
+    return this.longBuild('/v1/layers/vm', validate(VmLayerRequestSchema, req), 'vm image build', opts);
   }
 
   /**

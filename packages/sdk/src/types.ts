@@ -11,6 +11,7 @@ import type {
   CreateSandboxBatchRequestSchema,
   CreateSandboxRequestSchema,
   DebianLayerRequestSchema,
+  VmLayerRequestSchema,
   EgressLogEntry as ProtocolEgressLogEntry,
   ExecReply,
   ExitInfo as ProtocolExitInfo,
@@ -56,6 +57,8 @@ export type LayerInfo = Layer;
 export type LayerUploadQuery = z.input<typeof UploadLayerQuerySchema>;
 /** A Debian layer build request. */
 export type DebianLayerRequest = z.input<typeof DebianLayerRequestSchema>;
+/** POST /v1/layers/vm body (`dsec image build --vm`). */
+export type VmLayerRequest = z.input<typeof VmLayerRequestSchema>;
 /** An API key (`key`, the secret, only in the reply of create). */
 export type ApiKeyInfo = ApiKey;
 /** A key create request. */

@@ -141,7 +141,7 @@ export class NodeService {
    * makes its row lost. Never throws.
    */
   nodeEvent(ev: RaisedEvent, node?: string): void {
-    if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend === 'microvm')
+    if (ev.kind === 'sandbox.lost' && ev.sandboxId && (ev.data?.backend === 'microvm' || ev.data?.backend === 'vm'))
       void this.sandboxLost(ev.sandboxId, node ?? ev.node).catch((err: unknown) => this.d.sinks.log(`nodes: ${ev.sandboxId} lost: ${(err as Error).message}`));
   }
 
@@ -213,7 +213,7 @@ export class NodeService {
       allocated.cpu += row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row);
       allocated.memoryMiB += row.memory_mib;
       allocated.sandboxes += 1;
-      if (row.backend === 'microvm') microvmMemoryMiB += row.memory_mib;
+      if (row.backend === 'microvm' || row.backend === 'vm') microvmMemoryMiB += row.memory_mib;
       const spread = this.d.lifecycle.spreadOf(row);
       if (spread !== undefined) spreads.set(spread, (spreads.get(spread) ?? 0) + 1);
     }

@@ -42,9 +42,10 @@ export function registerImage(program: Command): void {
 
   image
     .command('build')
-    .description('build a layer from a directory, a tar, an OCI image or Debian packages')
+    .description('build a layer from a directory, a tar, an OCI image or Debian packages, or a bootable VM disk image (--vm)')
     .argument('<name>', 'name[:tag]')
-    .requiredOption('--kind <kind>', 'base, workspace or toolkit')
+    .option('--kind <kind>', 'base, workspace or toolkit (all but --vm)')
+    .option('--vm', 'a bootable VM disk image (Debian, systemd, the QEMU guest agent, chronus) for backend "vm"; --debian adds packages')
     .option('--from-dir <dir>', 'a directory')
     .option('--from-tar <file>', 'a tar (optionally gzip) file')
     .option('--from-oci <file>', 'an OCI layout or docker save tarball (squashed)')
@@ -54,14 +55,26 @@ export function registerImage(program: Command): void {
     .action(
       async (
         name: string,
-        flags: { kind: string; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean },
+        flags: { kind?: string; vm?: boolean; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean },
         cmd: Command,
       ) => {
+        if (flags.vm) {
+          if (flags.kind !== undefined || flags.fromDir || flags.fromTar || flags.fromOci) throw new InvalidArgumentError('--vm takes no --kind and no --from-*');
+          const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+          const layer = await client.layers.buildVm(
+            { name, ...(flags.debian ? { packages: flags.debian } : {}), ...(flags.suite ? { suite: flags.suite } : {}) },
+            { onProgress: (message) => process.stderr.write(`${message}\n`) },
+          );
+          if (flags.json) printJson(layer);
+          else process.stdout.write(`${layer.digest}\n`);
+          return;
+        }
+        if (flags.kind === undefined) throw new InvalidArgumentError('--kind is required (base, workspace or toolkit)');
         const sources = [flags.fromDir, flags.fromTar, flags.fromOci, flags.debian].filter((s) => s !== undefined);
         if (sources.length !== 1) throw new InvalidArgumentError('give exactly one of --from-dir, --from-tar, --from-oci, --debian');
         if (flags.suite && !flags.debian) throw new InvalidArgumentError('--suite goes with --debian');
         const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-        const kind = flags.kind as Exclude<LayerKind, 'snapshot'>;
+        const kind = flags.kind as Exclude<LayerKind, 'snapshot' | 'disk'>;
         let layer: LayerInfo;
         if (flags.debian) {
           layer = await client.layers.buildDebian(
@@ -90,6 +103,25 @@ export function registerImage(program: Command): void {
     );
 
   image
+    .command('import')
+    .description('import a qcow2 or raw disk image of any OS as a disk layer (backend "vm"; exec through the QEMU guest agent when it has no chronus)')
+    .argument('<file>', 'a .qcow2 or raw disk image')
+    .option('--name <name>', 'name[:tag] to give the layer')
+    .option('--json', 'print the layer as JSON')
+    .action(async (file: string, flags: { name?: string; json?: boolean }, cmd: Command) => {
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const progress = progressPrinter((await stat(file)).size);
+      const layer = await client.layers.upload(
+        createReadStream(file),
+        { format: 'disk', ...(flags.name !== undefined ? { name: flags.name } : {}) },
+        { onProgress: (n) => progress.update(n) },
+      );
+      progress.done();
+      if (flags.json) printJson(layer);
+      else process.stdout.write(`${layer.digest}\n`);
+    });
+
+  image
     .command('pull')
     .description('import an image from a registry the node pulls from (node.pullFrom), squashed into one layer')
     .argument('<ref>', 'host[:port]/repository[:tag] or host[:port]/repository@sha256:...')
@@ -99,7 +131,7 @@ export function registerImage(program: Command): void {
     .action(async (ref: string, flags: { name?: string; kind: string; json?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
       const layer = await client.layers.pull(
-        { ref, kind: flags.kind as Exclude<LayerKind, 'snapshot'>, ...(flags.name !== undefined ? { name: flags.name } : {}) },
+        { ref, kind: flags.kind as Exclude<LayerKind, 'snapshot' | 'disk'>, ...(flags.name !== undefined ? { name: flags.name } : {}) },
         { onProgress: (message) => process.stderr.write(`${message}\n`) },
       );
       if (flags.json) printJson(layer);

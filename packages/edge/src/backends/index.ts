@@ -5,8 +5,10 @@ import { containerBackend } from './container/index.js';
 import type { ContainerBackendConfig } from './container/index.js';
 import { microvmBackend } from './microvm/index.js';
 import type { MicrovmBackendConfig } from './microvm/index.js';
+import { vmBackend } from './vm/index.js';
+import type { VmBackendConfig } from './vm/index.js';
 
-/** The default backends of a node, configured from the node's options (microVMs only when configured). */
-export function defaultBackends(config: ContainerBackendConfig = {}, microvm?: MicrovmBackendConfig): BackendFactory[] {
-  return [containerBackend(config), ...(microvm ? [microvmBackend(microvm)] : [])];
+/** The default backends of a node, configured from the node's options (microVMs and VMs only when configured). */
+export function defaultBackends(config: ContainerBackendConfig = {}, microvm?: MicrovmBackendConfig, vm?: VmBackendConfig): BackendFactory[] {
+  return [containerBackend(config), ...(microvm ? [microvmBackend(microvm)] : []), ...(vm ? [vmBackend(vm)] : [])];
 }

@@ -16,6 +16,8 @@ export interface DebianTreeOptions {
   onProgress?: ((msg: string) => void) | undefined;
   /** Host apt configuration to take mirrors from; default `/etc/apt`. */
   aptDir?: string;
+  /** More mmdebstrap options (`--dpkgopt=...`, hooks), placed before the suite. */
+  extraArgs?: string[];
 }
 
 const PACKAGE_RE = /^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$/;
@@ -42,6 +44,7 @@ export async function buildDebianTree(dest: string, opts: DebianTreeOptions): Pr
   );
   const args = [`--variant=${variant}`, '--mode=root', '--format=directory'];
   if (packages.length > 0) args.push(`--include=${packages.join(',')}`);
+  args.push(...(opts.extraArgs ?? []));
   args.push('--', suite, dest, ...mirrors);
   await runTool('mmdebstrap', args, signal, onProgress);
   await cleanApt(dest);

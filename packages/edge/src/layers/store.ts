@@ -24,6 +24,7 @@ import { TarExtractor } from './tar-extract.js';
 import { CHUNK_INDEX_FILE, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
 import type { LazyCacheStats, LazyOptions, LazyRecord } from './lazy.js';
 import { encodeChunkIndex } from './lazy-index.js';
+import { buildVmImage, exportRawImage, importDiskImage } from './vm-image.js';
 import type { TarInput, TarLimits } from './tar-extract.js';
 
 /** How long an unused layer stays mounted after its last release. */
@@ -63,6 +64,8 @@ export interface LayerStoreOptions {
    * mounted over a FUSE view of it that fetches the chunks read (lazy.ts). Default off.
    */
   lazy?: LazyOptions | undefined;
+  /** How VM disk images are built (`vm` sources): chronus to install, the machine-wide cache. */
+  vmImage?: { agentBinary: string; cacheDir?: string | undefined } | undefined;
 }
 
 /** Where a layer's files come from. */
@@ -76,6 +79,10 @@ export type LayerSource =
   | { type: 'busybox' }
   /** An OCI or Docker image in one of the registries of {@link LayerStoreOptions.pullFrom}, squashed. */
   | { type: 'image'; ref: string }
+  /** A bootable VM disk (`disk` kind): Debian with systemd, the guest agent and chronus (vm-image.ts). */
+  | { type: 'vm'; suite?: string; packages?: string[] }
+  /** An uploaded qcow2 or raw disk image (`disk` kind), validated and stored as qcow2. */
+  | { type: 'disk'; stream: AsyncIterable<Uint8Array> }
   /**
    * A sandbox's overlay upper directory ("pack diff"), packed as it is: whiteouts (char 0:0)
    * and opaque directories stay, so the layer stacks over `parents` (its digests, bottom first,
@@ -108,6 +115,9 @@ export interface LayerGcResult {
 }
 
 type StoredLayer = Omit<LayerInfo, 'names'>;
+
+/** Label of a `disk` layer whose guest runs chronus (else the QEMU guest agent alone serves it). */
+export const VM_AGENT_LABEL = 'dsec.vm.agent';
 
 const META_FILE = 'meta.erofs';
 const BLOB_FILE = 'data.blob';
@@ -212,6 +222,7 @@ export class LayerStore {
     signal?.throwIfAborted();
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
+      if (source.type === 'vm' || source.type === 'disk') return await this.buildDisk(source, work, opts, name);
       let tree = join(work, 'root');
       let uuid: string | undefined;
       let shift: IdShift | undefined;
@@ -292,32 +303,87 @@ export class LayerStore {
       const { files, contentBytes } =
         shift === undefined ? await pack(tree) : await withShiftedView(tree, join(work, 'shifted'), shift, () => pack(join(work, 'shifted')));
       await opts.onSourceRead?.();
-      const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
-      signal?.throwIfAborted();
-      const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
-      const layer: StoredLayer = {
-        digest,
-        kind: opts.kind,
-        labels: { ...opts.labels },
-        contentBytes,
-        metaBytes: meta.size,
-        blobBytes: blob.size,
-        files,
-        createdAt: new Date().toISOString(),
-      };
-      const registry = this.opts.registry;
-      if (registry !== undefined && !this.evictable.has(digest.slice('sha256:'.length))) {
-        progress(`pushing ${digest} to ${registry.client.url}`);
-        await registry.push({ meta: join(out, META_FILE), blob: join(out, BLOB_FILE) }, layer, signal);
-        await writeFile(join(out, IN_REGISTRY_FILE), '');
-      }
-      const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
-      await this.evict();
-      progress(`layer ${digest}`);
-      return info;
+      return await this.finishBuild(out, { kind: opts.kind, labels: { ...opts.labels }, contentBytes, files }, opts, name);
     } finally {
       await safeRemove(work);
     }
+  }
+
+  /** Digest, push (with a registry) and commit of a layer built into `out` (meta + blob). */
+  private async finishBuild(
+    out: string,
+    fields: Pick<StoredLayer, 'kind' | 'labels' | 'contentBytes' | 'files'>,
+    opts: BuildLayerOptions,
+    name: string | undefined,
+  ): Promise<LayerInfo> {
+    const { signal } = opts;
+    const progress = opts.onProgress ?? (() => undefined);
+    const digest = await layerDigest(join(out, META_FILE), join(out, BLOB_FILE));
+    signal?.throwIfAborted();
+    const [meta, blob] = await Promise.all([stat(join(out, META_FILE)), stat(join(out, BLOB_FILE))]);
+    const layer: StoredLayer = { digest, ...fields, metaBytes: meta.size, blobBytes: blob.size, createdAt: new Date().toISOString() };
+    const registry = this.opts.registry;
+    if (registry !== undefined && !this.evictable.has(digest.slice('sha256:'.length))) {
+      progress(`pushing ${digest} to ${registry.client.url}`);
+      await registry.push({ meta: join(out, META_FILE), blob: join(out, BLOB_FILE) }, layer, signal);
+      await writeFile(join(out, IN_REGISTRY_FILE), '');
+    }
+    const info = await this.locked(() => this.commit(out, layer, opts.labels, name));
+    await this.evict();
+    progress(`layer ${digest}`);
+    return info;
+  }
+
+  /**
+   * A `disk` layer: a qcow2 image as the layer's blob (its meta empty, so the digest is the
+   * image's sha256), built from Debian (`vm`) or an upload (`disk`, validated).
+   */
+  private async buildDisk(
+    source: Extract<LayerSource, { type: 'vm' | 'disk' }>,
+    work: string,
+    opts: BuildLayerOptions,
+    name: string | undefined,
+  ): Promise<LayerInfo> {
+    const { signal } = opts;
+    const out = join(work, 'out');
+    await mkdir(out);
+    const qcow = join(out, BLOB_FILE);
+    const labels: Record<string, string> = { ...opts.labels };
+    if (source.type === 'vm') {
+      if (!this.opts.vmImage) throw new DsecError('UNAVAILABLE', 'this node builds no VM images');
+      const image = await buildVmImage({
+        ...this.opts.vmImage,
+        ...(source.suite ? { suite: source.suite } : {}),
+        ...(source.packages ? { packages: source.packages } : {}),
+        signal,
+        onProgress: opts.onProgress,
+      });
+      await link(image, qcow).catch(() => copyFile(image, qcow));
+      labels[VM_AGENT_LABEL] = 'chronus';
+    } else {
+      const upload = join(work, 'upload.img');
+      await pipeline(Readable.from(source.stream), createWriteStream(upload), ...(signal ? [{ signal }] : []));
+      opts.onProgress?.('validating the disk image');
+      await importDiskImage(upload, qcow, signal);
+      await rm(upload, { force: true });
+    }
+    await writeFile(join(out, META_FILE), '');
+    // The bytes the node stores (a tenant's layer storage counts them), not the virtual size.
+    const contentBytes = (await stat(qcow)).size;
+    return this.finishBuild(out, { kind: 'disk', labels, contentBytes, files: 0 }, { ...opts, labels }, name);
+  }
+
+  /** The qcow2 image of a `disk` layer (QEMU opens it read-only, as an overlay's backing). */
+  diskFile(digest: string): string {
+    const hex = this.hexOf(digest);
+    if (this.layers.get(hex)?.kind !== 'disk') throw new DsecError('INVALID_ARGUMENT', `layer ${digest} is not a disk image`, { field: 'image.base' });
+    return join(this.blobsDir, hex, BLOB_FILE);
+  }
+
+  /** Writes a `disk` layer as a raw image at `out` (the export of `dsec image export --raw`). */
+  async exportRaw(ref: string, out: string, signal?: AbortSignal): Promise<void> {
+    const info = await this.resolve(ref);
+    await exportRawImage(this.diskFile(info.digest), out, signal);
   }
 
   private async commit(out: string, layer: StoredLayer, labels: Record<string, string> | undefined, name: string | undefined): Promise<LayerInfo> {
@@ -540,7 +606,8 @@ export class LayerStore {
       const hex = this.hexOf(digest);
       const target = join(this.mntDir, hex);
       this.cancelLinger(hex);
-      if (!this.mounted.has(hex)) {
+      // A disk layer is a VM's image file: counted, never mounted.
+      if (!this.mounted.has(hex) && this.layers.get(hex)?.kind !== 'disk') {
         await mkdir(target, { recursive: true });
         if (!(await mountsUnder(target)).includes(target)) {
           const dir = join(this.blobsDir, hex);

@@ -278,7 +278,7 @@ export class WireEdgeClient implements EdgeClient {
 
   private build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo> {
     const { signal, onProgress, ...rest } = opts;
-    if (source.type === 'tar' || source.type === 'oci-archive') {
+    if (source.type === 'tar' || source.type === 'oci-archive' || source.type === 'disk') {
       return this.call('layers.build', [{ type: source.type, upload: true }, rest], { signal, onProgress, upload: source.stream });
     }
     return this.call('layers.build', [source, rest], { signal, onProgress });

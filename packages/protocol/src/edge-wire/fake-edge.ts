@@ -347,7 +347,7 @@ export class FakeEdge implements EdgeClient {
   }
 
   private async build(source: LayerBuildSource, opts: LayerBuildOptions): Promise<LayerInfo> {
-    if (source.type === 'tar' || source.type === 'oci-archive') {
+    if (source.type === 'tar' || source.type === 'oci-archive' || source.type === 'disk') {
       this.uploaded = [];
       for await (const chunk of source.stream) {
         this.uploaded.push(chunk);

@@ -5,7 +5,7 @@
 import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
-import { DebianLayerRequestSchema, ImageRefSchema } from '../layers.js';
+import { DebianLayerRequestSchema, ImageRefSchema, VmLayerRequestSchema } from '../layers.js';
 import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, EdgeScreen, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
 import { ScreenActionsSchema } from '../screen.js';
 import { NetworkPolicySchema } from '../network.js';
@@ -63,6 +63,8 @@ const BuildSourceSchema = z.discriminatedUnion('type', [
   }),
   z.strictObject({ type: z.literal('busybox') }),
   z.strictObject({ type: z.literal('image'), ref: ImageRefSchema }),
+  z.strictObject({ type: z.literal('vm'), suite: VmLayerRequestSchema.shape.suite, packages: VmLayerRequestSchema.shape.packages }),
+  z.strictObject({ type: z.literal('disk'), upload: z.literal(true) }),
 ]);
 const BuildOptionsSchema = z.strictObject({ kind: BuildableLayerKindSchema, name: z.string().min(1).max(256).optional(), labels: LabelsSchema.optional() });
 
@@ -285,7 +287,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     run: (e, x, ctx) => {
       const src = a<z.infer<typeof BuildSourceSchema>>(x, 0);
       let source: LayerBuildSource;
-      if (src.type === 'tar' || src.type === 'oci-archive') {
+      if (src.type === 'tar' || src.type === 'oci-archive' || src.type === 'disk') {
         if (!ctx.upload) throw invalidArgument('source', 'the upload is missing');
         source = { type: src.type, stream: ctx.upload };
       } else source = src as LayerBuildSource;

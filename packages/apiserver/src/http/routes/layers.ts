@@ -7,6 +7,8 @@ import {
   PullLayerRequestSchema,
   UpdateLayerRequestSchema,
   UploadLayerQuerySchema,
+  VmLayerRequestSchema,
+  invalidArgument,
   parseOrThrow,
 } from '@dsec/protocol';
 import type { BuildableLayerKind, LayerBuildSource } from '@dsec/protocol';
@@ -33,9 +35,17 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
   return router()
     .post('/layers', query(UploadLayerQuerySchema), async (c) => {
       const q = c.get('query');
+      // A disk image is a `disk` layer whatever the kind; a tar or OCI upload names its kind.
+      if (q.format !== 'disk' && q.kind === undefined) throw invalidArgument('query.kind', 'required (base, workspace or toolkit)');
       const stream = uploadBody(c);
-      const source = q.format === 'oci' ? { type: 'oci-archive' as const, stream } : { type: 'tar' as const, stream };
-      return c.json(await layers.build(c.get('principal'), source, { kind: q.kind }, q.name ?? null), 201);
+      const source: LayerBuildSource =
+        q.format === 'disk' ? { type: 'disk', stream } : q.format === 'oci' ? { type: 'oci-archive', stream } : { type: 'tar', stream };
+      return c.json(await layers.build(c.get('principal'), source, { kind: q.kind ?? 'base' }, q.name ?? null), 201);
+    })
+    .post('/layers/vm', jsonBody(VmLayerRequestSchema), async (c) => {
+      const req = c.get('body');
+      const source = { type: 'vm' as const, ...(req.packages ? { packages: req.packages } : {}), ...(req.suite ? { suite: req.suite } : {}) };
+      return buildResponse(c, source, 'base', req.name);
     })
     .post('/layers/debian', jsonBody(DebianLayerRequestSchema), async (c) => {
       const req = c.get('body');

@@ -3,11 +3,9 @@
 // directory is on a writable ext4 disk of diskMiB.
 import type { ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { constants as fsConstants } from 'node:fs';
 import { chown, mkdir, open, readFile, readdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import net from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
@@ -35,6 +33,9 @@ import { diskFds, startQemu } from '../qemu/process.js';
 import { qemuArgs, vmSockets } from './qemu.js';
 import { QmpClient } from '../qemu/qmp.js';
 import { withTimeout } from '../../abortable.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
+import { connectRetrying, connectUnix } from '../qemu/sockets.js';
+import { killQemu, watchQemu } from '../qemu/lifecycle.js';
 
 const run = promisify(execFile);
 
@@ -188,20 +189,8 @@ export class MicrovmBackend implements Backend {
 
       // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
       // the node's link joins the bridge once it is made (`linked`).
-      const netns = req.spec.network?.mode === 'allowlist' ? netnsName(req.id) : undefined;
-      if (netns) {
-        await run('ip', ['netns', 'add', netns]);
-        undo.push(() => run('ip', ['netns', 'del', netns]));
-        for (const cmd of [
-          ['link', 'set', 'lo', 'up'],
-          ['tuntap', 'add', 'dev', 'tap0', 'mode', 'tap', 'user', String(idRange.uid), 'group', String(idRange.gid)],
-          ['link', 'add', 'br0', 'type', 'bridge'],
-          ['link', 'set', 'tap0', 'master', 'br0'],
-          ['link', 'set', 'tap0', 'up'],
-          ['link', 'set', 'br0', 'up'],
-        ])
-          await run('ip', ['-n', netns, ...cmd]);
-      }
+      const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
+      if (netns) undo.push(() => removeVmNetns(req.id));
       const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
       await writeJsonAtomic(p.record, record);
       const cgroupProcs = await this.o.cgroups.create(req.id, {
@@ -220,7 +209,7 @@ export class MicrovmBackend implements Backend {
         vcpus: Math.max(1, Math.ceil(cpu)),
         disks,
         runDir: p.run,
-        ...(netns ? { tap: { ifname: 'tap0', mac: macOf(req.id) } } : {}),
+        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(req.id) } } : {}),
       });
       const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
@@ -284,17 +273,7 @@ export class MicrovmBackend implements Backend {
 
   /** A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left behind. */
   private watch(id: string, vm: Vm): void {
-    vm.child?.once('exit', (code, sig) => {
-      if (vm.stopping) return;
-      this.o.events({
-        kind: 'sandbox.lost',
-        severity: 'warning',
-        sandboxId: id,
-        message: `sandbox ${id}: its QEMU process exited (${sig ?? `code ${code}`})`,
-        data: { backend: 'microvm', ...(sig ? { signal: sig } : { code }) },
-      });
-      void this.teardown(id).catch(() => undefined);
-    });
+    watchQemu(vm.child, { id, backend: 'microvm', events: this.o.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
   }
 
   async recover(): Promise<BackendSandbox[]> {
@@ -392,19 +371,7 @@ export class MicrovmBackend implements Backend {
     const vm = this.vms.get(id);
     if (vm) vm.stopping = true;
     vm?.qmp?.close();
-    const child = vm?.child;
-    if (child && child.exitCode === null && child.signalCode === null) {
-      const gone = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-      child.kill('SIGKILL');
-      await gone;
-      return;
-    }
-    // Not our child (a previous edge's): by its pid file, when the process is still QEMU.
-    const pid = Number(await readFile(this.paths(id).pid, 'utf8').catch(() => ''));
-    if (pid > 0 && (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(this.paths(id).run)) {
-      process.kill(pid, 'SIGKILL');
-      for (let i = 0; i < 500 && (await exists(`/proc/${pid}`)); i++) await new Promise((r) => setTimeout(r, 10));
-    }
+    await killQemu(vm?.child, this.paths(id).pid, this.paths(id).run);
   }
 
   /** Removes every trace of a sandbox; safe on a half-created or already-gone one. */
@@ -421,7 +388,7 @@ export class MicrovmBackend implements Backend {
     if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
     await rm(p.dir, { recursive: true, force: true });
     await rm(p.run, { recursive: true, force: true });
-    await run('ip', ['netns', 'del', netnsName(id)]).catch(() => undefined);
+    await removeVmNetns(id);
     this.vms.delete(id);
     if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
   }
@@ -439,19 +406,9 @@ export class MicrovmBackend implements Backend {
    * guest's packets leave through the very link (and rules) a container's would.
    */
   async linked(id: string): Promise<void> {
-    const netns = netnsName(id);
-    const { stdout } = await run('ip', ['-n', netns, '-4', '-o', 'addr', 'show', 'dev', 'eth0']);
-    const address = /inet (\d+\.\d+\.\d+\.\d+)[ /]/.exec(stdout)?.[1];
-    const route = (await run('ip', ['-n', netns, '-4', 'route', 'show', 'default'])).stdout;
-    const gateway = /via (\d+\.\d+\.\d+\.\d+)/.exec(route)?.[1];
-    if (!address || !gateway) throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the node's link has no address or gateway`, { sandboxId: id });
-    for (const cmd of [
-      ['addr', 'flush', 'dev', 'eth0'],
-      ['link', 'set', 'eth0', 'master', 'br0'],
-    ])
-      await run('ip', ['-n', netns, ...cmd]);
+    const link = await bridgeNodeLink(id);
     const agent = await this.connect(id);
-    const script = `ip link set eth0 up && ip addr add ${address} peer ${gateway} dev eth0 && ip route add default via ${gateway} dev eth0`;
+    const script = guestNetScript('eth0', link);
     const att = await agent.spawn({ argv: ['/.dsec/busybox', 'sh', '-c', script] });
     const exit = await att.exited;
     await agent.release(exit.proc).catch(() => undefined);
@@ -500,28 +457,6 @@ export class MicrovmBackend implements Backend {
   }
 }
 
-function connectUnix(file: string): Promise<net.Socket> {
-  return new Promise((resolve, reject) => {
-    const s = net.createConnection({ path: file });
-    s.once('error', (err) => reject(new DsecError('UNAVAILABLE', `sandbox agent unreachable: ${err.message}`)));
-    s.once('connect', () => {
-      s.removeAllListeners('error');
-      resolve(s);
-    });
-  });
-}
-
-async function connectRetrying<T>(fn: () => Promise<T>, deadline: number): Promise<T> {
-  for (;;) {
-    try {
-      return await fn();
-    } catch (err) {
-      if (Date.now() >= deadline) throw err;
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
-}
-
 async function exists(p: string): Promise<boolean> {
   return stat(p).then(
     () => true,
@@ -533,15 +468,4 @@ async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
   const tmp = `${file}.tmp`;
   await writeFile(tmp, JSON.stringify(value));
   await rename(tmp, file);
-}
-
-/** The VM's network namespace name (`ip netns`). */
-function netnsName(id: string): string {
-  return `dsec-${id}`;
-}
-
-/** A locally administered unicast MAC derived from the sandbox id. */
-function macOf(id: string): string {
-  const h = createHash('sha256').update(id).digest();
-  return ['02', ...[...h.subarray(0, 5)].map((b) => b.toString(16).padStart(2, '0'))].join(':');
 }

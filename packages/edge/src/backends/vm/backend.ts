@@ -1,0 +1,497 @@
+// The full-VM backend: one QEMU q35 machine with OVMF per sandbox, booting its image (a `disk`
+// layer, qcow2) through a copy-on-write overlay of its own; chronus as a systemd service in the
+// guest on virtio-serial ports, the QEMU guest agent beside it.
+import type { ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
+import { constants as fsConstants } from 'node:fs';
+import { chown, copyFile, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
+import type { EventSink, LayerInfo, SandboxClaim, SandboxStats } from '@dsec/protocol';
+import type {
+  Backend,
+  BackendCreateRequest,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  NetworkFacet,
+  PauseFacet,
+  SandboxAgent,
+} from '../../backend.js';
+import { withTimeout } from '../../abortable.js';
+import { ChronusClient } from '../../chronus/client.js';
+import type { Cgroups } from '../../host/cgroups.js';
+import type { IdRanges } from '../../host/id-ranges.js';
+import { AGENT_PORTS } from '../microvm/guest.js';
+import { virtualBytes } from '../../layers/vm-image.js';
+import { killQemu, watchQemu } from '../qemu/lifecycle.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
+import type { Accel } from '../qemu/process.js';
+import { startQemu } from '../qemu/process.js';
+import { QmpClient } from '../qemu/qmp.js';
+import { connectRetrying, connectUnix } from '../qemu/sockets.js';
+import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
+
+const run = promisify(execFile);
+
+/** Smallest guest memory a Debian systemd guest boots in. */
+export const MIN_VM_MEMORY_MIB = 256;
+/** Host memory a QEMU process may use beyond its guest's RAM (firmware, display, TCG's cache). */
+export const VM_QEMU_OVERHEAD_MIB = 320;
+/** Default pids limit of the QEMU process's cgroup (its threads). */
+const QEMU_PIDS = 256;
+/** Label of a disk layer whose guest runs chronus (set by `dsec image build --vm`). */
+export const VM_AGENT_LABEL = 'dsec.vm.agent';
+
+/** What the backend needs of the node and the machine. */
+export interface VmBackendOptions {
+  /** Directory of one folder per sandbox (0700): records, overlays, firmware variables. */
+  sandboxesDir: string;
+  /** Directory (0711, under /run) of one folder per sandbox owned by its QEMU uid (0700): sockets. */
+  socketsDir: string;
+  accel: Accel;
+  /** Group of /dev/kvm (under KVM). */
+  kvmGid?: number | undefined;
+  qemu: string;
+  layers: {
+    acquire(digest: string): Promise<string>;
+    release(digest: string): Promise<void>;
+    diskFile(digest: string): string;
+  };
+  cgroups: Cgroups;
+  idRanges: IdRanges;
+  /** How long a boot (QEMU start to the agent's first answer) may take. */
+  bootTimeoutMs: number;
+  events: EventSink;
+}
+
+interface Vm {
+  child?: ChildProcess;
+  qmp?: QmpClient;
+  /** The guest runs chronus (else only the QEMU guest agent serves it). */
+  chronus: boolean;
+  stopping?: boolean;
+  portsInUse: Set<number>;
+  /** Boot time of this VM (QEMU start to the agent's first answer), ms. */
+  bootMs?: number;
+}
+
+interface Paths {
+  dir: string;
+  run: string;
+  record: string;
+  claim: string;
+  overlay: string;
+  vars: string;
+  pid: string;
+  log: string;
+}
+
+/** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
+export class VmBackend implements Backend {
+  readonly kind = 'vm' as const;
+  private readonly vms = new Map<string, Vm>();
+  private readonly agents = new Map<string, SandboxAgent>();
+  private readonly connecting = new Map<string, Promise<SandboxAgent>>();
+  private lastBootMs = 0;
+  /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
+  readonly pausing: PauseFacet;
+  readonly garbage: GarbageFacet = this;
+  /** A network namespace per networked VM, with a tap bridged to the node's link. */
+  readonly network: NetworkFacet;
+
+  constructor(private readonly o: VmBackendOptions) {
+    this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
+    this.pausing = {
+      pause: (id) => this.pause(id),
+      resume: (id) => this.resume(id),
+      memory: (id) => o.cgroups.memory(id),
+      freeze: async (id) => {
+        await this.qmp(id).execute('stop');
+      },
+      thaw: async (id) => {
+        await this.qmp(id).execute('cont');
+      },
+      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+    };
+  }
+
+  /** The accelerator and the last boot's time. */
+  get capabilities(): { accel: Accel; bootMs: number } {
+    return { accel: this.o.accel, bootMs: this.lastBootMs };
+  }
+
+  private paths(id: string): Paths {
+    const dir = path.join(this.o.sandboxesDir, id);
+    return {
+      dir,
+      run: path.join(this.o.socketsDir, id),
+      record: path.join(dir, 'sandbox.json'),
+      claim: path.join(dir, 'claim.json'),
+      overlay: path.join(dir, 'overlay.qcow2'),
+      vars: path.join(dir, 'efivars.fd'),
+      pid: path.join(dir, 'qemu.pid'),
+      log: path.join(dir, 'qemu.log'),
+    };
+  }
+
+  /** The one disk layer a VM boots (INVALID_ARGUMENT naming `image` otherwise). */
+  private diskLayer(layers: LayerInfo[]): LayerInfo {
+    const [layer, ...more] = layers;
+    if (!layer || more.length > 0) throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
+    if (layer.kind !== 'disk')
+      throw invalidArgument('image.base', `layer ${layer.digest} is a ${layer.kind} layer, not a disk image (dsec image build --vm, dsec image import)`);
+    return layer;
+  }
+
+  async create(req: BackendCreateRequest, signal?: AbortSignal): Promise<BackendSandbox> {
+    const p = this.paths(req.id);
+    const res = req.spec.resources ?? {};
+    const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    if (memoryMiB < MIN_VM_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a vm needs at least ${MIN_VM_MEMORY_MIB} MiB`);
+    const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
+    const cpu = res.cpu ?? DEFAULT_CPU;
+    const layer = this.diskLayer(req.layers);
+    const undo: Array<() => unknown> = [];
+    const fds: FileHandle[] = [];
+    const vm: Vm = { portsInUse: new Set(), chronus: layer.labels[VM_AGENT_LABEL] === 'chronus' };
+    try {
+      await mkdir(p.dir, { mode: 0o700 }).catch((err: unknown) => {
+        if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
+        throw err;
+      });
+      undo.push(() => rm(p.dir, { recursive: true, force: true }));
+      const idRange = await this.o.idRanges.allocate(req.id);
+      undo.push(() => this.o.idRanges.release(idRange, req.id));
+      await mkdir(p.run, { mode: 0o700 });
+      undo.push(() => rm(p.run, { recursive: true, force: true }));
+      await chown(p.run, idRange.uid, idRange.gid);
+
+      await this.o.layers.acquire(layer.digest);
+      undo.push(() => this.o.layers.release(layer.digest));
+      const base = this.o.layers.diskFile(layer.digest);
+      // The overlay: at least the image's size, diskMiB when larger (the guest's partitions stay
+      // as the image made them; the room beyond is an unpartitioned tail).
+      const sizeBytes = Math.max(await virtualBytes(base), diskMiB * 1024 * 1024);
+      await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', p.overlay, String(sizeBytes)]);
+      await copyFile(OVMF_VARS, p.vars);
+      const ro = async (file: string) => {
+        const f = await open(file, fsConstants.O_RDONLY);
+        fds.push(f);
+        return f.fd;
+      };
+      const rw = async (file: string) => {
+        const f = await open(file, fsConstants.O_RDWR);
+        fds.push(f);
+        return f.fd;
+      };
+      const vmFds = fullVmFdList({
+        code: await ro(OVMF_CODE),
+        vars: [await ro(p.vars), await rw(p.vars)],
+        base: await ro(base),
+        overlay: [await ro(p.overlay), await rw(p.overlay)],
+      });
+      signal?.throwIfAborted();
+
+      const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
+      if (netns) undo.push(() => removeVmNetns(req.id));
+      const record: BackendSandbox = { id: req.id, backend: 'vm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
+      await writeJsonAtomic(p.record, record);
+      const cgroupProcs = await this.o.cgroups.create(req.id, {
+        memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024,
+        cpu,
+        pids: QEMU_PIDS,
+      });
+      undo.push(() => this.o.cgroups.remove(req.id));
+      const args = fullVmArgs({
+        accel: this.o.accel,
+        memoryMiB,
+        vcpus: Math.max(1, Math.ceil(cpu)),
+        runDir: p.run,
+        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(req.id) } } : {}),
+      });
+      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      const started = Date.now();
+      try {
+        vm.child = startQemu(
+          this.o.qemu,
+          args,
+          {
+            uid: idRange.uid,
+            gid: idRange.gid,
+            cgroupProcs,
+            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
+            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
+          },
+          vmFds,
+          log.fd,
+        );
+      } finally {
+        await log.close();
+      }
+      this.vms.set(req.id, vm);
+      undo.push(() => this.kill(req.id));
+      const child = vm.child;
+      const exited = new Promise<never>((_, reject) =>
+        child.once('exit', (code, sig) =>
+          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
+        ),
+      );
+      exited.catch(() => undefined);
+      await writeFile(p.pid, String(child.pid));
+      for (const f of fds.splice(0)) await f.close();
+      const deadline = Date.now() + this.o.bootTimeoutMs;
+      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(fullVmSockets(p.run).qmp, 5000), deadline), exited]);
+      const agent = await Promise.race([this.connect(req.id), exited]);
+      const abort = signal
+        ? new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true }))
+        : undefined;
+      abort?.catch(() => undefined);
+      await Promise.race([
+        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
+        exited,
+        ...(abort ? [abort] : []),
+      ]);
+      vm.bootMs = Date.now() - started;
+      this.lastBootMs = vm.bootMs;
+      this.watch(req.id, vm);
+      return record;
+    } catch (err) {
+      for (const f of fds) await f.close().catch(() => undefined);
+      const detail = await this.consoleTail(req.id, vm).catch(() => '');
+      this.dropAgent(req.id);
+      for (const step of undo.reverse()) {
+        await Promise.resolve()
+          .then(step)
+          .catch(() => undefined);
+      }
+      this.vms.delete(req.id);
+      if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
+      throw err;
+    }
+  }
+
+  /** The guest console's last lines (a failed boot's reason), read from QEMU's ring buffer. */
+  private async consoleTail(id: string, vm: Vm): Promise<string> {
+    if (!vm.qmp?.connected) return (await readFile(this.paths(id).log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join('; ');
+    const text = await vm.qmp.execute<string>('ringbuf-read', { device: 'console', size: 65536, format: 'utf8' }, 2000);
+    return text.trim().split('\n').slice(-4).join('; ');
+  }
+
+  private watch(id: string, vm: Vm): void {
+    watchQemu(vm.child, { id, backend: 'vm', events: this.o.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
+  }
+
+  async recover(): Promise<BackendSandbox[]> {
+    // A QEMU process outlives its edge only as an orphan nobody holds QMP for: end it.
+    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) await this.teardown(id).catch(() => undefined);
+    return [];
+  }
+
+  agent(id: string): Promise<SandboxAgent> {
+    return this.connect(id);
+  }
+
+  /** A connection of the caller's own: one of the guest's extra chronus ports, released when it closes. */
+  async connectAgent(id: string): Promise<SandboxAgent> {
+    const vm = this.vm(id);
+    if (!vm.chronus) return this.connect(id);
+    for (let port = 1; port < AGENT_PORTS; port++) {
+      if (vm.portsInUse.has(port)) continue;
+      vm.portsInUse.add(port);
+      try {
+        const sock = await connectUnix(fullVmSockets(this.paths(id).run).agents[port] as string);
+        sock.once('close', () => vm.portsInUse.delete(port));
+        return new ChronusClient(sock, this.forged(id));
+      } catch (err) {
+        vm.portsInUse.delete(port);
+        throw err;
+      }
+    }
+    throw new DsecError('UNAVAILABLE', `sandbox ${id}: all ${AGENT_PORTS - 1} extra agent ports are in use`, { sandboxId: id, retryAfterMs: 1000 });
+  }
+
+  private forged(id: string): (message: string) => void {
+    return (message) =>
+      this.o.events({
+        kind: 'control.forged-message',
+        severity: 'critical',
+        sandboxId: id,
+        message: `sandbox ${id}: ${message}`,
+        data: { channel: 'virtio-serial' },
+      });
+  }
+
+  /** The main agent connection: chronus's port 0, or the QEMU guest agent for an image without chronus. */
+  private async connect(id: string): Promise<SandboxAgent> {
+    const live = this.agents.get(id);
+    if (live?.connected) return live;
+    let pending = this.connecting.get(id);
+    if (!pending) {
+      const vm = this.vm(id);
+      const sockets = fullVmSockets(this.paths(id).run);
+      pending = (
+        vm.chronus
+          ? connectUnix(sockets.agents[0] as string).then((sock) => new ChronusClient(sock, this.forged(id)) as SandboxAgent)
+          : Promise.reject(new DsecError('UNAVAILABLE', `sandbox ${id}: its image runs no chronus`, { sandboxId: id }))
+      )
+        .then((client) => {
+          this.agents.set(id, client);
+          return client;
+        })
+        .finally(() => this.connecting.delete(id));
+      this.connecting.set(id, pending);
+    }
+    return pending;
+  }
+
+  private vm(id: string): Vm {
+    const vm = this.vms.get(id);
+    if (!vm) throw new DsecError('SANDBOX_NOT_FOUND', `no vm ${id} on this node`, { sandboxId: id });
+    return vm;
+  }
+
+  private qmp(id: string): QmpClient {
+    const q = this.vm(id).qmp;
+    if (!q?.connected) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id}: its QEMU does not answer`, { sandboxId: id });
+    return q;
+  }
+
+  /** The VM's QMP connection (the screen and other QMP users build on it). */
+  qmpOf(id: string): QmpClient {
+    return this.qmp(id);
+  }
+
+  /** Path of the VM's VNC unix socket (the live view). */
+  vncSocket(id: string): string {
+    this.vm(id);
+    return fullVmSockets(this.paths(id).run).vnc;
+  }
+
+  private dropAgent(id: string): void {
+    this.agents.get(id)?.close();
+    this.agents.delete(id);
+  }
+
+  async claim(id: string, claim: SandboxClaim): Promise<void> {
+    try {
+      await writeFile(this.paths(id).claim, JSON.stringify(claim), { flag: 'wx', mode: 0o600 });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${id} was already claimed`, { sandboxId: id });
+      throw err;
+    }
+  }
+
+  async destroy(id: string): Promise<void> {
+    if (!this.vms.has(id) && !(await exists(this.paths(id).record))) {
+      throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
+    }
+    await this.teardown(id);
+  }
+
+  private async kill(id: string): Promise<void> {
+    const vm = this.vms.get(id);
+    if (vm) vm.stopping = true;
+    vm?.qmp?.close();
+    await killQemu(vm?.child, this.paths(id).pid, this.paths(id).run);
+  }
+
+  /** Removes every trace of a sandbox; safe on a half-created or already-gone one. */
+  private async teardown(id: string): Promise<void> {
+    const p = this.paths(id);
+    this.dropAgent(id);
+    await this.kill(id);
+    await this.o.cgroups.killAll(id);
+    await this.o.cgroups.remove(id);
+    const record = await readFile(p.record, 'utf8').then(
+      (t) => JSON.parse(t) as BackendSandbox,
+      () => undefined,
+    );
+    if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
+    await rm(p.dir, { recursive: true, force: true });
+    await rm(p.run, { recursive: true, force: true });
+    await removeVmNetns(id);
+    this.vms.delete(id);
+    if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
+  }
+
+  /** The VM's network namespace (only a networked VM has one). */
+  async netnsPath(id: string): Promise<string> {
+    const file = `/run/netns/${netnsName(id)}`;
+    if (!(await exists(file))) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no network namespace`, { sandboxId: id });
+    return file;
+  }
+
+  /** The node's link is in the VM's namespace: the guest takes over its address on its first ethernet interface. */
+  async linked(id: string): Promise<void> {
+    const link = await bridgeNodeLink(id);
+    const agent = await this.connect(id);
+    const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link)}`;
+    const att = await agent.spawn({ argv: ['/bin/sh', '-c', script] });
+    const exit = await att.exited;
+    await agent.release(exit.proc).catch(() => undefined);
+    if (exit.exitCode !== 0)
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
+  }
+
+  async pause(id: string): Promise<BackendPauseResult> {
+    const before = await this.o.cgroups.memory(id);
+    await this.qmp(id).execute('stop');
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  async resume(id: string): Promise<BackendResumeResult> {
+    const before = await this.o.cgroups.memory(id);
+    await this.qmp(id).execute('cont');
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  async stats(id: string): Promise<SandboxStats> {
+    const cg = await this.o.cgroups.stats(id);
+    const p = this.paths(id);
+    const st = await stat(p.overlay);
+    const { stdout } = await run('qemu-img', ['info', '-U', '--output=json', '-f', 'qcow2', p.overlay]);
+    const size = (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
+    return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: size };
+  }
+
+  /** QEMU's host pid (tests check its confinement). */
+  qemuPid(id: string): number | undefined {
+    return this.vms.get(id)?.child?.pid;
+  }
+
+  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
+    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
+    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) {
+      if (o.keep(id)) continue;
+      await this.teardown(id).catch(() => undefined);
+      report.dirs.push(id);
+    }
+    return report;
+  }
+
+  async close(): Promise<void> {
+    for (const id of [...this.agents.keys()]) this.dropAgent(id);
+    for (const vm of this.vms.values()) vm.qmp?.close();
+  }
+}
+
+async function exists(p: string): Promise<boolean> {
+  return stat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
+  const tmp = `${file}.tmp`;
+  await writeFile(tmp, JSON.stringify(value));
+  await rename(tmp, file);
+}

@@ -1,0 +1,296 @@
+// The full VM's disk image: a Debian root made by mmdebstrap (kernel, systemd, the QEMU guest
+// agent, chronus as a systemd service on virtio-serial ports), laid out as a GPT disk with an
+// EFI system partition (systemd-boot + the kernel) and an ext4 root, converted to qcow2. No loop
+// mount anywhere: the root file system is made with `mkfs.ext4 -d`, the ESP with mkfs.vfat and
+// mtools, the partition table with sfdisk on the disk file, partitions written in with dd.
+// Built once per input into a machine-wide cache.
+import { createHash } from 'node:crypto';
+import { chmod, mkdir, mkdtemp, open, readdir, readFile, rename, rm, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { DsecError } from '@dsec/protocol';
+import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
+import { runTool } from './erofs.js';
+import { mountsUnder, MNT, umount } from '../sys/linux.js';
+import { AGENT_PORTS } from '../backends/microvm/guest.js';
+
+/** Machine-wide cache of built VM disk images. */
+export const DEFAULT_VM_CACHE = '/var/cache/dsec/vm';
+/** Packages every VM image has (beside `--variant=minbase`). */
+export const VM_IMAGE_PACKAGES = ['systemd', 'systemd-sysv', 'udev', 'kmod', 'qemu-guest-agent', 'linux-image-cloud-amd64', 'systemd-boot-efi', 'iproute2'];
+/** Bumped whenever the recipe below changes what an image holds (part of the cache key). */
+const RECIPE_VERSION = 3;
+/** Partition UUID of the root file system (the boot entry names it). */
+export const ROOT_PARTUUID = '8b6d7365-6376-4d00-8000-64736563726f';
+const ESP_PARTUUID = '8b6d7365-6376-4d00-8000-647365636573';
+/** Size of the EFI system partition. */
+const ESP_MIB = 48;
+/** Free room in the root file system beyond the files. */
+const ROOT_FREE_MIB = 768;
+/** Where chronus lives in the guest. */
+export const GUEST_AGENT_PATH = '/usr/local/sbin/dsec-chronus';
+/** Kernel arguments of the boot entry. */
+export const VM_KERNEL_CMDLINE = `root=PARTUUID=${ROOT_PARTUUID} rw rootfstype=ext4 console=ttyS0 quiet loglevel=3 fsck.mode=skip systemd.show_status=0 mitigations=off`;
+/** Units masked: nothing that waits for a terminal or runs periodic maintenance in a sandbox. */
+const MASKED_UNITS = [
+  'getty@.service',
+  'serial-getty@.service',
+  'getty.target',
+  'console-getty.service',
+  'apt-daily.timer',
+  'apt-daily-upgrade.timer',
+  'e2scrub_all.timer',
+  'e2scrub_reap.service',
+  'fstrim.timer',
+  'dpkg-db-backup.timer',
+  'systemd-tmpfiles-clean.timer',
+  'systemd-journal-catalog-update.service',
+  'systemd-update-done.service',
+  'ldconfig.service',
+  'systemd-hwdb-update.service',
+];
+
+/** Options of {@link buildVmImage}. */
+export interface VmImageOptions {
+  /** Cache directory. Default {@link DEFAULT_VM_CACHE}. */
+  cacheDir?: string | undefined;
+  /** Host path of the static chronus binary installed in the image. */
+  agentBinary: string;
+  /** Debian suite. Default bookworm. */
+  suite?: string;
+  /** Packages beyond {@link VM_IMAGE_PACKAGES}. */
+  packages?: string[];
+  signal?: AbortSignal | undefined;
+  onProgress?: ((line: string) => void) | undefined;
+}
+
+/** The qcow2 disk image for these inputs: from the cache, or built (minutes) and cached. */
+export async function buildVmImage(o: VmImageOptions): Promise<string> {
+  const cacheDir = o.cacheDir ?? DEFAULT_VM_CACHE;
+  const suite = o.suite ?? DEFAULT_DEBIAN_SUITE;
+  const packages = [...new Set([...VM_IMAGE_PACKAGES, ...(o.packages ?? [])])].sort();
+  const progress = o.onProgress ?? (() => undefined);
+  const agent = await readFile(o.agentBinary);
+  const key = createHash('sha256')
+    .update(JSON.stringify({ RECIPE_VERSION, suite, packages, cmdline: VM_KERNEL_CMDLINE, masked: MASKED_UNITS }))
+    .update(agent)
+    .digest('hex')
+    .slice(0, 24);
+  const out = path.join(cacheDir, `image-${key}.qcow2`);
+  if (await exists(out)) {
+    progress(`vm image ${out} (cached)`);
+    return out;
+  }
+  await mkdir(cacheDir, { recursive: true, mode: 0o755 });
+  const work = await mkdtemp(path.join(cacheDir, '.build-'));
+  try {
+    const root = path.join(work, 'root');
+    progress(`building the VM image (${packages.length} packages of ${suite}; minutes)`);
+    await buildDebianTree(root, {
+      suite,
+      packages,
+      variant: 'minbase',
+      signal: o.signal,
+      onProgress: progress,
+      extraArgs: [
+        ...['/usr/share/man/*', '/usr/share/doc/*', '/usr/share/locale/*', '/usr/share/info/*', '/usr/share/lintian/*'].map(
+          (p) => `--dpkgopt=path-exclude=${p}`,
+        ),
+        // The kernel boots without an initramfs (NVMe and ext4 are built into the cloud kernel).
+        '--customize-hook=rm -f "$1"/boot/initrd.img* "$1"/initrd.img*',
+      ],
+    });
+    for (const m of await mountsUnder(root)) umount(m, MNT.DETACH);
+    o.signal?.throwIfAborted();
+    const kernel = await configureRoot(root, agent);
+    const esp = path.join(work, 'esp.img');
+    await makeEsp(esp, kernel, work, o.signal);
+    const rootImg = path.join(work, 'root.img');
+    const rootBytes = (await duBytes(root)) + ROOT_FREE_MIB * MiB;
+    const rootMiB = Math.ceil(rootBytes / MiB);
+    progress(`mkfs.ext4 -d: root file system of ${rootMiB} MiB`);
+    await runTool(
+      'mkfs.ext4',
+      ['-q', '-F', '-d', root, '-L', 'dsec-root', '-m', '0', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', '-b', '4096', rootImg, `${rootMiB}M`],
+      o.signal,
+    );
+    const raw = path.join(work, 'disk.raw');
+    await assembleDisk(raw, esp, rootImg, o.signal);
+    progress('qemu-img convert: raw -> qcow2');
+    const qcow = path.join(work, 'disk.qcow2');
+    await runTool('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', raw, qcow], o.signal);
+    await chmod(qcow, 0o644);
+    await rename(qcow, out);
+    progress(`vm image ${out}`);
+    return out;
+  } finally {
+    for (const m of await mountsUnder(work).catch(() => [] as string[])) umount(m, MNT.DETACH);
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+const MiB = 1024 * 1024;
+
+/** Installs chronus and its unit, masks what a sandbox does not need; returns the kernel's path. */
+async function configureRoot(root: string, agent: Buffer): Promise<string> {
+  const at = (p: string) => path.join(root, p);
+  await mkdir(path.dirname(at(GUEST_AGENT_PATH)), { recursive: true });
+  await writeFile(at(GUEST_AGENT_PATH), agent, { mode: 0o755 });
+  const devices = Array.from({ length: AGENT_PORTS }, (_, i) => `dev-virtio\\x2dports-dsec.agent${i}.device`);
+  const ports = Array.from({ length: AGENT_PORTS }, (_, i) => `--stream-path /dev/virtio-ports/dsec.agent${i}`).join(' ');
+  // Early: no default dependencies, only the agent ports' devices (udev names them).
+  await writeFile(
+    at('etc/systemd/system/dsec-chronus.service'),
+    [
+      '[Unit]',
+      'Description=dsec agent (chronus) on virtio-serial',
+      'DefaultDependencies=no',
+      `Wants=${devices.join(' ')}`,
+      `After=${devices.join(' ')} systemd-remount-fs.service`,
+      '',
+      '[Service]',
+      `ExecStart=${GUEST_AGENT_PATH} ${ports}`,
+      'Restart=always',
+      'RestartSec=200ms',
+      'KillMode=process',
+      'OOMScoreAdjust=-900',
+      '',
+      '[Install]',
+      'WantedBy=sysinit.target',
+      '',
+    ].join('\n'),
+  );
+  await mkdir(at('etc/systemd/system/sysinit.target.wants'), { recursive: true });
+  await symlink('/etc/systemd/system/dsec-chronus.service', at('etc/systemd/system/sysinit.target.wants/dsec-chronus.service'));
+  for (const unit of MASKED_UNITS) {
+    await unlink(at(`etc/systemd/system/${unit}`)).catch(() => undefined);
+    await symlink('/dev/null', at(`etc/systemd/system/${unit}`));
+  }
+  await writeFile(at('etc/fstab'), `PARTUUID=${ROOT_PARTUUID} / ext4 rw,noatime 0 1\n`);
+  await writeFile(at('etc/hostname'), 'dsec-vm\n');
+  await writeFile(at('etc/hosts'), '127.0.0.1 localhost\n127.0.1.1 dsec-vm\n');
+  // A machine id per boot (systemd makes one when the file is empty).
+  await writeFile(at('etc/machine-id'), '');
+  await mkdir(at('etc/systemd/journald.conf.d'), { recursive: true });
+  await writeFile(at('etc/systemd/journald.conf.d/dsec.conf'), '[Journal]\nStorage=volatile\nRuntimeMaxUse=8M\n');
+  const boot = await readdir(at('boot'));
+  const vmlinuz = boot.find((f) => f.startsWith('vmlinuz-'));
+  if (!vmlinuz) throw new DsecError('BACKEND_FAILED', 'the VM image has no kernel in /boot');
+  return at(`boot/${vmlinuz}`);
+}
+
+/** The EFI system partition: systemd-boot as the removable-media loader, one entry, the kernel. */
+async function makeEsp(file: string, kernel: string, work: string, signal?: AbortSignal): Promise<void> {
+  const root = path.dirname(path.dirname(kernel));
+  const loader = path.join(root, 'usr/lib/systemd/boot/efi/systemd-bootx64.efi');
+  if (!(await exists(loader))) throw new DsecError('BACKEND_FAILED', 'the VM image has no systemd-boot (systemd-boot-efi)');
+  await runTool('mkfs.vfat', ['-F', '32', '-n', 'ESP', '-C', file, String(ESP_MIB * 1024)], signal);
+  const conf = path.join(work, 'loader.conf');
+  await writeFile(conf, 'timeout 0\ndefault dsec.conf\nconsole-mode keep\neditor no\n');
+  const entry = path.join(work, 'dsec.conf');
+  await writeFile(entry, `title dsec\nlinux /vmlinuz\noptions ${VM_KERNEL_CMDLINE}\n`);
+  const env = { ...process.env, MTOOLS_SKIP_CHECK: '1' };
+  const m = (cmd: string, args: string[]) => runTool(cmd, ['-i', file, ...args], signal, undefined, env);
+  await m('mmd', ['::/EFI', '::/EFI/BOOT', '::/loader', '::/loader/entries']);
+  await m('mcopy', [loader, '::/EFI/BOOT/BOOTX64.EFI']);
+  await m('mcopy', [conf, '::/loader/loader.conf']);
+  await m('mcopy', [entry, '::/loader/entries/dsec.conf']);
+  await m('mcopy', [kernel, '::/vmlinuz']);
+}
+
+/** A GPT disk of the ESP and the root partition (sfdisk on the file; partitions copied in with dd). */
+async function assembleDisk(raw: string, esp: string, rootImg: string, signal?: AbortSignal): Promise<void> {
+  const sector = 512;
+  const espSectors = (await stat(esp)).size / sector;
+  const rootSectors = (await stat(rootImg)).size / sector;
+  const espStart = 2048;
+  const rootStart = espStart + espSectors;
+  // 1 MiB at the end for the backup GPT.
+  const total = (rootStart + rootSectors + 2048) * sector;
+  await writeFile(raw, '');
+  await runTool('truncate', ['-s', String(total), raw], signal);
+  const script = [
+    'label: gpt',
+    'unit: sectors',
+    `start=${espStart}, size=${espSectors}, type=C12A7328-F81F-11D2-BA4B-00A0C93EC93B, uuid=${ESP_PARTUUID}, name="esp"`,
+    `start=${rootStart}, size=${rootSectors}, type=4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709, uuid=${ROOT_PARTUUID}, name="root"`,
+    '',
+  ].join('\n');
+  const sfdisk = path.join(path.dirname(raw), 'gpt.sfdisk');
+  await writeFile(sfdisk, script);
+  await runTool('sh', ['-c', 'sfdisk --no-reread --no-tell-kernel -q "$1" < "$2"', 'sfdisk', raw, sfdisk], signal);
+  for (const [img, start] of [
+    [esp, espStart],
+    [rootImg, rootStart],
+  ] as const) {
+    await runTool('dd', [`if=${img}`, `of=${raw}`, 'bs=1M', `seek=${start * sector}`, 'oflag=seek_bytes', 'conv=notrunc,sparse', 'status=none'], signal);
+  }
+}
+
+async function duBytes(dir: string): Promise<number> {
+  const { stdout } = await runTool('du', ['-sb', '--apparent-size', dir]);
+  return Number(stdout.split('\t')[0]) * 1.15;
+}
+
+async function exists(p: string): Promise<boolean> {
+  return stat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** Largest virtual size of an imported disk image. */
+export const MAX_IMPORT_VIRTUAL_BYTES = 256 * 1024 * MiB;
+/** Formats an imported disk may have. */
+const IMPORT_FORMATS = ['qcow2', 'raw'] as const;
+
+/** What {@link importDiskImage} found out about the file. */
+export interface DiskImageFacts {
+  format: (typeof IMPORT_FORMATS)[number];
+  virtualBytes: number;
+}
+
+/**
+ * Validates an uploaded disk image (qcow2 or raw, size bounds, no backing or external data file:
+ * either would make QEMU open a host path the image names) and converts it to a standalone qcow2
+ * at `out`.
+ */
+export async function importDiskImage(file: string, out: string, signal?: AbortSignal): Promise<DiskImageFacts> {
+  const bad = (why: string) => new DsecError('INVALID_ARGUMENT', `body: ${why}`, { field: 'body' });
+  // Read the qcow2 header first: qemu-img must never be asked to follow a backing file.
+  const head = Buffer.alloc(16);
+  const fh = await open(file, 'r');
+  try {
+    await fh.read(head, 0, 16, 0);
+  } finally {
+    await fh.close();
+  }
+  if (head.subarray(0, 4).equals(Buffer.from('QFI\xfb', 'latin1')) && head.readBigUInt64BE(8) !== 0n)
+    throw bad('a qcow2 image with a backing file is refused (it would name a host path)');
+  const { stdout } = await runTool('qemu-img', ['info', '--output=json', file], signal);
+  const info = JSON.parse(stdout) as {
+    format?: string;
+    'virtual-size'?: number;
+    'backing-filename'?: string;
+    'format-specific'?: { data?: { 'data-file'?: string } };
+  };
+  const format = IMPORT_FORMATS.find((f) => f === info.format);
+  if (!format) throw bad(`disk image format ${info.format ?? 'unknown'} is not qcow2 or raw`);
+  if (info['backing-filename'] !== undefined) throw bad('a qcow2 image with a backing file is refused (it would name a host path)');
+  if (info['format-specific']?.data?.['data-file'] !== undefined) throw bad('a qcow2 image with an external data file is refused');
+  const virtualBytes = info['virtual-size'] ?? 0;
+  if (virtualBytes < MiB || virtualBytes > MAX_IMPORT_VIRTUAL_BYTES)
+    throw bad(`the disk's virtual size ${virtualBytes} bytes is outside 1 MiB .. ${MAX_IMPORT_VIRTUAL_BYTES / (1024 * MiB)} GiB`);
+  await runTool('qemu-img', ['convert', '-f', format, '-O', 'qcow2', file, out], signal);
+  return { format, virtualBytes };
+}
+
+/** Writes a disk layer's qcow2 as a raw image (sparse) at `out`. */
+export async function exportRawImage(qcow: string, out: string, signal?: AbortSignal): Promise<void> {
+  await runTool('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, out], signal);
+}
+
+/** The virtual size of a qcow2 image in bytes. */
+export async function virtualBytes(qcow: string): Promise<number> {
+  const { stdout } = await runTool('qemu-img', ['info', '--output=json', '-f', 'qcow2', qcow]);
+  return (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
+}
