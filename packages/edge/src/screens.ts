@@ -3,7 +3,18 @@
 // connection as a process stream (what the edge wire already knows how to carry with credit).
 import type net from 'node:net';
 import { DsecError } from '@dsec/protocol';
-import type { BackendKind, EdgeCallOptions, EdgeScreen, ExitInfo, OutputEvent, ProcessStream, SandboxState, ScreenAction, ScreenCapture, ScreenInputResult } from '@dsec/protocol';
+import type {
+  BackendKind,
+  EdgeCallOptions,
+  EdgeScreen,
+  ExitInfo,
+  OutputEvent,
+  ProcessStream,
+  SandboxState,
+  ScreenAction,
+  ScreenCapture,
+  ScreenInputResult,
+} from '@dsec/protocol';
 import { untilAborted } from './abortable.js';
 import type { SandboxScreen } from './backends/qemu/screen.js';
 import type { Backend } from './backend.js';
@@ -42,7 +53,10 @@ export class NodeScreens implements EdgeScreen {
 }
 
 function noScreen(id: string, kind: BackendKind): DsecError {
-  return new DsecError('CONFLICT', `sandbox ${id} has no screen: it runs on backend ${kind}, and only backend vm has a display`, { sandboxId: id, backend: kind });
+  return new DsecError('CONFLICT', `sandbox ${id} has no screen: it runs on backend ${kind}, and only backend vm has a display`, {
+    sandboxId: id,
+    backend: kind,
+  });
 }
 
 /** Largest piece of VNC output in one event (the wire base64s each event into one frame). */

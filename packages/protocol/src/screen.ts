@@ -56,7 +56,13 @@ export const ScreenActionSchema = z.discriminatedUnion('action', [
   /** Presses the left button at the first point, moves through the others, releases at the last. */
   z.strictObject({ action: z.literal('drag'), path: z.array(PointSchema).min(2).max(MAX_DRAG_POINTS) }),
   /** Moves to (x, y) and turns the wheel: `dy` > 0 down, `dx` > 0 right, in wheel steps. */
-  z.strictObject({ action: z.literal('scroll'), x: coord, y: coord, dx: z.number().int().min(-50).max(50).default(0), dy: z.number().int().min(-50).max(50).default(0) }),
+  z.strictObject({
+    action: z.literal('scroll'),
+    x: coord,
+    y: coord,
+    dx: z.number().int().min(-50).max(50).default(0),
+    dy: z.number().int().min(-50).max(50).default(0),
+  }),
   /** Presses a key chord (`ctrl+alt+t`, `Return`, `shift+Tab`) and releases it. */
   z.strictObject({ action: z.literal('key'), keys }),
   /** Types text on a US layout, one key press per character. */
@@ -79,7 +85,8 @@ export const ScreenActionsSchema = z
       if (a.action === 'wait') waited += a.ms;
       if (a.action === 'type' && typed > MAX_TYPED_CHARS)
         ctx.addIssue({ code: 'custom', path: [i, 'text'], message: `more than ${MAX_TYPED_CHARS} characters typed in one request` });
-      if (a.action === 'wait' && waited > MAX_INPUT_WAIT_MS) ctx.addIssue({ code: 'custom', path: [i, 'ms'], message: `more than ${MAX_INPUT_WAIT_MS} ms of waits in one request` });
+      if (a.action === 'wait' && waited > MAX_INPUT_WAIT_MS)
+        ctx.addIssue({ code: 'custom', path: [i, 'ms'], message: `more than ${MAX_INPUT_WAIT_MS} ms of waits in one request` });
     });
   });
 

@@ -67,15 +67,15 @@ export function createWsHandler(
       const cachedOnly = gate?.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined;
       // A browser's single-use ticket (ws-tickets.ts) in place of the Authorization header.
       const ticket = ticketFromProtocols(req.headers['sec-websocket-protocol']);
-      const principal = (ticket !== undefined ? services.iam.authenticateTicket(ticket, cachedOnly) : services.iam.authenticate(req.headers.authorization, cachedOnly)).catch(
-        (err: unknown) => {
-          const code = toDsecError(err).code;
-          if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {
-            gate.failed(source, { method: 'GET', route: vnc ? VNC_ROUTE_PATTERN : '/v1/sandboxes/:id/exec/ws', status: toDsecError(err).status });
-          }
-          throw err;
-        },
-      );
+      const principal = (
+        ticket !== undefined ? services.iam.authenticateTicket(ticket, cachedOnly) : services.iam.authenticate(req.headers.authorization, cachedOnly)
+      ).catch((err: unknown) => {
+        const code = toDsecError(err).code;
+        if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {
+          gate.failed(source, { method: 'GET', route: vnc ? VNC_ROUTE_PATTERN : '/v1/sandboxes/:id/exec/ws', status: toDsecError(err).status });
+        }
+        throw err;
+      });
       if (vnc) {
         principal
           .then(async (p) => ({ p, ...(await services.screens.connect(p, id)) }))

@@ -27,7 +27,7 @@ function pngPixels(png: Uint8Array): { width: number; height: number; rgb: Buffe
   assert.equal(b[24], 8, 'bit depth');
   assert.equal(b[25], 2, 'colour type RGB');
   const idat: Buffer[] = [];
-  for (let at = 8; at < b.length; ) {
+  for (let at = 8; at < b.length;) {
     const len = b.readUInt32BE(at);
     if (b.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(b.subarray(at + 8, at + 8 + len));
     at += 12 + len;
@@ -44,7 +44,20 @@ function pngPixels(png: Uint8Array): { width: number; height: number; rgb: Buffe
       const up = prev[x]!;
       const c = x >= 3 ? prev[x - 3]! : 0;
       const p = a + up - c;
-      const pred = filter === 1 ? a : filter === 2 ? up : filter === 3 ? (a + up) >> 1 : filter === 4 ? (Math.abs(p - a) <= Math.abs(p - up) && Math.abs(p - a) <= Math.abs(p - c) ? a : Math.abs(p - up) <= Math.abs(p - c) ? up : c) : 0;
+      const pred =
+        filter === 1
+          ? a
+          : filter === 2
+            ? up
+            : filter === 3
+              ? (a + up) >> 1
+              : filter === 4
+                ? Math.abs(p - a) <= Math.abs(p - up) && Math.abs(p - a) <= Math.abs(p - c)
+                  ? a
+                  : Math.abs(p - up) <= Math.abs(p - c)
+                    ? up
+                    : c
+                : 0;
       line[x] = (line[x]! + pred) & 0xff;
     }
     line.copy(rgb, y * stride);
@@ -186,7 +199,15 @@ describe('QmpScreen on a bare OVMF machine (UEFI shell)', { skip, timeout: 120_0
       (err: DsecError) => err.code === 'INVALID_ARGUMENT' && err.details.field === 'actions.1.x',
     );
     await assert.rejects(
-      screen.input([{ action: 'drag', path: [{ x: 0, y: 0 }, { x: 0, y: height + 3 }] }]),
+      screen.input([
+        {
+          action: 'drag',
+          path: [
+            { x: 0, y: 0 },
+            { x: 0, y: height + 3 },
+          ],
+        },
+      ]),
       (err: DsecError) => err.code === 'INVALID_ARGUMENT' && err.details.field === 'actions.0.path.1.y',
     );
   });
@@ -223,7 +244,15 @@ describe('QmpScreen on a bare OVMF machine (UEFI shell)', { skip, timeout: 120_0
 
   it('key names and characters without a key are refused by the schema, naming the field', () => {
     assert.throws(
-      () => parseOrThrow(ScreenActionsSchema, [{ action: 'type', text: 'ok' }, { action: 'type', text: 'naïve' }], 'actions'),
+      () =>
+        parseOrThrow(
+          ScreenActionsSchema,
+          [
+            { action: 'type', text: 'ok' },
+            { action: 'type', text: 'naïve' },
+          ],
+          'actions',
+        ),
       (err: DsecError) => err.details.field === 'actions.1.text' && /character 2/.test(err.message),
     );
     assert.throws(

@@ -153,7 +153,8 @@ export class QmpScreen implements SandboxScreen {
           break;
         case 'type': {
           const r = textChords(a.text);
-          if ('badIndex' in r) throw new DsecError('INVALID_ARGUMENT', `actions.${performed}.text: character ${r.badIndex} has no key`, { field: `actions.${performed}.text` });
+          if ('badIndex' in r)
+            throw new DsecError('INVALID_ARGUMENT', `actions.${performed}.text: character ${r.badIndex} has no key`, { field: `actions.${performed}.text` });
           for (const chord of r.chords) {
             signal?.throwIfAborted();
             await this.press(chord);
@@ -233,6 +234,7 @@ export function pngSize(png: Uint8Array): { width: number; height: number } {
     throw new DsecError('BACKEND_FAILED', 'screendump is not a PNG');
   const width = b.readUInt32BE(16);
   const height = b.readUInt32BE(20);
-  if (width < 1 || height < 1 || width > MAX_SCREEN_SIDE || height > MAX_SCREEN_SIDE) throw new DsecError('BACKEND_FAILED', `screendump has size ${width}x${height}`);
+  if (width < 1 || height < 1 || width > MAX_SCREEN_SIDE || height > MAX_SCREEN_SIDE)
+    throw new DsecError('BACKEND_FAILED', `screendump has size ${width}x${height}`);
   return { width, height };
 }
