@@ -26,6 +26,7 @@ import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { microvmScenario } from './scenarios/microvm.js';
+import { vmScreenScenario } from './scenarios/vm-screen.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
@@ -50,6 +51,7 @@ const SCENARIOS: Scenario[] = [
   remoteEdgeScenario,
   sandboxFusionScenario,
   microvmScenario,
+  vmScreenScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

@@ -50,8 +50,9 @@ const KEYSYMS: Record<string, number> = {
 /** The keysym of a browser key, or undefined for keys it cannot name. */
 export function keysymOf(key: string): number | undefined {
   if (key in KEYSYMS) return KEYSYMS[key];
-  if ([...key].length !== 1) return undefined;
-  const cp = key.codePointAt(0)!;
+  const cp = key.codePointAt(0);
+  // One character (one code point): a name such as "Dead" or "Unidentified" is none.
+  if (cp === undefined || String.fromCodePoint(cp) !== key) return undefined;
   // Latin-1 keysyms are the code points; others are 0x01000000 + the code point.
   return cp < 0x100 ? cp : 0x01000000 + cp;
 }
@@ -168,7 +169,7 @@ export class RfbClient {
   private async run(): Promise<void> {
     const version = new TextDecoder().decode(await this.read(12));
     if (!/^RFB 003\.00\d\n$/.test(version)) throw new Error(`not an RFB server (${JSON.stringify(version)})`);
-    this.send(new TextEncoder().encode('RFB 003.008\n').buffer as ArrayBuffer);
+    this.send(new TextEncoder().encode('RFB 003.008\n').buffer);
     const types = await this.read(await this.u8());
     if (!types.includes(1)) throw new Error('the server asks for authentication');
     this.send(new Uint8Array([1]).buffer);

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { DsecError } from './errors.js';
+import type { DsecError } from './errors.js';
 import { FakeEdge } from './edge-wire/fake-edge.js';
 import { loopbackEdge } from './edge-wire/loopback.js';
 import { parseOrThrow } from './parse.js';
@@ -46,19 +46,41 @@ describe('input requests', () => {
     assert.equal(field({ actions: [{ action: 'left_click', x: 1, y: 2 }] }), undefined);
     assert.equal(field({ actions: [] }), 'actions');
     assert.equal(field({ actions: [{ action: 'left_click', x: 1.5, y: 2 }] }), 'actions.0.x');
-    assert.equal(field({ actions: [{ action: 'wait', ms: 10 }, { action: 'wait', ms: 60_000 }] }), 'actions.1.ms');
+    assert.equal(
+      field({
+        actions: [
+          { action: 'wait', ms: 10 },
+          { action: 'wait', ms: 60_000 },
+        ],
+      }),
+      'actions.1.ms',
+    );
     assert.equal(field({ actions: [{ action: 'key', keys: 'nope' }] }), 'actions.0.keys');
     assert.equal(field({ actions: [{ action: 'drag', path: [{ x: 1, y: 1 }] }] }), 'actions.0.path');
     assert.equal(field({ actions: [{ action: 'left_click', x: 1, y: 2, z: 3 }] }), 'actions.0.z');
     assert.equal(field({ actions: Array(201).fill({ action: 'wait', ms: 0 }) }), 'actions');
     const waits = Array(4).fill({ action: 'wait', ms: 9000 });
     assert.equal(field({ actions: waits }), 'actions.3.ms', 'the waits of one request together are bounded');
-    assert.equal(field({ actions: [{ action: 'type', text: 'x'.repeat(3000) }, { action: 'type', text: 'y'.repeat(2000) }] }), 'actions.1.text');
+    assert.equal(
+      field({
+        actions: [
+          { action: 'type', text: 'x'.repeat(3000) },
+          { action: 'type', text: 'y'.repeat(2000) },
+        ],
+      }),
+      'actions.1.text',
+    );
   });
 
   test('the points of each action name their fields', () => {
     assert.deepEqual(
-      actionPoints({ action: 'drag', path: [{ x: 1, y: 2 }, { x: 3, y: 4 }] }).map((p) => p.field),
+      actionPoints({
+        action: 'drag',
+        path: [
+          { x: 1, y: 2 },
+          { x: 3, y: 4 },
+        ],
+      }).map((p) => p.field),
       ['path.0', 'path.1'],
     );
     assert.deepEqual(actionPoints({ action: 'type', text: 'x' }), []);

@@ -211,8 +211,9 @@ function scale(px: number, size: number): number {
 
 /** Reads a file QEMU wrote, refusing one larger than `max`. */
 async function readBounded(file: string, max: number): Promise<Buffer> {
-  const fh = await open(file, 'r').catch((err: NodeJS.ErrnoException) => {
-    throw new DsecError('BACKEND_FAILED', `screendump wrote no file: ${err.code ?? err.message}`);
+  const fh = await open(file, 'r').catch((err: unknown) => {
+    const e = err as NodeJS.ErrnoException;
+    throw new DsecError('BACKEND_FAILED', `screendump wrote no file: ${e.code ?? e.message}`);
   });
   try {
     const { size } = await fh.stat();
