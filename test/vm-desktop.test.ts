@@ -6,6 +6,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { inflateSync } from 'node:zlib';
+import { existsSync } from 'node:fs';
+import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
@@ -179,6 +181,60 @@ describe('the screen of a VM', () => {
     assert.deepEqual([view.width, view.height], [first.width, first.height]);
     assert.equal((await rfb(sb.id, ['dsec.v1', `dsec.ticket.${t.body.ticket}`])).status, 401, 'a ticket is single-use');
     assert.equal((await rfb(sb.id, ['dsec.v1'])).status, 401, 'no ticket, no view');
+  });
+
+  test("the dashboard's screen tab draws the VM's screen over RFB", async () => {
+    const CHROMIUM = '/usr/bin/chromium';
+    assert.ok(existsSync(CHROMIUM), `${CHROMIUM} (Debian's chromium package) is needed`);
+    const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox'], timeout: 30_000 });
+    try {
+      const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+      const problems: string[] = [];
+      page.on('console', (m) => {
+        if (m.type() === 'error' && !/Failed to load resource/.test(m.text())) problems.push(m.text());
+      });
+      page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+      await page.goto(`${tp.url}/ui/`);
+      await page.getByTestId('key').fill(tp.adminKey);
+      await page.getByTestId('sign-in').click();
+      await page.getByTestId('whoami').waitFor();
+      await page.goto(`${tp.url}/ui/#/sandbox/${sb.id}/screen`);
+      const shot = await sb.screen.capture();
+      await page
+        .getByTestId('screen-status')
+        .filter({ hasText: `connected ${shot.width}×${shot.height}` })
+        .waitFor({ timeout: 20_000 });
+      // The canvas shows the screen's pixels (the still console): compare a grid of them with a screenshot.
+      const ref = pixels(shot.png);
+      const sample = async (): Promise<number> => {
+        const canvas = await page.evaluate<number[]>(`(() => {
+          const c = document.querySelector('[data-testid=screen]');
+          return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data);
+        })()`);
+        let differ = 0;
+        for (let y = 0; y < shot.height; y += 7)
+          for (let x = 0; x < shot.width; x += 7) {
+            const i = y * shot.width + x;
+            if (canvas[i * 4] !== ref.rgb[i * 3] || canvas[i * 4 + 1] !== ref.rgb[i * 3 + 1] || canvas[i * 4 + 2] !== ref.rgb[i * 3 + 2]) differ++;
+          }
+        return differ;
+      };
+      let differ = Infinity;
+      for (let i = 0; i < 40 && differ > 50; i++) {
+        await page.waitForTimeout(250);
+        differ = await sample();
+      }
+      assert.ok(differ <= 50, `${differ} sampled pixels of the canvas differ from the screenshot`);
+      if (process.env['DSEC_UPDATE_SCREENSHOTS'] === '1')
+        await page.screenshot({ path: new URL('../../docs/img/dashboard-vm-screen.png', import.meta.url).pathname });
+      // Clicks and keys on the canvas go to the VM (nothing on this console shows them) without errors.
+      await page.getByTestId('screen').click({ position: { x: 10, y: 10 } });
+      await page.keyboard.press('a');
+      await page.waitForTimeout(300);
+      assert.deepEqual(problems, []);
+    } finally {
+      await browser.close();
+    }
   });
 
   test('a sandbox without a screen: 409 naming why', async () => {
