@@ -1,9 +1,21 @@
 // One attachment to a process running under the chronus agent: its output in order, flow
 // control by acknowledging what was consumed, and its exit.
-import type { ChronusClient, AgentExit, OutputEvent } from './client.js';
+import type { AgentExit, OutputEvent } from './client.js';
 import { agentError, parseExit } from './replies.js';
 import { F, T } from './wire.js';
-import type { Frame } from './wire.js';
+import type { Field, Frame } from './wire.js';
+
+/**
+ * What an attachment needs of the connection it came from: chronus's client, or another agent
+ * (the QEMU guest agent) that feeds it through {@link Attachment.output} and {@link Attachment.exit}.
+ */
+export interface AttachmentOwner {
+  send(type: number, id: number, fields: readonly Field[]): void;
+  request(type: number, fields: readonly Field[], what: string): Promise<unknown>;
+  forget(id: number): void;
+  writeStdin(proc: number, data: Uint8Array | string, eof?: boolean): Promise<void>;
+  signal(proc: number, sig: string | number, group?: boolean): Promise<void>;
+}
 
 /**
  * A running (or finished) process seen through one attachment: output events in order, then
@@ -27,7 +39,7 @@ export class Attachment {
   private rejectExit!: (e: Error) => void;
 
   constructor(
-    private readonly client: ChronusClient,
+    private readonly client: AttachmentOwner,
     readonly requestId: number,
     proc: number,
     pid: number,
@@ -105,15 +117,25 @@ export class Attachment {
         frame.type === T.OUTPUT
           ? { kind: 'data', stream, offset, data: f.bytes(F.DATA) ?? Buffer.alloc(0) }
           : { kind: 'gap', stream, offset, bytes: f.num(F.COUNT) ?? 0 };
-      if (this.listener) this.deliver(ev);
-      else this.push(ev);
+      this.output(ev);
     } else if (frame.type === T.EXIT) {
-      this.client.forget(this.requestId);
-      this.resolveExit(parseExit(f));
-      this.finish();
+      this.exit(parseExit(f));
     } else if (frame.type === T.ERROR) {
       this.fail(agentError(f, 'attachment'));
     }
+  }
+
+  /** @internal An output event (in order, per stream). */
+  output(ev: OutputEvent): void {
+    if (this.listener) this.deliver(ev);
+    else this.push(ev);
+  }
+
+  /** @internal The process's exit (after its last output). */
+  exit(e: AgentExit): void {
+    this.client.forget(this.requestId);
+    this.resolveExit(e);
+    this.finish();
   }
 
   /** @internal */

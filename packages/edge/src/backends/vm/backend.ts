@@ -38,6 +38,7 @@ import { QmpClient } from '../qemu/qmp.js';
 import { QmpScreen } from '../qemu/screen.js';
 import { connectRetrying, connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
+import { GuestAgentClient } from './guest.js';
 
 const run = promisify(execFile);
 
@@ -344,7 +345,7 @@ export class VmBackend implements Backend {
       pending = (
         vm.chronus
           ? connectUnix(sockets.agents[0] as string).then((sock) => new ChronusClient(sock, this.forged(id)) as SandboxAgent)
-          : Promise.reject(new DsecError('UNAVAILABLE', `sandbox ${id}: its image runs no chronus`, { sandboxId: id }))
+          : connectUnix(sockets.guestAgent).then((sock) => new GuestAgentClient(sock) as SandboxAgent)
       )
         .then((client) => {
           this.agents.set(id, client);
