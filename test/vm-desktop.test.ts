@@ -210,20 +210,21 @@ describe('the screen of a VM', () => {
       const ref = pixels(shot.png);
       const STEP = 11;
       const sample = async (): Promise<number> => {
-        // Sampled in the page: only every STEP-th pixel of every STEP-th row crosses back.
+        // Sampled in the page: only every STEP-th pixel of every STEP-th row crosses back (RGBA).
         const canvas = await page.evaluate<number[]>(`(() => {
           const c = document.querySelector('[data-testid=screen]');
           const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
           const out = [];
-          for (let y = 0; y < c.height; y += ${STEP}) for (let x = 0; x < c.width; x += ${STEP}) { const i = (y * c.width + x) * 4; out.push(d[i], d[i + 1], d[i + 2]); }
+          for (let y = 0; y < c.height; y += ${STEP}) for (let x = 0; x < c.width; x += ${STEP}) { const i = (y * c.width + x) * 4; out.push(d[i], d[i + 1], d[i + 2], d[i + 3]); }
           return out;
         })()`);
         let differ = 0;
         let k = 0;
         for (let y = 0; y < shot.height; y += STEP)
-          for (let x = 0; x < shot.width; x += STEP, k += 3) {
+          for (let x = 0; x < shot.width; x += STEP, k += 4) {
             const i = (y * shot.width + x) * 3;
-            if (canvas[k] !== ref.rgb[i] || canvas[k + 1] !== ref.rgb[i + 1] || canvas[k + 2] !== ref.rgb[i + 2]) differ++;
+            // Alpha 255: drawn by the client (a canvas nobody drew on is transparent black).
+            if (canvas[k] !== ref.rgb[i] || canvas[k + 1] !== ref.rgb[i + 1] || canvas[k + 2] !== ref.rgb[i + 2] || canvas[k + 3] !== 255) differ++;
           }
         return differ;
       };

@@ -23,7 +23,13 @@ export const vmScreenScenario: Scenario = {
     const n = ctx.quick ? 10 : 40;
     const home = path.join(ctx.dir, 'vm-screen-home');
     progress('vm-screen: starting a platform with the vm backend');
-    const platform: Platform = await startPlatform({ home, addr: '127.0.0.1:0', agentBinary: AGENT_BINARY, log: () => undefined, vm: {} });
+    const platform: Platform = await startPlatform({
+      home,
+      addr: '127.0.0.1:0',
+      agentBinary: AGENT_BINARY,
+      log: (line) => progress(`vm-screen platform: ${line}`),
+      vm: {},
+    });
     onCleanup('vm-screen platform', () => platform.shutdown());
     const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey!, requestTimeoutMs: 600_000 });
     try {
