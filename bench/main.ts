@@ -27,6 +27,7 @@ import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { microvmScenario } from './scenarios/microvm.js';
 import { vmScreenScenario } from './scenarios/vm-screen.js';
+import { vmScenario } from './scenarios/vm.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { remoteEdgeScenario } from './scenarios/remote-edge.js';
 import { snapshotScenario } from './scenarios/snapshot.js';
@@ -52,6 +53,7 @@ const SCENARIOS: Scenario[] = [
   sandboxFusionScenario,
   microvmScenario,
   vmScreenScenario,
+  vmScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */
 const DEFAULT_DENSITY = 3200;

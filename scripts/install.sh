@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBIAN_PACKAGES=(crun erofs-utils busybox-static fuse3 mmdebstrap util-linux iproute2 nftables gcc make libc6-dev podman bubblewrap openssl postgresql docker-registry dpkg-dev qemu-system-x86 qemu-utils ovmf chromium python3-pytest python3-httpx libfuse3-dev pkg-config)
+# Full-VM disk images (dsec image build --vm): GPT with sfdisk, the EFI partition with mkfs.vfat and mtools.
+DEBIAN_PACKAGES+=(fdisk dosfstools mtools)
 
 missing=()
 if command -v dpkg-query >/dev/null 2>&1; then

@@ -4,7 +4,11 @@
 // run through the QEMU guest agent alone.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { readdir, readFile, readlink } from 'node:fs/promises';
+import { execFile } from 'node:child_process';
+import { createReadStream } from 'node:fs';
+import { mkdtemp, open, readdir, readFile, readlink, rm, stat, truncate } from 'node:fs/promises';
+import path from 'node:path';
+import { promisify } from 'node:util';
 import http from 'node:http';
 import os from 'node:os';
 import { after, before, describe, test } from 'node:test';
@@ -13,6 +17,8 @@ import type { Layer, RaisedEvent } from '@dsec/protocol';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
+
+const run = promisify(execFile);
 
 /** A loopback /24 of this run's own: an allowed upstream and one the policy does not name. */
 const NET = `127.${1 + ((randomBytes(1)[0] ?? 0) % 250)}.${randomBytes(1)[0] ?? 0}`;
@@ -131,6 +137,8 @@ describe('vm backend', () => {
     assert.equal((await sb.info()).state, 'paused');
     await sb.resume();
     assert.equal((await sh(sb, 'cat /root/hello.txt')).trim(), 'from the host');
+    // The root file system grew at boot to the disk the spec asked for.
+    assert.ok(Number((await sh(sb, 'df -BM --output=size / | tail -1')).replace(/\D/g, '')) > 1500, 'root grown to diskMiB');
     const stats = await sb.stats();
     assert.ok(stats.memoryBytes > 0 && stats.diskLimitBytes >= 2048 * 1024 * 1024, JSON.stringify(stats));
 
@@ -171,5 +179,52 @@ describe('vm backend', () => {
     await sb.kill();
     made.length = 0;
     assert.deepEqual((await client.nodes.list())[0]!.allocated, allocatedBefore);
+  });
+
+  test('a raw image dsec exported, imported back: boots, exec and files through the QEMU guest agent alone', async () => {
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-vm-export-'));
+    try {
+      const raw = path.join(dir, 'exported.img');
+      const bytes = await client.layers.exportDisk('vm-test', raw);
+      const head = Buffer.alloc(8);
+      const fh = await open(raw, 'r');
+      await fh.read(head, 0, 8, 512);
+      await fh.close();
+      assert.equal(head.toString('latin1'), 'EFI PART', 'a GPT disk');
+      assert.equal((await stat(raw)).size, bytes);
+      // One more MiB at the end: another image (its own digest), imported without dsec's label.
+      await truncate(raw, bytes + 1024 * 1024);
+      const imported = await client.layers.upload(createReadStream(raw), { format: 'disk', name: 'vm-imported' });
+      assert.equal(imported.kind, 'disk');
+      assert.notEqual(imported.digest, image.digest);
+
+      // A qcow2 naming a backing file (a host path) is refused.
+      const evil = path.join(dir, 'evil.qcow2');
+      await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'raw', '-b', '/etc/shadow', evil, '1M']);
+      const refused = await client.layers.upload(createReadStream(evil), { format: 'disk', name: 'evil' }).then(
+        () => undefined,
+        (err: unknown) => err as Error,
+      );
+      assert.match(String(refused), /backing file/);
+
+      const sb = await Sandbox.create({ backend: 'vm', image: { base: 'vm-imported' }, resources: { cpu: 1, memoryMiB: 512 } }, { client });
+      made.push(sb);
+      const r = await sb.exec('uname -s; echo err >&2; exit 4');
+      assert.equal(r.exitCode, 4);
+      assert.equal(r.stdout, 'Linux\n');
+      assert.equal(r.stderr, 'err\n');
+      await sb.files.write('/root/qga.txt', 'through qemu-ga');
+      assert.equal(await sb.files.read('/root/qga.txt'), 'through qemu-ga');
+      // What qemu-ga cannot do is refused with the reason.
+      const listed = await sb.files.list('/root').then(
+        () => undefined,
+        (err: unknown) => err as Error,
+      );
+      assert.match(String(listed), /QEMU guest agent/);
+      await sb.kill();
+      made.length = 0;
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 });

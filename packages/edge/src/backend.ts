@@ -98,6 +98,12 @@ export interface PauseFacet {
    * files and file system stay exactly as they are; its agent does not answer until resumed.
    */
   pause(id: string): Promise<BackendPauseResult>;
+  /**
+   * Pauses with the sandbox's memory written to a file and freed on the host (`memory: "file"`);
+   * `resume` reads it back. Absent: the backend keeps a paused sandbox's memory (a VM's QEMU
+   * migrates to a file; no process checkpoint for containers on this kernel).
+   */
+  pauseToFile?(id: string): Promise<BackendPauseResult>;
   /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
   resume(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
   /** Memory charged now (what a pause of a paused sandbox reports). */

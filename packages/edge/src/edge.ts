@@ -10,6 +10,7 @@ import path from 'node:path';
 import { DsecError, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
 import type {
   BackendKind,
+  PauseMemory,
   DiffOptions,
   DiffResult,
   EdgeCallOptions,
@@ -172,12 +173,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** What this node offers to the scheduler. */
   capacity(): NodeCapacity {
     const microvm = this.backends.get('microvm')?.capabilities;
+    const vm = this.backends.get('vm')?.capabilities;
     return {
       cpu: os.cpus().length,
       memoryMiB: Math.floor(os.totalmem() / 1048576),
       sandboxes: this.maxSandboxes,
       backends: [...this.backends.keys()],
       ...(microvm ? { microvm } : {}),
+      ...(vm ? { vm } : {}),
     };
   }
 
@@ -449,7 +452,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * An abort while it waits for a transition or for calls under way leaves the sandbox running;
    * once the freeze has begun the pause completes and only the caller's wait ends.
    */
-  async pause(id: string, opts: EdgeCallOptions & { reason?: string } = {}): Promise<PauseResult> {
+  async pause(id: string, opts: EdgeCallOptions & { reason?: string; memory?: PauseMemory } = {}): Promise<PauseResult> {
     const { signal } = opts;
     signal?.throwIfAborted();
     let e = this.entry(id);
@@ -457,17 +460,19 @@ export class Edge extends SandboxCalls implements EdgeClient {
     signal?.throwIfAborted();
     const pausing = e.backend.pausing;
     if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
+    const toFile = opts.memory === 'file' ? pausing.pauseToFile?.bind(pausing) : undefined;
+    if (opts.memory === 'file' && !toFile) throw invalidArgument('memory', `the ${e.backend.kind} backend cannot write a paused sandbox's memory to a file`);
     if (e.state === 'paused') return unchanged(await pausing.memory(id).catch(() => undefined));
     if (e.state !== 'running') throw notRunning(id, e.state);
     const run = this.transition(e, async () => {
       const t0 = performance.now();
       await drain(e, id, signal);
-      const r = await pausing.pause(id);
+      const r = toFile ? await toFile(id) : await pausing.pause(id);
       e.state = 'paused';
       const result = { ...r, durationMs: performance.now() - t0 };
       const reason = opts.reason ?? 'api';
-      const message = `sandbox ${id} paused (${reason}): memory ${mib(r.memoryBeforeBytes)} -> ${mib(r.memoryAfterBytes)} MiB`;
-      this.raise({ kind: 'sandbox.paused', severity: 'info', sandboxId: id, message, data: { reason, ...result } });
+      const message = `sandbox ${id} paused (${reason}${toFile ? ', memory to a file' : ''}): memory ${mib(r.memoryBeforeBytes)} -> ${mib(r.memoryAfterBytes)} MiB`;
+      this.raise({ kind: 'sandbox.paused', severity: 'info', sandboxId: id, message, data: { reason, memory: toFile ? 'file' : 'keep', ...result } });
       return result;
     });
     return untilAborted(run, signal);

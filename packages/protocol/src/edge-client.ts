@@ -8,7 +8,7 @@ import type { DiffOptions, DiffResult, FileStat, VerifyRequest, VerifyResult } f
 import type { BuildableLayerKind, LayerInfo, LayerKind } from './layers.js';
 import type { EgressLogEntry, NetworkPolicy, SandboxNetwork } from './network.js';
 import type { BackendKind } from './resources.js';
-import type { SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
+import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
 import type { EventSink } from './events.js';
 import type { LayerCacheStats } from './layer-cache.js';
 import type { ScreenAction, ScreenCapture, ScreenInputResult } from './screen.js';
@@ -21,6 +21,8 @@ export interface NodeCapacity {
   backends: BackendKind[];
   /** The microVM backend's accelerator (a real boot probe at node start) and measured boot time. */
   microvm?: { accel: 'kvm' | 'tcg'; bootMs: number };
+  /** The full-VM backend's accelerator and its last boot's time (0 before the first). */
+  vm?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }
 
 /** A sandbox as its node reports it. */
@@ -144,6 +146,19 @@ export interface EdgeLayers {
   remove(ref: string): Promise<void>;
   /** The chunk cache of lazily loaded layers; null when the node loads none lazily. */
   cacheStats?(): Promise<LayerCacheStats | null>;
+  /**
+   * Bytes of a `disk` layer's image as `format` (raw: converted once, sparse), from `offset`;
+   * empty past the end. The export of `dsec image export`.
+   */
+  readDisk?(ref: string, opts: ReadDiskOptions): Promise<Uint8Array>;
+}
+
+/** Options of {@link EdgeLayers.readDisk}. */
+export interface ReadDiskOptions {
+  format: 'raw' | 'qcow2';
+  offset: number;
+  /** Bytes at most (up to 8 MiB). */
+  length: number;
 }
 
 /** Function calls (the fncall backend). */
@@ -204,7 +219,7 @@ export interface EdgeClient {
   destroy(id: string, opts?: EdgeCallOptions): Promise<void>;
   list(): Promise<EdgeSandbox[]>;
   stats(id: string, opts?: EdgeCallOptions): Promise<SandboxStats>;
-  pause(id: string, opts?: EdgeCallOptions & { reason?: string }): Promise<NodePauseResult>;
+  pause(id: string, opts?: EdgeCallOptions & { reason?: string; memory?: PauseMemory }): Promise<NodePauseResult>;
   resume(id: string, opts?: EdgeCallOptions & { reason?: string; prefetch?: boolean }): Promise<NodePauseResult>;
   /** Packs the sandbox's writable layer into a snapshot layer. */
   snapshot(id: string, opts?: EdgeCallOptions & { labels?: Record<string, string> }): Promise<LayerInfo>;

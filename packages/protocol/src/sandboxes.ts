@@ -235,6 +235,21 @@ export const UpdateSandboxRequestSchema = z.strictObject({
 
 export type UpdateSandboxRequest = z.infer<typeof UpdateSandboxRequestSchema>;
 
+/**
+ * Where a paused sandbox's memory stays: `keep` (frozen in place, reclaimable), or `file`
+ * (written to a file on the node and freed: a VM's QEMU migrates to a file and exits).
+ */
+export const PauseMemorySchema = z.enum(['keep', 'file']);
+export type PauseMemory = z.infer<typeof PauseMemorySchema>;
+
+/** POST /v1/sandboxes/{id}/pause */
+export const PauseRequestSchema = z.strictObject({
+  /** Default `keep`; `file` only on backends that can (microVMs), else 400 naming `memory`. */
+  memory: PauseMemorySchema.optional(),
+});
+/** POST /v1/sandboxes/{id}/pause body. */
+export type PauseRequest = z.infer<typeof PauseRequestSchema>;
+
 /** POST /v1/sandboxes/{id}/resume */
 export const ResumeRequestSchema = z.strictObject({
   /** Read swapped-out process memory back in before answering. Default true. */

@@ -1,5 +1,6 @@
 // Image layers: upload a tar or OCI image, build from Debian packages, pull from a registry, list,
 // remove.
+import { open } from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import {
   DebianLayerRequestSchema,
@@ -109,6 +110,34 @@ export class LayersApi {
     throw new DsecError('UNAVAILABLE', `${what}: the stream ended without a layer`);
   }
 
+  /**
+   * Downloads a `disk` layer's image (raw by default, or qcow2) to `file`; runs of zeros are
+   * skipped, so a raw image stays sparse. Returns the image's size in bytes.
+   */
+  async exportDisk(ref: string, file: string, opts: CallOptions & { format?: 'raw' | 'qcow2' } = {}): Promise<number> {
+    const layer = validate(LayerRefSchema, ref, 'ref');
+    const reply = await this.client.stream(
+      { method: 'GET', path: `/v1/layers/${encodeURIComponent(layer)}/disk`, query: { format: opts.format ?? 'raw' }, timeoutMs: opts.requestTimeoutMs ?? 0 },
+      opts,
+    );
+    const fh = await open(file, 'w', 0o644);
+    let size = 0;
+    try {
+      for await (const chunk of reply.body as AsyncIterable<Buffer>) {
+        // Write what is not all zeros; holes make the rest.
+        for (let at = 0; at < chunk.length; at += SPARSE_BLOCK_BYTES) {
+          const block = chunk.subarray(at, at + SPARSE_BLOCK_BYTES);
+          if (!isZero(block)) await fh.write(block, 0, block.length, size + at);
+        }
+        size += chunk.length;
+      }
+      await fh.truncate(size);
+    } finally {
+      await fh.close();
+    }
+    return size;
+  }
+
   /** Lists the project's layers and the public ones, optionally of one kind. */
   async list(opts: CallOptions & { kind?: LayerInfo['kind'] } = {}): Promise<LayerInfo[]> {
     const kind = opts.kind === undefined ? undefined : validate(LayerKindSchema, opts.kind, 'kind');
@@ -136,4 +165,13 @@ function* chunksOf(buf: Buffer, size: number): Generator<Buffer> {
 export function streamedError(e: { code: string; message: string } & Record<string, unknown>): DsecError {
   const { code, message, ...details } = e;
   return new DsecError(code in ERROR_STATUS ? (code as ErrorCode) : 'INTERNAL', message, details);
+}
+
+/** Block size of the zero test of {@link LayersApi.exportDisk}. */
+const SPARSE_BLOCK_BYTES = 64 * 1024;
+
+const ZEROS = Buffer.alloc(SPARSE_BLOCK_BYTES);
+
+function isZero(b: Buffer): boolean {
+  return b.equals(ZEROS.subarray(0, b.length));
 }

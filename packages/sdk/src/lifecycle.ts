@@ -1,5 +1,6 @@
 // A sandbox's lifecycle: its description, stats, pause and resume, lease, owner, and its end.
-import { LeaseSchema, ResumeRequestSchema, UpdateSandboxRequestSchema } from '@dsec/protocol';
+import { LeaseSchema, PauseRequestSchema, ResumeRequestSchema, UpdateSandboxRequestSchema } from '@dsec/protocol';
+import type { PauseMemory } from '@dsec/protocol';
 import type { CallOptions } from './client.js';
 import type { SandboxScope } from './scope.js';
 import type { LeaseOptions, PauseResult, SandboxInfo, SandboxStats } from './types.js';
@@ -29,8 +30,10 @@ export class Lifecycle {
   }
 
   /** Freezes every process and makes its memory reclaimable; processes, files and the file system are kept. */
-  async pause(opts: CallOptions = {}): Promise<PauseResult> {
-    const reply = await this.#scope.client.json<PauseResult>({ method: 'POST', path: this.#scope.route('/pause') }, opts);
+  async pause(opts: CallOptions & { memory?: PauseMemory } = {}): Promise<PauseResult> {
+    const { memory, ...call } = opts;
+    const body = memory ? validate(PauseRequestSchema, { memory }) : undefined;
+    const reply = await this.#scope.client.json<PauseResult>({ method: 'POST', path: this.#scope.route('/pause'), ...(body ? { body } : {}) }, call);
     this.#remember(reply.sandbox);
     return reply;
   }

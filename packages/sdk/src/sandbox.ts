@@ -2,7 +2,7 @@
 // trajectory), each in its own file. The methods users already call (`exec`, `spawn`, `pause`,
 // `snapshot`, ...) stay here and delegate; the static methods find and create sandboxes.
 import { Screen } from './screen.js';
-import type { DiffEntry, DiffResult, Trajectory, VerifyResult } from '@dsec/protocol';
+import type { DiffEntry, DiffResult, PauseMemory, Trajectory, VerifyResult } from '@dsec/protocol';
 import { Changes } from './changes.js';
 import type { DiffOptions } from './changes.js';
 import { clientFrom } from './client.js';
@@ -171,9 +171,10 @@ export class Sandbox {
   /**
    * Pauses the sandbox: every process is frozen and its memory made reclaimable; processes,
    * open files and the file system are kept exactly. Requests resume it again (unless its
-   * lease says `autoResume: false`), as does {@link Sandbox.resume}.
+   * lease says `autoResume: false`), as does {@link Sandbox.resume}. With `memory: "file"`
+   * (microVMs) the memory is written to a file on the node and freed until resumed.
    */
-  pause(opts: CallOptions = {}): Promise<PauseResult> {
+  pause(opts: CallOptions & { memory?: PauseMemory } = {}): Promise<PauseResult> {
     return this.#lifecycle.pause(opts);
   }
 

@@ -161,6 +161,29 @@ export class LayerService {
   }
 
   /**
+   * The image of a `disk` layer the principal can see, as raw (sparse on the node, streamed
+   * whole) or qcow2: chunks read from a node until the end.
+   */
+  async exportDisk(p: Principal, ref: string, format: 'raw' | 'qcow2', signal?: AbortSignal): Promise<AsyncIterable<Uint8Array>> {
+    const layer = await this.get(p, ref);
+    if (layer.kind !== 'disk') throw invalidArgument('ref', `layer ${ref} is a ${layer.kind} layer, not a disk image`);
+    const edge = this.anyEdge();
+    const read = edge.layers.readDisk?.bind(edge.layers);
+    if (!read) throw invalidArgument('ref', 'the node exports no disk images');
+    const chunkBytes = 4 * 1024 * 1024;
+    // The first slice is read before the answer starts, so a failure is still a status code.
+    const first = await read(layer.digest, { format, offset: 0, length: chunkBytes });
+    return (async function* () {
+      let offset = 0;
+      for (let chunk = first; chunk.byteLength > 0; chunk = await read(layer.digest, { format, offset, length: chunkBytes })) {
+        signal?.throwIfAborted();
+        yield chunk;
+        offset += chunk.byteLength;
+      }
+    })();
+  }
+
+  /**
    * Shares a snapshot of the caller's project (or of one below it) with that project's
    * sub-projects, or makes it private again. Only the project that holds it may: a sub-project
    * that sees a shared snapshot cannot change it.

@@ -1,7 +1,7 @@
 // A sandbox's life after its create: routing requests to its node (resuming it when its lease
 // says so), pause and resume, leases (idle, owner gone), expiry and destroy.
 import { DsecError, KeyedSerialQueue } from '@dsec/protocol';
-import type { EdgeClient, GrantedLease, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
+import type { EdgeClient, GrantedLease, PauseMemory, PauseResult, Sandbox, SandboxSpec } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
@@ -179,7 +179,7 @@ export class LifecycleService {
    * `stillDue`, the pause is dropped (undefined) when it returns false once the row is
    * claimed: a request that came in meanwhile keeps an idle sandbox running.
    */
-  async pauseRow(row: SandboxTable, reason: PauseReason, stillDue?: () => boolean): Promise<PauseResult | undefined> {
+  async pauseRow(row: SandboxTable, reason: PauseReason, stillDue?: () => boolean, opts: { memory?: PauseMemory } = {}): Promise<PauseResult | undefined> {
     return this.transitions.run(row.id, async () => {
       const { store, nodes } = this.d;
       if (!(await store.transitionSandbox(row.id, ['running'], PAUSING))) {
@@ -197,7 +197,7 @@ export class LifecycleService {
       }
       let result: Omit<PauseResult, 'sandbox'>;
       try {
-        result = await node.client.pause(row.id, { reason });
+        result = await node.client.pause(row.id, { reason, ...(opts.memory ? { memory: opts.memory } : {}) });
       } catch (err) {
         await store.transitionSandbox(row.id, [PAUSING], 'running');
         throw err;
@@ -255,10 +255,10 @@ export class LifecycleService {
   }
 
   /** POST /v1/sandboxes/{id}/pause */
-  async pause(p: Principal, id: string): Promise<PauseResult> {
+  async pause(p: Principal, id: string, opts: { memory?: PauseMemory | undefined } = {}): Promise<PauseResult> {
     requireRole(p, 'member');
     const row = await this.sandboxRow(p, id);
-    return (await this.pauseRow(row, 'api')) as PauseResult;
+    return (await this.pauseRow(row, 'api', undefined, opts.memory ? { memory: opts.memory } : {})) as PauseResult;
   }
 
   /** POST /v1/sandboxes/{id}/resume */

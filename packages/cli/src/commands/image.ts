@@ -59,7 +59,8 @@ export function registerImage(program: Command): void {
         cmd: Command,
       ) => {
         if (flags.vm) {
-          if (flags.kind !== undefined || flags.fromDir || flags.fromTar || flags.fromOci) throw new InvalidArgumentError('--vm takes no --kind and no --from-*');
+          if (flags.kind !== undefined || flags.fromDir || flags.fromTar || flags.fromOci)
+            throw new InvalidArgumentError('--vm takes no --kind and no --from-*');
           const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
           const layer = await client.layers.buildVm(
             { name, ...(flags.debian ? { packages: flags.debian } : {}), ...(flags.suite ? { suite: flags.suite } : {}) },
@@ -119,6 +120,20 @@ export function registerImage(program: Command): void {
       progress.done();
       if (flags.json) printJson(layer);
       else process.stdout.write(`${layer.digest}\n`);
+    });
+
+  image
+    .command('export')
+    .description('download a disk layer (backend "vm") as a raw disk image (sparse) or as qcow2')
+    .argument('<ref>', 'the disk layer: name[:tag] or sha256:...')
+    .option('--raw <file>', 'write a raw disk image')
+    .option('--qcow2 <file>', 'write the qcow2 image')
+    .action(async (ref: string, flags: { raw?: string; qcow2?: string }, cmd: Command) => {
+      if ((flags.raw === undefined) === (flags.qcow2 === undefined)) throw new InvalidArgumentError('give one of --raw <file>, --qcow2 <file>');
+      const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
+      const file = (flags.raw ?? flags.qcow2) as string;
+      const bytes = await client.layers.exportDisk(ref, file, { format: flags.raw !== undefined ? 'raw' : 'qcow2' });
+      process.stderr.write(`${file}: ${bytes} bytes\n`);
     });
 
   image

@@ -2,12 +2,12 @@
 // one once per node (refcounted) for every sandbox's overlay to use as a lower dir.
 import { randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
-import { access, copyFile, link, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
+import { access, copyFile, link, mkdir, mkdtemp, open, readdir, readFile, rename, rm, rmdir, stat, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { DsecError, normalizeLayerName } from '@dsec/protocol';
-import type { LayerInfo, LayerKind } from '@dsec/protocol';
+import type { LayerInfo, LayerKind, ReadDiskOptions } from '@dsec/protocol';
 import { mount, mountsUnder, MNT, MS, SyscallError, umount } from '../sys/linux.js';
 import { buildBusyboxTree } from './busybox.js';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
@@ -116,6 +116,11 @@ export interface LayerGcResult {
 
 type StoredLayer = Omit<LayerInfo, 'names'>;
 
+/** Largest slice {@link LayerStore.readDisk} returns. */
+const MAX_DISK_READ_BYTES = 8 * 1024 * 1024;
+/** How long a raw export stays after its last read. */
+const RAW_EXPORT_LINGER_MS = 60_000;
+
 /** Label of a `disk` layer whose guest runs chronus (else the QEMU guest agent alone serves it). */
 export const VM_AGENT_LABEL = 'dsec.vm.agent';
 
@@ -151,6 +156,9 @@ export class LayerStore {
   readonly lazy: LazyLayers | undefined;
   /** Layers held without their data blob (hex). */
   private readonly lazyLayers = new Set<string>();
+  /** Raw conversions of disk layers being exported (hex -> the raw file). */
+  private readonly rawExports = new Map<string, Promise<string>>();
+  private readonly rawExpiry = new Map<string, NodeJS.Timeout>();
   /** Lazy servers being stopped, so that an acquire waits for the stop before starting one. */
   private readonly lazyStops = new Map<string, Promise<void>>();
 
@@ -380,10 +388,45 @@ export class LayerStore {
     return join(this.blobsDir, hex, BLOB_FILE);
   }
 
-  /** Writes a `disk` layer as a raw image at `out` (the export of `dsec image export --raw`). */
-  async exportRaw(ref: string, out: string, signal?: AbortSignal): Promise<void> {
+  /**
+   * Bytes of a `disk` layer's image from `offset` (empty past the end): its qcow2 as stored, or
+   * as raw, converted once into the store's tmp directory (sparse) and kept while it is read.
+   */
+  async readDisk(ref: string, opts: ReadDiskOptions): Promise<Uint8Array> {
+    await this.init();
     const info = await this.resolve(ref);
-    await exportRawImage(this.diskFile(info.digest), out, signal);
+    const hex = this.hexOf(info.digest);
+    let file = this.diskFile(info.digest);
+    if (opts.format === 'raw') {
+      let pending = this.rawExports.get(hex);
+      if (!pending) {
+        const out = join(this.tmpDir, `export-${hex}.raw`);
+        pending = exportRawImage(file, `${out}.part`)
+          .then(() => rename(`${out}.part`, out))
+          .then(() => out);
+        pending.catch(() => this.rawExports.delete(hex));
+        this.rawExports.set(hex, pending);
+      }
+      file = await pending;
+      // Removed a while after its last read (an export reads it front to back).
+      clearTimeout(this.rawExpiry.get(hex));
+      this.rawExpiry.set(
+        hex,
+        setTimeout(() => {
+          this.rawExports.delete(hex);
+          this.rawExpiry.delete(hex);
+          void rm(file, { force: true });
+        }, RAW_EXPORT_LINGER_MS).unref(),
+      );
+    }
+    const fh = await open(file, 'r');
+    try {
+      const buf = Buffer.alloc(Math.min(opts.length, MAX_DISK_READ_BYTES));
+      const { bytesRead } = await fh.read(buf, 0, buf.length, opts.offset);
+      return buf.subarray(0, bytesRead);
+    } finally {
+      await fh.close();
+    }
   }
 
   private async commit(out: string, layer: StoredLayer, labels: Record<string, string> | undefined, name: string | undefined): Promise<LayerInfo> {

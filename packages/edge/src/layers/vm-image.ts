@@ -18,14 +18,18 @@ export const DEFAULT_VM_CACHE = '/var/cache/dsec/vm';
 /** Packages every VM image has (beside `--variant=minbase`). */
 export const VM_IMAGE_PACKAGES = ['systemd', 'systemd-sysv', 'udev', 'kmod', 'qemu-guest-agent', 'linux-image-cloud-amd64', 'systemd-boot-efi', 'iproute2'];
 /** Bumped whenever the recipe below changes what an image holds (part of the cache key). */
-const RECIPE_VERSION = 3;
+const RECIPE_VERSION = 4;
 /** Partition UUID of the root file system (the boot entry names it). */
 export const ROOT_PARTUUID = '8b6d7365-6376-4d00-8000-64736563726f';
 const ESP_PARTUUID = '8b6d7365-6376-4d00-8000-647365636573';
 /** Size of the EFI system partition. */
 const ESP_MIB = 48;
-/** Free room in the root file system beyond the files. */
-const ROOT_FREE_MIB = 768;
+/**
+ * Free room in the root file system beyond the files. Small, so the image (and a raw export of
+ * it) stays small: at boot systemd-repart grows the root partition to the end of the sandbox's
+ * disk (its overlay is diskMiB) and systemd-growfs grows the file system.
+ */
+const ROOT_FREE_MIB = 256;
 /** Where chronus lives in the guest. */
 export const GUEST_AGENT_PATH = '/usr/local/sbin/dsec-chronus';
 /** Kernel arguments of the boot entry. */
@@ -47,6 +51,9 @@ const MASKED_UNITS = [
   'systemd-update-done.service',
   'ldconfig.service',
   'systemd-hwdb-update.service',
+  'systemd-firstboot.service',
+  'systemd-pcrphase-sysinit.service',
+  'systemd-pcrphase.service',
 ];
 
 /** Options of {@link buildVmImage}. */
@@ -165,7 +172,9 @@ async function configureRoot(root: string, agent: Buffer): Promise<string> {
     await unlink(at(`etc/systemd/system/${unit}`)).catch(() => undefined);
     await symlink('/dev/null', at(`etc/systemd/system/${unit}`));
   }
-  await writeFile(at('etc/fstab'), `PARTUUID=${ROOT_PARTUUID} / ext4 rw,noatime 0 1\n`);
+  await writeFile(at('etc/fstab'), `PARTUUID=${ROOT_PARTUUID} / ext4 rw,noatime,x-systemd.growfs 0 1\n`);
+  await mkdir(at('etc/repart.d'), { recursive: true });
+  await writeFile(at('etc/repart.d/50-root.conf'), '[Partition]\nType=root-x86-64\n');
   await writeFile(at('etc/hostname'), 'dsec-vm\n');
   await writeFile(at('etc/hosts'), '127.0.0.1 localhost\n127.0.1.1 dsec-vm\n');
   // A machine id per boot (systemd makes one when the file is empty).

@@ -27,7 +27,7 @@ import type { NetworkPolicy } from '../network.js';
 import type { ExecResult, ExecSpec, ExitInfo } from '../exec.js';
 import type { FileStat } from '../files.js';
 import type { LayerInfo, LayerKind } from '../layers.js';
-import type { SandboxClaim, SandboxSpec, SandboxStats } from '../sandboxes.js';
+import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxStats } from '../sandboxes.js';
 import type { ClientFrame, ServerFrame } from './frames.js';
 import { EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeServerFrame, encodeFrame } from './frames.js';
 import { SUBSCRIBE_METHOD } from './methods.js';
@@ -107,6 +107,7 @@ export class WireEdgeClient implements EdgeClient {
       build: (source, o) => this.build(source, o),
       remove: (ref) => this.call('layers.remove', [ref]),
       cacheStats: () => this.call('layers.cacheStats', []),
+      readDisk: (ref, o) => this.call('layers.readDisk', [ref, o]),
     };
     this.calls = {
       run: (req: CallRequest, o?: { signal?: AbortSignal }): Promise<CallResult> => this.call('calls.run', [req], { signal: o?.signal }),
@@ -190,7 +191,7 @@ export class WireEdgeClient implements EdgeClient {
   stats(id: string, opts: EdgeCallOptions = {}): Promise<SandboxStats> {
     return this.call('stats', [id], opts);
   }
-  pause(id: string, opts: EdgeCallOptions & { reason?: string } = {}): Promise<NodePauseResult> {
+  pause(id: string, opts: EdgeCallOptions & { reason?: string; memory?: PauseMemory } = {}): Promise<NodePauseResult> {
     const { signal, ...rest } = opts;
     return this.call('pause', [id, rest], { signal });
   }

@@ -82,6 +82,7 @@ const capacity = z.object({
   sandboxes: z.number(),
   backends: z.array(BackendKindSchema),
   microvm: z.object({ accel: z.enum(['kvm', 'tcg']), bootMs: z.number() }).optional(),
+  vm: z.object({ accel: z.enum(['kvm', 'tcg']), bootMs: z.number() }).optional(),
 });
 const ServerFrameSchema = z.discriminatedUnion('t', [
   z.object({ t: z.literal('hello'), version: z.number(), nodeName: z.string(), capacity, heartbeatMs: z.number() }),

@@ -13,7 +13,7 @@ import { parseOrThrow } from '../parse.js';
 import { LabelsSchema } from '../common.js';
 import { ExecSpecSchema, PtySchema } from '../exec.js';
 import { BuildableLayerKindSchema, LayerKindSchema, LayerRefSchema } from '../layers.js';
-import { SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
+import { PauseMemorySchema, SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
 import { invalidArgument } from '../errors.js';
 
 /** What the serving side gives a call besides its arguments. */
@@ -109,7 +109,7 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
   pause: {
     args: [
       ['id', sandboxId],
-      ['opts', z.strictObject({ reason }).optional()],
+      ['opts', z.strictObject({ reason, memory: PauseMemorySchema.optional() }).optional()],
     ],
     run: (e, x, ctx) => e.pause(a(x, 0), withSignal(a(x, 1), ctx)),
   },
@@ -295,6 +295,27 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     },
   },
   'layers.remove': { args: [['ref', LayerRefSchema]], run: (e, x) => e.layers.remove(a(x, 0)) },
+  'layers.readDisk': {
+    args: [
+      ['ref', LayerRefSchema],
+      [
+        'opts',
+        z.strictObject({
+          format: z.enum(['raw', 'qcow2']),
+          offset: z.number().int().min(0),
+          length: z
+            .number()
+            .int()
+            .min(1)
+            .max(8 * 1024 * 1024),
+        }),
+      ],
+    ],
+    run: (e, x) => {
+      if (!e.layers.readDisk) throw invalidArgument('ref', 'this node exports no disk images');
+      return e.layers.readDisk(a(x, 0), a(x, 1));
+    },
+  },
   'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), local(ctx)) },
   'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), local(ctx)) },
   'screen.capture': { args: [['id', sandboxId]], run: (e, x, ctx) => e.screen.capture(a(x, 0), local(ctx)) },

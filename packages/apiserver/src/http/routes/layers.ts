@@ -1,6 +1,8 @@
 // /v1/layers: upload (a layer tar or an OCI image archive), Debian builds and image pulls (JSON,
 // or ndjson with progress), list, get, delete.
+import { Readable } from 'node:stream';
 import type { Context } from 'hono';
+import { z } from 'zod';
 import {
   DebianLayerRequestSchema,
   LayerKindSchema,
@@ -60,6 +62,14 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       const kind = c.req.query('kind');
       const parsed = kind === undefined ? undefined : parseOrThrow(LayerKindSchema, kind, 'query.kind');
       return c.json({ items: await layers.list(c.get('principal'), parsed), nextCursor: null });
+    })
+    .get('/layers/:ref{.+}/disk', async (c) => {
+      const format = parseOrThrow(z.enum(['raw', 'qcow2']).default('raw'), c.req.query('format'), 'query.format');
+      const chunks = await layers.exportDisk(c.get('principal'), c.req.param('ref'), format, c.req.raw.signal);
+      return new Response(Readable.toWeb(Readable.from(chunks)) as ReadableStream, {
+        status: 200,
+        headers: { 'content-type': 'application/octet-stream', 'content-disposition': `attachment; filename="disk.${format === 'raw' ? 'img' : 'qcow2'}"` },
+      });
     })
     .get('/layers/:ref{.+}', async (c) => c.json(await layers.get(c.get('principal'), c.req.param('ref'))))
     .patch('/layers/:ref{.+}', jsonBody(UpdateLayerRequestSchema), async (c) =>

@@ -8,6 +8,7 @@ import {
   IdempotencyKeySchema,
   ListSandboxesQuerySchema,
   ResumeRequestSchema,
+  PauseRequestSchema,
   SandboxRequestSchema,
   UpdateSandboxRequestSchema,
   parseOrThrow,
@@ -75,7 +76,9 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
       .patch('/sandboxes/:id', jsonBody(UpdateSandboxRequestSchema), async (c) =>
         c.json(await sandboxes.update(c.get('principal'), c.req.param('id'), c.get('body'))),
       )
-      .post('/sandboxes/:id/pause', async (c) => c.json(await lifecycle.pause(c.get('principal'), c.req.param('id'))))
+      .post('/sandboxes/:id/pause', jsonBody(PauseRequestSchema), async (c) =>
+        c.json(await lifecycle.pause(c.get('principal'), c.req.param('id'), c.get('body'))),
+      )
       .post('/sandboxes/:id/resume', jsonBody(ResumeRequestSchema), async (c) =>
         c.json(await lifecycle.resume(c.get('principal'), c.req.param('id'), c.get('body'))),
       )

@@ -30,6 +30,8 @@ import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
 import { diskFds, startQemu } from '../qemu/process.js';
+import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
+import type { SavedState } from '../qemu/migration.js';
 import { qemuArgs, vmSockets } from './qemu.js';
 import { QmpClient } from '../qemu/qmp.js';
 import { withTimeout } from '../../abortable.js';
@@ -43,6 +45,8 @@ const run = promisify(execFile);
 export const MIN_GUEST_MEMORY_MIB = 128;
 /** Host memory a QEMU process may use beyond its guest's RAM (its own code, buffers, page tables). */
 export const QEMU_OVERHEAD_MIB = 96;
+/** How much larger than guest RAM a saved state may grow (device state, page headers). */
+const STATE_MARGIN_MIB = 64;
 /** Default pids limit of the QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
 
@@ -80,6 +84,8 @@ interface Vm {
   stopping?: boolean;
   /** Extra agent ports (1..AGENT_PORTS-1) in use by connections of their own. */
   portsInUse: Set<number>;
+  /** Paused with its memory in this file: no QEMU runs until resumed. */
+  saved?: SavedState;
 }
 
 interface Paths {
@@ -90,6 +96,8 @@ interface Paths {
   disk: string;
   pid: string;
   log: string;
+  /** The guest's memory and device state while paused to a file (`pauseToFile`). */
+  state: string;
 }
 
 /** MicroVM sandboxes (QEMU microvm + chronus on virtio-serial). */
@@ -98,7 +106,7 @@ export class MicrovmBackend implements Backend {
   private readonly vms = new Map<string, Vm>();
   private readonly agents = new Map<string, ChronusClient>();
   private readonly connecting = new Map<string, Promise<ChronusClient>>();
-  /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
+  /** vCPUs stopped (QMP `stop`), memory kept, or written to a file and QEMU ended; resume undoes either. */
   readonly pausing: PauseFacet;
   readonly garbage: GarbageFacet = this;
   /** A network namespace per networked VM, with a tap bridged to the node's link (see `linked`). */
@@ -108,15 +116,17 @@ export class MicrovmBackend implements Backend {
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     this.pausing = {
       pause: (id) => this.pause(id),
+      pauseToFile: (id) => this.pauseToFile(id),
       resume: (id) => this.resume(id),
       memory: (id) => o.cgroups.memory(id),
+      // A VM paused to a file is as frozen as it gets: no QEMU runs.
       freeze: async (id) => {
-        await this.qmp(id).execute('stop');
+        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
       },
       thaw: async (id) => {
-        await this.qmp(id).execute('cont');
+        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
       },
-      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
     };
   }
 
@@ -135,6 +145,7 @@ export class MicrovmBackend implements Backend {
       disk: path.join(dir, 'rw.img'),
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
+      state: path.join(dir, 'memory.state'),
     };
   }
 
@@ -144,9 +155,7 @@ export class MicrovmBackend implements Backend {
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
     if (memoryMiB < MIN_GUEST_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a microVM needs at least ${MIN_GUEST_MEMORY_MIB} MiB`);
     const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
-    const cpu = res.cpu ?? DEFAULT_CPU;
     const undo: Array<() => unknown> = [];
-    const fds: FileHandle[] = [];
     const vm: Vm = { portsInUse: new Set() };
     try {
       await mkdir(p.dir, { mode: 0o700 }).catch((err: unknown) => {
@@ -162,10 +171,67 @@ export class MicrovmBackend implements Backend {
       undo.push(() => rm(p.run, { recursive: true, force: true }));
       await chown(p.run, idRange.uid, idRange.gid);
 
-      const disks: VmDisk[] = [];
-      for (const [i, layer] of req.layers.entries()) {
+      for (const layer of req.layers) {
         await this.o.layers.acquire(layer.digest);
         undo.push(() => this.o.layers.release(layer.digest));
+      }
+      // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
+      await writeFile(p.disk, '', { mode: 0o600 });
+      await truncate(p.disk, diskMiB * 1024 * 1024);
+      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
+      signal?.throwIfAborted();
+
+      // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
+      // the node's link joins the bridge once it is made (`linked`).
+      const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
+      if (netns) undo.push(() => removeVmNetns(req.id));
+      const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
+      await writeJsonAtomic(p.record, record);
+      undo.push(() => this.o.cgroups.remove(req.id));
+      this.vms.set(req.id, vm);
+      undo.push(() => this.kill(req.id));
+      const { exited } = await this.launch(record, vm);
+      const deadline = Date.now() + this.o.bootTimeoutMs;
+      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
+      const agent = await Promise.race([this.connect(req.id), exited]);
+      await Promise.race([
+        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
+        exited,
+      ]);
+      this.watch(req.id, vm);
+      return record;
+    } catch (err) {
+      const detail = await this.consoleTail(req.id, vm).catch(() => '');
+      this.dropAgent(req.id);
+      for (const step of undo.reverse()) {
+        await Promise.resolve()
+          .then(step)
+          .catch(() => undefined);
+      }
+      this.vms.delete(req.id);
+      if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
+      throw err;
+    }
+  }
+
+  /**
+   * Starts the VM's QEMU (confined, in its cgroup and network namespace) with its disks as
+   * descriptors; with `incoming`, QEMU waits for a saved state (`restoreState`) instead of
+   * booting. Resolves once started, with `exited`, which rejects when QEMU exits.
+   */
+  private async launch(record: BackendSandbox, vm: Vm, incoming = false): Promise<{ exited: Promise<never> }> {
+    const id = record.id;
+    const p = this.paths(id);
+    const idRange = record.idRange;
+    if (!idRange) throw new DsecError('INTERNAL', `sandbox ${id}: its record has no uid`, { sandboxId: id });
+    const res = record.spec.resources ?? {};
+    const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const cpu = res.cpu ?? DEFAULT_CPU;
+    const netns = record.spec.network?.mode === 'allowlist' ? netnsName(id) : undefined;
+    const fds: FileHandle[] = [];
+    try {
+      const disks: VmDisk[] = [];
+      for (const [i, layer] of record.layers.entries()) {
         const files = this.o.layers.imageFiles(layer.digest);
         const meta = await open(files.meta, fsConstants.O_RDONLY);
         fds.push(meta);
@@ -176,41 +242,29 @@ export class MicrovmBackend implements Backend {
           disks.push({ serial: `b${i}`, fds: [blob.fd], readOnly: true });
         }
       }
-      // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
-      await writeFile(p.disk, '', { mode: 0o600 });
-      await truncate(p.disk, diskMiB * 1024 * 1024);
-      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
       const rwRead = await open(p.disk, fsConstants.O_RDONLY);
       fds.push(rwRead);
       const rw = await open(p.disk, fsConstants.O_RDWR);
       fds.push(rw);
       disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
-      signal?.throwIfAborted();
-
-      // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
-      // the node's link joins the bridge once it is made (`linked`).
-      const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
-      if (netns) undo.push(() => removeVmNetns(req.id));
-      const record: BackendSandbox = { id: req.id, backend: 'microvm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
-      await writeJsonAtomic(p.record, record);
-      const cgroupProcs = await this.o.cgroups.create(req.id, {
+      const cgroupProcs = await this.o.cgroups.create(id, {
         memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024,
         cpu,
         pids: QEMU_PIDS,
       });
-      undo.push(() => this.o.cgroups.remove(req.id));
       const args = qemuArgs({
         qemu: this.o.qemu,
         accel: this.o.accel,
         kernel: this.o.guest.kernel.vmlinuz,
         initramfs: this.o.guest.initramfs,
-        cmdline: [...this.o.accelCmdline, `dsec.layers=${req.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
+        cmdline: [...this.o.accelCmdline, `dsec.layers=${record.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
         memoryMiB,
         vcpus: Math.max(1, Math.ceil(cpu)),
         disks,
         runDir: p.run,
-        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(req.id) } } : {}),
+        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
       });
+      if (incoming) args.push(...INCOMING_ARGS);
       const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       try {
         vm.child = startQemu(
@@ -229,38 +283,18 @@ export class MicrovmBackend implements Backend {
       } finally {
         await log.close();
       }
-      this.vms.set(req.id, vm);
-      undo.push(() => this.kill(req.id));
+      vm.stopping = false;
       const child = vm.child;
       const exited = new Promise<never>((_, reject) =>
         child.once('exit', (code, sig) =>
-          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
+          reject(new DsecError('BACKEND_FAILED', `sandbox ${id}: QEMU exited (${sig ?? code}) while ${incoming ? 'restoring' : 'booting'}`, { sandboxId: id })),
         ),
       );
       exited.catch(() => undefined);
       await writeFile(p.pid, String(child.pid));
-      for (const f of fds.splice(0)) await f.close();
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
-      const agent = await Promise.race([this.connect(req.id), exited]);
-      await Promise.race([
-        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
-        exited,
-      ]);
-      this.watch(req.id, vm);
-      return record;
-    } catch (err) {
+      return { exited };
+    } finally {
       for (const f of fds) await f.close().catch(() => undefined);
-      const detail = await this.consoleTail(req.id, vm).catch(() => '');
-      this.dropAgent(req.id);
-      for (const step of undo.reverse()) {
-        await Promise.resolve()
-          .then(step)
-          .catch(() => undefined);
-      }
-      this.vms.delete(req.id);
-      if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
-      throw err;
     }
   }
 
@@ -423,9 +457,80 @@ export class MicrovmBackend implements Backend {
     return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
 
+  /**
+   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state streamed to
+   * `memory.state` (`saveState`), then QEMU quits and its memory goes back to the host. Agent
+   * connections end with it (readers reattach from their offsets once resumed). A failed save
+   * leaves the VM running and no file.
+   */
+  async pauseToFile(id: string): Promise<BackendPauseResult> {
+    const vm = this.vm(id);
+    const p = this.paths(id);
+    const record = await this.record(id);
+    const before = await this.o.cgroups.memory(id);
+    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const qmp = this.qmp(id);
+    let saved: SavedState;
+    try {
+      saved = await saveState({
+        qmp,
+        socketDir: p.run,
+        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
+        file: p.state,
+        maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
+        timeoutMs: this.o.bootTimeoutMs,
+      });
+    } catch (err) {
+      await qmp.execute('cont').catch(() => undefined);
+      throw err;
+    }
+    vm.saved = saved;
+    this.dropAgent(id);
+    await this.kill(id);
+    delete vm.qmp;
+    delete vm.child;
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
+   * (`restoreState`), then `cont`; chronus answers on the same ports, its processes never noticed.
+   * A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
+   */
+  private async resumeFromFile(id: string, vm: Vm, saved: SavedState): Promise<void> {
+    const p = this.paths(id);
+    const state = await readSavedState(saved.file);
+    const record = await this.record(id);
+    try {
+      const { exited } = await this.launch(record, vm, true);
+      const deadline = Date.now() + this.o.bootTimeoutMs;
+      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
+      await restoreState({ qmp: vm.qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
+      await vm.qmp.execute('cont');
+      const agent = await Promise.race([this.connect(id), exited]);
+      await Promise.race([withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `resume ${id}: the guest did not answer`), exited]);
+    } catch (err) {
+      this.dropAgent(id);
+      await this.kill(id);
+      delete vm.qmp;
+      delete vm.child;
+      throw err;
+    }
+    delete vm.saved;
+    this.watch(id, vm);
+    await removeSavedState(saved.file);
+  }
+
+  private async record(id: string): Promise<BackendSandbox> {
+    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
+  }
+
   async resume(id: string): Promise<BackendResumeResult> {
     const before = await this.o.cgroups.memory(id);
-    await this.qmp(id).execute('cont');
+    const vm = this.vm(id);
+    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
+    else await this.qmp(id).execute('cont');
     const after = await this.o.cgroups.memory(id);
     return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }

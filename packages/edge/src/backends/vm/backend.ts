@@ -30,6 +30,7 @@ import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
 import { virtualBytes } from '../../layers/vm-image.js';
+import { VM_AGENT_LABEL } from '../../layers/store.js';
 import { killQemu, watchQemu } from '../qemu/lifecycle.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
@@ -48,8 +49,6 @@ export const MIN_VM_MEMORY_MIB = 256;
 export const VM_QEMU_OVERHEAD_MIB = 320;
 /** Default pids limit of the QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
-/** Label of a disk layer whose guest runs chronus (set by `dsec image build --vm`). */
-export const VM_AGENT_LABEL = 'dsec.vm.agent';
 
 /** What the backend needs of the node and the machine. */
 export interface VmBackendOptions {
@@ -264,6 +263,7 @@ export class VmBackend implements Backend {
         exited,
         ...(abort ? [abort] : []),
       ]);
+      if (vm.chronus) await Promise.race([this.settle(req.id, deadline), exited, ...(abort ? [abort] : [])]);
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
@@ -280,6 +280,28 @@ export class VmBackend implements Backend {
       this.vms.delete(req.id);
       if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
       throw err;
+    }
+  }
+
+  /**
+   * Waits until the guest's boot is over (`systemctl is-system-running --wait`). chronus answers
+   * early in the boot (it needs nothing but its ports); a connection made then was seen to end
+   * before the boot did, so the first command runs on a settled guest, reconnecting while it
+   * settles.
+   */
+  private async settle(id: string, deadline: number): Promise<void> {
+    for (;;) {
+      try {
+        const agent = await this.connect(id);
+        const att = await agent.spawn({ argv: ['/bin/systemctl', 'is-system-running', '--wait'] });
+        const exit = await withTimeout(att.exited, Math.max(1000, deadline - Date.now()), `create ${id}: the guest's boot did not finish in time`);
+        await agent.release(exit.proc).catch(() => undefined);
+        return;
+      } catch (err) {
+        if (Date.now() >= deadline || (err instanceof DsecError && err.code !== 'UNAVAILABLE')) throw err;
+        this.dropAgent(id);
+        await new Promise((r) => setTimeout(r, 200));
+      }
     }
   }
 

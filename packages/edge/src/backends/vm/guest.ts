@@ -185,7 +185,7 @@ export class GuestAgentClient implements SandboxAgent, AttachmentOwner {
             peakMemoryKiB: 0,
             stdoutBytes: out.length,
             stderrBytes: err.length,
-          } as AgentExit;
+          };
           g.attachment.exit(g.exit);
           return;
         }

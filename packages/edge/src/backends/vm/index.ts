@@ -9,7 +9,9 @@ import { kvmGroup } from '../qemu/process.js';
 import type { Accel } from '../qemu/process.js';
 import { VmBackend } from './backend.js';
 
-export { VmBackend, MIN_VM_MEMORY_MIB, VM_AGENT_LABEL } from './backend.js';
+export { VmBackend, MIN_VM_MEMORY_MIB } from './backend.js';
+export { VM_AGENT_LABEL } from '../../layers/store.js';
+export { buildVmImage, DEFAULT_VM_CACHE, importDiskImage, VM_IMAGE_PACKAGES } from '../../layers/vm-image.js';
 export { fullVmArgs, fullVmSockets, OVMF_CODE, OVMF_VARS, GUEST_AGENT_PORT } from './qemu.js';
 
 /** Options of {@link vmBackend} (the node config's `vm` block). */

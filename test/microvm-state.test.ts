@@ -1,0 +1,140 @@
+// A microVM paused with its memory in a file (QEMU migrates to a unix socket the edge writes to a
+// file, then exits) and resumed from it: one TCG boot carries every check.
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { open, readdir, readFile, rename, stat } from 'node:fs/promises';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { DsecClient, Sandbox } from '@dsec/sdk';
+import { startTestPlatform } from './helpers/platform.js';
+import type { TestPlatform } from './helpers/platform.js';
+import { apiCall, sh } from './helpers/assert.js';
+
+let tp: TestPlatform;
+let client: DsecClient;
+const made: Sandbox[] = [];
+
+/** Host pids of QEMU processes whose command line names `needle`. */
+async function qemuPids(needle: string): Promise<number[]> {
+  const out: number[] = [];
+  for (const e of await readdir('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
+    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) out.push(Number(e));
+  }
+  return out;
+}
+
+async function until(what: string, fn: () => Promise<boolean> | boolean, ms = 30_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > end) assert.fail(`${what}: not within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Flips one byte of a file in place (same size: only the digest can tell). */
+async function flipByte(file: string, at: number): Promise<void> {
+  const fh = await open(file, 'r+');
+  try {
+    const b = Buffer.alloc(1);
+    await fh.read(b, 0, 1, at);
+    b[0] = (b[0] ?? 0) ^ 0xff;
+    await fh.write(b, 0, 1, at);
+  } finally {
+    await fh.close();
+  }
+}
+
+before(async () => {
+  tp = await startTestPlatform({ microvm: {} });
+  client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey, requestTimeoutMs: 180_000 });
+});
+after(async () => {
+  for (const sb of made) await sb.kill().catch(() => undefined);
+  await client?.close();
+  await tp?.close();
+});
+
+describe('microvm memory to a file', () => {
+  test('a container cannot pause to a file: 400 naming memory', async () => {
+    const sb = await Sandbox.create({ image: { base: 'busybox' } }, { client });
+    made.push(sb);
+    const r = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/pause`, { memory: 'file' });
+    assert.equal(r.status, 400, JSON.stringify(r.body));
+    assert.match(JSON.stringify(r.body), /"memory"/);
+    const bad = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/pause`, { memory: 'disk' });
+    assert.equal(bad.status, 400, JSON.stringify(bad.body));
+    assert.equal((await sb.info()).state, 'running');
+    await sb.kill();
+    made.pop();
+  });
+
+  test('pause to a file frees QEMU; resume restores processes and RAM; a damaged or missing file keeps it paused', async () => {
+    const sb = await Sandbox.create({ backend: 'microvm', image: { base: 'busybox' }, resources: { cpu: 1, memoryMiB: 160, diskMiB: 32 } }, { client });
+    made.push(sb);
+    const secret = randomBytes(8).toString('hex');
+    // A file in guest RAM only (tmpfs) and a process whose counter lives in its shell's memory.
+    await sh(sb, `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret`);
+    const counter = await sb.spawn('i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done');
+    counter.disconnect();
+    const stdoutOf = async (): Promise<number> => (await sb.processes()).find((p) => p.pid === counter.pid)?.stdoutBytes ?? 0;
+    await until('the counter runs', async () => (await stdoutOf()) >= 4);
+    const [qemu] = await qemuPids(sb.id);
+    assert.ok(qemu, 'its QEMU runs');
+
+    const paused = await sb.pause({ memory: 'file' });
+    assert.equal(paused.sandbox.state, 'paused');
+    assert.ok(paused.memoryAfterBytes < paused.memoryBeforeBytes / 4, `memory ${paused.memoryBeforeBytes} -> ${paused.memoryAfterBytes}`);
+    assert.deepEqual(await qemuPids(sb.id), [], 'no QEMU runs while paused to a file');
+    const stateFile = path.join(tp.home, 'microvm', sb.id, 'memory.state');
+    const size = (await stat(stateFile)).size;
+    assert.ok(size > 1024 * 1024 && size < 240 * 1024 * 1024, `state file ${size} bytes`);
+
+    // A damaged file: a clear error, the sandbox stays paused, the file stays.
+    await flipByte(stateFile, Math.floor(size / 2));
+    const damaged = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/resume`, {});
+    assert.ok(damaged.status >= 500, JSON.stringify(damaged.body));
+    assert.match(JSON.stringify(damaged.body), /damaged/);
+    assert.equal((await sb.info()).state, 'paused');
+    assert.deepEqual(await qemuPids(sb.id), [], 'the failed restore left no QEMU');
+    await flipByte(stateFile, Math.floor(size / 2));
+
+    // A missing file: the same.
+    await rename(stateFile, `${stateFile}.away`);
+    const missing = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/resume`, {});
+    assert.ok(missing.status >= 500, JSON.stringify(missing.body));
+    assert.match(JSON.stringify(missing.body), /missing/);
+    assert.equal((await sb.info()).state, 'paused');
+    await rename(`${stateFile}.away`, stateFile);
+
+    // Resumed from the intact file: the same processes, the same RAM.
+    const before = await stdoutOf();
+    await sb.resume();
+    assert.equal((await sh(sb, 'cat /mnt/ram/secret')).trim(), secret, 'tmpfs contents survived');
+    await until('the counter goes on', async () => (await stdoutOf()) > before + 8);
+    const again = await sb.attach(counter.pid, { fromStdout: 0 });
+    let seen = '';
+    for await (const ev of again) {
+      seen += ev.data.toString();
+      if (seen.split('\n').length > 14) break;
+    }
+    again.disconnect();
+    const numbers = seen.trim().split('\n').map(Number);
+    assert.deepEqual(
+      numbers,
+      numbers.map((_, i) => i + 1),
+      'the counter counted on from where it was (the same shell, its memory intact)',
+    );
+    await assert.rejects(stat(stateFile), 'the state file is removed once resumed');
+
+    // A second round (the resumed VM can pause to a file again), then destroy leaves nothing.
+    await sb.pause({ memory: 'file' });
+    await sb.resume();
+    assert.equal((await sh(sb, 'cat /mnt/ram/secret')).trim(), secret);
+    await sb.kill();
+    made.pop();
+    await until('nothing left', async () => (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0);
+    await assert.rejects(stat(path.join(tp.home, 'microvm', sb.id)));
+  });
+});
