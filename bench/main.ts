@@ -26,6 +26,7 @@ import { networkScenario } from './scenarios/network.js';
 import { pauseScenario } from './scenarios/pause.js';
 import { installScenario } from './scenarios/install.js';
 import { microvmScenario } from './scenarios/microvm.js';
+import { vmScreenScenario } from './scenarios/vm-screen.js';
 import { vmScenario } from './scenarios/vm.js';
 import { proxyScenario } from './scenarios/proxy.js';
 import { remoteEdgeScenario } from './scenarios/remote-edge.js';
@@ -55,6 +56,7 @@ const SCENARIOS: Scenario[] = [
   microvmScenario,
   e2bScenario,
   lazyScenario,
+  vmScreenScenario,
   vmScenario,
 ];
 /** Idle sandboxes of the density scenario (DSec's per-node figure). */

@@ -59,11 +59,15 @@ from ._types import (
 )
 from .aio import AsyncClient, AsyncExecHandle, AsyncSandbox
 from .client import DEFAULT_API_URL, Client
+from ._screen import InputResult, Screen, Screenshot
 from .sandbox import BatchItem, BatchResult, ExecHandle, ForkResult, ReplayResult, Sandbox
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "InputResult",
+    "Screen",
+    "Screenshot",
     "ERROR_STATUS",
     "DEFAULT_API_URL",
     "AdmissionQueueFullError",

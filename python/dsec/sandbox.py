@@ -26,6 +26,7 @@ from ._errors import (
 )
 from ._http import StreamResponse, path_segment, streamed_error
 from ._ws import WebSocket
+from ._screen import Screen
 from ._types import (
     ExecResult,
     ExitInfo,
@@ -575,6 +576,8 @@ class Sandbox:
         self.last_info = info
         self.files = Files(self)
         self.network = Network(self)
+        #: A VM's screen, mouse and keyboard: ``sb.screen.capture()``, ``.click(x, y)``, ``.type(text)``.
+        self.screen = Screen(self)
 
     def __repr__(self) -> str:
         state = self.last_info.state if self.last_info else "?"

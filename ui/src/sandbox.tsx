@@ -8,6 +8,7 @@ import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time,
 import { api, followEvents, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
 import { ROW_EVENT_KINDS } from './live.js';
 import { EventList, download } from './pages.js';
+import { RfbClient, keysymOf } from './rfb.js';
 
 interface Sandbox {
   id: string;
@@ -36,7 +37,7 @@ interface Stats {
   pids: number;
 }
 
-const TABS = ['overview', 'terminal', 'processes', 'files', 'network', 'events', 'trajectory', 'diff'] as const;
+const TABS = ['overview', 'screen', 'terminal', 'processes', 'files', 'network', 'events', 'trajectory', 'diff'] as const;
 type Tab = (typeof TABS)[number];
 
 /** The page of sandbox `id`, on tab `tab`. */
@@ -85,13 +86,14 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
       </header>
       <ErrorLine error={sb.error} />
       <nav class="tabs">
-        {TABS.filter((t) => t !== 'terminal' || canAct).map((t) => (
+        {TABS.filter((t) => (t !== 'terminal' || canAct) && (t !== 'screen' || s?.backend === 'vm')).map((t) => (
           <a class={t === current ? 'active' : ''} href={`#/sandbox/${encodeURIComponent(id)}/${t}`} data-testid={`tab-${t}`}>
             {t}
           </a>
         ))}
       </nav>
       {current === 'overview' && s ? <OverviewTab sb={s} base={base} /> : null}
+      {current === 'screen' && s?.backend === 'vm' ? canAct ? <ScreenTab base={base} /> : <ScreenshotView base={base} /> : null}
       {current === 'terminal' && canAct ? <TerminalTab base={base} /> : null}
       {current === 'processes' ? <ProcessesTab base={base} /> : null}
       {current === 'files' ? <FilesTab base={base} /> : null}
@@ -175,6 +177,109 @@ function OverviewTab({ sb, base }: { sb: Sandbox; base: string }) {
           </dl>
         </Section>
       </div>
+    </div>
+  );
+}
+
+/**
+ * A VM's screen live: the RFB client over the VNC WebSocket (opened with a single-use ticket),
+ * with the pointer and keyboard of the canvas sent to the VM.
+ */
+function ScreenTab({ base }: { base: string }) {
+  const el = useRef<HTMLCanvasElement>(null);
+  const [status, setStatus] = useState('connecting…');
+  const [size, setSize] = useState('');
+  useEffect(() => {
+    const canvas = el.current;
+    if (!canvas) return;
+    let rfb: RfbClient | undefined;
+    let closed = false;
+    void openSocket(`${base}/vnc`)
+      .then((socket) => {
+        rfb = new RfbClient(socket, canvas, { onSize: (w, h) => setSize(`${w}×${h}`), onStatus: setStatus });
+        if (closed) rfb.close();
+      })
+      .catch((err: unknown) => setStatus(`error: ${errorText(err)}`));
+    // Canvas pixels from a mouse event (the canvas may be shown scaled).
+    const at = (e: MouseEvent): [number, number] => {
+      const r = canvas.getBoundingClientRect();
+      return [((e.clientX - r.left) * canvas.width) / r.width, ((e.clientY - r.top) * canvas.height) / r.height];
+    };
+    // DOM buttons (0 left, 1 middle, 2 right) as RFB's mask bits (1 left, 2 middle, 4 right).
+    const mask = (e: MouseEvent): number => (e.buttons & 1) | ((e.buttons & 4) >> 1) | ((e.buttons & 2) << 1);
+    const onMouse = (e: MouseEvent): void => {
+      e.preventDefault();
+      if (e.type === 'mousedown') canvas.focus();
+      rfb?.pointer(...at(e), mask(e));
+    };
+    const onWheel = (e: WheelEvent): void => {
+      e.preventDefault();
+      rfb?.wheel(...at(e), e.deltaY);
+    };
+    const onKey = (e: KeyboardEvent): void => {
+      const sym = keysymOf(e.key);
+      if (sym === undefined) return;
+      e.preventDefault();
+      rfb?.key(sym, e.type === 'keydown');
+    };
+    const noMenu = (e: Event): void => e.preventDefault();
+    for (const t of ['mousedown', 'mouseup', 'mousemove'] as const) canvas.addEventListener(t, onMouse);
+    canvas.addEventListener('wheel', onWheel, { passive: false });
+    canvas.addEventListener('keydown', onKey);
+    canvas.addEventListener('keyup', onKey);
+    canvas.addEventListener('contextmenu', noMenu);
+    return () => {
+      closed = true;
+      rfb?.close();
+      for (const t of ['mousedown', 'mouseup', 'mousemove'] as const) canvas.removeEventListener(t, onMouse);
+      canvas.removeEventListener('wheel', onWheel);
+      canvas.removeEventListener('keydown', onKey);
+      canvas.removeEventListener('keyup', onKey);
+      canvas.removeEventListener('contextmenu', noMenu);
+    };
+  }, [base]);
+  return (
+    <div>
+      <p class="muted" data-testid="screen-status">
+        {status} {size}
+      </p>
+      <canvas class="vm-screen" ref={el} tabIndex={0} data-testid="screen" />
+    </div>
+  );
+}
+
+/** A viewer's look at a VM's screen: a screenshot every 2 s (the live view takes input, so it needs a member). */
+function ScreenshotView({ base }: { base: string }) {
+  const [url, setUrl] = useState<string>();
+  const [error, setError] = useState<string>();
+  useEffect(() => {
+    let current: string | undefined;
+    let stop = false;
+    const tick = async (): Promise<void> => {
+      try {
+        const blob = await (await request('GET', `${base}/screen`, undefined, { accept: 'image/png' })).blob();
+        if (stop) return;
+        const next = URL.createObjectURL(blob);
+        setUrl(next);
+        if (current) URL.revokeObjectURL(current);
+        current = next;
+        setError(undefined);
+      } catch (err) {
+        setError(errorText(err));
+      }
+    };
+    void tick();
+    const timer = setInterval(() => void tick(), 2000);
+    return () => {
+      stop = true;
+      clearInterval(timer);
+      if (current) URL.revokeObjectURL(current);
+    };
+  }, [base]);
+  return (
+    <div>
+      <ErrorLine error={error} />
+      {url ? <img class="vm-screen" src={url} alt="screen of the VM" data-testid="screenshot" /> : null}
     </div>
   );
 }

@@ -188,16 +188,16 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     });
     const ws = createWsHandler(
       services,
-      (p, sandboxId, spec, exit) => {
+      (p, sandboxId, spec, exit, route) => {
         const entry = {
           keyId: p.keyId,
           projectId: p.projectId,
           method: 'GET',
-          route: '/v1/sandboxes/:id/exec/ws',
+          route: route ?? '/v1/sandboxes/:id/exec/ws',
           sandboxId,
           status: 101,
           durationMs: 0,
-          command: commandSummary(spec),
+          command: spec ? commandSummary(spec) : null,
         };
         const at = new Date().toISOString();
         exit.onSettled((code) => watch.audit.record({ ...entry, at, exitCode: code }));

@@ -11,7 +11,7 @@ export interface Route {
   summary: string;
   body?: Schema | 'binary';
   query?: Schema;
-  reply?: Schema | 'binary' | 'ndjson';
+  reply?: Schema | 'binary' | 'ndjson' | 'png';
   status?: number;
   /** Optional request headers the route reads. */
   headers?: string[];
@@ -60,6 +60,20 @@ const ROUTES: Route[] = [
   },
   { method: 'post', path: '/v1/sandboxes/{id}/resume', summary: 'Resume a paused sandbox', body: api.ResumeRequestSchema, reply: api.PauseResultSchema },
   { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/screen',
+    summary: 'Screenshot of a VM (image/png; X-Screen-Width and X-Screen-Height give its size)',
+    reply: 'png',
+  },
+  {
+    method: 'post',
+    path: '/v1/sandboxes/{id}/input',
+    summary: 'Mouse and keyboard actions on a VM, in screen pixels (computer-use vocabulary)',
+    body: api.ScreenInputRequestSchema,
+    reply: api.ScreenInputResultSchema,
+  },
+  { method: 'get', path: '/v1/sandboxes/{id}/vnc', summary: 'Live view of a VM: its VNC server (RFB 3.8) over WebSocket, binary messages' },
   { method: 'post', path: '/v1/owners', summary: 'Open an owner session', body: api.CreateOwnerRequestSchema, reply: api.OwnerSchema, status: 201 },
   { method: 'get', path: '/v1/owners/{id}', summary: 'Get an owner session', reply: api.OwnerSchema },
   { method: 'post', path: '/v1/owners/{id}/heartbeat', summary: 'Keep an owner session alive', reply: api.OwnerSchema },
@@ -281,11 +295,13 @@ export function openApiDocument(): unknown {
     const content =
       r.reply === 'binary'
         ? { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } }
-        : r.reply === 'ndjson'
-          ? { 'application/x-ndjson': { schema: jsonSchema(api.ExecEventSchema, 'output') } }
-          : r.reply
-            ? { 'application/json': { schema: jsonSchema(r.reply, 'output') } }
-            : undefined;
+        : r.reply === 'png'
+          ? { 'image/png': { schema: { type: 'string', format: 'binary' } } }
+          : r.reply === 'ndjson'
+            ? { 'application/x-ndjson': { schema: jsonSchema(api.ExecEventSchema, 'output') } }
+            : r.reply
+              ? { 'application/json': { schema: jsonSchema(r.reply, 'output') } }
+              : undefined;
     op.responses = {
       [status]: content ? { description: 'OK', content } : { description: 'OK' },
       default: { description: 'Error', content: { 'application/json': { schema: jsonSchema(api.ErrorBodySchema, 'output') } } },

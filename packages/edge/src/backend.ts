@@ -7,6 +7,7 @@ import type { Cgroups } from './host/cgroups.js';
 import type { IdRange } from './host/id-ranges.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import type { LayerStore } from './layers/index.js';
+import type { SandboxScreen } from './backends/qemu/screen.js';
 
 /**
  * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
@@ -146,6 +147,12 @@ export interface NetworkFacet {
   linked?(id: string): Promise<void>;
 }
 
+/** A screen, mouse and keyboard per sandbox (full VMs: `QmpScreen` in backends/qemu/screen.ts). */
+export interface ScreenFacet {
+  /** The sandbox's screen; CONFLICT naming why when this sandbox has none (a VM without a display). */
+  screen(id: string): SandboxScreen;
+}
+
 /** Options of {@link GarbageFacet.collectGarbage}. */
 export interface GarbageOptions {
   /** True for ids that belong to a live sandbox (known, being created or destroyed). */
@@ -216,6 +223,8 @@ export interface Backend {
   readonly network?: NetworkFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
+  /** Screens of its sandboxes; absent: no screenshots, input or live view. */
+  readonly screen?: ScreenFacet;
   /** A virtual machine's accelerator and measured boot time (the node's capabilities). */
   readonly capabilities?: { accel: 'kvm' | 'tcg'; bootMs: number };
 }

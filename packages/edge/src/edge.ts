@@ -37,6 +37,7 @@ import type { Backend, BackendSandbox, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
+import { NodeScreens } from './screens.js';
 import type { EdgeOptions, EdgeParts, PauseResult, ResumeResult } from './edge-options.js';
 import { nodeMarkFor } from './host/agent-mount.js';
 import type { Cgroups } from './host/cgroups.js';
@@ -99,6 +100,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
   readonly calls: CallRunner;
   /** Per-sandbox networks: links, policies, DNS stub, egress proxy, egress log. */
   readonly network: NodeNetwork;
+  /** Screens, mice and keyboards of VMs (backends with the `screen` facet). */
+  readonly screen = new NodeScreens((id) => this.entry(id));
   /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
   readonly swap: ZramSwap | undefined;
   private readonly runtimeNs: Pick<RuntimeNamespace, 'destroy'>;

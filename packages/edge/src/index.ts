@@ -25,6 +25,7 @@ export type {
   NetworkFacet,
   PauseFacet,
   SandboxAgent,
+  ScreenFacet,
   SandboxCounters,
   SandboxMemory,
   WritableLayerFacet,
@@ -115,3 +116,6 @@ export { startOciRegistry } from './testing/oci-registry.js';
 export type { OciRegistry } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';
+export { QmpScreen, KEY_DELAY_MS, MAX_SCREENSHOT_BYTES, pngSize } from './backends/qemu/screen.js';
+export type { QmpScreenOptions, SandboxScreen } from './backends/qemu/screen.js';
+export { NodeScreens, socketStream } from './screens.js';

@@ -11,6 +11,7 @@ import type { BackendKind } from './resources.js';
 import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxState, SandboxStats } from './sandboxes.js';
 import type { EventSink } from './events.js';
 import type { LayerCacheStats } from './layer-cache.js';
+import type { ScreenAction, ScreenCapture, ScreenInputResult } from './screen.js';
 
 /** What a node offers, before over-commit. */
 export interface NodeCapacity {
@@ -169,6 +170,22 @@ export interface EdgeCalls {
 }
 
 /**
+ * The screen, keyboard and mouse of a sandbox that has them (backend `vm`); CONFLICT naming the
+ * backend for one that has none.
+ */
+export interface EdgeScreen {
+  /** A screenshot (PNG) and the screen's size. */
+  capture(id: string, opts?: EdgeCallOptions): Promise<ScreenCapture>;
+  /** Performs the actions in order (coordinates checked against the screen's size first: INVALID_ARGUMENT naming the field). */
+  input(id: string, actions: ScreenAction[], opts?: EdgeCallOptions): Promise<ScreenInputResult>;
+  /**
+   * A connection to the sandbox's VNC server (RFB), carried as a process stream: its output is
+   * what the server sends, `write` sends the viewer's bytes, `detach` closes the connection.
+   */
+  connect(id: string, opts?: EdgeCallOptions): Promise<ProcessStream>;
+}
+
+/**
  * A node as the control plane uses it. Inputs are already validated (parsed with the protocol's
  * schemas, defaults applied); an implementation across a process boundary validates again on
  * its side of the wire.
@@ -193,6 +210,8 @@ export interface EdgeClient {
   onEvent(sink: EventSink): () => void;
   readonly layers: EdgeLayers;
   readonly calls: EdgeCalls;
+  /** Screens of VMs. */
+  readonly screen: EdgeScreen;
 
   /** Creates and starts a sandbox; layers in `spec.image` and `spec.snapshots` are digests. */
   create(spec: SandboxSpec, opts?: EdgeCallOptions & { id?: string }): Promise<EdgeSandbox>;

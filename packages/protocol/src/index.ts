@@ -481,3 +481,19 @@ export {
   rangesOverlap,
 } from './addresses.js';
 export type { AddressClass, IpAddress, IpRange, NodeAddressContext } from './addresses.js';
+export {
+  MAX_DRAG_POINTS,
+  MAX_INPUT_WAIT_MS,
+  MAX_SCREEN_ACTIONS,
+  MAX_TYPED_CHARS,
+  MAX_WAIT_MS,
+  ScreenActionSchema,
+  ScreenActionsSchema,
+  ScreenInputRequestSchema,
+  ScreenInputResultSchema,
+  actionPoints,
+} from './screen.js';
+export type { ScreenAction, ScreenCapture, ScreenInputRequest, ScreenInputResult, ScreenPoint } from './screen.js';
+export { keyQcode, parseKeyChord, textChords } from './screen-keys.js';
+export type { KeyChord } from './screen-keys.js';
+export type { EdgeScreen } from './edge-client.js';

@@ -75,3 +75,6 @@ export type {
   SandboxNetworkInfo,
   SandboxStats,
 } from './types.js';
+export { Screen } from './screen.js';
+export type { Screenshot } from './screen.js';
+export type { ScreenAction, ScreenInputResult, ScreenPoint } from '@dsec/protocol';

@@ -1,6 +1,7 @@
 // Sandbox: one sandbox, assembled from modules (commands, files, network, snapshots, changes,
 // trajectory), each in its own file. The methods users already call (`exec`, `spawn`, `pause`,
 // `snapshot`, ...) stay here and delegate; the static methods find and create sandboxes.
+import { Screen } from './screen.js';
 import type { DiffEntry, DiffResult, PauseMemory, Trajectory, VerifyResult } from '@dsec/protocol';
 import { Changes } from './changes.js';
 import type { DiffOptions } from './changes.js';
@@ -60,6 +61,8 @@ export class Sandbox {
   readonly changes: Changes;
   /** Its recorded steps: `sandbox.trajectory()` (every step), `.page`, `.replay`. */
   readonly trajectory: TrajectoryApi;
+  /** A VM's screen, mouse and keyboard: `sandbox.screen.capture()`, `.click(x, y)`, `.type(text)`, ... */
+  readonly screen: Screen;
   readonly #lifecycle: Lifecycle;
 
   static readonly #make: SandboxFactory = (client, id, info) => new Sandbox(client, id, info);
@@ -83,6 +86,7 @@ export class Sandbox {
     this.snapshots = new Snapshots(scope);
     this.changes = new Changes(scope);
     this.trajectory = trajectoryApi(scope);
+    this.screen = new Screen(scope);
     this.#lifecycle = new Lifecycle(scope);
   }
 

@@ -20,6 +20,7 @@ import { networkRoutes } from './routes/networks.js';
 import { ownerRoutes } from './routes/owners.js';
 import { poolRoutes } from './routes/pools.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { screenRoutes } from './routes/screens.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { watchRoutes } from './routes/watch.js';
 import { endpointTokenRoutes } from '../compat/endpoint-tokens.js';
@@ -126,6 +127,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', sandboxFusionRoutes(deps));
   app.route('/v1', swerexRoutes(deps));
   app.route('/v1', sessionRoutes(deps));
+  app.route('/v1', screenRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
   const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
   opts.onClose?.(() => e2b.templates.close());

@@ -16,8 +16,11 @@ import type { CommandTarget, RunningCommand } from '../services/commands.js';
 import type { Services } from '../services/index.js';
 import { publicError, toDsecError } from './errors.js';
 import { WS_PROTOCOL, ticketFromProtocols } from '../ws-tickets.js';
+import { serveVnc } from './vnc-ws.js';
 
 const ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/exec\/ws$/;
+const VNC_ROUTE = /^\/v1\/sandboxes\/([a-z0-9-]{1,128})\/vnc$/;
+const VNC_ROUTE_PATTERN = '/v1/sandboxes/:id/vnc';
 /** Largest WebSocket message accepted. */
 const MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 
@@ -30,7 +33,17 @@ function reject(socket: Duplex, err: unknown, log?: (line: string) => void): voi
 }
 
 /** Records a command started over the WebSocket route in the audit trail (exit settles later). */
-export type WsAudit = (principal: Principal, sandboxId: string, spec: { argv?: string[] | undefined; cmd?: string | undefined }, exit: SettlingExit) => void;
+export type WsAudit = (
+  principal: Principal,
+  sandboxId: string,
+  spec: { argv?: string[] | undefined; cmd?: string | undefined } | undefined,
+  exit: SettlingExit,
+  /** The route (default the exec route; the VNC route has no command). */
+  route?: string,
+) => void;
+
+/** The exit of a route that runs no command (the VNC view). */
+const NO_EXIT: SettlingExit = { onSettled: (fn) => fn(null) };
 
 /** Handles HTTP upgrades for the WebSocket route (other paths are refused with 404). */
 export function createWsHandler(
@@ -48,7 +61,9 @@ export function createWsHandler(
   });
   return {
     handle(req, socket, head) {
-      const m = ROUTE.exec(new URL(req.url ?? '/', 'http://x').pathname);
+      const pathname = new URL(req.url ?? '/', 'http://x').pathname;
+      const vnc = VNC_ROUTE.exec(pathname);
+      const m = vnc ?? ROUTE.exec(pathname);
       if (!m) return reject(socket, new DsecError('NOT_FOUND', 'no such route'));
       const id = m[1]!;
       const source = authFailures ? clientAddress(req.socket.remoteAddress, headerText(req.headers['x-forwarded-for']), authFailures.trustedProxies) : '';
@@ -56,14 +71,30 @@ export function createWsHandler(
       const cachedOnly = gate?.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined;
       // A browser's single-use ticket (ws-tickets.ts) in place of the Authorization header.
       const ticket = ticketFromProtocols(req.headers['sec-websocket-protocol']);
-      (ticket !== undefined ? services.iam.authenticateTicket(ticket, cachedOnly) : services.iam.authenticate(req.headers.authorization, cachedOnly))
-        .catch((err: unknown) => {
-          const code = toDsecError(err).code;
-          if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {
-            gate.failed(source, { method: 'GET', route: '/v1/sandboxes/:id/exec/ws', status: toDsecError(err).status });
-          }
-          throw err;
-        })
+      const principal = (
+        ticket !== undefined ? services.iam.authenticateTicket(ticket, cachedOnly) : services.iam.authenticate(req.headers.authorization, cachedOnly)
+      ).catch((err: unknown) => {
+        const code = toDsecError(err).code;
+        if (gate && (code === 'UNAUTHENTICATED' || code === 'LIMIT_EXCEEDED')) {
+          gate.failed(source, { method: 'GET', route: vnc ? VNC_ROUTE_PATTERN : '/v1/sandboxes/:id/exec/ws', status: toDsecError(err).status });
+        }
+        throw err;
+      });
+      if (vnc) {
+        principal
+          .then(async (p) => ({ p, ...(await services.screens.connect(p, id)) }))
+          .then(({ p, sandboxId, stream }) => {
+            audit?.(p, sandboxId, undefined, NO_EXIT, VNC_ROUTE_PATTERN);
+            socket.once('close', () => void stream.detach().catch(() => undefined));
+            wss.handleUpgrade(req, socket, head, (ws) => {
+              ws.once('close', services.activity.hold(sandboxId));
+              serveVnc(ws, stream, log);
+            });
+          })
+          .catch((err: unknown) => reject(socket, err, log));
+        return;
+      }
+      principal
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
           const onStart = audit

@@ -31,6 +31,7 @@ import type { DeniedNames } from './networks.js';
 import { OwnerService } from './owners.js';
 import { PoolService } from './pools.js';
 import { SandboxService } from './sandboxes.js';
+import { ScreenService } from './screens.js';
 import { SnapshotService } from './snapshots.js';
 import { TrajectoryService } from './trajectories.js';
 
@@ -92,6 +93,8 @@ export interface Services {
   endpointTokens: EndpointTokenService;
   /** SWE-ReX runtimes of sandboxes (their bash sessions). */
   swerex: SwerexService;
+  /** Screens, input and live views of VMs. */
+  screens: ScreenService;
 }
 
 /** Builds the services over a store and a set of nodes. */
@@ -179,5 +182,6 @@ export function createServices(deps: ServiceDeps): Services {
     nodeAdmin: new NodeService({ store, nodes, placement, lifecycle, trajectories, sinks }),
     endpointTokens: new EndpointTokenService(store, deps.auth),
     swerex: new SwerexService({ lifecycle, commands, files, slots }, deps.auth),
+    screens: new ScreenService(lifecycle),
   };
 }

@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type {
+  EdgeScreen,
   EdgeCallOptions,
   EdgeCalls,
   EdgeClient,
@@ -140,6 +141,13 @@ export class FakeEdge implements EdgeClient {
   readonly calls: EdgeCalls = {
     run: async () => ({ ...exitOf(0), stdout: '', stderr: '', truncated: false }) as never,
     runBatch: async (req) => ({ results: req.calls.map(() => ({ ...exitOf(0), stdout: '', stderr: '', truncated: false })) }) as never,
+  };
+
+  /** No simulated sandbox has a screen (none is a VM). */
+  readonly screen: EdgeScreen = {
+    capture: (id) => Promise.reject(noScreen(id)),
+    input: (id) => Promise.reject(noScreen(id)),
+    connect: (id) => Promise.reject(noScreen(id)),
   };
 
   async create(spec: SandboxSpec, opts: { id?: string } = {}): Promise<EdgeSandbox> {
@@ -325,4 +333,8 @@ export class FakeEdge implements EdgeClient {
     this.entry(id);
     return [];
   }
+}
+
+function noScreen(id: string): DsecError {
+  return new DsecError('CONFLICT', `sandbox ${id} has no screen: only backend vm has one`, { sandboxId: id });
 }

@@ -3,6 +3,7 @@
 import type { EventSink, RaisedEvent } from '../events.js';
 import { DsecError } from '../errors.js';
 import type {
+  EdgeScreen,
   EdgeCallOptions,
   EdgeCalls,
   EdgeClient,
@@ -82,6 +83,7 @@ function abortReason(signal: AbortSignal): Error {
 export class WireEdgeClient implements EdgeClient {
   readonly layers: EdgeLayers;
   readonly calls: EdgeCalls;
+  readonly screen: EdgeScreen;
   private name = '';
   private cap: NodeCapacity = { cpu: 0, memoryMiB: 0, sandboxes: 0, backends: [] };
   private nextId = 1;
@@ -110,6 +112,11 @@ export class WireEdgeClient implements EdgeClient {
     this.calls = {
       run: (req: CallRequest, o?: { signal?: AbortSignal }): Promise<CallResult> => this.call('calls.run', [req], { signal: o?.signal }),
       runBatch: (req: CallBatchRequest, o?: { signal?: AbortSignal }): Promise<CallBatchResult> => this.call('calls.runBatch', [req], { signal: o?.signal }),
+    };
+    this.screen = {
+      capture: (id, o) => this.call('screen.capture', [id], { signal: o?.signal }),
+      input: (id, actions, o) => this.call('screen.input', [id, actions], { signal: o?.signal }),
+      connect: (id, o) => this.call('screen.connect', [id], { signal: o?.signal, stream: true }),
     };
     transport.onFrame((text) => this.receive(text));
     transport.onClose((err) => this.connectionEnded(err));

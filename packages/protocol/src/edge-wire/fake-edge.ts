@@ -9,6 +9,7 @@ import type {
   EdgeExecOptions,
   EdgeLayers,
   EdgeSandbox,
+  EdgeScreen,
   LayerBuildOptions,
   LayerBuildSource,
   NodeCapacity,
@@ -192,6 +193,20 @@ export class FakeEdge implements EdgeClient {
             },
       ),
     }),
+  };
+
+  /** A 2x1 screen: capture answers fixed bytes, input counts, connect is a two-chunk stream. */
+  readonly screen: EdgeScreen = {
+    capture: async (id) => {
+      if (id === 'no-screen') throw new DsecError('CONFLICT', 'sandbox no-screen has no screen');
+      return { png: new Uint8Array([0x89, 0x50, 0x4e, 0x47]), width: 2, height: 1 };
+    },
+    input: async (_id, actions) => ({ performed: actions.length, width: 2, height: 1 }),
+    connect: async () => {
+      const proc = new FakeProcess(this.nextPid++, 2);
+      this.procs.set(proc.pid, proc);
+      return proc.stream();
+    },
   };
 
   async create(spec: SandboxSpec, opts: { id?: string; signal?: AbortSignal } = {}): Promise<EdgeSandbox> {

@@ -6,7 +6,8 @@ import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
 import { DebianLayerRequestSchema, ImageRefSchema, VmLayerRequestSchema } from '../layers.js';
-import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, EdgeScreen, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import { ScreenActionsSchema } from '../screen.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
 import { LabelsSchema } from '../common.js';
@@ -86,7 +87,10 @@ const local = (ctx: CallContext): EdgeCallOptions => withSignal<EdgeCallOptions>
  * added to the interface does not compile until it has its entry in {@link WIRE_METHODS}.
  */
 export type WireMethodName =
-  Exclude<keyof EdgeClient, 'nodeName' | 'capacity' | 'onEvent' | 'layers' | 'calls'> | `layers.${keyof EdgeLayers}` | `calls.${keyof EdgeCalls}`;
+  | Exclude<keyof EdgeClient, 'nodeName' | 'capacity' | 'onEvent' | 'layers' | 'calls' | 'screen'>
+  | `layers.${keyof EdgeLayers}`
+  | `calls.${keyof EdgeCalls}`
+  | `screen.${keyof EdgeScreen}`;
 
 /** Every call a client may make, by method name. */
 export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
@@ -319,6 +323,16 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
   },
   'calls.run': { args: [['req', CallRequestSchema]], run: (e, x, ctx) => e.calls.run(a(x, 0), local(ctx)) },
   'calls.runBatch': { args: [['req', CallBatchRequestSchema]], run: (e, x, ctx) => e.calls.runBatch(a(x, 0), local(ctx)) },
+  'screen.capture': { args: [['id', sandboxId]], run: (e, x, ctx) => e.screen.capture(a(x, 0), local(ctx)) },
+  'screen.input': {
+    args: [
+      ['id', sandboxId],
+      ['actions', ScreenActionsSchema],
+    ],
+    run: (e, x, ctx) => e.screen.input(a(x, 0), a(x, 1), local(ctx)),
+  },
+  // The VNC connection travels as a process stream (server bytes as output, viewer bytes as stdin).
+  'screen.connect': { args: [['id', sandboxId]], stream: true, run: (e, x, ctx) => e.screen.connect(a(x, 0), local(ctx)) },
 };
 
 /** A call on an open process stream: one per method of ProcessStream that acts. */

@@ -22,6 +22,7 @@ import type {
   NetworkFacet,
   PauseFacet,
   SandboxAgent,
+  ScreenFacet,
 } from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import { ChronusClient } from '../../chronus/client.js';
@@ -35,6 +36,7 @@ import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, remove
 import type { Accel } from '../qemu/process.js';
 import { startQemu } from '../qemu/process.js';
 import { QmpClient } from '../qemu/qmp.js';
+import { QmpScreen } from '../qemu/screen.js';
 import { connectRetrying, connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
 import { GuestAgentClient } from './guest.js';
@@ -104,6 +106,10 @@ export class VmBackend implements Backend {
   readonly garbage: GarbageFacet = this;
   /** A network namespace per networked VM, with a tap bridged to the node's link. */
   readonly network: NetworkFacet;
+  /** Each VM's screen, mouse and keyboard (QMP; screendumps go to its run directory, which its QEMU may write). */
+  readonly screen: ScreenFacet = {
+    screen: (id) => new QmpScreen({ qmp: () => this.qmp(id), dumpDir: this.paths(id).run, vncSocket: this.vncSocket(id) }),
+  };
 
   constructor(private readonly o: VmBackendOptions) {
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
