@@ -87,7 +87,9 @@ export class ChronusClient {
     private readonly onProtocolError?: (message: string) => void,
   ) {
     socket.on('data', (chunk: Buffer) => this.onData(chunk));
-    socket.on('error', (err) => this.shutdown(err));
+    // A reset or broken connection is the agent gone, as a close is: callers retry or report it,
+    // never a bare socket error (which the API would answer with a 500).
+    socket.on('error', (err) => this.shutdown(new DsecError('UNAVAILABLE', `connection to the sandbox agent failed: ${err.message}`)));
     socket.on('close', () => this.shutdown(new DsecError('UNAVAILABLE', 'connection to the sandbox agent closed')));
   }
 

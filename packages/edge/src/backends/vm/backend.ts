@@ -253,17 +253,11 @@ export class VmBackend implements Backend {
       for (const f of fds.splice(0)) await f.close();
       const deadline = Date.now() + this.o.bootTimeoutMs;
       vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(fullVmSockets(p.run).qmp, 5000), deadline), exited]);
-      const agent = await Promise.race([this.connect(req.id), exited]);
       const abort = signal
         ? new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true }))
         : undefined;
       abort?.catch(() => undefined);
-      await Promise.race([
-        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
-        exited,
-        ...(abort ? [abort] : []),
-      ]);
-      if (vm.chronus) await Promise.race([this.settle(req.id, deadline), exited, ...(abort ? [abort] : [])]);
+      await Promise.race([this.ready(req.id, vm, deadline), exited, ...(abort ? [abort] : [])]);
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
@@ -284,21 +278,23 @@ export class VmBackend implements Backend {
   }
 
   /**
-   * Waits until the guest's boot is over (`systemctl is-system-running --wait`). chronus answers
-   * early in the boot (it needs nothing but its ports); a connection made then was seen to end
-   * before the boot did, so the first command runs on a settled guest, reconnecting while it
-   * settles.
+   * Waits until the guest answers and, with chronus, until its boot is over (`systemctl
+   * is-system-running --wait`): chronus answers early in the boot (it needs nothing but its
+   * ports), and a connection made then was seen to end or be reset before the boot did. A lost
+   * connection is made again until the deadline; the first command then runs on a settled guest.
    */
-  private async settle(id: string, deadline: number): Promise<void> {
+  private async ready(id: string, vm: Vm, deadline: number): Promise<void> {
     for (;;) {
       try {
         const agent = await this.connect(id);
+        await withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `create ${id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`);
+        if (!vm.chronus) return;
         const att = await agent.spawn({ argv: ['/bin/systemctl', 'is-system-running', '--wait'] });
         const exit = await withTimeout(att.exited, Math.max(1000, deadline - Date.now()), `create ${id}: the guest's boot did not finish in time`);
         await agent.release(exit.proc).catch(() => undefined);
         return;
       } catch (err) {
-        if (Date.now() >= deadline || (err instanceof DsecError && err.code !== 'UNAVAILABLE')) throw err;
+        if (Date.now() >= deadline || !(err instanceof DsecError) || err.code !== 'UNAVAILABLE') throw err;
         this.dropAgent(id);
         await new Promise((r) => setTimeout(r, 200));
       }
