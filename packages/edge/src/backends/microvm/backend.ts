@@ -1,29 +1,15 @@
 // The microVM backend: one QEMU `-M microvm` per sandbox, chronus as the guest's PID 1 on
 // virtio-serial ports, the image's EROFS layers as read-only disks under an overlay whose upper
 // directory is on a writable ext4 disk of diskMiB.
-import type { ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chown, mkdir, open, readFile, readdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { chown, mkdir, open, readFile, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
-import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
-import type {
-  Backend,
-  BackendCreateRequest,
-  BackendPauseResult,
-  BackendResumeResult,
-  BackendSandbox,
-  GarbageFacet,
-  GarbageOptions,
-  GarbageReport,
-  NetworkFacet,
-  PauseFacet,
-  SandboxAgent,
-} from '../../backend.js';
-import { ChronusClient } from '../../chronus/client.js';
+import type { EventSink, SandboxStats } from '@dsec/protocol';
+import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
@@ -34,10 +20,11 @@ import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveStat
 import type { SavedState } from '../qemu/migration.js';
 import { qemuArgs, vmSockets } from './qemu.js';
 import { QmpClient } from '../qemu/qmp.js';
+import { QemuSandboxes } from '../qemu/sandboxes.js';
+import type { QemuVm } from '../qemu/sandboxes.js';
 import { withTimeout } from '../../abortable.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
-import { connectRetrying, connectUnix } from '../qemu/sockets.js';
-import { killQemu, watchQemu } from '../qemu/lifecycle.js';
+import { connectRetrying } from '../qemu/sockets.js';
 
 const run = promisify(execFile);
 
@@ -77,13 +64,7 @@ export interface MicrovmBackendOptions {
   events: EventSink;
 }
 
-interface Vm {
-  child?: ChildProcess;
-  qmp?: QmpClient;
-  /** Set while destroy runs: an exit is then expected. */
-  stopping?: boolean;
-  /** Extra agent ports (1..AGENT_PORTS-1) in use by connections of their own. */
-  portsInUse: Set<number>;
+interface Vm extends QemuVm {
   /** Paused with its memory in this file: no QEMU runs until resumed. */
   saved?: SavedState;
 }
@@ -101,18 +82,15 @@ interface Paths {
 }
 
 /** MicroVM sandboxes (QEMU microvm + chronus on virtio-serial). */
-export class MicrovmBackend implements Backend {
+export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   readonly kind = 'microvm' as const;
-  private readonly vms = new Map<string, Vm>();
-  private readonly agents = new Map<string, ChronusClient>();
-  private readonly connecting = new Map<string, Promise<ChronusClient>>();
   /** vCPUs stopped (QMP `stop`), memory kept, or written to a file and QEMU ended; resume undoes either. */
   readonly pausing: PauseFacet;
-  readonly garbage: GarbageFacet = this;
   /** A network namespace per networked VM, with a tap bridged to the node's link (see `linked`). */
   readonly network: NetworkFacet;
 
   constructor(private readonly o: MicrovmBackendOptions) {
+    super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     this.pausing = {
       pause: (id) => this.pause(id),
@@ -135,7 +113,13 @@ export class MicrovmBackend implements Backend {
     return { accel: this.o.accel, bootMs: this.o.bootMs };
   }
 
-  private paths(id: string): Paths {
+  protected readonly agentPorts = AGENT_PORTS;
+
+  protected agentSocket(id: string, port: number): string {
+    return vmSockets(this.paths(id).run).agents[port] as string;
+  }
+
+  protected paths(id: string): Paths {
     const dir = path.join(this.o.sandboxesDir, id);
     return {
       dir,
@@ -298,142 +282,6 @@ export class MicrovmBackend implements Backend {
     }
   }
 
-  /** The guest console's last lines (a failed boot's reason), read from QEMU's ring buffer. */
-  private async consoleTail(id: string, vm: Vm): Promise<string> {
-    if (!vm.qmp?.connected) return (await readFile(this.paths(id).log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join('; ');
-    const text = await vm.qmp.execute<string>('ringbuf-read', { device: 'console', size: 65536, format: 'utf8' }, 2000);
-    return text.trim().split('\n').slice(-4).join('; ');
-  }
-
-  /** A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left behind. */
-  private watch(id: string, vm: Vm): void {
-    watchQemu(vm.child, { id, backend: 'microvm', events: this.o.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
-  }
-
-  async recover(): Promise<BackendSandbox[]> {
-    // A QEMU process outlives its edge only as an orphan nobody holds QMP for: end it.
-    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) await this.teardown(id).catch(() => undefined);
-    return [];
-  }
-
-  agent(id: string): Promise<SandboxAgent> {
-    return this.connect(id);
-  }
-
-  /** A connection of the caller's own: one of the guest's extra agent ports, released when it closes. */
-  async connectAgent(id: string): Promise<SandboxAgent> {
-    const vm = this.vm(id);
-    for (let port = 1; port < AGENT_PORTS; port++) {
-      if (vm.portsInUse.has(port)) continue;
-      vm.portsInUse.add(port);
-      try {
-        const sock = await connectUnix(vmSockets(this.paths(id).run).agents[port] as string);
-        sock.once('close', () => vm.portsInUse.delete(port));
-        return new ChronusClient(sock, this.forged(id));
-      } catch (err) {
-        vm.portsInUse.delete(port);
-        throw err;
-      }
-    }
-    throw new DsecError('UNAVAILABLE', `sandbox ${id}: all ${AGENT_PORTS - 1} extra agent ports are in use`, { sandboxId: id, retryAfterMs: 1000 });
-  }
-
-  private forged(id: string): (message: string) => void {
-    return (message) =>
-      this.o.events({
-        kind: 'control.forged-message',
-        severity: 'critical',
-        sandboxId: id,
-        message: `sandbox ${id}: ${message}`,
-        data: { channel: 'virtio-serial' },
-      });
-  }
-
-  private async connect(id: string): Promise<ChronusClient> {
-    const live = this.agents.get(id);
-    if (live?.connected) return live;
-    let pending = this.connecting.get(id);
-    if (!pending) {
-      this.vm(id);
-      pending = connectUnix(vmSockets(this.paths(id).run).agents[0] as string)
-        .then((sock) => {
-          const client = new ChronusClient(sock, this.forged(id));
-          this.agents.set(id, client);
-          return client;
-        })
-        .finally(() => this.connecting.delete(id));
-      this.connecting.set(id, pending);
-    }
-    return pending;
-  }
-
-  private vm(id: string): Vm {
-    const vm = this.vms.get(id);
-    if (!vm) throw new DsecError('SANDBOX_NOT_FOUND', `no microVM ${id} on this node`, { sandboxId: id });
-    return vm;
-  }
-
-  private qmp(id: string): QmpClient {
-    const q = this.vm(id).qmp;
-    if (!q?.connected) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id}: its QEMU does not answer`, { sandboxId: id });
-    return q;
-  }
-
-  private dropAgent(id: string): void {
-    this.agents.get(id)?.close();
-    this.agents.delete(id);
-  }
-
-  async claim(id: string, claim: SandboxClaim): Promise<void> {
-    try {
-      await writeFile(this.paths(id).claim, JSON.stringify(claim), { flag: 'wx', mode: 0o600 });
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${id} was already claimed`, { sandboxId: id });
-      throw err;
-    }
-  }
-
-  async destroy(id: string): Promise<void> {
-    if (!this.vms.has(id) && !(await exists(this.paths(id).record))) {
-      throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
-    }
-    await this.teardown(id);
-  }
-
-  /** Ends QEMU (SIGKILL: the guest's disk holds nothing worth a clean shutdown) and waits for its exit. */
-  private async kill(id: string): Promise<void> {
-    const vm = this.vms.get(id);
-    if (vm) vm.stopping = true;
-    vm?.qmp?.close();
-    await killQemu(vm?.child, this.paths(id).pid, this.paths(id).run);
-  }
-
-  /** Removes every trace of a sandbox; safe on a half-created or already-gone one. */
-  private async teardown(id: string): Promise<void> {
-    const p = this.paths(id);
-    this.dropAgent(id);
-    await this.kill(id);
-    await this.o.cgroups.killAll(id);
-    await this.o.cgroups.remove(id);
-    const record = await readFile(p.record, 'utf8').then(
-      (t) => JSON.parse(t) as BackendSandbox,
-      () => undefined,
-    );
-    if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
-    await rm(p.dir, { recursive: true, force: true });
-    await rm(p.run, { recursive: true, force: true });
-    await removeVmNetns(id);
-    this.vms.delete(id);
-    if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
-  }
-
-  /** The VM's network namespace (only a networked VM has one). */
-  async netnsPath(id: string): Promise<string> {
-    const file = `/run/netns/${netnsName(id)}`;
-    if (!(await exists(file))) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no network namespace`, { sandboxId: id });
-    return file;
-  }
-
   /**
    * The node made its link (eth0 with the sandbox's address peering the gateway, default route) in
    * the VM's namespace: the address moves into the guest and eth0 joins the tap's bridge, so the
@@ -540,33 +388,6 @@ export class MicrovmBackend implements Backend {
     const st = await stat(this.paths(id).disk);
     return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: st.size };
   }
-
-  /** QEMU's host pid (tests check its confinement). */
-  qemuPid(id: string): number | undefined {
-    return this.vms.get(id)?.child?.pid;
-  }
-
-  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
-    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
-    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) {
-      if (o.keep(id)) continue;
-      await this.teardown(id).catch(() => undefined);
-      report.dirs.push(id);
-    }
-    return report;
-  }
-
-  async close(): Promise<void> {
-    for (const id of [...this.agents.keys()]) this.dropAgent(id);
-    for (const vm of this.vms.values()) vm.qmp?.close();
-  }
-}
-
-async function exists(p: string): Promise<boolean> {
-  return stat(p).then(
-    () => true,
-    () => false,
-  );
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {

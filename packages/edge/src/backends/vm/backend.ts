@@ -1,41 +1,37 @@
 // The full-VM backend: one QEMU q35 machine with OVMF per sandbox, booting its image (a `disk`
 // layer, qcow2) through a copy-on-write overlay of its own; chronus as a systemd service in the
 // guest on virtio-serial ports, the QEMU guest agent beside it.
-import type { ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chown, copyFile, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chown, copyFile, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
-import type { EventSink, LayerInfo, SandboxClaim, SandboxStats } from '@dsec/protocol';
+import type { EventSink, LayerInfo, SandboxStats } from '@dsec/protocol';
 import type {
   Backend,
   BackendCreateRequest,
   BackendPauseResult,
   BackendResumeResult,
   BackendSandbox,
-  GarbageFacet,
-  GarbageOptions,
-  GarbageReport,
   NetworkFacet,
   PauseFacet,
   SandboxAgent,
   ScreenFacet,
 } from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
-import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
 import { virtualBytes } from '../../layers/vm-image.js';
 import { VM_AGENT_LABEL } from '../../layers/store.js';
-import { killQemu, watchQemu } from '../qemu/lifecycle.js';
-import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
 import { startQemu } from '../qemu/process.js';
 import { QmpClient } from '../qemu/qmp.js';
+import { QemuSandboxes } from '../qemu/sandboxes.js';
+import type { QemuVm } from '../qemu/sandboxes.js';
 import { QmpScreen } from '../qemu/screen.js';
 import { connectRetrying, connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
@@ -72,13 +68,9 @@ export interface VmBackendOptions {
   events: EventSink;
 }
 
-interface Vm {
-  child?: ChildProcess;
-  qmp?: QmpClient;
+interface Vm extends QemuVm {
   /** The guest runs chronus (else only the QEMU guest agent serves it). */
   chronus: boolean;
-  stopping?: boolean;
-  portsInUse: Set<number>;
   /** Boot time of this VM (QEMU start to the agent's first answer), ms. */
   bootMs?: number;
 }
@@ -95,15 +87,11 @@ interface Paths {
 }
 
 /** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
-export class VmBackend implements Backend {
+export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   readonly kind = 'vm' as const;
-  private readonly vms = new Map<string, Vm>();
-  private readonly agents = new Map<string, SandboxAgent>();
-  private readonly connecting = new Map<string, Promise<SandboxAgent>>();
   private lastBootMs = 0;
   /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
   readonly pausing: PauseFacet;
-  readonly garbage: GarbageFacet = this;
   /** A network namespace per networked VM, with a tap bridged to the node's link. */
   readonly network: NetworkFacet;
   /** Each VM's screen, mouse and keyboard (QMP; screendumps go to its run directory, which its QEMU may write). */
@@ -112,6 +100,7 @@ export class VmBackend implements Backend {
   };
 
   constructor(private readonly o: VmBackendOptions) {
+    super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     this.pausing = {
       pause: (id) => this.pause(id),
@@ -132,7 +121,23 @@ export class VmBackend implements Backend {
     return { accel: this.o.accel, bootMs: this.lastBootMs };
   }
 
-  private paths(id: string): Paths {
+  protected readonly agentPorts = AGENT_PORTS;
+
+  protected agentSocket(id: string, port: number): string {
+    return fullVmSockets(this.paths(id).run).agents[port] as string;
+  }
+
+  /** The main agent connection: chronus's port 0, or the QEMU guest agent for an image without chronus. */
+  protected override async openAgent(id: string, vm: Vm): Promise<SandboxAgent> {
+    if (vm.chronus) return super.openAgent(id, vm);
+    return new GuestAgentClient(await connectUnix(fullVmSockets(this.paths(id).run).guestAgent));
+  }
+
+  protected override hasExtraPorts(vm: Vm): boolean {
+    return vm.chronus;
+  }
+
+  protected paths(id: string): Paths {
     const dir = path.join(this.o.sandboxesDir, id);
     return {
       dir,
@@ -301,92 +306,6 @@ export class VmBackend implements Backend {
     }
   }
 
-  /** The guest console's last lines (a failed boot's reason), read from QEMU's ring buffer. */
-  private async consoleTail(id: string, vm: Vm): Promise<string> {
-    if (!vm.qmp?.connected) return (await readFile(this.paths(id).log, 'utf8').catch(() => '')).trim().split('\n').slice(-3).join('; ');
-    const text = await vm.qmp.execute<string>('ringbuf-read', { device: 'console', size: 65536, format: 'utf8' }, 2000);
-    return text.trim().split('\n').slice(-4).join('; ');
-  }
-
-  private watch(id: string, vm: Vm): void {
-    watchQemu(vm.child, { id, backend: 'vm', events: this.o.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
-  }
-
-  async recover(): Promise<BackendSandbox[]> {
-    // A QEMU process outlives its edge only as an orphan nobody holds QMP for: end it.
-    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) await this.teardown(id).catch(() => undefined);
-    return [];
-  }
-
-  agent(id: string): Promise<SandboxAgent> {
-    return this.connect(id);
-  }
-
-  /** A connection of the caller's own: one of the guest's extra chronus ports, released when it closes. */
-  async connectAgent(id: string): Promise<SandboxAgent> {
-    const vm = this.vm(id);
-    if (!vm.chronus) return this.connect(id);
-    for (let port = 1; port < AGENT_PORTS; port++) {
-      if (vm.portsInUse.has(port)) continue;
-      vm.portsInUse.add(port);
-      try {
-        const sock = await connectUnix(fullVmSockets(this.paths(id).run).agents[port] as string);
-        sock.once('close', () => vm.portsInUse.delete(port));
-        return new ChronusClient(sock, this.forged(id));
-      } catch (err) {
-        vm.portsInUse.delete(port);
-        throw err;
-      }
-    }
-    throw new DsecError('UNAVAILABLE', `sandbox ${id}: all ${AGENT_PORTS - 1} extra agent ports are in use`, { sandboxId: id, retryAfterMs: 1000 });
-  }
-
-  private forged(id: string): (message: string) => void {
-    return (message) =>
-      this.o.events({
-        kind: 'control.forged-message',
-        severity: 'critical',
-        sandboxId: id,
-        message: `sandbox ${id}: ${message}`,
-        data: { channel: 'virtio-serial' },
-      });
-  }
-
-  /** The main agent connection: chronus's port 0, or the QEMU guest agent for an image without chronus. */
-  private async connect(id: string): Promise<SandboxAgent> {
-    const live = this.agents.get(id);
-    if (live?.connected) return live;
-    let pending = this.connecting.get(id);
-    if (!pending) {
-      const vm = this.vm(id);
-      const sockets = fullVmSockets(this.paths(id).run);
-      pending = (
-        vm.chronus
-          ? connectUnix(sockets.agents[0] as string).then((sock) => new ChronusClient(sock, this.forged(id)) as SandboxAgent)
-          : connectUnix(sockets.guestAgent).then((sock) => new GuestAgentClient(sock) as SandboxAgent)
-      )
-        .then((client) => {
-          this.agents.set(id, client);
-          return client;
-        })
-        .finally(() => this.connecting.delete(id));
-      this.connecting.set(id, pending);
-    }
-    return pending;
-  }
-
-  private vm(id: string): Vm {
-    const vm = this.vms.get(id);
-    if (!vm) throw new DsecError('SANDBOX_NOT_FOUND', `no vm ${id} on this node`, { sandboxId: id });
-    return vm;
-  }
-
-  private qmp(id: string): QmpClient {
-    const q = this.vm(id).qmp;
-    if (!q?.connected) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id}: its QEMU does not answer`, { sandboxId: id });
-    return q;
-  }
-
   /** The VM's QMP connection (the screen and other QMP users build on it). */
   qmpOf(id: string): QmpClient {
     return this.qmp(id);
@@ -396,60 +315,6 @@ export class VmBackend implements Backend {
   vncSocket(id: string): string {
     this.vm(id);
     return fullVmSockets(this.paths(id).run).vnc;
-  }
-
-  private dropAgent(id: string): void {
-    this.agents.get(id)?.close();
-    this.agents.delete(id);
-  }
-
-  async claim(id: string, claim: SandboxClaim): Promise<void> {
-    try {
-      await writeFile(this.paths(id).claim, JSON.stringify(claim), { flag: 'wx', mode: 0o600 });
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${id} was already claimed`, { sandboxId: id });
-      throw err;
-    }
-  }
-
-  async destroy(id: string): Promise<void> {
-    if (!this.vms.has(id) && !(await exists(this.paths(id).record))) {
-      throw new DsecError('SANDBOX_NOT_FOUND', `no sandbox ${id} on this node`, { sandboxId: id });
-    }
-    await this.teardown(id);
-  }
-
-  private async kill(id: string): Promise<void> {
-    const vm = this.vms.get(id);
-    if (vm) vm.stopping = true;
-    vm?.qmp?.close();
-    await killQemu(vm?.child, this.paths(id).pid, this.paths(id).run);
-  }
-
-  /** Removes every trace of a sandbox; safe on a half-created or already-gone one. */
-  private async teardown(id: string): Promise<void> {
-    const p = this.paths(id);
-    this.dropAgent(id);
-    await this.kill(id);
-    await this.o.cgroups.killAll(id);
-    await this.o.cgroups.remove(id);
-    const record = await readFile(p.record, 'utf8').then(
-      (t) => JSON.parse(t) as BackendSandbox,
-      () => undefined,
-    );
-    if (record) for (const l of record.layers) await this.o.layers.release(l.digest).catch(() => undefined);
-    await rm(p.dir, { recursive: true, force: true });
-    await rm(p.run, { recursive: true, force: true });
-    await removeVmNetns(id);
-    this.vms.delete(id);
-    if (record?.idRange) await this.o.idRanges.release(record.idRange, id);
-  }
-
-  /** The VM's network namespace (only a networked VM has one). */
-  async netnsPath(id: string): Promise<string> {
-    const file = `/run/netns/${netnsName(id)}`;
-    if (!(await exists(file))) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} has no network namespace`, { sandboxId: id });
-    return file;
   }
 
   /** The node's link is in the VM's namespace: the guest takes over its address on its first ethernet interface. */
@@ -486,33 +351,6 @@ export class VmBackend implements Backend {
     const size = (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
     return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: size };
   }
-
-  /** QEMU's host pid (tests check its confinement). */
-  qemuPid(id: string): number | undefined {
-    return this.vms.get(id)?.child?.pid;
-  }
-
-  async collectGarbage(o: GarbageOptions): Promise<GarbageReport> {
-    const report: GarbageReport = { containers: [], cgroups: [], processes: 0, mounts: 0, dirs: [] };
-    for (const id of await readdir(this.o.sandboxesDir).catch(() => [] as string[])) {
-      if (o.keep(id)) continue;
-      await this.teardown(id).catch(() => undefined);
-      report.dirs.push(id);
-    }
-    return report;
-  }
-
-  async close(): Promise<void> {
-    for (const id of [...this.agents.keys()]) this.dropAgent(id);
-    for (const vm of this.vms.values()) vm.qmp?.close();
-  }
-}
-
-async function exists(p: string): Promise<boolean> {
-  return stat(p).then(
-    () => true,
-    () => false,
-  );
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
