@@ -2,28 +2,18 @@
 // file, then exits) and resumed from it: one TCG boot carries every check.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { open, readdir, readFile, rename, stat } from 'node:fs/promises';
+import { open, rename, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
+import { qemuPids } from './helpers/qemu.js';
 
 let tp: TestPlatform;
 let client: DsecClient;
 const made: Sandbox[] = [];
-
-/** Host pids of QEMU processes whose command line names `needle`. */
-async function qemuPids(needle: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) out.push(Number(e));
-  }
-  return out;
-}
 
 async function until(what: string, fn: () => Promise<boolean> | boolean, ms = 30_000): Promise<void> {
   const end = Date.now() + ms;

@@ -11,6 +11,7 @@ import type { RaisedEvent } from '@dsec/protocol';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
+import { qemuPids } from './helpers/qemu.js';
 
 /** A loopback /24 of this run's own: an allowed upstream and one the policy does not name. */
 const NET = `127.${1 + ((randomBytes(1)[0] ?? 0) % 250)}.${randomBytes(1)[0] ?? 0}`;
@@ -24,17 +25,6 @@ let tp: TestPlatform;
 let client: DsecClient;
 const events: RaisedEvent[] = [];
 const made: Sandbox[] = [];
-
-/** Host pids of QEMU processes whose command line names `needle`. */
-async function qemuPids(needle: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) out.push(Number(e));
-  }
-  return out;
-}
 
 /** An HTTP GET with busybox nc (busybox wget crashes under TCG here; nc stops at stdin's end, hence the sleep). */
 function get(host: string, port = 80): string {

@@ -17,6 +17,7 @@ import type { Layer, RaisedEvent } from '@dsec/protocol';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
+import { qemuPids } from './helpers/qemu.js';
 
 const run = promisify(execFile);
 
@@ -32,17 +33,6 @@ let client: DsecClient;
 let image: Layer;
 const events: RaisedEvent[] = [];
 const made: Sandbox[] = [];
-
-/** Host pids of QEMU processes whose command line names `needle`. */
-async function qemuPids(needle: string): Promise<number[]> {
-  const out: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.startsWith('qemu-system') && cmd.includes(needle)) out.push(Number(e));
-  }
-  return out;
-}
 
 /** An HTTP GET with bash's /dev/tcp (the image has no HTTP client). */
 function get(host: string, port = 80): string {
