@@ -82,11 +82,13 @@ function bytes(v: unknown, field: string): Buffer {
 /** A per-address token bucket for requests that carry no token (signed URLs, failed look-ups; ports.ts too). */
 export class AddressBuckets {
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
+  /** `rate`: tokens per second and burst (default: the signed-URL rate, 20/s and 50). */
+  constructor(private readonly rate: { perSecond: number; burst: number } = SIGNED_RATE) {}
   take(addr: string): boolean {
     const now = Date.now();
     if (this.buckets.size > 50_000) this.buckets.clear();
-    const b = this.buckets.get(addr) ?? { tokens: SIGNED_RATE.burst, at: now };
-    b.tokens = Math.min(SIGNED_RATE.burst, b.tokens + ((now - b.at) / 1000) * SIGNED_RATE.perSecond);
+    const b = this.buckets.get(addr) ?? { tokens: this.rate.burst, at: now };
+    b.tokens = Math.min(this.rate.burst, b.tokens + ((now - b.at) / 1000) * this.rate.perSecond);
     b.at = now;
     this.buckets.set(addr, b);
     if (b.tokens < 1) return false;
@@ -96,7 +98,7 @@ export class AddressBuckets {
   /** True when `addr` has a request left (nothing taken). */
   has(addr: string): boolean {
     const b = this.buckets.get(addr);
-    return b === undefined || Math.min(SIGNED_RATE.burst, b.tokens + ((Date.now() - b.at) / 1000) * SIGNED_RATE.perSecond) >= 1;
+    return b === undefined || Math.min(this.rate.burst, b.tokens + ((Date.now() - b.at) / 1000) * this.rate.perSecond) >= 1;
   }
 }
 

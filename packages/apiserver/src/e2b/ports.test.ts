@@ -6,7 +6,7 @@ import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import type { OutputEvent, ProcessStream } from '@dsec/protocol';
-import { RELAY, RelaySocket, hostTarget } from './ports.js';
+import { MAX_CONNECTIONS_PER_SANDBOX, PortBudget, RELAY, RelaySocket, hostTarget } from './ports.js';
 
 test('hostTarget: <port>-<id>.<domain>, with or without a port in the domain', () => {
   assert.deepEqual(hostTarget('3000-sb-1a2b.e2b.test', 'e2b.test'), { port: 3000, sandboxId: 'sb-1a2b' });
@@ -79,4 +79,30 @@ test('the relay carries an HTTP request and its response; a closed port is an er
   } finally {
     server.close();
   }
+});
+
+test('PortBudget: a refused connection counts nothing; a release counts once; rates per source and per sandbox', () => {
+  // Rates that refill too slowly to matter during the test (a loaded machine may pause anywhere).
+  const perSource = { perSecond: 0.0001, burst: 5 };
+  const perSandbox = { perSecond: 0.0001, burst: 12 };
+  const budget = new PortBudget({ perSource, perSandbox });
+  const releases = Array.from({ length: MAX_CONNECTIONS_PER_SANDBOX }, () => budget.openConnection('sb-a'));
+  for (let i = 0; i < 100; i++) assert.throws(() => budget.openConnection('sb-a'), /at most 64 proxied connections/);
+  assert.equal(budget.openConnections('sb-a'), MAX_CONNECTIONS_PER_SANDBOX);
+  releases[0]!();
+  releases[0]!();
+  assert.equal(budget.openConnections('sb-a'), MAX_CONNECTIONS_PER_SANDBOX - 1);
+  budget.openConnection('sb-a');
+  assert.throws(() => budget.openConnection('sb-a'), /at most 64/);
+  assert.equal(budget.openConnections('sb-b'), 0);
+  for (const release of releases) release();
+
+  // One address spends its own burst, not another's; the sandbox's burst bounds all addresses together.
+  for (let i = 0; i < perSource.burst; i++) budget.takeRequest('sb-a', '192.0.2.1');
+  assert.throws(() => budget.takeRequest('sb-a', '192.0.2.1'), /too many port requests from this address/);
+  budget.takeRequest('sb-a', '192.0.2.2');
+  for (let i = 0; i < perSandbox.burst - perSource.burst - 1; i++) budget.takeRequest('sb-a', `198.51.100.${i}`);
+  assert.throws(() => budget.takeRequest('sb-a', '203.0.113.9'), /too many port requests to sandbox sb-a/);
+  // A refusal takes nothing from the address's bucket: it may still reach another sandbox.
+  budget.takeRequest('sb-b', '203.0.113.9');
 });

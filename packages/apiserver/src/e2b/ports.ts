@@ -7,7 +7,8 @@
 // sandboxes without a network. Access as E2B's: public unless the sandbox was created with
 // `network.allowPublicTraffic: false`, then only with its traffic access token
 // (`e2b-traffic-access-token`). Bounded (connections per sandbox, a lifetime per connection),
-// rate-limited (the tenant's rate; failed look-ups per source) and audited.
+// rate-limited (a budget of their own per sandbox and per source, never the tenant's API rate or
+// exec slots: the traffic needs no key; failed look-ups per source) and audited.
 import { request as httpRequest } from 'node:http';
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { Duplex, Readable } from 'node:stream';
@@ -30,6 +31,10 @@ export const TRAFFIC_TOKEN_HEADER = 'e2b-traffic-access-token';
 export const MAX_CONNECTIONS_PER_SANDBOX = 64;
 /** Longest a proxied connection (a request and its response, or a WebSocket) lives. */
 export const MAX_CONNECTION_MS = 3_600_000;
+/** Proxied requests (and upgrades) per second, and in a burst, to one sandbox's ports from all sources. */
+export const PORT_RATE_PER_SANDBOX = { perSecond: 100, burst: 200 };
+/** Proxied requests per second, and in a burst, from one client address to any sandbox's ports. */
+export const PORT_RATE_PER_SOURCE = { perSecond: 50, burst: 100 };
 /** Hop-by-hop headers, never forwarded (RFC 9110 7.6.1). */
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'proxy-authorization']);
 
@@ -106,13 +111,64 @@ interface PortTarget {
   p: Principal;
   edge: EdgeClient;
   sandboxId: string;
-  node: string;
   port: number;
+}
+
+/** Request rates of a PortBudget: tokens per second and burst. */
+export interface PortBudgetOptions {
+  perSandbox?: { perSecond: number; burst: number };
+  perSource?: { perSecond: number; burst: number };
+}
+
+/**
+ * What port traffic may spend, apart from the tenant's budget (the traffic needs no key, so it
+ * must not spend the tenant's API rate or exec slots): a request rate per sandbox and per client
+ * address, and connections open at once per sandbox.
+ */
+export class PortBudget {
+  private readonly open = new Map<string, number>();
+  private readonly perSandbox: AddressBuckets;
+  private readonly perSource: AddressBuckets;
+
+  /** Rates default to PORT_RATE_PER_SANDBOX and PORT_RATE_PER_SOURCE. */
+  constructor(options: PortBudgetOptions = {}) {
+    this.perSandbox = new AddressBuckets(options.perSandbox ?? PORT_RATE_PER_SANDBOX);
+    this.perSource = new AddressBuckets(options.perSource ?? PORT_RATE_PER_SOURCE);
+  }
+
+  /** Takes one request of the sandbox's and the source's rate; RATE_LIMITED (taking nothing) when either is spent. */
+  takeRequest(sandboxId: string, source: string): void {
+    if (!this.perSource.has(source)) throw new DsecError('RATE_LIMITED', 'too many port requests from this address', { retryAfterMs: 1000 });
+    if (!this.perSandbox.has(sandboxId)) throw new DsecError('RATE_LIMITED', `too many port requests to sandbox ${sandboxId}`, { retryAfterMs: 1000 });
+    this.perSource.take(source);
+    this.perSandbox.take(sandboxId);
+  }
+
+  /** Opens one of the sandbox's connections; returns its release (once only). LIMIT_EXCEEDED (counting nothing) at the cap. */
+  openConnection(sandboxId: string): () => void {
+    const n = this.open.get(sandboxId) ?? 0;
+    if (n >= MAX_CONNECTIONS_PER_SANDBOX)
+      throw new DsecError('LIMIT_EXCEEDED', `at most ${MAX_CONNECTIONS_PER_SANDBOX} proxied connections per sandbox`, { retryAfterMs: 1000 });
+    this.open.set(sandboxId, n + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.open.get(sandboxId) ?? 1) - 1;
+      if (left <= 0) this.open.delete(sandboxId);
+      else this.open.set(sandboxId, left);
+    };
+  }
+
+  /** Connections open now to the sandbox's ports. */
+  openConnections(sandboxId: string): number {
+    return this.open.get(sandboxId) ?? 0;
+  }
 }
 
 /** Port routing by host name. */
 export class SandboxPorts {
-  private readonly open = new Map<string, number>();
+  private readonly budget = new PortBudget();
   private readonly failedLookups = new AddressBuckets();
 
   constructor(
@@ -192,11 +248,11 @@ export class SandboxPorts {
     const traffic = row.labels[TRAFFIC_TOKEN_LABEL];
     if (traffic !== undefined && !tokenMatches(traffic, header(TRAFFIC_TOKEN_HEADER)))
       throw fail(new E2bError(403, `missing or wrong ${TRAFFIC_TOKEN_HEADER}`));
+    this.budget.takeRequest(row.id, source);
     const p = sandboxPrincipal(row, await this.services.iam.tenantOf(row.project_id));
-    await this.services.iam.rateLimited(p);
     try {
       const { row: running, edge } = await this.services.lifecycle.route(p, m.sandboxId, 'member');
-      return { p, edge, sandboxId: running.id, node: running.node, port: m.port };
+      return { p, edge, sandboxId: running.id, port: m.port };
     } catch (err) {
       if (err instanceof DsecError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'SANDBOX_NOT_RUNNING')) throw notRunning(err.message);
       throw err;
@@ -205,16 +261,7 @@ export class SandboxPorts {
 
   /** A relay to the target's port (one of the sandbox's bounded connections, released when it closes). */
   private async connect(t: PortTarget): Promise<RelaySocket> {
-    const n = this.open.get(t.sandboxId) ?? 0;
-    if (n >= MAX_CONNECTIONS_PER_SANDBOX)
-      throw new DsecError('LIMIT_EXCEEDED', `at most ${MAX_CONNECTIONS_PER_SANDBOX} proxied connections per sandbox`, { retryAfterMs: 1000 });
-    this.open.set(t.sandboxId, n + 1);
-    const release = (): void => {
-      const left = (this.open.get(t.sandboxId) ?? 1) - 1;
-      if (left <= 0) this.open.delete(t.sandboxId);
-      else this.open.set(t.sandboxId, left);
-    };
-    const releaseSlot = this.services.slots.acquire('exec', t.p.tenantId, t.node);
+    const release = this.budget.openConnection(t.sandboxId);
     try {
       const proc = await t.edge.spawn(t.sandboxId, {
         argv: ['bash', '-c', RELAY, String(t.port)],
@@ -229,12 +276,10 @@ export class SandboxPorts {
       socket.once('close', () => {
         unhold();
         release();
-        releaseSlot();
       });
       return socket;
     } catch (err) {
       release();
-      releaseSlot();
       throw err;
     }
   }
