@@ -26,8 +26,8 @@ export function defaultLease(maxLifetimeMs: number): GrantedLease {
   return { idleTimeoutMs: DEFAULT_IDLE_TIMEOUT_MS, maxLifetimeMs, onIdle: 'pause', ownerGraceMs: null, onOwnerLost: 'pause', autoResume: true };
 }
 
-/** A granted lease with the fields of `change` replaced. */
-export function mergeLease(base: GrantedLease, change: Lease): GrantedLease {
+/** A granted lease with the fields of `change` replaced (what else `base` stores is kept). */
+export function mergeLease<L extends GrantedLease>(base: L, change: Lease): L {
   const out = { ...base };
   if (change.idleTimeoutMs !== undefined) out.idleTimeoutMs = change.idleTimeoutMs;
   if (change.maxLifetimeMs !== undefined) out.maxLifetimeMs = change.maxLifetimeMs;
@@ -39,10 +39,30 @@ export function mergeLease(base: GrantedLease, change: Lease): GrantedLease {
   return out;
 }
 
-/** A row's granted lease (rows from before leases existed get the defaults). */
-export function leaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): GrantedLease {
-  if (row.lease) return JSON.parse(row.lease) as GrantedLease;
+/**
+ * A lease as a row stores it: the granted lease, and `renewMs`, the lifetime a sandbox resumed
+ * after its lifetime ended (`onExpire: 'pause'`) gets from then: the `maxLifetimeMs` granted at
+ * creation. Absent until a change of `maxLifetimeMs` or a renewal records it.
+ */
+export interface StoredLease extends GrantedLease {
+  renewMs?: number;
+}
+
+/** A row's lease as stored (rows from before leases existed get the defaults). */
+export function leaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): StoredLease {
+  if (row.lease) return JSON.parse(row.lease) as StoredLease;
   return defaultLease(Date.parse(row.expires_at) - Date.parse(row.created_at));
+}
+
+/** A row's granted lease as the API shows it (without what only the store keeps). */
+export function grantedLeaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): GrantedLease {
+  const { renewMs: _renewMs, ...granted } = leaseOf(row);
+  return granted;
+}
+
+/** The lifetime a sandbox resumed after its lifetime ended gets from the resume: the one granted at creation. */
+export function renewSpanMs(lease: StoredLease): number {
+  return lease.renewMs ?? lease.maxLifetimeMs;
 }
 
 /** How often an owner with this grace should heartbeat: three beats per grace period. */

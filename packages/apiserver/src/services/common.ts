@@ -6,7 +6,7 @@ import type { EventOwner } from '@dsec/watcher';
 import type { SandboxTable, SnapshotTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import type { ActivityTracker } from '../leases.js';
-import { leaseOf } from '../leases.js';
+import { grantedLeaseOf } from '../leases.js';
 import type { TrajectoryHeader, TrajectorySpec } from '../trajectory.js';
 import { visibleLabels } from '../e2b/sandboxes.js';
 
@@ -79,7 +79,7 @@ export function toSandbox(row: SandboxRow, activity: ActivityTracker): Sandbox {
     network: spec.network ?? DEFAULT_NETWORK_POLICY,
     createdAt: row.created_at,
     expiresAt: row.expires_at,
-    lease: leaseOf(row),
+    lease: grantedLeaseOf(row),
     owner: row.owner_id ?? null,
     lastActiveAt: new Date(activity.lastActiveOf(row)).toISOString(),
     pausedAt: row.paused_at ?? null,

@@ -7,7 +7,7 @@ import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
 import type { OwnerTable, SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
-import { leaseOf } from '../leases.js';
+import { leaseOf, renewSpanMs } from '../leases.js';
 import type { ActivityTracker, PauseReason } from '../leases.js';
 import type { NodeRegistry } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
@@ -20,6 +20,8 @@ import { SandboxRowEvents } from './sandbox-events.js';
 
 /** States from which a sandbox may be destroyed. */
 const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
+/** States `onExpire: 'pause'` applies to at the end of the lifetime; the others are destroyed as with `kill`. */
+const EXPIRE_PAUSE_STATES = new Set(['running', 'paused', PAUSING, RESUMING]);
 /** Pause reasons that mean "the owner went away": the owner (or a new one) coming back resumes. */
 export const OWNER_GONE_REASONS = ['owner-lost', 'owner-closed'];
 /** Lost or closed owners that own nothing are forgotten this long after their last heartbeat. */
@@ -229,7 +231,9 @@ export class LifecycleService {
       crashPoint('resume.resuming');
       const node = nodes.get(row.node);
       let result: Omit<PauseResult, 'sandbox'>;
+      let renewal: Parameters<StateStore['updateSandbox']>[1] | undefined;
       try {
+        renewal = await this.renewalOf(row.id);
         if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${row.id} is not reachable`, { sandboxId: row.id });
         result = await node.client.resume(row.id, { reason, ...(opts.prefetch === false ? { prefetch: false } : {}) });
       } catch (err) {
@@ -237,7 +241,7 @@ export class LifecycleService {
         throw err;
       }
       crashPoint('resume.node');
-      await this.renewExpired(row.id);
+      if (renewal) await store.updateSandbox(row.id, renewal);
       // A sandbox whose owner went away is no longer held by that owner once someone resumes it.
       const current = await store.sandboxOnly(row.id);
       const ownerGone = current?.owner_id ? (await store.owner(current.owner_id))?.state !== 'active' : false;
@@ -252,20 +256,29 @@ export class LifecycleService {
 
   /**
    * A sandbox paused at the end of its lifetime (`onExpire: 'pause'`) and resumed gets a new
-   * lifetime of the same length from now (capped at the longest), else the next watcher pass
-   * would pause it again.
+   * lifetime of the length granted at creation from now (capped at the longest, counted from
+   * creation), else the next watcher pass would pause it again: the lease and end to store, or
+   * undefined when its lifetime has not ended. SANDBOX_NOT_RUNNING when the longest lifetime
+   * leaves it no time (it stays paused until deleted).
    */
-  private async renewExpired(id: string, now = Date.now()): Promise<void> {
+  private async renewalOf(id: string, now = Date.now()): Promise<Parameters<StateStore['updateSandbox']>[1] | undefined> {
     const row = await this.d.store.sandboxOnly(id);
-    if (!row || Date.parse(row.expires_at) > now) return;
+    if (!row || Date.parse(row.expires_at) > now) return undefined;
     const lease = leaseOf(row);
-    if (lease.onExpire !== 'pause') return;
+    if (lease.onExpire !== 'pause') return undefined;
     const created = Date.parse(row.created_at);
-    const maxLifetimeMs = Math.min(MAX_SANDBOX_TIMEOUT_MS, now - created + lease.maxLifetimeMs);
-    await this.d.store.updateSandbox(id, {
-      lease: JSON.stringify({ ...lease, maxLifetimeMs }),
-      expires_at: new Date(created + maxLifetimeMs).toISOString(),
-    });
+    const renewMs = renewSpanMs(lease);
+    const maxLifetimeMs = Math.min(MAX_SANDBOX_TIMEOUT_MS, now - created + renewMs);
+    if (created + maxLifetimeMs <= now)
+      throw new DsecError(
+        'SANDBOX_NOT_RUNNING',
+        `sandbox ${id} has lived the longest lifetime a sandbox may (${MAX_SANDBOX_TIMEOUT_MS} ms); it stays paused until deleted`,
+        {
+          sandboxId: id,
+          state: 'paused',
+        },
+      );
+    return { lease: JSON.stringify({ ...lease, maxLifetimeMs, renewMs }), expires_at: new Date(created + maxLifetimeMs).toISOString() };
   }
 
   private async pauseReply(row: SandboxTable, r: Omit<PauseResult, 'sandbox'>): Promise<PauseResult> {
@@ -359,11 +372,13 @@ export class LifecycleService {
 
   /**
    * Ends a sandbox whose maximum lifetime has passed (the watcher's expiry pass): destroys it,
-   * or with `lease.onExpire: 'pause'` pauses it and keeps it paused (a paused one is left alone).
+   * or with `lease.onExpire: 'pause'` pauses a running one and keeps it paused (a paused one, or
+   * one being paused or resumed, is left alone; a lost or failed one is destroyed all the same,
+   * else it would hold its quota for ever).
    */
   async expireRow(row: SandboxTable): Promise<void> {
     // lease.exceeded for an elapsed lifetime is the watcher's (it raises it once per sandbox).
-    if (leaseOf(row).onExpire === 'pause') {
+    if (leaseOf(row).onExpire === 'pause' && EXPIRE_PAUSE_STATES.has(row.state)) {
       if (row.state === 'running') await this.pauseRow(row, 'expired', () => Date.parse(row.expires_at) <= Date.now());
       return;
     }

@@ -89,4 +89,54 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
     assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'running', 'the returning owner resumes it');
     await lifecycle.destroy(h.admin, sb.id);
   });
+
+  test("onExpire 'pause': a lost or failed row past its lifetime is destroyed (its quota freed); a paused one is kept", async () => {
+    const { sandboxes, lifecycle } = h.services;
+    const lease = { maxLifetimeMs: 600_000, onExpire: 'pause' as const };
+    const past = new Date(Date.now() - 1000).toISOString();
+    const kept = await sandboxes.create(h.admin, { image: { base: 'busybox' }, lease });
+    await lifecycle.pause(h.admin, kept.id);
+    await h.store.updateSandbox(kept.id, { expires_at: past });
+    await lifecycle.expireRow((await h.store.sandbox(kept.id))!);
+    assert.equal((await sandboxes.get(h.admin, kept.id)).state, 'paused', 'kept paused');
+    for (const dead of ['lost', 'failed']) {
+      const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' }, lease });
+      assert.ok(await h.store.transitionSandbox(sb.id, ['running'], dead, { expires_at: past }));
+      await lifecycle.expireRow((await h.store.sandbox(sb.id))!);
+      assert.equal(await h.store.sandbox(sb.id), undefined, `a ${dead} row is destroyed`);
+    }
+    await lifecycle.destroy(h.admin, kept.id);
+  });
+
+  test("onExpire 'pause': each resume after the lifetime ended renews the span granted at creation; none past the longest lifetime", async () => {
+    const { sandboxes, lifecycle } = h.services;
+    const spanMs = 600_000;
+    const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' }, lease: { maxLifetimeMs: spanMs, onExpire: 'pause' } });
+    const expireAndResume = async (ageMs: number): Promise<number> => {
+      const created = Date.now() - ageMs;
+      // The row as the watcher leaves it: created `ageMs` ago, its lifetime ended, paused.
+      assert.ok(await h.store.transitionSandbox(sb.id, ['running'], 'running', { created_at: new Date(created).toISOString() }));
+      await h.store.updateSandbox(sb.id, { expires_at: new Date(Date.now() - 1000).toISOString() });
+      await lifecycle.pause(h.admin, sb.id);
+      const before = Date.now();
+      const resumed = await lifecycle.resume(h.admin, sb.id, {});
+      assert.equal(resumed.sandbox.state, 'running');
+      return Date.parse(resumed.sandbox.expiresAt) - before;
+    };
+    for (const ageMs of [3_600_000, 7_200_000, 18_000_000]) {
+      const leftMs = await expireAndResume(ageMs);
+      assert.ok(leftMs > spanMs - 60_000 && leftMs <= spanMs + 1000, `resumed at ${ageMs} ms of age: ${leftMs} ms left, not ${spanMs}`);
+    }
+    // A PATCH of the lifetime (E2B's setTimeout) does not become the renewed span.
+    await sandboxes.update(h.admin, sb.id, { lease: { maxLifetimeMs: 36_000_000 } });
+    const leftMs = await expireAndResume(30_000_000);
+    assert.ok(leftMs > spanMs - 60_000 && leftMs <= spanMs + 1000, `after a PATCH: ${leftMs} ms left, not ${spanMs}`);
+    assert.equal('renewMs' in (await sandboxes.get(h.admin, sb.id)).lease, false, 'the stored span stays out of the API');
+
+    // Past the longest lifetime (7 days from creation) a resume is refused and the sandbox stays paused.
+    await assert.rejects(expireAndResume(8 * 86_400_000), (err: unknown) => err instanceof DsecError && err.code === 'SANDBOX_NOT_RUNNING');
+    assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'paused');
+    assert.equal(h.edge.sandboxes.get(sb.id)?.state, 'paused', 'the node was not asked to resume it');
+    await lifecycle.destroy(h.admin, sb.id);
+  });
 });

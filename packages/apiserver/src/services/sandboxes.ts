@@ -20,7 +20,7 @@ import type { StateStore } from '../db/store.js';
 import { itemError } from '../errors.js';
 import { hashOf } from '../idempotency.js';
 import type { IdempotencyKeys } from '../idempotency.js';
-import { leaseOf, mergeLease } from '../leases.js';
+import { leaseOf, mergeLease, renewSpanMs } from '../leases.js';
 import type { NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
 import type { ServiceSinks } from './common.js';
@@ -307,7 +307,10 @@ export class SandboxService {
     const row = await this.d.lifecycle.sandboxRow(p, id);
     const set: Parameters<StateStore['updateSandbox']>[1] = {};
     if (req.lease) {
-      const lease = mergeLease(leaseOf(row), req.lease);
+      const current = leaseOf(row);
+      const lease = mergeLease(current, req.lease);
+      // A resume after the lifetime ended renews the span granted at creation, not this one.
+      if (req.lease.maxLifetimeMs !== undefined) lease.renewMs = renewSpanMs(current);
       set.lease = JSON.stringify(lease);
       set.expires_at = new Date(Date.parse(row.created_at) + lease.maxLifetimeMs).toISOString();
     }
