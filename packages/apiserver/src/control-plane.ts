@@ -20,7 +20,7 @@ import { PostgresListener } from './db/postgres.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
-import { ACTIVITY_FLUSH_INTERVAL_MS } from './leases.js';
+import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
 import type { NodeRegistry } from './nodes.js';
 import { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
@@ -240,7 +240,14 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
               destroyOrphan: (id) => n.client.destroy(id),
               collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
             })),
-        sandboxes: async () => (await store.sandboxSummaries()).map((r) => ({ id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at })),
+        sandboxes: async () =>
+          (await store.sandboxSummaries()).map((r) => ({
+            id: r.id,
+            node: r.node,
+            state: r.state,
+            expiresAt: r.expires_at,
+            keptPaused: r.state === 'paused' && leaseOf(r).onExpire === 'pause',
+          })),
         setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
         expire: async (id) => {
           const row = await store.sandbox(id);

@@ -20,6 +20,8 @@ export interface WatchedSandbox {
   node: string;
   state: string;
   expiresAt: string;
+  /** A paused sandbox whose lease keeps it paused at the end of its lifetime (`onExpire: 'pause'`): expiry leaves it alone. */
+  keptPaused?: boolean;
 }
 
 /** What the watcher needs of a node. */
@@ -153,13 +155,21 @@ export class Watcher {
     }
   }
 
-  /** Destroys the sandboxes past their lifetime (lease.exceeded once each); forgets rows that are gone. */
+  /**
+   * Ends the sandboxes past their lifetime (lease.exceeded once per lifetime: a lifetime renewed
+   * at a resume raises it again); forgets rows that are gone. A sandbox already kept paused is
+   * not asked about again on every pass.
+   */
   private async expire(sandboxes: readonly WatchedSandbox[], now: number, log: (line: string) => void): Promise<void> {
     const ids = new Set(sandboxes.map((s) => s.id));
     for (const id of this.leaseReported) if (!ids.has(id)) this.leaseReported.delete(id);
     for (const id of this.missingSince.keys()) if (!ids.has(id)) this.missingSince.delete(id);
     for (const s of sandboxes) {
-      if (s.state === 'creating' || s.state === 'stopping' || Date.parse(s.expiresAt) > now) continue;
+      if (Date.parse(s.expiresAt) > now) {
+        this.leaseReported.delete(s.id);
+        continue;
+      }
+      if (s.state === 'creating' || s.state === 'stopping') continue;
       if (!this.leaseReported.has(s.id)) {
         this.leaseReported.add(s.id);
         this.target.raise({
@@ -170,6 +180,7 @@ export class Watcher {
           data: { expiresAt: s.expiresAt, overdueMs: now - Date.parse(s.expiresAt) },
         });
       }
+      if (s.keptPaused) continue;
       await this.target.expire(s.id).catch((err: unknown) => log(`watcher: expiring ${s.id} failed: ${(err as Error).message}`));
     }
   }

@@ -665,9 +665,9 @@ export class StateStore {
     return this.db.selectFrom('sandboxes').selectAll().execute();
   }
 
-  /** Every sandbox's id, node, state and expiry: what the watcher reconciles with the nodes each pass. */
-  async sandboxSummaries(): Promise<Array<Pick<SandboxTable, 'id' | 'node' | 'state' | 'expires_at'>>> {
-    return this.db.selectFrom('sandboxes').select(['id', 'node', 'state', 'expires_at']).execute();
+  /** Every sandbox's id, node, state, expiry and lease: what the watcher reconciles with the nodes each pass. */
+  async sandboxSummaries(): Promise<Array<Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>>> {
+    return this.db.selectFrom('sandboxes').select(['id', 'node', 'state', 'created_at', 'expires_at', 'lease']).execute();
   }
 
   async expiredSandboxes(at: string): Promise<SandboxTable[]> {
