@@ -5,12 +5,13 @@
 // mtools, the partition table with sfdisk on the disk file, partitions written in with dd.
 // Built once per input into a machine-wide cache.
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, mkdtemp, open, readdir, readFile, rename, rm, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, open, readdir, readFile, rename, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
 import { runTool } from './erofs.js';
 import { mountsUnder, MNT, umount } from '../sys/linux.js';
+import { inCacheScratch } from './machine-cache.js';
 import { AGENT_PORTS } from '../backends/microvm/guest.js';
 
 /** Machine-wide cache of built VM disk images. */
@@ -87,9 +88,9 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
     progress(`vm image ${out} (cached)`);
     return out;
   }
-  await mkdir(cacheDir, { recursive: true, mode: 0o755 });
-  const work = await mkdtemp(path.join(cacheDir, '.build-'));
-  try {
+  // The scratch directory and its cleanup (also of builds a killed process left) are the
+  // machine cache's; the image keeps its own name in the cache, keyed by its inputs.
+  return inCacheScratch(cacheDir, 'vm', 0o755, async (work) => {
     const root = path.join(work, 'root');
     progress(`building the VM image (${packages.length} packages of ${suite}; minutes)`);
     await buildDebianTree(root, {
@@ -129,10 +130,7 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
     await rename(qcow, out);
     progress(`vm image ${out}`);
     return out;
-  } finally {
-    for (const m of await mountsUnder(work).catch(() => [] as string[])) umount(m, MNT.DETACH);
-    await rm(work, { recursive: true, force: true });
-  }
+  });
 }
 
 const MiB = 1024 * 1024;
