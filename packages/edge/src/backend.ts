@@ -104,6 +104,8 @@ export interface PauseFacet {
    * migrates to a file; no process checkpoint for containers on this kernel).
    */
   pauseToFile?(id: string): Promise<BackendPauseResult>;
+  /** Whether a paused sandbox's memory is in a file (present with `pauseToFile`). */
+  inFile?(id: string): boolean;
   /** Thaws a paused sandbox (and with `prefetch`, reads its swapped-out memory back in first). */
   resume(id: string, opts?: { prefetch?: boolean }): Promise<BackendResumeResult>;
   /** Memory charged now (what a pause of a paused sandbox reports). */

@@ -274,6 +274,15 @@ describe('Edge state machine (fake backend)', () => {
     await edge.destroy(sb.id);
   });
 
+  test('pause with memory "file" is 400 naming memory on a backend without it, also when the sandbox is paused already', async () => {
+    const sb = await edge.create(SPEC, { id: 'unit-pause-file' });
+    await assert.rejects(edge.pause(sb.id, { memory: 'file' }), isCode('INVALID_ARGUMENT', 'memory'));
+    await edge.pause(sb.id);
+    await assert.rejects(edge.pause(sb.id, { memory: 'file' }), isCode('INVALID_ARGUMENT', 'memory'));
+    assert.equal((await edge.pause(sb.id)).durationMs, 0, 'a pause of a paused sandbox with memory kept changes nothing');
+    await edge.destroy(sb.id);
+  });
+
   test('calls made while a pause is in the backend wait for it, then find the sandbox paused', async () => {
     const sb = await edge.create(SPEC, { id: 'unit-during' });
     const held = gate();

@@ -491,6 +491,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (!pausing) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot pause sandboxes`, { sandboxId: id });
     const toFile = opts.memory === 'file' ? pausing.pauseToFile?.bind(pausing) : undefined;
     if (opts.memory === 'file' && !toFile) throw invalidArgument('memory', `the ${e.backend.kind} backend cannot write a paused sandbox's memory to a file`);
+    if (e.state === 'paused' && toFile && !pausing.inFile?.(id))
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is already paused with its memory kept; resume it, then pause with memory "file"`, {
+        sandboxId: id,
+        state: e.state,
+      });
     if (e.state === 'paused') return unchanged(await pausing.memory(id).catch(() => undefined));
     if (e.state !== 'running') throw notRunning(id, e.state);
     const run = this.transition(e, async () => {

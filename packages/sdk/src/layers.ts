@@ -117,7 +117,7 @@ export class LayersApi {
   async exportDisk(ref: string, file: string, opts: CallOptions & { format?: 'raw' | 'qcow2' } = {}): Promise<number> {
     const layer = validate(LayerRefSchema, ref, 'ref');
     const reply = await this.client.stream(
-      { method: 'GET', path: `/v1/layers/${encodeURIComponent(layer)}/disk`, query: { format: opts.format ?? 'raw' }, timeoutMs: opts.requestTimeoutMs ?? 0 },
+      { method: 'GET', path: `/v1/disk-images/${encodeURIComponent(layer)}`, query: { format: opts.format ?? 'raw' }, timeoutMs: opts.requestTimeoutMs ?? 0 },
       opts,
     );
     const fh = await open(file, 'w', 0o644);

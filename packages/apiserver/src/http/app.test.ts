@@ -38,6 +38,15 @@ describe('routing and validation through app.request() (fake node, real store)',
     assert.equal((await call('GET', '/v1/nope')).json.error.code, 'NOT_FOUND');
   });
 
+  test('a layer ref ending in /disk is the layer (no route hides it); a disk image is fetched under /v1/disk-images', async () => {
+    const named = await call('GET', '/v1/layers/team/disk');
+    assert.equal(named.json.error.code, 'LAYER_NOT_FOUND');
+    assert.match(named.json.error.message, /team\/disk/);
+    const image = await call('GET', '/v1/disk-images/team/disk?format=vmdk');
+    assert.equal(image.status, 400);
+    assert.equal(image.json.error.field, 'query.format');
+  });
+
   test('a bad body is 400 naming the field; bad JSON names the body; a bad query names query.<field>', async () => {
     const bad = await call('POST', '/v1/sandboxes', { image: { base: 7 } });
     assert.equal(bad.status, 400);

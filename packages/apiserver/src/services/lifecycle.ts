@@ -192,6 +192,7 @@ export class LifecycleService {
       if (!(await store.transitionSandbox(row.id, ['running'], PAUSING))) {
         const now = await store.sandboxOnly(row.id);
         if (!now) throw sandboxNotFound(row.id);
+        if (now.state === 'paused' && opts.memory === 'file') return this.pauseReply(now, await this.pausePausedToFile(now, reason));
         if (now.state === 'paused') return this.pauseReply(now, NO_CHANGE);
         throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${row.id} is ${now.state}`, { sandboxId: row.id, state: now.state, retryAfterMs: 1000 });
       }
@@ -279,6 +280,17 @@ export class LifecycleService {
         },
       );
     return { lease: JSON.stringify({ ...lease, maxLifetimeMs, renewMs }), expires_at: new Date(created + maxLifetimeMs).toISOString() };
+  }
+
+  /**
+   * `memory: "file"` for a sandbox already paused goes to its node, which alone knows the answer:
+   * 400 naming `memory` on a backend that cannot write memory to a file, no change for one
+   * already in a file, 409 SANDBOX_NOT_RUNNING for one paused with its memory kept (resume first).
+   */
+  private async pausePausedToFile(row: SandboxTable, reason: PauseReason): Promise<Omit<PauseResult, 'sandbox'>> {
+    const node = this.d.nodes.get(row.node);
+    if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} of sandbox ${row.id} is not reachable`, { sandboxId: row.id });
+    return node.client.pause(row.id, { reason, memory: 'file' });
   }
 
   private async pauseReply(row: SandboxTable, r: Omit<PauseResult, 'sandbox'>): Promise<PauseResult> {

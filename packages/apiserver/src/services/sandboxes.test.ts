@@ -78,6 +78,23 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
     await lifecycle.destroy(h.admin, sb.id);
   });
 
+  test('pause with memory "file" of a paused sandbox asks its node (400 naming memory where the backend cannot); "keep" does not', async () => {
+    const { sandboxes, lifecycle } = h.services;
+    const sb = await sandboxes.create(h.admin, { image: { base: 'busybox' } });
+    await lifecycle.pause(h.admin, sb.id);
+    const cannot = new DsecError('INVALID_ARGUMENT', "memory: the container backend cannot write a paused sandbox's memory to a file", { field: 'memory' });
+    h.edge.failNext.set('pause', cannot);
+    const kept = await lifecycle.pause(h.admin, sb.id, { memory: 'keep' });
+    assert.equal(kept.sandbox.state, 'paused');
+    assert.equal(h.edge.failNext.get('pause'), cannot, 'a pause with memory kept of a paused sandbox never reaches the node');
+    await assert.rejects(
+      lifecycle.pause(h.admin, sb.id, { memory: 'file' }),
+      (err: unknown) => err instanceof DsecError && err.code === 'INVALID_ARGUMENT' && err.details.field === 'memory',
+    );
+    assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'paused', 'still paused');
+    await lifecycle.destroy(h.admin, sb.id);
+  });
+
   test('an owner that stops its heartbeats is lost (owner.lost) and its idle sandbox is paused', async () => {
     const { owners, sandboxes, lifecycle } = h.services;
     const owner = await owners.create(h.admin, { graceMs: 1000 });

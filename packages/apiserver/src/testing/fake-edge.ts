@@ -192,6 +192,7 @@ export class FakeEdge implements EdgeClient {
 
   async pause(id: string, opts?: EdgeCallOptions): Promise<NodePauseResult> {
     this.called('pause', opts);
+    this.maybeFail('pause');
     this.entry(id).state = 'paused';
     return NO_CHANGE;
   }

@@ -1,11 +1,11 @@
 // The machine-wide cache of built layers: a build that asks for it lands in the cache once, and a
 // second node home takes the layer from there by hard link, without building.
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm, stat, utimes, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
-import { cacheEntryOf } from './machine-cache.js';
+import { cacheEntryOf, inCacheScratch } from './machine-cache.js';
 import { LayerStore } from './store.js';
 
 const dirs: string[] = [];
@@ -47,4 +47,26 @@ test('a build through the machine cache is built once; another home adopts it by
     await a.close();
     await b.close();
   }
+});
+
+test('a build in the cache (the VM image cache too) removes what killed builds left a day ago, and its own scratch even when it fails', async () => {
+  const cache = await mkdtemp(join(os.tmpdir(), 'dsec-machine-cache-'));
+  dirs.push(cache);
+  const dead = join(cache, '.build-vm-deadbeef');
+  const fresh = join(cache, '.build-vm-0123abcd');
+  await mkdir(join(dead, 'root'), { recursive: true });
+  await mkdir(fresh);
+  const dayAgo = new Date(Date.now() - 25 * 3600_000);
+  await utimes(dead, dayAgo, dayAgo);
+  let scratch = '';
+  await assert.rejects(
+    inCacheScratch(cache, 'vm', 0o755, async (dir) => {
+      scratch = dir;
+      await writeFile(join(dir, 'partial'), 'x');
+      throw new Error('killed halfway');
+    }),
+    /killed halfway/,
+  );
+  assert.match(scratch, /\/\.build-vm-[0-9a-f]{8}$/);
+  assert.deepEqual((await readdir(cache)).sort(), ['.build-vm-0123abcd'], 'the stale build and the failed one are gone; a live one stays');
 });

@@ -30,19 +30,35 @@ export async function buildThroughCache(
 ): Promise<LayerInfo> {
   const entry = cacheEntryOf(cacheDir, name);
   if (await exists(path.join(entry, 'layer.json'))) return layers.adopt(entry, name);
-  await mkdir(cacheDir, { recursive: true, mode: 0o700 });
+  return inCacheScratch(cacheDir, path.basename(entry), 0o700, async (scratch) => {
+    const store = new LayerStore({ root: scratch, unmountLingerMs: 0 });
+    try {
+      const info = await build(store);
+      await store.close();
+      await rename(path.join(scratch, 'blobs', info.digest.slice('sha256:'.length)), entry).catch(async (err: unknown) => {
+        if (!(await exists(path.join(entry, 'layer.json')))) throw err;
+      });
+      return await layers.adopt(entry, name);
+    } finally {
+      await store.close().catch(() => undefined);
+    }
+  });
+}
+
+/**
+ * Runs `build` in a new scratch directory `<cacheDir>/.build-<label>-<random>` (the cache made
+ * with `mode` if missing), after removing the ones dead processes left; the scratch directory
+ * goes, its mounts first, whatever happens. Every machine-wide cache builds through it.
+ */
+export async function inCacheScratch<T>(cacheDir: string, label: string, mode: number, build: (scratch: string) => Promise<T>): Promise<T> {
+  await mkdir(cacheDir, { recursive: true, mode });
   await sweepStaleBuilds(cacheDir);
-  const scratch = path.join(cacheDir, `.build-${path.basename(entry)}-${randomBytes(4).toString('hex')}`);
-  const store = new LayerStore({ root: scratch, unmountLingerMs: 0 });
+  const scratch = path.join(cacheDir, `.build-${label}-${randomBytes(4).toString('hex')}`);
+  await mkdir(scratch, { mode: 0o700 });
   try {
-    const info = await build(store);
-    await store.close();
-    await rename(path.join(scratch, 'blobs', info.digest.slice('sha256:'.length)), entry).catch(async (err: unknown) => {
-      if (!(await exists(path.join(entry, 'layer.json')))) throw err;
-    });
-    return await layers.adopt(entry, name);
+    return await build(scratch);
   } finally {
-    await store.close().catch(() => undefined);
+    for (const m of await mountsUnder(scratch).catch(() => [] as string[])) umount(m, MNT.DETACH);
     await rm(scratch, { recursive: true, force: true });
   }
 }

@@ -5,12 +5,13 @@
 // mtools, the partition table with sfdisk on the disk file, partitions written in with dd.
 // Built once per input into a machine-wide cache.
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, mkdtemp, open, readdir, readFile, rename, rm, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, open, readdir, readFile, rename, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
 import { runTool } from './erofs.js';
 import { mountsUnder, MNT, umount } from '../sys/linux.js';
+import { inCacheScratch } from './machine-cache.js';
 import { AGENT_PORTS } from '../backends/microvm/guest.js';
 
 /** Machine-wide cache of built VM disk images. */
@@ -87,9 +88,9 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
     progress(`vm image ${out} (cached)`);
     return out;
   }
-  await mkdir(cacheDir, { recursive: true, mode: 0o755 });
-  const work = await mkdtemp(path.join(cacheDir, '.build-'));
-  try {
+  // The scratch directory and its cleanup (also of builds a killed process left) are the
+  // machine cache's; the image keeps its own name in the cache, keyed by its inputs.
+  return inCacheScratch(cacheDir, 'vm', 0o755, async (work) => {
     const root = path.join(work, 'root');
     progress(`building the VM image (${packages.length} packages of ${suite}; minutes)`);
     await buildDebianTree(root, {
@@ -129,10 +130,7 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
     await rename(qcow, out);
     progress(`vm image ${out}`);
     return out;
-  } finally {
-    for (const m of await mountsUnder(work).catch(() => [] as string[])) umount(m, MNT.DETACH);
-    await rm(work, { recursive: true, force: true });
-  }
+  });
 }
 
 const MiB = 1024 * 1024;
@@ -249,47 +247,85 @@ async function exists(p: string): Promise<boolean> {
 
 /** Largest virtual size of an imported disk image. */
 export const MAX_IMPORT_VIRTUAL_BYTES = 256 * 1024 * MiB;
-/** Formats an imported disk may have. */
-const IMPORT_FORMATS = ['qcow2', 'raw'] as const;
 
 /** What {@link importDiskImage} found out about the file. */
 export interface DiskImageFacts {
-  format: (typeof IMPORT_FORMATS)[number];
+  /** Formats an imported disk may have. */
+  format: 'qcow2' | 'raw';
   virtualBytes: number;
+}
+
+/** Bytes of an upload read to tell its format (the qcow2 header's fixed part is 104). */
+const HEAD_BYTES = 512;
+/** Magic bytes of disk formats QEMU knows that may name other files (refused, never guessed). */
+const OTHER_FORMAT_MAGICS: readonly [string, number, Buffer][] = [
+  ['vmdk', 0, Buffer.from('KDMV', 'latin1')],
+  ['vmdk (descriptor)', 0, Buffer.from('# Disk DescriptorFile', 'latin1')],
+  ['vhdx', 0, Buffer.from('vhdxfile', 'latin1')],
+  ['vpc', 0, Buffer.from('conectix', 'latin1')],
+  ['qed', 0, Buffer.from('QED\0', 'latin1')],
+  ['vdi', 64, Buffer.from([0x7f, 0x10, 0xda, 0xbe])],
+];
+/** qcow2 v3 incompatible feature bit: the guest data lives in an external file. */
+const QCOW2_EXTERNAL_DATA_FILE = 1n << 2n;
+/**
+ * Limits of `qemu-img` on an uploaded image (prlimit): crafted headers with huge tables make it
+ * allocate gigabytes and spin for minutes (OSSA-2015-014). `info` only reads headers; `convert`
+ * copies up to 256 GiB, which needs more CPU time but no more memory.
+ */
+const QEMU_IMG_INFO_LIMITS = ['--as=1073741824', '--cpu=30'];
+const QEMU_IMG_CONVERT_LIMITS = ['--as=2147483648', '--cpu=1800'];
+
+/** The format of an upload from its first bytes: qcow2 by its magic, a refused format, else raw. */
+export function diskFormatOf(head: Buffer): { format: DiskImageFacts['format'] } | { refused: string } {
+  if (head.subarray(0, 4).equals(Buffer.from('QFI\xfb', 'latin1'))) {
+    if (head.length < 80) return { refused: 'a truncated qcow2 header' };
+    // Both would make QEMU open a host path the image names; refused before qemu-img reads it.
+    if (head.readBigUInt64BE(8) !== 0n) return { refused: 'a qcow2 image with a backing file (it would name a host path)' };
+    if (head.readUInt32BE(4) >= 3 && (head.readBigUInt64BE(72) & QCOW2_EXTERNAL_DATA_FILE) !== 0n)
+      return { refused: 'a qcow2 image with an external data file (it would name a host path)' };
+    return { format: 'qcow2' };
+  }
+  for (const [name, at, magic] of OTHER_FORMAT_MAGICS)
+    if (head.subarray(at, at + magic.length).equals(magic)) return { refused: `a ${name} image (only qcow2 or raw)` };
+  return { format: 'raw' };
 }
 
 /**
  * Validates an uploaded disk image (qcow2 or raw, size bounds, no backing or external data file:
  * either would make QEMU open a host path the image names) and converts it to a standalone qcow2
- * at `out`.
+ * at `out`. The format comes from the magic bytes and is passed to qemu-img as `-f`, so it never
+ * probes (a probed VMDK descriptor opens the files it names); qemu-img runs under prlimit.
  */
 export async function importDiskImage(file: string, out: string, signal?: AbortSignal): Promise<DiskImageFacts> {
   const bad = (why: string) => new DsecError('INVALID_ARGUMENT', `body: ${why}`, { field: 'body' });
-  // Read the qcow2 header first: qemu-img must never be asked to follow a backing file.
-  const head = Buffer.alloc(16);
+  const head = Buffer.alloc(HEAD_BYTES);
   const fh = await open(file, 'r');
+  let read: number;
   try {
-    await fh.read(head, 0, 16, 0);
+    ({ bytesRead: read } = await fh.read(head, 0, HEAD_BYTES, 0));
   } finally {
     await fh.close();
   }
-  if (head.subarray(0, 4).equals(Buffer.from('QFI\xfb', 'latin1')) && head.readBigUInt64BE(8) !== 0n)
-    throw bad('a qcow2 image with a backing file is refused (it would name a host path)');
-  const { stdout } = await runTool('qemu-img', ['info', '--output=json', file], signal);
+  const found = diskFormatOf(head.subarray(0, read));
+  if ('refused' in found) throw bad(`${found.refused} is refused`);
+  const { format } = found;
+  const { stdout } = await runTool('prlimit', [...QEMU_IMG_INFO_LIMITS, '--', 'qemu-img', 'info', '--output=json', '-f', format, file], signal).catch(
+    (err: unknown) => {
+      throw bad(`qemu-img cannot read it as ${format}: ${err instanceof Error ? err.message.slice(-300) : String(err)}`);
+    },
+  );
   const info = JSON.parse(stdout) as {
-    format?: string;
     'virtual-size'?: number;
     'backing-filename'?: string;
     'format-specific'?: { data?: { 'data-file'?: string } };
   };
-  const format = IMPORT_FORMATS.find((f) => f === info.format);
-  if (!format) throw bad(`disk image format ${info.format ?? 'unknown'} is not qcow2 or raw`);
   if (info['backing-filename'] !== undefined) throw bad('a qcow2 image with a backing file is refused (it would name a host path)');
   if (info['format-specific']?.data?.['data-file'] !== undefined) throw bad('a qcow2 image with an external data file is refused');
   const virtualBytes = info['virtual-size'] ?? 0;
   if (virtualBytes < MiB || virtualBytes > MAX_IMPORT_VIRTUAL_BYTES)
     throw bad(`the disk's virtual size ${virtualBytes} bytes is outside 1 MiB .. ${MAX_IMPORT_VIRTUAL_BYTES / (1024 * MiB)} GiB`);
-  await runTool('qemu-img', ['convert', '-f', format, '-O', 'qcow2', file, out], signal);
+  await runTool('prlimit', [...QEMU_IMG_CONVERT_LIMITS, '--', 'qemu-img', 'convert', '-f', format, '-O', 'qcow2', file, out], signal);
   return { format, virtualBytes };
 }
 

@@ -95,6 +95,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     this.pausing = {
       pause: (id) => this.pause(id),
       pauseToFile: (id) => this.pauseToFile(id),
+      inFile: (id) => this.vm(id).saved !== undefined,
       resume: (id) => this.resume(id),
       memory: (id) => o.cgroups.memory(id),
       // A VM paused to a file is as frozen as it gets: no QEMU runs.

@@ -262,7 +262,14 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
         ? new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true }))
         : undefined;
       abort?.catch(() => undefined);
-      await Promise.race([this.ready(req.id, vm, deadline), exited, ...(abort ? [abort] : [])]);
+      // The wait for the guest ends with the race: after QEMU's exit or an abort it must not go
+      // on reconnecting (and dropping connections) under an id that a retried create may reuse.
+      const stop = new AbortController();
+      try {
+        await Promise.race([this.ready(req.id, vm, deadline, stop.signal), exited, ...(abort ? [abort] : [])]);
+      } finally {
+        stop.abort();
+      }
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
@@ -286,10 +293,12 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
    * Waits until the guest answers and, with chronus, until its boot is over (`systemctl
    * is-system-running --wait`): chronus answers early in the boot (it needs nothing but its
    * ports), and a connection made then was seen to end or be reset before the boot did. A lost
-   * connection is made again until the deadline; the first command then runs on a settled guest.
+   * connection is made again until the deadline (or `stop`); the first command then runs on a
+   * settled guest.
    */
-  private async ready(id: string, vm: Vm, deadline: number): Promise<void> {
+  private async ready(id: string, vm: Vm, deadline: number, stop: AbortSignal): Promise<void> {
     for (;;) {
+      stop.throwIfAborted();
       try {
         const agent = await this.connect(id);
         await withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `create ${id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`);
@@ -299,7 +308,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
         await agent.release(exit.proc).catch(() => undefined);
         return;
       } catch (err) {
-        if (Date.now() >= deadline || !(err instanceof DsecError) || err.code !== 'UNAVAILABLE') throw err;
+        if (stop.aborted || Date.now() >= deadline || !(err instanceof DsecError) || err.code !== 'UNAVAILABLE') throw err;
         this.dropAgent(id);
         await new Promise((r) => setTimeout(r, 200));
       }
