@@ -307,7 +307,9 @@ export class SandboxPorts {
       });
       req.once('error', (err) => {
         relay.destroy();
-        reject(err instanceof DsecError ? err : new E2bError(502, `port ${t.port} of sandbox ${t.sandboxId}: ${err.message}`));
+        // Whatever ends the relay mid-request (nothing listens there, the relay exited while its
+        // input was written: EPIPE) is the port's failure, as E2B's proxy says it: 502.
+        reject(new E2bError(502, `port ${t.port} of sandbox ${t.sandboxId}: ${err.message}`));
       });
       c.req.raw.signal.addEventListener('abort', () => relay.destroy(), { once: true });
       if (body) Readable.fromWeb(body as never).pipe(req);
