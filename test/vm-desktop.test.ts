@@ -183,6 +183,14 @@ describe('the screen of a VM', () => {
     assert.deepEqual([view.width, view.height], [first.width, first.height]);
     assert.equal((await rfb(sb.id, ['dsec.v1', `dsec.ticket.${t.body.ticket}`])).status, 401, 'a ticket is single-use');
     assert.equal((await rfb(sb.id, ['dsec.v1'])).status, 401, 'no ticket, no view');
+
+    // Watching is not activity: the live view of a paused VM shows it without resuming it.
+    await sb.pause();
+    const t2 = await apiCall(tp.url, tp.adminKey, 'POST', '/v1/ws-tickets');
+    const pausedView = await rfb(sb.id, ['dsec.v1', `dsec.ticket.${t2.body.ticket}`]);
+    assert.deepEqual([pausedView.width, pausedView.height], [first.width, first.height]);
+    assert.equal((await sb.info()).state, 'paused', 'the live view does not resume a paused VM');
+    await sb.resume();
   });
 
   test("the dashboard's screen tab draws the VM's screen over RFB", async () => {

@@ -157,7 +157,13 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     // A store of one process: what a crash of the previous one cut short is settled against the
     // node before anything is served or charged. Replicas reconcile a node when its session opens.
     if (!store.shared) {
-      const reconciled = await reconcileAtStart({ store, nodes, log, toSandbox: (row) => services.lifecycle.toSandbox(row) });
+      const reconciled = await reconcileAtStart({
+        store,
+        nodes,
+        log,
+        toSandbox: (row) => services.lifecycle.toSandbox(row),
+        rowEvents: services.lifecycle.rowEvents,
+      });
       if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
     }
     await services.lifecycle.loadAllocations();

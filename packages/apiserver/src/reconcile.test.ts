@@ -13,7 +13,14 @@ describe('reconcile at start (fake node, real store)', () => {
   });
   after(async () => h.close());
 
-  const reconcile = () => reconcileAtStart({ store: h.store, nodes: h.services.nodes, log: () => undefined });
+  const reconcile = () =>
+    reconcileAtStart({
+      store: h.store,
+      nodes: h.services.nodes,
+      log: () => undefined,
+      toSandbox: (row) => h.services.lifecycle.toSandbox(row),
+      rowEvents: h.services.lifecycle.rowEvents,
+    });
   const create = async (labels: Record<string, string> = {}) => (await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' }, labels })).id;
   const used = async () => (await h.store.project(ROOT_PROJECT_ID))!.used_sandboxes;
 
@@ -48,8 +55,35 @@ describe('reconcile at start (fake node, real store)', () => {
     // What the log buffers is written before a crash (a process that starts has nothing buffered).
     await h.services.trajectory.flush();
 
+    const mark = h.raised.length;
     const report = await reconcile();
     const to = new Map(report.settled.map((s) => [s.id, s.to]));
+    // A live list (the dashboard's) follows the rows through their events, as the services raise them.
+    const rowEvents = new Map(
+      h.raised
+        .slice(mark)
+        .filter((e) => e.kind.startsWith('sandbox.'))
+        .map((e) => [
+          e.sandboxId,
+          [e.kind, e.data?.['state'], e.data?.['from']]
+            .filter((x) => x !== undefined)
+            .map(String)
+            .join(' '),
+        ]),
+    );
+    assert.deepEqual(
+      Object.fromEntries(rowEvents),
+      {
+        [creating!]: 'sandbox.deleted creating',
+        [stopping!]: 'sandbox.deleted stopping',
+        [pausing!]: 'sandbox.state-changed running pausing',
+        [resuming!]: 'sandbox.state-changed running resuming',
+        [vanished!]: 'sandbox.state-changed lost running',
+        [paused!]: 'sandbox.state-changed running paused',
+        [claimed!]: 'sandbox.created',
+      },
+      'every settled row but the pool member raises its event',
+    );
     assert.equal(to.get(creating!), 'deleted');
     assert.equal(to.get(stopping!), 'deleted');
     assert.equal(to.get(pausing!), 'running');
@@ -130,5 +164,17 @@ describe('reconcile at start (fake node, real store)', () => {
     await h.services.lifecycle.destroyRow((await store.sandboxOnly(standing))!);
     assert.equal((await h.services.sandboxes.create(h.admin, req, { idempotencyKey: 'stands' })).id, standing);
     await h.services.lifecycle.destroyRow((await store.sandboxOnly(other.id))!);
+  });
+
+  test('a pause or resume a crash cut short, settled when the allocations are loaded, raises its row event', async () => {
+    const [pausing, resuming] = [await create(), await create()];
+    await h.store.setSandboxState(pausing, 'pausing');
+    await h.edge.pause(pausing);
+    await h.store.setSandboxState(resuming, 'resuming');
+    const mark = h.raised.length;
+    await h.services.lifecycle.loadAllocations();
+    const events = h.raised.slice(mark).map((e) => `${e.sandboxId} ${e.kind} ${String(e.data?.['state'])} ${String(e.data?.['from'])}`);
+    assert.deepEqual(events.sort(), [`${pausing} sandbox.state-changed paused pausing`, `${resuming} sandbox.state-changed running resuming`].sort());
+    for (const id of [pausing, resuming]) await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(id))!);
   });
 });

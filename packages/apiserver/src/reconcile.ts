@@ -3,6 +3,7 @@
 // transitional state are driven to a final one against what their node reports, sandboxes on a
 // node with no row are destroyed, pending idempotency keys and open trajectories of gone
 // sandboxes are let go, and every project's usage is recomputed from the rows that remain.
+// Each row it settles raises its row event, as the services do, so live lists follow.
 import { DsecError } from '@dsec/protocol';
 import type { EdgeClient, EdgeSandbox, Sandbox, SandboxClaim } from '@dsec/protocol';
 import type { SandboxTable } from './db/schema.js';
@@ -11,6 +12,7 @@ import type { NodeRegistry } from './nodes.js';
 import { POOLED_STATE } from './pools.js';
 import { PAUSING, RESUMING } from './services/common.js';
 import type { StoredSpec } from './services/common.js';
+import type { SandboxRowEvents } from './services/sandbox-events.js';
 
 /** What {@link reconcileAtStart} works on. */
 export interface ReconcileDeps {
@@ -19,6 +21,8 @@ export interface ReconcileDeps {
   log: (line: string) => void;
   /** The API's view of a row: the first reply recorded on an idempotency key settled here. */
   toSandbox?: (row: SandboxTable & { labels: Record<string, string> }) => Sandbox;
+  /** Where the row events of the rows it settles go (the lifecycle's); none: not raised. */
+  rowEvents?: Pick<SandboxRowEvents, 'created' | 'stateChanged' | 'deleted'>;
 }
 
 /** One row the reconcile moved: from its state to `to` (`deleted`: the row is gone). */
@@ -78,6 +82,16 @@ async function destroyOnNode(client: EdgeClient, id: string): Promise<void> {
   } catch (err) {
     if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) throw err;
   }
+}
+
+/** Raises the row event of a row settled `to` (as {@link settleRow} names it); pool members raise none. */
+async function raiseSettled(d: ReconcileDeps, row: SandboxTable, to: string): Promise<void> {
+  if (!d.rowEvents || row.pool_id !== null) return;
+  if (to === 'deleted') return d.rowEvents.deleted(row, row.state);
+  if (to === 'lost' || to === 'running' || to === 'failed') return d.rowEvents.stateChanged(row, to, row.state);
+  // A pool claim cut short before its sandbox was announced: it is the caller's now.
+  const claimed = to === 'running (claim finished)' && d.toSandbox ? await d.store.sandbox(row.id) : undefined;
+  if (claimed && d.toSandbox) d.rowEvents.created(d.toSandbox(claimed), claimed.labels);
 }
 
 /**
@@ -150,13 +164,17 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
     if (!view) continue;
     try {
       const to = await settleRow(store, view.client, row, view.sandboxes.get(row.id));
-      if (to) report.settled.push({ id: row.id, from: row.state, to });
+      if (to) {
+        report.settled.push({ id: row.id, from: row.state, to });
+        await raiseSettled(d, row, to);
+      }
     } catch (err) {
       // The node refused (it will be retried by a delete): the row stays deletable.
       log(`dsec: reconcile: ${row.id} (${row.state}): ${(err as Error).message}`);
       if (!['failed', 'lost'].includes(row.state) && (await store.sandboxOnly(row.id))) {
         await store.setSandboxState(row.id, 'failed');
         report.settled.push({ id: row.id, from: row.state, to: 'failed' });
+        await raiseSettled(d, row, 'failed');
       }
     }
   }

@@ -80,16 +80,27 @@ export function createWsHandler(
         }
         throw err;
       });
+      // The client may go while it is authenticated and routed (seconds: a ticket is redeemed in
+      // the store, a VM resumed). Its 'close' has fired by then and ws never completes the
+      // upgrade, so what was taken for it is let go here, once the route resolves.
+      let gone = false;
+      socket.once('close', () => {
+        gone = true;
+      });
+      const isGone = (): boolean => gone || socket.destroyed;
       if (vnc) {
         principal
           .then(async (p) => ({ p, ...(await services.screens.connect(p, id)) }))
-          .then(({ p, sandboxId, stream }) => {
+          .then(({ p, sandboxId, stream, release }) => {
+            const end = (): void => {
+              release();
+              void stream.detach().catch(() => undefined);
+            };
+            if (isGone()) return end();
             audit?.(p, sandboxId, undefined, NO_EXIT, VNC_ROUTE_PATTERN);
-            socket.once('close', () => void stream.detach().catch(() => undefined));
-            wss.handleUpgrade(req, socket, head, (ws) => {
-              ws.once('close', services.activity.hold(sandboxId));
-              serveVnc(ws, stream, log);
-            });
+            socket.once('close', end);
+            // Watching is not activity (a dashboard never keeps a VM awake); the viewer's input is.
+            wss.handleUpgrade(req, socket, head, (ws) => serveVnc(ws, stream, log, () => void services.activity.touch(sandboxId)));
           })
           .catch((err: unknown) => reject(socket, err, log));
         return;
@@ -97,6 +108,7 @@ export function createWsHandler(
       principal
         .then(async (p) => ({ p, ...(await services.lifecycle.route(p, id)) }))
         .then(({ p, edge, row }) => {
+          if (isGone()) return;
           const onStart = audit
             ? (cmd: RunningCommand, spec: { argv?: string[] | undefined; cmd?: string | undefined }) => audit(p, row.id, spec, cmd)
             : undefined;

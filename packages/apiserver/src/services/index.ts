@@ -182,6 +182,6 @@ export function createServices(deps: ServiceDeps): Services {
     nodeAdmin: new NodeService({ store, nodes, placement, lifecycle, trajectories, sinks }),
     endpointTokens: new EndpointTokenService(store, deps.auth),
     swerex: new SwerexService({ lifecycle, commands, files, slots }, deps.auth),
-    screens: new ScreenService(lifecycle),
+    screens: new ScreenService(lifecycle, slots),
   };
 }

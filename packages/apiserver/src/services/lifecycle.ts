@@ -85,7 +85,7 @@ export class LifecycleService {
 
   /**
    * Rebuilds node allocations from the stored sandboxes (after a restart). A pause or resume
-   * that a crash interrupted is settled by what the node reports.
+   * that a crash interrupted is settled by what the node reports (and raises its row event).
    */
   async loadAllocations(): Promise<void> {
     const onNodes = new Map<string, string>();
@@ -93,7 +93,9 @@ export class LifecycleService {
     for (const row of await this.d.store.allSandboxes()) {
       if (row.state === PAUSING || row.state === RESUMING) {
         const actual = onNodes.get(row.id) === 'paused' ? 'paused' : 'running';
-        await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {});
+        if (await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {})) {
+          if (row.pool_id === null) this.rowEvents.stateChanged(row, actual, row.state);
+        }
         row.state = actual;
       }
       // A lost sandbox holds nothing on its node (every path that marks one lost released it).
