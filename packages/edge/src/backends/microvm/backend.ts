@@ -290,20 +290,11 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
    */
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
-    const agent = await this.connect(id);
-    const script = guestNetScript('eth0', link);
-    const att = await agent.spawn({ argv: ['/.dsec/busybox', 'sh', '-c', script] });
-    const exit = await att.exited;
-    await agent.release(exit.proc).catch(() => undefined);
-    if (exit.exitCode !== 0)
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
+    await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link)]);
   }
 
-  async pause(id: string): Promise<BackendPauseResult> {
-    const before = await this.o.cgroups.memory(id);
-    await this.qmp(id).execute('stop');
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  pause(id: string): Promise<BackendPauseResult> {
+    return this.runState(id, 'stop');
   }
 
   /**

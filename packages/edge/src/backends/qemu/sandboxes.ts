@@ -5,7 +5,7 @@ import type { ChildProcess } from 'node:child_process';
 import { readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { DsecError } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
-import type { BackendSandbox, GarbageFacet, GarbageOptions, GarbageReport, SandboxAgent } from '../../backend.js';
+import type { BackendPauseResult, BackendSandbox, GarbageFacet, GarbageOptions, GarbageReport, SandboxAgent } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
@@ -139,6 +139,24 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     const q = this.vm(id).qmp;
     if (!q?.connected) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id}: its QEMU does not answer`, { sandboxId: id });
     return q;
+  }
+
+  /** QMP `stop` (vCPUs stopped, memory kept) or `cont`, with the cgroup's memory around it. */
+  protected async runState(id: string, command: 'stop' | 'cont'): Promise<BackendPauseResult> {
+    const before = await this.q.cgroups.memory(id);
+    await this.qmp(id).execute(command);
+    const after = await this.q.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /** Runs the guest's network set-up (`argv`, through chronus) once the node's link is in the VM's namespace. */
+  protected async configureGuestNetwork(id: string, argv: string[]): Promise<void> {
+    const agent = await this.connect(id);
+    const att = await agent.spawn({ argv });
+    const exit = await att.exited;
+    await agent.release(exit.proc).catch(() => undefined);
+    if (exit.exitCode !== 0)
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
   }
 
   /** The guest console's last lines (a failed boot's reason), read from QEMU's ring buffer. */

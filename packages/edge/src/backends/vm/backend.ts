@@ -329,27 +329,16 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   /** The node's link is in the VM's namespace: the guest takes over its address on its first ethernet interface. */
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
-    const agent = await this.connect(id);
     const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link)}`;
-    const att = await agent.spawn({ argv: ['/bin/sh', '-c', script] });
-    const exit = await att.exited;
-    await agent.release(exit.proc).catch(() => undefined);
-    if (exit.exitCode !== 0)
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: configuring the guest's network failed (exit ${exit.exitCode ?? exit.signal})`, { sandboxId: id });
+    await this.configureGuestNetwork(id, ['/bin/sh', '-c', script]);
   }
 
-  async pause(id: string): Promise<BackendPauseResult> {
-    const before = await this.o.cgroups.memory(id);
-    await this.qmp(id).execute('stop');
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  pause(id: string): Promise<BackendPauseResult> {
+    return this.runState(id, 'stop');
   }
 
-  async resume(id: string): Promise<BackendResumeResult> {
-    const before = await this.o.cgroups.memory(id);
-    await this.qmp(id).execute('cont');
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  resume(id: string): Promise<BackendResumeResult> {
+    return this.runState(id, 'cont');
   }
 
   async stats(id: string): Promise<SandboxStats> {
