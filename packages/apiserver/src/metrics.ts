@@ -1,9 +1,9 @@
 // Prometheus text-format metrics of the API, the control plane, the node and the watcher.
-import { readFile } from 'node:fs/promises';
 import os from 'node:os';
 import { SandboxStateSchema } from '@dsec/protocol';
 import { DENIAL_KINDS } from '@dsec/watcher';
 import type { AdmissionQueue } from './admission.js';
+import { CPU_MODES, readMachineUse } from './machine-use.js';
 import type { NodeRegistry } from './nodes.js';
 import type { PlatformCounters } from './services/common.js';
 import type { WatchService } from './watch.js';
@@ -11,8 +11,6 @@ import type { WatchService } from './watch.js';
 const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 /** Buckets of the exec latency histogram (a `true` takes about a millisecond). */
 const EXEC_BUCKETS_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 60_000];
-/** USER_HZ: the unit of /proc/stat. */
-const CLOCK_TICKS_PER_SECOND = 100;
 
 /** What the control plane's metrics are read from. */
 export interface ControlPlaneGauges {
@@ -153,21 +151,14 @@ export class Metrics {
 /** CPU time and memory of the machine, from /proc (the node in the single-node form). */
 async function nodeMetrics(node: string): Promise<string[]> {
   const out: string[] = [];
-  const stat = await readFile('/proc/stat', 'utf8').catch(() => '');
-  const cpu = /^cpu\s+(.*)$/m.exec(stat)?.[1]?.trim().split(/\s+/).map(Number);
-  if (cpu) {
-    const modes = ['user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal'];
+  const use = await readMachineUse();
+  if (use.cpuSeconds.length > 0) {
     out.push('# HELP dsec_node_cpu_seconds_total CPU time of the node by mode.', '# TYPE dsec_node_cpu_seconds_total counter');
-    modes.forEach((m, i) => out.push(`dsec_node_cpu_seconds_total{node="${node}",mode="${m}"} ${((cpu[i] ?? 0) / CLOCK_TICKS_PER_SECOND).toFixed(2)}`));
+    CPU_MODES.forEach((m, i) => out.push(`dsec_node_cpu_seconds_total{node="${node}",mode="${m}"} ${(use.cpuSeconds[i] ?? 0).toFixed(2)}`));
   }
   out.push('# TYPE dsec_node_cpus gauge', `dsec_node_cpus{node="${node}"} ${os.cpus().length}`);
   out.push('# TYPE dsec_node_load1 gauge', `dsec_node_load1{node="${node}"} ${os.loadavg()[0]!.toFixed(2)}`);
-  const mem = await readFile('/proc/meminfo', 'utf8').catch(() => '');
-  const kib = (name: string): number | undefined => {
-    const m = new RegExp(`^${name}:\\s+(\\d+) kB$`, 'm').exec(mem);
-    return m ? Number(m[1]) * 1024 : undefined;
-  };
-  out.push('# TYPE dsec_node_memory_total_bytes gauge', `dsec_node_memory_total_bytes{node="${node}"} ${kib('MemTotal') ?? os.totalmem()}`);
-  out.push('# TYPE dsec_node_memory_available_bytes gauge', `dsec_node_memory_available_bytes{node="${node}"} ${kib('MemAvailable') ?? os.freemem()}`);
+  out.push('# TYPE dsec_node_memory_total_bytes gauge', `dsec_node_memory_total_bytes{node="${node}"} ${use.memoryTotalBytes}`);
+  out.push('# TYPE dsec_node_memory_available_bytes gauge', `dsec_node_memory_available_bytes{node="${node}"} ${use.memoryAvailableBytes}`);
   return out;
 }

@@ -497,3 +497,13 @@ export type { ScreenAction, ScreenCapture, ScreenInputRequest, ScreenInputResult
 export { keyQcode, parseKeyChord, textChords } from './screen-keys.js';
 export type { KeyChord } from './screen-keys.js';
 export type { EdgeScreen } from './edge-client.js';
+export {
+  DEFAULT_USAGE_STREAM_INTERVAL_MS,
+  MAX_USAGE_STREAM_INTERVAL_MS,
+  MIN_USAGE_STREAM_INTERVAL_MS,
+  NodeUsageSampleSchema,
+  NodeUsageSchema,
+  SandboxStatsSampleSchema,
+  UsageStreamQuerySchema,
+} from './usage-stream.js';
+export type { NodeUsage, NodeUsageSample, SandboxStatsSample, UsageStreamQuery } from './usage-stream.js';

@@ -23,6 +23,24 @@ export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => vo
 }
 
 /**
+ * A stream of samples that runs until its reader leaves (or the request is aborted): `open`
+ * gets a signal that aborts then, and refuses (throws) before anything is sent.
+ */
+export async function usageStreamResponse(
+  request: AbortSignal,
+  open: (signal: AbortSignal) => Promise<AsyncIterable<object>> | AsyncIterable<object>,
+): Promise<Response> {
+  const ctl = new AbortController();
+  const stop = (): void => ctl.abort();
+  request.addEventListener('abort', stop, { once: true });
+  const samples = await open(ctl.signal);
+  return ndjsonResponse(samples, () => {
+    request.removeEventListener('abort', stop);
+    stop();
+  });
+}
+
+/**
  * An exec's events as a binary frame stream (`application/vnd.dsec.exec-frames`): output bytes
  * as they are. Pulled one event at a time, like the ndjson form.
  */

@@ -137,3 +137,17 @@ export async function specOf(store: StateStore, row: SandboxTable): Promise<Traj
 export function sandboxNotFound(id: string): DsecError {
   return new DsecError('SANDBOX_NOT_FOUND', `sandbox ${id} not found`, { sandboxId: id });
 }
+
+/** Waits `ms`, or less when `signal` aborts (never rejects). */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const done = (): void => {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}

@@ -2,17 +2,19 @@
 // what happens to their sandboxes when a node comes back (reconcile) or is lost (marked lost,
 // and recreated elsewhere from their trajectories when their recovery says `replay`).
 import { DsecError } from '@dsec/protocol';
-import type { DrainResult, JoinToken, JoinTokenRequest, LayerCacheStats, NodeDetail, RaisedEvent } from '@dsec/protocol';
+import type { DrainResult, JoinToken, JoinTokenRequest, LayerCacheStats, NodeDetail, NodeUsageSample, RaisedEvent } from '@dsec/protocol';
 import { requireRole, tenantOfAncestry } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { NodeStore } from '../cluster/node-store.js';
 import type { SandboxTable } from '../db/schema.js';
 import { ROOT_PROJECT_ID } from '../db/store.js';
 import type { StateStore } from '../db/store.js';
+import { cpuPercentBetween, readMachineUse } from '../machine-use.js';
+import type { MachineUse } from '../machine-use.js';
 import type { NodeEntry, NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
 import type { ServiceSinks, StoredSpec } from './common.js';
-import { PAUSING, RESUMING } from './common.js';
+import { PAUSING, RESUMING, abortableSleep } from './common.js';
 import type { LifecycleService } from './lifecycle.js';
 import type { TrajectoryService } from './trajectories.js';
 
@@ -56,6 +58,47 @@ export class NodeService {
     const out: NodeDetail[] = [];
     for (const n of this.d.nodes.all()) out.push(await this.detail(n));
     return out;
+  }
+
+  /**
+   * The nodes' allocation and use, one sample now and one every `intervalMs` until `signal`
+   * aborts (viewer): what the dashboard's overview shows, pushed instead of polled. Read from
+   * memory (the registry and its usage reports) and, for the in-process node, from /proc: no
+   * store read per sample.
+   */
+  usageStream(p: Principal, intervalMs: number, signal: AbortSignal): AsyncGenerator<NodeUsageSample> {
+    requireRole(p, 'viewer');
+    return this.usageSamples(intervalMs, signal);
+  }
+
+  private async *usageSamples(intervalMs: number, signal: AbortSignal): AsyncGenerator<NodeUsageSample> {
+    let before: MachineUse | undefined;
+    while (!signal.aborted) {
+      const machine = this.d.nodes.all().some((n) => !n.remote) ? await readMachineUse() : undefined;
+      yield {
+        at: new Date().toISOString(),
+        items: this.d.nodes.all().map((n) => ({
+          name: n.name,
+          healthy: n.healthy,
+          state: n.state,
+          cordoned: n.cordoned === true,
+          capacity: { cpu: n.capacity.cpu, memoryMiB: n.capacity.memoryMiB, sandboxes: n.capacity.sandboxes },
+          allocatable: this.d.placement.allocatable(n),
+          allocated: { ...n.allocated },
+          used: n.usage ? { cpu: n.usage.cpu, memoryMiB: n.usage.memoryMiB, sandboxes: n.usage.sandboxes } : null,
+          machine:
+            !n.remote && machine
+              ? {
+                  cpuPercent: before ? cpuPercentBetween(before, machine) : 0,
+                  memoryUsedBytes: machine.memoryTotalBytes - machine.memoryAvailableBytes,
+                  memoryTotalBytes: machine.memoryTotalBytes,
+                }
+              : null,
+        })),
+      };
+      before = machine;
+      await abortableSleep(intervalMs, signal);
+    }
   }
 
   /** One node in full (admin of the root project). */

@@ -2,6 +2,7 @@
 // (lease, owner), stats. The create path itself is the CreatePipeline's.
 import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE, forEachBounded } from '@dsec/protocol';
 import type {
+  SandboxStatsSample,
   BatchItemResult,
   CreateSandboxBatchRequest,
   CreateSandboxBatchResult,
@@ -23,6 +24,7 @@ import type { IdempotencyKeys } from '../idempotency.js';
 import { leaseOf, mergeLease, renewSpanMs } from '../leases.js';
 import type { NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
+import { abortableSleep } from './common.js';
 import type { ServiceSinks } from './common.js';
 import { capacityError, placementOf, reservationOf } from './create-pipeline.js';
 import type { CreateItem, CreatePipeline, Ticket } from './create-pipeline.js';
@@ -321,6 +323,32 @@ export class SandboxService {
     await this.d.store.updateSandbox(row.id, set);
     if (req.owner && row.state === 'paused' && OWNER_GONE_REASONS.includes(row.pause_reason ?? '')) await this.d.lifecycle.resumeRow(row, 'owner-reattached');
     return this.get(p, row.id);
+  }
+
+  /**
+   * GET /v1/sandboxes/{id}/stats as a stream: the stats now and every `intervalMs` until `signal`
+   * aborts (viewer). The sandbox is routed again for each sample (it may be deleted, or its node
+   * lost); a failure ends the stream with one line naming its error code.
+   */
+  async statsStream(p: Principal, id: string, intervalMs: number, signal: AbortSignal): Promise<AsyncGenerator<SandboxStatsSample>> {
+    // Refused (404, 403) before the stream starts, as a plain GET would be.
+    await this.d.lifecycle.route(p, id, 'viewer', { paused: 'allow' });
+    return this.statsSamples(p, id, intervalMs, signal);
+  }
+
+  private async *statsSamples(p: Principal, id: string, intervalMs: number, signal: AbortSignal): AsyncGenerator<SandboxStatsSample> {
+    while (!signal.aborted) {
+      const at = new Date().toISOString();
+      try {
+        yield { at, stats: await this.stats(p, id) };
+      } catch (err) {
+        if (signal.aborted) return;
+        const e = err instanceof DsecError ? err : new DsecError('INTERNAL', 'stats could not be read');
+        yield { at, error: { code: e.code, message: e.message } };
+        return;
+      }
+      await abortableSleep(intervalMs, signal);
+    }
   }
 
   /** GET /v1/sandboxes/{id}/stats: read on the host, so a paused sandbox is measured as it is. */

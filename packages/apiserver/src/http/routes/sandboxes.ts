@@ -1,5 +1,5 @@
 // /v1/sandboxes: create (one, or a batch as JSON or ndjson), read, list, update, destroy,
-// pause, resume, stats.
+// pause, resume, stats (once, or as a stream).
 import { createMiddleware } from 'hono/factory';
 import {
   CreateSandboxBatchRequestSchema,
@@ -11,6 +11,8 @@ import {
   PauseRequestSchema,
   SandboxRequestSchema,
   UpdateSandboxRequestSchema,
+  UsageStreamQuerySchema,
+  DEFAULT_USAGE_STREAM_INTERVAL_MS,
   parseOrThrow,
 } from '@dsec/protocol';
 import type { BatchEvent, CreateSandboxBatchRequest, CreateSandboxBatchResult } from '@dsec/protocol';
@@ -20,8 +22,8 @@ import { refuseReservedLabels } from '../../e2b/sandboxes.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { toDsecError } from '../errors.js';
-import { ndjsonResponse } from '../streams.js';
-import { jsonBody, query, wantsNdjson } from '../validate.js';
+import { ndjsonResponse, usageStreamResponse } from '../streams.js';
+import { jsonBody, query, queryObject, wantsNdjson } from '../validate.js';
 
 /** The `Idempotency-Key` header, validated when sent; read as `c.get('idempotencyKey')`. */
 const idempotencyKey = createMiddleware<{ Variables: { idempotencyKey: string | undefined } }>(async (c, next) => {
@@ -82,7 +84,13 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
       .post('/sandboxes/:id/resume', jsonBody(ResumeRequestSchema), async (c) =>
         c.json(await lifecycle.resume(c.get('principal'), c.req.param('id'), c.get('body'))),
       )
-      .get('/sandboxes/:id/stats', async (c) => c.json(await sandboxes.stats(c.get('principal'), c.req.param('id'))))
+      .get('/sandboxes/:id/stats', async (c) => {
+        if (!wantsNdjson(c)) return c.json(await sandboxes.stats(c.get('principal'), c.req.param('id')));
+        const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
+        return usageStreamResponse(c.req.raw.signal, (signal) =>
+          sandboxes.statsStream(c.get('principal'), c.req.param('id'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
+        );
+      })
   );
 }
 

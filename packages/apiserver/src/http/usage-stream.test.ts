@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import type { NodeUsageSample, SandboxStatsSample } from '@dsec/protocol';
+import { Metrics } from '../metrics.js';
+import { harness } from '../testing/harness.js';
+import type { Harness } from '../testing/harness.js';
+import { createApp } from './app.js';
+
+/** Reads ndjson lines from a response body as they come. */
+function lines(res: Response): AsyncGenerator {
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let buf = '';
+  return (async function* () {
+    try {
+      for (;;) {
+        let nl = buf.indexOf('\n');
+        while (nl >= 0) {
+          yield JSON.parse(buf.slice(0, nl)) as unknown;
+          buf = buf.slice(nl + 1);
+          nl = buf.indexOf('\n');
+        }
+        const { done, value } = await reader.read();
+        if (done) return;
+        buf += decoder.decode(value, { stream: true });
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
+  })();
+}
+
+async function next<T>(it: AsyncGenerator): Promise<T | undefined> {
+  const r = await it.next();
+  return r.done ? undefined : (r.value as T);
+}
+
+describe('usage streams: GET /v1/nodes and /v1/sandboxes/{id}/stats as ndjson (fake node, real store)', () => {
+  let h: Harness;
+  let app: ReturnType<typeof createApp>;
+  before(async () => {
+    h = await harness();
+    app = createApp(h.services, new Metrics(h.services), () => undefined);
+  });
+  after(async () => h.close());
+
+  const get = (path: string, ndjson = true, key = h.adminKey) =>
+    app.request(path, { headers: { authorization: `Bearer ${key}`, ...(ndjson ? { accept: 'application/x-ndjson' } : {}) } });
+
+  test('the node stream sends a sample at once and then one per interval, with allocation and the machine', async () => {
+    const res = await get('/v1/nodes?intervalMs=500');
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type') ?? '', /application\/x-ndjson/);
+    const it = lines(res);
+    const first = await next<NodeUsageSample>(it);
+    const second = await next<NodeUsageSample>(it);
+    await it.return(undefined);
+    assert.ok(first && second);
+    assert.ok(Date.parse(second.at) - Date.parse(first.at) >= 400, 'samples come an interval apart');
+    const node = second.items.find((n) => n.name === h.edge.nodeName);
+    assert.ok(node, 'the node is in the sample');
+    assert.equal(node.state, 'ready');
+    assert.equal(typeof node.allocated.sandboxes, 'number');
+    assert.ok(node.capacity.cpu > 0);
+    assert.ok(node.machine, 'the in-process node carries the machine use');
+    assert.ok(node.machine.memoryTotalBytes > 0 && node.machine.memoryUsedBytes > 0);
+    assert.ok(node.machine.cpuPercent >= 0 && node.machine.cpuPercent <= 100);
+    // The plain list is unchanged.
+    const plain = await get('/v1/nodes', false);
+    assert.equal(plain.status, 200);
+    assert.ok(((await plain.json()) as { items: unknown[] }).items.length >= 1);
+  });
+
+  test('an interval out of bounds is 400 naming query.intervalMs; no key is 401', async () => {
+    for (const bad of ['100', '60001', 'x']) {
+      const res = await get(`/v1/nodes?intervalMs=${bad}`);
+      assert.equal(res.status, 400);
+      assert.equal(((await res.json()) as { error: { field: string } }).error.field, 'query.intervalMs');
+    }
+    const unknown = await get('/v1/nodes?every=1');
+    assert.equal(unknown.status, 400);
+    assert.equal((await app.request('/v1/nodes', { headers: { accept: 'application/x-ndjson' } })).status, 401);
+  });
+
+  test("a sandbox's stats stream: samples until the reader leaves; a deleted sandbox ends it with its error", async () => {
+    const sb = await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } });
+    let reads = 0;
+    const stats = h.edge.stats.bind(h.edge);
+    h.edge.stats = async (id, opts) => {
+      reads++;
+      return stats(id, opts);
+    };
+    const res = await get(`/v1/sandboxes/${sb.id}/stats?intervalMs=500`);
+    assert.equal(res.status, 200);
+    const it = lines(res);
+    const a = await next<SandboxStatsSample>(it);
+    const b = await next<SandboxStatsSample>(it);
+    assert.ok(a?.stats && b?.stats, 'two samples with stats');
+    assert.equal(typeof a.stats.memoryBytes, 'number');
+    // A reader that leaves stops the reads on the node.
+    await it.return(undefined);
+    await new Promise((r) => setTimeout(r, 300));
+    const after = reads;
+    await new Promise((r) => setTimeout(r, 1200));
+    assert.equal(reads, after, 'no more reads once the reader left');
+
+    const res2 = await get(`/v1/sandboxes/${sb.id}/stats?intervalMs=500`);
+    const it2 = lines(res2);
+    assert.ok((await next<SandboxStatsSample>(it2))?.stats);
+    await h.services.lifecycle.destroy(h.admin, sb.id);
+    const end = await next<SandboxStatsSample>(it2);
+    assert.equal(end?.error?.code, 'SANDBOX_NOT_FOUND');
+    assert.equal(await next(it2), undefined, 'the stream ends after its error');
+  });
+
+  test('a stats stream of an unknown sandbox is refused before it starts (404)', async () => {
+    const res = await get('/v1/sandboxes/sb-doesnotexist00/stats');
+    assert.equal(res.status, 404);
+  });
+});
