@@ -150,6 +150,31 @@ describe('dashboard', () => {
       assert.equal(await page.evaluate('sessionStorage.getItem("dsec.apiKey")'), platform.adminKey);
       assert.ok(!page.url().includes(platform.adminKey));
       await page.getByTestId('nodes').locator('tbody tr').first().waitFor();
+      // Every GET the page makes from here on (path, and whether it asked for a stream).
+      const gets: string[] = [];
+      page.on('request', (r) => {
+        if (r.method() === 'GET') gets.push(`${new URL(r.url()).pathname}${(r.headers().accept ?? '').includes('ndjson') ? ' (stream)' : ''}`);
+      });
+
+      // Node use is pushed by the node usage stream: a sandbox made through the API shows in the
+      // node's allocation and goes again when deleted, without a reload and without any request.
+      const nodeRow = page.getByTestId('nodes').locator('tbody tr').first();
+      const allocated = async (): Promise<number> => Number(/^(\d+) \//.exec(await nodeRow.locator('td').nth(5).innerText())?.[1] ?? NaN);
+      const untilAllocated = async (n: number): Promise<void> => {
+        for (const deadline = Date.now() + 15_000; (await allocated()) !== n; await page.waitForTimeout(100)) {
+          assert.ok(Date.now() < deadline, `the node shows ${n} sandboxes (shows ${await allocated()})`);
+        }
+      };
+      const held = await allocated();
+      assert.ok(Number.isInteger(held), await nodeRow.innerText());
+      const extra = await call('POST', '/v1/sandboxes', platform.adminKey, { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } });
+      assert.equal(extra.status, 201, JSON.stringify(extra.body));
+      await untilAllocated(held + 1);
+      assert.equal((await call('DELETE', `/v1/sandboxes/${extra.body.id}`, platform.adminKey)).status, 204);
+      await untilAllocated(held);
+      assert.match(await nodeRow.locator('td').nth(7).innerText(), /^\d+%$/, 'the machine CPU comes on the stream');
+      assert.equal(gets.length, 0, `the overview read nothing more (no /metrics, no node list): ${gets.join(' ')}`);
+
       // Every read of the sandbox list the page makes (it reads it once per filter, then follows events).
       const listReads: string[] = [];
       page.on('request', (r) => {
@@ -216,7 +241,23 @@ describe('dashboard', () => {
       await page.getByTestId('sandbox-labels').waitFor();
       assert.ok((await page.getByTestId('sandbox-labels').innerText()).includes(HOSTILE));
       await page.getByTestId('chart-memory').waitFor();
-      await page.waitForTimeout(2500);
+      // The charts follow the sandbox's stats stream: processes started through the API show in
+      // the page without a reload, on the one stream the page opened.
+      const pidsNow = async (): Promise<number> => Number(/pids (\d+)/.exec(await page.getByTestId('stats-now').innerText())?.[1] ?? NaN);
+      for (const deadline = Date.now() + 15_000; !Number.isInteger(await pidsNow()); await page.waitForTimeout(100)) {
+        assert.ok(Date.now() < deadline, 'a first stats sample is shown');
+      }
+      const pidsBefore = await pidsNow();
+      const bg = await call('POST', `/v1/sandboxes/${id}/exec`, platform.adminKey, {
+        cmd: 'for i in 1 2 3; do sleep 60 </dev/null >/dev/null 2>&1 & done',
+      });
+      assert.equal(bg.status, 200, JSON.stringify(bg.body));
+      for (const deadline = Date.now() + 15_000; (await pidsNow()) < pidsBefore + 3; await page.waitForTimeout(100)) {
+        assert.ok(Date.now() < deadline, `the page shows the new processes (pids ${await pidsNow()}, before ${pidsBefore})`);
+      }
+      const statsReads = gets.filter((g) => g.startsWith(`/v1/sandboxes/${id}/stats`));
+      assert.deepEqual(statsReads, [`/v1/sandboxes/${id}/stats (stream)`], 'one stats stream, no polling');
+      assert.ok(!gets.includes('/metrics'));
       await shot(page, 'sandbox');
 
       // Terminal: a PTY shell over the exec WebSocket.

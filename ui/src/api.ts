@@ -104,6 +104,29 @@ export async function ndjson<T>(method: string, path: string, body: unknown, onI
   });
 }
 
+/**
+ * A usage stream (GET with `Accept: application/x-ndjson`, the key in the header): each line to
+ * `onItem` as the server pushes it. A dropped stream is opened again after 2 s; a refusal (4xx)
+ * ends it with the error. `onState` says when the stream is up or down.
+ */
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- the caller names the line type it expects
+export async function followNdjson<T>(path: string, onItem: (item: T) => void, signal: AbortSignal, onState?: (live: boolean) => void): Promise<void> {
+  while (!signal.aborted) {
+    try {
+      const res = await request('GET', path, undefined, { accept: 'application/x-ndjson' }, signal);
+      onState?.(true);
+      await readLines(res, (line) => {
+        if (line.trim()) onItem(JSON.parse(line) as T);
+      });
+    } catch (err) {
+      if (signal.aborted) return;
+      if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) throw err;
+    }
+    onState?.(false);
+    await new Promise((r) => setTimeout(r, 2000));
+  }
+}
+
 /** An event of GET /v1/events. */
 export interface DsecEvent {
   id: string;

@@ -1,66 +1,41 @@
 // The pages other than a sandbox's own (sandbox.tsx): overview, sandboxes, projects and usage,
 // keys, pools, layers, events and audit. The overview and the sandboxes follow the event stream
-// (live.ts); the other lists poll.
+// (live.ts) and the node usage stream; the other lists poll.
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
-import { api, followEvents, get, ndjson, request, withQuery } from './api.js';
+import { api, followEvents, followNdjson, get, ndjson, request, withQuery } from './api.js';
 import type { DsecEvent } from './api.js';
 import { useLiveSandboxes } from './live.js';
 
-interface NodeRow {
+/** A node in a line of the node usage stream (GET /v1/nodes, ndjson). */
+interface NodeUsage {
   name: string;
   healthy: boolean;
   backends: string[];
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocatable: { cpu: number; memoryMiB: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
-}
-
-/** Values of one metric family from the Prometheus text, by its label set. */
-function metric(text: string, name: string): Array<{ labels: Record<string, string>; value: number }> {
-  const out: Array<{ labels: Record<string, string>; value: number }> = [];
-  for (const line of text.split('\n')) {
-    if (!line.startsWith(name)) continue;
-    const m = /^([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    const labels: Record<string, string> = {};
-    for (const kv of (m[2] ?? '').split(',')) {
-      const p = /^([a-z_]+)="(.*)"$/.exec(kv);
-      if (p) labels[p[1]!] = p[2]!;
-    }
-    out.push({ labels, value: Number(m[3]) });
-  }
-  return out;
+  used: { cpu: number; memoryMiB: number; sandboxes: number } | null;
+  machine: { cpuPercent: number; memoryUsedBytes: number; memoryTotalBytes: number } | null;
 }
 
 const HISTORY = 60;
 
-/** How often machine CPU and memory are read from /metrics (no stream carries them yet). */
-const MACHINE_USE_MS = 10_000;
-/** Node allocations are read again at most this often, and only after a sandbox event. */
-const NODES_AFTER_EVENT_MS = 1000;
+/** Interval of the node usage stream (ms). */
+const NODE_USAGE_MS = 2000;
 
 /**
  * Overview: nodes (allocated and used), sandboxes by state and backend, creates per second. The
- * counts and allocations follow the sandbox events; machine use is read from /metrics slowly.
+ * counts follow the sandbox events; the nodes' allocation and use come on the node usage stream
+ * (GET /v1/nodes as ndjson): nothing here polls.
  */
 export function Overview() {
   const [series, setSeries] = useState<number[][]>([[], []]);
-  const [used, setUsed] = useState<Record<string, { cpu: number; memUsed: number; memTotal: number }>>({});
-  const prev = useRef<{ cpu: Record<string, { busy: number; total: number }> } | null>(null);
   const creates = useRef(0);
-  const [nodesDue, setNodesDue] = useState(0);
-  const nodesTimer = useRef<ReturnType<typeof setTimeout> | undefined>(undefined);
-  // A sandbox event changes what nodes hold: their allocations are read again (once per burst).
   const sandboxes = useLiveSandboxes({ labels: [] }, (ev) => {
     if (ev.kind === 'sandbox.created') creates.current++;
-    nodesTimer.current ??= setTimeout(() => {
-      nodesTimer.current = undefined;
-      setNodesDue((n) => n + 1);
-    }, NODES_AFTER_EVENT_MS);
   });
-  useEffect(() => () => clearTimeout(nodesTimer.current), []);
-  const nodes = usePoll(async () => (await get<{ items: NodeRow[] }>('/v1/nodes')).items, 0, [nodesDue]);
+  const nodes = useNodeUsage();
   // Creates per second, counted from the events (a local clock, no request).
   useEffect(() => {
     const timer = setInterval(() => {
@@ -71,32 +46,6 @@ export function Overview() {
     }, 1000);
     return () => clearInterval(timer);
   }, []);
-  // Machine use from /metrics (no key needed, nothing tenant-specific).
-  usePoll(async () => {
-    const text = await (await fetch('/metrics', { cache: 'no-store', credentials: 'omit' })).text();
-    const cpu: Record<string, { busy: number; total: number }> = {};
-    for (const s of metric(text, 'dsec_node_cpu_seconds_total')) {
-      const n = (cpu[s.labels.node ?? ''] ??= { busy: 0, total: 0 });
-      n.total += s.value;
-      if (s.labels.mode !== 'idle' && s.labels.mode !== 'iowait') n.busy += s.value;
-    }
-    const mem: Record<string, { total: number; available: number }> = {};
-    for (const s of metric(text, 'dsec_node_memory_total_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).total = s.value;
-    for (const s of metric(text, 'dsec_node_memory_available_bytes')) (mem[s.labels.node ?? ''] ??= { total: 0, available: 0 }).available = s.value;
-    const p = prev.current;
-    const u: Record<string, { cpu: number; memUsed: number; memTotal: number }> = {};
-    for (const [node, c] of Object.entries(cpu)) {
-      const before = p?.cpu[node];
-      const dt = before ? c.total - before.total : 0;
-      u[node] = {
-        cpu: dt > 0 ? ((c.busy - before!.busy) / dt) * 100 : 0,
-        memUsed: (mem[node]?.total ?? 0) - (mem[node]?.available ?? 0),
-        memTotal: mem[node]?.total ?? 0,
-      };
-    }
-    setUsed(u);
-    prev.current = { cpu };
-  }, MACHINE_USE_MS);
   const data = { nodes: nodes.data, sandboxes: sandboxes.data };
   const error = sandboxes.error ?? nodes.error;
   const byState: Record<string, number> = {};
@@ -111,9 +60,19 @@ export function Overview() {
       <Section title="Nodes">
         <Table
           testid="nodes"
-          head={['node', 'healthy', 'backends', 'CPU allocated', 'memory allocated', 'sandboxes', 'machine CPU used', 'machine memory used']}
+          head={[
+            'node',
+            'healthy',
+            'backends',
+            'CPU allocated',
+            'memory allocated',
+            'sandboxes',
+            "sandboxes' CPU used",
+            'machine CPU used',
+            'machine memory used',
+          ]}
           rows={(data?.nodes ?? []).map((n) => {
-            const u = used[n.name];
+            const u = n.machine;
             return [
               n.name,
               n.healthy ? 'yes' : 'no',
@@ -121,8 +80,9 @@ export function Overview() {
               <Meter used={n.allocated.cpu} total={n.allocatable.cpu} label={`${n.allocated.cpu} / ${n.allocatable.cpu} cores`} />,
               <Meter used={n.allocated.memoryMiB} total={n.allocatable.memoryMiB} label={`${n.allocated.memoryMiB} / ${n.allocatable.memoryMiB} MiB`} />,
               `${n.allocated.sandboxes} / ${n.capacity.sandboxes}`,
-              u ? <Meter used={u.cpu} total={100} label={`${u.cpu.toFixed(0)}%`} /> : '-',
-              u ? <Meter used={u.memUsed} total={u.memTotal} label={`${bytes(u.memUsed)} / ${bytes(u.memTotal)}`} /> : '-',
+              n.used ? <Meter used={n.used.cpu} total={n.capacity.cpu} label={`${n.used.cpu.toFixed(2)} cores`} /> : '-',
+              u ? <Meter used={u.cpuPercent} total={100} label={`${u.cpuPercent.toFixed(0)}%`} /> : '-',
+              u ? <Meter used={u.memoryUsedBytes} total={u.memoryTotalBytes} label={`${bytes(u.memoryUsedBytes)} / ${bytes(u.memoryTotalBytes)}`} /> : '-',
             ];
           })}
         />
@@ -140,6 +100,25 @@ export function Overview() {
       </div>
     </div>
   );
+}
+
+/** The nodes' allocation and use, pushed by the node usage stream (one line per interval). */
+function useNodeUsage(): { data: NodeUsage[] | undefined; error: string | undefined } {
+  const [data, setData] = useState<NodeUsage[] | undefined>(undefined);
+  const [error, setError] = useState<string | undefined>(undefined);
+  useEffect(() => {
+    const ctl = new AbortController();
+    followNdjson<{ at: string; items: NodeUsage[] }>(
+      withQuery('/v1/nodes', { intervalMs: NODE_USAGE_MS }),
+      (sample) => {
+        setData(sample.items);
+        setError(undefined);
+      },
+      ctl.signal,
+    ).catch((err: unknown) => setError(errorText(err)));
+    return () => ctl.abort();
+  }, []);
+  return { data, error };
 }
 
 /** Sandboxes: filters by label, state and project; bulk pause, resume and delete. */

@@ -5,7 +5,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
 import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
-import { api, followEvents, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
+import { api, followEvents, followNdjson, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
 import { ROW_EVENT_KINDS } from './live.js';
 import { EventList, download } from './pages.js';
 import { RfbClient, keysymOf } from './rfb.js';
@@ -106,30 +106,42 @@ export function SandboxPage({ id, tab }: { id: string; tab: string }) {
 }
 
 const POINTS = 90;
+/** Interval of a sandbox's stats stream (ms). */
+const STATS_MS = 2000;
 
 function OverviewTab({ sb, base }: { sb: Sandbox; base: string }) {
   const [cpu, setCpu] = useState<number[][]>([[], []]);
   const [mem, setMem] = useState<number[][]>([[], [], []]);
   const [disk, setDisk] = useState<number[][]>([[], [], []]);
   const last = useRef<{ at: number; cpuMs: number } | null>(null);
-  const stats = usePoll(
-    async () => {
-      const st = await get<Stats>(`${base}/stats`);
-      const now = Date.now() / 1000;
+  const [statsError, setStatsError] = useState<string | undefined>(undefined);
+  const [now, setNow] = useState<Stats | undefined>(undefined);
+  // Pushed by the sandbox's stats stream (GET .../stats as ndjson), one sample per interval.
+  useEffect(() => {
+    const ctl = new AbortController();
+    const onSample = (sample: { at: string; stats?: Stats; error?: { code: string; message: string } }): void => {
+      if (sample.error) {
+        setStatsError(`${sample.error.code}: ${sample.error.message}`);
+        return;
+      }
+      const st = sample.stats;
+      if (!st) return;
+      setStatsError(undefined);
+      setNow(st);
+      const at = Date.parse(sample.at) / 1000;
       const push = (arr: number[][], ...vals: number[]): number[][] => [
-        [...arr[0]!, now].slice(-POINTS),
+        [...arr[0]!, at].slice(-POINTS),
         ...vals.map((v, i) => [...arr[i + 1]!, v].slice(-POINTS)),
       ];
       const p = last.current;
-      if (p) setCpu((a) => push(a, Math.max(0, (st.cpuUsageMs - p.cpuMs) / ((now - p.at) * 1000)) * 100));
-      last.current = { at: now, cpuMs: st.cpuUsageMs };
+      if (p && at > p.at) setCpu((a) => push(a, Math.max(0, (st.cpuUsageMs - p.cpuMs) / ((at - p.at) * 1000)) * 100));
+      last.current = { at, cpuMs: st.cpuUsageMs };
       setMem((a) => push(a, st.memoryBytes, st.memoryLimitBytes));
       setDisk((a) => push(a, st.diskUsedBytes, st.diskLimitBytes));
-      return st;
-    },
-    2000,
-    [base],
-  );
+    };
+    followNdjson(withQuery(`${base}/stats`, { intervalMs: STATS_MS }), onSample, ctl.signal).catch((err: unknown) => setStatsError(errorText(err)));
+    return () => ctl.abort();
+  }, [base]);
   return (
     <div>
       <div class="row">
@@ -137,7 +149,8 @@ function OverviewTab({ sb, base }: { sb: Sandbox; base: string }) {
         <Chart title="memory" series={['used', 'limit']} points={mem} unit="bytes" />
         <Chart title="disk" series={['used', 'limit']} points={disk} unit="bytes" />
       </div>
-      <ErrorLine error={stats.error} />
+      <ErrorLine error={statsError} />
+      {now ? <p class="muted" data-testid="stats-now">{`now: memory ${bytes(now.memoryBytes)}, pids ${now.pids}, disk ${bytes(now.diskUsedBytes)}`}</p> : null}
       <div class="row">
         <Section title="Spec">
           <dl class="kv" data-testid="spec">

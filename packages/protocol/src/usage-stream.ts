@@ -28,6 +28,7 @@ export const NodeUsageSchema = z.object({
   healthy: z.boolean(),
   state: NodeStateSchema,
   cordoned: z.boolean(),
+  backends: z.array(z.string()),
   capacity: amounts,
   allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }),
   allocated: amounts,

@@ -82,6 +82,7 @@ export class NodeService {
           healthy: n.healthy,
           state: n.state,
           cordoned: n.cordoned === true,
+          backends: [...n.backends],
           capacity: { cpu: n.capacity.cpu, memoryMiB: n.capacity.memoryMiB, sandboxes: n.capacity.sandboxes },
           allocatable: this.d.placement.allocatable(n),
           allocated: { ...n.allocated },
