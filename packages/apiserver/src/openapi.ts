@@ -59,7 +59,11 @@ const ROUTES: Route[] = [
     reply: api.PauseResultSchema,
   },
   { method: 'post', path: '/v1/sandboxes/{id}/resume', summary: 'Resume a paused sandbox', body: api.ResumeRequestSchema, reply: api.PauseResultSchema },
-  { method: 'get', path: '/v1/sandboxes/{id}/stats', summary: 'Resource use of a sandbox' },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/stats',
+    summary: 'Resource use of a sandbox (with Accept: application/x-ndjson a stream of samples every intervalMs)',
+  },
   {
     method: 'get',
     path: '/v1/sandboxes/{id}/screen',
@@ -228,7 +232,12 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/projects', summary: 'Create a sub-project', body: api.CreateProjectRequestSchema, reply: api.ProjectSchema, status: 201 },
   { method: 'get', path: '/v1/projects', summary: 'List projects', reply: page(api.ProjectSchema) },
   { method: 'get', path: '/v1/projects/{id}', summary: 'Get a project', reply: api.ProjectSchema },
-  { method: 'get', path: '/v1/nodes', summary: 'Nodes with state, capacity and use', reply: page(api.NodeDetailSchema) },
+  {
+    method: 'get',
+    path: '/v1/nodes',
+    summary: 'Nodes with state, capacity and use (with Accept: application/x-ndjson the node usage stream, a sample every intervalMs)',
+    reply: page(api.NodeDetailSchema),
+  },
   { method: 'get', path: '/v1/nodes/{name}', summary: 'One node in full (admin of the root project)', reply: api.NodeDetailSchema },
   {
     method: 'post',
