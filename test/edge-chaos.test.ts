@@ -1,10 +1,15 @@
 // Chaos (issue 13, §4): an edge killed alone. A control plane (`dsec up --node-addr`) and one
 // node joined with `dsec edge --join`, both real processes started here; the edge (only it, never
-// the control plane) is killed with SIGKILL while a command streams output and creates are in
-// flight, then started again on the same home. Running sandboxes keep running through it, the
-// stream is read on from its offset, every create either finished (and works) or failed cleanly
-// (no half-created sandbox listed), and once everything is deleted nothing of the sandboxes is
-// left on the host: no cgroup, container, mount, writable layer, folder or id range.
+// the control plane) is killed with SIGKILL at random points while work of one kind is in flight
+// (creates, execs, an output stream being read, pauses and resumes, deletes: the kinds take turns,
+// so every step of each is hit at some round), then started again on the same home. The points
+// come from a seeded generator; the seed is printed (DSEC_CHAOS_SEED=<seed> runs the same points
+// again). `npm test` runs one round of each kind; DSEC_LONG=1 (npm run test:long) runs 35.
+// Running sandboxes keep running through every kill, the stream is read on from its offset with
+// nothing lost or repeated, every create, exec, pause, resume and delete either finished (and its
+// result holds) or failed cleanly (no sandbox left half-created, half-paused or half-deleted),
+// and once everything is deleted nothing of the sandboxes is left on the host: no cgroup,
+// container, mount, writable layer, folder or id range.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -21,10 +26,32 @@ import { AGENT_BINARY } from './helpers/node.js';
 /** The node's name (its cgroup parent, dsec-ct-*, is what scripts/clean-test-leftovers.sh knows). */
 const NODE = 'ct-chaos';
 const CGROUP_PARENT = `dsec-${NODE}`;
-/** Creates in flight when the edge is killed. */
+/** Operations of one kind in flight when the edge is killed. */
 const IN_FLIGHT = 4;
-/** When the edge is killed after the creates start, one round each (ms). */
-const KILL_AFTER_MS = [30, 150, 400];
+/** What is in flight at a round's kill; the rounds take them in turn. */
+const KINDS = ['create', 'exec', 'stream', 'pause', 'delete'] as const;
+type RoundKind = (typeof KINDS)[number];
+/** Rounds: one of each kind in `npm test`, 35 (7 of each) under `npm run test:long`. */
+const ROUNDS = process.env.DSEC_LONG === '1' ? 35 : KINDS.length;
+/** The kill comes this long after the round's work starts, at most (ms; drawn uniformly). */
+const MAX_KILL_AFTER_MS = 500;
+/** The seed of the kill points: DSEC_CHAOS_SEED to repeat a run, else drawn and printed. */
+const SEED = process.env.DSEC_CHAOS_SEED ? Number(process.env.DSEC_CHAOS_SEED) >>> 0 : Math.floor(Math.random() * 2 ** 32);
+
+/** States a sandbox rests in (no operation under way). */
+const SETTLED = ['running', 'paused', 'failed', 'lost', 'stopped'];
+
+/** mulberry32: a small seeded generator of numbers in [0, 1). */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
 
 /** Host pids in a sandbox's cgroup (v1 memory controller, or v2). */
 async function cgroupPids(id: string): Promise<number[]> {
@@ -44,7 +71,7 @@ function alive(pid: number): boolean {
   }
 }
 
-describe('chaos: an edge killed alone', { timeout: 240_000 }, () => {
+describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1' ? 1_200_000 : 240_000 }, () => {
   let dir: string;
   let home: string;
   let edgeHome: string;
@@ -107,30 +134,73 @@ describe('chaos: an edge killed alone', { timeout: 240_000 }, () => {
     await rm(dir, { recursive: true, force: true });
   });
 
-  test('SIGKILL of the edge, three times: sandboxes keep running, a stream reads on from its offset, creates finish or fail cleanly, nothing is stranded', async (t) => {
+  test('SIGKILL of the edge at seeded random points of creates, execs, a stream, pauses and deletes: sandboxes keep running, nothing is lost or stranded', async (t) => {
+    const random = seeded(SEED);
+    console.log(`edge chaos: seed ${SEED} (DSEC_CHAOS_SEED=${SEED} repeats these kill points), ${ROUNDS} rounds`);
+    t.diagnostic(`seed ${SEED}`);
     const conn = { client };
     const sb = await Sandbox.create({ image: { base: 'busybox' } }, conn);
     assert.equal((await sb.info()).node, NODE);
     await sb.files.write('/tmp/state', 'before the crash');
-    const h = await sb.spawn('i=0; while [ $i -lt 100000 ]; do echo line-$i; i=$((i+1)); sleep 0.02; done');
-    let seen = '';
+    const h = await sb.spawn('i=0; while [ $i -lt 1000000 ]; do echo line-$i; i=$((i+1)); sleep 0.02; done');
+    // Everything read of the stream so far, from byte 0: it must be line-0, line-1, ... to the end.
+    let streamed = '';
     for await (const ev of h) {
-      seen += Buffer.from(ev.data).toString();
-      if (seen.includes('line-5\n')) break;
+      streamed += Buffer.from(ev.data).toString();
+      if (streamed.includes('line-5\n')) break;
     }
-    const offset = 'line-0\nline-1\nline-2\nline-3\n'.length;
     // Its lasting processes (the agent and the loop's shell; each `sleep` ends by itself).
     const pids: number[] = [];
     for (const pid of await cgroupPids(sb.id)) {
       if ((await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => 'sleep\n')) !== 'sleep\n') pids.push(pid);
     }
     assert.ok(pids.length >= 2, `the sandbox's processes: ${pids.join(' ')}`);
+    // A second sandbox that execs, pauses and resumes go to.
+    const worker = await Sandbox.create({ image: { base: 'busybox' }, labels: { chaos: 'worker' } }, conn);
 
-    const made: Sandbox[] = [];
-    for (const [round, delayMs] of KILL_AFTER_MS.entries()) {
-      // Creates in flight, then the edge (only the edge) killed.
+    const made: Sandbox[] = [worker];
+    const clean = (reason: unknown, what: string): void => assert.ok(reason instanceof DsecError, `a failed ${what} is a clean error: ${String(reason)}`);
+    /** Waits until a sandbox is settled (no transitional state) and gives its state, or undefined once it is gone. */
+    const settledState = async (id: string): Promise<string | undefined> => {
+      const v = await until(`${id} settled`, async () => {
+        try {
+          const state = (await (await Sandbox.connect(id, conn)).info()).state;
+          return SETTLED.includes(state) && { state };
+        } catch (err) {
+          return err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND' && { state: undefined };
+        }
+      });
+      return v.state;
+    };
+
+    for (let round = 0; round < ROUNDS; round++) {
+      const kind: RoundKind = KINDS[round % KINDS.length]!;
+      const delayMs = Math.floor(random() * MAX_KILL_AFTER_MS);
       const label = { chaos: `round-${round}` };
-      const creates = Promise.allSettled(Array.from({ length: IN_FLIGHT }, () => Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)));
+      // Set-up that must not be cut: the sandboxes a delete round deletes.
+      const doomed =
+        kind === 'delete' ? await Promise.all(Array.from({ length: 2 }, () => Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn))) : [];
+      // Pause rounds alternate: a pause in flight, then (the worker paused first) a resume in flight.
+      const pausedBefore = kind === 'pause' && Math.floor(round / KINDS.length) % 2 === 1;
+      if (pausedBefore) await worker.pause();
+      // The work in flight, started now; the edge (only the edge) killed after `delayMs`.
+      let work: Promise<PromiseSettledResult<unknown>[]>;
+      let reader: { abort: AbortController; done: Promise<void> } | undefined;
+      if (kind === 'create')
+        work = Promise.allSettled(Array.from({ length: IN_FLIGHT }, () => Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)));
+      else if (kind === 'exec')
+        work = Promise.allSettled(Array.from({ length: IN_FLIGHT }, (_, i) => worker.exec(`echo exec-${round}-${i}; sleep 0.1; echo done`)));
+      else if (kind === 'pause') work = Promise.allSettled([pausedBefore ? worker.resume() : worker.pause()]);
+      else if (kind === 'delete') work = Promise.allSettled(doomed.map((d) => d.kill()));
+      else {
+        const abort = new AbortController();
+        const handle = await sb.attach(h.pid, { fromStdout: streamed.length, signal: abort.signal });
+        const done = (async () => {
+          for await (const ev of handle) streamed += Buffer.from(ev.data).toString();
+        })().catch(() => undefined);
+        reader = { abort, done };
+        work = Promise.resolve([]);
+      }
       await new Promise((r) => setTimeout(r, delayMs));
       edge!.child.kill('SIGKILL');
       await edge!.exited;
@@ -140,50 +210,77 @@ describe('chaos: an edge killed alone', { timeout: 240_000 }, () => {
       );
       await startEdge();
       await until('the edge ready again', async () => (await nodeState()) === 'ready');
+      const settled = await work;
+      const failed = settled.flatMap((s) => (s.status === 'rejected' ? [(s.reason as DsecError).code ?? String(s.reason)] : []));
 
-      // Each create finished (a working sandbox) or failed with a clean error.
-      const settled = await creates;
-      for (const s of settled) {
-        if (s.status === 'fulfilled') made.push(s.value);
-        else assert.ok(s.reason instanceof DsecError, `a failed create is a clean error: ${String(s.reason)}`);
-      }
-      // No half-created sandbox is listed: every listed one gets to running (and works) or failed.
-      const listed = await until('no listed sandbox left creating', async () => {
-        const all = await Sandbox.list({ labels: label }, conn).toArray();
-        return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
-      });
-      for (const s of listed) {
-        assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
-        if (s.state === 'running') {
-          const c = await Sandbox.connect(s.id, conn);
-          assert.equal((await c.exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
+      if (kind === 'create') {
+        // Each create finished (a working sandbox) or failed with a clean error; no half-created
+        // sandbox is listed: every listed one gets to running (and works) or failed.
+        for (const s of settled) {
+          if (s.status === 'fulfilled') made.push(s.value as Sandbox);
+          else clean(s.reason, 'create');
         }
-        if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, conn));
+        const listed = await until('no listed sandbox left creating', async () => {
+          const all = await Sandbox.list({ labels: label }, conn).toArray();
+          return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
+        });
+        for (const s of listed) {
+          assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
+          if (s.state === 'running') assert.equal((await (await Sandbox.connect(s.id, conn)).exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
+          if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, conn));
+        }
+      } else if (kind === 'exec') {
+        // An exec that answered has its whole output; one that did not is a clean error.
+        settled.forEach((s, i) => {
+          if (s.status === 'fulfilled') assert.equal((s.value as { stdout: string }).stdout, `exec-${round}-${i}\ndone\n`);
+          else clean(s.reason, 'exec');
+        });
+      } else if (kind === 'pause') {
+        // The pause (or resume) happened or did not: the sandbox settles in running or paused, and
+        // a resume brings it back working.
+        if (settled[0]!.status === 'rejected') clean(settled[0]!.reason, pausedBefore ? 'resume' : 'pause');
+        const state = await settledState(worker.id);
+        assert.ok(state === 'running' || state === 'paused', `the worker is ${state}`);
+        if (settled[0]!.status === 'fulfilled') assert.equal(state, pausedBefore ? 'running' : 'paused', 'an answered pause/resume holds');
+        if (state === 'paused') await worker.resume();
+      } else if (kind === 'delete') {
+        // A delete that answered is done; one cut off is done or can be done again; none leaves
+        // a sandbox stuck half-deleted.
+        for (const [i, d] of doomed.entries()) {
+          const s = settled[i]!;
+          if (s.status === 'rejected') clean(s.reason, 'delete');
+          const state = await settledState(d.id);
+          if (s.status === 'fulfilled') assert.equal(state, undefined, `${d.id} was deleted`);
+          else if (state !== undefined) await d.kill();
+          made.push(d);
+        }
+      } else {
+        // The stream was cut (or read on through it): it is read again from the byte offset
+        // reached, below, with nothing lost or repeated.
+        reader!.abort.abort();
+        await reader!.done;
       }
-      const failed = settled.filter((s) => s.status === 'rejected').map((s) => (s.reason as DsecError).code);
+      assert.equal((await worker.exec('echo ok')).stdout, 'ok\n', 'the worker works after the kill');
       t.diagnostic(
-        `round ${round} (kill after ${delayMs} ms): ${IN_FLIGHT - failed.length} created, failed: ${failed.join(' ') || 'none'}; listed ${listed.length}`,
+        `round ${round} (${kind}, kill after ${delayMs} ms): ${settled.length - failed.length} of ${settled.length} answered; failed: ${failed.join(' ') || 'none'}`,
       );
     }
 
     // The sandbox ran on: its file, its processes, and its stream from the offset.
     assert.equal((await sb.info()).state, 'running');
     assert.equal(await sb.files.read('/tmp/state'), 'before the crash');
-    const again = await sb.attach(h.pid, { fromStdout: offset });
-    let tail = '';
+    const mark = streamed.length;
+    const again = await sb.attach(h.pid, { fromStdout: mark });
     for await (const ev of again) {
-      tail += Buffer.from(ev.data).toString();
-      if (/line-\d{3}\n/.test(tail)) break;
+      streamed += Buffer.from(ev.data).toString();
+      if (streamed.length > mark + 200 && streamed.endsWith('\n')) break;
     }
-    assert.ok(tail.startsWith('line-4\nline-5\n'), `read on from the offset: ${tail.slice(0, 80)}`);
-    const numbers = tail
-      .split('\n')
-      .filter(Boolean)
-      .map((l) => Number(l.slice('line-'.length)));
+    const lines = streamed.split('\n').filter(Boolean);
+    assert.ok(lines.length > 10, `the stream was read: ${streamed.slice(0, 80)}`);
     assert.deepEqual(
-      numbers,
-      numbers.map((_, i) => 4 + i),
-      'no line lost or repeated across the crash',
+      lines,
+      lines.map((_, i) => `line-${i}`),
+      'no line lost or repeated across every kill',
     );
     await again.kill();
 
