@@ -21,6 +21,7 @@ import type {
   TrajectoryTable,
 } from './schema.js';
 import { migrationProvider } from './migrations.js';
+import { SandboxInserts } from './sandbox-inserts.js';
 import { postgresDialect, redactUrl } from './postgres.js';
 import type { PostgresOptions } from './postgres.js';
 
@@ -92,16 +93,23 @@ export interface StoreOpenOptions {
 /** Collations under which text sorts by code point, as ids and cursors need. */
 const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
 
+/** The columns of a running sandbox that the lease pass reads ({@link StateStore.runningLeases}). */
+export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created_at' | 'expires_at' | 'last_active_at'>;
+
 /** State of the control plane. */
 export class StateStore {
   /** True when other processes (replicas) share this store's database. */
   readonly shared: boolean;
+
+  /** Sandbox rows written in groups (multi-row inserts). */
+  readonly inserts: SandboxInserts;
 
   private constructor(
     readonly db: Kysely<Database>,
     opts: StoreOpenOptions,
   ) {
     this.shared = opts.shared ?? false;
+    this.inserts = new SandboxInserts(db, bindIdempotencyKey);
   }
 
   /**
@@ -399,17 +407,8 @@ export class StateStore {
    * completes leaves a key that the start-up reconcile settles against this row.
    */
   async insertSandbox(row: SandboxTable, labels: Record<string, string>, idempotencyKey?: string): Promise<void> {
-    await this.db.transaction().execute(async (tx) => {
-      await tx.insertInto('sandboxes').values(row).execute();
-      if (idempotencyKey !== undefined) await bindIdempotencyKey(tx, row.project_id, idempotencyKey, row.id);
-      const entries = Object.entries(labels);
-      if (entries.length > 0) {
-        await tx
-          .insertInto('sandbox_labels')
-          .values(entries.map(([key, value]) => ({ sandbox_id: row.id, key, value })))
-          .execute();
-      }
-    });
+    // Grouped with the other inserts under way: one transaction and multi-row INSERTs for all.
+    await this.inserts.insert({ row, labels, idempotencyKey });
   }
 
   /** Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it); true when it moved. */
@@ -437,6 +436,18 @@ export class StateStore {
         .where('id', 'in', ids.slice(i, i + 500))
         .execute();
     }
+  }
+
+  /**
+   * What the lease pass judges each running sandbox by, and nothing more (not the spec or the
+   * layers): it reads the full row only of the few that are due.
+   */
+  async runningLeases(): Promise<LeaseRow[]> {
+    return this.db
+      .selectFrom('sandboxes')
+      .select(['id', 'owner_id', 'lease', 'created_at', 'expires_at', 'last_active_at'])
+      .where('state', '=', 'running')
+      .execute();
   }
 
   /** Sandboxes in one of the given states. */

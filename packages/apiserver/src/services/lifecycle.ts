@@ -343,16 +343,19 @@ export class LifecycleService {
       this.ownersCollectedAt = now;
       await store.deleteStaleOwners(new Date(now - STALE_OWNER_MS).toISOString());
     }
-    const rows = await store.sandboxesInStates(['running']);
-    const ownerIds = [...new Set(rows.map((r) => r.owner_id).filter((o): o is string => !!o))];
+    // Judged on the few columns a lease needs; the full row is read only for a sandbox that is due.
+    const leases = await store.runningLeases();
+    const ownerIds = [...new Set(leases.map((r) => r.owner_id).filter((o): o is string => !!o))];
     const owners = new Map((await store.ownersByIds(ownerIds)).map((o) => [o.id, o]));
-    for (const row of rows) {
-      const lease = leaseOf(row);
-      const owner = row.owner_id ? owners.get(row.owner_id) : undefined;
-      const ownerDue = row.owner_id ? ownerDeadline(owner, lease) <= now : false;
-      const idleFor = now - activity.lastActiveOf(row, now);
+    for (const brief of leases) {
+      const lease = leaseOf(brief);
+      const owner = brief.owner_id ? owners.get(brief.owner_id) : undefined;
+      const ownerDue = brief.owner_id ? ownerDeadline(owner, lease) <= now : false;
+      const idleFor = now - activity.lastActiveOf(brief, now);
       const idleDue = lease.idleTimeoutMs > 0 && idleFor >= lease.idleTimeoutMs;
       if (!ownerDue && !idleDue) continue;
+      const row = await store.sandboxOnly(brief.id);
+      if (!row || row.state !== 'running') continue;
       const [which, action, reason]: [string, GrantedLease['onIdle'], PauseReason] = ownerDue
         ? ['ownerGraceMs', lease.onOwnerLost, owner?.state === 'closed' || !owner ? 'owner-closed' : 'owner-lost']
         : ['idleTimeoutMs', lease.onIdle, 'idle'];

@@ -1,0 +1,68 @@
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import Database from 'better-sqlite3';
+import type { SandboxTable } from './schema.js';
+import { ROOT_PROJECT_ID, StateStore } from './store.js';
+
+let store: StateStore;
+before(async () => {
+  store = await StateStore.openSqlite(new Database(':memory:'));
+});
+after(async () => store.close());
+
+function row(id: string, extra: Partial<SandboxTable> = {}): SandboxTable {
+  const now = new Date().toISOString();
+  return {
+    id,
+    project_id: ROOT_PROJECT_ID,
+    node: 'n1',
+    backend: 'container',
+    state: 'creating',
+    spec: '{}',
+    layers: '[]',
+    cpu: 1,
+    memory_mib: 64,
+    created_at: now,
+    expires_at: now,
+    pool_id: null,
+    owner_id: null,
+    lease: null,
+    last_active_at: now,
+    paused_at: null,
+    pause_reason: null,
+    ...extra,
+  };
+}
+
+test('inserts started together are written as one group, with their labels', async () => {
+  const before = { ...store.inserts.written };
+  await Promise.all(Array.from({ length: 250 }, (_, i) => store.insertSandbox(row(`g-${i}`), { job: 'grouped', n: String(i) })));
+  assert.equal(store.inserts.written.rows - before.rows, 250);
+  assert.equal(store.inserts.written.groups - before.groups, 1, 'one transaction for the 250');
+  const got = await store.sandbox('g-249');
+  assert.deepEqual(got?.labels, { job: 'grouped', n: '249' });
+  assert.equal((await store.db.selectFrom('sandboxes').select('id').where('id', 'like', 'g-%').execute()).length, 250);
+});
+
+test('a row that cannot be written fails alone; rows without the optional columns are written', async () => {
+  await store.insertSandbox(row('dup'), {});
+  const { owner_id: _o, lease: _l, last_active_at: _a, paused_at: _p, pause_reason: _r, ...bare } = row('bare');
+  const results = await Promise.allSettled([store.insertSandbox(row('ok-1'), { a: '1' }), store.insertSandbox(row('dup'), {}), store.insertSandbox(bare, {})]);
+  assert.equal(results[0].status, 'fulfilled');
+  assert.equal(results[1].status, 'rejected', 'the duplicate id is refused');
+  assert.equal(results[2].status, 'fulfilled');
+  assert.deepEqual((await store.sandbox('ok-1'))?.labels, { a: '1' });
+  assert.equal((await store.sandboxOnly('bare'))?.lease, null);
+});
+
+test('the lease pass reads only the lease columns of running rows', async () => {
+  await store.insertSandbox(row('run-1', { state: 'running', owner_id: null }), {});
+  const leases = await store.runningLeases();
+  const one = leases.find((l) => l.id === 'run-1');
+  assert.ok(one);
+  assert.deepEqual(Object.keys(one).sort(), ['created_at', 'expires_at', 'id', 'last_active_at', 'lease', 'owner_id']);
+  assert.ok(
+    leases.every((l) => !l.id.startsWith('g-')),
+    'rows in other states are not read',
+  );
+});

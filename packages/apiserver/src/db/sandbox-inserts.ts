@@ -1,0 +1,118 @@
+// Sandbox rows written in groups: every insert asked for while the previous group is being
+// written (or in the same turn of the event loop) goes into the next group, which is one
+// transaction with one multi-row INSERT for the rows and one for their labels. A batch create's
+// items, and concurrent single creates, so cost a few statements together instead of a
+// transaction each. Each caller's promise settles when its row is committed (the create
+// pipeline's order holds: the row is written before the node is asked); a group that fails is
+// written again row by row, so that one bad row fails alone.
+import type { Kysely, Transaction } from 'kysely';
+import type { Database, SandboxTable } from './schema.js';
+
+/** Rows per INSERT statement (17 columns: well under SQLite's and PostgreSQL's bound on parameters). */
+const ROWS_PER_STATEMENT = 200;
+/** Labels per INSERT statement (3 columns). */
+const LABELS_PER_STATEMENT = 1000;
+
+/** One sandbox row to insert. */
+export interface SandboxInsert {
+  row: SandboxTable;
+  labels: Record<string, string>;
+  /** An idempotency key (pending, held by this create) that records the row's id in the same transaction. */
+  idempotencyKey?: string | undefined;
+}
+
+/** Binds an idempotency key to a sandbox id inside a transaction. */
+export type BindIdempotencyKey = (tx: Transaction<Database>, projectId: string, key: string, sandboxId: string) => Promise<void>;
+
+interface Pending extends SandboxInsert {
+  resolve: () => void;
+  reject: (err: unknown) => void;
+}
+
+/** Groups sandbox inserts into multi-row statements (one writer per store). */
+export class SandboxInserts {
+  private queue: Pending[] = [];
+  private writing = false;
+  private scheduled = false;
+  /** Groups written and rows in them (for tests and the cell's report). */
+  readonly written = { groups: 0, rows: 0 };
+
+  constructor(
+    private readonly db: Kysely<Database>,
+    private readonly bind: BindIdempotencyKey,
+  ) {}
+
+  /** Inserts a row (and its labels, and binds its key); resolves once it is committed. */
+  insert(item: SandboxInsert): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.queue.push({ ...item, resolve, reject });
+      this.schedule();
+    });
+  }
+
+  private schedule(): void {
+    if (this.writing || this.scheduled) return;
+    this.scheduled = true;
+    // The rest of this turn's inserts (a batch's items started together) join the group.
+    setImmediate(() => {
+      this.scheduled = false;
+      void this.drain();
+    });
+  }
+
+  private async drain(): Promise<void> {
+    this.writing = true;
+    try {
+      while (this.queue.length > 0) {
+        const group = this.queue;
+        this.queue = [];
+        try {
+          await this.db.transaction().execute((tx) => this.write(tx, group));
+          this.written.groups++;
+          this.written.rows += group.length;
+          for (const p of group) p.resolve();
+        } catch (err) {
+          if (group.length === 1) group[0]!.reject(err);
+          else await this.oneByOne(group);
+        }
+      }
+    } finally {
+      this.writing = false;
+    }
+  }
+
+  private async oneByOne(group: Pending[]): Promise<void> {
+    for (const p of group) {
+      try {
+        await this.db.transaction().execute((tx) => this.write(tx, [p]));
+        p.resolve();
+      } catch (err) {
+        p.reject(err);
+      }
+    }
+  }
+
+  private async write(tx: Transaction<Database>, group: readonly SandboxInsert[]): Promise<void> {
+    // One statement's rows must name the same columns: a column some row leaves out is NULL.
+    const columns = new Set(group.flatMap((g) => Object.keys(g.row)));
+    const rows = group.map((g) => {
+      const row: Record<string, unknown> = {};
+      for (const c of columns) row[c] = (g.row as unknown as Record<string, unknown>)[c] ?? null;
+      return row as unknown as SandboxTable;
+    });
+    for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
+      await tx
+        .insertInto('sandboxes')
+        .values(rows.slice(i, i + ROWS_PER_STATEMENT))
+        .execute();
+    }
+    for (const g of group) if (g.idempotencyKey !== undefined) await this.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
+    const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
+    for (let i = 0; i < labels.length; i += LABELS_PER_STATEMENT) {
+      await tx
+        .insertInto('sandbox_labels')
+        .values(labels.slice(i, i + LABELS_PER_STATEMENT))
+        .execute();
+    }
+  }
+}
