@@ -175,6 +175,31 @@ describe('dashboard', () => {
       assert.match(await nodeRow.locator('td').nth(7).innerText(), /^\d+%$/, 'the machine CPU comes on the stream');
       assert.equal(gets.length, 0, `the overview read nothing more (no /metrics, no node list): ${gets.join(' ')}`);
 
+      // A project's usage follows the row events as well: read again after them, not polled.
+      await page.getByTestId('nav-projects').click();
+      const rootRow = page
+        .getByTestId('projects')
+        .locator('tbody tr')
+        .filter({ has: page.locator('td', { hasText: /^root$/ }) });
+      const rootUsage = async (): Promise<number> => Number(/^(\d+) \//.exec(await rootRow.locator('td').nth(3).innerText())?.[1] ?? NaN);
+      for (const deadline = Date.now() + 15_000; !Number.isInteger(await rootUsage()); await page.waitForTimeout(100)) {
+        assert.ok(Date.now() < deadline, 'the root project is shown with its usage');
+      }
+      const usedBefore = await rootUsage();
+      const projectReads = (): number => gets.filter((g) => g === '/v1/projects').length;
+      const readsAtStart = projectReads();
+      const more = await call('POST', '/v1/sandboxes', platform.adminKey, { image: { base: 'busybox' }, resources: { memoryMiB: 64, diskMiB: 16 } });
+      assert.equal(more.status, 201, JSON.stringify(more.body));
+      for (const deadline = Date.now() + 15_000; (await rootUsage()) !== usedBefore + 1; await page.waitForTimeout(100)) {
+        assert.ok(Date.now() < deadline, `the project's usage shows the new sandbox (${await rootUsage()})`);
+      }
+      assert.equal((await call('DELETE', `/v1/sandboxes/${more.body.id}`, platform.adminKey)).status, 204);
+      for (const deadline = Date.now() + 15_000; (await rootUsage()) !== usedBefore; await page.waitForTimeout(100)) {
+        assert.ok(Date.now() < deadline, `the project's usage shows the deletion (${await rootUsage()})`);
+      }
+      assert.ok(projectReads() - readsAtStart <= 3, `read on events only: ${projectReads() - readsAtStart} reads`);
+      await page.getByTestId('nav-overview').click();
+
       // Every read of the sandbox list the page makes (it reads it once per filter, then follows events).
       const listReads: string[] = [];
       page.on('request', (r) => {

@@ -136,3 +136,29 @@ export function useLiveSandboxes(
   }, [key]);
   return { data, error, live };
 }
+
+/**
+ * A counter that goes up (at most once per `afterMs`) after the sandbox row events the key sees:
+ * a page whose figures change with sandboxes (a project's usage) reads them again on it instead
+ * of polling.
+ */
+export function useRowEventTick(afterMs = 1000): number {
+  const [tick, setTick] = useState(0);
+  useEffect(() => {
+    const ctl = new AbortController();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const bump = (): void => {
+      timer ??= setTimeout(() => {
+        timer = undefined;
+        setTick((n) => n + 1);
+      }, afterMs);
+    };
+    // A reconnect may have missed events: read again then too.
+    followEvents(withQuery('', { kind: ROW_EVENT_KINDS.join(',') }).slice(1), bump, ctl.signal, (up) => (up ? bump() : undefined)).catch(() => undefined);
+    return () => {
+      ctl.abort();
+      clearTimeout(timer);
+    };
+  }, [afterMs]);
+  return tick;
+}

@@ -5,7 +5,7 @@ import { useEffect, useRef, useState } from 'preact/hooks';
 import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
 import { api, followEvents, followNdjson, get, ndjson, request, withQuery } from './api.js';
 import type { DsecEvent } from './api.js';
-import { useLiveSandboxes } from './live.js';
+import { useLiveSandboxes, useRowEventTick } from './live.js';
 
 /** A node in a line of the node usage stream (GET /v1/nodes, ndjson). */
 interface NodeUsage {
@@ -274,9 +274,10 @@ interface ProjectRow {
   createdAt: string;
 }
 
-/** Projects with their quotas and usage. */
+/** Projects with their quotas and usage: read again after sandbox row events (usage moves with them), not polled. */
 export function Projects() {
-  const { data, error } = usePoll(() => get<{ items: ProjectRow[] }>('/v1/projects'), 5000);
+  const changed = useRowEventTick();
+  const { data, error } = usePoll(() => get<{ items: ProjectRow[] }>('/v1/projects'), 0, [changed]);
   return (
     <Section title="Projects, quotas and usage">
       <ErrorLine error={error} />
