@@ -28,6 +28,7 @@ import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
 import { Crun, processStartTime } from './crun.js';
 import { LaunchServer } from './launcher.js';
+import { SeccompCache } from './seccomp-cache.js';
 
 /** What the container backend needs from the layer store. */
 export interface LayerMounter {
@@ -113,6 +114,8 @@ export class ContainerBackend implements Backend {
   private readonly crun: Crun;
   /** One dsec-launch server for every create (no fork of this process per create). */
   private readonly launcher: LaunchServer;
+  /** Compiled seccomp programs by profile: crun compiles each profile once per edge process. */
+  private readonly seccomp: SeccompCache;
   private readonly agents = new Map<string, ChronusClient>();
   private readonly connecting = new Map<string, Promise<ChronusClient>>();
   private readonly hostNofileHard: number;
@@ -132,6 +135,7 @@ export class ContainerBackend implements Backend {
   constructor(private readonly o: ContainerBackendOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
     this.launcher = new LaunchServer(o.launcherBinary);
+    this.seccomp = new SeccompCache(o.crunRoot);
     this.hostNofileHard = hostNofileHard();
     const cg = o.cgroups;
     this.pausing = {
@@ -242,6 +246,7 @@ export class ContainerBackend implements Backend {
         ...(idRange ? { idRange } : {}),
         ...(this.o.seccompProfile ? { seccomp: this.o.seccompProfile(req.spec) } : {}),
       });
+      const seccompKey = this.seccomp.apply(config);
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
       const record: BackendSandbox = {
         id: req.id,
@@ -270,6 +275,7 @@ export class ContainerBackend implements Backend {
         const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
         throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
       }
+      if (seccompKey && !this.seccomp.has(seccompKey)) await this.seccomp.learn(seccompKey, req.id);
       const agent = await this.agent(req.id);
       await agent.ping();
       return record;
