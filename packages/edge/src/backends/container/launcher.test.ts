@@ -14,7 +14,8 @@ let server: LaunchServer;
 
 before(async () => {
   dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-launcher-'));
-  await mkdir(path.join(dir, 'lower'));
+  await mkdir(path.join(dir, 'lower1'));
+  await mkdir(path.join(dir, 'lower2'));
   await mkdir(path.join(dir, 'root'));
   server = new LaunchServer(LAUNCHER);
 });
@@ -24,8 +25,15 @@ after(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-/** Launch arguments for a read-only overlay of an empty directory, then `argv` on the host. */
-const launch = (argv: string[]): string[] => ['--rootfs', path.join(dir, 'root'), '--lower', path.join(dir, 'lower'), '--', ...argv];
+/** Launch arguments for a read-only overlay of two empty directories, then `argv` on the host. */
+const launch = (argv: string[]): string[] => [
+  '--rootfs',
+  path.join(dir, 'root'),
+  '--lower',
+  `${path.join(dir, 'lower1')}:${path.join(dir, 'lower2')}`,
+  '--',
+  ...argv,
+];
 
 test('the launch server answers exit codes, writes output to the log, passes only the agent socket', async () => {
   const log = path.join(dir, 'a.log');
@@ -55,10 +63,13 @@ test('launches run side by side; a hung one is killed at its timeout; a failed m
   assert.ok(Date.now() - started < 20_000);
 });
 
-test('the server comes back after it died; close ends it', async () => {
+test('the server comes back after it was closed', async () => {
   const s = new LaunchServer(LAUNCHER);
-  assert.equal(await s.run({ log: path.join(dir, 'e.log'), socket: path.join(dir, 'e.sock'), args: launch(['/bin/true']) }), 0);
-  await s.close();
-  assert.equal(await s.run({ log: path.join(dir, 'f.log'), socket: path.join(dir, 'f.sock'), args: launch(['/bin/true']) }), 0);
-  await s.close();
+  try {
+    assert.equal(await s.run({ log: path.join(dir, 'e.log'), socket: path.join(dir, 'e.sock'), args: launch(['/bin/true']) }), 0);
+    await s.close();
+    assert.equal(await s.run({ log: path.join(dir, 'f.log'), socket: path.join(dir, 'f.sock'), args: launch(['/bin/true']) }), 0);
+  } finally {
+    await s.close();
+  }
 });
