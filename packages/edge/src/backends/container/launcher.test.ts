@@ -1,4 +1,8 @@
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { existsSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -72,4 +76,26 @@ test('the server comes back after it was closed', async () => {
   } finally {
     await s.close();
   }
+});
+
+test('an idle server does not keep its process alive, and dies with it', async () => {
+  // A child Node process runs one launch and drops its server without closing it: the process
+  // must still exit, and its server with it (PR_SET_PDEATHSIG).
+  const module = path.join(path.dirname(fileURLToPath(import.meta.url)), 'launcher.js');
+  const script = [
+    `const { LaunchServer } = await import(${JSON.stringify(module)});`,
+    `const s = new LaunchServer(${JSON.stringify(LAUNCHER)});`,
+    `const code = await s.run(${JSON.stringify({ log: path.join(dir, 'g.log'), socket: path.join(dir, 'g.sock'), args: launch(['/bin/true']) })});`,
+    `console.log(code, s.child.pid);`,
+  ].join('\n');
+  const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = await Promise.race([once(child, 'exit').then(() => true), sleep(15_000, false, { ref: false })]);
+  if (!exited) child.kill('SIGKILL');
+  assert.ok(exited, 'the process exited with an idle server');
+  const [code, pid] = out.trim().split(' ').map(Number);
+  assert.equal(code, 0);
+  for (let i = 0; i < 100 && existsSync(`/proc/${pid}`); i++) await sleep(50);
+  assert.equal(existsSync(`/proc/${pid}`), false, 'the server died with its parent');
 });

@@ -22,6 +22,12 @@ export interface LaunchRequest {
   timeoutMs?: number;
 }
 
+/** What child processes and their pipes have to (not) keep the event loop alive. */
+interface Ref {
+  ref(): void;
+  unref(): void;
+}
+
 interface Pending {
   resolve(code: number): void;
   reject(err: Error): void;
@@ -64,6 +70,17 @@ export class LaunchServer {
     return child;
   }
 
+  /**
+   * The idle server does not keep this process alive (an edge dropped without close must not
+   * hang its process's exit); while a launch is in flight it does, like a child process would.
+   */
+  private hold(child: ChildProcessByStdio<Writable, Readable, Readable>, busy: boolean): void {
+    for (const h of [child, child.stdin as unknown as Partial<Ref>, child.stdout as unknown as Partial<Ref>, child.stderr as unknown as Partial<Ref>]) {
+      if (busy) h.ref?.();
+      else h.unref?.();
+    }
+  }
+
   /** "E <id> <status>" (the launch ended) or "F <id> <errno>" (the server could not start it). */
   private answer(line: string): void {
     const m = /^([EF]) (\d+) (\d+)$/.exec(line);
@@ -73,6 +90,7 @@ export class LaunchServer {
     if (!p) return;
     this.pending.delete(id);
     clearTimeout(p.timer);
+    if (this.pending.size === 0 && this.child) this.hold(this.child, false);
     if (m[1] === 'E') p.resolve(Number(m[3]));
     else p.reject(new DsecError('BACKEND_FAILED', `dsec-launch --serve: cannot start a launch (errno ${m[3]})`));
   }
@@ -95,6 +113,7 @@ export class LaunchServer {
       // answers 128 + 9 like any killed one.
       const timer = setTimeout(() => this.kill(id), req.timeoutMs ?? CRUN_TIMEOUT_MS);
       this.pending.set(id, { resolve, reject, timer });
+      this.hold(child, true);
       child.stdin.write(Buffer.concat([frame, body]));
     });
   }
