@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
+import { runDirFor } from '@dsec/edge';
 import { isDsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import { parsed, startNode } from './helpers/node.js';
@@ -231,6 +232,30 @@ describe('container sandboxes', () => {
       assert.equal((await run('ip link 2>/dev/null | grep -c mtu || cat /proc/net/dev | tail -n +3 | wc -l')).stdout.trim(), '1');
     } finally {
       await node.edge.destroy(sb.id);
+    }
+  });
+
+  test('seccomp compiled once per profile: a later create hands crun the program crun made, and its filter is on', async () => {
+    const first = await node.edge.create({ image: { base: 'busybox' } });
+    const second = await node.edge.create({ image: { base: 'busybox' } });
+    try {
+      const crunRoot = path.join(runDirFor(node.home), 'crun');
+      const compiled = await readFile(path.join(crunRoot, first.id, 'seccomp.bpf'));
+      assert.ok(compiled.length > 0 && compiled.length % 8 === 0);
+      const config = JSON.parse(await readFile(path.join(node.home, 'sandboxes', second.id, 'config.json'), 'utf8')) as {
+        annotations?: Record<string, string>;
+        linux: { seccomp: { flags: string[] } };
+      };
+      assert.equal(config.annotations?.['run.oci.seccomp_bpf_data'], compiled.toString('base64'));
+      // crun still takes the flags (LOG: refusals become audit records) from the section.
+      assert.deepEqual(config.linux.seccomp.flags, ['SECCOMP_FILTER_FLAG_LOG']);
+      assert.deepEqual(await readFile(path.join(crunRoot, second.id, 'seccomp.bpf')), compiled);
+      const status = (await node.edge.exec(second.id, { cmd: 'grep -E "^(Seccomp|Seccomp_filters):" /proc/self/status' })).stdout;
+      assert.match(status, /^Seccomp:\t2$/m);
+      assert.match(status, /^Seccomp_filters:\t1$/m);
+    } finally {
+      await node.edge.destroy(first.id);
+      await node.edge.destroy(second.id);
     }
   });
 

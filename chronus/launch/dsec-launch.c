@@ -28,9 +28,22 @@
  * and every directory above it a (writable) bind mount of itself: a mount point cannot be
  * renamed or removed, so the protected path cannot be swapped for another one either.
  *
+ * With --serve it stays running and launches on request instead (edge starts one per process):
+ * a fork of this small static process costs a fraction of a fork of edge's large Node process,
+ * which also blocks edge's event loop for its duration. Requests come on stdin, framed as
+ * u32 length (little endian), then the payload: u32 request id, a type byte, and for 'R' (run)
+ * NUL-terminated strings: the log file, the agent socket path, then the launch arguments as on
+ * the command line. The child opens /dev/null as stdin, the log (append, created 0600) as stdout
+ * and stderr, creates the agent's listening unix socket as fd 3, closes every other descriptor
+ * and launches exactly as a separate dsec-launch would. 'K' (kill) sends SIGKILL to the request's
+ * child while it has not been reaped (its pid cannot have been reused). Each child's end is
+ * answered on stdout as a line "E <id> <status>" (the exit code, or 128 + the signal), and a
+ * refused request as "F <id> <errno>". The server exits when stdin closes or its parent dies.
+ *
  * usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR --lower DIRS
  *                    [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]... [--loginuid N]
  *                    -- CMD ARGS...
+ *        dsec-launch --serve
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,8 +53,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <stdint.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -288,7 +307,7 @@ static void protect(int rootfd, const char *path, uid_t owner, gid_t group, stru
 	}
 }
 
-int main(int argc, char **argv)
+static int launch_main(int argc, char **argv)
 {
 	const char *ns = NULL, *rw = NULL, *tmpfs = NULL, *rootfs = NULL, *lower = NULL;
 	const char *idmap = NULL, *loginuid = NULL, *source = "overlay";
@@ -413,4 +432,209 @@ int main(int argc, char **argv)
 
 	execvp(cmd[0], cmd);
 	die("exec", cmd[0]);
+}
+
+/* Server mode (--serve): see the comment at the top. */
+#define MAX_REQUEST (256 * 1024)
+#define MAX_ARGS 512
+#define MAX_CHILDREN 4096
+
+struct child {
+	pid_t pid;
+	uint32_t id;
+};
+
+static struct child children[MAX_CHILDREN];
+static int nchildren;
+
+/* Writes all of `buf` to stdout (the answers to edge); exits when edge is gone. */
+static void answer(const char *fmt, unsigned long id, long value)
+{
+	char line[64];
+	int n = snprintf(line, sizeof line, fmt, id, value);
+	for (int off = 0; off < n;) {
+		ssize_t w = write(STDOUT_FILENO, line + off, (size_t)(n - off));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			exit(0);
+		off += (int)w;
+	}
+}
+
+/* A listening unix stream socket at `path` (as edge's listenUnix makes it), or -1. */
+static int listen_unix(const char *path)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof addr.sun_path) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(addr.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 64) < 0) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+/* In the forked child: stdio, the agent socket as fd 3, nothing else open, then the launch. */
+static void __attribute__((noreturn)) run_child(const char *log, const char *sock, int argc, char **argv)
+{
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	/* Ignored signals stay ignored across exec: the sandbox gets the default, as from edge. */
+	signal(SIGPIPE, SIG_DFL);
+	int logfd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (logfd < 0)
+		_exit(EXIT_FAILED);
+	/* Kept above 3 until the dup2s below, whatever numbers they got. */
+	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+	int listenfd = listen_unix(sock);
+	if (nul < 0 || listenfd < 0) {
+		dprintf(logfd, "dsec-launch: agent socket %s: %s\n", sock, strerror(errno));
+		_exit(EXIT_FAILED);
+	}
+	int hi_log = fcntl(logfd, F_DUPFD_CLOEXEC, 10), hi_nul = fcntl(nul, F_DUPFD_CLOEXEC, 10),
+	    hi_sock = fcntl(listenfd, F_DUPFD_CLOEXEC, 10);
+	if (hi_log < 0 || hi_nul < 0 || hi_sock < 0 || dup2(hi_nul, 0) < 0 || dup2(hi_log, 1) < 0 || dup2(hi_log, 2) < 0 ||
+	    dup2(hi_sock, 3) < 0)
+		_exit(EXIT_FAILED);
+	if (syscall(SYS_close_range, 4U, ~0U, 0U) < 0)
+		for (int fd = 4; fd < 65536; fd++)
+			close(fd);
+	exit(launch_main(argc, argv));
+}
+
+/* Handles one request payload. */
+static void request(char *p, uint32_t len)
+{
+	if (len < 5)
+		exit(EXIT_FAILED);
+	uint32_t id;
+	memcpy(&id, p, 4);
+	char type = p[4];
+	if (type == 'K') {
+		for (int i = 0; i < nchildren; i++)
+			if (children[i].id == id)
+				kill(children[i].pid, SIGKILL);
+		return;
+	}
+	if (type != 'R' || p[len - 1] != '\0')
+		exit(EXIT_FAILED);
+	char *argv[MAX_ARGS + 2];
+	int argc = 0;
+	argv[argc++] = "dsec-launch";
+	char *log = NULL, *sock = NULL;
+	for (char *s = p + 5; s < p + len; s += strlen(s) + 1) {
+		if (!log)
+			log = s;
+		else if (!sock)
+			sock = s;
+		else if (argc <= MAX_ARGS)
+			argv[argc++] = s;
+		else {
+			answer("F %lu %ld\n", id, E2BIG);
+			return;
+		}
+	}
+	argv[argc] = NULL;
+	if (!sock || nchildren == MAX_CHILDREN) {
+		answer("F %lu %ld\n", id, sock ? EAGAIN : EINVAL);
+		return;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		answer("F %lu %ld\n", id, errno);
+		return;
+	}
+	if (pid == 0)
+		run_child(log, sock, argc, argv);
+	children[nchildren++] = (struct child){.pid = pid, .id = id};
+}
+
+/* Answers for every child that has ended. */
+static void reap(void)
+{
+	int status;
+	pid_t pid;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		for (int i = 0; i < nchildren; i++) {
+			if (children[i].pid != pid)
+				continue;
+			long code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+			answer("E %lu %ld\n", children[i].id, code);
+			children[i] = children[--nchildren];
+			break;
+		}
+	}
+}
+
+static int serve(void)
+{
+	/* Gone with edge: nobody else may send it requests. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() == 1)
+		return EXIT_FAILED;
+	signal(SIGPIPE, SIG_IGN);
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0)
+		die("sigprocmask", NULL);
+	int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0)
+		die("signalfd", NULL);
+	if (fcntl(STDIN_FILENO, F_SETFD, FD_CLOEXEC) < 0 || fcntl(STDOUT_FILENO, F_SETFD, FD_CLOEXEC) < 0)
+		die("fcntl", NULL);
+	static char buf[MAX_REQUEST + 4];
+	size_t have = 0;
+	for (;;) {
+		struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN}, {.fd = STDIN_FILENO, .events = POLLIN}};
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			die("poll", NULL);
+		}
+		if (fds[0].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof si) > 0)
+				;
+			reap();
+		}
+		if (!fds[1].revents)
+			continue;
+		ssize_t n = read(STDIN_FILENO, buf + have, sizeof buf - have);
+		if (n < 0 && errno == EINTR)
+			continue;
+		/* Edge is gone: the children finish on their own; nobody waits for their answers. */
+		if (n <= 0)
+			return 0;
+		have += (size_t)n;
+		for (;;) {
+			uint32_t len;
+			if (have < 4)
+				break;
+			memcpy(&len, buf, 4);
+			if (len > MAX_REQUEST)
+				return EXIT_FAILED;
+			if (have < 4 + (size_t)len)
+				break;
+			request(buf + 4, len);
+			have -= 4 + (size_t)len;
+			memmove(buf, buf + 4 + len, have);
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && !strcmp(argv[1], "--serve"))
+		return serve();
+	return launch_main(argc, argv);
 }

@@ -1,7 +1,6 @@
 // The container backend: crun on an overlay of EROFS layers, chronus as PID 1.
-import { constants as fsConstants, readFileSync, writeFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, rmdir, statfs, writeFile, rename } from 'node:fs/promises';
-import type { FileHandle } from 'node:fs/promises';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, rmdir, statfs, writeFile, rename } from 'node:fs/promises';
 import path from 'node:path';
 import { DEFAULT_DISK_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
@@ -24,10 +23,12 @@ import type {
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
-import { closeFd, listenUnix, MNT, umount, mountsUnder } from '../../sys/linux.js';
+import { MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
 import { Crun, processStartTime } from './crun.js';
+import { LaunchServer } from './launcher.js';
+import { SeccompCache } from './seccomp-cache.js';
 
 /** What the container backend needs from the layer store. */
 export interface LayerMounter {
@@ -111,6 +112,10 @@ interface Paths {
 export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   private readonly crun: Crun;
+  /** One dsec-launch server for every create (no fork of this process per create). */
+  private readonly launcher: LaunchServer;
+  /** Compiled seccomp programs by profile: crun compiles each profile once per edge process. */
+  private readonly seccomp: SeccompCache;
   private readonly agents = new Map<string, ChronusClient>();
   private readonly connecting = new Map<string, Promise<ChronusClient>>();
   private readonly hostNofileHard: number;
@@ -129,6 +134,8 @@ export class ContainerBackend implements Backend {
 
   constructor(private readonly o: ContainerBackendOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
+    this.launcher = new LaunchServer(o.launcherBinary);
+    this.seccomp = new SeccompCache(o.crunRoot);
     this.hostNofileHard = hostNofileHard();
     const cg = o.cgroups;
     this.pausing = {
@@ -210,7 +217,6 @@ export class ContainerBackend implements Backend {
       await mkdir(p.rootfs);
       undo.push(() => rmdir(p.rootfs));
       const launch = [
-        this.o.launcherBinary,
         '--ns',
         this.o.runtimeNsFile,
         '--rw',
@@ -240,6 +246,7 @@ export class ContainerBackend implements Backend {
         ...(idRange ? { idRange } : {}),
         ...(this.o.seccompProfile ? { seccomp: this.o.seccompProfile(req.spec) } : {}),
       });
+      const seccompKey = this.seccomp.apply(config);
       await writeFile(path.join(p.dir, 'config.json'), JSON.stringify(config));
       const record: BackendSandbox = {
         id: req.id,
@@ -252,29 +259,23 @@ export class ContainerBackend implements Backend {
       await writeJsonAtomic(p.record, record);
       signal?.throwIfAborted();
 
-      // The agent's socket lives on the host, outside the sandbox's file system; chronus
-      // inherits the listening fd and edge connects to the path, as often as it needs.
-      const sockFd = listenUnix(p.socket);
-      let log: FileHandle | undefined;
-      try {
-        log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
-        undo.push(() => this.crun.run(['delete', '--force', req.id]));
-        const res = await this.crun.run(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id], {
-          extraFds: [sockFd],
-          logFd: log.fd,
-          prefix: launch,
-        });
-        if (res.code !== 0) {
-          const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim();
-          const refused = /^dsec-launch: protect (.*)$/m.exec(detail);
-          if (res.code === LAUNCH_EXIT_BAD_PROTECT && refused) throw invalidArgument('protect.readOnly', refused[1] ?? 'cannot be protected');
-          const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${res.code}`;
-          throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
-        }
-      } finally {
-        closeFd(sockFd);
-        await log?.close();
+      // The agent's socket lives on the host, outside the sandbox's file system; the launcher
+      // makes it (chronus inherits the listening fd) and edge connects to the path, as often
+      // as it needs.
+      undo.push(() => this.crun.run(['delete', '--force', req.id]));
+      const code = await this.launcher.run({
+        log: p.log,
+        socket: p.socket,
+        args: [...launch, ...this.crun.argv(['run', '--detach', '--preserve-fds', '1', '--bundle', p.dir, req.id])],
+      });
+      if (code !== 0) {
+        const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim();
+        const refused = /^dsec-launch: protect (.*)$/m.exec(detail);
+        if (code === LAUNCH_EXIT_BAD_PROTECT && refused) throw invalidArgument('protect.readOnly', refused[1] ?? 'cannot be protected');
+        const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
+        throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
       }
+      if (seccompKey && !this.seccomp.has(seccompKey)) await this.seccomp.learn(seccompKey, req.id);
       const agent = await this.agent(req.id);
       await agent.ping();
       return record;
@@ -533,6 +534,7 @@ export class ContainerBackend implements Backend {
 
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
+    await this.launcher.close();
   }
 }
 

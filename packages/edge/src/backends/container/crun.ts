@@ -94,8 +94,13 @@ export class Crun {
    * given, receives crun's (and a detached container's) stdout and stderr; `prefix` replaces
    * the default way into the runtime namespace (dsec-launch on create).
    */
+  /** `crun --root R <args>` as an argv (no prefix): what a launcher runs after its own set-up. */
+  argv(args: string[]): string[] {
+    return [this.executable, '--root', this.stateRoot, ...args];
+  }
+
   run(args: string[], opts: { extraFds?: number[]; logFd?: number; timeoutMs?: number; prefix?: string[] } = {}): Promise<CrunResult> {
-    const argv = [...(opts.prefix ?? this.prefix), this.executable, '--root', this.stateRoot, ...args];
+    const argv = [...(opts.prefix ?? this.prefix), ...this.argv(args)];
     const out = opts.logFd ?? 'pipe';
     const stdio: StdioOptions = ['ignore', out, out, ...(opts.extraFds ?? [])];
     return new Promise((resolve, reject) => {
