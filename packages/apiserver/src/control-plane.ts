@@ -19,6 +19,7 @@ import type { StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
+import { withRawHandlers } from './http/exec-fast-path.js';
 import type { RawRequestHandler } from './http/exec-fast-path.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
@@ -214,12 +215,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       log,
       { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },
     );
-    const listener = getRequestListener(app.fetch);
-    // Handlers of Node's own requests first (the exec route), each passing on what it does not take; then the app.
-    const server = createServer((req, res) => {
-      const tryFrom = (i: number): void => (i < rawHandlers.length ? rawHandlers[i]!(req, res, () => tryFrom(i + 1)) : void listener(req, res));
-      tryFrom(0);
-    });
+    // Handlers of Node's own requests first (the exec route), then the app.
+    const server = createServer(withRawHandlers(rawHandlers, getRequestListener(app.fetch)));
     server.keepAliveTimeout = 65_000;
     server.on('upgrade', (req, socket, head) => {
       if (!upgrades.some((take) => take(req, socket, head))) ws.handle(req, socket, head);

@@ -23,6 +23,20 @@ import { readIncomingJson } from './validate.js';
 /** A handler tried before the app: it takes the request, or calls `next` to leave it to the app. */
 export type RawRequestHandler = (req: IncomingMessage, res: ServerResponse, next: () => void) => void;
 
+/** A request listener trying `handlers` in order (each passing on what it does not take), then `app`. */
+export function withRawHandlers(
+  handlers: readonly RawRequestHandler[],
+  app: (req: IncomingMessage, res: ServerResponse) => unknown,
+): (req: IncomingMessage, res: ServerResponse) => void {
+  return (req, res) => {
+    const tryFrom = (i: number): void => {
+      if (i < handlers.length) handlers[i]!(req, res, () => tryFrom(i + 1));
+      else void app(req, res);
+    };
+    tryFrom(0);
+  };
+}
+
 /** The route pattern the metrics and the audit name. */
 const EXEC_ROUTE = '/v1/sandboxes/:id/exec';
 /** The exec path with an id the app would take as it is (no percent-encoding to decode). */
