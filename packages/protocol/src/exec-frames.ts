@@ -45,16 +45,10 @@ export function encodeExecFrame(ev: ExecStreamEvent): Uint8Array[] {
   return [frame];
 }
 
-/**
- * Reads events back from a byte stream cut anywhere; throws on a malformed frame. An output frame
- * that arrives in pieces is handed on piece by piece (each an output event at its own offset), so
- * that its bytes are never joined: the data of an output event is a view of what was read.
- */
+/** Reads events back from a byte stream cut anywhere; throws on a malformed frame. */
 export class ExecFrameDecoder {
   private pending: Uint8Array[] = [];
   private pendingBytes = 0;
-  /** The output frame being read: its stream, the offset of its next byte, the bytes still to come. */
-  private output: { stream: 'stdout' | 'stderr'; offset: number; left: number } | undefined;
 
   /** Adds bytes; returns the events they complete. */
   push(chunk: Uint8Array): ExecStreamEvent[] {
@@ -63,18 +57,7 @@ export class ExecFrameDecoder {
       this.pendingBytes += chunk.byteLength;
     }
     const out: ExecStreamEvent[] = [];
-    for (;;) {
-      const o = this.output;
-      if (o) {
-        if (o.left > 0 && this.pendingBytes === 0) break;
-        const data = o.left === 0 ? new Uint8Array(0) : this.takeSome(o.left);
-        out.push({ type: 'output', stream: o.stream, offset: o.offset, data });
-        o.offset += data.byteLength;
-        o.left -= data.byteLength;
-        if (o.left === 0) this.output = undefined;
-        continue;
-      }
-      if (this.pendingBytes < HEADER_BYTES) break;
+    while (this.pendingBytes >= HEADER_BYTES) {
       const head = this.peek(HEADER_BYTES);
       const view = new DataView(head.buffer, head.byteOffset, HEADER_BYTES);
       const kind = view.getUint8(0);
@@ -82,26 +65,23 @@ export class ExecFrameDecoder {
       if (kind > KIND_STDERR) throw new Error(`exec frames: unknown frame kind ${kind}`);
       if (length > MAX_EXEC_FRAME_BYTES) throw new Error(`exec frames: a frame of ${length} bytes (at most ${MAX_EXEC_FRAME_BYTES})`);
       if (kind !== KIND_JSON && length < OFFSET_BYTES) throw new Error('exec frames: an output frame without its offset');
-      if (kind === KIND_JSON) {
-        if (this.pendingBytes < HEADER_BYTES + length) break;
-        this.take(HEADER_BYTES);
-        out.push(JSON.parse(decoder.decode(this.take(length))) as ExecStreamEvent);
-        continue;
-      }
-      if (this.pendingBytes < HEADER_BYTES + OFFSET_BYTES) break;
+      if (this.pendingBytes < HEADER_BYTES + length) break;
       this.take(HEADER_BYTES);
-      const at = this.take(OFFSET_BYTES);
-      const offset = new DataView(at.buffer, at.byteOffset, OFFSET_BYTES).getBigUint64(0);
-      if (offset > BigInt(Number.MAX_SAFE_INTEGER)) throw new Error('exec frames: an offset past 2^53');
-      this.output = { stream: kind === KIND_STDOUT ? 'stdout' : 'stderr', offset: Number(offset), left: length - OFFSET_BYTES };
+      const payload = this.take(length);
+      if (kind === KIND_JSON) {
+        out.push(JSON.parse(decoder.decode(payload)) as ExecStreamEvent);
+      } else {
+        const offset = new DataView(payload.buffer, payload.byteOffset, OFFSET_BYTES).getBigUint64(0);
+        if (offset > BigInt(Number.MAX_SAFE_INTEGER)) throw new Error('exec frames: an offset past 2^53');
+        out.push({ type: 'output', stream: kind === KIND_STDOUT ? 'stdout' : 'stderr', offset: Number(offset), data: payload.subarray(OFFSET_BYTES) });
+      }
     }
     return out;
   }
 
   /** The stream ended: throws when it ended inside a frame. */
   end(): void {
-    const left = this.pendingBytes + (this.output?.left ?? 0);
-    if (left > 0) throw new Error(`exec frames: the stream ended inside a frame (${left} bytes left)`);
+    if (this.pendingBytes > 0) throw new Error(`exec frames: the stream ended inside a frame (${this.pendingBytes} bytes left)`);
   }
 
   /** The first `n` pending bytes, joined into one piece (without consuming them). */
@@ -121,16 +101,6 @@ export class ExecFrameDecoder {
       first = concat(this.pending, this.pendingBytes);
       this.pending = [first];
     }
-    return this.consume(first, n);
-  }
-
-  /** Consumes up to `n` pending bytes from the first piece, never joining pieces (a view). */
-  private takeSome(n: number): Uint8Array {
-    const first = this.pending[0]!;
-    return this.consume(first, Math.min(n, first.byteLength));
-  }
-
-  private consume(first: Uint8Array, n: number): Uint8Array {
     const piece = first.subarray(0, n);
     if (first.byteLength === n) this.pending.shift();
     else this.pending[0] = first.subarray(n);
