@@ -19,6 +19,8 @@ import type { StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
+import { withRawHandlers } from './http/exec-fast-path.js';
+import type { RawRequestHandler } from './http/exec-fast-path.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
@@ -184,6 +186,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
 
     const metrics = new Metrics(services, watch);
     const upgrades: Array<(req: IncomingMessage, socket: Duplex, head: Buffer) => boolean> = [];
+    const rawHandlers: RawRequestHandler[] = [];
     const app = createApp(services, metrics, log, watch, {
       health: () => store.ping(),
       ...(o.trustedProxies ? { trustedProxies: o.trustedProxies } : {}),
@@ -191,6 +194,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       ...(o.e2b ? { e2b: o.e2b } : {}),
       onClose: (fn) => void closers.unshift(fn),
       onUpgrade: (fn) => void upgrades.push(fn),
+      onRequest: (fn) => void rawHandlers.push(fn),
     });
     const ws = createWsHandler(
       services,
@@ -211,7 +215,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       log,
       { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },
     );
-    const server = createServer(getRequestListener(app.fetch));
+    // Handlers of Node's own requests first (the exec route), then the app.
+    const server = createServer(withRawHandlers(rawHandlers, getRequestListener(app.fetch)));
     server.keepAliveTimeout = 65_000;
     server.on('upgrade', (req, socket, head) => {
       if (!upgrades.some((take) => take(req, socket, head))) ws.handle(req, socket, head);

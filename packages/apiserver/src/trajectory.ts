@@ -3,7 +3,7 @@
 // (not the node), so it survives the node; a replay re-runs it on a fresh sandbox.
 //
 // The exec path stays cheap: a step is built in memory as the command runs (hashing output as
-// it streams by) and appended to a batch; batches are written every few milliseconds in one
+// it streams by) and appended to a batch; batches are written every quarter second in one
 // transaction, never on the request's path. Reads flush first, so a step of a completed command
 // is always seen by the next read.
 import { DsecError } from '@dsec/protocol';
@@ -30,8 +30,12 @@ export const DEFAULT_TRAJECTORY_MAX_STEPS = 10_000;
 export const DEFAULT_TRAJECTORY_MAX_BYTES = 64 * 1024 * 1024;
 /** How long the trajectory of a destroyed sandbox is kept. */
 export const DEFAULT_TRAJECTORY_RETENTION_MS = 7 * 86_400_000;
-/** Interval of batch writes. */
-const FLUSH_INTERVAL_MS = 20;
+/**
+ * Interval of batch writes. SQLite's commit (synchronous = FULL: an fsync) holds the event loop
+ * for milliseconds on a loaded disk; at 20 ms, one exec in four through the API waited behind
+ * one (issue 15). Reads flush first, so nobody sees a step missing.
+ */
+const FLUSH_INTERVAL_MS = 250;
 /** A batch this large is written at once. */
 const FLUSH_BATCH_STEPS = 512;
 /** Interval of the pass that deletes expired trajectories. */

@@ -35,6 +35,8 @@ import { sessionRoutes } from './routes/session.js';
 import { mountE2b } from '../e2b/index.js';
 import { SandboxPorts } from '../e2b/ports.js';
 import type { E2bOptions } from '../e2b/index.js';
+import { execFastPath } from './exec-fast-path.js';
+import type { RawRequestHandler } from './exec-fast-path.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -52,6 +54,8 @@ export interface AppOptions {
   onClose?: (fn: () => Promise<void>) => void;
   /** Registers an HTTP upgrade handler tried before the WebSocket routes (true: it took the request). */
   onUpgrade?: (fn: (req: IncomingMessage, socket: Duplex, head: Buffer) => boolean) => void;
+  /** Registers a handler of Node's requests tried before the app (exec-fast-path.ts); without it, the app serves every route. */
+  onRequest?: (fn: RawRequestHandler) => void;
 }
 
 /** How long `/healthz` waits for the store before it answers 503 (ms). */
@@ -129,6 +133,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', sessionRoutes(deps));
   app.route('/v1', screenRoutes(deps));
   if (watch) app.route('/v1', watchRoutes(watch));
+  opts.onRequest?.(execFastPath({ deps, watch, trusted, gate: opts.failures?.gate, e2bDomain: opts.e2b?.domain ?? null }));
   const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
   opts.onClose?.(() => e2b.templates.close());
   opts.onClose?.(async () => e2b.envd.close());

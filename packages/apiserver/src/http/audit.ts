@@ -24,23 +24,42 @@ export interface AuditExec {
 
 const SANDBOX_ID_RE = /^[a-z0-9][a-z0-9-]{0,127}$/;
 
+/** A sandbox id from a path as the audit keeps it: null unless it has the shape of one. */
+export function auditedSandboxId(raw: string): string | null {
+  return SANDBOX_ID_RE.test(raw) ? raw : null;
+}
+
 /** Records one API call in the audit trail: the route pattern, never the URL or the key. */
 export function auditCall(watch: WatchService, c: Context, principal: Principal | undefined, status: number, durationMs: number): void {
   const route = routePath(c, -1) || '/v1/*';
   let sandboxId: string | null = null;
-  if (route.startsWith('/v1/sandboxes/:id')) {
-    const raw = c.req.path.split('/')[3] ?? '';
-    if (SANDBOX_ID_RE.test(raw)) sandboxId = raw;
-  }
-  const exec = c.get('auditExec') as AuditExec | undefined;
+  if (route.startsWith('/v1/sandboxes/:id')) sandboxId = auditedSandboxId(c.req.path.split('/')[3] ?? '');
+  recordCall(watch, { principal, method: c.req.method, route, sandboxId, status, durationMs, exec: c.get('auditExec') as AuditExec | undefined });
+}
+
+/** What one audit entry of an API call is made of. */
+export interface CallRecord {
+  principal: Principal | undefined;
+  method: string;
+  /** The route pattern (`/v1/sandboxes/:id/exec`), never the URL. */
+  route: string;
+  sandboxId: string | null;
+  status: number;
+  durationMs: number;
+  exec: AuditExec | undefined;
+}
+
+/** Records one API call in the audit trail (a streamed command's once its exit is known). */
+export function recordCall(watch: WatchService, call: CallRecord): void {
+  const { principal, exec } = call;
   const entry = {
     keyId: principal?.keyId ?? null,
     projectId: principal?.projectId ?? null,
-    method: c.req.method,
-    route,
-    sandboxId,
-    status,
-    durationMs: Math.round(durationMs * 1000) / 1000,
+    method: call.method,
+    route: call.route,
+    sandboxId: call.sandboxId,
+    status: call.status,
+    durationMs: Math.round(call.durationMs * 1000) / 1000,
     command: exec?.command ?? null,
     exitCode: null as number | null,
   };

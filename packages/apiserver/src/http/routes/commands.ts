@@ -1,7 +1,9 @@
 // /v1/sandboxes/{id}/exec (JSON, or ndjson as it runs) and /processes: list, output from an
 // offset, stdin, signals. Every command runs through the CommandService (recorded).
 import { ExecRequestSchema, OutputQuerySchema, SignalRequestSchema } from '@dsec/protocol';
-import type { ExecSpec } from '@dsec/protocol';
+import type { ExecRequest, ExecResult, ExecSpec } from '@dsec/protocol';
+import type { Principal } from '../../auth.js';
+import type { RunningCommand } from '../../services/commands.js';
 import { commandSummary } from '@dsec/watcher';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
@@ -10,39 +12,21 @@ import type { AuditExec } from '../audit.js';
 import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
 
 /** Commands and processes. */
-export function commandRoutes({ services: { lifecycle, commands, slots }, metrics }: RouterDeps) {
+export function commandRoutes(deps: RouterDeps) {
+  const { lifecycle, commands } = deps.services;
   const target = async (p: Parameters<typeof lifecycle.route>[0], id: string, role: 'viewer' | 'member' = 'member') => {
     const { row, edge } = await lifecycle.route(p, id, role);
     return { sandboxId: row.id, edge, node: row.node };
   };
   return router()
     .post('/sandboxes/:id/exec', jsonBody(ExecRequestSchema), async (c) => {
-      const t = await target(c.get('principal'), c.req.param('id'));
-      const req = c.get('body');
-      const { stdinBase64, ...rest } = req;
-      const spec: ExecSpec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
-      const audit: AuditExec = { command: commandSummary(req), exitCode: null };
-      c.set('auditExec', audit);
-      // Each command holds one of its tenant's (and its node's) command slots while it runs.
-      const release = slots.acquire('exec', c.get('principal').tenantId, t.node);
-      if (wantsNdjson(c) || wantsExecFrames(c.req.header('accept'))) {
-        const cmd = await commands.spawn(t, spec, 'stream').catch((err: unknown) => {
-          release();
-          throw err;
-        });
-        void cmd.exitCode.finally(release);
-        metrics.execs++;
-        // The audit entry gets the exit status as the stream hands on its exit (null if it ends first).
-        audit.exitCode = cmd;
-        // A reader that leaves early leaves the command running: the recording reads on alone.
-        return execStreamResponse(c.req.header('accept'), cmd.events(), () => void cmd.leave());
-      }
-      // A client that goes away takes its command with it.
-      const start = performance.now();
-      const { result } = await commands.exec(t, spec, c.req.raw.signal).finally(release);
-      metrics.observeExec(performance.now() - start);
-      audit.exitCode = result.exitCode;
-      return c.json(result);
+      const accept = c.req.header('accept');
+      const streamed = wantsNdjson(c) || wantsExecFrames(accept);
+      const started = await runExec(deps, c.get('principal'), c.req.param('id'), c.get('body'), streamed, (a) => c.set('auditExec', a), c.req.raw.signal);
+      if ('result' in started) return c.json(started.result);
+      const { cmd } = started;
+      // A reader that leaves early leaves the command running: the recording reads on alone.
+      return execStreamResponse(accept, cmd.events(), () => void cmd.leave());
     })
     .get('/sandboxes/:id/processes', async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
@@ -67,4 +51,48 @@ export function commandRoutes({ services: { lifecycle, commands, slots }, metric
       await commands.signal(t, pidParam(c), c.get('body').signal);
       return c.body(null, 204);
     });
+}
+
+/** What an exec request became: the finished command's result, or a started command whose events are streamed. */
+export type StartedExec = { result: ExecResult } | { cmd: RunningCommand };
+
+/**
+ * Runs one exec request of `principal` (the route above and the raw Node handler of
+ * `exec-fast-path.ts` both come here): the sandbox routed to, one command slot held while it
+ * runs, the command recorded. `streamed` starts it and hands it back to be streamed; otherwise
+ * it runs to its end, and `signal` (the client going away) takes it with it.
+ */
+export async function runExec(
+  { services: { lifecycle, commands, slots }, metrics }: Pick<RouterDeps, 'services' | 'metrics'>,
+  principal: Principal,
+  id: string,
+  req: ExecRequest,
+  streamed: boolean,
+  setAudit: (audit: AuditExec) => void,
+  signal: AbortSignal,
+): Promise<StartedExec> {
+  const { row, edge } = await lifecycle.route(principal, id, 'member');
+  const t = { sandboxId: row.id, edge, node: row.node };
+  const { stdinBase64, ...rest } = req;
+  const spec: ExecSpec = stdinBase64 !== undefined ? { ...rest, stdin: Buffer.from(stdinBase64, 'base64') } : rest;
+  const audit: AuditExec = { command: commandSummary(req), exitCode: null };
+  setAudit(audit);
+  // Each command holds one of its tenant's (and its node's) command slots while it runs.
+  const release = slots.acquire('exec', principal.tenantId, t.node);
+  if (streamed) {
+    const cmd = await commands.spawn(t, spec, 'stream').catch((err: unknown) => {
+      release();
+      throw err;
+    });
+    void cmd.exitCode.finally(release);
+    metrics.execs++;
+    // The audit entry gets the exit status as the stream hands on its exit (null if it ends first).
+    audit.exitCode = cmd;
+    return { cmd };
+  }
+  const start = performance.now();
+  const { result } = await commands.exec(t, spec, signal).finally(release);
+  metrics.observeExec(performance.now() - start);
+  audit.exitCode = result.exitCode;
+  return { result };
 }
