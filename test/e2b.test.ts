@@ -166,6 +166,33 @@ for (const [version, E2B] of VERSIONS) {
       assert.equal(await sbx.files.read('/tmp/big', { gzip: true } as never), big);
     });
 
+    test('files: metadata kept as xattrs of the file (write, getInfo, list, rename); an upload without it clears it; bad metadata is 400', async () => {
+      const meta = { Owner: 'ada', 'run.id': 'r 1' };
+      const w = await sbx.files.write('/tmp/meta.txt', 'm', { metadata: meta } as never);
+      const want = { owner: 'ada', 'run.id': 'r 1' };
+      assert.deepEqual((w as { metadata?: unknown }).metadata, want);
+      assert.deepEqual((await sbx.files.getInfo('/tmp/meta.txt')).metadata, want);
+      const listed = await sbx.files.list('/tmp');
+      assert.deepEqual(listed.find((e) => e.name === 'meta.txt')?.metadata, want);
+      assert.equal(listed.find((e) => e.name === 'big')?.metadata, undefined);
+      // Kept on the file itself: a rename carries it.
+      assert.deepEqual((await sbx.files.rename('/tmp/meta.txt', '/tmp/meta2.txt')).metadata, want);
+      const again = await sbx.files.write('/tmp/meta2.txt', 'n');
+      assert.equal((again as { metadata?: unknown }).metadata, undefined);
+      assert.equal((await sbx.files.getInfo('/tmp/meta2.txt')).metadata, undefined);
+      const token = ((await (await fetch(`${platform.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'x-api-key': e2bKey } })).json()) as { envdAccessToken: string })
+        .envdAccessToken;
+      const bad = await fetch(`${platform.url}/files?path=/tmp/bad`, {
+        method: 'POST',
+        headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/octet-stream', 'x-metadata-big': 'x'.repeat(5000) },
+        body: 'b',
+      });
+      const body = (await bad.json()) as { code: number; message: string };
+      assert.equal(bad.status, 400);
+      assert.equal(body.code, 400);
+      assert.match(body.message, /X-Metadata/);
+    });
+
     test('files: watch a directory (recursive, entries)', async () => {
       await sbx.files.makeDir('/tmp/w');
       const events: Array<{ name: string; type: string }> = [];
