@@ -19,6 +19,8 @@ import type { StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
+import { listenE2bTls } from './e2b/tls.js';
+import type { E2bTlsOptions } from './e2b/tls.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
@@ -70,7 +72,7 @@ export interface ControlPlaneOptions {
    * The E2B-compatible API (docs/e2b.md): build its `base` template at start (`dsec up` does)
    * or on first use, or take its Debian part from a layer (`baseFrom`); the `domain` it returns.
    */
-  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null };
+  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null; tls?: E2bTlsOptions };
 }
 
 /** What {@link startControlPlane} is started with. */
@@ -94,6 +96,8 @@ export interface ControlPlaneStart extends ControlPlaneOptions {
 export interface ControlPlane {
   /** Base URL of the API. */
   url: string;
+  /** `https://host:port` of E2B's HTTPS listener (`e2b.tls`), when configured. */
+  e2bTlsUrl?: string;
   /** The first admin key: set only where this process created it (it is printed once). */
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
@@ -213,9 +217,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     );
     const server = createServer(getRequestListener(app.fetch));
     server.keepAliveTimeout = 65_000;
-    server.on('upgrade', (req, socket, head) => {
+    const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
       if (!upgrades.some((take) => take(req, socket, head))) ws.handle(req, socket, head);
-    });
+    };
+    server.on('upgrade', onUpgrade);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(port, host, () => {
@@ -230,6 +235,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     );
     // Live event streams end first: the server's close waits for open connections.
     closers.unshift(() => watch.events.endSubscriptions());
+    // E2B's HTTPS listener (host names with the operator's certificate), when configured.
+    const e2bTls = o.e2b?.tls ? await listenE2bTls(o.e2b.tls, getRequestListener(app.fetch), onUpgrade) : undefined;
+    if (e2bTls) closers.unshift(() => e2bTls.close());
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
@@ -298,6 +306,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     let closed = false;
     return {
       url,
+      ...(e2bTls ? { e2bTlsUrl: e2bTls.url } : {}),
       ...(adminKey ? { adminKey } : {}),
       adminKeyFile,
       services,

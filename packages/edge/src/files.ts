@@ -26,7 +26,8 @@ export function checkXattrs(paths: string[], prefix: string, replace?: Record<st
   if (paths.length !== 1) throw invalidArgument('paths', 'replacing attributes takes exactly one path');
   let bytes = 0;
   for (const [name, value] of Object.entries(replace)) {
-    if (name.length === 0 || name.includes('\0') || Buffer.byteLength(prefix + name) > 255) throw invalidArgument('replace', `name ${JSON.stringify(name)} is empty, holds NUL or is too long`);
+    if (name.length === 0 || name.includes('\0') || Buffer.byteLength(prefix + name) > 255)
+      throw invalidArgument('replace', `name ${JSON.stringify(name)} is empty, holds NUL or is too long`);
     bytes += Buffer.byteLength(name) + Buffer.byteLength(value);
   }
   if (bytes > MAX_XATTR_SET_BYTES) throw invalidArgument('replace', `at most ${MAX_XATTR_SET_BYTES} bytes of names and values`);

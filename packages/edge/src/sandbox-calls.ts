@@ -160,7 +160,7 @@ export abstract class SandboxCalls {
     return this.withAgent(
       id,
       (agent) => {
-        if (!agent.xattrs) throw new DsecError('INVALID_ARGUMENT', 'extended attributes are not available through this sandbox\'s agent');
+        if (!agent.xattrs) throw new DsecError('INVALID_ARGUMENT', "extended attributes are not available through this sandbox's agent");
         return agent.xattrs(paths, prefix, opts.replace ? { replace: opts.replace } : {});
       },
       opts,

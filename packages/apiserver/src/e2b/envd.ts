@@ -627,7 +627,11 @@ export class Envd {
         const st = await this.statOrNotFound(t, abs);
         if (st.type !== 'dir') throw new ConnectError('invalid_argument', `path ${abs} is not a directory`);
         const walked = await this.walk(t, abs, depth);
-        const metadata = await fileMetadataOf(this.services, t, walked.map((e) => e.abs));
+        const metadata = await fileMetadataOf(
+          this.services,
+          t,
+          walked.map((e) => e.abs),
+        );
         const entries = [];
         for (const [i, e] of walked.entries()) entries.push(await this.entry(t, e.abs, e.st, metadata[i]));
         return { entries };

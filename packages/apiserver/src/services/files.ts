@@ -71,7 +71,13 @@ export class FileService {
    * Extended attributes under `prefix` (`user.` namespace) of each path, null where unreadable;
    * with `replace` (one path), those under the prefix are replaced first.
    */
-  xattrs(t: CommandTarget, paths: string[], prefix: string, replace?: Record<string, string>, signal?: AbortSignal): Promise<Array<Record<string, string> | null>> {
+  xattrs(
+    t: CommandTarget,
+    paths: string[],
+    prefix: string,
+    replace?: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<Array<Record<string, string> | null>> {
     return t.edge.xattrs(t.sandboxId, paths, prefix, { ...(replace ? { replace } : {}), signal });
   }
 
