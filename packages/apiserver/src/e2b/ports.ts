@@ -120,6 +120,20 @@ interface PortTarget {
 }
 
 /**
+ * TLS over a relay, for a port that serves HTTPS (`network.httpsPorts`). As E2B's proxy, the
+ * port's certificate is not verified (self-signed ones work): the relay is the sandbox's own
+ * loopback. `host` (the mask, if any) is sent as the server name.
+ */
+export function overTls(relay: Duplex, host?: string): Duplex {
+  const name = host?.replace(/:[0-9]+$/, '');
+  const secure = tlsConnect({ socket: relay, rejectUnauthorized: false, ...(name && !/^[0-9.]+$/.test(name) ? { servername: name } : {}) });
+  secure.once('close', () => relay.destroy());
+  // The relay's failure (nothing listens there) is the TLS connection's, seen by its user.
+  relay.once('error', (err) => secure.destroy(err));
+  return secure;
+}
+
+/**
  * The first bytes the port answers (null when it closed without a byte). Until then an upgrade
  * can still be answered 502, as E2B's proxy answers a port nothing listens on.
  */
@@ -320,10 +334,7 @@ export class SandboxPorts {
   private async connect(t: PortTarget): Promise<Duplex> {
     const relay = await this.relay(t);
     if (!t.tls) return relay;
-    // E2B does not verify the certificate of a port that serves HTTPS (self-signed ones work).
-    const secure = tlsConnect({ socket: relay, rejectUnauthorized: false, ...(t.host ? { servername: t.host.replace(/:[0-9]+$/, '') } : {}) });
-    secure.once('close', () => relay.destroy());
-    return secure;
+    return overTls(relay, t.host);
   }
 
   /** A relay to the target's port (one of the sandbox's bounded connections, released when it closes). */
