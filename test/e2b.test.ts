@@ -349,7 +349,7 @@ for (const [version, E2B] of VERSIONS) {
       await back.commands.kill(bg.pid);
     });
 
-    test('snapshots are templates', async () => {
+    test('snapshots are templates; fork with count gives independent copies', async () => {
       await sbx.files.write('/tmp/snap.txt', 'from the snapshot');
       const snap = await sbx.createSnapshot();
       const child = await E2B.Sandbox.create(snap.snapshotId, { ...opts(), timeoutMs: 60_000 });
@@ -357,6 +357,20 @@ for (const [version, E2B] of VERSIONS) {
         assert.equal(await child.files.read('/tmp/snap.txt'), 'from the snapshot');
       } finally {
         await child.kill();
+      }
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 } as never);
+      try {
+        assert.equal(forks.length, 2);
+        const [a, b] = forks as Array<InstanceType<typeof E2B.Sandbox>>;
+        assert.ok(a instanceof E2B.Sandbox && b instanceof E2B.Sandbox, String(forks));
+        assert.notEqual(a.sandboxId, b.sandboxId);
+        assert.equal(await a.files.read('/tmp/snap.txt'), 'from the snapshot');
+        await a.files.write('/tmp/snap.txt', 'changed in a');
+        assert.equal(await b.files.read('/tmp/snap.txt'), 'from the snapshot');
+        assert.equal(await sbx.files.read('/tmp/snap.txt'), 'from the snapshot');
+        assert.equal(await sbx.isRunning(), true);
+      } finally {
+        for (const f of forks) if (f instanceof E2B.Sandbox) await f.kill().catch(() => undefined);
       }
     });
 
@@ -582,6 +596,58 @@ try {
       // Still running a pass later: the resume gave it a new lifetime.
       await new Promise((r) => setTimeout(r, 2500));
       assert.equal((await back.getInfo()).state, 'running');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test('autoResume: data-plane traffic resumes a paused sandbox; allowOut at create; the watcher RPCs of the Python SDK', async () => {
+    const sbx = await E51.Sandbox.create(TEMPLATE, {
+      ...opts(),
+      timeoutMs: 60_000,
+      lifecycle: { onTimeout: 'pause', autoResume: true },
+      network: { allowOut: ['pypi.org'] },
+    });
+    try {
+      const info = await sbx.getInfo();
+      assert.deepEqual(info.network?.allowOut, ['pypi.org']);
+      assert.equal(info.allowInternetAccess, true);
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      assert.equal(await sbx.pause(), true);
+      assert.equal((await sbx.getInfo()).state, 'paused');
+      // A command through the data plane resumes it, processes kept.
+      assert.equal((await sbx.commands.run(`kill -0 ${bg.pid} && echo resumed`)).stdout, 'resumed\n');
+      assert.equal((await sbx.getInfo()).state, 'running');
+      // CreateWatcher / GetWatcherEvents / RemoveWatcher, as the Python SDK calls them (JSON Connect).
+      const token = (sbx as unknown as { envdAccessToken: string }).envdAccessToken;
+      const rpc = async (method: string, body: object): Promise<Record<string, unknown>> => {
+        const r = await fetch(`${platform.url}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/json', 'connect-protocol-version': '1' },
+          body: JSON.stringify(body),
+        });
+        const json = (await r.json()) as Record<string, unknown>;
+        assert.equal(r.status, 200, JSON.stringify(json));
+        return json;
+      };
+      await sbx.files.makeDir('/tmp/pw');
+      const { watcherId } = (await rpc('CreateWatcher', { path: '/tmp/pw', recursive: true })) as { watcherId: string };
+      await sbx.files.write('/tmp/pw/x.txt', 'x', { metadata: { k: 'v' } } as never);
+      const { events } = (await rpc('GetWatcherEvents', { watcherId, includeEntry: true })) as {
+        events: Array<{ name: string; type: string; entry?: { metadata?: Record<string, string> } }>;
+      };
+      assert.ok(
+        events.some((e) => e.name === 'x.txt' && e.type === 'EVENT_TYPE_CREATE'),
+        JSON.stringify(events),
+      );
+      assert.deepEqual(events.find((e) => e.name === 'x.txt')?.entry?.metadata, { k: 'v' });
+      await rpc('RemoveWatcher', { watcherId });
+      const gone = await fetch(`${platform.url}/filesystem.Filesystem/GetWatcherEvents`, {
+        method: 'POST',
+        headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/json' },
+        body: JSON.stringify({ watcherId }),
+      });
+      assert.equal(gone.status, 404);
     } finally {
       await sbx.kill();
     }
