@@ -287,6 +287,21 @@ for (const [version, E2B] of VERSIONS) {
         [sbx.sandboxId],
       );
       assert.deepEqual(items[0]!.metadata, { suite: tag });
+      // Paging: limit 1 over two matching sandboxes gives two pages (X-Next-Token), newest first.
+      const other = await E2B.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 60_000, metadata: { suite: tag } });
+      try {
+        const pages = E2B.Sandbox.list({ ...opts(), limit: 1, query: { metadata: { suite: tag } } });
+        const first = await pages.nextItems();
+        assert.equal(pages.hasNext, true);
+        const second = await pages.nextItems();
+        assert.equal(pages.hasNext, false);
+        assert.deepEqual(
+          [...first, ...second].map((s) => s.sandboxId),
+          [other.sandboxId, sbx.sandboxId],
+        );
+      } finally {
+        await other.kill();
+      }
       const info = await sbx.getInfo();
       assert.equal(info.templateId, TEMPLATE);
       await sbx.setTimeout(300_000);
@@ -358,11 +373,11 @@ for (const [version, E2B] of VERSIONS) {
       } finally {
         await child.kill();
       }
-      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 } as never);
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 });
       try {
         assert.equal(forks.length, 2);
-        const [a, b] = forks as Array<InstanceType<typeof E2B.Sandbox>>;
-        assert.ok(a instanceof E2B.Sandbox && b instanceof E2B.Sandbox, String(forks));
+        const [a, b] = forks;
+        assert.ok(a instanceof E2B.Sandbox && b instanceof E2B.Sandbox, forks.map((f) => (f instanceof Error ? f.message : f.sandboxId)).join(', '));
         assert.notEqual(a.sandboxId, b.sandboxId);
         assert.equal(await a.files.read('/tmp/snap.txt'), 'from the snapshot');
         await a.files.write('/tmp/snap.txt', 'changed in a');

@@ -148,7 +148,7 @@ test('httpsPorts: TLS to the port over the relay, its self-signed certificate ac
       const answer = await new Promise<string>((resolve, reject) => {
         const req = request(
           {
-            createConnection: () => overTls(new RelaySocket(localRelay(port)), 'inside.test:3000') as never,
+            createConnection: () => overTls(new RelaySocket(localRelay(port)), 'inside.test:3000'),
             path: '/',
             headers: { host: 'inside.test:3000', connection: 'close' },
           },
