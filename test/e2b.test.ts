@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { execFile, execFileSync } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { request as httpRequest } from 'node:http';
-import { connect as netConnect } from 'node:net';
+import { createServer as createNetServer, connect as netConnect } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { chmod, chown, copyFile, mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -20,8 +21,58 @@ let e2bKey: string;
 let viewerKey: string;
 let scratch: string;
 const TEMPLATE = `e2b-test-${process.pid}`;
-/** The `e2b.domain` of the test platform: host names are sent as Host headers to its address (nothing resolves it). */
-const DOMAIN = 'e2b.test';
+/** The name under which the test's names live (its certificate is `*.e2b.test`). */
+const NAME = 'e2b.test';
+/**
+ * The `e2b.domain` of the test platform, `e2b.test:<port of its HTTPS listener>`: host names are
+ * sent as Host headers to its plain address, or resolved to loopback by the resolver shim.
+ */
+let DOMAIN = NAME;
+/** The local CA's certificate (PEM file) that signed the HTTPS listener's `*.e2b.test`. */
+let caFile: string;
+let certFile: string;
+let keyFile: string;
+
+/** A local CA and a wildcard certificate `*.e2b.test` signed by it (openssl, in `dir`). */
+function makeCertificates(dir: string): void {
+  const ssl = (...args: string[]): void => void execFileSync('openssl', args, { cwd: dir, stdio: 'ignore' });
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes'];
+  ssl(
+    'req',
+    '-x509',
+    ...ec,
+    '-keyout',
+    'ca.key',
+    '-out',
+    'ca.pem',
+    '-days',
+    '2',
+    '-subj',
+    '/CN=dsec test CA',
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
+    '-addext',
+    'keyUsage=critical,keyCertSign',
+  );
+  ssl('req', ...ec, '-keyout', 'leaf.key', '-out', 'leaf.csr', '-subj', `/CN=*.${NAME}`);
+  execFileSync('sh', ['-c', `printf 'subjectAltName=DNS:*.${NAME},DNS:${NAME}\n' > leaf.ext`], { cwd: dir });
+  ssl('x509', '-req', '-in', 'leaf.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '2', '-extfile', 'leaf.ext', '-out', 'leaf.pem');
+  caFile = path.join(dir, 'ca.pem');
+  certFile = path.join(dir, 'leaf.pem');
+  keyFile = path.join(dir, 'leaf.key');
+}
+
+/** A loopback port free now (the HTTPS listener takes it next; the domain must name it). */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createNetServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as AddressInfo).port;
+      s.close(() => resolve(port));
+    });
+  });
+}
 
 /** A small image for E2B: busybox, the host's bash (with its libraries), a `user` account. */
 async function imageDir(dir: string): Promise<void> {
@@ -48,7 +99,10 @@ async function imageDir(dir: string): Promise<void> {
 before(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-e2b-'));
   // `base` takes its Debian part from the small local image: no test reaches the Debian archive.
-  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE, domain: DOMAIN } });
+  makeCertificates(scratch);
+  const tlsPort = await freePort();
+  DOMAIN = `${NAME}:${tlsPort}`;
+  platform = await startTestPlatform({ e2b: { baseFrom: TEMPLATE, domain: DOMAIN, tls: { certFile, keyFile, addr: `127.0.0.1:${tlsPort}` } } });
   const client = new DsecClient({ apiUrl: platform.url, apiKey: platform.adminKey });
   const key = await client.keys.create({ name: 'e2b', role: 'admin', format: 'e2b' });
   e2bKey = key.key;
@@ -166,6 +220,34 @@ for (const [version, E2B] of VERSIONS) {
       assert.equal(await sbx.files.read('/tmp/big', { gzip: true } as never), big);
     });
 
+    test('files: metadata kept as xattrs of the file (write, getInfo, list, rename); an upload without it clears it; bad metadata is 400', async () => {
+      const meta = { Owner: 'ada', 'run.id': 'r 1' };
+      const w = await sbx.files.write('/tmp/meta.txt', 'm', { metadata: meta } as never);
+      const want = { owner: 'ada', 'run.id': 'r 1' };
+      assert.deepEqual((w as { metadata?: unknown }).metadata, want);
+      assert.deepEqual((await sbx.files.getInfo('/tmp/meta.txt')).metadata, want);
+      const listed = await sbx.files.list('/tmp');
+      assert.deepEqual(listed.find((e) => e.name === 'meta.txt')?.metadata, want);
+      assert.equal(listed.find((e) => e.name === 'big')?.metadata, undefined);
+      // Kept on the file itself: a rename carries it.
+      assert.deepEqual((await sbx.files.rename('/tmp/meta.txt', '/tmp/meta2.txt')).metadata, want);
+      const again = await sbx.files.write('/tmp/meta2.txt', 'n');
+      assert.equal((again as { metadata?: unknown }).metadata, undefined);
+      assert.equal((await sbx.files.getInfo('/tmp/meta2.txt')).metadata, undefined);
+      const token = (
+        (await (await fetch(`${platform.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'x-api-key': e2bKey } })).json()) as { envdAccessToken: string }
+      ).envdAccessToken;
+      const bad = await fetch(`${platform.url}/files?path=/tmp/bad`, {
+        method: 'POST',
+        headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/octet-stream', 'x-metadata-big': 'x'.repeat(5000) },
+        body: 'b',
+      });
+      const body = (await bad.json()) as { code: number; message: string };
+      assert.equal(bad.status, 400);
+      assert.equal(body.code, 400);
+      assert.match(body.message, /X-Metadata/);
+    });
+
     test('files: watch a directory (recursive, entries)', async () => {
       await sbx.files.makeDir('/tmp/w');
       const events: Array<{ name: string; type: string }> = [];
@@ -205,6 +287,21 @@ for (const [version, E2B] of VERSIONS) {
         [sbx.sandboxId],
       );
       assert.deepEqual(items[0]!.metadata, { suite: tag });
+      // Paging: limit 1 over two matching sandboxes gives two pages (X-Next-Token), newest first.
+      const other = await E2B.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 60_000, metadata: { suite: tag } });
+      try {
+        const pages = E2B.Sandbox.list({ ...opts(), limit: 1, query: { metadata: { suite: tag } } });
+        const first = await pages.nextItems();
+        assert.equal(pages.hasNext, true);
+        const second = await pages.nextItems();
+        assert.equal(pages.hasNext, false);
+        assert.deepEqual(
+          [...first, ...second].map((s) => s.sandboxId),
+          [other.sandboxId, sbx.sandboxId],
+        );
+      } finally {
+        await other.kill();
+      }
       const info = await sbx.getInfo();
       assert.equal(info.templateId, TEMPLATE);
       await sbx.setTimeout(300_000);
@@ -267,7 +364,7 @@ for (const [version, E2B] of VERSIONS) {
       await back.commands.kill(bg.pid);
     });
 
-    test('snapshots are templates', async () => {
+    test('snapshots are templates; fork with count gives independent copies', async () => {
       await sbx.files.write('/tmp/snap.txt', 'from the snapshot');
       const snap = await sbx.createSnapshot();
       const child = await E2B.Sandbox.create(snap.snapshotId, { ...opts(), timeoutMs: 60_000 });
@@ -275,6 +372,20 @@ for (const [version, E2B] of VERSIONS) {
         assert.equal(await child.files.read('/tmp/snap.txt'), 'from the snapshot');
       } finally {
         await child.kill();
+      }
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 });
+      try {
+        assert.equal(forks.length, 2);
+        const [a, b] = forks;
+        assert.ok(a instanceof E2B.Sandbox && b instanceof E2B.Sandbox, forks.map((f) => (f instanceof Error ? f.message : f.sandboxId)).join(', '));
+        assert.notEqual(a.sandboxId, b.sandboxId);
+        assert.equal(await a.files.read('/tmp/snap.txt'), 'from the snapshot');
+        await a.files.write('/tmp/snap.txt', 'changed in a');
+        assert.equal(await b.files.read('/tmp/snap.txt'), 'from the snapshot');
+        assert.equal(await sbx.files.read('/tmp/snap.txt'), 'from the snapshot');
+        assert.equal(await sbx.isRunning(), true);
+      } finally {
+        for (const f of forks) if (f instanceof E2B.Sandbox) await f.kill().catch(() => undefined);
       }
     });
 
@@ -351,9 +462,16 @@ describe('host names, network updates, auto-pause (e2b 2.51.0)', () => {
   const opts = () => ({ apiKey: e2bKey, apiUrl: platform.url, sandboxUrl: platform.url, requestTimeoutMs: 30_000 });
 
   test('getHost(port): HTTP and upgrades reach the port; closed to the public without the traffic token; envd by host name', async () => {
-    const sbx = await E51.Sandbox.create(TEMPLATE, { ...opts(), timeoutMs: 120_000, network: { allowPublicTraffic: false } });
+    const sbx = await E51.Sandbox.create(TEMPLATE, {
+      ...opts(),
+      timeoutMs: 120_000,
+      network: { allowPublicTraffic: false, maskRequestHost: 'inside.test:${PORT}' },
+    });
     try {
-      await sbx.commands.run('mkdir -p /tmp/www && echo served from the sandbox > /tmp/www/index.html');
+      assert.equal((await sbx.getInfo()).network?.maskRequestHost, 'inside.test:${PORT}');
+      await sbx.commands.run('mkdir -p /tmp/www/cgi-bin && echo served from the sandbox > /tmp/www/index.html');
+      await sbx.files.write('/tmp/www/cgi-bin/host', '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n%s\\n" "$HTTP_HOST"\n');
+      await sbx.commands.run('chmod 755 /tmp/www/cgi-bin/host');
       await sbx.commands.run('busybox httpd -f -p 127.0.0.1:3000 -h /tmp/www', { background: true });
       const host = sbx.getHost(3000);
       assert.equal(host, `3000-${sbx.sandboxId}.${DOMAIN}`);
@@ -366,34 +484,97 @@ describe('host names, network updates, auto-pause (e2b 2.51.0)', () => {
         ok = await viaHost(host, '/index.html', { 'e2b-traffic-access-token': token });
       assert.equal(ok.status, 200);
       assert.equal(ok.body, 'served from the sandbox\n');
+      // maskRequestHost: the port's server sees the mask (its ${PORT} replaced), not the host name.
+      const masked = await viaHost(host, '/cgi-bin/host', { 'e2b-traffic-access-token': token });
+      assert.equal(masked.body, 'inside.test:3000\n');
       assert.equal((await viaHost(`3999-${sbx.sandboxId}.${DOMAIN}`, '/', { 'e2b-traffic-access-token': token })).status, 502);
       assert.equal((await viaHost(`3000-nope-0000.${DOMAIN}`, '/')).status, 502);
       // An upgrade (as a WebSocket handshake is): the raw connection is carried both ways; the
       // server (busybox httpd, which ignores Upgrade) answers on it.
-      const raw = await new Promise<string>((resolve, reject) => {
-        const u = new URL(platform.url);
-        const sock = netConnect(Number(u.port), u.hostname, () =>
-          sock.write(`GET /index.html HTTP/1.1\r\nHost: ${host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\ne2b-traffic-access-token: ${token}\r\n\r\n`),
-        );
-        let got = '';
-        sock.setEncoding('utf8');
-        sock.on('data', (d: string) => {
-          got += d;
-          if (got.includes('served from the sandbox')) {
-            sock.destroy();
-            resolve(got);
-          }
+      const upgrade = (to: string, until: RegExp): Promise<string> =>
+        new Promise<string>((resolve, reject) => {
+          const u = new URL(platform.url);
+          const sock = netConnect(Number(u.port), u.hostname, () =>
+            sock.write(`GET /index.html HTTP/1.1\r\nHost: ${to}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\ne2b-traffic-access-token: ${token}\r\n\r\n`),
+          );
+          let got = '';
+          sock.setEncoding('utf8');
+          sock.on('data', (d: string) => {
+            got += d;
+            if (until.test(got)) {
+              sock.destroy();
+              resolve(got);
+            }
+          });
+          sock.on('close', () => resolve(got));
+          sock.on('error', reject);
+          setTimeout(() => reject(new Error(`no answer within 30 s: ${got}`)), 30_000).unref();
         });
-        sock.on('error', reject);
-        setTimeout(() => reject(new Error(`no answer within 30 s: ${got}`)), 30_000).unref();
-      });
-      assert.match(raw, /^HTTP\/1\.[01] 200 /);
+      assert.match(await upgrade(host, /served from the sandbox/), /^HTTP\/1\.[01] 200 /);
+      // An upgrade to a port nothing listens on is answered 502, as a plain request is.
+      assert.match(await upgrade(`3999-${sbx.sandboxId}.${DOMAIN}`, /\r\n\r\n\{.*\}/s), /^HTTP\/1\.1 502 /);
       // envd's own port by host name: the data plane without the E2b-Sandbox-Id header.
       const envd = await viaHost(sbx.getHost(49983), '/health', { 'x-access-token': (sbx as unknown as { envdAccessToken: string }).envdAccessToken });
       assert.equal(envd.status, 204);
     } finally {
       await sbx.kill();
     }
+  });
+
+  test('TLS: the SDK with only E2B_API_URL=https://api.<domain> (envd and getHost by host name, the operator certificate, a local CA)', async () => {
+    // The resolver shim: every name under e2b.test is the platform's loopback address; the local
+    // CA is trusted as an operator's users would trust theirs (NODE_EXTRA_CA_CERTS).
+    const shim = path.join(scratch, 'resolver-shim.mjs');
+    await writeFile(
+      shim,
+      `import dns from 'node:dns';
+const lookup = dns.lookup;
+dns.lookup = function (host, opts, cb) {
+  if (typeof opts === 'function') { cb = opts; opts = {}; }
+  if (host === ${JSON.stringify(NAME)} || host.endsWith(${JSON.stringify(`.${NAME}`)})) {
+    return typeof opts === 'object' && opts.all ? cb(null, [{ address: '127.0.0.1', family: 4 }]) : cb(null, '127.0.0.1', 4);
+  }
+  return lookup.call(dns, host, opts, cb);
+};
+`,
+    );
+    const script = `import { Sandbox } from 'e2b-v2-51';
+const sbx = await Sandbox.create(${JSON.stringify(TEMPLATE)}, { timeoutMs: 60_000 });
+try {
+  const r = await sbx.commands.run('echo over tls; id -un');
+  await sbx.files.write('/tmp/t.txt', 'a file over tls');
+  const read = await sbx.files.read('/tmp/t.txt');
+  await sbx.commands.run('mkdir -p /tmp/www && echo a port over tls > /tmp/www/index.html');
+  await sbx.commands.run('busybox httpd -f -p 127.0.0.1:3000 -h /tmp/www', { background: true });
+  let port = '';
+  for (const until = Date.now() + 15_000; !port && Date.now() < until; await new Promise((r) => setTimeout(r, 200))) {
+    const res = await fetch('https://' + sbx.getHost(3000) + '/index.html').catch(() => undefined);
+    if (res?.status === 200) port = await res.text();
+  }
+  console.log(JSON.stringify({ stdout: r.stdout, read, port, host: sbx.getHost(3000).replace(sbx.sandboxId, 'ID') }));
+} finally {
+  await sbx.kill();
+}
+`;
+    const env = { PATH: '/usr/bin:/bin', NODE_EXTRA_CA_CERTS: caFile, E2B_API_KEY: e2bKey, E2B_API_URL: `https://api.${DOMAIN}` };
+    const out = await new Promise<string>((resolve, reject) =>
+      execFile(
+        process.execPath,
+        ['--import', shim, '--input-type=module', '-e', script],
+        { env, cwd: path.join(import.meta.dirname, '..', '..'), timeout: 60_000 },
+        (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stderr}`)) : resolve(stdout)),
+      ),
+    );
+    assert.deepEqual(JSON.parse(out.trim().split('\n').pop()!), {
+      stdout: 'over tls\nuser\n',
+      read: 'a file over tls',
+      port: 'a port over tls\n',
+      host: `3000-ID.${DOMAIN}`,
+    });
+    // A client that does not trust the CA is refused at the handshake.
+    await assert.rejects(fetch(`${platform.platform.e2bTlsUrl!}/health`), (err: unknown) =>
+      /certificate|self.signed|unable to verify/i.test(String((err as Error).cause ?? err)),
+    );
   });
 
   test('PUT /sandboxes/{id}/network replaces the egress rules, validated as at create', async () => {
@@ -430,6 +611,58 @@ describe('host names, network updates, auto-pause (e2b 2.51.0)', () => {
       // Still running a pass later: the resume gave it a new lifetime.
       await new Promise((r) => setTimeout(r, 2500));
       assert.equal((await back.getInfo()).state, 'running');
+    } finally {
+      await sbx.kill();
+    }
+  });
+
+  test('autoResume: data-plane traffic resumes a paused sandbox; allowOut at create; the watcher RPCs of the Python SDK', async () => {
+    const sbx = await E51.Sandbox.create(TEMPLATE, {
+      ...opts(),
+      timeoutMs: 60_000,
+      lifecycle: { onTimeout: 'pause', autoResume: true },
+      network: { allowOut: ['pypi.org'] },
+    });
+    try {
+      const info = await sbx.getInfo();
+      assert.deepEqual(info.network?.allowOut, ['pypi.org']);
+      assert.equal(info.allowInternetAccess, true);
+      const bg = await sbx.commands.run('sleep 600', { background: true });
+      assert.equal(await sbx.pause(), true);
+      assert.equal((await sbx.getInfo()).state, 'paused');
+      // A command through the data plane resumes it, processes kept.
+      assert.equal((await sbx.commands.run(`kill -0 ${bg.pid} && echo resumed`)).stdout, 'resumed\n');
+      assert.equal((await sbx.getInfo()).state, 'running');
+      // CreateWatcher / GetWatcherEvents / RemoveWatcher, as the Python SDK calls them (JSON Connect).
+      const token = (sbx as unknown as { envdAccessToken: string }).envdAccessToken;
+      const rpc = async (method: string, body: object): Promise<Record<string, unknown>> => {
+        const r = await fetch(`${platform.url}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/json', 'connect-protocol-version': '1' },
+          body: JSON.stringify(body),
+        });
+        const json = (await r.json()) as Record<string, unknown>;
+        assert.equal(r.status, 200, JSON.stringify(json));
+        return json;
+      };
+      await sbx.files.makeDir('/tmp/pw');
+      const { watcherId } = (await rpc('CreateWatcher', { path: '/tmp/pw', recursive: true })) as { watcherId: string };
+      await sbx.files.write('/tmp/pw/x.txt', 'x', { metadata: { k: 'v' } } as never);
+      const { events } = (await rpc('GetWatcherEvents', { watcherId, includeEntry: true })) as {
+        events: Array<{ name: string; type: string; entry?: { metadata?: Record<string, string> } }>;
+      };
+      assert.ok(
+        events.some((e) => e.name === 'x.txt' && e.type === 'EVENT_TYPE_CREATE'),
+        JSON.stringify(events),
+      );
+      assert.deepEqual(events.find((e) => e.name === 'x.txt')?.entry?.metadata, { k: 'v' });
+      await rpc('RemoveWatcher', { watcherId });
+      const gone = await fetch(`${platform.url}/filesystem.Filesystem/GetWatcherEvents`, {
+        method: 'POST',
+        headers: { 'e2b-sandbox-id': sbx.sandboxId, 'x-access-token': token, 'content-type': 'application/json' },
+        body: JSON.stringify({ watcherId }),
+      });
+      assert.equal(gone.status, 404);
     } finally {
       await sbx.kill();
     }

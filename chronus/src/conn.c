@@ -113,6 +113,7 @@ static void dispatch(struct conn *c, const struct msg *m)
 	case T_RENAME: file_rename(c, m); break;
 	case T_SYMLINK: file_symlink(c, m); break;
 	case T_STATFS: file_statfs(c, m); break;
+	case T_XATTRS: file_xattrs(c, m); break;
 	default: reply_error(c, m->id, ENOSYS, "unknown request type 0x%x", m->type); break;
 	}
 }

@@ -10,12 +10,17 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #define READ_MAX_BYTES (1024u * 1024)
 #define REMOVE_MAX_DEPTH 512
 #define DEFAULT_FILE_MODE 0644
 #define DEFAULT_DIR_MODE 0755
+#define XATTRS_MAX_PATHS 256
+#define XATTR_PREFIX_MAX 64
+/* Room a reply keeps for one more value (XATTR_SIZE_MAX) and its entry's fields. */
+#define XATTR_REPLY_SLACK (64u * 1024 + 1024)
 
 enum { OPEN_CREATE = 1, OPEN_TRUNCATE = 2, OPEN_APPEND = 4, OPEN_EXCLUSIVE = 8 };
 enum { FTYPE_FILE = 1, FTYPE_DIR, FTYPE_SYMLINK, FTYPE_OTHER };
@@ -475,4 +480,124 @@ void file_rename(struct conn *c, const struct msg *m)
 void file_symlink(struct conn *c, const struct msg *m)
 {
 	two_paths(c, m, "symlink", make_symlink);
+}
+
+
+/* Reads the PREFIX field: a namespace prefix in the user namespace ("user." or longer). */
+static bool get_prefix(struct conn *c, const struct msg *m, char *dst)
+{
+	int r = msg_cstr(m, F_PREFIX, dst, XATTR_PREFIX_MAX);
+	if (r > 0 && !strncmp(dst, "user.", 5))
+		return true;
+	reply_error(c, m->id, EINVAL, "PREFIX missing or not in the user. namespace");
+	return false;
+}
+
+/* Removes every attribute of path under prefix, then sets the request's XATTR entries. */
+static int replace_xattrs(const struct msg *m, const char *path, const char *prefix)
+{
+	static char names[XATTR_LIST_MAX];
+	size_t plen = strlen(prefix);
+	ssize_t n = listxattr(path, names, sizeof names);
+	if (n < 0)
+		return -errno;
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1)
+		if (!strncmp(names + i, prefix, plen) && removexattr(path, names + i) < 0 && errno != ENODATA)
+			return -errno;
+	size_t pos = 0;
+	struct field f;
+	while (field_next(m->p, m->len, &pos, &f)) {
+		if (f.tag != F_XATTR)
+			continue;
+		const unsigned char *name = NULL, *value = NULL;
+		size_t name_len = 0, value_len = 0, ipos = 0;
+		struct field g;
+		while (field_next(f.v, f.len, &ipos, &g)) {
+			if (g.tag == F_NAME) {
+				name = g.v;
+				name_len = g.len;
+			} else if (g.tag == F_DATA) {
+				value = g.v;
+				value_len = g.len;
+			}
+		}
+		char full[XATTR_NAME_MAX + 1];
+		if (!name || !name_len || memchr(name, 0, name_len) || plen + name_len > XATTR_NAME_MAX)
+			return -EINVAL;
+		memcpy(full, prefix, plen);
+		memcpy(full + plen, name, name_len);
+		full[plen + name_len] = 0;
+		if (setxattr(path, full, value ? value : (const unsigned char *)"", value_len, 0) < 0)
+			return -errno;
+	}
+	return 0;
+}
+
+/* One ENTRY with the attributes of path under prefix (names without it), or its ERRNO. */
+static void put_xattrs_entry(struct buf *b, size_t frame_at, const char *path, const char *prefix)
+{
+	static char names[XATTR_LIST_MAX];
+	static unsigned char value[XATTR_SIZE_MAX];
+	size_t plen = strlen(prefix);
+	size_t en = nest_begin(b, F_ENTRY);
+	ssize_t n = llistxattr(path, names, sizeof names);
+	if (n < 0) {
+		put_u64(b, F_ERRNO, (uint64_t)errno);
+		nest_end(b, en);
+		return;
+	}
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1) {
+		if (strncmp(names + i, prefix, plen))
+			continue;
+		if (b->len - frame_at > FRAME_MAX_PAYLOAD - XATTR_REPLY_SLACK) {
+			put_u64(b, F_ERRNO, E2BIG);
+			break;
+		}
+		ssize_t vn = lgetxattr(path, names + i, value, sizeof value);
+		if (vn < 0)
+			continue; /* removed meanwhile */
+		size_t xn = nest_begin(b, F_XATTR);
+		put_str(b, F_NAME, names + i + plen);
+		put_bytes(b, F_DATA, value, (size_t)vn);
+		nest_end(b, xn);
+	}
+	nest_end(b, en);
+}
+
+void file_xattrs(struct conn *c, const struct msg *m)
+{
+	char prefix[XATTR_PREFIX_MAX], path[PATH_MAX];
+	if (!get_prefix(c, m, prefix))
+		return;
+	size_t paths = 0, pos = 0;
+	struct field f;
+	while (field_next(m->p, m->len, &pos, &f))
+		if (f.tag == F_PATH && (f.len == 0 || f.len >= PATH_MAX || memchr(f.v, 0, f.len) || ++paths > XATTRS_MAX_PATHS)) {
+			reply_error(c, m->id, EINVAL, "PATH invalid or more than %d", XATTRS_MAX_PATHS);
+			return;
+		}
+	if (!paths || (msg_flag(m, F_REPLACE) && paths != 1)) {
+		reply_error(c, m->id, EINVAL, "PATH missing (REPLACE takes exactly one)");
+		return;
+	}
+	if (msg_flag(m, F_REPLACE)) {
+		if (!get_path(c, m, F_PATH, path))
+			return;
+		int r = replace_xattrs(m, path, prefix);
+		if (r < 0) {
+			fail(c, m, "setxattr", path, -r);
+			return;
+		}
+	}
+	struct buf *b = conn_out(c);
+	size_t at = frame_begin(b, RP_XATTRS, m->id);
+	pos = 0;
+	while (field_next(m->p, m->len, &pos, &f)) {
+		if (f.tag != F_PATH)
+			continue;
+		memcpy(path, f.v, f.len);
+		path[f.len] = 0;
+		put_xattrs_entry(b, at, path, prefix);
+	}
+	frame_end(b, at);
 }

@@ -13,5 +13,6 @@ void file_remove(struct conn *c, const struct msg *m);
 void file_rename(struct conn *c, const struct msg *m);
 void file_symlink(struct conn *c, const struct msg *m);
 void file_statfs(struct conn *c, const struct msg *m);
+void file_xattrs(struct conn *c, const struct msg *m);
 
 #endif

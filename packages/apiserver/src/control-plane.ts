@@ -21,6 +21,8 @@ import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
 import { withRawHandlers } from './http/exec-fast-path.js';
 import type { RawRequestHandler } from './http/exec-fast-path.js';
+import { listenE2bTls } from './e2b/tls.js';
+import type { E2bTlsOptions } from './e2b/tls.js';
 import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
@@ -72,7 +74,7 @@ export interface ControlPlaneOptions {
    * The E2B-compatible API (docs/e2b.md): build its `base` template at start (`dsec up` does)
    * or on first use, or take its Debian part from a layer (`baseFrom`); the `domain` it returns.
    */
-  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null };
+  e2b?: { buildBase?: boolean; buildOnDemand?: boolean; baseFrom?: string; domain?: string | null; tls?: E2bTlsOptions };
 }
 
 /** What {@link startControlPlane} is started with. */
@@ -96,6 +98,8 @@ export interface ControlPlaneStart extends ControlPlaneOptions {
 export interface ControlPlane {
   /** Base URL of the API. */
   url: string;
+  /** `https://host:port` of E2B's HTTPS listener (`e2b.tls`), when configured. */
+  e2bTlsUrl?: string;
   /** The first admin key: set only where this process created it (it is printed once). */
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
@@ -216,11 +220,13 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       { gate: authFailures, trustedProxies: new Set(o.trustedProxies ?? []) },
     );
     // Handlers of Node's own requests first (the exec route), then the app.
-    const server = createServer(withRawHandlers(rawHandlers, getRequestListener(app.fetch)));
+    const listener = withRawHandlers(rawHandlers, getRequestListener(app.fetch));
+    const server = createServer(listener);
     server.keepAliveTimeout = 65_000;
-    server.on('upgrade', (req, socket, head) => {
+    const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer): void => {
       if (!upgrades.some((take) => take(req, socket, head))) ws.handle(req, socket, head);
-    });
+    };
+    server.on('upgrade', onUpgrade);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
       server.listen(port, host, () => {
@@ -235,6 +241,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     );
     // Live event streams end first: the server's close waits for open connections.
     closers.unshift(() => watch.events.endSubscriptions());
+    // E2B's HTTPS listener (host names with the operator's certificate), when configured.
+    const e2bTls = o.e2b?.tls ? await listenE2bTls(o.e2b.tls, listener, onUpgrade) : undefined;
+    if (e2bTls) closers.unshift(() => e2bTls.close());
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
@@ -303,6 +312,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     let closed = false;
     return {
       url,
+      ...(e2bTls ? { e2bTlsUrl: e2bTls.url } : {}),
       ...(adminKey ? { adminKey } : {}),
       adminKeyFile,
       services,

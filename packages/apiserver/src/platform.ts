@@ -79,6 +79,8 @@ export interface Platform {
   url: string;
   /** `https://host:port` of the node port, when there is one. */
   nodeUrl?: string;
+  /** `https://host:port` of E2B's HTTPS listener (`e2b.tls`), when configured. */
+  e2bTlsUrl?: string;
   /** The first admin key: set only on the first start (it is printed once). */
   adminKey?: string;
   /** File holding the admin key (mode 0600). */
@@ -185,6 +187,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     const platform: Platform = {
       url: cp.url,
       ...(port ? { nodeUrl: port.url } : {}),
+      ...(cp.e2bTlsUrl ? { e2bTlsUrl: cp.e2bTlsUrl } : {}),
       ...(cp.adminKey ? { adminKey: cp.adminKey } : {}),
       adminKeyFile: cp.adminKeyFile,
       edge,

@@ -254,7 +254,9 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(config.trustedProxies !== undefined ? { trustedProxies: config.trustedProxies } : {}),
     ...(cluster.nodeAddr !== undefined ? { cluster } : {}),
     ...(Object.keys(limits).length > 0 ? { limits } : {}),
-    ...(config.e2b.domain !== undefined ? { e2b: { domain: config.e2b.domain } } : {}),
+    ...(config.e2b.domain !== undefined || config.e2b.tls !== undefined
+      ? { e2b: { ...(config.e2b.domain !== undefined ? { domain: config.e2b.domain } : {}), ...(config.e2b.tls ? { tls: config.e2b.tls } : {}) } }
+      : {}),
   };
   return opts;
 }

@@ -38,6 +38,11 @@ export interface SandboxAgent {
   rename(from: string, to: string): Promise<void>;
   symlink(path: string, target: string): Promise<void>;
   statfs(path: string): Promise<{ totalBytes: number; freeBytes: number; files: number; freeFiles: number }>;
+  /**
+   * Extended attributes under `prefix` of each path (null where unreadable); with `replace`
+   * (one path), replaces those first. Absent where the agent cannot (a VM's guest agent).
+   */
+  xattrs?(paths: string[], prefix: string, opts?: { replace?: Record<string, string> }): Promise<Array<Record<string, string> | null>>;
   readonly connected: boolean;
   close(): void;
 }

@@ -3,9 +3,10 @@
 // machine (`withAgent`, which `Edge` implements): it waits for a pause or resume under way, is
 // refused while the sandbox is paused, and a pause waits for it.
 import type { EdgeCallOptions, EdgeExecOptions, ExecResult, ExecSpec, FileStat, ProcessInfo } from '@dsec/protocol';
+import { DsecError } from '@dsec/protocol';
 import type { SandboxAgent } from './backend.js';
 import { collectResult, toSpawnOptions, writeStdinIgnoringExit } from './commands.js';
-import { checkLinkTarget, checkPath, MAX_FILE_READ_BYTES } from './files.js';
+import { checkLinkTarget, checkPath, checkXattrs, MAX_FILE_READ_BYTES } from './files.js';
 import { EdgeProcessStream } from './process-stream.js';
 import type { SandboxMonitor } from './sandbox-monitor.js';
 
@@ -146,6 +147,24 @@ export abstract class SandboxCalls {
   async listDir(id: string, dir: string, opts: EdgeCallOptions = {}): Promise<FileStat[]> {
     checkPath(dir);
     return this.withAgent(id, (agent) => agent.listDir(dir), opts);
+  }
+
+  /** Extended attributes under `prefix` of each path; with `replace`, set those first (one path). */
+  async xattrs(
+    id: string,
+    paths: string[],
+    prefix: string,
+    opts: EdgeCallOptions & { replace?: Record<string, string> } = {},
+  ): Promise<Array<Record<string, string> | null>> {
+    checkXattrs(paths, prefix, opts.replace);
+    return this.withAgent(
+      id,
+      (agent) => {
+        if (!agent.xattrs) throw new DsecError('INVALID_ARGUMENT', "extended attributes are not available through this sandbox's agent");
+        return agent.xattrs(paths, prefix, opts.replace ? { replace: opts.replace } : {});
+      },
+      opts,
+    );
   }
 
   /** Metadata of a path. */

@@ -298,6 +298,18 @@ export const DsecConfigSchema = z.strictObject({
         .string()
         .regex(/^[a-z0-9]([a-z0-9-]{0,62}\.)*[a-z0-9-]{1,63}(:[0-9]{1,5})?$/i, { error: 'not a domain name (with an optional :port)' })
         .optional(),
+      /**
+       * An HTTPS listener for E2B clients with the operator's certificate (PEM files: a wildcard
+       * `*.<domain>` and the API's name), on an address of its own (`host:port`, usually `:443`
+       * with `domain` without a port). Default none (plain HTTP only; or TLS in front).
+       */
+      tls: z
+        .strictObject({
+          certFile: z.string().min(1),
+          keyFile: z.string().min(1),
+          addr: z.string().regex(/^(\[[0-9a-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$/i, { error: 'not host:port' }),
+        })
+        .optional(),
     })
     .default({}),
 });

@@ -248,6 +248,17 @@ export interface EdgeClient {
   remove(id: string, path: string, opts?: EdgeCallOptions & { recursive?: boolean }): Promise<void>;
   rename(id: string, from: string, to: string, opts?: EdgeCallOptions): Promise<void>;
   symlink(id: string, path: string, target: string, opts?: EdgeCallOptions): Promise<void>;
+  /**
+   * Extended attributes under `prefix` (`user.` namespace) of each path, names without the
+   * prefix (null where unreadable); with `replace` (one path) those under the prefix are
+   * replaced first. INVALID_ARGUMENT where the sandbox's agent has no such operation (a VM).
+   */
+  xattrs(
+    id: string,
+    paths: string[],
+    prefix: string,
+    opts?: EdgeCallOptions & { replace?: Record<string, string> },
+  ): Promise<Array<Record<string, string> | null>>;
 
   /** Replaces the sandbox's network policy (validated and normalised by the caller). */
   setNetwork(id: string, policy: NetworkPolicy, opts?: EdgeCallOptions): Promise<SandboxNetwork>;

@@ -8,6 +8,8 @@ import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import { E2bError } from './errors.js';
 import {
+  HTTPS_PORTS_LABEL,
+  MASK_HOST_LABEL,
   METADATA_PREFIX,
   NO_TOKEN,
   TEMPLATE_LABEL,
@@ -19,12 +21,36 @@ import {
   tokenFor,
 } from './sandboxes.js';
 import type { TemplateResolver } from './templates.js';
+import { ENVD_PORT } from './ports.js';
 
 /** E2B's default sandbox timeout when a request names none (its API's default), seconds. */
 export const DEFAULT_TIMEOUT_S = 15;
 const MAX_TIMEOUT_S = MAX_SANDBOX_TIMEOUT_MS / 1000;
+/** Metadata entries of a sandbox (dsec's 64 labels less the E2B API's own: template, tokens, port settings). */
+const MAX_METADATA_ENTRIES = 58;
+/** A host mask: a host name with an optional port, `${PORT}` standing for the port asked for. */
+const MASK_HOST = /^[A-Za-z0-9._-]+(:[0-9]{1,5})?$/;
+
+/** The labels of `network.maskRequestHost` and `network.httpsPorts` (ports.ts reads them). */
+function portLabels(n: { maskRequestHost?: string | undefined; httpsPorts?: number[] | undefined } | null | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (n?.maskRequestHost !== undefined) {
+    if (!MASK_HOST.test(n.maskRequestHost.replaceAll('${PORT}', '1')))
+      throw invalidArgument('network.maskRequestHost', 'must be a host name with an optional :port, where ${PORT} stands for the port');
+    out[MASK_HOST_LABEL] = n.maskRequestHost;
+  }
+  if (n?.httpsPorts && n.httpsPorts.length > 0) {
+    if (n.httpsPorts.includes(ENVD_PORT)) throw invalidArgument('network.httpsPorts', `envd's port ${ENVD_PORT} cannot be listed`);
+    out[HTTPS_PORTS_LABEL] = [...new Set(n.httpsPorts)].join(',');
+  }
+  return out;
+}
+
 /** Metadata keys that fit in a dsec label key after the `e2b/` prefix. */
 const METADATA_KEY = /^[A-Za-z0-9][A-Za-z0-9._-]{0,58}$/;
+
+/** Ports of `network.httpsPorts` (their list must fit one label). */
+const MAX_HTTPS_PORTS = 32;
 
 const TimeoutSchema = z.number().int().min(1).max(MAX_TIMEOUT_S);
 
@@ -41,7 +67,8 @@ export const NewSandboxSchema = z.object({
       allowOut: z.array(z.string().max(255)).max(256).optional(),
       denyOut: z.array(z.string().max(255)).max(256).optional(),
       allowPublicTraffic: z.boolean().optional(),
-      maskRequestHost: z.string().optional(),
+      maskRequestHost: z.string().max(255).optional(),
+      httpsPorts: z.array(z.number().int().min(1).max(65535)).max(MAX_HTTPS_PORTS).optional(),
       rules: z.unknown().optional(),
       egressProxy: z.unknown().optional(),
     })
@@ -149,14 +176,12 @@ export class E2bControl {
     if (body.volumeMounts && body.volumeMounts.length > 0) throw invalidArgument('volumeMounts', 'volumes are not supported by dsec');
     if (body.iam !== undefined && body.iam !== null) throw invalidArgument('iam', 'IAM tokens are not supported by dsec');
     refuseUnsupportedNetwork(body.network, 'network.');
-    if (body.network?.maskRequestHost !== undefined)
-      throw invalidArgument('network.maskRequestHost', 'host rewriting on port traffic is not supported by dsec');
-    const labels: Record<string, string> = {};
+    const labels: Record<string, string> = portLabels(body.network);
     for (const [k, v] of Object.entries(body.metadata ?? {})) {
       if (!METADATA_KEY.test(k)) throw invalidArgument(`metadata.${k}`, 'keys are letters, digits, ".", "_" and "-" (at most 59)');
       labels[METADATA_PREFIX + k] = v;
     }
-    if (Object.keys(labels).length > 60) throw invalidArgument('metadata', 'at most 60 entries');
+    if (Object.keys(body.metadata ?? {}).length > MAX_METADATA_ENTRIES) throw invalidArgument('metadata', `at most ${MAX_METADATA_ENTRIES} entries`);
     labels[TEMPLATE_LABEL] = body.templateID;
     const token = body.secure === false ? NO_TOKEN : newAccessToken();
     labels[TOKEN_LABEL] = token;

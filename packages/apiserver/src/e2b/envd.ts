@@ -18,6 +18,7 @@ import { CutStream, deadlineMs, keepaliveMs } from './connect.js';
 import { ConnectError, E2bError } from './errors.js';
 import { NO_TOKEN, TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
 import { ENVD_PORT, hostTarget } from './ports.js';
+import { fileMetadataOf, metadataFromHeaders, replaceFileMetadata } from './file-metadata.js';
 import { SandboxUsers, resolvePath } from './users.js';
 import type { SandboxUser } from './users.js';
 
@@ -261,9 +262,10 @@ export class Envd {
     return this.users.user(t, name);
   }
 
-  /** `EntryInfo` of a path. */
-  async entry(t: EnvdTarget, abs: string, st?: FileStat): Promise<Record<string, unknown>> {
+  /** `EntryInfo` of a path; its file metadata is read unless given. */
+  async entry(t: EnvdTarget, abs: string, st?: FileStat, metadata?: Record<string, string>): Promise<Record<string, unknown>> {
     const s = st ?? (await this.services.files.stat(t, abs));
+    const meta = metadata ?? (await fileMetadataOf(this.services, t, [abs]))[0] ?? {};
     const { owner, group } = await this.users.names(t, s.uid, s.gid);
     const mode = s.mode & 0o777;
     const out: Record<string, unknown> = {
@@ -278,6 +280,7 @@ export class Envd {
       modifiedTime: new Date(s.mtimeMs).toISOString(),
     };
     if (s.type === 'symlink' && s.linkTarget !== undefined) out.symlinkTarget = path.posix.resolve(path.posix.dirname(abs), s.linkTarget);
+    if (Object.keys(meta).length > 0) out.metadata = meta;
     return out;
   }
 
@@ -326,7 +329,7 @@ export class Envd {
   async upload(c: Context): Promise<Response> {
     const t = await this.target(c, { op: 'write' });
     const user = await this.userOf(c, t, true);
-    for (const h of Object.keys(c.req.header())) if (h.startsWith('x-metadata-')) throw invalidArgument(h, 'file metadata is not supported by dsec');
+    const metadata = metadataFromHeaders(c.req.header());
     if (Number(c.req.header('content-length') ?? 0) > MAX_UPLOAD_BYTES)
       throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
     const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
@@ -339,7 +342,8 @@ export class Envd {
         this.services.files.write(t, abs, body, { limitBytes: MAX_UPLOAD_BYTES, mode: 0o644 }, c.req.raw.signal),
       );
       await this.chown(t, user, [...parents, abs]);
-      written.push({ path: abs, name: path.posix.basename(abs), type: 'file' });
+      await replaceFileMetadata(this.services, t, abs, metadata);
+      written.push({ path: abs, name: path.posix.basename(abs), type: 'file', ...(Object.keys(metadata).length > 0 ? { metadata } : {}) });
     };
     if (type === 'multipart/form-data') {
       // Multipart bodies are parsed whole (bounded); large files go raw (octet-stream, streamed).
@@ -622,8 +626,14 @@ export class Envd {
         const depth = req.depth === undefined ? 1 : Math.max(1, uint(req.depth, 'depth'));
         const st = await this.statOrNotFound(t, abs);
         if (st.type !== 'dir') throw new ConnectError('invalid_argument', `path ${abs} is not a directory`);
+        const walked = await this.walk(t, abs, depth);
+        const metadata = await fileMetadataOf(
+          this.services,
+          t,
+          walked.map((e) => e.abs),
+        );
         const entries = [];
-        for (const e of await this.walk(t, abs, depth)) entries.push(await this.entry(t, e.abs, e.st));
+        for (const [i, e] of walked.entries()) entries.push(await this.entry(t, e.abs, e.st, metadata[i]));
         return { entries };
       }
       case 'MakeDir': {

@@ -6,7 +6,13 @@ import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import type { OutputEvent, ProcessStream } from '@dsec/protocol';
-import { MAX_CONNECTIONS_PER_SANDBOX, PortBudget, RELAY, RelaySocket, hostTarget } from './ports.js';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer as createHttpsServer } from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import type { Duplex } from 'node:stream';
+import { MAX_CONNECTIONS_PER_SANDBOX, PortBudget, RELAY, RelaySocket, firstChunk, hostTarget, overTls } from './ports.js';
 
 test('hostTarget: <port>-<id>.<domain>, with or without a port in the domain', () => {
   assert.deepEqual(hostTarget('3000-sb-1a2b.e2b.test', 'e2b.test'), { port: 3000, sandboxId: 'sb-1a2b' });
@@ -23,6 +29,8 @@ test('hostTarget: <port>-<id>.<domain>, with or without a port in the domain', (
 /** The relay as a local process, seen as an edge's ProcessStream. */
 function localRelay(port: number): ProcessStream {
   const child = spawn('bash', ['-c', RELAY, String(port)], { stdio: ['pipe', 'pipe', 'ignore'] });
+  // A relay that exited makes later writes fail (EPIPE): the write's promise says so, as the edge's does.
+  child.stdin.on('error', () => undefined);
   const exited = new Promise<{ exitCode: number | null; signal: string | null }>((resolve) =>
     child.once('exit', (code, signal) => resolve({ exitCode: code, signal })),
   );
@@ -105,4 +113,63 @@ test('PortBudget: a refused connection counts nothing; a release counts once; ra
   assert.throws(() => budget.takeRequest('sb-a', '203.0.113.9'), /too many port requests to sandbox sb-a/);
   // A refusal takes nothing from the address's bucket: it may still reach another sandbox.
   budget.takeRequest('sb-b', '203.0.113.9');
+});
+
+test('httpsPorts: TLS to the port over the relay, its self-signed certificate accepted; firstChunk waits for the answer', async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-ports-tls-'));
+  try {
+    execFileSync(
+      'openssl',
+      [
+        'req',
+        '-x509',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:prime256v1',
+        '-nodes',
+        '-keyout',
+        'k.pem',
+        '-out',
+        'c.pem',
+        '-days',
+        '1',
+        '-subj',
+        '/CN=inside.test',
+      ],
+      { cwd: dir, stdio: 'ignore' },
+    );
+    const server = createHttpsServer({ cert: readFileSync(path.join(dir, 'c.pem')), key: readFileSync(path.join(dir, 'k.pem')) }, (req, res) =>
+      res.end(`tls ${req.headers.host ?? ''}`),
+    );
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as AddressInfo).port;
+    try {
+      const answer = await new Promise<string>((resolve, reject) => {
+        const req = request(
+          {
+            createConnection: () => overTls(new RelaySocket(localRelay(port)), 'inside.test:3000'),
+            path: '/',
+            headers: { host: 'inside.test:3000', connection: 'close' },
+          },
+          (res) => {
+            let b = '';
+            res.on('data', (d: Buffer) => (b += d.toString()));
+            res.on('end', () => resolve(`${res.statusCode} ${b}`));
+          },
+        );
+        req.setTimeout(10_000, () => req.destroy(new Error('no answer within 10 s')));
+        req.on('error', reject);
+        req.end();
+      });
+      assert.equal(answer, '200 tls inside.test:3000');
+    } finally {
+      server.close();
+    }
+    // A closed port: firstChunk rejects (the upgrade path answers 502 then).
+    const closed: Duplex = new RelaySocket(localRelay(port));
+    await assert.rejects(firstChunk(closed), /nothing listens/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

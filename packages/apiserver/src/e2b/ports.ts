@@ -12,6 +12,7 @@
 import { request as httpRequest } from 'node:http';
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import { Duplex, Readable } from 'node:stream';
+import { connect as tlsConnect } from 'node:tls';
 import type { Context, MiddlewareHandler } from 'hono';
 import { DsecError } from '@dsec/protocol';
 import type { EdgeClient, ProcessStream } from '@dsec/protocol';
@@ -21,7 +22,7 @@ import type { Services } from '../services/index.js';
 import type { WatchService } from '../watch.js';
 import { AddressBuckets } from './envd.js';
 import { E2bError, e2bErrorResponse } from './errors.js';
-import { TOKEN_LABEL, TRAFFIC_TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
+import { HTTPS_PORTS_LABEL, MASK_HOST_LABEL, TOKEN_LABEL, TRAFFIC_TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
 
 /** envd's port: host names with it are the data plane, not a proxied port. */
 export const ENVD_PORT = 49983;
@@ -112,6 +113,56 @@ interface PortTarget {
   edge: EdgeClient;
   sandboxId: string;
   port: number;
+  /** The Host the port's server is sent (`network.maskRequestHost`, `${PORT}` replaced); the client's when absent. */
+  host?: string;
+  /** The port serves HTTPS (`network.httpsPorts`): the proxy speaks TLS to it, certificates unchecked, as E2B's. */
+  tls: boolean;
+}
+
+/**
+ * TLS over a relay, for a port that serves HTTPS (`network.httpsPorts`). As E2B's proxy, the
+ * port's certificate is not verified (self-signed ones work): the relay is the sandbox's own
+ * loopback. `host` (the mask, if any) is sent as the server name.
+ */
+export function overTls(relay: Duplex, host?: string): Duplex {
+  const name = host?.replace(/:[0-9]+$/, '');
+  const secure = tlsConnect({ socket: relay, rejectUnauthorized: false, ...(name && !/^[0-9.]+$/.test(name) ? { servername: name } : {}) });
+  secure.once('close', () => relay.destroy());
+  // The relay's failure (nothing listens there) is the TLS connection's, seen by its user.
+  relay.once('error', (err) => secure.destroy(err));
+  return secure;
+}
+
+/**
+ * The first bytes the port answers (null when it closed without a byte). Until then an upgrade
+ * can still be answered 502, as E2B's proxy answers a port nothing listens on.
+ */
+export function firstChunk(s: Duplex): Promise<Buffer | null> {
+  return new Promise((resolve, reject) => {
+    const off = (): void => {
+      s.off('data', onData);
+      s.off('end', onEnd);
+      s.off('error', onError);
+      s.off('close', onEnd);
+    };
+    const onData = (b: Buffer): void => {
+      off();
+      s.pause();
+      resolve(b);
+    };
+    const onEnd = (): void => {
+      off();
+      resolve(null);
+    };
+    const onError = (err: Error): void => {
+      off();
+      reject(err);
+    };
+    s.on('data', onData);
+    s.once('end', onEnd);
+    s.once('close', onEnd);
+    s.once('error', onError);
+  });
 }
 
 /** Request rates of a PortBudget: tokens per second and burst. */
@@ -206,16 +257,32 @@ export class SandboxPorts {
       const v = req.headers[n];
       return Array.isArray(v) ? v[0] : v;
     };
+    let principal: Principal | undefined;
     this.target(m, header, clientAddress)
       .then(async (t) => {
+        principal = t.p;
         const relay = await this.connect(t);
+        const gone = (): void => void relay.destroy();
+        socket.once('close', gone);
         let raw = `${req.method ?? 'GET'} ${req.url ?? '/'} HTTP/1.1\r\n`;
         for (let i = 0; i + 1 < req.rawHeaders.length; i += 2) {
-          const name = req.rawHeaders[i]!;
-          if (name.toLowerCase() !== TRAFFIC_TOKEN_HEADER) raw += `${name}: ${req.rawHeaders[i + 1]!}\r\n`;
+          const name = req.rawHeaders[i]!.toLowerCase();
+          if (name === TRAFFIC_TOKEN_HEADER || (name === 'host' && t.host !== undefined)) continue;
+          raw += `${req.rawHeaders[i]!}: ${req.rawHeaders[i + 1]!}\r\n`;
         }
+        if (t.host !== undefined) raw += `Host: ${t.host}\r\n`;
         relay.write(`${raw}\r\n`);
         if (head.length > 0) relay.write(head);
+        // Nothing is sent back until the port answers, so a closed port is still a 502.
+        const first = await firstChunk(relay).catch((err: unknown) => {
+          throw new E2bError(502, `port ${t.port} of sandbox ${t.sandboxId}: ${(err as Error).message}`);
+        });
+        socket.off('close', gone);
+        if (first === null) {
+          relay.destroy();
+          throw new E2bError(502, `port ${t.port} of sandbox ${t.sandboxId} closed the connection without an answer`);
+        }
+        socket.write(first);
         relay.pipe(socket).on('error', () => relay.destroy());
         socket.pipe(relay).on('error', () => socket.destroy());
         socket.on('close', () => relay.destroy());
@@ -224,6 +291,8 @@ export class SandboxPorts {
       })
       .catch((err: unknown) => {
         const res = e2bErrorResponse(err, this.log);
+        this.audit(principal, req.method ?? 'GET', m, res.status, 0);
+        if (socket.destroyed) return;
         void res
           .text()
           .then((body) =>
@@ -252,15 +321,24 @@ export class SandboxPorts {
     const p = sandboxPrincipal(row, await this.services.iam.tenantOf(row.project_id));
     try {
       const { row: running, edge } = await this.services.lifecycle.route(p, m.sandboxId, 'member');
-      return { p, edge, sandboxId: running.id, port: m.port };
+      const mask = row.labels[MASK_HOST_LABEL];
+      const tls = (row.labels[HTTPS_PORTS_LABEL] ?? '').split(',').includes(String(m.port));
+      return { p, edge, sandboxId: running.id, port: m.port, tls, ...(mask !== undefined ? { host: mask.replaceAll('${PORT}', String(m.port)) } : {}) };
     } catch (err) {
       if (err instanceof DsecError && (err.code === 'SANDBOX_NOT_FOUND' || err.code === 'SANDBOX_NOT_RUNNING')) throw notRunning(err.message);
       throw err;
     }
   }
 
+  /** A connection to the target's port: its relay, inside TLS for an HTTPS port. */
+  private async connect(t: PortTarget): Promise<Duplex> {
+    const relay = await this.relay(t);
+    if (!t.tls) return relay;
+    return overTls(relay, t.host);
+  }
+
   /** A relay to the target's port (one of the sandbox's bounded connections, released when it closes). */
-  private async connect(t: PortTarget): Promise<RelaySocket> {
+  private async relay(t: PortTarget): Promise<RelaySocket> {
     const release = this.budget.openConnection(t.sandboxId);
     try {
       const proc = await t.edge.spawn(t.sandboxId, {
@@ -290,6 +368,7 @@ export class SandboxPorts {
     const headers: IncomingHttpHeaders = {};
     for (const [k, v] of c.req.raw.headers) if (!HOP_BY_HOP.has(k) && k !== TRAFFIC_TOKEN_HEADER) headers[k] = v;
     headers.connection = 'close';
+    if (t.host !== undefined) headers.host = t.host;
     const url = new URL(c.req.url);
     const body = c.req.raw.body;
     return new Promise<Response>((resolve, reject) => {

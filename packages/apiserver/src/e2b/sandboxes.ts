@@ -18,6 +18,10 @@ export const TOKEN_LABEL = 'e2b.token';
  * false` (its host-named ports then need it; ports.ts). Never shown, like {@link TOKEN_LABEL}.
  */
 export const TRAFFIC_TOKEN_LABEL = 'e2b.traffic-token';
+/** Label holding `network.maskRequestHost`: the Host that proxied port requests carry (`${PORT}` replaced). */
+export const MASK_HOST_LABEL = 'e2b.mask-host';
+/** Label holding `network.httpsPorts` (comma-separated): ports the proxy reaches over TLS. */
+export const HTTPS_PORTS_LABEL = 'e2b.https-ports';
 /** Labels only the E2B API sets (`e2b.token`, `e2b.template`); /v1 creates and forks refuse them. */
 export const RESERVED_LABEL_PREFIX = 'e2b.';
 /** Label holding the templateID the sandbox was created from. */
@@ -112,6 +116,8 @@ export function listedSandbox(
       allowOut: (s.network.allow ?? []).map((r) => r.host),
       denyOut: s.network.deny ?? [],
       allowPublicTraffic: !publicTrafficClosed,
+      ...(s.labels[MASK_HOST_LABEL] !== undefined ? { maskRequestHost: s.labels[MASK_HOST_LABEL] } : {}),
+      ...(s.labels[HTTPS_PORTS_LABEL] !== undefined ? { httpsPorts: s.labels[HTTPS_PORTS_LABEL].split(',').map(Number) } : {}),
     };
     out.lifecycle = { onTimeout: s.lease.onExpire ?? 'kill', autoResume: s.lease.autoResume };
   }

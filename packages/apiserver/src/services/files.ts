@@ -67,6 +67,20 @@ export class FileService {
     return t.edge.stat(t.sandboxId, path, { signal });
   }
 
+  /**
+   * Extended attributes under `prefix` (`user.` namespace) of each path, null where unreadable;
+   * with `replace` (one path), those under the prefix are replaced first.
+   */
+  xattrs(
+    t: CommandTarget,
+    paths: string[],
+    prefix: string,
+    replace?: Record<string, string>,
+    signal?: AbortSignal,
+  ): Promise<Array<Record<string, string> | null>> {
+    return t.edge.xattrs(t.sandboxId, paths, prefix, { ...(replace ? { replace } : {}), signal });
+  }
+
   /** Makes a directory (and its parents). */
   async mkdir(t: CommandTarget, path: string, signal?: AbortSignal): Promise<void> {
     await this.recorded(t.sandboxId, 'mkdir', { path }, () => t.edge.mkdir(t.sandboxId, path, { signal }));

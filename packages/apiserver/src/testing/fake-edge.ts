@@ -316,6 +316,23 @@ export class FakeEdge implements EdgeClient {
     files.set(to, data);
   }
 
+  /** Extended attributes kept per sandbox and path (names with their prefix). */
+  readonly attrs = new Map<string, Map<string, Record<string, string>>>();
+
+  async xattrs(
+    id: string,
+    paths: string[],
+    prefix: string,
+    opts: EdgeCallOptions & { replace?: Record<string, string> } = {},
+  ): Promise<Array<Record<string, string> | null>> {
+    this.called('xattrs', opts);
+    const files = this.entry(id).files;
+    const attrs = this.attrs.get(id) ?? new Map<string, Record<string, string>>();
+    this.attrs.set(id, attrs);
+    if (opts.replace && paths[0] !== undefined) attrs.set(`${prefix}${paths[0]}`, { ...opts.replace });
+    return paths.map((p) => (files.has(p) ? { ...(attrs.get(`${prefix}${p}`) ?? {}) } : null));
+  }
+
   async symlink(id: string, _path?: string, _target?: string, opts?: EdgeCallOptions): Promise<void> {
     this.called('symlink', opts);
     this.entry(id);

@@ -3,6 +3,7 @@ import { hostname } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Command } from 'commander';
+import { DEFAULT_RUNTIME_CACHE } from '@dsec/protocol';
 import { repeated } from '../parse.js';
 
 /** Name of the built-in base layer every node builds for itself (the same bytes, the same digest). */
@@ -21,6 +22,7 @@ interface EdgeFlags {
   networkPool?: string;
   nameserver?: string[];
   userns?: boolean;
+  runtimeCache?: string;
   quiet?: boolean;
   clean?: boolean;
 }
@@ -38,6 +40,10 @@ export function registerEdge(program: Command): void {
     .option('--network-pool <cidr>', 'IPv4 range of sandbox addresses (default $DSEC_NETWORK_POOL)')
     .option('--nameserver <ip>', "resolver for sandboxes, repeatable (default the host's)", repeated)
     .option('--no-userns', 'run container sandboxes without a user namespace of their own')
+    .option(
+      '--runtime-cache <dir>',
+      `machine-wide cache of built layers (function-call runtimes, E2B's base), shared with dsec up on this machine (default $DSEC_RUNTIME_CACHE or ${DEFAULT_RUNTIME_CACHE})`,
+    )
     .option('-q, --quiet', 'do not print the node log')
     .option('--clean', 'on stop, destroy every sandbox of this node and leave nothing of it behind')
     .action(async (flags: EdgeFlags) => {
@@ -54,6 +60,8 @@ export function registerEdge(program: Command): void {
         agentBinary: flags.agent ?? process.env.DSEC_AGENT ?? defaultAgentBinary(),
         userNamespaces: flags.userns !== false,
         network: { ...(pool ? { pool } : {}), ...(flags.nameserver?.length ? { nameservers: flags.nameserver } : {}) },
+        // As the platform's own node: `base` and runtime layers built once per machine, not per store.
+        machineCacheDir: path.resolve(flags.runtimeCache ?? process.env.DSEC_RUNTIME_CACHE ?? DEFAULT_RUNTIME_CACHE),
       });
       let agent: Awaited<ReturnType<typeof NodeAgent.start>> | undefined;
       try {

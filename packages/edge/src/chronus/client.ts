@@ -13,6 +13,10 @@ import type { Field, Frame } from './wire.js';
 export const DEFAULT_WINDOW_BYTES = 262_144;
 /** Default time to wait for a connection to the agent. */
 export const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
+/** Paths per XATTRS request (chronus takes at most 256). */
+const XATTRS_PATHS_PER_REQUEST = 256;
+/** errno E2BIG: an XATTRS reply that filled its frame. */
+const E2BIG = 7;
 
 /** What the agent says about itself. */
 export interface AgentInfo {
@@ -359,6 +363,32 @@ export class ChronusClient {
   async statfs(path: string): Promise<{ totalBytes: number; freeBytes: number; files: number; freeFiles: number }> {
     const f = (await this.request(T.STATFS, [[F.PATH, path]], `statfs ${path}`)).fields;
     return { totalBytes: f.num(F.BYTES_TOTAL) ?? 0, freeBytes: f.num(F.BYTES_FREE) ?? 0, files: f.num(F.FILES_TOTAL) ?? 0, freeFiles: f.num(F.FILES_FREE) ?? 0 };
+  }
+
+  /**
+   * Extended attributes under `prefix` (in the `user.` namespace) of each path, names without
+   * the prefix, in the order given; null for a path that cannot be read (gone, no xattr support).
+   * With `replace` (one path only), first removes every attribute under the prefix and sets those.
+   */
+  async xattrs(paths: string[], prefix: string, opts: { replace?: Record<string, string> } = {}): Promise<Array<Record<string, string> | null>> {
+    const out: Array<Record<string, string> | null> = [];
+    for (let at = 0; at < paths.length; at += XATTRS_PATHS_PER_REQUEST) {
+      const fields: Field[] = [[F.PREFIX, prefix], ...paths.slice(at, at + XATTRS_PATHS_PER_REQUEST).map((p): Field => [F.PATH, p])];
+      for (const [name, value] of Object.entries(opts.replace ?? {})) fields.push([F.XATTR, [[F.NAME, name], [F.DATA, Buffer.from(value)]]]);
+      if (opts.replace) fields.push([F.REPLACE, true]);
+      const f = (await this.request(T.XATTRS, fields, `xattrs ${paths[at] ?? ''}`)).fields;
+      for (const e of f.nested(F.ENTRY)) {
+        // E2BIG: the reply filled up; what fitted is kept.
+        if (e.has(F.ERRNO) && e.num(F.ERRNO) !== E2BIG) {
+          out.push(null);
+          continue;
+        }
+        const attrs: Record<string, string> = {};
+        for (const x of e.nested(F.XATTR)) attrs[x.str(F.NAME) ?? ''] = x.str(F.DATA) ?? '';
+        out.push(attrs);
+      }
+    }
+    return out;
   }
 
   /** Creates a symbolic link at `path` pointing to `target` (stored as given). */

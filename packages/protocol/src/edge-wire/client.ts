@@ -250,6 +250,15 @@ export class WireEdgeClient implements EdgeClient {
   listDir(id: string, path: string, opts: EdgeCallOptions = {}): Promise<FileStat[]> {
     return this.call('listDir', [id, path], opts);
   }
+  xattrs(
+    id: string,
+    paths: string[],
+    prefix: string,
+    opts: EdgeCallOptions & { replace?: Record<string, string> } = {},
+  ): Promise<Array<Record<string, string> | null>> {
+    const { signal, ...rest } = opts;
+    return this.call('xattrs', [id, paths, prefix, rest], { signal });
+  }
   stat(id: string, path: string, opts: EdgeCallOptions = {}): Promise<FileStat> {
     return this.call('stat', [id, path], opts);
   }

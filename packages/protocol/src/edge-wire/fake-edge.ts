@@ -323,6 +323,12 @@ export class FakeEdge implements EdgeClient {
   async listDir(_id: string, path: string): Promise<FileStat[]> {
     return [...this.files.keys()].filter((p) => p.startsWith(path)).map((p) => stat(p));
   }
+  /** Extended attributes by path (one prefix is enough for a fake). */
+  readonly attrs = new Map<string, Record<string, string>>();
+  async xattrs(_id: string, paths: string[], _prefix: string, opts?: { replace?: Record<string, string> }): Promise<Array<Record<string, string> | null>> {
+    if (opts?.replace && paths[0] !== undefined) this.attrs.set(paths[0], { ...opts.replace });
+    return paths.map((p) => (this.files.has(p) ? { ...(this.attrs.get(p) ?? {}) } : null));
+  }
   async stat(_id: string, path: string): Promise<FileStat> {
     return stat(path);
   }

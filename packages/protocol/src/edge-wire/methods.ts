@@ -226,6 +226,15 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
     ],
     run: (e, x, ctx) => e.listDir(a(x, 0), a(x, 1), local(ctx)),
   },
+  xattrs: {
+    args: [
+      ['id', sandboxId],
+      ['paths', z.array(path).max(10_000)],
+      ['prefix', z.string().max(63)],
+      ['opts', z.strictObject({ replace: z.record(z.string().max(255), z.string().max(65_536)).optional() }).optional()],
+    ],
+    run: (e, x, ctx) => e.xattrs(a(x, 0), a(x, 1), a(x, 2), withSignal(a(x, 3), ctx)),
+  },
   stat: {
     args: [
       ['id', sandboxId],

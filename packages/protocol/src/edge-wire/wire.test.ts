@@ -155,6 +155,7 @@ describe('WireEdgeClient over serveEdge', () => {
       ['remove', (e) => e.remove('sb-1', '/d', { recursive: true })],
       ['rename', (e) => e.rename('sb-1', '/a', '/b')],
       ['symlink', (e) => e.symlink('sb-1', '/l', '/target')],
+      ['xattrs', async (e) => (await e.xattrs('sb-1', ['/f'], 'user.e2b.', { replace: { k: 'v' } }), e.xattrs('sb-1', ['/f', '/missing'], 'user.e2b.'))],
       ['writeStdin', (e) => e.writeStdin('sb-1', 99, 'data', true)],
       ['signal', (e) => e.signal('sb-1', 99, 'SIGTERM')],
       ['resize', (e) => e.resize('sb-1', 99, 24, 80)],
