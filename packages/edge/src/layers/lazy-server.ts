@@ -107,6 +107,10 @@ export function chunkPath(cacheDir: string, sha256: string): string {
 const EVENT_SPACING_MS = 5_000;
 /** Largest hole between two extents fetched by one request (its bytes are read and dropped). */
 const MAX_GAP_BYTES = 64 * 1024;
+/** Largest range one prefetch request asks for (bytes; at least the server's maxRangeBytes). */
+const PREFETCH_RANGE_BYTES = 8 * 1024 * 1024;
+/** Largest hole between two profile chunks that one prefetch request spans (its bytes dropped). */
+const PREFETCH_GAP_BYTES = 256 * 1024;
 /** Prefetch runs in flight at once. */
 const PREFETCH_RUNS = 4;
 /** Cache files of chunks read are touched at most this often (their mtime is the LRU order). */
@@ -412,26 +416,36 @@ async function main(configPath: string): Promise<void> {
   });
 
   /**
-   * Fetches an access profile's chunks in its order, in the background: each next chunk still
-   * missing starts a run with the profile's chunks that follow it in the blob (one range request
-   * for them all), a few runs at a time. A read of a chunk being prefetched waits for that fetch.
+   * Fetches an access profile's chunks in the background, in blob order rather than in the
+   * order they were first read: sorted by offset, the profile's chunks fall into a few long runs
+   * (files read at start sit together in the blob), each fetched with one range request of up to
+   * {@link PREFETCH_RANGE_BYTES} (holes of up to {@link PREFETCH_GAP_BYTES} between them read and
+   * dropped), a few runs at a time. A read of a chunk being prefetched waits for that fetch; a
+   * read of one not reached yet fetches it itself.
    */
   const prefetch = async (list: number[]): Promise<void> => {
-    const inProfile = new Set(list);
+    const sorted = [...new Set(list)].sort((a, b) => a - b);
+    const runs: number[][] = [];
+    for (const i of sorted) {
+      const c = index.chunks[i]!;
+      const run = runs[runs.length - 1];
+      if (run !== undefined) {
+        const first = index.chunks[run[0]!]!;
+        const last = index.chunks[run[run.length - 1]!]!;
+        if (c.offset - (last.offset + last.length) <= PREFETCH_GAP_BYTES && c.offset + c.length - first.offset <= Math.max(cfg.maxRangeBytes, PREFETCH_RANGE_BYTES)) {
+          run.push(i);
+          continue;
+        }
+      }
+      runs.push([i]);
+    }
     let next = 0;
     const worker = async (): Promise<void> => {
-      while (next < list.length) {
-        const i = list[next++]!;
-        if (inflight.has(i) || cached(i)) continue;
-        const run = [i];
-        const from = index.chunks[i]!.offset;
-        let end = from + index.chunks[i]!.length;
-        for (let j = i + 1; j < index.chunks.length && inProfile.has(j); j++) {
-          const c = index.chunks[j]!;
-          if (c.offset - end > MAX_GAP_BYTES || c.offset + c.length - from > cfg.maxRangeBytes || inflight.has(j) || cached(j)) break;
-          run.push(j);
-          end = c.offset + c.length;
-        }
+      while (next < runs.length) {
+        // Chunks a read fetched meanwhile (or another layer stored) leave the run; what stays is
+        // still one request from its first chunk to its last.
+        const run = runs[next++]!.filter((k) => !inflight.has(k) && !cached(k));
+        if (run.length === 0) continue;
         for (const k of run) {
           const p = pendingChunk();
           p.started = true;
