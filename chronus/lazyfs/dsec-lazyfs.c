@@ -13,11 +13,21 @@
 // u8 sha256[32]} sorted by offset, not overlapping (little endian). Bytes outside every extent
 // read as zeros.
 //
-// Usage: dsec-lazyfs <mountpoint> <index> <cache-dir> <deadline-ms>
-#define FUSE_USE_VERSION 31
+// The mount may be made by the caller: with `/dev/fd/<n>` as the mount point, fd n is an open
+// /dev/fuse already mounted (libfuse's convention). The caller keeps its own copy of that fd, so the
+// FUSE connection outlives this process: when it dies, a new dsec-lazyfs started with `resume`
+// takes the same fd over. The kernel answered INIT to the first one only, so the new one feeds its
+// libfuse session a made-up INIT (the kernel refuses the reply: its id was never sent, which
+// libfuse ignores), then asks the kernel (FUSE_NOTIFY_RESEND, Linux 6.9+) to queue again the
+// requests the dead one had read and not answered: the reads in the sandbox carry on.
+//
+// Usage: dsec-lazyfs <mountpoint | /dev/fd/N> <index> <cache-dir> <deadline-ms> [resume]
+#define FUSE_USE_VERSION 312
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse.h>
+#include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -318,11 +328,41 @@ static const struct fuse_operations ops = {
     .read = lz_read,
 };
 
+/** The kernel's INIT as a new process taking over a mounted connection would have got it. */
+static int feed_init(struct fuse_session *se) {
+  struct {
+    struct fuse_in_header h;
+    struct fuse_init_in in;
+  } msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.h.len = sizeof(msg);
+  msg.h.opcode = FUSE_INIT;
+  msg.h.unique = (1ULL << 62) | 1; // odd: never a kernel request id (those step by 2)
+  msg.in.major = FUSE_KERNEL_VERSION;
+  msg.in.minor = FUSE_KERNEL_MINOR_VERSION;
+  msg.in.max_readahead = 128 * 1024;
+  msg.in.flags = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_MAX_PAGES | FUSE_PARALLEL_DIROPS;
+  struct fuse_buf buf = {.size = sizeof(msg), .mem = &msg};
+  fuse_session_process_buf(se, &buf);
+  return 0;
+}
+
+/** Asks the kernel to queue again every request read from the connection and not answered. */
+static int resend_pending(int fd) {
+  struct fuse_out_header oh = {.len = sizeof(oh), .error = 7 /* FUSE_NOTIFY_RESEND */, .unique = 0};
+  if (write(fd, &oh, sizeof(oh)) != (ssize_t)sizeof(oh)) {
+    fprintf(stderr, "dsec-lazyfs: FUSE_NOTIFY_RESEND: %s (requests the last server had read stay unanswered)\n", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: %s <mountpoint> <index> <cache-dir> <deadline-ms>\n", argv[0]);
+  if (argc != 5 && !(argc == 6 && strcmp(argv[5], "resume") == 0)) {
+    fprintf(stderr, "usage: %s <mountpoint | /dev/fd/N> <index> <cache-dir> <deadline-ms> [resume]\n", argv[0]);
     return 2;
   }
+  int resume = argc == 6;
   cache_dir = realpath(argv[3], NULL);
   if (cache_dir == NULL) {
     fprintf(stderr, "dsec-lazyfs: cache %s: %s\n", argv[3], strerror(errno));
@@ -334,9 +374,35 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dsec-lazyfs: bad index %s\n", argv[2]);
     return 2;
   }
+  if (resume && strncmp(argv[1], "/dev/fd/", 8) != 0) {
+    fprintf(stderr, "dsec-lazyfs: resume needs a /dev/fd/N mount point\n");
+    return 2;
+  }
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_cond_init(&cv, &ca);
-  char *fargs[] = {argv[0], argv[1], "-f", "-o", "ro,allow_other,fsname=dsec-lazy,subtype=dsec-lazy", "-o", "max_threads=32", NULL};
-  return fuse_main(7, fargs, &ops, NULL);
+  char *fargs[] = {argv[0], "-o", "ro,allow_other,fsname=dsec-lazy,subtype=dsec-lazy", NULL};
+  struct fuse_args args = FUSE_ARGS_INIT(3, fargs);
+  struct fuse *f = fuse_new(&args, &ops, sizeof(ops), NULL);
+  if (f == NULL) return 1;
+  if (fuse_mount(f, argv[1]) != 0) {
+    fuse_destroy(f);
+    return 1;
+  }
+  struct fuse_session *se = fuse_get_session(f);
+  int rc = 1;
+  if (fuse_set_signal_handlers(se) == 0) {
+    if (resume) {
+      feed_init(se);
+      resend_pending(fuse_session_fd(se));
+    }
+    struct fuse_loop_config *loop = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(loop, 32);
+    rc = fuse_loop_mt(f, loop) == 0 ? 0 : 1;
+    fuse_loop_cfg_destroy(loop);
+    fuse_remove_signal_handlers(se);
+  }
+  fuse_unmount(f);
+  fuse_destroy(f);
+  return rc;
 }
