@@ -484,7 +484,10 @@ async function main(configPath: string): Promise<void> {
       if (run !== undefined) {
         const first = index.chunks[run[0]!]!;
         const last = index.chunks[run[run.length - 1]!]!;
-        if (c.offset - (last.offset + last.length) <= PREFETCH_GAP_BYTES && c.offset + c.length - first.offset <= Math.max(cfg.maxRangeBytes, PREFETCH_RANGE_BYTES)) {
+        if (
+          c.offset - (last.offset + last.length) <= PREFETCH_GAP_BYTES &&
+          c.offset + c.length - first.offset <= Math.max(cfg.maxRangeBytes, PREFETCH_RANGE_BYTES)
+        ) {
           run.push(i);
           continue;
         }
