@@ -300,17 +300,35 @@ describe('lazily loaded layers', () => {
     }
   });
 
-  test('a lazy server that dies under a mounted layer: its sandboxes are lost (no ENOTCONN for good), the next one gets a new server', async () => {
+  test('a FUSE server (dsec-lazyfs) killed under a mounted layer is replaced on the same connection; a lazy server that dies whole loses its sandboxes, the next one gets a new server', async () => {
     const sb = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolD.digest] } });
     const r = await lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/d/first' });
     assert.equal(r.stdout, `${sha(deadFiles['opt/d/first'])}  /opt/d/first\n`, r.stderr);
     const hex = toolD.digest.slice(7);
     const pid = await lazy.edge.layers.lazy!.serverPid(hex);
     assert.ok(pid, 'the layer has a server');
-    // The FUSE process dies (a crash): the layer's mount would answer ENOTCONN from now on.
-    const fusePid = Number((await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8')).trim().split(/\s+/)[0]);
+    const fuseChild = async (): Promise<number> => Number((await readFile(`/proc/${pid}/task/${pid}/children`, 'utf8')).trim().split(/\s+/)[0]);
+    const fusePid = await fuseChild();
     assert.ok(fusePid > 0, 'dsec-lazyfs runs under the server');
+    // The FUSE process dies (a crash) as the sandbox reads a file not fetched yet: the server
+    // holds the FUSE connection's descriptor and a new dsec-lazyfs takes it over.
+    const reading = lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/d/second' });
     process.kill(fusePid, 'SIGKILL');
+    const second = await reading;
+    assert.equal(second.stdout, `${sha(deadFiles['opt/d/second'])}  /opt/d/second\n`, second.stderr);
+    const both = await lazy.edge.exec(sb.id, { cmd: 'cat /opt/d/first /opt/d/second | sha256sum' });
+    assert.equal(both.stdout.split(' ')[0], sha(Buffer.concat([deadFiles['opt/d/first'], deadFiles['opt/d/second']])), both.stderr);
+    assert.equal(await lazy.edge.layers.lazy!.serverPid(hex), pid, 'the same server');
+    assert.notEqual(await fuseChild(), fusePid, 'a new dsec-lazyfs');
+    assert.equal((await lazy.edge.layers.lazy!.serverStats(hex))?.fuseRestarts, 1);
+    assert.equal(
+      events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id),
+      undefined,
+      'the sandbox was not lost',
+    );
+    // The whole server dies (its process group: the FUSE connection goes with its last
+    // descriptor): the layer's mount would answer ENOTCONN from now on.
+    process.kill(-pid, 'SIGKILL');
     const until = Date.now() + 15_000;
     const lost = () => events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id);
     while (lost() === undefined && Date.now() < until) await sleep(100);

@@ -1,20 +1,28 @@
 // Lazy image loading: a node that has never seen an image starts a sandbox from it and runs one
 // first command, with the image pulled whole first (eager), mounted lazily (chunks fetched as
 // read, neighbours merged into one range request), and mounted lazily with the access profile
-// the lazy run recorded (its chunks prefetched in the background from create on). Each start is
-// on a fresh node home (an empty chunk cache) against one docker-registry on loopback that asks
-// for a password (bcrypt) on every request, as the tests' does. Only with `--only lazy`.
+// the lazy run recorded (its chunks prefetched in the background, in blob order, from create on).
+// Each start is on a fresh node home (an empty chunk cache) against a docker-registry in a network
+// namespace the bench makes, reached over a veth pair shaped to a cluster link: tbf at 1 Gbit/s
+// on both ends and a relay adding 0.5 ms each way (this kernel has no netem). Only with
+// `--only lazy`.
+import { execFile, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { Edge, LayerRegistry, MNT, mountsUnder, startOciRegistry, umount } from '@dsec/edge';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { Edge, LayerRegistry, LayerStore, layerTag, MNT, mountsUnder, startOciRegistry, umount } from '@dsec/edge';
 import type { OciRegistry } from '@dsec/edge';
 import type { LayerInfo } from '@dsec/protocol';
 import { onCleanup } from '../lib/cleanup.js';
 import { AGENT_BINARY } from '../lib/platform.js';
 import type { PreloadedLayer } from '../lib/platform.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
-import { nowMs, progress, sleep } from '../lib/stats.js';
-import { BASE_PACKAGES, cachedDebianBase } from './episode.js';
+import { nowMs, percentile, progress, sleep } from '../lib/stats.js';
+
+const run = promisify(execFile);
 
 const MiB = 1024 * 1024;
 /** The small image's toolkit: many small files, all read by its first command. */
@@ -27,6 +35,20 @@ const MODES = ['eager pull', 'lazy, one request per read', 'lazy', 'lazy + profi
 
 type Mode = (typeof MODES)[number];
 
+/**
+ * The large image: a Debian development base of more than 1 GiB with no filler (compilers, Go
+ * with its standard library's sources, clang/LLVM, numpy and scipy), built once with the project's
+ * Debian builder into the bench's persistent cache.
+ */
+const LARGE_PACKAGES = ['python3', 'python3-six', 'git', 'gcc', 'g++', 'make', 'golang-go', 'clang', 'python3-numpy', 'python3-scipy'];
+const LARGE_NAME = `bench-lazy-${LARGE_PACKAGES.length}pkgs-${LARGE_PACKAGES.join('-').length}`;
+/** The link: tbf rate on both ends of the veth pair, and the relay's one-way delay. */
+const LINK_RATE = '1gbit';
+const ONE_WAY_DELAY_US = 500;
+/** bcrypt cost of the registry's password: a cluster registry's token check is cheap (see method). */
+const BCRYPT_COST = 4;
+const RELAY = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'delay-relay.js');
+
 interface Image {
   name: string;
   base: LayerInfo;
@@ -36,18 +58,104 @@ interface Image {
 
 let debian: { info: LayerInfo; blobDir: string } | undefined;
 
+/** The large image from the bench's persistent cache, built there on first use (minutes). */
+async function cachedLargeImage(cacheDir: string): Promise<{ info: LayerInfo; blobDir: string }> {
+  const root = path.join(cacheDir, 'layers');
+  const store = new LayerStore({ root });
+  try {
+    let info = await store.resolve(LARGE_NAME).catch(() => undefined);
+    if (!info) {
+      progress(`lazy: building the large Debian image (${LARGE_PACKAGES.join(', ')}) into ${root}; later runs reuse it`);
+      info = await store.build({ type: 'debian', packages: LARGE_PACKAGES }, { kind: 'base', name: LARGE_NAME, onProgress: (m) => progress(`lazy: ${m}`) });
+    }
+    return { info, blobDir: path.join(root, 'blobs', info.digest.replace(/^sha256:/, '')) };
+  } finally {
+    await store.close();
+  }
+}
+
+/** A registry in a network namespace behind the shaped link: `url` through the relay (what nodes use). */
+interface ShapedRegistry {
+  registry: OciRegistry;
+  url: string;
+}
+
+/** A network namespace joined to the host by a veth pair with tbf at LINK_RATE on both ends. */
+async function shapedLink(): Promise<{ ns: string; address: string }> {
+  const tag = randomBytes(3).toString('hex');
+  const octet = 1 + (parseInt(tag, 16) % 250);
+  const ns = `dsec-bench-lazy-${tag}`;
+  const hostIf = `dbl${tag}`;
+  const hostAddress = `10.216.${octet}.1`;
+  const address = `10.216.${octet}.2`;
+  onCleanup(`lazy registry namespace ${ns}`, async () => {
+    await run('ip', ['netns', 'del', ns]).catch(() => undefined);
+    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
+  });
+  await run('ip', ['netns', 'add', ns]);
+  await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
+  await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
+  await run('ip', ['link', 'set', hostIf, 'up']);
+  for (const args of [
+    ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
+    ['link', 'set', 'lo', 'up'],
+    ['link', 'set', 'eth0', 'up'],
+  ])
+    await run('ip', ['-n', ns, ...args]);
+  // The burst holds a few GSO segments (veth hands tbf 64 KiB packets); latency bounds the queue.
+  const tbf = ['root', 'tbf', 'rate', LINK_RATE, 'burst', '256kb', 'latency', '50ms'];
+  await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
+  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
+  return { ns, address };
+}
+
+/** A registry in `link`'s namespace on `port + 1`, behind the delaying relay on `port`. */
+async function shapedRegistry(link: { ns: string; address: string }, port: number): Promise<ShapedRegistry> {
+  const registry = await startOciRegistry({ netns: { name: link.ns, address: link.address, port: port + 1 }, bcryptCost: BCRYPT_COST });
+  onCleanup(`lazy bench registry ${link.address}:${port}`, () => registry.close());
+  const relay: ChildProcess = spawn(
+    'ip',
+    ['netns', 'exec', link.ns, process.execPath, RELAY, link.address, String(port), link.address, String(port + 1), String(ONE_WAY_DELAY_US)],
+    {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
+  onCleanup(`lazy bench relay ${link.address}:${port}`, () => relay.kill('SIGKILL'));
+  await new Promise<void>((resolve, reject) => {
+    relay.stdout!.once('data', () => resolve());
+    relay.once('exit', (code) => reject(new Error(`the delay relay exited (${code})`)));
+  });
+  return { registry, url: `http://${link.address}:${port}` };
+}
+
+/** Median of `GET /v2/` round trips (after a first one that opens the connection) through `url`. */
+async function httpRoundTripMs(url: string): Promise<number> {
+  await fetch(`${url}/v2/`).then((r) => r.arrayBuffer());
+  const times: number[] = [];
+  for (let i = 0; i < 20; i++) {
+    const t0 = nowMs();
+    await fetch(`${url}/v2/`).then((r) => r.arrayBuffer());
+    times.push(nowMs() - t0);
+  }
+  return percentile(times, 50);
+}
+
 /** Blob GETs (whole blobs and ranges) the registry answered. */
 const blobGets = (registry: OciRegistry): number => registry.requests().filter((r) => /^GET \/v2\/.+\/blobs\/sha256:/.test(r)).length;
 
-/** One cold start of `image` on a fresh node home: create, then the first command to its end. */
+/**
+ * One cold start of `image` on a fresh node home: create, then the first command to its end;
+ * then a warm start on the same node (create and the same command again, chunks cached).
+ */
 async function coldStart(
   ctx: ScenarioContext,
-  registry: OciRegistry,
+  shaped: ShapedRegistry,
   image: Image,
   mode: Mode,
-): Promise<{ ms: number; bytes: number; requests: number; prefetched: number }> {
+): Promise<{ ms: number; warmMs: number; bytes: number; requests: number; prefetched: number }> {
+  const { registry } = shaped;
   const home = await mkdtemp(path.join(ctx.dir, `lazy-node-`));
-  const endpoint = { url: registry.url, username: registry.username, password: registry.password };
+  const endpoint = { url: shaped.url, username: registry.username, password: registry.password };
   const edge = await Edge.open({
     home,
     agentBinary: AGENT_BINARY,
@@ -66,8 +174,9 @@ async function coldStart(
   });
   try {
     registry.clearLog();
+    const spec = { image: { base: image.base.digest, toolkits: image.toolkits.map((t) => t.digest) } };
     const t0 = nowMs();
-    const sb = await edge.create({ image: { base: image.base.digest, toolkits: image.toolkits.map((t) => t.digest) } });
+    const sb = await edge.create(spec);
     const r = await edge.exec(sb.id, { cmd: image.cmd });
     const ms = nowMs() - t0;
     if (r.exitCode !== 0) throw new Error(`lazy: ${image.name}, ${mode}: first command failed: ${r.stderr.slice(-300)}`);
@@ -81,9 +190,34 @@ async function coldStart(
     if (mode === 'lazy') await profilesStored(new LayerRegistry(endpoint), image, path.join(ctx.dir, 'lazy-profile.json'));
     const bytes = mode === 'eager pull' ? layers.reduce((n, l) => n + l.metaBytes + l.blobBytes, 0) : metaBytes + (cache?.fetchedBytes ?? 0);
     await edge.destroy(sb.id);
-    return { ms, bytes, requests, prefetched };
+    const t1 = nowMs();
+    const again = await edge.create(spec);
+    const r2 = await edge.exec(again.id, { cmd: image.cmd });
+    const warmMs = nowMs() - t1;
+    if (r2.exitCode !== 0) throw new Error(`lazy: ${image.name}, ${mode}: warm command failed: ${r2.stderr.slice(-300)}`);
+    await edge.destroy(again.id);
+    return { ms, warmMs, bytes, requests, prefetched };
   } finally {
     await done();
+  }
+}
+
+/**
+ * Deletes the access profiles of `image`'s layers from `registry` (the registry API's manifest
+ * DELETE), so that the next lazy run records one again instead of prefetching.
+ */
+async function dropProfiles(registry: OciRegistry, repository: string, image: Image): Promise<void> {
+  const auth = `Basic ${Buffer.from(`${registry.username}:${registry.password}`).toString('base64')}`;
+  for (const l of [image.base, ...image.toolkits]) {
+    const tag = `${layerTag(l.digest)}.profile`;
+    const head = await fetch(`${registry.url}/v2/${repository}/manifests/${tag}`, {
+      method: 'HEAD',
+      headers: { authorization: auth, accept: 'application/vnd.oci.image.manifest.v1+json' },
+    });
+    const digest = head.headers.get('docker-content-digest');
+    if (head.status === 404 || digest === null) continue;
+    const del = await fetch(`${registry.url}/v2/${repository}/manifests/${digest}`, { method: 'DELETE', headers: { authorization: auth } });
+    if (del.status !== 202) throw new Error(`lazy: DELETE of ${tag} answered ${del.status}`);
   }
 }
 
@@ -107,26 +241,43 @@ export const lazyScenario: Scenario = {
     'cache), three ways: **eager pull** (the layers pulled whole from the registry, then mounted), **lazy** (EROFS',
     'metadata and chunk index pulled, data chunks fetched by HTTP range request as read, neighbouring missed extents',
     'and up to 1 MiB of read-ahead merged into one request), **lazy + profile** (the same, with the access profile the',
-    "lazy run recorded up to its first command's end stored beside each layer in the registry and prefetched in",
-    'merged ranges from create on), and for the small image **lazy, one request per read** (no read-ahead: what a node did',
-    'before requests were merged; a registry of its own, so that its profile serves no other run). Small image: the busybox base plus a toolkit of',
-    `${SMALL_FILES.toLocaleString('en')} files of ${SMALL_FILE_BYTES / 1024} KiB, first command \`cat\` of the first ${SMALL_READ_HUNDREDS * 100} (in name order, as in the blob). Large image: the Debian`,
-    `base of the episode scenario (${BASE_PACKAGES.join(', ')}), first command \`python3 -c 'import json'\`. The registry is`,
-    "Debian's docker-registry on loopback with htpasswd (bcrypt) auth: every request pays a bcrypt check, so requests",
-    'count more than bytes here. No `tc` shaping (loopback): the time column flatters eager pulls; bytes and',
-    'requests are what a cluster link would carry. One start per cell.',
+    "lazy run recorded up to its first command's end stored beside each layer in the registry and prefetched from",
+    'create on, sorted by offset into runs of up to 8 MiB), and for the small image **lazy, one request per read** (no',
+    'read-ahead; a registry of its own, so that its profile serves no other run). Then a warm start on the same node',
+    '(create and the same command again, every chunk read cached): with eager pull that is a node with the layers',
+    `local, as before lazy loading. Small image: the busybox base plus a toolkit of ${SMALL_FILES.toLocaleString('en')} files of`,
+    `${SMALL_FILE_BYTES / 1024} KiB, first command \`cat\` of the first ${SMALL_READ_HUNDREDS * 100}. Large image: a Debian bookworm root with`,
+    `${LARGE_PACKAGES.join(', ')} (more than 1 GiB, no filler; Go's standard library sources stand for a sizeable`,
+    "repository), first command `python3 -c 'import json'`. The registry is Debian's docker-registry in a network",
+    `namespace the bench makes, over a veth pair with tbf at ${LINK_RATE}/s on both ends and a relay in the namespace adding`,
+    `${ONE_WAY_DELAY_US} µs each way (this kernel has no netem; timers make that at least 1 ms each way on a loaded machine:`,
+    'the measured HTTP round trip is in the table). Its htpasswd hash has bcrypt cost 4: Basic auth checks it on every',
+    "request, and a cluster registry's token check is cheap (at the usual cost 12 each request paid ~250 ms of CPU",
+    'here). Three rounds (one with `--quick`), each running the modes in turn; each cell is the median, the runs in its note.',
   ].join(' '),
   async prepare({ cacheDir }): Promise<PreloadedLayer[]> {
-    debian = await cachedDebianBase(cacheDir);
+    debian = await cachedLargeImage(cacheDir);
     return [{ blobDir: debian.blobDir }];
   },
   async run(ctx: ScenarioContext) {
     if (!debian) throw new Error('lazy: prepare() did not run');
     const edge = ctx.bench.platform.edge;
-    const registry = await startOciRegistry();
-    onCleanup('lazy bench registry', () => registry.close());
-    const endpoint = { url: registry.url, username: registry.username, password: registry.password };
-    const reg = new LayerRegistry(endpoint);
+    const link = await shapedLink();
+    const shaped = await shapedRegistry(link, 5000);
+    // The runs without read-ahead get a registry of their own: the profile they record serves no other run.
+    const beforeShaped = await shapedRegistry(link, 5002);
+    const rtt = await httpRoundTripMs(shaped.url);
+    progress(`lazy: HTTP round trip through the shaped link ${rtt.toFixed(2)} ms`);
+    ctx.record({
+      scenario: 'lazy',
+      metric: 'link: HTTP round trip (GET /v2/, kept-alive connection, p50 of 20)',
+      system: 'shaped link',
+      unit: 'ms',
+      n: 20,
+      value: rtt,
+    });
+    const reg = new LayerRegistry({ url: shaped.registry.url, username: shaped.registry.username, password: shaped.registry.password });
+    const before = new LayerRegistry({ url: beforeShaped.registry.url, username: beforeShaped.registry.username, password: beforeShaped.registry.password });
 
     const tree = path.join(ctx.dir, 'lazy', 'small');
     await mkdir(path.join(tree, 'opt', 'small'), { recursive: true });
@@ -137,48 +288,81 @@ export const lazyScenario: Scenario = {
     }
     const busybox = await edge.layers.resolve('busybox');
     const small = await edge.layers.build({ type: 'dir', path: tree }, { kind: 'toolkit' });
+    const large = debian.info;
     const images: Image[] = [
       { name: `small (busybox + ${SMALL_FILES} files)`, base: busybox, toolkits: [small], cmd: `cat /opt/small/f0[0-${SMALL_READ_HUNDREDS - 1}]* > /dev/null` },
-      { name: `large (Debian: ${BASE_PACKAGES.join(', ')})`, base: debian.info, toolkits: [], cmd: "python3 -c 'import json'" },
+      {
+        name: `large (Debian ${((large.metaBytes + large.blobBytes) / 1024 / MiB).toFixed(2)} GiB)`,
+        base: large,
+        toolkits: [],
+        cmd: "python3 -c 'import json'",
+      },
     ];
-    // The runs without read-ahead get a registry of their own: the profile they record serves no other run.
-    const beforeRegistry = await startOciRegistry();
-    onCleanup('lazy bench registry (one request per read)', () => beforeRegistry.close());
-    const before = new LayerRegistry({ url: beforeRegistry.url, username: beforeRegistry.username, password: beforeRegistry.password });
-    progress('lazy: pushing the layers to the registries');
-    for (const l of [busybox, small, debian.info]) {
+    progress('lazy: pushing the layers to the registries (over the shaped link)');
+    for (const l of [busybox, small, large]) {
       const files =
-        l.digest === debian.info.digest
+        l.digest === large.digest
           ? { meta: path.join(debian.blobDir, 'meta.erofs'), blob: path.join(debian.blobDir, 'data.blob') }
           : edge.layers.imageFiles(l.digest);
       await reg.push(files, l);
-      if (l !== debian.info) await before.push(files, l);
+      if (l !== large) await before.push(files, l);
     }
+    // Rounds alternate the modes (eager, lazy, lazy + profile, ...); each cell is the median.
+    const rounds = ctx.quick ? 1 : 3;
     for (const image of images) {
       const total = [image.base, ...image.toolkits].reduce((n, l) => n + l.metaBytes + l.blobBytes, 0);
-      for (const mode of MODES) {
-        if (mode === 'lazy, one request per read' && image.base === debian.info) continue;
-        progress(`lazy: ${image.name}, ${mode}`);
-        const r = await coldStart(ctx, mode === 'lazy, one request per read' ? beforeRegistry : registry, image, mode);
+      const results = new Map<Mode, Awaited<ReturnType<typeof coldStart>>[]>();
+      for (let round = 0; round < rounds; round++) {
+        for (const mode of MODES) {
+          if (mode === 'lazy, one request per read' && image.base === large) continue;
+          const target = mode === 'lazy, one request per read' ? beforeShaped : shaped;
+          // A lazy run without a profile: the one the last round recorded goes first.
+          if (mode === 'lazy' || mode === 'lazy, one request per read') await dropProfiles(target.registry, reg.repository, image);
+          progress(`lazy: ${image.name}, ${mode}, round ${round + 1}/${rounds}`);
+          const r = await coldStart(ctx, target, image, mode);
+          results.set(mode, [...(results.get(mode) ?? []), r]);
+        }
+      }
+      for (const [mode, rs] of results) {
         const system = `dsec ${mode}`;
-        ctx.record({ scenario: 'lazy', metric: `${image.name}: create to first command end`, system, unit: 'ms', n: 1, value: r.ms });
+        const med = (f: (r: (typeof rs)[number]) => number): number => percentile(rs.map(f), 50);
+        const all = (f: (r: (typeof rs)[number]) => number, digits = 0): string => `runs: ${rs.map((r) => f(r).toFixed(digits)).join(', ')}`;
+        const n = rs.length;
+        ctx.record({
+          scenario: 'lazy',
+          metric: `${image.name}: create to first command end`,
+          system,
+          unit: 'ms',
+          n,
+          value: med((r) => r.ms),
+          note: all((r) => r.ms),
+        });
+        ctx.record({
+          scenario: 'lazy',
+          metric: `${image.name}: warm start (same node again) to command end`,
+          system,
+          unit: 'ms',
+          n,
+          value: med((r) => r.warmMs),
+          note: all((r) => r.warmMs),
+        });
         ctx.record({
           scenario: 'lazy',
           metric: `${image.name}: bytes fetched`,
           system,
           unit: 'MiB',
-          n: 1,
-          value: r.bytes / MiB,
-          note: `${((100 * r.bytes) / total).toFixed(1)}% of the image's ${(total / MiB).toFixed(1)} MiB`,
+          n,
+          value: med((r) => r.bytes) / MiB,
+          note: `${((100 * med((r) => r.bytes)) / total).toFixed(1)}% of the image's ${(total / MiB).toFixed(1)} MiB`,
         });
         ctx.record({
           scenario: 'lazy',
           metric: `${image.name}: blob requests to the registry`,
           system,
           unit: 'requests',
-          n: 1,
-          value: r.requests,
-          ...(mode === 'lazy + profile' ? { note: `${r.prefetched} chunks prefetched by the profile` } : {}),
+          n,
+          value: med((r) => r.requests),
+          note: `${all((r) => r.requests)}${mode === 'lazy + profile' ? `; chunks prefetched: ${rs.map((r) => r.prefetched).join(', ')}` : ''}`,
         });
       }
     }

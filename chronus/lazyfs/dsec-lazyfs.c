@@ -13,11 +13,20 @@
 // u8 sha256[32]} sorted by offset, not overlapping (little endian). Bytes outside every extent
 // read as zeros.
 //
-// Usage: dsec-lazyfs <mountpoint> <index> <cache-dir> <deadline-ms>
-#define FUSE_USE_VERSION 31
+// The mount may be made by the caller: with `/dev/fd/<n>` as the mount point, fd n is an open
+// /dev/fuse already mounted (libfuse's convention). The caller keeps its own copy of that fd, so the
+// FUSE connection outlives this process: when it dies, a new dsec-lazyfs started with `resume`
+// takes the same fd over. The kernel answered INIT to the first one only, so the new one feeds its
+// libfuse session a made-up INIT (the kernel refuses the reply: its id was never sent, which
+// libfuse ignores), then asks the kernel (FUSE_NOTIFY_RESEND, Linux 6.9+) to queue again the
+// requests the dead one had read and not answered: the reads in the sandbox carry on.
+//
+// Usage: dsec-lazyfs <mountpoint | /dev/fd/N> <index> <cache-dir> <deadline-ms> [resume]
+#define FUSE_USE_VERSION 312
 #include <errno.h>
 #include <fcntl.h>
-#include <fuse.h>
+#include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -229,15 +238,21 @@ static void *answers(void *arg) {
   return NULL;
 }
 
-static int lz_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
-  (void)fi;
+// The low-level API, with fixed inode numbers (1: the root, 2: `blob`): a process that takes a
+// mounted connection over must know the inodes the kernel already looked up, which libfuse's
+// high-level API numbers by itself (a new process would not know them).
+enum { ROOT_INO = 1, BLOB_INO = 2 };
+static const double TIMEOUT_S = 3600;
+
+static int fill_attr(fuse_ino_t ino, struct stat *st) {
   memset(st, 0, sizeof(*st));
-  if (strcmp(path, "/") == 0) {
+  st->st_ino = ino;
+  if (ino == ROOT_INO) {
     st->st_mode = S_IFDIR | 0555;
     st->st_nlink = 2;
     return 0;
   }
-  if (strcmp(path, "/blob") == 0) {
+  if (ino == BLOB_INO) {
     st->st_mode = S_IFREG | 0444;
     st->st_nlink = 1;
     st->st_size = (off_t)blob_size;
@@ -245,30 +260,66 @@ static int lz_getattr(const char *path, struct stat *st, struct fuse_file_info *
     st->st_blocks = (blkcnt_t)((blob_size + 511) / 512);
     return 0;
   }
-  return -ENOENT;
+  return -1;
 }
 
-static int lz_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t off, struct fuse_file_info *fi, enum fuse_readdir_flags flags) {
-  (void)off;
+static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+  if (parent != ROOT_INO || strcmp(name, "blob") != 0) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  struct fuse_entry_param e;
+  memset(&e, 0, sizeof(e));
+  e.ino = BLOB_INO;
+  e.attr_timeout = TIMEOUT_S;
+  e.entry_timeout = TIMEOUT_S;
+  fill_attr(BLOB_INO, &e.attr);
+  fuse_reply_entry(req, &e);
+}
+
+static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   (void)fi;
-  (void)flags;
-  if (strcmp(path, "/") != 0) return -ENOENT;
-  fill(buf, ".", NULL, 0, 0);
-  fill(buf, "..", NULL, 0, 0);
-  fill(buf, "blob", NULL, 0, 0);
-  return 0;
+  struct stat st;
+  if (fill_attr(ino, &st) != 0)
+    fuse_reply_err(req, ENOENT);
+  else
+    fuse_reply_attr(req, &st, TIMEOUT_S);
 }
 
-static int lz_open(const char *path, struct fuse_file_info *fi) {
-  if (strcmp(path, "/blob") != 0) return -ENOENT;
-  if ((fi->flags & O_ACCMODE) != O_RDONLY) return -EROFS;
+static void ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)fi;
+  if (ino != ROOT_INO) {
+    fuse_reply_err(req, ENOTDIR);
+    return;
+  }
+  static const char *const names[] = {".", "..", "blob"};
+  static const fuse_ino_t inos[] = {ROOT_INO, ROOT_INO, BLOB_INO};
+  char buf[512];
+  size_t used = 0;
+  for (off_t k = off; k < 3; k++) {
+    struct stat st = {.st_ino = inos[k], .st_mode = k == 2 ? S_IFREG : S_IFDIR};
+    size_t need = fuse_add_direntry(req, buf + used, sizeof(buf) - used, names[k], &st, k + 1);
+    if (need > sizeof(buf) - used || used + need > size) break;
+    used += need;
+  }
+  fuse_reply_buf(req, buf, used);
+}
+
+static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+  if (ino != BLOB_INO) {
+    fuse_reply_err(req, ino == ROOT_INO ? EISDIR : ENOENT);
+    return;
+  }
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) {
+    fuse_reply_err(req, EROFS);
+    return;
+  }
   fi->keep_cache = 1;
-  return 0;
+  fuse_reply_open(req, fi);
 }
 
-static int lz_read(const char *path, char *buf, size_t size, off_t offset, struct fuse_file_info *fi) {
-  (void)path;
-  (void)fi;
+/** Fills `buf` with the blob's bytes at `offset`; their count or -errno. */
+static int blob_read(char *buf, size_t size, off_t offset) {
   uint64_t off = (uint64_t)offset;
   if (off >= blob_size) return 0;
   if (off + size > blob_size) size = (size_t)(blob_size - off);
@@ -299,30 +350,77 @@ static int lz_read(const char *path, char *buf, size_t size, off_t offset, struc
   return (int)size;
 }
 
-static void *lz_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
+static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+  (void)fi;
+  if (ino != BLOB_INO) {
+    fuse_reply_err(req, EISDIR);
+    return;
+  }
+  char *buf = malloc(size ? size : 1);
+  if (buf == NULL) {
+    fuse_reply_err(req, ENOMEM);
+    return;
+  }
+  int n = blob_read(buf, size, off);
+  if (n < 0)
+    fuse_reply_err(req, -n);
+  else
+    fuse_reply_buf(req, buf, (size_t)n);
+  free(buf);
+}
+
+static void ll_init(void *userdata, struct fuse_conn_info *conn) {
+  (void)userdata;
   (void)conn;
-  cfg->kernel_cache = 1;
-  cfg->entry_timeout = 3600;
-  cfg->attr_timeout = 3600;
   pthread_t t;
   pthread_create(&t, NULL, answers, NULL);
   pthread_detach(t);
-  return NULL;
 }
 
-static const struct fuse_operations ops = {
-    .init = lz_init,
-    .getattr = lz_getattr,
-    .readdir = lz_readdir,
-    .open = lz_open,
-    .read = lz_read,
+static const struct fuse_lowlevel_ops ops = {
+    .init = ll_init,
+    .lookup = ll_lookup,
+    .getattr = ll_getattr,
+    .readdir = ll_readdir,
+    .open = ll_open,
+    .read = ll_read,
 };
 
+/** The kernel's INIT as a new process taking over a mounted connection would have got it. */
+static int feed_init(struct fuse_session *se) {
+  struct {
+    struct fuse_in_header h;
+    struct fuse_init_in in;
+  } msg;
+  memset(&msg, 0, sizeof(msg));
+  msg.h.len = sizeof(msg);
+  msg.h.opcode = FUSE_INIT;
+  msg.h.unique = (1ULL << 62) | 1; // odd: never a kernel request id (those step by 2)
+  msg.in.major = FUSE_KERNEL_VERSION;
+  msg.in.minor = FUSE_KERNEL_MINOR_VERSION;
+  msg.in.max_readahead = 128 * 1024;
+  msg.in.flags = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_MAX_PAGES | FUSE_PARALLEL_DIROPS;
+  struct fuse_buf buf = {.size = sizeof(msg), .mem = &msg};
+  fuse_session_process_buf(se, &buf);
+  return 0;
+}
+
+/** Asks the kernel to queue again every request read from the connection and not answered. */
+static int resend_pending(int fd) {
+  struct fuse_out_header oh = {.len = sizeof(oh), .error = 7 /* FUSE_NOTIFY_RESEND */, .unique = 0};
+  if (write(fd, &oh, sizeof(oh)) != (ssize_t)sizeof(oh)) {
+    fprintf(stderr, "dsec-lazyfs: FUSE_NOTIFY_RESEND: %s (requests the last server had read stay unanswered)\n", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: %s <mountpoint> <index> <cache-dir> <deadline-ms>\n", argv[0]);
+  if (argc != 5 && !(argc == 6 && strcmp(argv[5], "resume") == 0)) {
+    fprintf(stderr, "usage: %s <mountpoint | /dev/fd/N> <index> <cache-dir> <deadline-ms> [resume]\n", argv[0]);
     return 2;
   }
+  int resume = argc == 6;
   cache_dir = realpath(argv[3], NULL);
   if (cache_dir == NULL) {
     fprintf(stderr, "dsec-lazyfs: cache %s: %s\n", argv[3], strerror(errno));
@@ -334,9 +432,32 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dsec-lazyfs: bad index %s\n", argv[2]);
     return 2;
   }
+  if (resume && strncmp(argv[1], "/dev/fd/", 8) != 0) {
+    fprintf(stderr, "dsec-lazyfs: resume needs a /dev/fd/N mount point\n");
+    return 2;
+  }
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_cond_init(&cv, &ca);
-  char *fargs[] = {argv[0], argv[1], "-f", "-o", "ro,allow_other,fsname=dsec-lazy,subtype=dsec-lazy", "-o", "max_threads=32", NULL};
-  return fuse_main(7, fargs, &ops, NULL);
+  char *fargs[] = {argv[0], "-o", "ro,allow_other,fsname=dsec-lazy,subtype=dsec-lazy", NULL};
+  struct fuse_args args = FUSE_ARGS_INIT(3, fargs);
+  struct fuse_session *se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
+  if (se == NULL) return 1;
+  int rc = 1;
+  if (fuse_set_signal_handlers(se) == 0) {
+    if (fuse_session_mount(se, argv[1]) == 0) {
+      if (resume) {
+        feed_init(se);
+        resend_pending(fuse_session_fd(se));
+      }
+      struct fuse_loop_config *loop = fuse_loop_cfg_create();
+      fuse_loop_cfg_set_max_threads(loop, 32);
+      rc = fuse_session_loop_mt(se, loop) == 0 ? 0 : 1;
+      fuse_loop_cfg_destroy(loop);
+      fuse_session_unmount(se);
+    }
+    fuse_remove_signal_handlers(se);
+  }
+  fuse_session_destroy(se);
+  return rc;
 }

@@ -113,7 +113,7 @@ export type { GeneratedTree, NpmRegistry, NpmRegistryContents, NpmRegistryOption
 export { buildDeb, makeRepoKey, pyDistributionFile, startStaticRepo, writeDebianRepo, writePypiIndex, zipStored } from './testing/package-repos.js';
 export type { DebPackage, PyDistribution, RepoKey, StaticRepo } from './testing/package-repos.js';
 export { startOciRegistry } from './testing/oci-registry.js';
-export type { OciRegistry } from './testing/oci-registry.js';
+export type { OciRegistry, OciRegistryOptions } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';
 export { QmpScreen, KEY_DELAY_MS, MAX_SCREENSHOT_BYTES, pngSize } from './backends/qemu/screen.js';

@@ -6,10 +6,18 @@
 // EIO (the read in the sandbox fails, it never hangs) and raised as `layer.fetch-failed`; bytes
 // that fail their digest are never stored or served and are raised as `layer.corrupt`.
 //
+// It opens /dev/fuse and mounts the FUSE view itself, and keeps that descriptor: dsec-lazyfs gets
+// a copy (`/dev/fd/3`). When dsec-lazyfs dies on its own (a crash, a kill), the FUSE connection
+// lives on in this process and a new dsec-lazyfs takes it over (`resume`: the requests the dead one
+// had taken are queued again by the kernel), so the layer's EROFS mount and the sandboxes on it
+// never see it; past MAX_RESTARTS within RESTART_WINDOW_MS it gives up and exits (the edge then
+// takes the layer for lost).
+//
 // The edge talks to it on a unix socket, one JSON object per line: `{"op":"stats"}`,
 // `{"op":"events"}` (then every event as it is raised), `{"op":"prefetch","chunks":[...]}`,
 // `{"op":"stop"}` (unmounts the FUSE view and exits; refused while the layer is mounted on it).
 import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { mkdir, rename, rm, stat, utimes, writeFile } from 'node:fs/promises';
@@ -18,7 +26,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { RaisedEvent } from '@dsec/protocol';
-import { umount } from '../sys/linux.js';
+import { closeFd, mount, MS, O, openFd, umount } from '../sys/linux.js';
 import { decodeChunkIndex } from './lazy-index.js';
 import { RegistryClient } from './registry.js';
 import type { RegistryEndpoint } from './registry.js';
@@ -75,6 +83,8 @@ export interface LazyServerStats {
   /** Chunks fetched ahead of any read from an access profile, and profiles fetched to the end. */
   prefetchedChunks: number;
   prefetches: number;
+  /** dsec-lazyfs processes started again on the same FUSE connection after one died. */
+  fuseRestarts: number;
 }
 
 /** A chunk asked for or being fetched: every reader waits on its promise. */
@@ -107,6 +117,13 @@ export function chunkPath(cacheDir: string, sha256: string): string {
 const EVENT_SPACING_MS = 5_000;
 /** Largest hole between two extents fetched by one request (its bytes are read and dropped). */
 const MAX_GAP_BYTES = 64 * 1024;
+/** Largest range one prefetch request asks for (bytes; at least the server's maxRangeBytes). */
+const PREFETCH_RANGE_BYTES = 8 * 1024 * 1024;
+/** Largest hole between two profile chunks that one prefetch request spans (its bytes dropped). */
+const PREFETCH_GAP_BYTES = 256 * 1024;
+/** dsec-lazyfs restarts allowed within RESTART_WINDOW_MS before the server gives up. */
+const MAX_RESTARTS = 5;
+const RESTART_WINDOW_MS = 60_000;
 /** Prefetch runs in flight at once. */
 const PREFETCH_RUNS = 4;
 /** Cache files of chunks read are touched at most this often (their mtime is the LRU order). */
@@ -130,6 +147,7 @@ async function main(configPath: string): Promise<void> {
     readAheadChunks: 0,
     prefetchedChunks: 0,
     prefetches: 0,
+    fuseRestarts: 0,
   };
   const order: number[] = [];
   const seen = new Uint8Array(index.chunks.length);
@@ -333,14 +351,50 @@ async function main(configPath: string): Promise<void> {
 
   await mkdir(cfg.cacheDir, { recursive: true });
   await mkdir(cfg.mountpoint, { recursive: true });
+  // The FUSE connection: opened and mounted here, its descriptor kept for as long as this process
+  // lives, so that a dsec-lazyfs that dies can be replaced under the same mount (see the header).
+  const devFuse = openFd('/dev/fuse', 0o2 /* O_RDWR */ | O.CLOEXEC);
+  try {
+    mount('dsec-lazy', cfg.mountpoint, 'fuse.dsec-lazy', MS.RDONLY | MS.NOSUID | MS.NODEV, `fd=${devFuse},rootmode=40000,user_id=0,group_id=0,allow_other`);
+  } catch (err) {
+    closeFd(devFuse);
+    throw err;
+  }
+  let stopping = false;
+  const restarts: number[] = [];
   // The FUSE side waits a little longer than a fetch may take, so the fetch's own failure (and
   // its event) comes first; past that it answers EIO on its own (this process gone or stuck).
-  const fuse = spawn(cfg.lazyfs, [cfg.mountpoint, cfg.index, cfg.cacheDir, String(cfg.deadlineMs + 2_000)], { stdio: ['pipe', 'pipe', 'inherit'] });
-  const answer = (line: string): void => {
-    if (fuse.stdin.writable) fuse.stdin.write(line);
+  const startFuse = (resume: boolean): ChildProcess => {
+    const args = ['/dev/fd/3', cfg.index, cfg.cacheDir, String(cfg.deadlineMs + 2_000), ...(resume ? ['resume'] : [])];
+    const child = spawn(cfg.lazyfs, args, { stdio: ['pipe', 'pipe', 'inherit', devFuse] });
+    child.stdin!.on('error', () => undefined);
+    createInterface({ input: child.stdout! }).on('line', onFuseLine);
+    child.on('exit', (code, signal) => {
+      if (child !== fuse) return;
+      const now = Date.now();
+      while (restarts.length > 0 && now - restarts[0]! > RESTART_WINDOW_MS) restarts.shift();
+      if (!stopping && mounted() && restarts.length < MAX_RESTARTS) {
+        // Died on its own under a live mount: a new one takes the connection over.
+        restarts.push(now);
+        stats.fuseRestarts++;
+        process.stderr.write(`dsec lazy server: dsec-lazyfs exited (${signal ?? code}); serving the mount with a new one\n`);
+        fuse = startFuse(true);
+        return;
+      }
+      server.close();
+      for (const s of subscribers) s.destroy();
+      if (!stopping && mounted()) umount(cfg.mountpoint, 2 /* MNT_DETACH */);
+      closeFd(devFuse);
+      void rm(cfg.socket, { force: true }).finally(() => process.exit(0));
+    });
+    return child;
   };
-  fuse.stdin.on('error', () => undefined);
-  createInterface({ input: fuse.stdout }).on('line', (line) => {
+  /** Whether the FUSE view is still mounted (not unmounted by `stop` or by hand). */
+  const mounted = (): boolean => readFileSync('/proc/self/mountinfo', 'utf8').includes(` ${cfg.mountpoint} `);
+  const answer = (line: string): void => {
+    if (fuse.stdin?.writable === true) fuse.stdin.write(line);
+  };
+  const onFuseLine = (line: string): void => {
     const [op, arg] = line.split(' ');
     const i = Number(arg);
     if (!Number.isInteger(i) || i < 0 || i >= index.chunks.length) return;
@@ -365,7 +419,8 @@ async function main(configPath: string): Promise<void> {
         },
       );
     }
-  });
+  };
+  let fuse = startFuse(false);
 
   const server = net.createServer((sock) => {
     sock.on('error', () => undefined);
@@ -400,6 +455,7 @@ async function main(configPath: string): Promise<void> {
         case 'stop':
           try {
             umount(cfg.mountpoint);
+            stopping = true;
             sock.end(JSON.stringify({ stopped: true }) + '\n');
           } catch (err) {
             sock.write(JSON.stringify({ stopped: false, error: (err as Error).message }) + '\n');
@@ -412,26 +468,39 @@ async function main(configPath: string): Promise<void> {
   });
 
   /**
-   * Fetches an access profile's chunks in its order, in the background: each next chunk still
-   * missing starts a run with the profile's chunks that follow it in the blob (one range request
-   * for them all), a few runs at a time. A read of a chunk being prefetched waits for that fetch.
+   * Fetches an access profile's chunks in the background, in blob order rather than in the
+   * order they were first read: sorted by offset, the profile's chunks fall into a few long runs
+   * (files read at start sit together in the blob), each fetched with one range request of up to
+   * {@link PREFETCH_RANGE_BYTES} (holes of up to {@link PREFETCH_GAP_BYTES} between them read and
+   * dropped), a few runs at a time. A read of a chunk being prefetched waits for that fetch; a
+   * read of one not reached yet fetches it itself.
    */
   const prefetch = async (list: number[]): Promise<void> => {
-    const inProfile = new Set(list);
+    const sorted = [...new Set(list)].sort((a, b) => a - b);
+    const runs: number[][] = [];
+    for (const i of sorted) {
+      const c = index.chunks[i]!;
+      const run = runs[runs.length - 1];
+      if (run !== undefined) {
+        const first = index.chunks[run[0]!]!;
+        const last = index.chunks[run[run.length - 1]!]!;
+        if (
+          c.offset - (last.offset + last.length) <= PREFETCH_GAP_BYTES &&
+          c.offset + c.length - first.offset <= Math.max(cfg.maxRangeBytes, PREFETCH_RANGE_BYTES)
+        ) {
+          run.push(i);
+          continue;
+        }
+      }
+      runs.push([i]);
+    }
     let next = 0;
     const worker = async (): Promise<void> => {
-      while (next < list.length) {
-        const i = list[next++]!;
-        if (inflight.has(i) || cached(i)) continue;
-        const run = [i];
-        const from = index.chunks[i]!.offset;
-        let end = from + index.chunks[i]!.length;
-        for (let j = i + 1; j < index.chunks.length && inProfile.has(j); j++) {
-          const c = index.chunks[j]!;
-          if (c.offset - end > MAX_GAP_BYTES || c.offset + c.length - from > cfg.maxRangeBytes || inflight.has(j) || cached(j)) break;
-          run.push(j);
-          end = c.offset + c.length;
-        }
+      while (next < runs.length) {
+        // Chunks a read fetched meanwhile (or another layer stored) leave the run; what stays is
+        // still one request from its first chunk to its last.
+        const run = runs[next++]!.filter((k) => !inflight.has(k) && !cached(k));
+        if (run.length === 0) continue;
         for (const k of run) {
           const p = pendingChunk();
           p.started = true;
@@ -444,12 +513,6 @@ async function main(configPath: string): Promise<void> {
     await Promise.all(Array.from({ length: Math.max(1, Math.min(cfg.concurrency, PREFETCH_RUNS)) }, worker));
     stats.prefetches++;
   };
-
-  fuse.on('exit', () => {
-    server.close();
-    for (const s of subscribers) s.destroy();
-    void rm(cfg.socket, { force: true }).finally(() => process.exit(0));
-  });
 
   // Ready once the blob shows on the mount point with its size.
   const readyBy = Date.now() + 10_000;

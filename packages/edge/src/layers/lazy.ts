@@ -73,6 +73,8 @@ export const DEFAULT_READ_AHEAD_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024;
 const SERVER_SCRIPT = fileURLToPath(new URL('./lazy-server.js', import.meta.url));
 const REQUEST_TIMEOUT_MS = 5_000;
+/** Connections reset by a server that may be exiting, asked again before it is taken for alive. */
+const GONE_RETRIES = 30;
 /** A profile is recorded at the first command's end, or this long after the layer's server started. */
 export const PROFILE_WINDOW_MS = 120_000;
 /** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
@@ -328,12 +330,18 @@ export class LazyLayers {
    * connections (a server too busy to answer in time is not gone).
    */
   async gone(hex: string): Promise<boolean> {
-    try {
-      await this.request(hex, { op: 'stats' });
-      return false;
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      return code === 'ENOENT' || code === 'ECONNREFUSED';
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await this.request(hex, { op: 'stats' });
+        return false;
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code === 'ENOENT' || code === 'ECONNREFUSED') return true;
+        // A server being killed can still accept a connection as it exits, then reset it: ask
+        // again until the answer is certain.
+        if ((code !== 'ECONNRESET' && code !== 'EPIPE') || attempt >= GONE_RETRIES) return false;
+        await sleep(100);
+      }
     }
   }
 
@@ -452,6 +460,11 @@ export class LazyLayers {
       sock.on('error', (err) => {
         clearTimeout(timer);
         reject(err);
+      });
+      // Closed with no answer (a server exiting): the same as a reset (a no-op once answered).
+      sock.on('close', () => {
+        clearTimeout(timer);
+        reject(Object.assign(new Error('lazy server closed the connection unanswered'), { code: 'ECONNRESET' }));
       });
       const lines = createInterface({ input: sock });
       lines.on('error', () => undefined); // readline re-emits the socket's errors (handled above)

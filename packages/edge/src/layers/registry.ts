@@ -27,6 +27,17 @@ export interface FetchedManifest {
 
 /** How long a registry is given to answer one request's headers, in ms. */
 const REQUEST_TIMEOUT_MS = 30_000;
+/**
+ * Slowest transfer rate a blob upload or download is given time for (bytes per ms, 8 MiB/s): its
+ * deadline is REQUEST_TIMEOUT_MS plus its size at this rate, so that a GiB-sized layer on a
+ * cluster link is not cut off at 30 s.
+ */
+const MIN_TRANSFER_BYTES_PER_MS = (8 * 1024 * 1024) / 1000;
+
+/** The deadline of a request that carries `bytes` of blob. */
+function transferTimeoutMs(bytes: number): number {
+  return REQUEST_TIMEOUT_MS + Math.ceil(bytes / MIN_TRANSFER_BYTES_PER_MS);
+}
 /** Retry hint of an unreachable registry. */
 const RETRY_AFTER_MS = 5_000;
 /** Largest manifest or token reply read into memory. */
@@ -99,6 +110,7 @@ export class RegistryClient {
     const res = await this.request('PUT', put.pathname + put.search, {
       scope,
       signal,
+      timeoutMs: transferTimeoutMs(size),
       headers: { 'content-type': 'application/octet-stream', 'content-length': String(size) },
       body: () => Readable.toWeb(createReadStream(path)) as ReadableStream<Uint8Array>,
     });
@@ -112,7 +124,7 @@ export class RegistryClient {
    */
   async pullBlob(repo: string, digest: string, dest: string, maxBytes: number, signal?: AbortSignal): Promise<number> {
     if (!DIGEST_RE.test(digest)) throw new DsecError('LAYER_INVALID', `not a sha256 digest: ${digest}`, { digest });
-    const res = await this.request('GET', `/v2/${repo}/blobs/${digest}`, { scope: `repository:${repo}:pull`, signal });
+    const res = await this.request('GET', `/v2/${repo}/blobs/${digest}`, { scope: `repository:${repo}:pull`, signal, timeoutMs: transferTimeoutMs(maxBytes) });
     if (!res.ok || res.body === null) {
       await res.body?.cancel();
       throw this.refusal(res, `blob ${digest}`);
@@ -209,12 +221,19 @@ export class RegistryClient {
   private async request(
     method: string,
     path: string,
-    opts: { scope: string; signal?: AbortSignal | undefined; headers?: Record<string, string>; body?: () => NonNullable<RequestInit['body']> },
+    opts: {
+      scope: string;
+      signal?: AbortSignal | undefined;
+      headers?: Record<string, string>;
+      body?: () => NonNullable<RequestInit['body']>;
+      /** Deadline of the whole exchange, body included; default REQUEST_TIMEOUT_MS. */
+      timeoutMs?: number;
+    },
   ): Promise<Response> {
     const send = async (auth: string | undefined): Promise<Response> => {
       const headers: Record<string, string> = { ...opts.headers };
       if (auth !== undefined) headers.authorization = auth;
-      const signals = [AbortSignal.timeout(REQUEST_TIMEOUT_MS), ...(opts.signal ? [opts.signal] : [])];
+      const signals = [AbortSignal.timeout(opts.timeoutMs ?? REQUEST_TIMEOUT_MS), ...(opts.signal ? [opts.signal] : [])];
       const body = opts.body?.();
       try {
         const init: RequestInit & { duplex?: 'half' } = { method, headers, signal: AbortSignal.any(signals), redirect: 'follow' };

@@ -11,7 +11,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 
 /** A running registry. */
 export interface OciRegistry {
-  /** `http://127.0.0.1:<port>` */
+  /** `http://127.0.0.1:<port>` (or the namespace's address) */
   url: string;
   /** `127.0.0.1:<port>`, as image references name it. */
   host: string;
@@ -38,9 +38,10 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-/** A bcrypt hash of `password` for htpasswd (the registry accepts only bcrypt). */
-function bcrypt(password: string): string {
-  const py = spawnSync('python3', ['-W', 'ignore', '-c', 'import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))', password], {
+/** A bcrypt hash of `password` for htpasswd (the registry accepts only bcrypt), `cost` rounds (log2). */
+function bcrypt(password: string, cost: number): string {
+  const code = 'import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=1<<int(sys.argv[2]))))';
+  const py = spawnSync('python3', ['-W', 'ignore', '-c', code, password, String(cost)], {
     encoding: 'utf8',
   });
   const hash = py.stdout.trim();
@@ -48,13 +49,29 @@ function bcrypt(password: string): string {
   return hash;
 }
 
+/** Options of {@link startOciRegistry}. */
+export interface OciRegistryOptions {
+  /**
+   * A network namespace to serve in (`ip netns exec`), listening on `address`:`port`; default
+   * none: the host's loopback on a free port.
+   */
+  netns?: { name: string; address: string; port: number } | undefined;
+  /**
+   * bcrypt cost of the password's hash; default 12 (htpasswd's usual). The registry checks it on
+   * every request (Basic auth has no session); a bench of a cluster registry, whose token check
+   * is cheap, may lower it.
+   */
+  bcryptCost?: number | undefined;
+}
+
 /** Starts a registry that requires `username`/`password`. */
-export async function startOciRegistry(): Promise<OciRegistry> {
+export async function startOciRegistry(opts: OciRegistryOptions = {}): Promise<OciRegistry> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-registry-'));
   const username = 'dsec';
   const password = 'registry-secret';
-  const port = await freePort();
-  await writeFile(path.join(dir, 'htpasswd'), `${username}:${bcrypt(password)}\n`);
+  const address = opts.netns?.address ?? '127.0.0.1';
+  const port = opts.netns?.port ?? (await freePort());
+  await writeFile(path.join(dir, 'htpasswd'), `${username}:${bcrypt(password, opts.bcryptCost ?? 12)}\n`);
   await writeFile(
     path.join(dir, 'config.yml'),
     [
@@ -69,7 +86,7 @@ export async function startOciRegistry(): Promise<OciRegistry> {
       '  delete:',
       '    enabled: true',
       'http:',
-      `  addr: 127.0.0.1:${port}`,
+      `  addr: ${address}:${port}`,
       'auth:',
       '  htpasswd:',
       '    realm: dsec-test',
@@ -79,10 +96,12 @@ export async function startOciRegistry(): Promise<OciRegistry> {
   );
   let log: string[] = [];
   let child: ChildProcess | undefined;
-  const url = `http://127.0.0.1:${port}`;
+  const url = `http://${address}:${port}`;
 
   const start = async (): Promise<void> => {
-    const proc = spawn('docker-registry', ['serve', path.join(dir, 'config.yml')], { stdio: ['ignore', 'ignore', 'pipe'] });
+    const serve = ['docker-registry', 'serve', path.join(dir, 'config.yml')];
+    const argv = opts.netns === undefined ? serve : ['ip', 'netns', 'exec', opts.netns.name, ...serve];
+    const proc = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'ignore', 'pipe'] });
     child = proc;
     let partial = '';
     proc.stderr.setEncoding('utf8');
@@ -130,7 +149,7 @@ export async function startOciRegistry(): Promise<OciRegistry> {
   }
   return {
     url,
-    host: `127.0.0.1:${port}`,
+    host: `${address}:${port}`,
     username,
     password,
     blobFile: (digest: string) => path.join(dir, 'data', 'docker', 'registry', 'v2', 'blobs', 'sha256', digest.slice(7, 9), digest.slice(7), 'data'),
