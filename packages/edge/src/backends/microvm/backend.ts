@@ -2,9 +2,7 @@
 // virtio-serial ports, the image's EROFS layers as read-only disks under an overlay whose upper
 // directory is on a writable ext4 disk of diskMiB.
 import { execFile } from 'node:child_process';
-import { constants as fsConstants } from 'node:fs';
-import { chown, mkdir, open, readFile, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
-import type { FileHandle } from 'node:fs/promises';
+import { chown, mkdir, readFile, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
@@ -15,16 +13,13 @@ import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
-import { diskFds, startQemu } from '../qemu/process.js';
-import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
+import { diskFds } from '../qemu/process.js';
+import { readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
 import type { SavedState } from '../qemu/migration.js';
 import { qemuArgs, vmSockets } from './qemu.js';
-import { QmpClient } from '../qemu/qmp.js';
-import { QemuSandboxes } from '../qemu/sandboxes.js';
-import type { QemuVm } from '../qemu/sandboxes.js';
-import { withTimeout } from '../../abortable.js';
-import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
-import { connectRetrying } from '../qemu/sockets.js';
+import { exists, QemuSandboxes } from '../qemu/sandboxes.js';
+import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 
 const run = promisify(execFile);
 
@@ -34,8 +29,6 @@ export const MIN_GUEST_MEMORY_MIB = 128;
 export const QEMU_OVERHEAD_MIB = 96;
 /** How much larger than guest RAM a saved state may grow (device state, page headers). */
 const STATE_MARGIN_MIB = 64;
-/** Default pids limit of the QEMU process's cgroup (its threads). */
-const QEMU_PIDS = 256;
 
 /** What the backend needs of the node and the machine. */
 export interface MicrovmBackendOptions {
@@ -77,6 +70,7 @@ interface Paths {
   disk: string;
   pid: string;
   log: string;
+  paused: string;
   /** The guest's memory and device state while paused to a file (`pauseToFile`). */
   state: string;
 }
@@ -130,6 +124,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
       disk: path.join(dir, 'rw.img'),
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
+      paused: path.join(dir, 'paused'),
       state: path.join(dir, 'memory.state'),
     };
   }
@@ -176,13 +171,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
       const { exited } = await this.launch(record, vm);
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
-      const agent = await Promise.race([this.connect(req.id), exited]);
-      await Promise.race([
-        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
-        exited,
-      ]);
+      await this.awaitGuest(req.id, vm, exited, signal);
       this.watch(req.id, vm);
       return record;
     } catch (err) {
@@ -199,88 +188,49 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     }
   }
 
-  /**
-   * Starts the VM's QEMU (confined, in its cgroup and network namespace) with its disks as
-   * descriptors; with `incoming`, QEMU waits for a saved state (`restoreState`) instead of
-   * booting. Resolves once started, with `exited`, which rejects when QEMU exits.
-   */
-  private async launch(record: BackendSandbox, vm: Vm, incoming = false): Promise<{ exited: Promise<never> }> {
+  /** The microVM: its kernel, initramfs and disks (layers read-only, the writable disk), as descriptors. */
+  protected async machine(record: BackendSandbox, _vm: Vm, open: OpenForQemu): Promise<QemuMachine> {
     const id = record.id;
     const p = this.paths(id);
-    const idRange = record.idRange;
-    if (!idRange) throw new DsecError('INTERNAL', `sandbox ${id}: its record has no uid`, { sandboxId: id });
     const res = record.spec.resources ?? {};
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
-    const cpu = res.cpu ?? DEFAULT_CPU;
-    const netns = record.spec.network?.mode === 'allowlist' ? netnsName(id) : undefined;
-    const fds: FileHandle[] = [];
-    try {
-      const disks: VmDisk[] = [];
-      for (const [i, layer] of record.layers.entries()) {
-        const files = this.o.layers.imageFiles(layer.digest);
-        const meta = await open(files.meta, fsConstants.O_RDONLY);
-        fds.push(meta);
-        disks.push({ serial: `m${i}`, fds: [meta.fd], readOnly: true });
-        if ((await stat(files.blob)).size > 0) {
-          const blob = await open(files.blob, fsConstants.O_RDONLY);
-          fds.push(blob);
-          disks.push({ serial: `b${i}`, fds: [blob.fd], readOnly: true });
-        }
-      }
-      const rwRead = await open(p.disk, fsConstants.O_RDONLY);
-      fds.push(rwRead);
-      const rw = await open(p.disk, fsConstants.O_RDWR);
-      fds.push(rw);
-      disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
-      const cgroupProcs = await this.o.cgroups.create(id, {
-        memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024,
-        cpu,
-        pids: QEMU_PIDS,
-      });
-      const args = qemuArgs({
-        qemu: this.o.qemu,
-        accel: this.o.accel,
-        kernel: this.o.guest.kernel.vmlinuz,
-        initramfs: this.o.guest.initramfs,
-        cmdline: [...this.o.accelCmdline, `dsec.layers=${record.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
-        memoryMiB,
-        vcpus: Math.max(1, Math.ceil(cpu)),
-        disks,
-        runDir: p.run,
-        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
-      });
-      if (incoming) args.push(...INCOMING_ARGS);
-      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
-      try {
-        vm.child = startQemu(
-          this.o.qemu,
-          args,
-          {
-            uid: idRange.uid,
-            gid: idRange.gid,
-            cgroupProcs,
-            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
-            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
-          },
-          diskFds(disks),
-          log.fd,
-        );
-      } finally {
-        await log.close();
-      }
-      vm.stopping = false;
-      const child = vm.child;
-      const exited = new Promise<never>((_, reject) =>
-        child.once('exit', (code, sig) =>
-          reject(new DsecError('BACKEND_FAILED', `sandbox ${id}: QEMU exited (${sig ?? code}) while ${incoming ? 'restoring' : 'booting'}`, { sandboxId: id })),
-        ),
-      );
-      exited.catch(() => undefined);
-      await writeFile(p.pid, String(child.pid));
-      return { exited };
-    } finally {
-      for (const f of fds) await f.close().catch(() => undefined);
+    const netns = record.spec.network?.mode === 'allowlist';
+    const disks: VmDisk[] = [];
+    for (const [i, layer] of record.layers.entries()) {
+      const files = this.o.layers.imageFiles(layer.digest);
+      disks.push({ serial: `m${i}`, fds: [await open(files.meta)], readOnly: true });
+      if ((await stat(files.blob)).size > 0) disks.push({ serial: `b${i}`, fds: [await open(files.blob)], readOnly: true });
     }
+    disks.push({ serial: 'rw', fds: [await open(p.disk), await open(p.disk, true)], readOnly: false });
+    const args = qemuArgs({
+      qemu: this.o.qemu,
+      accel: this.o.accel,
+      kernel: this.o.guest.kernel.vmlinuz,
+      initramfs: this.o.guest.initramfs,
+      cmdline: [...this.o.accelCmdline, `dsec.layers=${record.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
+      memoryMiB,
+      vcpus: Math.max(1, Math.ceil(res.cpu ?? DEFAULT_CPU)),
+      disks,
+      runDir: p.run,
+      ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
+    });
+    return { args, fds: diskFds(disks), memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024 };
+  }
+
+  protected qmpSocket(id: string): string {
+    return vmSockets(this.paths(id).run).qmp;
+  }
+
+  protected adopted(): Vm {
+    return { portsInUse: new Set() };
+  }
+
+  /** A VM paused to a file by the previous edge stays paused to it (its manifest checked). */
+  protected override async adoptSaved(id: string, vm: Vm): Promise<boolean> {
+    const file = this.paths(id).state;
+    if (!(await exists(`${file}.json`))) return false;
+    vm.saved = await readSavedState(file);
+    return true;
   }
 
   /**
@@ -294,7 +244,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   }
 
   pause(id: string): Promise<BackendPauseResult> {
-    return this.runState(id, 'stop');
+    return this.pauseInMemory(id);
   }
 
   /**
@@ -344,12 +294,10 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     const record = await this.record(id);
     try {
       const { exited } = await this.launch(record, vm, true);
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
-      await restoreState({ qmp: vm.qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
-      await vm.qmp.execute('cont');
-      const agent = await Promise.race([this.connect(id), exited]);
-      await Promise.race([withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `resume ${id}: the guest did not answer`), exited]);
+      const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.o.bootTimeoutMs);
+      await restoreState({ qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
+      await qmp.execute('cont');
+      await this.awaitGuest(id, vm, exited);
     } catch (err) {
       this.dropAgent(id);
       await this.kill(id);
@@ -370,7 +318,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     const before = await this.o.cgroups.memory(id);
     const vm = this.vm(id);
     if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
-    else await this.qmp(id).execute('cont');
+    else await this.resumeInMemory(id);
     const after = await this.o.cgroups.memory(id);
     return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
