@@ -14,7 +14,7 @@ import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
 import { diskFds } from '../qemu/process.js';
-import { readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
+import { readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from '../qemu/migration.js';
 import type { SavedState } from '../qemu/migration.js';
 import { qemuArgs, vmSockets } from './qemu.js';
 import { exists, QemuSandboxes } from '../qemu/sandboxes.js';
@@ -292,17 +292,25 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     const p = this.paths(id);
     const state = await readSavedState(saved.file);
     const record = await this.record(id);
+    let manifestGone = false;
     try {
       const { exited } = await this.launch(record, vm, true);
       const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.o.bootTimeoutMs);
       await restoreState({ qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
+      // The state is QEMU's now. The manifest goes before the guest runs: an edge that dies from
+      // here on adopts this QEMU, never the file (the guest's disk moves on once it runs).
+      await removeSavedState(saved.file, true);
+      manifestGone = true;
       await qmp.execute('cont');
+      manifestGone = false;
       await this.awaitGuest(id, vm, exited);
     } catch (err) {
       this.dropAgent(id);
       await this.kill(id);
       delete vm.qmp;
       delete vm.child;
+      // Failed before the guest ran: the file is still its state.
+      if (manifestGone) await writeSavedManifest(state);
       throw err;
     }
     delete vm.saved;
