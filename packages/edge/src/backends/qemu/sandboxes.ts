@@ -65,8 +65,8 @@ export interface QemuPaths {
 /** What the shared code needs of the node. */
 export interface QemuSandboxesOptions {
   sandboxesDir: string;
-  cgroups: Cgroups;
-  idRanges: IdRanges;
+  cgroups: Pick<Cgroups, 'create' | 'memory' | 'killAll' | 'remove'>;
+  idRanges: Pick<IdRanges, 'release' | 'reconcile'>;
   layers: { acquire(digest: string): Promise<string>; release(digest: string): Promise<void> };
   events: EventSink;
   qemu: string;
