@@ -73,7 +73,11 @@ describe('microvm memory to a file', () => {
     // A file in guest RAM only (tmpfs) and a process whose counter lives in its shell's memory.
     await sh(sb, `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret`);
     const counter = await sb.spawn('i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done');
-    counter.disconnect();
+    // A reader stays attached through the pause to a file (its stream goes quiet, then on).
+    let live = '';
+    const reading = (async () => {
+      for await (const ev of counter) live += Buffer.from(ev.data).toString();
+    })().catch(() => undefined);
     const stdoutOf = async (): Promise<number> => (await sb.processes()).find((p) => p.pid === counter.pid)?.stdoutBytes ?? 0;
     await until('the counter runs', async () => (await stdoutOf()) >= 4);
     const [qemu] = await qemuPids(sb.id);
@@ -81,6 +85,8 @@ describe('microvm memory to a file', () => {
 
     const paused = await sb.pause({ memory: 'file' });
     assert.equal(paused.sandbox.state, 'paused');
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal((await sb.info()).state, 'paused', 'the attached reader did not resume it');
     assert.ok(paused.memoryAfterBytes < paused.memoryBeforeBytes / 4, `memory ${paused.memoryBeforeBytes} -> ${paused.memoryAfterBytes}`);
     assert.deepEqual(await qemuPids(sb.id), [], 'no QEMU runs while paused to a file');
     const stateFile = path.join(tp.platform.edge.home, 'microvm', sb.id, 'memory.state');
@@ -116,6 +122,16 @@ describe('microvm memory to a file', () => {
       if (seen.split('\n').length > 14) break;
     }
     again.disconnect();
+    const liveBefore = live.length;
+    await until('the attached reader reads on', () => live.length > liveBefore + 8);
+    const heard = live.slice(0, live.lastIndexOf('\n')).split('\n').map(Number);
+    assert.deepEqual(
+      heard,
+      heard.map((_, i) => i + 1),
+      'the reader attached before the pause heard every line once, in order',
+    );
+    counter.disconnect();
+    await reading;
     const numbers = seen.trim().split('\n').map(Number);
     assert.deepEqual(
       numbers,
