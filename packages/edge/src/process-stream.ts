@@ -28,8 +28,6 @@ export class EdgeProcessStream implements ProcessStream {
   private ended = false;
   /** The attachment now in use (a new one after each reattach). */
   private att: Attachment;
-  /** Offsets reached per stream: where a reattach starts from. */
-  private readonly offsets: { stdout: number; stderr: number };
   private listener: ((ev: OutputEvent) => void) | undefined;
   /** The next attachment after one whose connection was lost (one wait shared by its readers). */
   private readonly successors = new WeakMap<Attachment, Promise<Attachment | undefined>>();
@@ -38,12 +36,11 @@ export class EdgeProcessStream implements ProcessStream {
   constructor(
     att: Attachment,
     judge: ExitJudge,
-    private readonly o: { from?: { stdout?: number; stderr?: number }; reattach?: Reattach } = {},
+    private readonly o: { reattach?: Reattach } = {},
   ) {
     this.att = att;
     this.pid = att.proc;
     this.osPid = att.pid;
-    this.offsets = { stdout: o.from?.stdout ?? 0, stderr: o.from?.stderr ?? 0 };
     // Judged as soon as the exit arrives: the OOM counter is read while it still tells this exit.
     this.exited = this.follow(att).then(judge);
     this.exited.catch(() => undefined);
@@ -73,7 +70,8 @@ export class EdgeProcessStream implements ProcessStream {
       const reattach = this.o.reattach;
       next =
         reattach && !this.stopped.signal.aborted
-          ? reattach({ ...this.offsets }, this.stopped.signal).then(
+          ? // From what the lost attachment received: its queued output is still read from it.
+            reattach(att.received, this.stopped.signal).then(
               (a) => {
                 if (a) this.adopt(a);
                 return a;
@@ -92,20 +90,12 @@ export class EdgeProcessStream implements ProcessStream {
     if (this.listener) att.onOutput(this.listener);
   }
 
-  private count(ev: OutputEvent): void {
-    const end = ev.kind === 'data' ? ev.offset + ev.data.length : ev.offset + ev.bytes;
-    this.offsets[ev.stream] = Math.max(this.offsets[ev.stream], end);
-  }
-
   /** Output in order; ends after the exit (applies back-pressure while unread). */
   async *[Symbol.asyncIterator](): AsyncIterator<OutputEvent> {
     let att = this.att;
     for (;;) {
       try {
-        for await (const ev of att) {
-          this.count(ev);
-          yield ev;
-        }
+        for await (const ev of att) yield ev;
         return;
       } catch (err) {
         const next = await this.successor(att);
@@ -117,11 +107,8 @@ export class EdgeProcessStream implements ProcessStream {
 
   /** Delivers every output event to `fn` as it arrives, instead of the iterator (in-process use). */
   onOutput(fn: (ev: OutputEvent) => void): void {
-    this.listener = (ev) => {
-      this.count(ev);
-      fn(ev);
-    };
-    this.att.onOutput(this.listener);
+    this.listener = fn;
+    this.att.onOutput(fn);
   }
 
   /** Writes to its stdin (`eof` closes it after). */

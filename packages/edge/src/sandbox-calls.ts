@@ -93,7 +93,7 @@ export abstract class SandboxCalls {
   /** Reattaches to a process from byte offsets (refused when `signal` aborts before the attachment is made). */
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}, opts: EdgeCallOptions = {}): Promise<EdgeProcessStream> {
     const att = await this.attachment(id, proc, from, opts.signal);
-    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { from, reattach: this.reattacher(id, proc) });
+    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, proc) });
   }
 
   /**
