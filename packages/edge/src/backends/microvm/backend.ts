@@ -2,22 +2,20 @@
 // virtio-serial ports, the image's EROFS layers as read-only disks under an overlay whose upper
 // directory is on a writable ext4 disk of diskMiB.
 import { execFile } from 'node:child_process';
-import { chown, mkdir, readFile, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
+import { chown, mkdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
 import { diskFds } from '../qemu/process.js';
-import { readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from '../qemu/migration.js';
-import type { SavedState } from '../qemu/migration.js';
 import { qemuArgs, vmSockets } from './qemu.js';
-import { exists, QemuSandboxes } from '../qemu/sandboxes.js';
+import { QemuSandboxes } from '../qemu/sandboxes.js';
 import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 
@@ -27,8 +25,6 @@ const run = promisify(execFile);
 export const MIN_GUEST_MEMORY_MIB = 128;
 /** Host memory a QEMU process may use beyond its guest's RAM (its own code, buffers, page tables). */
 export const QEMU_OVERHEAD_MIB = 96;
-/** How much larger than guest RAM a saved state may grow (device state, page headers). */
-const STATE_MARGIN_MIB = 64;
 
 /** What the backend needs of the node and the machine. */
 export interface MicrovmBackendOptions {
@@ -57,10 +53,7 @@ export interface MicrovmBackendOptions {
   events: EventSink;
 }
 
-interface Vm extends QemuVm {
-  /** Paused with its memory in this file: no QEMU runs until resumed. */
-  saved?: SavedState;
-}
+type Vm = QemuVm;
 
 interface Paths {
   dir: string;
@@ -86,21 +79,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   constructor(private readonly o: MicrovmBackendOptions) {
     super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
-    this.pausing = {
-      pause: (id) => this.pause(id),
-      pauseToFile: (id) => this.pauseToFile(id),
-      inFile: (id) => this.vm(id).saved !== undefined,
-      resume: (id) => this.resume(id),
-      memory: (id) => o.cgroups.memory(id),
-      // A VM paused to a file is as frozen as it gets: no QEMU runs.
-      freeze: async (id) => {
-        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
-      },
-      thaw: async (id) => {
-        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
-      },
-      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
-    };
+    this.pausing = this.pauseFacet({ toFile: true });
   }
 
   /** The accelerator and the probe's boot time: the node's capabilities. */
@@ -225,14 +204,6 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     return { portsInUse: new Set() };
   }
 
-  /** A VM paused to a file by the previous edge stays paused to it (its manifest checked). */
-  protected override async adoptSaved(id: string, vm: Vm): Promise<boolean> {
-    const file = this.paths(id).state;
-    if (!(await exists(`${file}.json`))) return false;
-    vm.saved = await readSavedState(file);
-    return true;
-  }
-
   /**
    * The node made its link (eth0 with the sandbox's address peering the gateway, default route) in
    * the VM's namespace: the address moves into the guest and eth0 joins the tap's bridge, so the
@@ -241,94 +212,6 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
     await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link)]);
-  }
-
-  pause(id: string): Promise<BackendPauseResult> {
-    return this.pauseInMemory(id);
-  }
-
-  /**
-   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state streamed to
-   * `memory.state` (`saveState`), then QEMU quits and its memory goes back to the host. Agent
-   * connections end with it (readers reattach from their offsets once resumed). A failed save
-   * leaves the VM running and no file.
-   */
-  async pauseToFile(id: string): Promise<BackendPauseResult> {
-    const vm = this.vm(id);
-    const p = this.paths(id);
-    const record = await this.record(id);
-    const before = await this.o.cgroups.memory(id);
-    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
-    const qmp = this.qmp(id);
-    let saved: SavedState;
-    try {
-      saved = await saveState({
-        qmp,
-        socketDir: p.run,
-        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
-        file: p.state,
-        maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
-        timeoutMs: this.o.bootTimeoutMs,
-      });
-    } catch (err) {
-      await qmp.execute('cont').catch(() => undefined);
-      throw err;
-    }
-    vm.saved = saved;
-    this.dropAgent(id);
-    await this.kill(id);
-    delete vm.qmp;
-    delete vm.child;
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
-  }
-
-  /**
-   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
-   * (`restoreState`), then `cont`; chronus answers on the same ports, its processes never noticed.
-   * A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
-   */
-  private async resumeFromFile(id: string, vm: Vm, saved: SavedState): Promise<void> {
-    const p = this.paths(id);
-    const state = await readSavedState(saved.file);
-    const record = await this.record(id);
-    let manifestGone = false;
-    try {
-      const { exited } = await this.launch(record, vm, true);
-      const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.o.bootTimeoutMs);
-      await restoreState({ qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
-      // The state is QEMU's now. The manifest goes before the guest runs: an edge that dies from
-      // here on adopts this QEMU, never the file (the guest's disk moves on once it runs).
-      await removeSavedState(saved.file, true);
-      manifestGone = true;
-      await qmp.execute('cont');
-      manifestGone = false;
-      await this.awaitGuest(id, vm, exited);
-    } catch (err) {
-      this.dropAgent(id);
-      await this.kill(id);
-      delete vm.qmp;
-      delete vm.child;
-      // Failed before the guest ran: the file is still its state.
-      if (manifestGone) await writeSavedManifest(state);
-      throw err;
-    }
-    delete vm.saved;
-    this.watch(id, vm);
-    await removeSavedState(saved.file);
-  }
-
-  private async record(id: string): Promise<BackendSandbox> {
-    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
-  }
-
-  async resume(id: string): Promise<BackendResumeResult> {
-    const before = await this.o.cgroups.memory(id);
-    const vm = this.vm(id);
-    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
-    else await this.resumeInMemory(id);
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
 
   async stats(id: string): Promise<SandboxStats> {

@@ -18,7 +18,7 @@ class Unanswered extends QemuSandboxes<QemuVm, QemuPaths> {
   protected readonly agentPorts = 2;
   protected paths(id: string): QemuPaths {
     const d = path.join(dir, id);
-    return { dir: d, run: d, record: `${d}/r`, claim: `${d}/c`, pid: `${d}/p`, log: `${d}/l`, paused: `${d}/x` };
+    return { dir: d, run: d, record: `${d}/r`, claim: `${d}/c`, pid: `${d}/p`, log: `${d}/l`, paused: `${d}/x`, state: `${d}/s` };
   }
   protected agentSocket(id: string, port: number): string {
     return path.join(dir, `${id}.agent${port}`);

@@ -6,15 +6,25 @@ import type { ChildProcess } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
 import { open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { DEFAULT_CPU, DsecError } from '@dsec/protocol';
+import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
-import type { BackendPauseResult, BackendSandbox, GarbageFacet, GarbageOptions, GarbageReport, SandboxAgent } from '../../backend.js';
+import type {
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  PauseFacet,
+  SandboxAgent,
+} from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { killQemu, watchQemu } from './lifecycle.js';
-import { INCOMING_ARGS } from './migration.js';
+import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
+import type { SavedState } from './migration.js';
 import { netnsName, removeVmNetns } from './network.js';
 import { startQemu } from './process.js';
 import { QmpClient } from './qmp.js';
@@ -22,6 +32,8 @@ import { connectRetrying, connectUnix } from './sockets.js';
 
 /** Default pids limit of a QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
+/** How much larger than guest RAM a saved state may grow (device state, page headers). */
+const STATE_MARGIN_MIB = 64;
 /** How long a restarted edge waits for an adopted guest's agent to answer. */
 const ADOPT_TIMEOUT_MS = 10_000;
 
@@ -33,6 +45,8 @@ export interface QemuVm {
   stopping?: boolean;
   /** Extra agent ports (1..ports-1) in use by connections of their own. */
   portsInUse: Set<number>;
+  /** Paused with its memory in this file: no QEMU runs until resumed. */
+  saved?: SavedState;
 }
 
 /** What a backend's machine is: QEMU's arguments, the descriptors it inherits, its cgroup's size. */
@@ -51,6 +65,8 @@ export type OpenForQemu = (file: string, writable?: boolean) => Promise<number>;
 export interface QemuPaths {
   /** Marker of a sandbox paused in memory (a restarted edge keeps it paused; else it runs again). */
   paused: string;
+  /** The guest's memory and device state while paused to a file (`pauseToFile`), its manifest beside it. */
+  state: string;
   /** Folder of its records and disks (removed at teardown). */
   dir: string;
   /** Folder of its sockets, owned by its QEMU uid (removed at teardown). */
@@ -287,6 +303,113 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     }
   }
 
+  /**
+   * The backend's pause facet: QMP `stop`/`cont` with the memory kept, and with `toFile` also
+   * `pauseToFile` (the guest's memory written to a file and QEMU ended; needs a machine whose
+   * devices all migrate). A VM paused to a file counts as frozen: no QEMU runs.
+   */
+  protected pauseFacet(o: { toFile: boolean }): PauseFacet {
+    return {
+      pause: (id) => this.pauseInMemory(id),
+      ...(o.toFile ? { pauseToFile: (id: string) => this.pauseToFile(id), inFile: (id: string) => this.vm(id).saved !== undefined } : {}),
+      resume: (id) => this.resume(id),
+      memory: (id) => this.q.cgroups.memory(id),
+      freeze: async (id) => {
+        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
+      },
+      thaw: async (id) => {
+        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
+      },
+      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+    };
+  }
+
+  /** Resumes a paused sandbox: from its file when it was paused to one, else QMP `cont`. */
+  async resume(id: string): Promise<BackendResumeResult> {
+    const before = await this.q.cgroups.memory(id);
+    const vm = this.vm(id);
+    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
+    else await this.resumeInMemory(id);
+    const after = await this.q.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state streamed to
+   * `paths.state` (`saveState`), then QEMU is ended and its memory goes back to the host. Agent
+   * connections end with it (the edge's command streams attach again once resumed). A failed
+   * save leaves the VM running and no file.
+   */
+  async pauseToFile(id: string): Promise<BackendPauseResult> {
+    const vm = this.vm(id);
+    const p = this.paths(id);
+    const record = await this.record(id);
+    const before = await this.q.cgroups.memory(id);
+    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const qmp = this.qmp(id);
+    let saved: SavedState;
+    try {
+      saved = await saveState({
+        qmp,
+        socketDir: p.run,
+        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
+        file: p.state,
+        maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
+        timeoutMs: this.q.bootTimeoutMs,
+      });
+    } catch (err) {
+      await qmp.execute('cont').catch(() => undefined);
+      throw err;
+    }
+    vm.saved = saved;
+    this.dropAgent(id);
+    await this.kill(id);
+    delete vm.qmp;
+    delete vm.child;
+    const after = await this.q.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
+   * (`restoreState`), then `cont`; the agent answers on the same ports, its processes never
+   * noticed. A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
+   */
+  private async resumeFromFile(id: string, vm: V, saved: SavedState): Promise<void> {
+    const p = this.paths(id);
+    const state = await readSavedState(saved.file);
+    const record = await this.record(id);
+    let manifestGone = false;
+    try {
+      const { exited } = await this.launch(record, vm, true);
+      const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.q.bootTimeoutMs);
+      await restoreState({ qmp, socketDir: p.run, state, exited, timeoutMs: this.q.bootTimeoutMs });
+      // The state is QEMU's now. The manifest goes before the guest runs: an edge that dies from
+      // here on adopts this QEMU, never the file (the guest's disk moves on once it runs).
+      await removeSavedState(saved.file, true);
+      manifestGone = true;
+      await qmp.execute('cont');
+      manifestGone = false;
+      await this.awaitGuest(id, vm, exited);
+    } catch (err) {
+      this.dropAgent(id);
+      await this.kill(id);
+      delete vm.qmp;
+      delete vm.child;
+      // Failed before the guest ran: the file is still its state.
+      if (manifestGone) await writeSavedManifest(state);
+      throw err;
+    }
+    delete vm.saved;
+    this.watch(id, vm);
+    await removeSavedState(saved.file);
+  }
+
+  /** The sandbox's record as its create wrote it. */
+  protected async record(id: string): Promise<BackendSandbox> {
+    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
+  }
+
   /** QMP `stop` (vCPUs stopped, memory kept) or `cont`, with the cgroup's memory around it. */
   protected async runState(id: string, command: 'stop' | 'cont'): Promise<BackendPauseResult> {
     const before = await this.q.cgroups.memory(id);
@@ -393,9 +516,12 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     return { ...record, spec: claim ? { ...record.spec, ...claim } : record.spec, ...(paused ? { paused: true } : {}) };
   }
 
-  /** Takes up a sandbox's state saved to a file (`vm.saved`); false when it has none. Default none. */
-  protected async adoptSaved(_id: string, _vm: V): Promise<boolean> {
-    return false;
+  /** A VM paused to a file by the previous edge stays paused to it (its manifest checked); false when it has none. */
+  private async adoptSaved(id: string, vm: V): Promise<boolean> {
+    const file = this.paths(id).state;
+    if (!(await exists(`${file}.json`))) return false;
+    vm.saved = await readSavedState(file);
+    return true;
   }
 
   async claim(id: string, claim: SandboxClaim): Promise<void> {

@@ -7,17 +7,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, LayerInfo, SandboxStats } from '@dsec/protocol';
-import type {
-  Backend,
-  BackendCreateRequest,
-  BackendPauseResult,
-  BackendResumeResult,
-  BackendSandbox,
-  NetworkFacet,
-  PauseFacet,
-  SandboxAgent,
-  ScreenFacet,
-} from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet, SandboxAgent, ScreenFacet } from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
@@ -80,6 +70,7 @@ interface Paths {
   pid: string;
   log: string;
   paused: string;
+  state: string;
 }
 
 /** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
@@ -98,18 +89,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   constructor(private readonly o: VmBackendOptions) {
     super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
-    this.pausing = {
-      pause: (id) => this.pause(id),
-      resume: (id) => this.resume(id),
-      memory: (id) => o.cgroups.memory(id),
-      freeze: async (id) => {
-        await this.qmp(id).execute('stop');
-      },
-      thaw: async (id) => {
-        await this.qmp(id).execute('cont');
-      },
-      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
-    };
+    // Memory kept only: the NVMe root disk cannot migrate (no `pauseToFile`).
+    this.pausing = this.pauseFacet({ toFile: false });
   }
 
   /** The accelerator and the last boot's time. */
@@ -145,6 +126,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
       paused: path.join(dir, 'paused'),
+      state: path.join(dir, 'memory.state'),
     };
   }
 
@@ -274,14 +256,6 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const link = await bridgeNodeLink(id);
     const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link)}`;
     await this.configureGuestNetwork(id, ['/bin/sh', '-c', script]);
-  }
-
-  pause(id: string): Promise<BackendPauseResult> {
-    return this.pauseInMemory(id);
-  }
-
-  resume(id: string): Promise<BackendResumeResult> {
-    return this.resumeInMemory(id);
   }
 
   async stats(id: string): Promise<SandboxStats> {
