@@ -1,11 +1,17 @@
 // A microVM paused with its memory in a file (QEMU migrates to a unix socket the edge writes to a
-// file, then exits) and resumed from it: one TCG boot carries every check.
+// file, then exits) and resumed from it: one TCG boot carries every check. Then edge restarts:
+// a second boot, on a bare node, adopted by each restarted edge (running, paused in memory,
+// paused to a file), and lost when its adopted QEMU dies.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { open, rename, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DsecClient, Sandbox } from '@dsec/sdk';
+import type { Edge } from '@dsec/edge';
+import type { RaisedEvent } from '@dsec/protocol';
+import { startNode } from './helpers/node.js';
+import type { TestNode } from './helpers/node.js';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
@@ -67,7 +73,11 @@ describe('microvm memory to a file', () => {
     // A file in guest RAM only (tmpfs) and a process whose counter lives in its shell's memory.
     await sh(sb, `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret`);
     const counter = await sb.spawn('i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done');
-    counter.disconnect();
+    // A reader stays attached through the pause to a file (its stream goes quiet, then on).
+    let live = '';
+    const reading = (async () => {
+      for await (const ev of counter) live += Buffer.from(ev.data).toString();
+    })().catch(() => undefined);
     const stdoutOf = async (): Promise<number> => (await sb.processes()).find((p) => p.pid === counter.pid)?.stdoutBytes ?? 0;
     await until('the counter runs', async () => (await stdoutOf()) >= 4);
     const [qemu] = await qemuPids(sb.id);
@@ -75,6 +85,8 @@ describe('microvm memory to a file', () => {
 
     const paused = await sb.pause({ memory: 'file' });
     assert.equal(paused.sandbox.state, 'paused');
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal((await sb.info()).state, 'paused', 'the attached reader did not resume it');
     assert.ok(paused.memoryAfterBytes < paused.memoryBeforeBytes / 4, `memory ${paused.memoryBeforeBytes} -> ${paused.memoryAfterBytes}`);
     assert.deepEqual(await qemuPids(sb.id), [], 'no QEMU runs while paused to a file');
     const stateFile = path.join(tp.platform.edge.home, 'microvm', sb.id, 'memory.state');
@@ -110,6 +122,16 @@ describe('microvm memory to a file', () => {
       if (seen.split('\n').length > 14) break;
     }
     again.disconnect();
+    const liveBefore = live.length;
+    await until('the attached reader reads on', () => live.length > liveBefore + 8);
+    const heard = live.slice(0, live.lastIndexOf('\n')).split('\n').map(Number);
+    assert.deepEqual(
+      heard,
+      heard.map((_, i) => i + 1),
+      'the reader attached before the pause heard every line once, in order',
+    );
+    counter.disconnect();
+    await reading;
     const numbers = seen.trim().split('\n').map(Number);
     assert.deepEqual(
       numbers,
@@ -126,5 +148,85 @@ describe('microvm memory to a file', () => {
     made.pop();
     await until('nothing left', async () => (await qemuPids(sb.id)).length === 0 && (await tp.platform.edge.cgroups.existing(sb.id)).length === 0);
     await assert.rejects(stat(path.join(tp.platform.edge.home, 'microvm', sb.id)));
+  });
+});
+
+describe('microvm adopted by a restarted edge', () => {
+  let node: TestNode | undefined;
+  after(async () => {
+    await node?.cleanup();
+  });
+
+  /** The stdout of `edge`'s command `pid` from offset `from` until it holds `lines` lines. */
+  async function readLines(edge: Edge, id: string, pid: number, from: number, lines: number): Promise<string> {
+    const att = await edge.attach(id, pid, { stdout: from });
+    let seen = '';
+    for await (const ev of att) {
+      if (ev.kind === 'data') seen += ev.data.toString();
+      if (seen.split('\n').length > lines) break;
+    }
+    await att.detach();
+    return seen;
+  }
+
+  test('a running, a paused and a paused-to-file microVM survive edge restarts; an adopted QEMU that dies is lost', async () => {
+    node = await startNode({ edge: { microvm: {} } });
+    await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
+    const sb = await node.edge.create({ backend: 'microvm', image: { base: 'busybox' }, resources: { cpu: 1, memoryMiB: 160, diskMiB: 32 } });
+    const id = sb.id;
+    const secret = randomBytes(8).toString('hex');
+    await node.edge.exec(id, { cmd: `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret` });
+    const counter = await node.edge.spawn(id, { cmd: 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' });
+    const pid = counter.pid;
+    await counter.detach();
+    const [qemu] = await qemuPids(id);
+    assert.ok(qemu, 'its QEMU runs');
+
+    // Running: the same QEMU, reconnected; the command runs on and is read from an offset.
+    let edge = await node.restart();
+    assert.deepEqual(
+      (await edge.list()).map((s) => [s.id, s.state]),
+      [[id, 'running']],
+    );
+    assert.deepEqual(await qemuPids(id), [qemu], 'the same QEMU process, not a new boot');
+    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    const first = await readLines(edge, id, pid, 0, 6);
+    assert.deepEqual(first.trim().split('\n').slice(0, 6).map(Number), [1, 2, 3, 4, 5, 6]);
+
+    // Paused in memory: still paused after the restart, with the same QEMU; resume goes on.
+    await edge.pause(id);
+    edge = await node.restart();
+    assert.equal(edge.info(id).state, 'paused');
+    assert.deepEqual(await qemuPids(id), [qemu]);
+    await edge.resume(id);
+    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+
+    // Paused to a file: no QEMU across the restart; the resume restores it from the file.
+    await edge.pause(id, { memory: 'file' });
+    assert.deepEqual(await qemuPids(id), []);
+    edge = await node.restart();
+    assert.equal(edge.info(id).state, 'paused');
+    assert.deepEqual(await qemuPids(id), [], 'the restarted edge started no QEMU for it');
+    await edge.resume(id);
+    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    const numbers = (await readLines(edge, id, pid, 0, 12)).trim().split('\n').slice(0, 12).map(Number);
+    assert.deepEqual(
+      numbers,
+      numbers.map((_, i) => i + 1),
+      'the same shell counted on through every restart',
+    );
+
+    // An adopted QEMU (watched through its QMP connection) that dies: lost, nothing left.
+    edge = await node.restart();
+    const [adopted] = await qemuPids(id);
+    assert.ok(adopted, 'its QEMU runs');
+    const events: RaisedEvent[] = [];
+    edge.onEvent((ev) => events.push(ev));
+    process.kill(adopted, 'SIGKILL');
+    await until('lost', () => events.some((ev) => ev.kind === 'sandbox.lost' && ev.sandboxId === id));
+    await until(
+      'nothing left',
+      async () => (await edge.cgroups.existing(id)).length === 0 && !(await stat(path.join(node!.home, 'microvm', id)).catch(() => false)),
+    );
   });
 });

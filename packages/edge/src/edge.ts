@@ -58,6 +58,9 @@ import type { SnapshotHold, SnapshotOptions } from './snapshots.js';
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
 export const PAUSE_DRAIN_TIMEOUT_MS = 10_000;
 
+/** How often a stream cut by a pause to a file looks whether its sandbox runs again. */
+const RUNNING_AGAIN_POLL_MS = 250;
+
 interface Entry {
   record: BackendSandbox;
   backend: Backend;
@@ -81,6 +84,8 @@ interface Entry {
 /** The node agent. */
 export class Edge extends SandboxCalls implements EdgeClient {
   private readonly sandboxes = new Map<string, Entry>();
+  /** Set by `close`: streams waiting for a resume stop waiting. */
+  private closed = false;
   /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
   private readonly creating = new Set<string>();
   private readonly eventSinks = new Set<EventSink>();
@@ -467,6 +472,30 @@ export class Edge extends SandboxCalls implements EdgeClient {
     }
   }
 
+  /**
+   * Whether a sandbox whose agent connection was just lost runs again after a pause to a file:
+   * waits out the transition under way, then for the resume (checked every 250 ms); false at once
+   * when the sandbox is gone, this edge closed, or it was not paused to a file (a real loss).
+   */
+  protected async runningAgain(id: string, signal: AbortSignal): Promise<boolean> {
+    let inFile = false;
+    for (;;) {
+      const e = this.sandboxes.get(id);
+      if (!e || signal.aborted || this.closed) return false;
+      if (e.transition) {
+        await untilAborted(
+          e.transition.catch(() => undefined),
+          signal,
+        ).catch(() => undefined);
+        continue;
+      }
+      if (e.state === 'running') return inFile;
+      if (e.state !== 'paused' || !e.backend.pausing?.inFile?.(id)) return false;
+      inFile = true;
+      await new Promise((r) => setTimeout(r, RUNNING_AGAIN_POLL_MS).unref());
+    }
+  }
+
   /** The environment a command starts with below its own: the network's, then the sandbox's. */
   protected commandEnv(id: string): Record<string, string> | undefined {
     const env = this.entry(id).record.spec.env;
@@ -679,6 +708,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * a later `Edge.open` on the same home finds them again.
    */
   async close(): Promise<void> {
+    this.closed = true;
     this.monitor.close();
     // Calls keep no state: their pooled sandboxes go with this process.
     await this.calls.close();

@@ -8,6 +8,8 @@ import type { SandboxAgent } from './backend.js';
 import { collectResult, toSpawnOptions, writeStdinIgnoringExit } from './commands.js';
 import { checkLinkTarget, checkPath, checkXattrs, MAX_FILE_READ_BYTES } from './files.js';
 import { EdgeProcessStream } from './process-stream.js';
+import type { Reattach } from './process-stream.js';
+import type { Attachment } from './chronus/attachment.js';
 import type { SandboxMonitor } from './sandbox-monitor.js';
 
 /** Commands and file operations of a node's sandboxes, routed to their agents. */
@@ -47,8 +49,8 @@ export abstract class SandboxCalls {
     const env = this.commandEnv(id);
     const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)), { signal });
     this.monitor.spawned(id, att.proc, oomBaseline);
-    const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit));
-    void att.exited.then(
+    const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, att.proc) });
+    void proc.exited.then(
       () => {
         this.monitor.exited(id);
         this.commandEnded(id);
@@ -91,11 +93,27 @@ export abstract class SandboxCalls {
 
   /** Reattaches to a process from byte offsets (refused when `signal` aborts before the attachment is made). */
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}, opts: EdgeCallOptions = {}): Promise<EdgeProcessStream> {
+    const att = await this.attachment(id, proc, from, opts.signal);
+    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, proc) });
+  }
+
+  /**
+   * Whether a sandbox whose agent connection was just lost runs again after a pause to a file
+   * (waited for until it is resumed or `signal` aborts); false when the loss was anything else.
+   */
+  protected abstract runningAgain(id: string, signal: AbortSignal): Promise<boolean>;
+
+  /** How a stream of process `proc` attaches again after a pause to a file ended its connection. */
+  private reattacher(id: string, proc: number): Reattach {
+    return async (from, signal) => ((await this.runningAgain(id, signal)) ? this.attachment(id, proc, from, signal) : undefined);
+  }
+
+  private async attachment(id: string, proc: number, from: { stdout?: number; stderr?: number }, signal?: AbortSignal): Promise<Attachment> {
     // A connection holds one attachment per process; a reader that comes back gets a
     // connection of its own, closed when its attachment ends. Held like any agent call until
     // the attachment is made (a pause waits for it); the attachment itself then outlives
     // pauses, seeing no output while the sandbox is frozen.
-    const att = await this.withAgent(
+    return this.withAgent(
       id,
       async (conn) => {
         try {
@@ -111,9 +129,8 @@ export abstract class SandboxCalls {
           throw err;
         }
       },
-      { connect: true, signal: opts.signal },
+      { connect: true, signal },
     );
-    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit));
   }
 
   /** Writes to a running process's stdin (and closes it after when `eof`). */

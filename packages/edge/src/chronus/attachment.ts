@@ -34,6 +34,7 @@ export class Attachment {
   private listener: ((ev: OutputEvent) => void) | undefined;
   private readonly detachHooks: Array<() => void> = [];
   private readonly consumed = { stdout: 0, stderr: 0 };
+  private readonly receivedTo = { stdout: 0, stderr: 0 };
   private readonly acked = { stdout: 0, stderr: 0 };
   private resolveExit!: (e: AgentExit) => void;
   private rejectExit!: (e: Error) => void;
@@ -50,6 +51,7 @@ export class Attachment {
     this.pid = pid;
     this.consumed = { ...from };
     this.acked = { ...from };
+    this.receivedTo = { ...from };
     this.exited = new Promise<AgentExit>((resolve, reject) => {
       this.resolveExit = resolve;
       this.rejectExit = reject;
@@ -125,8 +127,15 @@ export class Attachment {
     }
   }
 
+  /** Offsets per stream up to which output has arrived (read or queued): where a new attachment goes on. */
+  get received(): { stdout: number; stderr: number } {
+    return { ...this.receivedTo };
+  }
+
   /** @internal An output event (in order, per stream). */
   output(ev: OutputEvent): void {
+    const end = ev.kind === 'data' ? ev.offset + ev.data.length : ev.offset + ev.bytes;
+    this.receivedTo[ev.stream] = Math.max(this.receivedTo[ev.stream], end);
     if (this.listener) this.deliver(ev);
     else this.push(ev);
   }

@@ -2,29 +2,22 @@
 // virtio-serial ports, the image's EROFS layers as read-only disks under an overlay whose upper
 // directory is on a writable ext4 disk of diskMiB.
 import { execFile } from 'node:child_process';
-import { constants as fsConstants } from 'node:fs';
-import { chown, mkdir, open, readFile, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
-import type { FileHandle } from 'node:fs/promises';
+import { chown, mkdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
 import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
-import { diskFds, startQemu } from '../qemu/process.js';
-import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
-import type { SavedState } from '../qemu/migration.js';
+import { diskFds } from '../qemu/process.js';
 import { qemuArgs, vmSockets } from './qemu.js';
-import { QmpClient } from '../qemu/qmp.js';
 import { QemuSandboxes } from '../qemu/sandboxes.js';
-import type { QemuVm } from '../qemu/sandboxes.js';
-import { withTimeout } from '../../abortable.js';
-import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
-import { connectRetrying } from '../qemu/sockets.js';
+import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 
 const run = promisify(execFile);
 
@@ -32,10 +25,6 @@ const run = promisify(execFile);
 export const MIN_GUEST_MEMORY_MIB = 128;
 /** Host memory a QEMU process may use beyond its guest's RAM (its own code, buffers, page tables). */
 export const QEMU_OVERHEAD_MIB = 96;
-/** How much larger than guest RAM a saved state may grow (device state, page headers). */
-const STATE_MARGIN_MIB = 64;
-/** Default pids limit of the QEMU process's cgroup (its threads). */
-const QEMU_PIDS = 256;
 
 /** What the backend needs of the node and the machine. */
 export interface MicrovmBackendOptions {
@@ -64,10 +53,7 @@ export interface MicrovmBackendOptions {
   events: EventSink;
 }
 
-interface Vm extends QemuVm {
-  /** Paused with its memory in this file: no QEMU runs until resumed. */
-  saved?: SavedState;
-}
+type Vm = QemuVm;
 
 interface Paths {
   dir: string;
@@ -77,6 +63,7 @@ interface Paths {
   disk: string;
   pid: string;
   log: string;
+  paused: string;
   /** The guest's memory and device state while paused to a file (`pauseToFile`). */
   state: string;
 }
@@ -92,21 +79,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   constructor(private readonly o: MicrovmBackendOptions) {
     super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
-    this.pausing = {
-      pause: (id) => this.pause(id),
-      pauseToFile: (id) => this.pauseToFile(id),
-      inFile: (id) => this.vm(id).saved !== undefined,
-      resume: (id) => this.resume(id),
-      memory: (id) => o.cgroups.memory(id),
-      // A VM paused to a file is as frozen as it gets: no QEMU runs.
-      freeze: async (id) => {
-        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
-      },
-      thaw: async (id) => {
-        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
-      },
-      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
-    };
+    this.pausing = this.pauseFacet({ toFile: true });
   }
 
   /** The accelerator and the probe's boot time: the node's capabilities. */
@@ -130,6 +103,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
       disk: path.join(dir, 'rw.img'),
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
+      paused: path.join(dir, 'paused'),
       state: path.join(dir, 'memory.state'),
     };
   }
@@ -176,13 +150,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
       const { exited } = await this.launch(record, vm);
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
-      const agent = await Promise.race([this.connect(req.id), exited]);
-      await Promise.race([
-        withTimeout(agent.ping(), deadline - Date.now(), `create ${req.id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`),
-        exited,
-      ]);
+      await this.awaitGuest(req.id, vm, exited, signal);
       this.watch(req.id, vm);
       return record;
     } catch (err) {
@@ -199,88 +167,41 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     }
   }
 
-  /**
-   * Starts the VM's QEMU (confined, in its cgroup and network namespace) with its disks as
-   * descriptors; with `incoming`, QEMU waits for a saved state (`restoreState`) instead of
-   * booting. Resolves once started, with `exited`, which rejects when QEMU exits.
-   */
-  private async launch(record: BackendSandbox, vm: Vm, incoming = false): Promise<{ exited: Promise<never> }> {
+  /** The microVM: its kernel, initramfs and disks (layers read-only, the writable disk), as descriptors. */
+  protected async machine(record: BackendSandbox, _vm: Vm, open: OpenForQemu): Promise<QemuMachine> {
     const id = record.id;
     const p = this.paths(id);
-    const idRange = record.idRange;
-    if (!idRange) throw new DsecError('INTERNAL', `sandbox ${id}: its record has no uid`, { sandboxId: id });
     const res = record.spec.resources ?? {};
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
-    const cpu = res.cpu ?? DEFAULT_CPU;
-    const netns = record.spec.network?.mode === 'allowlist' ? netnsName(id) : undefined;
-    const fds: FileHandle[] = [];
-    try {
-      const disks: VmDisk[] = [];
-      for (const [i, layer] of record.layers.entries()) {
-        const files = this.o.layers.imageFiles(layer.digest);
-        const meta = await open(files.meta, fsConstants.O_RDONLY);
-        fds.push(meta);
-        disks.push({ serial: `m${i}`, fds: [meta.fd], readOnly: true });
-        if ((await stat(files.blob)).size > 0) {
-          const blob = await open(files.blob, fsConstants.O_RDONLY);
-          fds.push(blob);
-          disks.push({ serial: `b${i}`, fds: [blob.fd], readOnly: true });
-        }
-      }
-      const rwRead = await open(p.disk, fsConstants.O_RDONLY);
-      fds.push(rwRead);
-      const rw = await open(p.disk, fsConstants.O_RDWR);
-      fds.push(rw);
-      disks.push({ serial: 'rw', fds: [rwRead.fd, rw.fd], readOnly: false });
-      const cgroupProcs = await this.o.cgroups.create(id, {
-        memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024,
-        cpu,
-        pids: QEMU_PIDS,
-      });
-      const args = qemuArgs({
-        qemu: this.o.qemu,
-        accel: this.o.accel,
-        kernel: this.o.guest.kernel.vmlinuz,
-        initramfs: this.o.guest.initramfs,
-        cmdline: [...this.o.accelCmdline, `dsec.layers=${record.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
-        memoryMiB,
-        vcpus: Math.max(1, Math.ceil(cpu)),
-        disks,
-        runDir: p.run,
-        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
-      });
-      if (incoming) args.push(...INCOMING_ARGS);
-      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
-      try {
-        vm.child = startQemu(
-          this.o.qemu,
-          args,
-          {
-            uid: idRange.uid,
-            gid: idRange.gid,
-            cgroupProcs,
-            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
-            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
-          },
-          diskFds(disks),
-          log.fd,
-        );
-      } finally {
-        await log.close();
-      }
-      vm.stopping = false;
-      const child = vm.child;
-      const exited = new Promise<never>((_, reject) =>
-        child.once('exit', (code, sig) =>
-          reject(new DsecError('BACKEND_FAILED', `sandbox ${id}: QEMU exited (${sig ?? code}) while ${incoming ? 'restoring' : 'booting'}`, { sandboxId: id })),
-        ),
-      );
-      exited.catch(() => undefined);
-      await writeFile(p.pid, String(child.pid));
-      return { exited };
-    } finally {
-      for (const f of fds) await f.close().catch(() => undefined);
+    const netns = record.spec.network?.mode === 'allowlist';
+    const disks: VmDisk[] = [];
+    for (const [i, layer] of record.layers.entries()) {
+      const files = this.o.layers.imageFiles(layer.digest);
+      disks.push({ serial: `m${i}`, fds: [await open(files.meta)], readOnly: true });
+      if ((await stat(files.blob)).size > 0) disks.push({ serial: `b${i}`, fds: [await open(files.blob)], readOnly: true });
     }
+    disks.push({ serial: 'rw', fds: [await open(p.disk), await open(p.disk, true)], readOnly: false });
+    const args = qemuArgs({
+      qemu: this.o.qemu,
+      accel: this.o.accel,
+      kernel: this.o.guest.kernel.vmlinuz,
+      initramfs: this.o.guest.initramfs,
+      cmdline: [...this.o.accelCmdline, `dsec.layers=${record.layers.length}`, `dsec.cap=${this.o.outputCapBytes}`],
+      memoryMiB,
+      vcpus: Math.max(1, Math.ceil(res.cpu ?? DEFAULT_CPU)),
+      disks,
+      runDir: p.run,
+      ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
+    });
+    return { args, fds: diskFds(disks), memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024 };
+  }
+
+  protected qmpSocket(id: string): string {
+    return vmSockets(this.paths(id).run).qmp;
+  }
+
+  protected adopted(): Vm {
+    return { portsInUse: new Set() };
   }
 
   /**
@@ -291,88 +212,6 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
     await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link)]);
-  }
-
-  pause(id: string): Promise<BackendPauseResult> {
-    return this.runState(id, 'stop');
-  }
-
-  /**
-   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state streamed to
-   * `memory.state` (`saveState`), then QEMU quits and its memory goes back to the host. Agent
-   * connections end with it (readers reattach from their offsets once resumed). A failed save
-   * leaves the VM running and no file.
-   */
-  async pauseToFile(id: string): Promise<BackendPauseResult> {
-    const vm = this.vm(id);
-    const p = this.paths(id);
-    const record = await this.record(id);
-    const before = await this.o.cgroups.memory(id);
-    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
-    const qmp = this.qmp(id);
-    let saved: SavedState;
-    try {
-      saved = await saveState({
-        qmp,
-        socketDir: p.run,
-        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
-        file: p.state,
-        maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
-        timeoutMs: this.o.bootTimeoutMs,
-      });
-    } catch (err) {
-      await qmp.execute('cont').catch(() => undefined);
-      throw err;
-    }
-    vm.saved = saved;
-    this.dropAgent(id);
-    await this.kill(id);
-    delete vm.qmp;
-    delete vm.child;
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
-  }
-
-  /**
-   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
-   * (`restoreState`), then `cont`; chronus answers on the same ports, its processes never noticed.
-   * A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
-   */
-  private async resumeFromFile(id: string, vm: Vm, saved: SavedState): Promise<void> {
-    const p = this.paths(id);
-    const state = await readSavedState(saved.file);
-    const record = await this.record(id);
-    try {
-      const { exited } = await this.launch(record, vm, true);
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(vmSockets(p.run).qmp, 5000), deadline), exited]);
-      await restoreState({ qmp: vm.qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
-      await vm.qmp.execute('cont');
-      const agent = await Promise.race([this.connect(id), exited]);
-      await Promise.race([withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `resume ${id}: the guest did not answer`), exited]);
-    } catch (err) {
-      this.dropAgent(id);
-      await this.kill(id);
-      delete vm.qmp;
-      delete vm.child;
-      throw err;
-    }
-    delete vm.saved;
-    this.watch(id, vm);
-    await removeSavedState(saved.file);
-  }
-
-  private async record(id: string): Promise<BackendSandbox> {
-    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
-  }
-
-  async resume(id: string): Promise<BackendResumeResult> {
-    const before = await this.o.cgroups.memory(id);
-    const vm = this.vm(id);
-    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
-    else await this.qmp(id).execute('cont');
-    const after = await this.o.cgroups.memory(id);
-    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
 
   async stats(id: string): Promise<SandboxStats> {

@@ -3,6 +3,7 @@
 import type { ChildProcess } from 'node:child_process';
 import { readFile, stat } from 'node:fs/promises';
 import type { BackendKind, EventSink } from '@dsec/protocol';
+import { QmpClient } from './qmp.js';
 
 /**
  * Ends QEMU with SIGKILL and waits for its exit: our child, or else the pid in `pidFile` when
@@ -24,23 +25,27 @@ export async function killQemu(child: ChildProcess | undefined, pidFile: string,
 
 /**
  * Watches a QEMU process: when it exits while nobody stops it (`stopping()` false), the sandbox
- * is lost: an event says so and `teardown` removes everything of it.
+ * is lost: an event says so and `teardown` removes everything of it. A QEMU this process did not
+ * start (adopted after an edge restart) is watched through its QMP connection: it closes when the
+ * process ends.
  */
 export function watchQemu(
-  child: ChildProcess | undefined,
+  source: ChildProcess | QmpClient | undefined,
   o: { id: string; backend: BackendKind; events: EventSink; stopping: () => boolean; teardown: () => Promise<void> },
 ): void {
-  child?.once('exit', (code, sig) => {
+  const lost = (how: string, data: Record<string, unknown>): void => {
     if (o.stopping()) return;
     o.events({
       kind: 'sandbox.lost',
       severity: 'warning',
       sandboxId: o.id,
-      message: `sandbox ${o.id}: its QEMU process exited (${sig ?? `code ${code}`})`,
-      data: { backend: o.backend, ...(sig ? { signal: sig } : { code }) },
+      message: `sandbox ${o.id}: its QEMU process exited (${how})`,
+      data: { backend: o.backend, ...data },
     });
     void o.teardown().catch(() => undefined);
-  });
+  };
+  if (source instanceof QmpClient) source.once('close', () => lost('its QMP connection ended', {}));
+  else source?.once('exit', (code, sig) => lost(sig ?? `code ${code}`, sig ? { signal: sig } : { code }));
 }
 
 async function exists(p: string): Promise<boolean> {

@@ -138,10 +138,8 @@ export async function saveState(o: SaveStateOptions): Promise<SavedState> {
       durationMs: Math.round(performance.now() - t0),
       savedAt: new Date().toISOString(),
     };
-    const { file: _, ...manifest } = state;
-    await writeFile(`${o.file}.json.tmp`, JSON.stringify(manifest), { mode: 0o600 });
     await rename(part, o.file);
-    await rename(`${o.file}.json.tmp`, `${o.file}.json`);
+    await writeSavedManifest(state);
     return state;
   } catch (err) {
     if (migrating) await o.qmp.execute('migrate_cancel', undefined, 5000).catch(() => undefined);
@@ -175,10 +173,20 @@ export async function readSavedState(file: string): Promise<SavedState> {
   return { ...manifest, file };
 }
 
-/** Removes a saved state and its manifest. */
-export async function removeSavedState(file: string): Promise<void> {
-  await rm(file, { force: true });
+/**
+ * Writes a saved state's manifest (atomically): with it the file is the VM's state (a restarted
+ * edge keeps the sandbox paused to it); without it the file counts for nothing.
+ */
+export async function writeSavedManifest(state: SavedState): Promise<void> {
+  const { file, ...manifest } = state;
+  await writeFile(`${file}.json.tmp`, JSON.stringify(manifest), { mode: 0o600 });
+  await rename(`${file}.json.tmp`, `${file}.json`);
+}
+
+/** Removes a saved state's manifest (the file no longer is the VM's state), then the file. */
+export async function removeSavedState(file: string, keepFile = false): Promise<void> {
   await rm(`${file}.json`, { force: true });
+  if (!keepFile) await rm(file, { force: true });
 }
 
 /**

@@ -1,18 +1,41 @@
-// What every QEMU backend (microVM, full VM) does alike with its sandboxes once QEMU runs: the
-// agent connections over virtio-serial, claims, the crash watch, destroy and teardown, garbage
-// collection, the network namespace. A backend adds how it builds and starts its machine.
+// What every QEMU backend (microVM, full VM) does alike with its sandboxes: starting QEMU
+// confined and waiting for its guest, the agent connections over virtio-serial, claims, the crash
+// watch, destroy and teardown, adoption by a restarted edge, garbage collection, the network
+// namespace. A backend adds what its machine is (`machine`: QEMU's arguments and descriptors).
 import type { ChildProcess } from 'node:child_process';
-import { readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
-import { DsecError } from '@dsec/protocol';
+import { constants as fsConstants } from 'node:fs';
+import { open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
-import type { BackendPauseResult, BackendSandbox, GarbageFacet, GarbageOptions, GarbageReport, SandboxAgent } from '../../backend.js';
+import type {
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  GarbageFacet,
+  GarbageOptions,
+  GarbageReport,
+  PauseFacet,
+  SandboxAgent,
+} from '../../backend.js';
+import { withTimeout } from '../../abortable.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { killQemu, watchQemu } from './lifecycle.js';
+import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
+import type { SavedState } from './migration.js';
 import { netnsName, removeVmNetns } from './network.js';
-import type { QmpClient } from './qmp.js';
-import { connectUnix } from './sockets.js';
+import { startQemu } from './process.js';
+import { QmpClient } from './qmp.js';
+import { connectRetrying, connectUnix } from './sockets.js';
+
+/** Default pids limit of a QEMU process's cgroup (its threads). */
+const QEMU_PIDS = 256;
+/** How much larger than guest RAM a saved state may grow (device state, page headers). */
+const STATE_MARGIN_MIB = 64;
+/** How long a restarted edge waits for an adopted guest's agent to answer. */
+const ADOPT_TIMEOUT_MS = 10_000;
 
 /** One running (or paused) QEMU sandbox as its backend holds it. */
 export interface QemuVm {
@@ -22,10 +45,28 @@ export interface QemuVm {
   stopping?: boolean;
   /** Extra agent ports (1..ports-1) in use by connections of their own. */
   portsInUse: Set<number>;
+  /** Paused with its memory in this file: no QEMU runs until resumed. */
+  saved?: SavedState;
 }
+
+/** What a backend's machine is: QEMU's arguments, the descriptors it inherits, its cgroup's size. */
+export interface QemuMachine {
+  args: string[];
+  /** Host descriptors QEMU inherits as 3, 4, ... (opened through `open`, closed once QEMU runs). */
+  fds: number[];
+  /** Memory limit of its cgroup: guest RAM plus QEMU's own overhead. */
+  memoryBytes: number;
+}
+
+/** Opens a host file for QEMU (read-only, or read-write) and returns the descriptor. */
+export type OpenForQemu = (file: string, writable?: boolean) => Promise<number>;
 
 /** The files of one sandbox the shared code touches. */
 export interface QemuPaths {
+  /** Marker of a sandbox paused in memory (a restarted edge keeps it paused; else it runs again). */
+  paused: string;
+  /** The guest's memory and device state while paused to a file (`pauseToFile`), its manifest beside it. */
+  state: string;
   /** Folder of its records and disks (removed at teardown). */
   dir: string;
   /** Folder of its sockets, owned by its QEMU uid (removed at teardown). */
@@ -40,10 +81,15 @@ export interface QemuPaths {
 /** What the shared code needs of the node. */
 export interface QemuSandboxesOptions {
   sandboxesDir: string;
-  cgroups: Cgroups;
-  idRanges: IdRanges;
-  layers: { release(digest: string): Promise<void> };
+  cgroups: Pick<Cgroups, 'create' | 'memory' | 'killAll' | 'remove'>;
+  idRanges: Pick<IdRanges, 'release' | 'reconcile'>;
+  layers: { acquire(digest: string): Promise<string>; release(digest: string): Promise<void> };
   events: EventSink;
+  qemu: string;
+  /** Group of /dev/kvm (under KVM). */
+  kvmGid?: number | undefined;
+  /** How long a boot (QEMU start to the agent's answer) may take. */
+  bootTimeoutMs: number;
 }
 
 /** The sandboxes of one QEMU backend; subclasses build and start the machines. */
@@ -59,8 +105,16 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
   protected abstract paths(id: string): P;
   /** Socket of the guest's chronus port `port` (0 is the main connection). */
   protected abstract agentSocket(id: string, port: number): string;
+  /** QEMU's QMP socket. */
+  protected abstract qmpSocket(id: string): string;
   /** Number of chronus ports the guest listens on. */
   protected abstract readonly agentPorts: number;
+  /** The machine QEMU runs for `record` (its disks opened through `open`); `incoming` is added after. */
+  protected abstract machine(record: BackendSandbox, vm: V, open: OpenForQemu): Promise<QemuMachine>;
+  /** The in-memory state of a sandbox this backend did not start (a restarted edge adopts it). */
+  protected abstract adopted(record: BackendSandbox): V;
+  /** Called once the guest's agent answers; a backend waits here for the rest of its boot. Default nothing. */
+  protected async settled(_id: string, _vm: V, _agent: SandboxAgent, _deadline: number): Promise<void> {}
 
   /** Opens the main agent connection; a backend whose guest may lack chronus overrides it. */
   protected async openAgent(id: string, _vm: V): Promise<SandboxAgent> {
@@ -141,12 +195,241 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     return q;
   }
 
+  /**
+   * Starts the sandbox's QEMU (confined, in its cgroup and network namespace) with the machine
+   * the backend builds; with `incoming`, QEMU waits for a saved state (`restoreState`) instead of
+   * booting. Resolves once started, with `exited`, which rejects when QEMU exits.
+   */
+  protected async launch(record: BackendSandbox, vm: V, incoming = false): Promise<{ exited: Promise<never> }> {
+    const id = record.id;
+    const p = this.paths(id);
+    const idRange = record.idRange;
+    if (!idRange) throw new DsecError('INTERNAL', `sandbox ${id}: its record has no uid`, { sandboxId: id });
+    const netns = record.spec.network?.mode === 'allowlist' ? `/run/netns/${netnsName(id)}` : undefined;
+    const handles: FileHandle[] = [];
+    try {
+      const m = await this.machine(record, vm, async (file, writable = false) => {
+        const f = await open(file, writable ? fsConstants.O_RDWR : fsConstants.O_RDONLY);
+        handles.push(f);
+        return f.fd;
+      });
+      const cgroupProcs = await this.q.cgroups.create(id, { memoryBytes: m.memoryBytes, cpu: record.spec.resources?.cpu ?? DEFAULT_CPU, pids: QEMU_PIDS });
+      const args = incoming ? [...m.args, ...INCOMING_ARGS] : m.args;
+      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      try {
+        vm.child = startQemu(
+          this.q.qemu,
+          args,
+          {
+            uid: idRange.uid,
+            gid: idRange.gid,
+            cgroupProcs,
+            ...(netns ? { netns } : {}),
+            ...(this.q.kvmGid !== undefined ? { groups: [this.q.kvmGid] } : {}),
+          },
+          m.fds,
+          log.fd,
+        );
+      } finally {
+        await log.close();
+      }
+      vm.stopping = false;
+      delete vm.qmp;
+      const child = vm.child;
+      const exited = new Promise<never>((_, reject) =>
+        child.once('exit', (code, sig) =>
+          reject(new DsecError('BACKEND_FAILED', `sandbox ${id}: QEMU exited (${sig ?? code}) while ${incoming ? 'restoring' : 'booting'}`, { sandboxId: id })),
+        ),
+      );
+      exited.catch(() => undefined);
+      await writeFile(p.pid, String(child.pid));
+      return { exited };
+    } finally {
+      for (const f of handles) await f.close().catch(() => undefined);
+    }
+  }
+
+  /** Connects QMP to a QEMU just started: retried until `deadline`, failing at once when QEMU exits or on `stop`. */
+  protected async connectQmp(id: string, vm: V, exited: Promise<never>, deadline: number, stop?: AbortSignal): Promise<QmpClient> {
+    const qmp = await Promise.race([connectRetrying(() => QmpClient.connect(this.qmpSocket(id), 5000), deadline, stop), exited]);
+    if (stop?.aborted) {
+      qmp.close();
+      throw stop.reason as Error;
+    }
+    vm.qmp = qmp;
+    return qmp;
+  }
+
+  /**
+   * Waits for a QEMU just started (`launch`) until its guest is ready: QMP connected, the agent
+   * answering, the backend's `settled`. It ends with QEMU's exit, an abort of `signal` or the
+   * boot deadline, and then stops trying (no reconnecting under an id a retried create may
+   * reuse); its abort listener is removed when it ends.
+   */
+  protected async awaitGuest(id: string, vm: V, exited: Promise<never>, signal?: AbortSignal): Promise<void> {
+    const deadline = Date.now() + this.q.bootTimeoutMs;
+    const stop = new AbortController();
+    const onAbort = (): void => stop.abort(signal?.reason);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const aborted = new Promise<never>((_, reject) => stop.signal.addEventListener('abort', () => reject(stop.signal.reason as Error), { once: true }));
+    aborted.catch(() => undefined);
+    try {
+      signal?.throwIfAborted();
+      if (!vm.qmp) await Promise.race([this.connectQmp(id, vm, exited, deadline, stop.signal), aborted]);
+      await Promise.race([this.ready(id, vm, deadline, stop.signal), exited, aborted]);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      stop.abort(new DsecError('CANCELLED', `sandbox ${id}: the wait for its guest ended`, { sandboxId: id }));
+    }
+  }
+
+  /**
+   * Waits until the guest's agent answers and the backend's `settled` returns. A connection lost
+   * or reset while the guest boots (`UNAVAILABLE`) is made again until the deadline (or `stop`).
+   */
+  private async ready(id: string, vm: V, deadline: number, stop: AbortSignal): Promise<void> {
+    for (;;) {
+      stop.throwIfAborted();
+      try {
+        const agent = await this.connect(id);
+        await withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `sandbox ${id}: the guest did not answer within ${this.q.bootTimeoutMs} ms`);
+        await this.settled(id, vm, agent, deadline);
+        return;
+      } catch (err) {
+        if (stop.aborted || Date.now() >= deadline || !(err instanceof DsecError) || err.code !== 'UNAVAILABLE') throw err;
+        this.dropAgent(id);
+        await new Promise((r) => setTimeout(r, 200));
+      }
+    }
+  }
+
+  /**
+   * The backend's pause facet: QMP `stop`/`cont` with the memory kept, and with `toFile` also
+   * `pauseToFile` (the guest's memory written to a file and QEMU ended; needs a machine whose
+   * devices all migrate). A VM paused to a file counts as frozen: no QEMU runs.
+   */
+  protected pauseFacet(o: { toFile: boolean }): PauseFacet {
+    return {
+      pause: (id) => this.pauseInMemory(id),
+      ...(o.toFile ? { pauseToFile: (id: string) => this.pauseToFile(id), inFile: (id: string) => this.vm(id).saved !== undefined } : {}),
+      resume: (id) => this.resume(id),
+      memory: (id) => this.q.cgroups.memory(id),
+      freeze: async (id) => {
+        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
+      },
+      thaw: async (id) => {
+        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
+      },
+      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+    };
+  }
+
+  /** Resumes a paused sandbox: from its file when it was paused to one, else QMP `cont`. */
+  async resume(id: string): Promise<BackendResumeResult> {
+    const before = await this.q.cgroups.memory(id);
+    const vm = this.vm(id);
+    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
+    else await this.resumeInMemory(id);
+    const after = await this.q.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state streamed to
+   * `paths.state` (`saveState`), then QEMU is ended and its memory goes back to the host. Agent
+   * connections end with it (the edge's command streams attach again once resumed). A failed
+   * save leaves the VM running and no file.
+   */
+  async pauseToFile(id: string): Promise<BackendPauseResult> {
+    const vm = this.vm(id);
+    const p = this.paths(id);
+    const record = await this.record(id);
+    const before = await this.q.cgroups.memory(id);
+    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const qmp = this.qmp(id);
+    let saved: SavedState;
+    try {
+      saved = await saveState({
+        qmp,
+        socketDir: p.run,
+        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
+        file: p.state,
+        maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
+        timeoutMs: this.q.bootTimeoutMs,
+      });
+    } catch (err) {
+      await qmp.execute('cont').catch(() => undefined);
+      throw err;
+    }
+    vm.saved = saved;
+    this.dropAgent(id);
+    await this.kill(id);
+    delete vm.qmp;
+    delete vm.child;
+    const after = await this.q.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
+   * (`restoreState`), then `cont`; the agent answers on the same ports, its processes never
+   * noticed. A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
+   */
+  private async resumeFromFile(id: string, vm: V, saved: SavedState): Promise<void> {
+    const p = this.paths(id);
+    const state = await readSavedState(saved.file);
+    const record = await this.record(id);
+    let manifestGone = false;
+    try {
+      const { exited } = await this.launch(record, vm, true);
+      const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.q.bootTimeoutMs);
+      await restoreState({ qmp, socketDir: p.run, state, exited, timeoutMs: this.q.bootTimeoutMs });
+      // The state is QEMU's now. The manifest goes before the guest runs: an edge that dies from
+      // here on adopts this QEMU, never the file (the guest's disk moves on once it runs).
+      await removeSavedState(saved.file, true);
+      manifestGone = true;
+      await qmp.execute('cont');
+      manifestGone = false;
+      await this.awaitGuest(id, vm, exited);
+    } catch (err) {
+      this.dropAgent(id);
+      await this.kill(id);
+      delete vm.qmp;
+      delete vm.child;
+      // Failed before the guest ran: the file is still its state.
+      if (manifestGone) await writeSavedManifest(state);
+      throw err;
+    }
+    delete vm.saved;
+    this.watch(id, vm);
+    await removeSavedState(saved.file);
+  }
+
+  /** The sandbox's record as its create wrote it. */
+  protected async record(id: string): Promise<BackendSandbox> {
+    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
+  }
+
   /** QMP `stop` (vCPUs stopped, memory kept) or `cont`, with the cgroup's memory around it. */
   protected async runState(id: string, command: 'stop' | 'cont'): Promise<BackendPauseResult> {
     const before = await this.q.cgroups.memory(id);
     await this.qmp(id).execute(command);
     const after = await this.q.cgroups.memory(id);
     return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /** Pauses in memory (QMP `stop`); the marker tells a restarted edge the sandbox is paused. */
+  protected async pauseInMemory(id: string): Promise<BackendPauseResult> {
+    const result = await this.runState(id, 'stop');
+    await writeFile(this.paths(id).paused, '', { mode: 0o600 });
+    return result;
+  }
+
+  /** Resumes a sandbox paused in memory (QMP `cont`) and removes the marker. */
+  protected async resumeInMemory(id: string): Promise<BackendPauseResult> {
+    const result = await this.runState(id, 'cont');
+    await rm(this.paths(id).paused, { force: true });
+    return result;
   }
 
   /** Runs the guest's network set-up (`argv`, through chronus) once the node's link is in the VM's namespace. */
@@ -166,15 +449,79 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     return text.trim().split('\n').slice(-4).join('; ');
   }
 
-  /** A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left behind. */
+  /**
+   * A crashed QEMU: the sandbox is lost (an event says so) and nothing of it is left behind. Our
+   * own child is watched for its exit; an adopted QEMU (a previous edge's) through its QMP
+   * connection, which ends only with the process (or with `close`, which sets `stopping`).
+   */
   protected watch(id: string, vm: V): void {
-    watchQemu(vm.child, { id, backend: this.kind, events: this.q.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
+    watchQemu(vm.child ?? vm.qmp, { id, backend: this.kind, events: this.q.events, stopping: () => vm.stopping === true, teardown: () => this.teardown(id) });
   }
 
+  /**
+   * Adopts the sandboxes a previous edge left running: a QEMU found by its pid file is
+   * reconnected (QMP, then the agent) and keeps running, or stays paused when it was paused
+   * (the `paused` marker; a VM stopped without it, by a snapshot that ended with the edge, runs
+   * again); a sandbox paused to a file (`savedState`) stays paused with no QEMU. Anything else (no
+   * record, no QEMU, no answer) is torn down.
+   */
   async recover(): Promise<BackendSandbox[]> {
-    // A QEMU process outlives its edge only as an orphan nobody holds QMP for: end it.
-    for (const id of await readdir(this.q.sandboxesDir).catch(() => [] as string[])) await this.teardown(id).catch(() => undefined);
-    return [];
+    const found: BackendSandbox[] = [];
+    for (const id of await readdir(this.q.sandboxesDir).catch(() => [] as string[])) {
+      const record = await this.adopt(id).catch(() => undefined);
+      if (record) found.push(record);
+      else await this.teardown(id).catch(() => undefined);
+    }
+    // Ranges claimed for sandboxes that did not survive (an edge that died mid-create).
+    await this.q.idRanges.reconcile(new Set(found.map((r) => r.id)));
+    return found;
+  }
+
+  /** A sandbox of a previous edge, running or paused again under this one; undefined: it is gone. */
+  private async adopt(id: string): Promise<BackendSandbox | undefined> {
+    const p = this.paths(id);
+    const record = JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox;
+    const vm = this.adopted(record);
+    let paused: boolean;
+    if (await this.adoptSaved(id, vm)) {
+      // Paused to a file: a QEMU left over from a save the edge did not finish goes.
+      await killQemu(undefined, p.pid, p.run);
+      paused = true;
+    } else {
+      const pid = Number(await readFile(p.pid, 'utf8').catch(() => ''));
+      if (!(pid > 0) || !(await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(p.run)) return undefined;
+      const qmp = await QmpClient.connect(this.qmpSocket(id), ADOPT_TIMEOUT_MS);
+      vm.qmp = qmp;
+      this.vms.set(id, vm);
+      try {
+        const { running } = await qmp.execute<{ running: boolean }>('query-status');
+        paused = !running && (await exists(p.paused));
+        if (!running && !paused) await qmp.execute('cont');
+        if (!paused) await withTimeout((await this.connect(id)).ping(), ADOPT_TIMEOUT_MS, `sandbox ${id}: its guest did not answer`);
+      } catch (err) {
+        this.vms.delete(id);
+        this.dropAgent(id);
+        qmp.close();
+        throw err;
+      }
+      this.watch(id, vm);
+    }
+    this.vms.set(id, vm);
+    // This process's references on its layers.
+    for (const layer of record.layers) await this.q.layers.acquire(layer.digest);
+    const claim = await readFile(p.claim, 'utf8').then(
+      (t) => JSON.parse(t) as SandboxClaim,
+      () => undefined,
+    );
+    return { ...record, spec: claim ? { ...record.spec, ...claim } : record.spec, ...(paused ? { paused: true } : {}) };
+  }
+
+  /** A VM paused to a file by the previous edge stays paused to it (its manifest checked); false when it has none. */
+  private async adoptSaved(id: string, vm: V): Promise<boolean> {
+    const file = this.paths(id).state;
+    if (!(await exists(`${file}.json`))) return false;
+    vm.saved = await readSavedState(file);
+    return true;
   }
 
   async claim(id: string, claim: SandboxClaim): Promise<void> {
@@ -242,9 +589,13 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     return report;
   }
 
+  /** Lets go of the VMs (they keep running for the next edge to adopt): their end is no longer ours to watch. */
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
-    for (const vm of this.vms.values()) vm.qmp?.close();
+    for (const vm of this.vms.values()) {
+      vm.stopping = true;
+      vm.qmp?.close();
+    }
   }
 }
 

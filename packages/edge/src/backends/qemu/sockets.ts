@@ -14,13 +14,13 @@ export function connectUnix(file: string): Promise<net.Socket> {
   });
 }
 
-/** Retries `fn` every 50 ms until it succeeds or `deadline` (ms since the epoch) passes. */
-export async function connectRetrying<T>(fn: () => Promise<T>, deadline: number): Promise<T> {
+/** Retries `fn` every 50 ms until it succeeds, `deadline` (ms since the epoch) passes or `stop` aborts. */
+export async function connectRetrying<T>(fn: () => Promise<T>, deadline: number, stop?: AbortSignal): Promise<T> {
   for (;;) {
     try {
       return await fn();
     } catch (err) {
-      if (Date.now() >= deadline) throw err;
+      if (Date.now() >= deadline || stop?.aborted) throw err;
       await new Promise((r) => setTimeout(r, 50));
     }
   }

@@ -2,24 +2,12 @@
 // layer, qcow2) through a copy-on-write overlay of its own; chronus as a systemd service in the
 // guest on virtio-serial ports, the QEMU guest agent beside it.
 import { execFile } from 'node:child_process';
-import { constants as fsConstants } from 'node:fs';
-import { chown, copyFile, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises';
-import type { FileHandle } from 'node:fs/promises';
+import { chown, copyFile, mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, LayerInfo, SandboxStats } from '@dsec/protocol';
-import type {
-  Backend,
-  BackendCreateRequest,
-  BackendPauseResult,
-  BackendResumeResult,
-  BackendSandbox,
-  NetworkFacet,
-  PauseFacet,
-  SandboxAgent,
-  ScreenFacet,
-} from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet, SandboxAgent, ScreenFacet } from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
@@ -28,12 +16,11 @@ import { virtualBytes } from '../../layers/vm-image.js';
 import { VM_AGENT_LABEL } from '../../layers/store.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
-import { startQemu } from '../qemu/process.js';
-import { QmpClient } from '../qemu/qmp.js';
+import type { QmpClient } from '../qemu/qmp.js';
 import { QemuSandboxes } from '../qemu/sandboxes.js';
-import type { QemuVm } from '../qemu/sandboxes.js';
+import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
 import { QmpScreen } from '../qemu/screen.js';
-import { connectRetrying, connectUnix } from '../qemu/sockets.js';
+import { connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
 import { GuestAgentClient } from './guest.js';
 
@@ -43,8 +30,6 @@ const run = promisify(execFile);
 export const MIN_VM_MEMORY_MIB = 256;
 /** Host memory a QEMU process may use beyond its guest's RAM (firmware, display, TCG's cache). */
 export const VM_QEMU_OVERHEAD_MIB = 320;
-/** Default pids limit of the QEMU process's cgroup (its threads). */
-const QEMU_PIDS = 256;
 
 /** What the backend needs of the node and the machine. */
 export interface VmBackendOptions {
@@ -84,6 +69,8 @@ interface Paths {
   vars: string;
   pid: string;
   log: string;
+  paused: string;
+  state: string;
 }
 
 /** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
@@ -102,18 +89,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   constructor(private readonly o: VmBackendOptions) {
     super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
-    this.pausing = {
-      pause: (id) => this.pause(id),
-      resume: (id) => this.resume(id),
-      memory: (id) => o.cgroups.memory(id),
-      freeze: async (id) => {
-        await this.qmp(id).execute('stop');
-      },
-      thaw: async (id) => {
-        await this.qmp(id).execute('cont');
-      },
-      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
-    };
+    // Memory kept only: the NVMe root disk cannot migrate (no `pauseToFile`).
+    this.pausing = this.pauseFacet({ toFile: false });
   }
 
   /** The accelerator and the last boot's time. */
@@ -148,6 +125,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       vars: path.join(dir, 'efivars.fd'),
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
+      paused: path.join(dir, 'paused'),
+      state: path.join(dir, 'memory.state'),
     };
   }
 
@@ -166,11 +145,9 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
     if (memoryMiB < MIN_VM_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a vm needs at least ${MIN_VM_MEMORY_MIB} MiB`);
     const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
-    const cpu = res.cpu ?? DEFAULT_CPU;
     const layer = this.diskLayer(req.layers);
     const undo: Array<() => unknown> = [];
-    const fds: FileHandle[] = [];
-    const vm: Vm = { portsInUse: new Set(), chronus: layer.labels[VM_AGENT_LABEL] === 'chronus' };
+    const vm = this.adopted(req);
     try {
       await mkdir(p.dir, { mode: 0o700 }).catch((err: unknown) => {
         if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
@@ -191,91 +168,23 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       const sizeBytes = Math.max(await virtualBytes(base), diskMiB * 1024 * 1024);
       await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', p.overlay, String(sizeBytes)]);
       await copyFile(OVMF_VARS, p.vars);
-      const ro = async (file: string) => {
-        const f = await open(file, fsConstants.O_RDONLY);
-        fds.push(f);
-        return f.fd;
-      };
-      const rw = async (file: string) => {
-        const f = await open(file, fsConstants.O_RDWR);
-        fds.push(f);
-        return f.fd;
-      };
-      const vmFds = fullVmFdList({
-        code: await ro(OVMF_CODE),
-        vars: [await ro(p.vars), await rw(p.vars)],
-        base: await ro(base),
-        overlay: [await ro(p.overlay), await rw(p.overlay)],
-      });
       signal?.throwIfAborted();
 
       const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
       if (netns) undo.push(() => removeVmNetns(req.id));
       const record: BackendSandbox = { id: req.id, backend: 'vm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
       await writeJsonAtomic(p.record, record);
-      const cgroupProcs = await this.o.cgroups.create(req.id, {
-        memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024,
-        cpu,
-        pids: QEMU_PIDS,
-      });
       undo.push(() => this.o.cgroups.remove(req.id));
-      const args = fullVmArgs({
-        accel: this.o.accel,
-        memoryMiB,
-        vcpus: Math.max(1, Math.ceil(cpu)),
-        runDir: p.run,
-        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(req.id) } } : {}),
-      });
-      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
-      const started = Date.now();
-      try {
-        vm.child = startQemu(
-          this.o.qemu,
-          args,
-          {
-            uid: idRange.uid,
-            gid: idRange.gid,
-            cgroupProcs,
-            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
-            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
-          },
-          vmFds,
-          log.fd,
-        );
-      } finally {
-        await log.close();
-      }
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
-      const child = vm.child;
-      const exited = new Promise<never>((_, reject) =>
-        child.once('exit', (code, sig) =>
-          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
-        ),
-      );
-      exited.catch(() => undefined);
-      await writeFile(p.pid, String(child.pid));
-      for (const f of fds.splice(0)) await f.close();
-      const deadline = Date.now() + this.o.bootTimeoutMs;
-      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(fullVmSockets(p.run).qmp, 5000), deadline), exited]);
-      const abort = signal
-        ? new Promise<never>((_, reject) => signal.addEventListener('abort', () => reject(signal.reason as Error), { once: true }))
-        : undefined;
-      abort?.catch(() => undefined);
-      // The wait for the guest ends with the race: after QEMU's exit or an abort it must not go
-      // on reconnecting (and dropping connections) under an id that a retried create may reuse.
-      const stop = new AbortController();
-      try {
-        await Promise.race([this.ready(req.id, vm, deadline, stop.signal), exited, ...(abort ? [abort] : [])]);
-      } finally {
-        stop.abort();
-      }
+      const started = Date.now();
+      const { exited } = await this.launch(record, vm);
+      await this.awaitGuest(req.id, vm, exited, signal);
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
       return record;
     } catch (err) {
-      for (const f of fds) await f.close().catch(() => undefined);
       const detail = await this.consoleTail(req.id, vm).catch(() => '');
       this.dropAgent(req.id);
       for (const step of undo.reverse()) {
@@ -289,30 +198,46 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     }
   }
 
+  /** The q35 machine: OVMF (code read-only, the VM's own variables), its disk's overlay over the image. */
+  protected async machine(record: BackendSandbox, _vm: Vm, open: OpenForQemu): Promise<QemuMachine> {
+    const p = this.paths(record.id);
+    const res = record.spec.resources ?? {};
+    const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const fds = fullVmFdList({
+      code: await open(OVMF_CODE),
+      vars: [await open(p.vars), await open(p.vars, true)],
+      base: await open(this.o.layers.diskFile(this.diskLayer(record.layers).digest)),
+      overlay: [await open(p.overlay), await open(p.overlay, true)],
+    });
+    const args = fullVmArgs({
+      accel: this.o.accel,
+      memoryMiB,
+      vcpus: Math.max(1, Math.ceil(res.cpu ?? DEFAULT_CPU)),
+      runDir: p.run,
+      ...(record.spec.network?.mode === 'allowlist' ? { tap: { ifname: VM_TAP, mac: macOf(record.id) } } : {}),
+    });
+    return { args, fds, memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024 };
+  }
+
+  protected qmpSocket(id: string): string {
+    return fullVmSockets(this.paths(id).run).qmp;
+  }
+
+  protected adopted(record: Pick<BackendSandbox, 'layers'>): Vm {
+    return { portsInUse: new Set(), chronus: record.layers[0]?.labels[VM_AGENT_LABEL] === 'chronus' };
+  }
+
   /**
-   * Waits until the guest answers and, with chronus, until its boot is over (`systemctl
-   * is-system-running --wait`): chronus answers early in the boot (it needs nothing but its
-   * ports), and a connection made then was seen to end or be reset before the boot did. A lost
-   * connection is made again until the deadline (or `stop`); the first command then runs on a
-   * settled guest.
+   * With chronus, waits until the guest's boot is over (`systemctl is-system-running --wait`):
+   * chronus answers early in the boot (it needs nothing but its ports), and a connection made then
+   * was seen to end or be reset before the boot did (the base's wait makes it again); the first
+   * command then runs on a settled guest.
    */
-  private async ready(id: string, vm: Vm, deadline: number, stop: AbortSignal): Promise<void> {
-    for (;;) {
-      stop.throwIfAborted();
-      try {
-        const agent = await this.connect(id);
-        await withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `create ${id}: the guest did not answer within ${this.o.bootTimeoutMs} ms`);
-        if (!vm.chronus) return;
-        const att = await agent.spawn({ argv: ['/bin/systemctl', 'is-system-running', '--wait'] });
-        const exit = await withTimeout(att.exited, Math.max(1000, deadline - Date.now()), `create ${id}: the guest's boot did not finish in time`);
-        await agent.release(exit.proc).catch(() => undefined);
-        return;
-      } catch (err) {
-        if (stop.aborted || Date.now() >= deadline || !(err instanceof DsecError) || err.code !== 'UNAVAILABLE') throw err;
-        this.dropAgent(id);
-        await new Promise((r) => setTimeout(r, 200));
-      }
-    }
+  protected override async settled(id: string, vm: Vm, agent: SandboxAgent, deadline: number): Promise<void> {
+    if (!vm.chronus) return;
+    const att = await agent.spawn({ argv: ['/bin/systemctl', 'is-system-running', '--wait'] });
+    const exit = await withTimeout(att.exited, Math.max(1000, deadline - Date.now()), `create ${id}: the guest's boot did not finish in time`);
+    await agent.release(exit.proc).catch(() => undefined);
   }
 
   /** The VM's QMP connection (the screen and other QMP users build on it). */
@@ -331,14 +256,6 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const link = await bridgeNodeLink(id);
     const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link)}`;
     await this.configureGuestNetwork(id, ['/bin/sh', '-c', script]);
-  }
-
-  pause(id: string): Promise<BackendPauseResult> {
-    return this.runState(id, 'stop');
-  }
-
-  resume(id: string): Promise<BackendResumeResult> {
-    return this.runState(id, 'cont');
   }
 
   async stats(id: string): Promise<SandboxStats> {
