@@ -1,10 +1,14 @@
 // The fncall runner: stateless calls. Each call claims a pre-created crun sandbox (read-only
 // root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
-// backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
-// process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
+// backend's seccomp profile and capability set, cgroup limits, chronus as PID 1) and runs one
+// process in it through chronus. Afterwards the sandbox is reset and goes back to its pool
+// (every process but chronus killed, every writable tmpfs replaced by a fresh one, System V
+// IPC and POSIX message queues emptied: `resetSandbox`), or is destroyed when any step of the
+// reset fails or cannot be shown complete: no state of one call reaches the next.
 // Each sandbox has a user namespace of its own (a host id range from `IdRanges`, root inside an
 // unprivileged host uid): dsec-launch mounts its root, the read-only overlay of the layers
 // idmapped to that range, in a mount namespace of its own right before crun, as for containers.
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -26,9 +30,10 @@ import type { Attachment } from '../../chronus/attachment.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
-import { closeFd, listenUnix, mountsUnder, MNT, umount } from '../../sys/linux.js';
-import { Crun } from '../container/crun.js';
-import { buildFnCallConfig, CALL_UID, CALL_WORKDIR } from './bundle.js';
+import { closeFd, listenUnix, mountsUnder, MNT, pidfdOpen, umount } from '../../sys/linux.js';
+import { Crun, processStartTime } from '../container/crun.js';
+import { buildFnCallConfig, CALL_UID, CALL_WORKDIR, writableTmpfsMounts } from './bundle.js';
+import type { FreshTmpfs } from './bundle.js';
 import { WarmPool } from './pool.js';
 import type { WarmPoolOptions } from './pool.js';
 import { RuntimeBuilds } from './runtime-builds.js';
@@ -52,6 +57,10 @@ const AGENT_OUTPUT_CAP_BYTES = 1_048_576;
 /** Largest file a call's `fetchFiles` returns. */
 const MAX_FETCH_FILE_BYTES = 16 * 1_048_576;
 const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** Calls one sandbox serves (reset between each) before it is destroyed and replaced. */
+export const MAX_CALLS_PER_SANDBOX = 256;
+/** Longest a reset between two calls may take before the sandbox is destroyed instead. */
+const RESET_TIMEOUT_MS = 5_000;
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
 
@@ -67,6 +76,8 @@ export interface FnCallRunnerOptions {
   agentBinary: string;
   /** Host path of dsec-launch. */
   launcherBinary: string;
+  /** Host path of dsec-fnreset (the reset between calls); none: each sandbox serves one call. */
+  resetBinary?: string | undefined;
   /** The runtime mount namespace's nsfs file (dsec-launch enters it). */
   runtimeNsFile: string;
   /**
@@ -89,12 +100,22 @@ export interface FnCallRunnerOptions {
   log?: ((line: string) => void) | undefined;
 }
 
-/** A pre-created sandbox waiting for its one call. */
+/** A pre-created sandbox waiting for its next call. */
 interface WarmSandbox {
   id: string;
   dir: string;
   agent: ChronusClient;
   idRange: IdRange;
+  /** A pidfd of its PID 1 (chronus), for the reset's setns; none: not reusable. */
+  pidfd: number | undefined;
+  /** The tmpfs mounts the reset makes afresh. */
+  tmpfs: FreshTmpfs[];
+  /** Calls it has served. */
+  calls: number;
+  /** The cgroup's OOM kill count when the current call began (calls' own count is the difference). */
+  oomBase: number;
+  /** Killed from outside (time limit or output overflow past their grace): never reused. */
+  killed: boolean;
 }
 
 /** The mounted layers of one stack, held for the pools that use it. */
@@ -208,10 +229,13 @@ export class FnCallRunner implements EdgeCalls {
     const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
+      let result: CallResult | undefined;
       try {
-        return await this.execute(sb, spec);
+        result = await this.execute(sb, spec);
+        return result;
       } finally {
-        this.discard(sb);
+        if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb));
+        else this.discard(sb);
       }
     });
   }
@@ -407,7 +431,7 @@ export class FnCallRunner implements EdgeCalls {
       }
       agent = await ChronusClient.connect(socket);
       await agent.ping();
-      return { id, dir, agent, idRange };
+      return { id, dir, agent, idRange, pidfd: await this.agentPidfd(id), tmpfs: writableTmpfsMounts(config), calls: 0, oomBase: 0, killed: false };
     } catch (err) {
       agent?.close();
       await this.destroySandbox(id, idRange);
@@ -415,9 +439,58 @@ export class FnCallRunner implements EdgeCalls {
     }
   }
 
+  /** A pidfd of a sandbox's PID 1, checked against the start time crun recorded (no pid reuse). */
+  private async agentPidfd(id: string): Promise<number | undefined> {
+    if (this.o.resetBinary === undefined) return undefined;
+    const init = await this.crun.initProcess(id);
+    if (!init || init.startTime === undefined) return undefined;
+    const fd = pidfdOpen(init.pid);
+    if (fd === undefined) return undefined;
+    if (processStartTime(init.pid) === init.startTime) return fd;
+    closeFd(fd);
+    return undefined;
+  }
+
+  private reusable(sb: WarmSandbox): boolean {
+    return !this.closed && sb.pidfd !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
+  }
+
+  /**
+   * Makes a used sandbox equal to a fresh one, or says it cannot (false: it is destroyed):
+   * chronus (PID 1) kills every other process of the sandbox and forgets them (RESET); no socket
+   * may be left in its network namespace (a TIME_WAIT of the last call's connections); then
+   * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through chronus's pidfd,
+   * removes every System V object and POSIX message queue and replaces each writable tmpfs by
+   * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
+   * them); its OOM count is read so that the next call's `oomKilled` is its own.
+   */
+  private async resetSandbox(sb: WarmSandbox): Promise<boolean> {
+    const signal = AbortSignal.timeout(RESET_TIMEOUT_MS);
+    const { sockets } = await sb.agent.reset();
+    if (sockets > 0 || sb.pidfd === undefined || this.o.resetBinary === undefined) return false;
+    const args: string[] = [];
+    for (const t of sb.tmpfs) args.push('--tmpfs', t.path, t.flags.join(','), t.data.join(','));
+    const ok = await new Promise<boolean>((resolve) => {
+      const child = spawn(this.o.resetBinary as string, args, { stdio: ['ignore', 'ignore', 'pipe', sb.pidfd], signal });
+      let stderr = '';
+      child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+      child.on('error', () => resolve(false));
+      child.on('close', (code) => {
+        if (code !== 0) this.o.log?.(`fncall: reset of ${sb.id} failed (${stderr.trim() || `exit ${code}`}); destroying it`);
+        resolve(code === 0);
+      });
+    });
+    if (!ok || signal.aborted) return false;
+    sb.calls++;
+    sb.oomBase = await this.o.cgroups.oomKills(sb.id);
+    return true;
+  }
+
   /** Destroys a used (or dead) sandbox in the background. */
   private discard(sb: WarmSandbox): void {
     sb.agent.close();
+    if (sb.pidfd !== undefined) closeFd(sb.pidfd);
+    sb.pidfd = undefined;
     const p = this.runtimeOps.run(() => this.destroySandbox(sb.id, sb.idRange)).finally(() => this.destroying.delete(p));
     this.destroying.add(p);
   }
@@ -530,6 +603,7 @@ export class FnCallRunner implements EdgeCalls {
     let hardKilled = false;
     const killSandbox = (): void => {
       hardKilled = true;
+      sb.killed = true;
       void this.crun.run(['kill', '--all', sb.id, 'KILL']).catch(() => undefined);
     };
     let overflowTimer: NodeJS.Timeout | undefined;
@@ -559,7 +633,7 @@ export class FnCallRunner implements EdgeCalls {
     const wallMs = Math.round(performance.now() - started);
     const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
     const timedOut = exit?.timedOut === true || (hardKilled && !truncated && wallMs >= timeoutMs);
-    const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > 0;
+    const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > sb.oomBase;
     return {
       exitCode: exit ? exit.exitCode : null,
       signal: exit ? exit.signal : 'SIGKILL',
