@@ -1,23 +1,26 @@
 /*
  * dsec-fnreset: the outside half of resetting a function-call sandbox between two calls.
  *
- * Edge runs it after chronus (the sandbox's PID 1) has killed every other process of the
- * sandbox (chronus's RESET). Given a pidfd of chronus as fd 3, it joins the sandbox's user,
- * IPC and mount namespaces (one setns through the pidfd: no pid reuse can point it at another
- * process) and there:
+ * Edge starts it once and keeps it: each request on standard input is one line
+ * "ID PID STARTTIME" (PID: the sandbox's PID 1, chronus, on the host; STARTTIME: field 22 of its
+ * /proc/PID/stat as crun recorded it), sent after chronus has killed every other process of the
+ * sandbox (chronus's RESET). For each, a child is forked that opens a pidfd of PID, checks the
+ * start time (no pid reuse: a pidfd of a process that then dies makes setns fail), joins the
+ * sandbox's user, IPC and mount namespaces (one setns through the pidfd), and there:
  *   - removes every System V shared memory segment, message queue and semaphore set (found
  *     with the *_STAT_ANY walks) and checks that none is left;
  *   - removes every POSIX message queue (the entries of /dev/mqueue, the mqueue file system
  *     crun mounted for the sandbox's IPC namespace) and checks that none is left;
  *   - replaces each writable tmpfs named with --tmpfs by a fresh, empty one with the given
- *     options (the old one detached: its inodes, xattrs, modes and counters go with it).
- * It runs as root of the sandbox's user namespace (its capabilities there, none on the host),
- * so the new tmpfs mounts belong to that namespace exactly as the ones crun made, and their
- * uid=/gid= options are read in it. Exit 0 when the reset is complete, 125 otherwise (edge
- * then destroys the sandbox instead of reusing it).
+ *     options (the old one detached: its inodes, xattrs, modes, times and counters go with it).
+ * The child runs as root of the sandbox's user namespace (its capabilities there, none on the
+ * host), so the new tmpfs mounts belong to that namespace exactly as the ones crun made, and
+ * their uid=/gid= options are read in it. The answer is one line "ID 0" when the reset is
+ * complete, "ID N" (N > 0) otherwise (edge then destroys the sandbox instead of reusing it);
+ * the reason goes to standard error. Standard input's end stops it.
  *
  * usage: dsec-fnreset [--tmpfs PATH FLAGS DATA]...   (FLAGS: comma list of nosuid, nodev,
- *        noexec; DATA: tmpfs options such as mode=1777,size=512m,uid=65534,gid=65534)
+ *        noexec, or "-"; DATA: tmpfs options such as mode=1777,size=512m,uid=65534,gid=65534)
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ipc.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/msg.h>
 #include <sys/mount.h>
 #include <sys/sem.h>
@@ -34,7 +39,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define PIDFD 3
 #define EXIT_FAILED 125
 #define MAX_TMPFS 8
 
@@ -52,7 +56,7 @@ static void __attribute__((noreturn)) fail(const char *what)
 
 static void __attribute__((noreturn)) usage(void)
 {
-	fprintf(stderr, "usage: dsec-fnreset [--tmpfs PATH FLAGS DATA]... (pidfd of the agent as fd 3)\n");
+	fprintf(stderr, "usage: dsec-fnreset [--tmpfs PATH FLAGS DATA]... (requests \"ID PID STARTTIME\" on stdin)\n");
 	exit(2);
 }
 
@@ -64,6 +68,8 @@ static unsigned long mount_flags(const char *list)
 		usage();
 	strcpy(copy, list);
 	for (char *save = NULL, *w = strtok_r(copy, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(w, "-"))
+			continue;
 		if (!strcmp(w, "nosuid"))
 			flags |= MS_NOSUID;
 		else if (!strcmp(w, "nodev"))
@@ -142,31 +148,88 @@ static void fresh_tmpfs(const char *path, unsigned long flags, const char *data)
 		die("mount tmpfs on", path);
 }
 
-int main(int argc, char **argv)
+/* Field 22 of /proc/PID/stat (the start time in clock ticks); 0 when unreadable. */
+static unsigned long long start_time(pid_t pid)
 {
-	const char *paths[MAX_TMPFS], *datas[MAX_TMPFS];
-	unsigned long flags[MAX_TMPFS];
-	int n = 0;
-	for (int i = 1; i < argc; i += 4) {
-		if (i + 3 >= argc || strcmp(argv[i], "--tmpfs") || n >= MAX_TMPFS)
-			usage();
-		paths[n] = argv[i + 1];
-		flags[n] = mount_flags(argv[i + 2]);
-		datas[n] = argv[i + 3];
-		if (paths[n][0] != '/')
-			usage();
-		n++;
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	/* The fields count from after the command name, which may hold spaces. */
+	char *p = strrchr(buf, ')');
+	if (!p)
+		return 0;
+	p += 2;
+	for (int field = 3; field < 22 && p; field++) {
+		p = strchr(p, ' ');
+		if (p)
+			p++;
 	}
+	return p ? strtoull(p, NULL, 10) : 0;
+}
+
+struct tmpfs {
+	const char *path, *data;
+	unsigned long flags;
+};
+
+static void __attribute__((noreturn)) reset(pid_t pid, unsigned long long started, const struct tmpfs *t, int n)
+{
+	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pidfd < 0)
+		die("pidfd_open", NULL);
+	if (start_time(pid) != started)
+		fail("the agent's process is gone (start time differs)");
 	/* The user namespace first (the kernel orders it so): the other two are then joined with
 	 * the capabilities of the sandbox's root, and the mount namespace sets root and cwd to the
 	 * sandbox's root. */
-	if (setns(PIDFD, CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNS) < 0)
+	if (setns(pidfd, CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNS) < 0)
 		die("setns", "pidfd");
 	if (clear_sysv() != 0)
 		fail("System V IPC objects are left");
 	if (clear_mqueues() != 0)
 		fail("POSIX message queues are left");
 	for (int i = 0; i < n; i++)
-		fresh_tmpfs(paths[i], flags[i], datas[i]);
+		fresh_tmpfs(t[i].path, t[i].flags, t[i].data);
+	exit(0);
+}
+
+int main(int argc, char **argv)
+{
+	struct tmpfs t[MAX_TMPFS];
+	int n = 0;
+	for (int i = 1; i < argc; i += 4) {
+		if (i + 3 >= argc || strcmp(argv[i], "--tmpfs") || n >= MAX_TMPFS || argv[i + 1][0] != '/')
+			usage();
+		t[n].path = argv[i + 1];
+		t[n].flags = mount_flags(argv[i + 2]);
+		t[n].data = argv[i + 3];
+		n++;
+	}
+	char line[128];
+	while (fgets(line, sizeof line, stdin)) {
+		unsigned long long id, started;
+		int pid;
+		if (sscanf(line, "%llu %d %llu", &id, &pid, &started) != 3 || pid <= 1)
+			usage();
+		pid_t child = fork();
+		if (child < 0)
+			die("fork", NULL);
+		if (child == 0)
+			reset(pid, started, t, n);
+		int status = 0;
+		while (waitpid(child, &status, 0) < 0)
+			if (errno != EINTR)
+				die("waitpid", NULL);
+		int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		printf("%llu %d\n", id, code);
+		fflush(stdout);
+	}
 	return 0;
 }

@@ -8,7 +8,6 @@
 // Each sandbox has a user namespace of its own (a host id range from `IdRanges`, root inside an
 // unprivileged host uid): dsec-launch mounts its root, the read-only overlay of the layers
 // idmapped to that range, in a mount namespace of its own right before crun, as for containers.
-import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { constants as fsConstants, readFileSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -30,12 +29,13 @@ import type { Attachment } from '../../chronus/attachment.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
-import { closeFd, listenUnix, mountsUnder, MNT, pidfdOpen, umount } from '../../sys/linux.js';
-import { Crun, processStartTime } from '../container/crun.js';
+import { closeFd, listenUnix, mountsUnder, MNT, umount } from '../../sys/linux.js';
+import { Crun } from '../container/crun.js';
 import { buildFnCallConfig, CALL_UID, CALL_WORKDIR, writableTmpfsMounts } from './bundle.js';
 import type { FreshTmpfs } from './bundle.js';
 import { WarmPool } from './pool.js';
 import type { WarmPoolOptions } from './pool.js';
+import { SandboxResetter } from './reset.js';
 import { RuntimeBuilds } from './runtime-builds.js';
 import { RUNTIMES } from './runtimes.js';
 import type { RuntimeLayerId } from './runtimes.js';
@@ -59,8 +59,6 @@ const MAX_FETCH_FILE_BYTES = 16 * 1_048_576;
 const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 /** Calls one sandbox serves (reset between each) before it is destroyed and replaced. */
 export const MAX_CALLS_PER_SANDBOX = 256;
-/** Longest a reset between two calls may take before the sandbox is destroyed instead. */
-const RESET_TIMEOUT_MS = 5_000;
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
 
@@ -106,8 +104,8 @@ interface WarmSandbox {
   dir: string;
   agent: ChronusClient;
   idRange: IdRange;
-  /** A pidfd of its PID 1 (chronus), for the reset's setns; none: not reusable. */
-  pidfd: number | undefined;
+  /** Its PID 1 (chronus) on the host and that process's start time; none: not reusable. */
+  init: { pid: number; startTime: number } | undefined;
   /** The tmpfs mounts the reset makes afresh. */
   tmpfs: FreshTmpfs[];
   /** Calls it has served. */
@@ -170,6 +168,8 @@ export class FnCallRunner implements EdgeCalls {
   private readonly slots = new Limiter(MAX_CONCURRENT_CALLS);
   private readonly destroying = new Set<Promise<void>>();
   private readonly hostNofileHard = hostNofileHard();
+  /** The dsec-fnreset process (started at the first reset) and the tmpfs mounts it was started for. */
+  private resetter: { key: string; server: SandboxResetter } | undefined;
   private readonly sweeper: NodeJS.Timeout;
   private closed = false;
 
@@ -431,7 +431,7 @@ export class FnCallRunner implements EdgeCalls {
       }
       agent = await ChronusClient.connect(socket);
       await agent.ping();
-      return { id, dir, agent, idRange, pidfd: await this.agentPidfd(id), tmpfs: writableTmpfsMounts(config), calls: 0, oomBase: 0, killed: false };
+      return { id, dir, agent, idRange, init: await this.agentProcess(id), tmpfs: writableTmpfsMounts(config), calls: 0, oomBase: 0, killed: false };
     } catch (err) {
       agent?.close();
       await this.destroySandbox(id, idRange);
@@ -439,48 +439,33 @@ export class FnCallRunner implements EdgeCalls {
     }
   }
 
-  /** A pidfd of a sandbox's PID 1, checked against the start time crun recorded (no pid reuse). */
-  private async agentPidfd(id: string): Promise<number | undefined> {
+  /** A sandbox's PID 1 as crun recorded it (the reset checks the start time: no pid reuse). */
+  private async agentProcess(id: string): Promise<{ pid: number; startTime: number } | undefined> {
     if (this.o.resetBinary === undefined) return undefined;
     const init = await this.crun.initProcess(id);
-    if (!init || init.startTime === undefined) return undefined;
-    const fd = pidfdOpen(init.pid);
-    if (fd === undefined) return undefined;
-    if (processStartTime(init.pid) === init.startTime) return fd;
-    closeFd(fd);
-    return undefined;
+    return init?.startTime !== undefined ? { pid: init.pid, startTime: init.startTime } : undefined;
   }
 
   private reusable(sb: WarmSandbox): boolean {
-    return !this.closed && sb.pidfd !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
+    return !this.closed && sb.init !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
   }
 
   /**
    * Makes a used sandbox equal to a fresh one, or says it cannot (false: it is destroyed):
    * chronus (PID 1) kills every other process of the sandbox and forgets them (RESET); no socket
    * may be left in its network namespace (a TIME_WAIT of the last call's connections); then
-   * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through chronus's pidfd,
+   * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through a pidfd of chronus,
    * removes every System V object and POSIX message queue and replaces each writable tmpfs by
    * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
    * them); its OOM count is read so that the next call's `oomKilled` is its own.
    */
   private async resetSandbox(sb: WarmSandbox): Promise<boolean> {
-    const signal = AbortSignal.timeout(RESET_TIMEOUT_MS);
     const { sockets } = await sb.agent.reset();
-    if (sockets > 0 || sb.pidfd === undefined || this.o.resetBinary === undefined) return false;
-    const args: string[] = [];
-    for (const t of sb.tmpfs) args.push('--tmpfs', t.path, t.flags.join(','), t.data.join(','));
-    const ok = await new Promise<boolean>((resolve) => {
-      const child = spawn(this.o.resetBinary as string, args, { stdio: ['ignore', 'ignore', 'pipe', sb.pidfd], signal });
-      let stderr = '';
-      child.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
-      child.on('error', () => resolve(false));
-      child.on('close', (code) => {
-        if (code !== 0) this.o.log?.(`fncall: reset of ${sb.id} failed (${stderr.trim() || `exit ${code}`}); destroying it`);
-        resolve(code === 0);
-      });
-    });
-    if (!ok || signal.aborted) return false;
+    if (sockets > 0 || sb.init === undefined || this.o.resetBinary === undefined) return false;
+    const tmpfsKey = JSON.stringify(sb.tmpfs);
+    this.resetter ??= { key: tmpfsKey, server: new SandboxResetter({ binary: this.o.resetBinary, tmpfs: sb.tmpfs, log: this.o.log }) };
+    if (this.resetter.key !== tmpfsKey) return false;
+    if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
     sb.calls++;
     sb.oomBase = await this.o.cgroups.oomKills(sb.id);
     return true;
@@ -489,8 +474,6 @@ export class FnCallRunner implements EdgeCalls {
   /** Destroys a used (or dead) sandbox in the background. */
   private discard(sb: WarmSandbox): void {
     sb.agent.close();
-    if (sb.pidfd !== undefined) closeFd(sb.pidfd);
-    sb.pidfd = undefined;
     const p = this.runtimeOps.run(() => this.destroySandbox(sb.id, sb.idRange)).finally(() => this.destroying.delete(p));
     this.destroying.add(p);
   }
@@ -667,6 +650,7 @@ export class FnCallRunner implements EdgeCalls {
       await entry.pool.close();
     }
     while (this.destroying.size > 0) await Promise.allSettled([...this.destroying]);
+    await this.resetter?.server.close();
     for (const root of [...this.roots.values()]) {
       root.users = 1;
       await this.releaseRoot(root).catch(() => undefined);
