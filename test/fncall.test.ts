@@ -202,6 +202,71 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
     assert.equal(r.stdout, '');
   });
 
+  test('a sandbox reused for another call keeps no state of the call before it', async () => {
+    // Reuse is real: a later call runs in the dirty call's PID namespace (the same sandbox),
+    // and it sees what a first call in a fresh sandbox sees: no files, xattrs or changed modes
+    // on the writable tmpfs mounts, no process (a stopped one, a daemon in its own session
+    // holding a listening socket, timers, a lower rlimit), no System V object, no POSIX message
+    // queue; its environment, cwd, umask and limits are its own.
+    const observe = [
+      'import ctypes, json, os, socket',
+      'def listing(d):',
+      '    return sorted(os.listdir(d))',
+      'def sysv(k):',
+      '    return open("/proc/sysvipc/" + k).read().splitlines()[1:]',
+      's = socket.socket()',
+      's.bind(("127.0.0.1", 7001))',
+      's.close()',
+      'state = {',
+      '    "ns": os.readlink("/proc/self/ns/pid"),',
+      '    "env": sorted(os.environ),',
+      '    "cwd": os.getcwd(),',
+      '    "umask": [l for l in open("/proc/self/status") if l.startswith("Umask")][0].split()[1],',
+      '    "limits": open("/proc/self/limits").read(),',
+      '    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())),',
+      '    "files": {d: listing(d) for d in ("/tmp", "/work", "/dev/shm", "/dev/mqueue")},',
+      '    "modes": {d: oct(os.stat(d).st_mode) + ":" + str(os.stat(d).st_uid) for d in ("/tmp", "/work", "/dev/shm")},',
+      '    "mtime": int(os.stat("/work").st_mtime),',
+      '    "xattrs": {d: os.listxattr(d) for d in ("/tmp", "/work")},',
+      '    "sysv": [sysv(k) for k in ("shm", "msg", "sem")],',
+      '}',
+    ].join('\n');
+    const dirty = [
+      observe,
+      'print(json.dumps(state))',
+      'import resource, signal, subprocess, sys',
+      'libc = ctypes.CDLL(None, use_errno=True)',
+      'assert libc.shmget(1234, 4096, 0o1666) >= 0 and libc.msgget(1235, 0o1666) >= 0 and libc.semget(1236, 1, 0o1666) >= 0',
+      'libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]',
+      'assert libc.mq_open(b"/left", os.O_CREAT | os.O_RDWR, 0o666, None) >= 0',
+      'for d in ("/tmp", "/work", "/dev/shm"):',
+      '    open(d + "/left", "w").write("x")',
+      'os.setxattr("/work", "user.left", b"1"); os.setxattr("/tmp", "user.left", b"1")',
+      'os.chmod("/tmp", 0o700); os.chmod("/work", 0o777); os.utime("/work", (1, 1))',
+      'os.umask(0o077); os.chdir("/tmp"); os.environ["LEFT"] = "1"',
+      'resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))',
+      'daemon = "import signal, socket, time; signal.setitimer(signal.ITIMER_REAL, 30); s = socket.socket(); s.bind((\'127.0.0.1\', 7001)); s.listen(); time.sleep(100)"',
+      'subprocess.Popen([sys.executable, "-c", daemon], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)',
+      'stopped = subprocess.Popen(["sleep", "100"]); os.kill(stopped.pid, signal.SIGSTOP)',
+      'import time; time.sleep(0.3)',
+    ].join('\n');
+    const run = async (code: string): Promise<Record<string, unknown>> => {
+      const r = await node.edge.calls.run({ runtime: 'python3', code });
+      assert.equal(r.exitCode, 0, r.stderr);
+      return JSON.parse(r.stdout.split('\n')[0] ?? '') as Record<string, unknown>;
+    };
+    const before = await run(dirty);
+    const fresh = { ...before, files: { '/tmp': [], '/work': [], '/dev/shm': [], '/dev/mqueue': [] }, procs: [], sysv: [[], [], []] };
+    let reused = 0;
+    for (let i = 0; i < 12 && reused < 2; i++) {
+      const after = await run(`${observe}\nprint(json.dumps(state))`);
+      if (after.ns === before.ns) reused++;
+      assert.deepEqual({ ...after, ns: before.ns, mtime: before.mtime }, fresh, `call ${i} (same sandbox: ${String(after.ns === before.ns)})`);
+      assert.notEqual(after.mtime, 1, 'the mtime set by the earlier call is gone');
+    }
+    assert.ok(reused >= 1, 'a later call ran in the reused sandbox');
+  });
+
   test('node runs code and reads stdin', async () => {
     const r = await node.edge.calls.run({
       runtime: 'node',

@@ -19,8 +19,9 @@ export const fncallScenario: Scenario = {
   name: 'fncall',
   title: '7. Function calls',
   method: [
-    'A trivial call (`true` in the `sh` runtime) through `client.calls.run`: each call claims a pre-created single-use',
-    "sandbox from the runtime's pool and runs one process in it. Latency is measured paced (a call every",
+    'A trivial call (`true` in the `sh` runtime) through `client.calls.run`: each call claims a pre-created sandbox',
+    "from the runtime's pool and runs one process in it; the sandbox is then reset (every process but its agent",
+    'killed, fresh tmpfs mounts, IPC emptied: docs/fncall.md) and reused. Latency is measured paced (a call every',
     `${PACE_MS} ms, what an online-judge agent does) and back to back (the pool cannot refill between calls);`,
     `the rate with ${RATE_CONCURRENCY} calls in flight. Peers: a bubblewrap one-shot (\`bwrap --unshare-all\`, no cgroups:`,
     "the floor) and `podman run --rm` of the same busybox rootfs, alternating per iteration. `python3 -c 'print(1)'`",

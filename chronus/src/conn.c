@@ -104,6 +104,7 @@ static void dispatch(struct conn *c, const struct msg *m)
 	case T_DETACH: proc_detach(c, m); break;
 	case T_RESIZE: proc_resize(c, m); break;
 	case T_RELEASE: proc_release(c, m); break;
+	case T_RESET: proc_reset(c, m); break;
 	case T_STAT: file_stat(c, m); break;
 	case T_READ: file_read(c, m); break;
 	case T_WRITE: file_write(c, m); break;

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #define OUTPUT_CHUNK_BYTES 65536
@@ -791,4 +792,77 @@ void proc_release(struct conn *c, const struct msg *m)
 	}
 	release(p);
 	reply_ok(c, m->id);
+}
+
+/* ---- reset (function-call sandboxes reused between calls) ---- */
+
+/* How long the reset waits for killed processes to be gone (one in uninterruptible sleep). */
+#define RESET_DEADLINE_MS 2000
+
+/* Sockets listed in one /proc/net table of the agent's network namespace (its header aside). */
+static uint64_t net_table_entries(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : 1;
+	uint64_t lines = 0;
+	char chunk[4096];
+	ssize_t n;
+	while ((n = read(fd, chunk, sizeof chunk)) > 0)
+		for (ssize_t i = 0; i < n; i++)
+			lines += chunk[i] == '\n';
+	close(fd);
+	if (n < 0)
+		return 1;
+	return lines > 0 ? lines - 1 : 0;
+}
+
+/*
+ * Kills every process of the sandbox but the agent and forgets every process record, so that
+ * the next call finds nothing of the last one's processes (their timers, locks, sockets and
+ * pipes die with them). Only as PID 1: kill(-1) there reaches exactly the processes of the
+ * sandbox's PID namespace except the agent, and the kernel queues SIGKILL to each before a
+ * fork racing it can complete. Replies OK with COUNT = sockets still listed in the network
+ * namespace (TIME_WAIT and the like: the edge then discards the sandbox), or EBUSY when a
+ * process outlived the deadline.
+ */
+void proc_reset(struct conn *c, const struct msg *m)
+{
+	if (getpid() != 1) {
+		reply_error(c, m->id, EPERM, "reset: the agent is not PID 1");
+		return;
+	}
+	int64_t deadline = mono_ns() + (int64_t)RESET_DEADLINE_MS * NS_PER_MS;
+	for (;;) {
+		if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+			log_msg("reset: kill: %s", strerror(errno));
+		proc_reap();
+		errno = 0;
+		bool none_left = kill(-1, 0) < 0 && errno == ESRCH;
+		bool no_children = waitpid(-1, NULL, WNOHANG | __WALL) < 0 && errno == ECHILD;
+		if (none_left && no_children)
+			break;
+		if (mono_ns() >= deadline) {
+			reply_error(c, m->id, EBUSY, "reset: processes outlived SIGKILL");
+			return;
+		}
+		struct timespec pause = { 0, 200000 };
+		nanosleep(&pause, NULL);
+	}
+	for (struct proc *p = head; p; p = p->next) {
+		/* Every child is gone (ECHILD above), reaped here or by proc_reap. */
+		p->reaped = true;
+		if (!p->exited) {
+			finish_exit(p);
+		}
+		if (!p->released)
+			release(p);
+	}
+	static const char *const tables[] = { "/proc/net/tcp", "/proc/net/tcp6", "/proc/net/udp",
+					      "/proc/net/udp6", "/proc/net/raw", "/proc/net/raw6",
+					      "/proc/net/unix" };
+	uint64_t sockets = 0;
+	for (size_t i = 0; i < sizeof tables / sizeof *tables; i++)
+		sockets += net_table_entries(tables[i]);
+	reply_ok_count(c, m->id, sockets);
 }

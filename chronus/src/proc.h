@@ -20,6 +20,8 @@ void proc_ack(struct conn *c, const struct msg *m);
 void proc_detach(struct conn *c, const struct msg *m);
 void proc_resize(struct conn *c, const struct msg *m);
 void proc_release(struct conn *c, const struct msg *m);
+/* Kills every process but the agent (PID 1 only) and forgets every process record. */
+void proc_reset(struct conn *c, const struct msg *m);
 
 /* Drops every attachment and pending reply that belongs to a closing connection. */
 void proc_conn_closed(struct conn *c);

@@ -250,6 +250,15 @@ export class ChronusClient {
     await this.request(T.RELEASE, [[F.PROC, proc]], 'release');
   }
 
+  /**
+   * Kills every process of the sandbox but the agent (which must be its PID 1) and forgets every
+   * process record; resolves to the sockets still listed in its network namespace.
+   */
+  async reset(): Promise<{ sockets: number }> {
+    const f = (await this.request(T.RESET, [], 'reset')).fields;
+    return { sockets: f.num(F.COUNT) ?? 0 };
+  }
+
   /** Running and retained exited processes. */
   async list(): Promise<AgentProcess[]> {
     const f = (await this.request(T.LIST, [], 'list')).fields;

@@ -57,3 +57,30 @@ export function buildFnCallConfig(o: FnCallConfigOptions): Record<string, unknow
   (config.mounts as unknown[]).push(tmpfs('/tmp', '1777'), tmpfs(CALL_WORKDIR, '0755'));
   return config;
 }
+
+/** A writable tmpfs of a call sandbox, as the reset between two calls mounts it afresh. */
+export interface FreshTmpfs {
+  path: string;
+  /** Mount flags (`nosuid`, `nodev`, `noexec`). */
+  flags: string[];
+  /** tmpfs options (`mode=`, `size=`, `nr_inodes=`, `uid=`, `gid=`). */
+  data: string[];
+}
+
+const MOUNT_FLAG_WORDS = new Set(['nosuid', 'nodev', 'noexec']);
+
+/**
+ * Every tmpfs of a call sandbox's config a call can write to (all but `/dev`, whose device nodes
+ * only root may change), with the options crun mounted it with: the reset replaces each by a
+ * fresh one with the same options, so a reused sandbox's tmpfs mounts equal a new sandbox's.
+ */
+export function writableTmpfsMounts(config: Record<string, unknown>): FreshTmpfs[] {
+  const mounts = config.mounts as Array<{ destination: string; type?: string; options?: string[] }>;
+  return mounts
+    .filter((m) => m.type === 'tmpfs' && m.destination !== '/dev' && !(m.options ?? []).includes('ro'))
+    .map((m) => ({
+      path: m.destination,
+      flags: (m.options ?? []).filter((o) => MOUNT_FLAG_WORDS.has(o)),
+      data: (m.options ?? []).filter((o) => !MOUNT_FLAG_WORDS.has(o)),
+    }));
+}

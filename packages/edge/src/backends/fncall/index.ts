@@ -27,6 +27,8 @@ export interface FnCallRunnerConfig {
   prebuild?: readonly RuntimeLayerId[] | undefined;
   /** Progress of runtime builds. */
   log?: ((line: string) => void) | undefined;
+  /** Reuse a sandbox for further calls after a complete reset (docs/fncall.md). Default true; false: one sandbox per call. */
+  reuse?: boolean | undefined;
 }
 
 /** Stateless calls on pools of single-use container sandboxes (what a previous process left is removed). */
@@ -45,6 +47,7 @@ export function fncallRunner(config: FnCallRunnerConfig = {}): CallRunnerFactory
       cgroups: host.cgroups,
       agentBinary: host.sandboxAgent,
       launcherBinary: path.join(path.dirname(path.resolve(host.agentBinary)), 'dsec-launch'),
+      resetBinary: config.reuse === false ? undefined : path.join(path.dirname(path.resolve(host.agentBinary)), 'dsec-fnreset'),
       runtimeNsFile: host.runtimeNs.nsFile,
       rootsDir,
       idRanges: new IdRanges(`${host.home}#fncall`),

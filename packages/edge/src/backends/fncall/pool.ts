@@ -40,6 +40,8 @@ export class WarmPool<T> {
   private readonly idle: T[] = [];
   private readonly waiters: Array<Waiter<T>> = [];
   private creating = 0;
+  /** Items being reset to come back ({@link recycle}): counted as supply by refills. */
+  private returning = 0;
   private target: number;
   private missed = false;
   private closed = false;
@@ -108,9 +110,27 @@ export class WarmPool<T> {
     });
   }
 
+  /**
+   * Gives a claimed item back once `reset` resolves true (to a waiter, else to the idle list);
+   * discards it when `reset` resolves false or fails, or when the pool has closed meanwhile.
+   */
+  recycle(item: T, reset: () => Promise<boolean>): void {
+    this.returning++;
+    const p = reset()
+      .catch(() => false)
+      .then((ok) => {
+        this.returning--;
+        if (ok) this.deliver(item);
+        else this.hooks.discard(item);
+        this.refill();
+      })
+      .finally(() => this.inflight.delete(p));
+    this.inflight.add(p);
+  }
+
   private refill(): void {
     if (this.closed) return;
-    const wanted = this.waiters.length + Math.max(0, this.target - this.idle.length);
+    const wanted = Math.max(0, this.waiters.length + this.target - this.idle.length - this.returning);
     while (this.creating < wanted && Date.now() >= this.backoffUntil) {
       this.creating++;
       const p = this.hooks

@@ -1,7 +1,10 @@
 // The fncall runner: stateless calls. Each call claims a pre-created crun sandbox (read-only
 // root from the runtime's layers, fresh tmpfs /tmp and /work, no network, the container
-// backend's seccomp profile and capability set, cgroup limits, chronus as PID 1), runs one
-// process in it through chronus, and the sandbox is destroyed afterwards: no state survives.
+// backend's seccomp profile and capability set, cgroup limits, chronus as PID 1) and runs one
+// process in it through chronus. Afterwards the sandbox is reset and goes back to its pool
+// (every process but chronus killed, every writable tmpfs replaced by a fresh one, System V
+// IPC and POSIX message queues emptied: `resetSandbox`), or is destroyed when any step of the
+// reset fails or cannot be shown complete: no state of one call reaches the next.
 // Each sandbox has a user namespace of its own (a host id range from `IdRanges`, root inside an
 // unprivileged host uid): dsec-launch mounts its root, the read-only overlay of the layers
 // idmapped to that range, in a mount namespace of its own right before crun, as for containers.
@@ -28,9 +31,11 @@ import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
 import { closeFd, listenUnix, mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { Crun } from '../container/crun.js';
-import { buildFnCallConfig, CALL_UID, CALL_WORKDIR } from './bundle.js';
+import { buildFnCallConfig, CALL_UID, CALL_WORKDIR, writableTmpfsMounts } from './bundle.js';
+import type { FreshTmpfs } from './bundle.js';
 import { WarmPool } from './pool.js';
 import type { WarmPoolOptions } from './pool.js';
+import { SandboxResetter } from './reset.js';
 import { RuntimeBuilds } from './runtime-builds.js';
 import { RUNTIMES } from './runtimes.js';
 import type { RuntimeLayerId } from './runtimes.js';
@@ -52,6 +57,8 @@ const AGENT_OUTPUT_CAP_BYTES = 1_048_576;
 /** Largest file a call's `fetchFiles` returns. */
 const MAX_FETCH_FILE_BYTES = 16 * 1_048_576;
 const CALL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+/** Calls one sandbox serves (reset between each) before it is destroyed and replaced. */
+export const MAX_CALLS_PER_SANDBOX = 256;
 /** Name of the small layer on top of every call root: the mount points a read-only root needs. */
 const SKELETON_LAYER = 'fncall-skeleton';
 
@@ -67,6 +74,8 @@ export interface FnCallRunnerOptions {
   agentBinary: string;
   /** Host path of dsec-launch. */
   launcherBinary: string;
+  /** Host path of dsec-fnreset (the reset between calls); none: each sandbox serves one call. */
+  resetBinary?: string | undefined;
   /** The runtime mount namespace's nsfs file (dsec-launch enters it). */
   runtimeNsFile: string;
   /**
@@ -89,12 +98,22 @@ export interface FnCallRunnerOptions {
   log?: ((line: string) => void) | undefined;
 }
 
-/** A pre-created sandbox waiting for its one call. */
+/** A pre-created sandbox waiting for its next call. */
 interface WarmSandbox {
   id: string;
   dir: string;
   agent: ChronusClient;
   idRange: IdRange;
+  /** Its PID 1 (chronus) on the host and that process's start time; none: not reusable. */
+  init: { pid: number; startTime: number } | undefined;
+  /** The tmpfs mounts the reset makes afresh. */
+  tmpfs: FreshTmpfs[];
+  /** Calls it has served. */
+  calls: number;
+  /** The cgroup's OOM kill count when the current call began (calls' own count is the difference). */
+  oomBase: number;
+  /** Killed from outside (time limit or output overflow past their grace): never reused. */
+  killed: boolean;
 }
 
 /** The mounted layers of one stack, held for the pools that use it. */
@@ -149,6 +168,8 @@ export class FnCallRunner implements EdgeCalls {
   private readonly slots = new Limiter(MAX_CONCURRENT_CALLS);
   private readonly destroying = new Set<Promise<void>>();
   private readonly hostNofileHard = hostNofileHard();
+  /** The dsec-fnreset process (started at the first reset) and the tmpfs mounts it was started for. */
+  private resetter: { key: string; server: SandboxResetter } | undefined;
   private readonly sweeper: NodeJS.Timeout;
   private closed = false;
 
@@ -208,10 +229,13 @@ export class FnCallRunner implements EdgeCalls {
     const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
+      let result: CallResult | undefined;
       try {
-        return await this.execute(sb, spec);
+        result = await this.execute(sb, spec);
+        return result;
       } finally {
-        this.discard(sb);
+        if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb));
+        else this.discard(sb);
       }
     });
   }
@@ -407,12 +431,44 @@ export class FnCallRunner implements EdgeCalls {
       }
       agent = await ChronusClient.connect(socket);
       await agent.ping();
-      return { id, dir, agent, idRange };
+      return { id, dir, agent, idRange, init: await this.agentProcess(id), tmpfs: writableTmpfsMounts(config), calls: 0, oomBase: 0, killed: false };
     } catch (err) {
       agent?.close();
       await this.destroySandbox(id, idRange);
       throw err;
     }
+  }
+
+  /** A sandbox's PID 1 as crun recorded it (the reset checks the start time: no pid reuse). */
+  private async agentProcess(id: string): Promise<{ pid: number; startTime: number } | undefined> {
+    if (this.o.resetBinary === undefined) return undefined;
+    const init = await this.crun.initProcess(id);
+    return init?.startTime !== undefined ? { pid: init.pid, startTime: init.startTime } : undefined;
+  }
+
+  private reusable(sb: WarmSandbox): boolean {
+    return !this.closed && sb.init !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
+  }
+
+  /**
+   * Makes a used sandbox equal to a fresh one, or says it cannot (false: it is destroyed):
+   * chronus (PID 1) kills every other process of the sandbox and forgets them (RESET); no socket
+   * may be left in its network namespace (a TIME_WAIT of the last call's connections); then
+   * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through a pidfd of chronus,
+   * removes every System V object and POSIX message queue and replaces each writable tmpfs by
+   * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
+   * them); its OOM count is read so that the next call's `oomKilled` is its own.
+   */
+  private async resetSandbox(sb: WarmSandbox): Promise<boolean> {
+    const { sockets } = await sb.agent.reset();
+    if (sockets > 0 || sb.init === undefined || this.o.resetBinary === undefined) return false;
+    const tmpfsKey = JSON.stringify(sb.tmpfs);
+    this.resetter ??= { key: tmpfsKey, server: new SandboxResetter({ binary: this.o.resetBinary, tmpfs: sb.tmpfs, log: this.o.log }) };
+    if (this.resetter.key !== tmpfsKey) return false;
+    if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
+    sb.calls++;
+    sb.oomBase = await this.o.cgroups.oomKills(sb.id);
+    return true;
   }
 
   /** Destroys a used (or dead) sandbox in the background. */
@@ -530,6 +586,7 @@ export class FnCallRunner implements EdgeCalls {
     let hardKilled = false;
     const killSandbox = (): void => {
       hardKilled = true;
+      sb.killed = true;
       void this.crun.run(['kill', '--all', sb.id, 'KILL']).catch(() => undefined);
     };
     let overflowTimer: NodeJS.Timeout | undefined;
@@ -559,7 +616,7 @@ export class FnCallRunner implements EdgeCalls {
     const wallMs = Math.round(performance.now() - started);
     const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
     const timedOut = exit?.timedOut === true || (hardKilled && !truncated && wallMs >= timeoutMs);
-    const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > 0;
+    const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > sb.oomBase;
     return {
       exitCode: exit ? exit.exitCode : null,
       signal: exit ? exit.signal : 'SIGKILL',
@@ -593,6 +650,7 @@ export class FnCallRunner implements EdgeCalls {
       await entry.pool.close();
     }
     while (this.destroying.size > 0) await Promise.allSettled([...this.destroying]);
+    await this.resetter?.server.close();
     for (const root of [...this.roots.values()]) {
       root.users = 1;
       await this.releaseRoot(root).catch(() => undefined);
