@@ -3,7 +3,7 @@
 // guest on virtio-serial ports, the QEMU guest agent beside it.
 import { execFile } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { chown, copyFile, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chown, copyFile, mkdir, open, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -25,8 +25,10 @@ import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
 import { virtualBytes } from '../../layers/vm-image.js';
-import { VM_AGENT_LABEL } from '../../layers/store.js';
-import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
+import { VM_AGENT_LABEL, VM_DISK_LABEL } from '../../layers/store.js';
+import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState } from '../qemu/migration.js';
+import type { SavedState } from '../qemu/migration.js';
+import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, netnsName, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
 import { startQemu } from '../qemu/process.js';
 import { QmpClient } from '../qemu/qmp.js';
@@ -35,6 +37,7 @@ import type { QemuVm } from '../qemu/sandboxes.js';
 import { QmpScreen } from '../qemu/screen.js';
 import { connectRetrying, connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
+import type { VmDiskBus } from './qemu.js';
 import { GuestAgentClient } from './guest.js';
 
 const run = promisify(execFile);
@@ -45,6 +48,8 @@ export const MIN_VM_MEMORY_MIB = 256;
 export const VM_QEMU_OVERHEAD_MIB = 320;
 /** Default pids limit of the QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
+/** A saved state's room beyond the guest's RAM (device state: VGA memory, firmware, virtio). */
+const VM_STATE_MARGIN_MIB = 64;
 
 /** What the backend needs of the node and the machine. */
 export interface VmBackendOptions {
@@ -71,6 +76,10 @@ export interface VmBackendOptions {
 interface Vm extends QemuVm {
   /** The guest runs chronus (else only the QEMU guest agent serves it). */
   chronus: boolean;
+  /** The root disk's bus (the image's label; NVMe cannot migrate, virtio-blk can). */
+  disk: VmDiskBus;
+  /** Paused with its memory in this file: no QEMU runs until resumed. */
+  saved?: SavedState;
   /** Boot time of this VM (QEMU start to the agent's first answer), ms. */
   bootMs?: number;
 }
@@ -84,6 +93,8 @@ interface Paths {
   vars: string;
   pid: string;
   log: string;
+  /** The guest's memory and device state while paused to a file. */
+  state: string;
 }
 
 /** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
@@ -104,15 +115,18 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     this.pausing = {
       pause: (id) => this.pause(id),
+      pauseToFile: (id) => this.pauseToFile(id),
+      inFile: (id) => this.vm(id).saved !== undefined,
       resume: (id) => this.resume(id),
       memory: (id) => o.cgroups.memory(id),
+      // A VM paused to a file is as frozen as it gets: no QEMU runs.
       freeze: async (id) => {
-        await this.qmp(id).execute('stop');
+        if (!this.vm(id).saved) await this.qmp(id).execute('stop');
       },
       thaw: async (id) => {
-        await this.qmp(id).execute('cont');
+        if (!this.vm(id).saved) await this.qmp(id).execute('cont');
       },
-      isFrozen: async (id) => !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
+      isFrozen: async (id) => this.vm(id).saved !== undefined || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running,
     };
   }
 
@@ -148,6 +162,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       vars: path.join(dir, 'efivars.fd'),
       pid: path.join(dir, 'qemu.pid'),
       log: path.join(dir, 'qemu.log'),
+      state: path.join(dir, 'memory.state'),
     };
   }
 
@@ -166,11 +181,9 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
     if (memoryMiB < MIN_VM_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a vm needs at least ${MIN_VM_MEMORY_MIB} MiB`);
     const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
-    const cpu = res.cpu ?? DEFAULT_CPU;
     const layer = this.diskLayer(req.layers);
     const undo: Array<() => unknown> = [];
-    const fds: FileHandle[] = [];
-    const vm: Vm = { portsInUse: new Set(), chronus: layer.labels[VM_AGENT_LABEL] === 'chronus' };
+    const vm: Vm = { portsInUse: new Set(), chronus: layer.labels[VM_AGENT_LABEL] === 'chronus', disk: diskBusOf(layer) };
     try {
       await mkdir(p.dir, { mode: 0o700 }).catch((err: unknown) => {
         if ((err as NodeJS.ErrnoException).code === 'EEXIST') throw new DsecError('CONFLICT', `sandbox ${req.id} already exists`, { sandboxId: req.id });
@@ -191,71 +204,17 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       const sizeBytes = Math.max(await virtualBytes(base), diskMiB * 1024 * 1024);
       await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', p.overlay, String(sizeBytes)]);
       await copyFile(OVMF_VARS, p.vars);
-      const ro = async (file: string) => {
-        const f = await open(file, fsConstants.O_RDONLY);
-        fds.push(f);
-        return f.fd;
-      };
-      const rw = async (file: string) => {
-        const f = await open(file, fsConstants.O_RDWR);
-        fds.push(f);
-        return f.fd;
-      };
-      const vmFds = fullVmFdList({
-        code: await ro(OVMF_CODE),
-        vars: [await ro(p.vars), await rw(p.vars)],
-        base: await ro(base),
-        overlay: [await ro(p.overlay), await rw(p.overlay)],
-      });
       signal?.throwIfAborted();
 
       const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
       if (netns) undo.push(() => removeVmNetns(req.id));
       const record: BackendSandbox = { id: req.id, backend: 'vm', spec: req.spec, layers: req.layers, createdAt: new Date().toISOString(), idRange };
       await writeJsonAtomic(p.record, record);
-      const cgroupProcs = await this.o.cgroups.create(req.id, {
-        memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024,
-        cpu,
-        pids: QEMU_PIDS,
-      });
       undo.push(() => this.o.cgroups.remove(req.id));
-      const args = fullVmArgs({
-        accel: this.o.accel,
-        memoryMiB,
-        vcpus: Math.max(1, Math.ceil(cpu)),
-        runDir: p.run,
-        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(req.id) } } : {}),
-      });
-      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
       const started = Date.now();
-      try {
-        vm.child = startQemu(
-          this.o.qemu,
-          args,
-          {
-            uid: idRange.uid,
-            gid: idRange.gid,
-            cgroupProcs,
-            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
-            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
-          },
-          vmFds,
-          log.fd,
-        );
-      } finally {
-        await log.close();
-      }
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
-      const child = vm.child;
-      const exited = new Promise<never>((_, reject) =>
-        child.once('exit', (code, sig) =>
-          reject(new DsecError('BACKEND_FAILED', `create ${req.id}: QEMU exited (${sig ?? code}) while booting`, { sandboxId: req.id })),
-        ),
-      );
-      exited.catch(() => undefined);
-      await writeFile(p.pid, String(child.pid));
-      for (const f of fds.splice(0)) await f.close();
+      const { exited } = await this.launch(record, vm);
       const deadline = Date.now() + this.o.bootTimeoutMs;
       vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(fullVmSockets(p.run).qmp, 5000), deadline), exited]);
       const abort = signal
@@ -275,7 +234,6 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       this.watch(req.id, vm);
       return record;
     } catch (err) {
-      for (const f of fds) await f.close().catch(() => undefined);
       const detail = await this.consoleTail(req.id, vm).catch(() => '');
       this.dropAgent(req.id);
       for (const step of undo.reverse()) {
@@ -286,6 +244,86 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       this.vms.delete(req.id);
       if (detail && err instanceof DsecError && err.code !== 'INVALID_ARGUMENT') err.message += `; guest console: ${detail}`;
       throw err;
+    }
+  }
+
+  /**
+   * Starts the VM's QEMU (confined, in its cgroup and network namespace) with firmware, image and
+   * overlay as descriptors; with `incoming`, QEMU waits for a saved state (`restoreState`)
+   * instead of booting. Resolves once started, with `exited`, which rejects when QEMU exits.
+   */
+  private async launch(record: BackendSandbox, vm: Vm, incoming = false): Promise<{ exited: Promise<never> }> {
+    const id = record.id;
+    const p = this.paths(id);
+    const idRange = record.idRange;
+    if (!idRange) throw new DsecError('INTERNAL', `sandbox ${id}: its record has no uid`, { sandboxId: id });
+    const layer = this.diskLayer(record.layers);
+    const res = record.spec.resources ?? {};
+    const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const cpu = res.cpu ?? DEFAULT_CPU;
+    const netns = record.spec.network?.mode === 'allowlist' ? netnsName(id) : undefined;
+    const fds: FileHandle[] = [];
+    const ro = async (file: string) => {
+      const f = await open(file, fsConstants.O_RDONLY);
+      fds.push(f);
+      return f.fd;
+    };
+    const rw = async (file: string) => {
+      const f = await open(file, fsConstants.O_RDWR);
+      fds.push(f);
+      return f.fd;
+    };
+    try {
+      const vmFds = fullVmFdList({
+        code: await ro(OVMF_CODE),
+        vars: [await ro(p.vars), await rw(p.vars)],
+        base: await ro(this.o.layers.diskFile(layer.digest)),
+        overlay: [await ro(p.overlay), await rw(p.overlay)],
+      });
+      const cgroupProcs = await this.o.cgroups.create(id, {
+        memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024,
+        cpu,
+        pids: QEMU_PIDS,
+      });
+      const args = fullVmArgs({
+        accel: this.o.accel,
+        memoryMiB,
+        vcpus: Math.max(1, Math.ceil(cpu)),
+        runDir: p.run,
+        disk: vm.disk,
+        ...(netns ? { tap: { ifname: VM_TAP, mac: macOf(id) } } : {}),
+      });
+      if (incoming) args.push(...INCOMING_ARGS);
+      const log = await open(p.log, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
+      try {
+        vm.child = startQemu(
+          this.o.qemu,
+          args,
+          {
+            uid: idRange.uid,
+            gid: idRange.gid,
+            cgroupProcs,
+            ...(netns ? { netns: `/run/netns/${netns}` } : {}),
+            ...(this.o.kvmGid !== undefined ? { groups: [this.o.kvmGid] } : {}),
+          },
+          vmFds,
+          log.fd,
+        );
+      } finally {
+        await log.close();
+      }
+      vm.stopping = false;
+      const child = vm.child;
+      const exited = new Promise<never>((_, reject) =>
+        child.once('exit', (code, sig) =>
+          reject(new DsecError('BACKEND_FAILED', `sandbox ${id}: QEMU exited (${sig ?? code}) while ${incoming ? 'restoring' : 'booting'}`, { sandboxId: id })),
+        ),
+      );
+      exited.catch(() => undefined);
+      await writeFile(p.pid, String(child.pid));
+      return { exited };
+    } finally {
+      for (const f of fds) await f.close().catch(() => undefined);
     }
   }
 
@@ -337,8 +375,88 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     return this.runState(id, 'stop');
   }
 
-  resume(id: string): Promise<BackendResumeResult> {
-    return this.runState(id, 'cont');
+  /**
+   * Pauses with the guest's memory in a file: vCPUs stopped, RAM and device state (firmware
+   * variables, VGA, USB, virtio) streamed to `memory.state` (`saveState`), then QEMU quits and
+   * its memory goes back to the host; the overlay stays as QEMU left it. Only a VM whose root is
+   * on virtio-blk (a `--desktop` image): QEMU 7.2's NVMe device cannot migrate (a 400 naming
+   * `memory`). A failed save leaves the VM running and no file.
+   */
+  async pauseToFile(id: string): Promise<BackendPauseResult> {
+    const vm = this.vm(id);
+    if (vm.disk !== 'virtio-blk')
+      throw invalidArgument(
+        'memory',
+        `sandbox ${id} boots its image from an NVMe disk, which QEMU cannot save; images built with --vm --desktop (virtio-blk root) can pause to a file`,
+      );
+    const p = this.paths(id);
+    const record = await this.record(id);
+    const before = await this.o.cgroups.memory(id);
+    const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
+    const qmp = this.qmp(id);
+    let saved: SavedState;
+    try {
+      saved = await saveState({
+        qmp,
+        socketDir: p.run,
+        owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
+        file: p.state,
+        maxBytes: (memoryMiB + VM_STATE_MARGIN_MIB) * 1024 * 1024,
+        timeoutMs: this.o.bootTimeoutMs,
+      });
+    } catch (err) {
+      await qmp.execute('cont').catch(() => undefined);
+      throw err;
+    }
+    vm.saved = saved;
+    this.dropAgent(id);
+    await this.kill(id);
+    delete vm.qmp;
+    delete vm.child;
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
+  }
+
+  /**
+   * A VM paused to a file runs again: a new QEMU with the same arguments loads the state, then
+   * `cont`; the guest (its screen too) goes on where it stopped. A missing or damaged file, or a
+   * failed load, leaves the sandbox paused with its file.
+   */
+  private async resumeFromFile(id: string, vm: Vm, saved: SavedState): Promise<void> {
+    const p = this.paths(id);
+    const state = await readSavedState(saved.file);
+    const record = await this.record(id);
+    try {
+      const { exited } = await this.launch(record, vm, true);
+      const deadline = Date.now() + this.o.bootTimeoutMs;
+      vm.qmp = await Promise.race([connectRetrying(() => QmpClient.connect(fullVmSockets(p.run).qmp, 5000), deadline), exited]);
+      await restoreState({ qmp: vm.qmp, socketDir: p.run, state, exited, timeoutMs: this.o.bootTimeoutMs });
+      await vm.qmp.execute('cont');
+      const agent = await Promise.race([this.connect(id), exited]);
+      await Promise.race([withTimeout(agent.ping(), Math.max(1000, deadline - Date.now()), `resume ${id}: the guest did not answer`), exited]);
+    } catch (err) {
+      this.dropAgent(id);
+      await this.kill(id);
+      delete vm.qmp;
+      delete vm.child;
+      throw err;
+    }
+    delete vm.saved;
+    this.watch(id, vm);
+    await removeSavedState(saved.file);
+  }
+
+  private async record(id: string): Promise<BackendSandbox> {
+    return JSON.parse(await readFile(this.paths(id).record, 'utf8')) as BackendSandbox;
+  }
+
+  async resume(id: string): Promise<BackendResumeResult> {
+    const before = await this.o.cgroups.memory(id);
+    const vm = this.vm(id);
+    if (vm.saved) await this.resumeFromFile(id, vm, vm.saved);
+    else await this.qmp(id).execute('cont');
+    const after = await this.o.cgroups.memory(id);
+    return { memoryBeforeBytes: before.usageBytes, memoryAfterBytes: after.usageBytes, swapBytes: after.swapBytes };
   }
 
   async stats(id: string): Promise<SandboxStats> {
@@ -349,6 +467,11 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const size = (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
     return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: size };
   }
+}
+
+/** The bus a disk layer's root needs: `virtio-blk` where its label says so, else NVMe (any OS boots from it). */
+function diskBusOf(layer: LayerInfo): VmDiskBus {
+  return layer.labels[VM_DISK_LABEL] === 'virtio-blk' ? 'virtio-blk' : 'nvme';
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
