@@ -40,7 +40,7 @@ function pixels(png: Buffer): { width: number; height: number; rgb: Buffer } {
   const width = png.readUInt32BE(16);
   const height = png.readUInt32BE(20);
   const idat: Buffer[] = [];
-  for (let at = 8; at < png.length; ) {
+  for (let at = 8; at < png.length;) {
     const len = png.readUInt32BE(at);
     if (png.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(png.subarray(at + 8, at + 8 + len));
     at += 12 + len;
@@ -109,7 +109,8 @@ async function until<T>(what: string, ms: number, probe: () => Promise<T | undef
     } catch (err) {
       last = err;
     }
-    if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms${last ? ` (last error: ${String(last)})` : ''}`);
+    if (Date.now() > deadline)
+      throw new Error(`${what}: not within ${ms} ms${last ? ` (last error: ${last instanceof Error ? last.message : JSON.stringify(last)})` : ''}`);
     await new Promise((r) => setTimeout(r, 1000));
   }
 }
@@ -160,8 +161,15 @@ describe('the desktop image', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:
     // Typed through the API: the pointer moves into the xterm (twm's focus follows it), the text
     // is typed and Return pressed. The command runs in the xterm's shell (its file is read back)
     // and its characters are drawn: black pixels appear in the xterm and nothing changes outside it.
-    const blackBefore = count(desktop.png, XTERM, black);
+    // X takes the click (and the focus with it) some time after the request under TCG: keys sent
+    // before go to the root window. xterm draws its cursor hollow without the focus and as a
+    // filled block with it: the block shows when the focus is there.
     await sb.screen.click(XTERM.x + XTERM.w / 2, XTERM.y + XTERM.h / 2);
+    const idle = count(desktop.png, XTERM, black);
+    const blackBefore = await until('the xterm has the focus (its cursor filled)', TYPED_MS, async () => {
+      const n = count((await sb!.screen.capture()).png, XTERM, black);
+      return n > idle + 30 ? n : undefined;
+    });
     const typed = await sb.screen.actions([
       { action: 'type', text: 'echo typed-$((6*7)) > /tmp/typed.txt' },
       { action: 'key', keys: 'Return' },

@@ -56,7 +56,17 @@ export function registerImage(program: Command): void {
     .action(
       async (
         name: string,
-        flags: { kind?: string; vm?: boolean; desktop?: boolean; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean },
+        flags: {
+          kind?: string;
+          vm?: boolean;
+          desktop?: boolean;
+          fromDir?: string;
+          fromTar?: string;
+          fromOci?: string;
+          debian?: string[];
+          suite?: string;
+          json?: boolean;
+        },
         cmd: Command,
       ) => {
         if (flags.desktop && !flags.vm) throw new InvalidArgumentError('--desktop goes with --vm');

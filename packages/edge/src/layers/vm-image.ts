@@ -270,7 +270,14 @@ async function configureDesktop(root: string): Promise<void> {
   );
   await writeFile(
     at('etc/dsec/twmrc'),
-    ['RandomPlacement', 'UsePPosition "on"', 'NoGrabServer', 'DecorateTransients', 'Color { BorderColor "slategrey" TitleBackground "slategrey" TitleForeground "white" }', ''].join('\n'),
+    [
+      'RandomPlacement',
+      'UsePPosition "on"',
+      'NoGrabServer',
+      'DecorateTransients',
+      'Color { BorderColor "slategrey" TitleBackground "slategrey" TitleForeground "white" }',
+      '',
+    ].join('\n'),
   );
   await writeFile(
     at('etc/systemd/system/dsec-desktop.service'),

@@ -25,7 +25,7 @@ test('no host path on the command line but the run directory and the fd sets', (
     const args = fullVmArgs({ ...base, disk });
     for (const a of args) {
       for (const m of a.matchAll(/(?:file|filename|path)=([^,]+)/g)) {
-        assert.ok(m[1]!.startsWith('/dev/fdset/') || m[1]!.startsWith(base.runDir), `${a}`);
+        assert.ok(m[1]!.startsWith('/dev/fdset/') || m[1]!.startsWith(base.runDir), a);
       }
     }
   }
