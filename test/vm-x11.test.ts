@@ -7,7 +7,7 @@
 // takes input again. `npm test` keeps the cheaper checks (test/vm.test.ts: an NVMe VM refuses a
 // pause to a file naming `memory`; packages/edge/src/backends/vm/qemu.test.ts: the disk bus).
 import assert from 'node:assert/strict';
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { inflateSync } from 'node:zlib';
@@ -181,7 +181,6 @@ describe('the desktop image', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:
     }).catch(async (err: unknown) => {
       // What the guest saw: its input devices and X's log (the failure's message carries them).
       const seen = await sb!.exec(['sh', '-c', 'cat /proc/bus/input/devices; tail -40 /home/user/.local/share/xorg/Xorg.0.log /var/log/Xorg.0.log 2>&1']);
-      writeFileSync('/tmp/vmdesk-debug.png', (await sb!.screen.capture()).png);
       throw new Error(`${String(err)}\n${seen.stdout}`);
     });
     assert.equal(content, 'typed-42\n', 'the shell in the xterm ran the typed command');
