@@ -146,9 +146,14 @@ describe('the desktop image', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:
     const desktop = await until('the xterm on the screen', DESKTOP_MS, async () => {
       const ps = await sb!.exec(PS('xterm|twm'));
       if (!/user xterm/.test(ps.stdout) || !/user twm/.test(ps.stdout)) return undefined;
+      // The window white and its prompt drawn (dark glyphs, the same in two screenshots a second apart).
       const shot = await sb!.screen.capture();
       const inXterm = count(shot.png, { x: XTERM.x + 8, y: XTERM.y + 40, w: XTERM.w - 16, h: XTERM.h - 60 }, white);
-      return inXterm > (XTERM.w - 16) * (XTERM.h - 60) * 0.9 ? shot : undefined;
+      const prompt = count(shot.png, XTERM, black);
+      if (inXterm < (XTERM.w - 16) * (XTERM.h - 60) * 0.9 || prompt < 100) return undefined;
+      await new Promise((r) => setTimeout(r, 1000));
+      const again = await sb!.screen.capture();
+      return count(again.png, XTERM, black) === prompt ? again : undefined;
     });
     const shown = Date.now() - t0;
     assert.ok(desktop.width >= 800 && desktop.height >= 600, `${desktop.width}x${desktop.height}`);
