@@ -239,8 +239,8 @@ const DESKTOP_RECIPE_VERSION = 1;
 
 /**
  * The desktop: `dsec-desktop.service` starts X on the VGA screen as {@link VM_DESKTOP_USER}
- * (xinit through Xorg's setuid wrapper, any user allowed), twm and one xterm filling most of the
- * screen at a fixed place; bochs-drm is in the initramfs, so X finds its DRM device at once.
+ * (xinit through Xorg's setuid wrapper, any user allowed), twm and one xterm at a fixed place
+ * (600x416 pixels at 16,16); bochs-drm is in the initramfs, so X finds its DRM device at once.
  */
 async function configureDesktop(root: string): Promise<void> {
   const at = (p: string) => path.join(root, p);
@@ -302,7 +302,7 @@ async function configureDesktop(root: string): Promise<void> {
   );
   await mkdir(at('etc/systemd/system/multi-user.target.wants'), { recursive: true });
   await symlink('/etc/systemd/system/dsec-desktop.service', at('etc/systemd/system/multi-user.target.wants/dsec-desktop.service'));
-  // The initramfs and the kernel's modules side by side on the ESP.
+  // The kernel's package made the initramfs in /boot (update-initramfs); makeEsp copies it beside the kernel.
   const boot = await readdir(at('boot'));
   if (!boot.some((f) => f.startsWith('initrd.img-'))) throw new DsecError('BACKEND_FAILED', 'the desktop image has no initramfs in /boot');
 }
