@@ -121,7 +121,7 @@ export type LayerBuildSource =
   /** An image in one of the registries the node pulls from (`node.pullFrom`). */
   | { type: 'image'; ref: string }
   /** A bootable VM disk image built from Debian (a `disk` layer; `opts.kind` is not used). */
-  | { type: 'vm'; suite?: string; packages?: string[] }
+  | { type: 'vm'; suite?: string; packages?: string[]; desktop?: boolean }
   /** An uploaded qcow2 or raw disk image (a `disk` layer; `opts.kind` is not used). */
   | { type: 'disk'; stream: AsyncIterable<Uint8Array> };
 

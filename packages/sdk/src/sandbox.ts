@@ -172,7 +172,7 @@ export class Sandbox {
    * Pauses the sandbox: every process is frozen and its memory made reclaimable; processes,
    * open files and the file system are kept exactly. Requests resume it again (unless its
    * lease says `autoResume: false`), as does {@link Sandbox.resume}. With `memory: "file"`
-   * (microVMs) the memory is written to a file on the node and freed until resumed.
+   * (microVMs, and full VMs of a `--desktop` image) the memory is written to a file on the node and freed until resumed.
    */
   pause(opts: CallOptions & { memory?: PauseMemory } = {}): Promise<PauseResult> {
     return this.#lifecycle.pause(opts);

@@ -46,6 +46,7 @@ export function registerImage(program: Command): void {
     .argument('<name>', 'name[:tag]')
     .option('--kind <kind>', 'base, workspace or toolkit (all but --vm)')
     .option('--vm', 'a bootable VM disk image (Debian, systemd, the QEMU guest agent, chronus) for backend "vm"; --debian adds packages')
+    .option('--desktop', 'with --vm: a desktop image (generic kernel, Xorg, twm, an xterm logged in on the screen)')
     .option('--from-dir <dir>', 'a directory')
     .option('--from-tar <file>', 'a tar (optionally gzip) file')
     .option('--from-oci <file>', 'an OCI layout or docker save tarball (squashed)')
@@ -55,15 +56,31 @@ export function registerImage(program: Command): void {
     .action(
       async (
         name: string,
-        flags: { kind?: string; vm?: boolean; fromDir?: string; fromTar?: string; fromOci?: string; debian?: string[]; suite?: string; json?: boolean },
+        flags: {
+          kind?: string;
+          vm?: boolean;
+          desktop?: boolean;
+          fromDir?: string;
+          fromTar?: string;
+          fromOci?: string;
+          debian?: string[];
+          suite?: string;
+          json?: boolean;
+        },
         cmd: Command,
       ) => {
+        if (flags.desktop && !flags.vm) throw new InvalidArgumentError('--desktop goes with --vm');
         if (flags.vm) {
           if (flags.kind !== undefined || flags.fromDir || flags.fromTar || flags.fromOci)
             throw new InvalidArgumentError('--vm takes no --kind and no --from-*');
           const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
           const layer = await client.layers.buildVm(
-            { name, ...(flags.debian ? { packages: flags.debian } : {}), ...(flags.suite ? { suite: flags.suite } : {}) },
+            {
+              name,
+              ...(flags.debian ? { packages: flags.debian } : {}),
+              ...(flags.suite ? { suite: flags.suite } : {}),
+              ...(flags.desktop ? { desktop: true } : {}),
+            },
             { onProgress: (message) => process.stderr.write(`${message}\n`) },
           );
           if (flags.json) printJson(layer);

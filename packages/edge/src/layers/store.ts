@@ -83,7 +83,7 @@ export type LayerSource =
   /** An OCI or Docker image in one of the registries of {@link LayerStoreOptions.pullFrom}, squashed. */
   | { type: 'image'; ref: string }
   /** A bootable VM disk (`disk` kind): Debian with systemd, the guest agent and chronus (vm-image.ts). */
-  | { type: 'vm'; suite?: string; packages?: string[] }
+  | { type: 'vm'; suite?: string; packages?: string[]; desktop?: boolean }
   /** An uploaded qcow2 or raw disk image (`disk` kind), validated and stored as qcow2. */
   | { type: 'disk'; stream: AsyncIterable<Uint8Array> }
   /**
@@ -128,6 +128,10 @@ const RAW_EXPORT_LINGER_MS = 60_000;
 
 /** Label of a `disk` layer whose guest runs chronus (else the QEMU guest agent alone serves it). */
 export const VM_AGENT_LABEL = 'dsec.vm.agent';
+/** Label of a disk layer naming the bus its root disk needs: `virtio-blk` or (default) `nvme`. */
+export const VM_DISK_LABEL = 'dsec.vm.disk';
+/** Label of a desktop disk image (`dsec image build --vm --desktop`): its display server. */
+export const VM_DESKTOP_LABEL = 'dsec.vm.desktop';
 
 const META_FILE = 'meta.erofs';
 const BLOB_FILE = 'data.blob';
@@ -381,11 +385,15 @@ export class LayerStore {
         ...this.opts.vmImage,
         ...(source.suite ? { suite: source.suite } : {}),
         ...(source.packages ? { packages: source.packages } : {}),
+        ...(source.desktop ? { desktop: true } : {}),
         signal,
         onProgress: opts.onProgress,
       });
       await link(image, qcow).catch(() => copyFile(image, qcow));
       labels[VM_AGENT_LABEL] = 'chronus';
+      // The root's bus: a desktop image's kernel has an initramfs with virtio-blk (migratable).
+      labels[VM_DISK_LABEL] = source.desktop ? 'virtio-blk' : 'nvme';
+      if (source.desktop) labels[VM_DESKTOP_LABEL] = 'x11';
     } else {
       const upload = join(work, 'upload.img');
       await pipeline(Readable.from(source.stream), createWriteStream(upload), ...(signal ? [{ signal }] : []));

@@ -5,7 +5,7 @@
 // mtools, the partition table with sfdisk on the disk file, partitions written in with dd.
 // Built once per input into a machine-wide cache.
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, open, readdir, readFile, rename, stat, symlink, unlink, writeFile } from 'node:fs/promises';
+import { appendFile, chmod, chown, mkdir, open, readdir, readFile, rename, stat, symlink, unlink, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { DsecError } from '@dsec/protocol';
 import { buildDebianTree, DEFAULT_DEBIAN_SUITE } from './debian.js';
@@ -18,6 +18,28 @@ import { AGENT_PORTS } from '../backends/microvm/guest.js';
 export const DEFAULT_VM_CACHE = '/var/cache/dsec/vm';
 /** Packages every VM image has (beside `--variant=minbase`). */
 export const VM_IMAGE_PACKAGES = ['systemd', 'systemd-sysv', 'udev', 'kmod', 'qemu-guest-agent', 'linux-image-cloud-amd64', 'systemd-boot-efi', 'iproute2'];
+/**
+ * The desktop image's packages instead of the cloud kernel: Debian's generic kernel (its
+ * framebuffer and the bochs DRM driver draw on QEMU's VGA; the cloud kernel has no display
+ * driver at all), an initramfs (virtio-blk and ext4 are modules there), Xorg with the
+ * modesetting driver and libinput, twm and xterm, X's bitmap fonts.
+ */
+export const VM_DESKTOP_PACKAGES = [
+  'linux-image-amd64',
+  'initramfs-tools',
+  'xserver-xorg-core',
+  'xserver-xorg-input-libinput',
+  'xserver-xorg-legacy',
+  'xinit',
+  'twm',
+  'xterm',
+  'xfonts-base',
+  'x11-xserver-utils',
+];
+/** The user a desktop image logs in automatically (the session's processes run as it). */
+export const VM_DESKTOP_USER = 'user';
+/** Modules the desktop image's initramfs holds (MODULES=list): the root disk and the display. */
+const DESKTOP_INITRAMFS_MODULES = ['virtio_pci', 'virtio_blk', 'ext4', 'bochs'];
 /** Bumped whenever the recipe below changes what an image holds (part of the cache key). */
 const RECIPE_VERSION = 4;
 /** Partition UUID of the root file system (the boot entry names it). */
@@ -35,6 +57,8 @@ const ROOT_FREE_MIB = 256;
 export const GUEST_AGENT_PATH = '/usr/local/sbin/dsec-chronus';
 /** Kernel arguments of the boot entry. */
 export const VM_KERNEL_CMDLINE = `root=PARTUUID=${ROOT_PARTUUID} rw rootfstype=ext4 console=ttyS0 quiet loglevel=3 fsck.mode=skip systemd.show_status=0 mitigations=off`;
+/** The desktop image's: the same, the initramfs told not to wait for a resume device. */
+export const VM_DESKTOP_KERNEL_CMDLINE = `${VM_KERNEL_CMDLINE} noresume`;
 /** Units masked: nothing that waits for a terminal or runs periodic maintenance in a sandbox. */
 const MASKED_UNITS = [
   'getty@.service',
@@ -67,6 +91,12 @@ export interface VmImageOptions {
   suite?: string;
   /** Packages beyond {@link VM_IMAGE_PACKAGES}. */
   packages?: string[];
+  /**
+   * A desktop image: the generic kernel with an initramfs and a virtio-blk root (migratable, so
+   * such a VM may pause with its memory in a file), Xorg + twm + xterm logged in as
+   * {@link VM_DESKTOP_USER} on the VGA screen.
+   */
+  desktop?: boolean;
   signal?: AbortSignal | undefined;
   onProgress?: ((line: string) => void) | undefined;
 }
@@ -75,15 +105,27 @@ export interface VmImageOptions {
 export async function buildVmImage(o: VmImageOptions): Promise<string> {
   const cacheDir = o.cacheDir ?? DEFAULT_VM_CACHE;
   const suite = o.suite ?? DEFAULT_DEBIAN_SUITE;
-  const packages = [...new Set([...VM_IMAGE_PACKAGES, ...(o.packages ?? [])])].sort();
+  const desktop = o.desktop === true;
+  const base = desktop ? [...VM_IMAGE_PACKAGES.filter((p) => p !== 'linux-image-cloud-amd64'), ...VM_DESKTOP_PACKAGES] : VM_IMAGE_PACKAGES;
+  const packages = [...new Set([...base, ...(o.packages ?? [])])].sort();
+  const cmdline = desktop ? VM_DESKTOP_KERNEL_CMDLINE : VM_KERNEL_CMDLINE;
   const progress = o.onProgress ?? (() => undefined);
   const agent = await readFile(o.agentBinary);
   const key = createHash('sha256')
-    .update(JSON.stringify({ RECIPE_VERSION, suite, packages, cmdline: VM_KERNEL_CMDLINE, masked: MASKED_UNITS }))
+    .update(
+      JSON.stringify({
+        RECIPE_VERSION,
+        suite,
+        packages,
+        cmdline,
+        masked: MASKED_UNITS,
+        ...(desktop ? { desktop: DESKTOP_RECIPE_VERSION, modules: DESKTOP_INITRAMFS_MODULES } : {}),
+      }),
+    )
     .update(agent)
     .digest('hex')
     .slice(0, 24);
-  const out = path.join(cacheDir, `image-${key}.qcow2`);
+  const out = path.join(cacheDir, `${desktop ? 'desktop' : 'image'}-${key}.qcow2`);
   if (await exists(out)) {
     progress(`vm image ${out} (cached)`);
     return out;
@@ -92,7 +134,7 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
   // machine cache's; the image keeps its own name in the cache, keyed by its inputs.
   return inCacheScratch(cacheDir, 'vm', 0o755, async (work) => {
     const root = path.join(work, 'root');
-    progress(`building the VM image (${packages.length} packages of ${suite}; minutes)`);
+    progress(`building the ${desktop ? 'desktop ' : ''}VM image (${packages.length} packages of ${suite}; minutes)`);
     await buildDebianTree(root, {
       suite,
       packages,
@@ -103,15 +145,22 @@ export async function buildVmImage(o: VmImageOptions): Promise<string> {
         ...['/usr/share/man/*', '/usr/share/doc/*', '/usr/share/locale/*', '/usr/share/info/*', '/usr/share/lintian/*'].map(
           (p) => `--dpkgopt=path-exclude=${p}`,
         ),
-        // The kernel boots without an initramfs (NVMe and ext4 are built into the cloud kernel).
-        '--customize-hook=rm -f "$1"/boot/initrd.img* "$1"/initrd.img*',
+        ...(desktop
+          ? [
+              // Before the kernel's package runs update-initramfs: only the modules listed.
+              `--essential-hook=mkdir -p "$1"/etc/initramfs-tools && printf '%s\\n' ${DESKTOP_INITRAMFS_MODULES.join(' ')} > "$1"/etc/initramfs-tools/modules`,
+              `--essential-hook=mkdir -p "$1"/etc/initramfs-tools/conf.d && printf 'MODULES=list\\nCOMPRESS=gzip\\nRESUME=none\\n' > "$1"/etc/initramfs-tools/conf.d/dsec.conf`,
+            ]
+          : // The kernel boots without an initramfs (NVMe and ext4 are built into the cloud kernel).
+            ['--customize-hook=rm -f "$1"/boot/initrd.img* "$1"/initrd.img*']),
       ],
     });
     for (const m of await mountsUnder(root)) umount(m, MNT.DETACH);
     o.signal?.throwIfAborted();
     const kernel = await configureRoot(root, agent);
+    if (desktop) await configureDesktop(root);
     const esp = path.join(work, 'esp.img');
-    await makeEsp(esp, kernel, work, o.signal);
+    await makeEsp(esp, kernel, work, cmdline, o.signal);
     const rootImg = path.join(work, 'root.img');
     const rootBytes = (await duBytes(root)) + ROOT_FREE_MIB * MiB;
     const rootMiB = Math.ceil(rootBytes / MiB);
@@ -185,16 +234,101 @@ async function configureRoot(root: string, agent: Buffer): Promise<string> {
   return at(`boot/${vmlinuz}`);
 }
 
-/** The EFI system partition: systemd-boot as the removable-media loader, one entry, the kernel. */
-async function makeEsp(file: string, kernel: string, work: string, signal?: AbortSignal): Promise<void> {
+/** Bumped whenever {@link configureDesktop} changes (part of a desktop image's cache key). */
+const DESKTOP_RECIPE_VERSION = 1;
+
+/**
+ * The desktop: `dsec-desktop.service` starts X on the VGA screen as {@link VM_DESKTOP_USER}
+ * (xinit through Xorg's setuid wrapper, any user allowed), twm and one xterm at a fixed place
+ * (600x416 pixels at 16,16); bochs-drm is in the initramfs, so X finds its DRM device at once.
+ */
+async function configureDesktop(root: string): Promise<void> {
+  const at = (p: string) => path.join(root, p);
+  const user = VM_DESKTOP_USER;
+  // The user (uid 1000) and its home, written as the files useradd would write.
+  await appendFile(at('etc/passwd'), `${user}:x:1000:1000:desktop:/home/${user}:/bin/bash\n`);
+  await appendFile(at('etc/group'), `${user}:x:1000:\n`);
+  await appendFile(at('etc/shadow'), `${user}:!:19000:0:99999:7:::\n`);
+  await mkdir(at(`home/${user}`), { recursive: true, mode: 0o755 });
+  await chown(at(`home/${user}`), 1000, 1000);
+  for (const g of ['video', 'input', 'tty']) await addToGroup(at('etc/group'), g, user);
+  await mkdir(at('etc/X11'), { recursive: true });
+  await writeFile(at('etc/X11/Xwrapper.config'), 'allowed_users=anybody\nneeds_root_rights=yes\n');
+  await mkdir(at('etc/dsec'), { recursive: true });
+  await writeFile(
+    at('etc/dsec/xinitrc'),
+    [
+      '#!/bin/sh',
+      'xsetroot -solid "#3a6ea5"',
+      'xset s off -dpms',
+      'twm -f /etc/dsec/twmrc &',
+      `cd /home/${user}`,
+      'exec xterm -geometry 100x32+16+16 -fn fixed -bg white -fg black -title dsec',
+      '',
+    ].join('\n'),
+    { mode: 0o755 },
+  );
+  await writeFile(
+    at('etc/dsec/twmrc'),
+    [
+      'RandomPlacement',
+      'UsePPosition "on"',
+      'NoGrabServer',
+      'DecorateTransients',
+      'Color { BorderColor "slategrey" TitleBackground "slategrey" TitleForeground "white" }',
+      '',
+    ].join('\n'),
+  );
+  await writeFile(
+    at('etc/systemd/system/dsec-desktop.service'),
+    [
+      '[Unit]',
+      'Description=dsec desktop (X on the VGA screen, twm, xterm)',
+      'After=systemd-user-sessions.service systemd-udev-settle.service',
+      '',
+      '[Service]',
+      `User=${user}`,
+      `WorkingDirectory=/home/${user}`,
+      `Environment=HOME=/home/${user}`,
+      'ExecStart=/usr/bin/xinit /etc/dsec/xinitrc -- /usr/bin/Xorg :0 vt7 -nolisten tcp -keeptty -novtswitch',
+      'Restart=always',
+      'RestartSec=1s',
+      'StandardInput=null',
+      '',
+      '[Install]',
+      'WantedBy=multi-user.target',
+      '',
+    ].join('\n'),
+  );
+  await mkdir(at('etc/systemd/system/multi-user.target.wants'), { recursive: true });
+  await symlink('/etc/systemd/system/dsec-desktop.service', at('etc/systemd/system/multi-user.target.wants/dsec-desktop.service'));
+  // The kernel's package made the initramfs in /boot (update-initramfs); makeEsp copies it beside the kernel.
+  const boot = await readdir(at('boot'));
+  if (!boot.some((f) => f.startsWith('initrd.img-'))) throw new DsecError('BACKEND_FAILED', 'the desktop image has no initramfs in /boot');
+}
+
+async function addToGroup(groupFile: string, group: string, user: string): Promise<void> {
+  const lines = (await readFile(groupFile, 'utf8')).split('\n').map((l) => {
+    const f = l.split(':');
+    if (f[0] !== group || f.length < 4) return l;
+    const members = f[3] ? f[3].split(',') : [];
+    return [...f.slice(0, 3), [...members, user].join(',')].join(':');
+  });
+  await writeFile(groupFile, lines.join('\n'));
+}
+
+/** The EFI system partition: systemd-boot as the removable-media loader, one entry, the kernel (and its initramfs when there is one). */
+async function makeEsp(file: string, kernel: string, work: string, cmdline: string, signal?: AbortSignal): Promise<void> {
   const root = path.dirname(path.dirname(kernel));
   const loader = path.join(root, 'usr/lib/systemd/boot/efi/systemd-bootx64.efi');
   if (!(await exists(loader))) throw new DsecError('BACKEND_FAILED', 'the VM image has no systemd-boot (systemd-boot-efi)');
   await runTool('mkfs.vfat', ['-F', '32', '-n', 'ESP', '-C', file, String(ESP_MIB * 1024)], signal);
   const conf = path.join(work, 'loader.conf');
   await writeFile(conf, 'timeout 0\ndefault dsec.conf\nconsole-mode keep\neditor no\n');
+  const initrd = path.join(path.dirname(kernel), path.basename(kernel).replace(/^vmlinuz-/, 'initrd.img-'));
+  const hasInitrd = await exists(initrd);
   const entry = path.join(work, 'dsec.conf');
-  await writeFile(entry, `title dsec\nlinux /vmlinuz\noptions ${VM_KERNEL_CMDLINE}\n`);
+  await writeFile(entry, `title dsec\nlinux /vmlinuz\n${hasInitrd ? 'initrd /initrd.img\n' : ''}options ${cmdline}\n`);
   const env = { ...process.env, MTOOLS_SKIP_CHECK: '1' };
   const m = (cmd: string, args: string[]) => runTool(cmd, ['-i', file, ...args], signal, undefined, env);
   await m('mmd', ['::/EFI', '::/EFI/BOOT', '::/loader', '::/loader/entries']);
@@ -202,6 +336,7 @@ async function makeEsp(file: string, kernel: string, work: string, signal?: Abor
   await m('mcopy', [conf, '::/loader/loader.conf']);
   await m('mcopy', [entry, '::/loader/entries/dsec.conf']);
   await m('mcopy', [kernel, '::/vmlinuz']);
+  if (hasInitrd) await m('mcopy', [initrd, '::/initrd.img']);
 }
 
 /** A GPT disk of the ESP and the root partition (sfdisk on the file; partitions copied in with dd). */

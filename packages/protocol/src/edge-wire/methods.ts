@@ -63,7 +63,12 @@ const BuildSourceSchema = z.discriminatedUnion('type', [
   }),
   z.strictObject({ type: z.literal('busybox') }),
   z.strictObject({ type: z.literal('image'), ref: ImageRefSchema }),
-  z.strictObject({ type: z.literal('vm'), suite: VmLayerRequestSchema.shape.suite, packages: VmLayerRequestSchema.shape.packages }),
+  z.strictObject({
+    type: z.literal('vm'),
+    suite: VmLayerRequestSchema.shape.suite,
+    packages: VmLayerRequestSchema.shape.packages,
+    desktop: VmLayerRequestSchema.shape.desktop,
+  }),
   z.strictObject({ type: z.literal('disk'), upload: z.literal(true) }),
 ]);
 const BuildOptionsSchema = z.strictObject({

@@ -47,7 +47,12 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       })
       .post('/layers/vm', jsonBody(VmLayerRequestSchema), async (c) => {
         const req = c.get('body');
-        const source = { type: 'vm' as const, ...(req.packages ? { packages: req.packages } : {}), ...(req.suite ? { suite: req.suite } : {}) };
+        const source = {
+          type: 'vm' as const,
+          ...(req.packages ? { packages: req.packages } : {}),
+          ...(req.suite ? { suite: req.suite } : {}),
+          ...(req.desktop ? { desktop: true } : {}),
+        };
         return buildResponse(c, source, 'base', req.name);
       })
       .post('/layers/debian', jsonBody(DebianLayerRequestSchema), async (c) => {

@@ -7,13 +7,13 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, LayerInfo, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet, SandboxAgent, ScreenFacet } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendPauseResult, BackendSandbox, NetworkFacet, PauseFacet, SandboxAgent, ScreenFacet } from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
 import { virtualBytes } from '../../layers/vm-image.js';
-import { VM_AGENT_LABEL } from '../../layers/store.js';
+import { VM_AGENT_LABEL, VM_DISK_LABEL } from '../../layers/store.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
 import type { QmpClient } from '../qemu/qmp.js';
@@ -22,6 +22,7 @@ import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
 import { QmpScreen } from '../qemu/screen.js';
 import { connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
+import type { VmDiskBus } from './qemu.js';
 import { GuestAgentClient } from './guest.js';
 
 const run = promisify(execFile);
@@ -56,6 +57,8 @@ export interface VmBackendOptions {
 interface Vm extends QemuVm {
   /** The guest runs chronus (else only the QEMU guest agent serves it). */
   chronus: boolean;
+  /** The root disk's bus (the image's label; NVMe cannot migrate, virtio-blk can). */
+  disk: VmDiskBus;
   /** Boot time of this VM (QEMU start to the agent's first answer), ms. */
   bootMs?: number;
 }
@@ -77,7 +80,7 @@ interface Paths {
 export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   readonly kind = 'vm' as const;
   private lastBootMs = 0;
-  /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. */
+  /** vCPUs stopped (QMP `stop`), memory kept; `cont` resumes. A virtio-blk root also pauses to a file. */
   readonly pausing: PauseFacet;
   /** A network namespace per networked VM, with a tap bridged to the node's link. */
   readonly network: NetworkFacet;
@@ -89,8 +92,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   constructor(private readonly o: VmBackendOptions) {
     super(o);
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
-    // Memory kept only: the NVMe root disk cannot migrate (no `pauseToFile`).
-    this.pausing = this.pauseFacet({ toFile: false });
+    // Pause to a file through the base; a sandbox whose root is on NVMe refuses it (`pauseToFile`).
+    this.pausing = this.pauseFacet({ toFile: true });
   }
 
   /** The accelerator and the last boot's time. */
@@ -198,8 +201,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     }
   }
 
-  /** The q35 machine: OVMF (code read-only, the VM's own variables), its disk's overlay over the image. */
-  protected async machine(record: BackendSandbox, _vm: Vm, open: OpenForQemu): Promise<QemuMachine> {
+  /** The q35 machine: OVMF (code read-only, the VM's own variables), its disk's overlay over the image on the image's bus. */
+  protected async machine(record: BackendSandbox, vm: Vm, open: OpenForQemu): Promise<QemuMachine> {
     const p = this.paths(record.id);
     const res = record.spec.resources ?? {};
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
@@ -214,6 +217,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       memoryMiB,
       vcpus: Math.max(1, Math.ceil(res.cpu ?? DEFAULT_CPU)),
       runDir: p.run,
+      disk: vm.disk,
       ...(record.spec.network?.mode === 'allowlist' ? { tap: { ifname: VM_TAP, mac: macOf(record.id) } } : {}),
     });
     return { args, fds, memoryBytes: (memoryMiB + VM_QEMU_OVERHEAD_MIB) * 1024 * 1024 };
@@ -224,7 +228,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   }
 
   protected adopted(record: Pick<BackendSandbox, 'layers'>): Vm {
-    return { portsInUse: new Set(), chronus: record.layers[0]?.labels[VM_AGENT_LABEL] === 'chronus' };
+    const layer = this.diskLayer(record.layers);
+    return { portsInUse: new Set(), chronus: layer.labels[VM_AGENT_LABEL] === 'chronus', disk: diskBusOf(layer) };
   }
 
   /**
@@ -258,6 +263,20 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     await this.configureGuestNetwork(id, ['/bin/sh', '-c', script]);
   }
 
+  /**
+   * Pauses with the guest's memory in a file (the base's `pauseToFile`). Only a VM whose root is
+   * on virtio-blk (a `--desktop` image): QEMU 7.2's NVMe device cannot migrate, so such a VM is
+   * refused with a 400 naming `memory` and runs on.
+   */
+  override async pauseToFile(id: string): Promise<BackendPauseResult> {
+    if (this.vm(id).disk !== 'virtio-blk')
+      throw invalidArgument(
+        'memory',
+        `sandbox ${id} boots its image from an NVMe disk, which QEMU cannot save; images built with --vm --desktop (virtio-blk root) can pause to a file`,
+      );
+    return super.pauseToFile(id);
+  }
+
   async stats(id: string): Promise<SandboxStats> {
     const cg = await this.o.cgroups.stats(id);
     const p = this.paths(id);
@@ -266,6 +285,11 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const size = (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
     return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: size };
   }
+}
+
+/** The bus a disk layer's root needs: `virtio-blk` where its label says so, else NVMe (any OS boots from it). */
+function diskBusOf(layer: LayerInfo): VmDiskBus {
+  return layer.labels[VM_DISK_LABEL] === 'virtio-blk' ? 'virtio-blk' : 'nvme';
 }
 
 async function writeJsonAtomic(file: string, value: unknown): Promise<void> {

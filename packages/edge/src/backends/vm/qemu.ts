@@ -27,6 +27,13 @@ export interface VmFds {
   overlay: [number, number];
 }
 
+/**
+ * The root disk's bus: NVMe (the default: firmware and most operating systems boot from it, but
+ * QEMU 7.2 cannot migrate it) or virtio-blk (migratable; the guest needs its driver, dsec's
+ * desktop image has it in its initramfs).
+ */
+export type VmDiskBus = 'nvme' | 'virtio-blk';
+
 /** Everything one VM's command line depends on. */
 export interface FullVmLaunch {
   accel: Accel;
@@ -34,6 +41,8 @@ export interface FullVmLaunch {
   vcpus: number;
   /** Directory (owned by the VM's uid, 0700) of QMP's, VNC's and the agents' sockets. */
   runDir: string;
+  /** The root disk's bus; default NVMe. */
+  disk?: VmDiskBus;
   /** A tap device in the network namespace QEMU runs in; absent: no network device. */
   tap?: { ifname: string; mac: string };
 }
@@ -95,7 +104,7 @@ export function fullVmArgs(l: FullVmLaunch): string[] {
     '-blockdev',
     'driver=qcow2,node-name=root,backing=base,discard=unmap,file.driver=file,file.filename=/dev/fdset/4,file.aio=threads',
     '-device',
-    'nvme,drive=root,serial=dsec-root,bootindex=0',
+    l.disk === 'virtio-blk' ? 'virtio-blk-pci,drive=root,serial=dsec-root,bootindex=0' : 'nvme,drive=root,serial=dsec-root,bootindex=0',
     // The screen: a standard VGA served over VNC on a unix socket (no TCP), no local window;
     // a USB tablet gives absolute pointer coordinates.
     '-display',
