@@ -22,7 +22,7 @@ import { withTimeout } from '../../abortable.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
-import { killQemu, watchQemu } from './lifecycle.js';
+import { killQemu, qemuPid, watchQemu } from './lifecycle.js';
 import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
 import type { SavedState } from './migration.js';
 import { netnsName, removeVmNetns } from './network.js';
@@ -488,8 +488,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       await killQemu(undefined, p.pid, p.run);
       paused = true;
     } else {
-      const pid = Number(await readFile(p.pid, 'utf8').catch(() => ''));
-      if (!(pid > 0) || !(await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(p.run)) return undefined;
+      if ((await qemuPid(p.pid, p.run, record.idRange?.uid ?? -1)) === undefined) return undefined;
       const qmp = await QmpClient.connect(this.qmpSocket(id), ADOPT_TIMEOUT_MS);
       vm.qmp = qmp;
       this.vms.set(id, vm);
