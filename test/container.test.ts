@@ -198,7 +198,9 @@ describe('container sandboxes', () => {
       assert.equal(oom.signal, 'SIGKILL', JSON.stringify(oom));
       assert.equal(oom.oomKilled, true);
       const inPipe = await node.edge.exec(sb.id, { cmd: 'head -c 200m /dev/zero | tail -c 100m > /dev/null' });
-      assert.equal(inPipe.exitCode, 137);
+      // The kernel picks the victim: tail (the shell then exits 137) or, under memory pressure
+      // from elsewhere, the shell itself (killed by the signal).
+      assert.ok(inPipe.exitCode === 137 || inPipe.signal === 'SIGKILL', JSON.stringify(inPipe));
       assert.equal(inPipe.oomKilled, true);
       const fork = await node.edge.exec(sb.id, { cmd: 'for i in $(seq 1 40); do sleep 5 & done; wait; echo done' });
       assert.match(fork.stderr, /can't fork|Resource temporarily unavailable|fork/i);

@@ -16,7 +16,7 @@ import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { DEFAULT_ID_RANGE_DIR, Edge, MNT, mountsUnder, runDirFor, umount } from '@dsec/edge';
+import { DEFAULT_ID_RANGE_DIR, Edge, MNT, mountsUnder, runDirFor, seededRandom, umount } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { freePort, hasCgroup, run, stopProc, until, waitFor } from './helpers/cli-process.js';
@@ -43,18 +43,6 @@ const SEED = process.env.DSEC_CHAOS_SEED ? Number(process.env.DSEC_CHAOS_SEED) >
 
 /** States a sandbox rests in (no operation under way). */
 const SETTLED = ['running', 'paused', 'failed', 'lost', 'stopped'];
-
-/** mulberry32: a small seeded generator of numbers in [0, 1). */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Host pids in a sandbox's cgroup (v1 memory controller, or v2). */
 async function cgroupPids(id: string): Promise<number[]> {
@@ -138,7 +126,7 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
   });
 
   test('SIGKILL of the edge at seeded random points of creates, execs, a stream, pauses and deletes: sandboxes keep running, nothing is lost or stranded', async (t) => {
-    const random = seeded(SEED);
+    const random = seededRandom(SEED);
     console.log(`edge chaos: seed ${SEED} (DSEC_CHAOS_SEED=${SEED} repeats these kill points), ${ROUNDS} rounds`);
     t.diagnostic(`seed ${SEED}`);
     const conn = { client };

@@ -484,8 +484,12 @@ static int listen_unix(const char *path)
 }
 
 /* In the forked child: stdio, the agent socket as fd 3, nothing else open, then the launch. */
-static void __attribute__((noreturn)) run_child(const char *log, const char *sock, int argc, char **argv)
+static void __attribute__((noreturn)) run_child(pid_t server, const char *log, const char *sock, int argc, char **argv)
 {
+	/* Gone with the server: once nobody can read its answer the edge undoes the create, so the
+	 * launch must not go on behind its back (it is not inherited by what the launch forks). */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != server)
+		_exit(EXIT_FAILED);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -549,13 +553,14 @@ static void request(char *p, uint32_t len)
 		answer("F %lu %ld\n", id, sock ? EAGAIN : EINVAL);
 		return;
 	}
+	pid_t server = getpid();
 	pid_t pid = fork();
 	if (pid < 0) {
 		answer("F %lu %ld\n", id, errno);
 		return;
 	}
 	if (pid == 0)
-		run_child(log, sock, argc, argv);
+		run_child(server, log, sock, argc, argv);
 	children[nchildren++] = (struct child){.pid = pid, .id = id};
 }
 

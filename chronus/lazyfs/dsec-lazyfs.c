@@ -446,14 +446,17 @@ int main(int argc, char **argv) {
   int rc = 1;
   if (fuse_set_signal_handlers(se) == 0) {
     if (fuse_session_mount(se, argv[1]) == 0) {
-      if (resume) {
-        feed_init(se);
-        resend_pending(fuse_session_fd(se));
+      /* A kernel without FUSE_NOTIFY_RESEND (before 6.9) would leave the reads the dead server
+       * had taken unanswered for good: exit instead, so that the restarts run out and the
+       * layer is lost (its reads fail) rather than hang. */
+      if (resume && (feed_init(se), resend_pending(fuse_session_fd(se)) != 0)) {
+        rc = 3;
+      } else {
+        struct fuse_loop_config *loop = fuse_loop_cfg_create();
+        fuse_loop_cfg_set_max_threads(loop, 32);
+        rc = fuse_session_loop_mt(se, loop) == 0 ? 0 : 1;
+        fuse_loop_cfg_destroy(loop);
       }
-      struct fuse_loop_config *loop = fuse_loop_cfg_create();
-      fuse_loop_cfg_set_max_threads(loop, 32);
-      rc = fuse_session_loop_mt(se, loop) == 0 ? 0 : 1;
-      fuse_loop_cfg_destroy(loop);
       fuse_session_unmount(se);
     }
     fuse_remove_signal_handlers(se);

@@ -493,43 +493,78 @@ static bool get_prefix(struct conn *c, const struct msg *m, char *dst)
 	return false;
 }
 
-/* Removes every attribute of path under prefix, then sets the request's XATTR entries. */
-static int replace_xattrs(const struct msg *m, const char *path, const char *prefix)
+/* The request's XATTR entry at *pos as a full attribute name (prefix + NAME) and its value;
+ * 0 at the end, -EINVAL for a bad entry. */
+static int next_xattr(const struct msg *m, size_t *pos, const char *prefix, char full[XATTR_NAME_MAX + 1],
+		      const unsigned char **value, size_t *value_len)
 {
-	static char names[XATTR_LIST_MAX];
 	size_t plen = strlen(prefix);
-	ssize_t n = listxattr(path, names, sizeof names);
-	if (n < 0)
-		return -errno;
-	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1)
-		if (!strncmp(names + i, prefix, plen) && removexattr(path, names + i) < 0 && errno != ENODATA)
-			return -errno;
-	size_t pos = 0;
 	struct field f;
-	while (field_next(m->p, m->len, &pos, &f)) {
+	while (field_next(m->p, m->len, pos, &f)) {
 		if (f.tag != F_XATTR)
 			continue;
-		const unsigned char *name = NULL, *value = NULL;
-		size_t name_len = 0, value_len = 0, ipos = 0;
+		const unsigned char *name = NULL;
+		size_t name_len = 0, ipos = 0;
 		struct field g;
+		*value = (const unsigned char *)"";
+		*value_len = 0;
 		while (field_next(f.v, f.len, &ipos, &g)) {
 			if (g.tag == F_NAME) {
 				name = g.v;
 				name_len = g.len;
 			} else if (g.tag == F_DATA) {
-				value = g.v;
-				value_len = g.len;
+				*value = g.v;
+				*value_len = g.len;
 			}
 		}
-		char full[XATTR_NAME_MAX + 1];
 		if (!name || !name_len || memchr(name, 0, name_len) || plen + name_len > XATTR_NAME_MAX)
 			return -EINVAL;
 		memcpy(full, prefix, plen);
 		memcpy(full + plen, name, name_len);
 		full[plen + name_len] = 0;
-		if (setxattr(path, full, value ? value : (const unsigned char *)"", value_len, 0) < 0)
-			return -errno;
+		return 1;
 	}
+	return 0;
+}
+
+/* True when the request sets the attribute full. */
+static bool requested(const struct msg *m, const char *prefix, const char *full)
+{
+	char name[XATTR_NAME_MAX + 1];
+	const unsigned char *value;
+	size_t value_len, pos = 0;
+	while (next_xattr(m, &pos, prefix, name, &value, &value_len) > 0)
+		if (!strcmp(name, full))
+			return true;
+	return false;
+}
+
+/* Sets the request's XATTR entries on path, then removes its other attributes under prefix: a
+ * failure part way leaves the old attributes (and some new values), never none. */
+static int replace_xattrs(const struct msg *m, const char *path, const char *prefix)
+{
+	static char names[XATTR_LIST_MAX];
+	char full[XATTR_NAME_MAX + 1];
+	const unsigned char *value;
+	size_t value_len, pos = 0;
+	int r;
+	/* Every entry is checked before anything is written. */
+	while ((r = next_xattr(m, &pos, prefix, full, &value, &value_len)) > 0)
+		;
+	if (r < 0)
+		return r;
+	pos = 0;
+	while (next_xattr(m, &pos, prefix, full, &value, &value_len) > 0)
+		if (setxattr(path, full, value, value_len, 0) < 0)
+			return -errno;
+	size_t plen = strlen(prefix);
+	ssize_t n = listxattr(path, names, sizeof names);
+	if (n < 0)
+		return -errno;
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(names + i) + 1)
+		if (!strncmp(names + i, prefix, plen) && !requested(m, prefix, names + i) && removexattr(path, names + i) < 0 &&
+		    errno != ENODATA)
+			return -errno;
 	return 0;
 }
 
@@ -540,7 +575,8 @@ static void put_xattrs_entry(struct buf *b, size_t frame_at, const char *path, c
 	static unsigned char value[XATTR_SIZE_MAX];
 	size_t plen = strlen(prefix);
 	size_t en = nest_begin(b, F_ENTRY);
-	ssize_t n = llistxattr(path, names, sizeof names);
+	/* Like the writes (and like reading the file), a symbolic link is followed. */
+	ssize_t n = listxattr(path, names, sizeof names);
 	if (n < 0) {
 		put_u64(b, F_ERRNO, (uint64_t)errno);
 		nest_end(b, en);
@@ -553,7 +589,7 @@ static void put_xattrs_entry(struct buf *b, size_t frame_at, const char *path, c
 			put_u64(b, F_ERRNO, E2BIG);
 			break;
 		}
-		ssize_t vn = lgetxattr(path, names + i, value, sizeof value);
+		ssize_t vn = getxattr(path, names + i, value, sizeof value);
 		if (vn < 0)
 			continue; /* removed meanwhile */
 		size_t xn = nest_begin(b, F_XATTR);

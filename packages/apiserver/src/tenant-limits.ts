@@ -1,20 +1,25 @@
 // The control plane's side of the tenant limits (protocol's limits.ts): slots for work that
 // holds node memory or file descriptors while it runs (commands, file transfers, function
-// calls), counted per tenant and per node, and the gate that rate-limits failed
+// calls), counted per tenant and per node, and for the live streams a replica serves (counted
+// per tenant and per replica), and the gate that rate-limits failed
 // authentications by source before they reach the audit trail.
 import { isIP } from 'node:net';
 import { limitExceeded } from '@dsec/protocol';
 import type { LimitName, TenantLimits } from '@dsec/protocol';
 
 /** Work that holds a slot while it runs. */
-export type SlotKind = 'exec' | 'transfer' | 'call';
+export type SlotKind = 'exec' | 'transfer' | 'call' | 'stream';
 
 /** The limits of each kind of slot: per tenant, per node. */
 const SLOT_LIMITS: Record<SlotKind, { tenant: LimitName; node: LimitName; what: string }> = {
   exec: { tenant: 'execsPerTenant', node: 'execsPerNode', what: 'commands' },
   transfer: { tenant: 'transfersPerTenant', node: 'transfersPerNode', what: 'file transfers' },
   call: { tenant: 'callsPerTenant', node: 'callSlotsPerNode', what: 'function calls' },
+  stream: { tenant: 'streamsPerTenant', node: 'streamsPerReplica', what: 'live streams' },
 };
+
+/** The "node" of stream slots: the replica that serves them. */
+export const STREAM_REPLICA = 'this replica';
 
 /** How long a refused caller should wait before it tries again (a slot frees when work ends). */
 const SLOT_RETRY_MS = 1000;
@@ -40,7 +45,10 @@ export class TenantSlots {
     if (tenantUsed + count > tenantMax) {
       throw limitExceeded(l.tenant, tenantMax, `tenant ${tenantId} runs ${tenantUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
     }
-    if (nodeUsed + count > nodeMax) throw limitExceeded(l.node, nodeMax, `node ${node} runs ${nodeUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
+    if (nodeUsed + count > nodeMax) {
+      const holder = kind === 'stream' ? node : `node ${node}`;
+      throw limitExceeded(l.node, nodeMax, `${holder} runs ${nodeUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
+    }
     this.add(tenantKey, count);
     this.add(nodeKey, count);
     let released = false;

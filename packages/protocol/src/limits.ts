@@ -22,6 +22,10 @@ export const DEFAULT_TRANSFERS_PER_NODE = 32;
 export const DEFAULT_CALLS_PER_TENANT = 16;
 /** Function-call slots of the node for every tenant together. */
 export const DEFAULT_CALL_SLOTS_PER_NODE = 64;
+/** Live streams (events, node usage, sandbox stats) one tenant holds open at once. */
+export const DEFAULT_STREAMS_PER_TENANT = 32;
+/** Live streams one apiserver replica holds open for every tenant together. */
+export const DEFAULT_STREAMS_PER_REPLICA = 1024;
 /** Bytes of WebSocket stdin queued for a command before the socket stops being read. */
 export const DEFAULT_WS_STDIN_BUFFER_BYTES = 8 * 1024 * 1024;
 /** Decompressed bytes of one uploaded layer. */
@@ -69,6 +73,10 @@ export interface TenantLimits {
   callsPerTenant: number;
   /** Default {@link DEFAULT_CALL_SLOTS_PER_NODE}. */
   callSlotsPerNode: number;
+  /** Default {@link DEFAULT_STREAMS_PER_TENANT}. */
+  streamsPerTenant: number;
+  /** Default {@link DEFAULT_STREAMS_PER_REPLICA}. */
+  streamsPerReplica: number;
   /** Default {@link DEFAULT_WS_STDIN_BUFFER_BYTES}. */
   wsStdinBufferBytes: number;
   /** Default {@link DEFAULT_LAYER_UPLOAD_BYTES}. */
@@ -113,6 +121,8 @@ export const DEFAULT_TENANT_LIMITS: Readonly<TenantLimits> = Object.freeze({
   transfersPerNode: DEFAULT_TRANSFERS_PER_NODE,
   callsPerTenant: DEFAULT_CALLS_PER_TENANT,
   callSlotsPerNode: DEFAULT_CALL_SLOTS_PER_NODE,
+  streamsPerTenant: DEFAULT_STREAMS_PER_TENANT,
+  streamsPerReplica: DEFAULT_STREAMS_PER_REPLICA,
   wsStdinBufferBytes: DEFAULT_WS_STDIN_BUFFER_BYTES,
   layerUploadBytes: DEFAULT_LAYER_UPLOAD_BYTES,
   layerStorageBytesPerTenant: DEFAULT_LAYER_STORAGE_BYTES_PER_TENANT,

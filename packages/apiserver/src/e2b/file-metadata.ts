@@ -60,7 +60,7 @@ export async function fileMetadataOf(services: Services, t: CommandTarget, paths
   for (let at = 0; at < paths.length; at += PATHS_PER_CALL) {
     const batch = paths.slice(at, at + PATHS_PER_CALL);
     const got = await services.files.xattrs(t, batch, FILE_METADATA_XATTR_PREFIX).catch((err: unknown) => {
-      // A sandbox whose agent has no xattr operation (a VM) simply has no metadata.
+      // A sandbox whose agent has no xattr operation (a VM, an agent older than it) has no metadata.
       if (err instanceof DsecError && err.status < 500) return batch.map(() => null);
       throw err;
     });

@@ -132,7 +132,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', swerexRoutes(deps));
   app.route('/v1', sessionRoutes(deps));
   app.route('/v1', screenRoutes(deps));
-  if (watch) app.route('/v1', watchRoutes(watch));
+  if (watch) app.route('/v1', watchRoutes(watch, services.slots));
   opts.onRequest?.(execFastPath({ deps, watch, trusted, gate: opts.failures?.gate, e2bDomain: opts.e2b?.domain ?? null }));
   const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
   opts.onClose?.(() => e2b.templates.close());

@@ -61,7 +61,16 @@ export function execFastPath(o: ExecFastPathOptions): RawRequestHandler {
     const accept = req.headers.accept;
     const frames = wantsExecFrames(accept);
     if ((!frames && (accept ?? '').includes('application/x-ndjson')) || hostTarget(req.headers.host, o.e2bDomain)) return next();
-    void serve(o, req, res, m[1]!, frames, next);
+    serve(o, req, res, m[1]!, frames, next).catch((err: unknown) => {
+      // Nothing may escape as an unhandled rejection (it would end the process): a failure
+      // after the reply began ends the response.
+      o.deps.log(`dsec: exec fast path: ${(err as Error).message}`);
+      if (!res.headersSent) {
+        const reply = errorReply(err, o.deps.log);
+        res.writeHead(reply.status, reply.headers);
+        res.end(reply.body);
+      } else res.destroy();
+    });
   };
 }
 

@@ -2,7 +2,10 @@
 // producer (a command's output) instead of filling the server's memory.
 import { EXEC_FRAMES_MEDIA_TYPE, encodeExecFrame } from '@dsec/protocol';
 import type { ExecStreamEvent } from '@dsec/protocol';
+import type { Principal } from '../auth.js';
 import { jsonEvent } from '../services/commands.js';
+import { STREAM_REPLICA } from '../tenant-limits.js';
+import type { TenantSlots } from '../tenant-limits.js';
 
 /** An ndjson HTTP response from events; a reader that leaves runs `onCancel`. */
 export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => void = () => undefined, status = 200): Response {
@@ -23,20 +26,82 @@ export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => vo
 }
 
 /**
- * A stream of samples that runs until its reader leaves (or the request is aborted): `open`
- * gets a signal that aborts then, and refuses (throws) before anything is sent.
+ * Opens a live stream in one of its tenant's stream slots (`limits.streamsPerTenant`, and
+ * `limits.streamsPerReplica` for every tenant together: 429 LIMIT_EXCEEDED past either). The slot
+ * is held until the response's body ends, its reader leaves, or the request is aborted; `open`
+ * refusing (throwing) gives it back at once.
+ */
+export async function liveStream(
+  slots: TenantSlots,
+  p: Pick<Principal, 'tenantId'>,
+  request: AbortSignal,
+  open: () => Promise<Response> | Response,
+): Promise<Response> {
+  const release = slots.acquire('stream', p.tenantId, STREAM_REPLICA);
+  let res: Response;
+  try {
+    res = await open();
+  } catch (err) {
+    release();
+    throw err;
+  }
+  if (!res.body) {
+    release();
+    return res;
+  }
+  request.addEventListener('abort', release, { once: true });
+  const done = (): void => {
+    request.removeEventListener('abort', release);
+    release();
+  };
+  const reader = res.body.getReader();
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const next = await reader.read();
+        if (next.done) {
+          done();
+          controller.close();
+        } else controller.enqueue(next.value as Uint8Array);
+      } catch (err) {
+        done();
+        controller.error(err);
+      }
+    },
+    async cancel(reason) {
+      done();
+      await reader.cancel(reason).catch(() => undefined);
+    },
+  });
+  return new Response(body, { status: res.status, headers: res.headers });
+}
+
+/**
+ * A stream of samples that runs until its reader leaves (or the request is aborted), in one of
+ * the tenant's stream slots (`liveStream`): `open` gets a signal that aborts then, and refuses
+ * (throws) before anything is sent.
  */
 export async function usageStreamResponse(
+  slots: TenantSlots,
+  p: Pick<Principal, 'tenantId'>,
   request: AbortSignal,
   open: (signal: AbortSignal) => Promise<AsyncIterable<object>> | AsyncIterable<object>,
 ): Promise<Response> {
-  const ctl = new AbortController();
-  const stop = (): void => ctl.abort();
-  request.addEventListener('abort', stop, { once: true });
-  const samples = await open(ctl.signal);
-  return ndjsonResponse(samples, () => {
-    request.removeEventListener('abort', stop);
-    stop();
+  return liveStream(slots, p, request, async () => {
+    const ctl = new AbortController();
+    const stop = (): void => ctl.abort();
+    request.addEventListener('abort', stop, { once: true });
+    let samples: AsyncIterable<object>;
+    try {
+      samples = await open(ctl.signal);
+    } catch (err) {
+      request.removeEventListener('abort', stop);
+      throw err;
+    }
+    return ndjsonResponse(samples, () => {
+      request.removeEventListener('abort', stop);
+      stop();
+    });
   });
 }
 

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { resolveLimits } from '@dsec/protocol';
 import type { NodeUsageSample, SandboxStatsSample } from '@dsec/protocol';
 import { Metrics } from '../metrics.js';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
+import { WatchService } from '../watch.js';
 import { createApp } from './app.js';
 
 /** Reads ndjson lines from a response body as they come. */
@@ -116,5 +118,60 @@ describe('usage streams: GET /v1/nodes and /v1/sandboxes/{id}/stats as ndjson (f
   test('a stats stream of an unknown sandbox is refused before it starts (404)', async () => {
     const res = await get('/v1/sandboxes/sb-doesnotexist00/stats');
     assert.equal(res.status, 404);
+  });
+});
+
+describe('live streams hold a slot of their tenant (limits.streamsPerTenant)', () => {
+  let h: Harness;
+  let watch: WatchService;
+  let app: ReturnType<typeof createApp>;
+  before(async () => {
+    const limits = resolveLimits({ streamsPerTenant: 2 });
+    h = await harness({ limits });
+    watch = new WatchService(h.store, { limits });
+    await watch.init();
+    app = createApp(h.services, new Metrics(h.services), () => undefined, watch);
+  });
+  after(async () => {
+    await watch.close();
+    await h.close();
+  });
+
+  const open = (path: string, accept: string) => app.request(path, { headers: { authorization: `Bearer ${h.adminKey}`, accept } });
+
+  test('past the limit a usage, stats or event stream is 429 naming the limit; a reader that leaves gives its slot back', async () => {
+    const sb = await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } });
+    const nodes = await open('/v1/nodes?intervalMs=500', 'application/x-ndjson');
+    const stats = await open(`/v1/sandboxes/${sb.id}/stats?intervalMs=500`, 'application/x-ndjson');
+    assert.equal(nodes.status, 200);
+    assert.equal(stats.status, 200);
+    assert.equal(h.services.slots.inUse('stream', h.admin.tenantId), 2);
+    for (const [path, accept] of [
+      ['/v1/nodes', 'application/x-ndjson'],
+      [`/v1/sandboxes/${sb.id}/stats`, 'application/x-ndjson'],
+      ['/v1/events', 'text/event-stream'],
+    ] as const) {
+      const refused = await open(path, accept);
+      assert.equal(refused.status, 429, path);
+      const body = (await refused.json()) as { error: { code: string; limit?: string } };
+      assert.equal(body.error.code, 'LIMIT_EXCEEDED');
+      assert.equal(body.error.limit, 'streamsPerTenant');
+    }
+    // Plain (not streamed) reads take no slot.
+    assert.equal((await app.request('/v1/nodes', { headers: { authorization: `Bearer ${h.adminKey}` } })).status, 200);
+    // A reader that leaves frees its slot; an event stream then opens, and its slot goes when it is cancelled.
+    await nodes.body!.cancel();
+    assert.equal(h.services.slots.inUse('stream', h.admin.tenantId), 1);
+    const events = await open('/v1/events', 'text/event-stream');
+    assert.equal(events.status, 200);
+    assert.equal(h.services.slots.inUse('stream', h.admin.tenantId), 2);
+    await events.body!.cancel();
+    // A stream that ends by itself (its sandbox deleted) gives its slot back too.
+    const it = lines(stats);
+    assert.ok((await next<SandboxStatsSample>(it))?.stats);
+    await h.services.lifecycle.destroy(h.admin, sb.id);
+    assert.equal((await next<SandboxStatsSample>(it))?.error?.code, 'SANDBOX_NOT_FOUND');
+    assert.equal(await next(it), undefined);
+    assert.equal(h.services.slots.inUse('stream', h.admin.tenantId), 0);
   });
 });

@@ -36,7 +36,14 @@ const ERRNO_CODES: Record<number, { code: 'FILE_NOT_FOUND' | 'PROCESS_NOT_FOUND'
   39: { code: 'CONFLICT', name: 'ENOTEMPTY' },
   28: { code: 'PAYLOAD_TOO_LARGE', name: 'ENOSPC' },
   122: { code: 'PAYLOAD_TOO_LARGE', name: 'EDQUOT' },
+  // An agent older than the operation (or a file system without it): the request cannot be served
+  // by this sandbox, which is the caller's to know, not a failure of the node.
+  38: { code: 'INVALID_ARGUMENT', name: 'ENOSYS' },
+  95: { code: 'INVALID_ARGUMENT', name: 'EOPNOTSUPP' },
 };
+
+/** Errnos that say the operation is missing, not that the path is wrong. */
+const UNSUPPORTED = new Set([38, 95]);
 
 /** The agent's error reply as a DsecError: its errno mapped to a stable code, with the path if any. */
 export function agentError(fields: Fields, what: string, path?: string): DsecError {
@@ -46,7 +53,7 @@ export function agentError(fields: Fields, what: string, path?: string): DsecErr
   const details: ErrorDetails = { errno: mapped?.name ?? String(errno) };
   if (path !== undefined) {
     details.path = path;
-    if (mapped?.code === 'INVALID_ARGUMENT') details.field = 'path';
+    if (mapped?.code === 'INVALID_ARGUMENT' && !UNSUPPORTED.has(errno)) details.field = 'path';
   }
   return new DsecError(mapped?.code ?? 'BACKEND_FAILED', message, details);
 }

@@ -50,7 +50,7 @@ function batchItems(batch: CreateSandboxBatchRequest): { batch: CreateSandboxBat
 }
 
 /** Sandboxes. */
-export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: RouterDeps) {
+export function sandboxRoutes({ services: { sandboxes, lifecycle, slots }, log }: RouterDeps) {
   return (
     router()
       .post('/sandboxes', idempotencyKey, jsonBody(CreateSandboxRequestSchema), async (c) => {
@@ -87,7 +87,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log }: Route
       .get('/sandboxes/:id/stats', async (c) => {
         if (!wantsNdjson(c)) return c.json(await sandboxes.stats(c.get('principal'), c.req.param('id')));
         const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
-        return usageStreamResponse(c.req.raw.signal, (signal) =>
+        return usageStreamResponse(slots, c.get('principal'), c.req.raw.signal, (signal) =>
           sandboxes.statsStream(c.get('principal'), c.req.param('id'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
         );
       })

@@ -1,16 +1,18 @@
 // /v1/events (a page, or a live SSE stream), /v1/audit (a page, or ndjson export), /v1/rules.
 import { CreateRuleRequestSchema, ListAuditQuerySchema, ListEventsQuerySchema } from '@dsec/protocol';
+import type { TenantSlots } from '../../tenant-limits.js';
 import type { WatchService } from '../../watch.js';
 import { router } from '../env.js';
+import { liveStream } from '../streams.js';
 import { jsonBody, query } from '../validate.js';
 
 /** Events, the audit trail and run-time rules. */
-export function watchRoutes(watch: WatchService) {
+export function watchRoutes(watch: WatchService, slots: TenantSlots) {
   return router()
     .get('/events', query(ListEventsQuerySchema, []), async (c) => {
       const p = c.get('principal');
       if ((c.req.header('accept') ?? '').includes('text/event-stream')) {
-        return watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal);
+        return liveStream(slots, p, c.req.raw.signal, () => watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal));
       }
       return c.json(await watch.listEvents(p, c.get('query')));
     })

@@ -99,3 +99,29 @@ test('an idle server does not keep its process alive, and dies with it', async (
   for (let i = 0; i < 100 && existsSync(`/proc/${pid}`); i++) await sleep(50);
   assert.equal(existsSync(`/proc/${pid}`), false, 'the server died with its parent');
 });
+
+test('a server that dies mid-launch takes its launches with it (the edge undoes them: none may finish later)', async () => {
+  const s = new LaunchServer(LAUNCHER);
+  try {
+    const pidFile = path.join(dir, 'h.pid');
+    const run = s.run({
+      log: path.join(dir, 'h.log'),
+      socket: path.join(dir, 'h.sock'),
+      args: launch(['/bin/sh', '-c', `echo $$ > ${pidFile}; exec sleep 30`]),
+      timeoutMs: 30_000,
+    });
+    const refused = assert.rejects(run, /dsec-launch --serve/);
+    let pid = 0;
+    for (let i = 0; i < 200 && !pid; i++) {
+      pid = Number(await readFile(pidFile, 'utf8').catch(() => '0'));
+      if (!pid) await sleep(25);
+    }
+    assert.ok(pid > 0, 'the launch started');
+    (s as unknown as { child: { kill(sig: string): void } }).child.kill('SIGKILL');
+    await refused;
+    for (let i = 0; i < 100 && existsSync(`/proc/${pid}`); i++) await sleep(50);
+    assert.equal(existsSync(`/proc/${pid}`), false, 'the launch died with its server');
+  } finally {
+    await s.close();
+  }
+});

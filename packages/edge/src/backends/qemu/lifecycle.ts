@@ -16,11 +16,29 @@ export async function killQemu(child: ChildProcess | undefined, pidFile: string,
     await gone;
     return;
   }
-  const pid = Number(await readFile(pidFile, 'utf8').catch(() => ''));
-  if (pid > 0 && (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(runDir)) {
+  const pid = await qemuPid(pidFile, runDir);
+  if (pid !== undefined) {
     process.kill(pid, 'SIGKILL');
     for (let i = 0; i < 500 && (await exists(`/proc/${pid}`)); i++) await new Promise((r) => setTimeout(r, 10));
   }
+}
+
+/**
+ * The pid in a sandbox's QEMU pid file, if that process is still its QEMU: its command line names
+ * the sandbox's run folder and, when `uid` is given, it runs as the sandbox's QEMU uid (a pid
+ * reused by another process is not it).
+ */
+export async function qemuPid(pidFile: string, runDir: string, uid?: number): Promise<number | undefined> {
+  const pid = Number(await readFile(pidFile, 'utf8').catch(() => ''));
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  if (!cmdline.split('\0').some((arg) => arg.includes(runDir))) return undefined;
+  if (uid !== undefined) {
+    const status = await readFile(`/proc/${pid}/status`, 'utf8').catch(() => '');
+    const real = /^Uid:\s+(\d+)/m.exec(status)?.[1];
+    if (real === undefined || Number(real) !== uid) return undefined;
+  }
+  return pid;
 }
 
 /**

@@ -22,7 +22,7 @@ import { withTimeout } from '../../abortable.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
-import { killQemu, watchQemu } from './lifecycle.js';
+import { killQemu, qemuPid, watchQemu } from './lifecycle.js';
 import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
 import type { SavedState } from './migration.js';
 import { netnsName, removeVmNetns } from './network.js';
@@ -373,13 +373,15 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
   /**
    * A VM paused to a file runs again: a new QEMU with the same arguments loads the state
    * (`restoreState`), then `cont`; the agent answers on the same ports, its processes never
-   * noticed. A missing or damaged file, or a failed load, leaves the sandbox paused with its file.
+   * noticed. A missing or damaged file, or a failed load, leaves the sandbox paused with its file;
+   * a guest that ran again and did not answer is lost (its file is behind its disk).
    */
   private async resumeFromFile(id: string, vm: V, saved: SavedState): Promise<void> {
     const p = this.paths(id);
     const state = await readSavedState(saved.file);
     const record = await this.record(id);
     let manifestGone = false;
+    let ran = false;
     try {
       const { exited } = await this.launch(record, vm, true);
       const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.q.bootTimeoutMs);
@@ -390,6 +392,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       manifestGone = true;
       await qmp.execute('cont');
       manifestGone = false;
+      ran = true;
       await this.awaitGuest(id, vm, exited);
     } catch (err) {
       this.dropAgent(id);
@@ -398,6 +401,17 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       delete vm.child;
       // Failed before the guest ran: the file is still its state.
       if (manifestGone) await writeSavedManifest(state);
+      if (ran) {
+        // The guest ran and did not come back: the file is behind its disk, nothing can resume it.
+        this.q.events({
+          kind: 'sandbox.lost',
+          severity: 'warning',
+          sandboxId: id,
+          message: `sandbox ${id}: its guest did not answer after a resume from its memory file (${(err as Error).message})`,
+          data: { backend: this.kind },
+        });
+        await this.teardown(id).catch(() => undefined);
+      }
       throw err;
     }
     delete vm.saved;
@@ -488,8 +502,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       await killQemu(undefined, p.pid, p.run);
       paused = true;
     } else {
-      const pid = Number(await readFile(p.pid, 'utf8').catch(() => ''));
-      if (!(pid > 0) || !(await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).includes(p.run)) return undefined;
+      if ((await qemuPid(p.pid, p.run, record.idRange?.uid ?? -1)) === undefined) return undefined;
       const qmp = await QmpClient.connect(this.qmpSocket(id), ADOPT_TIMEOUT_MS);
       vm.qmp = qmp;
       this.vms.set(id, vm);
