@@ -5,10 +5,10 @@
 // ticketed WebSocket and is refused without a ticket.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { inflateSync } from 'node:zlib';
 import { existsSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
+import { decodePng } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
@@ -18,42 +18,10 @@ let tp: TestPlatform;
 let client: DsecClient;
 let sb: Sandbox;
 
-/** Width, height and RGB pixels of an 8-bit RGB PNG (QEMU's screendump). */
-function pixels(png: Buffer): { width: number; height: number; rgb: Buffer } {
-  assert.equal(png.subarray(0, 8).toString('hex'), '89504e470d0a1a0a', 'a PNG signature');
-  const width = png.readUInt32BE(16);
-  const height = png.readUInt32BE(20);
-  const idat: Buffer[] = [];
-  for (let at = 8; at < png.length;) {
-    const len = png.readUInt32BE(at);
-    if (png.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(png.subarray(at + 8, at + 8 + len));
-    at += 12 + len;
-  }
-  const raw = inflateSync(Buffer.concat(idat));
-  const stride = width * 3;
-  const rgb = Buffer.alloc(stride * height);
-  let prev = Buffer.alloc(stride);
-  for (let y = 0; y < height; y++) {
-    const f = raw[y * (stride + 1)]!;
-    const line = Buffer.from(raw.subarray(y * (stride + 1) + 1, (y + 1) * (stride + 1)));
-    for (let x = 0; x < stride; x++) {
-      const a = x >= 3 ? line[x - 3]! : 0;
-      const b = prev[x]!;
-      const c = x >= 3 ? prev[x - 3]! : 0;
-      const p = a + b - c;
-      const paeth = Math.abs(p - a) <= Math.abs(p - b) && Math.abs(p - a) <= Math.abs(p - c) ? a : Math.abs(p - b) <= Math.abs(p - c) ? b : c;
-      line[x] = (line[x]! + [0, a, b, (a + b) >> 1, paeth][f]!) & 0xff;
-    }
-    line.copy(rgb, y * stride);
-    prev = line;
-  }
-  return { width, height, rgb };
-}
-
 /** Number of pixels that differ between two screenshots of one size. */
 function diffPixels(a: Buffer, b: Buffer): number {
-  const pa = pixels(a).rgb;
-  const pb = pixels(b).rgb;
+  const pa = decodePng(a).rgb;
+  const pb = decodePng(b).rgb;
   assert.equal(pa.length, pb.length, 'same screen size');
   let n = 0;
   for (let i = 0; i < pa.length; i += 3) if (pa[i] !== pb[i] || pa[i + 1] !== pb[i + 1] || pa[i + 2] !== pb[i + 2]) n++;
@@ -114,7 +82,7 @@ describe('the screen of a VM', () => {
   test('screenshot, input, pause keeps the screen, bad actions, live view', async () => {
     // A screenshot is a PNG of the size the headers give.
     const first = await sb.screen.capture();
-    const px = pixels(first.png);
+    const px = decodePng(first.png);
     assert.deepEqual([px.width, px.height], [first.width, first.height]);
     assert.ok(first.width >= 640 && first.height >= 400, `${first.width}x${first.height}`);
 
@@ -215,7 +183,7 @@ describe('the screen of a VM', () => {
         .filter({ hasText: `connected ${shot.width}×${shot.height}` })
         .waitFor({ timeout: 20_000 });
       // The canvas shows the screen's pixels (the still console): compare a grid of them with a screenshot.
-      const ref = pixels(shot.png);
+      const ref = decodePng(shot.png);
       const STEP = 11;
       const sample = async (): Promise<number> => {
         // Sampled in the page: only every STEP-th pixel of every STEP-th row crosses back (RGBA).

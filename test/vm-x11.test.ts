@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { inflateSync } from 'node:zlib';
+import { decodePng } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
@@ -34,41 +34,9 @@ let tp: TestPlatform;
 let client: DsecClient;
 let sb: Sandbox | undefined;
 
-/** Width, height and RGB pixels of an 8-bit RGB PNG (QEMU's screendump). */
-function pixels(png: Buffer): { width: number; height: number; rgb: Buffer } {
-  assert.equal(png.subarray(0, 8).toString('hex'), '89504e470d0a1a0a', 'a PNG signature');
-  const width = png.readUInt32BE(16);
-  const height = png.readUInt32BE(20);
-  const idat: Buffer[] = [];
-  for (let at = 8; at < png.length;) {
-    const len = png.readUInt32BE(at);
-    if (png.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(png.subarray(at + 8, at + 8 + len));
-    at += 12 + len;
-  }
-  const raw = inflateSync(Buffer.concat(idat));
-  const stride = width * 3;
-  const rgb = Buffer.alloc(stride * height);
-  let prev = Buffer.alloc(stride);
-  for (let y = 0; y < height; y++) {
-    const f = raw[y * (stride + 1)]!;
-    const line = Buffer.from(raw.subarray(y * (stride + 1) + 1, (y + 1) * (stride + 1)));
-    for (let x = 0; x < stride; x++) {
-      const a = x >= 3 ? line[x - 3]! : 0;
-      const b = prev[x]!;
-      const c = x >= 3 ? prev[x - 3]! : 0;
-      const p = a + b - c;
-      const paeth = Math.abs(p - a) <= Math.abs(p - b) && Math.abs(p - a) <= Math.abs(p - c) ? a : Math.abs(p - b) <= Math.abs(p - c) ? b : c;
-      line[x] = (line[x]! + [0, a, b, (a + b) >> 1, paeth][f]!) & 0xff;
-    }
-    line.copy(rgb, y * stride);
-    prev = line;
-  }
-  return { width, height, rgb };
-}
-
 /** Pixels of colour (r, g, b) inside a rectangle. */
 function count(png: Buffer, rect: { x: number; y: number; w: number; h: number }, rgbOf: (r: number, g: number, b: number) => boolean): number {
-  const { width, rgb } = pixels(png);
+  const { width, rgb } = decodePng(png);
   let n = 0;
   for (let y = rect.y; y < rect.y + rect.h; y++)
     for (let x = rect.x; x < rect.x + rect.w; x++) {
@@ -80,8 +48,8 @@ function count(png: Buffer, rect: { x: number; y: number; w: number; h: number }
 
 /** Differing pixels of two screenshots of one size, inside and outside a rectangle. */
 function diff(a: Buffer, b: Buffer, rect: { x: number; y: number; w: number; h: number }): { inside: number; outside: number } {
-  const pa = pixels(a);
-  const pb = pixels(b);
+  const pa = decodePng(a);
+  const pb = decodePng(b);
   assert.deepEqual([pa.width, pa.height], [pb.width, pb.height], 'same screen size');
   let inside = 0;
   let outside = 0;

@@ -6,8 +6,8 @@
 // (`--only vm-screen`): the boot is minutes of CPU under TCG.
 import { access, constants, stat } from 'node:fs/promises';
 import path from 'node:path';
-import { inflateSync } from 'node:zlib';
 import { startPlatform } from '@dsec/apiserver';
+import { decodePng } from '@dsec/edge';
 import type { Platform } from '@dsec/apiserver';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { onCleanup } from '../lib/cleanup.js';
@@ -21,40 +21,18 @@ const XTERM = { x: 16, y: 16, w: 600, h: 416 };
 /** How long the desktop may take to show after create (TCG on a loaded machine). */
 const DESKTOP_MS = 600_000;
 
-/** Dark pixels inside the xterm of a screenshot (8-bit RGB PNG as QEMU writes it). */
+/** Dark and white pixels inside the xterm of a screenshot. */
 function darkInXterm(png: Buffer): { dark: number; white: number } {
-  const width = png.readUInt32BE(16);
-  const height = png.readUInt32BE(20);
-  const idat: Buffer[] = [];
-  for (let at = 8; at < png.length;) {
-    const len = png.readUInt32BE(at);
-    if (png.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(png.subarray(at + 8, at + 8 + len));
-    at += 12 + len;
-  }
-  const raw = inflateSync(Buffer.concat(idat));
-  const stride = width * 3;
-  let prev = Buffer.alloc(stride);
+  const { width, height, rgb } = decodePng(png);
   let dark = 0;
   let white = 0;
-  for (let y = 0; y < Math.min(height, XTERM.y + XTERM.h); y++) {
-    const f = raw[y * (stride + 1)]!;
-    const line = Buffer.from(raw.subarray(y * (stride + 1) + 1, (y + 1) * (stride + 1)));
-    for (let x = 0; x < stride; x++) {
-      const a = x >= 3 ? line[x - 3]! : 0;
-      const b = prev[x]!;
-      const c = x >= 3 ? prev[x - 3]! : 0;
-      const p = a + b - c;
-      const paeth = Math.abs(p - a) <= Math.abs(p - b) && Math.abs(p - a) <= Math.abs(p - c) ? a : Math.abs(p - b) <= Math.abs(p - c) ? b : c;
-      line[x] = (line[x]! + [0, a, b, (a + b) >> 1, paeth][f]!) & 0xff;
+  for (let y = XTERM.y; y < Math.min(height, XTERM.y + XTERM.h); y++)
+    for (let x = XTERM.x; x < Math.min(width, XTERM.x + XTERM.w); x++) {
+      const i = (y * width + x) * 3;
+      const [r, g, b] = [rgb[i]!, rgb[i + 1]!, rgb[i + 2]!];
+      if (r < 16 && g < 16 && b < 16) dark++;
+      else if (r > 240 && g > 240 && b > 240) white++;
     }
-    prev = line;
-    if (y < XTERM.y) continue;
-    for (let x = XTERM.x; x < XTERM.x + XTERM.w; x++) {
-      const [r, g, bl] = [line[x * 3]!, line[x * 3 + 1]!, line[x * 3 + 2]!];
-      if (r < 16 && g < 16 && bl < 16) dark++;
-      else if (r > 240 && g > 240 && bl > 240) white++;
-    }
-  }
   return { dark, white };
 }
 

@@ -115,6 +115,7 @@ export type { DebPackage, PyDistribution, RepoKey, StaticRepo } from './testing/
 export { startOciRegistry } from './testing/oci-registry.js';
 export type { OciRegistry, OciRegistryOptions } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
+export { decodePng } from './testing/png.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';
 export { QmpScreen, KEY_DELAY_MS, MAX_SCREENSHOT_BYTES, pngSize } from './backends/qemu/screen.js';
 export type { QmpScreenOptions, SandboxScreen } from './backends/qemu/screen.js';

@@ -275,7 +275,7 @@ export class ContainerBackend implements Backend {
         const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
         throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
       }
-      if (seccompKey && !this.seccomp.has(seccompKey)) await this.seccomp.learn(seccompKey, req.id);
+      if (seccompKey) await this.seccomp.learn(seccompKey, req.id);
       const agent = await this.agent(req.id);
       await agent.ping();
       return record;

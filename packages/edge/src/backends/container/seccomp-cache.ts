@@ -38,12 +38,7 @@ export class SeccompCache {
     return key;
   }
 
-  /** Whether `key`'s program is known. */
-  has(key: string): boolean {
-    return this.programs.has(key);
-  }
-
-  /** Keeps the program crun compiled for container `id` (created from the section `key`). */
+  /** Keeps the program crun compiled for container `id` (created from the section `key`), unless it is known. */
   async learn(key: string, id: string): Promise<void> {
     if (this.programs.has(key)) return;
     const bpf = await readFile(path.join(this.crunRoot, id, 'seccomp.bpf')).catch(() => undefined);

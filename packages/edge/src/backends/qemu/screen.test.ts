@@ -9,67 +9,21 @@ import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { inflateSync } from 'node:zlib';
 import { ScreenActionsSchema, parseOrThrow } from '@dsec/protocol';
 import type { DsecError, ScreenAction } from '@dsec/protocol';
 import { QmpClient } from './qmp.js';
-import { QmpScreen, pngSize } from './screen.js';
+import { QmpScreen } from './screen.js';
+import { decodePng } from '../../testing/png.js';
 import { socketStream } from '../../screens.js';
 
 const OVMF = '/usr/share/OVMF/OVMF_CODE_4M.fd';
 const QEMU = '/usr/bin/qemu-system-x86_64';
 const skip = !existsSync(OVMF) || !existsSync(QEMU) ? 'needs qemu-system-x86 and ovmf' : false;
 
-/** The RGB pixels of an 8-bit RGB, non-interlaced PNG (what QEMU's screendump writes). */
-function pngPixels(png: Uint8Array): { width: number; height: number; rgb: Buffer } {
-  const b = Buffer.from(png);
-  const { width, height } = pngSize(png);
-  assert.equal(b[24], 8, 'bit depth');
-  assert.equal(b[25], 2, 'colour type RGB');
-  const idat: Buffer[] = [];
-  for (let at = 8; at < b.length;) {
-    const len = b.readUInt32BE(at);
-    if (b.toString('latin1', at + 4, at + 8) === 'IDAT') idat.push(b.subarray(at + 8, at + 8 + len));
-    at += 12 + len;
-  }
-  const raw = inflateSync(Buffer.concat(idat));
-  const stride = width * 3;
-  const rgb = Buffer.alloc(stride * height);
-  let prev = Buffer.alloc(stride);
-  for (let y = 0; y < height; y++) {
-    const filter = raw[y * (stride + 1)]!;
-    const line = Buffer.from(raw.subarray(y * (stride + 1) + 1, (y + 1) * (stride + 1)));
-    for (let x = 0; x < stride; x++) {
-      const a = x >= 3 ? line[x - 3]! : 0;
-      const up = prev[x]!;
-      const c = x >= 3 ? prev[x - 3]! : 0;
-      const p = a + up - c;
-      const pred =
-        filter === 1
-          ? a
-          : filter === 2
-            ? up
-            : filter === 3
-              ? (a + up) >> 1
-              : filter === 4
-                ? Math.abs(p - a) <= Math.abs(p - up) && Math.abs(p - a) <= Math.abs(p - c)
-                  ? a
-                  : Math.abs(p - up) <= Math.abs(p - c)
-                    ? up
-                    : c
-                : 0;
-      line[x] = (line[x]! + pred) & 0xff;
-    }
-    line.copy(rgb, y * stride);
-    prev = line;
-  }
-  return { width, height, rgb };
-}
-
 /** Rows (of 16 px) whose pixels differ between two screenshots of one size. */
 function changedRows(a: Uint8Array, b: Uint8Array): number[] {
-  const pa = pngPixels(a);
-  const pb = pngPixels(b);
+  const pa = decodePng(a);
+  const pb = decodePng(b);
   assert.deepEqual([pa.width, pa.height], [pb.width, pb.height]);
   const rows = new Set<number>();
   const stride = pa.width * 3;
@@ -124,7 +78,7 @@ describe('QmpScreen on a bare OVMF machine (UEFI shell)', { skip, timeout: 120_0
       const a = Buffer.from((await screen.capture()).png);
       await sleep(1000);
       const b = Buffer.from((await screen.capture()).png);
-      if (!a.equals(b) || !pngPixels(b).rgb.some((v) => v > 0)) continue;
+      if (!a.equals(b) || !decodePng(b).rgb.some((v) => v > 0)) continue;
       await screen.input([{ action: 'type', text: 'x' }]);
       await sleep(500);
       const c = Buffer.from((await screen.capture()).png);
@@ -147,7 +101,7 @@ describe('QmpScreen on a bare OVMF machine (UEFI shell)', { skip, timeout: 120_0
 
   it('captures a PNG of the screen size and leaves no file behind', async () => {
     const shot = await screen.capture();
-    assert.deepEqual([shot.width, shot.height], [pngPixels(shot.png).width, pngPixels(shot.png).height]);
+    assert.deepEqual([shot.width, shot.height], [decodePng(shot.png).width, decodePng(shot.png).height]);
     assert.ok(shot.width >= 640 && shot.height >= 480, `${shot.width}x${shot.height}`);
     assert.deepEqual(
       (await readdir(dir)).filter((f) => f.endsWith('.png')),
