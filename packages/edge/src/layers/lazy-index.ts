@@ -7,7 +7,8 @@
 // layers have equal digests: the node-wide cache, named by digest, stores and fetches them once.
 import { createHash } from 'node:crypto';
 import { open, readFile } from 'node:fs/promises';
-import { DsecError } from '@dsec/protocol';
+// The errors alone: the lazy server imports this module, and the schemas (zod) would double its start.
+import { DsecError } from '@dsec/protocol/errors';
 
 const SUPER_OFFSET = 1024;
 const EROFS_MAGIC = 0xe0f5e1e2;

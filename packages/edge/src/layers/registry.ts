@@ -8,7 +8,8 @@ import { createReadStream, createWriteStream } from 'node:fs';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
-import { DsecError } from '@dsec/protocol';
+// The errors alone: the lazy server imports this module, and the schemas (zod) would double its start.
+import { DsecError } from '@dsec/protocol/errors';
 
 /** A registry and the credentials to use there. */
 export interface RegistryEndpoint {

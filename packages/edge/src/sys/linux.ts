@@ -4,7 +4,8 @@
 // mknod(2) and l*xattr(2) write overlayfs whiteouts without a child process per entry.
 import { readFileSync, writeSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { DsecError } from '@dsec/protocol';
+// The errors alone: the lazy server imports this module, and the schemas (zod) would double its start.
+import { DsecError } from '@dsec/protocol/errors';
 
 const require = createRequire(import.meta.url);
 // koffi ships prebuilt binaries inside its npm package; it has no types worth importing.
