@@ -374,12 +374,20 @@ describe('lazily loaded layers', () => {
       // A new process on the same store adopts the mount and its server, then tears both down.
       await store.init();
       assert.equal(await store.lazy!.running(tool.digest.slice(7)), true);
+      const adopted = await store.lazy!.serverPid(tool.digest.slice(7));
       await store.acquire(tool.digest);
       await store.release(tool.digest);
       await store.settled();
+      // Unmounted, the layer's server is kept idle: the next user mounts over it at once.
+      assert.equal(await store.lazy!.serverPid(tool.digest.slice(7)), adopted, 'the server is kept after the last release');
+      const again = await store.acquire(tool.digest);
+      assert.equal((await readFile(path.join(again, 'opt/other/big'))).length, big.length);
+      assert.equal(await store.lazy!.serverPid(tool.digest.slice(7)), adopted, 'the next user mounted over the idle server');
+      await store.release(tool.digest);
+      await store.close();
       const until = Date.now() + 10_000;
       while (Date.now() < until && (await store.lazy!.running(tool.digest.slice(7)))) await new Promise((resolve) => setTimeout(resolve, 100));
-      assert.equal(await store.lazy!.running(tool.digest.slice(7)), false, 'the server stopped with the last release');
+      assert.equal(await store.lazy!.running(tool.digest.slice(7)), false, 'the idle server stopped with the store');
     } finally {
       if (holder.exitCode === null) holder.kill('SIGKILL');
       await store.close();

@@ -54,6 +54,7 @@ export async function prepareHost(opts: {
           deadlineMs: opts.registry.fetchDeadlineMs,
           readAheadBytes: opts.registry.readAheadBytes,
           chunkCacheMaxBytes: opts.registry.chunkCacheMaxBytes,
+          serverIdleMs: opts.registry.lazyServerIdleMs,
           raise: opts.raise,
         }
       : undefined,

@@ -120,6 +120,8 @@ export const LayerRegistryConfigSchema = RegistryEndpointConfigSchema.extend({
   fetchDeadlineMs: positiveInt.optional(),
   /** Bytes of the extents after a missed read that are fetched with it in one range request. Default 1048576; 0 for none. */
   readAheadBytes: z.int({ error: 'not a non-negative integer' }).nonnegative({ error: 'not a non-negative integer' }).optional(),
+  /** How long a lazy layer's server is kept after the layer's last unmount (its next user mounts at once). Default 300000; 0 stops it at once. */
+  lazyServerIdleMs: z.int({ error: 'not a non-negative integer' }).nonnegative({ error: 'not a non-negative integer' }).optional(),
 });
 
 /** Default machine-wide cache of the fncall runtimes' Debian layers (`node.calls.runtimeCache`) of `dsec up`. */

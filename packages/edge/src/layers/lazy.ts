@@ -35,6 +35,11 @@ export interface LazyOptions {
   maxRangeBytes?: number | undefined;
   /** Bytes of the chunk cache; past it, chunks no mounted layer needs go, LRU. Default none. */
   chunkCacheMaxBytes?: number | undefined;
+  /**
+   * How long a layer's server (and its FUSE view, with the blob's page cache) is kept after the
+   * layer's last unmount, for its next user to mount at once; default 5 min, 0 to stop at once.
+   */
+  serverIdleMs?: number | undefined;
   /** Where `layer.fetch-failed` and `layer.corrupt` go. */
   raise?: EventSink | undefined;
 }
@@ -71,6 +76,8 @@ const DEFAULT_CONCURRENCY = 16;
 export const DEFAULT_READ_AHEAD_BYTES = 1024 * 1024;
 /** Largest range request (bytes). */
 export const DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024;
+/** How long an unmounted lazy layer's server is kept (ms; see LazyOptions.serverIdleMs). */
+export const DEFAULT_LAZY_SERVER_IDLE_MS = 300_000;
 const SERVER_SCRIPT = fileURLToPath(new URL('./lazy-server.js', import.meta.url));
 const REQUEST_TIMEOUT_MS = 5_000;
 /** Connections reset by a server that may be exiting, asked again before it is taken for alive. */
@@ -145,8 +152,11 @@ export class LazyLayers {
    * returns the path of its blob (what the EROFS mount's `device=` names).
    */
   async start(hex: string, layerDir: string): Promise<string> {
-    const index = decodeChunkIndex(await readFile(join(layerDir, CHUNK_INDEX_FILE)));
-    this.pinned.set(hex, new Set(index.chunks.map((c) => c.sha256)));
+    // Pinned already when its server was kept idle since the last unmount (see LayerStore).
+    if (!this.pinned.has(hex)) {
+      const index = decodeChunkIndex(await readFile(join(layerDir, CHUNK_INDEX_FILE)));
+      this.pinned.set(hex, new Set(index.chunks.map((c) => c.sha256)));
+    }
     try {
       return await this.startPinned(hex, layerDir);
     } catch (err) {

@@ -21,7 +21,7 @@ import { importOci } from './oci.js';
 import type { RegistryEndpoint } from './registry.js';
 import type { LayerRegistry } from './remote.js';
 import { TarExtractor } from './tar-extract.js';
-import { CHUNK_INDEX_FILE, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
+import { CHUNK_INDEX_FILE, DEFAULT_LAZY_SERVER_IDLE_MS, LAZY_RECORD_FILE, LazyLayers } from './lazy.js';
 import type { LazyCacheStats, LazyOptions, LazyRecord } from './lazy.js';
 import { encodeChunkIndex } from './lazy-index.js';
 import { buildThroughCache } from './machine-cache.js';
@@ -172,6 +172,8 @@ export class LayerStore {
   private readonly lazyStops = new Map<string, Promise<void>>();
   /** Layers whose lazy server died while mounted (see {@link dropDeadMount}). */
   private readonly lostLayers = new Set<string>();
+  /** Lazy servers kept after their layer's unmount, until these timers stop them (see {@link idleLazy}). */
+  private readonly lazyIdle = new Map<string, NodeJS.Timeout>();
 
   constructor(private readonly opts: LayerStoreOptions) {
     this.root = opts.root;
@@ -233,6 +235,7 @@ export class LayerStore {
       for (const hex of await this.lazy.serverDirs()) {
         if (this.mounted.has(hex) && this.lazyLayers.has(hex) && !(await this.lazy.gone(hex))) await this.lazy.start(hex, join(this.blobsDir, hex));
         else if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.dropDeadMount(hex);
+        else if (this.lazyLayers.has(hex) && (await this.lazy.running(hex))) this.idleLazy(hex);
         else await this.lazy.stop(hex);
       }
     }
@@ -699,7 +702,9 @@ export class LayerStore {
           const dir = join(this.blobsDir, hex);
           let blob = join(dir, BLOB_FILE);
           if (this.lazy !== undefined && this.lazyLayers.has(hex)) {
+            this.cancelIdleLazy(hex);
             await this.lazyStops.get(hex);
+            // An idle server (kept since the last unmount) is found running and serves again.
             blob = await this.lazy.start(hex, dir);
           }
           try {
@@ -748,14 +753,14 @@ export class LayerStore {
       }
       this.refs.delete(hex);
       if (this.lingerMs <= 0) {
-        this.tryUnmount(hex);
+        this.tryUnmount(hex, true);
         return;
       }
       this.cancelLinger(hex);
       const timer = setTimeout(() => {
         this.lingering.delete(hex);
         this.locked(async () => {
-          if ((this.refs.get(hex) ?? 0) === 0) this.tryUnmount(hex);
+          if ((this.refs.get(hex) ?? 0) === 0) this.tryUnmount(hex, true);
         }).catch(() => undefined); // a busy mount simply stays; the next release or close retries
       }, this.lingerMs);
       timer.unref();
@@ -789,7 +794,7 @@ export class LayerStore {
       let n = 0;
       for (const hex of [...this.mounted]) {
         if ((this.refs.get(hex) ?? 0) > 0 || this.lingering.has(hex)) continue;
-        if (this.tryUnmount(hex)) n++;
+        if (this.tryUnmount(hex, true)) n++;
       }
       return n;
     });
@@ -803,6 +808,8 @@ export class LayerStore {
   detach(): void {
     for (const timer of this.lingering.values()) clearTimeout(timer);
     this.lingering.clear();
+    for (const timer of this.lazyIdle.values()) clearTimeout(timer);
+    this.lazyIdle.clear();
     this.lazy?.detach();
   }
 
@@ -815,6 +822,10 @@ export class LayerStore {
       this.lingering.clear();
       this.refs.clear();
       for (const hex of [...this.mounted]) this.tryUnmount(hex);
+      for (const hex of [...this.lazyIdle.keys()]) {
+        this.cancelIdleLazy(hex);
+        if (!this.mounted.has(hex)) this.stopLazy(hex);
+      }
     });
     await this.settled();
     this.lazy?.detach();
@@ -847,10 +858,16 @@ export class LayerStore {
     throw new DsecError('LAYER_NOT_FOUND', `no layer ${ref}`, { layer: ref });
   }
 
-  /** Unmounts the layer if mounted; false when the mount is busy. */
-  private tryUnmount(hex: string): boolean {
+  /**
+   * Unmounts the layer if mounted; false when the mount is busy. A lazy layer's server stops,
+   * or with `idle` (the last user went; the layer stays on the node) is kept for a while.
+   */
+  private tryUnmount(hex: string, idle = false): boolean {
     this.cancelLinger(hex);
-    if (!this.mounted.has(hex)) return true;
+    if (!this.mounted.has(hex)) {
+      if (!idle && this.lazyIdle.has(hex)) this.stopLazy(hex);
+      return true;
+    }
     try {
       umount(join(this.mntDir, hex));
     } catch (err) {
@@ -858,7 +875,10 @@ export class LayerStore {
       throw err;
     }
     this.mounted.delete(hex);
-    if (this.lazyLayers.has(hex)) this.stopLazy(hex);
+    if (this.lazyLayers.has(hex)) {
+      if (idle) this.idleLazy(hex);
+      else this.stopLazy(hex);
+    }
     return true;
   }
 
@@ -895,8 +915,37 @@ export class LayerStore {
     return out;
   }
 
+  /**
+   * Keeps an unmounted lazy layer's server (its FUSE view of the blob, with the blob's page
+   * cache) for `lazy.serverIdleMs`, so that the layer's next user mounts it at once instead of
+   * starting a server (a Node process, a FUSE mount) and reading every chunk through FUSE again;
+   * then stops it. Its chunks stay pinned meanwhile. Called locked.
+   */
+  private idleLazy(hex: string): void {
+    this.cancelIdleLazy(hex);
+    const idleMs = this.opts.lazy?.serverIdleMs ?? DEFAULT_LAZY_SERVER_IDLE_MS;
+    if (idleMs <= 0) {
+      this.stopLazy(hex);
+      return;
+    }
+    const timer = setTimeout(() => {
+      this.lazyIdle.delete(hex);
+      this.locked(async () => {
+        if (!this.mounted.has(hex) && !this.lazyIdle.has(hex)) this.stopLazy(hex);
+      }).catch(() => undefined);
+    }, idleMs);
+    timer.unref();
+    this.lazyIdle.set(hex, timer);
+  }
+
+  private cancelIdleLazy(hex: string): void {
+    clearTimeout(this.lazyIdle.get(hex));
+    this.lazyIdle.delete(hex);
+  }
+
   /** Stops a lazy layer's server in the background (an acquire waits for it). */
   private stopLazy(hex: string): void {
+    this.cancelIdleLazy(hex);
     const lazy = this.lazy;
     if (lazy === undefined || this.lazyStops.has(hex)) return;
     const stop = lazy.stop(hex).finally(() => this.lazyStops.delete(hex));
