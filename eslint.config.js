@@ -12,10 +12,11 @@ const PACKAGES = ['protocol', 'sdk', 'edge', 'apiserver', 'watcher', 'cli'];
  * Import paths nobody may use: another package's `src/` or `dist/` (by package name or by a
  * relative path into `packages/`), and any `dist/` folder. Packages are imported by their index
  * only, or by their testing entry point (`@dsec/<name>/testing`: test tools such as the cell's
- * simulated nodes, which the platform never loads).
+ * simulated nodes, which the platform never loads), or `@dsec/protocol/errors` (the error class
+ * without the schemas, for processes that must start fast: the lazy server).
  */
 const DEEP_IMPORTS = [
-  { regex: '^@dsec/[^/]+/(?!testing$).+', message: 'import a package by its index (`@dsec/<name>`), never a path inside it' },
+  { regex: '^@dsec/(?!protocol/errors$)[^/]+/(?!testing$).+', message: 'import a package by its index (`@dsec/<name>`), never a path inside it' },
   {
     regex: `^\\.{1,2}/(.*/)?(packages/|(${PACKAGES.join('|')})/(src|dist)(/|$))`,
     message: 'a relative path into another package: import it by name (`@dsec/<name>`) from its index',

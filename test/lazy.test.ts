@@ -60,7 +60,7 @@ const smallSum = createHash('sha256')
   .digest('hex');
 let toolP: LayerInfo;
 let toolD: LayerInfo;
-const deadFiles = { 'opt/d/first': randomBytes(64 * 1024), 'opt/d/second': randomBytes(300 * 1024) };
+const deadFiles = { 'opt/d/first': randomBytes(64 * 1024), 'opt/d/second': randomBytes(300 * 1024), 'opt/d/third': randomBytes(300 * 1024) };
 /** A node with the default read-ahead and an empty cache: the next cold start of what `lazy` ran. */
 let lazy2: TestNode;
 
@@ -300,7 +300,7 @@ describe('lazily loaded layers', () => {
     }
   });
 
-  test('a FUSE server (dsec-lazyfs) killed under a mounted layer is replaced on the same connection; a lazy server that dies whole loses its sandboxes, the next one gets a new server', async () => {
+  test('a FUSE server (dsec-lazyfs) or a whole lazy server killed under a mounted layer is replaced on the same connection; one that cannot start again loses its sandboxes, the next one gets a new server', async () => {
     const sb = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolD.digest] } });
     const r = await lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/d/first' });
     assert.equal(r.stdout, `${sha(deadFiles['opt/d/first'])}  /opt/d/first\n`, r.stderr);
@@ -326,9 +326,31 @@ describe('lazily loaded layers', () => {
       undefined,
       'the sandbox was not lost',
     );
-    // The whole server dies (its process group: the FUSE connection goes with its last
-    // descriptor): the layer's mount would answer ENOTCONN from now on.
+    // The whole server dies (its process group, dsec-lazyfs with it) as the sandbox reads a file
+    // not fetched yet: the edge holds a copy of the FUSE connection's descriptor and starts a new
+    // server on it, which answers the read the dead one had taken.
+    const third = lazy.edge.exec(sb.id, { cmd: 'sha256sum /opt/d/third' });
     process.kill(-pid, 'SIGKILL');
+    const readThird = await third;
+    assert.equal(readThird.stdout, `${sha(deadFiles['opt/d/third'])}  /opt/d/third\n`, readThird.stderr);
+    const revived = await lazy.edge.layers.lazy!.serverPid(hex);
+    assert.ok(revived !== undefined && revived !== pid, 'a new server serves the same mount');
+    const all = await lazy.edge.exec(sb.id, { cmd: 'cat /opt/d/first /opt/d/second /opt/d/third | sha256sum' });
+    assert.equal(all.stdout.split(' ')[0], sha(Buffer.concat([deadFiles['opt/d/first'], deadFiles['opt/d/second'], deadFiles['opt/d/third']])), all.stderr);
+    assert.equal(
+      events.find((e) => e.kind === 'layer.server-lost'),
+      undefined,
+      'the layer was not lost',
+    );
+    assert.equal(
+      events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id),
+      undefined,
+      'the sandbox was not lost',
+    );
+    // A server that cannot start again (its configuration gone): the edge lets the connection go,
+    // the layer's mount would answer ENOTCONN from now on, and its sandboxes are lost.
+    await rm(path.join(lazy.home, 'layers', 'lazy', hex, 'server.json'));
+    process.kill(-revived, 'SIGKILL');
     const until = Date.now() + 15_000;
     const lost = () => events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id);
     while (lost() === undefined && Date.now() < until) await sleep(100);
@@ -340,7 +362,8 @@ describe('lazily loaded layers', () => {
     try {
       const again = await lazy.edge.exec(next.id, { cmd: 'sha256sum /opt/d/first /opt/d/second' });
       assert.equal(again.stdout, `${sha(deadFiles['opt/d/first'])}  /opt/d/first\n${sha(deadFiles['opt/d/second'])}  /opt/d/second\n`, again.stderr);
-      assert.notEqual(await lazy.edge.layers.lazy!.serverPid(hex), pid, 'a new server');
+      const fresh = await lazy.edge.layers.lazy!.serverPid(hex);
+      assert.ok(fresh !== undefined && fresh !== pid && fresh !== revived, 'a new server');
     } finally {
       await lazy.edge.destroy(next.id);
     }

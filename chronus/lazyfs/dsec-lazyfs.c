@@ -5,8 +5,8 @@
 // of an extent the cache lacks asks the lazy server (the parent, over stdin/stdout: "F <i>\n"
 // out, "O <i>\n" or "E <i> <errno>\n" back) to fetch, verify and store it, then reads the file.
 // A read announces every extent it misses at once (the server merges neighbours into one range
-// request). A read whose answer does not come within the deadline, or after the server has gone, fails
-// with EIO: the sandbox sees an I/O error, never a hang. Extents served from the cache are
+// request). A read whose answer does not come within the deadline fails with EIO: the sandbox sees
+// an I/O error, never a hang; when the server goes (its pipe closes) this process exits. Extents served from the cache are
 // reported ("H <i> <bytes>\n") for the server's statistics and LRU order.
 //
 // Index file: "DSLZIDX1", u64 blob size, u32 count, then count x {u64 offset, u32 length,
@@ -51,7 +51,6 @@ static char *cache_dir;
 static long deadline_ms;
 static unsigned char *state;
 static int *last_error;
-static int server_gone;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv;
 static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -146,7 +145,7 @@ static int announce(uint32_t i) {
   if (access(path, F_OK) == 0) return 0;
   int asked = 0;
   pthread_mutex_lock(&mu);
-  if (state[i] == UNKNOWN && !server_gone) {
+  if (state[i] == UNKNOWN) {
     state[i] = FETCHING;
     last_error[i] = 0;
     char line[64];
@@ -180,10 +179,6 @@ static int chunk_fd(uint32_t i, int asked) {
   int err = 0;
   for (;;) {
     if (state[i] == PRESENT) break;
-    if (server_gone) {
-      err = EIO;
-      break;
-    }
     if (state[i] == UNKNOWN) {
       state[i] = FETCHING;
       last_error[i] = 0;
@@ -213,7 +208,12 @@ static int chunk_fd(uint32_t i, int asked) {
   return fd;
 }
 
-/** Reads the server's answers until it closes the pipe. */
+/**
+ * Reads the server's answers until it closes the pipe: the server died, and this process goes
+ * with it. The FUSE connection lives on while another process holds a descriptor of it (the
+ * edge keeps one): a new server and dsec-lazyfs take it over (`resume`) and the requests this one
+ * had taken are queued again. Held by nobody, it is aborted and reads fail (ENOTCONN), never hang.
+ */
 static void *answers(void *arg) {
   (void)arg;
   FILE *in = fdopen(0, "r");
@@ -231,11 +231,7 @@ static void *answers(void *arg) {
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
   }
-  pthread_mutex_lock(&mu);
-  server_gone = 1;
-  pthread_cond_broadcast(&cv);
-  pthread_mutex_unlock(&mu);
-  return NULL;
+  _exit(0);
 }
 
 // The low-level API, with fixed inode numbers (1: the root, 2: `blob`): a process that takes a

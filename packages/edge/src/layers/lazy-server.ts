@@ -13,6 +13,11 @@
 // never see it; past MAX_RESTARTS within RESTART_WINDOW_MS it gives up and exits (the edge then
 // takes the layer for lost).
 //
+// The edge keeps a copy of that descriptor too (pidfd_getfd(2), see lazy.ts): when this process
+// dies (its dsec-lazyfs exits with it, on the end of its pipe), the connection lives on in the
+// edge, which starts a new server with `resume` and the descriptor as fd 3: it mounts nothing and
+// runs dsec-lazyfs with `resume` on it, as after a dsec-lazyfs restart.
+//
 // The edge talks to it on a unix socket, one JSON object per line: `{"op":"stats"}`,
 // `{"op":"events"}` (then every event as it is raised), `{"op":"prefetch","chunks":[...]}`,
 // `{"op":"stop"}` (unmounts the FUSE view and exits; refused while the layer is mounted on it).
@@ -129,7 +134,10 @@ const PREFETCH_RUNS = 4;
 /** Cache files of chunks read are touched at most this often (their mtime is the LRU order). */
 const TOUCH_SPACING_MS = 30_000;
 
-async function main(configPath: string): Promise<void> {
+/** The descriptor of a mounted FUSE connection a server started with `resume` gets from the edge. */
+const RESUME_FD = 3;
+
+async function main(configPath: string, resume: boolean): Promise<void> {
   const cfg = JSON.parse(readFileSync(configPath, 'utf8')) as LazyServerConfig;
   const index = decodeChunkIndex(readFileSync(cfg.index));
   const client = new RegistryClient(cfg.registry);
@@ -353,12 +361,14 @@ async function main(configPath: string): Promise<void> {
   await mkdir(cfg.mountpoint, { recursive: true });
   // The FUSE connection: opened and mounted here, its descriptor kept for as long as this process
   // lives, so that a dsec-lazyfs that dies can be replaced under the same mount (see the header).
-  const devFuse = openFd('/dev/fuse', 0o2 /* O_RDWR */ | O.CLOEXEC);
-  try {
-    mount('dsec-lazy', cfg.mountpoint, 'fuse.dsec-lazy', MS.RDONLY | MS.NOSUID | MS.NODEV, `fd=${devFuse},rootmode=40000,user_id=0,group_id=0,allow_other`);
-  } catch (err) {
-    closeFd(devFuse);
-    throw err;
+  const devFuse = resume ? RESUME_FD : openFd('/dev/fuse', 0o2 /* O_RDWR */ | O.CLOEXEC);
+  if (!resume) {
+    try {
+      mount('dsec-lazy', cfg.mountpoint, 'fuse.dsec-lazy', MS.RDONLY | MS.NOSUID | MS.NODEV, `fd=${devFuse},rootmode=40000,user_id=0,group_id=0,allow_other`);
+    } catch (err) {
+      closeFd(devFuse);
+      throw err;
+    }
   }
   let stopping = false;
   const restarts: number[] = [];
@@ -420,7 +430,7 @@ async function main(configPath: string): Promise<void> {
       );
     }
   };
-  let fuse = startFuse(false);
+  let fuse = startFuse(resume);
 
   const server = net.createServer((sock) => {
     sock.on('error', () => undefined);
@@ -436,7 +446,7 @@ async function main(configPath: string): Promise<void> {
       }
       switch (req.op) {
         case 'stats':
-          sock.write(JSON.stringify({ stats, pid: process.pid }) + '\n');
+          sock.write(JSON.stringify({ stats, pid: process.pid, fuseFd: devFuse }) + '\n');
           break;
         case 'order':
           sock.write(JSON.stringify({ order }) + '\n');
@@ -525,13 +535,13 @@ async function main(configPath: string): Promise<void> {
   }
   await rm(cfg.socket, { force: true });
   await new Promise<void>((resolve) => server.listen(cfg.socket, resolve));
-  process.stdout.write(`ready ${process.pid}\n`);
+  process.stdout.write(`ready ${process.pid} ${devFuse}\n`);
 }
 
 if (process.argv[1] !== undefined && process.argv[1].endsWith('lazy-server.js') && process.argv[2] !== undefined) {
   // Killed with the edge's process group only if the edge asks: this process is its own session.
   process.on('SIGPIPE', () => undefined);
-  main(process.argv[2]).catch((err: unknown) => {
+  main(process.argv[2], process.argv[3] === 'resume').catch((err: unknown) => {
     process.stderr.write(`dsec lazy server: ${err instanceof Error ? err.message : String(err)}\n`);
     process.exit(1);
   });

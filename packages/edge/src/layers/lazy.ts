@@ -16,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { DsecError } from '@dsec/protocol';
 import type { EventSink, RaisedEvent } from '@dsec/protocol';
-import { mountsUnder, MNT, umount } from '../sys/linux.js';
+import { closeFd, mountsUnder, MNT, pidfdGetfd, pidfdOpen, umount } from '../sys/linux.js';
 import { decodeChunkIndex } from './lazy-index.js';
 import type { LazyServerConfig, LazyServerStats } from './lazy-server.js';
 import type { LayerRegistry } from './remote.js';
@@ -84,6 +84,9 @@ const REQUEST_TIMEOUT_MS = 5_000;
 const GONE_RETRIES = 30;
 /** A profile is recorded at the first command's end, or this long after the layer's server started. */
 export const PROFILE_WINDOW_MS = 120_000;
+/** Servers started again on a held FUSE connection within REVIVE_WINDOW_MS before the layer is given up. */
+const MAX_REVIVES = 3;
+const REVIVE_WINDOW_MS = 60_000;
 /** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
 export const SOCKET_DIR = '/run/dsec/lazy';
 
@@ -120,6 +123,15 @@ export class LazyLayers {
    * `prefetching` when the registry had one (its chunks are fetched in the background).
    */
   private readonly profiles = new Map<string, ProfileState>();
+  /**
+   * This edge's copy of each running server's FUSE connection (a /dev/fuse descriptor taken
+   * with pidfd_getfd(2)): when the server dies, the connection, the layer's mount and the reads
+   * waiting on it live on, and a new server takes it over ({@link revive}).
+   */
+  private readonly fuseFds = new Map<string, number>();
+  /** Servers being started again on a held connection, and when each layer's were. */
+  private readonly reviving = new Map<string, Promise<boolean>>();
+  private readonly revivals = new Map<string, number[]>();
 
   constructor(
     private readonly root: string,
@@ -171,7 +183,9 @@ export class LazyLayers {
     const dir = this.dirOf(hex);
     const mountpoint = join(dir, 'fuse');
     const blob = join(mountpoint, 'blob');
-    if ((await this.request(hex, { op: 'stats' }).catch(() => undefined)) !== undefined) {
+    const running = (await this.request(hex, { op: 'stats' }).catch(() => undefined)) as { pid?: number; fuseFd?: number } | undefined;
+    if (running !== undefined) {
+      this.holdFuse(hex, running.pid, running.fuseFd);
       this.subscribe(hex);
       return blob;
     }
@@ -195,42 +209,109 @@ export class LazyLayers {
       readAheadBytes: this.opts.readAheadBytes ?? DEFAULT_READ_AHEAD_BYTES,
       maxRangeBytes: Math.max(this.opts.maxRangeBytes ?? DEFAULT_MAX_RANGE_BYTES, 64 * 1024),
     };
-    const configPath = join(dir, 'server.json');
-    await writeFile(configPath, JSON.stringify(config), { mode: 0o600 });
-    const log = openSync(join(dir, 'server.log'), 'a', 0o600);
-    let child;
-    try {
-      // Its own session: an edge that dies (or is killed with its process group) leaves it serving.
-      child = spawn(process.execPath, [SERVER_SCRIPT, configPath], { detached: true, stdio: ['ignore', 'pipe', log] });
-    } finally {
-      closeSync(log);
-    }
-    child.unref();
-    const ready = await new Promise<boolean>((resolve) => {
-      const timer = setTimeout(() => resolve(false), 15_000);
-      const lines = createInterface({ input: child.stdout! });
-      lines.on('error', () => undefined);
-      lines.once('line', (line) => {
-        clearTimeout(timer);
-        resolve(line.startsWith('ready'));
-      });
-      child.once('exit', () => {
-        clearTimeout(timer);
-        resolve(false);
-      });
-    });
-    child.stdout?.destroy();
-    if (!ready) {
-      if (child.exitCode === null) child.kill('SIGKILL');
+    await writeFile(join(dir, 'server.json'), JSON.stringify(config), { mode: 0o600 });
+    const ready = await this.spawnServer(hex);
+    if (ready === undefined) {
       const why = await readFile(join(dir, 'server.log'), 'utf8').catch(() => '');
       await this.cleanup(hex);
       throw new DsecError('UNAVAILABLE', `lazy server of layer sha256:${hex} did not start: ${why.trim().split('\n').slice(-3).join(' ')}`, {
         layer: `sha256:${hex}`,
       });
     }
+    this.holdFuse(hex, ready.pid, ready.fuseFd);
     this.subscribe(hex);
     this.loadProfile(hex);
     return blob;
+  }
+
+  /**
+   * Starts the layer's server (config `server.json` in its directory) and waits for it to be
+   * ready: its pid and the number of its FUSE descriptor, or undefined (it was killed). With
+   * `resumeFd` it takes over that mounted FUSE connection instead of mounting one.
+   */
+  private async spawnServer(hex: string, resumeFd?: number): Promise<{ pid: number; fuseFd: number } | undefined> {
+    const dir = this.dirOf(hex);
+    const log = openSync(join(dir, 'server.log'), 'a', 0o600);
+    let child;
+    try {
+      // Its own session: an edge that dies (or is killed with its process group) leaves it serving.
+      child = spawn(process.execPath, [SERVER_SCRIPT, join(dir, 'server.json'), ...(resumeFd === undefined ? [] : ['resume'])], {
+        detached: true,
+        stdio: ['ignore', 'pipe', log, ...(resumeFd === undefined ? [] : [resumeFd])],
+      });
+    } finally {
+      closeSync(log);
+    }
+    child.unref();
+    const ready = await new Promise<{ pid: number; fuseFd: number } | undefined>((resolve) => {
+      const timer = setTimeout(() => resolve(undefined), 15_000);
+      const lines = createInterface({ input: child.stdout! });
+      lines.on('error', () => undefined);
+      lines.once('line', (line) => {
+        clearTimeout(timer);
+        const [word, pid, fd] = line.split(' ');
+        resolve(word === 'ready' ? { pid: Number(pid), fuseFd: Number(fd) } : undefined);
+      });
+      child.once('exit', () => {
+        clearTimeout(timer);
+        resolve(undefined);
+      });
+    });
+    child.stdout?.destroy();
+    if (ready === undefined && child.exitCode === null) child.kill('SIGKILL');
+    return ready;
+  }
+
+  /** Takes a copy of the server's FUSE descriptor (see {@link fuseFds}); without one the layer dies with its server. */
+  private holdFuse(hex: string, pid: number | undefined, fuseFd: number | undefined): void {
+    if (this.fuseFds.has(hex) || pid === undefined || fuseFd === undefined) return;
+    try {
+      const pidfd = pidfdOpen(pid);
+      if (pidfd === undefined) return;
+      try {
+        this.fuseFds.set(hex, pidfdGetfd(pidfd, fuseFd));
+      } finally {
+        closeFd(pidfd);
+      }
+    } catch {
+      // No copy (no ptrace rights over the server): the layer is lost if its server dies.
+    }
+  }
+
+  private releaseFuse(hex: string): void {
+    const fd = this.fuseFds.get(hex);
+    this.fuseFds.delete(hex);
+    if (fd !== undefined) closeFd(fd);
+  }
+
+  /**
+   * The layer's server died under a mounted layer whose FUSE connection this edge holds: a new
+   * server takes the connection over (the kernel queues again the reads the dead one had taken),
+   * so the sandboxes reading the layer carry on. False (the connection let go, the layer lost)
+   * when it does not start, or after MAX_REVIVES within REVIVE_WINDOW_MS.
+   */
+  private revive(hex: string): Promise<boolean> {
+    const known = this.reviving.get(hex);
+    if (known !== undefined) return known;
+    const run = (async (): Promise<boolean> => {
+      const fd = this.fuseFds.get(hex);
+      const now = Date.now();
+      const recent = (this.revivals.get(hex) ?? []).filter((t) => now - t < REVIVE_WINDOW_MS);
+      this.revivals.set(hex, [...recent, now]);
+      if (fd === undefined || recent.length >= MAX_REVIVES || !this.pinned.has(hex)) {
+        this.releaseFuse(hex);
+        return false;
+      }
+      const ready = await this.spawnServer(hex, fd);
+      if (ready === undefined) {
+        this.releaseFuse(hex);
+        return false;
+      }
+      this.subscribe(hex);
+      return true;
+    })().finally(() => this.reviving.delete(hex));
+    this.reviving.set(hex, run);
+    return run;
   }
 
   /**
@@ -304,6 +385,7 @@ export class LazyLayers {
   private async cleanup(hex: string): Promise<void> {
     const dir = this.dirOf(hex);
     for (const m of (await mountsUnder(dir)).reverse()) umount(m, MNT.DETACH);
+    this.releaseFuse(hex);
     await rm(dir, { recursive: true, force: true });
     await rm(this.socketOf(hex), { force: true });
   }
@@ -340,6 +422,15 @@ export class LazyLayers {
    * connections (a server too busy to answer in time is not gone).
    */
   async gone(hex: string): Promise<boolean> {
+    const reviving = this.reviving.get(hex);
+    if (reviving !== undefined) return !(await reviving);
+    if (!(await this.unreachable(hex))) return false;
+    // Dead: a mounted layer whose connection this edge holds gets a new server.
+    return !(this.fuseFds.has(hex) && (await this.revive(hex)));
+  }
+
+  /** Whether the layer's server's socket is missing or refuses connections (see {@link gone}). */
+  private async unreachable(hex: string): Promise<boolean> {
     for (let attempt = 0; ; attempt++) {
       try {
         await this.request(hex, { op: 'stats' });
@@ -457,6 +548,8 @@ export class LazyLayers {
     for (const p of this.profiles.values()) clearTimeout(p.timer);
     for (const s of this.subscriptions.values()) s.destroy();
     this.subscriptions.clear();
+    // The servers keep their own descriptors; the next edge takes copies again.
+    for (const hex of [...this.fuseFds.keys()]) this.releaseFuse(hex);
   }
 
   /** One request to the layer's server, one line back. */

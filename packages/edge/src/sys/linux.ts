@@ -256,6 +256,17 @@ export function pidfdSendSignal(pidfd: number, signal: number): void {
   check(c.syscall(SYS_PIDFD_SEND_SIGNAL, 'int', pidfd, 'int', signal, 'void *', null, 'uint', 0), 'pidfd_send_signal', `pidfd ${pidfd}`);
 }
 
+const SYS_PIDFD_GETFD = 438;
+
+/**
+ * pidfd_getfd(2) (Linux 5.6+): a copy, in this process (close-on-exec), of descriptor `fd` of the
+ * process `pidfd` refers to. Needs ptrace rights over it (root, or the same user without
+ * restrictions).
+ */
+export function pidfdGetfd(pidfd: number, fd: number): number {
+  return check(c.syscall(SYS_PIDFD_GETFD, 'int', pidfd, 'int', fd, 'uint', 0), 'pidfd_getfd', `fd ${fd} of pidfd ${pidfd}`);
+}
+
 /** madvise(2) advice that reads pages back in (swap-in for anonymous memory, readahead for files). */
 export const MADV_WILLNEED = 3;
 /** Most address ranges one process_madvise(2) call takes (UIO_MAXIOV). */
