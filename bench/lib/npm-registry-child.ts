@@ -1,16 +1,17 @@
 // The install scenario's registry, run inside its network namespace: the shared fixture
 // (@dsec/edge testing/npm-registry.ts) over TLS behind a relay on port 443 that delays every
 // piece of data by the one-way delay in each direction (and a new connection by one round trip,
-// its handshake): this kernel has no netem, the link's rate is a tbf qdisc. Its counters on port
+// its handshake; delay-relay.ts): this kernel has no netem, the link's rate is a tbf qdisc. Its counters on port
 // 9000 (GET: read, POST: read and reset). With a fifth argument, a directory served as plain HTTP
 // on port 80 behind the same kind of relay (the Debian repository of the apt part; counters at
 // /apt on port 9000).
 // Usage: node npm-registry-child.js <index.json> <address> <tls dir> <one-way delay ms> [<static dir>]
 import { readFile } from 'node:fs/promises';
 import http from 'node:http';
-import net from 'node:net';
+import type net from 'node:net';
 import path from 'node:path';
 import { startNpmRegistry, startStaticRepo } from '@dsec/edge';
+import { startDelayRelay } from './delay-relay.js';
 
 const [index, address, tlsDir, delayArg, staticDir] = process.argv.slice(2);
 const delayMs = Number(delayArg ?? '0');
@@ -34,39 +35,8 @@ const stats = http.createServer((req, res) => {
   res.writeHead(200, { 'content-type': 'application/json' }).end(body);
 });
 
-/** Passes `from`'s data to `to` `delayMs` later, in order, with backpressure. */
-function delayed(from: net.Socket, to: net.Socket): void {
-  from.on('data', (chunk: Buffer) => {
-    from.pause();
-    setTimeout(() => {
-      if (to.destroyed) return;
-      if (to.write(chunk)) from.resume();
-      else to.once('drain', () => from.resume());
-    }, delayMs);
-  });
-  from.on('end', () => setTimeout(() => to.end(), delayMs));
-}
-
-/** A relay on `port` of the namespace's address to a local server's port, delayed each way. */
-const relay = (upstreamPort: number): net.Server =>
-  net.createServer({ allowHalfOpen: true }, (client) => {
-    client.pause();
-    const up = net.connect({ host: '127.0.0.1', port: upstreamPort, allowHalfOpen: true });
-    const kill = (): void => {
-      client.destroy();
-      up.destroy();
-    };
-    client.on('error', kill);
-    up.on('error', kill);
-    client.on('close', () => up.destroy());
-    up.on('close', () => client.destroy());
-    // The handshake's round trip, then data each way one delay late.
-    setTimeout(() => {
-      delayed(client, up);
-      delayed(up, client);
-      client.resume();
-    }, 2 * delayMs);
-  });
-relay(Number(new URL(registry.url).port)).listen(443, address);
-if (repo) relay(Number(new URL(repo.url).port)).listen(80, address);
+/** A relay on `port` of the namespace's address to a local server's port, delayed each way (delay-relay.ts). */
+const relay = (port: number, upstreamPort: number): net.Server => startDelayRelay({ host: address, port }, { host: '127.0.0.1', port: upstreamPort }, delayMs);
+relay(443, Number(new URL(registry.url).port));
+if (repo) relay(80, Number(new URL(repo.url).port));
 stats.listen(9000, address, () => process.stdout.write('ready\n'));

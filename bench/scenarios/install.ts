@@ -12,7 +12,7 @@
 // Run it by name (`--only install`): it is not part of `--quick`.
 import { execFile, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { cp, mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -25,6 +25,8 @@ import { NetworkConfigSchema } from '@dsec/protocol';
 import type { LayerInfo, NetworkPolicy } from '@dsec/protocol';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { onCleanup } from '../lib/cleanup.js';
+import { makeShapedLink, shapedLinkNames } from '../lib/shaped-link.js';
+import type { ShapedLinkNames } from '../lib/shaped-link.js';
 import { AGENT_BINARY } from '../lib/platform.js';
 import type { PreloadedLayer } from '../lib/platform.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
@@ -164,37 +166,15 @@ interface ShapedRegistry {
   apt: { stats(): Promise<{ connections: number; requests: number }>; reset(): Promise<void> };
 }
 
-/** Names of a registry namespace and its link (`10.215.<n>.2` inside, `.1` on the host). */
-function registryLink(): { ns: string; hostIf: string; hostAddress: string; address: string } {
-  const tag = randomBytes(3).toString('hex');
-  const octet = 1 + (parseInt(tag, 16) % 250);
-  return { ns: `dsec-bench-reg-${tag}`, hostIf: `dbr${tag}`, hostAddress: `10.215.${octet}.1`, address: `10.215.${octet}.2` };
-}
-
 /** A network namespace with the registry child in it, behind a shaped link (tbf both ends, the child's delaying relay). */
-async function shapedRegistry(link: ReturnType<typeof registryLink>, index: string, tlsDir: string, aptDir: string): Promise<ShapedRegistry> {
-  const { ns, hostIf, hostAddress, address } = link;
-  const procs: ChildProcess[] = [];
-  onCleanup(`registry namespace ${ns}`, async () => {
-    for (const p of procs) p.kill('SIGKILL');
-    await run('ip', ['netns', 'del', ns]).catch(() => undefined);
-    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
-  });
-  await run('ip', ['netns', 'add', ns]);
-  await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
-  await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
-  await run('ip', ['link', 'set', hostIf, 'up']);
-  for (const args of [
-    ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
-    ['link', 'set', 'lo', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-    ['route', 'add', 'default', 'via', hostAddress],
-  ])
-    await run('ip', ['-n', ns, ...args]);
+async function shapedRegistry(link: ShapedLinkNames, index: string, tlsDir: string, aptDir: string): Promise<ShapedRegistry> {
+  const { ns, address } = link;
   // The rate on both ends of the link (tbf: this kernel has no netem); the delay is the child's relay.
-  const tbf = ['root', 'tbf', 'rate', RATE, 'burst', '64kb', 'latency', '400ms'];
-  await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
-  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
+  await makeShapedLink(link, { rate: RATE, burst: '64kb', latency: '400ms', defaultRoute: true });
+  const procs: ChildProcess[] = [];
+  onCleanup(`registry child in ${ns}`, () => {
+    for (const p of procs) p.kill('SIGKILL');
+  });
   const child = spawn('ip', ['netns', 'exec', ns, process.execPath, CHILD, index, address, tlsDir, String(ONE_WAY_DELAY_MS), aptDir], {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
@@ -389,7 +369,7 @@ export const installScenario: Scenario = {
     const contents = await contentsFromTarballs(tree.tarballs);
     const index = path.join(dir, 'registry.json');
     await writeFile(index, JSON.stringify({ packuments: [...contents.packuments], tarballs: [...contents.tarballs] }));
-    const link = registryLink();
+    const link = shapedLinkNames('reg', 'dbr', 215);
     const ca = await makeCertificateAuthority('dsec bench registry CA');
     const tlsDir = path.join(dir, 'tls');
     await mkdir(tlsDir, { recursive: true });

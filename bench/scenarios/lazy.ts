@@ -6,23 +6,21 @@
 // namespace the bench makes, reached over a veth pair shaped to a cluster link: tbf at 1 Gbit/s
 // on both ends and a relay adding 0.5 ms each way (this kernel has no netem). Only with
 // `--only lazy`.
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import { Edge, LayerRegistry, LayerStore, layerTag, MNT, mountsUnder, startOciRegistry, umount } from '@dsec/edge';
 import type { OciRegistry } from '@dsec/edge';
 import type { LayerInfo } from '@dsec/protocol';
 import { onCleanup } from '../lib/cleanup.js';
+import { makeShapedLink, shapedLinkNames } from '../lib/shaped-link.js';
+import type { ShapedLinkNames } from '../lib/shaped-link.js';
 import { AGENT_BINARY } from '../lib/platform.js';
 import type { PreloadedLayer } from '../lib/platform.js';
 import type { Scenario, ScenarioContext } from '../lib/scenario.js';
 import { nowMs, percentile, progress, sleep } from '../lib/stats.js';
-
-const run = promisify(execFile);
 
 const MiB = 1024 * 1024;
 /** The small image's toolkit: many small files, all read by its first command. */
@@ -81,32 +79,11 @@ interface ShapedRegistry {
 }
 
 /** A network namespace joined to the host by a veth pair with tbf at LINK_RATE on both ends. */
-async function shapedLink(): Promise<{ ns: string; address: string }> {
-  const tag = randomBytes(3).toString('hex');
-  const octet = 1 + (parseInt(tag, 16) % 250);
-  const ns = `dsec-bench-lazy-${tag}`;
-  const hostIf = `dbl${tag}`;
-  const hostAddress = `10.216.${octet}.1`;
-  const address = `10.216.${octet}.2`;
-  onCleanup(`lazy registry namespace ${ns}`, async () => {
-    await run('ip', ['netns', 'del', ns]).catch(() => undefined);
-    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
-  });
-  await run('ip', ['netns', 'add', ns]);
-  await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
-  await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
-  await run('ip', ['link', 'set', hostIf, 'up']);
-  for (const args of [
-    ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
-    ['link', 'set', 'lo', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-  ])
-    await run('ip', ['-n', ns, ...args]);
+async function shapedLink(): Promise<ShapedLinkNames> {
+  const link = shapedLinkNames('lazy', 'dbl', 216);
   // The burst holds a few GSO segments (veth hands tbf 64 KiB packets); latency bounds the queue.
-  const tbf = ['root', 'tbf', 'rate', LINK_RATE, 'burst', '256kb', 'latency', '50ms'];
-  await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
-  await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);
-  return { ns, address };
+  await makeShapedLink(link, { rate: LINK_RATE, burst: '256kb', latency: '50ms' });
+  return link;
 }
 
 /** A registry in `link`'s namespace on `port + 1`, behind the delaying relay on `port`. */
