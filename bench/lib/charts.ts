@@ -78,6 +78,29 @@ export function chartsOf(report: RunReport): Chart[] {
         }),
       });
   }
+  // Bytes received over the link during a cold start, per image: every mode, then the first seconds.
+  const overTime = report.rows.filter((r) => r.scenario === 'lazy' && r.metric.endsWith(': bytes received over the link over time') && r.series);
+  for (const [k, metric] of [...new Set(overTime.map((r) => r.metric))].entries()) {
+    const image = metric.slice(0, -': bytes received over the link over time'.length);
+    const of = overTime.filter((r) => r.metric === metric);
+    const lazyEnd = Math.max(...of.filter((r) => r.system !== 'dsec eager pull').map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
+    for (const [suffix, until] of [
+      ['', Infinity],
+      [`, first ${(lazyEnd / 1000).toFixed(1)} s`, lazyEnd],
+    ] as const) {
+      const title = `Bytes received from the registry over time, ${image}${suffix}`;
+      charts.push({
+        file: `lazy-bytes-over-time-${k + 1}${until === Infinity ? '' : '-start'}.svg`,
+        title,
+        svg: lineChart({
+          title,
+          xLabel: 'ms since create (to the first command end)',
+          yLabel: 'MiB',
+          series: of.map((r) => ({ label: r.system, points: r.series!.points.filter(([x]) => x <= until) })),
+        }),
+      });
+    }
+  }
   const fill = report.rows.find((r) => r.scenario === 'sustained' && r.series);
   const probes = report.rows.filter((r) => r.scenario === 'density' && /^create at \d+% fill$/.test(r.metric) && r.p50 !== undefined);
   if (fill?.series) {

@@ -8,7 +8,7 @@
 // `--only lazy`.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Edge, LayerRegistry, LayerStore, layerTag, MNT, mountsUnder, startOciRegistry, umount } from '@dsec/edge';
@@ -45,6 +45,8 @@ const LINK_RATE = '1gbit';
 const ONE_WAY_DELAY_US = 500;
 /** bcrypt cost of the registry's password: a cluster registry's token check is cheap (see method). */
 const BCRYPT_COST = 4;
+/** Bytes over the link are sampled this often during a cold start (ms). */
+const SAMPLE_MS = 100;
 const RELAY = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'delay-relay.js');
 
 interface Image {
@@ -76,6 +78,8 @@ async function cachedLargeImage(cacheDir: string): Promise<{ info: LayerInfo; bl
 interface ShapedRegistry {
   registry: OciRegistry;
   url: string;
+  /** The link's host-side interface: its received bytes are what came from the registry. */
+  hostIf: string;
 }
 
 /** A network namespace joined to the host by a veth pair with tbf at LINK_RATE on both ends. */
@@ -87,7 +91,7 @@ async function shapedLink(): Promise<ShapedLinkNames> {
 }
 
 /** A registry in `link`'s namespace on `port + 1`, behind the delaying relay on `port`. */
-async function shapedRegistry(link: { ns: string; address: string }, port: number): Promise<ShapedRegistry> {
+async function shapedRegistry(link: ShapedLinkNames, port: number): Promise<ShapedRegistry> {
   const registry = await startOciRegistry({ netns: { name: link.ns, address: link.address, port: port + 1 }, bcryptCost: BCRYPT_COST });
   onCleanup(`lazy bench registry ${link.address}:${port}`, () => registry.close());
   const relay: ChildProcess = spawn(
@@ -102,7 +106,7 @@ async function shapedRegistry(link: { ns: string; address: string }, port: numbe
     relay.stdout!.once('data', () => resolve());
     relay.once('exit', (code) => reject(new Error(`the delay relay exited (${code})`)));
   });
-  return { registry, url: `http://${link.address}:${port}` };
+  return { registry, url: `http://${link.address}:${port}`, hostIf: link.hostIf };
 }
 
 /** Median of `GET /v2/` round trips (after a first one that opens the connection) through `url`. */
@@ -117,6 +121,32 @@ async function httpRoundTripMs(url: string): Promise<number> {
   return percentile(times, 50);
 }
 
+/** Bytes the host has received on interface `dev` (from the registry's namespace). */
+const rxBytes = (dev: string): Promise<number> => readFile(`/sys/class/net/${dev}/statistics/rx_bytes`, 'utf8').then(Number);
+
+/** Samples of the bytes received on `dev` from now on, every SAMPLE_MS until stopped: [ms, MiB]. */
+function sampleLink(dev: string): { stop(): Promise<Array<[number, number]>> } {
+  const points: Array<[number, number]> = [];
+  const t0 = nowMs();
+  let base: number | undefined;
+  const take = async (): Promise<void> => {
+    const n = await rxBytes(dev);
+    base ??= n;
+    points.push([Math.round(nowMs() - t0), (n - base) / MiB]);
+  };
+  let sampling = take();
+  const timer = setInterval(() => {
+    sampling = sampling.then(take);
+  }, SAMPLE_MS);
+  return {
+    async stop() {
+      clearInterval(timer);
+      await sampling.then(take);
+      return points;
+    },
+  };
+}
+
 /** Blob GETs (whole blobs and ranges) the registry answered. */
 const blobGets = (registry: OciRegistry): number => registry.requests().filter((r) => /^GET \/v2\/.+\/blobs\/sha256:/.test(r)).length;
 
@@ -129,7 +159,7 @@ async function coldStart(
   shaped: ShapedRegistry,
   image: Image,
   mode: Mode,
-): Promise<{ ms: number; warmMs: number; bytes: number; requests: number; prefetched: number }> {
+): Promise<{ ms: number; warmMs: number; bytes: number; requests: number; prefetched: number; overTime: Array<[number, number]> }> {
   const { registry } = shaped;
   const home = await mkdtemp(path.join(ctx.dir, `lazy-node-`));
   const endpoint = { url: shaped.url, username: registry.username, password: registry.password };
@@ -152,10 +182,12 @@ async function coldStart(
   try {
     registry.clearLog();
     const spec = { image: { base: image.base.digest, toolkits: image.toolkits.map((t) => t.digest) } };
+    const link = sampleLink(shaped.hostIf);
     const t0 = nowMs();
     const sb = await edge.create(spec);
     const r = await edge.exec(sb.id, { cmd: image.cmd });
     const ms = nowMs() - t0;
+    const overTime = await link.stop();
     if (r.exitCode !== 0) throw new Error(`lazy: ${image.name}, ${mode}: first command failed: ${r.stderr.slice(-300)}`);
     const requests = blobGets(registry);
     const layers = [image.base, ...image.toolkits];
@@ -173,7 +205,7 @@ async function coldStart(
     const warmMs = nowMs() - t1;
     if (r2.exitCode !== 0) throw new Error(`lazy: ${image.name}, ${mode}: warm command failed: ${r2.stderr.slice(-300)}`);
     await edge.destroy(again.id);
-    return { ms, warmMs, bytes, requests, prefetched };
+    return { ms, warmMs, bytes, requests, prefetched, overTime };
   } finally {
     await done();
   }
@@ -331,6 +363,18 @@ export const lazyScenario: Scenario = {
           n,
           value: med((r) => r.bytes) / MiB,
           note: `${((100 * med((r) => r.bytes)) / total).toFixed(1)}% of the image's ${(total / MiB).toFixed(1)} MiB`,
+        });
+        // The bytes over time of the run whose cold start is the median.
+        const middle = [...rs].sort((a, b) => a.ms - b.ms)[Math.floor((rs.length - 1) / 2)]!;
+        ctx.record({
+          scenario: 'lazy',
+          metric: `${image.name}: bytes received over the link over time`,
+          system,
+          unit: 'MiB',
+          n: 1,
+          value: middle.overTime[middle.overTime.length - 1]?.[1] ?? 0,
+          note: `the run of median cold start (${middle.ms.toFixed(0)} ms), sampled every ${SAMPLE_MS} ms from create to the first command's end`,
+          series: { x: 'ms since create', y: 'MiB received over the link', points: middle.overTime },
         });
         ctx.record({
           scenario: 'lazy',
