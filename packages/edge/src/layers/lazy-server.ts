@@ -358,7 +358,9 @@ async function main(configPath: string, resume: boolean): Promise<void> {
   };
 
   await mkdir(cfg.cacheDir, { recursive: true });
-  await mkdir(cfg.mountpoint, { recursive: true });
+  // Resuming, the mount point is the FUSE view itself, which nobody serves yet: a look at it
+  // (mkdir's check) would wait on the dsec-lazyfs started below.
+  if (!resume) await mkdir(cfg.mountpoint, { recursive: true });
   // The FUSE connection: opened and mounted here, its descriptor kept for as long as this process
   // lives, so that a dsec-lazyfs that dies can be replaced under the same mount (see the header).
   const devFuse = resume ? RESUME_FD : openFd('/dev/fuse', 0o2 /* O_RDWR */ | O.CLOEXEC);
