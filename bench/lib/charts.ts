@@ -84,9 +84,11 @@ export function chartsOf(report: RunReport): Chart[] {
     const image = metric.slice(0, -': bytes received over the link over time'.length);
     const of = overTime.filter((r) => r.metric === metric);
     const lazyEnd = Math.max(...of.filter((r) => r.system !== 'dsec eager pull').map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
+    const longest = Math.max(...of.map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
     for (const [suffix, until] of [
       ['', Infinity],
-      [`, first ${(lazyEnd / 1000).toFixed(1)} s`, lazyEnd],
+      // The first seconds again, when the eager pull runs on past the lazy starts.
+      ...(longest > lazyEnd * 1.5 ? ([[`, first ${(lazyEnd / 1000).toFixed(1)} s`, lazyEnd]] as const) : []),
     ] as const) {
       const title = `Bytes received from the registry over time, ${image}${suffix}`;
       charts.push({
