@@ -19,7 +19,7 @@ export const LayerCacheStatsSchema = z.object({
   /** Fetches that failed (`layer.fetch-failed`) and chunks refused (`layer.corrupt`). */
   failures: z.number(),
   corrupt: z.number(),
-  /** Layers mounted lazily now. */
+  /** Lazy layers with a server: mounted, or unmounted and kept idle (`lazyServerIdleMs`). */
   lazyLayers: z.number(),
 });
 /** A node's chunk cache statistics. */

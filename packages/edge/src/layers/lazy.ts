@@ -64,7 +64,7 @@ export interface LazyCacheStats {
   fetchedChunks: number;
   failures: number;
   corrupt: number;
-  /** Layers mounted lazily now. */
+  /** Lazy layers with a server: mounted, or unmounted and kept idle (`lazyServerIdleMs`). */
   lazyLayers: number;
 }
 
