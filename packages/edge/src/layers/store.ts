@@ -235,7 +235,11 @@ export class LayerStore {
       for (const hex of await this.lazy.serverDirs()) {
         if (this.mounted.has(hex) && this.lazyLayers.has(hex) && !(await this.lazy.gone(hex))) await this.lazy.start(hex, join(this.blobsDir, hex));
         else if (this.mounted.has(hex) && this.lazyLayers.has(hex)) await this.dropDeadMount(hex);
-        else if (this.lazyLayers.has(hex) && (await this.lazy.running(hex))) this.idleLazy(hex);
+        else if (this.lazyLayers.has(hex) && (await this.lazy.running(hex))) {
+          // An idle server: followed (its chunks pinned, its connection held) until its time is up.
+          await this.lazy.start(hex, join(this.blobsDir, hex));
+          this.idleLazy(hex);
+        }
         else await this.lazy.stop(hex);
       }
     }
