@@ -239,8 +239,7 @@ export class LayerStore {
           // An idle server: followed (its chunks pinned, its connection held) until its time is up.
           await this.lazy.start(hex, join(this.blobsDir, hex));
           this.idleLazy(hex);
-        }
-        else await this.lazy.stop(hex);
+        } else await this.lazy.stop(hex);
       }
     }
   }
