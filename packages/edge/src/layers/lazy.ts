@@ -552,8 +552,9 @@ export class LazyLayers {
     for (const hex of [...this.fuseFds.keys()]) this.releaseFuse(hex);
   }
 
-  /** One request to the layer's server, one line back. */
-  private request(hex: string, body: object): Promise<unknown> {
+  /** One request to the layer's server, one line back (to the new one once a revival is under way). */
+  private async request(hex: string, body: object): Promise<unknown> {
+    await this.reviving.get(hex);
     return new Promise((resolve, reject) => {
       const sock = net.connect(this.socketOf(hex));
       const timer = setTimeout(() => {
