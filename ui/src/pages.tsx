@@ -13,8 +13,9 @@ interface NodeUsage {
   healthy: boolean;
   backends: string[];
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
-  allocatable: { cpu: number; memoryMiB: number };
-  allocated: { cpu: number; memoryMiB: number; sandboxes: number };
+  /** Null (like `allocated`, `used`, `machine`) for a key outside the root project: the operator's figures. */
+  allocatable: { cpu: number; memoryMiB: number } | null;
+  allocated: { cpu: number; memoryMiB: number; sandboxes: number } | null;
   used: { cpu: number; memoryMiB: number; sandboxes: number } | null;
   machine: { cpuPercent: number; memoryUsedBytes: number; memoryTotalBytes: number } | null;
 }
@@ -73,13 +74,15 @@ export function Overview() {
           ]}
           rows={(data?.nodes ?? []).map((n) => {
             const u = n.machine;
+            const a = n.allocated;
+            const t = n.allocatable;
             return [
               n.name,
               n.healthy ? 'yes' : 'no',
               n.backends.join(', '),
-              <Meter used={n.allocated.cpu} total={n.allocatable.cpu} label={`${n.allocated.cpu} / ${n.allocatable.cpu} cores`} />,
-              <Meter used={n.allocated.memoryMiB} total={n.allocatable.memoryMiB} label={`${n.allocated.memoryMiB} / ${n.allocatable.memoryMiB} MiB`} />,
-              `${n.allocated.sandboxes} / ${n.capacity.sandboxes}`,
+              a && t ? <Meter used={a.cpu} total={t.cpu} label={`${a.cpu} / ${t.cpu} cores`} /> : `${n.capacity.cpu} cores`,
+              a && t ? <Meter used={a.memoryMiB} total={t.memoryMiB} label={`${a.memoryMiB} / ${t.memoryMiB} MiB`} /> : `${n.capacity.memoryMiB} MiB`,
+              a ? `${a.sandboxes} / ${n.capacity.sandboxes}` : `- / ${n.capacity.sandboxes}`,
               n.used ? <Meter used={n.used.cpu} total={n.capacity.cpu} label={`${n.used.cpu.toFixed(2)} cores`} /> : '-',
               u ? <Meter used={u.cpuPercent} total={100} label={`${u.cpuPercent.toFixed(0)}%`} /> : '-',
               u ? <Meter used={u.memoryUsedBytes} total={u.memoryTotalBytes} label={`${bytes(u.memoryUsedBytes)} / ${bytes(u.memoryTotalBytes)}`} /> : '-',
