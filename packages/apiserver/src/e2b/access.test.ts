@@ -33,7 +33,12 @@ describe('E2B access token and data-plane guards', () => {
       c.set('clientAddress', address);
       await next();
     });
-    const deps = { services: h.services, metrics: new Metrics(h.services), log: () => undefined, streams: new LiveStreams(h.services.slots, async () => undefined) };
+    const deps = {
+      services: h.services,
+      metrics: new Metrics(h.services),
+      log: () => undefined,
+      streams: new LiveStreams(h.services.slots, async () => undefined),
+    };
     const mounted = mountE2b(e2b, deps, { buildOnDemand: false });
     envd = mounted.envd;
     closers.push(

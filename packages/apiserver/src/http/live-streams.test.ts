@@ -109,10 +109,7 @@ describe('live streams: followed answers, principals checked again, what a tenan
     const it = lines(res);
     const first = JSON.parse(await lineWhere(it, () => true, 'the first line')) as { value: { items: { name: string }[] } };
     assert.ok(first.value.items.some((k) => k.name === 'admin'));
-    assert.equal(
-      (await call('POST', '/v1/keys', h.adminKey, undefined, { name: 'followed-key', role: 'viewer' })).status,
-      201,
-    );
+    assert.equal((await call('POST', '/v1/keys', h.adminKey, undefined, { name: 'followed-key', role: 'viewer' })).status, 201);
     const line = await lineWhere(it, (l) => l.includes('followed-key'), 'the new key on the followed list', 5000);
     assert.ok((JSON.parse(line) as { value: { items: unknown[] } }).value.items.length >= 2);
     await it.return(undefined);

@@ -238,11 +238,7 @@ export class LiveStreams {
    * stream slot ({@link open}): `open` gets a signal that aborts then, and refuses (throws)
    * before anything is sent.
    */
-  async samples(
-    p: Principal,
-    request: AbortSignal,
-    open: (signal: AbortSignal) => Promise<AsyncIterable<object>> | AsyncIterable<object>,
-  ): Promise<Response> {
+  async samples(p: Principal, request: AbortSignal, open: (signal: AbortSignal) => Promise<AsyncIterable<object>> | AsyncIterable<object>): Promise<Response> {
     return this.open(p, request, async () => {
       const ctl = new AbortController();
       const stop = (): void => ctl.abort();
@@ -276,7 +272,12 @@ export class LiveStreams {
   }
 }
 
-async function* followed(first: unknown, load: () => Promise<unknown>, nextChange: (signal: AbortSignal) => Promise<void>, signal: AbortSignal): AsyncGenerator<object> {
+async function* followed(
+  first: unknown,
+  load: () => Promise<unknown>,
+  nextChange: (signal: AbortSignal) => Promise<void>,
+  signal: AbortSignal,
+): AsyncGenerator<object> {
   let last = JSON.stringify(first);
   yield { at: new Date().toISOString(), value: first };
   while (!signal.aborted) {
