@@ -298,7 +298,10 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
       await startEdge(undefined, { [CRASH_AT_ENV]: step });
       await until('the armed edge ready', async () => (await nodeState()) === 'ready');
       const work = Promise.allSettled([doomed ? doomed.kill() : Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)]);
-      const code = await Promise.race([edge!.exited, new Promise<'alive'>((r) => setTimeout(() => r('alive'), 60_000))]);
+      let timer: NodeJS.Timeout | undefined;
+      const code = await Promise.race([edge!.exited, new Promise<'alive'>((r) => (timer = setTimeout(() => r('alive'), 60_000)))]);
+      // (A timer left pending would keep the test process alive for its 60 s.)
+      clearTimeout(timer);
       assert.notEqual(code, 'alive', `the edge reached ${step} within 60 s`);
       assert.equal(edge!.child.signalCode, 'SIGKILL', `the edge killed itself at ${step}`);
       await startEdge();
