@@ -2,8 +2,9 @@
 // against a real dsec: serving and its headers, sign-in, sandboxes made, paused and deleted through
 // the API followed in the list from the event stream (no further read of the list), the terminal (xterm.js over the exec WebSocket, opened with a single-use
 // ticket), upload and download, a network policy change, pause and resume followed live in the
-// events stream, hostile labels and file names shown as text, and a viewer key that sees no
-// mutating buttons (and whose calls the API refuses). DSEC_UPDATE_SCREENSHOTS=1 writes
+// events stream, hostile labels and file names shown as text, the keys and audit pages following
+// their answers (one request each) and ending with the reason when their key is revoked, and a
+// viewer key that sees no mutating buttons (and whose calls the API refuses). DSEC_UPDATE_SCREENSHOTS=1 writes
 // docs/img/dashboard-*.png.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
@@ -198,7 +199,11 @@ describe('dashboard', () => {
         assert.ok(Date.now() < deadline, `the project's usage shows the deletion (${await rootUsage()})`);
       }
       assert.ok(projectReads() - readsAtStart <= 3, `read on events only: ${projectReads() - readsAtStart} reads`);
+      // The overview reads its own list once its event stream is up: that read done before the
+      // sandboxes page is opened, so that only that page's reads are counted below.
+      const overviewRead = page.waitForResponse((r) => new URL(r.url()).pathname === '/v1/sandboxes', { timeout: 15_000 });
       await page.getByTestId('nav-overview').click();
+      await overviewRead;
 
       // Every read of the sandbox list the page makes (it reads it once per filter, then follows events).
       const listReads: string[] = [];
@@ -363,6 +368,48 @@ describe('dashboard', () => {
       assert.equal(await page.evaluate('window.__pwned'), undefined);
       assert.deepEqual(problems, []);
       assert.equal((await call('DELETE', `/v1/sandboxes/${id}`, platform.adminKey)).status, 204);
+    } finally {
+      await context.close();
+    }
+  });
+
+  test("the keys and audit pages follow streams (one request each, no polling); a revoked key's page ends with the reason", async () => {
+    const made = await call('POST', '/v1/keys', platform.adminKey, { name: 'dash-live', role: 'admin' });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    const { context, page, problems } = await signedIn(made.body.key);
+    try {
+      const gets: string[] = [];
+      page.on('request', (r) => {
+        if (r.method() === 'GET') gets.push(`${new URL(r.url()).pathname}${(r.headers().accept ?? '').includes('ndjson') ? ' (stream)' : ''}`);
+      });
+      // Keys: a key made through the API appears on the open page, on the one followed request.
+      await page.getByTestId('nav-keys').click();
+      await page.getByTestId('keys-live').getByText('live').waitFor({ timeout: 15_000 });
+      const watched = await call('POST', '/v1/keys', platform.adminKey, { name: 'made-while-watching', role: 'viewer' });
+      assert.equal(watched.status, 201, JSON.stringify(watched.body));
+      await page.getByTestId('keys').locator('tr', { hasText: 'made-while-watching' }).waitFor({ timeout: 15_000 });
+      // Audit: a write made through the API appears as it is audited.
+      await page.getByTestId('nav-events').click();
+      await page.getByTestId('audit-live').getByText('live').waitFor({ timeout: 15_000 });
+      assert.equal((await call('DELETE', `/v1/keys/${watched.body.id}`, platform.adminKey)).status, 204);
+      // (The audit names the route, not the key.)
+      await page.getByTestId('audit').locator('tr', { hasText: 'DELETE' }).filter({ hasText: '/v1/keys/:id' }).first().waitFor({ timeout: 15_000 });
+      // Longer than the old polls' periods (keys 5 s, audit 3 s): still one request each.
+      await page.waitForTimeout(3500);
+      assert.deepEqual(
+        gets.filter((g) => g.startsWith('/v1/keys') || g.startsWith('/v1/audit')),
+        ['/v1/keys (stream)', '/v1/audit (stream)'],
+        'each page followed its answer on one request',
+      );
+      // The page's own key revoked: its open streams end, and the page says why.
+      assert.equal((await call('DELETE', `/v1/keys/${made.body.id}`, platform.adminKey)).status, 204);
+      await page
+        .getByRole('alert')
+        .filter({ hasText: `key ${made.body.id} was revoked` })
+        .first()
+        .waitFor({ timeout: 15_000 });
+      assert.match(await page.getByTestId('audit-live').innerText(), /connecting/);
+      assert.deepEqual(problems, []);
     } finally {
       await context.close();
     }

@@ -9,7 +9,9 @@
 // nothing lost or repeated, every create, exec, pause, resume and delete either finished (and its
 // result holds) or failed cleanly (no sandbox left half-created, half-paused or half-deleted),
 // and once everything is deleted nothing of the sandboxes is left on the host: no cgroup,
-// container, mount, writable layer, folder or id range.
+// container, mount, writable layer, folder or id range. A second test walks the edge's named
+// kill points (EDGE_CRASH_STEPS, armed with DSEC_TEST_CRASH_AT): the edge kills itself at each
+// step of its create and delete pipelines, with the same checks.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
@@ -17,7 +19,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DEFAULT_ID_RANGE_DIR, Edge, MNT, mountsUnder, runDirFor, seededRandom, umount } from '@dsec/edge';
-import { DsecError } from '@dsec/protocol';
+import { CRASH_AT_ENV, DsecError, EDGE_CRASH_STEPS } from '@dsec/protocol';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { freePort, hasCgroup, run, stopProc, until, waitFor } from './helpers/cli-process.js';
 import type { Proc } from './helpers/cli-process.js';
@@ -71,8 +73,8 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
   let client: DsecClient;
   let nodeUrl: string;
 
-  const startEdge = async (token?: string): Promise<void> => {
-    edge = run(['edge', '--join', nodeUrl, ...(token ? ['--token', token] : []), '--name', NODE, '--home', edgeHome], {});
+  const startEdge = async (token?: string, env: Record<string, string> = {}): Promise<void> => {
+    edge = run(['edge', '--join', nodeUrl, ...(token ? ['--token', token] : []), '--name', NODE, '--home', edgeHome], env);
     await waitFor(edge, /joined/, 'dsec edge');
   };
   const nodeState = async (): Promise<string | undefined> => (await client.nodes.list()).find((n) => n.name === NODE)?.state;
@@ -279,6 +281,69 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
     const ids = [sb.id, ...made.map((m) => m.id)];
     await sb.kill();
     for (const m of made) await m.kill().catch(() => undefined);
+    await nothingLeft(ids);
+  });
+
+  test('SIGKILL of the edge at each named step of its create and delete pipelines (DSEC_TEST_CRASH_AT): each create and delete finishes or fails cleanly, nothing is stranded', async (t) => {
+    const conn = { client };
+    const made: Sandbox[] = [];
+    for (const step of EDGE_CRASH_STEPS) {
+      const label = { chaos: step };
+      const deleting = step.startsWith('edge.delete.');
+      // The sandbox a delete step deletes, made before the edge is armed.
+      const doomed = deleting ? await Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn) : undefined;
+      // The edge started again, armed: it kills itself when it reaches the step.
+      edge!.child.kill('SIGKILL');
+      await edge!.exited;
+      await startEdge(undefined, { [CRASH_AT_ENV]: step });
+      await until('the armed edge ready', async () => (await nodeState()) === 'ready');
+      const work = Promise.allSettled([doomed ? doomed.kill() : Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)]);
+      let timer: NodeJS.Timeout | undefined;
+      const code = await Promise.race([edge!.exited, new Promise<'alive'>((r) => (timer = setTimeout(() => r('alive'), 60_000)))]);
+      // (A timer left pending would keep the test process alive for its 60 s.)
+      clearTimeout(timer);
+      assert.notEqual(code, 'alive', `the edge reached ${step} within 60 s`);
+      assert.equal(edge!.child.signalCode, 'SIGKILL', `the edge killed itself at ${step}`);
+      await startEdge();
+      await until('the edge ready again', async () => (await nodeState()) === 'ready');
+      const [settled] = await work;
+      if (settled.status === 'rejected') assert.ok(settled.reason instanceof DsecError, `a cut ${step} is a clean error: ${String(settled.reason)}`);
+      if (doomed) {
+        // Done, or settled and deletable again: never stuck half-deleted.
+        const state = await until(`${doomed.id} settled`, async () => {
+          try {
+            const s = (await doomed.info()).state;
+            return SETTLED.includes(s) && { s };
+          } catch (err) {
+            return err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND' && { s: undefined };
+          }
+        });
+        if (settled.status === 'fulfilled') assert.equal(state.s, undefined, `${doomed.id} was deleted`);
+        else if (state.s !== undefined) await doomed.kill();
+        made.push(doomed);
+      } else {
+        // Made (and working), or failed: no listed sandbox left creating.
+        if (settled.status === 'fulfilled') made.push(settled.value as Sandbox);
+        const listed = await until('no listed sandbox left creating', async () => {
+          const all = await Sandbox.list({ labels: label }, conn).toArray();
+          return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
+        });
+        for (const s of listed) {
+          assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
+          if (s.state === 'running') assert.equal((await (await Sandbox.connect(s.id, conn)).exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
+          if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, conn));
+        }
+      }
+      t.diagnostic(
+        `${step}: the ${deleting ? 'delete' : 'create'} ${settled.status === 'fulfilled' ? 'answered' : `failed (${(settled.reason as DsecError).code})`}`,
+      );
+    }
+    for (const m of made) await m.kill().catch(() => undefined);
+    await nothingLeft(made.map((m) => m.id));
+  });
+
+  /** Nothing of the sandboxes `ids` left on the host: no cgroup, container, writable layer, folder, mount or id range. */
+  const nothingLeft = async (ids: string[]): Promise<void> => {
     const runDir = runDirFor(edgeHome);
     await until('nothing of the sandboxes left on the host', async () => {
       const cgroups = ids.filter((id) => hasCgroup(CGROUP_PARENT, id));
@@ -303,5 +368,5 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
       const owner = (await readFile(path.join(DEFAULT_ID_RANGE_DIR, c), 'utf8').catch(() => '')).split('\n')[0];
       assert.ok(owner !== path.resolve(edgeHome), `id range ${c} still claimed for ${owner}`);
     }
-  });
+  };
 });

@@ -287,8 +287,9 @@ describe('the grader and the toolchain', () => {
       // Why not yet (docs/security.md, Known gaps): the read-only bind mount answers EROFS in
       // do_dentry_open / mnt_want_write before any LSM hook or fsnotify permission event runs,
       // so neither fanotify nor Landlock's audit records (ABI 7 here) see the attempt; seccomp
-      // sees only a pointer; a kernel audit rule on EROFS exits would tax every process of the
-      // host and outlive a crashed edge.
+      // sees only a pointer; a kernel audit rule on EROFS exits is accepted by this kernel but
+      // yields records only with audit enabled host-wide (off here: every task forked after
+      // would carry an audit context until reboot), and outlives a crashed edge.
       todo: 'read-only paths refuse writes in the VFS (EROFS) before fanotify, LSM hooks or Landlock audit see them: an attempt on the grader leaves no event',
     },
     async (t) => {

@@ -104,20 +104,45 @@ export async function ndjson<T>(method: string, path: string, body: unknown, onI
   });
 }
 
+/** The media type that asks the API to follow a GET's answer: the answer now, then again each time it changes. */
+export const FOLLOW_MEDIA_TYPE = 'application/vnd.dsec.follow+ndjson';
+
 /**
- * A usage stream (GET with `Accept: application/x-ndjson`, the key in the header): each line to
- * `onItem` as the server pushes it. A dropped stream is opened again after 2 s; a refusal (4xx)
- * ends it with the error. `onState` says when the stream is up or down.
+ * The error of a stream's last line when the server ended it because the key no longer holds
+ * (revoked, its project gone): the stream is not opened again.
+ */
+function endedBy(item: unknown): ApiError | undefined {
+  const error = (item as { error?: { code?: unknown; message?: unknown } } | null)?.error;
+  if (error?.code !== 'UNAUTHENTICATED' && error?.code !== 'PERMISSION_DENIED') return undefined;
+  return new ApiError(error.code === 'UNAUTHENTICATED' ? 401 : 403, error.code, typeof error.message === 'string' ? error.message : '');
+}
+
+/**
+ * A usage stream (GET with `Accept: application/x-ndjson`, the key in the header) or a followed
+ * answer (`accept` {@link FOLLOW_MEDIA_TYPE}): each line to `onItem` as the server pushes it. A
+ * dropped stream is opened again after 2 s; a refusal (4xx), or a last line saying the key no
+ * longer holds, ends it with the error. `onState` says when the stream is up or down.
  */
 // eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- the caller names the line type it expects
-export async function followNdjson<T>(path: string, onItem: (item: T) => void, signal: AbortSignal, onState?: (live: boolean) => void): Promise<void> {
+export async function followNdjson<T>(
+  path: string,
+  onItem: (item: T) => void,
+  signal: AbortSignal,
+  onState?: (live: boolean) => void,
+  accept = 'application/x-ndjson',
+): Promise<void> {
   while (!signal.aborted) {
     try {
-      const res = await request('GET', path, undefined, { accept: 'application/x-ndjson' }, signal);
+      const res = await request('GET', path, undefined, { accept }, signal);
       onState?.(true);
+      let ended: ApiError | undefined;
       await readLines(res, (line) => {
-        if (line.trim()) onItem(JSON.parse(line) as T);
+        if (!line.trim()) return;
+        const item = JSON.parse(line) as T;
+        ended ??= endedBy(item);
+        if (!ended) onItem(item);
       });
+      if (ended) throw ended;
     } catch (err) {
       if (signal.aborted) return;
       if (err instanceof ApiError && err.status >= 400 && err.status < 500 && err.status !== 429) throw err;
@@ -152,11 +177,15 @@ export async function followEvents(query: string, onEvent: (ev: DsecEvent) => vo
       if (last) extra['last-event-id'] = last;
       const res = await request('GET', `/v1/events${query ? `?${query}` : ''}`, undefined, extra, signal);
       onState?.(true);
+      let ended: ApiError | undefined;
       let data = '';
       let name = '';
       await readLines(res, (line) => {
         if (line === '') {
-          if (data && name !== 'dropped') {
+          if (data && name === 'ended') {
+            // The server ended the stream: the key no longer holds. Not opened again.
+            ended = endedBy(JSON.parse(data)) ?? new ApiError(401, 'UNAUTHENTICATED', 'the stream was ended');
+          } else if (data && name !== 'dropped') {
             const ev = JSON.parse(data) as DsecEvent;
             last = ev.id;
             onEvent(ev);
@@ -166,6 +195,7 @@ export async function followEvents(query: string, onEvent: (ev: DsecEvent) => vo
         } else if (line.startsWith('data:')) data += line.slice(5).trimStart();
         else if (line.startsWith('event:')) name = line.slice(6).trim();
       });
+      if (ended) throw ended;
     } catch (err) {
       if (signal.aborted) return;
       if (err instanceof ApiError && (err.status === 401 || err.status === 403)) throw err;

@@ -1,9 +1,10 @@
-// Shared pieces of the pages: polling, the signed-in key's role, tables, charts (uPlot), errors.
+// Shared pieces of the pages: followed answers, reads, the signed-in key's role, tables, charts (uPlot), errors.
 // Every value from the API is rendered as text (JSX children), never as markup.
 import { createContext } from 'preact';
 import type { ComponentChildren } from 'preact';
 import { useContext, useEffect, useRef, useState } from 'preact/hooks';
 import uPlot from 'uplot';
+import { FOLLOW_MEDIA_TYPE, followNdjson } from './api.js';
 import type { Me } from './api.js';
 
 /** The signed-in key. */
@@ -17,7 +18,42 @@ export function useCan(role: keyof typeof RANK): boolean {
   return me !== null && RANK[me.role] >= RANK[role];
 }
 
-/** Calls `load` now and every `ms` (the page stays live); its last value or error. */
+/**
+ * A GET's answer, followed: the API sends it now and again each time it changes (one request
+ * held open, no polling); its last value, or the error that ended it (a revoked key's stream
+ * ends with its reason). `live` says whether the stream is up.
+ */
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- the caller names the answer type it expects
+export function useFollow<T>(path: string | undefined): { data: T | undefined; error: string | undefined; live: boolean } {
+  const [data, setData] = useState<T | undefined>(undefined);
+  const [error, setError] = useState<string | undefined>(undefined);
+  const [live, setLive] = useState(false);
+  useEffect(() => {
+    setData(undefined);
+    if (path === undefined) return;
+    const ctl = new AbortController();
+    followNdjson<{ at: string; value?: T; error?: { code: string; message: string } }>(
+      path,
+      (line) => {
+        if (line.error) setError(`${line.error.code}: ${line.error.message}`);
+        else {
+          setData(line.value);
+          setError(undefined);
+        }
+      },
+      ctl.signal,
+      setLive,
+      FOLLOW_MEDIA_TYPE,
+    ).catch((err: unknown) => {
+      setLive(false);
+      setError(errorText(err));
+    });
+    return () => ctl.abort();
+  }, [path]);
+  return { data, error, live };
+}
+
+/** Calls `load` now and every `ms` (0: once, and again on `reload` or a change of `deps`); its last value or error. */
 export function usePoll<T>(load: () => Promise<T>, ms: number, deps: unknown[] = []): { data: T | undefined; error: string | undefined; reload: () => void } {
   const [data, setData] = useState<T | undefined>(undefined);
   const [error, setError] = useState<string | undefined>(undefined);

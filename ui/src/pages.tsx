@@ -1,8 +1,9 @@
 // The pages other than a sandbox's own (sandbox.tsx): overview, sandboxes, projects and usage,
 // keys, pools, layers, events and audit. The overview and the sandboxes follow the event stream
-// (live.ts) and the node usage stream; the other lists poll.
+// (live.ts) and the node usage stream; keys, pools, layers and the audit trail are followed
+// answers (useFollow: the API pushes each change); nothing polls.
 import { useEffect, useRef, useState } from 'preact/hooks';
-import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
+import { ActionButton, Chart, ErrorLine, Meter, Section, Table, bytes, errorText, time, useCan, useFollow, usePoll } from './components.js';
 import { api, followEvents, followNdjson, get, ndjson, request, withQuery } from './api.js';
 import type { DsecEvent } from './api.js';
 import { useLiveSandboxes, useRowEventTick } from './live.js';
@@ -13,8 +14,9 @@ interface NodeUsage {
   healthy: boolean;
   backends: string[];
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
-  allocatable: { cpu: number; memoryMiB: number };
-  allocated: { cpu: number; memoryMiB: number; sandboxes: number };
+  /** Null (like `allocated`, `used`, `machine`) for a key outside the root project: the operator's figures. */
+  allocatable: { cpu: number; memoryMiB: number } | null;
+  allocated: { cpu: number; memoryMiB: number; sandboxes: number } | null;
   used: { cpu: number; memoryMiB: number; sandboxes: number } | null;
   machine: { cpuPercent: number; memoryUsedBytes: number; memoryTotalBytes: number } | null;
 }
@@ -73,13 +75,15 @@ export function Overview() {
           ]}
           rows={(data?.nodes ?? []).map((n) => {
             const u = n.machine;
+            const a = n.allocated;
+            const t = n.allocatable;
             return [
               n.name,
               n.healthy ? 'yes' : 'no',
               n.backends.join(', '),
-              <Meter used={n.allocated.cpu} total={n.allocatable.cpu} label={`${n.allocated.cpu} / ${n.allocatable.cpu} cores`} />,
-              <Meter used={n.allocated.memoryMiB} total={n.allocatable.memoryMiB} label={`${n.allocated.memoryMiB} / ${n.allocatable.memoryMiB} MiB`} />,
-              `${n.allocated.sandboxes} / ${n.capacity.sandboxes}`,
+              a && t ? <Meter used={a.cpu} total={t.cpu} label={`${a.cpu} / ${t.cpu} cores`} /> : `${n.capacity.cpu} cores`,
+              a && t ? <Meter used={a.memoryMiB} total={t.memoryMiB} label={`${a.memoryMiB} / ${t.memoryMiB} MiB`} /> : `${n.capacity.memoryMiB} MiB`,
+              a ? `${a.sandboxes} / ${n.capacity.sandboxes}` : `- / ${n.capacity.sandboxes}`,
               n.used ? <Meter used={n.used.cpu} total={n.capacity.cpu} label={`${n.used.cpu.toFixed(2)} cores`} /> : '-',
               u ? <Meter used={u.cpuPercent} total={100} label={`${u.cpuPercent.toFixed(0)}%`} /> : '-',
               u ? <Meter used={u.memoryUsedBytes} total={u.memoryTotalBytes} label={`${bytes(u.memoryUsedBytes)} / ${bytes(u.memoryTotalBytes)}`} /> : '-',
@@ -306,9 +310,9 @@ interface KeyRow {
   revokedAt: string | null;
 }
 
-/** API keys (admins): list, create (the secret shown once), revoke. */
+/** API keys (admins): list (followed), create (the secret shown once), revoke. */
 export function Keys() {
-  const { data, error, reload } = usePoll(() => get<{ items: KeyRow[] }>('/v1/keys'), 5000);
+  const { data, error, live } = useFollow<{ items: KeyRow[] }>('/v1/keys');
   const [name, setName] = useState('');
   const [role, setRole] = useState('viewer');
   const [secret, setSecret] = useState<string | undefined>(undefined);
@@ -327,7 +331,6 @@ export function Keys() {
           run={async () => {
             const k = await api<{ key: string }>('POST', '/v1/keys', { name, role });
             setSecret(k.key);
-            reload();
           }}
         />
       </div>
@@ -336,7 +339,9 @@ export function Keys() {
           New key (shown once): <code>{secret}</code>
         </p>
       ) : null}
+      <LiveLine live={live} testid="keys-live" />
       <Table
+        testid="keys"
         head={['id', 'name', 'role', 'project', 'created', 'revoked', '']}
         rows={(data?.items ?? []).map((k) => [
           k.id,
@@ -345,7 +350,7 @@ export function Keys() {
           k.project,
           time(k.createdAt),
           time(k.revokedAt),
-          k.revokedAt ? '' : <ActionButton danger label="revoke" run={() => api('DELETE', `/v1/keys/${encodeURIComponent(k.id)}`).then(reload)} />,
+          k.revokedAt ? '' : <ActionButton danger label="revoke" run={() => api('DELETE', `/v1/keys/${encodeURIComponent(k.id)}`)} />,
         ])}
       />
     </Section>
@@ -361,13 +366,15 @@ interface PoolRow {
   idleTimeoutMs: number;
 }
 
-/** Warm pools. */
+/** Warm pools (followed: sizes and members as they change). */
 export function Pools() {
-  const { data, error } = usePoll(() => get<{ items: PoolRow[] }>('/v1/pools'), 3000);
+  const { data, error, live } = useFollow<{ items: PoolRow[] }>('/v1/pools');
   return (
     <Section title="Warm pools">
       <ErrorLine error={error} />
+      <LiveLine live={live} testid="pools-live" />
       <Table
+        testid="pools"
         head={['pool', 'project', 'size', 'ready', 'creating', 'idle timeout']}
         rows={(data?.items ?? []).map((p) => [p.name, p.project, String(p.size), String(p.ready), String(p.creating), `${p.idleTimeoutMs / 1000} s`])}
       />
@@ -385,9 +392,9 @@ interface LayerRow {
   createdAt: string;
 }
 
-/** Layers and images, with a Debian image build that shows its progress. */
+/** Layers and images (followed), with a Debian image build that shows its progress. */
 export function Layers() {
-  const { data, error, reload } = usePoll(() => get<{ items: LayerRow[] }>('/v1/layers'), 5000);
+  const { data, error, live } = useFollow<{ items: LayerRow[] }>('/v1/layers');
   const canBuild = useCan('member');
   const [name, setName] = useState('');
   const [packages, setPackages] = useState('');
@@ -396,6 +403,7 @@ export function Layers() {
     <div>
       <Section title="Layers and images">
         <ErrorLine error={error} />
+        <LiveLine live={live} testid="layers-live" />
         <Table
           testid="layers"
           head={['names', 'kind', 'project', 'size', 'files', 'digest', 'created']}
@@ -425,7 +433,6 @@ export function Layers() {
                   { kind: 'base', ...(name ? { name } : {}), packages: packages.split(/\s+/).filter(Boolean) },
                   (ev) => setProgress((p) => [...p, ev.type === 'layer' ? `done: ${ev.layer?.digest ?? ''}` : (ev.message ?? ev.error?.message ?? ev.type)]),
                 );
-                reload();
               }}
             />
           </div>
@@ -433,6 +440,15 @@ export function Layers() {
         </Section>
       ) : null}
     </div>
+  );
+}
+
+/** Whether a followed list's stream is up. */
+export function LiveLine({ live, testid }: { live: boolean; testid: string }) {
+  return (
+    <p class="muted" data-testid={testid}>
+      {live ? 'live' : 'connecting…'}
+    </p>
   );
 }
 
@@ -500,12 +516,9 @@ export function Events() {
   const [auditSandbox, setAuditSandbox] = useState('');
   const [auditKey, setAuditKey] = useState('');
   const [writesOnly, setWritesOnly] = useState(true);
-  const audit = usePoll(
-    () => get<{ items: AuditRow[] }>(withQuery('/v1/audit', { limit: 500, sandbox: auditSandbox || undefined, key: auditKey || undefined })),
-    3000,
-    [auditSandbox, auditKey],
-  );
-  // The dashboard's own polling is audited too: by default only calls that change something are shown.
+  // Followed: a write shows as soon as it is audited.
+  const audit = useFollow<{ items: AuditRow[] }>(withQuery('/v1/audit', { limit: 500, sandbox: auditSandbox || undefined, key: auditKey || undefined }));
+  // The dashboard's own reads are audited too: by default only calls that change something are shown.
   const auditRows = (audit.data?.items ?? []).filter((a) => !writesOnly || a.method !== 'GET');
   return (
     <div>
@@ -531,6 +544,7 @@ export function Events() {
           </label>
         </div>
         <ErrorLine error={audit.error} />
+        <LiveLine live={audit.live} testid="audit-live" />
         <Table
           testid="audit"
           head={['at', 'key', 'method', 'route', 'sandbox', 'status', 'ms', 'command', 'exit']}

@@ -4,10 +4,10 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time, useCan, usePoll } from './components.js';
+import { ActionButton, Chart, ErrorLine, Section, Table, bytes, errorText, time, useCan, useFollow, usePoll } from './components.js';
 import { api, followEvents, followNdjson, fromBase64, get, ndjson, openSocket, request, toBase64, withQuery } from './api.js';
 import { ROW_EVENT_KINDS } from './live.js';
-import { EventList, download } from './pages.js';
+import { EventList, LiveLine, download } from './pages.js';
 import { RfbClient, keysymOf } from './rfb.js';
 
 interface Sandbox {
@@ -368,7 +368,7 @@ interface Proc {
 }
 
 function ProcessesTab({ base }: { base: string }) {
-  const { data, error } = usePoll(() => get<{ items: Proc[] }>(`${base}/processes`), 3000, [base]);
+  const { data, error } = useFollow<{ items: Proc[] }>(`${base}/processes`);
   const [shown, setShown] = useState<number | undefined>(undefined);
   return (
     <div>
@@ -536,7 +536,7 @@ interface EgressEntry {
 
 function NetworkTab({ base }: { base: string }) {
   const net = usePoll(() => get<NetworkInfo>(`${base}/network`), 0, [base]);
-  const log = usePoll(() => get<{ items: EgressEntry[] }>(withQuery(`${base}/network/log`, { limit: 200 })), 3000, [base]);
+  const log = useFollow<{ items: EgressEntry[] }>(withQuery(`${base}/network/log`, { limit: 200 }));
   const canEdit = useCan('member');
   const [text, setText] = useState<string | undefined>(undefined);
   const [saved, setSaved] = useState('');
@@ -577,6 +577,8 @@ function NetworkTab({ base }: { base: string }) {
         ) : null}
       </Section>
       <Section title="Egress log">
+        <ErrorLine error={log.error} />
+        <LiveLine live={log.live} testid="egress-live" />
         <Table
           testid="egress"
           head={['at', 'via', 'host', 'port', 'verdict', 'rule / reason']}
@@ -612,10 +614,8 @@ function stepText(s: Step): string {
 
 function TrajectoryTab({ base }: { base: string }) {
   const canReplay = useCan('member');
-  const { data, error } = usePoll(
-    () => get<{ items: Step[]; steps: number; truncated: boolean }>(withQuery(`${base}/trajectory`, { content: false, limit: 1000 })),
-    3000,
-    [base],
+  const { data, error, live } = useFollow<{ items: Step[]; steps: number; truncated: boolean }>(
+    withQuery(`${base}/trajectory`, { content: false, limit: 1000 }),
   );
   const [progress, setProgress] = useState<string[]>([]);
   const [replayed, setReplayed] = useState<string | undefined>(undefined);
@@ -654,6 +654,7 @@ function TrajectoryTab({ base }: { base: string }) {
           ) : null
         }
       >
+        <LiveLine live={live} testid="trajectory-live" />
         <ol class="timeline" data-testid="trajectory">
           {(data?.items ?? []).map((s) => (
             <li class={`step step-${s.kind}`}>

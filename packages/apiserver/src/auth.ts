@@ -154,7 +154,14 @@ export class Authenticator {
   forget(): void {
     this.cache.clear();
     this.tree = undefined;
+    for (const fn of this.forgotten) fn();
   }
+
+  /** Calls `fn` each time cached keys are forgotten (a key revoked, a project made, here or on another replica). */
+  onForget(fn: () => void): void {
+    this.forgotten.push(fn);
+  }
+  private readonly forgotten: (() => void)[] = [];
 
   /** Every project below `id` (and `id` itself). */
   async descendants(id: string): Promise<Set<string>> {

@@ -83,7 +83,7 @@ const ROUTES: Route[] = [
   { method: 'post', path: '/v1/owners/{id}/heartbeat', summary: 'Keep an owner session alive', reply: api.OwnerSchema },
   { method: 'delete', path: '/v1/owners/{id}', summary: 'Close an owner session (its sandboxes get their onOwnerLost action)', status: 204 },
   { method: 'put', path: '/v1/pools/{name}', summary: 'Create or replace a warm pool', body: api.PutPoolRequestSchema, reply: api.PoolSchema },
-  { method: 'get', path: '/v1/pools', summary: 'List warm pools', reply: page(api.PoolSchema) },
+  { method: 'get', path: '/v1/pools', summary: 'List warm pools (followed with Accept: application/vnd.dsec.follow+ndjson)', reply: page(api.PoolSchema) },
   { method: 'get', path: '/v1/pools/{name}', summary: 'Get a warm pool', reply: api.PoolSchema },
   { method: 'delete', path: '/v1/pools/{name}', summary: 'Delete a warm pool and its ready sandboxes', status: 204 },
   {
@@ -118,7 +118,7 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/sandboxes/{id}/network/log',
-    summary: 'Latest egress attempts of a sandbox with their verdicts',
+    summary: 'Latest egress attempts of a sandbox with their verdicts (followed with Accept: application/vnd.dsec.follow+ndjson)',
     query: api.NetworkLogQuerySchema,
     reply: page(api.EgressLogEntrySchema),
   },
@@ -137,7 +137,12 @@ const ROUTES: Route[] = [
     reply: api.ExecReplySchema,
   },
   { method: 'get', path: '/v1/sandboxes/{id}/exec/ws', summary: 'Interactive command over WebSocket', body: api.WsExecRequestSchema },
-  { method: 'get', path: '/v1/sandboxes/{id}/processes', summary: 'List processes', reply: page(api.ProcessSchema) },
+  {
+    method: 'get',
+    path: '/v1/sandboxes/{id}/processes',
+    summary: 'List processes (followed with Accept: application/vnd.dsec.follow+ndjson)',
+    reply: page(api.ProcessSchema),
+  },
   { method: 'get', path: '/v1/sandboxes/{id}/processes/{pid}/output', summary: 'Read output from byte offsets', query: api.OutputQuerySchema, reply: 'ndjson' },
   { method: 'post', path: '/v1/sandboxes/{id}/processes/{pid}/stdin', summary: 'Write to stdin', body: 'binary', status: 204 },
   { method: 'post', path: '/v1/sandboxes/{id}/processes/{pid}/signal', summary: 'Signal a process', body: api.SignalRequestSchema, status: 204 },
@@ -169,7 +174,7 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/sandboxes/{id}/trajectory',
-    summary: "A page of the sandbox's recorded steps",
+    summary: "A page of the sandbox's recorded steps (followed with Accept: application/vnd.dsec.follow+ndjson)",
     query: api.TrajectoryQuerySchema,
     reply: api.TrajectorySchema,
   },
@@ -208,12 +213,12 @@ const ROUTES: Route[] = [
     status: 201,
   },
   { method: 'get', path: '/v1/disk-images/{ref}', summary: "Download a disk layer's image (query format: raw or qcow2)", reply: 'binary' },
-  { method: 'get', path: '/v1/layers', summary: 'List layers', reply: page(api.LayerSchema) },
+  { method: 'get', path: '/v1/layers', summary: 'List layers (followed with Accept: application/vnd.dsec.follow+ndjson)', reply: page(api.LayerSchema) },
   { method: 'get', path: '/v1/layers/{ref}', summary: 'Get a layer', reply: api.LayerSchema },
   { method: 'patch', path: '/v1/layers/{ref}', summary: 'Share a snapshot with sub-projects', body: api.UpdateLayerRequestSchema, reply: api.LayerSchema },
   { method: 'delete', path: '/v1/layers/{ref}', summary: 'Delete a layer', status: 204 },
   { method: 'post', path: '/v1/keys', summary: 'Create an API key', body: api.CreateKeyRequestSchema, reply: api.ApiKeySchema, status: 201 },
-  { method: 'get', path: '/v1/keys', summary: 'List API keys', reply: page(api.ApiKeySchema) },
+  { method: 'get', path: '/v1/keys', summary: 'List API keys (followed with Accept: application/vnd.dsec.follow+ndjson)', reply: page(api.ApiKeySchema) },
   { method: 'delete', path: '/v1/keys/{id}', summary: 'Revoke an API key', status: 204 },
   // Browser clients (the dashboard): the calling key, and single-use WebSocket tickets (ws-tickets.ts).
   {
@@ -235,7 +240,8 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/nodes',
-    summary: 'Nodes with state, capacity and use (with Accept: application/x-ndjson the node usage stream, a sample every intervalMs)',
+    summary:
+      'Nodes with state, capacity and use (with Accept: application/x-ndjson the node usage stream, a sample every intervalMs; allocation, use and the machine only for keys of the root project)',
     reply: page(api.NodeDetailSchema),
   },
   { method: 'get', path: '/v1/nodes/{name}', summary: 'One node in full (admin of the root project)', reply: api.NodeDetailSchema },
@@ -267,7 +273,7 @@ const ROUTES: Route[] = [
   {
     method: 'get',
     path: '/v1/audit',
-    summary: 'Audit trail (NDJSON export with Accept: application/x-ndjson)',
+    summary: 'Audit trail (NDJSON export with Accept: application/x-ndjson; followed with Accept: application/vnd.dsec.follow+ndjson)',
     query: api.ListAuditQuerySchema,
     reply: page(api.AuditEntrySchema),
   },

@@ -7,7 +7,7 @@
 import { randomBytes } from 'node:crypto';
 import os from 'node:os';
 import path from 'node:path';
-import { DsecError, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
+import { DsecError, crashPoint, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
 import type {
   BackendKind,
   PauseMemory,
@@ -264,8 +264,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
     this.creating.add(id);
     let record: BackendSandbox;
     try {
+      crashPoint('edge.create.layers');
       record = await backend.create({ id, spec, layers }, opts.signal);
+      crashPoint('edge.create.backend');
       if (network) await joinNetwork(this.network, backend, id, normalizeNetworkPolicy(network));
+      crashPoint('edge.create.network');
     } finally {
       this.creating.delete(id);
     }
@@ -687,6 +690,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       this.monitor.remove(id);
       // The watch holds an fd on the writable layer: let go of it before the unmount.
       this.security.forget(id);
+      crashPoint('edge.delete.begun');
       try {
         await e.backend.destroy(id);
       } catch (err) {
@@ -696,8 +700,10 @@ export class Edge extends SandboxCalls implements EdgeClient {
         delete e.destroying;
         throw err;
       }
+      crashPoint('edge.delete.backend');
       this.untrack(id);
       await this.network.remove(id);
+      crashPoint('edge.delete.network');
       this.sandboxes.delete(id);
     })();
     return untilAborted(e.destroying, opts.signal);

@@ -30,11 +30,13 @@ export const NodeUsageSchema = z.object({
   cordoned: z.boolean(),
   backends: z.array(z.string()),
   capacity: amounts,
-  allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }),
-  allocated: amounts,
-  /** What its sandboxes use together (cores, MiB, count), as placement judges it; null until measured. */
+  /** What placement may still give out; null for a key outside the root project (the operator's figure). */
+  allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }).nullable(),
+  /** What is allocated to sandboxes (every tenant's together); null for a key outside the root project. */
+  allocated: amounts.nullable(),
+  /** What its sandboxes use together (cores, MiB, count), as placement judges it; null until measured and for a key outside the root project. */
   used: amounts.nullable(),
-  /** The machine's own CPU (percent of all cores) and memory; null for a node on another machine. */
+  /** The machine's own CPU (percent of all cores) and memory; null for a node on another machine and for a key outside the root project. */
   machine: z.object({ cpuPercent: z.number(), memoryUsedBytes: z.number(), memoryTotalBytes: z.number() }).nullable(),
 });
 /** One node in a usage sample. */

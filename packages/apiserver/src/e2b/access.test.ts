@@ -2,6 +2,7 @@
 // store): the token never shows in labels and only members read it; /v1 cannot set `e2b.`
 // labels; data-plane calls take the tenant's rate; failed look-ups are limited by source; envd
 // forgets sandboxes that ended by any path.
+import { LiveStreams } from '../http/streams.js';
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Hono } from 'hono';
@@ -32,7 +33,12 @@ describe('E2B access token and data-plane guards', () => {
       c.set('clientAddress', address);
       await next();
     });
-    const deps = { services: h.services, metrics: new Metrics(h.services), log: () => undefined };
+    const deps = {
+      services: h.services,
+      metrics: new Metrics(h.services),
+      log: () => undefined,
+      streams: new LiveStreams(h.services.slots, async () => undefined),
+    };
     const mounted = mountE2b(e2b, deps, { buildOnDemand: false });
     envd = mounted.envd;
     closers.push(

@@ -36,6 +36,8 @@ import { mountE2b } from '../e2b/index.js';
 import { SandboxPorts } from '../e2b/ports.js';
 import type { E2bOptions } from '../e2b/index.js';
 import { execFastPath } from './exec-fast-path.js';
+import { LiveStreams } from './streams.js';
+import type { LiveStreamOptions } from './streams.js';
 import type { RawRequestHandler } from './exec-fast-path.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
@@ -56,6 +58,8 @@ export interface AppOptions {
   onUpgrade?: (fn: (req: IncomingMessage, socket: Duplex, head: Buffer) => boolean) => void;
   /** Registers a handler of Node's requests tried before the app (exec-fast-path.ts); without it, the app serves every route. */
   onRequest?: (fn: RawRequestHandler) => void;
+  /** Live streams' re-check and follow intervals (streams.ts). */
+  streams?: LiveStreamOptions;
 }
 
 /** How long `/healthz` waits for the store before it answers 503 (ms). */
@@ -115,7 +119,15 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
     authAndAudit((header, cachedOnly, req) => services.iam.authenticate(header, cachedOnly, req), watch, opts.failures),
   );
 
-  const deps: RouterDeps = { services, metrics, log };
+  // Live streams: each principal re-checked after a key or project change; followed answers read again after writes.
+  const streams = new LiveStreams(services.slots, (p) => services.iam.recheck(p), opts.streams);
+  services.iam.onPrincipalsChanged(() => streams.recheckNow());
+  opts.onClose?.(async () => streams.close());
+  app.use('/v1/*', async (c, next) => {
+    await next();
+    if (c.req.method !== 'GET' && c.req.method !== 'HEAD' && c.res.status < 400) streams.changed();
+  });
+  const deps: RouterDeps = { services, metrics, log, streams };
   app.route('/v1', iamRoutes(deps));
   app.route('/v1', nodeRoutes(deps));
   app.route('/v1', sandboxRoutes(deps));
@@ -132,7 +144,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   app.route('/v1', swerexRoutes(deps));
   app.route('/v1', sessionRoutes(deps));
   app.route('/v1', screenRoutes(deps));
-  if (watch) app.route('/v1', watchRoutes(watch, services.slots));
+  if (watch) app.route('/v1', watchRoutes(watch, streams));
   opts.onRequest?.(execFastPath({ deps, watch, trusted, gate: opts.failures?.gate, e2bDomain: opts.e2b?.domain ?? null }));
   const e2b = mountE2b(app, deps, { watch, failures: opts.failures, ...opts.e2b });
   opts.onClose?.(() => e2b.templates.close());

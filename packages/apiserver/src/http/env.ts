@@ -4,6 +4,7 @@ import type { Principal } from '../auth.js';
 import type { Metrics } from '../metrics.js';
 import type { Services } from '../services/index.js';
 import type { AuditExec } from './audit.js';
+import type { LiveStreams } from './streams.js';
 
 /**
  * Variables set on every `/v1` request: who calls, and what an exec adds to its audit entry;
@@ -16,6 +17,8 @@ export interface RouterDeps {
   services: Services;
   metrics: Metrics;
   log: (line: string) => void;
+  /** The live streams of this replica (slots, principals under watch, followed answers). */
+  streams: LiveStreams;
 }
 
 /** A router of one resource, mounted under `/v1`. */

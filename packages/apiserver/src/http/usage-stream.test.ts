@@ -62,7 +62,7 @@ describe('usage streams: GET /v1/nodes and /v1/sandboxes/{id}/stats as ndjson (f
     const node = second.items.find((n) => n.name === h.edge.nodeName);
     assert.ok(node, 'the node is in the sample');
     assert.equal(node.state, 'ready');
-    assert.equal(typeof node.allocated.sandboxes, 'number');
+    assert.equal(typeof node.allocated?.sandboxes, 'number');
     assert.ok(node.capacity.cpu > 0);
     assert.ok(node.machine, 'the in-process node carries the machine use');
     assert.ok(node.machine.memoryTotalBytes > 0 && node.machine.memoryUsedBytes > 0);

@@ -150,6 +150,22 @@ export class IamService {
     return (await this.store.keys([...p.visibleProjects])).map((r) => toKey(r));
   }
 
+  /**
+   * Checks again that a principal still holds (a live stream's, long after it authenticated):
+   * its key exists and is not revoked, its project exists. UNAUTHENTICATED naming what changed.
+   */
+  async recheck(p: Principal): Promise<void> {
+    const key = await this.store.key(p.keyId);
+    if (!key) throw new DsecError('UNAUTHENTICATED', `key ${p.keyId} no longer exists`);
+    if (key.revoked_at) throw new DsecError('UNAUTHENTICATED', `key ${p.keyId} was revoked`);
+    if (!(await this.store.project(p.projectId))) throw new DsecError('UNAUTHENTICATED', `project ${p.projectId} no longer exists`);
+  }
+
+  /** Calls `fn` after a change that may end principals (a key revoked, a project changed; on any replica). */
+  onPrincipalsChanged(fn: () => void): void {
+    this.auth.onForget(fn);
+  }
+
   /** Revokes a key of a visible project. */
   async revokeKey(p: Principal, id: string): Promise<void> {
     requireRole(p, 'admin');

@@ -64,17 +64,19 @@ export class NodeService {
    * The nodes' allocation and use, one sample now and one every `intervalMs` until `signal`
    * aborts (viewer): what the dashboard's overview shows, pushed instead of polled. Read from
    * memory (the registry and its usage reports) and, for the in-process node, from /proc: no
-   * store read per sample.
+   * store read per sample. The cluster's allocation, its sandboxes' use and the machine's own
+   * CPU and memory are the operator's: only keys of the root project get them; a tenant's key
+   * gets each node's name, health, state, backends and capacity, and null for the rest.
    */
   usageStream(p: Principal, intervalMs: number, signal: AbortSignal): AsyncGenerator<NodeUsageSample> {
     requireRole(p, 'viewer');
-    return this.usageSamples(intervalMs, signal);
+    return this.usageSamples(intervalMs, signal, p.projectId === ROOT_PROJECT_ID);
   }
 
-  private async *usageSamples(intervalMs: number, signal: AbortSignal): AsyncGenerator<NodeUsageSample> {
+  private async *usageSamples(intervalMs: number, signal: AbortSignal, operator: boolean): AsyncGenerator<NodeUsageSample> {
     let before: MachineUse | undefined;
     while (!signal.aborted) {
-      const machine = this.d.nodes.all().some((n) => !n.remote) ? await readMachineUse() : undefined;
+      const machine = operator && this.d.nodes.all().some((n) => !n.remote) ? await readMachineUse() : undefined;
       yield {
         at: new Date().toISOString(),
         items: this.d.nodes.all().map((n) => ({
@@ -84,9 +86,9 @@ export class NodeService {
           cordoned: n.cordoned === true,
           backends: [...n.backends],
           capacity: { cpu: n.capacity.cpu, memoryMiB: n.capacity.memoryMiB, sandboxes: n.capacity.sandboxes },
-          allocatable: this.d.placement.allocatable(n),
-          allocated: { ...n.allocated },
-          used: n.usage ? { cpu: n.usage.cpu, memoryMiB: n.usage.memoryMiB, sandboxes: n.usage.sandboxes } : null,
+          allocatable: operator ? this.d.placement.allocatable(n) : null,
+          allocated: operator ? { ...n.allocated } : null,
+          used: operator && n.usage ? { cpu: n.usage.cpu, memoryMiB: n.usage.memoryMiB, sandboxes: n.usage.sandboxes } : null,
           machine:
             !n.remote && machine
               ? {

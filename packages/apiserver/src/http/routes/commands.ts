@@ -7,7 +7,7 @@ import type { RunningCommand } from '../../services/commands.js';
 import { commandSummary } from '@dsec/watcher';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { execStreamResponse, wantsExecFrames } from '../streams.js';
+import { execStreamResponse, followOr, wantsExecFrames } from '../streams.js';
 import type { AuditExec } from '../audit.js';
 import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
 
@@ -30,7 +30,7 @@ export function commandRoutes(deps: RouterDeps) {
     })
     .get('/sandboxes/:id/processes', async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-      return c.json({ items: await commands.processes(t, c.req.raw.signal), nextCursor: null });
+      return followOr(c, deps.streams, async () => ({ items: await commands.processes(t, c.req.raw.signal), nextCursor: null }));
     })
     .get('/sandboxes/:id/processes/:pid/output', query(OutputQuerySchema), async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');

@@ -17,11 +17,11 @@ import type { BuildableLayerKind, LayerBuildSource } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { Env, RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
-import { AsyncQueue, ndjsonResponse } from '../streams.js';
+import { AsyncQueue, followOr, ndjsonResponse } from '../streams.js';
 import { jsonBody, query, uploadBody, wantsNdjson } from '../validate.js';
 
 /** Layers. */
-export function layerRoutes({ services: { layers }, log }: RouterDeps) {
+export function layerRoutes({ services: { layers }, log, streams }: RouterDeps) {
   /** A long build (Debian, image pull): the layer as JSON, or with `Accept: application/x-ndjson` its progress lines first. */
   const buildResponse = async <E extends Env>(c: Context<E>, source: LayerBuildSource, kind: BuildableLayerKind, name: string | undefined) => {
     const p = c.get('principal');
@@ -67,7 +67,7 @@ export function layerRoutes({ services: { layers }, log }: RouterDeps) {
       .get('/layers', async (c) => {
         const kind = c.req.query('kind');
         const parsed = kind === undefined ? undefined : parseOrThrow(LayerKindSchema, kind, 'query.kind');
-        return c.json({ items: await layers.list(c.get('principal'), parsed), nextCursor: null });
+        return followOr(c, streams, async () => ({ items: await layers.list(c.get('principal'), parsed), nextCursor: null }));
       })
       // Not `/layers/{ref}/disk`: a ref may hold `/`, so that path would hide a layer named `x/disk`.
       .get('/disk-images/:ref{.+}', async (c) => {

@@ -3,17 +3,16 @@
 import { DEFAULT_USAGE_STREAM_INTERVAL_MS, DrainRequestSchema, JoinTokenRequestSchema, UsageStreamQuerySchema, parseOrThrow } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { usageStreamResponse } from '../streams.js';
 import { jsonBody, queryObject, wantsNdjson } from '../validate.js';
 
 /** Nodes. */
-export function nodeRoutes({ services: { nodeAdmin, slots } }: RouterDeps) {
+export function nodeRoutes({ services: { nodeAdmin }, streams }: RouterDeps) {
   return router()
     .get('/nodes', async (c) => {
       if (!wantsNdjson(c)) return c.json({ items: await nodeAdmin.list(c.get('principal')), nextCursor: null });
       // The nodes' allocation and use, pushed: one line now and one per interval.
       const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
-      return usageStreamResponse(slots, c.get('principal'), c.req.raw.signal, (signal) =>
+      return streams.samples(c.get('principal'), c.req.raw.signal, (signal) =>
         nodeAdmin.usageStream(c.get('principal'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
       );
     })

@@ -22,7 +22,7 @@ import { refuseReservedLabels } from '../../e2b/sandboxes.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { toDsecError } from '../errors.js';
-import { ndjsonResponse, usageStreamResponse } from '../streams.js';
+import { ndjsonResponse } from '../streams.js';
 import { jsonBody, query, queryObject, wantsNdjson } from '../validate.js';
 
 /** The `Idempotency-Key` header, validated when sent; read as `c.get('idempotencyKey')`. */
@@ -50,7 +50,7 @@ function batchItems(batch: CreateSandboxBatchRequest): { batch: CreateSandboxBat
 }
 
 /** Sandboxes. */
-export function sandboxRoutes({ services: { sandboxes, lifecycle, slots }, log }: RouterDeps) {
+export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams }: RouterDeps) {
   return (
     router()
       .post('/sandboxes', idempotencyKey, jsonBody(CreateSandboxRequestSchema), async (c) => {
@@ -87,7 +87,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle, slots }, log }
       .get('/sandboxes/:id/stats', async (c) => {
         if (!wantsNdjson(c)) return c.json(await sandboxes.stats(c.get('principal'), c.req.param('id')));
         const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
-        return usageStreamResponse(slots, c.get('principal'), c.req.raw.signal, (signal) =>
+        return streams.samples(c.get('principal'), c.req.raw.signal, (signal) =>
           sandboxes.statsStream(c.get('principal'), c.req.param('id'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
         );
       })

@@ -5,11 +5,11 @@ import { refuseReservedLabels } from '../../e2b/sandboxes.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
-import { AsyncQueue, ndjsonResponse } from '../streams.js';
+import { AsyncQueue, followOr, ndjsonResponse } from '../streams.js';
 import { jsonBody, query, wantsNdjson } from '../validate.js';
 
 /** Snapshots, forks, trajectories and replay. */
-export function snapshotRoutes({ services: { snapshots, trajectories }, log }: RouterDeps) {
+export function snapshotRoutes({ services: { snapshots, trajectories }, log, streams }: RouterDeps) {
   return router()
     .post('/sandboxes/:id/snapshot', jsonBody(SnapshotRequestSchema), async (c) =>
       c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
@@ -19,7 +19,7 @@ export function snapshotRoutes({ services: { snapshots, trajectories }, log }: R
       return c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201);
     })
     .get('/sandboxes/:id/trajectory', query(TrajectoryQuerySchema), async (c) =>
-      c.json(await trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))),
+      followOr(c, streams, () => trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))),
     )
     .post('/sandboxes/:id/replay', jsonBody(ReplayRequestSchema), async (c) => {
       const p = c.get('principal');

@@ -1,23 +1,24 @@
-// /v1/events (a page, or a live SSE stream), /v1/audit (a page, or ndjson export), /v1/rules.
+// /v1/events (a page, or a live SSE stream), /v1/audit (a page, followed, or ndjson export), /v1/rules.
 import { CreateRuleRequestSchema, ListAuditQuerySchema, ListEventsQuerySchema } from '@dsec/protocol';
-import type { TenantSlots } from '../../tenant-limits.js';
 import type { WatchService } from '../../watch.js';
 import { router } from '../env.js';
-import { liveStream } from '../streams.js';
+import { wantsFollow } from '../streams.js';
+import type { LiveStreams } from '../streams.js';
 import { jsonBody, query } from '../validate.js';
 
 /** Events, the audit trail and run-time rules. */
-export function watchRoutes(watch: WatchService, slots: TenantSlots) {
+export function watchRoutes(watch: WatchService, streams: LiveStreams) {
   return router()
     .get('/events', query(ListEventsQuerySchema, []), async (c) => {
       const p = c.get('principal');
       if ((c.req.header('accept') ?? '').includes('text/event-stream')) {
-        return liveStream(slots, p, c.req.raw.signal, () => watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal));
+        return streams.open(p, c.req.raw.signal, () => watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal));
       }
       return c.json(await watch.listEvents(p, c.get('query')));
     })
     .get('/audit', query(ListAuditQuerySchema, []), async (c) => {
       const p = c.get('principal');
+      if (wantsFollow(c.req.header('accept'))) return streams.follow(p, c.req.raw.signal, () => watch.listAudit(p, c.get('query')));
       if ((c.req.header('accept') ?? '').includes('application/x-ndjson')) return watch.exportAudit(p, c.get('query'));
       return c.json(await watch.listAudit(p, c.get('query')));
     })

@@ -1,0 +1,76 @@
+// Test-only kill points: with DSEC_TEST_CRASH_AT=<step> a process SIGKILLs itself the first
+// time it reaches that step of a pipeline, so that a test can prove a crash there loses nothing
+// and strands nothing (the start-up reconcile settles what was under way). Unset, every point
+// is the same empty function: the variable is read once, when this module loads. The control
+// plane's steps and the edge's are listed here together, so that either process accepts a step
+// of the other (an in-process node runs both) and refuses a name that is neither's.
+
+/**
+ * The control plane's kill points, in pipeline order: each sits between two writes that a crash
+ * could separate (a row and its node, a node and its row). The crash test walks this list.
+ */
+export const CRASH_STEPS = [
+  // create (one, a batch's items, a pool's refill): quota reserved, row written, node created, row running
+  'create.reserved',
+  'create.row',
+  'create.node',
+  'create.running',
+  // a batch: quota of every item reserved in one transaction, nothing created yet
+  'batch.reserved',
+  // delete: row claimed (stopping), node destroyed, row gone
+  'delete.stopping',
+  'delete.node',
+  // pause and resume: row claimed, node done, row settled
+  'pause.pausing',
+  'pause.node',
+  'resume.resuming',
+  'resume.node',
+  // a warm pool's claim: row taken from the pool, node handed over
+  'claim.row',
+  'claim.node',
+  // snapshot: layer packed on the node, snapshot recorded, layer registered
+  'snapshot.node',
+  'snapshot.row',
+] as const;
+
+/**
+ * The edge's kill points, in pipeline order (Edge.create and Edge.destroy): each sits between
+ * two steps of the node's own work that a crash of the edge process alone could separate. The
+ * edge chaos test walks this list.
+ */
+export const EDGE_CRASH_STEPS = [
+  // create: layers resolved (nothing of the sandbox made), the backend made it (not yet on the
+  // network), it joined its network (not yet registered nor answered)
+  'edge.create.layers',
+  'edge.create.backend',
+  'edge.create.network',
+  // delete: begun (no longer monitored, still in the backend), the backend destroyed it (its
+  // network not yet removed), its network removed (still listed, not yet answered)
+  'edge.delete.begun',
+  'edge.delete.backend',
+  'edge.delete.network',
+] as const;
+
+/** One control-plane kill point's name. */
+export type CrashStep = (typeof CRASH_STEPS)[number];
+/** One edge kill point's name. */
+export type EdgeCrashStep = (typeof EDGE_CRASH_STEPS)[number];
+
+/** The environment variable that arms a kill point (tests only). */
+export const CRASH_AT_ENV = 'DSEC_TEST_CRASH_AT';
+
+function armed(step: string | undefined): (at: string) => void {
+  if (!step) return () => undefined;
+  const known: readonly string[] = [...CRASH_STEPS, ...EDGE_CRASH_STEPS];
+  if (!known.includes(step)) throw new Error(`${CRASH_AT_ENV}=${step} is not one of ${known.join(', ')}`);
+  return (at) => {
+    if (at !== step) return;
+    // Nothing after this line runs: no handler, no flush, no close (a power cut would do the same).
+    process.kill(process.pid, 'SIGKILL');
+  };
+}
+
+const point = armed(typeof process === 'undefined' ? undefined : process.env[CRASH_AT_ENV]);
+
+/** Kills this process at `step` when DSEC_TEST_CRASH_AT names it; otherwise does nothing. */
+export const crashPoint: (step: CrashStep | EdgeCrashStep) => void = point;
