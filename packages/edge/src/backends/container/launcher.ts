@@ -4,11 +4,9 @@
 // which also serializes concurrent creates. The server is a small static process whose fork costs
 // a fraction of that; it opens the log, makes the agent's listening socket as fd 3 and runs
 // exactly what a separate dsec-launch would (chronus/launch/dsec-launch.c, "--serve").
-import { spawn } from 'node:child_process';
-import type { ChildProcessByStdio } from 'node:child_process';
-import { createInterface } from 'node:readline';
-import type { Readable, Writable } from 'node:stream';
 import { DsecError } from '@dsec/protocol';
+import { HelperProcess } from '../../host/helper-process.js';
+import type { HelperAnswer } from '../../host/helper-process.js';
 import { CRUN_TIMEOUT_MS } from './crun.js';
 
 /** One launch: where its output goes, where its agent listens, and dsec-launch's arguments. */
@@ -22,124 +20,61 @@ export interface LaunchRequest {
   timeoutMs?: number;
 }
 
-/** What child processes and their pipes have to (not) keep the event loop alive. */
-interface Ref {
-  ref(): void;
-  unref(): void;
-}
-
-interface Pending {
-  resolve(code: number): void;
-  reject(err: Error): void;
-  timer: NodeJS.Timeout;
-}
+/** A launch's answer: its exit status, or the errno of a fork that failed. */
+type LaunchAnswer = { ended: number } | { errno: number };
 
 /** Largest request the server takes (its MAX_REQUEST). */
 const MAX_REQUEST_BYTES = 256 * 1024;
 
+/** "E <id> <status>" (the launch ended) or "F <id> <errno>" (the server could not start it). */
+function parseAnswer(line: string): HelperAnswer<LaunchAnswer> | undefined {
+  const m = /^([EF]) (\d+) (\d+)$/.exec(line);
+  if (!m) return undefined;
+  const n = Number(m[3]);
+  return { id: Number(m[2]), value: m[1] === 'E' ? { ended: n } : { errno: n } };
+}
+
+/** A frame of the server's input: length, request id, kind, body. */
+function frame(id: number, kind: 'R' | 'K', body: Buffer = Buffer.alloc(0)): Buffer {
+  const head = Buffer.alloc(9);
+  head.writeUInt32LE(5 + body.length, 0);
+  head.writeUInt32LE(id, 4);
+  head.write(kind, 8);
+  return Buffer.concat([head, body]);
+}
+
 /** A `dsec-launch --serve`, started on first use and again after it died. */
 export class LaunchServer {
-  private child: ChildProcessByStdio<Writable, Readable, Readable> | undefined;
-  private readonly pending = new Map<number, Pending>();
-  private nextId = 1;
+  private readonly server: HelperProcess<LaunchAnswer>;
 
-  constructor(private readonly binary: string) {}
-
-  private process(): ChildProcessByStdio<Writable, Readable, Readable> {
-    if (this.child) return this.child;
-    const child = spawn(this.binary, ['--serve'], { stdio: ['pipe', 'pipe', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (d: Buffer) => {
-      if (stderr.length < 4096) stderr += d.toString();
-    });
-    createInterface({ input: child.stdout }).on('line', (line) => this.answer(line));
-    const fail = (why: string): void => {
-      if (this.child !== child) return;
-      this.child = undefined;
-      const err = new DsecError('BACKEND_FAILED', `dsec-launch --serve: ${stderr.trim() || why}`);
-      for (const [id, p] of this.pending) {
-        clearTimeout(p.timer);
-        this.pending.delete(id);
-        p.reject(err);
-      }
-    };
-    child.on('error', (err) => fail(err.message));
-    child.on('close', (code, signal) => fail(`exited with ${code ?? signal}`));
-    child.stdin.on('error', () => undefined);
-    this.child = child;
-    return child;
-  }
-
-  /**
-   * The idle server does not keep this process alive (an edge dropped without close must not
-   * hang its process's exit); while a launch is in flight it does, like a child process would.
-   */
-  private hold(child: ChildProcessByStdio<Writable, Readable, Readable>, busy: boolean): void {
-    for (const h of [child, child.stdin as unknown as Partial<Ref>, child.stdout as unknown as Partial<Ref>, child.stderr as unknown as Partial<Ref>]) {
-      if (busy) h.ref?.();
-      else h.unref?.();
-    }
-  }
-
-  /** "E <id> <status>" (the launch ended) or "F <id> <errno>" (the server could not start it). */
-  private answer(line: string): void {
-    const m = /^([EF]) (\d+) (\d+)$/.exec(line);
-    if (!m) return;
-    const id = Number(m[2]);
-    const p = this.pending.get(id);
-    if (!p) return;
-    this.pending.delete(id);
-    clearTimeout(p.timer);
-    if (this.pending.size === 0 && this.child) this.hold(this.child, false);
-    if (m[1] === 'E') p.resolve(Number(m[3]));
-    else p.reject(new DsecError('BACKEND_FAILED', `dsec-launch --serve: cannot start a launch (errno ${m[3]})`));
+  constructor(binary: string) {
+    this.server = new HelperProcess({ name: 'dsec-launch --serve', binary, args: ['--serve'], parse: parseAnswer });
   }
 
   /** Runs one launch; resolves with its exit status (128 + the signal when killed). */
-  run(req: LaunchRequest): Promise<number> {
+  async run(req: LaunchRequest): Promise<number> {
     const strings = [req.log, req.socket, ...req.args];
-    if (strings.some((s) => s.includes('\0'))) return Promise.reject(new DsecError('INTERNAL', 'a launch argument holds a NUL byte'));
+    if (strings.some((s) => s.includes('\0'))) throw new DsecError('INTERNAL', 'a launch argument holds a NUL byte');
     const body = Buffer.from(strings.map((s) => `${s}\0`).join(''));
-    if (body.length + 5 > MAX_REQUEST_BYTES) return Promise.reject(new DsecError('INTERNAL', 'launch request too large'));
-    const child = this.process();
-    const id = this.nextId;
-    this.nextId = (this.nextId % 0xffff_ffff) + 1;
-    const frame = Buffer.alloc(9);
-    frame.writeUInt32LE(5 + body.length, 0);
-    frame.writeUInt32LE(id, 4);
-    frame.write('R', 8);
-    return new Promise<number>((resolve, reject) => {
-      // A launch that hangs is killed (the server sends SIGKILL to that child only) and
-      // answers 128 + 9 like any killed one.
-      const timer = setTimeout(() => this.kill(id), req.timeoutMs ?? CRUN_TIMEOUT_MS);
-      this.pending.set(id, { resolve, reject, timer });
-      this.hold(child, true);
-      child.stdin.write(Buffer.concat([frame, body]));
+    if (body.length + 5 > MAX_REQUEST_BYTES) throw new DsecError('INTERNAL', 'launch request too large');
+    const id = this.server.nextId();
+    // A launch that hangs is killed (the server sends SIGKILL to that child only) and answers
+    // 128 + 9 like any killed one.
+    const answer = await this.server.request(id, frame(id, 'R', body), {
+      timeoutMs: req.timeoutMs ?? CRUN_TIMEOUT_MS,
+      onTimeout: () => this.server.send(frame(id, 'K')),
     });
+    if ('ended' in answer) return answer.ended;
+    throw new DsecError('BACKEND_FAILED', `dsec-launch --serve: cannot start a launch (errno ${answer.errno})`);
   }
 
-  private kill(id: number): void {
-    const frame = Buffer.alloc(9);
-    frame.writeUInt32LE(5, 0);
-    frame.writeUInt32LE(id, 4);
-    frame.write('K', 8);
-    this.child?.stdin.write(frame);
+  /** The server's process id (undefined while none runs). */
+  get pid(): number | undefined {
+    return this.server.pid;
   }
 
   /** Ends the server (it exits when its input closes); launches in flight finish on their own, unanswered. */
-  async close(): Promise<void> {
-    const child = this.child;
-    this.child = undefined;
-    for (const [id, p] of this.pending) {
-      clearTimeout(p.timer);
-      this.pending.delete(id);
-      p.reject(new DsecError('BACKEND_FAILED', 'the edge is closing'));
-    }
-    if (!child || child.exitCode !== null || child.signalCode !== null) return;
-    const exited = new Promise<void>((resolve) => child.once('close', () => resolve()));
-    child.stdin.end();
-    const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
-    await exited;
-    clearTimeout(timer);
+  close(): Promise<void> {
+    return this.server.close();
   }
 }

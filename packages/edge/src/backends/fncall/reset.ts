@@ -3,9 +3,7 @@
 // of the call), asked "ID PID STARTTIME" per reset; it forks a child that joins the sandbox's
 // namespaces through a pidfd, empties System V IPC and POSIX message queues and mounts fresh tmpfs
 // mounts (chronus/launch/dsec-fnreset.c).
-import { spawn } from 'node:child_process';
-import type { ChildProcessWithoutNullStreams } from 'node:child_process';
-import { createInterface } from 'node:readline';
+import { HelperProcess } from '../../host/helper-process.js';
 import type { FreshTmpfs } from './bundle.js';
 
 /** Longest one reset may take before its sandbox is given up (destroyed instead of reused). */
@@ -23,57 +21,34 @@ export interface SandboxResetterOptions {
 
 /** A dsec-fnreset process serving the resets of one runner's sandboxes, started on first use. */
 export class SandboxResetter {
-  private child: ChildProcessWithoutNullStreams | undefined;
-  private nextId = 1;
-  private readonly pending = new Map<number, (ok: boolean) => void>();
+  private readonly server: HelperProcess<boolean>;
 
-  constructor(private readonly o: SandboxResetterOptions) {}
+  constructor(o: SandboxResetterOptions) {
+    const args: string[] = [];
+    for (const t of o.tmpfs) args.push('--tmpfs', t.path, t.flags.join(',') || '-', t.data.join(','));
+    this.server = new HelperProcess({
+      name: 'dsec-fnreset',
+      binary: o.binary,
+      args,
+      // "ID CODE": 0 when the reset was complete.
+      parse: (line) => {
+        const [id, code] = line.split(' ').map(Number);
+        return id === undefined || !Number.isInteger(id) ? undefined : { id, value: code === 0 };
+      },
+      stderrLine: (line) => o.log?.(`fncall reset: ${line}`),
+      closeTimeoutMs: RESET_TIMEOUT_MS,
+    });
+  }
 
   /** Resets the sandbox whose PID 1 is `pid` (started at `startTime`, clock ticks); true when complete. */
   reset(pid: number, startTime: number): Promise<boolean> {
-    const child = this.start();
-    const id = this.nextId++;
-    return new Promise<boolean>((resolve) => {
-      const timer = setTimeout(() => done(false), RESET_TIMEOUT_MS);
-      const done = (ok: boolean): void => {
-        clearTimeout(timer);
-        this.pending.delete(id);
-        resolve(ok);
-      };
-      this.pending.set(id, done);
-      child.stdin.write(`${id} ${pid} ${startTime}\n`);
-    });
-  }
-
-  private start(): ChildProcessWithoutNullStreams {
-    if (this.child) return this.child;
-    const args: string[] = [];
-    for (const t of this.o.tmpfs) args.push('--tmpfs', t.path, t.flags.join(',') || '-', t.data.join(','));
-    const child = spawn(this.o.binary, args, { stdio: ['pipe', 'pipe', 'pipe'] });
-    this.child = child;
-    child.stdin.on('error', () => undefined);
-    createInterface({ input: child.stdout }).on('line', (line) => {
-      const [id, code] = line.split(' ').map(Number);
-      this.pending.get(id ?? 0)?.(code === 0);
-    });
-    createInterface({ input: child.stderr }).on('line', (line) => this.o.log?.(`fncall reset: ${line}`));
-    const gone = (): void => {
-      if (this.child === child) this.child = undefined;
-      for (const done of [...this.pending.values()]) done(false);
-    };
-    child.on('error', gone);
-    child.on('exit', gone);
-    return child;
+    const id = this.server.nextId();
+    // A reset that failed, timed out or lost its helper leaves the sandbox to be destroyed.
+    return this.server.request(id, `${id} ${pid} ${startTime}\n`, { timeoutMs: RESET_TIMEOUT_MS }).catch(() => false);
   }
 
   /** Stops the process (its standard input closed); pending resets answer false. */
-  async close(): Promise<void> {
-    const child = this.child;
-    if (!child) return;
-    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.stdin.end();
-    const timer = setTimeout(() => child.kill('SIGKILL'), RESET_TIMEOUT_MS);
-    await exited;
-    clearTimeout(timer);
+  close(): Promise<void> {
+    return this.server.close();
   }
 }
