@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { existsSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
-import { decodePng } from '@dsec/edge';
+import { decodePng, diffPixels as screenDiff } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
@@ -19,13 +19,8 @@ let client: DsecClient;
 let sb: Sandbox;
 
 /** Number of pixels that differ between two screenshots of one size. */
-function diffPixels(a: Buffer, b: Buffer): number {
-  const pa = decodePng(a).rgb;
-  const pb = decodePng(b).rgb;
-  assert.equal(pa.length, pb.length, 'same screen size');
-  let n = 0;
-  for (let i = 0; i < pa.length; i += 3) if (pa[i] !== pb[i] || pa[i + 1] !== pb[i + 1] || pa[i + 2] !== pb[i + 2]) n++;
-  return n;
+function diffPixels(a: Uint8Array, b: Uint8Array): number {
+  return screenDiff(a, b).outside;
 }
 
 /** Opens the live view: resolves with the first bytes after the RFB handshake, or the refusal's status. */
