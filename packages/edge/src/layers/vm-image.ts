@@ -43,7 +43,8 @@ export const VM_DESKTOP_PACKAGES = [
  * The desktop's browser command: chromium for the logged-in user, software-drawn (the VGA has no
  * GPU), without first-run dialogs or a keyring prompt; its arguments (URLs) are passed on. An
  * agent starts it from the xterm (`browser https://example.org &`). Under TCG (the guest sees
- * `systemd-detect-virt` = `qemu`) chromium runs as one process (`--single-process`): its helper
+ * `systemd-detect-virt` = `qemu`) chromium runs as one process (`--single-process --no-zygote --no-sandbox`: chromium
+ * refuses the first two without the third, and one process has no sandbox of its own): its helper
  * processes do not connect to the browser within the 15 s chromium allows them, and are ended.
  */
 export const VM_DESKTOP_BROWSER = '/usr/local/bin/browser';
@@ -246,7 +247,7 @@ async function configureRoot(root: string, agent: Buffer): Promise<string> {
 }
 
 /** Bumped whenever {@link configureDesktop} changes (part of a desktop image's cache key). */
-const DESKTOP_RECIPE_VERSION = 3;
+const DESKTOP_RECIPE_VERSION = 4;
 
 /**
  * The desktop: `dsec-desktop.service` starts X on the VGA screen as {@link VM_DESKTOP_USER}
@@ -322,7 +323,7 @@ async function configureDesktop(root: string): Promise<void> {
       '# the 15 s it is given to connect to the browser process: they end, are started again, and no page',
       '# ever loads. There everything runs in one process (which has no sandbox of its own).',
       'one=""',
-      '[ "$(systemd-detect-virt 2>/dev/null)" = qemu ] && one="--single-process --no-zygote"',
+      '[ "$(systemd-detect-virt 2>/dev/null)" = qemu ] && one="--single-process --no-zygote --no-sandbox"',
       'exec /usr/bin/chromium $one --no-first-run --no-default-browser-check --disable-gpu --disable-features=Translate,MediaRouter \\',
       '  --password-store=basic --disable-background-networking --start-maximized --window-position=0,0 "$@"',
       '',
