@@ -2,7 +2,7 @@
 // side in one run; prints a table, writes JSON to bench/results/, regenerates docs/benchmarks.md.
 // Usage: node bench/dist/main.js [--quick] [--only create,exec,...] [--density N] [--no-docs]
 //        node bench/dist/main.js --render bench/results/<file>.json   (docs from a saved run)
-import { cp, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -169,8 +169,10 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md', 'lazy.md', 'fncall.md'];
-  notes.push('launch.md');
+  // Every note in bench/notes/ is kept, the analysis of where the time goes first, the rest by name.
+  const FIRST = 'where-the-time-goes.md';
+  const names = (await readdir(path.join(REPO, 'bench', 'notes'))).filter((n) => n.endsWith('.md') && n !== FIRST).sort();
+  const notes = [FIRST, ...names];
   const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);

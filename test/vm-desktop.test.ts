@@ -6,26 +6,23 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { existsSync } from 'node:fs';
+import path from 'node:path';
 import { chromium } from 'playwright-core';
 import WebSocket from 'ws';
-import { decodePng } from '@dsec/edge';
+import { DEFAULT_GUEST_CACHE, decodePng, diffPixels as screenDiff, prepareGuest, probeAccel } from '@dsec/edge';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall } from './helpers/assert.js';
+import { AGENT_BINARY } from './helpers/node.js';
 
 let tp: TestPlatform;
 let client: DsecClient;
 let sb: Sandbox;
 
 /** Number of pixels that differ between two screenshots of one size. */
-function diffPixels(a: Buffer, b: Buffer): number {
-  const pa = decodePng(a).rgb;
-  const pb = decodePng(b).rgb;
-  assert.equal(pa.length, pb.length, 'same screen size');
-  let n = 0;
-  for (let i = 0; i < pa.length; i += 3) if (pa[i] !== pb[i] || pa[i + 1] !== pb[i + 1] || pa[i + 2] !== pb[i + 2]) n++;
-  return n;
+function diffPixels(a: Uint8Array, b: Uint8Array): number {
+  return screenDiff(a, b).outside;
 }
 
 /** Opens the live view: resolves with the first bytes after the RFB handshake, or the refusal's status. */
@@ -79,6 +76,21 @@ after(async () => {
 });
 
 describe('the screen of a VM', () => {
+  test("the node's accelerator is the microVM boot probe's verdict", async () => {
+    // The vm backend ran (or read the cached verdict of) the probe when the node opened: asked
+    // again, the probe answers from its cache, and the node reports the same accelerator.
+    const guest = await prepareGuest({ cacheDir: DEFAULT_GUEST_CACHE, agentBinary: AGENT_BINARY });
+    const probe = await probeAccel({
+      qemu: 'qemu-system-x86_64',
+      guest,
+      cacheDir: DEFAULT_GUEST_CACHE,
+      tscHelper: path.join(path.dirname(AGENT_BINARY), 'dsec-tsckhz'),
+      timeoutMs: 120_000,
+    });
+    assert.equal(probe.cached, true, 'the probe ran when the node opened');
+    assert.equal(tp.platform.edge.capacity().vm?.accel, probe.accel);
+  });
+
   test('screenshot, input, pause keeps the screen, bad actions, live view', async () => {
     // A screenshot is a PNG of the size the headers give.
     const first = await sb.screen.capture();

@@ -116,6 +116,8 @@ export { startOciRegistry } from './testing/oci-registry.js';
 export type { OciRegistry, OciRegistryOptions } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
 export { decodePng } from './testing/png.js';
+export { countPixels, desktopShown, DESKTOP_XTERM, diffPixels, focusXterm, isBlack, isWhite, pollUntil } from './testing/desktop.js';
+export type { DesktopSandbox, DesktopShot, PixelTest, ScreenRect } from './testing/desktop.js';
 export { nodeToolkitName, writeNodeToolkitTree } from './testing/node-toolkit.js';
 export { QmpScreen, KEY_DELAY_MS, MAX_SCREENSHOT_BYTES, pngSize } from './backends/qemu/screen.js';
 export type { QmpScreenOptions, SandboxScreen } from './backends/qemu/screen.js';

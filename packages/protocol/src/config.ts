@@ -160,7 +160,7 @@ export const VmConfigSchema = z.strictObject({
   qemu: z.string().min(1, { error: 'empty path' }).optional(),
   /** Longest a boot may take (QEMU start to the guest's agent answering), ms. Default 300000. */
   bootTimeoutMs: positiveInt.optional(),
-  /** Accelerator. Default `tcg` (KVM only when asked for). */
+  /** Accelerator. Default: the node's accelerator probe (the microVM backend's boot probe, cached: KVM when a boot under it works, else TCG). */
   accel: z.enum(['kvm', 'tcg'], { error: 'not kvm or tcg' }).optional(),
   /** Machine-wide cache of built VM disk images. Default `/var/cache/dsec/vm`. */
   imageCache: z.string().startsWith('/', { error: 'not an absolute path' }).optional(),

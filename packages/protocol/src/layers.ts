@@ -76,7 +76,8 @@ export type DebianLayerRequest = z.infer<typeof DebianLayerRequestSchema>;
  * POST /v1/layers/vm: a bootable VM disk image (a `disk` layer, qcow2) built from Debian with
  * systemd, the QEMU guest agent and chronus as a service; `packages` are added to those.
  * `desktop`: Debian's generic kernel with an initramfs and a virtio-blk root, Xorg, twm and an
- * xterm logged in on the VGA screen (a VM of it may also pause with its memory in a file).
+ * xterm logged in on the VGA screen, and chromium (`browser URL`); a VM of it may also pause with
+ * its memory in a file.
  */
 export const VmLayerRequestSchema = z.strictObject({
   name: z.string().max(256).optional(),

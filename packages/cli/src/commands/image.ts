@@ -46,7 +46,7 @@ export function registerImage(program: Command): void {
     .argument('<name>', 'name[:tag]')
     .option('--kind <kind>', 'base, workspace or toolkit (all but --vm)')
     .option('--vm', 'a bootable VM disk image (Debian, systemd, the QEMU guest agent, chronus) for backend "vm"; --debian adds packages')
-    .option('--desktop', 'with --vm: a desktop image (generic kernel, Xorg, twm, an xterm logged in on the screen)')
+    .option('--desktop', 'with --vm: a desktop image (generic kernel, Xorg, twm, an xterm logged in on the screen, chromium)')
     .option('--from-dir <dir>', 'a directory')
     .option('--from-tar <file>', 'a tar (optionally gzip) file')
     .option('--from-oci <file>', 'an OCI layout or docker save tarball (squashed)')

@@ -10,5 +10,7 @@ import type { VmBackendConfig } from './vm/index.js';
 
 /** The default backends of a node, configured from the node's options (microVMs and VMs only when configured). */
 export function defaultBackends(config: ContainerBackendConfig = {}, microvm?: MicrovmBackendConfig, vm?: VmBackendConfig): BackendFactory[] {
-  return [containerBackend(config), ...(microvm ? [microvmBackend(microvm)] : []), ...(vm ? [vmBackend(vm)] : [])];
+  // The vm backend reads the node's accelerator from the microVM backend's probe (one cache).
+  const vmProbe = microvm?.cacheDir && vm && !vm.probeCacheDir ? { probeCacheDir: microvm.cacheDir } : {};
+  return [containerBackend(config), ...(microvm ? [microvmBackend(microvm)] : []), ...(vm ? [vmBackend({ ...vm, ...vmProbe })] : [])];
 }

@@ -22,7 +22,8 @@ export const VM_IMAGE_PACKAGES = ['systemd', 'systemd-sysv', 'udev', 'kmod', 'qe
  * The desktop image's packages instead of the cloud kernel: Debian's generic kernel (its
  * framebuffer and the bochs DRM driver draw on QEMU's VGA; the cloud kernel has no display
  * driver at all), an initramfs (virtio-blk and ext4 are modules there), Xorg with the
- * modesetting driver and libinput, twm and xterm, X's bitmap fonts.
+ * modesetting driver and libinput, twm and xterm, X's bitmap fonts, and a browser (Debian's
+ * chromium, started by {@link VM_DESKTOP_BROWSER}) with a scalable font for the pages it shows.
  */
 export const VM_DESKTOP_PACKAGES = [
   'linux-image-amd64',
@@ -35,7 +36,18 @@ export const VM_DESKTOP_PACKAGES = [
   'xterm',
   'xfonts-base',
   'x11-xserver-utils',
+  'chromium',
+  'fonts-dejavu-core',
 ];
+/**
+ * The desktop's browser command: chromium for the logged-in user, software-drawn (the VGA has no
+ * GPU), without first-run dialogs or a keyring prompt; its arguments (URLs) are passed on. An
+ * agent starts it from the xterm (`browser https://example.org &`). Under TCG (the guest sees
+ * `systemd-detect-virt` = `qemu`) chromium runs as one process (`--single-process --no-zygote --no-sandbox`: chromium
+ * refuses the first two without the third, and one process has no sandbox of its own): its helper
+ * processes do not connect to the browser within the 15 s chromium allows them, and are ended.
+ */
+export const VM_DESKTOP_BROWSER = '/usr/local/bin/browser';
 /** The user a desktop image logs in automatically (the session's processes run as it). */
 export const VM_DESKTOP_USER = 'user';
 /** Modules the desktop image's initramfs holds (MODULES=list): the root disk and the display. */
@@ -235,7 +247,7 @@ async function configureRoot(root: string, agent: Buffer): Promise<string> {
 }
 
 /** Bumped whenever {@link configureDesktop} changes (part of a desktop image's cache key). */
-const DESKTOP_RECIPE_VERSION = 1;
+const DESKTOP_RECIPE_VERSION = 4;
 
 /**
  * The desktop: `dsec-desktop.service` starts X on the VGA screen as {@link VM_DESKTOP_USER}
@@ -299,6 +311,24 @@ async function configureDesktop(root: string): Promise<void> {
       'WantedBy=multi-user.target',
       '',
     ].join('\n'),
+  );
+  await mkdir(path.dirname(at(VM_DESKTOP_BROWSER)), { recursive: true });
+  await writeFile(
+    at(VM_DESKTOP_BROWSER),
+    [
+      '#!/bin/sh',
+      "# The desktop's browser (dsec): chromium drawn in software on the VGA screen.",
+      'export DISPLAY="${DISPLAY:-:0}"',
+      "# Without hardware virtualisation (QEMU TCG) each of chromium's helper processes takes longer than",
+      '# the 15 s it is given to connect to the browser process: they end, are started again, and no page',
+      '# ever loads. There everything runs in one process (which has no sandbox of its own).',
+      'one=""',
+      '[ "$(systemd-detect-virt 2>/dev/null)" = qemu ] && one="--single-process --no-zygote --no-sandbox"',
+      'exec /usr/bin/chromium $one --no-first-run --no-default-browser-check --disable-gpu --disable-features=Translate,MediaRouter \\',
+      '  --password-store=basic --disable-background-networking --start-maximized --window-position=0,0 "$@"',
+      '',
+    ].join('\n'),
+    { mode: 0o755 },
   );
   await mkdir(at('etc/systemd/system/multi-user.target.wants'), { recursive: true });
   await symlink('/etc/systemd/system/dsec-desktop.service', at('etc/systemd/system/multi-user.target.wants/dsec-desktop.service'));

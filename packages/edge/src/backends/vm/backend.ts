@@ -2,12 +2,22 @@
 // layer, qcow2) through a copy-on-write overlay of its own; chronus as a systemd service in the
 // guest on virtio-serial ports, the QEMU guest agent beside it.
 import { execFile } from 'node:child_process';
-import { chown, copyFile, mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chown, copyFile, mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
-import type { EventSink, LayerInfo, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendPauseResult, BackendSandbox, NetworkFacet, PauseFacet, SandboxAgent, ScreenFacet } from '../../backend.js';
+import type { EventSink, LayerInfo, SandboxStats, ScreenCapture } from '@dsec/protocol';
+import type {
+  Backend,
+  BackendCreateRequest,
+  BackendPauseResult,
+  BackendResumeResult,
+  BackendSandbox,
+  NetworkFacet,
+  PauseFacet,
+  SandboxAgent,
+  ScreenFacet,
+} from '../../backend.js';
 import { withTimeout } from '../../abortable.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
@@ -19,7 +29,8 @@ import type { Accel } from '../qemu/process.js';
 import type { QmpClient } from '../qemu/qmp.js';
 import { QemuSandboxes } from '../qemu/sandboxes.js';
 import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
-import { QmpScreen } from '../qemu/screen.js';
+import { pngSize, QmpScreen } from '../qemu/screen.js';
+import type { SandboxScreen } from '../qemu/screen.js';
 import { connectUnix } from '../qemu/sockets.js';
 import { fullVmArgs, fullVmFdList, fullVmSockets, OVMF_CODE, OVMF_VARS } from './qemu.js';
 import type { VmDiskBus } from './qemu.js';
@@ -74,6 +85,8 @@ interface Paths {
   log: string;
   paused: string;
   state: string;
+  /** The last screen (PNG) of a VM paused to a file, taken with its vCPUs stopped. */
+  screen: string;
 }
 
 /** Full-VM sandboxes (QEMU q35 + OVMF, a qcow2 overlay over a disk image layer). */
@@ -84,9 +97,20 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   readonly pausing: PauseFacet;
   /** A network namespace per networked VM, with a tap bridged to the node's link. */
   readonly network: NetworkFacet;
-  /** Each VM's screen, mouse and keyboard (QMP; screendumps go to its run directory, which its QEMU may write). */
+  /**
+   * Each VM's screen, mouse and keyboard (QMP; screendumps go to its run directory, which its QEMU
+   * may write). A VM paused to a file has no QEMU: its screenshot is the screen it showed when it
+   * paused (kept by `pauseToFile`); input and the live view need a QEMU.
+   */
   readonly screen: ScreenFacet = {
-    screen: (id) => new QmpScreen({ qmp: () => this.qmp(id), dumpDir: this.paths(id).run, vncSocket: this.vncSocket(id) }),
+    screen: (id): SandboxScreen => {
+      const live = new QmpScreen({ qmp: () => this.qmp(id), dumpDir: this.paths(id).run, vncSocket: this.vncSocket(id) });
+      return {
+        capture: (signal) => (this.vm(id).saved ? this.lastScreen(id) : live.capture(signal)),
+        input: (actions, signal) => live.input(actions, signal),
+        connectVnc: () => live.connectVnc(),
+      };
+    },
   };
 
   constructor(private readonly o: VmBackendOptions) {
@@ -130,6 +154,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       log: path.join(dir, 'qemu.log'),
       paused: path.join(dir, 'paused'),
       state: path.join(dir, 'memory.state'),
+      screen: path.join(dir, 'screen.png'),
     };
   }
 
@@ -274,7 +299,44 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
         'memory',
         `sandbox ${id} boots its image from an NVMe disk, which QEMU cannot save; images built with --vm --desktop (virtio-blk root) can pause to a file`,
       );
-    return super.pauseToFile(id);
+    // The screen while paused is the last one the guest drew: the vCPUs stop first (the save
+    // stops them anyway), then the screendump. Without one (a failed dump), a paused VM's
+    // screenshot is refused as before.
+    const p = this.paths(id);
+    const qmp = this.qmp(id);
+    await qmp.execute('stop');
+    try {
+      const last = await this.screen.screen(id).capture();
+      await writeFile(p.screen, last.png, { mode: 0o600 });
+    } catch {
+      await rm(p.screen, { force: true });
+    }
+    try {
+      return await super.pauseToFile(id);
+    } catch (err) {
+      // A failed save leaves the VM as it was: running (the base resumes it after its own failures).
+      if (!this.vm(id).saved) await qmp.execute('cont').catch(() => undefined);
+      await rm(p.screen, { force: true });
+      throw err;
+    }
+  }
+
+  /** Resumes (from the file, or QMP `cont`); the kept last screen goes once a QEMU shows the screen again. */
+  override async resume(id: string): Promise<BackendResumeResult> {
+    const r = await super.resume(id);
+    await rm(this.paths(id).screen, { force: true });
+    return r;
+  }
+
+  /** The screen a VM paused to a file showed when it paused (409 when none was kept). */
+  private async lastScreen(id: string): Promise<ScreenCapture> {
+    const png = await readFile(this.paths(id).screen).catch(() => {
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is paused with its memory in a file, and its last screen was not kept`, {
+        sandboxId: id,
+        state: 'paused',
+      });
+    });
+    return { png, ...pngSize(png) };
   }
 
   async stats(id: string): Promise<SandboxStats> {

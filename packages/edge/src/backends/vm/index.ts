@@ -5,6 +5,8 @@ import { chmod, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import type { BackendFactory } from '../../backend.js';
 import { IdRanges } from '../../host/id-ranges.js';
+import { DEFAULT_GUEST_CACHE, prepareGuest } from '../microvm/guest.js';
+import { probeAccel } from '../microvm/probe.js';
 import { kvmGroup } from '../qemu/process.js';
 import type { Accel } from '../qemu/process.js';
 import { VmBackend } from './backend.js';
@@ -21,10 +23,13 @@ export interface VmBackendConfig {
   /** Longest a boot may take (QEMU start to the agent's answer). Default 300 s (TCG on a loaded machine). */
   bootTimeoutMs?: number;
   /**
-   * Accelerator. Default `tcg`: KVM only when asked for (a nested KVM that cannot run stock
-   * guest kernels hangs the boot instead of failing it).
+   * Accelerator. Default: the node's accelerator probe's verdict (the microVM backend's: a real
+   * boot of a stock Debian kernel under KVM when /dev/kvm opens for QEMU's group, else TCG; its
+   * verdict is cached machine-wide, so the probe boots once per kernel, QEMU and host kernel).
    */
   accel?: Accel;
+  /** Cache of the probe's guest (kernel, initramfs) and verdicts. Default the microVM backend's, `/var/cache/dsec/microvm`. */
+  probeCacheDir?: string;
   /** Machine-wide cache of built VM disk images (read by the layer store). Default `/var/cache/dsec/vm`. */
   imageCache?: string;
 }
@@ -38,19 +43,37 @@ export function vmBackend(config: VmBackendConfig = {}): BackendFactory {
     await mkdir(socketsDir, { recursive: true });
     // Each VM's uid reaches its own folder (0700) through this one.
     await chmod(socketsDir, 0o711);
-    const accel = config.accel ?? 'tcg';
+    const qemu = config.qemu ?? 'qemu-system-x86_64';
+    const bootTimeoutMs = config.bootTimeoutMs ?? 300_000;
+    const accel =
+      config.accel ?? (await nodeAccel(host.agentBinary, qemu, config.probeCacheDir ?? DEFAULT_GUEST_CACHE, Math.min(bootTimeoutMs, PROBE_TIMEOUT_MS)));
     return new VmBackend({
       sandboxesDir,
       socketsDir,
       accel,
       ...(accel === 'kvm' ? { kvmGid: await kvmGroup() } : {}),
-      qemu: config.qemu ?? 'qemu-system-x86_64',
+      qemu,
       layers: host.layers,
       cgroups: host.cgroups,
       // Claims of their own: the container backend's reconcile must not release a VM's range.
       idRanges: new IdRanges(`${host.home}#vm`),
-      bootTimeoutMs: config.bootTimeoutMs ?? 300_000,
+      bootTimeoutMs,
       events: host.raise,
     });
   };
+}
+
+/** Longest the probe's boot may take (a KVM that hangs the boot falls back to TCG after it). */
+const PROBE_TIMEOUT_MS = 120_000;
+
+/**
+ * The node's accelerator, as the microVM backend probes it: its guest (the cloud kernel and an
+ * initramfs with chronus, prepared and cached machine-wide) booted once under KVM, TCG when that
+ * fails; the verdict is cached. Shared with a microVM backend on the same node (same cache).
+ */
+async function nodeAccel(agentBinary: string, qemu: string, cacheDir: string, timeoutMs: number): Promise<Accel> {
+  const agent = path.resolve(agentBinary);
+  const guest = await prepareGuest({ cacheDir, agentBinary: agent });
+  const probe = await probeAccel({ qemu, guest, cacheDir, tscHelper: path.join(path.dirname(agent), 'dsec-tsckhz'), timeoutMs });
+  return probe.accel;
 }
