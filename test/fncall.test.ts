@@ -229,7 +229,7 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
       '    "mtime": int(os.stat("/work").st_mtime),',
       '    "xattrs": {d: os.listxattr(d) for d in ("/tmp", "/work")},',
       '    "sysv": [sysv(k) for k in ("shm", "msg", "sem")],',
-      '    "warm": b"_dsec_warm" in open("/proc/self/cmdline", "rb").read(),',
+      '    "warm": b"_dsec_" + b"warm" in open("/proc/self/cmdline", "rb").read(),',
       '}',
     ].join('\n');
     const dirty = [
@@ -283,7 +283,8 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
     // line says which it ran in; the rest must be the same program: argv, __main__'s names,
     // sys.path, cwd, environment, stdin, imports of the call's files, uncaught exceptions, exit
     // statuses and the time limit.
-    const mark = 'import sys as _s\n_s.stdout.write(str(b"_dsec_warm" in open("/proc/self/cmdline", "rb").read()) + "\\n"); _s.stdout.flush(); del _s\n';
+    const mark =
+      'import sys as _s\nwith open("/proc/self/cmdline", "rb") as _f: _s.stdout.write(str(b"_dsec_" + b"warm" in _f.read()) + "\\n")\n_s.stdout.flush(); del _s, _f\n';
     type Req = { code: string; stdin?: string; timeoutMs?: number; files?: Record<string, string> };
     const run = async (req: Req, env?: Record<string, string>): Promise<{ warm: boolean; r: CallResult }> => {
       const r = await node.edge.calls.run({ runtime: 'python3', ...req, code: mark + req.code, ...(env ? { env } : {}) });
@@ -329,7 +330,7 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
     });
     const raised = await same({ code: 'def f():\n    return 1 / 0\nf()' });
     assert.equal(raised.exitCode, 1);
-    assert.match(raised.stderr, /^Traceback \(most recent call last\):\n {2}File "<string>", line 5, in <module>\n/);
+    assert.match(raised.stderr, /^Traceback \(most recent call last\):\n {2}File "<string>", line 6, in <module>\n/);
     assert.match(raised.stderr, /ZeroDivisionError: division by zero\n$/);
     assert.equal((await same({ code: 'raise SystemExit("bye")' })).stderr, 'bye\n');
     assert.equal((await same({ code: 'import os\nos._exit(7)' })).exitCode, 7);
