@@ -137,8 +137,8 @@ interface RootMount {
 interface PoolEntry {
   pool: WarmPool<WarmSandbox>;
   root: RootMount;
-  /** Whether the pool's last call could run in a warm python3: its sandboxes get one after each reset. */
-  warmPython: boolean;
+  /** When the pool last served a call that could run in a warm python3 (0: never): while that is recent, its sandboxes get one after each reset. */
+  lastWarmCallAt: number;
 }
 
 /** A counting semaphore. */
@@ -241,10 +241,10 @@ export class FnCallRunner implements EdgeCalls {
   private async runOne(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
-    const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB, warmPythonEligible(spec));
+    const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+    if (warmPythonEligible(spec)) entry.lastWarmCallAt = Date.now();
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
-      entry.warmPython = warmPythonEligible(spec);
       let result: CallResult | undefined;
       try {
         result = await this.execute(sb, spec);
@@ -312,7 +312,7 @@ export class FnCallRunner implements EdgeCalls {
     return this.skeleton;
   }
 
-  private async poolFor(layers: LayerInfo[], memoryMiB: number, warmPython: boolean): Promise<PoolEntry> {
+  private async poolFor(layers: LayerInfo[], memoryMiB: number): Promise<PoolEntry> {
     const skeleton = await this.skeletonLayer();
     // overlayfs lists lower dirs top first.
     const digests = [skeleton.digest, ...layers.map((l) => l.digest).reverse()];
@@ -328,7 +328,7 @@ export class FnCallRunner implements EdgeCalls {
         const root = await this.acquireRoot(digests);
         const create = async (): Promise<WarmSandbox> => {
           const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB));
-          if (made.warmPython) {
+          if (wantsWarmPython(made)) {
             await this.prestartPython(sb).catch((err: unknown) => {
               this.discard(sb);
               throw err;
@@ -344,7 +344,7 @@ export class FnCallRunner implements EdgeCalls {
           },
           this.o.pool,
         );
-        const made: PoolEntry = { pool, root, warmPython };
+        const made: PoolEntry = { pool, root, lastWarmCallAt: 0 };
         this.pools.set(key, made);
         return made;
       })().finally(() => this.poolsPending.delete(key));
@@ -501,7 +501,7 @@ export class FnCallRunner implements EdgeCalls {
     if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
     sb.calls++;
     sb.oomBase = await this.o.cgroups.oomKills(sb.id);
-    if (entry.warmPython) await this.prestartPython(sb);
+    if (wantsWarmPython(entry)) await this.prestartPython(sb);
     return true;
   }
 
@@ -752,6 +752,11 @@ function hostNofileHard(): number {
   } catch {
     return 1_048_576;
   }
+}
+
+/** Whether a pool's sandboxes get a warm python3: it served a call that could use one in the last {@link POOL_IDLE_MS}. */
+function wantsWarmPython(entry: PoolEntry): boolean {
+  return entry.lastWarmCallAt > 0 && Date.now() - entry.lastWarmCallAt < POOL_IDLE_MS;
 }
 
 /** The environment of a call of a runtime before the call's own variables. */
