@@ -229,6 +229,7 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
       '    "mtime": int(os.stat("/work").st_mtime),',
       '    "xattrs": {d: os.listxattr(d) for d in ("/tmp", "/work")},',
       '    "sysv": [sysv(k) for k in ("shm", "msg", "sem")],',
+      '    "warm": b"_dsec_" + b"warm" in open("/proc/self/cmdline", "rb").read(),',
       '}',
     ].join('\n');
     const dirty = [
@@ -258,13 +259,91 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
     const before = await run(dirty);
     const fresh = { ...before, files: { '/tmp': [], '/work': [], '/dev/shm': [], '/dev/mqueue': [] }, procs: [], sysv: [[], [], []] };
     let reused = 0;
-    for (let i = 0; i < 12 && reused < 2; i++) {
+    // python3 calls run in an interpreter started after the sandbox's reset (warm-python.ts):
+    // the same checks hold for a call that ran in one in the reused sandbox.
+    let reusedWarm = 0;
+    for (let i = 0; i < 12 && (reused < 2 || reusedWarm < 1); i++) {
       const after = await run(`${observe}\nprint(json.dumps(state))`);
       if (after.ns === before.ns) reused++;
-      assert.deepEqual({ ...after, ns: before.ns, mtime: before.mtime }, fresh, `call ${i} (same sandbox: ${String(after.ns === before.ns)})`);
+      if (after.ns === before.ns && after.warm === true) reusedWarm++;
+      assert.deepEqual(
+        { ...after, ns: before.ns, mtime: before.mtime, warm: before.warm },
+        fresh,
+        `call ${i} (same sandbox: ${String(after.ns === before.ns)})`,
+      );
       assert.notEqual(after.mtime, 1, 'the mtime set by the earlier call is gone');
     }
     assert.ok(reused >= 1, 'a later call ran in the reused sandbox');
+    assert.ok(reusedWarm >= 1, 'a later call ran in a warm interpreter in the reused sandbox');
+  });
+
+  test('a python3 call in a warm interpreter behaves as python3 -c', async () => {
+    // A call with an environment of its own takes a new `python3 -c` (the cold reference); one
+    // without runs in the interpreter started after its sandbox's last reset. Each call's first
+    // line says which it ran in; the rest must be the same program: argv, __main__'s names,
+    // sys.path, cwd, environment, stdin, imports of the call's files, uncaught exceptions, exit
+    // statuses and the time limit.
+    const mark =
+      'import sys as _s\nwith open("/proc/self/cmdline", "rb") as _f: _s.stdout.write(str(b"_dsec_" + b"warm" in _f.read()) + "\\n")\n_s.stdout.flush(); del _s, _f\n';
+    type Req = { code: string; stdin?: string; timeoutMs?: number; files?: Record<string, string> };
+    const run = async (req: Req, env?: Record<string, string>): Promise<{ warm: boolean; r: CallResult }> => {
+      const r = await node.edge.calls.run({ runtime: 'python3', ...req, code: mark + req.code, ...(env ? { env } : {}) });
+      const [flag, ...rest] = r.stdout.split('\n');
+      return { warm: flag === 'True', r: { ...r, stdout: rest.join('\n') } };
+    };
+    const same = async (req: Req): Promise<CallResult> => {
+      let warm: CallResult | undefined;
+      for (let i = 0; i < 8 && warm === undefined; i++) {
+        const w = await run(req);
+        if (w.warm) warm = w.r;
+      }
+      assert.ok(warm, 'a call ran in a warm interpreter');
+      const cold = await run(req, { COLD: '1' });
+      assert.equal(cold.warm, false, 'a call with an environment starts its own python3');
+      const pick = (r: CallResult): Record<string, unknown> => ({
+        exitCode: r.exitCode,
+        signal: r.signal,
+        stdout: r.stdout,
+        stderr: r.stderr,
+        timedOut: r.timedOut,
+      });
+      assert.deepEqual(pick(warm), pick(cold.r));
+      return warm;
+    };
+    const probe = await same({
+      code: [
+        'import os, sys, json',
+        'print(json.dumps({"argv": sys.argv, "main": sorted(globals()), "path0": sys.path[0], "cwd": os.getcwd(),',
+        '  "env": sorted(k for k in os.environ if k != "COLD"), "stdin": sys.stdin.read(), "mod": __import__("mod").X}))',
+      ].join('\n'),
+      stdin: 'in\nput',
+      files: { 'mod.py': 'X = 5\n' },
+    });
+    assert.deepEqual(JSON.parse(probe.stdout), {
+      argv: ['-c'],
+      main: ['__annotations__', '__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__', 'json', 'os', 'sys'],
+      path0: '',
+      cwd: '/work',
+      env: ['HOME', 'LANG', 'PATH'],
+      stdin: 'in\nput',
+      mod: 5,
+    });
+    const raised = await same({ code: 'def f():\n    return 1 / 0\nf()' });
+    assert.equal(raised.exitCode, 1);
+    assert.match(raised.stderr, /^Traceback \(most recent call last\):\n {2}File "<string>", line 6, in <module>\n/);
+    assert.match(raised.stderr, /ZeroDivisionError: division by zero\n$/);
+    assert.equal((await same({ code: 'raise SystemExit("bye")' })).stderr, 'bye\n');
+    assert.equal((await same({ code: 'import os\nos._exit(7)' })).exitCode, 7);
+    const slow = await same({ code: 'import time\ntime.sleep(60)', timeoutMs: 1_000 });
+    assert.equal(slow.timedOut, true);
+    assert.equal(slow.signal, 'SIGKILL');
+    // A syntax error stops the code before its first line: warm or not, the same report.
+    const cold = await node.edge.calls.run({ runtime: 'python3', code: 'x = (', env: { COLD: '1' } });
+    assert.equal(cold.exitCode, 1);
+    for (let i = 0; i < 3; i++) {
+      const r = await node.edge.calls.run({ runtime: 'python3', code: 'x = (' });
+      assert.deepEqual([r.exitCode, r.stdout, r.stderr], [cold.exitCode, cold.stdout, cold.stderr]);
+    }
   });
 
   test('node runs code and reads stdin', async () => {

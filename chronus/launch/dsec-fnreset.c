@@ -191,6 +191,11 @@ static void __attribute__((noreturn)) reset(pid_t pid, unsigned long long starte
 	 * sandbox's root. */
 	if (setns(pidfd, CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNS) < 0)
 		die("setns", "pidfd");
+	/* Root of the sandbox's user namespace (its ids mapped), as crun was when it mounted the
+	 * first ones: a tmpfs without uid=/gid= options belongs to its mounter, and the host's root
+	 * is not mapped in the sandbox (it would own /dev/shm, seen as the overflow id 65534). */
+	if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		die("setresuid", "0");
 	if (clear_sysv() != 0)
 		fail("System V IPC objects are left");
 	if (clear_mqueues() != 0)

@@ -9,8 +9,8 @@
 // unprivileged host uid): dsec-launch mounts its root, the read-only overlay of the layers
 // idmapped to that range, in a mount namespace of its own right before crun, as for containers.
 import { randomBytes } from 'node:crypto';
-import { constants as fsConstants, readFileSync } from 'node:fs';
-import { mkdir, open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
+import { mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import {
   DEFAULT_CALL_COMPILE_TIMEOUT_MS,
@@ -29,8 +29,9 @@ import type { Attachment } from '../../chronus/attachment.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
-import { closeFd, listenUnix, mountsUnder, MNT, umount } from '../../sys/linux.js';
+import { mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { Crun } from '../container/crun.js';
+import { LaunchServer } from '../container/launcher.js';
 import { buildFnCallConfig, CALL_UID, CALL_WORKDIR, writableTmpfsMounts } from './bundle.js';
 import type { FreshTmpfs } from './bundle.js';
 import { WarmPool } from './pool.js';
@@ -39,6 +40,7 @@ import { SandboxResetter } from './reset.js';
 import { RuntimeBuilds } from './runtime-builds.js';
 import { RUNTIMES } from './runtimes.js';
 import type { RuntimeLayerId } from './runtimes.js';
+import { WARM_PYTHON_ARGV, warmPythonEligible, warmPythonInput } from './warm-python.js';
 
 /** Calls one node runs at once; further calls wait for a slot. */
 export const MAX_CONCURRENT_CALLS = 64;
@@ -114,6 +116,14 @@ interface WarmSandbox {
   oomBase: number;
   /** Killed from outside (time limit or output overflow past their grace): never reused. */
   killed: boolean;
+  /** A python3 started after the sandbox's last reset, waiting for the next call's code (warm-python.ts). */
+  warm: WarmInterpreter | undefined;
+}
+
+/** A pre-started interpreter and whether it has already ended (then it is of no use). */
+interface WarmInterpreter {
+  att: Attachment;
+  ended: boolean;
 }
 
 /** The mounted layers of one stack, held for the pools that use it. */
@@ -127,6 +137,8 @@ interface RootMount {
 interface PoolEntry {
   pool: WarmPool<WarmSandbox>;
   root: RootMount;
+  /** When the pool last served a call that could run in a warm python3 (0: never): while that is recent, its sandboxes get one after each reset. */
+  lastWarmCallAt: number;
 }
 
 /** A counting semaphore. */
@@ -154,6 +166,8 @@ class Limiter {
 export class FnCallRunner implements EdgeCalls {
   readonly kind = 'fncall' as const;
   private readonly crun: Crun;
+  /** One `dsec-launch --serve` makes every call sandbox (no fork of this process per refill). */
+  private readonly launcher: LaunchServer;
   private readonly pools = new Map<string, PoolEntry>();
   /** Pools being made (their root being mounted): concurrent first calls share one. */
   private readonly poolsPending = new Map<string, Promise<PoolEntry>>();
@@ -175,6 +189,7 @@ export class FnCallRunner implements EdgeCalls {
 
   constructor(private readonly o: FnCallRunnerOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
+    this.launcher = new LaunchServer(o.launcherBinary);
     this.builds = new RuntimeBuilds({ layers: o.layers, cacheDir: o.runtimeCache, ...(o.log ? { log: o.log } : {}) });
     this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
     this.sweeper.unref();
@@ -227,6 +242,7 @@ export class FnCallRunner implements EdgeCalls {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
     const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+    if (warmPythonEligible(spec)) entry.lastWarmCallAt = Date.now();
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
       let result: CallResult | undefined;
@@ -234,7 +250,7 @@ export class FnCallRunner implements EdgeCalls {
         result = await this.execute(sb, spec);
         return result;
       } finally {
-        if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb));
+        if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb, entry));
         else this.discard(sb);
       }
     });
@@ -310,15 +326,25 @@ export class FnCallRunner implements EdgeCalls {
     if (!pending) {
       pending = (async () => {
         const root = await this.acquireRoot(digests);
+        const create = async (): Promise<WarmSandbox> => {
+          const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB));
+          if (wantsWarmPython(made)) {
+            await this.prestartPython(sb).catch((err: unknown) => {
+              this.discard(sb);
+              throw err;
+            });
+          }
+          return sb;
+        };
         const pool = new WarmPool<WarmSandbox>(
           {
-            create: () => this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB)),
+            create,
             discard: (sb) => this.discard(sb),
             healthy: (sb) => sb.agent.connected,
           },
           this.o.pool,
         );
-        const made = { pool, root };
+        const made: PoolEntry = { pool, root, lastWarmCallAt: 0 };
         this.pools.set(key, made);
         return made;
       })().finally(() => this.poolsPending.delete(key));
@@ -395,43 +421,48 @@ export class FnCallRunner implements EdgeCalls {
         idRange,
       });
       await writeFile(path.join(dir, 'config.json'), JSON.stringify(config));
-      const sockFd = listenUnix(socket);
-      const log = await open(logFile, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_APPEND, 0o600);
-      try {
-        // dsec-launch enters the runtime namespace, makes a mount namespace of its own, mounts
-        // the layers idmapped to the range and the read-only overlay on them, and runs crun.
-        const launch = [
-          this.o.launcherBinary,
-          '--ns',
-          this.o.runtimeNsFile,
-          '--rootfs',
-          rootfs,
-          '--lower',
-          lowers.join(':'),
-          '--source',
-          this.o.nodeMark,
-          '--idmap',
-          `${idRange.uid}:${idRange.gid}:${idRange.size}`,
-          '--loginuid',
-          String(idRange.uid),
-          '--',
-        ];
-        await this.crun.check(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id], `create call sandbox ${id}`, {
-          extraFds: [sockFd],
-          logFd: log.fd,
-          prefix: launch,
-        });
-      } catch (err) {
-        const detail = await readFile(logFile, 'utf8').catch(() => '');
-        if (err instanceof DsecError && detail.trim()) err.message += ` (${detail.trim().split('\n').slice(-3).join('; ')})`;
-        throw err;
-      } finally {
-        closeFd(sockFd);
-        await log.close();
+      // dsec-launch (the runner's `--serve` process) enters the runtime namespace, makes a mount
+      // namespace of its own, mounts the layers idmapped to the range and the read-only overlay
+      // on them, makes the agent's listening socket (fd 3) and runs crun.
+      const launch = [
+        '--ns',
+        this.o.runtimeNsFile,
+        '--rootfs',
+        rootfs,
+        '--lower',
+        lowers.join(':'),
+        '--source',
+        this.o.nodeMark,
+        '--idmap',
+        `${idRange.uid}:${idRange.gid}:${idRange.size}`,
+        '--loginuid',
+        String(idRange.uid),
+        '--',
+      ];
+      const code = await this.launcher.run({
+        log: logFile,
+        socket,
+        args: [...launch, ...this.crun.argv(['run', '--detach', '--preserve-fds', '1', '--bundle', dir, id])],
+      });
+      if (code !== 0) {
+        const detail = (await readFile(logFile, 'utf8').catch(() => '')).trim();
+        const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
+        throw new DsecError('BACKEND_FAILED', `create call sandbox ${id}: crun run failed: ${why}`);
       }
       agent = await ChronusClient.connect(socket);
       await agent.ping();
-      return { id, dir, agent, idRange, init: await this.agentProcess(id), tmpfs: writableTmpfsMounts(config), calls: 0, oomBase: 0, killed: false };
+      return {
+        id,
+        dir,
+        agent,
+        idRange,
+        init: await this.agentProcess(id),
+        tmpfs: writableTmpfsMounts(config),
+        calls: 0,
+        oomBase: 0,
+        killed: false,
+        warm: undefined,
+      };
     } catch (err) {
       agent?.close();
       await this.destroySandbox(id, idRange);
@@ -457,9 +488,11 @@ export class FnCallRunner implements EdgeCalls {
    * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through a pidfd of chronus,
    * removes every System V object and POSIX message queue and replaces each writable tmpfs by
    * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
-   * them); its OOM count is read so that the next call's `oomKilled` is its own.
+   * them); its OOM count is read so that the next call's `oomKilled` is its own. Last, when
+   * the pool's calls are python3 ones, a fresh interpreter is started for the next call
+   * (warm-python.ts): after the reset, so it sees only the clean sandbox.
    */
-  private async resetSandbox(sb: WarmSandbox): Promise<boolean> {
+  private async resetSandbox(sb: WarmSandbox, entry: PoolEntry): Promise<boolean> {
     const { sockets } = await sb.agent.reset();
     if (sockets > 0 || sb.init === undefined || this.o.resetBinary === undefined) return false;
     const tmpfsKey = JSON.stringify(sb.tmpfs);
@@ -468,7 +501,27 @@ export class FnCallRunner implements EdgeCalls {
     if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
     sb.calls++;
     sb.oomBase = await this.o.cgroups.oomKills(sb.id);
+    if (wantsWarmPython(entry)) await this.prestartPython(sb);
     return true;
+  }
+
+  /**
+   * Starts the python3 that the sandbox's next call will run in, as that call's user, with the
+   * environment, cwd and stdin pipe it would get; no time limit yet (the call's limit is timed
+   * from when its code is written).
+   */
+  private async prestartPython(sb: WarmSandbox): Promise<void> {
+    const att = await sb.agent.spawn({ argv: [...WARM_PYTHON_ARGV], env: callEnv('python3'), cwd: CALL_WORKDIR, uid: CALL_UID, gid: CALL_UID, stdin: true });
+    const warm: WarmInterpreter = { att, ended: false };
+    void att.exited.finally(() => (warm.ended = true)).catch(() => undefined);
+    sb.warm = warm;
+  }
+
+  /** Ends a warm interpreter the claimed call does not use (the call must find the sandbox as a fresh one). */
+  private async dropWarm(warm: WarmInterpreter): Promise<void> {
+    if (warm.ended) return;
+    await warm.att.kill('SIGKILL').catch(() => undefined);
+    await warm.att.exited.catch(() => undefined);
   }
 
   /** Destroys a used (or dead) sandbox in the background. */
@@ -493,6 +546,11 @@ export class FnCallRunner implements EdgeCalls {
   /** Runs the call in a claimed sandbox: its files, the compile step if any, the process, the files fetched back. */
   private async execute(sb: WarmSandbox, spec: CallRequest): Promise<CallResult> {
     const { agent } = sb;
+    // A warm python3 serves only the call it was started for; any other call finds it gone.
+    const warm = sb.warm;
+    sb.warm = undefined;
+    const useWarm = warm !== undefined && !warm.ended && warmPythonEligible(spec);
+    if (!useWarm && warm) await this.dropWarm(warm);
     const owner = { uid: CALL_UID, gid: CALL_UID };
     const base64 = spec.fileEncoding === 'base64';
     const files: Array<[string, string | Buffer]> = Object.entries(spec.files ?? {}).map(([rel, content]) => [
@@ -508,7 +566,7 @@ export class FnCallRunner implements EdgeCalls {
       if (parent !== CALL_WORKDIR) await agent.mkdir(parent, { parents: true, ...owner });
       await agent.writeFile(file, content, { mode: 0o644, ...owner });
     }
-    const env = { PATH: CALL_PATH, HOME: CALL_WORKDIR, LANG: 'C.UTF-8', ...def?.env, ...spec.env };
+    const env = { ...callEnv(spec.runtime), ...spec.env };
     const limit = spec.outputLimitBytes ?? DEFAULT_CALL_OUTPUT_LIMIT_BYTES;
     let compiled: CallStepResult | undefined;
     if (compile) {
@@ -524,7 +582,7 @@ export class FnCallRunner implements EdgeCalls {
       env,
       timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS,
       limit,
-      ...(spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
+      ...(useWarm ? { warm: warm.att, input: warmPythonInput(spec.code ?? '', spec.stdin) } : spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
     });
     const result: CallResult = { ...step, ...(compiled ? { compile: compiled } : {}) };
     if (spec.fetchFiles?.length) result.files = await this.fetchFiles(agent, spec.fetchFiles, base64);
@@ -545,22 +603,33 @@ export class FnCallRunner implements EdgeCalls {
   /** Runs one process of a call to its end (or its time limit, or an output overflow). */
   private async runStep(
     sb: WarmSandbox,
-    o: { argv: string[]; env: Record<string, string>; timeoutMs: number; limit: number; stdin?: string },
+    o: {
+      argv: string[];
+      env: Record<string, string>;
+      timeoutMs: number;
+      limit: number;
+      stdin?: string;
+      /** A warm interpreter to run in instead of a new process, and what to write to it (warm-python.ts). */
+      warm?: Attachment;
+      input?: Buffer;
+    },
   ): Promise<CallStepResult & { cpuMs: number; peakMemoryKiB: number }> {
     const { agent } = sb;
     const { argv, timeoutMs, limit } = o;
     const started = performance.now();
     let att: Attachment;
     try {
-      att = await agent.spawn({
-        argv,
-        env: o.env,
-        cwd: CALL_WORKDIR,
-        uid: CALL_UID,
-        gid: CALL_UID,
-        stdin: o.stdin !== undefined,
-        timeoutMs,
-      });
+      att =
+        o.warm ??
+        (await agent.spawn({
+          argv,
+          env: o.env,
+          cwd: CALL_WORKDIR,
+          uid: CALL_UID,
+          gid: CALL_UID,
+          stdin: o.stdin !== undefined,
+          timeoutMs,
+        }));
     } catch (err) {
       // A command that cannot be started is the caller's result, as in a shell.
       if (err instanceof DsecError && (err.code === 'FILE_NOT_FOUND' || err.code === 'PERMISSION_DENIED')) {
@@ -605,24 +674,36 @@ export class FnCallRunner implements EdgeCalls {
       }
     });
     const deadline = setTimeout(killSandbox, timeoutMs + HARD_KILL_GRACE_MS);
+    // A warm interpreter was started without a time limit: the edge times the call from here,
+    // as chronus does from a spawn, and kills its process group at the limit.
+    let warmTimedOut = false;
+    const warmLimit = o.warm
+      ? setTimeout(() => {
+          warmTimedOut = true;
+          void att.kill('SIGKILL').catch(() => undefined);
+        }, timeoutMs)
+      : undefined;
     let exit: AgentExit | undefined;
     try {
-      if (o.stdin !== undefined) await att.write(o.stdin, true).catch(() => undefined);
+      if (o.input !== undefined) await att.write(o.input, true).catch(() => undefined);
+      else if (o.stdin !== undefined) await att.write(o.stdin, true).catch(() => undefined);
       exit = await att.exited.catch(() => undefined);
     } finally {
       clearTimeout(deadline);
       clearTimeout(overflowTimer);
+      clearTimeout(warmLimit);
     }
     const wallMs = Math.round(performance.now() - started);
     const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
-    const timedOut = exit?.timedOut === true || (hardKilled && !truncated && wallMs >= timeoutMs);
+    const timedOut = exit?.timedOut === true || (warmTimedOut && killed && !truncated) || (hardKilled && !truncated && wallMs >= timeoutMs);
     const oomKilled = killed && !timedOut && !truncated && (await this.o.cgroups.oomKills(sb.id)) > sb.oomBase;
     return {
       exitCode: exit ? exit.exitCode : null,
       signal: exit ? exit.signal : 'SIGKILL',
       stdout: Buffer.concat(out.stdout).toString('utf8'),
       stderr: Buffer.concat(out.stderr).toString('utf8'),
-      durationMs: exit ? exit.durationMs : wallMs,
+      // A warm interpreter's run began when its code was written, not when it was started.
+      durationMs: exit && !o.warm ? exit.durationMs : wallMs,
       cpuMs: exit ? exit.cpuUserMs + exit.cpuSysMs : 0,
       peakMemoryKiB: exit ? exit.peakMemoryKiB : 0,
       truncated,
@@ -651,6 +732,7 @@ export class FnCallRunner implements EdgeCalls {
     }
     while (this.destroying.size > 0) await Promise.allSettled([...this.destroying]);
     await this.resetter?.server.close();
+    await this.launcher.close();
     for (const root of [...this.roots.values()]) {
       root.users = 1;
       await this.releaseRoot(root).catch(() => undefined);
@@ -670,4 +752,14 @@ function hostNofileHard(): number {
   } catch {
     return 1_048_576;
   }
+}
+
+/** Whether a pool's sandboxes get a warm python3: it served a call that could use one in the last {@link POOL_IDLE_MS}. */
+function wantsWarmPython(entry: PoolEntry): boolean {
+  return entry.lastWarmCallAt > 0 && Date.now() - entry.lastWarmCallAt < POOL_IDLE_MS;
+}
+
+/** The environment of a call of a runtime before the call's own variables. */
+function callEnv(runtime: CallRequest['runtime']): Record<string, string> {
+  return { PATH: CALL_PATH, HOME: CALL_WORKDIR, LANG: 'C.UTF-8', ...(runtime !== undefined ? RUNTIMES[runtime].env : undefined) };
 }
