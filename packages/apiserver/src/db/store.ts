@@ -97,6 +97,9 @@ const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
 /** The columns of a running sandbox that the lease pass reads ({@link StateStore.runningLeases}). */
 export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created_at' | 'expires_at' | 'last_active_at'>;
 
+/** Sandbox ids read at most at once from a label's index by a filtered list. */
+const LIST_CHUNK_MAX = 2000;
+
 /** State of the control plane. */
 export class StateStore {
   /** True when other processes (replicas) share this store's database. */
@@ -678,38 +681,54 @@ export class StateStore {
     after?: string;
   }): Promise<Array<SandboxTable & { labels: Record<string, string> }>> {
     if (q.projectIds.length === 0) return [];
-    // With a label, the rows come through that label's index (key, value, sandbox_id): in id
-    // order, so the page ends after `limit` matches instead of after a walk of every sandbox of
-    // the projects. The other labels are checked on those rows.
     const [first, ...others] = q.labels;
-    let byLabel = first
-      ? this.db
-          .selectFrom('sandbox_labels as first_label')
-          .innerJoin('sandboxes', 'sandboxes.id', 'first_label.sandbox_id')
-          .where('first_label.key', '=', first[0])
-          .where('first_label.value', '=', first[1])
-      : undefined;
-    // The cursor on the label's side too: the index scan starts after it.
-    if (byLabel && q.after) byLabel = byLabel.where('first_label.sandbox_id', '>', q.after);
-    let query = (byLabel ?? this.db.selectFrom('sandboxes')) as unknown as SelectQueryBuilder<Database, 'sandboxes', object>;
-    query = query.where('sandboxes.project_id', 'in', q.projectIds);
-    for (const [key, value] of others) {
-      query = query.where((eb) =>
-        eb.exists(
-          eb
-            .selectFrom('sandbox_labels')
-            .select('sandbox_labels.key')
-            .whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id')
-            .where('sandbox_labels.key', '=', key)
-            .where('sandbox_labels.value', '=', value),
-        ),
-      );
+    // Every condition but the first label's, on sandboxes.
+    const filtered = (ids?: readonly string[]): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> => {
+      let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
+      if (ids) query = query.where('id', 'in', ids);
+      for (const [key, value] of ids ? others : q.labels) {
+        query = query.where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('sandbox_labels')
+              .select('sandbox_labels.key')
+              .whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id')
+              .where('sandbox_labels.key', '=', key)
+              .where('sandbox_labels.value', '=', value),
+          ),
+        );
+      }
+      if (q.state) query = query.where('state', '=', q.state);
+      if (q.after) query = query.where('id', '>', q.after);
+      // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
+      return query.where('pool_id', 'is', null);
+    };
+    let rows: SandboxTable[];
+    if (!first) rows = await filtered().orderBy('id').limit(q.limit).execute();
+    else {
+      // By a label: its sandbox ids come in id order (the page's order) from the index
+      // (key, value, sandbox_id), a chunk at a time, and only those rows are read and filtered,
+      // until the page is full. A planner left to join the two walks every sandbox of the
+      // projects in id order instead (seen on PostgreSQL: a merge join over the project index).
+      rows = [];
+      let after = q.after;
+      let chunk = Math.min(Math.max(q.limit, 100), LIST_CHUNK_MAX);
+      for (;;) {
+        let idq = this.db.selectFrom('sandbox_labels').select('sandbox_id').where('key', '=', first[0]).where('value', '=', first[1]);
+        if (after) idq = idq.where('sandbox_id', '>', after);
+        const ids = (await idq.orderBy('sandbox_id').limit(chunk).execute()).map((r) => r.sandbox_id);
+        if (ids.length === 0) break;
+        rows.push(
+          ...(await filtered(ids)
+            .orderBy('id')
+            .limit(q.limit - rows.length)
+            .execute()),
+        );
+        if (rows.length >= q.limit || ids.length < chunk) break;
+        after = ids[ids.length - 1];
+        chunk = Math.min(chunk * 2, LIST_CHUNK_MAX);
+      }
     }
-    if (q.state) query = query.where('sandboxes.state', '=', q.state);
-    if (q.after) query = query.where('sandboxes.id', '>', q.after);
-    // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
-    query = query.where('sandboxes.pool_id', 'is', null);
-    const rows = await query.selectAll('sandboxes').orderBy('sandboxes.id').limit(q.limit).execute();
     const labelRows = rows.length
       ? await this.db
           .selectFrom('sandbox_labels')
