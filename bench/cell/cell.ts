@@ -161,7 +161,10 @@ async function writeStatements(pg: { query(sql: string, database?: string): Prom
        ORDER BY total_exec_time DESC LIMIT 40`,
     'dsec_cell',
   );
-  const lines = r.rows.map((row) => `${String(row.calls).padStart(8)} calls ${String(row.total_ms).padStart(10)} ms total ${String(row.mean_ms).padStart(9)} ms mean ${String(row.rows).padStart(8)} rows  ${String(row.query)}`);
+  const lines = r.rows.map(
+    (row) =>
+      `${String(row.calls).padStart(8)} calls ${String(row.total_ms).padStart(10)} ms total ${String(row.mean_ms).padStart(9)} ms mean ${String(row.rows).padStart(8)} rows  ${String(row.query)}`,
+  );
   await writeFile(file, `${lines.join('\n')}\n`);
 }
 

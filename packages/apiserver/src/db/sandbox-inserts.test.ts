@@ -49,7 +49,11 @@ test('inserts started together are written as one group, with their labels', asy
 test('a row that cannot be written fails alone; rows without the optional columns are written', async () => {
   await store.insertSandbox(row('dup'), {});
   const { owner_id: _o, lease: _l, last_active_at: _a, paused_at: _p, pause_reason: _r, ...bare } = row('bare');
-  const results = await Promise.allSettled([store.insertSandbox(row('ok-1'), { a: '1' }), store.insertSandbox(row('dup', { spec: '{"another":true}' }), {}), store.insertSandbox(bare, {})]);
+  const results = await Promise.allSettled([
+    store.insertSandbox(row('ok-1'), { a: '1' }),
+    store.insertSandbox(row('dup', { spec: '{"another":true}' }), {}),
+    store.insertSandbox(bare, {}),
+  ]);
   assert.equal(results[0].status, 'fulfilled');
   assert.equal(results[1].status, 'rejected', 'the duplicate id is refused');
   assert.equal(results[2].status, 'fulfilled');

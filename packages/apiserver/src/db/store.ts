@@ -317,7 +317,11 @@ export class StateStore {
       const chain = await this.ancestry(projectId, tx);
       // Everything at once first: when the sum fits on every project of the chain, one update
       // per project admits all (the common case, and one row lock taken once).
-      const sum = rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), { sandboxes: 0, cpu: 0, memoryMiB: 0 });
+      const sum = rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
+        sandboxes: 0,
+        cpu: 0,
+        memoryMiB: 0,
+      });
       let fitted = 0;
       while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
       if (fitted === chain.length) return rs.map(() => undefined);
