@@ -141,7 +141,7 @@ function storeSuite(open: () => Promise<StateStore>): void {
     const groupsBefore = store.reservations.written.groups;
     const results = await Promise.allSettled(Array.from({ length: 13 }, () => store.reserve(prj.id, r)));
     assert.equal(results.filter((x) => x.status === 'fulfilled').length, QUOTA.sandboxes, 'exactly the quota is admitted');
-    assert.ok(results.filter((x) => x.status === 'rejected').every((x) => (x).reason.code === 'QUOTA_EXCEEDED'));
+    assert.ok(results.filter((x) => x.status === 'rejected').every((x) => x.reason.code === 'QUOTA_EXCEEDED'));
     assert.ok(store.reservations.written.groups - groupsBefore < 13, 'concurrent reservations share transactions');
     assert.equal((await store.project(prj.id))!.used_sandboxes, QUOTA.sandboxes);
     await Promise.all(['gr-1', 'gr-2', 'gr-3'].map((id) => store.insertSandbox(sandboxRow(id, prj.id, { state: 'creating' }), {})));
