@@ -161,9 +161,16 @@ async function writeStatements(pg: { query(sql: string, database?: string): Prom
        ORDER BY total_exec_time DESC LIMIT 40`,
     'dsec_cell',
   );
-  const lines = r.rows.map(
-    (row) =>
-      `${String(row.calls).padStart(8)} calls ${String(row.total_ms).padStart(10)} ms total ${String(row.mean_ms).padStart(9)} ms mean ${String(row.rows).padStart(8)} rows  ${String(row.query)}`,
+  const all = await pg.query(
+    `SELECT sum(calls) AS calls, round(sum(total_exec_time)::numeric, 1) AS total_ms FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'dsec_cell')`,
+    'dsec_cell',
+  );
+  const lines = [`all statements: ${String(all.rows[0]?.calls)} calls, ${String(all.rows[0]?.total_ms)} ms`];
+  lines.push(
+    ...r.rows.map(
+      (row) =>
+        `${String(row.calls).padStart(8)} calls ${String(row.total_ms).padStart(10)} ms total ${String(row.mean_ms).padStart(9)} ms mean ${String(row.rows).padStart(8)} rows  ${String(row.query)}`,
+    ),
   );
   await writeFile(file, `${lines.join('\n')}\n`);
 }
