@@ -98,7 +98,7 @@ function storeSuite(open: () => Promise<StateStore>): void {
     const prj = await store.createProject({ name: 'big-list', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 1000, cpu: 1000, memoryMiB: 1_000_000 } });
     const other = await store.createProject({ name: 'big-other', parentId: ROOT_PROJECT_ID, quota: QUOTA });
     // 260 with the label (every other one paused), interleaved in id order with rows the
-    // filters leave out: another label value, another project, a pool member.
+    // filters leave out: another label value, another project.
     const ids: string[] = [];
     const inserts: Array<Promise<void>> = [];
     for (let i = 0; i < 260; i++) {
