@@ -94,6 +94,63 @@ function storeSuite(open: () => Promise<StateStore>): void {
     assert.equal((await store.project(prj.id))!.used_sandboxes, 2);
   });
 
+  it('lists by label across chunks of the label index, with the other filters, page by page', async () => {
+    const prj = await store.createProject({ name: 'big-list', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 1000, cpu: 1000, memoryMiB: 1_000_000 } });
+    const other = await store.createProject({ name: 'big-other', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    // 260 with the label (every other one paused), interleaved in id order with rows the
+    // filters leave out: another label value, another project.
+    const ids: string[] = [];
+    const inserts: Array<Promise<void>> = [];
+    for (let i = 0; i < 260; i++) {
+      const id = `big-${String(i).padStart(4, '0')}`;
+      ids.push(id);
+      inserts.push(store.insertSandbox(sandboxRow(id, prj.id, { state: i % 2 ? 'paused' : 'running' }), { job: 'big', n: String(i % 3) }));
+      inserts.push(store.insertSandbox(sandboxRow(`${id}-x`, prj.id), { job: 'small' }));
+    }
+    inserts.push(store.insertSandbox(sandboxRow('big-0001-o', other.id), { job: 'big' }));
+    await Promise.all(inserts);
+    const running = ids.filter((_, i) => i % 2 === 0);
+    const seen: string[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await store.listSandboxes({ projectIds: [prj.id], labels: [['job', 'big']], state: 'running', limit: 50, ...(after ? { after } : {}) });
+      seen.push(...page.map((r) => r.id));
+      assert.ok(page.every((r) => r.state === 'running' && r.labels.job === 'big'));
+      if (page.length < 50) break;
+      after = page[page.length - 1]!.id;
+    }
+    assert.deepEqual(seen, running);
+    // A page larger than the first chunk, with a second label on top.
+    const both = await store.listSandboxes({
+      projectIds: [prj.id],
+      labels: [
+        ['job', 'big'],
+        ['n', '0'],
+      ],
+      limit: 500,
+    });
+    assert.deepEqual(
+      both.map((r) => r.id),
+      ids.filter((_, i) => i % 3 === 0),
+    );
+  });
+
+  it('groups concurrent reservations and creating -> running moves, each with its own answer', async () => {
+    const prj = await store.createProject({ name: 'grouped', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const r = { sandboxes: 1, cpu: 1, memoryMiB: 256 };
+    const groupsBefore = store.reservations.written.groups;
+    const results = await Promise.allSettled(Array.from({ length: 13 }, () => store.reserve(prj.id, r)));
+    assert.equal(results.filter((x) => x.status === 'fulfilled').length, QUOTA.sandboxes, 'exactly the quota is admitted');
+    assert.ok(results.filter((x) => x.status === 'rejected').every((x) => x.reason.code === 'QUOTA_EXCEEDED'));
+    assert.ok(store.reservations.written.groups - groupsBefore < 13, 'concurrent reservations share transactions');
+    assert.equal((await store.project(prj.id))!.used_sandboxes, QUOTA.sandboxes);
+    await Promise.all(['gr-1', 'gr-2', 'gr-3'].map((id) => store.insertSandbox(sandboxRow(id, prj.id, { state: 'creating' }), {})));
+    await store.insertSandbox(sandboxRow('gr-4', prj.id, { state: 'running' }), {});
+    const moved = await Promise.all(['gr-1', 'gr-2', 'gr-3', 'gr-4', 'gr-none'].map((id) => store.transitionSandboxGrouped(id, ['creating'], 'running')));
+    assert.deepEqual(moved, [true, true, true, false, false]);
+    assert.equal((await store.sandboxOnly('gr-2'))!.state, 'running');
+  });
+
   it('hands one idempotency key to one request', async () => {
     const prj = await store.createProject({ name: 'idem', parentId: ROOT_PROJECT_ID, quota: QUOTA });
     const k = { projectId: prj.id, key: 'k1', requestHash: 'h', ttlMs: 60_000 };

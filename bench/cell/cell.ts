@@ -8,7 +8,7 @@
 // through the HTTP API and list/filter queries, and samples the apiserver's RSS.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -48,6 +48,12 @@ export interface CellOptions {
   log: (line: string) => void;
   /** Stops the run (everything started is stopped). */
   signal?: AbortSignal;
+  /**
+   * A folder for a profile of the run: the apiserver's CPU profile (`--cpu-prof`, written when
+   * it stops) and PostgreSQL's statements by total time (pg_stat_statements) in
+   * `pg-statements.txt`. None: no profile.
+   */
+  profileDir?: string;
 }
 
 /** Figures of one of the ten stages. */
@@ -97,7 +103,7 @@ export interface CellReport {
 /** The PostgreSQL fixture of the tests (test/dist/helpers/postgres.js), loaded at run time. */
 interface PostgresHelper {
   postgresSkipReason(): string | undefined;
-  startTestPostgres(): Promise<{
+  startTestPostgres(opts?: { settings?: Record<string, string> }): Promise<{
     createDatabase(name: string): Promise<string>;
     query(sql: string, database?: string): Promise<{ rows: Array<Record<string, unknown>> }>;
     close(): Promise<void>;
@@ -147,6 +153,28 @@ async function rssMiB(pid: number): Promise<number> {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
+/** Writes PostgreSQL's statements of the cell's database by total time (the 40 costliest). */
+async function writeStatements(pg: { query(sql: string, database?: string): Promise<{ rows: Array<Record<string, unknown>> }> }, file: string): Promise<void> {
+  const r = await pg.query(
+    `SELECT calls, round(total_exec_time::numeric, 1) AS total_ms, round(mean_exec_time::numeric, 3) AS mean_ms, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 300) AS query
+       FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'dsec_cell')
+       ORDER BY total_exec_time DESC LIMIT 40`,
+    'dsec_cell',
+  );
+  const all = await pg.query(
+    `SELECT sum(calls) AS calls, round(sum(total_exec_time)::numeric, 1) AS total_ms FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'dsec_cell')`,
+    'dsec_cell',
+  );
+  const lines = [`all statements: ${String(all.rows[0]?.calls)} calls, ${String(all.rows[0]?.total_ms)} ms`];
+  lines.push(
+    ...r.rows.map(
+      (row) =>
+        `${String(row.calls).padStart(8)} calls ${String(row.total_ms).padStart(10)} ms total ${String(row.mean_ms).padStart(9)} ms mean ${String(row.rows).padStart(8)} rows  ${String(row.query)}`,
+    ),
+  );
+  await writeFile(file, `${lines.join('\n')}\n`);
+}
+
 /** An empty tar archive (two zero blocks): the cell's base layer. */
 const EMPTY_TAR = new Uint8Array(1024);
 
@@ -168,12 +196,19 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
   const cleanups: Array<() => Promise<void>> = [() => rm(dir, { recursive: true, force: true })];
   try {
     log('cell: starting PostgreSQL');
-    const pg = await pgHelper.startTestPostgres();
+    const pg = await pgHelper.startTestPostgres(
+      o.profileDir ? { settings: { shared_preload_libraries: 'pg_stat_statements', 'pg_stat_statements.track': 'all' } } : {},
+    );
     cleanups.unshift(() => pg.close());
     const db = await pg.createDatabase('dsec_cell');
+    if (o.profileDir) {
+      await mkdir(o.profileDir, { recursive: true });
+      await pg.query('CREATE EXTENSION IF NOT EXISTS pg_stat_statements', 'dsec_cell');
+    }
     const home = path.join(dir, 'home');
     log('cell: starting dsec apiserver');
-    const api = start([CLI, 'apiserver', '--db', db, '--home', home, '--addr', '127.0.0.1:0', '--node-addr', '127.0.0.1:0', '--quiet']);
+    const profile = o.profileDir ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(o.profileDir)] : [];
+    const api = start([...profile, CLI, 'apiserver', '--db', db, '--home', home, '--addr', '127.0.0.1:0', '--node-addr', '127.0.0.1:0', '--quiet']);
     cleanups.unshift(() => stop(api));
     const apiUrl = (await waitFor(api, /listening on (http:\/\/\S+)/, 'dsec apiserver'))[1]!;
     const nodeUrl = (await waitFor(api, /nodes join on (https:\/\/\S+)/, 'dsec apiserver'))[1]!;
@@ -316,6 +351,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
     const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
     const perNode = spread.rows.map((row) => Number(row.n));
+    if (o.profileDir) await writeStatements(pg, path.join(o.profileDir, 'pg-statements.txt'));
     const first = stages[0]!.singleP50;
     const last = stages[stages.length - 1]!.singleP50;
     return {

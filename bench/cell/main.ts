@@ -28,6 +28,7 @@ const { values } = parseArgs({
     'node-cpu': { type: 'string', default: '64' },
     'node-memory-gib': { type: 'string', default: '256' },
     'no-docs': { type: 'boolean', default: false },
+    profile: { type: 'string' },
   },
 });
 
@@ -112,6 +113,7 @@ const report = await runCell({
   listsPerStage: int('lists'),
   sim: { capacity: { cpu: int('node-cpu'), memoryMiB: int('node-memory-gib') * 1024 } },
   log: (line) => process.stderr.write(`${line}\n`),
+  ...(values.profile ? { profileDir: values.profile } : {}),
 });
 for (const [f, v, t, ok] of targets(report)) process.stdout.write(`${ok ? 'met ' : 'MISS'}  ${f}: ${v} (target ${t})\n`);
 await mkdir(path.join(REPO, 'bench', 'results'), { recursive: true });

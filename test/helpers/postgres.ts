@@ -70,8 +70,15 @@ process.once('exit', () => {
   for (const p of live) p.kill('SIGKILL');
 });
 
+/** Options of {@link startTestPostgres}. */
+export interface TestPostgresOptions {
+  /** More server settings (`-c name=value`), e.g. `shared_preload_libraries` for a profile. */
+  settings?: Record<string, string>;
+}
+
 /** Starts a cluster; the caller must close() it (in `after`). */
-export async function startTestPostgres(): Promise<TestPostgres> {
+export async function startTestPostgres(opts: TestPostgresOptions = {}): Promise<TestPostgres> {
+  const extra = Object.entries(opts.settings ?? {}).flatMap(([k, v]) => ['-c', `${k}=${v}`]);
   const bin = postgresBin();
   const ids = userIds('postgres');
   if (!bin || !ids) throw new Error(postgresSkipReason() ?? 'no PostgreSQL');
@@ -92,7 +99,7 @@ export async function startTestPostgres(): Promise<TestPostgres> {
       logTail = '';
       const p = spawn(
         path.join(bin, 'postgres'),
-        ['-D', data, '-h', '127.0.0.1', '-p', String(port), '-k', dir, '-c', 'fsync=off', '-c', 'full_page_writes=off', '-c', 'max_connections=200'],
+        ['-D', data, '-h', '127.0.0.1', '-p', String(port), '-k', dir, '-c', 'fsync=off', '-c', 'full_page_writes=off', '-c', 'max_connections=200', ...extra],
         { uid: ids.uid, gid: ids.gid, env, cwd: dir, stdio: ['ignore', 'ignore', 'pipe'] },
       );
       live.add(p);

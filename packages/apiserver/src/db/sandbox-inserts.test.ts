@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import Database from 'better-sqlite3';
+import { SqliteDialect } from 'kysely';
+import type { DatabaseConnection, Dialect, Driver, Kysely, TransactionSettings } from 'kysely';
 import type { SandboxTable } from './schema.js';
 import { ROOT_PROJECT_ID, StateStore } from './store.js';
 
@@ -47,7 +49,11 @@ test('inserts started together are written as one group, with their labels', asy
 test('a row that cannot be written fails alone; rows without the optional columns are written', async () => {
   await store.insertSandbox(row('dup'), {});
   const { owner_id: _o, lease: _l, last_active_at: _a, paused_at: _p, pause_reason: _r, ...bare } = row('bare');
-  const results = await Promise.allSettled([store.insertSandbox(row('ok-1'), { a: '1' }), store.insertSandbox(row('dup'), {}), store.insertSandbox(bare, {})]);
+  const results = await Promise.allSettled([
+    store.insertSandbox(row('ok-1'), { a: '1' }),
+    store.insertSandbox(row('dup', { spec: '{"another":true}' }), {}),
+    store.insertSandbox(bare, {}),
+  ]);
   assert.equal(results[0].status, 'fulfilled');
   assert.equal(results[1].status, 'rejected', 'the duplicate id is refused');
   assert.equal(results[2].status, 'fulfilled');
@@ -65,4 +71,63 @@ test('the lease pass reads only the lease columns of running rows', async () => 
     leases.every((l) => !l.id.startsWith('g-')),
     'rows in other states are not read',
   );
+});
+
+/** SQLite whose next `lose` COMMITs are applied but answered with an error (a connection lost at COMMIT). */
+class LosingCommits implements Dialect {
+  lose = 0;
+  private readonly inner: SqliteDialect;
+  constructor(database: Database.Database) {
+    this.inner = new SqliteDialect({ database });
+  }
+  createAdapter(): ReturnType<Dialect['createAdapter']> {
+    return this.inner.createAdapter();
+  }
+  createQueryCompiler(): ReturnType<Dialect['createQueryCompiler']> {
+    return this.inner.createQueryCompiler();
+  }
+  createIntrospector(db: Kysely<unknown>): ReturnType<Dialect['createIntrospector']> {
+    return this.inner.createIntrospector(db);
+  }
+  createDriver(): Driver {
+    const d = this.inner.createDriver();
+    return {
+      init: () => d.init(),
+      acquireConnection: () => d.acquireConnection(),
+      beginTransaction: (c: DatabaseConnection, s: TransactionSettings) => d.beginTransaction(c, s),
+      commitTransaction: async (c: DatabaseConnection) => {
+        await d.commitTransaction(c);
+        if (this.lose > 0) {
+          this.lose--;
+          throw new Error('Connection terminated unexpectedly');
+        }
+      },
+      rollbackTransaction: (c: DatabaseConnection) => d.rollbackTransaction(c),
+      releaseConnection: (c: DatabaseConnection) => d.releaseConnection(c),
+      destroy: () => d.destroy(),
+    };
+  }
+}
+
+test('a group whose COMMIT was applied but whose answer was lost reports its rows as written, not as failed', async () => {
+  const dialect = new LosingCommits(new Database(':memory:'));
+  const s = await StateStore.open(dialect);
+  try {
+    dialect.lose = 1;
+    const results = await Promise.allSettled(Array.from({ length: 3 }, (_, i) => s.insertSandbox(row(`lost-${i}`), { job: 'lost' })));
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ['fulfilled', 'fulfilled', 'fulfilled'],
+    );
+    assert.equal(dialect.lose, 0, 'the COMMIT was lost once');
+    assert.deepEqual((await s.sandbox('lost-2'))?.labels, { job: 'lost' });
+    dialect.lose = 1;
+    await s.insertSandbox(row('lost-alone'), {});
+    assert.equal(dialect.lose, 0);
+    assert.equal((await s.db.selectFrom('sandboxes').select('id').where('id', 'like', 'lost-%').execute()).length, 4);
+    // A row that is not this create's (an id taken by another) is still refused.
+    await assert.rejects(s.insertSandbox(row('lost-0', { spec: '{"another":true}' }), {}));
+  } finally {
+    await s.close();
+  }
 });

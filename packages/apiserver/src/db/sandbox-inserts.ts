@@ -72,13 +72,48 @@ export class SandboxInserts {
           this.written.rows += group.length;
           for (const p of group) p.resolve();
         } catch (err) {
-          if (group.length === 1) group[0]!.reject(err);
-          else await this.oneByOne(group);
+          // The COMMIT itself may have been applied with its answer lost (a connection that
+          // dropped): rows found as written are this group's, and are not written again.
+          const rest = await this.notCommitted(group).catch(() => group);
+          this.written.groups++;
+          this.written.rows += group.length - rest.length;
+          if (rest.length === 0) continue;
+          if (rest.length === 1) rest[0]!.reject(err);
+          else await this.oneByOne(rest);
         }
       }
     } finally {
       this.writing = false;
     }
+  }
+
+  /**
+   * After a failed group: resolves the members whose row is stored as this group wrote it (same
+   * project, node, creation time and spec: ids are random, and a group commits whole or not at
+   * all) and returns the others.
+   */
+  private async notCommitted(group: Pending[]): Promise<Pending[]> {
+    const stored = new Map<string, Pick<SandboxTable, 'project_id' | 'node' | 'created_at' | 'spec'>>();
+    for (let i = 0; i < group.length; i += ROWS_PER_STATEMENT) {
+      const rows = await this.db
+        .selectFrom('sandboxes')
+        .select(['id', 'project_id', 'node', 'created_at', 'spec'])
+        .where(
+          'id',
+          'in',
+          group.slice(i, i + ROWS_PER_STATEMENT).map((p) => p.row.id),
+        )
+        .execute();
+      for (const r of rows) stored.set(r.id, r);
+    }
+    const same = (p: Pending): boolean => {
+      const r = stored.get(p.row.id);
+      return r !== undefined && r.project_id === p.row.project_id && r.node === p.row.node && r.created_at === p.row.created_at && r.spec === p.row.spec;
+    };
+    // All or none: a group is one transaction.
+    if (!group.every(same)) return group.filter((p) => !same(p));
+    for (const p of group) p.resolve();
+    return [];
   }
 
   private async oneByOne(group: Pending[]): Promise<void> {

@@ -4,7 +4,7 @@
 // section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
 import { Kysely, Migrator, SqliteDialect, sql } from 'kysely';
-import type { CompiledQuery, Dialect, Transaction } from 'kysely';
+import type { CompiledQuery, Dialect, SelectQueryBuilder, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
 import type {
@@ -22,6 +22,7 @@ import type {
 } from './schema.js';
 import { migrationProvider } from './migrations.js';
 import { SandboxInserts } from './sandbox-inserts.js';
+import { WriteGroups } from './write-groups.js';
 import { postgresDialect, redactUrl } from './postgres.js';
 import type { PostgresOptions } from './postgres.js';
 
@@ -96,6 +97,9 @@ const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
 /** The columns of a running sandbox that the lease pass reads ({@link StateStore.runningLeases}). */
 export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created_at' | 'expires_at' | 'last_active_at'>;
 
+/** Sandbox ids read at most at once from a label's index by a filtered list. */
+const LIST_CHUNK_MAX = 2000;
+
 /** State of the control plane. */
 export class StateStore {
   /** True when other processes (replicas) share this store's database. */
@@ -103,6 +107,10 @@ export class StateStore {
 
   /** Sandbox rows written in groups (multi-row inserts). */
   readonly inserts: SandboxInserts;
+  /** Quota reservations of concurrent creates, grouped per project (one transaction each group). */
+  readonly reservations: WriteGroups<Reservation, undefined>;
+  /** State moves of new sandboxes (`creating -> running`), grouped by their from/to states. */
+  readonly transitions: WriteGroups<string, boolean>;
 
   private constructor(
     readonly db: Kysely<Database>,
@@ -110,6 +118,8 @@ export class StateStore {
   ) {
     this.shared = opts.shared ?? false;
     this.inserts = new SandboxInserts(db, bindIdempotencyKey);
+    this.reservations = new WriteGroups<Reservation, undefined>((projectId, rs) => this.reserveMany(projectId, rs));
+    this.transitions = new WriteGroups((key, ids) => this.transitionMany(ids, ...(JSON.parse(key) as [string[], string])));
   }
 
   /**
@@ -290,14 +300,10 @@ export class StateStore {
    * if its usage stays within its quota, and one refusal rolls the whole reservation back.
    */
   async reserve(projectId: string, r: Reservation): Promise<void> {
-    await this.db.transaction().execute(async (tx) => {
-      for (const id of await this.ancestry(projectId, tx)) {
-        if (!(await this.addUsage(tx, id, r, 1, true))) {
-          const row = await tx.selectFrom('projects').selectAll().where('id', '=', id).executeTakeFirst();
-          throw quotaError(row, r);
-        }
-      }
-    });
+    // Grouped with the project's other reservations under way: one transaction for all, each
+    // admitted or refused on its own terms (reserveMany).
+    // A refusal (QUOTA_EXCEEDED) rejects this reservation alone.
+    await this.reservations.submit(projectId, r);
   }
 
   /**
@@ -306,8 +312,20 @@ export class StateStore {
    * before it. Returns, per entry, undefined when admitted or the QUOTA_EXCEEDED refusal.
    */
   async reserveMany(projectId: string, rs: readonly Reservation[]): Promise<Array<DsecError | undefined>> {
+    if (rs.length === 0) return [];
     return this.db.transaction().execute(async (tx) => {
       const chain = await this.ancestry(projectId, tx);
+      // Everything at once first: when the sum fits on every project of the chain, one update
+      // per project admits all (the common case, and one row lock taken once).
+      const sum = rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
+        sandboxes: 0,
+        cpu: 0,
+        memoryMiB: 0,
+      });
+      let fitted = 0;
+      while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
+      if (fitted === chain.length) return rs.map(() => undefined);
+      for (const id of chain.slice(0, fitted)) await this.addUsage(tx, id, sum, -1, false);
       const out: Array<DsecError | undefined> = [];
       // Usage only grows within the transaction: a request no smaller than one refused is refused too.
       const refused: Array<{ r: Reservation; err: DsecError }> = [];
@@ -420,6 +438,30 @@ export class StateStore {
       .where('state', 'in', from)
       .executeTakeFirst();
     return Number(res.numUpdatedRows) === 1;
+  }
+
+  /**
+   * Moves a new sandbox from one of `from` to `to`, grouped with the other such moves under way
+   * (one UPDATE for the group); true when it moved. The create path's `creating -> running`.
+   */
+  async transitionSandboxGrouped(id: string, from: string[], to: string): Promise<boolean> {
+    return this.transitions.submit(JSON.stringify([from, to]), id);
+  }
+
+  /** Moves sandboxes from one of `from` to `to`; per id, true when it moved. */
+  private async transitionMany(ids: readonly string[], from: string[], to: string): Promise<boolean[]> {
+    const moved = new Set<string>();
+    for (let i = 0; i < ids.length; i += 500) {
+      const rows = await this.db
+        .updateTable('sandboxes')
+        .set({ state: to })
+        .where('id', 'in', ids.slice(i, i + 500))
+        .where('state', 'in', from)
+        .returning('id')
+        .execute();
+      for (const r of rows) moved.add(r.id);
+    }
+    return ids.map((id) => moved.has(id));
   }
 
   /** Changes lifecycle fields of a sandbox (lease, owner, expiry). */
@@ -643,24 +685,54 @@ export class StateStore {
     after?: string;
   }): Promise<Array<SandboxTable & { labels: Record<string, string> }>> {
     if (q.projectIds.length === 0) return [];
-    let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
-    for (const [key, value] of q.labels) {
-      query = query.where((eb) =>
-        eb.exists(
-          eb
-            .selectFrom('sandbox_labels')
-            .select('sandbox_labels.key')
-            .whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id')
-            .where('sandbox_labels.key', '=', key)
-            .where('sandbox_labels.value', '=', value),
-        ),
-      );
+    const [first, ...others] = q.labels;
+    // Every condition but the first label's, on sandboxes.
+    const filtered = (ids?: readonly string[]): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> => {
+      let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
+      if (ids) query = query.where('id', 'in', ids);
+      for (const [key, value] of ids ? others : q.labels) {
+        query = query.where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('sandbox_labels')
+              .select('sandbox_labels.key')
+              .whereRef('sandbox_labels.sandbox_id', '=', 'sandboxes.id')
+              .where('sandbox_labels.key', '=', key)
+              .where('sandbox_labels.value', '=', value),
+          ),
+        );
+      }
+      if (q.state) query = query.where('state', '=', q.state);
+      if (q.after) query = query.where('id', '>', q.after);
+      // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
+      return query.where('pool_id', 'is', null);
+    };
+    let rows: SandboxTable[];
+    if (!first) rows = await filtered().orderBy('id').limit(q.limit).execute();
+    else {
+      // By a label: its sandbox ids come in id order (the page's order) from the index
+      // (key, value, sandbox_id), a chunk at a time, and only those rows are read and filtered,
+      // until the page is full. A planner left to join the two walks every sandbox of the
+      // projects in id order instead (seen on PostgreSQL: a merge join over the project index).
+      rows = [];
+      let after = q.after;
+      let chunk = Math.min(Math.max(q.limit, 100), LIST_CHUNK_MAX);
+      for (;;) {
+        let idq = this.db.selectFrom('sandbox_labels').select('sandbox_id').where('key', '=', first[0]).where('value', '=', first[1]);
+        if (after) idq = idq.where('sandbox_id', '>', after);
+        const ids = (await idq.orderBy('sandbox_id').limit(chunk).execute()).map((r) => r.sandbox_id);
+        if (ids.length === 0) break;
+        rows.push(
+          ...(await filtered(ids)
+            .orderBy('id')
+            .limit(q.limit - rows.length)
+            .execute()),
+        );
+        if (rows.length >= q.limit || ids.length < chunk) break;
+        after = ids[ids.length - 1];
+        chunk = Math.min(chunk * 2, LIST_CHUNK_MAX);
+      }
     }
-    if (q.state) query = query.where('state', '=', q.state);
-    if (q.after) query = query.where('id', '>', q.after);
-    // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
-    query = query.where('pool_id', 'is', null);
-    const rows = await query.orderBy('id').limit(q.limit).execute();
     const labelRows = rows.length
       ? await this.db
           .selectFrom('sandbox_labels')
@@ -1095,10 +1167,11 @@ export class StateStore {
     cuts?: Array<{ sandboxId: string; at: string }>;
   }): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
-      for (const h of batch.headers)
+      // Headers of many new sandboxes in multi-row statements (10 columns each).
+      for (let i = 0; i < batch.headers.length; i += 200)
         await tx
           .insertInto('trajectories')
-          .values(h)
+          .values(batch.headers.slice(i, i + 200))
           .onConflict((oc) => oc.column('sandbox_id').doNothing())
           .execute();
       for (let i = 0; i < batch.steps.length; i += 500) {

@@ -324,7 +324,8 @@ export class CreatePipeline {
     }
     crashPoint('create.node');
     row.state = pool ? POOLED_STATE : 'running';
-    await this.d.store.transitionSandbox(id, ['creating'], row.state);
+    // Grouped with the other creates finishing now: one UPDATE for all of them.
+    await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state);
     crashPoint('create.running');
     if (pool) return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
     this.openTrajectory(row, item);

@@ -181,8 +181,10 @@ export class SandboxService {
       },
     });
 
-    // Keys and claims, item by item (a claim is one short transaction).
+    // Keys and claims, item by item (a claim is one short transaction). Once a claim finds no
+    // ready member for a spec, the batch's other items of that spec do not look again.
     const fresh: Array<{ index: number; item: CreateItem }> = [];
+    const noMember = new Set<string>();
     for (const it of items) {
       const k = itemKey(it.index);
       try {
@@ -210,8 +212,9 @@ export class SandboxService {
             continue;
           }
         }
-        const claimed = await pipeline.claimFromPool(projectId, it.item, k);
+        const claimed = noMember.has(it.item.poolKey) ? undefined : await pipeline.claimFromPool(projectId, it.item, k);
         if (!claimed) {
+          noMember.add(it.item.poolKey);
           fresh.push(it);
           continue;
         }
