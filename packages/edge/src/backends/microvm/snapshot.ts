@@ -27,6 +27,9 @@ const STDERR_KEEP = 4096;
 const MAX_LIST_BYTES = 64 * 1024 * 1024;
 
 const BUSYBOX = '/.dsec/busybox';
+/** Prefix chronus reads overlayfs's markers under, and the opaque marker's name below it. */
+const OVERLAY_PREFIX = 'trusted.overlay.';
+const OPAQUE_NAME = OVERLAY_OPAQUE_XATTR.slice(OVERLAY_PREFIX.length);
 
 /**
  * Mounts the disk, freezes it and starts the guard (a process of its own session that lifts the
@@ -37,13 +40,13 @@ M=${SNAPSHOT_MOUNT}
 D=
 for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = rw ] && D=/dev/\${b##*/}; done
 [ -n "$D" ] || { echo "no writable disk" >&2; exit 3; }
-if grep -q " $M " /proc/mounts; then fsfreeze -u $M 2>/dev/null || true; umount $M; fi
+if grep -q " $M " /proc/mounts; then fsfreeze --unfreeze $M 2>/dev/null || true; umount $M; fi
 mkdir -p $M
 mount -t ext4 -o nodev,nosuid,noexec "$D" $M
 mount -o remount,bind,ro,nodev,nosuid,noexec $M
 sync
-fsfreeze -f $M
-setsid sh -c "sleep ${FREEZE_GUARD_S}; fsfreeze -u $M" </dev/null >/dev/null 2>&1 &
+fsfreeze --freeze $M
+setsid sh -c "sleep ${FREEZE_GUARD_S}; fsfreeze --unfreeze $M" </dev/null >/dev/null 2>&1 &
 echo $!
 cd $M/upper
 find . -type d
@@ -55,13 +58,13 @@ cd $M/upper || exit 3
 tar cf - .
 rc=$?
 cd /
-fsfreeze -u $M
+fsfreeze --unfreeze $M
 exit $rc
 `;
 
 /** Lifts the freeze, unmounts, ends the guard (`$1`); safe to run again. */
 const THAW = `M=${SNAPSHOT_MOUNT}
-if grep -q " $M " /proc/mounts; then fsfreeze -u $M 2>/dev/null; umount $M; fi
+if grep -q " $M " /proc/mounts; then fsfreeze --unfreeze $M 2>/dev/null; umount $M; fi
 rmdir $M 2>/dev/null
 [ -n "$1" ] && kill "$1" 2>/dev/null
 exit 0
@@ -98,10 +101,10 @@ export async function exportGuestUpper(agent: SandboxAgent, o: ExportUpperOption
       const batch = dirs.slice(at, at + XATTR_BATCH);
       const attrs = await agent.xattrs(
         batch.map((d) => `${SNAPSHOT_MOUNT}/upper/${d.slice(2)}`),
-        'trusted.overlay.',
+        OVERLAY_PREFIX,
       );
       attrs.forEach((a, i) => {
-        if (a?.[OVERLAY_OPAQUE_XATTR] === 'y') opaque.push((batch[i] as string).slice(2));
+        if (a?.[OPAQUE_NAME] === 'y') opaque.push((batch[i] as string).slice(2));
       });
     }
     const extractor = new TarExtractor(dir, { whiteouts: 'record', limits: o.limits, signal: o.signal });
