@@ -78,6 +78,15 @@ describe('microvm memory to a file', () => {
     const reading = (async () => {
       for await (const ev of counter) live += Buffer.from(ev.data).toString();
     })().catch(() => undefined);
+    // More streams than the guest has extra agent ports (3), each with its reader: every one reads
+    // on after the resume too (a command's stream goes back to the main connection).
+    const others = await Promise.all([1, 2, 3, 4].map((n) => sb.spawn(`while :; do echo o${n}; sleep 0.3; done`)));
+    const heardOthers = others.map(() => '');
+    const readingOthers = others.map((h, n) =>
+      (async () => {
+        for await (const ev of h) heardOthers[n] = (heardOthers[n] ?? '') + Buffer.from(ev.data).toString();
+      })().catch(() => undefined),
+    );
     const stdoutOf = async (): Promise<number> => (await sb.processes()).find((p) => p.pid === counter.pid)?.stdoutBytes ?? 0;
     await until('the counter runs', async () => (await stdoutOf()) >= 4);
     const [qemu] = await qemuPids(sb.id);
@@ -124,6 +133,10 @@ describe('microvm memory to a file', () => {
     again.disconnect();
     const liveBefore = live.length;
     await until('the attached reader reads on', () => live.length > liveBefore + 8);
+    const othersBefore = heardOthers.map((t) => t.length);
+    await until('every other stream reads on', () => heardOthers.every((t, n) => t.length > (othersBefore[n] ?? 0) + 6));
+    for (const h of others) await h.kill();
+    await Promise.all(readingOthers);
     const heard = live.slice(0, live.lastIndexOf('\n')).split('\n').map(Number);
     assert.deepEqual(
       heard,
