@@ -34,38 +34,42 @@ const OPAQUE_NAME = OVERLAY_OPAQUE_XATTR.slice(OVERLAY_PREFIX.length);
 /**
  * Mounts the disk, freezes it and starts the guard (a process of its own session that lifts the
  * freeze after {@link FREEZE_GUARD_S}); prints the guard's pid, then every directory of `upper/`.
+ * Every tool is the initramfs's busybox (`$B`), whatever the image holds.
  */
 const FREEZE = `set -e
+B=${BUSYBOX}
 M=${SNAPSHOT_MOUNT}
 D=
-for b in /sys/block/vd*; do [ "$(cat $b/serial 2>/dev/null)" = rw ] && D=/dev/\${b##*/}; done
+for b in /sys/block/vd*; do [ "$($B cat $b/serial 2>/dev/null)" = rw ] && D=/dev/\${b##*/}; done
 [ -n "$D" ] || { echo "no writable disk" >&2; exit 3; }
-if grep -q " $M " /proc/mounts; then fsfreeze --unfreeze $M 2>/dev/null || true; umount $M; fi
-mkdir -p $M
-mount -t ext4 -o nodev,nosuid,noexec "$D" $M
-mount -o remount,bind,ro,nodev,nosuid,noexec $M
-sync
-fsfreeze --freeze $M
-setsid sh -c "sleep ${FREEZE_GUARD_S}; fsfreeze --unfreeze $M" </dev/null >/dev/null 2>&1 &
+if $B grep -q " $M " /proc/mounts; then $B fsfreeze --unfreeze $M 2>/dev/null || true; $B umount $M; fi
+$B mkdir -p $M
+$B mount -t ext4 -o nodev,nosuid,noexec "$D" $M
+$B mount -o remount,bind,ro,nodev,nosuid,noexec $M
+$B sync
+$B fsfreeze --freeze $M
+$B setsid $B sh -c "$B sleep ${FREEZE_GUARD_S}; $B fsfreeze --unfreeze $M" </dev/null >/dev/null 2>&1 &
 echo $!
 cd $M/upper
-find . -type d
+$B find . -type d
 `;
 
 /** Streams `upper/` as a tar on stdout, then lifts the freeze (also when the tar failed). */
-const TAR = `M=${SNAPSHOT_MOUNT}
+const TAR = `B=${BUSYBOX}
+M=${SNAPSHOT_MOUNT}
 cd $M/upper || exit 3
-tar cf - .
+$B tar cf - .
 rc=$?
 cd /
-fsfreeze --unfreeze $M
+$B fsfreeze --unfreeze $M
 exit $rc
 `;
 
 /** Lifts the freeze, unmounts, ends the guard (`$1`); safe to run again. */
-const THAW = `M=${SNAPSHOT_MOUNT}
-if grep -q " $M " /proc/mounts; then fsfreeze --unfreeze $M 2>/dev/null; umount $M; fi
-rmdir $M 2>/dev/null
+const THAW = `B=${BUSYBOX}
+M=${SNAPSHOT_MOUNT}
+if $B grep -q " $M " /proc/mounts; then $B fsfreeze --unfreeze $M 2>/dev/null; $B umount $M; fi
+$B rmdir $M 2>/dev/null
 [ -n "$1" ] && kill "$1" 2>/dev/null
 exit 0
 `;
