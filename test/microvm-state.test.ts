@@ -1,7 +1,8 @@
 // A microVM paused with its memory in a file (QEMU migrates to a unix socket the edge writes to a
 // file, then exits) and resumed from it: one TCG boot carries every check. Then edge restarts:
 // a second boot, on a bare node, adopted by each restarted edge (running, paused in memory,
-// paused to a file), and lost when its adopted QEMU dies.
+// paused to a file), and lost when its adopted QEMU dies. Under DSEC_LONG=1 (npm run test:long)
+// a full VM (`vm`) is adopted the same way (its boot takes about a minute under TCG).
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { open, rename, stat } from 'node:fs/promises';
@@ -17,6 +18,7 @@ import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
 import { qemuPids } from './helpers/qemu.js';
 
+const LONG = process.env.DSEC_LONG === '1';
 let tp: TestPlatform;
 let client: DsecClient;
 const made: Sandbox[] = [];
@@ -78,6 +80,15 @@ describe('microvm memory to a file', () => {
     const reading = (async () => {
       for await (const ev of counter) live += Buffer.from(ev.data).toString();
     })().catch(() => undefined);
+    // More streams than the guest has extra agent ports (3), each with its reader: every one reads
+    // on after the resume too (a command's stream goes back to the main connection).
+    const others = await Promise.all([1, 2, 3, 4].map((n) => sb.spawn(`while :; do echo o${n}; sleep 0.3; done`)));
+    const heardOthers = others.map(() => '');
+    const readingOthers = others.map((h, n) =>
+      (async () => {
+        for await (const ev of h) heardOthers[n] = (heardOthers[n] ?? '') + Buffer.from(ev.data).toString();
+      })().catch(() => undefined),
+    );
     const stdoutOf = async (): Promise<number> => (await sb.processes()).find((p) => p.pid === counter.pid)?.stdoutBytes ?? 0;
     await until('the counter runs', async () => (await stdoutOf()) >= 4);
     const [qemu] = await qemuPids(sb.id);
@@ -124,6 +135,10 @@ describe('microvm memory to a file', () => {
     again.disconnect();
     const liveBefore = live.length;
     await until('the attached reader reads on', () => live.length > liveBefore + 8);
+    const othersBefore = heardOthers.map((t) => t.length);
+    await until('every other stream reads on', () => heardOthers.every((t, n) => t.length > (othersBefore[n] ?? 0) + 6));
+    for (const h of others) await h.kill();
+    await Promise.all(readingOthers);
     const heard = live.slice(0, live.lastIndexOf('\n')).split('\n').map(Number);
     assert.deepEqual(
       heard,
@@ -228,5 +243,52 @@ describe('microvm adopted by a restarted edge', () => {
       'nothing left',
       async () => (await edge.cgroups.existing(id)).length === 0 && !(await stat(path.join(node!.home, 'microvm', id)).catch(() => false)),
     );
+  });
+});
+
+describe('vm adopted by a restarted edge', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:long): a full VM boot, about a minute under TCG' }, () => {
+  let node: TestNode | undefined;
+  after(async () => {
+    await node?.cleanup();
+  });
+
+  test('a running and a paused vm survive edge restarts with the same QEMU; destroy leaves nothing', async () => {
+    node = await startNode({ edge: { vm: {} } });
+    // The image is cached machine-wide by its inputs (minutes from an empty cache).
+    await node.edge.layers.build({ type: 'vm' }, { kind: 'base', name: 'vm-adopt' });
+    const sb = await node.edge.create({ backend: 'vm', image: { base: 'vm-adopt' }, resources: { cpu: 1, memoryMiB: 512, diskMiB: 2048 } });
+    const id = sb.id;
+    const secret = randomBytes(8).toString('hex');
+    await node.edge.exec(id, { cmd: `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret` });
+    const counter = await node.edge.spawn(id, { cmd: 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' });
+    const pid = counter.pid;
+    await counter.detach();
+    const [qemu] = await qemuPids(id);
+    assert.ok(qemu, 'its QEMU runs');
+
+    // Running: the same QEMU, reconnected; its tmpfs and its command are there.
+    let edge = await node.restart();
+    assert.deepEqual(
+      (await edge.list()).map((s) => [s.id, s.state]),
+      [[id, 'running']],
+    );
+    assert.deepEqual(await qemuPids(id), [qemu], 'the same QEMU process, not a new boot');
+    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    assert.ok(
+      (await edge.processes(id)).some((p) => p.pid === pid && p.state === 'running'),
+      'the command runs on',
+    );
+
+    // Paused in memory: still paused after the restart, the same QEMU; the resume goes on.
+    await edge.pause(id);
+    edge = await node.restart();
+    assert.equal(edge.info(id).state, 'paused');
+    assert.deepEqual(await qemuPids(id), [qemu]);
+    await edge.resume(id);
+    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+
+    await edge.destroy(id);
+    assert.deepEqual(await qemuPids(id), []);
+    assert.deepEqual(await edge.cgroups.existing(id), []);
   });
 });

@@ -114,9 +114,37 @@ describe('microvm backend', () => {
     again.disconnect();
     assert.equal(seen, 'line-1\nline-2\nline-3\nline-4\n');
 
+    // A disk snapshot, read out by the guest (its disk frozen meanwhile), and a fork from it: a
+    // new file, a changed one, a deleted one (a whiteout) and a directory made again (opaque).
+    await sh(sb, 'mkdir -p /data && head -c 1048576 /dev/urandom > /data/blob && echo changed > /etc/hosts && rm /bin/vi');
+    await sh(sb, 'rm -rf /root && mkdir /root && echo only > /root/only && mkdir /opq && rm -rf /etc && mkdir /etc && echo x > /etc/passwd');
+    const sum = (await sh(sb, 'md5sum /data/blob')).split(' ')[0];
+    const writer = await sb.spawn('i=0; while true; do echo $i >> /data/counter; i=$((i+1)); sleep 0.05; done');
+    const fork = await sb.fork(1);
+    const child = fork.sandboxes[0]!;
+    made.push(child);
+    assert.equal(child.lastInfo?.backend, 'microvm');
+    assert.equal((await sh(child, 'md5sum /data/blob')).split(' ')[0], sum, 'the new file, byte for byte');
+    assert.equal(await sh(child, 'ls /etc'), 'passwd\n', 'a directory made again hides what the image had (opaque)');
+    assert.equal(await sh(child, 'cat /etc/passwd'), 'x\n');
+    assert.equal(await sh(child, '[ -e /bin/vi ] || [ -L /bin/vi ] || echo gone'), 'gone\n', 'a deleted image file stays deleted (whiteout)');
+    assert.equal(await sh(child, 'ls /bin/sh >/dev/null && echo kept'), 'kept\n');
+    assert.ok(Number((await sh(child, 'wc -l < /data/counter')).trim()) > 0, 'what the source wrote before the snapshot');
+    // The source ran on: its writes went on after the freeze, nothing of the read is left in it.
+    const counted = Number((await sh(sb, 'wc -l < /data/counter')).trim());
+    await until('the source writes on', async () => Number((await sh(sb, 'wc -l < /data/counter')).trim()) > counted + 2);
+    assert.doesNotMatch(await sh(sb, 'cat /proc/mounts'), /dsec-snapshot/);
+    await writer.kill();
+    await writer.wait().catch(() => undefined);
+    await child.kill();
+    made.splice(made.indexOf(child), 1);
+
     // Pause stops the vCPUs; resume goes on where it was.
     await sb.pause();
     assert.equal((await sb.info()).state, 'paused');
+    // A paused microVM is not snapshotted: its guest reads its own disk.
+    const paused = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/snapshot`, {});
+    assert.equal(paused.status, 409, JSON.stringify(paused.body));
     await sb.resume();
     assert.equal((await sh(sb, 'echo back')).trim(), 'back');
     const stats = await sb.stats();

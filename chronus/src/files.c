@@ -483,11 +483,15 @@ void file_symlink(struct conn *c, const struct msg *m)
 }
 
 
-/* Reads the PREFIX field: a namespace prefix in the user namespace ("user." or longer). */
-static bool get_prefix(struct conn *c, const struct msg *m, char *dst)
+/* Reads the PREFIX field: a namespace prefix in the user namespace ("user." or longer), or, to
+ * read only, exactly overlayfs's own "trusted.overlay." (a microVM's snapshot reads the opaque
+ * markers of its upper directory). */
+static bool get_prefix(struct conn *c, const struct msg *m, char *dst, bool reading)
 {
 	int r = msg_cstr(m, F_PREFIX, dst, XATTR_PREFIX_MAX);
 	if (r > 0 && !strncmp(dst, "user.", 5))
+		return true;
+	if (r > 0 && reading && !strcmp(dst, "trusted.overlay."))
 		return true;
 	reply_error(c, m->id, EINVAL, "PREFIX missing or not in the user. namespace");
 	return false;
@@ -603,7 +607,7 @@ static void put_xattrs_entry(struct buf *b, size_t frame_at, const char *path, c
 void file_xattrs(struct conn *c, const struct msg *m)
 {
 	char prefix[XATTR_PREFIX_MAX], path[PATH_MAX];
-	if (!get_prefix(c, m, prefix))
+	if (!get_prefix(c, m, prefix, !msg_flag(m, F_REPLACE)))
 		return;
 	size_t paths = 0, pos = 0;
 	struct field f;

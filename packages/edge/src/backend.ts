@@ -146,6 +146,27 @@ export interface WritableLayerFacet {
   upperDir(id: string): string;
 }
 
+/** A guest's upper directory read out into a host folder for a snapshot (see {@link GuestLayerFacet}). */
+export interface GuestUpper {
+  /** Host folder (root's alone) holding the tree as an overlay upper directory: whiteouts, opaque markers. */
+  dir: string;
+  /** Removes the folder (once the snapshot is packed). */
+  remove(): Promise<void>;
+}
+
+/**
+ * A writable layer inside a guest (a microVM's disk, which the host never mounts): read out
+ * through the guest's agent, the guest holding its disk still while it is read.
+ */
+export interface GuestLayerFacet {
+  /**
+   * Copies a running sandbox's upper directory into a new host folder; the sandbox's writes
+   * wait while it is read and run on when this resolves (or fails, leaving nothing behind).
+   * Its ids are the sandbox's own (no shift).
+   */
+  exportUpper(id: string, signal?: AbortSignal): Promise<GuestUpper>;
+}
+
 /** A network namespace the node can put a link into (per-sandbox networking). */
 export interface NetworkFacet {
   /** Path of the sandbox's network namespace. */
@@ -228,6 +249,8 @@ export interface Backend {
   readonly writableLayer?: WritableLayerFacet;
   /** A network namespace per sandbox; absent: only network mode `none`. */
   readonly network?: NetworkFacet;
+  /** Its writable layer inside a guest, read out for snapshots (microVMs); absent with `writableLayer`. */
+  readonly guestLayer?: GuestLayerFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
   /** Screens of its sandboxes; absent: no screenshots, input or live view. */

@@ -49,7 +49,7 @@ export abstract class SandboxCalls {
     const env = this.commandEnv(id);
     const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)), { signal });
     this.monitor.spawned(id, att.proc, oomBaseline);
-    const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, att.proc) });
+    const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, att.proc, false) });
     void proc.exited.then(
       () => {
         this.monitor.exited(id);
@@ -94,7 +94,7 @@ export abstract class SandboxCalls {
   /** Reattaches to a process from byte offsets (refused when `signal` aborts before the attachment is made). */
   async attach(id: string, proc: number, from: { stdout?: number; stderr?: number } = {}, opts: EdgeCallOptions = {}): Promise<EdgeProcessStream> {
     const att = await this.attachment(id, proc, from, opts.signal);
-    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, proc) });
+    return new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, proc, true) });
   }
 
   /**
@@ -103,9 +103,19 @@ export abstract class SandboxCalls {
    */
   protected abstract runningAgain(id: string, signal: AbortSignal): Promise<boolean>;
 
-  /** How a stream of process `proc` attaches again after a pause to a file ended its connection. */
-  private reattacher(id: string, proc: number): Reattach {
-    return async (from, signal) => ((await this.runningAgain(id, signal)) ? this.attachment(id, proc, from, signal) : undefined);
+  /**
+   * How a stream of process `proc` attaches again after a pause to a file ended its connection:
+   * on the kind of connection it had. A command's own stream (`spawn`) was on the sandbox's main
+   * connection, which holds one attachment per process, and goes back to it; a reader that came
+   * back (`attach`, `own`) takes a connection of its own again. So every stream attached before
+   * the pause finds a place after it, however many commands were streaming (a VM's extra agent
+   * ports serve the readers of `attach` alone, which had one each before).
+   */
+  private reattacher(id: string, proc: number, own: boolean): Reattach {
+    return async (from, signal) => {
+      if (!(await this.runningAgain(id, signal))) return undefined;
+      return own ? this.attachment(id, proc, from, signal) : this.withAgent(id, (agent) => agent.attach(proc, from), { signal });
+    };
   }
 
   private async attachment(id: string, proc: number, from: { stdout?: number; stderr?: number }, signal?: AbortSignal): Promise<Attachment> {

@@ -1,7 +1,8 @@
 // A sandbox's writable layer read from the host: packed into a snapshot layer ("pack diff"),
 // or viewed over its lower layers for diffs and integrity checks.
+import { DsecError } from '@dsec/protocol';
 import type { DiffOptions, LayerInfo } from '@dsec/protocol';
-import type { BackendSandbox, PauseFacet } from './backend.js';
+import type { BackendSandbox, GuestLayerFacet, PauseFacet } from './backend.js';
 import type { DiffLayersOptions, SandboxLayersView } from './diff.js';
 import type { IdShift } from './host/idmap.js';
 import type { LayerStore } from './layers/index.js';
@@ -94,6 +95,43 @@ export async function packWritableLayer(layers: LayerStore, req: PackRequest): P
     );
   } finally {
     await thaw();
+  }
+}
+
+/**
+ * Packs a writable layer that lives inside a guest (`GuestLayerFacet`, a microVM) into a layer
+ * of kind `snapshot`: the guest holds its disk still while its upper directory is copied out
+ * (the hold is released once it runs on), then the copy is packed as a container's upper
+ * directory is and removed. A paused sandbox is refused: its guest reads its own disk.
+ */
+export async function packGuestLayer(
+  layers: LayerStore,
+  guest: GuestLayerFacet,
+  req: Pick<PackRequest, 'id' | 'parents' | 'labels' | 'signal' | 'hold'> & { kind: string },
+): Promise<LayerInfo> {
+  const { id, hold } = req;
+  let upper: Awaited<ReturnType<GuestLayerFacet['exportUpper']>>;
+  try {
+    if (hold.paused) {
+      throw new DsecError(
+        'SANDBOX_NOT_RUNNING',
+        `sandbox ${id} is paused: a ${req.kind} sandbox is snapshotted running (its guest reads its own disk); resume it first`,
+        {
+          sandboxId: id,
+        },
+      );
+    }
+    upper = await guest.exportUpper(id, req.signal);
+  } finally {
+    hold.release();
+  }
+  try {
+    return await layers.build(
+      { type: 'upper', dir: upper.dir, parents: req.parents },
+      { kind: 'snapshot', labels: req.labels, ...(req.signal ? { signal: req.signal } : {}) },
+    );
+  } finally {
+    await upper.remove();
   }
 }
 

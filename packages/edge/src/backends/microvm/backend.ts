@@ -7,7 +7,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendSandbox, NetworkFacet, PauseFacet } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, GuestLayerFacet, GuestUpper, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
@@ -15,6 +15,7 @@ import { AGENT_PORTS } from './guest.js';
 import type { Accel, VmDisk } from '../qemu/process.js';
 import { diskFds } from '../qemu/process.js';
 import { qemuArgs, vmSockets } from './qemu.js';
+import { exportGuestUpper } from './snapshot.js';
 import { QemuSandboxes } from '../qemu/sandboxes.js';
 import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
@@ -75,6 +76,8 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   readonly pausing: PauseFacet;
   /** A network namespace per networked VM, with a tap bridged to the node's link (see `linked`). */
   readonly network: NetworkFacet;
+  /** Snapshots: the guest copies its overlay's upper directory out through chronus (snapshot.ts). */
+  readonly guestLayer: GuestLayerFacet = this;
 
   constructor(private readonly o: MicrovmBackendOptions) {
     super(o);
@@ -212,6 +215,19 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
     await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link)]);
+  }
+
+  /** The sandbox's upper directory copied into a folder of its own on the host (snapshot.ts). */
+  async exportUpper(id: string, signal?: AbortSignal): Promise<GuestUpper> {
+    const record = await this.record(id);
+    const diskMiB = record.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB;
+    return exportGuestUpper(await this.connect(id), {
+      id,
+      workDir: path.join(this.paths(id).dir, 'snapshots'),
+      // Nothing in the disk can be larger than the disk.
+      limits: { maxTotalBytes: diskMiB * 1024 * 1024 },
+      signal,
+    });
   }
 
   async stats(id: string): Promise<SandboxStats> {

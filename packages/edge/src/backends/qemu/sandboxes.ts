@@ -36,6 +36,12 @@ const QEMU_PIDS = 256;
 const STATE_MARGIN_MIB = 64;
 /** How long a restarted edge waits for an adopted guest's agent to answer. */
 const ADOPT_TIMEOUT_MS = 10_000;
+/** How long a new connection to an extra agent port waits for chronus's answer before it is made again. */
+const PORT_ANSWER_MS = 3_000;
+/** How long an extra agent port is tried before the connection fails. */
+const PORT_DEADLINE_MS = 20_000;
+/** Pause between two tries (chronus opens a port it closed again after 200 ms). */
+const PORT_RETRY_MS = 250;
 
 /** One running (or paused) QEMU sandbox as its backend holds it. */
 export interface QemuVm {
@@ -155,15 +161,39 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       if (vm.portsInUse.has(port)) continue;
       vm.portsInUse.add(port);
       try {
-        const sock = await connectUnix(this.agentSocket(id, port));
-        sock.once('close', () => vm.portsInUse.delete(port));
-        return new ChronusClient(sock, this.forged(id));
+        return await this.openPort(id, port, () => vm.portsInUse.delete(port));
       } catch (err) {
         vm.portsInUse.delete(port);
         throw err;
       }
     }
     throw new DsecError('UNAVAILABLE', `sandbox ${id}: all ${this.agentPorts - 1} extra agent ports are in use`, { sandboxId: id, retryAfterMs: 1000 });
+  }
+
+  /**
+   * Connects to an extra agent port and waits for chronus to answer on it (a ping), made again
+   * while it does not answer within {@link PORT_ANSWER_MS}, until {@link PORT_DEADLINE_MS}.
+   * Why: a port whose host side went away (QEMU restored from a file starts with no one on its
+   * sockets) reads as end-of-file in the guest; chronus closes it and opens it again 200 ms later,
+   * and the guest's kernel drops whatever the host had sent the port by then. A request sent in
+   * that window (a reader reattaching right after a resume) would never be answered.
+   * `released` runs when the connection finally closes.
+   */
+  private async openPort(id: string, port: number, released: () => void): Promise<SandboxAgent> {
+    const deadline = Date.now() + PORT_DEADLINE_MS;
+    for (;;) {
+      const sock = await connectUnix(this.agentSocket(id, port));
+      const client = new ChronusClient(sock, this.forged(id));
+      try {
+        await withTimeout(client.ping(), PORT_ANSWER_MS, `sandbox ${id}: its agent did not answer on port ${port} within ${PORT_ANSWER_MS} ms`);
+        sock.once('close', released);
+        return client;
+      } catch (err) {
+        client.close();
+        if (Date.now() >= deadline) throw err;
+        await new Promise((r) => setTimeout(r, PORT_RETRY_MS));
+      }
+    }
   }
 
   /** Where a chronus connection reports frames that break the protocol (the guest forged them). */
@@ -390,6 +420,10 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       // here on adopts this QEMU, never the file (the guest's disk moves on once it runs).
       await removeSavedState(saved.file, true);
       manifestGone = true;
+      // The main agent port connected before the guest runs: QEMU then tells the guest its host
+      // side is there (as it was when saved), and the guest never closes the port on us (see
+      // `openPort`). A failure here is the guest's answer's business (awaitGuest).
+      await this.connect(id).catch(() => undefined);
       await qmp.execute('cont');
       manifestGone = false;
       ran = true;
