@@ -660,6 +660,8 @@ export class StateStore {
     if (q.after) query = query.where('id', '>', q.after);
     // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
     query = query.where('pool_id', 'is', null);
+    // A deleted sandbox whose teardown runs behind the DELETE's answer is gone for the API.
+    query = query.where('state', '!=', 'stopping');
     const rows = await query.orderBy('id').limit(q.limit).execute();
     const labelRows = rows.length
       ? await this.db
