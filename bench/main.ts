@@ -169,7 +169,7 @@ async function main(): Promise<number> {
 }
 
 async function writeDocs(report: RunReport): Promise<void> {
-  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md', 'lazy.md', 'fncall.md'];
+  const notes = ['where-the-time-goes.md', 'install.md', 'microvm.md', 'e2b.md', 'lazy.md', 'fncall.md', 'destroy.md'];
   const extra = (await Promise.all(notes.map((n) => readFile(path.join(REPO, 'bench', 'notes', n), 'utf8').catch(() => '')))).join('\n');
   // The charts go beside docs/benchmarks.md, in docs/benchmarks/, and the page links them.
   const charts = chartsOf(report);

@@ -29,12 +29,15 @@ try {
   const bench = await startBenchPlatform(home);
   const edge = bench.platform.edge;
   const clients = await Promise.all(Array.from({ length: 8 }, () => bench.newClient()));
-  const node = path.join(home, 'node');
+  // What a container sandbox holds on the node: its folder, writable layer (a tmpfs mount), root
+  // mount point, cgroups, processes (none can be left once its cgroups are gone).
+  const o = edge.backends.get('container').o;
+  const count = async (dir) => (await readdir(dir).catch(() => [])).length;
   const left = async () => ({
     sandboxes: (await edge.list()).length,
     cgroups: (await edge.cgroups.list()).length,
-    mounts: (await mountsUnder(node)).length,
-    folders: (await readdir(path.join(node, 'sandboxes')).catch(() => [])).length,
+    mounts: (await mountsUnder(o.writableDir)).length + (await mountsUnder(o.rootsDir)).length,
+    folders: (await count(o.sandboxesDir)) + (await count(o.writableDir)) + (await count(o.rootsDir)),
   });
   const before = await left();
   const sbs = await pool(n, 8, (_, w) => retryRateLimited(() => Sandbox.create({ image: { base: 'busybox' }, resources: IDLE }, { client: clients[w] })));
@@ -52,13 +55,11 @@ try {
   if (mode === 'async') await bench.platform.services.lifecycle.teardownsIdle();
   const goneS = (performance.now() - t0) / 1000;
   const after = await left();
-  for (const k of Object.keys(before)) {
-    if (after[k] !== before[k]) throw new Error(`${k} left: ${after[k]} (before the fill: ${before[k]}, full: ${full[k]})`);
-  }
   console.log(
     `RESULT ${path.basename(path.resolve(checkout))} destroy ${mode} n ${n} conc ${conc} answer p50 ${q(lat, 0.5).toFixed(2)} p99 ${q(lat, 0.99).toFixed(2)} ms; ` +
-      `all answered ${answeredS.toFixed(2)} s; all gone ${goneS.toFixed(2)} s (${((goneS * 1000) / n).toFixed(2)} ms each); full node: ${JSON.stringify(full)}`,
+      `all answered ${answeredS.toFixed(2)} s; all gone ${goneS.toFixed(2)} s (${((goneS * 1000) / n).toFixed(2)} ms each); before ${JSON.stringify(before)} full ${JSON.stringify(full)} after ${JSON.stringify(after)}`,
   );
+  for (const k of Object.keys(before)) if (after[k] !== before[k]) throw new Error(`${k} left: ${after[k]} (before the fill: ${before[k]})`);
 } finally {
   await cleanupAll();
 }
