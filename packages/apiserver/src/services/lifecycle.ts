@@ -20,6 +20,26 @@ import { SandboxRowEvents } from './sandbox-events.js';
 
 /** States from which a sandbox may be destroyed. */
 const DESTROYABLE_STATES = ['running', 'paused', 'failed', 'lost', POOLED_STATE];
+/** States `onExpire: 'pause'` applies to at the end of the lifetime; the others are destroyed as with `kill`. */
+const EXPIRE_PAUSE_STATES = new Set(['running', 'paused', PAUSING, RESUMING]);
+/** Pause reasons that mean "the owner went away": the owner (or a new one) coming back resumes. */
+export const OWNER_GONE_REASONS = ['owner-lost', 'owner-closed'];
+/** Lost or closed owners that own nothing are forgotten this long after their last heartbeat. */
+const STALE_OWNER_MS = 7 * 86_400_000;
+const NO_CHANGE = { durationMs: 0, memoryBeforeBytes: 0, memoryAfterBytes: 0, swapBytes: 0 };
+
+/** A sandbox's row and the node it runs on: where a request about it goes. */
+export interface RoutedSandbox {
+  row: SandboxTable;
+  edge: EdgeClient;
+}
+
+/** Options of {@link LifecycleService.route}. */
+export interface RouteOptions {
+  /** `allow`: a paused sandbox is routed to as it is and the request is not activity. */
+  paused?: 'resume' | 'allow';
+}
+
 /** Teardowns behind acknowledged deletes that run at once in this process (the rest queue, in order). */
 export const CONCURRENT_TEARDOWNS = 16;
 
@@ -54,25 +74,6 @@ class BackgroundTasks {
       });
     }
   }
-}
-/** States `onExpire: 'pause'` applies to at the end of the lifetime; the others are destroyed as with `kill`. */
-const EXPIRE_PAUSE_STATES = new Set(['running', 'paused', PAUSING, RESUMING]);
-/** Pause reasons that mean "the owner went away": the owner (or a new one) coming back resumes. */
-export const OWNER_GONE_REASONS = ['owner-lost', 'owner-closed'];
-/** Lost or closed owners that own nothing are forgotten this long after their last heartbeat. */
-const STALE_OWNER_MS = 7 * 86_400_000;
-const NO_CHANGE = { durationMs: 0, memoryBeforeBytes: 0, memoryAfterBytes: 0, swapBytes: 0 };
-
-/** A sandbox's row and the node it runs on: where a request about it goes. */
-export interface RoutedSandbox {
-  row: SandboxTable;
-  edge: EdgeClient;
-}
-
-/** Options of {@link LifecycleService.route}. */
-export interface RouteOptions {
-  /** `allow`: a paused sandbox is routed to as it is and the request is not activity. */
-  paused?: 'resume' | 'allow';
 }
 
 /** What {@link LifecycleService} is built from. */
