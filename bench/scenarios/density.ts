@@ -121,6 +121,8 @@ export const densityScenario: Scenario = {
     'own processes. Create latency (create + first exec of `true`) is probed with a few sequential creates at',
     '0/25/50/75/100% fill. podman is filled with `podman run -d ... sleep` (its probe is `podman run -d`, no exec)',
     `at concurrency 4 up to ${PODMAN_CAP} containers (a cap, for time: each costs ~0.25 s), within a time bound.`,
+    "dsec's destroy sends every DELETE with `Prefer: respond-async` (8 at a time) and stops the clock when the last",
+    'teardown behind them has finished.',
   ].join(' '),
   async run(ctx: ScenarioContext) {
     const target = ctx.density;
@@ -142,7 +144,9 @@ export const densityScenario: Scenario = {
           return { ms: nowMs() - t0, handle: sb };
         },
         async destroyAll(sbs) {
-          await pool(sbs.length, 8, (i) => retryRateLimited(() => sbs[i]!.kill()));
+          // Each DELETE answers once the delete is durable; gone means gone from the node.
+          await pool(sbs.length, 8, (i) => retryRateLimited(() => sbs[i]!.kill({ wait: false })));
+          await ctx.bench.platform.services.lifecycle.teardownsIdle();
         },
         async cgroupBytes(sbs) {
           let sum = 0;

@@ -160,6 +160,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       limits,
     });
     closers.unshift(() => services.trajectory.close());
+    // Deletes already answered finish their teardown before the nodes and the store close.
+    closers.unshift(() => services.lifecycle.teardownsIdle());
     // A store of one process: what a crash of the previous one cut short is settled against the
     // node before anything is served or charged. Replicas reconcile a node when its session opens.
     if (!store.shared) {
@@ -322,6 +324,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         await watcher.stop();
         await services.poolManager.stop();
         services.admission.close();
+        await services.lifecycle.teardownsIdle();
         for (const row of await store.allSandboxes()) {
           if (store.shared && !nodes.get(row.node)) continue;
           await services.lifecycle.destroyRow(row).catch((err: unknown) => log(`dsec: destroying ${row.id}: ${(err as Error).message}`));

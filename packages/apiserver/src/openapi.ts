@@ -43,7 +43,13 @@ const ROUTES: Route[] = [
   },
   { method: 'get', path: '/v1/sandboxes', summary: 'List sandboxes', query: api.ListSandboxesQuerySchema, reply: page(api.SandboxSchema) },
   { method: 'get', path: '/v1/sandboxes/{id}', summary: 'Get a sandbox', reply: api.SandboxSchema },
-  { method: 'delete', path: '/v1/sandboxes/{id}', summary: 'Destroy a sandbox', status: 204 },
+  {
+    method: 'delete',
+    path: '/v1/sandboxes/{id}',
+    summary: 'Destroy a sandbox (`Prefer: respond-async`: 202 once the delete is durable, the teardown behind it)',
+    status: 204,
+    headers: ['prefer'],
+  },
   {
     method: 'patch',
     path: '/v1/sandboxes/{id}',

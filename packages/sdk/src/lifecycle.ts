@@ -24,9 +24,15 @@ export class Lifecycle {
     return this.#scope.client.json<SandboxStats>({ method: 'GET', path: this.#scope.route('/stats') }, opts);
   }
 
-  /** Destroys the sandbox and everything in it. */
-  async kill(opts: CallOptions = {}): Promise<void> {
-    await this.#scope.client.request({ method: 'DELETE', path: this.#scope.route() }, opts);
+  /**
+   * Destroys the sandbox and everything in it. `wait: false` returns as soon as the platform has
+   * durably taken the delete (the sandbox is gone for the API from then on); its teardown on the
+   * node, and the return of its quota, follow in the background.
+   */
+  async kill(opts: CallOptions & { wait?: boolean } = {}): Promise<void> {
+    const { wait, ...call } = opts;
+    const headers = wait === false ? { headers: { prefer: 'respond-async' } } : {};
+    await this.#scope.client.request({ method: 'DELETE', path: this.#scope.route(), ...headers }, call);
   }
 
   /** Freezes every process and makes its memory reclaimable; processes, files and the file system are kept. */

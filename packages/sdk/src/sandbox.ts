@@ -163,8 +163,11 @@ export class Sandbox {
     return this.#lifecycle.stats(opts);
   }
 
-  /** Destroys the sandbox and everything in it. */
-  kill(opts: CallOptions = {}): Promise<void> {
+  /**
+   * Destroys the sandbox and everything in it; `wait: false` returns once the delete is durably
+   * taken, the teardown following in the background (see {@link Lifecycle.kill}).
+   */
+  kill(opts: CallOptions & { wait?: boolean } = {}): Promise<void> {
     return this.#lifecycle.kill(opts);
   }
 

@@ -704,6 +704,8 @@ export class StateStore {
       }
       if (q.state) query = query.where('state', '=', q.state);
       if (q.after) query = query.where('id', '>', q.after);
+      // A deleted sandbox whose teardown runs behind the DELETE's answer is gone for the API.
+      query = query.where('state', '!=', 'stopping');
       // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
       return query.where('pool_id', 'is', null);
     };

@@ -40,6 +40,42 @@ export interface RouteOptions {
   paused?: 'resume' | 'allow';
 }
 
+/** Teardowns behind acknowledged deletes that run at once in this process (the rest queue, in order). */
+export const CONCURRENT_TEARDOWNS = 16;
+
+/** Tasks run in the background, at most `limit` at a time, in the order they came. */
+class BackgroundTasks {
+  private running = 0;
+  private readonly queued: Array<() => Promise<void>> = [];
+  private readonly waiters: Array<() => void> = [];
+
+  constructor(private readonly limit: number) {}
+
+  /** Queues a task; it must not reject (it handles its own errors). */
+  run(task: () => Promise<void>): void {
+    this.queued.push(task);
+    this.pump();
+  }
+
+  /** Resolves once nothing runs and nothing is queued. */
+  idle(): Promise<void> {
+    if (this.running === 0 && this.queued.length === 0) return Promise.resolve();
+    return new Promise((resolve) => this.waiters.push(resolve));
+  }
+
+  private pump(): void {
+    while (this.running < this.limit && this.queued.length > 0) {
+      const task = this.queued.shift()!;
+      this.running++;
+      void task().finally(() => {
+        this.running--;
+        this.pump();
+        if (this.running === 0 && this.queued.length === 0) for (const w of this.waiters.splice(0)) w();
+      });
+    }
+  }
+}
+
 /** What {@link LifecycleService} is built from. */
 export interface LifecycleDeps {
   store: StateStore;
@@ -67,6 +103,8 @@ export class LifecycleService {
   private ownersCollectedAt = 0;
   /** Events that follow the rows as lists show them (created, settled states, deleted). */
   readonly rowEvents: SandboxRowEvents;
+  /** Teardowns of deletes already answered (see {@link destroy}). */
+  private readonly teardowns = new BackgroundTasks(CONCURRENT_TEARDOWNS);
 
   constructor(private readonly d: LifecycleDeps) {
     this.rowEvents = new SandboxRowEvents(d.sinks);
@@ -112,8 +150,9 @@ export class LifecycleService {
   /** A sandbox row the principal may see, or SANDBOX_NOT_FOUND. */
   async sandboxRow(p: Principal, id: string): Promise<SandboxRow> {
     const row = id.length <= 128 ? await this.d.store.sandbox(id) : undefined;
-    // A pool's sandbox is nobody's until it is claimed.
-    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) throw sandboxNotFound(id);
+    // A pool's sandbox is nobody's until it is claimed; a deleted one (`stopping`: its teardown
+    // runs behind the answer) is nobody's any more.
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null || row.state === 'stopping') throw sandboxNotFound(id);
     return row;
   }
 
@@ -141,7 +180,7 @@ export class LifecycleService {
     const touched = opts.paused === 'allow' ? undefined : this.d.activity.touch(id);
     // The hot path (every exec and file operation): one indexed read, no labels.
     let row = await this.d.store.sandboxOnly(id);
-    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null) {
+    if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null || row.state === 'stopping') {
       if (touched !== undefined) this.d.activity.forget(id, touched);
       throw sandboxNotFound(id);
     }
@@ -408,10 +447,26 @@ export class LifecycleService {
     await this.d.activity.flush(this.d.store);
   }
 
-  /** DELETE /v1/sandboxes/{id}: destroys a sandbox on its node and forgets it. */
-  async destroy(p: Principal, id: string): Promise<void> {
+  /**
+   * DELETE /v1/sandboxes/{id}: destroys a sandbox on its node and forgets it. From the moment its
+   * row is durably `stopping` the sandbox is gone for the API (not listed, not found, its id not
+   * routed). By default the call returns once the teardown is done and the row deleted; with
+   * `wait: false` (`Prefer: respond-async`) it returns right after the claim and the teardown
+   * runs behind it ({@link teardowns}). A crash in between leaves a `stopping` row, which the
+   * start-up reconcile finishes (reconcile.ts); a teardown the node refuses leaves the row
+   * `failed` (listed again, deletable again), and its row event says so. The project's quota is
+   * returned when the row is deleted, after the teardown.
+   */
+  async destroy(p: Principal, id: string, opts: { wait?: boolean } = {}): Promise<void> {
     requireRole(p, 'member');
-    await this.destroyRow(await this.sandboxRow(p, id));
+    const claimed = await this.claimForDestroy(await this.sandboxRow(p, id));
+    if (opts.wait !== false) return this.finishDestroy(claimed);
+    this.teardowns.run(() => this.finishDestroy(claimed).catch((err: unknown) => this.d.sinks.log(`dsec: destroying ${id}: ${(err as Error).message}`)));
+  }
+
+  /** Waits until every teardown acknowledged by {@link destroy} has finished (close, tests, benches). */
+  teardownsIdle(): Promise<void> {
+    return this.teardowns.idle();
   }
 
   /** Destroys a pool's member if it is still ready; a member claimed meanwhile is left alone. */
@@ -421,9 +476,14 @@ export class LifecycleService {
     });
   }
 
-  /** Destroys a sandbox by its row (the watcher uses this for expiry and orphans). */
+  /** Destroys a sandbox by its row and waits for it (the watcher uses this for expiry and orphans). */
   async destroyRow(row: SandboxTable, states: string[] = DESTROYABLE_STATES): Promise<void> {
-    const { store, nodes } = this.d;
+    await this.finishDestroy(await this.claimForDestroy(row, states));
+  }
+
+  /** Claims a row for its destroy: `stopping`, durably; returns it with the state it left. */
+  private async claimForDestroy(row: SandboxTable, states: string[] = DESTROYABLE_STATES): Promise<{ row: SandboxTable; from: string }> {
+    const { store } = this.d;
     // A pause or resume under way here finishes first.
     await this.transitions.idle(row.id);
     // Claim the row first: one destroyer per sandbox, and never one that is still being
@@ -431,9 +491,15 @@ export class LifecycleService {
     const from = (await store.sandboxOnly(row.id))?.state;
     if (!from || !states.includes(from) || !(await store.transitionSandbox(row.id, [from], 'stopping'))) {
       const now = await store.sandbox(row.id);
-      if (!now) throw sandboxNotFound(row.id);
+      if (!now || now.state === 'stopping') throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
     }
+    return { row, from };
+  }
+
+  /** Tears a claimed (`stopping`) sandbox down on its node, then deletes its row. */
+  private async finishDestroy({ row, from }: { row: SandboxTable; from: string }): Promise<void> {
+    const { store, nodes } = this.d;
     crashPoint('delete.stopping');
     const node = nodes.get(row.node);
     // A lost sandbox on a node that is not back: nothing to reach; the node's reconcile

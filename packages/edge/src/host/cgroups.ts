@@ -397,18 +397,20 @@ export class Cgroups {
 
   /** Directories of a sandbox's cgroup that exist (for leak checks and cleanup). */
   async existing(id: string): Promise<string[]> {
-    const dirs = this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));
-    const out: string[] = [];
-    for (const d of dirs) {
-      if (
-        await stat(d).then(
-          () => true,
-          () => false,
-        )
-      )
-        out.push(d);
-    }
-    return out;
+    const found = await Promise.all(
+      this.dirsOf(id).map((d) =>
+        stat(d).then(
+          () => d,
+          () => undefined,
+        ),
+      ),
+    );
+    return found.filter((d): d is string => d !== undefined);
+  }
+
+  /** The directories of a sandbox's cgroup, one per hierarchy (v1) or the one (v2). */
+  private dirsOf(id: string): string[] {
+    return this.mode === 'v2' ? [this.dir('', id)] : V1_HIERARCHIES.map((c) => this.dir(c, id));
   }
 
   /**
@@ -444,9 +446,8 @@ export class Cgroups {
 
   /** Removes a sandbox's (empty) cgroups that the runtime left behind. */
   async remove(id: string): Promise<void> {
-    for (const d of await this.existing(id)) {
-      await rmdir(d).catch(() => undefined);
-    }
+    // One rmdir per hierarchy, all at once (one gone already is ENOENT, ignored): no stat first.
+    await Promise.all(this.dirsOf(id).map((d) => rmdir(d).catch(() => undefined)));
   }
 
   /** Removes the (empty) parent cgroups of this node's sandboxes. */

@@ -72,8 +72,11 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams
       .get('/sandboxes', query(ListSandboxesQuerySchema), async (c) => c.json(await sandboxes.list(c.get('principal'), c.get('query'))))
       .get('/sandboxes/:id', async (c) => c.json(await sandboxes.get(c.get('principal'), c.req.param('id'))))
       .delete('/sandboxes/:id', async (c) => {
-        await lifecycle.destroy(c.get('principal'), c.req.param('id'));
-        return c.body(null, 204);
+        // `Prefer: respond-async` (RFC 7240): 202 once the row is durably `stopping`, the
+        // teardown behind the answer; without it, 204 once the sandbox is gone.
+        const respondAsync = prefersRespondAsync(c.req.header('prefer'));
+        await lifecycle.destroy(c.get('principal'), c.req.param('id'), { wait: !respondAsync });
+        return respondAsync ? c.body(null, 202, { 'preference-applied': 'respond-async' }) : c.body(null, 204);
       })
       .patch('/sandboxes/:id', jsonBody(UpdateSandboxRequestSchema), async (c) =>
         c.json(await sandboxes.update(c.get('principal'), c.req.param('id'), c.get('body'))),
@@ -146,4 +149,9 @@ async function batchEvents(
     if ('error' in outcome) yield { type: 'error', error: toDsecError(outcome.error, log).toJSON().error };
     else yield { type: 'summary', created: outcome.result.created, failed: outcome.result.failed, durationMs: performance.now() - t0 };
   })();
+}
+
+/** True when a `Prefer` header (RFC 7240) asks for `respond-async`. */
+export function prefersRespondAsync(prefer: string | undefined): boolean {
+  return (prefer ?? '').split(',').some((p) => p.split(';')[0]!.trim().toLowerCase() === 'respond-async');
 }
