@@ -2,35 +2,11 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import type { NodeUsageSample } from '@dsec/protocol';
 import { Metrics } from '../metrics.js';
-import { harness } from '../testing/harness.js';
+import { harness, responseLines as lines } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 import { WatchService } from '../watch.js';
 import { createApp } from './app.js';
 import { FOLLOW_MEDIA_TYPE } from './streams.js';
-
-/** Reads the lines of a response body as they come (ndjson, or the lines of an SSE stream). */
-function lines(res: Response): AsyncGenerator<string> {
-  const reader = res.body!.getReader();
-  const decoder = new TextDecoder();
-  let buf = '';
-  return (async function* () {
-    try {
-      for (;;) {
-        let nl = buf.indexOf('\n');
-        while (nl >= 0) {
-          yield buf.slice(0, nl);
-          buf = buf.slice(nl + 1);
-          nl = buf.indexOf('\n');
-        }
-        const { done, value } = await reader.read();
-        if (done) return;
-        buf += decoder.decode(value, { stream: true });
-      }
-    } finally {
-      await reader.cancel().catch(() => undefined);
-    }
-  })();
-}
 
 /** The next line that `match` accepts, within `ms` (else a failure naming `what`). */
 async function lineWhere(it: AsyncGenerator<string>, match: (line: string) => boolean, what: string, ms = 10_000): Promise<string> {

@@ -3,33 +3,14 @@ import { after, before, describe, test } from 'node:test';
 import { resolveLimits } from '@dsec/protocol';
 import type { NodeUsageSample, SandboxStatsSample } from '@dsec/protocol';
 import { Metrics } from '../metrics.js';
-import { harness } from '../testing/harness.js';
+import { harness, responseLines } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 import { WatchService } from '../watch.js';
 import { createApp } from './app.js';
 
 /** Reads ndjson lines from a response body as they come. */
-function lines(res: Response): AsyncGenerator {
-  const reader = res.body!.getReader();
-  const decoder = new TextDecoder();
-  let buf = '';
-  return (async function* () {
-    try {
-      for (;;) {
-        let nl = buf.indexOf('\n');
-        while (nl >= 0) {
-          yield JSON.parse(buf.slice(0, nl)) as unknown;
-          buf = buf.slice(nl + 1);
-          nl = buf.indexOf('\n');
-        }
-        const { done, value } = await reader.read();
-        if (done) return;
-        buf += decoder.decode(value, { stream: true });
-      }
-    } finally {
-      await reader.cancel().catch(() => undefined);
-    }
-  })();
+async function* lines(res: Response): AsyncGenerator {
+  for await (const line of responseLines(res)) yield JSON.parse(line) as unknown;
 }
 
 async function next<T>(it: AsyncGenerator): Promise<T | undefined> {

@@ -57,3 +57,28 @@ export async function harness(deps: Partial<Omit<ServiceDeps, 'store' | 'auth' |
     },
   };
 }
+
+/** Reads the lines of a response body as they come (ndjson, or the lines of an SSE stream). */
+export function responseLines(res: Response): AsyncGenerator<string> {
+  if (!res.body) throw new Error(`a response without a body (${res.status})`);
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+  const decoder = new TextDecoder();
+  let buf = '';
+  return (async function* () {
+    try {
+      for (;;) {
+        let nl = buf.indexOf('\n');
+        while (nl >= 0) {
+          yield buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          nl = buf.indexOf('\n');
+        }
+        const { done, value } = await reader.read();
+        if (done) return;
+        buf += decoder.decode(value, { stream: true });
+      }
+    } finally {
+      await reader.cancel().catch(() => undefined);
+    }
+  })();
+}
