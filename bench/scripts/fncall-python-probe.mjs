@@ -2,7 +2,7 @@
 // `python3 -c 'print(1)'` as a plain call (a warm interpreter, docs/fncall.md "Warm python3"),
 // the same call with an environment of its own (a new python3 process, the path every python3
 // call took before), and Debian's /usr/bin/python3 on the host. Paced 20 ms apart; p50 in ms.
-// usage (as root, under the e2e lock): node bench/fncall-python-probe.mjs [REPO] [N]
+// usage (as root, under the e2e lock): node bench/scripts/fncall-python-probe.mjs [REPO] [N]
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';

@@ -1,6 +1,6 @@
 // A/B probe of function calls at the edge, in-process (no HTTP): paced p50 of `sh -c true`
 // calls, their rate with 8 in flight, and the edge process's CPU per call in that phase.
-// usage (as root, under the e2e lock): node bench/fncall-probe.mjs REPO [reuse|no-reuse]
+// usage (as root, under the e2e lock): node bench/scripts/fncall-probe.mjs REPO [reuse|no-reuse]
 // REPO: a built checkout (this one, or one of main to compare with).
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';

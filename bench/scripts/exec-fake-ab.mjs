@@ -1,6 +1,6 @@
 // Exec through the SDK against the apiserver over a fake node (no root, no sandbox): SDK -> HTTP ->
 // apiserver -> FakeEdge, for one checkout's builds; alternate two checkouts. Usage:
-// node bench/exec-fake-ab.mjs <checkout> [iterations, <= 800: the key's rate limit bursts to 1000]
+// node bench/scripts/exec-fake-ab.mjs <checkout> [iterations, <= 800: the key's rate limit bursts to 1000]
 import path from 'node:path';
 import { createServer } from 'node:http';
 import { performance } from 'node:perf_hooks';

@@ -1,7 +1,7 @@
 // A/B of exec through the SDK against the in-process edge, and of streamed stdout against
 // `crun exec`'s pipe, for one checkout's builds (run it for two checkouts in turn, alternating).
-// Root, under the e2e lock: flock /tmp/dsec-e2e.lock node bench/exec-ab.mjs <checkout> exec 400
-//                       flock /tmp/dsec-e2e.lock node bench/exec-ab.mjs <checkout> stream 512
+// Root, under the e2e lock: flock /tmp/dsec-e2e.lock node bench/scripts/exec-ab.mjs <checkout> exec 400
+//                       flock /tmp/dsec-e2e.lock node bench/scripts/exec-ab.mjs <checkout> stream 512
 import path from 'node:path';
 import { cp } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
