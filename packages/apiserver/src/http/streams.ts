@@ -196,40 +196,53 @@ export class LiveStreams {
       return res;
     }
     const sse = (res.headers.get('content-type') ?? '').startsWith('text/event-stream');
-    let ended: ((line: Uint8Array) => void) | undefined;
-    const final = new Promise<Uint8Array>((r) => (ended = r));
-    const unwatch = this.watch({ p, end: (err) => ended?.(finalMessage(sse, err)) });
-    request.addEventListener('abort', release, { once: true });
-    const done = (): void => {
+    const reader = res.body.getReader();
+    let finished = false;
+    const finish = (): void => {
+      if (finished) return;
+      finished = true;
       request.removeEventListener('abort', release);
       unwatch();
       release();
     };
-    const reader = res.body.getReader();
+    let ctl!: ReadableStreamDefaultController<Uint8Array>;
+    // Each pull awaits only the source's next chunk (a race against a promise that settles only
+    // on revocation would keep every chunk ever sent reachable from that promise).
     const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        ctl = controller;
+      },
       async pull(controller) {
         try {
-          const next = await Promise.race([reader.read(), final]);
-          if (next instanceof Uint8Array) {
-            // The principal no longer holds: a last message, and the stream ends.
-            done();
-            controller.enqueue(next);
-            controller.close();
-            await reader.cancel().catch(() => undefined);
-          } else if (next.done) {
-            done();
+          const next = await reader.read();
+          if (finished) return;
+          if (next.done) {
+            finish();
             controller.close();
           } else controller.enqueue(next.value as Uint8Array);
         } catch (err) {
-          done();
+          if (finished) return;
+          finish();
           controller.error(err);
         }
       },
       async cancel(reason) {
-        done();
+        finish();
         await reader.cancel(reason).catch(() => undefined);
       },
     });
+    const unwatch = this.watch({
+      p,
+      end: (err) => {
+        if (finished) return;
+        // The principal no longer holds: a last message, and the stream ends.
+        finish();
+        ctl.enqueue(finalMessage(sse, err));
+        ctl.close();
+        void reader.cancel().catch(() => undefined);
+      },
+    });
+    request.addEventListener('abort', release, { once: true });
     return new Response(body, { status: res.status, headers: res.headers });
   }
 
