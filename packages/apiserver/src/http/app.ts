@@ -125,7 +125,7 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   opts.onClose?.(async () => streams.close());
   app.use('/v1/*', async (c, next) => {
     await next();
-    if (c.req.method !== 'GET' && c.req.method !== 'HEAD' && c.res.status < 400) streams.changed();
+    if (c.req.method !== 'GET' && c.req.method !== 'HEAD' && c.res.status < 400) streams.changed(c.get('principal')?.tenantId);
   });
   const deps: RouterDeps = { services, metrics, log, streams };
   app.route('/v1', iamRoutes(deps));

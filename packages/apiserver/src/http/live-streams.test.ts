@@ -1,12 +1,16 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { resolveLimits } from '@dsec/protocol';
 import type { NodeUsageSample } from '@dsec/protocol';
+import type { Principal } from '../auth.js';
+import { ROOT_PROJECT_ID } from '../db/store.js';
 import { Metrics } from '../metrics.js';
+import { TenantSlots } from '../tenant-limits.js';
 import { harness, responseLines as lines } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 import { WatchService } from '../watch.js';
 import { createApp } from './app.js';
-import { FOLLOW_MEDIA_TYPE } from './streams.js';
+import { FOLLOW_MEDIA_TYPE, LiveStreams } from './streams.js';
 
 /** The next line that `match` accepts, within `ms` (else a failure naming `what`). */
 async function lineWhere(it: AsyncGenerator<string>, match: (line: string) => boolean, what: string, ms = 10_000): Promise<string> {
@@ -167,5 +171,31 @@ describe('live streams: followed answers, principals checked again, what a tenan
     assert.equal(t.machine, null);
     const r = (await sample(rootViewer)).items.find((n) => n.name === h.edge.nodeName);
     assert.ok(r?.allocated && r.allocatable && r.machine);
+  });
+});
+
+describe("followed answers wake on their own tenant's writes", () => {
+  test("a tenant's write reads again only that tenant's follows; a root write or one without a principal reads every tenant's", async () => {
+    const streams = new LiveStreams(new TenantSlots(resolveLimits({})), () => Promise.resolve(), { settleMs: 10, followMs: 60_000, recheckMs: 60_000 });
+    const principal = (tenantId: string) => ({ keyId: `key-${tenantId}`, projectId: tenantId, tenantId, role: 'viewer' }) as unknown as Principal;
+    const ctl = new AbortController();
+    let loads = 0;
+    const it = lines(await streams.follow(principal('tenant-b'), ctl.signal, () => Promise.resolve({ n: ++loads })));
+    try {
+      await lineWhere(it, () => true, 'the first line');
+      streams.changed('tenant-a');
+      await new Promise((r) => setTimeout(r, 300));
+      assert.equal(loads, 1, "another tenant's write does not read tenant-b's follow again");
+      streams.changed('tenant-b');
+      await lineWhere(it, (l) => l.includes('"n":2'), "the follow read again after its tenant's write", 5000);
+      streams.changed(ROOT_PROJECT_ID);
+      await lineWhere(it, (l) => l.includes('"n":3'), 'the follow read again after a root write', 5000);
+      streams.changed(undefined);
+      await lineWhere(it, (l) => l.includes('"n":4'), 'the follow read again after a write without a principal', 5000);
+    } finally {
+      ctl.abort();
+      await it.return(undefined);
+      streams.close();
+    }
   });
 });

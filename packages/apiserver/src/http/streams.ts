@@ -5,6 +5,7 @@ import type { ExecStreamEvent } from '@dsec/protocol';
 import { DsecError } from '@dsec/protocol';
 import type { Context } from 'hono';
 import type { Principal } from '../auth.js';
+import { ROOT_PROJECT_ID } from '../db/store.js';
 import { toDsecError } from '../errors.js';
 import { jsonEvent } from '../services/commands.js';
 import type { Env } from './env.js';
@@ -84,7 +85,10 @@ export class LiveStreams {
   private timer: NodeJS.Timeout | undefined;
   private checking = false;
   private again = false;
-  private readonly waiters = new Set<() => void>();
+  /** Followed answers waiting for a change, each with its tenant. */
+  private readonly waiters = new Map<() => void, string>();
+  /** Tenants written to since the last wake-up (`*`: every tenant). */
+  private readonly touched = new Set<string>();
   private settle: NodeJS.Timeout | undefined;
 
   constructor(
@@ -132,16 +136,24 @@ export class LiveStreams {
     }
   }
 
-  /** A write was served here: followed answers are read again (once, shortly after). */
-  changed(): void {
+  /**
+   * A write was served here: followed answers of its tenant are read again (once, shortly
+   * after). A write by the root project's keys (operators, who reach every tenant) or by no
+   * principal wakes every tenant's.
+   */
+  changed(tenantId?: string): void {
+    this.touched.add(tenantId === undefined || tenantId === ROOT_PROJECT_ID ? '*' : tenantId);
     this.settle ??= setTimeout(() => {
       this.settle = undefined;
-      for (const wake of [...this.waiters]) wake();
+      const all = this.touched.has('*');
+      const tenants = new Set(this.touched);
+      this.touched.clear();
+      for (const [wake, tenant] of [...this.waiters]) if (all || tenants.has(tenant)) wake();
     }, this.o.settleMs ?? DEFAULT_FOLLOW_SETTLE_MS);
   }
 
-  /** Waits for a write here, `ms`, or `signal`, whichever comes first. */
-  private nextChange(ms: number, signal: AbortSignal): Promise<void> {
+  /** Waits for a write here by `tenantId` (or the root project), `ms`, or `signal`, whichever comes first. */
+  private nextChange(tenantId: string, ms: number, signal: AbortSignal): Promise<void> {
     return new Promise((resolve) => {
       if (signal.aborted) return resolve();
       const done = (): void => {
@@ -151,7 +163,7 @@ export class LiveStreams {
         resolve();
       };
       const timer = setTimeout(done, ms);
-      this.waiters.add(done);
+      this.waiters.set(done, tenantId);
       signal.addEventListener('abort', done, { once: true });
     });
   }
@@ -273,14 +285,14 @@ export class LiveStreams {
   /**
    * A followed answer ({@link FOLLOW_MEDIA_TYPE}): `{at, value}` with what `load` answers now
    * (a refusal is a plain error reply), then a new line each time its answer changes. It is read
-   * again shortly after each write served here, and every `followMs` for changes made elsewhere
+   * again shortly after each write its tenant (or the root project) makes here, and every `followMs` for changes made elsewhere
    * (another replica, the platform's own work); a line is sent only when the answer differs. A
    * read that fails ends the stream with `{at, error}`.
    */
   async follow(p: Principal, request: AbortSignal, load: () => Promise<unknown>): Promise<Response> {
     const first = await load();
     const every = this.o.followMs ?? DEFAULT_FOLLOW_MS;
-    const nextChange = (signal: AbortSignal): Promise<void> => this.nextChange(every, signal);
+    const nextChange = (signal: AbortSignal): Promise<void> => this.nextChange(p.tenantId, every, signal);
     return this.samples(p, request, (signal) => followed(first, load, nextChange, signal));
   }
 }
