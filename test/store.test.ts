@@ -135,6 +135,27 @@ function storeSuite(open: () => Promise<StateStore>): void {
     );
   });
 
+  it("lists by a label other tenants use a lot: past a few chunks of the label index the rest of the page comes from the project's rows", async () => {
+    const mine = await store.createProject({ name: 'few-common', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const crowd = await store.createProject({ name: 'crowd-common', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 5000, cpu: 5000, memoryMiB: 10_000_000 } });
+    // 2,000 of another project's ids sort before this project's three: more than the chunks a
+    // list reads from the label's index (100 + 200 + 400 + 800).
+    const inserts: Array<Promise<void>> = [];
+    for (let i = 0; i < 2000; i++) inserts.push(store.insertSandbox(sandboxRow(`cmn-a${String(i).padStart(4, '0')}`, crowd.id), { tier: 'common' }));
+    for (const id of ['cmn-b1', 'cmn-b2', 'cmn-b3']) inserts.push(store.insertSandbox(sandboxRow(id, mine.id), { tier: 'common' }));
+    await Promise.all(inserts);
+    const page = await store.listSandboxes({ projectIds: [mine.id], labels: [['tier', 'common']], limit: 2 });
+    assert.deepEqual(
+      page.map((r) => r.id),
+      ['cmn-b1', 'cmn-b2'],
+    );
+    const rest = await store.listSandboxes({ projectIds: [mine.id], labels: [['tier', 'common']], limit: 2, after: 'cmn-b2' });
+    assert.deepEqual(
+      rest.map((r) => r.id),
+      ['cmn-b3'],
+    );
+  });
+
   it('groups concurrent reservations and creating -> running moves, each with its own answer', async () => {
     const prj = await store.createProject({ name: 'grouped', parentId: ROOT_PROJECT_ID, quota: QUOTA });
     const r = { sandboxes: 1, cpu: 1, memoryMiB: 256 };

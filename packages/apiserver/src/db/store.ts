@@ -99,6 +99,12 @@ export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created
 
 /** Sandbox ids read at most at once from a label's index by a filtered list. */
 const LIST_CHUNK_MAX = 2000;
+/**
+ * Chunks of a label's index read per list before the rest of the page is asked of the sandboxes
+ * (the index holds every tenant's ids for a label: a project with few matches on a common label
+ * must not cost one query per 2,000 of other tenants' ids).
+ */
+const LIST_CHUNKS_PER_PAGE = 4;
 
 /** State of the control plane. */
 export class StateStore {
@@ -686,8 +692,8 @@ export class StateStore {
   }): Promise<Array<SandboxTable & { labels: Record<string, string> }>> {
     if (q.projectIds.length === 0) return [];
     const [first, ...others] = q.labels;
-    // Every condition but the first label's, on sandboxes.
-    const filtered = (ids?: readonly string[]): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> => {
+    // Every condition but the first label's, on sandboxes (all of them without `ids`), after `after`.
+    const filtered = (ids?: readonly string[], after = q.after): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> => {
       let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
       if (ids) query = query.where('id', 'in', ids);
       for (const [key, value] of ids ? others : q.labels) {
@@ -703,7 +709,7 @@ export class StateStore {
         );
       }
       if (q.state) query = query.where('state', '=', q.state);
-      if (q.after) query = query.where('id', '>', q.after);
+      if (after) query = query.where('id', '>', after);
       // A deleted sandbox whose teardown runs behind the DELETE's answer is gone for the API.
       query = query.where('state', '!=', 'stopping');
       // A pool's sandboxes are nobody's until claimed: their ids are revealed only then.
@@ -719,7 +725,17 @@ export class StateStore {
       rows = [];
       let after = q.after;
       let chunk = Math.min(Math.max(q.limit, 100), LIST_CHUNK_MAX);
-      for (;;) {
+      for (let read = 0; ; read++) {
+        if (read === LIST_CHUNKS_PER_PAGE) {
+          // The rest of the page from the sandboxes themselves, every label checked there.
+          rows.push(
+            ...(await filtered(undefined, after)
+              .orderBy('id')
+              .limit(q.limit - rows.length)
+              .execute()),
+          );
+          break;
+        }
         let idq = this.db.selectFrom('sandbox_labels').select('sandbox_id').where('key', '=', first[0]).where('value', '=', first[1]);
         if (after) idq = idq.where('sandbox_id', '>', after);
         const ids = (await idq.orderBy('sandbox_id').limit(chunk).execute()).map((r) => r.sandbox_id);
