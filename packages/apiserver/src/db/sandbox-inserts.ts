@@ -110,8 +110,9 @@ export class SandboxInserts {
       const r = stored.get(p.row.id);
       return r !== undefined && r.project_id === p.row.project_id && r.node === p.row.node && r.created_at === p.row.created_at && r.spec === p.row.spec;
     };
-    // All or none: a group is one transaction.
-    if (!group.every(same)) return group.filter((p) => !same(p));
+    // All or none: a group is one transaction. Anything else is not understood: every row is
+    // tried again alone (one already stored is then refused), so that no caller waits forever.
+    if (!group.every(same)) return group;
     for (const p of group) p.resolve();
     return [];
   }

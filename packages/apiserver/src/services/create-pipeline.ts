@@ -200,7 +200,8 @@ export class CreatePipeline {
   async replayIdempotent(row: IdempotencyKeyTable): Promise<Sandbox> {
     this.d.counters.idempotentReplays++;
     const now = row.sandbox_id ? await this.d.store.sandbox(row.sandbox_id) : undefined;
-    if (now && now.project_id === row.project_id && now.pool_id === null) return this.d.lifecycle.toSandbox(now);
+    // A deleted one (`stopping`: its teardown may still run) is gone, as it is for GET.
+    if (now && now.project_id === row.project_id && now.pool_id === null && now.state !== 'stopping') return this.d.lifecycle.toSandbox(now);
     if (row.response) return JSON.parse(row.response) as Sandbox;
     if (row.sandbox_id) throw new DsecError('SANDBOX_NOT_FOUND', `the sandbox ${row.sandbox_id} created with ${IDEMPOTENCY_FIELD} ${row.key} is gone`);
     throw new DsecError('CONFLICT', `${IDEMPOTENCY_FIELD} ${row.key} belongs to a batch, not to one sandbox`, { field: IDEMPOTENCY_FIELD });
