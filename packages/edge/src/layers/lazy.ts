@@ -7,7 +7,7 @@
 // keeps it.
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { closeSync, openSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, statSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import { join } from 'node:path';
@@ -86,7 +86,8 @@ const GONE_RETRIES = 30;
 export const PROFILE_WINDOW_MS = 120_000;
 /** Servers started again on a held FUSE connection within REVIVE_WINDOW_MS before the layer is given up. */
 const MAX_REVIVES = 3;
-const REVIVE_WINDOW_MS = 60_000;
+// Ten minutes: a server that keeps dying (even minutes apart) is broken, not unlucky.
+const REVIVE_WINDOW_MS = 600_000;
 /** Where the lazy servers' control sockets are (see {@link LazyLayers.socketOf}). */
 export const SOCKET_DIR = '/run/dsec/lazy';
 
@@ -269,7 +270,12 @@ export class LazyLayers {
       const pidfd = pidfdOpen(pid);
       if (pidfd === undefined) return;
       try {
-        this.fuseFds.set(hex, pidfdGetfd(pidfd, fuseFd));
+        const fd = pidfdGetfd(pidfd, fuseFd);
+        // The pid came from the server's reply: if that server died and the pid was reused, the
+        // descriptor is some other process's. Only a FUSE connection is kept.
+        const st = fstatSync(fd);
+        if (st.isCharacterDevice() && st.rdev === statSync('/dev/fuse').rdev) this.fuseFds.set(hex, fd);
+        else closeFd(fd);
       } finally {
         closeFd(pidfd);
       }
