@@ -211,6 +211,9 @@ test('microVM memory counts at full size: no idle discount, no over-commit', asy
     );
   // 16 GiB at the 0.8 target: 12 microVMs of 1 GiB, however little they use yet.
   assert.equal(p.placeMany(Array(40).fill(vm), [n16()]).filter(Boolean).length, 12);
+  // Full VMs alike, in a batch too (each sees the memory of the ones placed before it).
+  const n16vm = (): NodeView => ({ ...n16(), backends: ['container', 'vm'] });
+  assert.equal(p.placeMany(Array(40).fill({ ...vm, backend: 'vm' }), [n16vm()]).filter(Boolean).length, 12);
   // Containers of the same size still over-commit by measured use.
   assert.equal(p.placeMany(Array(40).fill(box), [n16()]).filter(Boolean).length, 40);
   // The microVMs' memory is a floor under the node's expected use: it holds for containers too.

@@ -227,7 +227,8 @@ export class Placement {
       v.allocated.cpu += this.cpuCharge(req);
       v.allocated.memoryMiB += req.memoryMiB;
       v.allocated.sandboxes += 1;
-      if (req.backend === 'microvm') v.microvmMemoryMiB = (v.microvmMemoryMiB ?? 0) + req.memoryMiB;
+      // As the registry charges it (NodeRegistry.charge): both VM backends' memory counts at full size.
+      if (req.backend === 'microvm' || req.backend === 'vm') v.microvmMemoryMiB = (v.microvmMemoryMiB ?? 0) + req.memoryMiB;
       if (req.spread !== undefined) v.placed.set(req.spread, (v.placed.get(req.spread) ?? 0) + 1);
       return nodeOf.get(v);
     });
