@@ -3,7 +3,7 @@
 // rest of the control plane cannot tell them apart). A remote node whose session ended keeps
 // its entry (state `unreachable`, then `lost`) with a client that refuses every call.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, NodeCapacity, NodeState, NodeUsageReport } from '@dsec/protocol';
+import type { Accel, BackendAccel, EdgeClient, NodeCapacity, NodeState, NodeUsageReport } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 /** A node as the control plane tracks it. */
@@ -189,7 +189,7 @@ export class NodeRegistry {
       healthy: true,
       cordoned: false,
       backends: cap.backends,
-      microvmAccel: cap.microvm?.accel,
+      accel: backendAccel(cap),
       capacity: { cpu: cap.cpu, memoryMiB: cap.memoryMiB, sandboxes: cap.sandboxes },
       allocated: { cpu: 0, memoryMiB: 0, sandboxes: 0 },
       client,
@@ -203,6 +203,18 @@ export class NodeRegistry {
       lastHeardAt: () => null,
     };
   }
+}
+
+/** The accelerator of each virtual-machine backend a node reports in its capacity (absent: none). */
+export function backendAccel(cap: NodeCapacity): BackendAccel | undefined {
+  if (!cap.microvm && !cap.vm) return undefined;
+  return { ...(cap.microvm ? { microvm: cap.microvm.accel } : {}), ...(cap.vm ? { vm: cap.vm.accel } : {}) };
+}
+
+/** A node's accelerators as the API shows them: `accel`, and `microvmAccel` (`accel.microvm`) for clients that read that. */
+export function accelFields(n: Pick<NodeView, 'accel'>): { accel?: BackendAccel; microvmAccel?: Accel } {
+  if (!n.accel) return {};
+  return { accel: { ...n.accel }, ...(n.accel.microvm ? { microvmAccel: n.accel.microvm } : {}) };
 }
 
 /** An EdgeClient of a node whose session is down: every call is UNAVAILABLE, no events. */

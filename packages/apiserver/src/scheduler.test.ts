@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Placement } from './scheduler.js';
+import type { NodeCapacity } from '@dsec/protocol';
 import type { NodeView } from './scheduler.js';
 
 function node(name: string, allocated: Partial<NodeView['allocated']> = {}, extra: Partial<NodeView> = {}): NodeView {
@@ -147,14 +148,55 @@ test('the node registry turns usage reports into a CPU rate and memory', async (
   assert.deepEqual(reg.get('n1')?.usage, { cpu: 0.75, memoryMiB: 32, sandboxes: 2 });
 });
 
-test('microVMs prefer nodes whose boot probe found KVM', () => {
+test('the node registry keeps the accelerator of each VM backend its node reports; the API shows it, microvmAccel kept', async () => {
+  const { NodeRegistry, accelFields } = await import('./nodes.js');
+  const { FakeEdge } = await import('./testing/fake-edge.js');
+  class VmNode extends FakeEdge {
+    constructor(
+      name: string,
+      readonly extra: Partial<NodeCapacity>,
+    ) {
+      super(name);
+    }
+    override capacity(): NodeCapacity {
+      return { ...super.capacity(), ...this.extra };
+    }
+  }
+  const reg = new NodeRegistry();
+  reg.add(new VmNode('both', { backends: ['container', 'microvm', 'vm'], microvm: { accel: 'kvm', bootMs: 900 }, vm: { accel: 'tcg', bootMs: 0 } }));
+  reg.add(new VmNode('vm-only', { backends: ['container', 'vm'], vm: { accel: 'kvm', bootMs: 0 } }));
+  reg.add(new FakeEdge('plain'));
+  assert.deepEqual(reg.get('both')?.accel, { microvm: 'kvm', vm: 'tcg' });
+  assert.deepEqual(accelFields(reg.get('both')!), { accel: { microvm: 'kvm', vm: 'tcg' }, microvmAccel: 'kvm' });
+  assert.deepEqual(accelFields(reg.get('vm-only')!), { accel: { vm: 'kvm' } });
+  assert.deepEqual(accelFields(reg.get('plain')!), {});
+  // A full VM goes to the node whose vm backend has KVM, although it is the more loaded one (the
+  // other has KVM for microVMs only).
+  reg.charge('vm-only', 1, 512, 1);
   const p = new Placement();
-  const vm = { ...req, backend: 'microvm' as const };
-  const tcg = node('tcg', {}, { backends: ['container', 'microvm'], microvmAccel: 'tcg' });
-  const kvm = node('kvm', { cpu: 1 }, { backends: ['container', 'microvm'], microvmAccel: 'kvm' });
-  for (let i = 0; i < 20; i++) assert.equal(p.place(vm, [tcg, kvm])?.name, 'kvm');
-  assert.equal(p.place(vm, [tcg, kvm], new Set(['kvm']))?.name, 'tcg');
-  assert.equal(p.place(req, [tcg, kvm])?.name, 'tcg', 'containers still go to the least loaded');
+  for (let i = 0; i < 20; i++) assert.equal(p.place({ ...req, backend: 'vm' }, reg.all())?.name, 'vm-only');
+});
+
+test('microVMs and full VMs prefer nodes whose boot probe found KVM for their backend', () => {
+  const p = new Placement();
+  for (const backend of ['microvm', 'vm'] as const) {
+    const vm = { ...req, backend };
+    const tcg = node('tcg', {}, { backends: ['container', backend], accel: { [backend]: 'tcg' } });
+    const kvm = node('kvm', { cpu: 1 }, { backends: ['container', backend], accel: { [backend]: 'kvm' } });
+    for (let i = 0; i < 20; i++) assert.equal(p.place(vm, [tcg, kvm])?.name, 'kvm', backend);
+    assert.equal(p.place(vm, [tcg, kvm], new Set(['kvm']))?.name, 'tcg', backend);
+    assert.equal(p.place(req, [tcg, kvm])?.name, 'tcg', 'containers still go to the least loaded');
+  }
+  // The preference follows the sandbox's own backend: KVM for microVMs says nothing about full VMs.
+  // (The node with KVM for the other backend is the less loaded one each time.)
+  const mixed = (cpu: { microvm: number; vm: number }): NodeView[] => [
+    node('mvm-kvm', { cpu: cpu.microvm }, { backends: ['container', 'microvm', 'vm'], accel: { microvm: 'kvm', vm: 'tcg' } }),
+    node('vm-kvm', { cpu: cpu.vm }, { backends: ['container', 'microvm', 'vm'], accel: { microvm: 'tcg', vm: 'kvm' } }),
+  ];
+  for (let i = 0; i < 20; i++) {
+    assert.equal(p.place({ ...req, backend: 'vm' }, mixed({ microvm: 0.5, vm: 1.5 }))?.name, 'vm-kvm');
+    assert.equal(p.place({ ...req, backend: 'microvm' }, mixed({ microvm: 1.5, vm: 0.5 }))?.name, 'mvm-kvm');
+  }
 });
 
 test('microVM memory counts at full size: no idle discount, no over-commit', async () => {
@@ -169,6 +211,9 @@ test('microVM memory counts at full size: no idle discount, no over-commit', asy
     );
   // 16 GiB at the 0.8 target: 12 microVMs of 1 GiB, however little they use yet.
   assert.equal(p.placeMany(Array(40).fill(vm), [n16()]).filter(Boolean).length, 12);
+  // Full VMs alike, in a batch too (each sees the memory of the ones placed before it).
+  const n16vm = (): NodeView => ({ ...n16(), backends: ['container', 'vm'] });
+  assert.equal(p.placeMany(Array(40).fill({ ...vm, backend: 'vm' }), [n16vm()]).filter(Boolean).length, 12);
   // Containers of the same size still over-commit by measured use.
   assert.equal(p.placeMany(Array(40).fill(box), [n16()]).filter(Boolean).length, 40);
   // The microVMs' memory is a floor under the node's expected use: it holds for containers too.

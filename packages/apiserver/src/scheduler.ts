@@ -21,7 +21,7 @@
 // Anti-affinity: a request may name a label its job shares; placement prefers the nodes holding
 // the fewest sandboxes with that label, then the least loaded.
 import { randomInt } from 'node:crypto';
-import type { BackendKind } from '@dsec/protocol';
+import type { Accel, BackendAccel, BackendKind } from '@dsec/protocol';
 
 /**
  * Default bound of CPU requests per CPU of a node. Wide: requests are not what fills a node,
@@ -74,8 +74,8 @@ export interface NodeView {
   /** Placement skips a cordoned node (cordon, drain). */
   cordoned?: boolean;
   backends: readonly BackendKind[];
-  /** The accelerator of the node's microVMs (its boot probe); `microvm` placement prefers `kvm`. */
-  microvmAccel?: 'kvm' | 'tcg' | undefined;
+  /** The accelerator of each virtual-machine backend of the node (its boot probe); their placement prefers `kvm`. */
+  accel?: BackendAccel | undefined;
   capacity: { cpu: number; memoryMiB: number; sandboxes: number };
   allocated: { cpu: number; memoryMiB: number; sandboxes: number };
   /** Latest measured use; absent until the node is measured (every sandbox then counts its idle estimate). */
@@ -187,8 +187,9 @@ export class Placement {
   /** Picks a node, or undefined when none fits. `exclude` names nodes that already refused. */
   place<V extends NodeView>(req: PlacementRequest, nodes: readonly V[], exclude: ReadonlySet<string> = new Set()): V | undefined {
     let candidates = nodes.filter((n) => !exclude.has(n.name) && this.fits(n, req));
-    // MicroVMs go to KVM nodes while one has room; TCG nodes (no usable KVM) take the rest.
-    if (req.backend === 'microvm' && candidates.some((n) => n.microvmAccel === 'kvm')) candidates = candidates.filter((n) => n.microvmAccel === 'kvm');
+    // Virtual machines (microvm, vm) go to nodes that run their backend under KVM while one has
+    // room; nodes without usable KVM (TCG) take the rest.
+    if (candidates.some((n) => accelFor(n, req.backend) === 'kvm')) candidates = candidates.filter((n) => accelFor(n, req.backend) === 'kvm');
     const spread = req.spread;
     if (spread !== undefined && candidates.length > 1) {
       // Anti-affinity: only the nodes holding the fewest sandboxes of the job compete.
@@ -226,7 +227,8 @@ export class Placement {
       v.allocated.cpu += this.cpuCharge(req);
       v.allocated.memoryMiB += req.memoryMiB;
       v.allocated.sandboxes += 1;
-      if (req.backend === 'microvm') v.microvmMemoryMiB = (v.microvmMemoryMiB ?? 0) + req.memoryMiB;
+      // As the registry charges it (NodeRegistry.charge): both VM backends' memory counts at full size.
+      if (req.backend === 'microvm' || req.backend === 'vm') v.microvmMemoryMiB = (v.microvmMemoryMiB ?? 0) + req.memoryMiB;
       if (req.spread !== undefined) v.placed.set(req.spread, (v.placed.get(req.spread) ?? 0) + 1);
       return nodeOf.get(v);
     });
@@ -244,4 +246,9 @@ export class Placement {
     }
     return best;
   }
+}
+
+/** The accelerator a node runs a backend's sandboxes under; undefined for a backend that is no virtual machine or that the node lacks. */
+export function accelFor(n: Pick<NodeView, 'accel'>, backend: BackendKind): Accel | undefined {
+  return backend === 'microvm' || backend === 'vm' ? n.accel?.[backend] : undefined;
 }

@@ -114,6 +114,8 @@ class FakeBackend implements Backend {
   /** Sandboxes the backend no longer has (their destroy says SANDBOX_NOT_FOUND). */
   readonly gone = new Set<string>();
   readonly pausing?: PauseFacet;
+  /** A VM backend's accelerator and boot time, as the node reports them; none by default. */
+  capabilities?: { accel: 'kvm' | 'tcg'; bootMs: number };
 
   constructor(
     readonly kind: BackendKind = 'container',
@@ -225,6 +227,13 @@ describe('Edge state machine (fake backend)', () => {
     assert.deepEqual(sb.layers, [layer('busybox').digest]);
     assert.ok((await edge.list()).some((s) => s.id === 'unit-create'));
     assert.deepEqual(edge.capacity().backends, ['container', 'microvm']);
+    // A VM backend's accelerator goes into the capacity the control plane registers the node by
+    // (under its kind: `microvm` here, `vm` alike); a backend without one, or absent, adds none.
+    assert.equal(edge.capacity().microvm, undefined);
+    plain.capabilities = { accel: 'kvm', bootMs: 700 };
+    assert.deepEqual(edge.capacity().microvm, { accel: 'kvm', bootMs: 700 });
+    assert.equal(edge.capacity().vm, undefined);
+    delete plain.capabilities;
     assert.match(edge.newId(), /^unit-[0-9a-f]{16}$/);
     await edge.destroy(sb.id);
     assert.ok(!(await edge.list()).some((s) => s.id === 'unit-create'));

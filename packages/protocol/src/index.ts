@@ -46,6 +46,8 @@ export {
 export type { Env, ErrorBody, ItemError, Labels } from './common.js';
 export { DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, pageOf } from './pages.js';
 export {
+  AccelSchema,
+  BackendAccelSchema,
   BackendKindSchema,
   DEFAULT_CPU,
   DEFAULT_DISK_MIB,
@@ -56,7 +58,7 @@ export {
   NodeSchema,
   ResourcesSchema,
 } from './resources.js';
-export type { BackendKind, GrantedResources, NodeInfo, Resources } from './resources.js';
+export type { Accel, BackendAccel, BackendKind, GrantedResources, NodeInfo, Resources } from './resources.js';
 export { LayerCacheStatsSchema } from './layer-cache.js';
 export type { LayerCacheStats } from './layer-cache.js';
 export {

@@ -48,13 +48,31 @@ export const GrantedResourcesSchema = z.object({
 
 export type GrantedResources = z.infer<typeof GrantedResourcesSchema>;
 
+/** A virtual machine's accelerator: KVM, or QEMU's TCG emulation where KVM is not usable. */
+export const AccelSchema = z.enum(['kvm', 'tcg']);
+
+/** A virtual machine's accelerator. */
+export type Accel = z.infer<typeof AccelSchema>;
+
+/** The accelerator of each virtual-machine backend of a node (absent: the node lacks it). */
+export const BackendAccelSchema = z.object({ microvm: AccelSchema.optional(), vm: AccelSchema.optional() });
+
+/** The accelerator of each virtual-machine backend of a node. */
+export type BackendAccel = z.infer<typeof BackendAccelSchema>;
+
 /** A node's capacity and use. */
 export const NodeSchema = z.object({
   name: z.string(),
   healthy: z.boolean(),
   backends: z.array(BackendKindSchema),
-  /** The accelerator the node's microVMs boot under (found by its boot probe at start). */
-  microvmAccel: z.enum(['kvm', 'tcg']).optional(),
+  /**
+   * The accelerator each virtual-machine backend of the node boots under (the microVM backend's
+   * boot probe at node start; `vm` takes the same verdict unless its config sets one). A backend
+   * the node lacks is absent.
+   */
+  accel: BackendAccelSchema.optional(),
+  /** `accel.microvm`, kept for clients that read it. */
+  microvmAccel: AccelSchema.optional(),
   capacity: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),
   allocatable: z.object({ cpu: z.number(), memoryMiB: z.number() }),
   allocated: z.object({ cpu: z.number(), memoryMiB: z.number(), sandboxes: z.number() }),

@@ -11,7 +11,7 @@ import tls from 'node:tls';
 import { after, before, describe, test } from 'node:test';
 import { NodeAgent, credentialsDir, makeCsr, makeKey, openssl } from '@dsec/edge';
 import { CONTROL_PLANE_TLS_NAME, DsecError, NODE_JOIN_PATHS } from '@dsec/protocol';
-import type { EdgeSandbox, SandboxSpec } from '@dsec/protocol';
+import type { EdgeSandbox, NodeCapacity, SandboxSpec } from '@dsec/protocol';
 import { FakeEdge, fakeLayer } from '../testing/fake-edge.js';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
@@ -31,8 +31,16 @@ async function until(what: string, check: () => boolean | Promise<boolean>): Pro
   }
 }
 
-/** A FakeEdge whose sandboxes travel over the wire (its own bookkeeping stays home). */
+/**
+ * A FakeEdge whose sandboxes travel over the wire (its own bookkeeping stays home). It reports
+ * both VM backends with the accelerators a node's boot probe could find (microVMs under TCG, full
+ * VMs under KVM), so the join shows them travelling to the node record.
+ */
 class RemoteFake extends FakeEdge {
+  override capacity(): NodeCapacity {
+    const cap = super.capacity();
+    return { ...cap, backends: [...cap.backends, 'microvm', 'vm'], microvm: { accel: 'tcg', bootMs: 900 }, vm: { accel: 'kvm', bootMs: 4000 } };
+  }
   override async create(spec: SandboxSpec, opts: { id?: string } = {}): Promise<EdgeSandbox> {
     return wireable(await super.create(spec, opts));
   }
@@ -128,6 +136,16 @@ describe('node port', () => {
     assert.equal(n.remote, true);
     assert.equal(n.version, 1);
     assert.ok(n.lastHeardAt !== null && Date.parse(n.lastHeardAt) > Date.now() - 60_000);
+    // Each VM backend's accelerator travels from the node's capacity through the session to the
+    // node record, its detail and the listing (`microvmAccel` kept beside `accel`).
+    assert.deepEqual(h.services.nodes.get('remote-1')?.accel, { microvm: 'tcg', vm: 'kvm' });
+    assert.deepEqual(n.accel, { microvm: 'tcg', vm: 'kvm' });
+    assert.equal(n.microvmAccel, 'tcg');
+    const listed = h.services.iam.listNodes(h.admin).find((x) => x.name === 'remote-1');
+    assert.deepEqual(listed?.accel, { microvm: 'tcg', vm: 'kvm' });
+    assert.equal(listed?.microvmAccel, 'tcg');
+    // The in-process fake node has no VM backend: nothing to show.
+    assert.equal((await h.services.nodeAdmin.get(h.admin, 'fake')).accel, undefined);
     assert.ok((await readFile(path.join(credentialsDir(path.join(dir, 'remote-1')), 'node.key'), 'utf8')).includes('PRIVATE KEY'));
 
     await assert.rejects(start(remoteEdge('remote-2'), 'remote-2', token), (err: unknown) => err instanceof DsecError && err.code === 'UNAUTHENTICATED');

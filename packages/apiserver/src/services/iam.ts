@@ -7,6 +7,7 @@ import { newKeySecret, requireRole, roleAtLeast } from '../auth.js';
 import type { AuthRequest, Authenticator, Principal } from '../auth.js';
 import type { ApiKeyTable, ProjectTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
+import { accelFields } from '../nodes.js';
 import type { NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
 import type { WsTicket } from '../ws-tickets.js';
@@ -182,7 +183,7 @@ export class IamService {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
-      ...(n.microvmAccel ? { microvmAccel: n.microvmAccel } : {}),
+      ...accelFields(n),
       capacity: { ...n.capacity },
       allocatable: this.placement.allocatable(n),
       allocated: { ...n.allocated },

@@ -11,6 +11,7 @@ import { ROOT_PROJECT_ID } from '../db/store.js';
 import type { StateStore } from '../db/store.js';
 import { cpuPercentBetween, readMachineUse } from '../machine-use.js';
 import type { MachineUse } from '../machine-use.js';
+import { accelFields } from '../nodes.js';
 import type { NodeEntry, NodeRegistry } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
 import type { ServiceSinks, StoredSpec } from './common.js';
@@ -308,7 +309,7 @@ export class NodeService {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
-      ...(n.microvmAccel ? { microvmAccel: n.microvmAccel } : {}),
+      ...accelFields(n),
       capacity: { ...n.capacity },
       allocatable: this.d.placement.allocatable(n),
       allocated: { ...n.allocated },

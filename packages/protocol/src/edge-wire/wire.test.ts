@@ -98,6 +98,10 @@ describe('WireEdgeClient over serveEdge', () => {
     fake.cap = { ...fake.cap, cpu: 2 };
     await tick(30);
     assert.equal(client.capacity().cpu, 2);
+    // Each VM backend's accelerator and boot time travel with the capacity.
+    fake.cap = { ...fake.cap, backends: ['container', 'microvm', 'vm'], microvm: { accel: 'tcg', bootMs: 900 }, vm: { accel: 'kvm', bootMs: 4000 } };
+    await tick(30);
+    assert.deepEqual(client.capacity(), fake.cap);
     client.close();
   });
 
