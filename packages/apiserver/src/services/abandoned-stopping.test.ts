@@ -63,6 +63,34 @@ describe('abandoned `stopping` rows', () => {
     assert.equal(await usage(), 0);
   });
 
+  test('of two deletes of one row at once, the loser does not unmark the winner', async () => {
+    const id = await create();
+    const original = h.edge.destroy.bind(h.edge);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    h.edge.destroy = async (sid, opts) => {
+      await held;
+      return original(sid, opts);
+    };
+    try {
+      const both = await Promise.allSettled([
+        h.services.lifecycle.destroy(h.admin, id, { wait: false }),
+        h.services.lifecycle.destroy(h.admin, id, { wait: false }),
+      ]);
+      assert.deepEqual(both.map((r) => r.status).sort(), ['fulfilled', 'rejected']);
+      const t0 = Date.now();
+      await h.services.lifecycle.finishAbandonedStopping(undefined, t0, 10);
+      assert.deepEqual(await h.services.lifecycle.finishAbandonedStopping(undefined, t0 + 10, 10), []);
+      assert.equal((await h.store.sandboxOnly(id))?.state, 'stopping');
+    } finally {
+      release();
+      await h.services.lifecycle.teardownsIdle();
+      h.edge.destroy = original;
+    }
+    assert.equal(await h.store.sandboxOnly(id), undefined);
+    assert.equal(await usage(), 0);
+  });
+
   test('a row whose sandbox the node no longer has (SANDBOX_NOT_FOUND) is finished all the same', async () => {
     const id = await create();
     assert.equal(await h.store.transitionSandbox(id, ['running'], 'stopping'), true);

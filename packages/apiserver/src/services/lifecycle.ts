@@ -114,8 +114,8 @@ export class LifecycleService {
   readonly rowEvents: SandboxRowEvents;
   /** Teardowns of deletes already answered (see {@link destroy}). */
   private readonly teardowns = new BackgroundTasks(CONCURRENT_TEARDOWNS);
-  /** Rows this process claimed for their destroy and has not finished yet (claimed, queued or tearing down). */
-  private readonly destroying = new Set<string>();
+  /** Rows this process is claiming or has claimed for their destroy and not finished (queued or tearing down): claims under way, by id. */
+  private readonly destroying = new Map<string, number>();
   /** `stopping` rows of other processes, by id: when this process first saw each (see {@link finishAbandonedStopping}). */
   private readonly stoppingSeen = new Map<string, number>();
 
@@ -503,9 +503,14 @@ export class LifecycleService {
     // created (its quota and node charge belong to the create until it finishes).
     const from = (await store.sandboxOnly(row.id))?.state;
     // Marked before the claim commits: the abandoned-row pass never takes a row claimed here.
-    this.destroying.add(row.id);
-    if (!from || !states.includes(from) || !(await store.transitionSandbox(row.id, [from], 'stopping'))) {
-      this.destroying.delete(row.id);
+    this.markDestroying(row.id, 1);
+    let claimed = false;
+    try {
+      claimed = !!from && states.includes(from) && (await store.transitionSandbox(row.id, [from], 'stopping'));
+    } finally {
+      if (!claimed) this.markDestroying(row.id, -1);
+    }
+    if (!claimed || !from) {
       const now = await store.sandbox(row.id);
       if (!now || now.state === 'stopping') throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
@@ -518,8 +523,15 @@ export class LifecycleService {
     try {
       await this.tearDown(claimed);
     } finally {
-      this.destroying.delete(claimed.row.id);
+      this.markDestroying(claimed.row.id, -1);
     }
+  }
+
+  /** Counts a claim of this process on a row in (1) or out (-1): two DELETEs at once claim one row twice, one wins. */
+  private markDestroying(id: string, by: 1 | -1): void {
+    const n = (this.destroying.get(id) ?? 0) + by;
+    if (n > 0) this.destroying.set(id, n);
+    else this.destroying.delete(id);
   }
 
   private async tearDown({ row, from }: { row: SandboxTable; from: string }): Promise<void> {
@@ -542,9 +554,10 @@ export class LifecycleService {
       if (from !== 'lost') nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
     }
     crashPoint('delete.node');
-    await store.deleteSandbox(row);
-    // A pool's unclaimed member was never anybody's to list.
-    if (from !== POOLED_STATE) this.rowEvents.deleted(row, from);
+    const deleted = await store.deleteSandbox(row);
+    // A pool's unclaimed member was never anybody's to list; a row another replica's abandoned-row
+    // pass deleted first was announced there.
+    if (deleted && from !== POOLED_STATE) this.rowEvents.deleted(row, from);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;
