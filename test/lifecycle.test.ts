@@ -301,11 +301,11 @@ describe('platform: leases, owners, reattach', () => {
     const nodesBefore = await client.nodes.list();
     const sb = await Sandbox.create({ image, labels, resources: { cpu: 1, memoryMiB: 64 } }, { client });
     try {
-      const allocated = async (): Promise<{ cpu: number; memoryMiB: number; sandboxes: number }> => (await client.nodes.list())[0]!.allocated;
+      const allocated = async (): Promise<{ cpu: number; memoryMiB: number; sandboxes: number }> => (await client.nodes.list())[0]!.allocated!; // a root key: the allocation is shown
       assert.deepEqual(await allocated(), {
-        cpu: nodesBefore[0]!.allocated.cpu + 1,
-        memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64,
-        sandboxes: nodesBefore[0]!.allocated.sandboxes + 1,
+        cpu: nodesBefore[0]!.allocated!.cpu + 1,
+        memoryMiB: nodesBefore[0]!.allocated!.memoryMiB + 64,
+        sandboxes: nodesBefore[0]!.allocated!.sandboxes + 1,
       });
       await sb.files.write('/tmp/state', 'kept');
       const paused = await sb.pause();
@@ -314,9 +314,9 @@ describe('platform: leases, owners, reattach', () => {
       assert.ok(paused.sandbox.pausedAt);
       // A paused sandbox gives its CPU back to the node, but keeps its memory and its place.
       assert.deepEqual(await allocated(), {
-        cpu: nodesBefore[0]!.allocated.cpu,
-        memoryMiB: nodesBefore[0]!.allocated.memoryMiB + 64,
-        sandboxes: nodesBefore[0]!.allocated.sandboxes + 1,
+        cpu: nodesBefore[0]!.allocated!.cpu,
+        memoryMiB: nodesBefore[0]!.allocated!.memoryMiB + 64,
+        sandboxes: nodesBefore[0]!.allocated!.sandboxes + 1,
       });
       assert.equal((await Sandbox.list({ labels, state: 'paused' }, { client }).toArray()).length, 1);
       assert.ok((await sb.stats()).memoryLimitBytes > 0, 'stats of a paused sandbox do not resume it');
@@ -327,7 +327,7 @@ describe('platform: leases, owners, reattach', () => {
       const info = await sb.info();
       assert.equal(info.state, 'running');
       assert.equal(info.pausedAt, null);
-      assert.equal((await allocated()).cpu, nodesBefore[0]!.allocated.cpu + 1);
+      assert.equal((await allocated()).cpu, nodesBefore[0]!.allocated!.cpu + 1);
       // autoResume false: a request is a clear 409 and the sandbox stays paused.
       assert.equal((await sb.setLease({ autoResume: false })).lease.autoResume, false);
       await sb.pause();

@@ -281,7 +281,11 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         markLost: async (id) => {
           if (!(await services.nodeAdmin.sandboxLost(id))) throw new Error(`sandbox ${id} is no longer on its node`);
         },
-        leases: () => services.lifecycle.enforceLeases(log),
+        // Leases, then deletes a dead replica left `stopping` (finished after a bound, see lifecycle.ts).
+        leases: async () => {
+          await services.lifecycle.enforceLeases(log);
+          await services.lifecycle.finishAbandonedStopping(log);
+        },
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),
       },

@@ -247,7 +247,7 @@ const ROUTES: Route[] = [
     method: 'get',
     path: '/v1/nodes',
     summary:
-      'Nodes with state, capacity and use (with Accept: application/x-ndjson the node usage stream, a sample every intervalMs; allocation, use and the machine only for keys of the root project)',
+      'Nodes with state, capacity and use (with Accept: application/x-ndjson the node usage stream, a sample every intervalMs); allocation, sandboxes, use, layer cache, address and the machine only for keys of the root project (null for the others), in the list as in the stream',
     reply: page(api.NodeDetailSchema),
   },
   { method: 'get', path: '/v1/nodes/{name}', summary: 'One node in full (admin of the root project)', reply: api.NodeDetailSchema },

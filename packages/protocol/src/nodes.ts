@@ -51,14 +51,21 @@ export const NODE_SESSION_HTTP2 = {
   maxSessionMemoryMB: 512,
 } as const;
 
-/** A node in full (GET /v1/nodes/{name}). */
+/**
+ * A node in full (GET /v1/nodes/{name}, an item of GET /v1/nodes). `allocatable`, `allocated`,
+ * `sandboxes`, `layerCache` and `address` are the operator's: null for a key outside the root project.
+ */
 export const NodeDetailSchema = NodeSchema.extend({
+  /** What placement may still give out; null for a key outside the root project. */
+  allocatable: NodeSchema.shape.allocatable.nullable(),
+  /** What is allocated to sandboxes (every tenant's together); null for a key outside the root project. */
+  allocated: NodeSchema.shape.allocated.nullable(),
   state: NodeStateSchema,
   /** Placement skips a cordoned node (cordon, drain). */
   cordoned: z.boolean(),
   /** False for the control plane's own in-process edge. */
   remote: z.boolean(),
-  /** The address its session comes from (remote nodes). */
+  /** The address its session comes from (remote nodes); null for a key outside the root project. */
   address: z.string().nullable(),
   /** Edge wire version of its session. */
   version: z.number().nullable(),
@@ -67,9 +74,9 @@ export const NodeDetailSchema = NodeSchema.extend({
   lastHeardAt: z.string().nullable(),
   /** When it entered its state. */
   stateSince: z.string(),
-  /** Its sandboxes by state (from the store). */
-  sandboxes: z.record(z.string(), z.number()),
-  /** Its chunk cache of lazily loaded layers; null when it loads none lazily or did not answer. */
+  /** Its sandboxes by state (from the store; every tenant's); null for a key outside the root project. */
+  sandboxes: z.record(z.string(), z.number()).nullable(),
+  /** Its chunk cache of lazily loaded layers; null when it loads none lazily, did not answer, or for a key outside the root project. */
   layerCache: LayerCacheStatsSchema.nullable().exactOptional(),
 });
 /** A node in full. */

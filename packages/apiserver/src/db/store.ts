@@ -650,13 +650,16 @@ export class StateStore {
     });
   }
 
-  /** Deletes a sandbox's row and returns its reservation to the quota, in one transaction. */
-  async deleteSandbox(row: SandboxTable): Promise<void> {
-    await this.db.transaction().execute(async (tx) => {
+  /**
+   * Deletes a sandbox's row and returns its reservation to the quota, in one transaction. True
+   * when this call deleted the row (a row already gone returns nothing to the quota).
+   */
+  async deleteSandbox(row: SandboxTable): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
       const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).executeTakeFirst();
-      if (Number(res.numDeletedRows) === 1) {
-        await this.unreserve(row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, tx);
-      }
+      if (Number(res.numDeletedRows) !== 1) return false;
+      await this.unreserve(row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, tx);
+      return true;
     });
   }
 

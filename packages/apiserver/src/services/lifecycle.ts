@@ -43,6 +43,15 @@ export interface RouteOptions {
 /** Teardowns behind acknowledged deletes that run at once in this process (the rest queue, in order). */
 export const CONCURRENT_TEARDOWNS = 16;
 
+/**
+ * How long a row may stay `stopping`, seen by this process and not torn down by it, before the
+ * lease pass finishes it as abandoned (its replica died between the claim and the row's delete).
+ * One teardown takes seconds (unmounts, cgroup removal, a VM's QEMU quitting); five minutes also
+ * covers a burst of thousands of deletes queued behind another live replica's
+ * {@link CONCURRENT_TEARDOWNS} at a time, so rows that replica still works on are left to it.
+ */
+export const ABANDONED_STOPPING_MS = 5 * 60_000;
+
 /** Tasks run in the background, at most `limit` at a time, in the order they came. */
 class BackgroundTasks {
   private running = 0;
@@ -105,6 +114,10 @@ export class LifecycleService {
   readonly rowEvents: SandboxRowEvents;
   /** Teardowns of deletes already answered (see {@link destroy}). */
   private readonly teardowns = new BackgroundTasks(CONCURRENT_TEARDOWNS);
+  /** Rows this process is claiming or has claimed for their destroy and not finished (queued or tearing down): claims under way, by id. */
+  private readonly destroying = new Map<string, number>();
+  /** `stopping` rows of other processes, by id: when this process first saw each (see {@link finishAbandonedStopping}). */
+  private readonly stoppingSeen = new Map<string, number>();
 
   constructor(private readonly d: LifecycleDeps) {
     this.rowEvents = new SandboxRowEvents(d.sinks);
@@ -489,7 +502,15 @@ export class LifecycleService {
     // Claim the row first: one destroyer per sandbox, and never one that is still being
     // created (its quota and node charge belong to the create until it finishes).
     const from = (await store.sandboxOnly(row.id))?.state;
-    if (!from || !states.includes(from) || !(await store.transitionSandbox(row.id, [from], 'stopping'))) {
+    // Marked before the claim commits: the abandoned-row pass never takes a row claimed here.
+    this.markDestroying(row.id, 1);
+    let claimed = false;
+    try {
+      claimed = !!from && states.includes(from) && (await store.transitionSandbox(row.id, [from], 'stopping'));
+    } finally {
+      if (!claimed) this.markDestroying(row.id, -1);
+    }
+    if (!claimed || !from) {
       const now = await store.sandbox(row.id);
       if (!now || now.state === 'stopping') throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
@@ -498,7 +519,22 @@ export class LifecycleService {
   }
 
   /** Tears a claimed (`stopping`) sandbox down on its node, then deletes its row. */
-  private async finishDestroy({ row, from }: { row: SandboxTable; from: string }): Promise<void> {
+  private async finishDestroy(claimed: { row: SandboxTable; from: string }): Promise<void> {
+    try {
+      await this.tearDown(claimed);
+    } finally {
+      this.markDestroying(claimed.row.id, -1);
+    }
+  }
+
+  /** Counts a claim of this process on a row in (1) or out (-1): two DELETEs at once claim one row twice, one wins. */
+  private markDestroying(id: string, by: 1 | -1): void {
+    const n = (this.destroying.get(id) ?? 0) + by;
+    if (n > 0) this.destroying.set(id, n);
+    else this.destroying.delete(id);
+  }
+
+  private async tearDown({ row, from }: { row: SandboxTable; from: string }): Promise<void> {
     const { store, nodes } = this.d;
     crashPoint('delete.stopping');
     const node = nodes.get(row.node);
@@ -518,12 +554,70 @@ export class LifecycleService {
       if (from !== 'lost') nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
     }
     crashPoint('delete.node');
-    await store.deleteSandbox(row);
-    // A pool's unclaimed member was never anybody's to list.
-    if (from !== POOLED_STATE) this.rowEvents.deleted(row, from);
+    const deleted = await store.deleteSandbox(row);
+    // A pool's unclaimed member was never anybody's to list; a row another replica's abandoned-row
+    // pass deleted first was announced there.
+    if (deleted && from !== POOLED_STATE) this.rowEvents.deleted(row, from);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;
     this.d.onCapacityFreed();
+  }
+
+  /**
+   * The lease pass's sweep of abandoned deletes: a `stopping` row that this process is not
+   * destroying and has seen `stopping` for {@link ABANDONED_STOPPING_MS} or longer belongs to a
+   * replica that died between the claim and the row's delete (invisible to the API, holding its
+   * quota). It is finished as the start-up reconcile finishes one: destroyed on its node when
+   * this process reaches the node and the node is ready (a sandbox the node no longer has is
+   * fine; a node not reached here destroys it at its next session-open reconcile, where it has no
+   * row), then its row deleted. Two replicas finishing one row at once is harmless: the node's
+   * destroy is idempotent and only the delete that removes the row returns the quota and raises
+   * `sandbox.deleted`. The first-seen times live in memory: a restarted replica waits the bound
+   * again. Node allocations are not touched: a replica counts a node's allocation without its
+   * `stopping` rows when the node's session opens. Returns the ids it finished.
+   */
+  async finishAbandonedStopping(log: (line: string) => void = () => undefined, now = Date.now(), boundMs = ABANDONED_STOPPING_MS): Promise<string[]> {
+    const { store, nodes } = this.d;
+    const rows = await store.sandboxesInStates(['stopping']);
+    const present = new Set(rows.map((r) => r.id));
+    for (const id of this.stoppingSeen.keys()) if (!present.has(id)) this.stoppingSeen.delete(id);
+    const finished: string[] = [];
+    for (const row of rows) {
+      if (this.destroying.has(row.id)) {
+        this.stoppingSeen.delete(row.id);
+        continue;
+      }
+      const seen = this.stoppingSeen.get(row.id);
+      if (seen === undefined) this.stoppingSeen.set(row.id, now);
+      if (seen === undefined || now - seen < boundMs) continue;
+      try {
+        const node = nodes.get(row.node);
+        if (node?.state === 'ready') {
+          try {
+            await node.client.destroy(row.id);
+          } catch (err) {
+            if (!(err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND')) throw err;
+          }
+        }
+        this.stoppingSeen.delete(row.id);
+        if (!(await store.deleteSandbox(row))) continue;
+        finished.push(row.id);
+        log(`dsec: finished the abandoned delete of ${row.id} (stopping for ${now - seen} ms or more)`);
+        if (row.pool_id === null) this.rowEvents.deleted(row, 'stopping');
+        this.d.activity.forget(row.id);
+        this.d.trajectory.end(row.id);
+        this.d.counters.sandboxesDestroyed++;
+        this.d.onCapacityFreed();
+      } catch (err) {
+        // The node refused: the row becomes failed (listed and deletable again), as a refused teardown does.
+        log(`dsec: finishing the abandoned delete of ${row.id}: ${(err as Error).message}`);
+        this.stoppingSeen.delete(row.id);
+        if (await store.transitionSandbox(row.id, ['stopping'], 'failed')) {
+          if (row.pool_id === null) this.rowEvents.stateChanged(row, 'failed', 'stopping');
+        }
+      }
+    }
+    return finished;
   }
 }

@@ -53,11 +53,16 @@ export class NodeService {
     this.store = new NodeStore(d.store.db);
   }
 
-  /** Every node in full (viewer). */
+  /**
+   * Every node (viewer), as {@link seesClusterUse} lets the key see it: a tenant's key gets each
+   * node's name, health, state, backends and capacity, and null for its allocation, its
+   * sandboxes by state, its layer cache and its address.
+   */
   async list(p: Principal): Promise<NodeDetail[]> {
     requireRole(p, 'viewer');
+    const operator = seesClusterUse(p);
     const out: NodeDetail[] = [];
-    for (const n of this.d.nodes.all()) out.push(await this.detail(n));
+    for (const n of this.d.nodes.all()) out.push(await this.detail(n, operator));
     return out;
   }
 
@@ -71,7 +76,7 @@ export class NodeService {
    */
   usageStream(p: Principal, intervalMs: number, signal: AbortSignal): AsyncGenerator<NodeUsageSample> {
     requireRole(p, 'viewer');
-    return this.usageSamples(intervalMs, signal, p.projectId === ROOT_PROJECT_ID);
+    return this.usageSamples(intervalMs, signal, seesClusterUse(p));
   }
 
   private async *usageSamples(intervalMs: number, signal: AbortSignal, operator: boolean): AsyncGenerator<NodeUsageSample> {
@@ -108,7 +113,7 @@ export class NodeService {
   /** One node in full (admin of the root project). */
   async get(p: Principal, name: string): Promise<NodeDetail> {
     requireClusterAdmin(p);
-    return this.detail(this.entry(name));
+    return this.detail(this.entry(name), seesClusterUse(p));
   }
 
   /** A single-use join token. */
@@ -124,7 +129,7 @@ export class NodeService {
     const n = this.entry(name);
     this.d.nodes.setCordoned(name, cordoned);
     if (n.remote) await this.store.setCordoned(name, cordoned);
-    return this.detail(n);
+    return this.detail(n, seesClusterUse(p));
   }
 
   /**
@@ -301,26 +306,35 @@ export class NodeService {
     return n;
   }
 
-  private async detail(n: NodeEntry): Promise<NodeDetail> {
-    const counts: Record<string, number> = {};
-    for (const r of await this.store.sandboxesOn(n.name)) counts[r.state] = (counts[r.state] ?? 0) + 1;
+  /** A node as the API shows it; `operator` false: without the operator's figures ({@link seesClusterUse}). */
+  private async detail(n: NodeEntry, operator: boolean): Promise<NodeDetail> {
     const heardAt = n.lastHeardAt();
-    return {
+    const view: NodeDetail = {
       name: n.name,
       healthy: n.healthy,
       backends: [...n.backends],
       ...accelFields(n),
       capacity: { ...n.capacity },
-      allocatable: this.d.placement.allocatable(n),
-      allocated: { ...n.allocated },
+      allocatable: null,
+      allocated: null,
       state: n.state,
       cordoned: n.cordoned === true,
       remote: n.remote,
-      address: n.address,
+      address: null,
       version: n.version,
       joinedAt: n.joinedAt,
       lastHeardAt: heardAt === null ? null : new Date(heardAt).toISOString(),
       stateSince: new Date(n.stateSince).toISOString(),
+      sandboxes: null,
+    };
+    if (!operator) return n.healthy && n.client.layers.cacheStats ? { ...view, layerCache: null } : view;
+    const counts: Record<string, number> = {};
+    for (const r of await this.store.sandboxesOn(n.name)) counts[r.state] = (counts[r.state] ?? 0) + 1;
+    return {
+      ...view,
+      allocatable: this.d.placement.allocatable(n),
+      allocated: { ...n.allocated },
+      address: n.address,
       sandboxes: counts,
       ...(n.healthy && n.client.layers.cacheStats ? { layerCache: await layerCacheOf(n) } : {}),
     };
@@ -343,6 +357,16 @@ async function layerCacheOf(n: NodeEntry): Promise<LayerCacheStats | null> {
 }
 
 /** Node administration is for admins of the root project (the operator), not of a tenant's project. */
+/**
+ * Whether a key sees the operator's figures of the nodes: their allocation (every tenant's
+ * together), their sandboxes, their use, the machine's own CPU and memory, their layer cache and
+ * address. Only keys of the root project do; the one decision behind GET /v1/nodes (a list or
+ * the usage stream) and every node reply.
+ */
+export function seesClusterUse(p: Principal): boolean {
+  return p.projectId === ROOT_PROJECT_ID;
+}
+
 function requireClusterAdmin(p: Principal): void {
   requireRole(p, 'admin');
   if (p.projectId !== ROOT_PROJECT_ID) throw new DsecError('PERMISSION_DENIED', 'nodes are administered with a key of the root project');

@@ -108,9 +108,10 @@ async function listNodes(flags: { json?: boolean }, cmd: Command): Promise<void>
       n.healthy ? 'yes' : 'no',
       n.cordoned ? 'yes' : 'no',
       n.backends.join(','),
-      `${n.allocated.sandboxes}/${n.capacity.sandboxes}`,
-      `${n.allocated.cpu}/${n.allocatable.cpu}`,
-      `${n.allocated.memoryMiB}/${n.allocatable.memoryMiB}Mi`,
+      // A key outside the root project gets no allocation (null): the capacity alone.
+      `${n.allocated?.sandboxes ?? '-'}/${n.capacity.sandboxes}`,
+      `${n.allocated?.cpu ?? '-'}/${n.allocatable?.cpu ?? n.capacity.cpu}`,
+      `${n.allocated?.memoryMiB ?? '-'}/${n.allocatable?.memoryMiB ?? n.capacity.memoryMiB}Mi`,
     ]),
   );
 }
