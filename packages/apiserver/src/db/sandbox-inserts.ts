@@ -7,6 +7,7 @@
 // written again row by row, so that one bad row fails alone.
 import type { Kysely, Transaction } from 'kysely';
 import type { Database, SandboxTable } from './schema.js';
+import { WriteGroups } from './write-groups.js';
 
 /** Rows per INSERT statement (17 columns: well under SQLite's and PostgreSQL's bound on parameters). */
 const ROWS_PER_STATEMENT = 200;
@@ -24,16 +25,9 @@ export interface SandboxInsert {
 /** Binds an idempotency key to a sandbox id inside a transaction. */
 export type BindIdempotencyKey = (tx: Transaction<Database>, projectId: string, key: string, sandboxId: string) => Promise<void>;
 
-interface Pending extends SandboxInsert {
-  resolve: () => void;
-  reject: (err: unknown) => void;
-}
-
 /** Groups sandbox inserts into multi-row statements (one writer per store). */
 export class SandboxInserts {
-  private queue: Pending[] = [];
-  private writing = false;
-  private scheduled = false;
+  private readonly groups = new WriteGroups<SandboxInsert, void>((_key, group) => this.writeGroup(group), Number.MAX_SAFE_INTEGER);
   /** Groups written and rows in them (for tests and the cell's report). */
   readonly written = { groups: 0, rows: 0 };
 
@@ -44,46 +38,24 @@ export class SandboxInserts {
 
   /** Inserts a row (and its labels, and binds its key); resolves once it is committed. */
   insert(item: SandboxInsert): Promise<void> {
-    return new Promise<void>((resolve, reject) => {
-      this.queue.push({ ...item, resolve, reject });
-      this.schedule();
-    });
+    return this.groups.submit('sandboxes', item);
   }
 
-  private schedule(): void {
-    if (this.writing || this.scheduled) return;
-    this.scheduled = true;
-    // The rest of this turn's inserts (a batch's items started together) join the group.
-    setImmediate(() => {
-      this.scheduled = false;
-      void this.drain();
-    });
-  }
-
-  private async drain(): Promise<void> {
-    this.writing = true;
+  private async writeGroup(group: readonly SandboxInsert[]): Promise<Array<undefined | Error>> {
     try {
-      while (this.queue.length > 0) {
-        const group = this.queue;
-        this.queue = [];
-        try {
-          await this.db.transaction().execute((tx) => this.write(tx, group));
-          this.written.groups++;
-          this.written.rows += group.length;
-          for (const p of group) p.resolve();
-        } catch (err) {
-          // The COMMIT itself may have been applied with its answer lost (a connection that
-          // dropped): rows found as written are this group's, and are not written again.
-          const rest = await this.notCommitted(group).catch(() => group);
-          this.written.groups++;
-          this.written.rows += group.length - rest.length;
-          if (rest.length === 0) continue;
-          if (rest.length === 1) rest[0]!.reject(err);
-          else await this.oneByOne(rest);
-        }
-      }
-    } finally {
-      this.writing = false;
+      await this.db.transaction().execute((tx) => this.write(tx, group));
+      this.written.groups++;
+      this.written.rows += group.length;
+      return group.map(() => undefined);
+    } catch (err) {
+      // The COMMIT itself may have been applied with its answer lost (a connection that
+      // dropped): rows found as written are this group's, and are not written again.
+      const rest = new Set(await this.notCommitted(group).catch(() => group));
+      this.written.groups++;
+      this.written.rows += group.length - rest.size;
+      const failed = err instanceof Error ? err : new Error(String(err));
+      const again = rest.size === 1 ? new Map([[[...rest][0]!, failed]]) : await this.oneByOne([...rest]);
+      return group.map((g) => (rest.has(g) ? again.get(g) : undefined));
     }
   }
 
@@ -92,7 +64,7 @@ export class SandboxInserts {
    * project, node, creation time and spec: ids are random, and a group commits whole or not at
    * all) and returns the others.
    */
-  private async notCommitted(group: Pending[]): Promise<Pending[]> {
+  private async notCommitted(group: readonly SandboxInsert[]): Promise<readonly SandboxInsert[]> {
     const stored = new Map<string, Pick<SandboxTable, 'project_id' | 'node' | 'created_at' | 'spec'>>();
     for (let i = 0; i < group.length; i += ROWS_PER_STATEMENT) {
       const rows = await this.db
@@ -106,26 +78,27 @@ export class SandboxInserts {
         .execute();
       for (const r of rows) stored.set(r.id, r);
     }
-    const same = (p: Pending): boolean => {
+    const same = (p: SandboxInsert): boolean => {
       const r = stored.get(p.row.id);
       return r !== undefined && r.project_id === p.row.project_id && r.node === p.row.node && r.created_at === p.row.created_at && r.spec === p.row.spec;
     };
     // All or none: a group is one transaction. Anything else is not understood: every row is
     // tried again alone (one already stored is then refused), so that no caller waits forever.
-    if (!group.every(same)) return group;
-    for (const p of group) p.resolve();
-    return [];
+    return group.every(same) ? [] : group;
   }
 
-  private async oneByOne(group: Pending[]): Promise<void> {
+  /** Writes each row in a transaction of its own: what each failed with (undefined: written). */
+  private async oneByOne(group: readonly SandboxInsert[]): Promise<Map<SandboxInsert, Error | undefined>> {
+    const out = new Map<SandboxInsert, Error | undefined>();
     for (const p of group) {
       try {
         await this.db.transaction().execute((tx) => this.write(tx, [p]));
-        p.resolve();
+        out.set(p, undefined);
       } catch (err) {
-        p.reject(err);
+        out.set(p, err instanceof Error ? err : new Error(String(err)));
       }
     }
+    return out;
   }
 
   private async write(tx: Transaction<Database>, group: readonly SandboxInsert[]): Promise<void> {

@@ -1,9 +1,9 @@
 // Writes grouped by key: every request made while the previous group of its key is being
 // written (or in the same turn of the event loop) goes into the next group, which one call of
 // the writer handles (one transaction, a few statements) and answers item by item. The create
-// path's `creating -> running` updates and the quota reservations of concurrent creates go
-// through this, as sandbox rows go through SandboxInserts: a store round trip per group
-// instead of one (or four) per create.
+// path's sandbox rows (SandboxInserts), `creating -> running` updates and the quota reservations
+// of concurrent creates go through this: a store round trip per group instead of one (or four)
+// per create.
 
 /** Writes a group and gives each item its result, in order (an Error instance fails that item alone). */
 export type GroupWriter<T, R> = (key: string, items: readonly T[]) => Promise<Array<R | Error>>;
