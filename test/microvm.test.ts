@@ -206,8 +206,48 @@ describe('microvm backend', () => {
     assert.ok(gw, 'the guest has a default route');
     const host = await sb.exec(get(gw, hostPort));
     assert.doesNotMatch(host.stdout, /host/, 'host services are unreachable');
+
+    // A fork with memory: a process started before it runs on in the fork from where it was (its
+    // shell variable is in the copied memory); the two diverge; the fork has its own address and MAC.
+    const count = async (s: Sandbox): Promise<number> => Number((await sh(s, 'cat /tmp/count 2>/dev/null || echo 0')).trim());
+    const counter = await sb.spawn('i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done');
+    await until('the counter counts', async () => (await count(sb)) > 2);
+    await sh(sb, 'echo source > /tmp/marker');
+    const identity = async (s: Sandbox): Promise<string> => sh(s, "ip -4 -o addr show eth0 | awk '{print $4}'; cat /sys/class/net/eth0/address");
+    const sourceIdentity = await identity(sb);
+    const before = await count(sb);
+    const forked = await sb.fork(1, { memory: true });
+    assert.equal(forked.snapshot, undefined, 'a fork with memory makes no snapshot');
+    const twin = forked.sandboxes[0]!;
+    made.push(twin);
+    assert.equal(twin.lastInfo?.backend, 'microvm');
+    assert.ok(
+      (await twin.processes()).some((p) => p.pid === counter.pid),
+      "the source's process is the fork's",
+    );
+    const at = await count(twin);
+    assert.ok(at >= before, `the counter came with the memory (${at} >= ${before})`);
+    await until('the counter runs on in the fork', async () => (await count(twin)) > at + 2);
+    assert.equal(await sh(twin, 'cat /tmp/marker'), 'source\n');
+    await sh(twin, 'echo fork > /tmp/marker');
+    assert.equal(await sh(sb, 'cat /tmp/marker'), 'source\n', 'the two diverge');
+    const sourceAt = await count(sb);
+    await until('the source runs on', async () => (await count(sb)) > sourceAt + 2);
+    const twinIdentity = await identity(twin);
+    const [sourceAddress, sourceMac] = sourceIdentity.trim().split('\n');
+    const [twinAddress, twinMac] = twinIdentity.trim().split('\n');
+    assert.ok(twinAddress && twinAddress !== sourceAddress, `an address of its own (${twinIdentity} vs ${sourceIdentity})`);
+    assert.ok(twinMac && twinMac !== sourceMac, `a MAC of its own (${twinIdentity} vs ${sourceIdentity})`);
+    const fromTwin = await twin.exec(get('allowed.test'));
+    assert.match(fromTwin.stdout, /hello from/, `the fork's network works under the same policy: ${fromTwin.stdout} ${fromTwin.stderr}`);
+    assert.match(await sh(sb, 'echo still'), /still/);
+    await twin.kill();
+    await counter.kill();
+
     await sb.kill();
     made.length = 0;
-    await until('its namespace is gone', async () => !(await readdir('/run/netns').catch(() => [] as string[])).includes(`dsec-${sb.id}`));
+    for (const gone of [sb.id, twin.id]) {
+      await until('its namespace is gone', async () => !(await readdir('/run/netns').catch(() => [] as string[])).includes(`dsec-${gone}`));
+    }
   });
 });

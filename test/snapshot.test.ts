@@ -133,6 +133,7 @@ describe('snapshots', () => {
     await sh(src, 'echo base > /shared');
     const { snapshot, sandboxes } = await src.fork(3, { labels: { role: 'fork' } });
     made.push(...sandboxes);
+    assert.ok(snapshot, 'a fork without memory makes a snapshot');
     assert.equal(snapshot.kind, 'snapshot');
     assert.equal(sandboxes.length, 3);
     assert.equal(new Set(sandboxes.map((s) => s.id)).size, 3);

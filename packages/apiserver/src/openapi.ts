@@ -172,7 +172,7 @@ const ROUTES: Route[] = [
   {
     method: 'post',
     path: '/v1/sandboxes/{id}/fork',
-    summary: 'Snapshot, then create count sandboxes from it',
+    summary: 'Snapshot, then create count sandboxes from it (with memory: true, VMs resuming from a copy of its memory and disk)',
     body: api.ForkRequestSchema,
     reply: api.ForkResultSchema,
     status: 201,

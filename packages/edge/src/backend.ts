@@ -53,6 +53,33 @@ export interface BackendCreateRequest {
   spec: SandboxSpec;
   /** Layers bottom first: base, workspace, toolkits in the order given. */
   layers: LayerInfo[];
+  /** A fork with memory (`spec.memoryOf`): the source's state to resume from instead of booting. */
+  memory?: MemoryImage;
+}
+
+/** A VM's memory and writable disks copied at one instant (see {@link MemoryForkFacet}). */
+export interface MemoryImage {
+  /** The sandbox it was copied from. */
+  sourceId: string;
+  /** Folder (root's) holding the copies; the fork's create moves them out, the caller removes it after. */
+  dir: string;
+  /** The memory and device state file, its manifest (`<file>.json`) beside it. */
+  state: string;
+  /** Copies of the writable disks, by the file name each has in a sandbox's folder. */
+  disks: Record<string, string>;
+}
+
+/**
+ * Forks with memory: a VM's memory and writable disks copied at one instant, from which a new
+ * sandbox of the same shape resumes (`BackendCreateRequest.memory`).
+ */
+export interface MemoryForkFacet {
+  /**
+   * Copies sandbox `id`'s memory state and writable disks into a new folder named for `forkId`:
+   * a running VM is stopped while it is copied and runs on after; a paused one stays paused.
+   * Leaves nothing behind on failure.
+   */
+  captureMemory(id: string, forkId: string, signal?: AbortSignal): Promise<MemoryImage>;
 }
 
 /** A sandbox as a backend knows it; persisted so a restarted edge can find it again. */
@@ -251,6 +278,8 @@ export interface Backend {
   readonly network?: NetworkFacet;
   /** Its writable layer inside a guest, read out for snapshots (microVMs); absent with `writableLayer`. */
   readonly guestLayer?: GuestLayerFacet;
+  /** Forks that resume from a copy of a sandbox's memory (VMs); absent: `memoryOf` is refused. */
+  readonly memoryFork?: MemoryForkFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
   /** Screens of its sandboxes; absent: no screenshots, input or live view. */

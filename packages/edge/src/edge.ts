@@ -5,6 +5,7 @@
 // Why it passes 600 lines: what is left is those four, and they share each sandbox's `Entry`
 // (state, busy count, transition); split further, the entry would leave the class that guards it.
 import { randomBytes } from 'node:crypto';
+import { rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { DsecError, crashPoint, invalidArgument, normalizeNetworkPolicy } from '@dsec/protocol';
@@ -33,7 +34,7 @@ import type {
   VerifyResult,
 } from '@dsec/protocol';
 import { untilAborted } from './abortable.js';
-import type { Backend, BackendSandbox, GuestLayerFacet, SandboxAgent } from './backend.js';
+import type { Backend, BackendSandbox, GuestLayerFacet, MemoryImage, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
@@ -263,14 +264,17 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (network && !backend.network) throw invalidArgument('network.mode', `the ${kind} backend has no network; use mode none`);
     this.creating.add(id);
     let record: BackendSandbox;
+    let memory: MemoryImage | undefined;
     try {
       crashPoint('edge.create.layers');
-      record = await backend.create({ id, spec, layers }, opts.signal);
+      if (spec.memoryOf !== undefined) memory = await this.captureMemory(spec.memoryOf, id, backend, opts.signal);
+      record = await backend.create({ id, spec, layers, ...(memory ? { memory } : {}) }, opts.signal);
       crashPoint('edge.create.backend');
       if (network) await joinNetwork(this.network, backend, id, normalizeNetworkPolicy(network));
       crashPoint('edge.create.network');
     } finally {
       this.creating.delete(id);
+      if (memory) await rm(memory.dir, { recursive: true, force: true }).catch(() => undefined);
     }
     try {
       this.track(record, backend);
@@ -283,6 +287,25 @@ export class Edge extends SandboxCalls implements EdgeClient {
     }
     this.register(record, backend);
     return this.info(id);
+  }
+
+  /**
+   * The memory and writable disks of sandbox `sourceId` (a VM of the same backend on this node)
+   * copied for a fork with memory, the copy being the source's transition (as a snapshot is:
+   * pauses, resumes and agent calls wait for it).
+   */
+  private async captureMemory(sourceId: string, forkId: string, backend: Backend, signal?: AbortSignal): Promise<MemoryImage> {
+    const e = this.sandboxes.get(sourceId);
+    if (!e || e.backend !== backend) throw invalidArgument('memoryOf', `no ${backend.kind} sandbox ${sourceId} on node ${this.nodeName}`);
+    const fork = backend.memoryFork;
+    if (!fork) throw invalidArgument('memoryOf', `the ${backend.kind} backend does not fork with memory`);
+    const hold = await this.holdStill(e, sourceId);
+    try {
+      signal?.throwIfAborted();
+      return await fork.captureMemory(sourceId, forkId, signal);
+    } finally {
+      hold.release();
+    }
   }
 
   /** Starts attributing kernel records to a sandbox and watching its watched paths. */

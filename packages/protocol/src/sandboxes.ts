@@ -74,6 +74,15 @@ export const SandboxSpecSchema = z.strictObject({
   security: SecuritySchema.optional(),
   /** Network policy; default `{mode: 'none'}` (loopback only). */
   network: NetworkPolicySchema.optional(),
+  /**
+   * A fork with memory (VM backends): the new sandbox resumes from a copy of this sandbox's
+   * memory and writable disk on the same node instead of booting. Set by the control plane's
+   * fork, never by a create request.
+   */
+  memoryOf: z
+    .string()
+    .regex(/^[a-z0-9][a-z0-9-]{2,62}$/, 'not a sandbox id')
+    .optional(),
 });
 
 /** What edge needs to create one sandbox. */

@@ -24,11 +24,21 @@ export const ForkRequestSchema = z.strictObject({
   labels: LabelsSchema.optional(),
   /** Lifetime of each new sandbox; default the API's. */
   timeoutMs: z.number().int().min(1000).max(MAX_SANDBOX_TIMEOUT_MS).optional(),
+  /**
+   * Fork with memory (`microvm`, `vm`): each new sandbox resumes from a copy of the source's
+   * memory (its processes running on) and writable disk, on the source's node, with a network
+   * identity of its own; no snapshot layer is made. Default false: a disk snapshot, then new boots.
+   */
+  memory: z.boolean().optional(),
 });
 
 export type ForkRequest = z.infer<typeof ForkRequestSchema>;
 
 /** 201 reply of a fork. */
-export const ForkResultSchema = z.object({ snapshot: LayerSchema, sandboxes: z.array(SandboxSchema) });
+export const ForkResultSchema = z.object({
+  /** The disk snapshot the new sandboxes start from; absent for a fork with memory. */
+  snapshot: LayerSchema.optional(),
+  sandboxes: z.array(SandboxSchema),
+});
 
 export type ForkResult = z.infer<typeof ForkResultSchema>;

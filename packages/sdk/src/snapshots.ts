@@ -19,11 +19,16 @@ export interface ForkOptions extends CallOptions {
   labels?: Record<string, string>;
   /** Lifetime of each new sandbox (ms). */
   timeoutMs?: number;
+  /**
+   * Fork with memory (`microvm`, `vm`): each new sandbox resumes from a copy of the source's
+   * memory and disk, its processes running on, with a network identity of its own. No snapshot.
+   */
+  memory?: boolean;
 }
 
-/** What `sandbox.fork` returns: the snapshot and the new sandboxes, ready to use. */
+/** What `sandbox.fork` returns: the snapshot (none for a fork with memory) and the new sandboxes, ready to use. */
 export interface ForkOutcome {
-  snapshot: LayerInfo;
+  snapshot?: LayerInfo;
   sandboxes: Sandbox[];
 }
 
@@ -45,7 +50,7 @@ export class Snapshots {
     return this.#scope.client.json<LayerInfo>({ method: 'POST', path: this.#scope.route('/snapshot'), body }, defined({ signal, requestTimeoutMs }));
   }
 
-  /** One snapshot, then `count` independent sandboxes from it (all or none). */
+  /** One snapshot, then `count` independent sandboxes from it (all or none); with `memory`, forks of the running VM instead. */
   async fork(count: number, opts: ForkOptions = {}): Promise<ForkOutcome> {
     const { signal, requestTimeoutMs, ...rest } = opts;
     const body = validate(ForkRequestSchema, defined({ count, ...rest }));
@@ -53,6 +58,7 @@ export class Snapshots {
       { method: 'POST', path: this.#scope.route('/fork'), body },
       defined({ signal, requestTimeoutMs: requestTimeoutMs ?? 0 }),
     );
-    return { snapshot: reply.snapshot, sandboxes: reply.sandboxes.map((info) => this.#scope.adopt(info)) };
+    const sandboxes = reply.sandboxes.map((info) => this.#scope.adopt(info));
+    return reply.snapshot ? { snapshot: reply.snapshot, sandboxes } : { sandboxes };
   }
 }

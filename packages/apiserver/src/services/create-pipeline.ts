@@ -335,6 +335,44 @@ export class CreatePipeline {
     return sandbox;
   }
 
+  /**
+   * A fork with memory of `source`: created on the source's node alone (the node copies the
+   * source's memory and writable disk, `spec.memoryOf`), never claimed from a pool nor placed
+   * elsewhere; its quota and node charge as any create. Its layers must be the source's (a name
+   * that moved since the source was made is a conflict).
+   */
+  async createMemoryFork(projectId: string, item: CreateItem, source: SandboxTable, signal: AbortSignal | undefined): Promise<Sandbox> {
+    const layers = [item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean);
+    if (JSON.stringify(layers) !== source.layers) {
+      throw new DsecError('CONFLICT', `sandbox ${source.id}: its image now resolves to other layers; a fork with memory needs the source's own`, {
+        sandboxId: source.id,
+      });
+    }
+    const fork: CreateItem = { ...item, spec: { ...item.spec, memoryOf: source.id } };
+    const reservation = reservationOf(fork);
+    await this.d.store.reserve(projectId, reservation);
+    try {
+      const node = this.d.nodes.all().find((n) => n.name === source.node);
+      const placed = node ? this.d.placement.place(placementOf(fork), [node]) : undefined;
+      if (!placed) {
+        throw new DsecError('CAPACITY_EXHAUSTED', `node ${source.node} of sandbox ${source.id} has no room for a fork with memory`, {
+          sandboxId: source.id,
+          retryAfterMs: 1000,
+        });
+      }
+      this.chargeNode(placed, fork, 1);
+      const created = await this.createOn(placed, projectId, fork, signal);
+      if (!created) throw capacityError(fork);
+      this.d.counters.sandboxesCreated++;
+      return created;
+    } catch (err) {
+      this.d.counters.sandboxCreateFailures++;
+      await this.d.store.unreserve(projectId, reservation);
+      this.d.onCapacityFreed();
+      throw err;
+    }
+  }
+
   /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
   private openTrajectory(row: SandboxTable, item: CreateItem): void {
     this.d.trajectory.open({

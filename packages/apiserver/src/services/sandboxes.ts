@@ -17,6 +17,7 @@ import type { AdmissionQueue } from '../admission.js';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
+import type { SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import { itemError } from '../errors.js';
 import { hashOf } from '../idempotency.js';
@@ -102,6 +103,17 @@ export class SandboxService {
       }
     }
     return pipeline.createHeld(p.projectId, item, admission ?? {}, opts.signal, key);
+  }
+
+  /**
+   * A fork with memory of `source` (a VM): `body` is validated and resolved as any create, then
+   * the sandbox is made on the source's node from a copy of its memory and disk.
+   */
+  async createMemoryFork(p: Principal, body: CreateSandboxRequest, source: SandboxTable, signal?: AbortSignal): Promise<Sandbox> {
+    requireRole(p, 'member');
+    const { admission: _admission, ...req } = body;
+    const item = await this.d.pipeline.prepare(p.projectId, req, '', await this.d.layers.resolver(p.projectId), p);
+    return this.d.pipeline.createMemoryFork(p.projectId, item, source, signal);
   }
 
   /**

@@ -1,7 +1,7 @@
 // Snapshots (a sandbox's writable layer packed into a layer of its project) and forks (one
 // snapshot, then N sandboxes from it).
-import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, normalizeLayerName, parseOrThrow, forEachBounded } from '@dsec/protocol';
-import type { BackendKind, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
+import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, invalidArgument, normalizeLayerName, parseOrThrow, forEachBounded } from '@dsec/protocol';
+import type { BackendKind, CreateSandboxRequest, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
 import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
@@ -73,6 +73,7 @@ export class SnapshotService {
    */
   async fork(p: Principal, id: string, req: ForkRequest, signal?: AbortSignal): Promise<ForkResult> {
     requireRole(p, 'member');
+    if (req.memory === true) return this.forkWithMemory(p, id, req, signal);
     const source = await this.lifecycle.sandboxRow(p, id);
     const snapshot = await this.snapshot(p, id, {}, signal);
     const spec = await specOf(this.store, source);
@@ -111,5 +112,47 @@ export class SnapshotService {
     }
     made.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
     return { snapshot, sandboxes: made };
+  }
+
+  /**
+   * `count` forks with memory of a running or paused VM, one after the other (each copies the
+   * source's memory and disk at its own instant, the source stopped meanwhile): each resumes
+   * where the source was, on its node, with the source's image, resources, env and network
+   * policy, and labels merged as for any fork. No snapshot layer. All or nothing, as `fork`.
+   */
+  private async forkWithMemory(p: Principal, id: string, req: ForkRequest, signal?: AbortSignal): Promise<ForkResult> {
+    const source = await this.lifecycle.sandboxRow(p, id);
+    if (source.backend !== 'microvm' && source.backend !== 'vm') {
+      throw invalidArgument('memory', `a ${source.backend} sandbox cannot be forked with its memory (only microvm and vm)`);
+    }
+    if (source.state !== 'running' && source.state !== 'paused') {
+      throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is ${source.state}`, { sandboxId: id });
+    }
+    const spec = await specOf(this.store, source);
+    // The request as it was made (network policy, guards); the image as the layers it resolved to.
+    const asked = JSON.parse(source.spec) as Partial<CreateSandboxRequest>;
+    const owner: Principal = { ...p, projectId: source.project_id };
+    const create = parseOrThrow(CreateSandboxRequestSchema, {
+      backend: spec.backend as BackendKind,
+      ...(spec.snapshot !== undefined ? { snapshot: spec.snapshot } : { image: spec.image }),
+      resources: spec.resources,
+      ...(spec.env ? { env: spec.env } : {}),
+      ...(asked.network ? { network: asked.network } : {}),
+      ...(asked.protect ? { protect: asked.protect } : {}),
+      ...(asked.security ? { security: asked.security } : {}),
+      labels: { ...source.labels, ...req.labels },
+      ...(req.timeoutMs !== undefined ? { timeoutMs: req.timeoutMs } : {}),
+    });
+    const made: Sandbox[] = [];
+    try {
+      for (let i = 0; i < req.count; i++) made.push(await this.sandboxes.createMemoryFork(owner, create, source, signal));
+    } catch (err) {
+      for (const sb of made) {
+        const row = await this.store.sandbox(sb.id);
+        if (row) await this.lifecycle.destroyRow(row).catch(() => undefined);
+      }
+      throw err;
+    }
+    return { sandboxes: made };
   }
 }

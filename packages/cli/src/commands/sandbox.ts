@@ -307,12 +307,14 @@ export function registerSandbox(program: Command): void {
     .requiredOption('--count <n>', 'how many sandboxes', number(true))
     .option('--label <k=v>', 'label for the new sandboxes (repeatable)', keyValue)
     .option('--timeout <ms>', 'lifetime of each new sandbox in ms', number(true))
+    .option('--memory', 'fork a VM with its memory: the new sandboxes resume where it is (no snapshot)')
     .option('--json', 'print the snapshot and the sandboxes as JSON')
-    .action(async (id: string, flags: { count: number; label?: Record<string, string>; timeout?: number; json?: boolean }, cmd: Command) => {
+    .action(async (id: string, flags: { count: number; label?: Record<string, string>; timeout?: number; memory?: boolean; json?: boolean }, cmd: Command) => {
       const sb = await Sandbox.connect(id, { client: clientFor(cmd.optsWithGlobals<ConnectionFlags>()) });
       const { snapshot, sandboxes } = await sb.fork(flags.count, {
         ...(flags.label ? { labels: flags.label } : {}),
         ...(flags.timeout !== undefined ? { timeoutMs: flags.timeout } : {}),
+        ...(flags.memory ? { memory: true } : {}),
       });
       if (flags.json) return printJson({ snapshot, sandboxes: sandboxes.map((s) => s.lastInfo) });
       for (const s of sandboxes) process.stdout.write(`${s.id}\n`);

@@ -7,7 +7,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxStats } from '@dsec/protocol';
-import type { Backend, BackendCreateRequest, BackendSandbox, GuestLayerFacet, GuestUpper, NetworkFacet, PauseFacet } from '../../backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, GuestLayerFacet, GuestUpper, MemoryForkFacet, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import type { GuestImage } from './guest.js';
@@ -78,6 +78,8 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
   readonly network: NetworkFacet;
   /** Snapshots: the guest copies its overlay's upper directory out through chronus (snapshot.ts). */
   readonly guestLayer: GuestLayerFacet = this;
+  /** Forks with memory: a copy of `rw.img` and of the memory state (`../qemu/sandboxes.ts`). */
+  readonly memoryFork: MemoryForkFacet = this;
 
   constructor(private readonly o: MicrovmBackendOptions) {
     super(o);
@@ -117,6 +119,8 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
     if (memoryMiB < MIN_GUEST_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a microVM needs at least ${MIN_GUEST_MEMORY_MIB} MiB`);
     const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
+    // A fork with memory resumes from its source's state: the same machine, a copy of its disk.
+    if (req.memory) await this.checkForkShape(req, req.memory.sourceId);
     const undo: Array<() => unknown> = [];
     const vm: Vm = { portsInUse: new Set() };
     try {
@@ -137,10 +141,18 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
         await this.o.layers.acquire(layer.digest);
         undo.push(() => this.o.layers.release(layer.digest));
       }
-      // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
-      await writeFile(p.disk, '', { mode: 0o600 });
-      await truncate(p.disk, diskMiB * 1024 * 1024);
-      await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
+      const forkedDisk = req.memory?.disks[path.basename(p.disk)];
+      if (req.memory && !forkedDisk)
+        throw new DsecError('INTERNAL', `sandbox ${req.id}: its memory image has no ${path.basename(p.disk)}`, { sandboxId: req.id });
+      if (forkedDisk) {
+        // The source's disk as it was when its memory was saved (the same folder tree: a rename).
+        await rename(forkedDisk, p.disk);
+      } else {
+        // The writable disk: a sparse file of diskMiB, ext4 made here (never mounted on the host).
+        await writeFile(p.disk, '', { mode: 0o600 });
+        await truncate(p.disk, diskMiB * 1024 * 1024);
+        await run('mkfs.ext4', ['-q', '-F', '-m', '0', '-E', 'root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1,nodiscard', p.disk]);
+      }
       signal?.throwIfAborted();
 
       // A networked VM: a namespace of its own with a tap (QEMU's uid may open it) on a bridge;
@@ -152,8 +164,12 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
       undo.push(() => this.o.cgroups.remove(req.id));
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
-      const { exited } = await this.launch(record, vm);
-      await this.awaitGuest(req.id, vm, exited, signal);
+      if (req.memory) {
+        await this.startFromMemory(record, vm, req.memory, signal);
+      } else {
+        const { exited } = await this.launch(record, vm);
+        await this.awaitGuest(req.id, vm, exited, signal);
+      }
       this.watch(req.id, vm);
       return record;
     } catch (err) {
@@ -199,6 +215,10 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     return { args, fds: diskFds(disks), memoryBytes: (memoryMiB + QEMU_OVERHEAD_MIB) * 1024 * 1024 };
   }
 
+  protected override forkDisks(id: string): string[] {
+    return [this.paths(id).disk];
+  }
+
   protected qmpSocket(id: string): string {
     return vmSockets(this.paths(id).run).qmp;
   }
@@ -214,7 +234,8 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
    */
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
-    await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link)]);
+    // The MAC is set too: a fork with memory comes up with its source's (virtio-net's migrated state).
+    await this.configureGuestNetwork(id, ['/.dsec/busybox', 'sh', '-c', guestNetScript('eth0', link, 'ip', macOf(id))]);
   }
 
   /** The sandbox's upper directory copied into a folder of its own on the host (snapshot.ts). */

@@ -78,12 +78,15 @@ export function qemuArgs(l: VmLaunch): string[] {
     args.push('-chardev', `socket,id=agent${i},path=${sock},server=on,wait=off`, '-device', `virtserialport,chardev=agent${i},name=dsec.agent${i}`);
   });
   let next = 3;
+  // The writable disk takes no image lock: only this QEMU ever has it, and QEMU 7.2 cannot take
+  // its write lock back through an fdset after a completed migration (inactive, then `cont`:
+  // "Failed to get write lock"), which a fork with memory does to its running source.
   l.disks.forEach((d, i) => {
     const set = i + 1;
     for (const _ of d.fds) args.push('-add-fd', `fd=${next++},set=${set}`);
     args.push(
       '-drive',
-      `id=${d.serial},file=/dev/fdset/${set},format=raw,if=none,${d.readOnly ? 'readonly=on' : 'discard=unmap'},cache=none,aio=threads`,
+      `id=${d.serial},file=/dev/fdset/${set},format=raw,if=none,${d.readOnly ? 'readonly=on' : 'discard=unmap,file.locking=off'},cache=none,aio=threads`,
       '-device',
       `virtio-blk-device,drive=${d.serial},serial=${d.serial}`,
     );

@@ -5,11 +5,13 @@
 // `migrate unix:`); restoring, QEMU listens (`-incoming defer`, then `migrate-incoming unix:`) and
 // the edge connects and streams the file in. The file is checksummed; a manifest beside it says
 // its size and digest, and a restore checks both before the guest runs again.
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { chmod, chown, open, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { DsecError } from '@dsec/protocol';
 import { untilAborted } from '../../abortable.js';
 import type { QmpClient } from './qmp.js';
@@ -187,6 +189,22 @@ export async function writeSavedManifest(state: SavedState): Promise<void> {
 export async function removeSavedState(file: string, keepFile = false): Promise<void> {
   await rm(`${file}.json`, { force: true });
   if (!keepFile) await rm(file, { force: true });
+}
+
+/**
+ * Copies a file sparse (holes stay holes), as a reflink where the file system shares blocks
+ * (btrfs, XFS): a VM's disk of diskMiB costs what it holds, or nothing until written.
+ */
+export async function copySparse(from: string, to: string): Promise<void> {
+  await promisify(execFile)('cp', ['--reflink=auto', '--sparse=always', '--', from, to]);
+}
+
+/** Copies a saved state (checked against its manifest) to `to`, its manifest written last. */
+export async function copySavedState(state: SavedState, to: string): Promise<SavedState> {
+  await copySparse(state.file, to);
+  const copy = { ...state, file: to };
+  await writeSavedManifest(copy);
+  return copy;
 }
 
 /**

@@ -70,6 +70,9 @@ export async function bridgeNodeLink(id: string): Promise<{ address: string; gat
 }
 
 /** The guest's shell script that takes over the address on its first ethernet interface `dev`. */
-export function guestNetScript(dev: string, link: { address: string; gateway: string }, ip = 'ip'): string {
-  return `${ip} link set ${dev} up && ${ip} addr add ${link.address} peer ${link.gateway} dev ${dev} && ${ip} route add default via ${link.gateway} dev ${dev}`;
+export function guestNetScript(dev: string, link: { address: string; gateway: string }, ip = 'ip', mac?: string): string {
+  // With `mac`: whatever the guest had (a fork with memory has its source's MAC, address and
+  // routes) goes first; down drops its routes and neighbours.
+  const reset = mac === undefined ? '' : `${ip} link set ${dev} down && ${ip} addr flush dev ${dev} && ${ip} link set ${dev} address ${mac} && `;
+  return `${reset}${ip} link set ${dev} up && ${ip} addr add ${link.address} peer ${link.gateway} dev ${dev} && ${ip} route add default via ${link.gateway} dev ${dev}`;
 }

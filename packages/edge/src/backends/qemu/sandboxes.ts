@@ -4,17 +4,21 @@
 // namespace. A backend adds what its machine is (`machine`: QEMU's arguments and descriptors).
 import type { ChildProcess } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
-import { open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import type { FileHandle } from 'node:fs/promises';
 import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
 import type {
+  BackendCreateRequest,
   BackendPauseResult,
   BackendResumeResult,
   BackendSandbox,
   GarbageFacet,
   GarbageOptions,
   GarbageReport,
+  MemoryForkFacet,
+  MemoryImage,
   PauseFacet,
   SandboxAgent,
 } from '../../backend.js';
@@ -23,12 +27,15 @@ import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { killQemu, qemuPid, watchQemu } from './lifecycle.js';
-import { INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
+import { copySavedState, copySparse, INCOMING_ARGS, readSavedState, removeSavedState, restoreState, saveState, writeSavedManifest } from './migration.js';
 import type { SavedState } from './migration.js';
 import { netnsName, removeVmNetns } from './network.js';
 import { startQemu } from './process.js';
 import { QmpClient } from './qmp.js';
 import { connectRetrying, connectUnix } from './sockets.js';
+
+/** What a fork's shape check reads of a create request or a record. */
+type BackendCreateShape = Pick<BackendSandbox, 'spec' | 'layers'>;
 
 /** Default pids limit of a QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
@@ -99,7 +106,7 @@ export interface QemuSandboxesOptions {
 }
 
 /** The sandboxes of one QEMU backend; subclasses build and start the machines. */
-export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> implements GarbageFacet {
+export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> implements GarbageFacet, MemoryForkFacet {
   abstract readonly kind: 'microvm' | 'vm';
   protected readonly vms = new Map<string, V>();
   private readonly agents = new Map<string, SandboxAgent>();
@@ -451,6 +458,122 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     delete vm.saved;
     this.watch(id, vm);
     await removeSavedState(saved.file);
+  }
+
+  /**
+   * The writable disks of a sandbox (absolute paths; the file names are the same in every
+   * sandbox's folder): what a fork with memory copies beside the memory state. Empty: the
+   * backend does not fork with memory.
+   */
+  protected forkDisks(_id: string): string[] {
+    return [];
+  }
+
+  /**
+   * A fork with memory, first half: sandbox `id`'s memory and device state (`saveState`) and a
+   * copy of each of its writable disks, taken at one instant, into a folder of its own. A running
+   * VM is stopped for it (QEMU flushes its disks when the migration completes, so each copy
+   * matches the memory) and runs on after, also when the copy fails; a VM paused in memory stays
+   * paused; one paused to a file lends its file (no QEMU runs). Disks are copied sparse, and
+   * reflinked where the file system can. Leaves nothing behind on failure.
+   */
+  async captureMemory(id: string, forkId: string, signal?: AbortSignal): Promise<MemoryImage> {
+    const vm = this.vm(id);
+    const disks = this.forkDisks(id);
+    if (disks.length === 0) throw new DsecError('INVALID_ARGUMENT', `the ${this.kind} backend does not fork with memory`, { field: 'memory', sandboxId: id });
+    const p = this.paths(id);
+    const dir = path.join(p.dir, `fork-${forkId}`);
+    await mkdir(dir, { mode: 0o700 });
+    const image: MemoryImage = { sourceId: id, dir, state: path.join(dir, 'memory.state'), disks: {} };
+    const copyDisks = async (): Promise<void> => {
+      for (const disk of disks) {
+        const copy = path.join(dir, path.basename(disk));
+        await copySparse(disk, copy);
+        image.disks[path.basename(disk)] = copy;
+      }
+    };
+    try {
+      if (vm.saved) {
+        await copySavedState(await readSavedState(vm.saved.file), image.state);
+        await copyDisks();
+        return image;
+      }
+      const qmp = this.qmp(id);
+      const { running } = await qmp.execute<{ running: boolean }>('query-status');
+      const record = await this.record(id);
+      const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
+      let failed = false;
+      try {
+        await saveState({
+          qmp,
+          socketDir: p.run,
+          owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
+          file: image.state,
+          maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
+          timeoutMs: this.q.bootTimeoutMs,
+          ...(signal ? { signal } : {}),
+        });
+        await copyDisks();
+      } catch (err) {
+        failed = true;
+        throw err;
+      } finally {
+        // The source runs on as it was (a failed `cont` is the caller's error unless one came first).
+        if (running) {
+          const resumed = qmp.execute('cont');
+          if (failed) await resumed.catch(() => undefined);
+          else await resumed;
+        }
+      }
+      return image;
+    } catch (err) {
+      await rm(dir, { recursive: true, force: true });
+      throw err;
+    }
+  }
+
+  /**
+   * A fork with memory, second half: the new sandbox's QEMU (its own arguments: disks, sockets,
+   * tap, uid) loads the source's state and runs; the main agent port is connected before the
+   * guest runs (see `resumeFromFile`). The guest's processes, memory and tmpfs are the source's;
+   * its network identity is set once the node made its link (the backend's `linked`). The
+   * caller's undo ends QEMU on failure.
+   */
+  protected async startFromMemory(record: BackendSandbox, vm: V, image: MemoryImage, signal?: AbortSignal): Promise<void> {
+    const id = record.id;
+    const state = await readSavedState(image.state);
+    const { exited } = await this.launch(record, vm, true);
+    const qmp = await this.connectQmp(id, vm, exited, Date.now() + this.q.bootTimeoutMs, signal);
+    await restoreState({ qmp, socketDir: this.paths(id).run, state, exited, timeoutMs: this.q.bootTimeoutMs, ...(signal ? { signal } : {}) });
+    await this.connect(id).catch(() => undefined);
+    await qmp.execute('cont');
+    await this.awaitGuest(id, vm, exited, signal);
+  }
+
+  /**
+   * Refuses a fork with memory whose machine would differ from its source's: the state loads only
+   * into the same devices (layers, memory, vCPUs, network device or none).
+   */
+  protected async checkForkShape(req: BackendCreateRequest, sourceId: string): Promise<void> {
+    const source = await this.record(sourceId).catch(() => undefined);
+    if (!source || source.backend !== this.kind)
+      throw new DsecError('INVALID_ARGUMENT', `memoryOf: no ${this.kind} sandbox ${sourceId} on this node`, { field: 'memoryOf' });
+    const shape = (s: BackendCreateShape): string =>
+      JSON.stringify({
+        layers: s.layers.map((l) => l.digest),
+        memoryMiB: s.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB,
+        vcpus: Math.max(1, Math.ceil(s.spec.resources?.cpu ?? DEFAULT_CPU)),
+        network: s.spec.network?.mode === 'allowlist',
+      });
+    if (shape(source) !== shape(req)) {
+      throw new DsecError(
+        'CONFLICT',
+        `sandbox ${req.id}: a fork with memory needs its source's layers, memory, vCPUs and network device (${shape(source)}, asked ${shape(req)})`,
+        {
+          sandboxId: req.id,
+        },
+      );
+    }
   }
 
   /** The sandbox's record as its create wrote it. */

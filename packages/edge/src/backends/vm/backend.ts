@@ -13,6 +13,7 @@ import type {
   BackendPauseResult,
   BackendResumeResult,
   BackendSandbox,
+  MemoryForkFacet,
   NetworkFacet,
   PauseFacet,
   SandboxAgent,
@@ -97,6 +98,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   readonly pausing: PauseFacet;
   /** A network namespace per networked VM, with a tap bridged to the node's link. */
   readonly network: NetworkFacet;
+  /** Forks with memory (a virtio-blk root): the overlay, the firmware variables and the memory state copied. */
+  readonly memoryFork: MemoryForkFacet = this;
   /**
    * Each VM's screen, mouse and keyboard (QMP; screendumps go to its run directory, which its QEMU
    * may write). A VM paused to a file has no QEMU: its screenshot is the screen it showed when it
@@ -191,11 +194,22 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       await this.o.layers.acquire(layer.digest);
       undo.push(() => this.o.layers.release(layer.digest));
       const base = this.o.layers.diskFile(layer.digest);
-      // The overlay: at least the image's size, diskMiB when larger (the guest's partitions stay
-      // as the image made them; the room beyond is an unpartitioned tail).
-      const sizeBytes = Math.max(await virtualBytes(base), diskMiB * 1024 * 1024);
-      await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', p.overlay, String(sizeBytes)]);
-      await copyFile(OVMF_VARS, p.vars);
+      if (req.memory) {
+        // A fork with memory: the source's overlay and firmware variables as they were when its
+        // memory was saved (the overlay names the same image file as its backing).
+        await this.checkForkShape(req, req.memory.sourceId);
+        for (const file of [p.overlay, p.vars]) {
+          const copy = req.memory.disks[path.basename(file)];
+          if (!copy) throw new DsecError('INTERNAL', `sandbox ${req.id}: its memory image has no ${path.basename(file)}`, { sandboxId: req.id });
+          await rename(copy, file);
+        }
+      } else {
+        // The overlay: at least the image's size, diskMiB when larger (the guest's partitions stay
+        // as the image made them; the room beyond is an unpartitioned tail).
+        const sizeBytes = Math.max(await virtualBytes(base), diskMiB * 1024 * 1024);
+        await run('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', p.overlay, String(sizeBytes)]);
+        await copyFile(OVMF_VARS, p.vars);
+      }
       signal?.throwIfAborted();
 
       const netns = req.spec.network?.mode === 'allowlist' ? await createVmNetns(req.id, idRange.uid, idRange.gid) : undefined;
@@ -206,8 +220,12 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       this.vms.set(req.id, vm);
       undo.push(() => this.kill(req.id));
       const started = Date.now();
-      const { exited } = await this.launch(record, vm);
-      await this.awaitGuest(req.id, vm, exited, signal);
+      if (req.memory) {
+        await this.startFromMemory(record, vm, req.memory, signal);
+      } else {
+        const { exited } = await this.launch(record, vm);
+        await this.awaitGuest(req.id, vm, exited, signal);
+      }
       vm.bootMs = Date.now() - started;
       this.lastBootMs = vm.bootMs;
       this.watch(req.id, vm);
@@ -284,8 +302,21 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   /** The node's link is in the VM's namespace: the guest takes over its address on its first ethernet interface. */
   async linked(id: string): Promise<void> {
     const link = await bridgeNodeLink(id);
-    const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link)}`;
+    // The MAC is set too: a fork with memory comes up with its source's (virtio-net's migrated state).
+    const script = `for d in /sys/class/net/*; do n=\${d##*/}; [ "$n" != lo ] && break; done; ${guestNetScript('"$n"', link, 'ip', macOf(id))}`;
     await this.configureGuestNetwork(id, ['/bin/sh', '-c', script]);
+  }
+
+  /** A fork with memory copies the overlay and the firmware variables; an NVMe root cannot migrate (400 naming `memory`). */
+  protected override forkDisks(id: string): string[] {
+    if (this.vm(id).disk !== 'virtio-blk') {
+      throw invalidArgument(
+        'memory',
+        `sandbox ${id} boots its image from an NVMe disk, which QEMU cannot save; images built with --vm --desktop (virtio-blk root) can fork with memory`,
+      );
+    }
+    const p = this.paths(id);
+    return [p.overlay, p.vars];
   }
 
   /**

@@ -98,11 +98,13 @@ export function fullVmArgs(l: FullVmLaunch): string[] {
     '-drive',
     'if=pflash,format=raw,unit=0,readonly=on,file=/dev/fdset/1',
     '-drive',
-    'if=pflash,format=raw,unit=1,file=/dev/fdset/2',
+    // The writable files take no image lock (only this QEMU has them; QEMU 7.2 cannot take the
+    // write lock back through an fdset after a completed migration: a fork with memory's source).
+    'if=pflash,format=raw,unit=1,file=/dev/fdset/2,file.locking=off',
     '-blockdev',
     'driver=qcow2,node-name=base,read-only=on,file.driver=file,file.filename=/dev/fdset/3,file.read-only=on',
     '-blockdev',
-    'driver=qcow2,node-name=root,backing=base,discard=unmap,file.driver=file,file.filename=/dev/fdset/4,file.aio=threads',
+    'driver=qcow2,node-name=root,backing=base,discard=unmap,file.driver=file,file.filename=/dev/fdset/4,file.aio=threads,file.locking=off',
     '-device',
     l.disk === 'virtio-blk' ? 'virtio-blk-pci,drive=root,serial=dsec-root,bootindex=0' : 'nvme,drive=root,serial=dsec-root,bootindex=0',
     // The screen: a standard VGA served over VNC on a unix socket (no TCP), no local window;
