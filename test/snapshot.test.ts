@@ -148,6 +148,12 @@ describe('snapshots', () => {
       assert.equal(await sh(sb, 'cat /own /shared'), `mine-${i}\nbase\n${i}\n`);
     }
     assert.equal(await sh(src, 'cat /own /shared'), 'source-after\nbase\n');
+    // A fork with memory is for VMs: a container's is refused naming the field, as is a bad value.
+    for (const memory of [true, 'yes']) {
+      const r = await call('POST', `/v1/sandboxes/${src.id}/fork`, { count: 1, memory });
+      assert.equal(r.status, 400, JSON.stringify(r.body));
+      assert.match(JSON.stringify(r.body), /memory/);
+    }
   });
 
   test('a fork past the quota leaves no sandbox behind and names its snapshot', async () => {
