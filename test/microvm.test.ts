@@ -242,6 +242,19 @@ describe('microvm backend', () => {
     assert.match(fromTwin.stdout, /hello from/, `the fork's network works under the same policy: ${fromTwin.stdout} ${fromTwin.stderr}`);
     assert.match(await sh(sb, 'echo still'), /still/);
     await twin.kill();
+    // A source paused in memory: saved once for all its forks, it stays paused and runs on when resumed.
+    await sb.pause();
+    const fromPaused = await sb.fork(2, { memory: true });
+    made.push(...fromPaused.sandboxes);
+    assert.equal((await sb.info()).state, 'paused');
+    for (const f of fromPaused.sandboxes) {
+      const c = await count(f);
+      await until('a fork of the paused source counts on', async () => (await count(f)) > c);
+      await f.kill();
+    }
+    await sb.resume();
+    const resumedAt = await count(sb);
+    await until('the source counts on after its resume', async () => (await count(sb)) > resumedAt);
     await counter.kill();
 
     await sb.kill();

@@ -201,8 +201,25 @@ describe('the desktop image', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:
     assert.ok(pageRequests >= 1, "the page came from this test's server");
     assert.match((await sb.exec(PS('chromium'))).stdout, /user chromium/, 'the browser runs as the logged-in user');
     assert.ok(diffPixels(afterResume, page.png).outside > 200 * 200, 'the screen changed');
+
+    // A fork with memory of the running desktop: the fork shows the page the browser drew (its
+    // memory came with it), its guest took an address of its own, and the two diverge.
+    const tf = Date.now();
+    const twin = (await sb.fork(1, { memory: true })).sandboxes[0]!;
+    const forkMs = Date.now() - tf;
+    try {
+      const addr = async (s: Sandbox): Promise<string> => (await s.exec(['sh', '-c', "ip -4 -o addr show scope global | awk '{print $4}'"])).stdout;
+      assert.notEqual(await addr(twin), await addr(sb), 'the fork has an address of its own');
+      assert.match((await twin.exec(PS('chromium'))).stdout, /user chromium/, "the source's browser runs on in the fork");
+      const shot = await twin.screen.capture();
+      assert.ok(countPixels(shot.png, { x: 0, y: 0, w: shot.width, h: shot.height }, magenta) > 200 * 200, "the fork shows the source's page");
+      await twin.exec(['sh', '-c', 'echo fork > /tmp/typed.txt']);
+      assert.equal((await sb.exec(['cat', '/tmp/typed.txt'])).stdout, 'typed-42\n', 'the two diverge');
+    } finally {
+      await twin.kill().catch(() => undefined);
+    }
     process.stderr.write(
-      `desktop: create ${booted} ms, xterm on screen ${shown} ms after create began, resume from file ${resumeMs} ms, browser to the page ${browserMs} ms\n`,
+      `desktop: create ${booted} ms, xterm on screen ${shown} ms after create began, resume from file ${resumeMs} ms, browser to the page ${browserMs} ms, fork with memory ${forkMs} ms\n`,
     );
   });
 });

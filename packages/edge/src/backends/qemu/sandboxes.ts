@@ -499,20 +499,29 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
         return image;
       }
       const qmp = this.qmp(id);
-      const { running } = await qmp.execute<{ running: boolean }>('query-status');
+      const { running, status } = await qmp.execute<{ running: boolean; status: string }>('query-status');
+      // A VM paused in memory is saved once (QEMU refuses a second migration of a VM it stopped for
+      // one); its state file serves every fork until it runs again (`resumeInMemory` drops it).
+      const kept = forkStateOf(p);
+      if (!running && status === 'postmigrate' && (await exists(`${kept}.json`))) {
+        await copySavedState(await readSavedState(kept), image.state);
+        await copyDisks();
+        return image;
+      }
       const record = await this.record(id);
       const memoryMiB = record.spec.resources?.memoryMiB ?? DEFAULT_MEMORY_MIB;
       let failed = false;
       try {
-        await saveState({
+        const saved = await saveState({
           qmp,
           socketDir: p.run,
           owner: { uid: record.idRange?.uid ?? 0, gid: record.idRange?.gid ?? 0 },
-          file: image.state,
+          file: running ? image.state : kept,
           maxBytes: (memoryMiB + STATE_MARGIN_MIB) * 1024 * 1024,
           timeoutMs: this.q.bootTimeoutMs,
           ...(signal ? { signal } : {}),
         });
+        if (!running) await copySavedState(saved, image.state);
         await copyDisks();
       } catch (err) {
         failed = true;
@@ -596,10 +605,11 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     return result;
   }
 
-  /** Resumes a sandbox paused in memory (QMP `cont`) and removes the marker. */
+  /** Resumes a sandbox paused in memory (QMP `cont`) and removes the marker (and a state kept for forks). */
   protected async resumeInMemory(id: string): Promise<BackendPauseResult> {
     const result = await this.runState(id, 'cont');
     await rm(this.paths(id).paused, { force: true });
+    await removeSavedState(forkStateOf(this.paths(id)));
     return result;
   }
 
@@ -767,6 +777,11 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
       vm.qmp?.close();
     }
   }
+}
+
+/** The memory state a VM paused in memory keeps for its forks while it stays paused. */
+function forkStateOf(p: QemuPaths): string {
+  return path.join(p.dir, 'fork.state');
 }
 
 export async function exists(p: string): Promise<boolean> {
