@@ -169,6 +169,8 @@ export async function podmanPullRun(
   // No registries.conf or auth file of the machine's: the credentials on the command line.
   const env = { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', HOME: home, REGISTRY_AUTH_FILE: path.join(home, 'auth.json') };
   try {
+    await mkdir(home, { recursive: true });
+    await writeFile(env.REGISTRY_AUTH_FILE, '{"auths":{}}\n', { mode: 0o600 });
     const t0 = nowMs();
     await run('podman', [...global, 'pull', '--quiet', '--tls-verify=false', '--creds', `${registry.username}:${registry.password}`, ref], {
       env,
