@@ -166,7 +166,7 @@ export async function podmanPullRun(
     for (const m of (await mountsUnder(home).catch(() => [] as string[])).reverse()) umount(m, MNT.DETACH);
     await rm(home, { recursive: true, force: true });
   });
-  // No registries.conf or auth file of the machine's: the credentials on the command line.
+  // No auth file of the machine's is read (an empty one of its own): the credentials are on the command line.
   const env = { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', HOME: home, REGISTRY_AUTH_FILE: path.join(home, 'auth.json') };
   try {
     await mkdir(home, { recursive: true });
