@@ -177,7 +177,9 @@ export async function podmanPullRun(
       maxBuffer: 16 * 1024 * 1024,
     });
     const pullMs = nowMs() - t0;
-    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', ref, ...cmd];
+    // `--ulimit host`: the limits the bench has (podman's default raises RLIMIT_NOFILE, refused
+    // where the bench runs without CAP_SYS_RESOURCE).
+    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', '--ulimit', 'host', ref, ...cmd];
     await run('podman', runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
     const ms = nowMs() - t0;
     await afterCold();
