@@ -15,7 +15,7 @@ import { MNT, mountsUnder, RegistryClient, umount } from '@dsec/edge';
 import type { LayerStore } from '@dsec/edge';
 import type { LayerInfo } from '@dsec/protocol';
 import { onCleanup } from './cleanup.js';
-import { nowMs } from './stats.js';
+import { nowMs, sleep } from './stats.js';
 
 const run = promisify(execFile);
 
@@ -162,9 +162,19 @@ export async function podmanPullRun(
     '--events-backend',
     'file',
   ];
+  // `podman run --rm` returns before podman's own container cleanup (started by conmon) has let
+  // go of the storage: unmount and remove again until it has (at most 30 s).
   const done = onCleanup(`podman storage ${home}`, async () => {
-    for (const m of (await mountsUnder(home).catch(() => [] as string[])).reverse()) umount(m, MNT.DETACH);
-    await rm(home, { recursive: true, force: true });
+    for (let attempt = 0; ; attempt++) {
+      for (const m of (await mountsUnder(home).catch(() => [] as string[])).reverse()) umount(m, MNT.DETACH);
+      try {
+        await rm(home, { recursive: true, force: true });
+        return;
+      } catch (err) {
+        if (attempt >= 120) throw err;
+        await sleep(250);
+      }
+    }
   });
   // No auth file of the machine's is read (an empty one of its own): the credentials are on the command line.
   const env = { PATH: process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin', HOME: home, REGISTRY_AUTH_FILE: path.join(home, 'auth.json') };
