@@ -166,7 +166,13 @@ export async function podmanPullRun(
   // go of the storage: unmount and remove again until it has (at most 30 s).
   const done = onCleanup(`podman storage ${home}`, async () => {
     for (let attempt = 0; ; attempt++) {
-      for (const m of (await mountsUnder(home).catch(() => [] as string[])).reverse()) umount(m, MNT.DETACH);
+      for (const m of (await mountsUnder(home).catch(() => [] as string[])).reverse()) {
+        try {
+          umount(m, MNT.DETACH);
+        } catch {
+          // gone meanwhile
+        }
+      }
       try {
         await rm(home, { recursive: true, force: true });
         return;
