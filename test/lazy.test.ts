@@ -5,9 +5,14 @@
 // layers is fetched once; concurrent cold starts fetch each chunk once; a registry that dies
 // mid-read gives EIO and `layer.fetch-failed`, never a hang, and the node stays usable; a chunk
 // that fails its digest is refused (`layer.corrupt`); the bounded cache never evicts a chunk a
-// mounted layer needs; an edge restart keeps the servers and the cache.
+// mounted layer needs; an edge restart keeps the servers and the cache. The layers' contents are
+// fixed (made from their names), so that the layers are built once per machine into the test
+// cache (DSEC_TEST_CACHE, default /var/tmp/dsec-test-cache) and only pushed to this run's registry.
+// The profile case's second cold start runs on a whole platform (apiserver + edge, lazy loading
+// on): its create, exec and figures go through HTTP, `GET /v1/nodes/{name}`'s `layerCache` and
+// a sandbox's `layerBytesFetched` among them.
 import assert from 'node:assert/strict';
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -16,38 +21,52 @@ import { execFile, spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
-import { LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
+import { buildThroughCache, BUSYBOX_PATH, LayerRegistry, LayerStore, MNT, mountsUnder, umount } from '@dsec/edge';
 import type { LayerProfile, LazyServerStats } from '@dsec/edge';
 import type { LayerInfo, RaisedEvent } from '@dsec/protocol';
+import { ROOT_PROJECT_ID } from '@dsec/apiserver';
+import { apiCall } from './helpers/assert.js';
 import { REPO_ROOT, startNode } from './helpers/node.js';
 import type { TestNode } from './helpers/node.js';
+import { startTestPlatform } from './helpers/platform.js';
+import type { TestPlatform } from './helpers/platform.js';
 import { startRegistry } from './helpers/registry.js';
 import type { TestRegistry } from './helpers/registry.js';
 
 const MiB = 1024 * 1024;
 const execFileP = promisify(execFile);
+/** Persistent cache of the built layers (outside every test home). */
+const CACHE_DIR = path.join(process.env.DSEC_TEST_CACHE ?? '/var/tmp/dsec-test-cache', 'lazy-layers');
 let registry: TestRegistry;
 let scratch: string;
-let builder: TestNode;
 let lazy: TestNode;
 const nodes: TestNode[] = [];
 const events: RaisedEvent[] = [];
-const big = randomBytes(3 * MiB + 100);
+/**
+ * `n` bytes that look random and are the same in every run (sha256 in counter mode over `label`):
+ * fixed layer contents, so that the built layers can be cached.
+ */
+function fixedBytes(label: string, n: number): Buffer {
+  const out = Buffer.alloc(n);
+  for (let i = 0, at = 0; at < n; i++, at += 32) createHash('sha256').update(`${label}:${i}`).digest().copy(out, at);
+  return out;
+}
+const big = fixedBytes('big', 3 * MiB + 100);
 const files: Record<string, Buffer> = { 'opt/data/big': big, 'opt/data/hello': Buffer.from('hello, lazily\n') };
-for (let i = 0; i < 8; i++) files[`opt/data/f${i}`] = randomBytes(64 * 1024);
+for (let i = 0; i < 8; i++) files[`opt/data/f${i}`] = fixedBytes(`f${i}`, 64 * 1024);
 let base: LayerInfo;
 let toolA: LayerInfo;
 let toolB: LayerInfo;
 let toolC: LayerInfo;
-const cFiles = { 'opt/c/one': randomBytes(2 * MiB), 'opt/c/two': randomBytes(MiB / 2) };
+const cFiles = { 'opt/c/one': fixedBytes('c/one', 2 * MiB), 'opt/c/two': fixedBytes('c/two', MiB / 2) };
 /** Layers no read has touched before the failure tests (read-ahead would have cached chunks). */
 let toolCorrupt: LayerInfo;
 let toolGone: LayerInfo;
-const corruptFile = randomBytes(200 * 1024);
-const goneFile = randomBytes(200 * 1024);
+const corruptFile = fixedBytes('corrupt', 200 * 1024);
+const goneFile = fixedBytes('gone', 200 * 1024);
 /** Many small files read together (what an interpreter's start does): neighbours share requests. */
-const smallFiles: Record<string, Buffer> = { 'opt/p/unread': randomBytes(2 * MiB) };
-for (let i = 0; i < 240; i++) smallFiles[`opt/p/s${String(i).padStart(3, '0')}`] = randomBytes(8 * 1024);
+const smallFiles: Record<string, Buffer> = { 'opt/p/unread': fixedBytes('p/unread', 2 * MiB) };
+for (let i = 0; i < 240; i++) smallFiles[`opt/p/s${String(i).padStart(3, '0')}`] = fixedBytes(`p/s${i}`, 8 * 1024);
 const smallSum = createHash('sha256')
   .update(
     Buffer.concat(
@@ -60,20 +79,47 @@ const smallSum = createHash('sha256')
   .digest('hex');
 let toolP: LayerInfo;
 let toolD: LayerInfo;
-const deadFiles = { 'opt/d/first': randomBytes(64 * 1024), 'opt/d/second': randomBytes(300 * 1024), 'opt/d/third': randomBytes(300 * 1024) };
-/** A node with the default read-ahead and an empty cache: the next cold start of what `lazy` ran. */
-let lazy2: TestNode;
+const deadFiles = {
+  'opt/d/first': fixedBytes('d/first', 64 * 1024),
+  'opt/d/second': fixedBytes('d/second', 300 * 1024),
+  'opt/d/third': fixedBytes('d/third', 300 * 1024),
+};
+/** A platform with the default read-ahead and an empty cache: the next cold start of what `lazy` ran, through HTTP. */
+let lazy2: TestPlatform;
 
 const endpoint = () => ({ url: registry.url, username: registry.username, password: registry.password });
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
-async function dirLayer(n: TestNode, name: string, content: Record<string, Buffer>): Promise<LayerInfo> {
-  const dir = path.join(scratch, name);
-  for (const [rel, data] of Object.entries(content)) {
-    await mkdir(path.dirname(path.join(dir, rel)), { recursive: true });
-    await writeFile(path.join(dir, rel), data);
-  }
-  return n.edge.layers.build({ type: 'dir', path: dir }, { kind: 'toolkit' });
+/**
+ * What the cached layers depend on besides their contents: the layer format's code (EROFS
+ * builder, busybox tree), the host's busybox and mkfs.erofs's version. A change builds them again.
+ */
+async function builderKey(): Promise<string> {
+  const h = createHash('sha256');
+  for (const f of ['erofs.js', 'busybox.js']) h.update(await readFile(path.join(REPO_ROOT, 'packages/edge/dist/layers', f)));
+  h.update(await readFile(BUSYBOX_PATH));
+  const version = await execFileP('mkfs.erofs', ['--version']).then(
+    (r) => r.stdout,
+    (err: unknown) => (err as { stdout?: string }).stdout ?? '',
+  );
+  return h.update(version).digest('hex');
+}
+
+/** A layer from the machine-wide cache (built there first when missing), keyed by its contents, pushed to this run's registry. */
+async function cachedLayer(store: LayerStore, key: string, name: string, content: Record<string, Buffer> | 'busybox'): Promise<LayerInfo> {
+  const h = createHash('sha256').update(key);
+  if (content !== 'busybox') for (const rel of Object.keys(content).sort()) h.update(`${rel}\0${sha(content[rel]!)}\0`);
+  const info = await buildThroughCache(store, CACHE_DIR, `lazy-${name}-${h.digest('hex').slice(0, 16)}`, async (build) => {
+    if (content === 'busybox') return build.build({ type: 'busybox' }, { kind: 'base' });
+    const dir = path.join(scratch, name);
+    for (const [rel, data] of Object.entries(content)) {
+      await mkdir(path.dirname(path.join(dir, rel)), { recursive: true });
+      await writeFile(path.join(dir, rel), data);
+    }
+    return build.build({ type: 'dir', path: dir }, { kind: 'toolkit' });
+  });
+  await new LayerRegistry(endpoint()).push(store.imageFiles(info.digest), info);
+  return info;
 }
 
 async function stats() {
@@ -93,37 +139,54 @@ function rangeGets(blobDigest: string): number {
   return registry.requests().filter((r) => r === `GET /v2/dsec/layers/blobs/${blobDigest}`).length;
 }
 
-async function blobDigestOf(n: TestNode, layer: LayerInfo): Promise<string> {
-  const rec = JSON.parse(await readFile(path.join(n.home, 'layers', 'blobs', layer.digest.slice(7), 'lazy.json'), 'utf8')) as { blobDigest: string };
+/** The data blob's digest of a lazy layer on the node whose home is `home`. */
+async function blobDigestOf(home: string, layer: LayerInfo): Promise<string> {
+  const rec = JSON.parse(await readFile(path.join(home, 'layers', 'blobs', layer.digest.slice(7), 'lazy.json'), 'utf8')) as { blobDigest: string };
   return rec.blobDigest;
 }
 
 before(async () => {
   registry = await startRegistry();
   scratch = await mkdtemp(path.join(os.tmpdir(), 'dsec-scratch-lazy-'));
-  builder = await startNode({ edge: { registry: endpoint() } });
-  nodes.push(builder);
-  // Built side by side: the base, and every toolkit the tests use (each pushed to the registry).
-  [base, toolA, toolB, toolC, toolCorrupt, toolGone, toolP, toolD] = await Promise.all([
-    builder.edge.layers.build({ type: 'busybox' }, { kind: 'base' }),
-    dirLayer(builder, 'a', files),
-    dirLayer(builder, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') }),
-    dirLayer(builder, 'c', cFiles),
-    dirLayer(builder, 'corrupt', { 'opt/e/file': corruptFile }),
-    dirLayer(builder, 'gone', { 'opt/f/file': goneFile }),
-    dirLayer(builder, 'profiled', smallFiles),
-    dirLayer(builder, 'dead', deadFiles),
-  ]);
+  // The base and every toolkit the tests use, from the machine-wide cache into a store of this
+  // run (hard links), each pushed to the registry; the node and the platform start meanwhile.
+  const layers = (async () => {
+    const key = await builderKey();
+    const store = new LayerStore({ root: path.join(scratch, 'layers'), unmountLingerMs: 0 });
+    try {
+      [base, toolA, toolB, toolC, toolCorrupt, toolGone, toolP, toolD] = await Promise.all([
+        cachedLayer(store, key, 'base', 'busybox'),
+        cachedLayer(store, key, 'a', files),
+        cachedLayer(store, key, 'b', { 'opt/other/big': big, 'opt/other/note': Buffer.from('the same big file, another layer\n') }),
+        cachedLayer(store, key, 'c', cFiles),
+        cachedLayer(store, key, 'corrupt', { 'opt/e/file': corruptFile }),
+        cachedLayer(store, key, 'gone', { 'opt/f/file': goneFile }),
+        cachedLayer(store, key, 'profiled', smallFiles),
+        cachedLayer(store, key, 'dead', deadFiles),
+      ]);
+    } finally {
+      await store.close();
+    }
+  })();
   // A read-ahead of one small file's worth, so that the tests can tell what was read from what was not.
-  lazy = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1, readAheadBytes: 64 * 1024 } } });
-  nodes.push(lazy);
-  lazy.edge.onEvent((ev) => events.push(ev));
-  lazy2 = await startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000 } } });
-  nodes.push(lazy2);
+  const node = startNode({ edge: { registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000, chunkCacheMaxBytes: 1, readAheadBytes: 64 * 1024 } } }).then(
+    (n) => {
+      nodes.push(n);
+      n.edge.onEvent((ev) => events.push(ev));
+      return n;
+    },
+  );
+  const platform = startTestPlatform({ registry: { ...endpoint(), lazy: true, fetchDeadlineMs: 3000 } });
+  // Each is kept (for `after`) even when another fails.
+  const [l, n, p] = await Promise.allSettled([layers, node, platform]);
+  if (n.status === 'fulfilled') lazy = n.value;
+  if (p.status === 'fulfilled') lazy2 = p.value;
+  for (const r of [l, n, p]) if (r.status === 'rejected') throw r.reason;
 });
 
 after(async () => {
   for (const n of nodes) await n.cleanup().catch((err: unknown) => console.error('node cleanup:', err));
+  await lazy2?.close();
   await registry?.close();
   await rm(scratch, { recursive: true, force: true });
 });
@@ -143,7 +206,7 @@ describe('lazily loaded layers', () => {
     const r = await lazy.edge.exec(sb.id, { cmd: 'cat /opt/data/hello' });
     assert.equal(r.exitCode, 0, r.stderr);
     assert.equal(r.stdout, 'hello, lazily\n');
-    const blobDigest = await blobDigestOf(lazy, toolA);
+    const blobDigest = await blobDigestOf(lazy.home, toolA);
     const afterHello = rangeGets(blobDigest);
     assert.ok(afterHello >= 1 && afterHello <= 3, `a small file is one chunk (and read-ahead): ${afterHello} range requests`);
     assert.equal(registry.requests().filter((l) => l === `GET /v2/dsec/layers/blobs/${blobDigest}`).length, afterHello);
@@ -193,7 +256,7 @@ describe('lazily loaded layers', () => {
       const server = await lazy.edge.layers.lazy!.serverStats(tool.digest.slice(7));
       assert.ok(server, 'the layer has a lazy server');
       assert.equal(server.fetchedChunks, 3, 'two chunks of one, one of two');
-      const gets = rangeGets(await blobDigestOf(lazy, tool));
+      const gets = rangeGets(await blobDigestOf(lazy.home, tool));
       assert.equal(gets, server.requests, 'the range requests the server counts are those the registry saw');
       assert.ok(gets <= 3, `each chunk fetched once, neighbours together: ${gets} range requests for 3 chunks`);
     } finally {
@@ -203,7 +266,7 @@ describe('lazily loaded layers', () => {
 
   test('a chunk that fails its digest is refused and raised as layer.corrupt', async () => {
     failing = await lazy.edge.create({ image: { base: base.digest, toolkits: [toolCorrupt.digest, toolGone.digest] } });
-    const blobDigest = await blobDigestOf(lazy, toolCorrupt);
+    const blobDigest = await blobDigestOf(lazy.home, toolCorrupt);
     const file = registry.blobFile(blobDigest);
     const original = await readFile(file);
     const damaged = Buffer.from(original);
@@ -267,7 +330,7 @@ describe('lazily loaded layers', () => {
       assert.ok(firstRun.fetchedBytes < toolP.blobBytes, 'the unread file was not fetched');
       // The first command's end stores the layer's access profile beside it in the registry.
       const reg = new LayerRegistry(endpoint());
-      const until = Date.now() + 15_000;
+      const until = Date.now() + 30_000;
       while ((profile = await reg.profile(toolP.digest, path.join(scratch, 'profile.json'))) === undefined && Date.now() < until) await sleep(100);
       assert.ok(profile, 'the profile is in the registry');
       assert.equal(profile.chunks.length, firstRun.touched, 'every chunk read, in first-read order');
@@ -275,28 +338,61 @@ describe('lazily loaded layers', () => {
     } finally {
       await lazy.edge.destroy(first.id);
     }
-    // A cold start on another node: the profile's chunks come before any read, merged.
-    const second = await lazy2.edge.create({ image: { base: base.digest, toolkits: [toolP.digest] } });
+    // A cold start on another node, a platform's, through HTTP: the profile's chunks come before
+    // any read, merged; the node's layer cache and the sandbox's bytes fetched are in the API.
+    const edge2 = lazy2.platform.edge;
+    const call = (method: string, route: string, json?: unknown) => apiCall(lazy2.url, lazy2.adminKey, method, route, json);
+    // The layers as the catalog knows a layer another node built and pushed.
+    for (const l of [base, toolP]) await lazy2.platform.services.layers.register(ROOT_PROJECT_ID, l, null);
+    const created = await call('POST', '/v1/sandboxes', { image: { base: base.digest, toolkits: [toolP.digest] } });
+    assert.equal(created.status, 201, JSON.stringify(created.body));
+    const id = created.body.id as string;
     try {
       const hex = toolP.digest.slice(7);
-      let s = await lazy2.edge.layers.lazy!.serverStats(hex);
-      const until = Date.now() + 15_000;
+      let s = await edge2.layers.lazy!.serverStats(hex);
+      const until = Date.now() + 30_000;
       while ((s?.prefetches ?? 0) < 1 && Date.now() < until) {
         await sleep(100);
-        s = await lazy2.edge.layers.lazy!.serverStats(hex);
+        s = await edge2.layers.lazy!.serverStats(hex);
       }
-      assert.ok(s && s.prefetches === 1, 'the profile was prefetched');
+      assert.ok(s && s.prefetches === 1, `the profile was prefetched (${JSON.stringify(s)})`);
       assert.equal(s.prefetchedChunks, profile.chunks.length);
       assert.ok(s.requests * 8 <= s.prefetchedChunks, `${s.requests} range requests for ${s.prefetchedChunks} prefetched chunks`);
       registry.clearLog();
-      const r = await lazy2.edge.exec(second.id, { cmd: 'cat /opt/p/s* | sha256sum' });
-      assert.equal(r.stdout, `${smallSum}  -\n`, r.stderr);
-      const after = await lazy2.edge.layers.lazy!.serverStats(hex);
+      const r = await call('POST', `/v1/sandboxes/${id}/exec`, { cmd: 'cat /opt/p/s* | sha256sum' });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      assert.equal(r.body.stdout, `${smallSum}  -\n`, r.body.stderr);
+      const after = await edge2.layers.lazy!.serverStats(hex);
       assert.ok(after);
       assert.equal(after.misses, 0, 'no read waited for the registry');
-      assert.equal(rangeGets(await blobDigestOf(lazy2, toolP)), 0, `the second run's reads sent no range request (the first run's sent ${firstRun.requests})`);
+      assert.equal(
+        rangeGets(await blobDigestOf(path.join(lazy2.home, 'node'), toolP)),
+        0,
+        `the second run's reads sent no range request (the first run's sent ${firstRun.requests})`,
+      );
+      // GET /v1/nodes/{name}: the node's chunk cache as the edge counts it.
+      const list = await call('GET', '/v1/nodes');
+      assert.equal(list.status, 200, JSON.stringify(list.body));
+      const name = (list.body.items ?? list.body)[0].name as string;
+      const node = await call('GET', `/v1/nodes/${encodeURIComponent(name)}`);
+      assert.equal(node.status, 200, JSON.stringify(node.body));
+      const cache = node.body.layerCache;
+      assert.ok(cache, `layerCache is reported: ${JSON.stringify(node.body)}`);
+      assert.deepEqual(await edge2.layers.cacheStats(), cache, 'the figures the edge counts, unchanged');
+      assert.ok(cache.fetchedBytes >= s.fetchedBytes && cache.fetchedChunks >= profile.chunks.length, 'the prefetched chunks were fetched');
+      assert.ok(cache.cacheBytes >= s.fetchedBytes && cache.cacheChunks >= profile.chunks.length, 'and are in the cache');
+      assert.ok(cache.hits >= profile.chunks.length && cache.hitRate > 0, `the reads were hits: ${JSON.stringify(cache)}`);
+      assert.equal(cache.failures, 0);
+      assert.equal(cache.corrupt, 0);
+      assert.ok(cache.lazyLayers >= 1, 'the toolkit is a lazy layer');
+      // GET /v1/sandboxes/{id}/stats: the bytes fetched for its layers.
+      const st = await call('GET', `/v1/sandboxes/${id}/stats`);
+      assert.equal(st.status, 200, JSON.stringify(st.body));
+      assert.ok(st.body.layerBytesFetched >= s.fetchedBytes, `layerBytesFetched ${st.body.layerBytesFetched} >= the toolkit's ${s.fetchedBytes}`);
+      assert.ok(st.body.layerBytesFetched <= cache.fetchedBytes, 'no more than the node fetched');
     } finally {
-      await lazy2.edge.destroy(second.id);
+      const del = await fetch(`${lazy2.url}/v1/sandboxes/${id}`, { method: 'DELETE', headers: { authorization: `Bearer ${lazy2.adminKey}` } });
+      assert.equal(del.status, 204);
     }
   });
 
@@ -351,7 +447,7 @@ describe('lazily loaded layers', () => {
     // the layer's mount would answer ENOTCONN from now on, and its sandboxes are lost.
     await rm(path.join(lazy.home, 'layers', 'lazy', hex, 'server.json'));
     process.kill(-revived, 'SIGKILL');
-    const until = Date.now() + 15_000;
+    const until = Date.now() + 30_000;
     const lost = () => events.find((e) => e.kind === 'sandbox.lost' && e.sandboxId === sb.id);
     while (lost() === undefined && Date.now() < until) await sleep(100);
     const layerLost = events.find((e) => e.kind === 'layer.server-lost');

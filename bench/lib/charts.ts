@@ -61,9 +61,9 @@ export function chartsOf(report: RunReport): Chart[] {
       svg: barChart({ title: 'Throughput, dsec and its peers', unit: 'per s', groups: rates, higherIsBetter: true }),
     });
   for (const [suffix, file, unit, title] of [
-    ['create to first command end', 'lazy-start.svg', 'ms', "Cold start to the first command's end: eager pull, lazy, lazy + profile"],
+    ['create to first command end', 'lazy-start.svg', 'ms', "Cold start to the first command's end: eager pull, lazy, lazy + profile, podman pull + run"],
     ['blob requests to the registry', 'lazy-requests.svg', 'requests', 'Registry requests of a cold start: eager pull, lazy, lazy + profile'],
-    ['bytes fetched', 'lazy-bytes.svg', 'MiB', 'Bytes fetched before the first command ends: eager pull, lazy, lazy + profile'],
+    ['bytes fetched', 'lazy-bytes.svg', 'MiB', 'Bytes fetched before the first command ends: eager pull, lazy, lazy + profile, podman pull + run'],
   ] as const) {
     const of = report.rows.filter((r) => r.scenario === 'lazy' && r.metric.endsWith(`: ${suffix}`) && r.value !== undefined);
     const images = [...new Set(of.map((r) => r.metric))];
@@ -83,11 +83,11 @@ export function chartsOf(report: RunReport): Chart[] {
   for (const [k, metric] of [...new Set(overTime.map((r) => r.metric))].entries()) {
     const image = metric.slice(0, -': bytes received over the link over time'.length);
     const of = overTime.filter((r) => r.metric === metric);
-    const lazyEnd = Math.max(...of.filter((r) => r.system !== 'dsec eager pull').map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
+    const lazyEnd = Math.max(...of.filter((r) => r.system.startsWith('dsec lazy')).map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
     const longest = Math.max(...of.map((r) => r.series!.points[r.series!.points.length - 1]?.[0] ?? 0));
     for (const [suffix, until] of [
       ['', Infinity],
-      // The first seconds again, when the eager pull runs on past the lazy starts.
+      // The first seconds again, when the eager pull (and podman) run on past the lazy starts.
       ...(longest > lazyEnd * 1.5 ? ([[`, first ${(lazyEnd / 1000).toFixed(1)} s`, lazyEnd]] as const) : []),
     ] as const) {
       const title = `Bytes received from the registry over time, ${image}${suffix}`;

@@ -4,7 +4,9 @@
 // the lazy run recorded (its chunks prefetched in the background, in blob order, from create on).
 // Each start is on a fresh node home (an empty chunk cache) against a docker-registry in a network
 // namespace the bench makes, reached over a veth pair shaped to a cluster link: tbf at 1 Gbit/s
-// on both ends and a relay adding 0.5 ms each way (this kernel has no netem). Only with
+// on both ends and a relay adding 0.5 ms each way (this kernel has no netem). Beside them, the
+// large image's root as an OCI image in the same registry: `podman pull` + `podman run` of it
+// through the same link, podman's storage new per round (bench/lib/podman.ts). Only with
 // `--only lazy`.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
@@ -15,6 +17,7 @@ import { Edge, LayerRegistry, LayerStore, layerTag, MNT, mountsUnder, startOciRe
 import type { OciRegistry } from '@dsec/edge';
 import type { LayerInfo } from '@dsec/protocol';
 import { onCleanup } from '../lib/cleanup.js';
+import { podmanPullRun, podmanVersion, pushAsOciImage } from '../lib/podman.js';
 import { makeShapedLink, shapedLinkNames } from '../lib/shaped-link.js';
 import type { ShapedLinkNames } from '../lib/shaped-link.js';
 import { AGENT_BINARY } from '../lib/platform.js';
@@ -47,6 +50,9 @@ const ONE_WAY_DELAY_US = 500;
 const BCRYPT_COST = 4;
 /** Bytes over the link are sampled this often during a cold start (ms). */
 const SAMPLE_MS = 100;
+/** The OCI image of the large layer's root, for podman. */
+const PODMAN_REPO = 'bench/debian';
+const PODMAN = 'podman pull + run';
 const RELAY = path.join(path.dirname(fileURLToPath(import.meta.url)), '..', 'lib', 'delay-relay.js');
 
 interface Image {
@@ -211,6 +217,85 @@ async function coldStart(
   }
 }
 
+/** One cold `podman pull` + `podman run` of the large image through the shaped link, bytes over time sampled. */
+async function podmanColdStart(
+  ctx: ScenarioContext,
+  shaped: ShapedRegistry,
+  ref: string,
+  cmd: string,
+): Promise<{ ms: number; pullMs: number; warmMs: number; bytes: number; overTime: Array<[number, number]> }> {
+  const link = sampleLink(shaped.hostIf);
+  const rx0 = await rxBytes(shaped.hostIf);
+  const endpoint = { url: shaped.url, username: shaped.registry.username, password: shaped.registry.password };
+  let cold: { overTime: Array<[number, number]>; bytes: number } | undefined;
+  try {
+    const r = await podmanPullRun(ctx.dir, endpoint, ref, ['sh', '-c', cmd], async () => {
+      cold = { overTime: await link.stop(), bytes: (await rxBytes(shaped.hostIf)) - rx0 };
+    });
+    if (!cold) throw new Error('lazy: podman: the cold run was not measured');
+    return { ms: r.ms, pullMs: r.pullMs, warmMs: r.warmMs, ...cold };
+  } finally {
+    if (!cold) await link.stop();
+  }
+}
+
+/** The podman rows of `image` beside dsec's: cold start, its pull, warm start, bytes, and dsec's ratios to it. */
+function recordPodman(
+  ctx: ScenarioContext,
+  image: Image,
+  total: number,
+  rs: Array<Awaited<ReturnType<typeof podmanColdStart>>>,
+  dsec: Map<Mode, Array<{ ms: number }>>,
+): void {
+  const med = (f: (r: (typeof rs)[number]) => number): number => percentile(rs.map(f), 50);
+  const all = (f: (r: (typeof rs)[number]) => number): string => `runs: ${rs.map((r) => f(r).toFixed(0)).join(', ')}`;
+  const n = rs.length;
+  const base = { scenario: 'lazy', system: PODMAN, n };
+  ctx.record({ ...base, metric: `${image.name}: create to first command end`, unit: 'ms', value: med((r) => r.ms), note: all((r) => r.ms) });
+  ctx.record({ ...base, metric: `${image.name}: podman pull alone`, unit: 'ms', value: med((r) => r.pullMs), note: all((r) => r.pullMs) });
+  ctx.record({
+    ...base,
+    metric: `${image.name}: warm start (same node again) to command end`,
+    unit: 'ms',
+    value: med((r) => r.warmMs),
+    note: all((r) => r.warmMs),
+  });
+  ctx.record({
+    ...base,
+    metric: `${image.name}: bytes fetched`,
+    unit: 'MiB',
+    value: med((r) => r.bytes) / MiB,
+    note: `bytes received over the link (gzip layer and HTTP); the image's root is ${(total / MiB).toFixed(1)} MiB as dsec layers`,
+  });
+  const middle = [...rs].sort((a, b) => a.ms - b.ms)[Math.floor((rs.length - 1) / 2)]!;
+  ctx.record({
+    ...base,
+    n: 1,
+    metric: `${image.name}: bytes received over the link over time`,
+    unit: 'MiB',
+    value: middle.overTime[middle.overTime.length - 1]?.[1] ?? 0,
+    note: `the run of median cold start (${middle.ms.toFixed(0)} ms), sampled every ${SAMPLE_MS} ms from the pull's start to the run's end`,
+    series: { x: 'ms since create', y: 'MiB received over the link', points: middle.overTime },
+  });
+  const podmanMs = med((r) => r.ms);
+  for (const [mode, runs] of dsec) {
+    if (mode === 'eager pull') continue;
+    const ms = percentile(
+      runs.map((r) => r.ms),
+      50,
+    );
+    ctx.record({
+      scenario: 'lazy',
+      metric: `${image.name}: create to first command end, share of podman pull + run`,
+      system: `dsec ${mode}`,
+      unit: '%',
+      n: Math.min(n, runs.length),
+      value: (100 * ms) / podmanMs,
+      note: `medians: dsec ${ms.toFixed(0)} ms, podman pull + run ${podmanMs.toFixed(0)} ms (target <= 25%)`,
+    });
+  }
+}
+
 /**
  * Deletes the access profiles of `image`'s layers from `registry` (the registry API's manifest
  * DELETE), so that the next lazy run records one again instead of prefetching.
@@ -262,7 +347,11 @@ export const lazyScenario: Scenario = {
     `${ONE_WAY_DELAY_US} µs each way (this kernel has no netem; timers make that at least 1 ms each way on a loaded machine:`,
     'the measured HTTP round trip is in the table). Its htpasswd hash has bcrypt cost 4: Basic auth checks it on every',
     "request, and a cluster registry's token check is cheap (at the usual cost 12 each request paid ~250 ms of CPU",
-    'here). Three rounds (one with `--quick`), each running the modes in turn; each cell is the median, the runs in its note.',
+    'here). For the large image, **podman pull + run**: its root as a one-layer gzip OCI image (made once into the',
+    "bench's cache) in the same registry, `podman pull` through the same link then `podman run --rm --network none` of",
+    "the same command, with podman's storage (`--root`, `--runroot`, overlay driver) new in each round and removed after",
+    "(the machine's podman storage is never used), then the same run again as its warm start.",
+    'Three rounds (one with `--quick`), each running the modes in turn; each cell is the median, the runs in its note.',
   ].join(' '),
   async prepare({ cacheDir }): Promise<PreloadedLayer[]> {
     debian = await cachedLargeImage(cacheDir);
@@ -316,11 +405,32 @@ export const lazyScenario: Scenario = {
       await reg.push(files, l);
       if (l !== large) await before.push(files, l);
     }
+    // The large image's root as a one-layer gzip OCI image in the same registry, for podman.
+    const podman = await podmanVersion();
+    let podmanImage: { ref: string; bytes: number } | undefined;
+    if (podman === undefined) ctx.note('podman is not installed here: no podman pull + run rows.');
+    else {
+      progress(`lazy: pushing the large image as an OCI image for ${podman}`);
+      try {
+        podmanImage = await pushAsOciImage(
+          { url: shaped.url, username: shaped.registry.username, password: shaped.registry.password },
+          PODMAN_REPO,
+          'large',
+          ctx.cacheDir,
+          edge.layers,
+          large,
+          progress,
+        );
+      } catch (err) {
+        ctx.note(`podman: the OCI image could not be pushed: ${(err as Error).message.slice(0, 500)}`);
+      }
+    }
     // Rounds alternate the modes (eager, lazy, lazy + profile, ...); each cell is the median.
     const rounds = ctx.quick ? 1 : 3;
     for (const image of images) {
       const total = [image.base, ...image.toolkits].reduce((n, l) => n + l.metaBytes + l.blobBytes, 0);
       const results = new Map<Mode, Awaited<ReturnType<typeof coldStart>>[]>();
+      const podmanRuns: Array<Awaited<ReturnType<typeof podmanColdStart>>> = [];
       for (let round = 0; round < rounds; round++) {
         for (const mode of MODES) {
           if (mode === 'lazy, one request per read' && image.base === large) continue;
@@ -330,6 +440,15 @@ export const lazyScenario: Scenario = {
           progress(`lazy: ${image.name}, ${mode}, round ${round + 1}/${rounds}`);
           const r = await coldStart(ctx, target, image, mode);
           results.set(mode, [...(results.get(mode) ?? []), r]);
+        }
+        if (podmanImage && image.base === large) {
+          progress(`lazy: ${image.name}, ${PODMAN}, round ${round + 1}/${rounds}`);
+          try {
+            podmanRuns.push(await podmanColdStart(ctx, shaped, podmanImage.ref, image.cmd));
+          } catch (err) {
+            // dsec's rows stand without podman's: the failure is written in the notes.
+            ctx.note(`podman pull + run failed in round ${round + 1}: ${(err as Error).message.slice(0, 500)}`);
+          }
         }
       }
       for (const [mode, rs] of results) {
@@ -386,6 +505,7 @@ export const lazyScenario: Scenario = {
           note: `${all((r) => r.requests)}${mode === 'lazy + profile' ? `; chunks prefetched: ${rs.map((r) => r.prefetched).join(', ')}` : ''}`,
         });
       }
+      if (podmanRuns.length > 0) recordPodman(ctx, image, total, podmanRuns, results);
     }
     ctx.note('C FUSE server (dsec-lazyfs) only: a JavaScript FUSE server was not built to compare with (left).');
   },

@@ -48,6 +48,8 @@ export type { ZramSwapOptions } from './host/swap.js';
 export { DEFAULT_ID_RANGE, checkIdShift, withShiftedView } from './host/idmap.js';
 export type { IdShift } from './host/idmap.js';
 export { LayerRegistry, LayerStore, layerTag, parseImageRef, RegistryClient } from './layers/index.js';
+export { buildThroughCache } from './layers/machine-cache.js';
+export { BUSYBOX_PATH } from './layers/busybox.js';
 export type { BuildLayerOptions, LayerProfile, LayerSource, LayerStoreOptions, LazyServerStats } from './layers/index.js';
 export { mount, umount, MS, MNT, mountsUnder, SyscallError, idmappedBind } from './sys/linux.js';
 export { FnCallRunner, MAX_CONCURRENT_CALLS } from './backends/fncall/runner.js';
