@@ -6,7 +6,7 @@ import type { ChildProcess } from 'node:child_process';
 import { constants as fsConstants } from 'node:fs';
 import { open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
-import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError } from '@dsec/protocol';
+import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError, crashPoint } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
 import type {
   BackendPauseResult,
@@ -602,6 +602,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     await this.kill(id);
     await this.q.cgroups.killAll(id);
     await this.q.cgroups.remove(id);
+    crashPoint('qemu.destroy.killed');
     const record = await readFile(p.record, 'utf8').then(
       (t) => JSON.parse(t) as BackendSandbox,
       () => undefined,
