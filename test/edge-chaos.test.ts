@@ -314,29 +314,49 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
 
   test("SIGKILL of the edge at each named step of its create and delete pipelines, its backend's and its network's (DSEC_TEST_CRASH_AT): each create and delete finishes or fails cleanly, nothing is stranded", async (t) => {
     const made: Sandbox[] = [];
-    for (const step of NAMED_STEPS) {
-      const began = Date.now();
-      const label = { chaos: step };
-      // The sandbox a delete step deletes, made before the edge is armed.
-      const doomed = isDeleteStep(step) ? await Sandbox.create({ ...NETWORKED, labels: label }, api()) : undefined;
-      // The edge started again, armed: it kills itself when it reaches the step.
-      await killEdge();
-      await startReady({ [CRASH_AT_ENV]: step });
-      const work = Promise.allSettled([doomed ? doomed.kill() : Sandbox.create({ ...NETWORKED, labels: label }, api())]);
+    /** Waits for the armed edge to kill itself at `step`. */
+    const reached = async (step: EdgeCrashStep): Promise<void> => {
       let timer: NodeJS.Timeout | undefined;
       const code = await Promise.race([edge!.exited, new Promise<'alive'>((r) => (timer = setTimeout(() => r('alive'), 60_000)))]);
       // (A timer left pending would keep the test process alive for its 60 s.)
       clearTimeout(timer);
       assert.notEqual(code, 'alive', `the edge reached ${step} within 60 s`);
       assert.equal(edge!.child.signalCode, 'SIGKILL', `the edge killed itself at ${step}`);
+    };
+    const outcome = (s: PromiseSettledResult<unknown>): string => (s.status === 'fulfilled' ? 'answered' : `failed (${(s.reason as DsecError).code})`);
+    // Creates first. The edge started again after a create step's kill is armed at the next
+    // one at once: a restarting edge makes nothing (it adopts what a cut create left, and the
+    // control plane only destroys what failed), so no start reaches a create step; except the
+    // link step (adopting a container cut before its link links it), which goes first.
+    const creates = NAMED_STEPS.filter((s) => !isDeleteStep(s)).sort((a, b) => Number(b === 'network.link.attached') - Number(a === 'network.link.attached'));
+    await killEdge();
+    await startReady({ [CRASH_AT_ENV]: creates[0]! });
+    for (const [i, step] of creates.entries()) {
+      const began = Date.now();
+      const label = { chaos: step };
+      const work = Promise.allSettled([Sandbox.create({ ...NETWORKED, labels: label }, api())]);
+      await reached(step);
+      const next = creates[i + 1];
+      await startReady(next ? { [CRASH_AT_ENV]: next } : {});
+      const settled = await work;
+      await checkCreates(label, settled, made);
+      t.diagnostic(`${step}: the create ${outcome(settled[0])} (${Date.now() - began} ms)`);
+    }
+    // Deletes, each armed on its own: the edge started again finishes the delete a kill cut
+    // short (the control plane asks it again), which would reach the next step.
+    for (const step of NAMED_STEPS.filter(isDeleteStep)) {
+      const began = Date.now();
+      const label = { chaos: step };
+      // The sandbox the step deletes, made before the edge is armed.
+      const doomed = await Sandbox.create({ ...NETWORKED, labels: label }, api());
+      await killEdge();
+      await startReady({ [CRASH_AT_ENV]: step });
+      const work = Promise.allSettled([doomed.kill()]);
+      await reached(step);
       await startReady();
       const settled = await work;
-      if (doomed) await checkDelete(doomed, settled[0], made);
-      else await checkCreates(label, settled, made);
-      const [s] = settled;
-      t.diagnostic(
-        `${step}: the ${doomed ? 'delete' : 'create'} ${s.status === 'fulfilled' ? 'answered' : `failed (${(s.reason as DsecError).code})`} (${Date.now() - began} ms)`,
-      );
+      await checkDelete(doomed, settled[0], made);
+      t.diagnostic(`${step}: the delete ${outcome(settled[0])} (${Date.now() - began} ms)`);
     }
     for (const m of made) await m.kill().catch(() => undefined);
     await nothingLeft(made.map((m) => m.id));
