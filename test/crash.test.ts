@@ -6,8 +6,9 @@
 // Restarted on the same home, it must show: usage equal to the live sandboxes of every project,
 // every listed sandbox deletable, no container, cgroup, mount, sandbox folder or veth of a
 // sandbox without a row, and, once all are deleted, nothing left at all.
-// `npm test` runs 5 kill points (one per pipeline); DSEC_LONG=1 runs every step and random
-// points (>= 30 runs). Needs root.
+// `npm test` runs 5 kill points (one per pipeline); DSEC_LONG=1 runs every named step (the
+// control plane's, and the edge's, its container backend's and its network's, which the
+// in-process node reaches under the same workload) and random points (>= 30 runs). Needs root.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -19,7 +20,9 @@ import { after, describe, test } from 'node:test';
 import type { TestContext } from 'node:test';
 import Database from 'better-sqlite3';
 import { CRASH_AT_ENV, CRASH_STEPS } from '@dsec/apiserver';
-import { EMPTY_CGROUP_GRACE_MS, seededRandom } from '@dsec/edge';
+import { EMPTY_CGROUP_GRACE_MS, ifPrefixOf, seededRandom, tableOf } from '@dsec/edge';
+import { BACKEND_CRASH_STEPS, EDGE_CRASH_STEPS } from '@dsec/protocol';
+import type { EdgeCrashStep } from '@dsec/protocol';
 import { DEFAULT_GC_INTERVAL_MS } from '@dsec/watcher';
 import type { CrashStep } from '@dsec/apiserver';
 import { freshHome, killChildren, nodeMounts, removeHome, runDirOf, stop, up } from './helpers/child-platform.js';
@@ -29,8 +32,10 @@ const run = promisify(execFile);
 const LONG = process.env.DSEC_LONG === '1';
 /** One kill point per pipeline for `npm test`: each where the node has acted and the store not yet. */
 const QUICK_STEPS: readonly CrashStep[] = ['create.node', 'delete.node', 'pause.node', 'claim.row', 'snapshot.node'];
+/** Every named step the workload reaches: the control plane's, then the in-process edge's and its backend's and network's. */
+const ALL_STEPS: ReadonlyArray<CrashStep | EdgeCrashStep> = [...CRASH_STEPS, ...EDGE_CRASH_STEPS, ...BACKEND_CRASH_STEPS];
 /** Runs of the long variant killed at a random moment, beside one per step. */
-const RANDOM_RUNS = Math.max(30 - CRASH_STEPS.length, 16);
+const RANDOM_RUNS = Math.max(30 - ALL_STEPS.length, 16);
 /** A kill point the workload never reaches within this is a failure (the machine is loaded: generous). */
 const REACH_STEP_MS = 150_000;
 /** A request that hangs this long is a hang, not a slow machine. */
@@ -46,12 +51,12 @@ const HOST_SETTLE_MS = EMPTY_CGROUP_GRACE_MS + DEFAULT_GC_INTERVAL_MS + 30_000;
 const POOL = 'warm';
 const BUSYBOX = { image: { base: 'busybox' } };
 
-type CrashRun = { step: CrashStep } | { afterMs: number };
+type CrashRun = { step: CrashStep | EdgeCrashStep } | { afterMs: number };
 
 const seed = Number(process.env.DSEC_CRASH_SEED ?? Date.now() % 1_000_000);
 const random = seededRandom(seed);
 const runs: CrashRun[] = LONG
-  ? [...CRASH_STEPS.map((step) => ({ step })), ...Array.from({ length: RANDOM_RUNS }, () => ({ afterMs: 200 + Math.floor(random() * 6000) }))]
+  ? [...ALL_STEPS.map((step) => ({ step })), ...Array.from({ length: RANDOM_RUNS }, () => ({ afterMs: 200 + Math.floor(random() * 6000) }))]
   : CRASH_STEPS.filter((s) => QUICK_STEPS.includes(s)).map((step) => ({ step }));
 
 /** A reply of the API: status and parsed body (undefined when empty or not JSON). */
@@ -218,7 +223,14 @@ function storedIds(home: string): string[] {
 async function hostObjectsOf(home: string, id: string, mountinfo: string): Promise<string[]> {
   const found: string[] = [];
   const runDir = runDirOf(path.join(home, 'node'));
-  for (const p of [path.join(runDir, 'crun', id), path.join(runDir, 'rw', id), path.join(runDir, 'roots', id), path.join(home, 'node', 'sandboxes', id)]) {
+  for (const p of [
+    path.join(runDir, 'crun', id),
+    path.join(runDir, 'rw', id),
+    path.join(runDir, 'roots', id),
+    path.join(home, 'node', 'sandboxes', id),
+    // its saved network policy (its slot, so its link)
+    path.join(home, 'node', 'net', `${id}.json`),
+  ]) {
     if (existsSync(p)) found.push(p);
   }
   const cgroupDirs = existsSync('/sys/fs/cgroup/cgroup.controllers')
@@ -234,12 +246,22 @@ async function hostObjectsOf(home: string, id: string, mountinfo: string): Promi
 
 /** Host links of the node of `home` that belong to sandboxes (`<prefix><slot in hex>`; the node's own end in `-gw`, `-gp`). */
 async function nodeLinks(home: string): Promise<string[]> {
-  const prefix = `d${path.basename(runDirOf(path.join(home, 'node'))).slice(0, 6)}-`;
+  const prefix = ifPrefixOf(path.basename(runDirOf(path.join(home, 'node'))));
   const { stdout } = await run('ip', ['-o', 'link', 'show']);
   return stdout
     .split('\n')
     .map((l) => /^\d+:\s+([^:@\s]+)/.exec(l)?.[1] ?? '')
     .filter((name) => name.startsWith(prefix) && /^[0-9a-f]+$/.test(name.slice(prefix.length)));
+}
+
+/** Rules of the node's nftables table that name one sandbox's link (the table matches them by prefix only: none should). */
+async function sandboxRules(home: string): Promise<string[]> {
+  const tag = path.basename(runDirOf(path.join(home, 'node')));
+  const table = await run('nft', ['list', 'table', 'inet', tableOf(tag)]).then(
+    (r) => r.stdout,
+    () => '',
+  );
+  return table.split('\n').filter((l) => l.includes(ifPrefixOf(tag)) && !l.includes(`${ifPrefixOf(tag)}*`));
 }
 
 /** Polls `check` (which returns what is wrong, or nothing) until it passes or `ms` pass; then fails with the last answer. */
@@ -295,7 +317,7 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
   });
 
   /** Starts the platform, unarmed or armed at a kill point. */
-  async function start(step?: CrashStep): Promise<{ node: RunningNode; admin: Api; tenantApi: Api }> {
+  async function start(step?: CrashStep | EdgeCrashStep): Promise<{ node: RunningNode; admin: Api; tenantApi: Api }> {
     const node = await up(home, step ? { env: { [CRASH_AT_ENV]: step } } : {});
     const admin = new Api(node.url, node.apiKey);
     tenant ??= await makeTenant(admin);
@@ -368,7 +390,8 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
         async () => {
           const stranded = await strandedObjects(home, universe, new Set());
           const links = await nodeLinks(home);
-          return stranded ?? (links.length ? `links left: ${links.join(', ')}` : undefined);
+          const rules = await sandboxRules(home);
+          return stranded ?? (links.length ? `links left: ${links.join(', ')}` : rules.length ? `rules left: ${rules.join('; ')}` : undefined);
         },
         HOST_SETTLE_MS,
       );
@@ -391,7 +414,7 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
     assert.equal(await stop(node, 'SIGINT'), 0, node.stderr());
     assert.deepEqual(await nodeMounts(home), []);
     assert.deepEqual(await nodeLinks(home), []);
-    const table = `dsec_${path.basename(runDirOf(path.join(home, 'node')))}`;
+    const table = tableOf(path.basename(runDirOf(path.join(home, 'node'))));
     await assert.rejects(run('nft', ['list', 'table', 'inet', table]), `table ${table} is gone`);
   });
 });

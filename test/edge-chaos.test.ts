@@ -9,17 +9,22 @@
 // nothing lost or repeated, every create, exec, pause, resume and delete either finished (and its
 // result holds) or failed cleanly (no sandbox left half-created, half-paused or half-deleted),
 // and once everything is deleted nothing of the sandboxes is left on the host: no cgroup,
-// container, mount, writable layer, folder or id range. A second test walks the edge's named
-// kill points (EDGE_CRASH_STEPS, armed with DSEC_TEST_CRASH_AT): the edge kills itself at each
-// step of its create and delete pipelines, with the same checks.
+// container, mount, writable layer, folder, id range, link, saved network policy or nftables
+// rule. A second test walks the named kill points of the edge process (EDGE_CRASH_STEPS and the
+// container backend's and the node network's BACKEND_CRASH_STEPS, armed with DSEC_TEST_CRASH_AT;
+// networked sandboxes, so that every network step is reached): the edge kills itself at each
+// step of the create and delete pipelines, with the same checks.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
+import { execFile } from 'node:child_process';
 import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
-import { DEFAULT_ID_RANGE_DIR, Edge, MNT, mountsUnder, runDirFor, seededRandom, umount } from '@dsec/edge';
-import { CRASH_AT_ENV, DsecError, EDGE_CRASH_STEPS } from '@dsec/protocol';
+import { DEFAULT_ID_RANGE_DIR, Edge, MNT, ifPrefixOf, mountsUnder, runDirFor, seededRandom, tableOf, umount } from '@dsec/edge';
+import { BACKEND_CRASH_STEPS, CRASH_AT_ENV, DsecError, EDGE_CRASH_STEPS } from '@dsec/protocol';
+import type { EdgeCrashStep, SandboxSpec } from '@dsec/protocol';
 import { DsecClient, Sandbox } from '@dsec/sdk';
 import { freePort, hasCgroup, run, stopProc, until, waitFor } from './helpers/cli-process.js';
 import type { Proc } from './helpers/cli-process.js';
@@ -45,6 +50,14 @@ const SEED = process.env.DSEC_CHAOS_SEED ? Number(process.env.DSEC_CHAOS_SEED) >
 
 /** States a sandbox rests in (no operation under way). */
 const SETTLED = ['running', 'paused', 'failed', 'lost', 'stopped'];
+const BUSYBOX: SandboxSpec = { image: { base: 'busybox' } };
+/** A networked sandbox (a link in its namespace, a saved policy): what the named steps create and delete. */
+const NETWORKED: SandboxSpec = { ...BUSYBOX, network: { mode: 'allowlist', allow: [{ host: 'example.invalid' }] } };
+/** The named kill points of the edge process, in pipeline order: the edge's own, then its backend's and network's. */
+const NAMED_STEPS: readonly EdgeCrashStep[] = [...EDGE_CRASH_STEPS, ...BACKEND_CRASH_STEPS];
+/** A named step of a delete (a create's otherwise). */
+const isDeleteStep = (step: EdgeCrashStep): boolean => /\.(delete|destroy)\./.test(step);
+const execFileP = promisify(execFile);
 
 /** Host pids in a sandbox's cgroup (v1 memory controller, or v2). */
 async function cgroupPids(id: string): Promise<number[]> {
@@ -78,6 +91,61 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
     await waitFor(edge, /joined/, 'dsec edge');
   };
   const nodeState = async (): Promise<string | undefined> => (await client.nodes.list()).find((n) => n.name === NODE)?.state;
+  /** Kills the edge (only the edge) with SIGKILL and waits for its end. */
+  const killEdge = async (): Promise<void> => {
+    edge!.child.kill('SIGKILL');
+    await edge!.exited;
+  };
+  /** Starts the edge again on its home (armed with `env`, if given) and waits until the control plane sees it ready. */
+  const startReady = async (env: Record<string, string> = {}): Promise<void> => {
+    await startEdge(undefined, env);
+    await until('the edge ready again', async () => (await nodeState()) === 'ready');
+  };
+  const api = (): { client: DsecClient } => ({ client });
+  const clean = (reason: unknown, what: string): void => assert.ok(reason instanceof DsecError, `a failed ${what} is a clean error: ${String(reason)}`);
+  /** Waits until a sandbox is settled (no transitional state) and gives its state, or undefined once it is gone. */
+  const settledState = async (id: string): Promise<string | undefined> => {
+    const v = await until(`${id} settled`, async () => {
+      try {
+        const state = (await (await Sandbox.connect(id, api())).info()).state;
+        return SETTLED.includes(state) && { state };
+      } catch (err) {
+        return err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND' && { state: undefined };
+      }
+    });
+    return v.state;
+  };
+  /**
+   * Creates a kill cut: each finished (a working sandbox) or failed with a clean error, and no
+   * listed sandbox of `label` is left half-created: each gets to running (and works) or failed.
+   * Every sandbox seen goes into `made`.
+   */
+  const checkCreates = async (label: Record<string, string>, settled: PromiseSettledResult<unknown>[], made: Sandbox[]): Promise<void> => {
+    for (const s of settled) {
+      if (s.status === 'fulfilled') made.push(s.value as Sandbox);
+      else clean(s.reason, 'create');
+    }
+    const listed = await until('no listed sandbox left creating', async () => {
+      const all = await Sandbox.list({ labels: label }, api()).toArray();
+      return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
+    });
+    for (const s of listed) {
+      assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
+      if (s.state === 'running') assert.equal((await (await Sandbox.connect(s.id, api())).exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
+      if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, api()));
+    }
+  };
+  /**
+   * A delete a kill cut: one that answered is done; one cut off is done or can be done again
+   * (never stuck half-deleted). The sandbox goes into `made`.
+   */
+  const checkDelete = async (doomed: Sandbox, settled: PromiseSettledResult<unknown>, made: Sandbox[]): Promise<void> => {
+    if (settled.status === 'rejected') clean(settled.reason, 'delete');
+    const state = await settledState(doomed.id);
+    if (settled.status === 'fulfilled') assert.equal(state, undefined, `${doomed.id} was deleted`);
+    else if (state !== undefined) await doomed.kill();
+    made.push(doomed);
+  };
 
   before(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-chaos-'));
@@ -132,7 +200,7 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
     console.log(`edge chaos: seed ${SEED} (DSEC_CHAOS_SEED=${SEED} repeats these kill points), ${ROUNDS} rounds`);
     t.diagnostic(`seed ${SEED}`);
     const conn = { client };
-    const sb = await Sandbox.create({ image: { base: 'busybox' } }, conn);
+    const sb = await Sandbox.create(BUSYBOX, conn);
     assert.equal((await sb.info()).node, NODE);
     await sb.files.write('/tmp/state', 'before the crash');
     const h = await sb.spawn('i=0; while [ $i -lt 1000000 ]; do echo line-$i; i=$((i+1)); sleep 0.02; done');
@@ -149,38 +217,23 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
     }
     assert.ok(pids.length >= 2, `the sandbox's processes: ${pids.join(' ')}`);
     // A second sandbox that execs, pauses and resumes go to.
-    const worker = await Sandbox.create({ image: { base: 'busybox' }, labels: { chaos: 'worker' } }, conn);
+    const worker = await Sandbox.create({ ...BUSYBOX, labels: { chaos: 'worker' } }, conn);
 
     const made: Sandbox[] = [worker];
-    const clean = (reason: unknown, what: string): void => assert.ok(reason instanceof DsecError, `a failed ${what} is a clean error: ${String(reason)}`);
-    /** Waits until a sandbox is settled (no transitional state) and gives its state, or undefined once it is gone. */
-    const settledState = async (id: string): Promise<string | undefined> => {
-      const v = await until(`${id} settled`, async () => {
-        try {
-          const state = (await (await Sandbox.connect(id, conn)).info()).state;
-          return SETTLED.includes(state) && { state };
-        } catch (err) {
-          return err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND' && { state: undefined };
-        }
-      });
-      return v.state;
-    };
 
     for (let round = 0; round < ROUNDS; round++) {
       const kind: RoundKind = KINDS[round % KINDS.length]!;
       const delayMs = Math.floor(random() * MAX_KILL_AFTER_MS[kind]);
       const label = { chaos: `round-${round}` };
       // Set-up that must not be cut: the sandboxes a delete round deletes.
-      const doomed =
-        kind === 'delete' ? await Promise.all(Array.from({ length: 2 }, () => Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn))) : [];
+      const doomed = kind === 'delete' ? await Promise.all(Array.from({ length: 2 }, () => Sandbox.create({ ...BUSYBOX, labels: label }, conn))) : [];
       // Pause rounds alternate: a pause in flight, then (the worker paused first) a resume in flight.
       const pausedBefore = kind === 'pause' && Math.floor(round / KINDS.length) % 2 === 1;
       if (pausedBefore) await worker.pause();
       // The work in flight, started now; the edge (only the edge) killed after `delayMs`.
       let work: Promise<PromiseSettledResult<unknown>[]>;
       let reader: { abort: AbortController; done: Promise<void> } | undefined;
-      if (kind === 'create')
-        work = Promise.allSettled(Array.from({ length: IN_FLIGHT }, () => Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)));
+      if (kind === 'create') work = Promise.allSettled(Array.from({ length: IN_FLIGHT }, () => Sandbox.create({ ...BUSYBOX, labels: label }, conn)));
       else if (kind === 'exec')
         work = Promise.allSettled(Array.from({ length: IN_FLIGHT }, (_, i) => worker.exec(`echo exec-${round}-${i}; sleep 0.1; echo done`)));
       else if (kind === 'pause') work = Promise.allSettled([pausedBefore ? worker.resume() : worker.pause()]);
@@ -195,33 +248,17 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
         work = Promise.resolve([]);
       }
       await new Promise((r) => setTimeout(r, delayMs));
-      edge!.child.kill('SIGKILL');
-      await edge!.exited;
+      await killEdge();
       assert.ok(
         pids.every((pid) => alive(pid)),
         'every lasting process of the sandbox outlives its edge',
       );
-      await startEdge();
-      await until('the edge ready again', async () => (await nodeState()) === 'ready');
+      await startReady();
       const settled = await work;
       const failed = settled.flatMap((s) => (s.status === 'rejected' ? [(s.reason as DsecError).code ?? String(s.reason)] : []));
 
       if (kind === 'create') {
-        // Each create finished (a working sandbox) or failed with a clean error; no half-created
-        // sandbox is listed: every listed one gets to running (and works) or failed.
-        for (const s of settled) {
-          if (s.status === 'fulfilled') made.push(s.value as Sandbox);
-          else clean(s.reason, 'create');
-        }
-        const listed = await until('no listed sandbox left creating', async () => {
-          const all = await Sandbox.list({ labels: label }, conn).toArray();
-          return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
-        });
-        for (const s of listed) {
-          assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
-          if (s.state === 'running') assert.equal((await (await Sandbox.connect(s.id, conn)).exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
-          if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, conn));
-        }
+        await checkCreates(label, settled, made);
       } else if (kind === 'exec') {
         // An exec that answered has its whole output; one that did not is a clean error.
         settled.forEach((s, i) => {
@@ -237,16 +274,7 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
         if (settled[0]!.status === 'fulfilled') assert.equal(state, pausedBefore ? 'running' : 'paused', 'an answered pause/resume holds');
         if (state === 'paused') await worker.resume();
       } else if (kind === 'delete') {
-        // A delete that answered is done; one cut off is done or can be done again; none leaves
-        // a sandbox stuck half-deleted.
-        for (const [i, d] of doomed.entries()) {
-          const s = settled[i]!;
-          if (s.status === 'rejected') clean(s.reason, 'delete');
-          const state = await settledState(d.id);
-          if (s.status === 'fulfilled') assert.equal(state, undefined, `${d.id} was deleted`);
-          else if (state !== undefined) await d.kill();
-          made.push(d);
-        }
+        for (const [i, d] of doomed.entries()) await checkDelete(d, settled[i]!, made);
       } else {
         // The stream was cut (or read on through it): it is read again from the byte offset
         // reached, below, with nothing lost or repeated.
@@ -284,83 +312,91 @@ describe('chaos: an edge killed alone', { timeout: process.env.DSEC_LONG === '1'
     await nothingLeft(ids);
   });
 
-  test('SIGKILL of the edge at each named step of its create and delete pipelines (DSEC_TEST_CRASH_AT): each create and delete finishes or fails cleanly, nothing is stranded', async (t) => {
-    const conn = { client };
+  test("SIGKILL of the edge at each named step of its create and delete pipelines, its backend's and its network's (DSEC_TEST_CRASH_AT): each create and delete finishes or fails cleanly, nothing is stranded", async (t) => {
     const made: Sandbox[] = [];
-    for (const step of EDGE_CRASH_STEPS) {
-      const label = { chaos: step };
-      const deleting = step.startsWith('edge.delete.');
-      // The sandbox a delete step deletes, made before the edge is armed.
-      const doomed = deleting ? await Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn) : undefined;
-      // The edge started again, armed: it kills itself when it reaches the step.
-      edge!.child.kill('SIGKILL');
-      await edge!.exited;
-      await startEdge(undefined, { [CRASH_AT_ENV]: step });
-      await until('the armed edge ready', async () => (await nodeState()) === 'ready');
-      const work = Promise.allSettled([doomed ? doomed.kill() : Sandbox.create({ image: { base: 'busybox' }, labels: label }, conn)]);
+    /** Waits for the armed edge to kill itself at `step`. */
+    const reached = async (step: EdgeCrashStep): Promise<void> => {
       let timer: NodeJS.Timeout | undefined;
       const code = await Promise.race([edge!.exited, new Promise<'alive'>((r) => (timer = setTimeout(() => r('alive'), 60_000)))]);
       // (A timer left pending would keep the test process alive for its 60 s.)
       clearTimeout(timer);
       assert.notEqual(code, 'alive', `the edge reached ${step} within 60 s`);
       assert.equal(edge!.child.signalCode, 'SIGKILL', `the edge killed itself at ${step}`);
-      await startEdge();
-      await until('the edge ready again', async () => (await nodeState()) === 'ready');
-      const [settled] = await work;
-      if (settled.status === 'rejected') assert.ok(settled.reason instanceof DsecError, `a cut ${step} is a clean error: ${String(settled.reason)}`);
-      if (doomed) {
-        // Done, or settled and deletable again: never stuck half-deleted.
-        const state = await until(`${doomed.id} settled`, async () => {
-          try {
-            const s = (await doomed.info()).state;
-            return SETTLED.includes(s) && { s };
-          } catch (err) {
-            return err instanceof DsecError && err.code === 'SANDBOX_NOT_FOUND' && { s: undefined };
-          }
-        });
-        if (settled.status === 'fulfilled') assert.equal(state.s, undefined, `${doomed.id} was deleted`);
-        else if (state.s !== undefined) await doomed.kill();
-        made.push(doomed);
-      } else {
-        // Made (and working), or failed: no listed sandbox left creating.
-        if (settled.status === 'fulfilled') made.push(settled.value as Sandbox);
-        const listed = await until('no listed sandbox left creating', async () => {
-          const all = await Sandbox.list({ labels: label }, conn).toArray();
-          return all.every((s) => s.state !== 'creating' && s.state !== 'pending') && all;
-        });
-        for (const s of listed) {
-          assert.ok(s.state === 'running' || s.state === 'failed', `${s.id} is ${s.state}`);
-          if (s.state === 'running') assert.equal((await (await Sandbox.connect(s.id, conn)).exec('echo ok')).stdout, 'ok\n', `${s.id} works`);
-          if (!made.some((m) => m.id === s.id)) made.push(await Sandbox.connect(s.id, conn));
-        }
-      }
-      t.diagnostic(
-        `${step}: the ${deleting ? 'delete' : 'create'} ${settled.status === 'fulfilled' ? 'answered' : `failed (${(settled.reason as DsecError).code})`}`,
-      );
+    };
+    const outcome = (s: PromiseSettledResult<unknown>): string => (s.status === 'fulfilled' ? 'answered' : `failed (${(s.reason as DsecError).code})`);
+    // Creates first. The edge started again after a create step's kill is armed at the next
+    // one at once: a restarting edge makes nothing (it adopts what a cut create left, and the
+    // control plane only destroys what failed), so no start reaches a create step; except the
+    // link step (adopting a container cut before its link links it), which goes first.
+    const creates = NAMED_STEPS.filter((s) => !isDeleteStep(s)).sort((a, b) => Number(b === 'network.link.attached') - Number(a === 'network.link.attached'));
+    await killEdge();
+    await startReady({ [CRASH_AT_ENV]: creates[0]! });
+    for (const [i, step] of creates.entries()) {
+      const began = Date.now();
+      const label = { chaos: step };
+      const work = Promise.allSettled([Sandbox.create({ ...NETWORKED, labels: label }, api())]);
+      await reached(step);
+      const next = creates[i + 1];
+      await startReady(next ? { [CRASH_AT_ENV]: next } : {});
+      const settled = await work;
+      await checkCreates(label, settled, made);
+      t.diagnostic(`${step}: the create ${outcome(settled[0])} (${Date.now() - began} ms)`);
+    }
+    // Deletes, each armed on its own: the edge started again finishes the delete a kill cut
+    // short (the control plane asks it again), which would reach the next step.
+    for (const step of NAMED_STEPS.filter(isDeleteStep)) {
+      const began = Date.now();
+      const label = { chaos: step };
+      // The sandbox the step deletes, made before the edge is armed.
+      const doomed = await Sandbox.create({ ...NETWORKED, labels: label }, api());
+      await killEdge();
+      await startReady({ [CRASH_AT_ENV]: step });
+      const work = Promise.allSettled([doomed.kill()]);
+      await reached(step);
+      await startReady();
+      const settled = await work;
+      await checkDelete(doomed, settled[0], made);
+      t.diagnostic(`${step}: the delete ${outcome(settled[0])} (${Date.now() - began} ms)`);
     }
     for (const m of made) await m.kill().catch(() => undefined);
     await nothingLeft(made.map((m) => m.id));
   });
 
-  /** Nothing of the sandboxes `ids` left on the host: no cgroup, container, writable layer, folder, mount or id range. */
+  /**
+   * Nothing of the sandboxes `ids` left on the host: no cgroup, container, writable layer, folder,
+   * mount, link (the node's links of sandboxes are `<prefix><slot in hex>`), saved network policy
+   * or nftables rule naming one of those links (the node's table matches them by prefix only).
+   */
   const nothingLeft = async (ids: string[]): Promise<void> => {
     const runDir = runDirFor(edgeHome);
-    await until('nothing of the sandboxes left on the host', async () => {
-      const cgroups = ids.filter((id) => hasCgroup(CGROUP_PARENT, id));
-      const containers = (await readdir(path.join(runDir, 'crun')).catch(() => [] as string[])).filter((c) => !c.startsWith('fn-'));
-      const writable = await readdir(path.join(runDir, 'rw')).catch(() => [] as string[]);
-      const folders = await readdir(path.join(edgeHome, 'sandboxes')).catch(() => [] as string[]);
-      const mounts = (await mountsUnder(path.join(runDir, 'rw'))).concat(await mountsUnder(path.join(edgeHome, 'sandboxes')));
-      const left = [...cgroups, ...containers, ...writable, ...folders, ...mounts];
-      return left.length === 0;
-    }).catch(async (err: unknown) => {
-      const detail = {
+    const tag = path.basename(runDir);
+    const prefix = ifPrefixOf(tag);
+    const leftovers = async (): Promise<Record<string, string[]>> => {
+      const links = (await execFileP('ip', ['-o', 'link', 'show'])).stdout
+        .split('\n')
+        .map((l) => /^\d+:\s+([^:@\s]+)/.exec(l)?.[1] ?? '')
+        .filter((name) => name.startsWith(prefix) && /^[0-9a-f]+$/.test(name.slice(prefix.length)));
+      const table = await execFileP('nft', ['list', 'table', 'inet', tableOf(tag)]).then(
+        (r) => r.stdout,
+        () => '',
+      );
+      return {
         cgroups: ids.filter((id) => hasCgroup(CGROUP_PARENT, id)),
-        containers: await readdir(path.join(runDir, 'crun')).catch(() => []),
-        writable: await readdir(path.join(runDir, 'rw')).catch(() => []),
-        folders: await readdir(path.join(edgeHome, 'sandboxes')).catch(() => []),
+        containers: (await readdir(path.join(runDir, 'crun')).catch(() => [] as string[])).filter((c) => !c.startsWith('fn-')),
+        writable: await readdir(path.join(runDir, 'rw')).catch(() => [] as string[]),
+        folders: await readdir(path.join(edgeHome, 'sandboxes')).catch(() => [] as string[]),
+        mounts: (await mountsUnder(path.join(runDir, 'rw'))).concat(await mountsUnder(path.join(edgeHome, 'sandboxes'))),
+        links,
+        policies: (await readdir(path.join(edgeHome, 'net')).catch(() => [] as string[])).filter((f) => ids.some((id) => f.startsWith(id))),
+        rules: table.split('\n').filter((l) => new RegExp(`${prefix}[0-9a-f]`).test(l)),
       };
-      throw new Error(`${(err as Error).message}: ${JSON.stringify(detail)}`);
+    };
+    let last: Record<string, string[]> = {};
+    await until('nothing of the sandboxes left on the host', async () => {
+      last = await leftovers();
+      return Object.values(last).every((v) => v.length === 0);
+    }).catch((err: unknown) => {
+      throw new Error(`${(err as Error).message}: ${JSON.stringify(last)}`);
     });
     // No id range of the node's is still claimed (its claims name its home).
     const claims = await readdir(DEFAULT_ID_RANGE_DIR).catch(() => [] as string[]);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { test } from 'node:test';
+import { BACKEND_CRASH_STEPS, EDGE_CRASH_STEPS, MICROVM_CRASH_STEPS } from '@dsec/protocol';
 import { CRASH_AT_ENV, CRASH_STEPS, crashPoint } from './crash-points.js';
 
 const MODULE = new URL('./crash-points.js', import.meta.url).href;
@@ -29,4 +30,15 @@ test('a step that is not a kill point is refused when the module loads', () => {
   const r = child("console.log('loaded');", { [CRASH_AT_ENV]: 'create.nowhere' });
   assert.notEqual(r.status, 0);
   assert.match(String(r.stderr), /create\.nowhere is not one of/);
+});
+
+test("the edge's, its backends' and its network's steps are kill points of this process too (an in-process node reaches them)", () => {
+  for (const step of [...EDGE_CRASH_STEPS, ...BACKEND_CRASH_STEPS, ...MICROVM_CRASH_STEPS]) crashPoint(step);
+  const r = child("crashPoint('container.destroy.ended'); console.log('before'); crashPoint('container.destroy.unmounted'); console.log('after');", {
+    [CRASH_AT_ENV]: 'container.destroy.unmounted',
+  });
+  assert.equal(r.signal, 'SIGKILL');
+  assert.equal(r.stdout, 'before\n');
+  const names = [...CRASH_STEPS, ...EDGE_CRASH_STEPS, ...BACKEND_CRASH_STEPS, ...MICROVM_CRASH_STEPS];
+  assert.equal(new Set(names).size, names.length, 'every kill point has a name of its own');
 });

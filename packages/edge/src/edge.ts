@@ -171,6 +171,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
           });
       }
     }
+    // Saved network policies of sandboxes that did not survive (an edge killed mid-teardown).
+    await edge.network.forgetSavedExcept((id) => edge.sandboxes.has(id));
     // What a crashed edge left behind and recovery did not adopt: containers without a
     // folder, cgroups without a container, stale layer mounts. No call pool runs yet, so
     // function-call sandboxes left behind go too.

@@ -66,7 +66,7 @@ export { PLATFORM_MOUNT_POINTS } from './diff.js';
 export type { IdRange } from './host/id-ranges.js';
 export { defaultSeccompProfile, DENIED_SYSCALLS, DENIED_IOCTLS, PTRACE_SYSCALLS } from './backends/container/seccomp.js';
 export type { SeccompProfile } from './backends/container/seccomp.js';
-export { NodeNetwork, purgeHome, KERNEL_LOG_RATE_PER_SECOND } from './net/network.js';
+export { NodeNetwork, purgeHome, KERNEL_LOG_RATE_PER_SECOND, ifPrefixOf, tableOf } from './net/network.js';
 export type { NetworkOptions, NodeNetworkDeps, SandboxNetworkInfo } from './net/network.js';
 export { DEFAULT_NETWORK_POOL, DEFAULT_SLICE_PREFIX } from './net/pool.js';
 export { EXPLICIT_PROXY_PORT } from './net/kernel.js';

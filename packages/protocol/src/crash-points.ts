@@ -51,17 +51,43 @@ export const EDGE_CRASH_STEPS = [
   'edge.delete.network',
 ] as const;
 
+/**
+ * Kill points inside the backends' and the node network's own steps, in pipeline order: each
+ * sits between two host changes of one create or teardown that a crash of the edge process
+ * alone could separate. The edge chaos test walks the container's and the network's with the
+ * edge's (EDGE_CRASH_STEPS); the microVM's are walked under `npm run test:long`.
+ */
+export const BACKEND_CRASH_STEPS = [
+  // container create: folder, layer references, id range, writable layer folder, bundle and
+  // record written, crun not run; then crun ran (the container runs, its agent not yet asked)
+  'container.create.bundle',
+  'container.create.started',
+  // network setup: the sandbox's link made in its namespace, its policy not yet saved
+  'network.link.attached',
+  // container teardown: processes killed and cgroups gone, writable layer still mounted; then
+  // the writable layer unmounted, layer references, folder and id range still held
+  'container.destroy.ended',
+  'container.destroy.unmounted',
+] as const;
+
+/**
+ * The microVM's kill points: QEMU started and its guest not yet ready (the microVM create);
+ * QEMU killed and its cgroup gone, its folder, disk, namespace and id range still there (the
+ * QEMU base's teardown, which `vm` shares).
+ */
+export const MICROVM_CRASH_STEPS = ['microvm.create.launched', 'qemu.destroy.killed'] as const;
+
 /** One control-plane kill point's name. */
 export type CrashStep = (typeof CRASH_STEPS)[number];
-/** One edge kill point's name. */
-export type EdgeCrashStep = (typeof EDGE_CRASH_STEPS)[number];
+/** One edge kill point's name (the edge's own, a backend's or the node network's: all run in the edge process). */
+export type EdgeCrashStep = (typeof EDGE_CRASH_STEPS)[number] | (typeof BACKEND_CRASH_STEPS)[number] | (typeof MICROVM_CRASH_STEPS)[number];
 
 /** The environment variable that arms a kill point (tests only). */
 export const CRASH_AT_ENV = 'DSEC_TEST_CRASH_AT';
 
 function armed(step: string | undefined): (at: string) => void {
   if (!step) return () => undefined;
-  const known: readonly string[] = [...CRASH_STEPS, ...EDGE_CRASH_STEPS];
+  const known: readonly string[] = [...CRASH_STEPS, ...EDGE_CRASH_STEPS, ...BACKEND_CRASH_STEPS, ...MICROVM_CRASH_STEPS];
   if (!known.includes(step)) throw new Error(`${CRASH_AT_ENV}=${step} is not one of ${known.join(', ')}`);
   return (at) => {
     if (at !== step) return;

@@ -509,5 +509,5 @@ export {
   UsageStreamQuerySchema,
 } from './usage-stream.js';
 export type { NodeUsage, NodeUsageSample, SandboxStatsSample, UsageStreamQuery } from './usage-stream.js';
-export { CRASH_AT_ENV, CRASH_STEPS, EDGE_CRASH_STEPS, crashPoint } from './crash-points.js';
+export { BACKEND_CRASH_STEPS, CRASH_AT_ENV, CRASH_STEPS, EDGE_CRASH_STEPS, MICROVM_CRASH_STEPS, crashPoint } from './crash-points.js';
 export type { CrashStep, EdgeCrashStep } from './crash-points.js';

@@ -7,10 +7,10 @@
 //
 // The node-wide parts (address slice, gateway, table, DNS stub, proxy, kernel log reader) are
 // set up when the first sandbox needs them, so nodes without networked sandboxes pay nothing.
-import { readFile, mkdir, rm, rename, writeFile } from 'node:fs/promises';
+import { readFile, readdir, mkdir, rm, rename, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
-import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, NETWORK_PRESETS, parseCidr, parseIpRange } from '@dsec/protocol';
+import { DEFAULT_NETWORK_POLICY, DsecError, KeyedSerialQueue, NETWORK_PRESETS, crashPoint, parseCidr, parseIpRange } from '@dsec/protocol';
 import type { EventSink, IpRange, NetworkPolicy } from '@dsec/protocol';
 import { runDirFor } from '../host/runtime-ns.js';
 import { DnsStub } from './dns.js';
@@ -221,6 +221,7 @@ export class NodeNetwork implements SandboxResolver {
         await deleteLinks([hostIf]);
         return infra.links.attach(plan);
       });
+      crashPoint('network.link.attached');
       const view = await this.compile(id, address, policy);
       await this.save(id, { policy, slot });
       this.register({ id, slot, address, hostIf, ifindex, view });
@@ -320,6 +321,24 @@ export class NodeNetwork implements SandboxResolver {
       // slots are reused round-robin, and a link still there when its slot comes round is removed).
       infra?.slots.free(cur.slot);
     });
+  }
+
+  /**
+   * At an edge's start, once the sandboxes that survived are recovered: removes the saved
+   * policies of every other sandbox. An edge killed between a sandbox's teardown and the removal
+   * of its network (or during a create, after its link was made) leaves one, which nothing would
+   * remove later (the sandbox is gone from the node; its link went with its namespace). Gives the
+   * ids whose policy was removed.
+   */
+  async forgetSavedExcept(keep: (id: string) => boolean): Promise<string[]> {
+    const removed: string[] = [];
+    for (const file of await readdir(this.stateDir).catch(() => [] as string[])) {
+      const id = /^(.+)\.json(?:\.tmp)?$/.exec(file)?.[1];
+      if (id === undefined || keep(id)) continue;
+      await rm(path.join(this.stateDir, file), { force: true });
+      removed.push(id);
+    }
+    return removed;
   }
 
   /** Environment for commands of a sandbox with a network (explicit proxy settings). */

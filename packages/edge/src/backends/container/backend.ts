@@ -2,7 +2,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rm, rmdir, statfs, writeFile, rename } from 'node:fs/promises';
 import path from 'node:path';
-import { DEFAULT_DISK_MIB, DsecError, invalidArgument } from '@dsec/protocol';
+import { DEFAULT_DISK_MIB, DsecError, crashPoint, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxClaim, SandboxStats } from '@dsec/protocol';
 import type {
   Backend,
@@ -263,6 +263,7 @@ export class ContainerBackend implements Backend {
       // makes it (chronus inherits the listening fd) and edge connects to the path, as often
       // as it needs.
       undo.push(() => this.crun.run(['delete', '--force', req.id]));
+      crashPoint('container.create.bundle');
       const code = await this.launcher.run({
         log: p.log,
         socket: p.socket,
@@ -275,6 +276,7 @@ export class ContainerBackend implements Backend {
         const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
         throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
       }
+      crashPoint('container.create.started');
       if (seccompKey) await this.seccomp.learn(seccompKey, req.id);
       const agent = await this.agent(req.id);
       await agent.ping();
@@ -408,8 +410,10 @@ export class ContainerBackend implements Backend {
       await this.o.cgroups.remove(id);
     }
     // (crun.end removed the cgroups and checked that none is left.)
+    crashPoint('container.destroy.ended');
     await this.unmountWritable(p.rw);
     await rmdir(p.rootfs).catch(() => undefined);
+    crashPoint('container.destroy.unmounted');
     for (const d of digests) await this.o.layers.release(d);
     await removeSandboxDir(p.dir);
     // Last: the range is free only once nothing of the sandbox holds its ids.

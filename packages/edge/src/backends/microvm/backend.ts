@@ -5,7 +5,7 @@ import { execFile } from 'node:child_process';
 import { chown, mkdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
+import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, crashPoint, invalidArgument } from '@dsec/protocol';
 import type { EventSink, SandboxStats } from '@dsec/protocol';
 import type { Backend, BackendCreateRequest, BackendSandbox, GuestLayerFacet, GuestUpper, MemoryForkFacet, NetworkFacet, PauseFacet } from '../../backend.js';
 import type { Cgroups } from '../../host/cgroups.js';
@@ -168,6 +168,7 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
         await this.startFromMemory(record, vm, req.memory, signal);
       } else {
         const { exited } = await this.launch(record, vm);
+        crashPoint('microvm.create.launched');
         await this.awaitGuest(req.id, vm, exited, signal);
       }
       this.watch(req.id, vm);

@@ -7,7 +7,7 @@ import { constants as fsConstants } from 'node:fs';
 import { mkdir, open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { FileHandle } from 'node:fs/promises';
-import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError } from '@dsec/protocol';
+import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError, crashPoint } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
 import type {
   BackendCreateRequest,
@@ -735,6 +735,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
     await this.kill(id);
     await this.q.cgroups.killAll(id);
     await this.q.cgroups.remove(id);
+    crashPoint('qemu.destroy.killed');
     const record = await readFile(p.record, 'utf8').then(
       (t) => JSON.parse(t) as BackendSandbox,
       () => undefined,
