@@ -141,11 +141,7 @@ export async function packGuestLayer(
  * into a standalone qcow2 with the VM running on, stored as a disk layer and removed. The layer
  * keeps the booted image's labels (agent, bus, desktop) under the snapshot's own.
  */
-export async function packDisk(
-  layers: LayerStore,
-  disk: DiskSnapshotFacet,
-  req: Pick<PackRequest, 'id' | 'labels' | 'signal' | 'hold'>,
-): Promise<LayerInfo> {
+export async function packDisk(layers: LayerStore, disk: DiskSnapshotFacet, req: Pick<PackRequest, 'id' | 'labels' | 'signal' | 'hold'>): Promise<LayerInfo> {
   let copy: Awaited<ReturnType<DiskSnapshotFacet['copyDisk']>>;
   try {
     copy = await disk.copyDisk(req.id, req.signal);

@@ -175,7 +175,14 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     if (!layer) throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
     if (layer.kind !== 'disk')
       throw invalidArgument('image.base', `layer ${layer.digest} is a ${layer.kind} layer, not a disk image (dsec image build --vm, dsec image import)`);
-    if (layers.length > 1 && layer.labels[SNAPSHOT_PARENTS_LABEL] !== layers.slice(0, -1).map((l) => l.digest).join(','))
+    if (
+      layers.length > 1 &&
+      layer.labels[SNAPSHOT_PARENTS_LABEL] !==
+        layers
+          .slice(0, -1)
+          .map((l) => l.digest)
+          .join(',')
+    )
       throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
     return layer;
   }
@@ -454,9 +461,13 @@ async function guestScript(agent: SandboxAgent, id: string, step: string, script
     const exit = await att.exited;
     if (exit.exitCode !== 0) {
       const why = Buffer.concat(err).toString('utf8').trim().slice(0, 2000);
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the snapshot's ${step} step failed in the guest (exit ${exit.exitCode ?? exit.signal})${why ? `: ${why}` : ''}`, {
-        sandboxId: id,
-      });
+      throw new DsecError(
+        'BACKEND_FAILED',
+        `sandbox ${id}: the snapshot's ${step} step failed in the guest (exit ${exit.exitCode ?? exit.signal})${why ? `: ${why}` : ''}`,
+        {
+          sandboxId: id,
+        },
+      );
     }
     return Buffer.concat(out).toString('utf8');
   } finally {
