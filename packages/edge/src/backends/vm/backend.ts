@@ -208,8 +208,12 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       undo.push(() => rm(p.run, { recursive: true, force: true }));
       await chown(p.run, idRange.uid, idRange.gid);
 
-      await this.o.layers.acquire(layer.digest);
-      undo.push(() => this.o.layers.release(layer.digest));
+      // Every layer of the record (a fork's image and snapshots below the one it boots): the
+      // teardown and an adoption count them all.
+      for (const l of req.layers) {
+        await this.o.layers.acquire(l.digest);
+        undo.push(() => this.o.layers.release(l.digest));
+      }
       const base = this.o.layers.diskFile(layer.digest);
       // The overlay: at least the image's size, diskMiB when larger (the guest's partitions stay
       // as the image made them; the room beyond is an unpartitioned tail).
