@@ -173,8 +173,6 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   private diskLayer(layers: LayerInfo[]): LayerInfo {
     const layer = layers.at(-1);
     if (!layer) throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
-    if (layer.kind !== 'disk')
-      throw invalidArgument('image.base', `layer ${layer.digest} is a ${layer.kind} layer, not a disk image (dsec image build --vm, dsec image import)`);
     if (
       layers.length > 1 &&
       layer.labels[SNAPSHOT_PARENTS_LABEL] !==
@@ -184,6 +182,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
           .join(',')
     )
       throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
+    if (layer.kind !== 'disk')
+      throw invalidArgument('image.base', `layer ${layer.digest} is a ${layer.kind} layer, not a disk image (dsec image build --vm, dsec image import)`);
     return layer;
   }
 
