@@ -447,10 +447,13 @@ sync
 fsfreeze --freeze /
 `;
 
-/** Lifts the freeze and ends the guard (`$1`); safe to run again. */
+/**
+ * Lifts the freeze and ends the guard (`$1`, the leader of its own process group: the sleep ends
+ * with it, so an old guard never lifts a later snapshot's freeze); safe to run again.
+ */
 const GUEST_THAW = `PATH=/usr/sbin:/usr/bin:/sbin:/bin
 fsfreeze --unfreeze / 2>/dev/null
-[ -n "$1" ] && { kill -- "-$1" 2>/dev/null || kill "$1" 2>/dev/null; }
+[ -n "$1" ] && { kill -TERM "-$1" 2>/dev/null || kill -TERM "$1" 2>/dev/null; }
 exit 0
 `;
 
