@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { execFile, spawn } from 'node:child_process';
 import { createReadStream } from 'node:fs';
-import { mkdtemp, open, readdir, readFile, readlink, rm } from 'node:fs/promises';
+import { mkdtemp, open, readdir, readFile, readlink, rm, stat, truncate } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import http from 'node:http';
@@ -223,11 +223,15 @@ describe('vm backend', () => {
       await fh.read(head, 0, 8, 512);
       await fh.close();
       assert.equal(head.toString('latin1'), 'EFI PART', 'a GPT disk');
-      // Imported without dsec's labels: an image of any OS, served by its QEMU guest agent.
+      // One more MiB at the end: another image (its own digest; the same bytes would be the
+      // snapshot's layer, labels and all), imported without dsec's labels: an image of any OS,
+      // served by its QEMU guest agent.
+      await truncate(raw, (await stat(raw)).size + 1024 * 1024);
       const imported = JSON.parse(await dsec(['image', 'import', raw, '--name', 'vm-imported', '--json'])) as Layer;
       assert.equal(imported.kind, 'disk');
       assert.ok(imported.names.includes('vm-imported:latest') || imported.names.includes('vm-imported'), JSON.stringify(imported.names));
       assert.notEqual(imported.digest, image.digest);
+      assert.notEqual(imported.digest, snapshot.digest);
 
       // A qcow2 naming a backing file (a host path) is refused.
       const evil = path.join(dir, 'evil.qcow2');
