@@ -21,9 +21,9 @@ let client: DsecClient;
 let image: Layer;
 const made: Sandbox[] = [];
 
-/** The counter the source's writer has reached (one line a 200 ms). */
+/** The counter the source's writer has reached (one line a 200 ms; 0 before its first line). */
 async function count(sb: Sandbox): Promise<number> {
-  return Number((await sh(sb, 'wc -l < /root/count')).trim());
+  return Number((await sh(sb, 'cat /root/count 2>/dev/null | wc -l')).trim());
 }
 
 async function until(what: string, fn: () => Promise<boolean>, ms = 30_000): Promise<void> {
