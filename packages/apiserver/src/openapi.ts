@@ -218,7 +218,12 @@ const ROUTES: Route[] = [
     reply: api.LayerSchema,
     status: 201,
   },
-  { method: 'get', path: '/v1/disk-images/{ref}', summary: "Download a disk layer's image (query format: raw or qcow2)", reply: 'binary' },
+  {
+    method: 'get',
+    path: '/v1/disk-images/{ref}',
+    summary: "Download a disk layer's image, or a full VM snapshot's (query format: raw or qcow2)",
+    reply: 'binary',
+  },
   { method: 'get', path: '/v1/layers', summary: 'List layers (followed with Accept: application/vnd.dsec.follow+ndjson)', reply: page(api.LayerSchema) },
   { method: 'get', path: '/v1/layers/{ref}', summary: 'Get a layer', reply: api.LayerSchema },
   { method: 'patch', path: '/v1/layers/{ref}', summary: 'Share a snapshot with sub-projects', body: api.UpdateLayerRequestSchema, reply: api.LayerSchema },

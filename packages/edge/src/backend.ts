@@ -194,6 +194,29 @@ export interface GuestLayerFacet {
   exportUpper(id: string, signal?: AbortSignal): Promise<GuestUpper>;
 }
 
+/** A VM's disk copied while it was held still (see {@link DiskSnapshotFacet}). */
+export interface DiskCopy {
+  /** Labels the snapshot layer carries over from the layer the VM boots (its agent, bus, desktop). */
+  labels: Record<string, string>;
+  /** Writes the copy over its image as a standalone qcow2 at `out` (the VM runs on meanwhile). */
+  flatten(out: string, signal?: AbortSignal): Promise<void>;
+  /** Removes the copy (once the snapshot is packed). */
+  remove(): Promise<void>;
+}
+
+/**
+ * A writable disk image (a full VM's qcow2 overlay over its `disk` layer): a snapshot is the
+ * disk flattened into a new `disk` layer, which a fork boots as its image.
+ */
+export interface DiskSnapshotFacet {
+  /**
+   * Copies the sandbox's disk in a consistent state: a running guest's file systems are synced
+   * and frozen and its vCPUs stopped while the copy is made, then it runs on; a paused one is
+   * copied as it is (as after a power cut) and stays paused. Nothing is left on failure.
+   */
+  copyDisk(id: string, signal?: AbortSignal): Promise<DiskCopy>;
+}
+
 /** A network namespace the node can put a link into (per-sandbox networking). */
 export interface NetworkFacet {
   /** Path of the sandbox's network namespace. */
@@ -280,6 +303,8 @@ export interface Backend {
   readonly guestLayer?: GuestLayerFacet;
   /** Forks that resume from a copy of a sandbox's memory (VMs); absent: `memoryOf` is refused. */
   readonly memoryFork?: MemoryForkFacet;
+  /** Its writable disk image, flattened into a `disk` layer for snapshots (full VMs). */
+  readonly diskSnapshot?: DiskSnapshotFacet;
   /** Garbage collection of what unknown sandboxes left. */
   readonly garbage?: GarbageFacet;
   /** Screens of its sandboxes; absent: no screenshots, input or live view. */

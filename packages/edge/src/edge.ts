@@ -34,7 +34,7 @@ import type {
   VerifyResult,
 } from '@dsec/protocol';
 import { untilAborted } from './abortable.js';
-import type { Backend, BackendSandbox, GuestLayerFacet, MemoryImage, SandboxAgent } from './backend.js';
+import type { Backend, BackendSandbox, DiskSnapshotFacet, GuestLayerFacet, MemoryImage, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
@@ -53,7 +53,7 @@ import { collectNodeGarbage, openParts } from './node-host.js';
 import { DEFAULT_COUNTER_SCAN_MS, SandboxMonitor } from './sandbox-monitor.js';
 import { SandboxCalls } from './sandbox-calls.js';
 import { checkDeniedSyscalls, checkSandboxId, resolveSpecLayers } from './sandbox-spec.js';
-import { diffPage, layersView, packGuestLayer, packWritableLayer, snapshotLabels, snapshotRequest } from './snapshots.js';
+import { diffPage, layersView, packDisk, packGuestLayer, packWritableLayer, snapshotLabels, snapshotRequest } from './snapshots.js';
 import type { SnapshotHold, SnapshotOptions } from './snapshots.js';
 
 /** Longest a pause waits for agent calls already under way (file transfers, spawns) to finish. */
@@ -630,6 +630,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (e.state !== 'running' && e.state !== 'paused') throw notRunning(id, e.state);
     const guest = e.backend.writableLayer ? undefined : e.backend.guestLayer;
     if (guest) return this.snapshotGuest(e, id, guest, opts);
+    if (e.backend.diskSnapshot) return this.snapshotDisk(e, id, e.backend.diskSnapshot, opts);
     const upper = this.upperDir(id);
     const freezer = e.backend.pausing;
     if (!freezer) throw new DsecError('INVALID_ARGUMENT', `the ${e.backend.kind} backend cannot freeze sandboxes for a snapshot`, { sandboxId: id });
@@ -656,6 +657,25 @@ export class Edge extends SandboxCalls implements EdgeClient {
         id,
         kind: e.backend.kind,
         parents: e.record.layers.map((l) => l.digest),
+        labels: snapshotLabels(e.record, opts.labels),
+        hold: await this.holdStill(e, id),
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+    };
+    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
+    e.snapshotting = run.catch(() => undefined);
+    return run;
+  }
+
+  /**
+   * A snapshot of a VM's disk: the sandbox is the transition while its disk is copied, then the
+   * copy is flattened into a `disk` layer with the VM running on. One at a time per sandbox.
+   */
+  private snapshotDisk(e: Entry, id: string, disk: DiskSnapshotFacet, opts: SnapshotOptions): Promise<LayerInfo> {
+    const pack = async (): Promise<LayerInfo> => {
+      opts.signal?.throwIfAborted();
+      return packDisk(this.layers, disk, {
+        id,
         labels: snapshotLabels(e.record, opts.labels),
         hold: await this.holdStill(e, id),
         ...(opts.signal ? { signal: opts.signal } : {}),

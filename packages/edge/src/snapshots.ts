@@ -2,7 +2,7 @@
 // or viewed over its lower layers for diffs and integrity checks.
 import { DsecError } from '@dsec/protocol';
 import type { DiffOptions, LayerInfo } from '@dsec/protocol';
-import type { BackendSandbox, GuestLayerFacet, PauseFacet } from './backend.js';
+import type { BackendSandbox, DiskSnapshotFacet, GuestLayerFacet, PauseFacet } from './backend.js';
 import type { DiffLayersOptions, SandboxLayersView } from './diff.js';
 import type { IdShift } from './host/idmap.js';
 import type { LayerStore } from './layers/index.js';
@@ -132,6 +132,29 @@ export async function packGuestLayer(
     );
   } finally {
     await upper.remove();
+  }
+}
+
+/**
+ * Packs a VM's writable disk (`DiskSnapshotFacet`) into a new `disk` layer: the sandbox is held
+ * (no pause or resume) only while its disk is copied, then the copy is flattened over its image
+ * into a standalone qcow2 with the VM running on, stored as a disk layer and removed. The layer
+ * keeps the booted image's labels (agent, bus, desktop) under the snapshot's own.
+ */
+export async function packDisk(layers: LayerStore, disk: DiskSnapshotFacet, req: Pick<PackRequest, 'id' | 'labels' | 'signal' | 'hold'>): Promise<LayerInfo> {
+  let copy: Awaited<ReturnType<DiskSnapshotFacet['copyDisk']>>;
+  try {
+    copy = await disk.copyDisk(req.id, req.signal);
+  } finally {
+    req.hold.release();
+  }
+  try {
+    return await layers.build(
+      { type: 'vm-disk', write: (out, signal) => copy.flatten(out, signal) },
+      { kind: 'disk', labels: { ...copy.labels, ...req.labels }, ...(req.signal ? { signal: req.signal } : {}) },
+    );
+  } finally {
+    await copy.remove();
   }
 }
 

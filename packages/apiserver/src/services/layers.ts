@@ -166,8 +166,10 @@ export class LayerService {
    */
   async exportDisk(p: Principal, ref: string, format: 'raw' | 'qcow2', signal?: AbortSignal): Promise<AsyncIterable<Uint8Array>> {
     const layer = await this.get(p, ref);
-    if (layer.kind !== 'disk') throw invalidArgument('ref', `layer ${ref} is a ${layer.kind} layer, not a disk image`);
     const edge = this.anyEdge();
+    // A full VM's snapshot is a disk image on the node (a snapshot to the API).
+    const onNode = layer.kind === 'snapshot' ? (await edge.layers.resolve(layer.digest).catch(() => undefined))?.kind : layer.kind;
+    if (onNode !== 'disk') throw invalidArgument('ref', `layer ${ref} is a ${layer.kind} layer, not a disk image`);
     const read = edge.layers.readDisk?.bind(edge.layers);
     if (!read) throw invalidArgument('ref', 'the node exports no disk images');
     const chunkBytes = 4 * 1024 * 1024;

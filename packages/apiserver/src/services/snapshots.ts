@@ -53,7 +53,9 @@ export class SnapshotService {
       created_at: new Date().toISOString(),
     });
     crashPoint('snapshot.row');
-    const layer = await this.layers.register(row.project_id, info, name);
+    // A full VM's snapshot is a whole disk image on the node, but a snapshot to the API: private
+    // to its project as any snapshot, and its forks boot it over the same recorded parents.
+    const layer = await this.layers.register(row.project_id, info.kind === 'disk' ? { ...info, kind: 'snapshot' } : info, name);
     if (req.shareWithSubProjects) await this.store.shareLayer(row.project_id, info.digest, true);
     return {
       ...layer,

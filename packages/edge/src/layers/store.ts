@@ -87,6 +87,11 @@ export type LayerSource =
   /** An uploaded qcow2 or raw disk image (`disk` kind), validated and stored as qcow2. */
   | { type: 'disk'; stream: AsyncIterable<Uint8Array> }
   /**
+   * A VM's disk as the node flattened it (`disk` kind; a `vm` snapshot): `write` makes a
+   * standalone qcow2 (no backing file) at the path it is given, which becomes the blob as it is.
+   */
+  | { type: 'vm-disk'; write: (out: string, signal?: AbortSignal) => Promise<void> }
+  /**
    * A sandbox's overlay upper directory ("pack diff"), packed as it is: whiteouts (char 0:0)
    * and opaque directories stay, so the layer stacks over `parents` (its digests, bottom first,
    * recorded in the layer's UUID and so in its digest). The caller keeps the tree still
@@ -258,7 +263,7 @@ export class LayerStore {
     }
     const work = await mkdtemp(join(this.tmpDir, 'build-'));
     try {
-      if (source.type === 'vm' || source.type === 'disk') return await this.buildDisk(source, work, opts, name);
+      if (source.type === 'vm' || source.type === 'disk' || source.type === 'vm-disk') return await this.buildDisk(source, work, opts, name);
       let tree = join(work, 'root');
       let uuid: string | undefined;
       let shift: IdShift | undefined;
@@ -375,7 +380,7 @@ export class LayerStore {
    * image's sha256), built from Debian (`vm`) or an upload (`disk`, validated).
    */
   private async buildDisk(
-    source: Extract<LayerSource, { type: 'vm' | 'disk' }>,
+    source: Extract<LayerSource, { type: 'vm' | 'disk' | 'vm-disk' }>,
     work: string,
     opts: BuildLayerOptions,
     name: string | undefined,
@@ -400,6 +405,9 @@ export class LayerStore {
       // The root's bus: a desktop image's kernel has an initramfs with virtio-blk (migratable).
       labels[VM_DISK_LABEL] = source.desktop ? 'virtio-blk' : 'nvme';
       if (source.desktop) labels[VM_DESKTOP_LABEL] = 'x11';
+    } else if (source.type === 'vm-disk') {
+      // The caller's labels say what the image boots with (its parent's agent, bus and desktop).
+      await source.write(qcow, signal);
     } else {
       const upload = join(work, 'upload.img');
       await pipeline(Readable.from(source.stream), createWriteStream(upload), ...(signal ? [{ signal }] : []));

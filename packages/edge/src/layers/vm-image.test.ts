@@ -1,13 +1,15 @@
 // Imported disk images: the format comes from the magic bytes, never from qemu-img's probing, and
 // an image that names a host file (backing file, external data file, VMDK extent) is refused.
+// A VM's overlay flattened for a snapshot: read over the image given, never over the backing
+// file its header names.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtemp, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DsecError } from '@dsec/protocol';
-import { importDiskImage } from './vm-image.js';
+import { flattenOverlay, importDiskImage } from './vm-image.js';
 
 const refusedNaming = (pattern: RegExp) => (err: unknown) =>
   err instanceof DsecError && err.code === 'INVALID_ARGUMENT' && err.details.field === 'body' && pattern.test(err.message);
@@ -51,5 +53,48 @@ describe('importDiskImage', () => {
     ];
     await writeFile(vmdk, descriptor.join('\n'));
     await assert.rejects(importDiskImage(vmdk, join(dir, 'o3.qcow2')), refusedNaming(/vmdk/));
+  });
+});
+
+describe('flattenOverlay', () => {
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(join(os.tmpdir(), 'dsec-vm-flatten-'));
+  });
+  after(async () => rm(dir, { recursive: true, force: true }));
+
+  /** The first `bytes` of a qcow2's guest view, read as raw. */
+  async function guestBytes(qcow: string, name: string, bytes: number): Promise<Buffer> {
+    const raw = join(dir, `${name}.raw`);
+    execFileSync('qemu-img', ['convert', '-f', 'qcow2', '-O', 'raw', qcow, raw]);
+    return (await readFile(raw)).subarray(0, bytes);
+  }
+
+  test("the overlay's clusters over the image given, one standalone qcow2; the header's backing path is never opened", async () => {
+    const base = join(dir, 'base.qcow2');
+    const seed = join(dir, 'seed.raw');
+    await writeFile(seed, Buffer.concat([Buffer.alloc(65536, 'a'), Buffer.alloc(65536, 'b')]));
+    await truncate(seed, 4 * 1024 * 1024);
+    execFileSync('qemu-img', ['convert', '-f', 'raw', '-O', 'qcow2', seed, base]);
+    // The overlay's header names a host file; its second cluster is rewritten.
+    const overlay = join(dir, 'overlay.qcow2');
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', '-u', '-b', '/etc/shadow', '-F', 'raw', overlay, '4M']);
+    const opts = `driver=qcow2,file.filename=${overlay},backing.driver=qcow2,backing.file.filename=${base}`;
+    execFileSync('qemu-io', ['--image-opts', '-c', 'write -P 0x63 65536 65536', opts], { stdio: 'ignore' });
+    const out = join(dir, 'flat.qcow2');
+    await flattenOverlay(overlay, base, out);
+    const info = JSON.parse(execFileSync('qemu-img', ['info', '--output=json', '-f', 'qcow2', out], { encoding: 'utf8' })) as Record<string, unknown>;
+    assert.equal(info['backing-filename'], undefined);
+    assert.equal(info['virtual-size'], 4 * 1024 * 1024);
+    const got = await guestBytes(out, 'flat', 3 * 65536);
+    assert.ok(got.subarray(0, 65536).equals(Buffer.alloc(65536, 'a')), 'the image where the overlay has nothing');
+    assert.ok(got.subarray(65536, 2 * 65536).equals(Buffer.alloc(65536, 'c')), "the overlay's cluster");
+    assert.ok(got.subarray(2 * 65536).equals(Buffer.alloc(65536, 0)));
+  });
+
+  test('an overlay naming an external data file is refused', async () => {
+    const overlay = join(dir, 'external.qcow2');
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', '-o', `data_file=${join(dir, 'external.data')}`, overlay, '4M']);
+    await assert.rejects(flattenOverlay(overlay, overlay, join(dir, 'o.qcow2')), /external data file/);
   });
 });

@@ -504,3 +504,37 @@ export async function virtualBytes(qcow: string): Promise<number> {
   const { stdout } = await runTool('qemu-img', ['info', '--output=json', '-f', 'qcow2', qcow]);
   return (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
 }
+
+/** A path as a value in QEMU's option syntax (a comma is written twice). */
+function qemuOptValue(p: string): string {
+  return p.replace(/,/g, ',,');
+}
+
+/**
+ * Writes a VM's disk as one standalone qcow2 at `out`: `overlay` (a copy of the VM's qcow2
+ * overlay) read over `base` (its image). The overlay was writable by the VM's QEMU, so its header
+ * is not trusted: the backing is given on the command line (the file the header names is never
+ * opened) and an overlay that names an external data file is refused. qemu-img runs under the
+ * same limits as for an upload.
+ */
+export async function flattenOverlay(overlay: string, base: string, out: string, signal?: AbortSignal): Promise<void> {
+  const head = Buffer.alloc(80);
+  const fh = await open(overlay, 'r');
+  try {
+    await fh.read(head, 0, head.length, 0);
+  } finally {
+    await fh.close();
+  }
+  if (!head.subarray(0, 4).equals(Buffer.from('QFI\xfb', 'latin1'))) throw new DsecError('BACKEND_FAILED', `the VM's overlay is not a qcow2 image`);
+  if (head.readUInt32BE(4) >= 3 && (head.readBigUInt64BE(72) & QCOW2_EXTERNAL_DATA_FILE) !== 0n)
+    throw new DsecError('BACKEND_FAILED', `the VM's overlay names an external data file (refused: it would name a host path)`);
+  const source = [
+    'driver=qcow2',
+    'file.driver=file',
+    `file.filename=${qemuOptValue(overlay)}`,
+    'backing.driver=qcow2',
+    'backing.file.driver=file',
+    `backing.file.filename=${qemuOptValue(base)}`,
+  ].join(',');
+  await runTool('prlimit', [...QEMU_IMG_CONVERT_LIMITS, '--', 'qemu-img', 'convert', '--image-opts', source, '-O', 'qcow2', out], signal);
+}

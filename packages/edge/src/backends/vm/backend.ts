@@ -2,7 +2,7 @@
 // layer, qcow2) through a copy-on-write overlay of its own; chronus as a systemd service in the
 // guest on virtio-serial ports, the QEMU guest agent beside it.
 import { execFile } from 'node:child_process';
-import { chown, copyFile, mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chown, copyFile, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { DEFAULT_CPU, DEFAULT_DISK_MIB, DEFAULT_MEMORY_MIB, DsecError, invalidArgument } from '@dsec/protocol';
@@ -14,6 +14,8 @@ import type {
   BackendResumeResult,
   BackendSandbox,
   MemoryForkFacet,
+  DiskCopy,
+  DiskSnapshotFacet,
   NetworkFacet,
   PauseFacet,
   SandboxAgent,
@@ -23,8 +25,9 @@ import { withTimeout } from '../../abortable.js';
 import type { Cgroups } from '../../host/cgroups.js';
 import type { IdRanges } from '../../host/id-ranges.js';
 import { AGENT_PORTS } from '../microvm/guest.js';
-import { virtualBytes } from '../../layers/vm-image.js';
-import { VM_AGENT_LABEL, VM_DISK_LABEL } from '../../layers/store.js';
+import { flattenOverlay, virtualBytes } from '../../layers/vm-image.js';
+import { VM_AGENT_LABEL, VM_DESKTOP_LABEL, VM_DISK_LABEL } from '../../layers/store.js';
+import { SNAPSHOT_PARENTS_LABEL } from '../../snapshots.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
 import type { QmpClient } from '../qemu/qmp.js';
@@ -121,7 +124,11 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     this.network = { netnsPath: (id) => this.netnsPath(id), linked: (id) => this.linked(id) };
     // Pause to a file through the base; a sandbox whose root is on NVMe refuses it (`pauseToFile`).
     this.pausing = this.pauseFacet({ toFile: true });
+    this.diskSnapshot = { copyDisk: (id, signal) => this.copyDisk(id, signal) };
   }
+
+  /** Snapshots: the VM's overlay copied while the guest is held still, flattened over its image. */
+  readonly diskSnapshot: DiskSnapshotFacet;
 
   /** The accelerator and the last boot's time. */
   get capabilities(): { accel: Accel; bootMs: number } {
@@ -161,10 +168,23 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     };
   }
 
-  /** The one disk layer a VM boots (INVALID_ARGUMENT naming `image` otherwise). */
+  /**
+   * The disk layer a VM boots: its image, or (a fork) the topmost of its image and the snapshots
+   * taken over it, each a standalone disk whose parents label names the layers below it
+   * (INVALID_ARGUMENT naming `image` otherwise).
+   */
   private diskLayer(layers: LayerInfo[]): LayerInfo {
-    const [layer, ...more] = layers;
-    if (!layer || more.length > 0) throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
+    const layer = layers.at(-1);
+    if (!layer) throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
+    if (
+      layers.length > 1 &&
+      layer.labels[SNAPSHOT_PARENTS_LABEL] !==
+        layers
+          .slice(0, -1)
+          .map((l) => l.digest)
+          .join(',')
+    )
+      throw invalidArgument('image', 'a vm sandbox boots one disk image: give only image.base');
     if (layer.kind !== 'disk')
       throw invalidArgument('image.base', `layer ${layer.digest} is a ${layer.kind} layer, not a disk image (dsec image build --vm, dsec image import)`);
     return layer;
@@ -191,8 +211,12 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       undo.push(() => rm(p.run, { recursive: true, force: true }));
       await chown(p.run, idRange.uid, idRange.gid);
 
-      await this.o.layers.acquire(layer.digest);
-      undo.push(() => this.o.layers.release(layer.digest));
+      // Every layer of the record (a fork's image and snapshots below the one it boots): the
+      // teardown and an adoption count them all.
+      for (const l of req.layers) {
+        await this.o.layers.acquire(l.digest);
+        undo.push(() => this.o.layers.release(l.digest));
+      }
       const base = this.o.layers.diskFile(layer.digest);
       if (req.memory) {
         // A fork with memory: the source's overlay and firmware variables as they were when its
@@ -370,6 +394,65 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     return { png, ...pngSize(png) };
   }
 
+  /**
+   * Copies the VM's overlay (see {@link DiskSnapshotFacet}). A running guest is synced and its
+   * file systems frozen first (chronus: `fsfreeze` of the root with a guard in the guest that
+   * lifts it after {@link FREEZE_GUARD_S} whatever happens to the edge; an image without chronus:
+   * the QEMU guest agent's `guest-fsfreeze-freeze`, or none when it cannot), then its vCPUs are
+   * stopped (QEMU drains and flushes the disk) while the file is copied, and it runs on. A paused
+   * VM (in memory or in a file) is copied as it is.
+   */
+  private async copyDisk(id: string, signal?: AbortSignal): Promise<DiskCopy> {
+    const vm = this.vm(id);
+    const p = this.paths(id);
+    const layer = this.diskLayer((await this.record(id)).layers);
+    const workDir = path.join(p.dir, 'snapshots');
+    await mkdir(workDir, { recursive: true, mode: 0o700 });
+    const dir = await mkdtemp(path.join(workDir, 'disk-'));
+    const copy = path.join(dir, 'overlay.qcow2');
+    const take = (): Promise<unknown> => run('cp', ['--sparse=always', '--reflink=auto', p.overlay, copy], { signal });
+    await this.o.layers.acquire(layer.digest);
+    const remove = async (): Promise<void> => {
+      await rm(dir, { recursive: true, force: true });
+      await this.o.layers.release(layer.digest);
+    };
+    try {
+      if (vm.saved || !(await this.qmp(id).execute<{ running: boolean }>('query-status')).running) await take();
+      else await this.copyRunning(id, vm, take, signal);
+    } catch (err) {
+      await remove();
+      throw err;
+    }
+    const labels: Record<string, string> = {};
+    for (const key of [VM_AGENT_LABEL, VM_DISK_LABEL, VM_DESKTOP_LABEL]) if (layer.labels[key] !== undefined) labels[key] = layer.labels[key];
+    return { labels, flatten: (out, s) => flattenOverlay(copy, this.o.layers.diskFile(layer.digest), out, s), remove };
+  }
+
+  /** `take` with the running guest's file systems frozen (where it can) and its vCPUs stopped. */
+  private async copyRunning(id: string, vm: Vm, take: () => Promise<unknown>, signal?: AbortSignal): Promise<void> {
+    const agent = await this.connect(id);
+    let thaw: () => Promise<unknown> = async () => undefined;
+    try {
+      if (vm.chronus) {
+        const guard = (await guestScript(agent, id, 'freeze', GUEST_FREEZE, [], signal)).trim();
+        thaw = () => guestScript(agent, id, 'thaw', GUEST_THAW, /^\d+$/.test(guard) ? [guard] : []);
+      } else if (agent instanceof GuestAgentClient) {
+        // Any OS: frozen where its guest agent can (a failure leaves the copy as after a power cut).
+        thaw = () => agent.fsthaw();
+        await agent.fsfreeze().catch(() => undefined);
+      }
+      const qmp = this.qmp(id);
+      await qmp.execute('stop');
+      try {
+        await take();
+      } finally {
+        await qmp.execute('cont');
+      }
+    } finally {
+      await thaw().catch(() => undefined);
+    }
+  }
+
   async stats(id: string): Promise<SandboxStats> {
     const cg = await this.o.cgroups.stats(id);
     const p = this.paths(id);
@@ -377,6 +460,56 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     const { stdout } = await run('qemu-img', ['info', '-U', '--output=json', '-f', 'qcow2', p.overlay]);
     const size = (JSON.parse(stdout) as { 'virtual-size': number })['virtual-size'];
     return { ...cg, diskUsedBytes: st.blocks * 512, diskLimitBytes: size };
+  }
+}
+
+/** Longest a guest's root stays frozen for a snapshot, whatever happens to the edge (a guard in the guest lifts it). */
+export const FREEZE_GUARD_S = 120;
+
+/**
+ * Starts the guard (its own session: lifts the freeze after {@link FREEZE_GUARD_S}) and prints
+ * its pid, then syncs and freezes the root file system. Run by chronus as root.
+ */
+const GUEST_FREEZE = `set -e
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+setsid sh -c "sleep ${FREEZE_GUARD_S}; fsfreeze --unfreeze /" </dev/null >/dev/null 2>&1 &
+echo $!
+sync
+fsfreeze --freeze /
+`;
+
+/**
+ * Lifts the freeze and ends the guard (`$1`, the leader of its own process group: the sleep ends
+ * with it, so an old guard never lifts a later snapshot's freeze); safe to run again.
+ */
+const GUEST_THAW = `PATH=/usr/sbin:/usr/bin:/sbin:/bin
+fsfreeze --unfreeze / 2>/dev/null
+[ -n "$1" ] && { kill -TERM "-$1" 2>/dev/null || kill -TERM "$1" 2>/dev/null; }
+exit 0
+`;
+
+/** Runs `script` under the guest's sh as root: its stdout once it exited 0, else BACKEND_FAILED naming the step. */
+async function guestScript(agent: SandboxAgent, id: string, step: string, script: string, args: string[], signal?: AbortSignal): Promise<string> {
+  signal?.throwIfAborted();
+  const att = await agent.spawn({ argv: ['/bin/sh', '-c', script, 'dsec-snapshot', ...args], uid: 0, gid: 0 });
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  try {
+    for await (const ev of att) if (ev.kind === 'data') (ev.stream === 'stderr' ? err : out).push(ev.data);
+    const exit = await att.exited;
+    if (exit.exitCode !== 0) {
+      const why = Buffer.concat(err).toString('utf8').trim().slice(0, 2000);
+      throw new DsecError(
+        'BACKEND_FAILED',
+        `sandbox ${id}: the snapshot's ${step} step failed in the guest (exit ${exit.exitCode ?? exit.signal})${why ? `: ${why}` : ''}`,
+        {
+          sandboxId: id,
+        },
+      );
+    }
+    return Buffer.concat(out).toString('utf8');
+  } finally {
+    await agent.release(att.proc).catch(() => undefined);
   }
 }
 

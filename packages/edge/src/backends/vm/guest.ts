@@ -133,6 +133,17 @@ export class GuestAgentClient implements SandboxAgent, AttachmentOwner {
     return this.synced;
   }
 
+  /** Freezes the guest's file systems (`guest-fsfreeze-freeze`): how many it froze. */
+  async fsfreeze(): Promise<number> {
+    await this.sync();
+    return this.execute<number>('guest-fsfreeze-freeze');
+  }
+
+  /** Thaws what {@link fsfreeze} froze (`guest-fsfreeze-thaw`). */
+  async fsthaw(): Promise<void> {
+    await this.execute('guest-fsfreeze-thaw');
+  }
+
   async ping(): Promise<AgentInfo> {
     await this.sync();
     await this.execute('guest-ping');
