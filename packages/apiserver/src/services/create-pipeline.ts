@@ -134,15 +134,20 @@ interface NodeCreate {
 /** Resolves, admits, places and creates sandboxes one item at a time. */
 export class CreatePipeline {
   /**
-   * Creates placed on one node at the same moment (a batch's items, concurrent single creates)
-   * go to it in one createMany message, where the node's client has one (the node protocol):
-   * one message and one answer for many creates instead of one each.
+   * Creates placed on one node in the same turn of the event loop (a batch's items, concurrent
+   * single creates) go to it in one createMany message, where the node's client has one (the
+   * node protocol): one message and one answer for many creates instead of one each. A group
+   * does not wait for the node's group in flight (the groups overlap, as single creates did).
    */
-  readonly nodeCreates = new WriteGroups<NodeCreate, EdgeSandbox>(async (_node, creates) => {
-    const client = creates[0]!.node.client;
-    const out = await client.createMany!(creates.map((c) => c.item));
-    return out.map((r) => ('sandbox' in r ? r.sandbox : r.error));
-  }, MAX_CREATE_MANY);
+  readonly nodeCreates = new WriteGroups<NodeCreate, EdgeSandbox>(
+    async (_node, creates) => {
+      const client = creates[0]!.node.client;
+      const out = await client.createMany!(creates.map((c) => c.item));
+      return out.map((r) => ('sandbox' in r ? r.sandbox : r.error));
+    },
+    MAX_CREATE_MANY,
+    true,
+  );
 
   constructor(private readonly d: CreatePipelineDeps) {}
 
