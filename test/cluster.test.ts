@@ -24,6 +24,7 @@ import { DsecClient, Sandbox } from '@dsec/sdk';
 import { WAIT_MS, freePort, hasCgroup, run, stopProc, until, waitFor } from './helpers/cli-process.js';
 import type { Proc } from './helpers/cli-process.js';
 import { AGENT_BINARY } from './helpers/node.js';
+import { EDGE_WIRE_VERSION } from '@dsec/protocol';
 
 /** Silence before a node is unreachable, and the grace before it is lost (short for the test). */
 const UNREACHABLE_AFTER_MS = 5000;
@@ -172,7 +173,7 @@ describe('cluster: remote edges joined over mutual TLS', { timeout: 300_000 }, (
     const n = await client.nodes.get(E1);
     assert.equal(n.state, 'ready');
     assert.equal(n.remote, true);
-    assert.equal(n.version, 1);
+    assert.equal(n.version, EDGE_WIRE_VERSION);
     assert.ok(n.backends.includes('container'));
     assert.equal((await client.nodes.get(local)).remote, false);
   });

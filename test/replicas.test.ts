@@ -204,6 +204,50 @@ describe('replicas on PostgreSQL', { skip }, () => {
       assert.equal(later.body.usage.sandboxes, 0);
     });
 
+    it('sees at once on one replica the layers and pools changed on the other (cached, dropped by NOTIFY)', async () => {
+      const metric = async (name: string): Promise<number> => {
+        const text = (await call(b!.url, admin, 'GET', '/metrics')).body as string;
+        return Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(text)?.[1] ?? NaN);
+      };
+      const spec = { ...SPEC, resources: { ...SPEC.resources, memoryMiB: 65 } };
+      // b reads (and caches) the project's layer scope and its pools' spec keys: no pool has this spec.
+      const warm = await call(b!.url, admin, 'POST', '/v1/sandboxes', spec);
+      assert.equal(warm.status, 201, JSON.stringify(warm.body));
+      assert.equal((await call(b!.url, admin, 'DELETE', `/v1/sandboxes/${warm.body.id}`)).status, 204);
+      // A workspace layer named on a is usable on b at once (a miss in b's cache reads the store again).
+      const tar = Buffer.alloc(1024);
+      const res = await fetch(`${a!.url}/v1/layers?kind=workspace&name=cached-ws`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${admin}` },
+        body: tar,
+      });
+      assert.equal(res.status, 201, await res.text());
+      const withWs = await call(b!.url, admin, 'POST', '/v1/sandboxes', { ...spec, image: { base: 'busybox', workspace: 'cached-ws' } });
+      assert.equal(withWs.status, 201, JSON.stringify(withWs.body));
+      assert.equal((await call(b!.url, admin, 'DELETE', `/v1/sandboxes/${withWs.body.id}`)).status, 204);
+      // Deleted on a: b refuses the name once a's notification arrives.
+      // (Once the teardown of the sandbox that used it has ended: a layer in use is not deleted.)
+      await until('the layer deleted on a', async () => ((await call(a!.url, admin, 'DELETE', '/v1/layers/cached-ws')).status === 204 ? true : undefined));
+      await until('b refuses the deleted layer', async () => {
+        const r = await call(b!.url, admin, 'POST', '/v1/sandboxes', { ...spec, image: { base: 'busybox', workspace: 'cached-ws' } });
+        if (r.status === 201) await call(b!.url, admin, 'DELETE', `/v1/sandboxes/${r.body.id}`);
+        return r.status === 404 ? r : undefined;
+      });
+      // A pool made on a for this spec: b's next create claims from it (its cached "no pool" was dropped).
+      const put = await call(a!.url, admin, 'PUT', '/v1/pools/cached-pool', { spec, size: 1 });
+      assert.ok([200, 201].includes(put.status), JSON.stringify(put.body));
+      try {
+        await until('the pool holds one ready', async () => ((await call(a!.url, admin, 'GET', '/v1/pools/cached-pool')).body.ready === 1 ? true : undefined));
+        const claims = await metric('dsec_pool_claims_total');
+        const claimed = await call(b!.url, admin, 'POST', '/v1/sandboxes', spec);
+        assert.equal(claimed.status, 201, JSON.stringify(claimed.body));
+        created.push(claimed.body.id);
+        assert.equal(await metric('dsec_pool_claims_total'), claims + 1, 'b claimed from the pool made on a');
+      } finally {
+        await call(a!.url, admin, 'DELETE', '/v1/pools/cached-pool');
+      }
+    });
+
     it('gives one sandbox to one idempotency key, whichever replica a retry reaches', async () => {
       const headers = { 'idempotency-key': 'job-7-episode-3' };
       const [r1, r2] = await Promise.all([

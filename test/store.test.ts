@@ -353,6 +353,11 @@ describe('state store: PostgreSQL', { skip }, () => {
         const waits = await Promise.all(Array.from({ length: 30 }, (_, i) => (i % 2 ? a : b).takeRateToken('key_x', 0.001, 10)));
         assert.equal(waits.filter((w) => w === 0).length, 10);
         assert.ok(waits.filter((w) => w > 0).every((w) => w > 1000));
+        // Takes of several buckets at once go in one statement; each bucket still grants only its own tokens.
+        const groupsBefore = a.rateTakes.written.groups;
+        const mixed = await Promise.all(Array.from({ length: 12 }, (_, i) => a.takeRateToken(`key_m${i % 3}`, 0.001, 2)));
+        for (let k = 0; k < 3; k++) assert.equal(mixed.filter((w, i) => i % 3 === k && w === 0).length, 2, `bucket ${k}`);
+        assert.ok(a.rateTakes.written.groups - groupsBefore < 12, 'grouped');
         let inside = 0;
         let most = 0;
         await Promise.all(

@@ -17,6 +17,7 @@ import { Authenticator, IAM_CHANNEL } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import type { StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
+import { CATALOG_CHANNEL } from './db/catalog-cache.js';
 import { createApp } from './http/app.js';
 import { createWsHandler } from './http/ws.js';
 import { withRawHandlers } from './http/exec-fast-path.js';
@@ -138,6 +139,11 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       await listener.listen(IAM_CHANNEL, (origin) => {
         if (origin !== auth.origin) auth.forget();
       });
+      // Layers and pools changed on another replica: drop the cached ones (catalog-cache.ts).
+      await listener.listen(CATALOG_CHANNEL, (origin) => {
+        if (origin !== store.catalog.origin) store.catalog.forget();
+      });
+      listener.onReconnect(() => store.catalog.forget());
     }
     const observe = o.observeEvents;
     const services = createServices({

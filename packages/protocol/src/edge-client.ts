@@ -12,6 +12,7 @@ import type { PauseMemory, SandboxClaim, SandboxSpec, SandboxState, SandboxStats
 import type { EventSink } from './events.js';
 import type { LayerCacheStats } from './layer-cache.js';
 import type { ScreenAction, ScreenCapture, ScreenInputResult } from './screen.js';
+import type { DsecError } from './errors.js';
 
 /** What a node offers, before over-commit. */
 export interface NodeCapacity {
@@ -202,6 +203,15 @@ export interface EdgeScreen {
  * stopped waiting: stopping it half-way would leave the sandbox in no known state. A spawn or
  * attach aborted after its process started leaves the process running (as a detach does).
  */
+/** One create of {@link EdgeClient.createMany}. */
+export interface EdgeCreateItem {
+  spec: SandboxSpec;
+  id: string;
+}
+
+/** The outcome of one item of {@link EdgeClient.createMany}: the sandbox, or why it was not created. */
+export type EdgeCreateResult = { sandbox: EdgeSandbox } | { error: DsecError };
+
 export interface EdgeClient {
   /** The node's name (encoded in its sandboxes' ids). */
   readonly nodeName: string;
@@ -215,6 +225,13 @@ export interface EdgeClient {
 
   /** Creates and starts a sandbox; layers in `spec.image` and `spec.snapshots` are digests. */
   create(spec: SandboxSpec, opts?: EdgeCallOptions & { id?: string }): Promise<EdgeSandbox>;
+  /**
+   * Creates many sandboxes in one call (one node message for many creates: the control plane
+   * groups the creates placed on a node at the same moment); each item succeeds or fails alone,
+   * in order. Optional: the node protocol's serving side runs `create` for each item where the
+   * edge has no such method.
+   */
+  createMany?(items: readonly EdgeCreateItem[], opts?: EdgeCallOptions): Promise<EdgeCreateResult[]>;
   /** Hands a sandbox made ahead of demand (a pool's) to its user: env and labels applied. */
   claim(id: string, claim: SandboxClaim, opts?: EdgeCallOptions): Promise<EdgeSandbox>;
   /** Stops a sandbox and removes all it had; a sandbox already gone is not an error. */

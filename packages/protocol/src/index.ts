@@ -511,3 +511,5 @@ export {
 export type { NodeUsage, NodeUsageSample, SandboxStatsSample, UsageStreamQuery } from './usage-stream.js';
 export { BACKEND_CRASH_STEPS, CRASH_AT_ENV, CRASH_STEPS, EDGE_CRASH_STEPS, MICROVM_CRASH_STEPS, crashPoint } from './crash-points.js';
 export type { CrashStep, EdgeCrashStep } from './crash-points.js';
+export type { EdgeCreateItem, EdgeCreateResult } from './edge-client.js';
+export { MAX_CREATE_MANY } from './edge-wire/methods.js';

@@ -10,7 +10,7 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { after, before, describe, test } from 'node:test';
 import { NodeAgent, credentialsDir, makeCsr, makeKey, openssl } from '@dsec/edge';
-import { CONTROL_PLANE_TLS_NAME, DsecError, NODE_JOIN_PATHS } from '@dsec/protocol';
+import { CONTROL_PLANE_TLS_NAME, DsecError, EDGE_WIRE_VERSION, NODE_JOIN_PATHS } from '@dsec/protocol';
 import type { EdgeSandbox, NodeCapacity, SandboxSpec } from '@dsec/protocol';
 import { FakeEdge, fakeLayer } from '../testing/fake-edge.js';
 import { harness } from '../testing/harness.js';
@@ -134,7 +134,7 @@ describe('node port', () => {
     const n = await h.services.nodeAdmin.get(h.admin, 'remote-1');
     assert.equal(n.state, 'ready');
     assert.equal(n.remote, true);
-    assert.equal(n.version, 1);
+    assert.equal(n.version, EDGE_WIRE_VERSION);
     assert.ok(n.lastHeardAt !== null && Date.parse(n.lastHeardAt) > Date.now() - 60_000);
     // Each VM backend's accelerator travels from the node's capacity through the session to the
     // node record, its detail and the listing (`microvmAccel` kept beside `accel`).
@@ -163,7 +163,7 @@ describe('node port', () => {
     const member = { key, cert, ca, checkServerIdentity: (_h: string, c: tls.PeerCertificate) => tls.checkServerIdentity(CONTROL_PLANE_TLS_NAME, c) };
     const newer = await rawSession(port.url, member, '99');
     assert.equal(newer.status, 400);
-    assert.match(newer.text, /speaks edge wire version 1; node remote-1 speaks 99/);
+    assert.match(newer.text, new RegExp(`speaks edge wire version ${EDGE_WIRE_VERSION}; node remote-1 speaks 99`));
   });
 
   test('a sandbox placed on the remote node is reached through its session', async () => {

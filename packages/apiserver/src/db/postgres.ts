@@ -67,6 +67,7 @@ export function postgresDialect(url: string, opts: PostgresOptions = {}): Postgr
 export class PostgresListener {
   private client: pg.Client | undefined;
   private readonly handlers = new Map<string, (payload: string) => void>();
+  private readonly connected: Array<() => void> = [];
   private closed = false;
   private retry: NodeJS.Timeout | undefined;
   private connecting: Promise<void> | undefined;
@@ -82,6 +83,14 @@ export class PostgresListener {
     this.handlers.set(channel, handler);
     if (this.client) await this.client.query(`LISTEN ${channel}`);
     else await this.connect();
+  }
+
+  /**
+   * Calls `fn` each time the connection opens and listens again after it dropped (what was
+   * notified meanwhile was missed: caches fed by notifications start again from the store).
+   */
+  onReconnect(fn: () => void): void {
+    this.connected.push(fn);
   }
 
   /** Closes the connection and stops reconnecting. */
@@ -130,8 +139,12 @@ export class PostgresListener {
       await client.end().catch(() => undefined);
       return;
     }
+    const again = this.everConnected;
+    this.everConnected = true;
     this.client = client;
+    if (again) for (const fn of this.connected) fn();
   }
+  private everConnected = false;
 
   private schedule(): void {
     if (this.closed || this.retry) return;

@@ -23,6 +23,7 @@ import type {
 import { migrationProvider } from './migrations.js';
 import { SandboxInserts } from './sandbox-inserts.js';
 import { WriteGroups } from './write-groups.js';
+import { CATALOG_CHANNEL, CatalogCache } from './catalog-cache.js';
 import { postgresDialect, redactUrl } from './postgres.js';
 import type { PostgresOptions } from './postgres.js';
 
@@ -117,6 +118,10 @@ export class StateStore {
   readonly reservations: WriteGroups<Reservation, undefined>;
   /** State moves of new sandboxes (`creating -> running`), grouped by their from/to states. */
   readonly transitions: WriteGroups<string, boolean>;
+  /** Ancestry, layer scopes and pool spec keys kept in memory (catalog-cache.ts). */
+  readonly catalog: CatalogCache;
+  /** Rate-limit takes made at once (any buckets of one rate): one upsert for all of them. */
+  readonly rateTakes: WriteGroups<{ key: string; perSecond: number; burst: number }, number>;
 
   private constructor(
     readonly db: Kysely<Database>,
@@ -126,6 +131,8 @@ export class StateStore {
     this.inserts = new SandboxInserts(db, bindIdempotencyKey);
     this.reservations = new WriteGroups<Reservation, undefined>((projectId, rs) => this.reserveMany(projectId, rs));
     this.transitions = new WriteGroups((key, ids) => this.transitionMany(ids, ...(JSON.parse(key) as [string[], string])));
+    this.catalog = new CatalogCache(this.shared);
+    this.rateTakes = new WriteGroups((_rate, takes) => this.takeRateTokens(takes));
   }
 
   /**
@@ -237,23 +244,50 @@ export class StateStore {
 
   /**
    * Takes one token from the bucket `key` (refilled at `perSecond`, holding at most `burst`) on
-   * the database's clock, in one statement, so that replicas share the bucket. Returns 0 when a
-   * token was taken, else the ms until one is there. PostgreSQL only.
+   * the database's clock, so that replicas share the bucket. Takes made at once, of any buckets,
+   * go in one statement ({@link takeRateTokens}). Returns 0 when a token was taken, else the ms
+   * until one is there. PostgreSQL only.
    */
   async takeRateToken(key: string, perSecond: number, burst: number): Promise<number> {
+    return this.rateTakes.submit(`${perSecond}/${burst}`, { key, perSecond, burst });
+  }
+
+  /**
+   * Takes tokens from many buckets in one multi-row upsert: per bucket, as many of its takes as
+   * there are whole tokens succeed, in order, the rest are refused (`denied` keeps how many).
+   * Per take: 0 when it got a token, else the ms until one is there.
+   */
+  async takeRateTokens(takes: ReadonlyArray<{ key: string; perSecond: number; burst: number }>): Promise<number[]> {
+    const { perSecond, burst } = takes[0]!;
+    const counts = new Map<string, number>();
+    for (const t of takes) counts.set(t.key, (counts.get(t.key) ?? 0) + 1);
     const nowMs = sql<number>`(extract(epoch from statement_timestamp()) * 1000)::float8`;
     const avail = sql<number>`least(${burst}::float8, b.tokens + greatest(0::float8, ${nowMs} - b.at_ms) * ${perSecond}::float8 / 1000.0)`;
-    const res = await sql<{ tokens: number; denied: number }>`
+    // The inserted row of a bucket taken n times holds tokens = burst - first and denied =
+    // n - first (first = the takes a full bucket grants), so n = denied + burst - tokens.
+    const n = sql<number>`round(excluded.denied + ${burst}::float8 - excluded.tokens)`;
+    const granted = sql<number>`least(${n}, floor(${avail}))`;
+    const rows = [...counts].map(([key, k]) => {
+      const first = Math.min(k, Math.floor(burst));
+      return sql`(${key}, ${burst - first}::float8, ${nowMs}, ${k - first}::int)`;
+    });
+    const res = await sql<{ key: string; tokens: number; denied: number }>`
       INSERT INTO rate_buckets AS b (key, tokens, at_ms, denied)
-      VALUES (${key}, ${burst - 1}::float8, ${nowMs}, 0)
+      VALUES ${sql.join(rows)}
       ON CONFLICT (key) DO UPDATE SET
-        tokens = CASE WHEN ${avail} >= 1 THEN ${avail} - 1 ELSE ${avail} END,
+        tokens = ${avail} - ${granted},
         at_ms = greatest(b.at_ms, ${nowMs}),
-        denied = CASE WHEN ${avail} >= 1 THEN 0 ELSE 1 END
-      RETURNING tokens, denied`.execute(this.db);
-    const row = res.rows[0];
-    if (!row || Number(row.denied) === 0) return 0;
-    return Math.max(1, Math.ceil(((1 - Number(row.tokens)) / perSecond) * 1000));
+        denied = (${n} - ${granted})::int
+      RETURNING key, tokens, denied`.execute(this.db);
+    const left = new Map(res.rows.map((r) => [r.key, { denied: Number(r.denied), tokens: Number(r.tokens) }]));
+    const seen = new Map<string, number>();
+    return takes.map((t) => {
+      const i = seen.get(t.key) ?? 0;
+      seen.set(t.key, i + 1);
+      const r = left.get(t.key);
+      if (!r || i < counts.get(t.key)! - r.denied) return 0;
+      return Math.max(1, Math.ceil(((1 - r.tokens) / perSecond) * 1000));
+    });
   }
 
   // ---- projects ----
@@ -290,15 +324,26 @@ export class StateStore {
     return row;
   }
 
-  /** Ids of the project and its ancestors, nearest first. */
+  /** Ids of the project and its ancestors, nearest first (kept once read: parents never change). */
   async ancestry(projectId: string, db: Kysely<Database> | Transaction<Database> = this.db): Promise<string[]> {
-    const all = new Map((await db.selectFrom('projects').select(['id', 'parent_id']).execute()).map((r) => [r.id, r.parent_id]));
-    const chain: string[] = [];
-    for (let id: string | null | undefined = projectId; id; id = all.get(id)) {
-      if (chain.includes(id)) break;
-      chain.push(id);
-    }
-    return chain;
+    return this.catalog.ancestry(projectId, async () => {
+      const all = new Map((await db.selectFrom('projects').select(['id', 'parent_id']).execute()).map((r) => [r.id, r.parent_id]));
+      const chain: string[] = [];
+      for (let id: string | null | undefined = projectId; id; id = all.get(id)) {
+        if (chain.includes(id)) break;
+        chain.push(id);
+      }
+      return { chain, known: all.has(projectId) };
+    });
+  }
+
+  /**
+   * Layers or pools changed: this process's cached scopes and pool sets are dropped, and on a
+   * shared store every other replica is told to drop theirs.
+   */
+  private async catalogChanged(): Promise<void> {
+    this.catalog.forget();
+    await this.notify(CATALOG_CHANNEL, this.catalog.origin).catch(() => undefined);
   }
 
   /**
@@ -797,7 +842,7 @@ export class StateStore {
     idleTimeoutMs: number;
     maxPools: number;
   }): Promise<{ row: PoolTable; created: boolean }> {
-    return this.db.transaction().execute(async (tx) => {
+    const out = await this.db.transaction().execute(async (tx) => {
       const t = now();
       const old = await tx.selectFrom('pools').selectAll().where('project_id', '=', p.projectId).where('name', '=', p.name).executeTakeFirst();
       if (old && old.spec_key === p.specKey) {
@@ -807,7 +852,7 @@ export class StateStore {
           .set({ spec: row.spec, resolved: row.resolved, size: row.size, idle_timeout_ms: row.idle_timeout_ms, last_used_at: t, updated_at: t })
           .where('id', '=', old.id)
           .execute();
-        return { row, created: false };
+        return { row, created: false as boolean };
       }
       if (old) await tx.deleteFrom('pools').where('id', '=', old.id).execute();
       else {
@@ -834,6 +879,8 @@ export class StateStore {
       await tx.insertInto('pools').values(row).execute();
       return { row, created: !old };
     });
+    await this.catalogChanged();
+    return out;
   }
 
   async pool(projectId: string, name: string): Promise<PoolTable | undefined> {
@@ -852,6 +899,15 @@ export class StateStore {
 
   async deletePool(id: string): Promise<void> {
     await this.db.deleteFrom('pools').where('id', '=', id).execute();
+    await this.catalogChanged();
+  }
+
+  /** The spec keys of a project's pools (cached: catalog-cache.ts). */
+  async poolSpecKeys(projectId: string): Promise<ReadonlySet<string>> {
+    return this.catalog.poolKeys(projectId, async () => {
+      const rows = await this.db.selectFrom('pools').select('spec_key').where('project_id', '=', projectId).execute();
+      return new Set(rows.map((r) => r.spec_key));
+    });
   }
 
   /** Members of every pool (or of one) by state: pool id -> state -> count. */
@@ -890,15 +946,8 @@ export class StateStore {
     /** A pending idempotency key of the claim: it records the claimed id in the claim's transaction. */
     idempotencyKey?: string | undefined;
   }): Promise<SandboxTable | undefined> {
-    // Most creates match no pool: one indexed read, no transaction.
-    const any = await this.db
-      .selectFrom('pools')
-      .select('id')
-      .where('project_id', '=', c.projectId)
-      .where('spec_key', '=', c.specKey)
-      .limit(1)
-      .executeTakeFirst();
-    if (!any) return undefined;
+    // Most creates match no pool: the project's pool spec keys come from memory, no read.
+    if (!(await this.poolSpecKeys(c.projectId)).has(c.specKey)) return undefined;
     return this.db.transaction().execute(async (tx) => {
       for (;;) {
         const cand = await tx
@@ -1084,6 +1133,7 @@ export class StateStore {
       shared: shared ? 1 : 0,
     };
     await this.db.insertInto('layers').values(row).execute();
+    await this.catalogChanged();
     return row;
   }
 
@@ -1095,14 +1145,22 @@ export class StateStore {
       .where('project_id', '=', projectId)
       .where('digest', '=', digest)
       .execute();
+    await this.catalogChanged();
   }
 
   async layers(projectIds: string[]): Promise<LayerTable[]> {
     return this.db.selectFrom('layers').selectAll().where('project_id', 'in', projectIds).orderBy('created_at').execute();
   }
 
+  /** {@link layers} through the cache (catalog-cache.ts): for the create path, which re-reads on a miss. */
+  async cachedLayers(projectIds: string[]): Promise<LayerTable[]> {
+    return this.catalog.layers(projectIds, () => this.layers(projectIds));
+  }
+
   async removeLayerRows(ids: string[]): Promise<void> {
-    if (ids.length) await this.db.deleteFrom('layers').where('id', 'in', ids).execute();
+    if (!ids.length) return;
+    await this.db.deleteFrom('layers').where('id', 'in', ids).execute();
+    await this.catalogChanged();
   }
 
   async layerDigestInUse(digest: string): Promise<boolean> {

@@ -30,6 +30,12 @@ export class WriteGroups<T, R> {
     private readonly writer: GroupWriter<T, R>,
     /** Items per call of the writer at most. */
     private readonly maxGroup = 500,
+    /**
+     * Groups of one key may be written at once: a group is what arrived in one turn of the event
+     * loop, and it does not wait for the group before it (calls whose latency is their own, as a
+     * node's creates, rather than a store's writes that queue behind each other anyway).
+     */
+    private readonly overlap = false,
   ) {}
 
   /** Queues an item under `key`; settles with its own result once its group is written. */
@@ -43,36 +49,47 @@ export class WriteGroups<T, R> {
   }
 
   private schedule(key: string, lane: Lane<T, R>): void {
-    if (lane.writing || lane.scheduled) return;
+    if ((lane.writing && !this.overlap) || lane.scheduled) return;
     lane.scheduled = true;
     // The rest of this turn's requests (a batch's items started together) join the group.
     setImmediate(() => {
       lane.scheduled = false;
-      void this.drain(key, lane);
+      if (this.overlap) void this.flush(key, lane);
+      else void this.drain(key, lane);
     });
+  }
+
+  /** Overlapping groups: writes what is queued now, without waiting for groups in flight. */
+  private async flush(key: string, lane: Lane<T, R>): Promise<void> {
+    const groups: Array<Array<Pending<T, R>>> = [];
+    while (lane.queue.length > 0) groups.push(lane.queue.splice(0, this.maxGroup));
+    if (this.lanes.get(key) === lane) this.lanes.delete(key);
+    await Promise.all(groups.map((g) => this.write(key, g)));
+  }
+
+  /** Writes one group and settles each of its items. */
+  private async write(key: string, group: Array<Pending<T, R>>): Promise<void> {
+    try {
+      const out = await this.writer(
+        key,
+        group.map((p) => p.item),
+      );
+      this.written.groups++;
+      this.written.items += group.length;
+      for (const [i, p] of group.entries()) {
+        const r = out[i];
+        if (r instanceof Error) p.reject(r);
+        else p.resolve(r as R);
+      }
+    } catch (err) {
+      for (const p of group) p.reject(err);
+    }
   }
 
   private async drain(key: string, lane: Lane<T, R>): Promise<void> {
     lane.writing = true;
     try {
-      while (lane.queue.length > 0) {
-        const group = lane.queue.splice(0, this.maxGroup);
-        try {
-          const out = await this.writer(
-            key,
-            group.map((p) => p.item),
-          );
-          this.written.groups++;
-          this.written.items += group.length;
-          for (const [i, p] of group.entries()) {
-            const r = out[i];
-            if (r instanceof Error) p.reject(r);
-            else p.resolve(r as R);
-          }
-        } catch (err) {
-          for (const p of group) p.reject(err);
-        }
-      }
+      while (lane.queue.length > 0) await this.write(key, lane.queue.splice(0, this.maxGroup));
     } finally {
       lane.writing = false;
       if (lane.queue.length === 0) this.lanes.delete(key);

@@ -13,11 +13,24 @@ import {
   invalidArgument,
   restrictedEntries,
 } from '@dsec/protocol';
-import type { Admission, BackendKind, GrantedLease, GrantedResources, ImageSpec, Sandbox, SandboxRequest, SandboxSpec } from '@dsec/protocol';
+import { MAX_CREATE_MANY } from '@dsec/protocol';
+import type {
+  Admission,
+  BackendKind,
+  EdgeCreateItem,
+  EdgeSandbox,
+  GrantedLease,
+  GrantedResources,
+  ImageSpec,
+  Sandbox,
+  SandboxRequest,
+  SandboxSpec,
+} from '@dsec/protocol';
 import type { AdmissionQueue, Admitted } from '../admission.js';
 import type { Principal } from '../auth.js';
 import type { IdempotencyKeyTable, PoolTable, SandboxTable } from '../db/schema.js';
 import { crashPoint } from '../crash-points.js';
+import { WriteGroups } from '../db/write-groups.js';
 import type { Reservation, StateStore } from '../db/store.js';
 import { hashOf } from '../idempotency.js';
 import type { IdempotencyKeys } from '../idempotency.js';
@@ -112,9 +125,49 @@ function rowSpecOf(item: CreateItem): string {
   return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources, ...(item.spec.protect ? { protect: item.spec.protect } : {}) });
 }
 
+/** One node create waiting for its node's next createMany message. */
+interface NodeCreate {
+  node: NodeEntry;
+  item: EdgeCreateItem;
+}
+
 /** Resolves, admits, places and creates sandboxes one item at a time. */
 export class CreatePipeline {
+  /**
+   * Creates placed on one node in the same turn of the event loop (a batch's items, concurrent
+   * single creates) go to it in one createMany message, where the node's client has one (the
+   * node protocol): one message and one answer for many creates instead of one each. A group
+   * does not wait for the node's group in flight (the groups overlap, as single creates did).
+   */
+  readonly nodeCreates = new WriteGroups<NodeCreate, EdgeSandbox>(
+    async (_node, creates) => {
+      const client = creates[0]!.node.client;
+      const out = await client.createMany!(creates.map((c) => c.item));
+      return out.map((r) => ('sandbox' in r ? r.sandbox : r.error));
+    },
+    MAX_CREATE_MANY,
+    true,
+  );
+
   constructor(private readonly d: CreatePipelineDeps) {}
+
+  /**
+   * Creates one sandbox on its node: grouped with the node's other creates of this moment when
+   * the node's client takes many at once, else alone. A grouped create whose request was
+   * cancelled meanwhile is destroyed on the node again.
+   */
+  private async nodeCreate(node: NodeEntry, spec: SandboxSpec, id: string, signal: AbortSignal | undefined): Promise<void> {
+    if (!node.client.createMany) {
+      await node.client.create(spec, signal ? { id, signal } : { id });
+      return;
+    }
+    signal?.throwIfAborted();
+    await this.nodeCreates.submit(node.name, { node, item: { spec, id } });
+    if (signal?.aborted) {
+      await node.client.destroy(id).catch(() => undefined);
+      throw new DsecError('CANCELLED', 'the request was cancelled while its sandbox was created');
+    }
+  }
 
   /** Resolves a validated request: layers to digests, resources granted, the pool and request hashes. */
   async prepare(projectId: string, req: SandboxRequest, prefix: string, resolve: LayerResolver, p?: Principal): Promise<CreateItem> {
@@ -316,7 +369,7 @@ export class CreatePipeline {
     await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
     crashPoint('create.row');
     try {
-      await node.client.create(item.spec, signal ? { id, signal } : { id });
+      await this.nodeCreate(node, item.spec, id, signal);
     } catch (err) {
       this.chargeNode(node, item, -1);
       await this.d.store.db.deleteFrom('sandboxes').where('id', '=', id).execute();

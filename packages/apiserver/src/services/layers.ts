@@ -80,6 +80,32 @@ export class LayerService {
     return (ref, field) => matchLayer(rows, scope, ref, field);
   }
 
+  /**
+   * Runs `fn` (the create path's resolving of one request) with a resolver over the cached
+   * layer scope of the project (catalog-cache.ts); when a reference did not resolve from the
+   * cache, `fn` runs again with a resolver read from the store, so that a layer added a moment
+   * ago on another replica is never refused. `fn` must be safe to run twice (it only reads).
+   */
+  async withResolver<T>(projectId: string, fn: (resolve: LayerResolver) => Promise<T>): Promise<T> {
+    const scope = await this.scope(projectId);
+    const own = new Set([projectId]);
+    const rows = (await this.store.cachedLayers(scope)).filter((r) => visibleFrom(r, own));
+    let missed = false;
+    try {
+      return await fn((ref, field) => {
+        try {
+          return matchLayer(rows, scope, ref, field);
+        } catch (err) {
+          missed = true;
+          throw err;
+        }
+      });
+    } catch (err) {
+      if (!missed) throw err;
+    }
+    return fn(await this.resolver(projectId));
+  }
+
   /** Resolves a layer reference for a project to a `sha256:` digest. */
   async resolve(projectId: string, ref: string, field: string): Promise<string> {
     return (await this.resolver(projectId))(ref, field);

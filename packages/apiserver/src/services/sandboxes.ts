@@ -93,7 +93,7 @@ export class SandboxService {
     requireRole(p, 'member');
     const { admission, ...req } = body;
     const { pipeline, idempotency } = this.d;
-    const item = await pipeline.prepare(p.projectId, req, '', await this.d.layers.resolver(p.projectId), p);
+    const item = await this.d.layers.withResolver(p.projectId, (resolve) => pipeline.prepare(p.projectId, req, '', resolve, p));
     const key = opts.idempotencyKey;
     if (key !== undefined) {
       const held = await idempotency.acquire(p.projectId, key, item.requestHash, opts.signal);

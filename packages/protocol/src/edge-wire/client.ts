@@ -9,6 +9,8 @@ import type {
   EdgeClient,
   EdgeExecOptions,
   EdgeLayers,
+  EdgeCreateItem,
+  EdgeCreateResult,
   EdgeSandbox,
   LayerBuildOptions,
   LayerBuildSource,
@@ -178,6 +180,10 @@ export class WireEdgeClient implements EdgeClient {
   create(spec: SandboxSpec, opts: EdgeCallOptions & { id?: string } = {}): Promise<EdgeSandbox> {
     const { signal, ...rest } = opts;
     return this.call('create', [spec, rest], { signal });
+  }
+  async createMany(items: readonly EdgeCreateItem[], opts: EdgeCallOptions = {}): Promise<EdgeCreateResult[]> {
+    const out = await this.call<Array<{ sandbox: EdgeSandbox } | { error: WireError }>>('createMany', [items, {}], opts);
+    return out.map((r) => ('sandbox' in r ? r : { error: fromWireError(r.error) }));
   }
   claim(id: string, claim: SandboxClaim, opts: EdgeCallOptions = {}): Promise<EdgeSandbox> {
     return this.call('claim', [id, claim], opts);

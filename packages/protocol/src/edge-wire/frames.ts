@@ -9,7 +9,7 @@ import { BackendKindSchema } from '../resources.js';
 import type { WireError, WireValue } from './values.js';
 
 /** Version of the frames below; a client refuses a server that says another. */
-export const EDGE_WIRE_VERSION = 1;
+export const EDGE_WIRE_VERSION = 2;
 /** Output events a server may send on a process stream before the client grants more. */
 export const STREAM_WINDOW_EVENTS = 64;
 /** Upload chunks a client may send on a layer build before the server grants more. */

@@ -6,7 +6,18 @@ import { z } from 'zod';
 import { CallBatchRequestSchema, CallRequestSchema } from '../calls.js';
 import { DiffOptionsSchema, VerifyRequestSchema } from '../files.js';
 import { DebianLayerRequestSchema, ImageRefSchema, VmLayerRequestSchema } from '../layers.js';
-import type { EdgeCallOptions, EdgeCalls, EdgeClient, EdgeLayers, EdgeScreen, LayerBuildSource, OutputEvent, ProcessStream } from '../edge-client.js';
+import type {
+  EdgeCallOptions,
+  EdgeCalls,
+  EdgeClient,
+  EdgeCreateItem,
+  EdgeCreateResult,
+  EdgeLayers,
+  EdgeScreen,
+  LayerBuildSource,
+  OutputEvent,
+  ProcessStream,
+} from '../edge-client.js';
 import { ScreenActionsSchema } from '../screen.js';
 import { NetworkPolicySchema } from '../network.js';
 import { parseOrThrow } from '../parse.js';
@@ -15,6 +26,8 @@ import { ExecSpecSchema, PtySchema } from '../exec.js';
 import { BuildableLayerKindSchema, LayerKindSchema, LayerRefSchema } from '../layers.js';
 import { PauseMemorySchema, SandboxClaimSchema, SandboxSpecSchema } from '../sandboxes.js';
 import { invalidArgument } from '../errors.js';
+import type { DsecError } from '../errors.js';
+import { toWireError } from './values.js';
 
 /** What the serving side gives a call besides its arguments. */
 export interface CallContext {
@@ -37,6 +50,8 @@ export interface WireMethod {
 }
 
 const sandboxId = z.string().min(1).max(256);
+/** Creates in one createMany message at most. */
+export const MAX_CREATE_MANY = 500;
 const path = z.string().min(1).max(4096);
 const pid = z.number().int().min(0).max(Number.MAX_SAFE_INTEGER);
 const bytes = z.union([z.string(), z.instanceof(Uint8Array)]);
@@ -105,6 +120,35 @@ export const WIRE_METHODS: Readonly<Record<WireMethodName, WireMethod>> = {
       ['opts', z.strictObject({ id: sandboxId.optional() }).optional()],
     ],
     run: (e, x, ctx) => e.create(a(x, 0), withSignal(a(x, 1), ctx)),
+  },
+  // Many creates in one message (edge wire version 2): each item's outcome, in order; an edge
+  // without createMany runs create for each item, all at once.
+  createMany: {
+    args: [
+      [
+        'items',
+        z
+          .array(z.strictObject({ spec: SandboxSpecSchema, id: sandboxId }))
+          .min(1)
+          .max(MAX_CREATE_MANY),
+      ],
+      ['opts', z.strictObject({}).optional()],
+    ],
+    run: async (e, x, ctx) => {
+      const items = a<EdgeCreateItem[]>(x, 0);
+      const opts = local(ctx);
+      const results: EdgeCreateResult[] = e.createMany
+        ? await e.createMany(items, opts)
+        : await Promise.all(
+            items.map((it) =>
+              e.create(it.spec, { ...opts, id: it.id }).then(
+                (sandbox) => ({ sandbox }),
+                (err: unknown) => ({ error: err as DsecError }),
+              ),
+            ),
+          );
+      return results.map((r) => ('sandbox' in r ? r : { error: toWireError(r.error) }));
+    },
   },
   claim: {
     args: [

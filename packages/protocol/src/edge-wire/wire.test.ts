@@ -216,6 +216,30 @@ describe('WireEdgeClient over serveEdge', () => {
     client.close();
   });
 
+  test('createMany: many creates in one call frame, each item its own outcome in order', async () => {
+    const { client, frames } = await connect();
+    const before = frames.length;
+    const out = await client.createMany([
+      { spec: { image: { base: 'busybox' }, labels: { a: 'b' } }, id: 'sb-a' },
+      { spec: { image: { base: 'busybox' }, labels: { fail: 'internal' } }, id: 'sb-b' },
+      { spec: { image: { base: 'busybox' } }, id: 'sb-c' },
+    ]);
+    assert.equal(frames.length - before, 2, 'one call frame and one result frame');
+    assert.deepEqual(
+      out.map((r) => ('sandbox' in r ? r.sandbox.id : r.error.code)),
+      ['sb-a', 'INTERNAL', 'sb-c'],
+    );
+    const failed = out[1]!;
+    assert.ok('error' in failed && failed.error instanceof DsecError && failed.error.message === INTERNAL_MESSAGE);
+    assert.ok('sandbox' in out[0]! && out[0].sandbox.spec.labels?.['a'] === 'b');
+    await assert.rejects(client.createMany([]), (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'items');
+    await assert.rejects(
+      client.createMany([{ spec: { image: { base: 'NOT A REF' } }, id: 'x' }]),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && String(e.details.field).startsWith('items.0.spec'),
+    );
+    client.close();
+  });
+
   test('a frame that is not one, or a method that does not exist, gets INVALID_ARGUMENT', async () => {
     const fake = new FakeEdge();
     const [c, s] = loopbackTransport();
