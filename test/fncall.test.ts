@@ -6,7 +6,7 @@ import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fncallRunner, mountsUnder } from '@dsec/edge';
+import { PYTHON_PROGRAMS, fncallRunner, mountsUnder } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import type { CallResult } from '@dsec/protocol';
 import { DsecClient } from '@dsec/sdk';
@@ -354,20 +354,20 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
       stdin: 'in\nput',
       mod: 5,
     });
-    const raised = await same({ code: 'def f():\n    return 1 / 0\nf()' });
+    const raised = await same({ code: PYTHON_PROGRAMS.raises });
     assert.equal(raised.exitCode, 1);
     assert.match(raised.stderr, /^Traceback \(most recent call last\):\n {2}File "<string>", line 6, in <module>\n/);
     assert.match(raised.stderr, /ZeroDivisionError: division by zero\n$/);
-    assert.equal((await same({ code: 'raise SystemExit("bye")' })).stderr, 'bye\n');
-    assert.equal((await same({ code: 'import os\nos._exit(7)' })).exitCode, 7);
+    assert.equal((await same({ code: PYTHON_PROGRAMS.exitMessage })).stderr, 'bye\n');
+    assert.equal((await same({ code: PYTHON_PROGRAMS.hardExit })).exitCode, 9);
     const slow = await same({ code: 'import time\ntime.sleep(60)', timeoutMs: 1_000 });
     assert.equal(slow.timedOut, true);
     assert.equal(slow.signal, 'SIGKILL');
     // A syntax error stops the code before its first line: warm or not, the same report.
-    const cold = await node.edge.calls.run({ runtime: 'python3', code: 'x = (', env: { COLD: '1' } });
+    const cold = await node.edge.calls.run({ runtime: 'python3', code: PYTHON_PROGRAMS.syntaxError, env: { COLD: '1' } });
     assert.equal(cold.exitCode, 1);
     for (let i = 0; i < 3; i++) {
-      const r = await node.edge.calls.run({ runtime: 'python3', code: 'x = (' });
+      const r = await node.edge.calls.run({ runtime: 'python3', code: PYTHON_PROGRAMS.syntaxError });
       assert.deepEqual([r.exitCode, r.stdout, r.stderr], [cold.exitCode, cold.stdout, cold.stderr]);
     }
   });

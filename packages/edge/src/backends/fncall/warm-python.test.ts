@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { test } from 'node:test';
+import { PYTHON_PROGRAMS } from '../../testing/python-programs.js';
 import { WARM_PYTHON_ARGV, warmPythonEligible, warmPythonInput } from './warm-python.js';
 
 const PYTHON = '/usr/bin/python3';
@@ -22,16 +23,8 @@ function run(argv: readonly string[], input: Buffer): Promise<{ code: number | n
 }
 
 const programs = [
-  'print(1)',
+  ...Object.values(PYTHON_PROGRAMS),
   'import sys, json\nprint(json.dumps({"argv": sys.argv, "main": sorted(globals()), "path0": sys.path[0], "stdin": sys.stdin.read()}))',
-  'def f():\n    return 1 / 0\nf()',
-  'x = (',
-  'raise SystemExit("bye")',
-  'raise SystemExit(3)',
-  'import os\nos._exit(9)',
-  'import sys\nsys.excepthook = lambda *a: print("hooked", a[0].__name__)\nraise ValueError()',
-  'try:\n    {}["k"]\nexcept KeyError:\n    raise RuntimeError("in handling")',
-  'print("é", end="")',
 ];
 
 test('a program in the warm stub prints, fails and exits as under python3 -c', { skip: !existsSync(PYTHON) && 'no /usr/bin/python3' }, async () => {
