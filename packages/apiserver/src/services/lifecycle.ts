@@ -515,6 +515,9 @@ export class LifecycleService {
       if (!now || now.state === 'stopping') throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
     }
+    // From the claim on the API shows the row no more (404, not listed): live lists drop it now,
+    // not when the teardown ends (a teardown the node refuses brings it back as `failed`).
+    if (from !== POOLED_STATE) this.rowEvents.deleted(row, from);
     return { row, from };
   }
 
@@ -559,10 +562,8 @@ export class LifecycleService {
       }
     }
     crashPoint('delete.node');
-    const deleted = await store.deleteSandbox(row);
-    // A pool's unclaimed member was never anybody's to list; a row another replica's abandoned-row
-    // pass deleted first was announced there.
-    if (deleted && from !== POOLED_STATE) this.rowEvents.deleted(row, from);
+    // Its `sandbox.deleted` was raised at the claim.
+    await store.deleteSandbox(row);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;
@@ -578,7 +579,7 @@ export class LifecycleService {
    * fine; a node not reached here destroys it at its next session-open reconcile, where it has no
    * row), then its row deleted. Two replicas finishing one row at once is harmless: the node's
    * destroy is idempotent and only the delete that removes the row returns the quota and raises
-   * `sandbox.deleted`. The first-seen times live in memory: a restarted replica waits the bound
+   * `sandbox.deleted` (a second one when the dead replica had raised it at its claim). The first-seen times live in memory: a restarted replica waits the bound
    * again. The pass that deletes the row gives its share of the node's allocation back when
    * this replica's recount counted it (a recount, when the node's session opens, counts
    * `stopping` rows; a share this replica charged at the create and never recounted stays
