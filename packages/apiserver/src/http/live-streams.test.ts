@@ -240,7 +240,7 @@ describe("followed answers wake on their own tenant's writes", () => {
     try {
       await lineWhere(it, () => true, 'the first line');
       streams.changed('tenant-c');
-      await new Promise((r) => setTimeout(r, 300));
+      await new Promise((r) => setTimeout(r, 120));
       assert.equal(checks, 0, 'no periodic re-check after close');
       assert.equal(loads, 1, 'no read after a write once closed');
     } finally {

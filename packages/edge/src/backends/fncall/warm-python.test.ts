@@ -70,7 +70,7 @@ test(
         await mkdir(path.join(home, 'extra'), { recursive: true });
       };
       // Warm: the interpreter starts with no user site; the call's files make it before its code is sent.
-      const warm = await run(WARM_PYTHON_ARGV, warmPythonInput(code, ''), { home, beforeInput: () => new Promise((r) => setTimeout(r, 300)).then(makeSite) });
+      const warm = await run(WARM_PYTHON_ARGV, warmPythonInput(code, ''), { home, beforeInput: () => new Promise((r) => setTimeout(r, 150)).then(makeSite) });
       const cold = await run(['python3', '-c', code], Buffer.alloc(0), { home });
       assert.equal(cold.code, 0, cold.stderr);
       assert.deepEqual(warm, cold);
