@@ -579,11 +579,11 @@ export class LifecycleService {
    * fine; a node not reached here destroys it at its next session-open reconcile, where it has no
    * row), then its row deleted. Two replicas finishing one row at once is harmless: the node's
    * destroy is idempotent and only the delete that removes the row returns the quota and raises
-   * `sandbox.deleted` (a second one when the dead replica had raised it at its claim). The first-seen times live in memory: a restarted replica waits the bound
-   * again. The pass that deletes the row gives its share of the node's allocation back when
-   * this replica's recount counted it (a recount, when the node's session opens, counts
-   * `stopping` rows; a share this replica charged at the create and never recounted stays
-   * until the node's next recount).
+   * `sandbox.deleted` (a second one when the dead replica had raised it at its claim). The
+   * first-seen times live in memory: a restarted replica waits the bound again. The pass that
+   * deletes the row gives its share of the node's allocation back when this replica's recount
+   * counted it (a recount, when the node's session opens, counts `stopping` rows; a share this
+   * replica charged at the create and never recounted stays until the node's next recount).
    * Returns the ids it finished.
    */
   async finishAbandonedStopping(log: (line: string) => void = () => undefined, now = Date.now(), boundMs = ABANDONED_STOPPING_MS): Promise<string[]> {
