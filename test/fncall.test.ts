@@ -2,11 +2,11 @@
 // edge and through the API, SDK and CLI.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fncallRunner, mountsUnder } from '@dsec/edge';
+import { PYTHON_PROGRAMS, fncallRunner, mountsUnder } from '@dsec/edge';
 import { DsecError } from '@dsec/protocol';
 import type { CallResult } from '@dsec/protocol';
 import { DsecClient } from '@dsec/sdk';
@@ -22,6 +22,19 @@ function rejectsWith(code: string, field?: string) {
     if (field !== undefined) assert.equal(err.details.field, field, err.message);
     return true;
   };
+}
+
+/** Process ids of this process's `dsec-launch --serve` children. */
+async function launchServers(): Promise<number[]> {
+  const pids: number[] = [];
+  for (const task of await readdir('/proc/self/task')) {
+    const children = await readFile(`/proc/self/task/${task}/children`, 'utf8').catch(() => '');
+    for (const pid of children.split(' ').filter(Boolean).map(Number)) {
+      const argv = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0');
+      if (path.basename(argv[0] ?? '') === 'dsec-launch' && argv[1] === '--serve') pids.push(pid);
+    }
+  }
+  return pids.sort((a, b) => a - b);
 }
 
 describe('fncall at the edge (sh runtime)', () => {
@@ -144,6 +157,19 @@ describe('fncall at the edge (sh runtime)', () => {
     await assert.rejects(call({ code: 'x', timeoutMs: -1 }), rejectsWith('INVALID_ARGUMENT', 'timeoutMs'));
     await assert.rejects(call({ code: 'x', memoryMiB: 1 }), rejectsWith('INVALID_ARGUMENT', 'memoryMiB'));
     await assert.rejects(async () => node.edge.calls.runBatch(parsed.callBatch({ calls: [] })), rejectsWith('INVALID_ARGUMENT', 'calls'));
+  });
+
+  test('one launch server per edge makes both sandboxes and call sandboxes', async () => {
+    await call({ code: 'true' });
+    const sb = await node.edge.create(parsed.sandbox({ image: { base: 'busybox' } }));
+    try {
+      const servers = await launchServers();
+      assert.equal(servers.length, 1, `dsec-launch --serve children of this process: ${servers.join(', ')}`);
+      await call({ code: 'true' });
+      assert.deepEqual(await launchServers(), servers);
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
   });
 
   test('closing the edge leaves no call sandbox, cgroup or mount behind', async () => {
@@ -328,20 +354,20 @@ describe('fncall runtimes built from Debian packages (python3, node)', () => {
       stdin: 'in\nput',
       mod: 5,
     });
-    const raised = await same({ code: 'def f():\n    return 1 / 0\nf()' });
+    const raised = await same({ code: PYTHON_PROGRAMS.raises });
     assert.equal(raised.exitCode, 1);
     assert.match(raised.stderr, /^Traceback \(most recent call last\):\n {2}File "<string>", line 6, in <module>\n/);
     assert.match(raised.stderr, /ZeroDivisionError: division by zero\n$/);
-    assert.equal((await same({ code: 'raise SystemExit("bye")' })).stderr, 'bye\n');
-    assert.equal((await same({ code: 'import os\nos._exit(7)' })).exitCode, 7);
+    assert.equal((await same({ code: PYTHON_PROGRAMS.exitMessage })).stderr, 'bye\n');
+    assert.equal((await same({ code: PYTHON_PROGRAMS.hardExit })).exitCode, 9);
     const slow = await same({ code: 'import time\ntime.sleep(60)', timeoutMs: 1_000 });
     assert.equal(slow.timedOut, true);
     assert.equal(slow.signal, 'SIGKILL');
     // A syntax error stops the code before its first line: warm or not, the same report.
-    const cold = await node.edge.calls.run({ runtime: 'python3', code: 'x = (', env: { COLD: '1' } });
+    const cold = await node.edge.calls.run({ runtime: 'python3', code: PYTHON_PROGRAMS.syntaxError, env: { COLD: '1' } });
     assert.equal(cold.exitCode, 1);
     for (let i = 0; i < 3; i++) {
-      const r = await node.edge.calls.run({ runtime: 'python3', code: 'x = (' });
+      const r = await node.edge.calls.run({ runtime: 'python3', code: PYTHON_PROGRAMS.syntaxError });
       assert.deepEqual([r.exitCode, r.stdout, r.stderr], [cold.exitCode, cold.stdout, cold.stderr]);
     }
   });

@@ -44,6 +44,62 @@ async function flipByte(file: string, at: number): Promise<void> {
   }
 }
 
+/** A VM sandbox set up for the adoption tests: a secret on a tmpfs and a counting shell in it. */
+interface Adoptable {
+  id: string;
+  secret: string;
+  /** The counting shell's pid. */
+  pid: number;
+  /** Its QEMU's pid. */
+  qemu: number;
+}
+
+/** Creates a `backend` sandbox on `node` with the adoption tests' state in it (a tmpfs secret, a counting shell). */
+async function adoptable(
+  node: TestNode,
+  backend: 'microvm' | 'vm',
+  base: string,
+  resources: { cpu: number; memoryMiB: number; diskMiB: number },
+): Promise<Adoptable> {
+  const sb = await node.edge.create({ backend, image: { base }, resources });
+  const id = sb.id;
+  const secret = randomBytes(8).toString('hex');
+  await node.edge.exec(id, { cmd: `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret` });
+  const counter = await node.edge.spawn(id, { cmd: 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' });
+  await counter.detach();
+  const [qemu] = await qemuPids(id);
+  assert.ok(qemu, 'its QEMU runs');
+  return { id, secret, pid: counter.pid, qemu };
+}
+
+/** The tmpfs secret still reads back through `edge`. */
+async function secretKept(edge: Edge, vm: Adoptable): Promise<void> {
+  assert.equal((await edge.exec(vm.id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), vm.secret);
+}
+
+/** Restarts the edge over a running VM: listed running, the same QEMU reconnected, its tmpfs kept. */
+async function adoptedRunning(node: TestNode, vm: Adoptable): Promise<Edge> {
+  const edge = await node.restart();
+  assert.deepEqual(
+    (await edge.list()).map((s) => [s.id, s.state]),
+    [[vm.id, 'running']],
+  );
+  assert.deepEqual(await qemuPids(vm.id), [vm.qemu], 'the same QEMU process, not a new boot');
+  await secretKept(edge, vm);
+  return edge;
+}
+
+/** Pauses the VM in memory and restarts the edge: still paused with the same QEMU; the resume goes on. */
+async function adoptedPaused(node: TestNode, vm: Adoptable): Promise<Edge> {
+  await node.edge.pause(vm.id);
+  const edge = await node.restart();
+  assert.equal(edge.info(vm.id).state, 'paused');
+  assert.deepEqual(await qemuPids(vm.id), [vm.qemu]);
+  await edge.resume(vm.id);
+  await secretKept(edge, vm);
+  return edge;
+}
+
 before(async () => {
   tp = await startTestPlatform({ microvm: {} });
   client = new DsecClient({ apiUrl: tp.url, apiKey: tp.adminKey, requestTimeoutMs: 180_000 });
@@ -187,34 +243,16 @@ describe('microvm adopted by a restarted edge', () => {
   test('a running, a paused and a paused-to-file microVM survive edge restarts; an adopted QEMU that dies is lost', async () => {
     node = await startNode({ edge: { microvm: {} } });
     await node.edge.layers.build({ type: 'busybox' }, { kind: 'base', name: 'busybox' });
-    const sb = await node.edge.create({ backend: 'microvm', image: { base: 'busybox' }, resources: { cpu: 1, memoryMiB: 160, diskMiB: 32 } });
-    const id = sb.id;
-    const secret = randomBytes(8).toString('hex');
-    await node.edge.exec(id, { cmd: `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret` });
-    const counter = await node.edge.spawn(id, { cmd: 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' });
-    const pid = counter.pid;
-    await counter.detach();
-    const [qemu] = await qemuPids(id);
-    assert.ok(qemu, 'its QEMU runs');
+    const vm = await adoptable(node, 'microvm', 'busybox', { cpu: 1, memoryMiB: 160, diskMiB: 32 });
+    const { id, pid } = vm;
 
     // Running: the same QEMU, reconnected; the command runs on and is read from an offset.
-    let edge = await node.restart();
-    assert.deepEqual(
-      (await edge.list()).map((s) => [s.id, s.state]),
-      [[id, 'running']],
-    );
-    assert.deepEqual(await qemuPids(id), [qemu], 'the same QEMU process, not a new boot');
-    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    let edge = await adoptedRunning(node, vm);
     const first = await readLines(edge, id, pid, 0, 6);
     assert.deepEqual(first.trim().split('\n').slice(0, 6).map(Number), [1, 2, 3, 4, 5, 6]);
 
     // Paused in memory: still paused after the restart, with the same QEMU; resume goes on.
-    await edge.pause(id);
-    edge = await node.restart();
-    assert.equal(edge.info(id).state, 'paused');
-    assert.deepEqual(await qemuPids(id), [qemu]);
-    await edge.resume(id);
-    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    edge = await adoptedPaused(node, vm);
 
     // Paused to a file: no QEMU across the restart; the resume restores it from the file.
     await edge.pause(id, { memory: 'file' });
@@ -223,7 +261,7 @@ describe('microvm adopted by a restarted edge', () => {
     assert.equal(edge.info(id).state, 'paused');
     assert.deepEqual(await qemuPids(id), [], 'the restarted edge started no QEMU for it');
     await edge.resume(id);
-    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    await secretKept(edge, vm);
     const numbers = (await readLines(edge, id, pid, 0, 12)).trim().split('\n').slice(0, 12).map(Number);
     assert.deepEqual(
       numbers,
@@ -256,36 +294,18 @@ describe('vm adopted by a restarted edge', { skip: LONG ? false : 'DSEC_LONG=1 (
     node = await startNode({ edge: { vm: {} } });
     // The image is cached machine-wide by its inputs (minutes from an empty cache).
     await node.edge.layers.build({ type: 'vm' }, { kind: 'base', name: 'vm-adopt' });
-    const sb = await node.edge.create({ backend: 'vm', image: { base: 'vm-adopt' }, resources: { cpu: 1, memoryMiB: 512, diskMiB: 2048 } });
-    const id = sb.id;
-    const secret = randomBytes(8).toString('hex');
-    await node.edge.exec(id, { cmd: `mkdir -p /mnt/ram && mount -t tmpfs ram /mnt/ram && echo ${secret} > /mnt/ram/secret` });
-    const counter = await node.edge.spawn(id, { cmd: 'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' });
-    const pid = counter.pid;
-    await counter.detach();
-    const [qemu] = await qemuPids(id);
-    assert.ok(qemu, 'its QEMU runs');
+    const vm = await adoptable(node, 'vm', 'vm-adopt', { cpu: 1, memoryMiB: 512, diskMiB: 2048 });
+    const { id, pid } = vm;
 
     // Running: the same QEMU, reconnected; its tmpfs and its command are there.
-    let edge = await node.restart();
-    assert.deepEqual(
-      (await edge.list()).map((s) => [s.id, s.state]),
-      [[id, 'running']],
-    );
-    assert.deepEqual(await qemuPids(id), [qemu], 'the same QEMU process, not a new boot');
-    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    let edge = await adoptedRunning(node, vm);
     assert.ok(
       (await edge.processes(id)).some((p) => p.pid === pid && p.state === 'running'),
       'the command runs on',
     );
 
     // Paused in memory: still paused after the restart, the same QEMU; the resume goes on.
-    await edge.pause(id);
-    edge = await node.restart();
-    assert.equal(edge.info(id).state, 'paused');
-    assert.deepEqual(await qemuPids(id), [qemu]);
-    await edge.resume(id);
-    assert.equal((await edge.exec(id, { cmd: 'cat /mnt/ram/secret' })).stdout.trim(), secret);
+    edge = await adoptedPaused(node, vm);
 
     await edge.destroy(id);
     assert.deepEqual(await qemuPids(id), []);

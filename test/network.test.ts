@@ -14,7 +14,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
-import { makeCertificate } from '@dsec/edge';
+import { makeCertificate, makeNamespaceLink, removeNamespaceLink } from '@dsec/edge';
 import { isDsecError } from '@dsec/protocol';
 import type { NetworkPolicy, RaisedEvent } from '@dsec/protocol';
 import type { EgressLogEntry } from '@dsec/protocol';
@@ -57,25 +57,14 @@ async function startUpstream(dir: string): Promise<Upstream> {
   const octet = 1 + (parseInt(tag, 16) % 250);
   const hostAddress = `10.214.${octet}.1`;
   const address = `10.214.${octet}.2`;
-  await run('ip', ['netns', 'add', name]);
+  const link = { ns: name, hostIf, hostAddress, address };
+  await makeNamespaceLink(link, { defaultRoute: true });
   const procs: ChildProcess[] = [];
   const close = async (): Promise<void> => {
     for (const p of procs) p.kill('SIGKILL');
-    await run('ip', ['netns', 'del', name]).catch(() => undefined);
-    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
+    await removeNamespaceLink(link);
   };
   try {
-    await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', name]);
-    await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
-    await run('ip', ['link', 'set', hostIf, 'up']);
-    for (const args of [
-      ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
-      ['link', 'set', 'lo', 'up'],
-      ['link', 'set', 'eth0', 'up'],
-      ['route', 'add', 'default', 'via', hostAddress],
-    ]) {
-      await run('ip', ['-n', name, ...args]);
-    }
     const www = path.join(dir, 'www');
     await mkdir(www, { recursive: true });
     await writeFile(path.join(www, 'ok.txt'), 'upstream-ok\n');

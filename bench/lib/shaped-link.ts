@@ -1,23 +1,18 @@
 // A shaped link to a network namespace the bench makes: a veth pair (`<address>` inside as eth0,
-// `<hostAddress>` on the host), a tbf qdisc on both ends holding it to a rate (this kernel has no
+// `<hostAddress>` on the host; edge's testing/netns-link.ts, shared with the tests), a tbf qdisc on both ends holding it to a rate (this kernel has no
 // netem: a delay is a relay in the namespace, see delay-relay.ts). Used by the scenarios whose
 // servers stand in for a remote registry (`install`, `lazy`).
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { promisify } from 'node:util';
+import { makeNamespaceLink, removeNamespaceLink } from '@dsec/edge';
+import type { NamespaceLink } from '@dsec/edge';
 import { onCleanup } from './cleanup.js';
 
 const run = promisify(execFile);
 
-/** Names of a link: namespace, host-side interface and the /30's two addresses. */
-export interface ShapedLinkNames {
-  ns: string;
-  hostIf: string;
-  /** `10.<subnet>.<n>.1`, the host's end. */
-  hostAddress: string;
-  /** `10.<subnet>.<n>.2`, the namespace's end. */
-  address: string;
-}
+/** Names of a link: namespace, host-side interface and the /30's two addresses (`10.<subnet>.<n>.1` the host's, `.2` the namespace's). */
+export type ShapedLinkNames = NamespaceLink;
 
 /**
  * Fresh names for a link (nothing is made yet, so that a certificate can name the address first):
@@ -40,22 +35,9 @@ export interface ShapedLinkOptions {
 
 /** Makes the namespace and its link (removed by the bench's cleanup). */
 export async function makeShapedLink(link: ShapedLinkNames, opts: ShapedLinkOptions): Promise<void> {
-  const { ns, hostIf, hostAddress, address } = link;
-  onCleanup(`network namespace ${ns}`, async () => {
-    await run('ip', ['netns', 'del', ns]).catch(() => undefined);
-    await run('ip', ['link', 'del', hostIf]).catch(() => undefined);
-  });
-  await run('ip', ['netns', 'add', ns]);
-  await run('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
-  await run('ip', ['addr', 'add', `${hostAddress}/30`, 'dev', hostIf]);
-  await run('ip', ['link', 'set', hostIf, 'up']);
-  for (const args of [
-    ['addr', 'add', `${address}/30`, 'dev', 'eth0'],
-    ['link', 'set', 'lo', 'up'],
-    ['link', 'set', 'eth0', 'up'],
-    ...(opts.defaultRoute === true ? [['route', 'add', 'default', 'via', hostAddress]] : []),
-  ])
-    await run('ip', ['-n', ns, ...args]);
+  const { ns, hostIf } = link;
+  onCleanup(`network namespace ${ns}`, () => removeNamespaceLink(link));
+  await makeNamespaceLink(link, { defaultRoute: opts.defaultRoute === true });
   const tbf = ['root', 'tbf', 'rate', opts.rate, 'burst', opts.burst, 'latency', opts.latency];
   await run('tc', ['qdisc', 'add', 'dev', hostIf, ...tbf]);
   await run('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'add', 'dev', 'eth0', ...tbf]);

@@ -157,11 +157,16 @@ export class Authenticator {
     for (const fn of this.forgotten) fn();
   }
 
-  /** Calls `fn` each time cached keys are forgotten (a key revoked, a project made, here or on another replica). */
-  onForget(fn: () => void): void {
-    this.forgotten.push(fn);
+  /**
+   * Calls `fn` each time cached keys are forgotten (a key revoked, a project made, here or on
+   * another replica) until the returned function is called.
+   */
+  onForget(fn: () => void): () => void {
+    const entry = (): void => fn();
+    this.forgotten.add(entry);
+    return () => this.forgotten.delete(entry);
   }
-  private readonly forgotten: (() => void)[] = [];
+  private readonly forgotten = new Set<() => void>();
 
   /** Every project below `id` (and `id` itself). */
   async descendants(id: string): Promise<Set<string>> {

@@ -40,6 +40,8 @@ export interface NodeSessionInfo {
 /** Registry of nodes with their allocation (requested CPU and memory of their sandboxes). */
 export class NodeRegistry {
   private readonly nodes = new Map<string, NodeEntry>();
+  /** Per node, the `stopping` rows its last recount counted (their teardown gives them back). */
+  private readonly recountedStopping = new Map<string, Set<string>>();
 
   /** Adds the in-process node. */
   add(client: EdgeClient): NodeEntry {
@@ -125,6 +127,18 @@ export class NodeRegistry {
   }
 
   /**
+   * Whether the node's last recount counted the `stopping` row `id` (forgotten here): a
+   * teardown that would not give its share back otherwise (a `lost` row's, an abandoned one's)
+   * gives it back when this says so.
+   */
+  takeRecountedStopping(name: string, id: string): boolean {
+    const ids = this.recountedStopping.get(name);
+    if (!ids?.delete(id)) return false;
+    if (ids.size === 0) this.recountedStopping.delete(name);
+    return true;
+  }
+
+  /**
    * Adds (or removes) CPU alone: a paused sandbox gives its CPU back to the node and keeps its
    * memory and its place in the sandbox count.
    */
@@ -133,10 +147,20 @@ export class NodeRegistry {
     if (n) n.allocated.cpu = Math.max(0, n.allocated.cpu + sign * cpu);
   }
 
-  /** Sets a node's allocation (and spread counts) outright (recounted from the store when its session opens). */
-  setAllocated(name: string, allocated: NodeView['allocated'], spreads?: ReadonlyMap<string, number>, microvmMemoryMiB?: number): void {
+  /**
+   * Sets a node's allocation (and spread counts) outright (recounted from the store when its
+   * session opens); `stopping` names the `stopping` rows counted in it.
+   */
+  setAllocated(
+    name: string,
+    allocated: NodeView['allocated'],
+    spreads?: ReadonlyMap<string, number>,
+    microvmMemoryMiB?: number,
+    stopping?: Iterable<string>,
+  ): void {
     const n = this.nodes.get(name);
     if (!n) return;
+    if (stopping) this.recountedStopping.set(name, new Set(stopping));
     n.allocated = { ...allocated };
     if (microvmMemoryMiB !== undefined) n.microvmMemoryMiB = microvmMemoryMiB;
     if (spreads) {

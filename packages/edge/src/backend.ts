@@ -8,6 +8,7 @@ import type { IdRange } from './host/id-ranges.js';
 import type { RuntimeNamespace } from './host/runtime-ns.js';
 import type { LayerStore } from './layers/index.js';
 import type { SandboxScreen } from './backends/qemu/screen.js';
+import type { LaunchServer } from './backends/container/launcher.js';
 
 /**
  * The in-sandbox agent as edge uses it. chronus implements it over a unix socket (containers)
@@ -332,6 +333,11 @@ export interface BackendHost {
   nodeMark: string;
   /** Raises a node event (backends report forged agent messages and the like). */
   raise: EventSink;
+  /**
+   * The node's one `dsec-launch --serve`, shared by the container backend and the call runner
+   * (started at the first launch); the edge closes it after them.
+   */
+  launcher: LaunchServer;
 }
 
 /** Builds a backend once the node's host state exists (`Edge.open({ backends: [...] })`). */

@@ -1,6 +1,7 @@
 // What a node is opened with, what it is made of, and the results of its own calls.
 import type { EdgeExecOptions, LayerRegistryConfig, RegistryEndpointConfig, SandboxSpec } from '@dsec/protocol';
 import type { Backend, BackendFactory, BackendPauseResult, BackendResumeResult } from './backend.js';
+import type { LaunchServer } from './backends/container/launcher.js';
 import type { SeccompProfile } from './backends/container/seccomp.js';
 import type { MicrovmBackendConfig } from './backends/microvm/index.js';
 import type { VmBackendConfig } from './backends/vm/index.js';
@@ -82,6 +83,8 @@ export interface EdgeParts {
   calls: CallRunner;
   network: NodeNetwork;
   swap?: ZramSwap | undefined;
+  /** The launch server the backends and calls share (`BackendHost.launcher`), closed after them. */
+  launcher?: Pick<LaunchServer, 'close'> | undefined;
   /** Default {@link DEFAULT_MAX_SANDBOXES}. */
   maxSandboxes?: number;
   /** Whether the security monitor reads the kernel log (default true). */

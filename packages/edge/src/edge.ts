@@ -111,6 +111,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** The zram swap this node set up for paused sandboxes (EdgeOptions.zramSwapMiB), if any. */
   readonly swap: ZramSwap | undefined;
   private readonly runtimeNs: Pick<RuntimeNamespace, 'destroy'>;
+  /** The launch server the backends and calls share: closed after all of them. */
+  private readonly launcher: EdgeParts['launcher'];
   private readonly backends: Map<BackendKind, Backend>;
   private readonly maxSandboxes: number;
   /** What the garbage collection at open removed. */
@@ -132,6 +134,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       runtimeNs: this.runtimeNs,
     } = parts);
     this.swap = parts.swap;
+    this.launcher = parts.launcher;
     this.backends = new Map(parts.backends.map((b) => [b.kind, b]));
     this.maxSandboxes = parts.maxSandboxes ?? DEFAULT_MAX_SANDBOXES;
     this.security = new SecurityMonitor({
@@ -790,6 +793,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     this.security.close();
     this.layers.detach();
     for (const b of this.backends.values()) await b.close();
+    await this.launcher?.close();
     await this.network.close();
     // With no sandbox left nothing needs the node's mounts (layer mounts, the runtime namespace,
     // the home's shared bind mount): release them; the next open makes them again.

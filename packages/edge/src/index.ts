@@ -117,6 +117,9 @@ export type { DebPackage, PyDistribution, RepoKey, StaticRepo } from './testing/
 export { startOciRegistry } from './testing/oci-registry.js';
 export type { OciRegistry, OciRegistryOptions } from './testing/oci-registry.js';
 export { seededRandom } from './testing/prng.js';
+export { PYTHON_PROGRAMS } from './testing/python-programs.js';
+export { makeNamespaceLink, removeNamespaceLink } from './testing/netns-link.js';
+export type { NamespaceLink } from './testing/netns-link.js';
 export { decodePng } from './testing/png.js';
 export { countPixels, desktopShown, DESKTOP_XTERM, diffPixels, focusXterm, isBlack, isWhite, pollUntil } from './testing/desktop.js';
 export type { DesktopSandbox, DesktopShot, PixelTest, ScreenRect } from './testing/desktop.js';

@@ -7,6 +7,7 @@ import path from 'node:path';
 import { DsecError, invalidArgument } from '@dsec/protocol';
 import type { BackendKind, EventSink, LayerRegistryConfig, NodeGarbageReport, RegistryEndpointConfig } from '@dsec/protocol';
 import type { Backend, BackendHost, GarbageOptions } from './backend.js';
+import { LaunchServer } from './backends/container/launcher.js';
 import { fncallRunner } from './backends/fncall/index.js';
 import { defaultBackends } from './backends/index.js';
 import type { EdgeOptions, EdgeParts } from './edge-options.js';
@@ -72,6 +73,7 @@ export async function prepareHost(opts: {
     sandboxAgent,
     nodeMark: nodeMarkFor(opts.home),
     raise: opts.raise,
+    launcher: new LaunchServer(path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch')),
   };
 }
 
@@ -155,6 +157,7 @@ export async function openParts(opts: EdgeOptions, raise: EventSink): Promise<Ed
     calls,
     network,
     swap,
+    launcher: host.launcher,
     ...(opts.maxSandboxes !== undefined ? { maxSandboxes: opts.maxSandboxes } : {}),
   };
 }

@@ -121,8 +121,11 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
 
   // Live streams: each principal re-checked after a key or project change; followed answers read again after writes.
   const streams = new LiveStreams(services.slots, (p) => services.iam.recheck(p), opts.streams);
-  services.iam.onPrincipalsChanged(() => streams.recheckNow());
-  opts.onClose?.(async () => streams.close());
+  const unwatchPrincipals = services.iam.onPrincipalsChanged(() => streams.recheckNow());
+  opts.onClose?.(async () => {
+    unwatchPrincipals();
+    streams.close();
+  });
   app.use('/v1/*', async (c, next) => {
     await next();
     if (c.req.method !== 'GET' && c.req.method !== 'HEAD' && c.res.status < 400) streams.changed(c.get('principal')?.tenantId);

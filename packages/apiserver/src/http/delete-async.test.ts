@@ -3,10 +3,11 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { Metrics } from '../metrics.js';
-import { harness } from '../testing/harness.js';
+import { harness, responseLines } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 import { createApp } from './app.js';
 import { prefersRespondAsync } from './routes/sandboxes.js';
+import { FOLLOW_MEDIA_TYPE } from './streams.js';
 
 /** Holds the fake node's destroys until released. */
 function holdDestroys(h: Harness): { release(err?: Error): void; held(): number } {
@@ -44,6 +45,7 @@ describe('a delete answered before its teardown (Prefer: respond-async)', () => 
     return { status: res.status, body: (text ? JSON.parse(text) : {}) as { items?: Array<{ id: string }>; error?: { code: string } }, headers: res.headers };
   };
   const usage = async () => (await h.store.project(h.admin.projectId))?.used_sandboxes;
+  const deletedEvents = (id: string) => h.raised.filter((e) => e.kind === 'sandbox.deleted' && e.sandboxId === id).length;
 
   test('the Prefer header is read as RFC 7240 says', () => {
     assert.equal(prefersRespondAsync('respond-async'), true);
@@ -71,6 +73,7 @@ describe('a delete answered before its teardown (Prefer: respond-async)', () => 
       assert.equal((await call('DELETE', `/v1/sandboxes/${sb.id}`, { prefer: 'respond-async' })).status, 404, 'a second delete finds nothing');
       assert.equal(await usage(), 1, 'the quota is held until the node gave the sandbox back');
       assert.equal(node.allocated.sandboxes, 1);
+      assert.equal(deletedEvents(sb.id), 1, 'live lists are told at the claim, not at the end of the teardown');
     } finally {
       hold.release();
     }
@@ -79,7 +82,38 @@ describe('a delete answered before its teardown (Prefer: respond-async)', () => 
     assert.equal(h.edge.sandboxes.has(sb.id), false);
     assert.equal(node.allocated.sandboxes, 0);
     assert.equal(await usage(), 0);
-    assert.ok(h.raised.some((e) => e.kind === 'sandbox.deleted' && e.sandboxId === sb.id));
+    assert.equal(deletedEvents(sb.id), 1, 'and once');
+  });
+
+  test('a followed process list ends at the delete, while the node still tears the sandbox down', async () => {
+    const sb = await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } });
+    const res = await app.request(`/v1/sandboxes/${sb.id}/processes`, { headers: { authorization: `Bearer ${h.adminKey}`, accept: FOLLOW_MEDIA_TYPE } });
+    assert.equal(res.status, 200);
+    const it = responseLines(res);
+    const hold = holdDestroys(h);
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const first = JSON.parse((await it.next()).value as string) as { value?: { items?: unknown[] } };
+      assert.ok(Array.isArray(first.value?.items), 'the list now');
+      assert.equal((await call('DELETE', `/v1/sandboxes/${sb.id}`, { prefer: 'respond-async' })).status, 202);
+      const rest = (async () => {
+        const seen: string[] = [];
+        for await (const line of it) seen.push(line);
+        return seen;
+      })();
+      const seen = await Promise.race([
+        rest,
+        new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error('the follow did not end within 10 s')), 10_000))),
+      ]);
+      assert.equal(hold.held(), 1, 'the teardown is still held on the node');
+      assert.equal(seen.length, 1, seen.join('\n'));
+      assert.match(seen[0] ?? '', /"error":\{"code":"SANDBOX_NOT_FOUND"/);
+    } finally {
+      clearTimeout(timer);
+      hold.release();
+      await it.return(undefined);
+    }
+    await h.services.lifecycle.teardownsIdle();
   });
 
   test('a teardown the node refuses leaves the row failed: listed and deletable again', async () => {

@@ -153,6 +153,29 @@ describe('live streams: followed answers, principals checked again, what a tenan
     assert.ok(await ends(it));
   });
 
+  test('an app that is closed leaves no listener on the authenticator (apps built and closed in one process do not pile up)', async () => {
+    const iam = h.services.iam;
+    const subscribe = iam.onPrincipalsChanged.bind(iam);
+    let listening = 0;
+    iam.onPrincipalsChanged = (fn) => {
+      listening++;
+      const off = subscribe(fn);
+      return () => {
+        listening--;
+        off();
+      };
+    };
+    try {
+      const own: (() => Promise<void>)[] = [];
+      for (let i = 0; i < 3; i++) createApp(h.services, new Metrics(h.services), () => undefined, watch, { onClose: (fn) => void own.push(fn) });
+      assert.equal(listening, 3);
+      for (const fn of own) await fn();
+      assert.equal(listening, 0);
+    } finally {
+      iam.onPrincipalsChanged = subscribe;
+    }
+  });
+
   test("the node stream gives a tenant's key no cluster allocation, use or machine figures; the root project's viewer gets them", async () => {
     const tenant = (await h.services.iam.issueKey(tenantProject, 'tenant-viewer', 'viewer')).key!;
     const rootViewer = (await h.services.iam.issueKey(h.admin.projectId, 'root-viewer', 'viewer')).key!;
@@ -196,6 +219,33 @@ describe("followed answers wake on their own tenant's writes", () => {
       ctl.abort();
       await it.return(undefined);
       streams.close();
+    }
+  });
+
+  test('after close() a stream opened later starts no re-check timer and writes start no read', async () => {
+    let checks = 0;
+    const streams = new LiveStreams(
+      new TenantSlots(resolveLimits({})),
+      () => {
+        checks++;
+        return Promise.resolve();
+      },
+      { settleMs: 10, followMs: 60_000, recheckMs: 20 },
+    );
+    streams.close();
+    const ctl = new AbortController();
+    let loads = 0;
+    const p = { keyId: 'key-c', projectId: 'tenant-c', tenantId: 'tenant-c', role: 'viewer' } as unknown as Principal;
+    const it = lines(await streams.follow(p, ctl.signal, () => Promise.resolve({ n: ++loads })));
+    try {
+      await lineWhere(it, () => true, 'the first line');
+      streams.changed('tenant-c');
+      await new Promise((r) => setTimeout(r, 120));
+      assert.equal(checks, 0, 'no periodic re-check after close');
+      assert.equal(loads, 1, 'no read after a write once closed');
+    } finally {
+      ctl.abort();
+      await it.return(undefined);
     }
   });
 });

@@ -90,6 +90,8 @@ export class LiveStreams {
   /** Tenants written to since the last wake-up (`*`: every tenant). */
   private readonly touched = new Set<string>();
   private settle: NodeJS.Timeout | undefined;
+  /** Set by close(): no timer is started again (streams still open, or opened later, run unwatched until they end). */
+  private closed = false;
 
   constructor(
     readonly slots: TenantSlots,
@@ -142,6 +144,7 @@ export class LiveStreams {
    * principal wakes every tenant's.
    */
   changed(tenantId?: string): void {
+    if (this.closed) return;
     this.touched.add(tenantId === undefined || tenantId === ROOT_PROJECT_ID ? '*' : tenantId);
     this.settle ??= setTimeout(() => {
       this.settle = undefined;
@@ -168,16 +171,18 @@ export class LiveStreams {
     });
   }
 
-  /** Stops the periodic re-check (the server is closing). */
+  /** Stops the periodic re-check and the reads after writes for good (the server is closing). */
   close(): void {
+    this.closed = true;
     clearInterval(this.timer);
     this.timer = undefined;
     clearTimeout(this.settle);
+    this.settle = undefined;
   }
 
   private watch(s: OpenStream): () => void {
     this.streams.add(s);
-    if (!this.timer) {
+    if (!this.timer && !this.closed) {
       this.timer = setInterval(() => this.recheckNow(), this.o.recheckMs ?? DEFAULT_STREAM_RECHECK_MS);
       this.timer.unref();
     }

@@ -109,4 +109,37 @@ describe('abandoned `stopping` rows', () => {
     assert.equal(await h.store.sandboxOnly(id), undefined);
     assert.equal(await usage(), 0);
   });
+
+  test("a node's recount counts its `stopping` rows; their teardown and the pass that finishes an abandoned one give them back", async () => {
+    const node = h.services.nodes.get(h.edge.nodeName)!;
+    const torn = await create();
+    const left = await create();
+    assert.equal(await h.store.transitionSandbox(left, ['running'], 'stopping'), true);
+    const original = h.edge.destroy.bind(h.edge);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    h.edge.destroy = async (id, opts) => {
+      if (id === torn) await held;
+      return original(id, opts);
+    };
+    try {
+      await h.services.lifecycle.destroy(h.admin, torn, { wait: false });
+      await h.services.nodeAdmin.reconcile(node);
+      assert.equal(node.allocated.sandboxes, 2, 'both teardowns still hold the node');
+      const memory = node.allocated.memoryMiB;
+      assert.ok(memory > 0);
+      const t0 = Date.now();
+      await h.services.lifecycle.finishAbandonedStopping(undefined, t0, 10);
+      assert.deepEqual(await h.services.lifecycle.finishAbandonedStopping(undefined, t0 + 10, 10), [left]);
+      assert.equal(node.allocated.sandboxes, 1, 'the abandoned row gave its share back');
+      assert.equal(node.allocated.memoryMiB, memory / 2);
+    } finally {
+      release();
+      await h.services.lifecycle.teardownsIdle();
+      h.edge.destroy = original;
+    }
+    assert.equal(node.allocated.sandboxes, 0, 'the teardown gave its share back');
+    assert.equal(node.allocated.memoryMiB, 0);
+    assert.equal(node.allocated.cpu, 0);
+  });
 });

@@ -162,9 +162,12 @@ export class IamService {
     if (!(await this.store.project(p.projectId))) throw new DsecError('UNAUTHENTICATED', `project ${p.projectId} no longer exists`);
   }
 
-  /** Calls `fn` after a change that may end principals (a key revoked, a project changed; on any replica). */
-  onPrincipalsChanged(fn: () => void): void {
-    this.auth.onForget(fn);
+  /**
+   * Calls `fn` after a change that may end principals (a key revoked, a project changed; on any
+   * replica), until the returned function is called.
+   */
+  onPrincipalsChanged(fn: () => void): () => void {
+    return this.auth.onForget(fn);
   }
 
   /** Revokes a key of a visible project. */

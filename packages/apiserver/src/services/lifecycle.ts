@@ -515,6 +515,9 @@ export class LifecycleService {
       if (!now || now.state === 'stopping') throw sandboxNotFound(row.id);
       throw new DsecError('CONFLICT', `sandbox ${row.id} is ${now.state}; retry when it is running`, { sandboxId: row.id, retryAfterMs: 1000 });
     }
+    // From the claim on the API shows the row no more (404, not listed): live lists drop it now,
+    // not when the teardown ends (a teardown the node refuses brings it back as `failed`).
+    if (from !== POOLED_STATE) this.rowEvents.deleted(row, from);
     return { row, from };
   }
 
@@ -550,14 +553,17 @@ export class LifecycleService {
           throw err;
         }
       }
-      // A paused sandbox already gave its CPU back; a lost one gave back everything when it was lost.
-      if (from !== 'lost') nodes.charge(row.node, from === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+      // A paused sandbox already gave its CPU back; a lost one gave back everything when it was
+      // lost, unless a recount since counted it again as `stopping`.
+      const recounted = nodes.takeRecountedStopping(row.node, row.id);
+      if (from !== 'lost' || recounted) {
+        const paused = from === 'paused' || (from === 'lost' && !!row.paused_at);
+        nodes.charge(row.node, paused ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+      }
     }
     crashPoint('delete.node');
-    const deleted = await store.deleteSandbox(row);
-    // A pool's unclaimed member was never anybody's to list; a row another replica's abandoned-row
-    // pass deleted first was announced there.
-    if (deleted && from !== POOLED_STATE) this.rowEvents.deleted(row, from);
+    // Its `sandbox.deleted` was raised at the claim.
+    await store.deleteSandbox(row);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;
@@ -573,9 +579,12 @@ export class LifecycleService {
    * fine; a node not reached here destroys it at its next session-open reconcile, where it has no
    * row), then its row deleted. Two replicas finishing one row at once is harmless: the node's
    * destroy is idempotent and only the delete that removes the row returns the quota and raises
-   * `sandbox.deleted`. The first-seen times live in memory: a restarted replica waits the bound
-   * again. Node allocations are not touched: a replica counts a node's allocation without its
-   * `stopping` rows when the node's session opens. Returns the ids it finished.
+   * `sandbox.deleted` (a second one when the dead replica had raised it at its claim). The
+   * first-seen times live in memory: a restarted replica waits the bound again. The pass that
+   * deletes the row gives its share of the node's allocation back when this replica's recount
+   * counted it (a recount, when the node's session opens, counts `stopping` rows; a share this
+   * replica charged at the create and never recounted stays until the node's next recount).
+   * Returns the ids it finished.
    */
   async finishAbandonedStopping(log: (line: string) => void = () => undefined, now = Date.now(), boundMs = ABANDONED_STOPPING_MS): Promise<string[]> {
     const { store, nodes } = this.d;
@@ -602,6 +611,8 @@ export class LifecycleService {
         }
         this.stoppingSeen.delete(row.id);
         if (!(await store.deleteSandbox(row))) continue;
+        if (nodes.takeRecountedStopping(row.node, row.id))
+          nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
         finished.push(row.id);
         log(`dsec: finished the abandoned delete of ${row.id} (stopping for ${now - seen} ms or more)`);
         if (row.pool_id === null) this.rowEvents.deleted(row, 'stopping');

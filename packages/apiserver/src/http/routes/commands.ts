@@ -29,8 +29,12 @@ export function commandRoutes(deps: RouterDeps) {
       return execStreamResponse(accept, cmd.events(), () => void cmd.leave());
     })
     .get('/sandboxes/:id/processes', async (c) => {
-      const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-      return followOr(c, deps.streams, async () => ({ items: await commands.processes(t, c.req.raw.signal), nextCursor: null }));
+      // The sandbox is looked up at each read: a followed list ends once it is deleted, and
+      // reaches its node through the node's current session.
+      return followOr(c, deps.streams, async () => {
+        const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
+        return { items: await commands.processes(t, c.req.raw.signal), nextCursor: null };
+      });
     })
     .get('/sandboxes/:id/processes/:pid/output', query(OutputQuerySchema), async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');

@@ -27,7 +27,7 @@ import { MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
 import { Crun, processStartTime } from './crun.js';
-import { LaunchServer } from './launcher.js';
+import type { LaunchServer } from './launcher.js';
 import { SeccompCache } from './seccomp-cache.js';
 
 /** What the container backend needs from the layer store. */
@@ -65,8 +65,8 @@ export interface ContainerBackendOptions {
    * directory stays closed (0700).
    */
   rootsDir: string;
-  /** Host path of dsec-launch (built beside chronus). */
-  launcherBinary: string;
+  /** The node's launch server (`BackendHost.launcher`, shared with the call runner; closed by the edge). */
+  launcher: LaunchServer;
   /** The node's mark (`BackendHost.nodeMark`): the source of each sandbox's root overlay. */
   nodeMark: string;
   layers: LayerMounter;
@@ -134,7 +134,7 @@ export class ContainerBackend implements Backend {
 
   constructor(private readonly o: ContainerBackendOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
-    this.launcher = new LaunchServer(o.launcherBinary);
+    this.launcher = o.launcher;
     this.seccomp = new SeccompCache(o.crunRoot);
     this.hostNofileHard = hostNofileHard();
     const cg = o.cgroups;
@@ -538,7 +538,6 @@ export class ContainerBackend implements Backend {
 
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
-    await this.launcher.close();
   }
 }
 

@@ -30,7 +30,6 @@ export function containerBackend(config: ContainerBackendConfig = {}): BackendFa
     for (const dir of [sandboxesDir, crunRoot, writableDir, rootsDir]) await mkdir(dir, { recursive: true });
     // Reachable by a user-namespaced sandbox's root, who sets up its root mount (the rest stays 0700).
     await chmod(rootsDir, 0o711);
-    const helpers = path.dirname(path.resolve(host.agentBinary));
     return new ContainerBackend({
       events: host.raise,
       sandboxesDir,
@@ -39,7 +38,7 @@ export function containerBackend(config: ContainerBackendConfig = {}): BackendFa
       runtimeNsFile: host.runtimeNs.nsFile,
       writableDir,
       rootsDir,
-      launcherBinary: path.join(helpers, 'dsec-launch'),
+      launcher: host.launcher,
       nodeMark: host.nodeMark,
       layers: host.layers,
       cgroups: host.cgroups,

@@ -31,7 +31,7 @@ import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import type { LayerStore } from '../../layers/index.js';
 import { mountsUnder, MNT, umount } from '../../sys/linux.js';
 import { Crun } from '../container/crun.js';
-import { LaunchServer } from '../container/launcher.js';
+import type { LaunchServer } from '../container/launcher.js';
 import { buildFnCallConfig, CALL_UID, CALL_WORKDIR, writableTmpfsMounts } from './bundle.js';
 import type { FreshTmpfs } from './bundle.js';
 import { WarmPool } from './pool.js';
@@ -74,8 +74,8 @@ export interface FnCallRunnerOptions {
   cgroups: Cgroups;
   /** Host path of the chronus copy sandboxes bind (`BackendHost.sandboxAgent`). */
   agentBinary: string;
-  /** Host path of dsec-launch. */
-  launcherBinary: string;
+  /** The node's launch server (`BackendHost.launcher`, shared with the container backend; closed by the edge). */
+  launcher: LaunchServer;
   /** Host path of dsec-fnreset (the reset between calls); none: each sandbox serves one call. */
   resetBinary?: string | undefined;
   /** The runtime mount namespace's nsfs file (dsec-launch enters it). */
@@ -166,7 +166,7 @@ class Limiter {
 export class FnCallRunner implements EdgeCalls {
   readonly kind = 'fncall' as const;
   private readonly crun: Crun;
-  /** One `dsec-launch --serve` makes every call sandbox (no fork of this process per refill). */
+  /** The node's `dsec-launch --serve` makes every call sandbox (no fork of this process per refill). */
   private readonly launcher: LaunchServer;
   private readonly pools = new Map<string, PoolEntry>();
   /** Pools being made (their root being mounted): concurrent first calls share one. */
@@ -189,7 +189,7 @@ export class FnCallRunner implements EdgeCalls {
 
   constructor(private readonly o: FnCallRunnerOptions) {
     this.crun = new Crun(o.runtimePrefix, o.crunRoot, o.crunBinary);
-    this.launcher = new LaunchServer(o.launcherBinary);
+    this.launcher = o.launcher;
     this.builds = new RuntimeBuilds({ layers: o.layers, cacheDir: o.runtimeCache, ...(o.log ? { log: o.log } : {}) });
     this.sweeper = setInterval(() => void this.sweepIdlePools(), POOL_IDLE_MS / 4);
     this.sweeper.unref();
@@ -732,7 +732,6 @@ export class FnCallRunner implements EdgeCalls {
     }
     while (this.destroying.size > 0) await Promise.allSettled([...this.destroying]);
     await this.resetter?.server.close();
-    await this.launcher.close();
     for (const root of [...this.roots.values()]) {
       root.users = 1;
       await this.releaseRoot(root).catch(() => undefined);

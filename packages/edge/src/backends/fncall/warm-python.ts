@@ -14,7 +14,8 @@ import type { CallRequest } from '@dsec/protocol';
  * permanent generation (`gc.freeze()`: none of them is the call's, and the collections of the
  * interpreter's exit then skip them, ~2.5 ms of a trivial call here). It reads the header and the code with `os.read` (nothing
  * is left in `sys.stdin`'s buffer), removes its own name from `__main__`, points `sys.orig_argv`
- * at the code, drops the path importer cache (the call's files came after start-up), then runs
+ * at the code, drops the path importer cache (the call's files came after start-up), adds the
+ * user site directory when the call's files made one (`python3 -c` would have found it), then runs
  * the code with `__main__`'s globals. An uncaught exception is reported without the stub's frame
  * and ends with status 1, as `python3 -c` does (a KeyboardInterrupt by SIGINT, as there);
  * SystemExit passes through. EOF before the whole code (the sandbox being reset) exits at once.
@@ -39,6 +40,17 @@ export const WARM_PYTHON_STUB = [
   "    code = bytes(buf).decode('utf-8', 'surrogateescape')",
   '    del buf, head',
   "    del globals()['_dsec_warm']",
+  // The user site (HOME is the call's /work) that the call's own files made after start-up: added
+  // where start-up would have put it, before the system's site directories.
+  '    import site',
+  "    u = getattr(site, 'USER_SITE', None)",
+  '    if site.ENABLE_USER_SITE and u and u not in sys.path and os.path.isdir(u):',
+  '        known = list(sys.path)',
+  '        site.addsitedir(u)',
+  '        added = sys.path[len(known):]',
+  '        system = set(site.getsitepackages())',
+  '        at = next((i for i, p in enumerate(known) if p in system), len(known))',
+  '        sys.path[:] = known[:at] + added + known[at:]',
   "    if getattr(sys, 'orig_argv', None):",
   '        sys.orig_argv[-1] = code',
   '    sys.path_importer_cache.clear()',
