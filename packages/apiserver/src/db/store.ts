@@ -3,7 +3,7 @@
 // Over 600 lines on purpose: it is the one shape a second store (PostgreSQL) implements, one
 // section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
-import { Kysely, Migrator, SqliteDialect, sql } from 'kysely';
+import { Kysely, Migrator, sql } from 'kysely';
 import type { CompiledQuery, Dialect, SelectQueryBuilder, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
@@ -23,6 +23,8 @@ import type {
 import { migrationProvider } from './migrations.js';
 import { SandboxInserts } from './sandbox-inserts.js';
 import { WriteGroups } from './write-groups.js';
+import { GroupCommitSqliteDialect } from './sqlite-group-commit.js';
+import type { GroupCommitFigures } from './sqlite-group-commit.js';
 import { postgresDialect, redactUrl } from './postgres.js';
 import type { PostgresOptions } from './postgres.js';
 
@@ -38,6 +40,8 @@ export interface SqliteDatabase {
   close(): void;
   prepare(sql: string): unknown;
   pragma(source: string): unknown;
+  /** True while a transaction is open (the group commit's driver reads it after a failure). */
+  readonly inTransaction: boolean;
 }
 
 /** Prepared statements kept per SQLite database (Kysely prepares every query it runs). */
@@ -53,6 +57,9 @@ function withStatementCache(database: SqliteDatabase): SqliteDatabase {
   return {
     close: () => database.close(),
     pragma: (source) => database.pragma(source),
+    get inTransaction() {
+      return database.inTransaction;
+    },
     prepare(sql) {
       const hit = cache.get(sql);
       if (hit && !hit.busy) return hit;
@@ -117,6 +124,8 @@ export class StateStore {
   readonly reservations: WriteGroups<Reservation, undefined>;
   /** State moves of new sandboxes (`creating -> running`), grouped by their from/to states. */
   readonly transitions: WriteGroups<string, boolean>;
+  /** The embedded SQLite store's group commits (undefined on PostgreSQL). */
+  groupCommit: GroupCommitFigures | undefined;
 
   private constructor(
     readonly db: Kysely<Database>,
@@ -181,7 +190,12 @@ export class StateStore {
     database.pragma('synchronous = FULL');
     database.pragma('foreign_keys = ON');
     database.pragma('busy_timeout = 5000');
-    return StateStore.open(new SqliteDialect({ database: withStatementCache(database) as never }));
+    // Commits are grouped (sqlite-group-commit.ts): one fsync per group of concurrent writes,
+    // each answered only once its group is on disk.
+    const dialect = new GroupCommitSqliteDialect(withStatementCache(database));
+    const store = await StateStore.open(dialect);
+    store.groupCommit = dialect.driver.figures;
+    return store;
   }
 
   async close(): Promise<void> {
