@@ -107,6 +107,12 @@ function result(stmt: Statement, params: readonly unknown[]): QueryResult<unknow
   return out;
 }
 
+/** The lease Kysely passes back (always one of this driver's). */
+function leaseOf(connection: DatabaseConnection): Lease {
+  if (!(connection instanceof Lease)) throw new Error('not a connection of the group commit driver');
+  return connection;
+}
+
 /** A savepoint's name as an SQL identifier. */
 function quoteName(name: string): string {
   return `"${name.replaceAll('"', '""')}"`;
@@ -129,7 +135,7 @@ export class GroupCommitDriver implements Driver {
   }
 
   async releaseConnection(connection: DatabaseConnection): Promise<void> {
-    const lease = connection as Lease;
+    const lease = leaseOf(connection);
     if (lease.holds) {
       lease.holds = false;
       this.mutex.unlock();
@@ -171,7 +177,7 @@ export class GroupCommitDriver implements Driver {
   }
 
   async beginTransaction(connection: DatabaseConnection): Promise<void> {
-    const lease = connection as Lease;
+    const lease = leaseOf(connection);
     const group = this.open();
     this.run(group, this.prepare(`savepoint ${TX_SAVEPOINT}`), []);
     group.inTx = true;
@@ -179,7 +185,7 @@ export class GroupCommitDriver implements Driver {
   }
 
   async commitTransaction(connection: DatabaseConnection): Promise<void> {
-    const lease = connection as Lease;
+    const lease = leaseOf(connection);
     const group = lease.tx!;
     lease.tx = undefined;
     group.inTx = false;
@@ -192,7 +198,7 @@ export class GroupCommitDriver implements Driver {
   }
 
   async rollbackTransaction(connection: DatabaseConnection): Promise<void> {
-    const lease = connection as Lease;
+    const lease = leaseOf(connection);
     const group = lease.tx!;
     lease.tx = undefined;
     group.inTx = false;
