@@ -223,6 +223,8 @@ export class GroupCommitDriver implements Driver {
 
   async destroy(): Promise<void> {
     if (this.group && !this.group.inTx) this.commit();
+    // A group a transaction still holds open is not committed: its members fail.
+    if (this.group) this.fail(this.group, new Error('the store was closed before the commit'));
     this.db.close();
   }
 
