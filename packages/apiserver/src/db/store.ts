@@ -3,7 +3,7 @@
 // Over 600 lines on purpose: it is the one shape a second store (PostgreSQL) implements, one
 // section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
-import { Kysely, Migrator, SqliteDialect, sql } from 'kysely';
+import { Kysely, Migrator, sql } from 'kysely';
 import type { CompiledQuery, Dialect, SelectQueryBuilder, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
@@ -24,6 +24,8 @@ import { migrationProvider } from './migrations.js';
 import { SandboxInserts } from './sandbox-inserts.js';
 import { WriteGroups } from './write-groups.js';
 import { CATALOG_CHANNEL, CatalogCache } from './catalog-cache.js';
+import { GroupCommitSqliteDialect } from './sqlite-group-commit.js';
+import type { GroupCommitFigures } from './sqlite-group-commit.js';
 import { postgresDialect, redactUrl } from './postgres.js';
 import type { PostgresOptions } from './postgres.js';
 
@@ -39,6 +41,8 @@ export interface SqliteDatabase {
   close(): void;
   prepare(sql: string): unknown;
   pragma(source: string): unknown;
+  /** True while a transaction is open (the group commit's driver reads it after a failure). */
+  readonly inTransaction: boolean;
 }
 
 /** Prepared statements kept per SQLite database (Kysely prepares every query it runs). */
@@ -54,6 +58,9 @@ function withStatementCache(database: SqliteDatabase): SqliteDatabase {
   return {
     close: () => database.close(),
     pragma: (source) => database.pragma(source),
+    get inTransaction() {
+      return database.inTransaction;
+    },
     prepare(sql) {
       const hit = cache.get(sql);
       if (hit && !hit.busy) return hit;
@@ -122,6 +129,8 @@ export class StateStore {
   readonly catalog: CatalogCache;
   /** Rate-limit takes made at once (any buckets of one rate): one upsert for all of them. */
   readonly rateTakes: WriteGroups<{ key: string; perSecond: number; burst: number }, number>;
+  /** The embedded SQLite store's group commits (undefined on PostgreSQL). */
+  groupCommit: GroupCommitFigures | undefined;
 
   private constructor(
     readonly db: Kysely<Database>,
@@ -188,7 +197,12 @@ export class StateStore {
     database.pragma('synchronous = FULL');
     database.pragma('foreign_keys = ON');
     database.pragma('busy_timeout = 5000');
-    return StateStore.open(new SqliteDialect({ database: withStatementCache(database) as never }));
+    // Commits are grouped (sqlite-group-commit.ts): one fsync per group of concurrent writes,
+    // each answered only once its group is on disk.
+    const dialect = new GroupCommitSqliteDialect(withStatementCache(database));
+    const store = await StateStore.open(dialect);
+    store.groupCommit = dialect.driver.figures;
+    return store;
   }
 
   async close(): Promise<void> {
