@@ -24,6 +24,46 @@ const DISK_MIB = 32;
 /** Memory the guest touches and frees to see it given back (below /dev/shm's half of RAM). */
 const TOUCH_MIB = 80;
 
+/** The kit's system-call probes run in the guest (every one but `ptrace-attach-1`). */
+const GUEST_SYSCALL_PROBES = [
+  'bpf',
+  'bpf-map',
+  'io_uring',
+  'userfaultfd',
+  'perf_event_open',
+  'unshare-user',
+  'unshare-mount',
+  'unshare-net',
+  'unshare-pid',
+  'clone-newuser',
+  'clone-newns',
+  'clone3-newuser',
+  'mount-tmpfs',
+  'mount-proc',
+  'mount-cgroup',
+  'fsopen',
+  'open_tree',
+  'keyctl',
+  'add_key',
+  'ptrace-child',
+  'process_vm_readv-1',
+  'pidfd_getfd-1',
+  'name_to_handle_at',
+  'open_by_handle_at',
+  'setns',
+  'init_module',
+  'kexec_load',
+  'syslog',
+  'socket-raw',
+  'socket-packet',
+  'mknod-block',
+  'iopl',
+  'reboot',
+  'swapon',
+  'ioctl-tiocsti',
+  'xfs-swapext',
+];
+
 let tp: TestPlatform | undefined;
 let client: DsecClient;
 let layerDir = '';
@@ -164,7 +204,9 @@ describe('the adversarial kit in a microVM', () => {
 
     // Escapes: root in the guest may do what root does on its kernel (the probes say what), and
     // none of it lands on the host: its hostname, core_pattern and files stay as they were.
-    const syscalls = await kit('syscall');
+    // All but ptrace-attach-1: guest root attaching the guest's PID 1 stops chronus, and with it
+    // the agent (the sandbox's calls then wait for the client's timeout; see docs/backends.md).
+    const syscalls = await kit(`syscall ${GUEST_SYSCALL_PROBES.join(' ')}`);
     assert.equal(syscalls.exitCode, 0, syscalls.stderr);
     t.diagnostic(`inside the guest: ${JSON.stringify(Object.fromEntries(probes(syscalls).map((p) => [p.probe, p.result])))}`);
     await sh(sb, "hostname kit-owned; echo '|/tmp/evil %p' > /proc/sys/kernel/core_pattern; echo 1 > /proc/sys/kernel/sysrq");
