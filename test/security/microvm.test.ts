@@ -218,8 +218,10 @@ describe('the adversarial kit in a microVM', () => {
     assert.doesNotMatch(disks.stdout, /^[1-9]/m, `a guest disk holds the host canary: ${disks.stdout}`);
 
     // A fork bomb: the guest's kernel runs out, the host's QEMU stays within its pids bound.
-    const bomb = probe(await kit('forkbomb 2000', 120_000), 'forkbomb');
-    assert.ok(Number(bomb.forked) > 0, JSON.stringify(bomb));
+    // The kit reports how many it forked, unless the guest's OOM killer ended it first.
+    const bombRun = await kit('forkbomb 2000', 120_000);
+    const bomb = probes(bombRun).find((p) => p.probe === 'forkbomb');
+    assert.ok(bomb ? Number(bomb.forked) > 0 : bombRun.exitCode !== 0, `${bombRun.exitCode} ${bombRun.stdout}`);
     assert.ok((await cgroupNumber(cgroups, ['pids.current'])) <= pidsMax, "QEMU's threads within its pids bound");
 
     // A disk filled beyond diskMiB: the guest's filesystem is full, the host file keeps its size.
