@@ -60,6 +60,7 @@ describe('vm forks', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:long): bo
     const [fork] = sandboxes;
     assert.ok(fork);
     made.push(fork);
+    assert.ok(snapshot, 'a fork without memory is made from a snapshot');
     assert.equal(snapshot.kind, 'snapshot');
     assert.deepEqual(snapshot.snapshot?.parents, [image.digest]);
     assert.deepEqual((await fork.info()).layers, [image.digest, snapshot.digest]);
@@ -92,6 +93,7 @@ describe('vm forks', { skip: LONG ? false : 'DSEC_LONG=1 (npm run test:long): bo
     const [grandchild] = again.sandboxes;
     assert.ok(grandchild);
     made.push(grandchild);
+    assert.ok(again.snapshot);
     assert.deepEqual(again.snapshot.snapshot?.parents, [image.digest, snapshot.digest]);
     assert.deepEqual((await grandchild.info()).layers, [image.digest, snapshot.digest, again.snapshot.digest]);
     assert.equal(await grandchild.files.read('/root/before.txt'), 'written before the fork');

@@ -17,16 +17,71 @@ import { nowMs, progress, summarize } from '../lib/stats.js';
 
 const RESOURCES = { cpu: 1, memoryMiB: 256, diskMiB: 256 } as const;
 
-/** Resident set of the QEMU process whose command line names the sandbox (KiB). */
-async function qemuRssKiB(id: string): Promise<number | undefined> {
+/** A field (`VmRSS`, `RssAnon`) of the QEMU process whose command line names the sandbox (KiB). */
+async function qemuRssKiB(id: string, field = 'VmRSS'): Promise<number | undefined> {
   for (const e of await readdir('/proc')) {
     if (!/^\d+$/.test(e)) continue;
     const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
     if (!cmd.startsWith('qemu-system') || !cmd.includes(id)) continue;
-    const m = /^VmRSS:\s+(\d+) kB/m.exec(await readFile(`/proc/${e}/status`, 'utf8'));
+    const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(await readFile(`/proc/${e}/status`, 'utf8'));
     return m ? Number(m[1]) : undefined;
   }
   return undefined;
+}
+
+/** Guest memory held and then freed in {@link measureGivenBack}, MiB (tmpfs: under half of RAM). */
+const HOLD_MIB = 112;
+
+/**
+ * Idle memory given back (free page reporting): QEMU's anonymous resident memory of an idle
+ * microVM, while its guest holds HOLD_MIB in tmpfs, and once the file is removed and the
+ * guest's balloon driver has reported the free blocks (polled until it stops falling, 30 s at
+ * most), with the time that took.
+ */
+async function measureGivenBack(ctx: ScenarioContext, client: DsecClient, rounds: number): Promise<void> {
+  const system = 'dsec microvm';
+  const idle: number[] = [];
+  const holding: number[] = [];
+  const freed: number[] = [];
+  const backMs: number[] = [];
+  const fileCache: number[] = [];
+  const anon = async (id: string): Promise<number> => ((await qemuRssKiB(id, 'RssAnon')) ?? NaN) / 1024;
+  for (let i = 0; i < rounds; i++) {
+    const sb = await Sandbox.create({ backend: 'microvm', image: { base: 'busybox' }, resources: RESOURCES }, { client });
+    try {
+      await sb.exec('true');
+      await new Promise((r) => setTimeout(r, 3000));
+      idle.push(await anon(sb.id));
+      // The guest's page cache of its disks (Cached less Shmem: the initramfs and tmpfs are
+      // shmem): the copy of layer pages that virtio-pmem + DAX would share through the host's.
+      const meminfo = (await sb.exec('cat /proc/meminfo', { check: true })).stdout;
+      const kib = (f: string): number => Number(new RegExp(`^${f}:\\s+(\\d+) kB`, 'm').exec(meminfo)?.[1] ?? NaN);
+      fileCache.push((kib('Cached') + kib('Buffers') - kib('Shmem')) / 1024);
+      await sb.exec(`dd if=/dev/zero of=/dev/shm/hold bs=1M count=${HOLD_MIB} 2>/dev/null`, { check: true });
+      const held = await anon(sb.id);
+      holding.push(held);
+      const t = nowMs();
+      await sb.exec('rm /dev/shm/hold', { check: true });
+      let last = held;
+      let lastDrop = t;
+      while (nowMs() - t < 30_000 && nowMs() - lastDrop < 3_000) {
+        await new Promise((r) => setTimeout(r, 100));
+        const now = await anon(sb.id);
+        if (now < last - 1) lastDrop = nowMs();
+        last = Math.min(last, now);
+      }
+      freed.push(last);
+      backMs.push(lastDrop - t);
+    } finally {
+      await sb.kill().catch(() => undefined);
+    }
+  }
+  const row = (metric: string, v: number[]) => ({ scenario: 'microvm', metric, system, unit: 'MiB', ...summarize(v) });
+  ctx.record(row('QEMU anonymous memory, idle (free page reporting on)', idle));
+  ctx.record(row(`QEMU anonymous memory, guest holding ${HOLD_MIB} MiB`, holding));
+  ctx.record(row(`QEMU anonymous memory, ${HOLD_MIB} MiB freed in the guest`, freed));
+  ctx.record(row('guest page cache of its disks, idle (what virtio-pmem + DAX would share)', fileCache));
+  ctx.record(latencyRow('microvm', 'freed guest memory back on the host (rm to the last drop)', system, summarize(backMs)));
 }
 
 async function measure(ctx: ScenarioContext, client: DsecClient, backend: 'microvm' | 'container', boots: number, execs: number): Promise<void> {
@@ -141,6 +196,7 @@ export const microvmScenario: Scenario = {
       );
       await measure(ctx, client, 'microvm', quick ? 1 : 3, quick ? 10 : 30);
       await measureStateFile(ctx, client, platform.edge.home, quick ? 1 : 3);
+      await measureGivenBack(ctx, client, quick ? 1 : 3);
       await measure(ctx, client, 'container', quick ? 1 : 3, quick ? 10 : 30);
     } finally {
       await client.close();

@@ -8,6 +8,9 @@ import { AGENT_PORTS } from './guest.js';
 /** The guest kernel's fixed arguments. */
 export const GUEST_CMDLINE = 'console=ttyS0 panic=-1 quiet loglevel=3 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd';
 
+/** TCG's translated-code buffer, MiB (inside the VM's QEMU_OVERHEAD_MIB). */
+export const TCG_TB_MIB = 32;
+
 /** Everything one microVM's command line depends on. */
 export interface VmLaunch {
   qemu: string;
@@ -42,7 +45,10 @@ export function qemuArgs(l: VmLaunch): string[] {
     '-M',
     machine,
     '-accel',
-    l.accel,
+    // TCG's translated-code buffer is anonymous memory QEMU fills as the guest runs new code
+    // (1 GiB by default in QEMU 7.2): bounded, so that guest RAM plus QEMU_OVERHEAD_MIB holds
+    // (a guest using its memoryMiB got its QEMU killed by the cgroup without it).
+    l.accel === 'kvm' ? 'kvm' : `tcg,tb-size=${TCG_TB_MIB}`,
     '-cpu',
     l.accel === 'kvm' ? 'host' : 'max',
     '-m',
@@ -73,6 +79,12 @@ export function qemuArgs(l: VmLaunch): string[] {
     `unix:${s.qmp},server=on,wait=off`,
     '-device',
     'virtio-serial-device,max_ports=8',
+    // Free page reporting: the guest's balloon driver (virtio_balloon, in the initramfs) reports
+    // free 2 MiB blocks and QEMU discards them, so memory a guest touched and freed goes back to
+    // the host (an idle microVM's RSS falls back, measured in docs/backends.md). No inflation: the
+    // guest keeps its whole memoryMiB.
+    '-device',
+    'virtio-balloon-device,free-page-reporting=on',
   ];
   s.agents.forEach((sock, i) => {
     args.push('-chardev', `socket,id=agent${i},path=${sock},server=on,wait=off`, '-device', `virtserialport,chardev=agent${i},name=dsec.agent${i}`);
