@@ -135,10 +135,16 @@ function sampleLink(dev: string): { stop(): Promise<Array<[number, number]>> } {
   const points: Array<[number, number]> = [];
   const t0 = nowMs();
   let base: number | undefined;
+  // A failed read (the link gone with a failed run) is kept for stop(), never left unhandled.
+  let failure: unknown;
   const take = async (): Promise<void> => {
-    const n = await rxBytes(dev);
-    base ??= n;
-    points.push([Math.round(nowMs() - t0), (n - base) / MiB]);
+    try {
+      const n = await rxBytes(dev);
+      base ??= n;
+      points.push([Math.round(nowMs() - t0), (n - base) / MiB]);
+    } catch (err) {
+      failure ??= err;
+    }
   };
   let sampling = take();
   const timer = setInterval(() => {
@@ -148,6 +154,7 @@ function sampleLink(dev: string): { stop(): Promise<Array<[number, number]>> } {
     async stop() {
       clearInterval(timer);
       await sampling.then(take);
+      if (failure !== undefined) throw failure instanceof Error ? failure : new Error(`reading the link counter of ${dev} failed`);
       return points;
     },
   };
@@ -185,15 +192,17 @@ async function coldStart(
     for (const m of (await mountsUnder(home)).reverse()) umount(m, MNT.DETACH);
     await rm(home, { recursive: true, force: true });
   });
+  let link: ReturnType<typeof sampleLink> | undefined;
   try {
     registry.clearLog();
     const spec = { image: { base: image.base.digest, toolkits: image.toolkits.map((t) => t.digest) } };
-    const link = sampleLink(shaped.hostIf);
+    link = sampleLink(shaped.hostIf);
     const t0 = nowMs();
     const sb = await edge.create(spec);
     const r = await edge.exec(sb.id, { cmd: image.cmd });
     const ms = nowMs() - t0;
     const overTime = await link.stop();
+    link = undefined;
     if (r.exitCode !== 0) throw new Error(`lazy: ${image.name}, ${mode}: first command failed: ${r.stderr.slice(-300)}`);
     const requests = blobGets(registry);
     const layers = [image.base, ...image.toolkits];
@@ -213,6 +222,8 @@ async function coldStart(
     await edge.destroy(again.id);
     return { ms, warmMs, bytes, requests, prefetched, overTime };
   } finally {
+    // A run that failed before its first command ended still stops its sampler.
+    await link?.stop().catch(() => undefined);
     await done();
   }
 }
