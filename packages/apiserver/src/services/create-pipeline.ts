@@ -125,6 +125,23 @@ function rowSpecOf(item: CreateItem): string {
   return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources, ...(item.spec.protect ? { protect: item.spec.protect } : {}) });
 }
 
+/**
+ * The largest spec (as JSON) a grouped node create carries: a group of MAX_CREATE_MANY such
+ * items, and its answer, stay well under the node protocol's frame limit (a larger one, a big
+ * `env`, goes alone in a message of its own).
+ */
+const MAX_GROUPED_SPEC_BYTES = 64 * 1024;
+
+/**
+ * Whether a create may share a createMany message: only containers (whose creates take tens of
+ * milliseconds; a node answers a group once all of its items settle, so a VM boot or a fork
+ * with memory would hold up the fast creates beside it) with a small spec.
+ */
+export function groupable(spec: SandboxSpec): boolean {
+  if ((spec.backend ?? 'container') !== 'container' || spec.memoryOf !== undefined) return false;
+  return Buffer.byteLength(JSON.stringify(spec)) <= MAX_GROUPED_SPEC_BYTES;
+}
+
 /** One node create waiting for its node's next createMany message. */
 interface NodeCreate {
   node: NodeEntry;
@@ -157,7 +174,7 @@ export class CreatePipeline {
    * cancelled meanwhile is destroyed on the node again.
    */
   private async nodeCreate(node: NodeEntry, spec: SandboxSpec, id: string, signal: AbortSignal | undefined): Promise<void> {
-    if (!node.client.createMany) {
+    if (!node.client.createMany || !groupable(spec)) {
       await node.client.create(spec, signal ? { id, signal } : { id });
       return;
     }
