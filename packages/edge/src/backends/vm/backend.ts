@@ -434,6 +434,8 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     let thaw: () => Promise<unknown> = async () => undefined;
     try {
       if (vm.chronus) {
+        // A freeze step that failed or timed out may still have frozen the root: thawed anyway.
+        thaw = () => guestScript(agent, id, 'thaw', GUEST_THAW, []);
         const guard = (await guestScript(agent, id, 'freeze', GUEST_FREEZE, [], signal)).trim();
         thaw = () => guestScript(agent, id, 'thaw', GUEST_THAW, /^\d+$/.test(guard) ? [guard] : []);
       } else if (agent instanceof GuestAgentClient) {
@@ -488,13 +490,26 @@ fsfreeze --unfreeze / 2>/dev/null
 exit 0
 `;
 
-/** Runs `script` under the guest's sh as root: its stdout once it exited 0, else BACKEND_FAILED naming the step. */
+/**
+ * Longest a snapshot's step in the guest (sync + freeze, thaw) may take: the guest's root
+ * controls `sh`, `sync` and `fsfreeze` (and can stop its agent), so a step that does not end is
+ * abandoned, its process killed where the agent still listens, and the snapshot fails, instead
+ * of holding the sandbox's transition (and a delete behind it) for ever.
+ */
+export const GUEST_STEP_TIMEOUT_MS = 60_000;
+
+/**
+ * Runs `script` under the guest's sh as root: its stdout once it exited 0, else BACKEND_FAILED
+ * naming the step; TIMEOUT past {@link GUEST_STEP_TIMEOUT_MS} or when `signal` aborts.
+ */
 async function guestScript(agent: SandboxAgent, id: string, step: string, script: string, args: string[], signal?: AbortSignal): Promise<string> {
-  signal?.throwIfAborted();
+  const deadline = AbortSignal.timeout(GUEST_STEP_TIMEOUT_MS);
+  const bound = signal ? AbortSignal.any([signal, deadline]) : deadline;
+  bound.throwIfAborted();
   const att = await agent.spawn({ argv: ['/bin/sh', '-c', script, 'dsec-snapshot', ...args], uid: 0, gid: 0 });
-  const out: Buffer[] = [];
-  const err: Buffer[] = [];
-  try {
+  const work = (async (): Promise<string> => {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
     for await (const ev of att) if (ev.kind === 'data') (ev.stream === 'stderr' ? err : out).push(ev.data);
     const exit = await att.exited;
     if (exit.exitCode !== 0) {
@@ -502,14 +517,33 @@ async function guestScript(agent: SandboxAgent, id: string, step: string, script
       throw new DsecError(
         'BACKEND_FAILED',
         `sandbox ${id}: the snapshot's ${step} step failed in the guest (exit ${exit.exitCode ?? exit.signal})${why ? `: ${why}` : ''}`,
-        {
-          sandboxId: id,
-        },
+        { sandboxId: id },
       );
     }
     return Buffer.concat(out).toString('utf8');
+  })();
+  let onAbort: (() => void) | undefined;
+  const stopped = new Promise<never>((_, reject) => {
+    onAbort = () =>
+      reject(
+        deadline.aborted
+          ? new DsecError('TIMEOUT', `sandbox ${id}: the snapshot's ${step} step did not end in the guest within ${GUEST_STEP_TIMEOUT_MS} ms`, {
+              sandboxId: id,
+            })
+          : (bound.reason as Error),
+      );
+    bound.addEventListener('abort', onAbort, { once: true });
+  });
+  try {
+    return await Promise.race([work, stopped]);
+  } catch (err) {
+    // Not awaited: an agent that stopped answering must not hold this up as well.
+    work.catch(() => undefined);
+    void agent.signal(att.proc, 'KILL', true).catch(() => undefined);
+    throw err;
   } finally {
-    await agent.release(att.proc).catch(() => undefined);
+    if (onAbort) bound.removeEventListener('abort', onAbort);
+    void agent.release(att.proc).catch(() => undefined);
   }
 }
 
