@@ -662,6 +662,11 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
   private async adopt(id: string): Promise<BackendSandbox | undefined> {
     const p = this.paths(id);
     const record = JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox;
+    // What a fork with memory or a snapshot that ended with the previous edge left in the folder
+    // (a memory state, disk copies): no request waits for them any more.
+    for (const name of await readdir(p.dir)) {
+      if (name.startsWith('fork-') || name === 'snapshots') await rm(path.join(p.dir, name), { recursive: true, force: true });
+    }
     const vm = this.adopted(record);
     let paused: boolean;
     if (await this.adoptSaved(id, vm)) {
