@@ -12,7 +12,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { DsecClient, Sandbox } from '@dsec/sdk';
+import { DsecClient, DsecError, Sandbox } from '@dsec/sdk';
 import { startTestPlatform } from '../helpers/platform.js';
 import type { TestPlatform } from '../helpers/platform.js';
 import { apiCall, sh } from '../helpers/assert.js';
@@ -24,7 +24,7 @@ const DISK_MIB = 32;
 /** Memory the guest touches and frees to see it given back (below /dev/shm's half of RAM). */
 const TOUCH_MIB = 80;
 
-/** The kit's system-call probes run in the guest (every one but `ptrace-attach-1`). */
+/** The kit's system-call probes run in the guest (every one but `ptrace-attach-1`, tried last). */
 const GUEST_SYSCALL_PROBES = [
   'bpf',
   'bpf-map',
@@ -204,8 +204,8 @@ describe('the adversarial kit in a microVM', () => {
 
     // Escapes: root in the guest may do what root does on its kernel (the probes say what), and
     // none of it lands on the host: its hostname, core_pattern and files stay as they were.
-    // All but ptrace-attach-1: guest root attaching the guest's PID 1 stops chronus, and with it
-    // the agent (the sandbox's calls then wait for the client's timeout; see docs/backends.md).
+    // All but ptrace-attach-1, tried last (below): guest root attaching the guest's PID 1 stops
+    // chronus, and with it the agent.
     const syscalls = await kit(`syscall ${GUEST_SYSCALL_PROBES.join(' ')}`);
     assert.equal(syscalls.exitCode, 0, syscalls.stderr);
     t.diagnostic(`inside the guest: ${JSON.stringify(Object.fromEntries(probes(syscalls).map((p) => [p.probe, p.result])))}`);
@@ -248,6 +248,31 @@ describe('the adversarial kit in a microVM', () => {
     assert.equal(nodes.status, 200);
     assert.deepEqual(await hostState(), before, 'host files and settings are unchanged');
     assert.equal(connections, 0, 'no connection reached the host service');
+
+    // Last, as it leaves the agent stopped: guest root ptrace-attaches the guest's PID 1
+    // (chronus). The node bounds the wait on it: a command with timeoutMs is answered with
+    // TIMEOUT in bounded time (not at the client's own timeout) and the event is raised.
+    const attach = await kit('syscall ptrace-attach-1', 5_000).then(
+      (r) => r.stdout,
+      (err: unknown) => String(err),
+    );
+    t.diagnostic(`ptrace-attach-1: ${attach}`);
+    const t0 = Date.now();
+    const stopped = await sb.exec('echo answered', { timeoutMs: 2_000 }).then(
+      (r) => r,
+      (err: unknown) => err,
+    );
+    const waited = Date.now() - t0;
+    assert.ok(
+      stopped instanceof DsecError && stopped.code === 'TIMEOUT',
+      `an exec to the stopped agent: ${String((stopped as Error).message ?? JSON.stringify(stopped))}`,
+    );
+    assert.ok(waited < 30_000, `answered after ${waited} ms`);
+    assert.match(stopped.message, /agent does not answer/, "the node answered, not the client's own timeout");
+    await until('sandbox.agent-unresponsive raised', async () => {
+      const ev = await apiCall(tp!.url, tp!.adminKey, 'GET', `/v1/events?kind=sandbox.agent-unresponsive&sandbox=${sb.id}`);
+      return ev.status === 200 && ev.body.items.length > 0;
+    });
 
     // Destroyed: no QEMU, cgroup or namespace of it is left.
     await sb.kill();

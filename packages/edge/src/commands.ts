@@ -30,13 +30,16 @@ export function toSpawnOptions(spec: ExecSpec, sandboxEnv: Record<string, string
   return o;
 }
 
-/** Writes stdin; a command that already exited (or closed stdin) is not an error here. */
+/**
+ * Writes stdin; a command that already exited (or closed stdin) is not an error here. Waits no
+ * longer than the command: a stream given up on (its agent does not answer) ends the wait too.
+ */
 export async function writeStdinIgnoringExit(proc: EdgeProcessStream, data: string | Uint8Array, eof: boolean): Promise<void> {
-  try {
-    await proc.write(data, eof);
-  } catch (err) {
+  const written = proc.write(data, eof).catch((err: unknown) => {
     if (!(err instanceof DsecError && err.code === 'CONFLICT')) throw err;
-  }
+  });
+  written.catch(() => undefined);
+  await Promise.race([written, proc.exited.then(() => written)]);
 }
 
 /**

@@ -51,6 +51,7 @@ import type { NodeNetwork } from './net/network.js';
 import { joinNetwork, netnsOf, writeNetworkFiles } from './network-attach.js';
 import { collectNodeGarbage, openParts } from './node-host.js';
 import { DEFAULT_COUNTER_SCAN_MS, SandboxMonitor } from './sandbox-monitor.js';
+import { AgentWatch } from './agent-watch.js';
 import { SandboxCalls } from './sandbox-calls.js';
 import { checkDeniedSyscalls, checkSandboxId, resolveSpecLayers } from './sandbox-spec.js';
 import { diffPage, layersView, packDisk, packGuestLayer, packWritableLayer, snapshotLabels, snapshotRequest } from './snapshots.js';
@@ -96,6 +97,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
   private readonly security: SecurityMonitor;
   /** OOM kills, refused forks and survivors of commands, raised as events. */
   protected readonly monitor: SandboxMonitor;
+  /** Agents that stop answering while commands wait on them (answered with TIMEOUT, raised as events). */
+  protected readonly agentWatch: AgentWatch;
   /** The layers this node holds (the EdgeLayers of the interface). */
   readonly layers: LayerStore;
   /** The cgroups of this node's sandboxes. */
@@ -147,6 +150,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
       raise: (ev) => this.raise(ev),
       isRunning: (id) => this.sandboxes.get(id)?.state === 'running',
       runningSessions: async (id) => new Set((await this.withAgent(id, (agent) => agent.list())).filter((p) => p.running).map((p) => p.pid)),
+    });
+    this.agentWatch = new AgentWatch({
+      raise: (ev) => this.raise(ev),
+      isRunning: (id) => {
+        const e = this.sandboxes.get(id);
+        return e?.state === 'running' && !e.transition && !e.destroying;
+      },
+      agent: (id) => this.entry(id).backend.agent(id),
     });
   }
 
@@ -352,6 +363,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (!e) return;
     e.state = 'stopped';
     this.monitor.remove(id);
+    this.agentWatch.remove(id);
     this.untrack(id);
     this.sandboxes.delete(id);
     await this.network.remove(id).catch(() => undefined);
@@ -760,6 +772,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       await e.transition?.catch(() => undefined);
       e.state = 'stopped';
       this.monitor.remove(id);
+      this.agentWatch.remove(id);
       // The watch holds an fd on the writable layer: let go of it before the unmount.
       this.security.forget(id);
       crashPoint('edge.delete.begun');

@@ -126,6 +126,16 @@ export class EdgeProcessStream implements ProcessStream {
     return this.att.kill(signal, true);
   }
 
+  /**
+   * Ends the stream with `err` (its exit rejects with it, no reattach) when its agent does not
+   * answer; the agent is still asked to kill the process group, should it answer later.
+   */
+  giveUp(err: Error): void {
+    this.stopped.abort();
+    this.att.kill('SIGKILL', true).catch(() => undefined);
+    this.att.fail(err);
+  }
+
   /** Stops the stream; the process runs on. */
   detach(): Promise<void> {
     this.stopped.abort();

@@ -11,11 +11,15 @@ import { EdgeProcessStream } from './process-stream.js';
 import type { Reattach } from './process-stream.js';
 import type { Attachment } from './chronus/attachment.js';
 import type { SandboxMonitor } from './sandbox-monitor.js';
+import type { AgentWatch } from './agent-watch.js';
+import { untilAborted } from './abortable.js';
 
 /** Commands and file operations of a node's sandboxes, routed to their agents. */
 export abstract class SandboxCalls {
   /** OOM baselines and verdicts, survivor checks after exits. */
   protected abstract readonly monitor: SandboxMonitor;
+  /** Bounds on how long commands wait on an agent that stopped answering. */
+  protected abstract readonly agentWatch: AgentWatch;
 
   /**
    * Runs one agent call with the sandbox held running (see `Edge`); `connect` gives the call a
@@ -43,13 +47,37 @@ export abstract class SandboxCalls {
   /** A command of the sandbox ended (lazy layers record their access profile at the first). */
   protected commandEnded(_id: string): void {}
 
-  /** Starts a command, remembering the sandbox's OOM-kill count at its start. */
+  /**
+   * Starts a command, remembering the sandbox's OOM-kill count at its start. A command with
+   * `timeoutMs` is bounded on the node too (its start included): when its exit is late and the
+   * agent does not answer a ping, its stream ends with a TIMEOUT error (`AgentWatch`).
+   */
   protected async start(id: string, spec: ExecSpec, signal?: AbortSignal): Promise<EdgeProcessStream> {
     const oomBaseline = this.monitor.oomBaseline(id);
     const env = this.commandEnv(id);
-    const att = await this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)), { signal });
+    const deadline = spec.timeoutMs === undefined ? undefined : this.agentWatch.deadline(id, spec.timeoutMs);
+    const spawned = this.withAgent(id, (agent) => agent.spawn(toSpawnOptions(spec, env)), { signal });
+    let att: Attachment;
+    try {
+      att = await untilAborted(spawned, deadline?.signal);
+    } catch (err) {
+      deadline?.stop();
+      // Given up on while the agent was silent: should it start the command after all, it goes.
+      if (deadline?.signal.aborted) {
+        void spawned.then(
+          (late) => late.kill('SIGKILL', true).catch(() => undefined),
+          () => undefined,
+        );
+      }
+      throw err;
+    }
     this.monitor.spawned(id, att.proc, oomBaseline);
     const proc = new EdgeProcessStream(att, (exit) => this.monitor.judge(id, exit), { reattach: this.reattacher(id, att.proc, false) });
+    if (deadline) {
+      deadline.signal.addEventListener('abort', () => proc.giveUp(deadline.signal.reason as Error), { once: true });
+      const stop = (): void => deadline.stop();
+      void proc.exited.then(stop, stop);
+    }
     void proc.exited.then(
       () => {
         this.monitor.exited(id);

@@ -33,6 +33,8 @@ export const EVENT_KINDS = [
   'sandbox.resumed',
   'sandbox.lost',
   'owner.lost',
+  // a sandbox's agent did not answer a ping while a command waited past its timeoutMs
+  'sandbox.agent-unresponsive',
   // a sandbox's row, as lists show it (the control plane alone raises these; see SANDBOX_ROW_EVENT_KINDS)
   'sandbox.created',
   'sandbox.state-changed',
