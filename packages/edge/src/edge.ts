@@ -655,9 +655,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       return packWritableLayer(this.layers, { ...request, hold: await this.holdStill(e, id) });
     };
     // One at a time per sandbox: a second snapshot must not be thawed under by the first.
-    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
-    e.snapshotting = run.catch(() => undefined);
-    return run;
+    return inTurn(e, pack);
   }
 
   /**
@@ -677,9 +675,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
         ...(opts.signal ? { signal: opts.signal } : {}),
       });
     };
-    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
-    e.snapshotting = run.catch(() => undefined);
-    return run;
+    return inTurn(e, pack);
   }
 
   /**
@@ -696,9 +692,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
         ...(opts.signal ? { signal: opts.signal } : {}),
       });
     };
-    const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
-    e.snapshotting = run.catch(() => undefined);
-    return run;
+    return inTurn(e, pack);
   }
 
   /** Makes the caller the sandbox's one transition once none is under way (running or paused only). */
@@ -877,4 +871,11 @@ async function drain(e: Entry, id: string, signal?: AbortSignal): Promise<void> 
       resolve();
     };
   });
+}
+
+/** Runs `pack` after the sandbox's snapshot under way, if any: one snapshot at a time per sandbox. */
+function inTurn(e: Entry, pack: () => Promise<LayerInfo>): Promise<LayerInfo> {
+  const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
+  e.snapshotting = run.catch(() => undefined);
+  return run;
 }
