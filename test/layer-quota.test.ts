@@ -4,7 +4,7 @@
 //
 // `layerUploadBytes` is at its default (8 GiB): the bomb is ~8.6 MB of gzip that would inflate
 // past it. `layerStorageBytesPerTenant` (default 20 GiB) is set to 8 MiB through the
-// configuration's own path (`DSEC_LIMIT_LAYER_STORAGE_BYTES_PER_TENANT`, read by `loadConfig`):
+// configuration's own path (`DSEC_LIMIT_LAYER_STORAGE_BYTES_PER_TENANT` to a real `dsec up`):
 // a layer's bytes are read whole when it is packed (mkfs.erofs took 136 s on this 2-core node
 // for one 8 GiB sparse file), so 20 GiB of layers cannot be made within the test's time.
 import assert from 'node:assert/strict';
@@ -13,11 +13,10 @@ import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { gzipSync } from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
-import { loadConfig, platformOptions } from '@dsec/cli/dist/config.js';
-import { DEFAULT_LAYER_UPLOAD_BYTES, DEFAULT_TENANT_LIMITS } from '@dsec/protocol';
+import { DEFAULT_LAYER_UPLOAD_BYTES } from '@dsec/protocol';
 import tar from 'tar-stream';
-import { startTestPlatform } from './helpers/platform.js';
-import type { TestPlatform } from './helpers/platform.js';
+import { freshHome, removeHome, stop, up } from './helpers/child-platform.js';
+import type { RunningNode } from './helpers/child-platform.js';
 import { testProject } from './helpers/tenants.js';
 import type { TestProject } from './helpers/tenants.js';
 
@@ -26,7 +25,9 @@ const MiB = 1024 * 1024;
 const STORAGE = 8 * MiB;
 const BUSYBOX = { image: { base: 'busybox' }, resources: { cpu: 0.1, memoryMiB: 64, diskMiB: 32 } };
 
-let platform: TestPlatform;
+/** The platform: `dsec up` as a child, on its own home. */
+let platform: { url: string; adminKey: string; home: string };
+let node: RunningNode | undefined;
 let red: TestProject;
 let redSub: TestProject;
 let blue: TestProject;
@@ -111,19 +112,18 @@ async function assertNothingStaged(): Promise<void> {
 }
 
 before(async () => {
-  // The one limit changed, through the configuration's variables as `dsec up` reads them.
-  const { config } = await loadConfig({ env: { DSEC_LIMIT_LAYER_STORAGE_BYTES_PER_TENANT: String(STORAGE) } });
-  const { limits } = platformOptions(config);
-  assert.deepEqual(limits, { layerStorageBytesPerTenant: STORAGE });
-  assert.equal(DEFAULT_TENANT_LIMITS.layerUploadBytes, DEFAULT_LAYER_UPLOAD_BYTES);
-  platform = await startTestPlatform({ limits });
+  // The one limit changed, through the configuration's variable as `dsec up` reads it.
+  const home = await freshHome('dsec-layer-quota-');
+  node = await up(home, { env: { DSEC_LIMIT_LAYER_STORAGE_BYTES_PER_TENANT: String(STORAGE) } });
+  platform = { url: node.url, adminKey: node.apiKey, home };
   red = await testProject(platform, 'red');
   redSub = await testProject(platform, 'red-sub', { parent: red.id });
   blue = await testProject(platform, 'blue');
   blueBox = await sandbox(blue.member);
 });
 after(async () => {
-  await platform?.close();
+  if (node) await stop(node, 'SIGTERM');
+  if (platform) await removeHome(platform.home);
 });
 
 describe('layer limits of a tenant', () => {
