@@ -1,21 +1,30 @@
-// Trajectory byte budgets (issue 13 §3), end to end with small configured limits: a red tenant
-// records more than its budget from real sandboxes (one in a sub-project, with another key).
-// Its finished trajectory is evicted first; then its live trajectories are cut (nothing more
-// recorded, a replay refused with TRAJECTORY_TRUNCATED); the blue tenant's trajectories, a
-// finished one and a live one, are untouched. Needs root.
+// Trajectory byte budgets (issue 13 §3), end to end: a red tenant records more than its budget
+// from real sandboxes (one in a sub-project, with another key). Its finished trajectory is
+// evicted first; then its live trajectories are cut (nothing more recorded, a replay refused
+// with TRAJECTORY_TRUNCATED); the blue tenant's trajectories, a finished one and a live one, are
+// untouched, and blue creates, runs and reads files on. Needs root.
+//
+// The budgets are set through the configuration's variables (`DSEC_LIMIT_TRAJECTORY_BYTES_*`, to
+// a real `dsec up`) to 100 kB and 1 MB, with 30,000-byte outputs (~40 kB stored). At the defaults
+// (2 GiB per tenant) the same scenario needs about 100 steps of 15 MiB outputs in 35 sandboxes,
+// more than `npm test` has time for. The counts below are computed from what one step stores.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startTestPlatform } from './helpers/platform.js';
-import type { TestPlatform } from './helpers/platform.js';
+import { freshHome, removeHome, stop, up } from './helpers/child-platform.js';
+import type { RunningNode } from './helpers/child-platform.js';
 import { testProject } from './helpers/tenants.js';
 
-/** The red tenant's budget: two of its 30,000-byte outputs (about 40 kB stored each) fit, three do not. */
+/** Red's budget: two of the outputs fit, three do not. */
 const PER_TENANT = 100_000;
+/** A trajectory's own cap (`trajectory.maxBytes`, default 64 MiB). */
+const MAX_BYTES_PER_TRAJECTORY = 64 * 1024 * 1024;
 const BUSYBOX = { image: { base: 'busybox' }, resources: { cpu: 0.1, memoryMiB: 64, diskMiB: 32 } };
-/** A command whose output is kept in the trajectory (as base64: about 40 kB). */
-const BIG = { cmd: "head -c 30000 /dev/zero | tr '\\0' a" };
+/** A command whose output is kept in the trajectory (as base64). */
+const BIG = { cmd: `head -c 30000 /dev/zero | tr '\\0' a` };
 
-let platform: TestPlatform;
+/** The platform: `dsec up` as a child, on its own home. */
+let platform: { url: string; adminKey: string; home: string };
+let node: RunningNode | undefined;
 async function call(key: string, method: string, route: string, json?: unknown): Promise<{ status: number; body: any }> {
   const res = await fetch(platform.url + route, {
     method,
@@ -28,10 +37,13 @@ async function call(key: string, method: string, route: string, json?: unknown):
 }
 
 before(async () => {
-  platform = await startTestPlatform({ limits: { trajectoryBytesPerTenant: PER_TENANT, trajectoryBytesTotal: 10 * PER_TENANT } });
+  const home = await freshHome('dsec-trajectory-budget-');
+  node = await up(home, { env: { DSEC_LIMIT_TRAJECTORY_BYTES_PER_TENANT: String(PER_TENANT), DSEC_LIMIT_TRAJECTORY_BYTES_TOTAL: String(10 * PER_TENANT) } });
+  platform = { url: node.url, adminKey: node.apiKey, home };
 });
 after(async () => {
-  await platform?.close();
+  if (node) await stop(node, 'SIGTERM');
+  if (platform) await removeHome(platform.home);
 });
 
 /** A tenant (a project of the root) with a member key; `parent` makes a sub-project of it. */
@@ -56,6 +68,12 @@ async function trajectory(key: string, id: string): Promise<{ status: number; bo
   return call(key, 'GET', `/v1/sandboxes/${id}/trajectory?content=false`);
 }
 
+async function readFile(key: string, id: string, file: string): Promise<string> {
+  const res = await fetch(`${platform.url}/v1/sandboxes/${id}/files?path=${encodeURIComponent(file)}`, { headers: { authorization: `Bearer ${key}` } });
+  assert.equal(res.status, 200, file);
+  return res.text();
+}
+
 describe('trajectory byte budgets', () => {
   test('finished trajectories go first, then live ones are cut and not replayable; another tenant keeps its own', { timeout: 180_000 }, async () => {
     const red = await tenant('red');
@@ -69,33 +87,52 @@ describe('trajectory byte budgets', () => {
     const blueLive = await sandbox(blue.key);
     await exec(blue.key, blueLive, { cmd: 'echo blue-live' });
 
-    // Red: a finished trajectory of one big step.
+    // Red: a finished trajectory of one big step; its size is what each big step stores.
     const redDone = await sandbox(red.key);
     await exec(red.key, redDone, BIG);
     assert.equal((await call(red.key, 'DELETE', `/v1/sandboxes/${redDone}`)).status, 204);
     const ended = await trajectory(red.key, redDone);
     assert.equal(ended.status, 200, JSON.stringify(ended.body));
     assert.notEqual(ended.body.endedAt, null);
+    const step = ended.body.bytes as number;
+    /** Big steps red's budget holds, and big steps one trajectory holds under its own cap. */
+    const fit = Math.floor(PER_TENANT / step);
+    const perSandbox = Math.floor(MAX_BYTES_PER_TRAJECTORY / step);
+    assert.ok(fit >= 2 && perSandbox >= 1, `${step} bytes a step`);
 
-    // Red's live sandbox: the second big step fits; the third needs room: the finished one goes.
-    const redLive = await sandbox(red.key);
-    await exec(red.key, redLive, BIG);
-    await exec(red.key, redLive, BIG);
-    const live = await trajectory(red.key, redLive);
-    assert.equal(live.status, 200);
-    assert.equal(live.body.steps, 2);
-    assert.equal(live.body.truncated, false);
+    // Red's live sandboxes: the steps that fit beside the finished one, then one more that needs
+    // its room: the finished one goes, the live ones stay whole.
+    const redLive: string[] = [];
+    const steps = new Map<string, number>();
+    const bigStep = async (): Promise<string> => {
+      let id = redLive[redLive.length - 1];
+      if (id === undefined || steps.get(id)! >= perSandbox) redLive.push((id = await sandbox(red.key)));
+      await exec(red.key, id, BIG);
+      steps.set(id, (steps.get(id) ?? 0) + 1);
+      return id;
+    };
+    for (let i = 0; i < fit - 1; i++) await bigStep();
+    assert.equal((await trajectory(red.key, redDone)).status, 200, 'the finished trajectory stays while the budget holds it');
+    await bigStep();
     assert.equal((await trajectory(red.key, redDone)).status, 404, "red's finished trajectory was evicted first");
+    for (const id of redLive) {
+      const live = await trajectory(red.key, id);
+      assert.equal(live.status, 200);
+      assert.equal(live.body.steps, steps.get(id));
+      assert.equal(live.body.truncated, false);
+    }
 
-    // No finished trajectory of red is left: the next big step cuts the live one.
-    await exec(red.key, redLive, BIG);
-    await exec(red.key, redLive, { cmd: 'echo after-the-cut' });
-    const cut = await trajectory(red.key, redLive);
+    // No finished trajectory of red is left: the next big step cuts the live trajectory it grows.
+    const cutId = await bigStep();
+    await exec(red.key, cutId, { cmd: 'echo after-the-cut' });
+    const cut = await trajectory(red.key, cutId);
     assert.equal(cut.status, 200);
     assert.equal(cut.body.truncated, true);
-    assert.equal(cut.body.steps, 2, 'nothing is recorded after the cut');
-    assert.ok(cut.body.bytes <= PER_TENANT, `red keeps at most its budget (${cut.body.bytes})`);
-    const replay = await call(red.key, 'POST', `/v1/sandboxes/${redLive}/replay`, {});
+    assert.equal(cut.body.steps, steps.get(cutId)! - 1, 'nothing is recorded after the cut');
+    let kept = 0;
+    for (const id of redLive) kept += (await trajectory(red.key, id)).body.bytes as number;
+    assert.ok(kept <= PER_TENANT, `red keeps at most its budget (${kept})`);
+    const replay = await call(red.key, 'POST', `/v1/sandboxes/${cutId}/replay`, {});
     assert.equal(replay.status, 409, JSON.stringify(replay.body));
     assert.equal(replay.body.error.code, 'TRAJECTORY_TRUNCATED');
     assert.match(replay.body.error.message, /trajectoryBytesPerTenant/);
@@ -108,7 +145,7 @@ describe('trajectory byte budgets', () => {
     assert.equal(sub.body.steps, 0);
     assert.equal((await call(redSub.key, 'POST', `/v1/sandboxes/${subLive}/replay`, {})).body.error.code, 'TRAJECTORY_TRUNCATED');
 
-    // Blue's trajectories are whole, and blue records on.
+    // Blue's trajectories are whole, and blue records on, creates, runs and reads files.
     await exec(blue.key, blueLive, BIG);
     const blueNow = await trajectory(blue.key, blueLive);
     assert.equal(blueNow.body.truncated, false);
@@ -116,12 +153,12 @@ describe('trajectory byte budgets', () => {
     const blueOld = await trajectory(blue.key, blueDone);
     assert.equal(blueOld.status, 200, "blue's finished trajectory survives red's flood");
     assert.equal(blueOld.body.steps, 1);
+    const blueNew = await sandbox(blue.key);
+    await exec(blue.key, blueNew, { cmd: 'echo blue-new > /tmp/note' });
+    assert.equal(await readFile(blue.key, blueNew, '/tmp/note'), 'blue-new\n');
+    assert.equal((await trajectory(blue.key, blueNew)).body.truncated, false);
 
-    for (const [key, id] of [
-      [blue.key, blueLive],
-      [red.key, redLive],
-      [redSub.key, subLive],
-    ] as const)
+    for (const [key, id] of [[blue.key, blueLive], [blue.key, blueNew], [redSub.key, subLive], ...redLive.map((id) => [red.key, id] as const)] as const)
       assert.equal((await call(key, 'DELETE', `/v1/sandboxes/${id}`)).status, 204);
   });
 });

@@ -48,7 +48,7 @@ export async function prepareHost(opts: {
     cacheMaxBytes: opts.registry?.cacheMaxBytes,
     pullFrom: opts.pullFrom,
     vmImage: { agentBinary: opts.agentBinary, cacheDir: opts.vmImageCache },
-    ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes } } : {}),
+    ...(opts.layerContentBytes !== undefined ? { tarLimits: { maxTotalBytes: opts.layerContentBytes, totalBytesLimit: 'layerUploadBytes' } } : {}),
     lazy: opts.registry?.lazy
       ? {
           lazyfsBinary: path.join(path.dirname(opts.agentBinary), 'dsec-lazyfs'),

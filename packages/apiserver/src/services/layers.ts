@@ -135,11 +135,12 @@ export class LayerService {
   }
 
   /**
-   * A new layer must fit in its tenant's layer storage (the content bytes of the distinct
-   * layers its projects hold); one that does not is removed again (unless another project
-   * holds it) and refused.
+   * A new layer (uploaded, built or a snapshot) must fit in its tenant's layer storage (the
+   * content bytes of the distinct layers its projects hold, counted once at the top-level
+   * project); one that does not is removed from `edge` again (unless a project holds it) and
+   * refused.
    */
-  private async checkStorage(tenantId: string, info: LayerInfo, edge: EdgeClient): Promise<void> {
+  async checkStorage(tenantId: string, info: LayerInfo, edge: EdgeClient): Promise<void> {
     const digests = new Set((await this.store.layers([...(await this.tenantProjects(tenantId))])).map((r) => r.digest));
     if (digests.has(info.digest)) return;
     let used = 0;

@@ -2,9 +2,10 @@
 // snapshot, then N sandboxes from it).
 import { CreateSandboxRequestSchema, DsecError, MAX_SNAPSHOT_DEPTH, invalidArgument, normalizeLayerName, parseOrThrow, forEachBounded } from '@dsec/protocol';
 import type { BackendKind, CreateSandboxRequest, ForkRequest, ForkResult, Layer, Sandbox, SnapshotRequest } from '@dsec/protocol';
-import { requireRole } from '../auth.js';
+import { requireRole, tenantOfAncestry } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
+import { ROOT_PROJECT_ID } from '../db/store.js';
 import type { StateStore } from '../db/store.js';
 import type { TrajectoryLog } from '../trajectory.js';
 import { specOf } from './common.js';
@@ -43,6 +44,8 @@ export class SnapshotService {
     const seq = await this.trajectory.position(row.id);
     const info = await edge.snapshot(row.id, signal ? { signal } : {});
     crashPoint('snapshot.node');
+    // A snapshot layer counts in its sandbox's tenant's layer storage as an uploaded one does.
+    await this.layers.checkStorage(tenantOfAncestry(await this.store.ancestry(row.project_id), ROOT_PROJECT_ID), info, edge);
     const snap = await this.store.addSnapshot({
       digest: info.digest,
       project_id: row.project_id,

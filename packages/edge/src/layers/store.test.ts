@@ -519,6 +519,8 @@ describe('untrusted tars', () => {
     await expectRejected('too many entries', many, /entries/);
     const big = await makeTar([{ name: 'big', content: Buffer.alloc(1_100_000) }]);
     await expectRejected('too big', big, /exceeds/);
+    // Data that is read and dropped (a whiteout's, a directory's) counts as a file's does.
+    await expectRejected('too big whiteout', await makeTar([{ name: '.wh.hidden', content: Buffer.alloc(1_100_000) }]), /exceeds/);
     const long = await makeTar([{ name: 'd/'.repeat(2100) + 'f', content: 'x' }]);
     await expectRejected('long path', long, /longer/);
   });

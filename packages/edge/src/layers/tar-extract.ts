@@ -12,13 +12,19 @@ import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import type { Header } from 'tar-stream';
-import { DsecError, isDsecError } from '@dsec/protocol';
+import { DsecError, isDsecError, limitExceeded } from '@dsec/protocol';
+import type { LimitName } from '@dsec/protocol';
 import { lsetxattr, mkWhiteout, OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';
 
 /** Limits on one extraction (summed over all layers of a squashed image). */
 export interface TarLimits {
-  /** Total bytes of file content; default 64 GiB. */
+  /** Total bytes of entries' content (files', and any other entry's data, read and dropped); default 64 GiB. */
   maxTotalBytes: number;
+  /**
+   * The tenant limit `maxTotalBytes` stands for (`layerUploadBytes` for uploads and imports): past
+   * it the refusal is that limit's 429 instead of LAYER_INVALID. Default none.
+   */
+  totalBytesLimit?: LimitName | undefined;
   /** Number of tar entries; default 2,000,000. */
   maxEntries: number;
   /** Length of an entry's path or link target in bytes; default 4096. */
@@ -165,6 +171,15 @@ export class TarExtractor {
     return { entries: this.entries, bytes: this.totalBytes };
   }
 
+  /** Counts `size` bytes of an entry's content against {@link TarLimits.maxTotalBytes}. */
+  private count(size: number, name: string): void {
+    this.totalBytes += size;
+    const max = this.limits.maxTotalBytes;
+    if (this.totalBytes <= max) return;
+    const message = `tar content exceeds ${max} bytes at ${JSON.stringify(name.slice(0, 256))} (${size} bytes)`;
+    throw this.limits.totalBytesLimit ? limitExceeded(this.limits.totalBytesLimit, max, message) : invalid(message, name);
+  }
+
   private abs(rel: string): string {
     return rel === '' ? this.dest : join(this.dest, rel);
   }
@@ -174,6 +189,9 @@ export class TarExtractor {
     this.opts.signal?.throwIfAborted();
     if (++this.entries > this.limits.maxEntries) throw invalid(`tar has more than ${this.limits.maxEntries} entries`);
     if (this.entries % 10_000 === 0) this.opts.onProgress?.(`extracted ${this.entries} entries`);
+    // Every entry's data counts before it is read: a bomb hidden in a whiteout, a directory or
+    // a link (data that is read and dropped) is refused at its header, as a file is.
+    this.count(h.size ?? 0, h.name);
     const comps = this.cleanPath(h.name);
     const rel = comps.join('/');
     // tar-stream reports typeflags it does not know (GNU sparse, volume labels...) as null.
@@ -215,8 +233,6 @@ export class TarExtractor {
       case 'file':
       case 'contiguous-file': {
         const size = h.size ?? 0;
-        this.totalBytes += size;
-        if (this.totalBytes > this.limits.maxTotalBytes) throw invalid(`tar content exceeds ${this.limits.maxTotalBytes} bytes`, h.name);
         const path = await this.prepare(comps);
         const fh = await open(path, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o600);
         try {
