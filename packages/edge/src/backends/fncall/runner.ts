@@ -241,12 +241,13 @@ export class FnCallRunner implements EdgeCalls {
   private async runOne(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
-    const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+    const entry = await this.poolFor(layers);
     if (warmPythonEligible(spec)) entry.lastWarmCallAt = Date.now();
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
       let result: CallResult | undefined;
       try {
+        await this.limitMemory(sb, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
         result = await this.execute(sb, spec);
         return result;
       } finally {
@@ -312,11 +313,16 @@ export class FnCallRunner implements EdgeCalls {
     return this.skeleton;
   }
 
-  private async poolFor(layers: LayerInfo[], memoryMiB: number): Promise<PoolEntry> {
+  /**
+   * The warm pool of a layer stack: one whatever the calls' `memoryMiB` (a call's memory is a
+   * cgroup limit set on the sandbox it claims, {@link limitMemory}), so that a tenant cycling
+   * through sizes does not multiply warm sandboxes.
+   */
+  private async poolFor(layers: LayerInfo[]): Promise<PoolEntry> {
     const skeleton = await this.skeletonLayer();
     // overlayfs lists lower dirs top first.
     const digests = [skeleton.digest, ...layers.map((l) => l.digest).reverse()];
-    const key = `${digests.join(',')}@${memoryMiB}`;
+    const key = digests.join(',');
     const entry = this.pools.get(key);
     if (entry) return entry;
     // One pool per key, made once however many first calls ask at the same moment (each
@@ -327,7 +333,7 @@ export class FnCallRunner implements EdgeCalls {
       pending = (async () => {
         const root = await this.acquireRoot(digests);
         const create = async (): Promise<WarmSandbox> => {
-          const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB));
+          const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers));
           if (wantsWarmPython(made)) {
             await this.prestartPython(sb).catch((err: unknown) => {
               this.discard(sb);
@@ -398,7 +404,8 @@ export class FnCallRunner implements EdgeCalls {
     for (const d of root.digests) await this.o.layers.release(d).catch(() => undefined);
   }
 
-  private async createSandbox(lowers: string[], memoryMiB: number): Promise<WarmSandbox> {
+  /** A waiting sandbox, its memory limited to the default call's (each call sets its own when it claims it). */
+  private async createSandbox(lowers: string[]): Promise<WarmSandbox> {
     const id = `fn-${randomBytes(8).toString('hex')}`;
     const dir = path.join(this.sandboxesDir, id);
     const rootfs = path.join(this.o.rootsDir, id);
@@ -415,7 +422,7 @@ export class FnCallRunner implements EdgeCalls {
         rootfs,
         agentBinary: this.o.agentBinary,
         cgroupsPath: this.o.cgroups.pathFor(id),
-        memoryMiB,
+        memoryMiB: DEFAULT_CALL_MEMORY_MIB,
         outputCapBytes: AGENT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
         idRange,
@@ -477,6 +484,29 @@ export class FnCallRunner implements EdgeCalls {
     return init?.startTime !== undefined ? { pid: init.pid, startTime: init.startTime } : undefined;
   }
 
+  /**
+   * Sets the claimed sandbox's memory limit (its cgroup's, without swap) to the call's
+   * `memoryMiB`, before anything of the call runs; the reset puts the default back. A limit
+   * under what the sandbox holds unreclaimably (its waiting python3 interpreter) is retried
+   * once that interpreter is gone; failing again, the sandbox is not used (destroyed) and the
+   * call fails. The OOM count is read after, so that the call's `oomKilled` is its own.
+   */
+  private async limitMemory(sb: WarmSandbox, memoryMiB: number): Promise<void> {
+    const bytes = memoryMiB * 1_048_576;
+    try {
+      await this.o.cgroups.setMemoryLimit(sb.id, bytes);
+    } catch {
+      const warm = sb.warm;
+      sb.warm = undefined;
+      if (warm) await this.dropWarm(warm);
+      await this.o.cgroups.setMemoryLimit(sb.id, bytes).catch((err: unknown) => {
+        sb.killed = true;
+        throw new DsecError('BACKEND_FAILED', `call sandbox ${sb.id}: memory limit ${memoryMiB} MiB not set: ${String(err)}`);
+      });
+    }
+    sb.oomBase = await this.o.cgroups.oomKills(sb.id);
+  }
+
   private reusable(sb: WarmSandbox): boolean {
     return !this.closed && sb.init !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
   }
@@ -488,7 +518,8 @@ export class FnCallRunner implements EdgeCalls {
    * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through a pidfd of chronus,
    * removes every System V object and POSIX message queue and replaces each writable tmpfs by
    * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
-   * them); its OOM count is read so that the next call's `oomKilled` is its own. Last, when
+   * them): its memory limit goes back to the default (the next call sets its own); its OOM
+   * count is read so that the next call's `oomKilled` is its own. Last, when
    * the pool's calls are python3 ones, a fresh interpreter is started for the next call
    * (warm-python.ts): after the reset, so it sees only the clean sandbox.
    */
@@ -499,6 +530,14 @@ export class FnCallRunner implements EdgeCalls {
     this.resetter ??= { key: tmpfsKey, server: new SandboxResetter({ binary: this.o.resetBinary, tmpfs: sb.tmpfs, log: this.o.log }) };
     if (this.resetter.key !== tmpfsKey) return false;
     if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
+    // The last call's memory limit goes with it: the sandbox waits under the default again.
+    if (
+      !(await this.o.cgroups.setMemoryLimit(sb.id, DEFAULT_CALL_MEMORY_MIB * 1_048_576).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return false;
     sb.calls++;
     sb.oomBase = await this.o.cgroups.oomKills(sb.id);
     if (wantsWarmPython(entry)) await this.prestartPython(sb);
