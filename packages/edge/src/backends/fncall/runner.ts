@@ -248,7 +248,7 @@ export class FnCallRunner implements EdgeCalls {
       let result: CallResult | undefined;
       try {
         await this.limitMemory(sb, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
-        result = await this.execute(sb, spec);
+        result = await this.execute(sb, spec, signal);
         return result;
       } finally {
         if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb, entry));
@@ -582,8 +582,12 @@ export class FnCallRunner implements EdgeCalls {
     if (idRange) await this.o.idRanges.release(idRange, id);
   }
 
-  /** Runs the call in a claimed sandbox: its files, the compile step if any, the process, the files fetched back. */
-  private async execute(sb: WarmSandbox, spec: CallRequest): Promise<CallResult> {
+  /**
+   * Runs the call in a claimed sandbox: its files, the compile step if any, the process, the
+   * files fetched back. Once `signal` aborts (its caller went away) the running step is killed:
+   * nobody waits for its result, and it would hold its sandbox and slot to its time limit.
+   */
+  private async execute(sb: WarmSandbox, spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     const { agent } = sb;
     // A warm python3 serves only the call it was started for; any other call finds it gone.
     const warm = sb.warm;
@@ -609,7 +613,7 @@ export class FnCallRunner implements EdgeCalls {
     const limit = spec.outputLimitBytes ?? DEFAULT_CALL_OUTPUT_LIMIT_BYTES;
     let compiled: CallStepResult | undefined;
     if (compile) {
-      compiled = await this.runStep(sb, { argv: compile.argv, env, timeoutMs: spec.compileTimeoutMs ?? DEFAULT_CALL_COMPILE_TIMEOUT_MS, limit });
+      compiled = await this.runStep(sb, { argv: compile.argv, env, timeoutMs: spec.compileTimeoutMs ?? DEFAULT_CALL_COMPILE_TIMEOUT_MS, limit, signal });
       if (compiled.exitCode !== 0) {
         const skipped = { exitCode: null, signal: null, stdout: '', stderr: '', durationMs: 0, truncated: false, timedOut: false, oomKilled: false };
         return { ...skipped, cpuMs: 0, peakMemoryKiB: 0, compile: compiled };
@@ -621,6 +625,7 @@ export class FnCallRunner implements EdgeCalls {
       env,
       timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS,
       limit,
+      signal,
       ...(useWarm ? { warm: warm.att, input: warmPythonInput(spec.code ?? '', spec.stdin) } : spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
     });
     const result: CallResult = { ...step, ...(compiled ? { compile: compiled } : {}) };
@@ -651,6 +656,8 @@ export class FnCallRunner implements EdgeCalls {
       /** A warm interpreter to run in instead of a new process, and what to write to it (warm-python.ts). */
       warm?: Attachment;
       input?: Buffer;
+      /** Kills the process when it aborts. */
+      signal?: AbortSignal | undefined;
     },
   ): Promise<CallStepResult & { cpuMs: number; peakMemoryKiB: number }> {
     const { agent } = sb;
@@ -722,6 +729,9 @@ export class FnCallRunner implements EdgeCalls {
           void att.kill('SIGKILL').catch(() => undefined);
         }, timeoutMs)
       : undefined;
+    const abort = (): void => void att.kill('SIGKILL').catch(() => undefined);
+    if (o.signal?.aborted) abort();
+    else o.signal?.addEventListener('abort', abort, { once: true });
     let exit: AgentExit | undefined;
     try {
       if (o.input !== undefined) await att.write(o.input, true).catch(() => undefined);
@@ -731,6 +741,7 @@ export class FnCallRunner implements EdgeCalls {
       clearTimeout(deadline);
       clearTimeout(overflowTimer);
       clearTimeout(warmLimit);
+      o.signal?.removeEventListener('abort', abort);
     }
     const wallMs = Math.round(performance.now() - started);
     const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
