@@ -1,6 +1,7 @@
 // Function calls on a cold node (issue 13, the rest): 16 first calls at once, to a runtime
 // whose root is not mounted and whose pool does not exist yet, all answer, and answer right;
-// then 16 first calls of another memory size (a new pool over the same root). Before the fix,
+// then 16 first calls of another memory size (the same pool: a call's memory is a cgroup limit
+// set on the sandbox it claims). Before the fix,
 // concurrent first calls each mounted the runtime's root on the same directory and the losers'
 // release unmounted it under the winner's pool: a call answered 500 now and then. Needs root.
 import assert from 'node:assert/strict';
@@ -33,7 +34,7 @@ after(async () => {
 describe('function calls on a cold node', () => {
   for (const memoryMiB of [undefined, 96]) {
     test(
-      `${AT_ONCE} first calls at once${memoryMiB ? ` (memoryMiB ${memoryMiB}: a new pool over the mounted root)` : ''} all answer`,
+      `${AT_ONCE} first calls at once${memoryMiB ? ` (memoryMiB ${memoryMiB}: the same pool, another cgroup limit)` : ''} all answer`,
       { timeout: 180_000 },
       async () => {
         const replies = await Promise.all(

@@ -105,6 +105,43 @@ describe('fncall at the edge (sh runtime)', () => {
     assert.equal(ok.stdout, 'fine\n');
   });
 
+  test('memoryMiB is a cgroup cap set on the claimed sandbox: a call past it is OOM-killed, a larger cap in the same sandbox runs, and cycling sizes makes no pools', async () => {
+    // Each call prints its PID namespace first: the sandbox it ran in.
+    const alloc = 'readlink /proc/self/ns/pid; dd if=/dev/zero of=/dev/null bs=48M count=1 2>/dev/null && echo allocated';
+    const small = await call({ code: alloc, memoryMiB: 24, timeoutMs: 10_000 });
+    assert.equal(small.oomKilled, true, JSON.stringify(small));
+    assert.doesNotMatch(small.stdout, /allocated/);
+    const sandbox = small.stdout.split('\n')[0]!;
+    assert.match(sandbox, /^pid:\[\d+\]$/);
+    // The same allocation under a larger cap, until one call lands in the OOM-killed call's
+    // sandbox (reset and reused; before, each size had a pool of its own: never the same one).
+    let same = 0;
+    for (let i = 0; i < 10 && same === 0; i++) {
+      const big = await call({ code: alloc, memoryMiB: 96, timeoutMs: 10_000 });
+      assert.equal(big.exitCode, 0, JSON.stringify(big));
+      assert.match(big.stdout, /allocated/);
+      if (big.stdout.startsWith(`${sandbox}\n`)) same++;
+    }
+    assert.equal(same, 1, 'a call with the larger cap ran in the sandbox of the OOM-killed one');
+    // Twelve sizes, one after the other: one pool serves them all (before: a pool, and its warm
+    // sandboxes, per size). Between calls every sandbox waits under the default limit again.
+    const sandboxes = async (): Promise<string[]> => (await node.edge.cgroups.list()).filter((id) => id.startsWith('fn-'));
+    for (let i = 0; i < 12; i++) assert.equal((await call({ code: 'echo ok', memoryMiB: 40 + i })).stdout, 'ok\n');
+    const deadline = Date.now() + 10_000;
+    let limits: number[] = [];
+    for (;;) {
+      limits = [];
+      for (const id of await sandboxes()) limits.push((await node.edge.cgroups.stats(id)).memoryLimitBytes);
+      if ((limits.length <= 4 && limits.every((l) => l === 256 * 1_048_576)) || Date.now() > deadline) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.ok(limits.length <= 4, `${limits.length} call sandboxes after 12 sizes`);
+    assert.deepEqual(
+      limits,
+      limits.map(() => 256 * 1_048_576),
+    );
+  });
+
   test('a fork bomb is contained and the next call is unaffected', async () => {
     // It either runs into its timeout or its shell dies when the pids limit refuses its own fork.
     const r = await call({ code: 'bomb() { bomb | bomb & }; bomb; sleep 5', timeoutMs: 1500 });

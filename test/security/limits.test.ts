@@ -3,19 +3,24 @@
 // (at least one, each naming its limit), never timed: this runs on a loaded 2-core machine.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
 import { after, before, describe, test } from 'node:test';
 import {
   DEFAULT_AUTH_FAILURE_BURST,
+  DEFAULT_CALL_SLOTS_PER_NODE,
   DEFAULT_CALLS_PER_TENANT,
   DEFAULT_EXECS_PER_TENANT,
   DEFAULT_KEYS_PER_TENANT,
   DEFAULT_OWNERS_PER_TENANT,
   DEFAULT_PROJECTS_PER_TENANT,
   DEFAULT_RULES_PER_TENANT,
+  DEFAULT_TRANSFERS_PER_NODE,
   DEFAULT_TRANSFERS_PER_TENANT,
+  DEFAULT_WS_STDIN_BUFFER_BYTES,
   MAX_OWNER_GRACE_MS,
   forEachBounded,
 } from '@dsec/protocol';
+import { WebSocket } from 'ws';
 import { startTestPlatform } from '../helpers/platform.js';
 import type { TestPlatform } from '../helpers/platform.js';
 
@@ -87,13 +92,16 @@ async function createSandbox(key: string): Promise<string> {
   return ok(await api(key, 'POST', '/v1/sandboxes', { image: { base: 'busybox' }, resources: { memoryMiB: 64 } }), 'create').id as string;
 }
 
-async function tenant(name: string): Promise<Tenant> {
+/** A tenant with an admin key; without `sandbox: false`, a running sandbox too. */
+async function tenant(name: string, o: { sandbox?: boolean } = {}): Promise<Tenant> {
   const project = ok(await api(rootKey, 'POST', '/v1/projects', { name }), `project ${name}`).id as string;
   const key = await adminKey(project, `${name}-admin`);
-  return { project, key, sandbox: await createSandbox(key) };
+  return { project, key, sandbox: o.sandbox === false ? '' : await createSandbox(key) };
 }
 
 let red: Tenant;
+/** A sub-project of red, its member key and a sandbox of it: it counts at red, its tenant. */
+let redSub: Tenant;
 let blue: Tenant;
 
 /** Red's project and every project below it. */
@@ -107,19 +115,84 @@ async function redProjects(): Promise<Set<string>> {
   return out;
 }
 
-/** Blue's create, exec and file read work (each answered, 2xx). */
-async function blueWorks(): Promise<void> {
+/** Reads a file of a sandbox through the API. */
+function readFileOf(key: string, sandbox: string, file: string): Promise<Response> {
+  return fetch(`${url}/v1/sandboxes/${sandbox}/files?path=${file}`, { headers: { authorization: `Bearer ${key}` }, signal: AbortSignal.timeout(60_000) });
+}
+
+/** Blue's create, exec and (unless `reads: false`) file read work (each answered, 2xx). */
+async function blueWorks(o: { reads?: boolean } = {}): Promise<void> {
   const r = ok(await api(blue.key, 'POST', `/v1/sandboxes/${blue.sandbox}/exec`, { argv: ['cat', '/etc/blue'] }), 'blue exec');
   assert.equal(r.exitCode, 0);
   assert.equal(r.stdout, 'blue\n');
-  const read = await fetch(`${url}/v1/sandboxes/${blue.sandbox}/files?path=/etc/blue`, {
-    headers: { authorization: `Bearer ${blue.key}` },
-    signal: AbortSignal.timeout(60_000),
-  });
-  assert.equal(read.status, 200);
-  assert.equal(await read.text(), 'blue\n');
+  if (o.reads !== false) {
+    const read = await readFileOf(blue.key, blue.sandbox, '/etc/blue');
+    assert.equal(read.status, 200);
+    assert.equal(await read.text(), 'blue\n');
+  }
   const id = await createSandbox(blue.key);
   ok(await api(blue.key, 'DELETE', `/v1/sandboxes/${id}`), 'blue delete');
+}
+
+/** Work that holds slots until `release` (which waits until it has let go of them). */
+interface Held {
+  release(): Promise<void>;
+}
+
+/** Opens `n` uploads to a sandbox whose bodies never end: each holds a transfer slot. */
+function holdUploads(key: string, sandbox: string, n: number): Held {
+  const uploads: AbortController[] = [];
+  const pending: Array<Promise<unknown>> = [];
+  for (let i = 0; i < n; i++) {
+    const ac = new AbortController();
+    uploads.push(ac);
+    // One chunk, then nothing: the body never ends.
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new Uint8Array(1024));
+      },
+    });
+    pending.push(
+      fetch(`${url}/v1/sandboxes/${sandbox}/files?path=/tmp/slow-${i}`, {
+        method: 'PUT',
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/octet-stream' },
+        body,
+        duplex: 'half',
+        signal: ac.signal,
+      }).catch(() => undefined),
+    );
+  }
+  return {
+    async release() {
+      for (const ac of uploads) ac.abort();
+      await Promise.all(pending);
+    },
+  };
+}
+
+/** Runs `batches` batches of 8 sleeping calls: each batch holds 8 call slots while it runs. */
+function holdCalls(key: string, batches: number): Held {
+  const controllers: AbortController[] = [];
+  const pending: Array<Promise<unknown>> = [];
+  for (let i = 0; i < batches; i++) {
+    const ac = new AbortController();
+    controllers.push(ac);
+    const calls = Array.from({ length: 8 }, () => ({ runtime: 'sh', code: 'sleep 20', timeoutMs: 30_000 }));
+    pending.push(
+      fetch(`${url}/v1/calls/batch`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ calls }),
+        signal: ac.signal,
+      }).catch(() => undefined),
+    );
+  }
+  return {
+    async release() {
+      for (const ac of controllers) ac.abort();
+      await Promise.all(pending);
+    },
+  };
 }
 
 before(async () => {
@@ -132,6 +205,9 @@ before(async () => {
   url = platform.url;
   rootKey = platform.adminKey;
   red = await tenant('red');
+  const sub = ok(await api(red.key, 'POST', '/v1/projects', { name: 'red-sub' }), 'red sub-project').id as string;
+  const subKey = ok(await api(red.key, 'POST', '/v1/keys', { name: 'red-sub', role: 'member', project: sub }), 'red sub key').key as string;
+  redSub = { project: sub, key: subKey, sandbox: await createSandbox(subKey) };
   blue = await tenant('blue');
   ok(await api(blue.key, 'POST', `/v1/sandboxes/${blue.sandbox}/exec`, { cmd: 'echo blue > /etc/blue' }), 'blue setup');
   // The node builds its call runtime and warm pool on the first call: made here, before red's
@@ -171,10 +247,7 @@ describe('tenant limits', () => {
       assert.equal(platform!.platform.services.slots.inUse('exec', red.project), DEFAULT_EXECS_PER_TENANT);
       refused(await api(red.key, 'POST', `/v1/sandboxes/${red.sandbox}/exec`, { argv: ['true'] }), 'execsPerTenant');
       // Another key or a sub-project of red does not multiply the limit.
-      const sub = ok(await api(red.key, 'POST', '/v1/projects', { name: 'red-sub' }), 'red sub-project').id as string;
-      const subKey = ok(await api(red.key, 'POST', '/v1/keys', { name: 'red-sub', role: 'member', project: sub }), 'red sub key').key as string;
-      const subSandbox = await createSandbox(subKey);
-      refused(await api(subKey, 'POST', `/v1/sandboxes/${subSandbox}/exec`, { argv: ['true'] }), 'execsPerTenant');
+      refused(await api(redSub.key, 'POST', `/v1/sandboxes/${redSub.sandbox}/exec`, { argv: ['true'] }), 'execsPerTenant');
       await blueWorks();
     } finally {
       for (const ac of streams) ac.abort();
@@ -185,67 +258,50 @@ describe('tenant limits', () => {
   });
 
   test('file transfers: red holds every transfer slot with uploads that never end; its next read is refused naming transfersPerTenant; blue reads on', async () => {
-    const uploads: AbortController[] = [];
-    const pending: Array<Promise<unknown>> = [];
+    const held = holdUploads(red.key, red.sandbox, DEFAULT_TRANSFERS_PER_TENANT);
     try {
-      for (let i = 0; i < DEFAULT_TRANSFERS_PER_TENANT; i++) {
-        const ac = new AbortController();
-        uploads.push(ac);
-        // One chunk, then nothing: the body never ends.
-        const body = new ReadableStream<Uint8Array>({
-          start(controller) {
-            controller.enqueue(new Uint8Array(1024));
-          },
-        });
-        pending.push(
-          fetch(`${url}/v1/sandboxes/${red.sandbox}/files?path=/tmp/slow-${i}`, {
-            method: 'PUT',
-            headers: { authorization: `Bearer ${red.key}`, 'content-type': 'application/octet-stream' },
-            body,
-            duplex: 'half',
-            signal: ac.signal,
-          }).catch(() => undefined),
-        );
-      }
       await eventually('red uploads started', () => platform!.platform.services.slots.inUse('transfer', red.project) === DEFAULT_TRANSFERS_PER_TENANT);
-      const read = await fetch(`${url}/v1/sandboxes/${red.sandbox}/files?path=/etc/hostname`, {
-        headers: { authorization: `Bearer ${red.key}` },
-        signal: AbortSignal.timeout(60_000),
-      });
+      const read = await readFileOf(red.key, red.sandbox, '/etc/hostname');
       refused({ status: read.status, body: (await read.json()) as Reply['body'] }, 'transfersPerTenant');
       await blueWorks();
     } finally {
-      for (const ac of uploads) ac.abort();
-      await Promise.all(pending);
+      await held.release();
     }
     await eventually('red transfers released', () => platform!.platform.services.slots.inUse('transfer', red.project) === 0);
-    const read = await fetch(`${url}/v1/sandboxes/${red.sandbox}/files?path=/etc/hostname`, {
-      headers: { authorization: `Bearer ${red.key}` },
-      signal: AbortSignal.timeout(60_000),
-    });
+    const read = await readFileOf(red.key, red.sandbox, '/etc/hostname');
     assert.equal(read.status, 200);
     await read.arrayBuffer();
   });
 
-  test('function calls: red fills its call slots with batches; its next call is refused naming callsPerTenant; blue calls on', async () => {
-    const batches: AbortController[] = [];
-    const pending: Array<Promise<unknown>> = [];
-    const key = await adminKey(red.project, 'red-calls');
+  test("file transfers per node: red and a second tenant hold the node's 32 slots; red's sub-project is refused naming transfersPerTenant, blue's read naming transfersPerNode; blue's creates and execs answer; reads come back", async () => {
+    const red2 = await tenant('red2');
+    const held = [holdUploads(red.key, red.sandbox, DEFAULT_TRANSFERS_PER_TENANT)];
     try {
-      // A batch takes as many slots as the node runs of it at once (8).
-      for (let i = 0; i < DEFAULT_CALLS_PER_TENANT / 8; i++) {
-        const ac = new AbortController();
-        batches.push(ac);
-        const calls = Array.from({ length: 8 }, () => ({ runtime: 'sh', code: 'sleep 20', timeoutMs: 30_000 }));
-        pending.push(
-          fetch(`${url}/v1/calls/batch`, {
-            method: 'POST',
-            headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-            body: JSON.stringify({ calls }),
-            signal: ac.signal,
-          }).catch(() => undefined),
-        );
-      }
+      await eventually('red uploads started', () => platform!.platform.services.slots.inUse('transfer', red.project) === DEFAULT_TRANSFERS_PER_TENANT);
+      // A sub-project counts at its tenant: red's, full.
+      let read = await readFileOf(redSub.key, redSub.sandbox, '/etc/hostname');
+      refused({ status: read.status, body: (await read.json()) as Reply['body'] }, 'transfersPerTenant');
+      held.push(holdUploads(red2.key, red2.sandbox, DEFAULT_TRANSFERS_PER_TENANT));
+      await eventually('red2 uploads started', () => platform!.platform.services.slots.inUse('transfer', red2.project) === DEFAULT_TRANSFERS_PER_TENANT);
+      assert.equal(2 * DEFAULT_TRANSFERS_PER_TENANT, DEFAULT_TRANSFERS_PER_NODE, 'two tenants fill the node');
+      read = await readFileOf(blue.key, blue.sandbox, '/etc/blue');
+      refused({ status: read.status, body: (await read.json()) as Reply['body'] }, 'transfersPerNode');
+      await blueWorks({ reads: false });
+    } finally {
+      for (const h of held) await h.release();
+    }
+    await eventually(
+      'transfers released',
+      () => platform!.platform.services.slots.inUse('transfer', red.project) + platform!.platform.services.slots.inUse('transfer', red2.project) === 0,
+    );
+    await blueWorks();
+  });
+
+  test('function calls: red fills its call slots with batches; its next call is refused naming callsPerTenant; blue calls on', async () => {
+    const key = await adminKey(red.project, 'red-calls');
+    // A batch takes as many slots as the node runs of it at once (8).
+    const held = holdCalls(key, DEFAULT_CALLS_PER_TENANT / 8);
+    try {
       await eventually('red batches running', () => platform!.platform.services.slots.inUse('call', red.project) === DEFAULT_CALLS_PER_TENANT);
       refused(await api(key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo red' }), 'callsPerTenant');
       // Blue's call is answered. Up to two more tries on a 500 only: once, with red's 16 calls
@@ -257,10 +313,96 @@ describe('tenant limits', () => {
       assert.equal(b.stdout, 'blue\n');
       await blueWorks();
     } finally {
-      for (const ac of batches) ac.abort();
-      await Promise.all(pending);
+      await held.release();
     }
     await eventually('red calls released', () => platform!.platform.services.slots.inUse('call', red.project) === 0, 60_000);
+  });
+
+  test("function-call slots per node: four tenants hold the node's 64; red's sub-project is refused naming callsPerTenant, blue's call naming callSlotsPerNode; blue's creates, execs and reads answer; the slots come back", async () => {
+    const tenants = [red, ...(await Promise.all([2, 3, 4].map((i) => tenant(`red-calls${i}`, { sandbox: false }))))];
+    const inUse = (): number => tenants.reduce((n, t) => n + platform!.platform.services.slots.inUse('call', t.project), 0);
+    const held: Held[] = [];
+    try {
+      held.push(holdCalls(await adminKey(red.project, 'red-node-calls'), DEFAULT_CALLS_PER_TENANT / 8));
+      await eventually('red batches running', () => inUse() === DEFAULT_CALLS_PER_TENANT);
+      refused(await api(redSub.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo sub' }), 'callsPerTenant');
+      for (const t of tenants.slice(1)) held.push(holdCalls(t.key, DEFAULT_CALLS_PER_TENANT / 8));
+      assert.equal(tenants.length * DEFAULT_CALLS_PER_TENANT, DEFAULT_CALL_SLOTS_PER_NODE, 'four tenants fill the node');
+      await eventually('every batch running', () => inUse() === DEFAULT_CALL_SLOTS_PER_NODE);
+      refused(await api(blue.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo blue' }), 'callSlotsPerNode');
+      await blueWorks();
+    } finally {
+      for (const h of held) await h.release();
+    }
+    // The callers went: their calls are killed (not run to their 20 s), the slots come back.
+    await eventually('call slots released', () => inUse() === 0, 30_000);
+    assert.equal(ok(await api(blue.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo blue' }), 'blue call').stdout, 'blue\n');
+  });
+
+  test("WebSocket stdin: red floods a command that does not read; past a bounded amount in flight its socket is no longer read; blue's exec answers within 2 s; once read, every byte arrives", async (t) => {
+    const ws = new WebSocket(`${url.replace('http', 'ws')}/v1/sandboxes/${red.sandbox}/exec/ws`, { headers: { authorization: `Bearer ${red.key}` } });
+    const events: Array<{ type: string; stream?: string; data?: string }> = [];
+    ws.on('message', (m: Buffer) => events.push(JSON.parse(m.toString()) as (typeof events)[number]));
+    ws.on('error', () => undefined);
+    const goAhead = async (): Promise<void> => void ok(await api(red.key, 'POST', `/v1/sandboxes/${red.sandbox}/exec`, { cmd: 'touch /tmp/go' }), 'red go');
+    try {
+      await new Promise((resolve, reject) => ws.once('open', resolve).once('error', reject));
+      // Reads nothing until told (a file appears), then counts every byte of its stdin.
+      ws.send(JSON.stringify({ cmd: 'rm -f /tmp/go; until [ -e /tmp/go ]; do sleep 0.1; done; wc -c' }));
+      await eventually('the command started', () => events.some((e) => e.type === 'start'));
+      // 1 MiB of stdin per message (1.4 MB of JSON), at most 16 MiB waiting in this client at a
+      // time, 64 MiB in all: pushed until the bytes the server took stop growing for 1.5 s.
+      const message = JSON.stringify({ type: 'stdin', data: Buffer.alloc(1 << 20, 'x').toString('base64') });
+      const messages = 64;
+      let n = 0;
+      let sent = 0;
+      const push = (): void => {
+        while (n < messages && ws.bufferedAmount < 16 << 20) {
+          ws.send(message);
+          sent += message.length;
+          n++;
+        }
+      };
+      let taken = -1;
+      for (let still = Date.now(); ; await new Promise((r) => setTimeout(r, 50))) {
+        push();
+        const now = sent - ws.bufferedAmount;
+        if (now !== taken) {
+          taken = now;
+          still = Date.now();
+        } else if (Date.now() - still > 1500) break;
+        if (n === messages && ws.bufferedAmount === 0) break;
+      }
+      // What the server can hold: its queue (the limit, plus the message that crossed it, 4 MiB
+      // at most), one 1 MiB write at the node, and what the kernel buffers on loopback (the
+      // server's receive and this client's send buffer at their largest).
+      const sysctlMax = async (name: string): Promise<number> => Number((await readFile(`/proc/sys/net/ipv4/${name}`, 'utf8')).trim().split(/\s+/)[2]);
+      const bound = DEFAULT_WS_STDIN_BUFFER_BYTES + (4 << 20) + (1 << 20) + (await sysctlMax('tcp_rmem')) + (await sysctlMax('tcp_wmem'));
+      // Stopped because the server stopped reading, not because the flood was all taken.
+      assert.ok(ws.bufferedAmount > 0, `the server took all ${sent} bytes`);
+      assert.ok(taken <= bound, `the server took ${taken} of ${sent} bytes (bound ${bound})`);
+      t.diagnostic(`the server took ${taken} bytes of stdin, then stopped reading (bound ${bound})`);
+      assert.equal(ws.readyState, WebSocket.OPEN, 'the session is still open');
+      const started = Date.now();
+      const r = ok(await api(blue.key, 'POST', `/v1/sandboxes/${blue.sandbox}/exec`, { argv: ['cat', '/etc/blue'] }), 'blue exec');
+      assert.equal(r.stdout, 'blue\n');
+      assert.ok(Date.now() - started < 2000, `blue's exec took ${Date.now() - started} ms`);
+      // The command reads: the server reads again, and every byte arrives.
+      await goAhead();
+      await eventually('the flood written', () => (push(), n === messages && ws.bufferedAmount === 0), 60_000);
+      ws.send(JSON.stringify({ type: 'eof' }));
+      await eventually('the command ended', () => events.some((e) => e.type === 'exit'), 30_000);
+      const stdout = events
+        .filter((e) => e.type === 'output' && e.stream === 'stdout')
+        .map((e) => Buffer.from(e.data ?? '', 'base64').toString())
+        .join('');
+      assert.equal(stdout.trim(), String(messages << 20));
+    } finally {
+      ws.terminate();
+      // On a failure the command outlives its socket (it is recorded): end it.
+      ok(await api(red.key, 'POST', `/v1/sandboxes/${red.sandbox}/exec`, { cmd: 'touch /tmp/go; pkill wc; true' }), 'red cleanup');
+    }
+    await eventually('red commands released', () => platform!.platform.services.slots.inUse('exec', red.project) === 0);
   });
 
   test("snapshots: a parent's snapshot is invisible to its sub-project; the parent uses it", async () => {

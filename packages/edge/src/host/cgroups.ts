@@ -296,6 +296,32 @@ export class Cgroups {
     }
   }
 
+  /**
+   * Sets a running sandbox's memory limit, without swap (as its bundle set it: swap total equal
+   * to the limit, v2's `memory.swap.max` 0, which this leaves alone). v1 keeps memory+swap at or
+   * above memory, so the two are written in the order a lower or a higher limit needs. Lowering
+   * under what cannot be reclaimed fails (v1: EBUSY) or, on v2, makes the kernel OOM-kill in the
+   * cgroup.
+   */
+  async setMemoryLimit(id: string, bytes: number): Promise<void> {
+    if (this.mode === 'v2') {
+      await writeFile(path.join(this.dir('', id), 'memory.max'), String(bytes));
+      return;
+    }
+    const d = this.dir('memory', id);
+    const memory = path.join(d, 'memory.limit_in_bytes');
+    const memsw = path.join(d, 'memory.memsw.limit_in_bytes');
+    // Without swap accounting (no memsw file) the memory limit alone is the cap.
+    const hasMemsw = await stat(memsw).then(
+      () => true,
+      () => false,
+    );
+    const lowering = bytes < (await readNum(memory));
+    if (lowering || !hasMemsw) await writeFile(memory, String(bytes));
+    if (hasMemsw) await writeFile(memsw, String(bytes));
+    if (!lowering && hasMemsw) await writeFile(memory, String(bytes));
+  }
+
   /** Times a fork failed in a sandbox because of its pids limit (the `max` of pids.events). */
   pidsLimitHitsSync(id: string): number {
     const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');

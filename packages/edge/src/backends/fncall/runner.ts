@@ -241,13 +241,14 @@ export class FnCallRunner implements EdgeCalls {
   private async runOne(spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     if (this.closed) throw new DsecError('UNAVAILABLE', 'the fncall backend is closed');
     const layers = await this.layersOf(spec);
-    const entry = await this.poolFor(layers, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+    const entry = await this.poolFor(layers);
     if (warmPythonEligible(spec)) entry.lastWarmCallAt = Date.now();
     return this.slots.run(async () => {
       const sb = await entry.pool.claim(signal);
       let result: CallResult | undefined;
       try {
-        result = await this.execute(sb, spec);
+        await this.limitMemory(sb, spec.memoryMiB ?? DEFAULT_CALL_MEMORY_MIB);
+        result = await this.execute(sb, spec, signal);
         return result;
       } finally {
         if (result && !sb.killed && this.reusable(sb)) entry.pool.recycle(sb, () => this.resetSandbox(sb, entry));
@@ -312,11 +313,16 @@ export class FnCallRunner implements EdgeCalls {
     return this.skeleton;
   }
 
-  private async poolFor(layers: LayerInfo[], memoryMiB: number): Promise<PoolEntry> {
+  /**
+   * The warm pool of a layer stack: one whatever the calls' `memoryMiB` (a call's memory is a
+   * cgroup limit set on the sandbox it claims, {@link limitMemory}), so that a tenant cycling
+   * through sizes does not multiply warm sandboxes.
+   */
+  private async poolFor(layers: LayerInfo[]): Promise<PoolEntry> {
     const skeleton = await this.skeletonLayer();
     // overlayfs lists lower dirs top first.
     const digests = [skeleton.digest, ...layers.map((l) => l.digest).reverse()];
-    const key = `${digests.join(',')}@${memoryMiB}`;
+    const key = digests.join(',');
     const entry = this.pools.get(key);
     if (entry) return entry;
     // One pool per key, made once however many first calls ask at the same moment (each
@@ -327,7 +333,7 @@ export class FnCallRunner implements EdgeCalls {
       pending = (async () => {
         const root = await this.acquireRoot(digests);
         const create = async (): Promise<WarmSandbox> => {
-          const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers, memoryMiB));
+          const sb = await this.runtimeOps.run(() => this.createSandbox(root.lowers));
           if (wantsWarmPython(made)) {
             await this.prestartPython(sb).catch((err: unknown) => {
               this.discard(sb);
@@ -398,7 +404,8 @@ export class FnCallRunner implements EdgeCalls {
     for (const d of root.digests) await this.o.layers.release(d).catch(() => undefined);
   }
 
-  private async createSandbox(lowers: string[], memoryMiB: number): Promise<WarmSandbox> {
+  /** A waiting sandbox, its memory limited to the default call's (each call sets its own when it claims it). */
+  private async createSandbox(lowers: string[]): Promise<WarmSandbox> {
     const id = `fn-${randomBytes(8).toString('hex')}`;
     const dir = path.join(this.sandboxesDir, id);
     const rootfs = path.join(this.o.rootsDir, id);
@@ -415,7 +422,7 @@ export class FnCallRunner implements EdgeCalls {
         rootfs,
         agentBinary: this.o.agentBinary,
         cgroupsPath: this.o.cgroups.pathFor(id),
-        memoryMiB,
+        memoryMiB: DEFAULT_CALL_MEMORY_MIB,
         outputCapBytes: AGENT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,
         idRange,
@@ -477,6 +484,29 @@ export class FnCallRunner implements EdgeCalls {
     return init?.startTime !== undefined ? { pid: init.pid, startTime: init.startTime } : undefined;
   }
 
+  /**
+   * Sets the claimed sandbox's memory limit (its cgroup's, without swap) to the call's
+   * `memoryMiB`, before anything of the call runs; the reset puts the default back. A limit
+   * under what the sandbox holds unreclaimably (its waiting python3 interpreter) is retried
+   * once that interpreter is gone; failing again, the sandbox is not used (destroyed) and the
+   * call fails. The OOM count is read after, so that the call's `oomKilled` is its own.
+   */
+  private async limitMemory(sb: WarmSandbox, memoryMiB: number): Promise<void> {
+    const bytes = memoryMiB * 1_048_576;
+    try {
+      await this.o.cgroups.setMemoryLimit(sb.id, bytes);
+    } catch {
+      const warm = sb.warm;
+      sb.warm = undefined;
+      if (warm) await this.dropWarm(warm);
+      await this.o.cgroups.setMemoryLimit(sb.id, bytes).catch((err: unknown) => {
+        sb.killed = true;
+        throw new DsecError('BACKEND_FAILED', `call sandbox ${sb.id}: memory limit ${memoryMiB} MiB not set: ${String(err)}`);
+      });
+    }
+    sb.oomBase = await this.o.cgroups.oomKills(sb.id);
+  }
+
   private reusable(sb: WarmSandbox): boolean {
     return !this.closed && sb.init !== undefined && sb.calls + 1 < MAX_CALLS_PER_SANDBOX && sb.agent.connected;
   }
@@ -488,7 +518,8 @@ export class FnCallRunner implements EdgeCalls {
    * dsec-fnreset, in the sandbox's user, IPC and mount namespaces through a pidfd of chronus,
    * removes every System V object and POSIX message queue and replaces each writable tmpfs by
    * a fresh one with crun's options. The cgroup's limits are the edge's (a call cannot write
-   * them); its OOM count is read so that the next call's `oomKilled` is its own. Last, when
+   * them): its memory limit goes back to the default (the next call sets its own); its OOM
+   * count is read so that the next call's `oomKilled` is its own. Last, when
    * the pool's calls are python3 ones, a fresh interpreter is started for the next call
    * (warm-python.ts): after the reset, so it sees only the clean sandbox.
    */
@@ -499,6 +530,14 @@ export class FnCallRunner implements EdgeCalls {
     this.resetter ??= { key: tmpfsKey, server: new SandboxResetter({ binary: this.o.resetBinary, tmpfs: sb.tmpfs, log: this.o.log }) };
     if (this.resetter.key !== tmpfsKey) return false;
     if (!(await this.resetter.server.reset(sb.init.pid, sb.init.startTime))) return false;
+    // The last call's memory limit goes with it: the sandbox waits under the default again.
+    if (
+      !(await this.o.cgroups.setMemoryLimit(sb.id, DEFAULT_CALL_MEMORY_MIB * 1_048_576).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return false;
     sb.calls++;
     sb.oomBase = await this.o.cgroups.oomKills(sb.id);
     if (wantsWarmPython(entry)) await this.prestartPython(sb);
@@ -543,8 +582,12 @@ export class FnCallRunner implements EdgeCalls {
     if (idRange) await this.o.idRanges.release(idRange, id);
   }
 
-  /** Runs the call in a claimed sandbox: its files, the compile step if any, the process, the files fetched back. */
-  private async execute(sb: WarmSandbox, spec: CallRequest): Promise<CallResult> {
+  /**
+   * Runs the call in a claimed sandbox: its files, the compile step if any, the process, the
+   * files fetched back. Once `signal` aborts (its caller went away) the running step is killed:
+   * nobody waits for its result, and it would hold its sandbox and slot to its time limit.
+   */
+  private async execute(sb: WarmSandbox, spec: CallRequest, signal?: AbortSignal): Promise<CallResult> {
     const { agent } = sb;
     // A warm python3 serves only the call it was started for; any other call finds it gone.
     const warm = sb.warm;
@@ -570,7 +613,7 @@ export class FnCallRunner implements EdgeCalls {
     const limit = spec.outputLimitBytes ?? DEFAULT_CALL_OUTPUT_LIMIT_BYTES;
     let compiled: CallStepResult | undefined;
     if (compile) {
-      compiled = await this.runStep(sb, { argv: compile.argv, env, timeoutMs: spec.compileTimeoutMs ?? DEFAULT_CALL_COMPILE_TIMEOUT_MS, limit });
+      compiled = await this.runStep(sb, { argv: compile.argv, env, timeoutMs: spec.compileTimeoutMs ?? DEFAULT_CALL_COMPILE_TIMEOUT_MS, limit, signal });
       if (compiled.exitCode !== 0) {
         const skipped = { exitCode: null, signal: null, stdout: '', stderr: '', durationMs: 0, truncated: false, timedOut: false, oomKilled: false };
         return { ...skipped, cpuMs: 0, peakMemoryKiB: 0, compile: compiled };
@@ -582,6 +625,7 @@ export class FnCallRunner implements EdgeCalls {
       env,
       timeoutMs: spec.timeoutMs ?? DEFAULT_CALL_TIMEOUT_MS,
       limit,
+      signal,
       ...(useWarm ? { warm: warm.att, input: warmPythonInput(spec.code ?? '', spec.stdin) } : spec.stdin !== undefined ? { stdin: spec.stdin } : {}),
     });
     const result: CallResult = { ...step, ...(compiled ? { compile: compiled } : {}) };
@@ -612,6 +656,8 @@ export class FnCallRunner implements EdgeCalls {
       /** A warm interpreter to run in instead of a new process, and what to write to it (warm-python.ts). */
       warm?: Attachment;
       input?: Buffer;
+      /** Kills the process when it aborts. */
+      signal?: AbortSignal | undefined;
     },
   ): Promise<CallStepResult & { cpuMs: number; peakMemoryKiB: number }> {
     const { agent } = sb;
@@ -683,6 +729,9 @@ export class FnCallRunner implements EdgeCalls {
           void att.kill('SIGKILL').catch(() => undefined);
         }, timeoutMs)
       : undefined;
+    const abort = (): void => void att.kill('SIGKILL').catch(() => undefined);
+    if (o.signal?.aborted) abort();
+    else o.signal?.addEventListener('abort', abort, { once: true });
     let exit: AgentExit | undefined;
     try {
       if (o.input !== undefined) await att.write(o.input, true).catch(() => undefined);
@@ -692,6 +741,7 @@ export class FnCallRunner implements EdgeCalls {
       clearTimeout(deadline);
       clearTimeout(overflowTimer);
       clearTimeout(warmLimit);
+      o.signal?.removeEventListener('abort', abort);
     }
     const wallMs = Math.round(performance.now() - started);
     const killed = exit === undefined || exit.signal === 'SIGKILL' || exit.exitCode === 137;
