@@ -464,17 +464,20 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
 
   test('a COMMIT whose answer is lost leaves a grouped reservation counted exactly once', async () => {
     const cutter = await startCommitCutter(pg!.port);
-    const store = await StateStore.openPostgres(cutter.url(await pg!.createDatabase('lost_commit')));
+    let store: StateStore | undefined;
     try {
-      const project = await store.createProject({ name: 'lost-commit', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 10, cpu: 10, memoryMiB: 10_000 } });
-      const used = async (): Promise<number> => (await store.project(project.id))!.used_sandboxes;
+      await pg!.createDatabase('lost_commit');
+      const opened = await StateStore.openPostgres(cutter.url('lost_commit'));
+      store = opened;
+      const project = await opened.createProject({ name: 'lost-commit', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 10, cpu: 10, memoryMiB: 10_000 } });
+      const used = async (): Promise<number> => (await opened.project(project.id))!.used_sandboxes;
       const r = { sandboxes: 1, cpu: 1, memoryMiB: 256 };
       /** Three creates' reservations of one moment (one group, one transaction), each given back by its caller when it was admitted. */
       const group = async (): Promise<boolean[]> => {
-        const admitted = (await Promise.allSettled([store.reserve(project.id, r), store.reserve(project.id, r), store.reserve(project.id, r)])).map(
+        const admitted = (await Promise.allSettled([opened.reserve(project.id, r), opened.reserve(project.id, r), opened.reserve(project.id, r)])).map(
           (s) => s.status === 'fulfilled',
         );
-        for (const ok of admitted) if (ok) await store.unreserve(project.id, r);
+        for (const ok of admitted) if (ok) await opened.unreserve(project.id, r);
         return admitted;
       };
       // The server committed; its answer never came: the reservation stands, and its callers hold it.
@@ -491,7 +494,7 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
       assert.deepEqual(await group(), [true, true, true]);
       assert.equal(await used(), 0);
     } finally {
-      await store.close();
+      await store?.close();
       await cutter.close();
     }
   });
