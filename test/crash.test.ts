@@ -8,25 +8,33 @@
 // sandbox without a row, and, once all are deleted, nothing left at all.
 // `npm test` runs 5 kill points (one per pipeline); DSEC_LONG=1 runs every named step (the
 // control plane's, and the edge's, its container backend's and its network's, which the
-// in-process node reaches under the same workload) and random points (>= 30 runs). Needs root.
+// in-process node reaches under the same workload) and random points (>= 30 runs). The same walk
+// runs on PostgreSQL (`dsec up --db`, a cluster of the test's own: 2 kill points in `npm test`,
+// all of them under DSEC_LONG=1), beside a COMMIT whose answer a proxy drops under a grouped
+// reservation, and a delete abandoned by a killed platform that an edge-less replica's lease
+// pass finishes. Needs root.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readdirSync } from 'node:fs';
-import { readdir, readFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { after, describe, test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
 import type { TestContext } from 'node:test';
 import Database from 'better-sqlite3';
-import { CRASH_AT_ENV, CRASH_STEPS } from '@dsec/apiserver';
+import { CRASH_AT_ENV, CRASH_STEPS, ROOT_PROJECT_ID, StateStore } from '@dsec/apiserver';
 import { EMPTY_CGROUP_GRACE_MS, ifPrefixOf, seededRandom, tableOf } from '@dsec/edge';
 import { BACKEND_CRASH_STEPS, EDGE_CRASH_STEPS } from '@dsec/protocol';
 import type { EdgeCrashStep } from '@dsec/protocol';
 import { DEFAULT_GC_INTERVAL_MS } from '@dsec/watcher';
 import type { CrashStep } from '@dsec/apiserver';
-import { freshHome, killChildren, nodeMounts, removeHome, runDirOf, stop, up } from './helpers/child-platform.js';
+import { CLI, START_TIMEOUT_MS, freshHome, killChildren, nodeMounts, removeHome, runDirOf, stop, up } from './helpers/child-platform.js';
 import type { RunningNode } from './helpers/child-platform.js';
+import { postgresSkipReason, startCommitCutter, startTestPostgres } from './helpers/postgres.js';
+import type { TestPostgres } from './helpers/postgres.js';
 
 const run = promisify(execFile);
 const LONG = process.env.DSEC_LONG === '1';
@@ -209,13 +217,14 @@ async function workload(admin: Api, tenantApi: Api, seen: Set<string>, stopped: 
   ]);
 }
 
-/** Sandbox ids the store of a stopped platform holds (also those a crash left half made). */
-function storedIds(home: string): string[] {
-  const db = new Database(path.join(home, 'dsec.db'));
+/** Sandbox ids the store of a stopped platform holds (also those a crash left half made): its SQLite file, or its PostgreSQL database. */
+async function storedIds(home: string, db?: TestPostgres): Promise<string[]> {
+  if (db) return (await db.query('SELECT id FROM sandboxes', CRASH_DB)).rows.map((r: { id: string }) => r.id);
+  const file = new Database(path.join(home, 'dsec.db'));
   try {
-    return (db.prepare('SELECT id FROM sandboxes').all() as Array<{ id: string }>).map((r) => r.id);
+    return (file.prepare('SELECT id FROM sandboxes').all() as Array<{ id: string }>).map((r) => r.id);
   } finally {
-    db.close();
+    file.close();
   }
 }
 
@@ -305,7 +314,12 @@ async function strandedObjects(home: string, ids: Iterable<string>, live: Set<st
   return stranded.length ? stranded.join('; ') : undefined;
 }
 
-describe('a crash at any point loses nothing and strands nothing', { concurrency: false }, () => {
+/**
+ * The walk: one home, a run per kill point (or random moment), each restarted and checked. With
+ * `store`, the platform keeps its state in that PostgreSQL database (`dsec up --db`) and runs with
+ * those extra arguments; else in its home's SQLite file.
+ */
+function crashWalk(walkRuns: readonly CrashRun[], store?: () => { pg: TestPostgres; args: string[] }): void {
   let home = '';
   let tenant: Tenant | undefined;
   /** Every sandbox id this home may ever have had (from replies, the store and the node's folders). */
@@ -313,12 +327,12 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
 
   after(async () => {
     await killChildren();
-    if (home) await removeHome(home);
+    if (home) await removeHome(home, store?.().args);
   });
 
   /** Starts the platform, unarmed or armed at a kill point. */
   async function start(step?: CrashStep | EdgeCrashStep): Promise<{ node: RunningNode; admin: Api; tenantApi: Api }> {
-    const node = await up(home, step ? { env: { [CRASH_AT_ENV]: step } } : {});
+    const node = await up(home, { args: store?.().args ?? [], ...(step ? { env: { [CRASH_AT_ENV]: step } } : {}) });
     const admin = new Api(node.url, node.apiKey);
     tenant ??= await makeTenant(admin);
     return { node, admin, tenantApi: admin.withKey(tenant.key) };
@@ -364,7 +378,7 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
 
   async function crashOnce(t: TestContext, r: CrashRun): Promise<void> {
     await crash(r);
-    for (const id of storedIds(home)) universe.add(id);
+    for (const id of await storedIds(home, store?.().pg)) universe.add(id);
     for (const id of await readdir(path.join(home, 'node', 'sandboxes')).catch(() => [] as string[])) universe.add(id);
 
     // Restarted on the same home (unarmed): everything is consistent before anything else happens.
@@ -404,17 +418,147 @@ describe('a crash at any point loses nothing and strands nothing', { concurrency
     home = await freshHome('dsec-crash-');
   });
 
-  for (const r of runs) {
+  for (const r of walkRuns) {
     const name = 'step' in r ? `SIGKILL at ${r.step}` : `SIGKILL after ${r.afterMs} ms of workload (seed ${seed})`;
     test(name, { timeout: 400_000 }, async (t) => crashOnce(t, r));
   }
 
   test('at the end, dsec up --clean leaves no mount, link or table of the node', async () => {
-    const node = await up(home, { args: ['--clean'] });
+    const node = await up(home, { args: [...(store?.().args ?? []), '--clean'] });
     assert.equal(await stop(node, 'SIGINT'), 0, node.stderr());
     assert.deepEqual(await nodeMounts(home), []);
     assert.deepEqual(await nodeLinks(home), []);
     const table = tableOf(path.basename(runDirOf(path.join(home, 'node'))));
     await assert.rejects(run('nft', ['list', 'table', 'inet', table]), `table ${table} is gone`);
   });
+}
+
+describe('a crash at any point loses nothing and strands nothing', { concurrency: false }, () => crashWalk(runs));
+
+/** The PostgreSQL walk's database. */
+const CRASH_DB = 'crash';
+/** How long a `stopping` row no process here tears down waits for the lease pass (short for the tests; the default is minutes). */
+const ABANDONED_MS = 2000;
+/** The watcher's pass here (the lease pass runs in it). */
+const PASS_MS = 250;
+/** `npm test`'s kill points of the PostgreSQL walk: between a node and its row, in a create and in a delete. */
+const PG_QUICK_STEPS: readonly CrashStep[] = ['create.node', 'delete.node'];
+const pgRuns: CrashRun[] = LONG ? runs : PG_QUICK_STEPS.map((step) => ({ step }));
+
+describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, () => {
+  let pg: TestPostgres | undefined;
+  let dir = '';
+  let config = '';
+  before(async () => {
+    pg = await startTestPostgres();
+    dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-crash-pg-'));
+    config = path.join(dir, 'config.json');
+    await writeFile(config, JSON.stringify({ watcher: { intervalMs: PASS_MS, abandonedStoppingMs: ABANDONED_MS } }));
+    await pg.createDatabase(CRASH_DB);
+  });
+  after(async () => {
+    await killChildren();
+    await pg?.close();
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  test('a COMMIT whose answer is lost leaves a grouped reservation counted exactly once', async () => {
+    const cutter = await startCommitCutter(pg!.port);
+    let store: StateStore | undefined;
+    try {
+      await pg!.createDatabase('lost_commit');
+      const opened = await StateStore.openPostgres(cutter.url('lost_commit'));
+      store = opened;
+      const project = await opened.createProject({ name: 'lost-commit', parentId: ROOT_PROJECT_ID, quota: { sandboxes: 10, cpu: 10, memoryMiB: 10_000 } });
+      const used = async (): Promise<number> => (await opened.project(project.id))!.used_sandboxes;
+      const r = { sandboxes: 1, cpu: 1, memoryMiB: 256 };
+      /** Three creates' reservations of one moment (one group, one transaction), each given back by its caller when it was admitted. */
+      const group = async (): Promise<boolean[]> => {
+        const admitted = (await Promise.allSettled([opened.reserve(project.id, r), opened.reserve(project.id, r), opened.reserve(project.id, r)])).map(
+          (s) => s.status === 'fulfilled',
+        );
+        for (const ok of admitted) if (ok) await opened.unreserve(project.id, r);
+        return admitted;
+      };
+      // The server committed; its answer never came: the reservation stands, and its callers hold it.
+      const cutAfter = cutter.arm('after-commit');
+      assert.deepEqual(await group(), [true, true, true], 'the committed group is answered as admitted');
+      await cutAfter;
+      assert.equal(await used(), 0, 'given back by the callers that held it: nothing left counted');
+      // The COMMIT never reached the server: nothing was reserved, and every caller is refused.
+      const cutBefore = cutter.arm('before-commit');
+      assert.deepEqual(await group(), [false, false, false]);
+      await cutBefore;
+      assert.equal(await used(), 0);
+      // The store works on after both.
+      assert.deepEqual(await group(), [true, true, true]);
+      assert.equal(await used(), 0);
+    } finally {
+      await store?.close();
+      await cutter.close();
+    }
+  });
+
+  test(
+    'the lease pass finishes a row a dead platform left stopping on a node it does not reach, and gives its quota back once',
+    { timeout: 300_000 },
+    async () => {
+      const url = await pg!.createDatabase('abandoned');
+      const home = await freshHome('dsec-crash-abandoned-');
+      const replicaHome = await mkdtemp(path.join(dir, 'replica-'));
+      let replica: ChildProcessWithoutNullStreams | undefined;
+      try {
+        const args = ['--db', url, '--config', config];
+        const armed = await up(home, { args, env: { [CRASH_AT_ENV]: 'delete.stopping' } });
+        const admin = new Api(armed.url, armed.apiKey);
+        const id = (await admin.ok('POST', '/v1/sandboxes', BUSYBOX)).body.id as string;
+        await admin.call('DELETE', `/v1/sandboxes/${id}`).catch(() => undefined);
+        assert.equal((await armed.exited).signal, 'SIGKILL', armed.stderr());
+        const row = async (): Promise<string | undefined> => (await pg!.query(`SELECT state FROM sandboxes WHERE id = '${id}'`, 'abandoned')).rows[0]?.state;
+        const used = async (): Promise<number> =>
+          Number((await pg!.query(`SELECT used_sandboxes FROM projects WHERE id = '${ROOT_PROJECT_ID}'`, 'abandoned')).rows[0].used_sandboxes);
+        assert.equal(await row(), 'stopping');
+        assert.equal(await used(), 1);
+
+        // A replica without the dead platform's node: the sandbox's node is gone for it.
+        replica = spawn(process.execPath, [CLI, 'apiserver', '--home', replicaHome, '--addr', '127.0.0.1:0', ...args], {
+          env: { PATH: process.env.PATH ?? '' },
+          stdio: ['pipe', 'pipe', 'pipe'],
+        });
+        let stderr = '';
+        let stdout = '';
+        replica.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+        replica.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
+        const exited = new Promise<void>((resolve) => replica!.once('exit', () => resolve()));
+        await settles('the replica listens', async () => (/listening on/.test(stdout) ? undefined : `not yet: ${stderr}`), START_TIMEOUT_MS);
+        const started = Date.now();
+        await settles('the row is finished', async () => ((await row()) === undefined ? undefined : `still ${await row()}`), ABANDONED_MS + 10_000);
+        const took = Date.now() - started;
+        assert.ok(took >= ABANDONED_MS - PASS_MS, `finished after ${took} ms: not before its bound (${ABANDONED_MS} ms)`);
+        assert.match(stderr, new RegExp(`finished the abandoned delete of ${id}`));
+        assert.equal(await used(), 0, 'its quota is back');
+        // More passes give nothing back twice.
+        await new Promise((resolve) => setTimeout(resolve, 4 * PASS_MS));
+        assert.equal(await used(), 0, 'given back once');
+        replica.kill('SIGTERM');
+        await exited;
+
+        // The platform again, on its home: its node's sandbox has no row and goes.
+        const again = await up(home, { args });
+        try {
+          await settles('nothing of the sandbox is left on the host', () => strandedObjects(home, [id], new Set()), HOST_SETTLE_MS);
+          assert.equal(await used(), 0);
+        } finally {
+          assert.equal(await stop(again, 'SIGTERM'), 0, again.stderr());
+        }
+      } finally {
+        replica?.kill('SIGKILL');
+        await removeHome(home, ['--db', url]);
+      }
+    },
+  );
+
+  describe('a crash at any point loses nothing and strands nothing', { concurrency: false }, () =>
+    crashWalk(pgRuns, () => ({ pg: pg!, args: ['--db', pg!.url(CRASH_DB), '--config', config] })),
+  );
 });

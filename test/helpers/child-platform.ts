@@ -126,12 +126,13 @@ export async function killChildren(): Promise<void> {
 /**
  * Removes a home a test is done with, whatever state it was left in: a node that still has
  * mounts is started once more with `--clean` and stopped (it destroys its sandboxes and removes
- * its mounts, cgroups, links and table), then whatever is still mounted is detached.
+ * its mounts, cgroups, links and table), then whatever is still mounted is detached. `args` are
+ * the platform's own (`--db` for a store on PostgreSQL: the home then has no `dsec.db`).
  */
-export async function removeHome(home: string): Promise<void> {
+export async function removeHome(home: string, args: string[] = []): Promise<void> {
   await killChildren();
-  if ((await nodeMounts(home)).length > 0 && existsSync(path.join(home, 'dsec.db'))) {
-    const node = await up(home, { args: ['--clean'] }).catch(() => undefined);
+  if ((await nodeMounts(home)).length > 0 && (args.includes('--db') || existsSync(path.join(home, 'dsec.db')))) {
+    const node = await up(home, { args: [...args, '--clean'] }).catch(() => undefined);
     if (node) await stop(node, 'SIGTERM');
   }
   for (const m of [...(await mountsUnder(runDirOf(path.join(home, 'node'))).catch(() => [])), ...(await mountsUnder(home).catch(() => []))]) {

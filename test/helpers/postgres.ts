@@ -193,3 +193,87 @@ export async function startTestPostgres(opts: TestPostgresOptions = {}): Promise
     },
   };
 }
+
+/** Where a {@link CommitCutter} cuts a connection at a COMMIT. */
+export type CommitCut = 'before-commit' | 'after-commit';
+
+/** A loopback proxy in front of a server that can cut a connection at its next COMMIT. */
+export interface CommitCutter {
+  /** URL of `database` through the proxy. */
+  url(database: string): string;
+  /**
+   * Cuts the next COMMIT that passes: `before-commit` closes both ends instead of forwarding it
+   * (the server rolls back); `after-commit` forwards it and closes both ends when the server
+   * answers (committed, the answer lost). Resolves once it has cut.
+   */
+  arm(cut: CommitCut): Promise<void>;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts a {@link CommitCutter} for the server at `port`. It reads the client's side of the
+ * protocol (the startup message, then typed messages) to find a COMMIT: a simple query (`Q`) or
+ * a parse (`P`) whose text is `commit`; the server's side passes as it is.
+ */
+export async function startCommitCutter(port: number): Promise<CommitCutter> {
+  let armed: { cut: CommitCut; done: () => void } | undefined;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(port, '127.0.0.1');
+    sockets.add(client).add(upstream);
+    const cut = (): void => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('close', () => (sockets.delete(client), upstream.destroy()));
+    upstream.on('close', () => (sockets.delete(upstream), client.destroy()));
+    client.on('error', () => undefined);
+    upstream.on('error', () => undefined);
+    let pending = Buffer.alloc(0);
+    let started = false;
+    let dropAnswer: (() => void) | undefined;
+    client.on('data', (chunk: Buffer) => {
+      pending = Buffer.concat([pending, chunk]);
+      for (;;) {
+        const head = started ? 1 : 0;
+        if (pending.length < head + 4) return;
+        const size = head + pending.readInt32BE(head);
+        if (pending.length < size) return;
+        const message = pending.subarray(0, size);
+        pending = pending.subarray(size);
+        if (!started) started = true;
+        else if (armed && (message[0] === 0x51 || message[0] === 0x50) && /^\0*\s*commit\b/i.test(message.subarray(5).toString('latin1'))) {
+          const { cut: where, done } = armed;
+          armed = undefined;
+          if (where === 'before-commit') {
+            cut();
+            done();
+            return;
+          }
+          dropAnswer = done;
+        }
+        upstream.write(message);
+      }
+    });
+    upstream.on('data', (chunk: Buffer) => {
+      if (dropAnswer) {
+        const done = dropAnswer;
+        dropAnswer = undefined;
+        cut();
+        done();
+        return;
+      }
+      client.write(chunk);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const proxyPort = (server.address() as net.AddressInfo).port;
+  return {
+    url: (database) => `postgres://dsec@127.0.0.1:${proxyPort}/${database}`,
+    arm: (cut) => new Promise<void>((done) => (armed = { cut, done })),
+    async close() {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}

@@ -60,6 +60,8 @@ export interface ControlPlaneOptions {
   watchIntervalMs?: number;
   /** Interval of the watcher's garbage collection on the nodes. */
   gcIntervalMs?: number;
+  /** How long the lease pass waits before it finishes a `stopping` row no teardown here owns (default `ABANDONED_STOPPING_MS`). */
+  abandonedStoppingMs?: number;
   /** Limits and retention of the trajectory log. */
   trajectory?: TrajectoryOptions;
   /** Events, audit and rules: heartbeats, queues, rate limits, retention. */
@@ -132,8 +134,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     // Failed authentications by source, collapsed into the audit (closed before the audit is).
     const authFailures = new AuthFailureGate(limits, authFailureAudit(watch));
     closers.unshift(() => authFailures.close());
+    let replicas: PostgresListener | undefined;
     if (o.listenUrl) {
       const listener = new PostgresListener(o.listenUrl, log);
+      replicas = listener;
       closers.unshift(() => listener.close());
       await watch.joinReplicas(listener);
       await listener.listen(IAM_CHANNEL, (origin) => {
@@ -145,6 +149,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       });
       listener.onReconnect(() => store.catalog.forget());
     }
+    // A store of one process, or a shared one that no other replica runs on now (this one holds
+    // the replicas' lock alone until it has reconciled): what is in flight there was cut short.
+    const alone = replicas ? await replicas.joinReplicas() : !store.shared;
     const observe = o.observeEvents;
     const services = createServices({
       store,
@@ -168,9 +175,10 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     closers.unshift(() => services.trajectory.close());
     // Deletes already answered finish their teardown before the nodes and the store close.
     closers.unshift(() => services.lifecycle.teardownsIdle());
-    // A store of one process: what a crash of the previous one cut short is settled against the
-    // node before anything is served or charged. Replicas reconcile a node when its session opens.
-    if (!store.shared) {
+    // Alone on the store: what a crash of the previous process cut short is settled against the
+    // nodes before anything is served or charged. Replicas beside others reconcile a node when
+    // its session opens, and finish abandoned deletes in the lease pass.
+    if (alone) {
       const reconciled = await reconcileAtStart({
         store,
         nodes,
@@ -181,9 +189,11 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
       if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
     }
     await services.lifecycle.loadAllocations();
-    // One process: a key still pending belongs to a request that died with the previous one.
-    // Replicas: another one may be running that request; only a key pending far too long is dead.
-    await store.settlePendingIdempotencyKeys(new Date(Date.now() - (store.shared ? IDEMPOTENCY_PENDING_STALE_MS : 0)).toISOString());
+    // Alone: a key still pending belongs to a request that died with the previous process.
+    // Beside other replicas: one may be running that request; only a key pending far too long is dead.
+    await store.settlePendingIdempotencyKeys(new Date(Date.now() - (alone ? 0 : IDEMPOTENCY_PENDING_STALE_MS)).toISOString());
+    // Reconciled: other replicas may start.
+    await replicas?.shareWithReplicas();
     await o.prepare?.(services, watch);
 
     // The first admin key, written where the local CLI finds it. Replicas starting together on
@@ -290,7 +300,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         // Leases, then deletes a dead replica left `stopping` (finished after a bound, see lifecycle.ts).
         leases: async () => {
           await services.lifecycle.enforceLeases(log);
-          await services.lifecycle.finishAbandonedStopping(log);
+          await services.lifecycle.finishAbandonedStopping(log, Date.now(), o.abandonedStoppingMs);
         },
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),

@@ -143,7 +143,8 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
 
 /**
  * Reconciles the store with its nodes at start. Only for a store that this process alone
- * serves: another replica's requests under way would look like crashes here.
+ * serves (SQLite, or PostgreSQL while this replica holds the replicas' lock alone:
+ * PostgresListener.joinReplicas): another replica's requests under way would look like crashes here.
  */
 export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileReport> {
   const { store, nodes, log } = d;

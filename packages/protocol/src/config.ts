@@ -233,6 +233,8 @@ export const DsecConfigSchema = z.strictObject({
       intervalMs: positiveInt.optional(),
       /** Interval of the node garbage collection, in ms. */
       gcIntervalMs: positiveInt.optional(),
+      /** How long a `stopping` row no process here tears down waits before the lease pass finishes it, in ms (apiserver `ABANDONED_STOPPING_MS`). */
+      abandonedStoppingMs: positiveInt.optional(),
     })
     .default({}),
   /** Limits and retention of trajectories (apiserver defaults `DEFAULT_TRAJECTORY_*`). */

@@ -11,6 +11,8 @@ export const DEFAULT_POSTGRES_POOL_SIZE = 16;
 export const POSTGRES_CONNECT_TIMEOUT_MS = 5000;
 /** Wait between reconnection attempts of the listening connection (ms). */
 const LISTEN_RETRY_MS = 1000;
+/** The advisory lock every running replica holds shared on its listening connection (see {@link PostgresListener.joinReplicas}). */
+const REPLICAS_LOCK = 'dsec:replicas';
 
 /** True for a `postgres://` or `postgresql://` URL. */
 export function isPostgresUrl(url: string): boolean {
@@ -62,10 +64,14 @@ export function postgresDialect(url: string, opts: PostgresOptions = {}): Postgr
 
 /**
  * A connection that LISTENs on channels and hands each notification's payload to its handler;
- * when the connection drops it reconnects (every second) and listens again.
+ * when the connection drops it reconnects (every second) and listens again. Once the replica has
+ * joined the others ({@link joinReplicas}) the connection also holds the replicas' lock, shared,
+ * for as long as the replica runs (taken again on each reconnection).
  */
 export class PostgresListener {
   private client: pg.Client | undefined;
+  /** What this replica holds of the replicas' lock: nothing yet, all of it (alone, starting), its share. */
+  private presence: 'none' | 'alone' | 'shared' = 'none';
   private readonly handlers = new Map<string, (payload: string) => void>();
   private readonly connected: Array<() => void> = [];
   private closed = false;
@@ -91,6 +97,36 @@ export class PostgresListener {
    */
   onReconnect(fn: () => void): void {
     this.connected.push(fn);
+  }
+
+  /**
+   * Joins the replicas of the store: true when no other replica runs (this one took the
+   * replicas' lock exclusively: until {@link shareWithReplicas} no other replica starts, so what
+   * the store shows in flight was cut short by a crash and the start-up reconcile may settle
+   * it), false when others run (this one holds its share; it waits here while another is
+   * starting alone). A replica holds its share on this connection: one that is killed, or whose
+   * connection drops, lets it go with the session.
+   */
+  async joinReplicas(): Promise<boolean> {
+    if (!this.client) await this.connect();
+    const client = this.client;
+    if (!client) throw new Error('the listening connection did not open');
+    const got = await client.query<{ alone: boolean }>('SELECT pg_try_advisory_lock(hashtext($1)) AS alone', [REPLICAS_LOCK]);
+    if (got.rows[0]?.alone) {
+      this.presence = 'alone';
+      return true;
+    }
+    await client.query('SELECT pg_advisory_lock_shared(hashtext($1))', [REPLICAS_LOCK]);
+    this.presence = 'shared';
+    return false;
+  }
+
+  /** A replica that started alone lets others start: it keeps its share of the lock. */
+  async shareWithReplicas(): Promise<void> {
+    if (this.presence !== 'alone' || !this.client) return;
+    await this.client.query('SELECT pg_advisory_lock_shared(hashtext($1))', [REPLICAS_LOCK]);
+    await this.client.query('SELECT pg_advisory_unlock(hashtext($1))', [REPLICAS_LOCK]);
+    this.presence = 'shared';
   }
 
   /** Closes the connection and stops reconnecting. */
@@ -127,6 +163,11 @@ export class PostgresListener {
     try {
       await client.connect();
       for (const channel of this.handlers.keys()) await client.query(`LISTEN ${channel}`);
+      // A replica that had joined takes its share again (never all of it: others may have started meanwhile).
+      if (this.presence !== 'none') {
+        await client.query('SELECT pg_advisory_lock_shared(hashtext($1))', [REPLICAS_LOCK]);
+        this.presence = 'shared';
+      }
     } catch (err) {
       client.removeAllListeners('end');
       client.on('error', () => undefined);

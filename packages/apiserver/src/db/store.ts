@@ -114,6 +114,9 @@ const LIST_CHUNK_MAX = 2000;
  */
 const LIST_CHUNKS_PER_PAGE = 4;
 
+/** How long the outcome of a transaction whose COMMIT went unanswered is waited for (ms). */
+const COMMIT_VERIFY_MS = 10_000;
+
 /** State of the control plane. */
 export class StateStore {
   /** True when other processes (replicas) share this store's database. */
@@ -378,7 +381,7 @@ export class StateStore {
    */
   async reserveMany(projectId: string, rs: readonly Reservation[]): Promise<Array<DsecError | undefined>> {
     if (rs.length === 0) return [];
-    return this.db.transaction().execute(async (tx) => {
+    return this.verifiedTransaction(async (tx) => {
       const chain = await this.ancestry(projectId, tx);
       // Everything at once first: when the sum fits on every project of the chain, one update
       // per project admits all (the common case, and one row lock taken once).
@@ -419,6 +422,48 @@ export class StateStore {
       }
       return out;
     });
+  }
+
+  /**
+   * Runs `fn` in a transaction whose outcome is known even when the COMMIT's answer is not. On
+   * PostgreSQL the answer can be lost after the server committed (the connection or the server
+   * process died, the client gave up): the transaction's id, taken first, is then asked of the
+   * server on another connection, and a committed transaction answers as if the COMMIT had (a
+   * reservation that counted is held by its caller, who gives it back, instead of being left
+   * counted with no sandbox). An aborted one, or one whose fate cannot be read (the database
+   * unreachable), fails as before; the next start-up reconcile recomputes usage from the rows.
+   * SQLite is embedded: its commit answers or the process is gone.
+   */
+  private async verifiedTransaction<T>(fn: (tx: Transaction<Database>) => Promise<T>): Promise<T> {
+    if (!this.shared) return this.db.transaction().execute(fn);
+    let xid: string | undefined;
+    let done: { value: T } | undefined;
+    try {
+      return await this.db.transaction().execute(async (tx) => {
+        xid = (await sql<{ xid: string }>`SELECT txid_current()::text AS xid`.execute(tx)).rows[0]!.xid;
+        const value = await fn(tx);
+        done = { value };
+        return value;
+      });
+    } catch (err) {
+      // Failed before the COMMIT was sent: the transaction is rolled back, nothing to verify.
+      if (!done || xid === undefined) throw err;
+      if ((await this.transactionStatus(xid).catch(() => undefined)) === 'committed') return done.value;
+      throw err;
+    }
+  }
+
+  /**
+   * What PostgreSQL says of a transaction (`committed`, `aborted`), waiting while it is still
+   * `in progress` (a backend whose client vanished finishes its COMMIT or is rolled back).
+   */
+  private async transactionStatus(xid: string): Promise<string | undefined> {
+    const until = Date.now() + COMMIT_VERIFY_MS;
+    for (;;) {
+      const status = (await sql<{ status: string | null }>`SELECT txid_status(${xid}::bigint) AS status`.execute(this.db)).rows[0]?.status ?? undefined;
+      if (status !== 'in progress' || Date.now() > until) return status;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
   }
 
   /** Returns a reservation to a project and its ancestors. */
