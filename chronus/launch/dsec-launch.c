@@ -26,7 +26,10 @@
  *
  * With --protect PATH (repeatable) PATH inside the root becomes a read-only bind mount of itself,
  * and every directory above it a (writable) bind mount of itself: a mount point cannot be
- * renamed or removed, so the protected path cannot be swapped for another one either.
+ * renamed or removed, so the protected path cannot be swapped for another one either. The
+ * read-only bind is covered by a FUSE mount that dsec-rofs serves from it, which refuses every
+ * change as the bind would and logs it to --protect-log FILE (required with --protect), for edge
+ * to raise: a write refused by the bind itself would leave no trace (see serve_protected).
  *
  * With --serve it stays running and launches on request instead (edge starts one per process):
  * a fork of this small static process costs a fraction of a fork of edge's large Node process,
@@ -41,8 +44,8 @@
  * refused request as "F <id> <errno>". The server exits when stdin closes or its parent dies.
  *
  * usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR --lower DIRS
- *                    [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]... [--loginuid N]
- *                    -- CMD ARGS...
+ *                    [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]... [--protect-log FILE]
+ *                    [--loginuid N] -- CMD ARGS...
  *        dsec-launch --serve
  */
 #include <errno.h>
@@ -89,7 +92,7 @@ static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr, "usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR"
 			" --lower DIRS [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]..."
-			" [--loginuid N] -- CMD ARGS...\n");
+			" [--protect-log FILE] [--loginuid N] -- CMD ARGS...\n");
 	exit(2);
 }
 
@@ -244,8 +247,9 @@ static int pinned(struct pins *p, const char *rel)
  * Makes `path` (absolute, inside the root) read-only, creating it (as an empty directory, owned
  * by the sandbox's root) when missing. Every directory above it becomes a mount point, which
  * rename(2) and rmdir(2) refuse (EBUSY), so a parent cannot be moved aside and recreated.
+ * Returns an O_PATH fd of the read-only bind.
  */
-static void protect(int rootfd, const char *path, uid_t owner, gid_t group, struct pins *pins)
+static int protect(int rootfd, const char *path, uid_t owner, gid_t group, struct pins *pins)
 {
 	char rel[4096];
 	if (path[0] != '/' || snprintf(rel, sizeof rel, "%s", path + 1) >= (int)sizeof rel || !rel[0])
@@ -284,8 +288,12 @@ static void protect(int rootfd, const char *path, uid_t owner, gid_t group, stru
 		if (last) {
 			bind_onto_itself(fd, 1, path);
 			close(fd);
+			/* Reopen: the read-only bind, which dsec-rofs serves and covers. */
+			int ro = open_beneath(dirfd, comp, 0);
+			if (ro < 0)
+				die("reopen", path);
 			close(dirfd);
-			return;
+			return ro;
 		}
 		if (!pinned(pins, rel)) {
 			if (pins->n == MAX_PINNED)
@@ -307,10 +315,101 @@ static void protect(int rootfd, const char *path, uid_t owner, gid_t group, stru
 	}
 }
 
+/*
+ * Covers each read-only bind with a FUSE mount served by dsec-rofs (beside this binary), which
+ * answers reads from the bind and refuses and logs (to `log`) every change: the kernel refuses a
+ * write to the bind itself before anything could report it. The server is moved to `hostns`
+ * first, so that it holds none of the sandbox's mount namespaces: it ends with their mounts.
+ * Returns once the server runs; a server that cannot start is a failed launch (nothing would
+ * answer the mounts), one that dies later leaves them answering ENOTCONN.
+ */
+static void serve_protected(int hostns, const char *log, int n, const int *ro, const char **paths)
+{
+	char *args[MAX_PROTECT + 3], spec[MAX_PROTECT][4200], logarg[16], server[4096];
+	ssize_t len = readlink("/proc/self/exe", server, sizeof server - 16);
+	if (len < 0)
+		die("readlink", "/proc/self/exe");
+	server[len] = '\0';
+	strcpy(strrchr(server, '/') + 1, "dsec-rofs");
+	args[0] = server;
+	args[1] = logarg;
+	int fuse[MAX_PROTECT];
+	for (int k = 0; k < n; k++) {
+		struct stat st;
+		if (fstat(ro[k], &st) < 0)
+			die("stat", paths[k]);
+		fuse[k] = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+		if (fuse[k] < 0)
+			die("open", "/dev/fuse");
+		char fdopt[16], rootmode[16];
+		snprintf(fdopt, sizeof fdopt, "%d", fuse[k]);
+		snprintf(rootmode, sizeof rootmode, "%o", st.st_mode & S_IFMT);
+		int fs = fsopen("fuse", FSOPEN_CLOEXEC);
+		if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", "dsec-protect", 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_STRING, "subtype", "dsec-protect", 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_STRING, "fd", fdopt, 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_STRING, "rootmode", rootmode, 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_STRING, "user_id", "0", 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_STRING, "group_id", "0", 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_FLAG, "allow_other", NULL, 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_SET_FLAG, "default_permissions", NULL, 0) < 0 ||
+		    fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+			die("fuse fs for", paths[k]);
+		/* Writable at the mount: a write must reach the server to be seen (it refuses them all). */
+		int mnt = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+		if (mnt < 0)
+			die("fsmount", paths[k]);
+		if (move_mount(mnt, "", ro[k], "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+			die("move_mount fuse onto", paths[k]);
+		close(mnt);
+		close(fs);
+		snprintf(spec[k], sizeof spec[k], "%d:%d:%s", fuse[k], ro[k], paths[k]);
+		args[k + 2] = spec[k];
+	}
+	args[n + 2] = NULL;
+	int sync[2];
+	if (pipe2(sync, O_CLOEXEC) < 0)
+		die("pipe", NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork", server);
+	if (pid == 0) {
+		/* The log is opened in the host's namespace, as edge names it. */
+		int err = 0, logfd = -1;
+		if (setns(hostns, CLONE_NEWNS) < 0 || syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0 ||
+		    (logfd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600)) < 0)
+			err = errno;
+		snprintf(logarg, sizeof logarg, "%d", logfd);
+		for (int k = 0; k < n && !err; k++)
+			if (fcntl(fuse[k], F_SETFD, 0) < 0 || fcntl(ro[k], F_SETFD, 0) < 0)
+				err = errno;
+		if (!err) {
+			fcntl(sync[1], F_SETFD, FD_CLOEXEC);
+			execv(server, args);
+			err = errno;
+		}
+		while (write(sync[1], &err, sizeof err) < 0 && errno == EINTR)
+			;
+		_exit(EXIT_FAILED);
+	}
+	close(sync[1]);
+	int err = 0;
+	ssize_t got;
+	while ((got = read(sync[0], &err, sizeof err)) < 0 && errno == EINTR)
+		;
+	if (got > 0) {
+		errno = err;
+		die("start", server);
+	}
+	close(sync[0]);
+	for (int k = 0; k < n; k++)
+		close(fuse[k]);
+}
+
 static int launch_main(int argc, char **argv)
 {
 	const char *ns = NULL, *rw = NULL, *tmpfs = NULL, *rootfs = NULL, *lower = NULL;
-	const char *idmap = NULL, *loginuid = NULL, *source = "overlay";
+	const char *idmap = NULL, *loginuid = NULL, *source = "overlay", *protect_log = NULL;
 	const char *protected[MAX_PROTECT];
 	int nprotected = 0;
 	int i = 1;
@@ -334,12 +433,14 @@ static int launch_main(int argc, char **argv)
 			loginuid = v;
 		else if (!strcmp(a, "--source"))
 			source = v;
+		else if (!strcmp(a, "--protect-log"))
+			protect_log = v;
 		else if (!strcmp(a, "--protect") && nprotected < MAX_PROTECT)
 			protected[nprotected++] = v;
 		else
 			usage();
 	}
-	if (i >= argc - 1 || !rootfs || !lower || !rw != !tmpfs)
+	if (i >= argc - 1 || !rootfs || !lower || !rw != !tmpfs || (nprotected > 0 && !protect_log))
 		usage();
 	char **cmd = &argv[i + 1];
 
@@ -363,6 +464,10 @@ static int launch_main(int argc, char **argv)
 			die("chown", upper);
 	}
 	int userns = idmap ? userns_fd(uid, gid, count) : -1;
+	/* Where dsec-rofs runs: the namespace this launch was started in, not the sandbox's. */
+	int hostns = nprotected > 0 ? open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC) : -1;
+	if (nprotected > 0 && hostns < 0)
+		die("open", "/proc/self/ns/mnt");
 
 	int tree = -1;
 	if (ns) {
@@ -411,9 +516,14 @@ static int launch_main(int argc, char **argv)
 		if (rootfd < 0)
 			die("open", rootfs);
 		struct pins pins = {.n = 0};
+		int ro[MAX_PROTECT];
 		for (int k = 0; k < nprotected; k++)
-			protect(rootfd, protected[k], (uid_t)uid, (gid_t)gid, &pins);
+			ro[k] = protect(rootfd, protected[k], (uid_t)uid, (gid_t)gid, &pins);
 		close(rootfd);
+		serve_protected(hostns, protect_log, nprotected, ro, protected);
+		for (int k = 0; k < nprotected; k++)
+			close(ro[k]);
+		close(hostns);
 	}
 
 	/*

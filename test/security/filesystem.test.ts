@@ -3,7 +3,7 @@
 // files and processes behind for the next episode.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, readFile, readlink, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
@@ -216,6 +216,39 @@ async function protectedTaskSandbox(): Promise<string> {
   });
 }
 
+/** Waits for the protected-path.write event raised (after event `since`) for a refused `op` on `file`. */
+async function refusal(id: string, file: string, op: string, since: number): Promise<void> {
+  const deadline = Date.now() + 5_000;
+  const raised = (): boolean =>
+    sec.events.events
+      .slice(since)
+      .some((e) => e.kind === 'protected-path.write' && e.sandboxId === id && e.data?.path === file && (e.data.ops as string[] | undefined)?.includes(op));
+  while (!raised()) {
+    const seen = sec.events.events.slice(since).filter((e) => e.sandboxId === id);
+    if (Date.now() > deadline) assert.fail(`no protected-path.write for ${op} of ${file}; raised: ${JSON.stringify(seen.map((e) => [e.kind, e.data]))}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** The host pid of the server of a sandbox's read-only protected paths (the one writing its refusal log). */
+async function rofsServerOf(id: string): Promise<number> {
+  const log = path.join(sec.node.home, 'sandboxes', id, 'refused-writes.log');
+  for (const pid of await hostProcessesNamed('dsec-rofs')) {
+    const fds = await readdir(`/proc/${pid}/fd`).catch(() => [] as string[]);
+    for (const fd of fds) if ((await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '')) === log) return pid;
+  }
+  assert.fail(`no dsec-rofs process writes ${log}`);
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** Runs the grader the way the platform would after the episode. */
 async function grade(id: string): Promise<string> {
   return (await sec.edge.exec(id, { argv: [GRADER] })).stdout.trim();
@@ -281,26 +314,71 @@ describe('the grader and the toolchain', () => {
     }
   });
 
-  test(
-    'a refused write to a read-only protected path is raised as protected-path.write',
-    {
-      // Why not yet (docs/security.md, Known gaps): the read-only bind mount answers EROFS in
-      // do_dentry_open / mnt_want_write before any LSM hook or fsnotify permission event runs,
-      // so neither fanotify nor Landlock's audit records (ABI 7 here) see the attempt; seccomp
-      // sees only a pointer; a kernel audit rule on EROFS exits is accepted by this kernel but
-      // yields records only with audit enabled host-wide (off here: every task forked after
-      // would carry an audit context until reboot), and outlives a crashed edge.
-      todo: 'read-only paths refuse writes in the VFS (EROFS) before fanotify, LSM hooks or Landlock audit see them: an attempt on the grader leaves no event',
-    },
-    async (t) => {
-      const id = await protectedTaskSandbox();
-      try {
-        const r = await sec.sh(id, `echo 'echo PASS' > ${GRADER}`);
-        assert.notEqual(r.exitCode, 0);
-        await expectEvent(t, sec.events, 'protected-path.write', id, { path: GRADER });
-      } finally {
-        await sec.edge.destroy(id);
+  test('a refused write, truncate, rename over or unlink of the read-only grader is raised as protected-path.write with its path', async () => {
+    const id = await protectedTaskSandbox();
+    try {
+      // Each attempt refused, and each raised on its own: the op the server refused is named.
+      const attempts: Array<[string, string]> = [
+        [`echo 'echo PASS' > ${GRADER}`, 'open-write'],
+        [`${KIT} reopen ${GRADER} /tmp`, 'truncate'],
+        ['mv /project/tests/test_answer.sh /project/tests/run.sh', 'rename'],
+        [`rm -f ${GRADER}`, 'unlink'],
+        [`chmod 777 ${GRADER}`, 'setattr'],
+      ];
+      for (const [cmd, op] of attempts) {
+        const since = sec.events.events.length;
+        const r = await sec.sh(id, cmd);
+        if (cmd.startsWith(KIT)) for (const p of probes(r)) assert.notEqual(p.result, 'OK', `${p.probe} must fail`);
+        else assert.notEqual(r.exitCode, 0, `${cmd} must fail`);
+        await refusal(id, GRADER, op, since);
+        const now = await sec.sh(id, `cat ${GRADER}; stat -c %a ${GRADER}`);
+        assert.equal(now.stdout, `${RUNNER}755\n`, `after ${cmd} the runner is the original`);
       }
-    },
-  );
+      // By other names: an O_PATH descriptor reopened for writing, and a hard link (refused:
+      // another mount). The reopened write is raised too.
+      const since = sec.events.events.length;
+      const routes = await sec.sh(id, `${KIT} reopen ${GRADER} /tmp`);
+      const results = Object.fromEntries(probes(routes).map((p) => [p.probe, p.result]));
+      assert.deepEqual(results, { 'reopen-write': 'EROFS', 'reopen-truncate': 'EROFS', 'hardlink-write': 'EXDEV' });
+      await refusal(id, GRADER, 'open-write', since);
+      // Creating beside it is raised with the new path.
+      const created = sec.events.events.length;
+      assert.notEqual((await sec.sh(id, 'echo x > /project/tests/conftest.py')).exitCode, 0);
+      await refusal(id, '/project/tests/conftest.py', 'create', created);
+      assert.equal(await grade(id), UNSOLVED);
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test("a sandbox's protected-path server cannot stall another's, ends with its sandbox, and if killed leaves the paths unwritable", async () => {
+    const live = [await protectedTaskSandbox(), await protectedTaskSandbox()];
+    const [a, b] = live as [string, string];
+    try {
+      const server = await rofsServerOf(a);
+      // Stopped: a's protected paths wait on it, b's are answered by its own server.
+      process.kill(server, 'SIGSTOP');
+      try {
+        const started = Date.now();
+        assert.equal(await grade(b), UNSOLVED);
+        assert.ok(Date.now() - started < 2_000, "b's grader runs while a's server is stopped");
+      } finally {
+        process.kill(server, 'SIGCONT');
+      }
+      // Killed: fail closed, nothing can be written there (and nothing read: ENOTCONN).
+      process.kill(server, 'SIGKILL');
+      const w = await sec.sh(a, `echo 'echo PASS' > ${GRADER}; cat ${GRADER}`);
+      assert.notEqual(w.exitCode, 0);
+      assert.match(w.stderr, /not connected/i);
+      // b's server goes with b.
+      const bServer = await rofsServerOf(b);
+      live.pop();
+      await sec.edge.destroy(b);
+      const deadline = Date.now() + 5_000;
+      while (processAlive(bServer) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      assert.equal(processAlive(bServer), false, "b's server exits with b");
+    } finally {
+      for (const id of live) await sec.edge.destroy(id);
+    }
+  });
 });

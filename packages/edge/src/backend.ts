@@ -174,6 +174,12 @@ export interface WritableLayerFacet {
   upperDir(id: string): string;
 }
 
+/** Read-only protected paths served by a process that refuses and logs every change (containers). */
+export interface ProtectedPathFacet {
+  /** Host path of the sandbox's log of refused changes (read by RefusedWriteLogs). */
+  refusalLog(id: string): string;
+}
+
 /** A guest's upper directory read out into a host folder for a snapshot (see {@link GuestLayerFacet}). */
 export interface GuestUpper {
   /** Host folder (root's alone) holding the tree as an overlay upper directory: whiteouts, opaque markers. */
@@ -298,6 +304,8 @@ export interface Backend {
   readonly hostProcesses?: HostProcessFacet;
   /** Its writable layer as a host directory; absent: no snapshots, diffs or watched paths (VMs). */
   readonly writableLayer?: WritableLayerFacet;
+  /** Its read-only protected paths log refused changes; absent: they are refused unseen (VMs). */
+  readonly protectedPaths?: ProtectedPathFacet;
   /** A network namespace per sandbox; absent: only network mode `none`. */
   readonly network?: NetworkFacet;
   /** Its writable layer inside a guest, read out for snapshots (microVMs); absent with `writableLayer`. */

@@ -293,7 +293,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
       if (memory) await rm(memory.dir, { recursive: true, force: true }).catch(() => undefined);
     }
     try {
-      this.track(record, backend);
+      this.track(record, backend, true);
     } catch (err) {
       // A watch that was asked for and cannot be set up: no sandbox rather than an unwatched one.
       this.untrack(id);
@@ -324,11 +324,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
     }
   }
 
-  /** Starts attributing kernel records to a sandbox and watching its watched paths. */
-  private track(record: BackendSandbox, backend: Backend): void {
+  /** Starts attributing kernel records to a sandbox, watching its watched paths and reading its refused writes. */
+  private track(record: BackendSandbox, backend: Backend, created = false): void {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
     if (watch.length > 0 && backend.writableLayer) this.security.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
+    // A new log is read from its start; an adopted one from its end (the previous edge raised the rest).
+    if (record.spec.protect?.readOnly?.length && backend.protectedPaths) {
+      this.security.followRefusals(record.id, backend.protectedPaths.refusalLog(record.id), created);
+    }
   }
 
   /**

@@ -29,6 +29,7 @@ export type {
   SandboxCounters,
   SandboxMemory,
   WritableLayerFacet,
+  ProtectedPathFacet,
 } from './backend.js';
 export { defaultBackends } from './backends/index.js';
 export { containerBackend } from './backends/container/index.js';

@@ -523,6 +523,52 @@ static int cmd_write(const char *path, const char *data)
 	return 0;
 }
 
+/*
+ * Writes PATH by other names than its own: an O_PATH descriptor reopened for writing through
+ * /proc/self/fd, a hard link to it in DIR (which would be writable), and a truncate through the
+ * reopened descriptor. One line per route.
+ */
+static int cmd_reopen(const char *path, const char *dir)
+{
+	int opath = open(path, O_PATH | O_CLOEXEC);
+	char proc[64], alias[4096];
+	snprintf(proc, sizeof proc, "/proc/self/fd/%d", opath);
+	int fd = open(proc, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+	long rc = fd;
+	int err = errno;
+	if (fd >= 0) {
+		rc = write(fd, "x", 1);
+		err = errno;
+		close(fd);
+	}
+	begin("reopen-write");
+	field_str("path", path);
+	field_str("result", outcome(opath < 0 ? opath : rc, opath < 0 ? EBADF : err));
+	end();
+	rc = truncate(proc, 0);
+	begin("reopen-truncate");
+	field_str("path", path);
+	field_str("result", outcome(rc, errno));
+	end();
+	snprintf(alias, sizeof alias, "%s/hardlink", dir);
+	rc = linkat(AT_FDCWD, path, AT_FDCWD, alias, 0);
+	err = errno;
+	if (rc == 0) {
+		fd = open(alias, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+		rc = fd < 0 ? fd : write(fd, "x", 1);
+		err = errno;
+		if (fd >= 0)
+			close(fd);
+	}
+	begin("hardlink-write");
+	field_str("path", path);
+	field_str("result", outcome(rc, err));
+	end();
+	if (opath >= 0)
+		close(opath);
+	return 0;
+}
+
 static int cmd_opendir(const char *path)
 {
 	DIR *d = opendir(path);
@@ -1189,7 +1235,7 @@ static int cmd_forge_exit_frame(void)
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: kit syscall [NAME...] | read PATH | write PATH DATA | opendir PATH | fds\n"
+		"usage: kit syscall [NAME...] | read PATH | write PATH DATA | reopen PATH DIR | opendir PATH | fds\n"
 		"       kit scan HEX[,HEX...] ROOT... | balloon MIB | forkbomb MAX | fill PATH MAXMIB\n"
 		"       kit threads N | flood BYTES | flood-inodes DIR MAX | doublefork NAME | ports HOST LO HI TIMEOUT_MS\n"
 		"       kit udp HOST PORT | unix PATH|@NAME | forge-exit-frame | swap DIR SECONDS\n");
@@ -1210,6 +1256,8 @@ int main(int argc, char **argv)
 		return cmd_read(a[0]);
 	if (!strcmp(cmd, "write") && n == 2)
 		return cmd_write(a[0], a[1]);
+	if (!strcmp(cmd, "reopen") && n == 2)
+		return cmd_reopen(a[0], a[1]);
 	if (!strcmp(cmd, "opendir") && n == 1)
 		return cmd_opendir(a[0]);
 	if (!strcmp(cmd, "fds") && n == 0)

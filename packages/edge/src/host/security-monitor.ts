@@ -1,12 +1,14 @@
 // Turns what the kernel reports about sandboxes into events: seccomp denials (from the audit
-// netlink group) and changes under watched paths (fanotify on the writable layers). One poll loop per
-// node reads both without blocking; events are rate-limited per sandbox so that a sandbox that
+// netlink group), changes under watched paths (fanotify on the writable layers) and changes to
+// read-only protected paths their server refused (its log). One poll loop per node reads them all
+// without blocking; events are rate-limited per sandbox so that a sandbox that
 // loops on a refused call cannot flood the event stream (what was dropped is counted).
 import { readFileSync } from 'node:fs';
 import type { RaisedEvent } from '@dsec/protocol';
 import { ID_RANGE_SIZE, ID_RANGE_START, slotOfHostId } from './id-ranges.js';
 import { AuditNetlinkReader, isExpectedRefusal, KmsgReader, parseSeccompRecord } from './seccomp-audit.js';
 import type { SeccompRecordSource } from './seccomp-audit.js';
+import { RefusedWriteLogs } from './refused-writes.js';
 import { UpperWatcher } from './upper-watch.js';
 
 /** How often the kernel log and the fanotify queue are read. */
@@ -40,6 +42,7 @@ interface Window {
 export class SecurityMonitor {
   private readonly kmsg: SeccompRecordSource | undefined;
   private readonly watcher = new UpperWatcher();
+  private readonly refusals = new RefusedWriteLogs();
   private readonly windows = new Map<string, Window>();
   private readonly timer: NodeJS.Timeout;
   private overflowReported = false;
@@ -61,9 +64,18 @@ export class SecurityMonitor {
     this.watcher.add(sandboxId, rw, paths);
   }
 
+  /**
+   * Reads the log of the changes to a sandbox's read-only protected paths that their server
+   * refused, from its start or (an adopted sandbox) from its end.
+   */
+  followRefusals(sandboxId: string, log: string, fromStart: boolean): void {
+    this.refusals.add(sandboxId, log, fromStart);
+  }
+
   /** Stops watching a sandbox and forgets its rate-limit state. */
   forget(sandboxId: string): void {
     this.watcher.remove(sandboxId);
+    this.refusals.remove(sandboxId);
     for (const key of this.windows.keys()) if (key.startsWith(`${sandboxId} `)) this.windows.delete(key);
   }
 
@@ -72,6 +84,7 @@ export class SecurityMonitor {
     try {
       this.pollKernelLog();
       this.pollWatches();
+      this.pollRefusals();
       this.flushWindows(Date.now());
     } catch {
       // A failure to read is retried on the next tick; the node carries on.
@@ -128,6 +141,38 @@ export class SecurityMonitor {
         severity: 'warning',
         message: 'the watch queue overflowed: some changes to watched paths were not seen',
         data: { overflow: true },
+      });
+    }
+  }
+
+  private pollRefusals(): void {
+    if (this.refusals.size === 0) return;
+    const { refused, overflowed } = this.refusals.drain(MAX_PER_POLL);
+    // Many attempts on one path between two polls are one event.
+    const merged = new Map<string, { sandboxId: string; path: string; ops: Set<string> }>();
+    for (const r of refused) {
+      const key = `${r.sandboxId} ${r.path}`;
+      const m = merged.get(key);
+      if (m) m.ops.add(r.op);
+      else merged.set(key, { sandboxId: r.sandboxId, path: r.path, ops: new Set([r.op]) });
+    }
+    for (const r of merged.values()) {
+      const ops = [...r.ops];
+      this.emit(r.sandboxId, {
+        kind: 'protected-path.write',
+        severity: 'warning',
+        sandboxId: r.sandboxId,
+        message: `refused ${ops.join(', ')} of ${r.path} (read-only)`,
+        data: { path: r.path, ops, refused: true },
+      });
+    }
+    for (const sandboxId of overflowed) {
+      this.o.raise({
+        kind: 'protected-path.write',
+        severity: 'warning',
+        sandboxId,
+        message: 'too many refused writes to read-only paths: the later ones were not logged',
+        data: { overflow: true, refused: true },
       });
     }
   }
@@ -193,6 +238,7 @@ export class SecurityMonitor {
   close(): void {
     clearInterval(this.timer);
     this.watcher.close();
+    this.refusals.close();
     this.kmsg?.close();
   }
 }

@@ -19,6 +19,7 @@ import type {
   PauseFacet,
   SandboxAgent,
   WritableLayerFacet,
+  ProtectedPathFacet,
 } from '../../backend.js';
 import { ChronusClient } from '../../chronus/client.js';
 import type { Cgroups, MemorySettings } from '../../host/cgroups.js';
@@ -90,6 +91,9 @@ export interface ContainerBackendOptions {
 /** An empty cgroup of an unknown sandbox is removed once it is this old (a create may be filling it). */
 export const EMPTY_CGROUP_GRACE_MS = 60_000;
 
+/** The file in a sandbox's folder where dsec-rofs logs the changes to read-only protected paths it refused. */
+const REFUSAL_LOG = 'refused-writes.log';
+
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
 
@@ -106,6 +110,8 @@ interface Paths {
   log: string;
   /** Present while the sandbox is paused: the memory settings to put back on resume. */
   paused: string;
+  /** dsec-rofs's log of refused changes to read-only protected paths. */
+  refused: string;
 }
 
 /** Container sandboxes: crun + overlayfs over shared EROFS layer mounts + chronus. */
@@ -128,6 +134,7 @@ export class ContainerBackend implements Backend {
   readonly hostProcesses: HostProcessFacet;
   /** The overlay's upper directory on the sandbox's writable tmpfs. */
   readonly writableLayer: WritableLayerFacet = this;
+  readonly protectedPaths: ProtectedPathFacet = { refusalLog: (id) => this.paths(id).refused };
   /** crun gives every container a network namespace of its own. */
   readonly network: NetworkFacet = this;
   readonly garbage: GarbageFacet = this;
@@ -168,6 +175,7 @@ export class ContainerBackend implements Backend {
       record: path.join(dir, 'sandbox.json'),
       claim: path.join(dir, 'claim.json'),
       log: path.join(dir, 'runtime.log'),
+      refused: path.join(dir, REFUSAL_LOG),
       paused: path.join(dir, 'paused.json'),
     };
   }
@@ -231,6 +239,7 @@ export class ContainerBackend implements Backend {
         this.o.nodeMark,
         ...(idRange ? ['--idmap', `${idRange.uid}:${idRange.gid}:${idRange.size}`, '--loginuid', String(idRange.uid)] : []),
         ...readOnlyPaths(req.spec.protect?.readOnly ?? []).flatMap((p) => ['--protect', p]),
+        ...(req.spec.protect?.readOnly?.length ? ['--protect-log', p.refused] : []),
         '--',
       ];
 
@@ -577,7 +586,7 @@ function hostNofileHard(): number {
 }
 
 /** The files a container sandbox's folder holds (the bundle, the agent socket, its records). */
-const SANDBOX_DIR_FILES = new Set(['config.json', 'sandbox.json', 'claim.json', 'paused.json', 'runtime.log', 'agent.sock']);
+const SANDBOX_DIR_FILES = new Set(['config.json', 'sandbox.json', 'claim.json', 'paused.json', 'runtime.log', 'agent.sock', REFUSAL_LOG]);
 
 /**
  * Removes a sandbox's folder. Nothing is mounted under it on the host (the root file system is
