@@ -52,7 +52,7 @@ describe('routed sandbox rows kept in memory (real SQLite store, fake node)', ()
     await refused(id, p);
   });
 
-  test("a key of another project is refused a sandbox whose row is cached", async () => {
+  test('a key of another project is refused a sandbox whose row is cached', async () => {
     const id = await newSandbox();
     await routed(id);
     const project = await h.services.iam.createProject(h.admin, { name: 'stranger' });
