@@ -16,6 +16,8 @@ export const KEY_PREFIX = 'dsec_';
 export const DEFAULT_RATE_PER_SECOND = 100;
 /** Requests a key may make in a burst. */
 export const DEFAULT_RATE_BURST = 1000;
+/** Most verified keys an apiserver keeps in memory (the oldest is dropped first). */
+export const MAX_CACHED_KEYS = 10_000;
 
 const ROLE_RANK: Record<Role, number> = { viewer: 0, member: 1, admin: 2 };
 
@@ -102,7 +104,10 @@ export type CredentialHook = (req: AuthRequest) => Promise<Principal> | undefine
 
 /** Resolves bearer tokens to principals, with a small cache and per-key rate limits. */
 export class Authenticator {
+  /** Principals of keys verified in the last cacheTtlMs, by their secret (at most {@link MAX_CACHED_KEYS}). */
   private readonly cache = new Map<string, { principal: Principal; at: number }>();
+  /** Bumped by every {@link forget}: a key read that spans one is not cached. */
+  private forgets = 0;
   private readonly hooks: CredentialHook[] = [];
   private readonly buckets = new Map<string, TokenBucket>();
   private tree: Map<string, string[]> | undefined;
@@ -152,6 +157,7 @@ export class Authenticator {
 
   /** Forgets cached keys and the project tree of this process only. */
   forget(): void {
+    this.forgets++;
     this.cache.clear();
     this.tree = undefined;
     for (const fn of this.forgotten) fn();
@@ -245,22 +251,27 @@ export class Authenticator {
 
   /** The principal of a key's secret (for credential hooks that find a key elsewhere than `Authorization`), not rate-limited. */
   async keyPrincipal(secret: string, cachedOnly?: { refuse: () => Error }): Promise<Principal> {
-    const hash = hashKey(secret);
-    let principal: Principal | undefined;
-    const hit = this.cache.get(hash);
-    if (hit && Date.now() - hit.at < this.cacheTtlMs) principal = hit.principal;
-    else if (cachedOnly) throw cachedOnly.refuse();
-    else {
-      const row = await this.store.keyByHash(hash);
-      if (!row || row.revoked_at) throw new DsecError('UNAUTHENTICATED', 'unknown or revoked API key');
-      principal = {
-        keyId: row.id,
-        projectId: row.project_id,
-        role: row.role,
-        visibleProjects: await this.descendants(row.project_id),
-        tenantId: await this.tenantOf(row.project_id),
-      };
-      this.cache.set(hash, { principal, at: Date.now() });
+    // Keyed by the secret itself: a key verified a moment ago costs no SHA-256 (issue 15). Only
+    // keys found live in the store are kept; a revoke forgets them all at once (here, and on
+    // the other replicas through IAM_CHANNEL, else within cacheTtlMs).
+    const hit = this.cache.get(secret);
+    if (hit && Date.now() - hit.at < this.cacheTtlMs) return hit.principal;
+    if (hit) this.cache.delete(secret);
+    if (cachedOnly) throw cachedOnly.refuse();
+    const forgets = this.forgets;
+    const row = await this.store.keyByHash(hashKey(secret));
+    if (!row || row.revoked_at) throw new DsecError('UNAUTHENTICATED', 'unknown or revoked API key');
+    const principal: Principal = {
+      keyId: row.id,
+      projectId: row.project_id,
+      role: row.role,
+      visibleProjects: await this.descendants(row.project_id),
+      tenantId: await this.tenantOf(row.project_id),
+    };
+    // A revoke that came while this key was read must not be undone by caching the read.
+    if (forgets === this.forgets) {
+      if (this.cache.size >= MAX_CACHED_KEYS) this.cache.delete(this.cache.keys().next().value!);
+      this.cache.set(secret, { principal, at: Date.now() });
     }
     return principal;
   }

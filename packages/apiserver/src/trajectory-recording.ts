@@ -2,6 +2,7 @@
 // (output hashed as it streams by, bounded copies kept) and handed to the trajectory log when it
 // ends. A command whose reader leaves is followed to its exit on a connection of its own.
 import { createHash } from 'node:crypto';
+import type { Hash } from 'node:crypto';
 import { DsecError } from '@dsec/protocol';
 import type { EdgeClient, ExecSpec, ExitInfo, OutputEvent, RecordedBytes, TrajectoryStep, TrajectoryStepKind } from '@dsec/protocol';
 import type { TrajectoryLog } from './trajectory.js';
@@ -11,9 +12,13 @@ export const TRAJECTORY_OUTPUT_COPY_BYTES = 65_536;
 /** Bytes of file content, tar or stdin copied into a step; larger ones are not replayable. */
 export const TRAJECTORY_DATA_COPY_BYTES = 1_048_576;
 
+/** The hex sha256 of no bytes. */
+const EMPTY_SHA256 = createHash('sha256').digest('hex');
+
 /** The digest of a byte stream and a bounded copy of its first bytes. */
 export class ByteRecorder {
-  private readonly hash = createHash('sha256');
+  /** Made with the first byte: most commands leave a stream empty (issue 15: three per exec). */
+  private hash: Hash | undefined;
   private readonly chunks: Buffer[] = [];
   private copied = 0;
   /** Bytes seen. */
@@ -27,7 +32,7 @@ export class ByteRecorder {
 
   /** Adds bytes. */
   add(data: Uint8Array): void {
-    this.hash.update(data);
+    (this.hash ??= createHash('sha256')).update(data);
     this.bytes += data.byteLength;
     this.end += data.byteLength;
     const room = this.copyLimit - this.copied;
@@ -59,7 +64,7 @@ export class ByteRecorder {
 
   /** The hex sha256 of everything seen so far (more bytes may follow). */
   sha256(): string {
-    return this.hash.copy().digest('hex');
+    return this.hash ? this.hash.copy().digest('hex') : EMPTY_SHA256;
   }
 
   /** The copy of the first bytes. */

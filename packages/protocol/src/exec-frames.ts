@@ -84,32 +84,48 @@ export class ExecFrameDecoder {
     if (this.pendingBytes > 0) throw new Error(`exec frames: the stream ended inside a frame (${this.pendingBytes} bytes left)`);
   }
 
-  /** The first `n` pending bytes, joined into one piece (without consuming them). */
+  /** The first `n` pending bytes in one piece, without consuming them (joins only the pieces they span). */
   private peek(n: number): Uint8Array {
     const first = this.pending[0]!;
     if (first.byteLength >= n) return first;
-    const joined = concat(this.pending, this.pendingBytes);
-    this.pending = [joined];
+    let k = 1;
+    for (let len = first.byteLength; len < n; k++) len += this.pending[k]!.byteLength;
+    const joined = concat(this.pending.slice(0, k));
+    this.pending.splice(0, k, joined);
     return joined;
   }
 
-  /** Consumes the first `n` pending bytes (a view when they sit in one piece). */
+  /**
+   * Consumes the first `n` pending bytes: a view when they sit in one piece, else a copy of
+   * those bytes only (an output frame cut across socket reads is copied once, the bytes after
+   * it not at all).
+   */
   private take(n: number): Uint8Array {
     if (n === 0) return new Uint8Array(0);
-    let first = this.pending[0]!;
-    if (first.byteLength < n) {
-      first = concat(this.pending, this.pendingBytes);
-      this.pending = [first];
-    }
-    const piece = first.subarray(0, n);
-    if (first.byteLength === n) this.pending.shift();
-    else this.pending[0] = first.subarray(n);
     this.pendingBytes -= n;
-    return piece;
+    const first = this.pending[0]!;
+    if (first.byteLength >= n) {
+      if (first.byteLength === n) this.pending.shift();
+      else this.pending[0] = first.subarray(n);
+      return first.subarray(0, n);
+    }
+    const out = new Uint8Array(n);
+    let at = 0;
+    while (at < n) {
+      const p = this.pending[0]!;
+      const k = Math.min(p.byteLength, n - at);
+      out.set(k === p.byteLength ? p : p.subarray(0, k), at);
+      at += k;
+      if (k === p.byteLength) this.pending.shift();
+      else this.pending[0] = p.subarray(k);
+    }
+    return out;
   }
 }
 
-function concat(pieces: readonly Uint8Array[], total: number): Uint8Array {
+function concat(pieces: readonly Uint8Array[]): Uint8Array {
+  let total = 0;
+  for (const p of pieces) total += p.byteLength;
   const out = new Uint8Array(total);
   let at = 0;
   for (const p of pieces) {

@@ -193,8 +193,12 @@ export class ExecHandle implements AsyncIterable<OutputEvent> {
           offset = seen;
         } else if (offset > seen) this.lostBytes[ev.stream] += offset - seen;
         this.#offsets[ev.stream] = offset + data.length;
-        const text = this.#decoders[ev.stream].write(data);
-        if (text) this.#emitText(ev.stream, text);
+        // Decoded to text only for a callback that takes it: a reader of bytes pays no UTF-8
+        // decode (it was a large share of a streamed GiB's client time, issue 15).
+        if (this.#wantsText(ev.stream)) {
+          const text = this.#decoders[ev.stream].write(data);
+          if (text) this.#emitText(ev.stream, text);
+        }
         this.#enqueue({ stream: ev.stream, data, offset });
         return undefined;
       }
@@ -215,6 +219,10 @@ export class ExecHandle implements AsyncIterable<OutputEvent> {
       default:
         return undefined;
     }
+  }
+
+  #wantsText(stream: 'stdout' | 'stderr'): boolean {
+    return (stream === 'stdout' ? this.#callbacks.onStdout : this.#callbacks.onStderr) !== undefined;
   }
 
   #emitText(stream: 'stdout' | 'stderr', text: string): void {

@@ -28,6 +28,8 @@ export interface GroupCommitDatabase {
 interface Statement {
   readonly reader: boolean;
   readonly readonly: boolean;
+  /** The statement's SQL. */
+  readonly source: string;
   all(params: readonly unknown[]): unknown[];
   run(params: readonly unknown[]): { changes?: number | bigint; lastInsertRowid?: number | bigint };
   iterate(params: readonly unknown[]): Iterable<unknown>;
@@ -124,6 +126,12 @@ export class GroupCommitDriver implements Driver {
   private group: Group | undefined;
   private scheduled = false;
   readonly figures: GroupCommitFigures = { groups: 0, members: 0 };
+  /**
+   * Told of every statement that may write (its SQL; `rollback` when a failed group was undone),
+   * once it has run and before anything waits on its result: caches of rows hang on it
+   * (sandbox-row-cache.ts).
+   */
+  onWrite: ((sql: string) => void) | undefined;
 
   constructor(private readonly db: GroupCommitDatabase) {}
 
@@ -250,6 +258,8 @@ export class GroupCommitDriver implements Driver {
     } catch (err) {
       if (!this.db.inTransaction) this.fail(group, err instanceof Error ? err : new Error(String(err)));
       throw err;
+    } finally {
+      if (!stmt.readonly) this.onWrite?.(stmt.source);
     }
   }
 
@@ -296,6 +306,8 @@ export class GroupCommitDriver implements Driver {
   }
 
   private fail(group: Group, err: Error): void {
+    // The group's writes are undone: whatever was read of them is gone too.
+    this.onWrite?.('rollback');
     group.failed = err;
     if (this.group === group) this.group = undefined;
     for (const w of group.waiters) w.fail(err);

@@ -24,6 +24,7 @@ import { migrationProvider } from './migrations.js';
 import { SandboxInserts } from './sandbox-inserts.js';
 import { WriteGroups } from './write-groups.js';
 import { CATALOG_CHANNEL, CatalogCache } from './catalog-cache.js';
+import { SandboxRowCache } from './sandbox-row-cache.js';
 import { GroupCommitSqliteDialect } from './sqlite-group-commit.js';
 import type { GroupCommitFigures } from './sqlite-group-commit.js';
 import { postgresDialect, redactUrl } from './postgres.js';
@@ -134,6 +135,8 @@ export class StateStore {
   readonly rateTakes: WriteGroups<{ key: string; perSecond: number; burst: number }, number>;
   /** The embedded SQLite store's group commits (undefined on PostgreSQL). */
   groupCommit: GroupCommitFigures | undefined;
+  /** Sandbox rows kept in memory for routing (the embedded store only; sandbox-row-cache.ts). */
+  sandboxRows: SandboxRowCache | undefined;
 
   private constructor(
     readonly db: Kysely<Database>,
@@ -205,6 +208,9 @@ export class StateStore {
     const dialect = new GroupCommitSqliteDialect(withStatementCache(database));
     const store = await StateStore.open(dialect);
     store.groupCommit = dialect.driver.figures;
+    const rows = new SandboxRowCache();
+    dialect.driver.onWrite = (sql) => rows.written(sql);
+    store.sandboxRows = rows;
     return store;
   }
 
@@ -773,6 +779,15 @@ export class StateStore {
     // compiling the query each time was most of Kysely's share of an exec (issue 15).
     const compiled = (this.sandboxOnlyQuery ??= this.db.selectFrom('sandboxes').selectAll().where('id', '=', '').compile());
     return (await this.db.executeQuery<SandboxTable>({ ...compiled, parameters: [id] })).rows[0];
+  }
+
+  /**
+   * A sandbox row without its labels, from memory when the store keeps rows (the embedded store:
+   * dropped on every write that may touch a sandbox row), else as {@link sandboxOnly}. For the
+   * per-request routing read of execs and file calls (issue 15).
+   */
+  async sandboxRouted(id: string): Promise<SandboxTable | undefined> {
+    return this.sandboxRows ? this.sandboxRows.get(id, () => this.sandboxOnly(id)) : this.sandboxOnly(id);
   }
 
   /** The query of {@link sandboxOnly}, compiled at its first use. */

@@ -191,8 +191,9 @@ export class LifecycleService {
     // Recorded before the read: an idle pause that claims the row after this read sees it.
     // Reading stats (host-side, `paused: 'allow'`) is not activity: monitoring never keeps a sandbox awake.
     const touched = opts.paused === 'allow' ? undefined : this.d.activity.touch(id);
-    // The hot path (every exec and file operation): one indexed read, no labels.
-    let row = await this.d.store.sandboxOnly(id);
+    // The hot path (every exec and file operation): one indexed read, no labels, kept in memory
+    // by the embedded store until a write may have changed it (db/sandbox-row-cache.ts).
+    let row = await this.d.store.sandboxRouted(id);
     if (!row || !p.visibleProjects.has(row.project_id) || row.pool_id !== null || row.state === 'stopping') {
       if (touched !== undefined) this.d.activity.forget(id, touched);
       throw sandboxNotFound(id);

@@ -155,17 +155,33 @@ export class FrameReader {
   private peek(n: number): Buffer {
     const first = this.chunks[0]!;
     if (first.length >= n) return first;
-    const joined = Buffer.concat(this.chunks);
-    this.chunks = [joined];
+    // A header cut across reads: join the chunks it spans (not everything buffered).
+    let k = 1;
+    for (let len = first.length; len < n; k++) len += this.chunks[k]!.length;
+    const joined = Buffer.concat(this.chunks.slice(0, k));
+    this.chunks.splice(0, k, joined);
     return joined;
   }
 
+  /** The first `n` buffered bytes: a view when they sit in one chunk, else a copy of those bytes only. */
   private take(n: number): Buffer {
-    const joined = this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
-    const frame = joined.subarray(0, n);
-    const rest = joined.subarray(n);
-    this.chunks = rest.length ? [rest] : [];
-    this.buffered = rest.length;
+    const first = this.chunks[0]!;
+    this.buffered -= n;
+    if (first.length >= n) {
+      if (first.length === n) this.chunks.shift();
+      else this.chunks[0] = first.subarray(n);
+      return first.subarray(0, n);
+    }
+    const frame = Buffer.allocUnsafe(n);
+    let at = 0;
+    while (at < n) {
+      const c = this.chunks[0]!;
+      const k = Math.min(c.length, n - at);
+      c.copy(frame, at, 0, k);
+      at += k;
+      if (k === c.length) this.chunks.shift();
+      else this.chunks[0] = c.subarray(k);
+    }
     return frame;
   }
 }
