@@ -110,6 +110,10 @@ function leaseCheckReset<T extends Partial<SandboxTable>>(set: T): T {
   return set.lease !== undefined || set.owner_id !== undefined ? { ...set, lease_check_ms: null } : set;
 }
 
+/** What the watcher reads of a sandbox ({@link StateStore.sandboxSummaries}). */
+export type SandboxSummary = Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>;
+const SUMMARY_COLUMNS = ['id', 'node', 'state', 'created_at', 'expires_at', 'lease'] as const;
+
 /** Sandbox ids read at most at once from a label's index by a filtered list. */
 const LIST_CHUNK_MAX = 2000;
 /**
@@ -861,13 +865,26 @@ export class StateStore {
     return this.db.selectFrom('sandboxes').selectAll().execute();
   }
 
-  /** Every sandbox's id, node, state, expiry and lease: what the watcher reconciles with the nodes each pass. */
-  async sandboxSummaries(): Promise<Array<Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>>> {
-    return this.db.selectFrom('sandboxes').select(['id', 'node', 'state', 'created_at', 'expires_at', 'lease']).execute();
+  /**
+   * The id, node, state, expiry and lease of the sandboxes on these nodes (through the index by
+   * node): what the watcher compares with those nodes in a pass.
+   */
+  async sandboxSummaries(nodes: readonly string[]): Promise<SandboxSummary[]> {
+    const out: SandboxSummary[] = [];
+    for (let i = 0; i < nodes.length; i += 500)
+      out.push(
+        ...(await this.db
+          .selectFrom('sandboxes')
+          .select(SUMMARY_COLUMNS)
+          .where('node', 'in', nodes.slice(i, i + 500))
+          .execute()),
+      );
+    return out;
   }
 
-  async expiredSandboxes(at: string): Promise<SandboxTable[]> {
-    return this.db.selectFrom('sandboxes').selectAll().where('expires_at', '<=', at).execute();
+  /** The same of the sandboxes whose lifetime ended by `at` (through the index by expiry): the watcher's expiry pass. */
+  async expiredSandboxes(at: string): Promise<SandboxSummary[]> {
+    return this.db.selectFrom('sandboxes').select(SUMMARY_COLUMNS).where('expires_at', '<=', at).execute();
   }
 
   // ---- warm pools ----
