@@ -105,6 +105,15 @@ const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
 /** The columns of a running sandbox that the lease pass reads ({@link StateStore.runningLeases}). */
 export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created_at' | 'expires_at' | 'last_active_at'>;
 
+/** What reservations hold together. */
+function sumOf(rs: readonly Reservation[]): Reservation {
+  return rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
+    sandboxes: 0,
+    cpu: 0,
+    memoryMiB: 0,
+  });
+}
+
 /** A write of a sandbox's lease or owner sets its next lease check back to "at the next pass". */
 function leaseCheckReset<T extends Partial<SandboxTable>>(set: T): T {
   return set.lease !== undefined || set.owner_id !== undefined ? { ...set, lease_check_ms: null } : set;
@@ -387,15 +396,15 @@ export class StateStore {
    */
   async reserveMany(projectId: string, rs: readonly Reservation[]): Promise<Array<DsecError | undefined>> {
     if (rs.length === 0) return [];
+    // A project without ancestors (the chain of one row): one conditional UPDATE admits the whole
+    // group, atomic on its own, without the round trips of BEGIN and COMMIT. When it does not
+    // fit, it changed nothing, and the transaction below judges each entry.
+    const chain = await this.ancestry(projectId);
+    if (chain.length === 1 && (await this.addUsage(this.db, chain[0]!, sumOf(rs), 1, true))) return rs.map(() => undefined);
     return this.db.transaction().execute(async (tx) => {
-      const chain = await this.ancestry(projectId, tx);
       // Everything at once first: when the sum fits on every project of the chain, one update
       // per project admits all (the common case, and one row lock taken once).
-      const sum = rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
-        sandboxes: 0,
-        cpu: 0,
-        memoryMiB: 0,
-      });
+      const sum = sumOf(rs);
       let fitted = 0;
       while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
       if (fitted === chain.length) return rs.map(() => undefined);
