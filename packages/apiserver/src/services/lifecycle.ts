@@ -409,7 +409,8 @@ export class LifecycleService {
       const lastActive = activity.lastActiveOf(brief, now);
       const idleFor = now - lastActive;
       const idleDue = lease.idleTimeoutMs > 0 && idleFor >= lease.idleTimeoutMs;
-      if (!idleDue) {
+      // A row with an owner is read every pass all the same: nothing to record for it.
+      if (!idleDue && !brief.owner_id) {
         const at = nextLeaseCheckMs(lease, lastActive);
         const key = `${at} ${brief.lease ?? ''}`;
         (deferred.get(key) ?? deferred.set(key, { at, lease: brief.lease ?? null, ids: [] }).get(key)!).ids.push(brief.id);
