@@ -13,9 +13,10 @@ import type { EventSink, LimitsConfig, NodeGarbageReport } from '@dsec/protocol'
 import { authFailureAudit } from './http/audit.js';
 import { AuthFailureGate } from './tenant-limits.js';
 import { Watcher, commandSummary } from '@dsec/watcher';
+import type { WatchedSandbox } from '@dsec/watcher';
 import { Authenticator, IAM_CHANNEL } from './auth.js';
 import { ROOT_PROJECT_ID } from './db/store.js';
-import type { StateStore } from './db/store.js';
+import type { SandboxSummary, StateStore } from './db/store.js';
 import { PostgresListener } from './db/postgres.js';
 import { CATALOG_CHANNEL } from './db/catalog-cache.js';
 import { createApp } from './http/app.js';
@@ -41,6 +42,11 @@ import { startUsagePoll } from './usage-poll.js';
 /** How many things a garbage collection removed. */
 export function garbageCount(r: NodeGarbageReport): number {
   return r.containers.length + r.cgroups.length + r.dirs.length + r.mounts + r.layerMounts;
+}
+
+/** A sandbox as the watcher sees it. */
+function watched(r: SandboxSummary): WatchedSandbox {
+  return { id: r.id, node: r.node, state: r.state, expiresAt: r.expires_at, keptPaused: r.state === 'paused' && leaseOf(r).onExpire === 'pause' };
 }
 
 /** `host:port` split; INVALID_ARGUMENT naming `addr` otherwise. */
@@ -278,14 +284,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
               destroyOrphan: (id) => n.client.destroy(id),
               collectGarbage: async () => garbageCount(await n.client.collectGarbage()),
             })),
-        sandboxes: async () =>
-          (await store.sandboxSummaries()).map((r) => ({
-            id: r.id,
-            node: r.node,
-            state: r.state,
-            expiresAt: r.expires_at,
-            keptPaused: r.state === 'paused' && leaseOf(r).onExpire === 'pause',
-          })),
+        sandboxes: async (names) => (await store.sandboxSummaries(names)).map(watched),
+        expired: async (at) => (await store.expiredSandboxes(at)).map(watched),
         setNodeHealthy: (name, healthy) => nodes.setHealthy(name, healthy),
         expire: async (id) => {
           const row = await store.sandbox(id);

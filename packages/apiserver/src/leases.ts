@@ -54,6 +54,19 @@ export function leaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expire
   return defaultLease(Date.parse(row.expires_at) - Date.parse(row.created_at));
 }
 
+/** The next lease check of a sandbox without an idle timeout: never, until its lease or owner is written. */
+export const NO_LEASE_CHECK_MS = Number.MAX_SAFE_INTEGER;
+
+/**
+ * When the lease pass must next look at a running sandbox for its idle timeout, given its last
+ * activity (ms): no earlier than it can be due (activity only moves it later), in whole seconds
+ * rounded down so that sandboxes active in the same second share one value (one write for all).
+ */
+export function nextLeaseCheckMs(lease: Pick<GrantedLease, 'idleTimeoutMs'>, lastActiveMs: number): number {
+  if (lease.idleTimeoutMs <= 0) return NO_LEASE_CHECK_MS;
+  return Math.floor((lastActiveMs + lease.idleTimeoutMs) / 1000) * 1000;
+}
+
 /** A row's granted lease as the API shows it (without what only the store keeps). */
 export function grantedLeaseOf(row: Pick<SandboxTable, 'lease' | 'created_at' | 'expires_at'>): GrantedLease {
   const { renewMs: _renewMs, ...granted } = leaseOf(row);

@@ -3,19 +3,25 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { RaisedEvent } from '@dsec/protocol';
 import { Watcher } from './watcher.js';
-import type { WatchedSandbox, WatcherTarget } from './watcher.js';
+import type { WatchedNode, WatchedSandbox, WatcherTarget } from './watcher.js';
 
 /** A control plane holding `rows`, recording what the watcher asks of it. */
-function target(rows: WatchedSandbox[]): WatcherTarget & { expired: string[]; raised: RaisedEvent[] } {
-  const expired: string[] = [];
+function target(rows: WatchedSandbox[], nodes: WatchedNode[] = []): WatcherTarget & { expiredIds: string[]; raised: RaisedEvent[]; asked: string[][] } {
+  const expiredIds: string[] = [];
   const raised: RaisedEvent[] = [];
+  const asked: string[][] = [];
   return {
-    expired,
+    expiredIds,
     raised,
-    nodes: () => [],
-    sandboxes: async () => rows.map((r) => ({ ...r })),
+    asked,
+    nodes: () => nodes,
+    sandboxes: async (names) => {
+      asked.push([...names]);
+      return rows.filter((r) => names.includes(r.node)).map((r) => ({ ...r }));
+    },
+    expired: async (at) => rows.filter((r) => r.expiresAt <= at).map((r) => ({ ...r })),
     setNodeHealthy: () => undefined,
-    expire: async (id) => void expired.push(id),
+    expire: async (id) => void expiredIds.push(id),
     markLost: async () => undefined,
     raise: (ev) => void raised.push(ev),
   };
@@ -31,7 +37,7 @@ test('expiry: a sandbox kept paused is not expired again on every pass; a renewe
   const watcher = new Watcher(t);
   await watcher.pass();
   await watcher.pass();
-  assert.deepEqual(t.expired, ['lost', 'lost'], 'only the row that is not kept paused is expired, on each pass');
+  assert.deepEqual(t.expiredIds, ['lost', 'lost'], 'only the row that is not kept paused is expired, on each pass');
   const exceeded = (): string[] => t.raised.filter((e) => e.kind === 'lease.exceeded').map((e) => e.sandboxId ?? '');
   assert.deepEqual(exceeded(), ['kept', 'lost'], 'once per sandbox');
 
@@ -41,5 +47,51 @@ test('expiry: a sandbox kept paused is not expired again on every pass; a renewe
   rows[0] = { id: 'kept', node: 'n', state: 'running', expiresAt: past };
   await watcher.pass();
   assert.deepEqual(exceeded(), ['kept', 'lost', 'kept']);
-  assert.equal(t.expired.filter((id) => id === 'kept').length, 1, 'a running row past its lifetime is expired (paused)');
+  assert.equal(t.expiredIds.filter((id) => id === 'kept').length, 1, 'a running row past its lifetime is expired (paused)');
+});
+
+test('reconcile: past the bound, each pass compares a share of the nodes in turn; orphans go and missing sandboxes are lost on later visits', async () => {
+  const future = new Date(Date.now() + 600_000).toISOString();
+  const rows: WatchedSandbox[] = [];
+  const onNode = new Map<string, string[]>();
+  const destroyed: string[] = [];
+  const nodes: WatchedNode[] = ['a', 'b', 'c', 'd'].map((name) => {
+    const ids = Array.from({ length: 3 }, (_, i) => `${name}-${i}`);
+    for (const id of ids) rows.push({ id, node: name, state: 'running', expiresAt: future });
+    onNode.set(name, [...ids]);
+    return {
+      name,
+      sandboxIds: async () => [...onNode.get(name)!],
+      destroyOrphan: async (id) => {
+        destroyed.push(id);
+        onNode.set(
+          name,
+          onNode.get(name)!.filter((x) => x !== id),
+        );
+      },
+    };
+  });
+  onNode.get('d')!.push('d-orphan');
+  onNode.set('b', ['b-0', 'b-1']);
+  const t = target(rows, nodes);
+  const lost: string[] = [];
+  t.markLost = async (id) => void lost.push(id);
+  const watcher = new Watcher(t, { reconcileRowsPerPass: 6, lostAfterMs: 20 });
+  await watcher.pass();
+  assert.deepEqual(t.asked, [['a', 'b', 'c', 'd']], 'nodes not seen yet count no records: the first pass takes them all');
+  assert.deepEqual(destroyed, ['d-orphan']);
+  assert.deepEqual(lost, [], 'missing once: not lost yet');
+  for (let i = 0; i < 2; i++) {
+    await new Promise((r) => setTimeout(r, 30));
+    await watcher.pass();
+  }
+  assert.deepEqual(
+    t.asked.slice(1),
+    [
+      ['a', 'b'],
+      ['c', 'd'],
+    ],
+    'then two nodes (six records) a pass, in turn',
+  );
+  assert.deepEqual(lost, ['b-2'], 'lost on the next visit of its node');
 });

@@ -13,6 +13,11 @@ export const DEFAULT_WATCH_INTERVAL_MS = 1000;
 export const DEFAULT_GC_INTERVAL_MS = 30_000;
 /** Default interval of maintenance (retention pruning, rule reload). */
 export const DEFAULT_MAINTENANCE_INTERVAL_MS = 10_000;
+/**
+ * Default number of records a pass compares with their nodes: a cell with more sandboxes is
+ * reconciled a share of its nodes per pass, in turn (every node within a few passes).
+ */
+export const DEFAULT_RECONCILE_ROWS_PER_PASS = 2000;
 
 /** A sandbox as the control plane records it. */
 export interface WatchedSandbox {
@@ -38,7 +43,10 @@ export interface WatchedNode {
 /** What the watcher needs of the control plane. */
 export interface WatcherTarget {
   nodes(): WatchedNode[];
-  sandboxes(): Promise<WatchedSandbox[]>;
+  /** The records of the sandboxes on these nodes, in every state. */
+  sandboxes(nodes: readonly string[]): Promise<WatchedSandbox[]>;
+  /** The records whose lifetime ended by `at` (ISO time): `expiresAt <= at`. */
+  expired(at: string): Promise<WatchedSandbox[]>;
   setNodeHealthy(name: string, healthy: boolean): void;
   expire(id: string): Promise<void>;
   markLost(id: string): Promise<void>;
@@ -60,13 +68,20 @@ export interface WatcherOptions {
   gcIntervalMs?: number;
   /** Interval of {@link WatcherTarget.maintain}. Default {@link DEFAULT_MAINTENANCE_INTERVAL_MS}. */
   maintenanceIntervalMs?: number;
+  /** Records compared with their nodes per pass (whole nodes, at least one). Default {@link DEFAULT_RECONCILE_ROWS_PER_PASS}. */
+  reconcileRowsPerPass?: number;
 }
 
 /** Periodic health, expiry and garbage collection. */
 export class Watcher {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
-  private readonly missingSince = new Map<string, number>();
+  /** Sandboxes missing from their node, by id: the node and since when. */
+  private readonly missingSince = new Map<string, { node: string; since: number }>();
+  /** Records each node held at its last reconcile (what a pass's share is measured by). */
+  private readonly recordsOn = new Map<string, number>();
+  /** Where the next pass's share of the nodes starts. */
+  private nextNode = 0;
   /** Sandboxes whose lease.exceeded was raised (once each, even when expiring them fails). */
   private readonly leaseReported = new Set<string>();
   private lastGc = Date.now();
@@ -96,29 +111,28 @@ export class Watcher {
   }
 
   /**
-   * One pass; errors are logged, never thrown. Every node is asked first (all at once) and the
-   * records are read once after: a record is written before its sandbox is created, so everything
-   * a node reported is known by then, and a sandbox created meanwhile is never taken for an
-   * orphan. One read of the records per pass, whatever the number of nodes.
+   * One pass; errors are logged, never thrown. The pass's share of the nodes (all of them while
+   * they hold at most `reconcileRowsPerPass` records, else the next ones in turn up to that many)
+   * is asked first (all at once) and their records are read once after: a record is written
+   * before its sandbox is created, so everything a node reported is known by then, and a
+   * sandbox created meanwhile is never taken for an orphan. Expiry reads only the records whose
+   * lifetime ended. A pass so costs about the same whatever the number of sandboxes.
    */
   async pass(): Promise<void> {
     const log = this.o.log ?? (() => undefined);
     try {
-      const nodes = this.target.nodes();
+      const nodes = this.share(this.target.nodes());
       const answers = await Promise.all(nodes.map((node) => this.ask(node, log)));
       const now = Date.now();
-      const sandboxes = await this.target.sandboxes();
-      const byNode = new Map<string, WatchedSandbox[]>();
-      for (const s of sandboxes) {
-        const list = byNode.get(s.node);
-        if (list) list.push(s);
-        else byNode.set(s.node, [s]);
-      }
+      const byNode = new Map<string, WatchedSandbox[]>(nodes.map((n) => [n.name, []]));
+      for (const s of nodes.length ? await this.target.sandboxes(nodes.map((n) => n.name)) : []) byNode.get(s.node)?.push(s);
       for (const [i, node] of nodes.entries()) {
+        const records = byNode.get(node.name) ?? [];
+        this.recordsOn.set(node.name, records.length);
         const running = answers[i];
-        if (running) await this.reconcile(node, running, byNode.get(node.name) ?? [], log);
+        if (running) await this.reconcile(node, running, records, log);
       }
-      await this.expire(sandboxes, now, log);
+      await this.expire(await this.target.expired(new Date(now).toISOString()), now, log);
       await this.target.leases?.().catch((err: unknown) => log(`watcher: lease pass failed: ${(err as Error).message}`));
       if (now - this.lastGc >= (this.o.gcIntervalMs ?? DEFAULT_GC_INTERVAL_MS)) {
         this.lastGc = now;
@@ -142,6 +156,29 @@ export class Watcher {
     }
   }
 
+  /**
+   * The nodes this pass reconciles: from where the last share ended, whole nodes until their
+   * records (as counted at their last reconcile; a node not seen yet counts none) would pass
+   * the bound; at least one, at most all.
+   */
+  private share(all: WatchedNode[]): WatchedNode[] {
+    const names = new Set(all.map((n) => n.name));
+    for (const name of this.recordsOn.keys()) if (!names.has(name)) this.recordsOn.delete(name);
+    for (const [id, m] of this.missingSince) if (!names.has(m.node)) this.missingSince.delete(id);
+    const bound = this.o.reconcileRowsPerPass ?? DEFAULT_RECONCILE_ROWS_PER_PASS;
+    const out: WatchedNode[] = [];
+    let rows = 0;
+    for (let i = 0; i < all.length; i++) {
+      const node = all[(this.nextNode + i) % all.length]!;
+      const n = this.recordsOn.get(node.name) ?? 0;
+      if (out.length > 0 && rows + n > bound) break;
+      out.push(node);
+      rows += n;
+    }
+    this.nextNode = all.length ? (this.nextNode + out.length) % all.length : 0;
+    return out;
+  }
+
   /** The ids a node runs (and the node marked healthy), or undefined when it did not answer. */
   private async ask(node: WatchedNode, log: (line: string) => void): Promise<Set<string> | undefined> {
     try {
@@ -156,19 +193,14 @@ export class Watcher {
   }
 
   /**
-   * Ends the sandboxes past their lifetime (lease.exceeded once per lifetime: a lifetime renewed
-   * at a resume raises it again); forgets rows that are gone. A sandbox already kept paused is
-   * not asked about again on every pass.
+   * Ends the sandboxes past their lifetime, `expired` (lease.exceeded once per lifetime: a
+   * lifetime renewed at a resume raises it again, as the sandbox leaves the expired records);
+   * forgets rows that are gone. A sandbox already kept paused is not asked about again on every pass.
    */
-  private async expire(sandboxes: readonly WatchedSandbox[], now: number, log: (line: string) => void): Promise<void> {
-    const ids = new Set(sandboxes.map((s) => s.id));
+  private async expire(expired: readonly WatchedSandbox[], now: number, log: (line: string) => void): Promise<void> {
+    const ids = new Set(expired.map((s) => s.id));
     for (const id of this.leaseReported) if (!ids.has(id)) this.leaseReported.delete(id);
-    for (const id of this.missingSince.keys()) if (!ids.has(id)) this.missingSince.delete(id);
-    for (const s of sandboxes) {
-      if (Date.parse(s.expiresAt) > now) {
-        this.leaseReported.delete(s.id);
-        continue;
-      }
+    for (const s of expired) {
       if (s.state === 'creating' || s.state === 'stopping') continue;
       if (!this.leaseReported.has(s.id)) {
         this.leaseReported.add(s.id);
@@ -188,6 +220,7 @@ export class Watcher {
   /** Compares what a node runs with its records: orphans destroyed, sandboxes missing too long lost. */
   private async reconcile(node: WatchedNode, running: Set<string>, records: readonly WatchedSandbox[], log: (line: string) => void): Promise<void> {
     const known = new Set(records.map((s) => s.id));
+    for (const [id, m] of this.missingSince) if (m.node === node.name && !known.has(id)) this.missingSince.delete(id);
     for (const id of running) {
       if (!known.has(id)) await node.destroyOrphan(id).catch((err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`));
     }
@@ -197,8 +230,8 @@ export class Watcher {
         this.missingSince.delete(s.id);
         continue;
       }
-      const since = this.missingSince.get(s.id) ?? now;
-      this.missingSince.set(s.id, since);
+      const since = this.missingSince.get(s.id)?.since ?? now;
+      this.missingSince.set(s.id, { node: node.name, since });
       if (now - since >= (this.o.lostAfterMs ?? 5000)) {
         this.missingSince.delete(s.id);
         const marked = await this.target.markLost(s.id).then(

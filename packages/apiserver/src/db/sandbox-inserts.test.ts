@@ -63,7 +63,7 @@ test('a row that cannot be written fails alone; rows without the optional column
 
 test('the lease pass reads only the lease columns of running rows', async () => {
   await store.insertSandbox(row('run-1', { state: 'running', owner_id: null }), {});
-  const leases = await store.runningLeases();
+  const leases = await store.runningLeases(Date.now());
   const one = leases.find((l) => l.id === 'run-1');
   assert.ok(one);
   assert.deepEqual(Object.keys(one).sort(), ['created_at', 'expires_at', 'id', 'last_active_at', 'lease', 'owner_id']);
@@ -130,4 +130,42 @@ test('a group whose COMMIT was applied but whose answer was lost reports its row
   } finally {
     await s.close();
   }
+});
+
+test('the lease pass reads a running row again only when its check is due, it has an owner, or its lease or owner was written', async () => {
+  const now = Date.now();
+  const later = now + 60_000;
+  const lease = JSON.stringify({ idleTimeoutMs: 60_000 });
+  await Promise.all([
+    store.insertSandbox(row('lc-later', { state: 'running', lease, lease_check_ms: later }), {}),
+    store.insertSandbox(row('lc-due', { state: 'running', lease, lease_check_ms: now - 1 }), {}),
+    store.insertSandbox(row('lc-unknown', { state: 'running', lease }), {}),
+    store.insertSandbox(row('lc-owned', { state: 'running', lease, lease_check_ms: later, owner_id: 'own-1' }), {}),
+    store.insertSandbox(row('lc-patched', { state: 'running', lease, lease_check_ms: later }), {}),
+    store.insertSandbox(row('lc-resumed', { state: 'paused', lease, lease_check_ms: later }), {}),
+  ]);
+  const read = async (): Promise<string[]> =>
+    (await store.runningLeases(now))
+      .map((l) => l.id)
+      .filter((id) => id.startsWith('lc-'))
+      .sort();
+  assert.deepEqual(await read(), ['lc-due', 'lc-owned', 'lc-unknown'], 'a row whose check lies ahead is not read');
+  // A lease written (PATCH, a resume's renewal) is looked at on the next pass, whatever was deferred.
+  await store.updateSandbox('lc-patched', { lease: JSON.stringify({ idleTimeoutMs: 1000 }) });
+  assert.ok(await store.transitionSandbox('lc-resumed', ['paused'], 'running', { lease: JSON.stringify({ idleTimeoutMs: 1000 }) }));
+  assert.deepEqual(await read(), ['lc-due', 'lc-owned', 'lc-patched', 'lc-resumed', 'lc-unknown']);
+  // A deferral judged on a lease that changed meanwhile does not hide the new one.
+  await store.deferLeaseChecks([
+    { at: later, lease, ids: ['lc-due', 'lc-unknown', 'lc-patched'] },
+    { at: later, lease: null, ids: ['lc-resumed'] },
+  ]);
+  assert.deepEqual(await read(), ['lc-owned', 'lc-patched', 'lc-resumed']);
+  assert.deepEqual(
+    (await store.runningLeases(later))
+      .map((l) => l.id)
+      .filter((id) => id.startsWith('lc-'))
+      .sort(),
+    ['lc-due', 'lc-later', 'lc-owned', 'lc-patched', 'lc-resumed', 'lc-unknown'],
+    'every one is read once its check comes',
+  );
 });

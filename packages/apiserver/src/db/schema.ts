@@ -51,6 +51,13 @@ export interface SandboxTable {
   /** When and why the sandbox was paused; null while it runs. */
   paused_at?: string | null | undefined;
   pause_reason?: string | null | undefined;
+  /**
+   * Earliest time (ms since the epoch) at which the lease pass must look at this running row
+   * again for its idle timeout (migration 0026_cell_leases); null: at the next pass. Written by
+   * the pass, set back to null with any write of `lease` or `owner_id`. PostgreSQL returns it as
+   * a string (bigint); nothing reads it but the pass's query.
+   */
+  lease_check_ms?: number | string | null | undefined;
 }
 
 /** An owner session: a client that keeps its sandboxes by heartbeating. */

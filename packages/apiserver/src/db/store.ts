@@ -106,6 +106,24 @@ const BYTE_ORDER_COLLATIONS = /^(C|POSIX|C\.UTF-?8|C\.utf-?8|ucs_basic)$/;
 /** The columns of a running sandbox that the lease pass reads ({@link StateStore.runningLeases}). */
 export type LeaseRow = Pick<SandboxTable, 'id' | 'owner_id' | 'lease' | 'created_at' | 'expires_at' | 'last_active_at'>;
 
+/** What reservations hold together. */
+function sumOf(rs: readonly Reservation[]): Reservation {
+  return rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
+    sandboxes: 0,
+    cpu: 0,
+    memoryMiB: 0,
+  });
+}
+
+/** A write of a sandbox's lease or owner sets its next lease check back to "at the next pass". */
+function leaseCheckReset<T extends Partial<SandboxTable>>(set: T): T {
+  return set.lease !== undefined || set.owner_id !== undefined ? { ...set, lease_check_ms: null } : set;
+}
+
+/** What the watcher reads of a sandbox ({@link StateStore.sandboxSummaries}). */
+export type SandboxSummary = Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>;
+const SUMMARY_COLUMNS = ['id', 'node', 'state', 'created_at', 'expires_at', 'lease'] as const;
+
 /** Sandbox ids read at most at once from a label's index by a filtered list. */
 const LIST_CHUNK_MAX = 2000;
 /**
@@ -391,11 +409,7 @@ export class StateStore {
       const chain = await this.ancestry(projectId, tx);
       // Everything at once first: when the sum fits on every project of the chain, one update
       // per project admits all (the common case, and one row lock taken once).
-      const sum = rs.reduce((a, r) => ({ sandboxes: a.sandboxes + r.sandboxes, cpu: a.cpu + r.cpu, memoryMiB: a.memoryMiB + r.memoryMiB }), {
-        sandboxes: 0,
-        cpu: 0,
-        memoryMiB: 0,
-      });
+      const sum = sumOf(rs);
       let fitted = 0;
       while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
       if (fitted === chain.length) return rs.map(() => undefined);
@@ -549,7 +563,7 @@ export class StateStore {
   async transitionSandbox(id: string, from: string[], to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
     const res = await this.db
       .updateTable('sandboxes')
-      .set({ ...also, state: to })
+      .set({ ...leaseCheckReset(also), state: to })
       .where('id', '=', id)
       .where('state', 'in', from)
       .executeTakeFirst();
@@ -582,7 +596,7 @@ export class StateStore {
 
   /** Changes lifecycle fields of a sandbox (lease, owner, expiry). */
   async updateSandbox(id: string, set: Partial<Pick<SandboxTable, 'lease' | 'owner_id' | 'expires_at'>>): Promise<void> {
-    if (Object.keys(set).length) await this.db.updateTable('sandboxes').set(set).where('id', '=', id).execute();
+    if (Object.keys(set).length) await this.db.updateTable('sandboxes').set(leaseCheckReset(set)).where('id', '=', id).execute();
   }
 
   /** Records API activity of sandboxes (many at once: the activity tracker's flush). */
@@ -597,15 +611,37 @@ export class StateStore {
   }
 
   /**
-   * What the lease pass judges each running sandbox by, and nothing more (not the spec or the
-   * layers): it reads the full row only of the few that are due.
+   * What the lease pass judges a running sandbox by, and nothing more (not the spec or the
+   * layers), for the running sandboxes it must look at `now`: those whose idle check is due or
+   * unknown (`lease_check_ms`, through its index) and those with an owner (whose deadline moves
+   * with the owner's heartbeats). The pass reads the full row only of the few that are due.
    */
-  async runningLeases(): Promise<LeaseRow[]> {
+  async runningLeases(now: number): Promise<LeaseRow[]> {
     return this.db
       .selectFrom('sandboxes')
       .select(['id', 'owner_id', 'lease', 'created_at', 'expires_at', 'last_active_at'])
       .where('state', '=', 'running')
+      .where((eb) => eb.or([eb('lease_check_ms', 'is', null), eb('lease_check_ms', '<=', now), eb('owner_id', 'is not', null)]))
       .execute();
+  }
+
+  /**
+   * Records when the lease pass must next look at running sandboxes it judged not due: per
+   * group, the ids, the lease they were judged by and the time. A row whose lease changed since
+   * it was read keeps its column (NULL: looked at next pass), so a shorter timeout is not missed.
+   */
+  async deferLeaseChecks(groups: ReadonlyArray<{ at: number; lease: string | null; ids: readonly string[] }>): Promise<void> {
+    for (const g of groups) {
+      for (let i = 0; i < g.ids.length; i += 500) {
+        await this.db
+          .updateTable('sandboxes')
+          .set({ lease_check_ms: g.at })
+          .where('id', 'in', g.ids.slice(i, i + 500))
+          .where('state', '=', 'running')
+          .where((eb) => (g.lease === null ? eb('lease', 'is', null) : eb('lease', '=', g.lease)))
+          .execute();
+      }
+    }
   }
 
   /** Sandboxes in one of the given states. */
@@ -894,13 +930,26 @@ export class StateStore {
     return this.db.selectFrom('sandboxes').selectAll().execute();
   }
 
-  /** Every sandbox's id, node, state, expiry and lease: what the watcher reconciles with the nodes each pass. */
-  async sandboxSummaries(): Promise<Array<Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>>> {
-    return this.db.selectFrom('sandboxes').select(['id', 'node', 'state', 'created_at', 'expires_at', 'lease']).execute();
+  /**
+   * The id, node, state, expiry and lease of the sandboxes on these nodes (through the index by
+   * node): what the watcher compares with those nodes in a pass.
+   */
+  async sandboxSummaries(nodes: readonly string[]): Promise<SandboxSummary[]> {
+    const out: SandboxSummary[] = [];
+    for (let i = 0; i < nodes.length; i += 500)
+      out.push(
+        ...(await this.db
+          .selectFrom('sandboxes')
+          .select(SUMMARY_COLUMNS)
+          .where('node', 'in', nodes.slice(i, i + 500))
+          .execute()),
+      );
+    return out;
   }
 
-  async expiredSandboxes(at: string): Promise<SandboxTable[]> {
-    return this.db.selectFrom('sandboxes').selectAll().where('expires_at', '<=', at).execute();
+  /** The same of the sandboxes whose lifetime ended by `at` (through the index by expiry): the watcher's expiry pass. */
+  async expiredSandboxes(at: string): Promise<SandboxSummary[]> {
+    return this.db.selectFrom('sandboxes').select(SUMMARY_COLUMNS).where('expires_at', '<=', at).execute();
   }
 
   // ---- warm pools ----
@@ -1050,6 +1099,7 @@ export class StateStore {
             lease: c.lease,
             owner_id: c.ownerId,
             last_active_at: c.createdAt,
+            lease_check_ms: null,
           })
           .where('id', '=', cand.id)
           .where('state', '=', 'pooled')

@@ -34,7 +34,7 @@ import { WriteGroups } from '../db/write-groups.js';
 import type { Reservation, StateStore } from '../db/store.js';
 import { hashOf } from '../idempotency.js';
 import type { IdempotencyKeys } from '../idempotency.js';
-import { grantLease } from '../leases.js';
+import { grantLease, nextLeaseCheckMs } from '../leases.js';
 import type { NodeEntry, NodeRegistry } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
 import type { PoolManager } from '../pools.js';
@@ -380,6 +380,8 @@ export class CreatePipeline {
       owner_id: pool ? null : (item.req.owner ?? null),
       lease: pool ? null : JSON.stringify(item.lease),
       last_active_at: createdAt.toISOString(),
+      // The lease pass need not look at it before its idle timeout can be due.
+      lease_check_ms: pool ? null : nextLeaseCheckMs(item.lease, createdAt.getTime()),
       paused_at: null,
       pause_reason: null,
     };

@@ -7,7 +7,7 @@ import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
 import type { OwnerTable, SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
-import { leaseOf, renewSpanMs } from '../leases.js';
+import { leaseOf, nextLeaseCheckMs, renewSpanMs } from '../leases.js';
 import type { ActivityTracker, PauseReason } from '../leases.js';
 import type { NodeRegistry } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
@@ -396,16 +396,26 @@ export class LifecycleService {
       this.ownersCollectedAt = now;
       await store.deleteStaleOwners(new Date(now - STALE_OWNER_MS).toISOString());
     }
-    // Judged on the few columns a lease needs; the full row is read only for a sandbox that is due.
-    const leases = await store.runningLeases();
+    // Judged on the few columns a lease needs, and only for the sandboxes whose idle check is
+    // due or that have an owner (runningLeases); the full row is read only for one that is due.
+    const leases = await store.runningLeases(now);
     const ownerIds = [...new Set(leases.map((r) => r.owner_id).filter((o): o is string => !!o))];
     const owners = new Map((await store.ownersByIds(ownerIds)).map((o) => [o.id, o]));
+    // Not due: when to look again, per (time, lease) one write for all of them.
+    const deferred = new Map<string, { at: number; lease: string | null; ids: string[] }>();
     for (const brief of leases) {
       const lease = leaseOf(brief);
       const owner = brief.owner_id ? owners.get(brief.owner_id) : undefined;
       const ownerDue = brief.owner_id ? ownerDeadline(owner, lease) <= now : false;
-      const idleFor = now - activity.lastActiveOf(brief, now);
+      const lastActive = activity.lastActiveOf(brief, now);
+      const idleFor = now - lastActive;
       const idleDue = lease.idleTimeoutMs > 0 && idleFor >= lease.idleTimeoutMs;
+      // A row with an owner is read every pass all the same: nothing to record for it.
+      if (!idleDue && !brief.owner_id) {
+        const at = nextLeaseCheckMs(lease, lastActive);
+        const key = `${at} ${brief.lease ?? ''}`;
+        (deferred.get(key) ?? deferred.set(key, { at, lease: brief.lease ?? null, ids: [] }).get(key)!).ids.push(brief.id);
+      }
       if (!ownerDue && !idleDue) continue;
       const row = await store.sandboxOnly(brief.id);
       if (!row || row.state !== 'running') continue;
@@ -427,6 +437,8 @@ export class LifecycleService {
         log(`leases: ${action} of ${row.id} (${which}) failed: ${(err as Error).message}`);
       }
     }
+    // Unwritten, they are only looked at again next pass.
+    await store.deferLeaseChecks([...deferred.values()]).catch((err: unknown) => log(`leases: recording the next checks failed: ${(err as Error).message}`));
   }
 
   private raiseLeaseExceeded(row: SandboxTable, lease: string, action: string, why: string): void {

@@ -107,6 +107,25 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
     await lifecycle.destroy(h.admin, sb.id);
   });
 
+  test('the lease pass skips a sandbox until its idle timeout can be due, then pauses it; a shorter timeout set meanwhile counts at once', async () => {
+    const { sandboxes, lifecycle } = h.services;
+    const t0 = Date.now();
+    const a = await sandboxes.create(h.admin, { image: { base: 'busybox' }, lease: { idleTimeoutMs: 60_000 } });
+    const b = await sandboxes.create(h.admin, { image: { base: 'busybox' }, lease: { idleTimeoutMs: 60_000 } });
+    const looked = async (at: number): Promise<string[]> => (await h.store.runningLeases(at)).map((l) => l.id).filter((id) => id === a.id || id === b.id);
+    assert.deepEqual(await looked(t0 + 1000), [], 'not looked at before their timeout can be due');
+    await lifecycle.enforceLeases(undefined, t0 + 1000);
+    assert.equal((await sandboxes.get(h.admin, a.id)).state, 'running');
+    await sandboxes.update(h.admin, b.id, { lease: { idleTimeoutMs: 1000 } });
+    await lifecycle.enforceLeases(undefined, Date.now() + 2000);
+    assert.equal((await sandboxes.get(h.admin, b.id)).state, 'paused', 'the shorter timeout set by PATCH was not hidden by the deferred check');
+    assert.equal((await sandboxes.get(h.admin, a.id)).state, 'running');
+    await lifecycle.enforceLeases(undefined, Date.now() + 61_000);
+    assert.equal((await sandboxes.get(h.admin, a.id)).state, 'paused', 'paused once its timeout came');
+    await lifecycle.destroy(h.admin, a.id);
+    await lifecycle.destroy(h.admin, b.id);
+  });
+
   test("onExpire 'pause': a lost or failed row past its lifetime is destroyed (its quota freed); a paused one is kept", async () => {
     const { sandboxes, lifecycle } = h.services;
     const lease = { maxLifetimeMs: 600_000, onExpire: 'pause' as const };
