@@ -193,9 +193,12 @@ export async function podmanPullRun(
       maxBuffer: 16 * 1024 * 1024,
     });
     const pullMs = nowMs() - t0;
-    // `--ulimit host`: the limits the bench has (podman's default raises RLIMIT_NOFILE, refused
-    // where the bench runs without CAP_SYS_RESOURCE).
-    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', '--ulimit', 'host', ref, ...cmd];
+    // The open-files and processes limits the bench has, given explicitly: podman (as root) sets
+    // both to 1048576 unless told, and `--ulimit host` does not stop it (podman 4.3), which crun
+    // cannot do where the bench runs without CAP_SYS_RESOURCE (`setrlimit RLIMIT_NOFILE:
+    // Operation not permitted`).
+    const ulimits = ['--ulimit', `nofile=${await ownLimit('Max open files')}`, '--ulimit', `nproc=${await ownLimit('Max processes')}`];
+    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', ...ulimits, ref, ...cmd];
     await run('podman', runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
     const ms = nowMs() - t0;
     await afterCold();
@@ -206,4 +209,13 @@ export async function podmanPullRun(
   } finally {
     await done();
   }
+}
+
+/** This process's limit named `name` in /proc/self/limits, as podman's `--ulimit` value `soft:hard` (-1: unlimited). */
+async function ownLimit(name: string): Promise<string> {
+  const line = (await readFile('/proc/self/limits', 'utf8')).split('\n').find((l) => l.startsWith(name));
+  const [soft, hard] = (line?.slice(name.length).trim() ?? '').split(/\s+/);
+  if (!soft || !hard) throw new Error(`/proc/self/limits has no "${name}"`);
+  const value = (v: string): string => (v === 'unlimited' ? '-1' : v);
+  return `${value(soft)}:${value(hard)}`;
 }
