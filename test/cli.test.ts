@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -209,5 +209,18 @@ describe('dsec', () => {
     const bad = await dsec(['sandbox', 'create', '--base', 'busybox', '--memory', '1']);
     assert.equal(bad.code, 1);
     assert.match(bad.stderr, /^dsec: INVALID_ARGUMENT: resources\.memoryMiB/);
+  });
+
+  test('image import of a disk above the upload limit says so, naming the limit, before sending it', async () => {
+    // Sparse: 2 GiB long, no block of the disk used.
+    const disk = path.join(scratch, 'big.raw');
+    await writeFile(disk, '');
+    await truncate(disk, 2 * 1024 * 1024 * 1024);
+    const r = await dsec(['image', 'import', disk, '--name', `too-big-${RUN}`]);
+    assert.equal(r.code, 1, r.stderr);
+    assert.match(r.stderr, /^dsec: PAYLOAD_TOO_LARGE: .*big\.raw: 2\.00 GiB \(2147483648 bytes\); uploads are limited to 1 GiB \(1073741824 bytes\)/);
+    assert.doesNotMatch(r.stderr, /uploaded/, 'nothing was sent');
+    const layers = JSON.parse(await ok(['image', 'ls', '--json'])) as Array<{ names: string[] }>;
+    assert.ok(!layers.some((l) => l.names.some((n) => n.startsWith(`too-big-${RUN}`))));
   });
 });

@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
-import { runDirFor } from '@dsec/edge';
+import { collectOutput, runDirFor, runGuestStep } from '@dsec/edge';
 import { isDsecError } from '@dsec/protocol';
 import type { LayerInfo } from '@dsec/protocol';
 import { parsed, startNode } from './helpers/node.js';
@@ -299,6 +299,42 @@ describe('container sandboxes', () => {
     } finally {
       await node.edge.destroy(be.id);
       await node.edge.destroy(ls.id);
+    }
+  });
+
+  test("a snapshot's step in a guest (the runner microVMs and VMs share) that does not end is killed, TIMEOUT naming it; a stream lives while it writes", async () => {
+    const sb = await node.edge.create({ image: image() });
+    try {
+      const agent = await node.edge.agent(sb.id);
+      const step = { id: sb.id, shell: ['/bin/sh'], consume: collectOutput };
+      // A step that never ends: what a guest whose root stopped `sync` or `fsfreeze` gives.
+      const t0 = Date.now();
+      await assert.rejects(
+        runGuestStep(agent, { ...step, step: 'freeze', script: 'echo $$ > /tmp/step.pid; exec sleep 600', timeoutMs: 1000 }),
+        (err) => isDsecError(err) && err.code === 'TIMEOUT' && /the snapshot's freeze step did not end in the guest within 1000 ms/.test(err.message),
+      );
+      assert.ok(Date.now() - t0 < 15_000, 'an answer, not a hang');
+      const pid = (await node.edge.exec(sb.id, { cmd: 'cat /tmp/step.pid' })).stdout.trim();
+      assert.match(pid, /^\d+$/);
+      const until = Date.now() + 10_000;
+      while ((await node.edge.exec(sb.id, { cmd: `kill -0 ${pid}` })).exitCode === 0) {
+        assert.ok(Date.now() < until, `the step's process ${pid} was killed`);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      // A stream (the tar of a layer) is bounded by its silence, not its length; any other step by its length.
+      const ticking = 'for i in 1 2 3 4 5 6; do echo $i; sleep 0.5; done';
+      const out = await runGuestStep(agent, { ...step, step: 'tar', script: ticking, bound: 'idle', timeoutMs: 2000 });
+      assert.equal(out.toString(), '1\n2\n3\n4\n5\n6\n');
+      await assert.rejects(
+        runGuestStep(agent, { ...step, step: 'thaw', script: ticking, timeoutMs: 2000 }),
+        (err) => isDsecError(err) && err.code === 'TIMEOUT',
+      );
+      await assert.rejects(
+        runGuestStep(agent, { ...step, step: 'freeze', script: 'echo "no writable disk" >&2; exit 3' }),
+        (err) => isDsecError(err) && err.code === 'BACKEND_FAILED' && /freeze step failed in the guest \(exit 3\): no writable disk/.test(err.message),
+      );
+    } finally {
+      await node.edge.destroy(sb.id);
     }
   });
 

@@ -1,13 +1,16 @@
 // The microVM backend end to end: one QEMU microvm (TCG on this machine) carries every check, so
 // the file boots the guest once (plus the node's cached accelerator probe).
 import assert from 'node:assert/strict';
+import { watch } from 'node:fs';
 import { readdir, readFile, readlink } from 'node:fs/promises';
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { DsecClient, Sandbox } from '@dsec/sdk';
-import type { RaisedEvent } from '@dsec/protocol';
+import { DsecError } from '@dsec/protocol';
+import type { RaisedEvent, SandboxSpec } from '@dsec/protocol';
 import { startTestPlatform } from './helpers/platform.js';
 import type { TestPlatform } from './helpers/platform.js';
 import { apiCall, sh } from './helpers/assert.js';
@@ -216,6 +219,41 @@ describe('microvm backend', () => {
     const identity = async (s: Sandbox): Promise<string> => sh(s, "ip -4 -o addr show eth0 | awk '{print $4}'; cat /sys/class/net/eth0/address");
     const sourceIdentity = await identity(sb);
     const before = await count(sb);
+    // A fork of another shape (more memory) is refused before anything of the source is stopped or copied.
+    const sourceDir = path.join(tp.home, 'node', 'microvm', sb.id);
+    const copies: string[] = [];
+    const watcher = watch(sourceDir, (_ev, name) => {
+      if (name?.startsWith('fork-')) copies.push(name);
+    });
+    try {
+      const record = JSON.parse(await readFile(path.join(sourceDir, 'sandbox.json'), 'utf8')) as { spec: SandboxSpec };
+      const resources = { ...record.spec.resources, memoryMiB: (record.spec.resources?.memoryMiB ?? 0) + 64 };
+      await assert.rejects(
+        tp.platform.edge.create({ ...record.spec, resources, memoryOf: sb.id }),
+        (err: unknown) => err instanceof DsecError && err.code === 'CONFLICT' && /a fork with memory needs its source's layers, memory/.test(err.message),
+      );
+      await new Promise((r) => setTimeout(r, 200));
+    } finally {
+      watcher.close();
+    }
+    assert.deepEqual(copies, [], "no copy of the source's memory or disk was started");
+    // A fork with memory goes through the admission queue as any create: behind a request of its
+    // project that waits there (for capacity), it is refused, not let past it.
+    const project = (await sb.info()).project;
+    const leave = new AbortController();
+    const waiter = tp.platform.services.admission.admit(
+      project,
+      () => Promise.reject(new DsecError('CAPACITY_EXHAUSTED', 'no room for the earlier request', { retryAfterMs: 1000 })),
+      { wait: true, timeoutMs: 30_000, signal: leave.signal },
+    );
+    waiter.catch(() => undefined);
+    try {
+      const queued = await apiCall(tp.url, tp.adminKey, 'POST', `/v1/sandboxes/${sb.id}/fork`, { count: 1, memory: true });
+      assert.equal(queued.status, 503, JSON.stringify(queued.body));
+      assert.match(queued.body.error.message, /1 earlier request\(s\) of this project are waiting/);
+    } finally {
+      leave.abort();
+    }
     const forked = await sb.fork(1, { memory: true });
     assert.equal(forked.snapshot, undefined, 'a fork with memory makes no snapshot');
     const twin = forked.sandboxes[0]!;

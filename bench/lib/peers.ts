@@ -14,7 +14,7 @@ import { detectCgroupMode, mount, MS, umount, MNT } from '@dsec/edge';
 import { onCleanup } from './cleanup.js';
 
 /** Limits podman would otherwise set above the host's hard limits (crun then fails). */
-const PODMAN_ULIMITS = ['--ulimit', 'nofile=4096:4096', '--ulimit', 'nproc=4096:4096'];
+export const PODMAN_ULIMITS = ['--ulimit', 'nofile=4096:4096', '--ulimit', 'nproc=4096:4096'];
 /** Output of a failed command kept for its error message. */
 const MAX_CAPTURE = 8192;
 
@@ -85,7 +85,8 @@ export async function peerVersions(): Promise<Record<string, string>> {
 
 /** The peers, prepared on one busybox rootfs under `dir`. */
 export class Peers {
-  private readonly prefix: string[];
+  /** The command prefix that runs a peer's command in the runtime namespace (empty where none is needed). */
+  readonly prefix: string[];
   private readonly crunRoot: string;
   private readonly bundle: string;
   private readonly podmanArgs: string[];

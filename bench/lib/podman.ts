@@ -15,6 +15,7 @@ import { MNT, mountsUnder, RegistryClient, umount } from '@dsec/edge';
 import type { LayerStore } from '@dsec/edge';
 import type { LayerInfo } from '@dsec/protocol';
 import { onCleanup } from './cleanup.js';
+import { PODMAN_ULIMITS } from './peers.js';
 import { nowMs, sleep } from './stats.js';
 
 const run = promisify(execFile);
@@ -146,7 +147,11 @@ export async function podmanPullRun(
   cmd: string[],
   /** Called between the cold run's end and the warm run (before the warm run's time). */
   afterCold: () => Promise<void>,
+  /** The peers' runtime namespace prefix (`Peers.prefix`): crun refuses hybrid cgroups outside it. */
+  prefix: readonly string[],
 ): Promise<{ pullMs: number; runMs: number; ms: number; warmMs: number }> {
+  const podman = (args: string[], options: Parameters<typeof run>[2]): ReturnType<typeof run> =>
+    prefix.length > 0 ? run(prefix[0]!, [...prefix.slice(1), 'podman', ...args], options) : run('podman', args, options);
   const home = await mkdtemp(path.join(dir, 'podman-'));
   const global = [
     '--root',
@@ -188,20 +193,20 @@ export async function podmanPullRun(
     await mkdir(home, { recursive: true });
     await writeFile(env.REGISTRY_AUTH_FILE, '{"auths":{}}\n', { mode: 0o600 });
     const t0 = nowMs();
-    await run('podman', [...global, 'pull', '--quiet', '--tls-verify=false', '--creds', `${registry.username}:${registry.password}`, ref], {
+    await podman([...global, 'pull', '--quiet', '--tls-verify=false', '--creds', `${registry.username}:${registry.password}`, ref], {
       env,
       maxBuffer: 16 * 1024 * 1024,
     });
     const pullMs = nowMs() - t0;
-    // `--ulimit host`: the limits the bench has (podman's default raises RLIMIT_NOFILE, refused
-    // where the bench runs without CAP_SYS_RESOURCE).
-    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', '--ulimit', 'host', ref, ...cmd];
-    await run('podman', runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
+    // podman (as root) raises open files and processes to 1048576 unless told, which crun cannot
+    // do where the bench runs without CAP_SYS_RESOURCE: the same limits as the other podman rows.
+    const runArgs = [...global, 'run', '--rm', '--pull', 'never', '--network', 'none', ...PODMAN_ULIMITS, ref, ...cmd];
+    await podman(runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
     const ms = nowMs() - t0;
     await afterCold();
     // A warm start: the same run again, the image in podman's storage.
     const t1 = nowMs();
-    await run('podman', runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
+    await podman(runArgs, { env, maxBuffer: 16 * 1024 * 1024 });
     return { pullMs, runMs: ms - pullMs, ms, warmMs: nowMs() - t1 };
   } finally {
     await done();

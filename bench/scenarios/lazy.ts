@@ -240,9 +240,16 @@ async function podmanColdStart(
   const endpoint = { url: shaped.url, username: shaped.registry.username, password: shaped.registry.password };
   let cold: { overTime: Array<[number, number]>; bytes: number } | undefined;
   try {
-    const r = await podmanPullRun(ctx.dir, endpoint, ref, ['sh', '-c', cmd], async () => {
-      cold = { overTime: await link.stop(), bytes: (await rxBytes(shaped.hostIf)) - rx0 };
-    });
+    const r = await podmanPullRun(
+      ctx.dir,
+      endpoint,
+      ref,
+      ['sh', '-c', cmd],
+      async () => {
+        cold = { overTime: await link.stop(), bytes: (await rxBytes(shaped.hostIf)) - rx0 };
+      },
+      ctx.peers.prefix,
+    );
     if (!cold) throw new Error('lazy: podman: the cold run was not measured');
     return { ms: r.ms, pullMs: r.pullMs, warmMs: r.warmMs, ...cold };
   } finally {

@@ -76,11 +76,12 @@ export interface MemoryImage {
  */
 export interface MemoryForkFacet {
   /**
-   * Copies sandbox `id`'s memory state and writable disks into a new folder named for `forkId`:
+   * Copies sandbox `id`'s memory state and writable disks into a new folder named for the fork:
    * a running VM is stopped while it is copied and runs on after; a paused one stays paused.
-   * Leaves nothing behind on failure.
+   * A fork whose machine would differ from its source's (layers, memory, vCPUs, network device)
+   * is refused before anything is copied. Leaves nothing behind on failure.
    */
-  captureMemory(id: string, forkId: string, signal?: AbortSignal): Promise<MemoryImage>;
+  captureMemory(id: string, fork: Pick<BackendCreateRequest, 'id' | 'spec' | 'layers'>, signal?: AbortSignal): Promise<MemoryImage>;
 }
 
 /** A sandbox as a backend knows it; persisted so a restarted edge can find it again. */

@@ -34,7 +34,7 @@ import type {
   VerifyResult,
 } from '@dsec/protocol';
 import { untilAborted } from './abortable.js';
-import type { Backend, BackendSandbox, DiskSnapshotFacet, GuestLayerFacet, MemoryImage, SandboxAgent } from './backend.js';
+import type { Backend, BackendCreateRequest, BackendSandbox, DiskSnapshotFacet, GuestLayerFacet, MemoryImage, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import { diffLayers, verifyLayers } from './diff.js';
 import { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
@@ -283,7 +283,7 @@ export class Edge extends SandboxCalls implements EdgeClient {
     let memory: MemoryImage | undefined;
     try {
       crashPoint('edge.create.layers');
-      if (spec.memoryOf !== undefined) memory = await this.captureMemory(spec.memoryOf, id, backend, opts.signal);
+      if (spec.memoryOf !== undefined) memory = await this.captureMemory(spec.memoryOf, { id, spec, layers }, backend, opts.signal);
       record = await backend.create({ id, spec, layers, ...(memory ? { memory } : {}) }, opts.signal);
       crashPoint('edge.create.backend');
       if (network) await joinNetwork(this.network, backend, id, normalizeNetworkPolicy(network));
@@ -310,15 +310,15 @@ export class Edge extends SandboxCalls implements EdgeClient {
    * copied for a fork with memory, the copy being the source's transition (as a snapshot is:
    * pauses, resumes and agent calls wait for it).
    */
-  private async captureMemory(sourceId: string, forkId: string, backend: Backend, signal?: AbortSignal): Promise<MemoryImage> {
+  private async captureMemory(sourceId: string, fork: BackendCreateRequest, backend: Backend, signal?: AbortSignal): Promise<MemoryImage> {
     const e = this.sandboxes.get(sourceId);
     if (!e || e.backend !== backend) throw invalidArgument('memoryOf', `no ${backend.kind} sandbox ${sourceId} on node ${this.nodeName}`);
-    const fork = backend.memoryFork;
-    if (!fork) throw invalidArgument('memoryOf', `the ${backend.kind} backend does not fork with memory`);
+    const facet = backend.memoryFork;
+    if (!facet) throw invalidArgument('memoryOf', `the ${backend.kind} backend does not fork with memory`);
     const hold = await this.holdStill(e, sourceId);
     try {
       signal?.throwIfAborted();
-      return await fork.captureMemory(sourceId, forkId, signal);
+      return await facet.captureMemory(sourceId, fork, signal);
     } finally {
       hold.release();
     }

@@ -28,6 +28,7 @@ export {
   LIMIT_NAMES,
   LimitsConfigSchema,
   limitExceeded,
+  MAX_UPLOAD_BYTES,
   resolveLimits,
 } from './limits.js';
 export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';

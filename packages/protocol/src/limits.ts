@@ -28,6 +28,8 @@ export const DEFAULT_STREAMS_PER_TENANT = 32;
 export const DEFAULT_STREAMS_PER_REPLICA = 1024;
 /** Bytes of WebSocket stdin queued for a command before the socket stops being read. */
 export const DEFAULT_WS_STDIN_BUFFER_BYTES = 8 * 1024 * 1024;
+/** Largest HTTP upload body (a file, a tar, a layer, a disk image), whatever the tenant's limits. */
+export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
 /** Decompressed bytes of one uploaded layer. */
 export const DEFAULT_LAYER_UPLOAD_BYTES = 8 * 1024 * 1024 * 1024;
 /** Bytes of layers one tenant keeps (uploaded, built and snapshot layers). */

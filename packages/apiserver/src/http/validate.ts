@@ -4,13 +4,12 @@
 import type { Context } from 'hono';
 import { createMiddleware } from 'hono/factory';
 import type { IncomingMessage } from 'node:http';
-import { DsecError, invalidArgument, parseOrThrow } from '@dsec/protocol';
+import { DsecError, invalidArgument, MAX_UPLOAD_BYTES, parseOrThrow } from '@dsec/protocol';
 import type { z } from 'zod';
 
 /** Largest JSON request body. */
 export const MAX_JSON_BYTES = 32 * 1024 * 1024;
-/** Largest upload (file, tar, layer). */
-export const MAX_UPLOAD_BYTES = 1024 * 1024 * 1024;
+export { MAX_UPLOAD_BYTES };
 
 /** Reads a JSON body of at most {@link MAX_JSON_BYTES}; an empty body is `{}`. */
 export async function readJson(c: Context): Promise<unknown> {

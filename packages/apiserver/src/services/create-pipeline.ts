@@ -282,13 +282,22 @@ export class CreatePipeline {
     this.d.nodes.charge(node.name, this.d.placement.cpuCharge(item.resources), item.resources.memoryMiB, sign, spreadOf(item.spec.labels), item.backend);
   }
 
-  /** Reserves quota and a node for one create (the admission attempt); throws a capacity refusal. */
-  async reserveAndPlace(projectId: string, item: CreateItem): Promise<Ticket> {
+  /**
+   * Reserves quota and a node for one create (the admission attempt); throws a capacity refusal.
+   * A fork with memory (`memorySource`) is placed on its source's node or nowhere.
+   */
+  async reserveAndPlace(projectId: string, item: CreateItem, memorySource?: SandboxTable): Promise<Ticket> {
     const reservation = reservationOf(item);
     await this.d.store.reserve(projectId, reservation);
-    const node = this.d.placement.place(placementOf(item), this.d.nodes.all());
+    const nodes = memorySource ? this.d.nodes.all().filter((n) => n.name === memorySource.node) : this.d.nodes.all();
+    const node = this.d.placement.place(placementOf(item), nodes);
     if (!node) {
       await this.d.store.unreserve(projectId, reservation);
+      if (memorySource)
+        throw new DsecError('CAPACITY_EXHAUSTED', `node ${memorySource.node} of sandbox ${memorySource.id} has no room for a fork with memory`, {
+          sandboxId: memorySource.id,
+          retryAfterMs: 1000,
+        });
       throw capacityError(item);
     }
     this.chargeNode(node, item, 1);
@@ -410,10 +419,11 @@ export class CreatePipeline {
   /**
    * A fork with memory of `source`: created on the source's node alone (the node copies the
    * source's memory and writable disk, `spec.memoryOf`), never claimed from a pool nor placed
-   * elsewhere; its quota and node charge as any create. Its layers must be the source's (a name
-   * that moved since the source was made is a conflict).
+   * elsewhere; admitted as any create (the project's admission queue, its quota and the node's
+   * charge). Its layers must be the source's (a name that moved since the source was made is a
+   * conflict).
    */
-  async createMemoryFork(projectId: string, item: CreateItem, source: SandboxTable, signal: AbortSignal | undefined): Promise<Sandbox> {
+  async createMemoryFork(projectId: string, item: CreateItem, source: SandboxTable, admission: Admission, signal: AbortSignal | undefined): Promise<Sandbox> {
     const layers = [item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean);
     if (JSON.stringify(layers) !== source.layers) {
       throw new DsecError('CONFLICT', `sandbox ${source.id}: its image now resolves to other layers; a fork with memory needs the source's own`, {
@@ -421,25 +431,19 @@ export class CreatePipeline {
       });
     }
     const fork: CreateItem = { ...item, spec: { ...item.spec, memoryOf: source.id } };
-    const reservation = reservationOf(fork);
-    await this.d.store.reserve(projectId, reservation);
+    const ticket = await this.d.admission.admit(projectId, () => this.reserveAndPlace(projectId, fork, source), {
+      wait: admission.wait,
+      timeoutMs: admission.timeoutMs,
+      signal,
+    });
     try {
-      const node = this.d.nodes.all().find((n) => n.name === source.node);
-      const placed = node ? this.d.placement.place(placementOf(fork), [node]) : undefined;
-      if (!placed) {
-        throw new DsecError('CAPACITY_EXHAUSTED', `node ${source.node} of sandbox ${source.id} has no room for a fork with memory`, {
-          sandboxId: source.id,
-          retryAfterMs: 1000,
-        });
-      }
-      this.chargeNode(placed, fork, 1);
-      const created = await this.createOn(placed, projectId, fork, signal);
+      const created = await this.createOn(ticket.node, projectId, fork, signal);
       if (!created) throw capacityError(fork);
       this.d.counters.sandboxesCreated++;
       return created;
     } catch (err) {
       this.d.counters.sandboxCreateFailures++;
-      await this.d.store.unreserve(projectId, reservation);
+      await this.d.store.unreserve(projectId, ticket.reservation);
       this.d.onCapacityFreed();
       throw err;
     }

@@ -111,9 +111,9 @@ export class SandboxService {
    */
   async createMemoryFork(p: Principal, body: CreateSandboxRequest, source: SandboxTable, signal?: AbortSignal): Promise<Sandbox> {
     requireRole(p, 'member');
-    const { admission: _admission, ...req } = body;
+    const { admission, ...req } = body;
     const item = await this.d.pipeline.prepare(p.projectId, req, '', await this.d.layers.resolver(p.projectId), p);
-    return this.d.pipeline.createMemoryFork(p.projectId, item, source, signal);
+    return this.d.pipeline.createMemoryFork(p.projectId, item, source, admission ?? {}, signal);
   }
 
   /**

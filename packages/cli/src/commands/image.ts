@@ -4,12 +4,14 @@ import { stat } from 'node:fs/promises';
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import type { LayerInfo } from '@dsec/sdk';
+import { DsecError, MAX_UPLOAD_BYTES } from '@dsec/protocol';
 import type { LayerKind } from '@dsec/protocol';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
 import { formatAge, formatBytes, printJson, printTable } from '../output.js';
 import { commaList } from '../parse.js';
 
+const GiB = 1024 * 1024 * 1024;
 /** How often upload progress is printed at most. */
 const PROGRESS_INTERVAL_MS = 500;
 
@@ -128,7 +130,14 @@ export function registerImage(program: Command): void {
     .option('--json', 'print the layer as JSON')
     .action(async (file: string, flags: { name?: string; json?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
-      const progress = progressPrinter((await stat(file)).size);
+      const size = (await stat(file)).size;
+      // Refused before a byte is sent: the server would cut the upload off at its limit.
+      if (size > MAX_UPLOAD_BYTES)
+        throw new DsecError(
+          'PAYLOAD_TOO_LARGE',
+          `${file}: ${(size / GiB).toFixed(2)} GiB (${size} bytes); uploads are limited to ${MAX_UPLOAD_BYTES / GiB} GiB (${MAX_UPLOAD_BYTES} bytes): a raw image converted to qcow2 (qemu-img convert -O qcow2) keeps only the blocks in use`,
+        );
+      const progress = progressPrinter(size);
       const layer = await client.layers.upload(
         createReadStream(file),
         { format: 'disk', ...(flags.name !== undefined ? { name: flags.name } : {}) },

@@ -4,7 +4,7 @@
 // file its header names.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtemp, readFile, rm, truncate, writeFile } from 'node:fs/promises';
+import { mkdtemp, open, readFile, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -82,7 +82,7 @@ describe('flattenOverlay', () => {
     const opts = `driver=qcow2,file.filename=${overlay},backing.driver=qcow2,backing.file.filename=${base}`;
     execFileSync('qemu-io', ['--image-opts', '-c', 'write -P 0x63 65536 65536', opts], { stdio: 'ignore' });
     const out = join(dir, 'flat.qcow2');
-    await flattenOverlay(overlay, base, out);
+    await flattenOverlay(overlay, base, out, 4 * 1024 * 1024);
     const info = JSON.parse(execFileSync('qemu-img', ['info', '--output=json', '-f', 'qcow2', out], { encoding: 'utf8' })) as Record<string, unknown>;
     assert.equal(info['backing-filename'], undefined);
     assert.equal(info['virtual-size'], 4 * 1024 * 1024);
@@ -92,9 +92,28 @@ describe('flattenOverlay', () => {
     assert.ok(got.subarray(2 * 65536).equals(Buffer.alloc(65536, 0)));
   });
 
+  test("an overlay whose header was changed to a virtual size above the sandbox's disk is refused, nothing written", async () => {
+    const base = join(dir, 'small-base.qcow2');
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', base, '4M']);
+    const overlay = join(dir, 'grown.qcow2');
+    execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', '-F', 'qcow2', '-b', base, '-u', overlay, '4M']);
+    // What a guest's QEMU (or anything that can write the file) could do: the header's size field set to 1 TiB.
+    const fh = await open(overlay, 'r+');
+    try {
+      const size = Buffer.alloc(8);
+      size.writeBigUInt64BE(1n << 40n);
+      await fh.write(size, 0, 8, 24);
+    } finally {
+      await fh.close();
+    }
+    const out = join(dir, 'grown-flat.qcow2');
+    await assert.rejects(flattenOverlay(overlay, base, out, 4 * 1024 * 1024), /virtual size of 1099511627776 bytes, above the sandbox's disk of 4194304 bytes/);
+    await assert.rejects(stat(out), { code: 'ENOENT' });
+  });
+
   test('an overlay naming an external data file is refused', async () => {
     const overlay = join(dir, 'external.qcow2');
     execFileSync('qemu-img', ['create', '-q', '-f', 'qcow2', '-o', `data_file=${join(dir, 'external.data')}`, overlay, '4M']);
-    await assert.rejects(flattenOverlay(overlay, overlay, join(dir, 'o.qcow2')), /external data file/);
+    await assert.rejects(flattenOverlay(overlay, overlay, join(dir, 'o.qcow2'), 4 * 1024 * 1024), /external data file/);
   });
 });

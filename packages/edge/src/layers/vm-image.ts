@@ -514,10 +514,11 @@ function qemuOptValue(p: string): string {
  * Writes a VM's disk as one standalone qcow2 at `out`: `overlay` (a copy of the VM's qcow2
  * overlay) read over `base` (its image). The overlay was writable by the VM's QEMU, so its header
  * is not trusted: the backing is given on the command line (the file the header names is never
- * opened) and an overlay that names an external data file is refused. qemu-img runs under the
- * same limits as for an upload.
+ * opened), an overlay that names an external data file is refused, and so is one whose virtual
+ * size is above `maxBytes` (the disk the sandbox was given: a fork must not get a larger one).
+ * qemu-img runs under the same limits as for an upload.
  */
-export async function flattenOverlay(overlay: string, base: string, out: string, signal?: AbortSignal): Promise<void> {
+export async function flattenOverlay(overlay: string, base: string, out: string, maxBytes: number, signal?: AbortSignal): Promise<void> {
   const head = Buffer.alloc(80);
   const fh = await open(overlay, 'r');
   try {
@@ -528,6 +529,12 @@ export async function flattenOverlay(overlay: string, base: string, out: string,
   if (!head.subarray(0, 4).equals(Buffer.from('QFI\xfb', 'latin1'))) throw new DsecError('BACKEND_FAILED', `the VM's overlay is not a qcow2 image`);
   if (head.readUInt32BE(4) >= 3 && (head.readBigUInt64BE(72) & QCOW2_EXTERNAL_DATA_FILE) !== 0n)
     throw new DsecError('BACKEND_FAILED', `the VM's overlay names an external data file (refused: it would name a host path)`);
+  const virtualSize = head.readBigUInt64BE(24);
+  if (virtualSize > BigInt(maxBytes))
+    throw new DsecError(
+      'BACKEND_FAILED',
+      `the VM's overlay has a virtual size of ${virtualSize} bytes, above the sandbox's disk of ${maxBytes} bytes (refused: its header was changed)`,
+    );
   const source = [
     'driver=qcow2',
     'file.driver=file',

@@ -119,8 +119,6 @@ export class MicrovmBackend extends QemuSandboxes<Vm, Paths> implements Backend 
     const memoryMiB = res.memoryMiB ?? DEFAULT_MEMORY_MIB;
     if (memoryMiB < MIN_GUEST_MEMORY_MIB) throw invalidArgument('resources.memoryMiB', `a microVM needs at least ${MIN_GUEST_MEMORY_MIB} MiB`);
     const diskMiB = res.diskMiB ?? DEFAULT_DISK_MIB;
-    // A fork with memory resumes from its source's state: the same machine, a copy of its disk.
-    if (req.memory) await this.checkForkShape(req, req.memory.sourceId);
     const undo: Array<() => unknown> = [];
     const vm: Vm = { portsInUse: new Set() };
     try {

@@ -18,6 +18,8 @@ export type { GuestImage, GuestKernel } from './guest.js';
 export { probeAccel, bootOnce } from './probe.js';
 export type { AccelProbe } from './probe.js';
 export { QmpClient } from '../qemu/qmp.js';
+export { collectOutput, FREEZE_GUARD_S, GUEST_STEP_TIMEOUT_MS, runGuestStep } from '../qemu/guest-steps.js';
+export type { GuestStep } from '../qemu/guest-steps.js';
 export { qemuArgs } from './qemu.js';
 export { QEMU_SANDBOX } from '../qemu/process.js';
 

@@ -10,7 +10,6 @@ import type { FileHandle } from 'node:fs/promises';
 import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DsecError, crashPoint } from '@dsec/protocol';
 import type { EventSink, SandboxClaim } from '@dsec/protocol';
 import type {
-  BackendCreateRequest,
   BackendPauseResult,
   BackendResumeResult,
   BackendSandbox,
@@ -36,6 +35,8 @@ import { connectRetrying, connectUnix } from './sockets.js';
 
 /** What a fork's shape check reads of a create request or a record. */
 type BackendCreateShape = Pick<BackendSandbox, 'spec' | 'layers'>;
+/** A fork with memory as its shape check sees it. */
+type ForkShape = BackendCreateShape & { id: string };
 
 /** Default pids limit of a QEMU process's cgroup (its threads). */
 const QEMU_PIDS = 256;
@@ -475,14 +476,16 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
    * VM is stopped for it (QEMU flushes its disks when the migration completes, so each copy
    * matches the memory) and runs on after, also when the copy fails; a VM paused in memory stays
    * paused; one paused to a file lends its file (no QEMU runs). Disks are copied sparse, and
-   * reflinked where the file system can. Leaves nothing behind on failure.
+   * reflinked where the file system can. The fork's shape is checked first: nothing is stopped
+   * or copied for a fork that could not resume. Leaves nothing behind on failure.
    */
-  async captureMemory(id: string, forkId: string, signal?: AbortSignal): Promise<MemoryImage> {
+  async captureMemory(id: string, fork: ForkShape, signal?: AbortSignal): Promise<MemoryImage> {
     const vm = this.vm(id);
     const disks = this.forkDisks(id);
     if (disks.length === 0) throw new DsecError('INVALID_ARGUMENT', `the ${this.kind} backend does not fork with memory`, { field: 'memory', sandboxId: id });
+    await this.checkForkShape(fork, id);
     const p = this.paths(id);
-    const dir = path.join(p.dir, `fork-${forkId}`);
+    const dir = path.join(p.dir, `fork-${fork.id}`);
     await mkdir(dir, { mode: 0o700 });
     const image: MemoryImage = { sourceId: id, dir, state: path.join(dir, 'memory.state'), disks: {} };
     const copyDisks = async (): Promise<void> => {
@@ -563,7 +566,7 @@ export abstract class QemuSandboxes<V extends QemuVm, P extends QemuPaths> imple
    * Refuses a fork with memory whose machine would differ from its source's: the state loads only
    * into the same devices (layers, memory, vCPUs, network device or none).
    */
-  protected async checkForkShape(req: BackendCreateRequest, sourceId: string): Promise<void> {
+  protected async checkForkShape(req: ForkShape, sourceId: string): Promise<void> {
     const source = await this.record(sourceId).catch(() => undefined);
     if (!source || source.backend !== this.kind)
       throw new DsecError('INVALID_ARGUMENT', `memoryOf: no ${this.kind} sandbox ${sourceId} on this node`, { field: 'memoryOf' });

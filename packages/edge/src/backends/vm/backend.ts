@@ -30,6 +30,7 @@ import { VM_AGENT_LABEL, VM_DESKTOP_LABEL, VM_DISK_LABEL } from '../../layers/st
 import { SNAPSHOT_PARENTS_LABEL } from '../../snapshots.js';
 import { bridgeNodeLink, createVmNetns, guestNetScript, macOf, removeVmNetns, VM_TAP } from '../qemu/network.js';
 import type { Accel } from '../qemu/process.js';
+import { collectOutput, freezeLines, runGuestStep, thawLines } from '../qemu/guest-steps.js';
 import type { QmpClient } from '../qemu/qmp.js';
 import { QemuSandboxes } from '../qemu/sandboxes.js';
 import type { OpenForQemu, QemuMachine, QemuVm } from '../qemu/sandboxes.js';
@@ -221,7 +222,6 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
       if (req.memory) {
         // A fork with memory: the source's overlay and firmware variables as they were when its
         // memory was saved (the overlay names the same image file as its backing).
-        await this.checkForkShape(req, req.memory.sourceId);
         for (const file of [p.overlay, p.vars]) {
           const copy = req.memory.disks[path.basename(file)];
           if (!copy) throw new DsecError('INTERNAL', `sandbox ${req.id}: its memory image has no ${path.basename(file)}`, { sandboxId: req.id });
@@ -397,7 +397,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   /**
    * Copies the VM's overlay (see {@link DiskSnapshotFacet}). A running guest is synced and its
    * file systems frozen first (chronus: `fsfreeze` of the root with a guard in the guest that
-   * lifts it after {@link FREEZE_GUARD_S} whatever happens to the edge; an image without chronus:
+   * lifts it after FREEZE_GUARD_S (guest-steps.ts) whatever happens to the edge; an image without chronus:
    * the QEMU guest agent's `guest-fsfreeze-freeze`, or none when it cannot), then its vCPUs are
    * stopped (QEMU drains and flushes the disk) while the file is copied, and it runs on. A paused
    * VM (in memory or in a file) is copied as it is.
@@ -405,7 +405,10 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   private async copyDisk(id: string, signal?: AbortSignal): Promise<DiskCopy> {
     const vm = this.vm(id);
     const p = this.paths(id);
-    const layer = this.diskLayer((await this.record(id)).layers);
+    const record = await this.record(id);
+    const layer = this.diskLayer(record.layers);
+    // The disk create gave the VM (the image's size, diskMiB when larger): the copy's bound.
+    const diskBytes = Math.max(await virtualBytes(this.o.layers.diskFile(layer.digest)), (record.spec.resources?.diskMiB ?? DEFAULT_DISK_MIB) * 1024 * 1024);
     const workDir = path.join(p.dir, 'snapshots');
     await mkdir(workDir, { recursive: true, mode: 0o700 });
     const dir = await mkdtemp(path.join(workDir, 'disk-'));
@@ -425,7 +428,7 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
     }
     const labels: Record<string, string> = {};
     for (const key of [VM_AGENT_LABEL, VM_DISK_LABEL, VM_DESKTOP_LABEL]) if (layer.labels[key] !== undefined) labels[key] = layer.labels[key];
-    return { labels, flatten: (out, s) => flattenOverlay(copy, this.o.layers.diskFile(layer.digest), out, s), remove };
+    return { labels, flatten: (out, s) => flattenOverlay(copy, this.o.layers.diskFile(layer.digest), out, diskBytes, s), remove };
   }
 
   /** `take` with the running guest's file systems frozen (where it can) and its vCPUs stopped. */
@@ -465,86 +468,20 @@ export class VmBackend extends QemuSandboxes<Vm, Paths> implements Backend {
   }
 }
 
-/** Longest a guest's root stays frozen for a snapshot, whatever happens to the edge (a guard in the guest lifts it). */
-export const FREEZE_GUARD_S = 120;
-
-/**
- * Starts the guard (its own session: lifts the freeze after {@link FREEZE_GUARD_S}) and prints
- * its pid, then syncs and freezes the root file system. Run by chronus as root.
- */
+/** Starts the guard, syncs and freezes the root ({@link freezeLines}); prints the guard's pid. Run by chronus as root. */
 const GUEST_FREEZE = `set -e
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
-setsid sh -c "sleep ${FREEZE_GUARD_S}; fsfreeze --unfreeze /" </dev/null >/dev/null 2>&1 &
-echo $!
-sync
-fsfreeze --freeze /
-`;
+${freezeLines('/')}`;
 
-/**
- * Lifts the freeze and ends the guard (`$1`, the leader of its own process group: the sleep ends
- * with it, so an old guard never lifts a later snapshot's freeze); safe to run again.
- */
+/** Lifts the freeze and ends the guard (`$1`); safe to run again. */
 const GUEST_THAW = `PATH=/usr/sbin:/usr/bin:/sbin:/bin
-fsfreeze --unfreeze / 2>/dev/null
-[ -n "$1" ] && { kill -TERM "-$1" 2>/dev/null || kill -TERM "$1" 2>/dev/null; }
-exit 0
+${thawLines('/')}exit 0
 `;
 
-/**
- * Longest a snapshot's step in the guest (sync + freeze, thaw) may take: the guest's root
- * controls `sh`, `sync` and `fsfreeze` (and can stop its agent), so a step that does not end is
- * abandoned, its process killed where the agent still listens, and the snapshot fails, instead
- * of holding the sandbox's transition (and a delete behind it) for ever.
- */
-export const GUEST_STEP_TIMEOUT_MS = 60_000;
-
-/**
- * Runs `script` under the guest's sh as root: its stdout once it exited 0, else BACKEND_FAILED
- * naming the step; TIMEOUT past {@link GUEST_STEP_TIMEOUT_MS} or when `signal` aborts.
- */
+/** Runs a snapshot step's `script` under the guest's sh as root (bounded): its stdout once it exited 0. */
 async function guestScript(agent: SandboxAgent, id: string, step: string, script: string, args: string[], signal?: AbortSignal): Promise<string> {
-  const deadline = AbortSignal.timeout(GUEST_STEP_TIMEOUT_MS);
-  const bound = signal ? AbortSignal.any([signal, deadline]) : deadline;
-  bound.throwIfAborted();
-  const att = await agent.spawn({ argv: ['/bin/sh', '-c', script, 'dsec-snapshot', ...args], uid: 0, gid: 0 });
-  const work = (async (): Promise<string> => {
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    for await (const ev of att) if (ev.kind === 'data') (ev.stream === 'stderr' ? err : out).push(ev.data);
-    const exit = await att.exited;
-    if (exit.exitCode !== 0) {
-      const why = Buffer.concat(err).toString('utf8').trim().slice(0, 2000);
-      throw new DsecError(
-        'BACKEND_FAILED',
-        `sandbox ${id}: the snapshot's ${step} step failed in the guest (exit ${exit.exitCode ?? exit.signal})${why ? `: ${why}` : ''}`,
-        { sandboxId: id },
-      );
-    }
-    return Buffer.concat(out).toString('utf8');
-  })();
-  let onAbort: (() => void) | undefined;
-  const stopped = new Promise<never>((_, reject) => {
-    onAbort = () =>
-      reject(
-        deadline.aborted
-          ? new DsecError('TIMEOUT', `sandbox ${id}: the snapshot's ${step} step did not end in the guest within ${GUEST_STEP_TIMEOUT_MS} ms`, {
-              sandboxId: id,
-            })
-          : (bound.reason as Error),
-      );
-    bound.addEventListener('abort', onAbort, { once: true });
-  });
-  try {
-    return await Promise.race([work, stopped]);
-  } catch (err) {
-    // Not awaited: an agent that stopped answering must not hold this up as well.
-    work.catch(() => undefined);
-    void agent.signal(att.proc, 'KILL', true).catch(() => undefined);
-    throw err;
-  } finally {
-    if (onAbort) bound.removeEventListener('abort', onAbort);
-    void agent.release(att.proc).catch(() => undefined);
-  }
+  const out = await runGuestStep(agent, { id, step, shell: ['/bin/sh'], script, args, consume: collectOutput, signal });
+  return out.toString('utf8');
 }
 
 /** The bus a disk layer's root needs: `virtio-blk` where its label says so, else NVMe (any OS boots from it). */
