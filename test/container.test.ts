@@ -302,7 +302,7 @@ describe('container sandboxes', () => {
     }
   });
 
-  test("a snapshot's step in a guest (the runner microVMs and VMs share) that does not end is killed, TIMEOUT naming it; a stream lives while it writes", async () => {
+  test("a snapshot's step in a guest (the runner microVMs and VMs share) that does not end is killed, TIMEOUT naming it; a stream lives while it writes its product, up to a total bound", async () => {
     const sb = await node.edge.create({ image: image() });
     try {
       const agent = await node.edge.agent(sb.id);
@@ -328,6 +328,18 @@ describe('container sandboxes', () => {
       await assert.rejects(
         runGuestStep(agent, { ...step, step: 'thaw', script: ticking, timeoutMs: 2000 }),
         (err) => isDsecError(err) && err.code === 'TIMEOUT',
+      );
+      // The guest's stderr does not keep a stream alive, and a stream that never stops writing
+      // ends at its total bound.
+      const trickle = 'while :; do echo . >&2; sleep 0.2; done';
+      await assert.rejects(
+        runGuestStep(agent, { ...step, step: 'tar', script: trickle, bound: 'idle', timeoutMs: 1000 }),
+        (err) => isDsecError(err) && err.code === 'TIMEOUT' && /wrote nothing/.test(err.message),
+      );
+      const endless = 'while :; do echo .; sleep 0.2; done';
+      await assert.rejects(
+        runGuestStep(agent, { ...step, step: 'tar', script: endless, bound: 'idle', timeoutMs: 1000, totalMs: 2000 }),
+        (err) => isDsecError(err) && err.code === 'TIMEOUT' && /did not end in the guest within 2000 ms/.test(err.message),
       );
       await assert.rejects(
         runGuestStep(agent, { ...step, step: 'freeze', script: 'echo "no writable disk" >&2; exit 3' }),

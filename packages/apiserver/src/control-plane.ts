@@ -142,7 +142,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     closers.unshift(() => authFailures.close());
     let replicas: PostgresListener | undefined;
     if (o.listenUrl) {
-      const listener = new PostgresListener(o.listenUrl, log);
+      const listener = new PostgresListener(o.listenUrl, log, store.sessionTag);
       replicas = listener;
       closers.unshift(() => listener.close());
       await watch.joinReplicas(listener);

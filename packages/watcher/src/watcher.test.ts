@@ -95,3 +95,34 @@ test('reconcile: past the bound, each pass compares a share of the nodes in turn
   );
   assert.deepEqual(lost, ['b-2'], 'lost on the next visit of its node');
 });
+
+test('garbage collection visits every node, whatever share of them a pass reconciles', async () => {
+  const future = new Date(Date.now() + 600_000).toISOString();
+  const rows: WatchedSandbox[] = [];
+  const collected: string[] = [];
+  const nodes: WatchedNode[] = ['a', 'b', 'c', 'd'].map((name) => {
+    const ids = Array.from({ length: 3 }, (_, i) => `${name}-${i}`);
+    for (const id of ids) rows.push({ id, node: name, state: 'running', expiresAt: future });
+    return {
+      name,
+      sandboxIds: async () => [...ids],
+      destroyOrphan: async () => undefined,
+      collectGarbage: async () => {
+        collected.push(name);
+        return 0;
+      },
+    };
+  });
+  const t = target(rows, nodes);
+  const watcher = new Watcher(t, { reconcileRowsPerPass: 6, gcIntervalMs: 0 });
+  for (let i = 0; i < 3; i++) await watcher.pass();
+  assert.deepEqual(
+    t.asked.slice(1),
+    [
+      ['a', 'b'],
+      ['c', 'd'],
+    ],
+    'reconcile takes two nodes a pass once their records are known',
+  );
+  assert.deepEqual(collected, ['a', 'b', 'c', 'd', 'a', 'b', 'c', 'd', 'a', 'b', 'c', 'd'], 'each pass collects on all four');
+});

@@ -121,7 +121,8 @@ export class Watcher {
   async pass(): Promise<void> {
     const log = this.o.log ?? (() => undefined);
     try {
-      const nodes = this.share(this.target.nodes());
+      const all = this.target.nodes();
+      const nodes = this.share(all);
       const answers = await Promise.all(nodes.map((node) => this.ask(node, log)));
       const now = Date.now();
       const byNode = new Map<string, WatchedSandbox[]>(nodes.map((n) => [n.name, []]));
@@ -136,7 +137,9 @@ export class Watcher {
       await this.target.leases?.().catch((err: unknown) => log(`watcher: lease pass failed: ${(err as Error).message}`));
       if (now - this.lastGc >= (this.o.gcIntervalMs ?? DEFAULT_GC_INTERVAL_MS)) {
         this.lastGc = now;
-        for (const node of nodes) {
+        // Every node, not this pass's share: a share that comes round in step with the interval
+        // would leave the other nodes' leftovers for ever.
+        for (const node of all) {
           const n = await node.collectGarbage?.().catch((err: unknown) => {
             log(`watcher: garbage collection on ${node.name} failed: ${(err as Error).message}`);
             return 0;

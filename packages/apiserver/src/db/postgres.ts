@@ -1,6 +1,8 @@
 // The PostgreSQL side of the state store: Kysely's PostgreSQL dialect on a `pg` pool, every
 // session with `synchronous_commit = on`, and a listening connection for LISTEN/NOTIFY that
 // reconnects by itself. Replicas of the apiserver share one database through this.
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { CompiledQuery, PostgresDialect } from 'kysely';
 import type { Dialect } from 'kysely';
@@ -28,6 +30,17 @@ export function redactUrl(url: string): string {
 export interface PostgresConnection {
   dialect: Dialect;
   pool: pg.Pool;
+  /** This process's sessions carry it in their `application_name` (see {@link PostgresListener.joinReplicas}). */
+  tag: string;
+}
+
+/** How long a replica that took the replicas' lock alone waits for other dsec sessions to go (ms). */
+const ALONE_CHECK_MS = 3_000;
+const ALONE_CHECK_STEP_MS = 200;
+
+/** A tag for one replica's sessions, unique enough to tell its own sessions from another's. */
+export function sessionTag(): string {
+  return randomUUID().slice(0, 8);
 }
 
 /** Options of {@link postgresDialect}. */
@@ -40,11 +53,12 @@ export interface PostgresOptions {
 
 /** A pool on `url` and the dialect that uses it; every session commits synchronously. */
 export function postgresDialect(url: string, opts: PostgresOptions = {}): PostgresConnection {
+  const tag = sessionTag();
   const pool = new pg.Pool({
     connectionString: url,
     max: opts.poolSize ?? DEFAULT_POSTGRES_POOL_SIZE,
     connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
-    application_name: 'dsec-apiserver',
+    application_name: `dsec-apiserver ${tag}`,
   });
   // An idle connection whose server went away errors on the pool: without a listener that would
   // be an uncaught exception. The next query opens a new connection (or fails, and /healthz says so).
@@ -59,7 +73,7 @@ export function postgresDialect(url: string, opts: PostgresOptions = {}): Postgr
       await conn.executeQuery(CompiledQuery.raw('SET synchronous_commit = on'));
     },
   });
-  return { dialect, pool };
+  return { dialect, pool, tag };
 }
 
 /**
@@ -81,6 +95,8 @@ export class PostgresListener {
   constructor(
     private readonly url: string,
     private readonly log: (line: string) => void = () => undefined,
+    /** The tag of this replica's pool sessions (`StateStore.sessionTag`): they are its own, not another replica's. */
+    private readonly tag: string = sessionTag(),
   ) {}
 
   /** Listens on `channel` (a plain identifier); returns once the LISTEN took effect or failed. */
@@ -113,8 +129,29 @@ export class PostgresListener {
     if (!client) throw new Error('the listening connection did not open');
     const got = await client.query<{ alone: boolean }>('SELECT pg_try_advisory_lock(hashtext($1)) AS alone', [REPLICAS_LOCK]);
     if (got.rows[0]?.alone) {
-      this.presence = 'alone';
-      return true;
+      // The lock alone does not prove it: a live replica whose listening connection dropped holds
+      // no share until it reconnects (a second), but its pool's sessions are still there. The
+      // sessions of a replica killed just before go within moments: looked at for a while.
+      let others = 0;
+      for (const until = Date.now() + ALONE_CHECK_MS; ; await sleep(ALONE_CHECK_STEP_MS)) {
+        const r = await client.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+              AND application_name LIKE 'dsec-%' AND application_name NOT LIKE '% ' || $1`,
+          [this.tag],
+        );
+        others = r.rows[0]?.n ?? 0;
+        if (others === 0) {
+          this.presence = 'alone';
+          return true;
+        }
+        if (Date.now() >= until) break;
+      }
+      this.log(`dsec: ${others} session(s) of other dsec processes on the database: starting beside them`);
+      await client.query('SELECT pg_advisory_lock_shared(hashtext($1))', [REPLICAS_LOCK]);
+      await client.query('SELECT pg_advisory_unlock(hashtext($1))', [REPLICAS_LOCK]);
+      this.presence = 'shared';
+      return false;
     }
     await client.query('SELECT pg_advisory_lock_shared(hashtext($1))', [REPLICAS_LOCK]);
     this.presence = 'shared';
@@ -146,7 +183,11 @@ export class PostgresListener {
 
   private async open(): Promise<void> {
     if (this.closed) return;
-    const client = new pg.Client({ connectionString: this.url, connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS, application_name: 'dsec-listen' });
+    const client = new pg.Client({
+      connectionString: this.url,
+      connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
+      application_name: `dsec-listen ${this.tag}`,
+    });
     const lost = (err?: Error): void => {
       if (this.client !== client) return;
       this.client = undefined;

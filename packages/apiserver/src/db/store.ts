@@ -140,6 +140,8 @@ const COMMIT_VERIFY_MS = 10_000;
 export class StateStore {
   /** True when other processes (replicas) share this store's database. */
   readonly shared: boolean;
+  /** On PostgreSQL, the tag in this replica's sessions' `application_name` (postgres.ts). */
+  sessionTag: string | undefined;
 
   /** Sandbox rows written in groups (multi-row inserts). */
   readonly inserts: SandboxInserts;
@@ -193,7 +195,7 @@ export class StateStore {
    * code point (collation C): ids, pages and event cursors compare as text.
    */
   static async openPostgres(url: string, opts: PostgresOptions = {}): Promise<StateStore> {
-    const { dialect, pool } = postgresDialect(url, opts);
+    const { dialect, pool, tag } = postgresDialect(url, opts);
     let collation: string | undefined;
     try {
       const res = await pool.query<{ datcollate: string }>('SELECT datcollate FROM pg_database WHERE datname = current_database()');
@@ -210,7 +212,9 @@ export class StateStore {
         { field: 'db' },
       );
     }
-    return StateStore.open(dialect, { shared: true });
+    const store = await StateStore.open(dialect, { shared: true });
+    store.sessionTag = tag;
+    return store;
   }
 
   /** Opens the embedded SQLite store. */

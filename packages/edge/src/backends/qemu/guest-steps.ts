@@ -14,6 +14,12 @@ export const FREEZE_GUARD_S = 120;
  * streams (a tar of the writable layer), may go without output.
  */
 export const GUEST_STEP_TIMEOUT_MS = 60_000;
+/**
+ * Longest a streaming step may take in all, however steadily it writes: a guest that trickles a
+ * byte a minute must not hold the sandbox's transition (and a delete behind it) for ever. A tar
+ * of a large writable layer under software emulation takes minutes, not half an hour.
+ */
+export const GUEST_STEP_TOTAL_MS = 30 * 60_000;
 /** Most bytes of a step's stderr kept for its error. */
 const STDERR_KEEP = 4096;
 /** Most bytes of a step's output that {@link collectOutput} keeps. */
@@ -62,6 +68,8 @@ export interface GuestStep<T> {
   bound?: 'total' | 'idle';
   /** Default {@link GUEST_STEP_TIMEOUT_MS}. */
   timeoutMs?: number;
+  /** With `bound: 'idle'`, the step's whole bound however it writes. Default {@link GUEST_STEP_TOTAL_MS}. */
+  totalMs?: number;
   signal?: AbortSignal | undefined;
 }
 
@@ -79,6 +87,8 @@ export async function runGuestStep<T>(agent: SandboxAgent, o: GuestStep<T>): Pro
   let kept = 0;
   let onAbort: (() => void) | undefined;
   let timer: NodeJS.Timeout | undefined;
+  let total: NodeJS.Timeout | undefined;
+  const totalMs = o.totalMs ?? GUEST_STEP_TOTAL_MS;
   let rearm = (): void => undefined;
   const stopped = new Promise<never>((_, reject) => {
     const timedOut = (): void =>
@@ -94,7 +104,15 @@ export async function runGuestStep<T>(agent: SandboxAgent, o: GuestStep<T>): Pro
       timer = setTimeout(timedOut, timeoutMs);
     };
     arm();
-    if (o.bound === 'idle') rearm = arm;
+    if (o.bound === 'idle') {
+      rearm = arm;
+      // However steadily it writes, an idle-bounded step ends within its total bound.
+      total = setTimeout(() => {
+        rearm = () => undefined;
+        clearTimeout(timer);
+        reject(new DsecError('TIMEOUT', `sandbox ${o.id}: the snapshot's ${o.step} step did not end in the guest within ${totalMs} ms`, { sandboxId: o.id }));
+      }, totalMs);
+    }
     onAbort = () => reject(o.signal?.reason instanceof Error ? o.signal.reason : new DsecError('CANCELLED', `sandbox ${o.id}: the snapshot was cancelled`));
     o.signal?.addEventListener('abort', onAbort, { once: true });
     // Aborted while the step was being spawned.
@@ -131,6 +149,7 @@ export async function runGuestStep<T>(agent: SandboxAgent, o: GuestStep<T>): Pro
     throw err;
   } finally {
     clearTimeout(timer);
+    clearTimeout(total);
     stopped.catch(() => undefined);
     if (onAbort) o.signal?.removeEventListener('abort', onAbort);
     void agent.release(att.proc).catch(() => undefined);
@@ -149,7 +168,7 @@ export async function collectOutput(chunks: AsyncIterable<Buffer>): Promise<Buff
   return Buffer.concat(parts);
 }
 
-/** The attachment's stdout as chunks (stderr to `onStderr`, each event to `onOutput`); a gap (output lost) fails it. */
+/** The attachment's stdout as chunks (stderr to `onStderr`, each stdout chunk to `onOutput`); a gap (output lost) fails it. */
 function stdoutOf(att: Attachment, onStderr: (b: Buffer) => void, onOutput: () => void): AsyncIterable<Buffer> & AsyncIterator<Buffer> {
   const it = att[Symbol.asyncIterator]();
   const self: AsyncIterable<Buffer> & AsyncIterator<Buffer> = {
@@ -159,10 +178,13 @@ function stdoutOf(att: Attachment, onStderr: (b: Buffer) => void, onOutput: () =
         const r = await it.next();
         if (r.done) return { done: true, value: undefined };
         const ev = r.value;
-        onOutput();
         if (ev.kind === 'gap') throw new DsecError('BACKEND_FAILED', `the guest's output lost ${ev.bytes} bytes of ${ev.stream}`);
         if (ev.stream === 'stderr') onStderr(ev.data);
-        else return { done: false, value: ev.data };
+        else {
+          // Only the step's product keeps an idle-bounded step alive: stderr is the guest's to write.
+          onOutput();
+          return { done: false, value: ev.data };
+        }
       }
     },
   };
