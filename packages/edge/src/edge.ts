@@ -174,13 +174,13 @@ export class Edge extends SandboxCalls implements EdgeClient {
         try {
           edge.track(rest, backend);
         } catch (err) {
-          // One sandbox's unreadable refusal log: its later refusals are not raised, and that is told.
+          // One sandbox whose protected paths cannot be followed (a watch that fails) does not stop the node.
           edge.raise({
             kind: 'protected-path.write',
             severity: 'warning',
             sandboxId: record.id,
-            message: `refused writes to read-only paths of ${record.id} cannot be read: ${(err as Error).message}`,
-            data: { refused: true, unreadable: true },
+            message: `changes to the protected paths of ${record.id} cannot be followed, and are not raised: ${(err as Error).message}`,
+            data: { unreadable: true },
           });
         }
         await edge.network

@@ -18,8 +18,11 @@ export const SECURITY_POLL_MS = 200;
 export const EVENTS_PER_WINDOW = 20;
 /** Length of a rate-limit window. */
 export const EVENT_WINDOW_MS = 10_000;
-/** A sandbox's protected-path server is first checked this long after its log is followed (an edge that just started has its subscribers by then). */
-const SERVER_GRACE_MS = 2_000;
+/**
+ * An adopted sandbox's refusal log is read, and any sandbox's protected-path server first checked,
+ * this long after it is followed: an edge that just started has its subscribers by then.
+ */
+const FOLLOW_GRACE_MS = 2_000;
 /** Servers checked per poll at most, in turn. */
 const SERVERS_PER_POLL = 32;
 
@@ -53,6 +56,8 @@ export class SecurityMonitor {
   private readonly refusals = new RefusedWriteLogs();
   /** The protected-path servers still to be checked, with when they may first be. */
   private readonly servers = new Map<string, { serving: ServerCheck; from: number }>();
+  /** Adopted sandboxes' refusal logs, read once their grace has passed. */
+  private readonly adopted = new Map<string, { log: string; from: number }>();
   private readonly windows = new Map<string, Window>();
   private readonly timer: NodeJS.Timeout;
   private overflowReported = false;
@@ -81,14 +86,17 @@ export class SecurityMonitor {
    * ENOTCONN, which is raised once as `protected-path.server-gone`.
    */
   followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck): void {
-    this.refusals.add(sandboxId, log, fromStart);
-    if (serving) this.servers.set(sandboxId, { serving, from: Date.now() + SERVER_GRACE_MS });
+    const from = Date.now() + FOLLOW_GRACE_MS;
+    if (fromStart) this.refusals.add(sandboxId, log, true);
+    else this.adopted.set(sandboxId, { log, from });
+    if (serving) this.servers.set(sandboxId, { serving, from });
   }
 
   /** Stops watching a sandbox and forgets its rate-limit state. */
   forget(sandboxId: string): void {
     this.watcher.remove(sandboxId);
     this.refusals.remove(sandboxId);
+    this.adopted.delete(sandboxId);
     this.servers.delete(sandboxId);
     for (const key of this.windows.keys()) if (key.startsWith(`${sandboxId} `)) this.windows.delete(key);
   }
@@ -98,6 +106,7 @@ export class SecurityMonitor {
     try {
       this.pollKernelLog();
       this.pollWatches();
+      this.followAdopted(Date.now());
       this.pollRefusals();
       this.pollServers(Date.now());
       this.flushWindows(Date.now());
@@ -192,6 +201,19 @@ export class SecurityMonitor {
     }
   }
 
+  /** Starts reading the adopted logs whose grace has passed; one that cannot be read is raised. */
+  private followAdopted(now: number): void {
+    for (const [sandboxId, a] of this.adopted) {
+      if (now < a.from) continue;
+      this.adopted.delete(sandboxId);
+      try {
+        this.refusals.add(sandboxId, a.log, false);
+      } catch (err) {
+        this.o.raise(unreadableRefusals(sandboxId, err));
+      }
+    }
+  }
+
   /** Checks the next few protected-path servers; one that is gone is raised, and not checked again. */
   private pollServers(now: number): void {
     const due: Array<[string, { serving: ServerCheck; from: number }]> = [];
@@ -279,6 +301,17 @@ export class SecurityMonitor {
     this.refusals.close();
     this.kmsg?.close();
   }
+}
+
+/** The event for a sandbox whose refused writes cannot be read (they are refused still, and not raised). */
+function unreadableRefusals(sandboxId: string, err: unknown): RaisedEvent {
+  return {
+    kind: 'protected-path.write',
+    severity: 'warning',
+    sandboxId,
+    message: `refused writes to read-only paths cannot be read, and are not raised: ${err instanceof Error ? err.message : String(err)}`,
+    data: { refused: true, unreadable: true },
+  };
 }
 
 function escapeRegExp(s: string): string {
