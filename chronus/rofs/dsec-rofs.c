@@ -145,7 +145,9 @@ static int stat_node(const struct node *n, struct stat *st) {
 
 /*
  * Opens node `n` again for reading (an O_PATH fd cannot be read), if it is of type `type` (a
- * regular file or a directory: nothing else is opened, so no open can wait); never blocks.
+ * regular file or a directory: nothing else is opened, so no open can wait); never blocks. The
+ * node is no symbolic link (looked up O_NOFOLLOW, its type checked): the /proc link, which
+ * O_NOFOLLOW would refuse, leads to it alone.
  */
 static int reopen(const struct node *n, mode_t type, int flags) {
   struct stat st;
@@ -258,7 +260,7 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     refuse(req, "open-write", ino, NULL);
     return;
   }
-  int fd = reopen(node_of(req, ino), S_IFREG, O_RDONLY | O_NOFOLLOW);
+  int fd = reopen(node_of(req, ino), S_IFREG, O_RDONLY);
   if (fd < 0) {
     fuse_reply_err(req, -fd);
     return;
