@@ -377,6 +377,37 @@ describe('protected paths', () => {
       await node.edge.destroy(sb.id);
     }
   });
+
+  test('read-only paths across an edge restart: a refusal made while no edge ran is raised once, a server that is gone is raised', async () => {
+    const sb = await node.edge.create({ image, protect: { readOnly: ['/project/tests'] } });
+    const log = path.join(node.home, 'sandboxes', sb.id, 'refused-writes.log');
+    try {
+      // Made by a process the sandbox keeps running while the edge restarts.
+      await (await node.edge.spawn(sb.id, { argv: ['/bin/sh', '-c', 'sleep 1; touch /project/tests/while-down'] })).detach();
+      const edge = await node.restart(async () => {
+        for (let i = 0; i < 100 && !(await readFile(log, 'utf8')).includes('while-down'); i++) await new Promise((r) => setTimeout(r, 50));
+        assert.match(await readFile(log, 'utf8'), /^create \/project\/tests\/while-down$/m);
+        // Its server dies too (an edge stopped with its cgroup, say): the paths answer ENOTCONN.
+        process.kill(Number((await readFile(`${log}.pid`, 'utf8')).split(' ')[0]), 'SIGKILL');
+      });
+      const events: RaisedEvent[] = [];
+      const off = edge.onEvent((ev) => events.push(ev));
+      try {
+        const refused = await eventually(
+          () => events.find((e) => e.kind === 'protected-path.write' && e.sandboxId === sb.id && e.data?.path === '/project/tests/while-down'),
+          'the refusal made while no edge ran',
+        );
+        assert.ok((refused.data?.ops as string[]).includes('create'));
+        await eventually(() => events.find((e) => e.kind === 'protected-path.server-gone' && e.sandboxId === sb.id), 'protected-path.server-gone');
+        assert.equal(events.filter((e) => e.kind === 'protected-path.write' && e.sandboxId === sb.id).length, 1);
+        assert.match((await sh(edge, sb.id, 'cat /project/tests/test.sh')).out, /not connected/i);
+      } finally {
+        off();
+      }
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
 });
 
 describe('diff and verify', () => {

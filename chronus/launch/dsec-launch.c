@@ -315,17 +315,48 @@ static int protect(int rootfd, const char *path, uid_t owner, gid_t group, struc
 	}
 }
 
+/* Writes "<pid> <start time>\n" of this process to `log`.pid; -1 with errno on failure. */
+static int record_server(const char *log)
+{
+	char file[4200], stat[1024], line[64];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	ssize_t got = fd < 0 ? -1 : read(fd, stat, sizeof stat - 1);
+	if (fd >= 0)
+		close(fd);
+	if (got <= 0)
+		return -1;
+	stat[got] = '\0';
+	/* Fields from the state on (the 3rd), after the command name, which may hold spaces. */
+	char *f = strrchr(stat, ')');
+	for (int k = 3; f && k <= 22; k++)
+		f = strchr(f + 1, ' ');
+	if (f == NULL || snprintf(file, sizeof file, "%s.pid", log) >= (int)sizeof file) {
+		errno = EINVAL;
+		return -1;
+	}
+	int len = snprintf(line, sizeof line, "%d %llu\n", (int)getpid(), strtoull(f + 1, NULL, 10));
+	fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	int ok = write(fd, line, (size_t)len) == len;
+	close(fd);
+	return ok ? 0 : -1;
+}
+
 /*
  * Covers each read-only bind with a FUSE mount served by dsec-rofs (beside this binary), which
  * answers reads from the bind and refuses and logs (to `log`) every change: the kernel refuses a
  * write to the bind itself before anything could report it. The server is moved to `hostns`
- * first, so that it holds none of the sandbox's mount namespaces: it ends with their mounts.
- * Returns once the server runs; a server that cannot start is a failed launch (nothing would
- * answer the mounts), one that dies later leaves them answering ENOTCONN.
+ * first, so that it holds none of the sandbox's mount namespaces: it ends with their mounts. It
+ * runs in a session of its own (a terminal or a process group that ends does not end it), and
+ * records "<pid> <start time>" (field 22 of /proc/<pid>/stat) in `log`.pid, for an edge that
+ * restarts to tell whether it still serves. Returns once the server has mounted every session
+ * (it writes one byte on the sync pipe); a server that cannot start or mount is a failed launch
+ * (nothing would answer the mounts), one that dies later leaves them answering ENOTCONN.
  */
 static void serve_protected(int hostns, const char *log, int n, const int *ro, const char **paths)
 {
-	char *args[MAX_PROTECT + 3], spec[MAX_PROTECT][4200], logarg[16], server[4096];
+	char *args[MAX_PROTECT + 4], spec[MAX_PROTECT][4200], logarg[16], readyarg[16], server[4096];
 	ssize_t len = readlink("/proc/self/exe", server, sizeof server - 16);
 	if (len < 0)
 		die("readlink", "/proc/self/exe");
@@ -333,6 +364,7 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 	strcpy(strrchr(server, '/') + 1, "dsec-rofs");
 	args[0] = server;
 	args[1] = logarg;
+	args[2] = readyarg;
 	int fuse[MAX_PROTECT];
 	for (int k = 0; k < n; k++) {
 		struct stat st;
@@ -364,9 +396,9 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 		close(mnt);
 		close(fs);
 		snprintf(spec[k], sizeof spec[k], "%d:%d:%s", fuse[k], ro[k], paths[k]);
-		args[k + 2] = spec[k];
+		args[k + 3] = spec[k];
 	}
-	args[n + 2] = NULL;
+	args[n + 3] = NULL;
 	int sync[2];
 	if (pipe2(sync, O_CLOEXEC) < 0)
 		die("pipe", NULL);
@@ -376,30 +408,36 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 	if (pid == 0) {
 		/* The log is opened in the host's namespace, as edge names it. */
 		int err = 0, logfd = -1;
-		if (setns(hostns, CLONE_NEWNS) < 0 || syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0 ||
-		    (logfd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600)) < 0)
+		if (setsid() < 0 || setns(hostns, CLONE_NEWNS) < 0 ||
+		    syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0 ||
+		    (logfd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600)) < 0 || record_server(log) < 0)
 			err = errno;
 		snprintf(logarg, sizeof logarg, "%d", logfd);
+		snprintf(readyarg, sizeof readyarg, "%d", sync[1]);
 		for (int k = 0; k < n && !err; k++)
 			if (fcntl(fuse[k], F_SETFD, 0) < 0 || fcntl(ro[k], F_SETFD, 0) < 0)
 				err = errno;
-		if (!err) {
-			fcntl(sync[1], F_SETFD, FD_CLOEXEC);
+		if (!err && fcntl(sync[1], F_SETFD, 0) == 0)
 			execv(server, args);
+		if (!err)
 			err = errno;
-		}
 		while (write(sync[1], &err, sizeof err) < 0 && errno == EINTR)
 			;
 		_exit(EXIT_FAILED);
 	}
 	close(sync[1]);
+	/* An errno (it could not exec), the server's ready byte, or nothing: it failed after the exec. */
 	int err = 0;
 	ssize_t got;
 	while ((got = read(sync[0], &err, sizeof err)) < 0 && errno == EINTR)
 		;
-	if (got > 0) {
+	if (got == sizeof err) {
 		errno = err;
 		die("start", server);
+	}
+	if (got != 1) {
+		fprintf(stderr, "dsec-launch: %s exited before serving the protected paths\n", server);
+		exit(EXIT_FAILED);
 	}
 	close(sync[0]);
 	for (int k = 0; k < n; k++)

@@ -13,23 +13,37 @@
 // (LOG_CAP_BYTES); past it one line "overflow" is written and nothing more.
 //
 // One server per sandbox, single-threaded (its answers come from the page cache or a local
-// disk): a sandbox can slow down only its own protected paths. It runs in the host's mount
+// disk): a sandbox can slow down only its own protected paths. Nothing it does waits on the
+// sandbox: a node that is not a regular file or a directory (a FIFO, a socket, a device planted
+// through a snapshot) is never opened (the kernel serves a FIFO's or socket's opens itself, and
+// the server refuses them too), statfs is answered from the O_PATH descriptor, and every reopen
+// is non-blocking. What a sandbox can make it hold is bounded: a node keeps its parent and its
+// name (the path is built, bounded, only to log a refusal), at most MAX_NODES nodes live at once
+// (past it a lookup answers ENFILE), and its descriptors are limited (RLIMIT_NOFILE). It runs in the host's mount
 // namespace (dsec-launch moves it there before the exec), not the sandbox's, so it holds no
 // reference to the sandbox's mounts but the read-only binds it serves: when the sandbox's mount
 // namespaces are gone the kernel ends each connection (ENODEV) and the server exits. If it dies
-// first, the sandbox's protected paths answer ENOTCONN: nothing can be written there still.
+// first, the sandbox's protected paths answer ENOTCONN: nothing can be written there still. It
+// ignores SIGHUP, SIGINT and SIGPIPE (dsec-launch starts it in a session of its own): a terminal
+// or a process group that ends does not end it.
 //
-// Usage: dsec-rofs <log-fd> <fuse-fd>:<dir-fd>:<path> ...
+// Once every session is mounted it writes one byte to <ready-fd> and closes it: dsec-launch
+// waits for that byte (end of file: the server failed, and so does the launch).
+//
+// Usage: dsec-rofs <log-fd> <ready-fd> <fuse-fd>:<dir-fd>:<path> ...
 #define FUSE_USE_VERSION 312
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -38,11 +52,19 @@
 #define LOG_CAP_BYTES (1024 * 1024)
 /* Nothing beneath a protected path changes while the sandbox runs: the kernel may cache it all. */
 #define CACHE_SECONDS 86400.0
+/* Nodes alive at once (each holds an O_PATH descriptor); past it a lookup answers ENFILE. */
+#define MAX_NODES 65536
+/* Descriptors: one per node, one per open file or directory, and a few of its own. */
+#define MAX_FDS (2 * MAX_NODES + 256)
+/* The longest path logged; a longer one keeps its end, after "/...". */
+#define MAX_LOG_PATH 4096
 
 struct node {
   int fd; /* O_PATH, on the read-only bind */
-  char *path;
-  uint64_t nlookup;
+  struct node *parent; /* NULL for a mount's root */
+  char *name; /* the root's: its path in the sandbox */
+  uint64_t nlookup; /* the kernel's references */
+  uint64_t children; /* live nodes looked up in it */
 };
 
 struct mount {
@@ -52,6 +74,7 @@ struct mount {
 
 static int log_fd = -1;
 static size_t logged;
+static size_t live_nodes;
 
 /* Appends "<op> <path>\n" to the log, escaped; never blocks on the sandbox (a local file). */
 static void record(const char *op, const char *path) {
@@ -65,12 +88,14 @@ static void record(const char *op, const char *path) {
       line[n++] = (char)*p;
   }
   line[n++] = '\n';
-  if (logged + n > LOG_CAP_BYTES) {
+  /* The last line that fits is "overflow", written once. */
+  if (logged + n > LOG_CAP_BYTES - 9) {
     memcpy(line, "overflow\n", 9);
     n = 9;
+    logged = LOG_CAP_BYTES;
+  } else {
+    logged += n;
   }
-  logged += n;
-  if (logged > LOG_CAP_BYTES - 9) logged = LOG_CAP_BYTES;
   while (write(log_fd, line, n) < 0 && errno == EINTR)
     ;
 }
@@ -80,19 +105,37 @@ static struct node *node_of(fuse_req_t req, fuse_ino_t ino) {
   return (struct node *)(uintptr_t)ino;
 }
 
-/* The sandbox's path of `name` in directory `parent`. */
-static char *child_path(const struct node *parent, const char *name) {
-  char *p = NULL;
-  if (asprintf(&p, "%s/%s", parent->path, name) < 0) return NULL;
-  return p;
+/* Puts `s` before `at` in `buf` (built from its end); false when it does not fit. */
+static bool prepend(char *buf, size_t *at, const char *s, size_t len) {
+  if (len > *at) return false;
+  *at -= len;
+  memcpy(buf + *at, s, len);
+  return true;
+}
+
+/*
+ * Records `op` on the sandbox's path of node `n` (with "/name" after it when `name` is set),
+ * built from the names up to the mount's root; one longer than MAX_LOG_PATH keeps its end.
+ */
+static void record_path(const char *op, const struct node *n, const char *name) {
+  char buf[MAX_LOG_PATH + 1];
+  size_t at = MAX_LOG_PATH;
+  buf[at] = '\0';
+  bool fits = !name || (prepend(buf, &at, name, strlen(name)) && prepend(buf, &at, "/", 1));
+  for (; fits && n->parent; n = n->parent)
+    fits = prepend(buf, &at, n->name, strlen(n->name)) && prepend(buf, &at, "/", 1);
+  if (fits) fits = prepend(buf, &at, n->name, strlen(n->name));
+  if (!fits) {
+    while (at < MAX_LOG_PATH && (at < 4 || buf[at] != '/')) at++; /* a whole name, then the mark */
+    at -= 4;
+    memcpy(buf + at, "/...", 4);
+  }
+  record(op, buf + at);
 }
 
 /* Refuses a change to `name` in `parent` (or to `parent` itself when `name` is NULL) and records it. */
 static void refuse(fuse_req_t req, const char *op, fuse_ino_t parent, const char *name) {
-  struct node *n = node_of(req, parent);
-  char *p = name ? child_path(n, name) : NULL;
-  record(op, p ? p : n->path);
-  free(p);
+  record_path(op, node_of(req, parent), name);
   fuse_reply_err(req, EROFS);
 }
 
@@ -100,11 +143,34 @@ static int stat_node(const struct node *n, struct stat *st) {
   return fstatat(n->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 }
 
-/* Opens node `n` again for reading (an O_PATH fd cannot be read). */
-static int reopen(const struct node *n, int flags) {
+/*
+ * Opens node `n` again for reading (an O_PATH fd cannot be read), if it is of type `type` (a
+ * regular file or a directory: nothing else is opened, so no open can wait); never blocks. The
+ * node is no symbolic link (looked up O_NOFOLLOW, its type checked): the /proc link, which
+ * O_NOFOLLOW would refuse, leads to it alone.
+ */
+static int reopen(const struct node *n, mode_t type, int flags) {
+  struct stat st;
+  int err = stat_node(n, &st);
+  if (err) return err;
+  if ((st.st_mode & S_IFMT) != type) return type == S_IFDIR ? -ENOTDIR : -EACCES;
   char proc[64];
   snprintf(proc, sizeof proc, "/proc/self/fd/%d", n->fd);
-  return open(proc, flags | O_CLOEXEC);
+  int fd = open(proc, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  return fd < 0 ? -errno : fd;
+}
+
+/* Drops node `n` once neither the kernel nor a child refers to it, then its parent likewise. */
+static void drop(struct node *n) {
+  while (n->parent && n->nlookup == 0 && n->children == 0) {
+    struct node *parent = n->parent;
+    close(n->fd);
+    free(n->name);
+    free(n);
+    live_nodes--;
+    parent->children--;
+    n = parent;
+  }
 }
 
 static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
@@ -113,6 +179,10 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
   memset(&e, 0, sizeof e);
   e.attr_timeout = CACHE_SECONDS;
   e.entry_timeout = CACHE_SECONDS;
+  if (live_nodes >= MAX_NODES) {
+    fuse_reply_err(req, ENFILE);
+    return;
+  }
   int fd = openat(p->fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
@@ -123,28 +193,27 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
     return;
   }
   struct node *n = calloc(1, sizeof *n);
-  if (n == NULL || (n->path = child_path(p, name)) == NULL) {
+  if (n == NULL || (n->name = strdup(name)) == NULL) {
     free(n);
     close(fd);
     fuse_reply_err(req, ENOMEM);
     return;
   }
   n->fd = fd;
+  n->parent = p;
+  p->children++;
+  live_nodes++;
   int err = stat_node(n, &e.attr);
   if (err) {
-    close(fd);
-    free(n->path);
-    free(n);
+    drop(n);
     fuse_reply_err(req, -err);
     return;
   }
   n->nlookup = 1;
   e.ino = (fuse_ino_t)(uintptr_t)n;
-  if (fuse_reply_entry(req, &e) != 0) n->nlookup = 0;
-  if (n->nlookup == 0) {
-    close(fd);
-    free(n->path);
-    free(n);
+  if (fuse_reply_entry(req, &e) != 0) {
+    n->nlookup = 0;
+    drop(n);
   }
 }
 
@@ -152,11 +221,7 @@ static void forget_one(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
   if (ino == FUSE_ROOT_ID) return;
   struct node *n = node_of(req, ino);
   n->nlookup = nlookup >= n->nlookup ? 0 : n->nlookup - nlookup;
-  if (n->nlookup == 0) {
-    close(n->fd);
-    free(n->path);
-    free(n);
-  }
+  drop(n);
 }
 
 static void ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
@@ -195,9 +260,9 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
     refuse(req, "open-write", ino, NULL);
     return;
   }
-  int fd = reopen(node_of(req, ino), O_RDONLY);
+  int fd = reopen(node_of(req, ino), S_IFREG, O_RDONLY);
   if (fd < 0) {
-    fuse_reply_err(req, errno);
+    fuse_reply_err(req, -fd);
     return;
   }
   fi->fh = (uint64_t)fd;
@@ -221,11 +286,15 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 }
 
 static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-  int fd = reopen(node_of(req, ino), O_RDONLY | O_DIRECTORY);
-  DIR *d = fd < 0 ? NULL : fdopendir(fd);
+  int fd = reopen(node_of(req, ino), S_IFDIR, O_RDONLY | O_DIRECTORY);
+  if (fd < 0) {
+    fuse_reply_err(req, -fd);
+    return;
+  }
+  DIR *d = fdopendir(fd);
   if (d == NULL) {
     int e = errno;
-    if (fd >= 0) close(fd);
+    close(fd);
     fuse_reply_err(req, e);
     return;
   }
@@ -264,17 +333,13 @@ static void ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
   fuse_reply_err(req, 0);
 }
 
+/* From the O_PATH descriptor: no open (one of a FIFO would wait for a writer for good). */
 static void ll_statfs(fuse_req_t req, fuse_ino_t ino) {
   struct statvfs sv;
-  int fd = reopen(node_of(req, ino), O_RDONLY);
-  if (fd < 0 || fstatvfs(fd, &sv) < 0) {
-    int e = errno;
-    if (fd >= 0) close(fd);
-    fuse_reply_err(req, e);
-    return;
-  }
-  close(fd);
-  fuse_reply_statfs(req, &sv);
+  if (fstatvfs(node_of(req, ino)->fd, &sv) < 0)
+    fuse_reply_err(req, errno);
+  else
+    fuse_reply_statfs(req, &sv);
 }
 
 /* Every change: refused, recorded. */
@@ -306,9 +371,7 @@ static void ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, cons
 
 static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent, const char *newname, unsigned int flags) {
   (void)flags;
-  char *to = child_path(node_of(req, newparent), newname);
-  if (to) record("rename", to);
-  free(to);
+  record_path("rename", node_of(req, newparent), newname);
   refuse(req, "rename", parent, name);
 }
 
@@ -363,34 +426,50 @@ static const struct fuse_lowlevel_ops ops = {
 };
 
 int main(int argc, char **argv) {
-  if (argc < 3 || argc - 2 > MAX_MOUNTS) {
-    fprintf(stderr, "usage: %s <log-fd> <fuse-fd>:<dir-fd>:<path> ...\n", argv[0]);
+  if (argc < 4 || argc - 3 > MAX_MOUNTS) {
+    fprintf(stderr, "usage: %s <log-fd> <ready-fd> <fuse-fd>:<dir-fd>:<path> ...\n", argv[0]);
     return 2;
   }
   log_fd = atoi(argv[1]);
+  int ready_fd = atoi(argv[2]);
+  struct sigaction ign = {.sa_handler = SIG_IGN};
+  sigaction(SIGHUP, &ign, NULL);
+  sigaction(SIGINT, &ign, NULL);
+  sigaction(SIGPIPE, &ign, NULL);
+  /* Its own limit, not the launcher's: MAX_FDS, or its hard limit where it may not raise that. */
+  struct rlimit fds = {.rlim_cur = MAX_FDS, .rlim_max = MAX_FDS};
+  if (setrlimit(RLIMIT_NOFILE, &fds) < 0 &&
+      (getrlimit(RLIMIT_NOFILE, &fds) < 0 || (fds.rlim_cur = fds.rlim_max, setrlimit(RLIMIT_NOFILE, &fds) < 0))) {
+    fprintf(stderr, "dsec-rofs: cannot limit descriptors: %s\n", strerror(errno));
+    return 1;
+  }
   static struct mount mounts[MAX_MOUNTS];
   struct pollfd pfd[MAX_MOUNTS];
-  int n = argc - 2;
+  int n = argc - 3;
   for (int i = 0; i < n; i++) {
+    const char *spec = argv[i + 3];
     int fuse_fd, dir_fd, at = 0;
-    if (sscanf(argv[i + 2], "%d:%d:%n", &fuse_fd, &dir_fd, &at) != 2 || at == 0 || argv[i + 2][at] != '/') {
-      fprintf(stderr, "dsec-rofs: bad mount %s\n", argv[i + 2]);
+    if (sscanf(spec, "%d:%d:%n", &fuse_fd, &dir_fd, &at) != 2 || at == 0 || spec[at] != '/') {
+      fprintf(stderr, "dsec-rofs: bad mount %s\n", spec);
       return 2;
     }
     struct mount *m = &mounts[i];
     m->root.fd = dir_fd;
-    m->root.path = argv[i + 2] + at;
+    m->root.name = (char *)spec + at;
     char *fargs[] = {argv[0], NULL};
     struct fuse_args args = FUSE_ARGS_INIT(1, fargs);
     m->se = fuse_session_new(&args, &ops, sizeof ops, m);
     char dev[32];
     snprintf(dev, sizeof dev, "/dev/fd/%d", fuse_fd);
     if (m->se == NULL || fuse_session_mount(m->se, dev) != 0) {
-      fprintf(stderr, "dsec-rofs: cannot serve %s\n", m->root.path);
+      fprintf(stderr, "dsec-rofs: cannot serve %s\n", m->root.name);
       return 1;
     }
     pfd[i] = (struct pollfd){.fd = fuse_session_fd(m->se), .events = POLLIN};
   }
+  while (write(ready_fd, "r", 1) < 0 && errno == EINTR)
+    ;
+  close(ready_fd);
   struct fuse_buf buf = {.mem = NULL};
   for (int live = n; live > 0;) {
     if (poll(pfd, (nfds_t)n, -1) < 0) {

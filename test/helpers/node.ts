@@ -41,8 +41,8 @@ export interface TestNode {
   edge: Edge;
   home: string;
   cgroupParent: string;
-  /** Reopens the edge on the same home (an edge restart). */
-  restart(): Promise<Edge>;
+  /** Reopens the edge on the same home (an edge restart); `whileDown` runs while no edge runs. */
+  restart(whileDown?: () => Promise<void>): Promise<Edge>;
   /** Destroys every sandbox and removes every mount, cgroup and file. */
   cleanup(): Promise<void>;
 }
@@ -65,8 +65,9 @@ export async function startNode(opts: { outputCapBytes?: number; network?: Netwo
     edge: await open(),
     home,
     cgroupParent,
-    async restart() {
+    async restart(whileDown) {
       await node.edge.close();
+      await whileDown?.();
       node.edge = await open();
       return node.edge;
     },

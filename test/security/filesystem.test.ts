@@ -206,10 +206,13 @@ describe('poisoning the next episode', () => {
   });
 });
 
+/** The task's image: the workspace with its grader, the interpreter, the kit. */
+const TASK_IMAGE = { base: 'busybox', workspace: 'task', toolkits: ['python-stand-in', KIT_IMAGE.toolkits[0]!] };
+
 /** Creates a sandbox with the task image and the grader's tree protected. */
 async function protectedTaskSandbox(): Promise<string> {
   return sec.sandbox({
-    image: { base: 'busybox', workspace: 'task', toolkits: ['python-stand-in', KIT_IMAGE.toolkits[0]!] },
+    image: TASK_IMAGE,
     // Read-only: the grader's tree and the interpreter. Watched: where a fake-pass hook would
     // go that the task itself may legitimately write (site-packages, the project root).
     protect: { readOnly: ['/project/tests', '/usr/bin'], watch: ['/usr/lib/python3', '/project/conftest.py'] },
@@ -238,6 +241,13 @@ async function rofsServerOf(id: string): Promise<number> {
     for (const fd of fds) if ((await readlink(`/proc/${pid}/fd/${fd}`).catch(() => '')) === log) return pid;
   }
   assert.fail(`no dsec-rofs process writes ${log}`);
+}
+
+/** Waits (at most 5 s) for process `pid` to exit; whether it did. */
+async function exited(pid: number): Promise<boolean> {
+  const deadline = Date.now() + 5_000;
+  while (processAlive(pid) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  return !processAlive(pid);
 }
 
 function processAlive(pid: number): boolean {
@@ -374,9 +384,7 @@ describe('the grader and the toolchain', () => {
       const bServer = await rofsServerOf(b);
       live.pop();
       await sec.edge.destroy(b);
-      const deadline = Date.now() + 5_000;
-      while (processAlive(bServer) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-      assert.equal(processAlive(bServer), false, "b's server exits with b");
+      assert.ok(await exited(bServer), "b's server exits with b");
     } finally {
       for (const id of live) await sec.edge.destroy(id);
     }

@@ -179,6 +179,11 @@ export interface WritableLayerFacet {
 export interface ProtectedPathFacet {
   /** Host path of the sandbox's log of refused changes (read by RefusedWriteLogs). */
   refusalLog(id: string): string;
+  /**
+   * Whether the sandbox's server still runs (the process recorded at its launch); undefined when
+   * none was recorded (launched before servers were recorded, or no paths served).
+   */
+  serving(id: string): boolean | undefined;
 }
 
 /** A guest's upper directory read out into a host folder for a snapshot (see {@link GuestLayerFacet}). */

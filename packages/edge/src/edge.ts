@@ -171,7 +171,18 @@ export class Edge extends SandboxCalls implements EdgeClient {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
         edge.register(rest, backend, paused ? 'paused' : 'running');
-        edge.track(rest, backend);
+        try {
+          edge.track(rest, backend);
+        } catch (err) {
+          // One sandbox whose protected paths cannot be followed (a watch that fails) does not stop the node.
+          edge.raise({
+            kind: 'protected-path.write',
+            severity: 'warning',
+            sandboxId: record.id,
+            message: `changes to the protected paths of ${record.id} cannot be followed, and are not raised: ${(err as Error).message}`,
+            data: { unreadable: true },
+          });
+        }
         await edge.network
           .recover(record.id, record.spec.network, () => netnsOf(backend, record.id))
           .catch((err: unknown) => {
@@ -329,9 +340,10 @@ export class Edge extends SandboxCalls implements EdgeClient {
     if (record.idRange) this.idBases.set(record.idRange.uid, record.id);
     const watch = record.spec.protect?.watch ?? [];
     if (watch.length > 0 && backend.writableLayer) this.security.watch(record.id, path.dirname(backend.writableLayer.upperDir(record.id)), watch);
-    // A new log is read from its start; an adopted one from its end (the previous edge raised the rest).
-    if (record.spec.protect?.readOnly?.length && backend.protectedPaths) {
-      this.security.followRefusals(record.id, backend.protectedPaths.refusalLog(record.id), created);
+    // A new log is read from its start; an adopted one from where the previous edge raised it to.
+    const served = backend.protectedPaths;
+    if (record.spec.protect?.readOnly?.length && served) {
+      this.security.followRefusals(record.id, served.refusalLog(record.id), created, () => served.serving(record.id));
     }
   }
 

@@ -18,6 +18,8 @@ export type EventSeverity = z.infer<typeof EventSeveritySchema>;
 export const EVENT_KINDS = [
   // containment
   'protected-path.write',
+  // the server of a sandbox's read-only protected paths is gone: they answer ENOTCONN (container)
+  'protected-path.server-gone',
   'seccomp.denied',
   'pids.limit-hit',
   'oom.kill',

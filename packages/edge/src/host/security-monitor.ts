@@ -1,6 +1,7 @@
 // Turns what the kernel reports about sandboxes into events: seccomp denials (from the audit
 // netlink group), changes under watched paths (fanotify on the writable layers) and changes to
-// read-only protected paths their server refused (its log). One poll loop per node reads them all
+// read-only protected paths their server refused (its log), and that server's death. One poll loop
+// per node reads them all
 // without blocking; events are rate-limited per sandbox so that a sandbox that
 // loops on a refused call cannot flood the event stream (what was dropped is counted).
 import { readFileSync } from 'node:fs';
@@ -17,6 +18,16 @@ export const SECURITY_POLL_MS = 200;
 export const EVENTS_PER_WINDOW = 20;
 /** Length of a rate-limit window. */
 export const EVENT_WINDOW_MS = 10_000;
+/**
+ * An adopted sandbox's refusal log is read, and any sandbox's protected-path server first checked,
+ * this long after it is followed: an edge that just started has its subscribers by then.
+ */
+const FOLLOW_GRACE_MS = 2_000;
+/** Servers checked per poll at most, in turn. */
+const SERVERS_PER_POLL = 32;
+
+/** Whether a sandbox's protected-path server still runs; undefined when that cannot be told. */
+export type ServerCheck = () => boolean | undefined;
 /** Records or fanotify events handled per poll (the rest wait for the next one). */
 const MAX_PER_POLL = 4096;
 
@@ -43,6 +54,10 @@ export class SecurityMonitor {
   private readonly kmsg: SeccompRecordSource | undefined;
   private readonly watcher = new UpperWatcher();
   private readonly refusals = new RefusedWriteLogs();
+  /** The protected-path servers still to be checked, with when they may first be. */
+  private readonly servers = new Map<string, { serving: ServerCheck; from: number }>();
+  /** Adopted sandboxes' refusal logs, read once their grace has passed. */
+  private readonly adopted = new Map<string, { log: string; from: number }>();
   private readonly windows = new Map<string, Window>();
   private readonly timer: NodeJS.Timeout;
   private overflowReported = false;
@@ -66,16 +81,23 @@ export class SecurityMonitor {
 
   /**
    * Reads the log of the changes to a sandbox's read-only protected paths that their server
-   * refused, from its start or (an adopted sandbox) from its end.
+   * refused, from its start or (an adopted sandbox) from where the previous edge raised it to,
+   * and checks (`serving`) that their server still runs: once it is gone the paths answer
+   * ENOTCONN, which is raised once as `protected-path.server-gone`.
    */
-  followRefusals(sandboxId: string, log: string, fromStart: boolean): void {
-    this.refusals.add(sandboxId, log, fromStart);
+  followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck): void {
+    const from = Date.now() + FOLLOW_GRACE_MS;
+    if (fromStart) this.refusals.add(sandboxId, log, true);
+    else this.adopted.set(sandboxId, { log, from });
+    if (serving) this.servers.set(sandboxId, { serving, from });
   }
 
   /** Stops watching a sandbox and forgets its rate-limit state. */
   forget(sandboxId: string): void {
     this.watcher.remove(sandboxId);
     this.refusals.remove(sandboxId);
+    this.adopted.delete(sandboxId);
+    this.servers.delete(sandboxId);
     for (const key of this.windows.keys()) if (key.startsWith(`${sandboxId} `)) this.windows.delete(key);
   }
 
@@ -84,7 +106,9 @@ export class SecurityMonitor {
     try {
       this.pollKernelLog();
       this.pollWatches();
+      this.followAdopted(Date.now());
       this.pollRefusals();
+      this.pollServers(Date.now());
       this.flushWindows(Date.now());
     } catch {
       // A failure to read is retried on the next tick; the node carries on.
@@ -177,6 +201,42 @@ export class SecurityMonitor {
     }
   }
 
+  /** Starts reading the adopted logs whose grace has passed; one that cannot be read is raised. */
+  private followAdopted(now: number): void {
+    for (const [sandboxId, a] of this.adopted) {
+      if (now < a.from) continue;
+      this.adopted.delete(sandboxId);
+      try {
+        this.refusals.add(sandboxId, a.log, false);
+      } catch (err) {
+        this.o.raise(unreadableRefusals(sandboxId, err));
+      }
+    }
+  }
+
+  /** Checks the next few protected-path servers; one that is gone is raised, and not checked again. */
+  private pollServers(now: number): void {
+    const due: Array<[string, { serving: ServerCheck; from: number }]> = [];
+    for (const entry of this.servers) {
+      if (due.length >= SERVERS_PER_POLL) break;
+      if (now >= entry[1].from) due.push(entry);
+    }
+    for (const [sandboxId, s] of due) {
+      // To the end of the Map: the next poll starts with the ones not checked yet.
+      this.servers.delete(sandboxId);
+      if (s.serving() !== false) {
+        this.servers.set(sandboxId, s);
+        continue;
+      }
+      this.o.raise({
+        kind: 'protected-path.server-gone',
+        severity: 'critical',
+        sandboxId,
+        message: 'the server of the read-only protected paths is gone: they answer "not connected" (nothing can be written there, nor read)',
+      });
+    }
+  }
+
   /** Which sandbox a process belongs to: its login uid, its uid's range, or its live cgroup. */
   private attribute(auid: number, uid: number, pid: number): string | undefined {
     for (const id of [auid, uid]) {
@@ -241,6 +301,17 @@ export class SecurityMonitor {
     this.refusals.close();
     this.kmsg?.close();
   }
+}
+
+/** The event for a sandbox whose refused writes cannot be read (they are refused still, and not raised). */
+function unreadableRefusals(sandboxId: string, err: unknown): RaisedEvent {
+  return {
+    kind: 'protected-path.write',
+    severity: 'warning',
+    sandboxId,
+    message: `refused writes to read-only paths cannot be read, and are not raised: ${err instanceof Error ? err.message : String(err)}`,
+    data: { refused: true, unreadable: true },
+  };
 }
 
 function escapeRegExp(s: string): string {

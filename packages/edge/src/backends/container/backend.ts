@@ -93,6 +93,8 @@ export const EMPTY_CGROUP_GRACE_MS = 60_000;
 
 /** The file in a sandbox's folder where dsec-rofs logs the changes to read-only protected paths it refused. */
 const REFUSAL_LOG = 'refused-writes.log';
+/** Where dsec-launch records that server: "<pid> <start time>" (named after the log). */
+const ROFS_SERVER = `${REFUSAL_LOG}.pid`;
 
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
@@ -134,7 +136,19 @@ export class ContainerBackend implements Backend {
   readonly hostProcesses: HostProcessFacet;
   /** The overlay's upper directory on the sandbox's writable tmpfs. */
   readonly writableLayer: WritableLayerFacet = this;
-  readonly protectedPaths: ProtectedPathFacet = { refusalLog: (id) => this.paths(id).refused };
+  readonly protectedPaths: ProtectedPathFacet = {
+    refusalLog: (id) => this.paths(id).refused,
+    serving: (id) => {
+      let text: string;
+      try {
+        text = readFileSync(path.join(this.paths(id).dir, ROFS_SERVER), 'utf8');
+      } catch {
+        return undefined;
+      }
+      const [pid, start] = text.trim().split(' ').map(Number);
+      return pid !== undefined && pid > 0 && processStartTime(pid) === start;
+    },
+  };
   /** crun gives every container a network namespace of its own. */
   readonly network: NetworkFacet = this;
   readonly garbage: GarbageFacet = this;
