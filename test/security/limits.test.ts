@@ -139,60 +139,48 @@ interface Held {
   release(): Promise<void>;
 }
 
-/** Opens `n` uploads to a sandbox whose bodies never end: each holds a transfer slot. */
-function holdUploads(key: string, sandbox: string, n: number): Held {
-  const uploads: AbortController[] = [];
-  const pending: Array<Promise<unknown>> = [];
-  for (let i = 0; i < n; i++) {
-    const ac = new AbortController();
-    uploads.push(ac);
-    // One chunk, then nothing: the body never ends.
-    const body = new ReadableStream<Uint8Array>({
-      start(controller) {
-        controller.enqueue(new Uint8Array(1024));
-      },
-    });
-    pending.push(
-      fetch(`${url}/v1/sandboxes/${sandbox}/files?path=/tmp/slow-${i}`, {
-        method: 'PUT',
-        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/octet-stream' },
-        body,
-        duplex: 'half',
-        signal: ac.signal,
-      }).catch(() => undefined),
-    );
-  }
-  return {
-    async release() {
-      for (const ac of uploads) ac.abort();
-      await Promise.all(pending);
-    },
-  };
-}
-
-/** Runs `batches` batches of 8 sleeping calls: each batch holds 8 call slots while it runs. */
-function holdCalls(key: string, batches: number): Held {
-  const controllers: AbortController[] = [];
-  const pending: Array<Promise<unknown>> = [];
-  for (let i = 0; i < batches; i++) {
-    const ac = new AbortController();
-    controllers.push(ac);
-    const calls = Array.from({ length: 8 }, () => ({ runtime: 'sh', code: 'sleep 20', timeoutMs: 30_000 }));
-    pending.push(
-      fetch(`${url}/v1/calls/batch`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-        body: JSON.stringify({ calls }),
-        signal: ac.signal,
-      }).catch(() => undefined),
-    );
-  }
+/** Starts `n` requests, each until it is aborted: `release` aborts them all and waits for them. */
+function hold(n: number, start: (i: number, signal: AbortSignal) => Promise<unknown>): Held {
+  const controllers = Array.from({ length: n }, () => new AbortController());
+  const pending = controllers.map((ac, i) => start(i, ac.signal).catch(() => undefined));
   return {
     async release() {
       for (const ac of controllers) ac.abort();
       await Promise.all(pending);
     },
   };
+}
+
+/** Opens `n` uploads to a sandbox whose bodies never end: each holds a transfer slot. */
+function holdUploads(key: string, sandbox: string, n: number): Held {
+  return hold(n, (i, signal) => {
+    // One chunk, then nothing: the body never ends.
+    const body = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new Uint8Array(1024));
+      },
+    });
+    return fetch(`${url}/v1/sandboxes/${sandbox}/files?path=/tmp/slow-${i}`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/octet-stream' },
+      body,
+      duplex: 'half',
+      signal,
+    });
+  });
+}
+
+/** Runs `batches` batches of 8 sleeping calls: each batch holds 8 call slots while it runs. */
+function holdCalls(key: string, batches: number): Held {
+  const calls = Array.from({ length: 8 }, () => ({ runtime: 'sh', code: 'sleep 20', timeoutMs: 30_000 }));
+  return hold(batches, (_, signal) =>
+    fetch(`${url}/v1/calls/batch`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ calls }),
+      signal,
+    }),
+  );
 }
 
 before(async () => {

@@ -139,17 +139,8 @@ export class SecurityMonitor {
 
   private pollWatches(): void {
     if (this.watcher.size === 0) return;
-    const hits = this.watcher.drain(MAX_PER_POLL);
     // Many writes to one file between two polls are one event.
-    const merged = new Map<string, (typeof hits)[number] & { ops: Set<string> }>();
-    for (const h of hits) {
-      const key = `${h.sandboxId} ${h.path}`;
-      const m = merged.get(key);
-      if (m) m.ops.add(h.op);
-      else merged.set(key, { ...h, ops: new Set([h.op]) });
-    }
-    for (const h of merged.values()) {
-      const ops = [...h.ops];
+    for (const { ops, ...h } of byPath(this.watcher.drain(MAX_PER_POLL))) {
       this.emit(h.sandboxId, {
         kind: 'protected-path.write',
         severity: 'warning',
@@ -173,15 +164,7 @@ export class SecurityMonitor {
     if (this.refusals.size === 0) return;
     const { refused, overflowed } = this.refusals.drain(MAX_PER_POLL);
     // Many attempts on one path between two polls are one event.
-    const merged = new Map<string, { sandboxId: string; path: string; ops: Set<string> }>();
-    for (const r of refused) {
-      const key = `${r.sandboxId} ${r.path}`;
-      const m = merged.get(key);
-      if (m) m.ops.add(r.op);
-      else merged.set(key, { sandboxId: r.sandboxId, path: r.path, ops: new Set([r.op]) });
-    }
-    for (const r of merged.values()) {
-      const ops = [...r.ops];
+    for (const { ops, ...r } of byPath(refused)) {
       this.emit(r.sandboxId, {
         kind: 'protected-path.write',
         severity: 'warning',
@@ -304,6 +287,18 @@ export class SecurityMonitor {
 }
 
 /** The event for a sandbox whose refused writes cannot be read (they are refused still, and not raised). */
+/** Hits on one path of one sandbox merged into one, with the distinct operations in order. */
+function byPath<T extends { sandboxId: string; path: string; op: string }>(hits: readonly T[]): Array<T & { ops: string[] }> {
+  const merged = new Map<string, T & { ops: string[] }>();
+  for (const h of hits) {
+    const key = `${h.sandboxId} ${h.path}`;
+    const m = merged.get(key);
+    if (!m) merged.set(key, { ...h, ops: [h.op] });
+    else if (!m.ops.includes(h.op)) m.ops.push(h.op);
+  }
+  return [...merged.values()];
+}
+
 function unreadableRefusals(sandboxId: string, err: unknown): RaisedEvent {
   return {
     kind: 'protected-path.write',
