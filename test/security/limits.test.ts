@@ -18,6 +18,7 @@ import {
   DEFAULT_TRANSFERS_PER_TENANT,
   DEFAULT_WS_STDIN_BUFFER_BYTES,
   MAX_OWNER_GRACE_MS,
+  fairShare,
   forEachBounded,
 } from '@dsec/protocol';
 import { WebSocket } from 'ws';
@@ -261,20 +262,24 @@ describe('tenant limits', () => {
     await read.arrayBuffer();
   });
 
-  test("file transfers per node: red and a second tenant hold the node's 32 slots; red's sub-project is refused naming transfersPerTenant, blue's read naming transfersPerNode; blue's creates and execs answer; reads come back", async () => {
+  test("file transfers per node: red holds its 16 slots, red2 (another tenant) its fair share of the rest; red's sub-project is refused naming transfersPerTenant, red2's next read naming transfersPerNode; blue still reads; reads come back", async () => {
     const red2 = await tenant('red2');
+    const red2Share = fairShare(DEFAULT_TRANSFERS_PER_NODE, 2);
     const held = [holdUploads(red.key, red.sandbox, DEFAULT_TRANSFERS_PER_TENANT)];
     try {
       await eventually('red uploads started', () => platform!.platform.services.slots.inUse('transfer', red.project) === DEFAULT_TRANSFERS_PER_TENANT);
       // A sub-project counts at its tenant: red's, full.
       let read = await readFileOf(redSub.key, redSub.sandbox, '/etc/hostname');
       refused({ status: read.status, body: (await read.json()) as Reply['body'] }, 'transfersPerTenant');
-      held.push(holdUploads(red2.key, red2.sandbox, DEFAULT_TRANSFERS_PER_TENANT));
-      await eventually('red2 uploads started', () => platform!.platform.services.slots.inUse('transfer', red2.project) === DEFAULT_TRANSFERS_PER_TENANT);
-      assert.equal(2 * DEFAULT_TRANSFERS_PER_TENANT, DEFAULT_TRANSFERS_PER_NODE, 'two tenants fill the node');
-      read = await readFileOf(blue.key, blue.sandbox, '/etc/blue');
+      held.push(holdUploads(red2.key, red2.sandbox, red2Share));
+      await eventually('red2 uploads started', () => platform!.platform.services.slots.inUse('transfer', red2.project) === red2Share);
+      // Red2 is below its own limit, but over half the node is in use and it holds its share.
+      assert.ok(red2Share < DEFAULT_TRANSFERS_PER_TENANT);
+      read = await readFileOf(red2.key, red2.sandbox, '/etc/hostname');
       refused({ status: read.status, body: (await read.json()) as Reply['body'] }, 'transfersPerNode');
-      await blueWorks({ reads: false });
+      // Blue holds none: its read gets one of the slots the shares left (first come, first
+      // served, red and red2 would have held all 32).
+      await blueWorks();
     } finally {
       for (const h of held) await h.release();
     }
@@ -282,7 +287,9 @@ describe('tenant limits', () => {
       'transfers released',
       () => platform!.platform.services.slots.inUse('transfer', red.project) + platform!.platform.services.slots.inUse('transfer', red2.project) === 0,
     );
-    await blueWorks();
+    const read = await readFileOf(red2.key, red2.sandbox, '/etc/hostname');
+    assert.equal(read.status, 200);
+    await read.arrayBuffer();
   });
 
   test('function calls: red fills its call slots with batches; its next call is refused naming callsPerTenant; blue calls on', async () => {
@@ -306,7 +313,7 @@ describe('tenant limits', () => {
     await eventually('red calls released', () => platform!.platform.services.slots.inUse('call', red.project) === 0, 60_000);
   });
 
-  test("function-call slots per node: four tenants hold the node's 64; red's sub-project is refused naming callsPerTenant, blue's call naming callSlotsPerNode; blue's creates, execs and reads answer; the slots come back", async () => {
+  test("function-call slots per node: red and three more tenants run two batches of 8 each; the fourth's second batch is refused naming callSlotsPerNode (past its fair share); red's sub-project naming callsPerTenant; blue still calls; the slots come back", async () => {
     const tenants = [red, ...(await Promise.all([2, 3, 4].map((i) => tenant(`red-calls${i}`, { sandbox: false }))))];
     const inUse = (): number => tenants.reduce((n, t) => n + platform!.platform.services.slots.inUse('call', t.project), 0);
     const held: Held[] = [];
@@ -314,10 +321,22 @@ describe('tenant limits', () => {
       held.push(holdCalls(await adminKey(red.project, 'red-node-calls'), DEFAULT_CALLS_PER_TENANT / 8));
       await eventually('red batches running', () => inUse() === DEFAULT_CALLS_PER_TENANT);
       refused(await api(redSub.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo sub' }), 'callsPerTenant');
-      for (const t of tenants.slice(1)) held.push(holdCalls(t.key, DEFAULT_CALLS_PER_TENANT / 8));
-      assert.equal(tenants.length * DEFAULT_CALLS_PER_TENANT, DEFAULT_CALL_SLOTS_PER_NODE, 'four tenants fill the node');
-      await eventually('every batch running', () => inUse() === DEFAULT_CALL_SLOTS_PER_NODE);
-      refused(await api(blue.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo blue' }), 'callSlotsPerNode');
+      // One tenant after the other, so that each meets the node as filled by those before it.
+      for (const t of tenants.slice(1, 3)) {
+        const before = inUse();
+        held.push(holdCalls(t.key, DEFAULT_CALLS_PER_TENANT / 8));
+        await eventually(`${t.project} batches running`, () => inUse() === before + DEFAULT_CALLS_PER_TENANT);
+      }
+      const last = tenants[3]!;
+      held.push(holdCalls(last.key, 1));
+      await eventually('the last tenant runs a batch', () => platform!.platform.services.slots.inUse('call', last.project) === 8);
+      // 56 of 64 in use: the last tenant holds 8 of its share of 12 (64 among 4 and one to come).
+      assert.ok(8 + 8 > fairShare(DEFAULT_CALL_SLOTS_PER_NODE, 4));
+      const calls = Array.from({ length: 8 }, () => ({ runtime: 'sh', code: 'true' }));
+      refused(await api(last.key, 'POST', '/v1/calls/batch', { calls }), 'callSlotsPerNode');
+      // Blue holds none: its call runs in a slot the shares left (first come, first served, the
+      // four tenants would have held all 64).
+      assert.equal(ok(await api(blue.key, 'POST', '/v1/calls', { runtime: 'sh', code: 'echo blue' }), 'blue call').stdout, 'blue\n');
       await blueWorks();
     } finally {
       for (const h of held) await h.release();

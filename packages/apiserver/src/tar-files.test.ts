@@ -1,10 +1,13 @@
 // A directory download whose tree changes under it: entries that went away are left out, and a
-// failure of the walk breaks the download without ever becoming an uncaught exception.
+// failure of the walk breaks the download without ever becoming an uncaught exception. A
+// directory upload refuses oversized PAX headers.
 import assert from 'node:assert/strict';
+import { Readable } from 'node:stream';
 import { describe, test } from 'node:test';
-import { DsecError } from '@dsec/protocol';
+import tar from 'tar-stream';
+import { DsecError, MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS } from '@dsec/protocol';
 import type { EdgeClient, FileStat } from '@dsec/protocol';
-import { downloadTar } from './tar-files.js';
+import { downloadTar, MAX_TAR_DOWNLOAD_BYTES, uploadTar } from './tar-files.js';
 
 const entry = (name: string, type: FileStat['type']): FileStat => ({ name, type, mode: 0o644, size: 1, mtimeMs: 0 });
 
@@ -42,5 +45,46 @@ describe('tar download of a changing tree', () => {
     } finally {
       process.off('uncaughtException', onUncaught);
     }
+  });
+});
+
+/** A tar of one file `f` holding `content`, with the PAX records `pax`. */
+async function tarWithPax(content: string, pax: Record<string, string>): Promise<Buffer> {
+  const pack = tar.pack();
+  const chunks: Buffer[] = [];
+  const done = (async () => {
+    for await (const c of pack) chunks.push(c as Buffer);
+  })();
+  await new Promise<void>((resolve, reject) => pack.entry({ name: 'f', mode: 0o644, pax }, content, (err) => (err ? reject(err) : resolve())));
+  pack.finalize();
+  await done;
+  return Buffer.concat(chunks);
+}
+
+describe('tar upload', () => {
+  test('PAX headers: a small one passes; over 1 MiB or with too many records is 400 naming the body and the PAX header', async () => {
+    const written = new Map<string, string>();
+    const edge = {
+      mkdir: () => Promise.resolve(),
+      writeFile: (_id: string, p: string, data: Buffer) => {
+        written.set(p, data.toString());
+        return Promise.resolve();
+      },
+    } as unknown as EdgeClient;
+    const upload = async (body: Buffer): Promise<unknown> => uploadTar(edge, 'sb', '/work', Readable.from([body]), MAX_TAR_DOWNLOAD_BYTES);
+    assert.deepEqual(await upload(await tarWithPax('small', { comment: 'ok' })), { files: 1 });
+    assert.equal(written.get('/work/f'), 'small');
+    const refused = (pattern: RegExp) => (err: unknown) => {
+      assert.ok(err instanceof DsecError, String(err));
+      assert.equal(err.status, 400);
+      assert.equal(err.details.field, 'body');
+      assert.match(err.message, /PAX extended header/);
+      assert.match(err.message, pattern);
+      return true;
+    };
+    await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(MAX_TAR_EXTENDED_HEADER_BYTES + 1000) })), refused(/bytes/));
+    await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(5 * 1024 * 1024) })), refused(/bytes/));
+    const many = Object.fromEntries(Array.from({ length: MAX_TAR_PAX_RECORDS + 1 }, (_, i) => [`k${i}`, 'v']));
+    await assert.rejects(upload(await tarWithPax('x', many)), refused(/records/));
   });
 });

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { PassThrough, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
-import { DsecError, invalidArgument } from '@dsec/protocol';
+import { DsecError, invalidArgument, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
 import type { EdgeClient } from '@dsec/protocol';
 
 /** Largest tar a directory download produces. */
@@ -90,9 +90,15 @@ export async function uploadTar(
   input.pipe(extract);
   input.on('error', (err) => extract.destroy(err));
   let files = 0;
+  // Where the previous entry's data ended: what lies between it and an entry's header block are
+  // that entry's extended headers.
+  let previousEnd = 0;
   try {
     for await (const entry of extract) {
-      const h = entry.header;
+      const h = entry.header as tar.Header & { byteOffset?: number };
+      const extendedFault = tarExtendedHeaderFault(h, previousEnd);
+      if (extendedFault) throw invalidArgument('body', extendedFault);
+      previousEnd = (h.byteOffset ?? 0) + Math.ceil((h.size ?? 0) / 512) * 512;
       const target = safeJoin(dir, h.name);
       const mode = (h.mode ?? 0o644) & 0o777;
       if (h.type === 'directory') {
@@ -114,7 +120,7 @@ export async function uploadTar(
   } catch (err) {
     // The caller's abort is its own, not a fault of the archive.
     if (err instanceof DsecError || signal?.aborted) throw err;
-    throw invalidArgument('body', `not a valid tar stream: ${(err as Error).message}`);
+    throw invalidArgument('body', tarHeaderOverflowFault(err) ?? `not a valid tar stream: ${(err as Error).message}`);
   }
   return { files };
 }

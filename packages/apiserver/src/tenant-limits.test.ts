@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { DsecError, LimitsConfigSchema, checkConfig, resolveLimits } from '@dsec/protocol';
+import { DsecError, LimitsConfigSchema, checkConfig, fairShare, pastHighWater, resolveLimits } from '@dsec/protocol';
 import { tenantOfAncestry } from './auth.js';
 import { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
 import type { AuthFailureEntry } from './tenant-limits.js';
@@ -35,22 +35,67 @@ test('tenants: a top-level project is its own tenant; below it, the top-level on
   assert.equal(tenantOfAncestry(['public'], 'root'), 'public');
 });
 
-test('slots: refused past the tenant limit (others unaffected) and past the node limit; release frees once', () => {
-  const slots = new TenantSlots(resolveLimits({ execsPerTenant: 2, execsPerNode: 3 }));
+test('slots: refused past the tenant limit (others unaffected), past the fair share and past the node limit; release frees once', () => {
+  const slots = new TenantSlots(resolveLimits({ execsPerTenant: 2, execsPerNode: 4 }));
   const r1 = slots.acquire('exec', 'red', 'n1');
   slots.acquire('exec', 'red', 'n1');
   assert.throws(() => slots.acquire('exec', 'red', 'n1'), refusedWith('execsPerTenant'));
   // Transfers and calls are other slots.
   slots.acquire('transfer', 'red', 'n1')();
   const b1 = slots.acquire('exec', 'blue', 'n1');
-  assert.throws(() => slots.acquire('exec', 'green', 'n1'), refusedWith('execsPerNode'));
-  slots.acquire('exec', 'green', 'n2')();
+  // Over half the node in use: blue, holding 1, is at its share (4 among 2 tenants and one to come).
+  assert.throws(() => slots.acquire('exec', 'blue', 'n1'), refusedWith('execsPerNode'));
+  // Green holds nothing: it gets the slot the shares left; then the node is full for anyone.
+  const g1 = slots.acquire('exec', 'green', 'n1');
+  assert.throws(() => slots.acquire('exec', 'yellow', 'n1'), refusedWith('execsPerNode'));
+  slots.acquire('exec', 'yellow', 'n2')();
   r1();
   r1();
   assert.equal(slots.inUse('exec', 'red'), 1);
   b1();
+  g1();
   slots.acquire('exec', 'red', 'n1');
   assert.throws(() => slots.acquire('exec', 'red', 'n1'), refusedWith('execsPerTenant'));
+});
+
+test('fair share: the node cap among the holders and one to come, at least 1; applied past half the node', () => {
+  assert.equal(fairShare(32, 1), 16);
+  assert.equal(fairShare(32, 2), 10);
+  assert.equal(fairShare(64, 4), 12);
+  assert.equal(fairShare(3, 5), 1);
+  for (const [nodeMax, holders] of [
+    [32, 2],
+    [64, 4],
+    [512, 7],
+  ] as const) {
+    assert.ok(holders * fairShare(nodeMax, holders) < nodeMax, 'the holders leave a slot free');
+  }
+  assert.equal(pastHighWater(16, 32), false);
+  assert.equal(pastHighWater(17, 32), true);
+  // Default transfers (16 per tenant, 32 per node): red fills its own 16, blue reaches its share
+  // of 10, and green, holding none, still gets slots until the node's cap.
+  const slots = new TenantSlots(resolveLimits());
+  const red = Array.from({ length: 16 }, () => slots.acquire('transfer', 'red', 'n1'));
+  const blue = Array.from({ length: 10 }, () => slots.acquire('transfer', 'blue', 'n1'));
+  assert.throws(() => slots.acquire('transfer', 'blue', 'n1'), refusedWith('transfersPerNode'));
+  // Blue's share on another node is its own.
+  slots.acquire('transfer', 'blue', 'n2')();
+  const green = [slots.acquire('transfer', 'green', 'n1')];
+  // Green grows within its share among three (8), and the node's 32 stop it at 6.
+  for (let i = 0; i < 5; i++) green.push(slots.acquire('transfer', 'green', 'n1'));
+  assert.throws(() => slots.acquire('transfer', 'green', 'n1'), refusedWith('transfersPerNode'));
+  assert.throws(() => slots.acquire('transfer', 'yellow', 'n1'), refusedWith('transfersPerNode'));
+  // Blue lets go of everything: it no longer counts among the holders, and green's share grows to 10.
+  for (const r of blue) r();
+  for (let i = 0; i < 4; i++) green.push(slots.acquire('transfer', 'green', 'n1'));
+  assert.throws(() => slots.acquire('transfer', 'green', 'n1'), refusedWith('transfersPerNode'));
+  assert.equal(slots.inUse('transfer', 'green'), 10);
+  // A batch takes its slots at once: a tenant holding none gets the whole batch if the node has room.
+  const calls = new TenantSlots(resolveLimits());
+  for (const t of ['a', 'b', 'c', 'd']) calls.acquire('call', t, 'n1', 8);
+  assert.throws(() => calls.acquire('call', 'd', 'n1', 8), refusedWith('callSlotsPerNode'));
+  calls.acquire('call', 'e', 'n1', 8);
+  for (const r of [...red, ...green]) r();
 });
 
 test('slots: run() releases after a failure', async () => {

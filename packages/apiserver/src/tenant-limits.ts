@@ -4,7 +4,7 @@
 // per tenant and per replica), and the gate that rate-limits failed
 // authentications by source before they reach the audit trail.
 import { isIP } from 'node:net';
-import { limitExceeded } from '@dsec/protocol';
+import { fairShare, limitExceeded, pastHighWater } from '@dsec/protocol';
 import type { LimitName, TenantLimits } from '@dsec/protocol';
 
 /** Work that holds a slot while it runs. */
@@ -24,7 +24,13 @@ export const STREAM_REPLICA = 'this replica';
 /** How long a refused caller should wait before it tries again (a slot frees when work ends). */
 const SLOT_RETRY_MS = 1000;
 
-/** Counts running work per tenant and per node; a slot past either limit is refused (429). */
+/**
+ * Counts running work per tenant and per node; a slot past either limit is refused (429). A
+ * node's cap is shared fairly: once more than half of it would be in use, a tenant that already
+ * holds slots on the node grows only within its fair share (protocol's `fairShare`), so the
+ * tenants holding slots leave room for one that holds none. Every check and count is O(1) and
+ * synchronous, so concurrent requests never see each other half-counted.
+ */
 export class TenantSlots {
   private readonly used = new Map<string, number>();
 
@@ -38,25 +44,44 @@ export class TenantSlots {
     const l = SLOT_LIMITS[kind];
     const tenantKey = `${kind}\0t\0${tenantId}`;
     const nodeKey = `${kind}\0n\0${node}`;
+    // The tenant's slots on this node, and how many tenants hold slots on it.
+    const heldKey = `${kind}\0nt\0${node}\0${tenantId}`;
+    const holdersKey = `${kind}\0h\0${node}`;
     const tenantMax = this.limits[l.tenant];
     const nodeMax = this.limits[l.node];
     const tenantUsed = this.used.get(tenantKey) ?? 0;
     const nodeUsed = this.used.get(nodeKey) ?? 0;
+    const held = this.used.get(heldKey) ?? 0;
     if (tenantUsed + count > tenantMax) {
       throw limitExceeded(l.tenant, tenantMax, `tenant ${tenantId} runs ${tenantUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
     }
+    const holder = kind === 'stream' ? node : `node ${node}`;
     if (nodeUsed + count > nodeMax) {
-      const holder = kind === 'stream' ? node : `node ${node}`;
       throw limitExceeded(l.node, nodeMax, `${holder} runs ${nodeUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
     }
+    if (held > 0 && pastHighWater(nodeUsed + count, nodeMax)) {
+      const holders = this.used.get(holdersKey) ?? 1;
+      const share = fairShare(nodeMax, holders);
+      if (held + count > share) {
+        throw limitExceeded(
+          l.node,
+          nodeMax,
+          `${holder} runs ${nodeUsed} ${l.what}, over half of its ${nodeMax}; tenant ${tenantId} holds ${held} there, ${count} more is past its fair share of ${share} (${holders} tenants holding slots and room for one more)`,
+          SLOT_RETRY_MS,
+        );
+      }
+    }
+    if (held === 0) this.add(holdersKey, 1);
     this.add(tenantKey, count);
     this.add(nodeKey, count);
+    this.add(heldKey, count);
     let released = false;
     return () => {
       if (released) return;
       released = true;
       this.add(tenantKey, -count);
       this.add(nodeKey, -count);
+      if (this.add(heldKey, -count) === 0) this.add(holdersKey, -1);
     };
   }
 
@@ -75,10 +100,12 @@ export class TenantSlots {
     return this.used.get(`${kind}\0t\0${tenantId}`) ?? 0;
   }
 
-  private add(key: string, n: number): void {
+  /** Adds `n` to a count (gone at 0); returns the new count. */
+  private add(key: string, n: number): number {
     const v = (this.used.get(key) ?? 0) + n;
     if (v <= 0) this.used.delete(key);
     else this.used.set(key, v);
+    return Math.max(0, v);
   }
 }
 

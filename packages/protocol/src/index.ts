@@ -25,14 +25,18 @@ export {
   DEFAULT_TRANSFERS_PER_NODE,
   DEFAULT_TRANSFERS_PER_TENANT,
   DEFAULT_WS_STDIN_BUFFER_BYTES,
+  fairShare,
   LIMIT_NAMES,
   LimitsConfigSchema,
   limitExceeded,
   MAX_UPLOAD_BYTES,
+  pastHighWater,
   resolveLimits,
 } from './limits.js';
 export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';
 export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
+export { MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS, tarExtendedHeaderFault, tarHeaderOverflowFault } from './tar-headers.js';
+export type { TarEntryHeader } from './tar-headers.js';
 export { DEFAULT_LAYER_TAG, normalizeLayerName } from './layer-names.js';
 export {
   DEFAULT_IDEMPOTENCY_TTL_MS,

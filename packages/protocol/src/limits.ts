@@ -168,6 +168,23 @@ export function resolveLimits(config: LimitsConfig | undefined = {}): TenantLimi
   return out;
 }
 
+/**
+ * Whether a node-wide slot cap applies its fair share: once a grant would put more than half of
+ * `nodeMax` slots in use, a tenant that already holds some may grow only within its fair share.
+ */
+export function pastHighWater(nodeUsedAfter: number, nodeMax: number): boolean {
+  return 2 * nodeUsedAfter > nodeMax;
+}
+
+/**
+ * A tenant's fair share of a node-wide cap of `nodeMax` slots held by `holders` tenants (the
+ * asker included): the cap divided among them and one tenant yet to come, at least 1. Because
+ * the holders together stay below the cap, a tenant that holds nothing still gets a slot.
+ */
+export function fairShare(nodeMax: number, holders: number): number {
+  return Math.max(1, Math.floor(nodeMax / (holders + 1)));
+}
+
 /** The 429 of a limit: names it (`limit`) and its value (`max`); `retryAfterMs` when waiting helps. */
 export function limitExceeded(limit: LimitName, max: number, message: string, retryAfterMs?: number): DsecError {
   return new DsecError('LIMIT_EXCEEDED', `${message} (limit ${limit} = ${max})`, { limit, max, ...(retryAfterMs !== undefined ? { retryAfterMs } : {}) });

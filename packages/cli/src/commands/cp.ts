@@ -9,6 +9,7 @@ import { InvalidArgumentError } from 'commander';
 import { Sandbox, isDsecError } from '@dsec/sdk';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
+import { checkUploadSize, minTarBytes } from '../upload-size.js';
 
 /** `ID:/path` split, or undefined for a local path. */
 export function parseRemote(spec: string): { id: string; path: string } | undefined {
@@ -38,8 +39,10 @@ export function registerCp(program: Command): void {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
       if (to) {
         // Upload. Into an existing remote directory, the copy keeps its name (as cp does).
-        const sb = await Sandbox.connect(to.id, { client });
         const st = await stat(src);
+        // Refused before a byte is sent: the server would cut the upload off at its limit.
+        checkUploadSize(st.isDirectory() ? `${src} as a tar` : src, st.isDirectory() ? await minTarBytes(src) : st.size);
+        const sb = await Sandbox.connect(to.id, { client });
         let target = to.path;
         const existing = await sb.files.stat(target).catch((err: unknown) => {
           if (isDsecError(err, 'FILE_NOT_FOUND') || isDsecError(err, 'NOT_FOUND')) return undefined;

@@ -4,14 +4,13 @@ import { stat } from 'node:fs/promises';
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import type { LayerInfo } from '@dsec/sdk';
-import { DsecError, MAX_UPLOAD_BYTES } from '@dsec/protocol';
 import type { LayerKind } from '@dsec/protocol';
 import { clientFor } from '../connection.js';
 import type { ConnectionFlags } from '../connection.js';
 import { formatAge, formatBytes, printJson, printTable } from '../output.js';
 import { commaList } from '../parse.js';
+import { checkUploadSize, minTarBytes } from '../upload-size.js';
 
-const GiB = 1024 * 1024 * 1024;
 /** How often upload progress is printed at most. */
 const PROGRESS_INTERVAL_MS = 500;
 
@@ -103,12 +102,14 @@ export function registerImage(program: Command): void {
           );
         } else if (flags.fromDir) {
           if (!(await stat(flags.fromDir)).isDirectory()) throw new InvalidArgumentError(`not a directory: ${flags.fromDir}`);
+          checkUploadSize(`${flags.fromDir} as a tar`, await minTarBytes(flags.fromDir));
           const progress = progressPrinter();
           layer = await client.layers.uploadDir(flags.fromDir, { kind, name }, { onProgress: (n) => progress.update(n) });
           progress.done();
         } else {
           const file = (flags.fromTar ?? flags.fromOci) as string;
           const size = (await stat(file)).size;
+          checkUploadSize(file, size);
           const progress = progressPrinter(size);
           layer = await client.layers.upload(
             createReadStream(file),
@@ -131,12 +132,7 @@ export function registerImage(program: Command): void {
     .action(async (file: string, flags: { name?: string; json?: boolean }, cmd: Command) => {
       const client = clientFor(cmd.optsWithGlobals<ConnectionFlags>());
       const size = (await stat(file)).size;
-      // Refused before a byte is sent: the server would cut the upload off at its limit.
-      if (size > MAX_UPLOAD_BYTES)
-        throw new DsecError(
-          'PAYLOAD_TOO_LARGE',
-          `${file}: ${(size / GiB).toFixed(2)} GiB (${size} bytes); uploads are limited to ${MAX_UPLOAD_BYTES / GiB} GiB (${MAX_UPLOAD_BYTES} bytes): a raw image converted to qcow2 (qemu-img convert -O qcow2) keeps only the blocks in use`,
-        );
+      checkUploadSize(file, size, 'a raw image converted to qcow2 (qemu-img convert -O qcow2) keeps only the blocks in use');
       const progress = progressPrinter(size);
       const layer = await client.layers.upload(
         createReadStream(file),

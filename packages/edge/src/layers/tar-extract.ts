@@ -12,7 +12,7 @@ import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import type { Header } from 'tar-stream';
-import { DsecError, isDsecError, limitExceeded } from '@dsec/protocol';
+import { DsecError, isDsecError, limitExceeded, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
 import type { LimitName } from '@dsec/protocol';
 import { lsetxattr, mkWhiteout, OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';
 
@@ -126,8 +126,10 @@ export class TarExtractor {
     try {
       for await (const entry of extract) {
         const header = entry.header as Header & { byteOffset?: number };
+        const extendedFault = tarExtendedHeaderFault(header, lastEnd);
         lastEnd = (header.byteOffset ?? 0) + Math.ceil((header.size ?? 0) / BLOCK) * BLOCK;
         try {
+          if (extendedFault) throw invalid(extendedFault, header.name);
           await this.entry(entry);
         } catch (err) {
           entry.resume();
@@ -413,6 +415,8 @@ async function drain(entry: TarEntry): Promise<void> {
 function invalidStream(err: unknown): unknown {
   if (isDsecError(err)) return err;
   if ((err as Error | null)?.name === 'AbortError') return err;
+  const overflow = tarHeaderOverflowFault(err);
+  if (overflow) return new DsecError('LAYER_INVALID', overflow, {}, { cause: err });
   const msg = err instanceof Error ? err.message : String(err);
   return new DsecError('LAYER_INVALID', `malformed tar stream: ${msg}`, {}, { cause: err });
 }
