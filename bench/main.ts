@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { cleanupAll, cleanupOnSignals } from './lib/cleanup.js';
 import { Peers, peerVersions } from './lib/peers.js';
-import { BENCH_PLACEMENT, benchTempDir, IDLE_RESOURCES, rateLimitedHits, startBenchPlatform } from './lib/platform.js';
+import { BENCH_ORPHAN_GRACE_MS, BENCH_PLACEMENT, benchTempDir, IDLE_RESOURCES, rateLimitedHits, startBenchPlatform } from './lib/platform.js';
 import type { PreloadedLayer } from './lib/platform.js';
 import { chartsOf } from './lib/charts.js';
 import { machineInfo, markdown, textTable, writeJson } from './lib/report.js';
@@ -137,7 +137,7 @@ async function main(): Promise<number> {
     scenarios: [],
     rows,
     notes: [
-      `The platform runs in-process (apiserver + edge + watcher, SQLite state) on a temp home, reached over loopback HTTP. Placement over-commit is raised to CPU x${BENCH_PLACEMENT.cpuOvercommit} and memory x${BENCH_PLACEMENT.memoryOvercommit} so that the edge's own admission limit (4,000 sandboxes) binds, not the scheduler's request bounds (room is judged on measured use either way). Idle sandboxes request cpu ${IDLE_RESOURCES.cpu}, ${IDLE_RESOURCES.memoryMiB} MiB memory, ${IDLE_RESOURCES.diskMiB} MiB disk; the others use the API defaults (1 cpu, 512 MiB, 1 GiB disk) unless noted.`,
+      `The platform runs in-process (apiserver + edge + watcher, SQLite state) on a temp home, reached over loopback HTTP. Placement over-commit is raised to CPU x${BENCH_PLACEMENT.cpuOvercommit} and memory x${BENCH_PLACEMENT.memoryOvercommit} so that the edge's own admission limit (4,000 sandboxes) binds, not the scheduler's request bounds (room is judged on measured use either way). Idle sandboxes request cpu ${IDLE_RESOURCES.cpu}, ${IDLE_RESOURCES.memoryMiB} MiB memory, ${IDLE_RESOURCES.diskMiB} MiB disk; the others use the API defaults (1 cpu, 512 MiB, 1 GiB disk) unless noted. The watcher's orphan grace is ${BENCH_ORPHAN_GRACE_MS / 60_000} minutes: the \`dsec edge\` rows create sandboxes at the edge in-process, without a record.`,
       'The API limits each key to 100 requests/s on average (bursts of 1,000). The bench gives each concurrent worker its own key, as a trainer with many workers would.',
     ],
   };

@@ -23,6 +23,14 @@ export const AGENT_BINARY = path.resolve(path.dirname(fileURLToPath(import.meta.
  */
 export const BENCH_PLACEMENT = { cpuOvercommit: 200, memoryOvercommit: 3 };
 
+/**
+ * The watcher's orphan grace for the bench: scenarios create sandboxes at the edge in-process
+ * (the `dsec edge` rows) beside the control plane's watcher, and those have no record. An hour
+ * keeps the watcher from destroying one under its scenario however slow the machine is (the
+ * platform's shutdown removes whatever is left).
+ */
+export const BENCH_ORPHAN_GRACE_MS = 3_600_000;
+
 /** Resources of the idle sandboxes of the sustained-creation and density scenarios. */
 export const IDLE_RESOURCES = { cpu: 0.1, memoryMiB: 16, diskMiB: 16 };
 
@@ -75,6 +83,7 @@ export async function startBenchPlatform(home: string, preload: PreloadedLayer[]
     addr: '127.0.0.1:0',
     agentBinary: AGENT_BINARY,
     placement: BENCH_PLACEMENT,
+    orphanGraceMs: BENCH_ORPHAN_GRACE_MS,
     // Nodes may join (the remote-edge scenario joins one): the node port on loopback.
     cluster: { nodeAddr: '127.0.0.1:0' },
     // The Debian runtimes of calls from a machine-wide cache (built there once); none at start.

@@ -66,6 +66,8 @@ export interface ControlPlaneOptions {
   watchIntervalMs?: number;
   /** Interval of the watcher's garbage collection on the nodes. */
   gcIntervalMs?: number;
+  /** How long a sandbox a node runs without a record may stay so before the watcher destroys it (default `DEFAULT_ORPHAN_GRACE_MS`). */
+  orphanGraceMs?: number;
   /** How long the lease pass waits before it finishes a `stopping` row no teardown here owns (default `ABANDONED_STOPPING_MS`). */
   abandonedStoppingMs?: number;
   /** Limits and retention of the trajectory log. */
@@ -309,6 +311,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         log,
         ...(o.watchIntervalMs !== undefined ? { intervalMs: o.watchIntervalMs } : {}),
         ...(o.gcIntervalMs !== undefined ? { gcIntervalMs: o.gcIntervalMs } : {}),
+        ...(o.orphanGraceMs !== undefined ? { orphanGraceMs: o.orphanGraceMs } : {}),
       },
     );
     metrics.garbageCollected = () => (o.startGarbage ?? 0) + watcher.garbageCollected;

@@ -93,7 +93,7 @@ describe('operator configuration: precedence', () => {
         network: { slicePrefix: 24, proxyLimits: { maxConnections: 8 }, mirrors: { origins: ['http://mirror.internal:4873'] } },
       },
       placement: { cpuOvercommit: 4, memoryOvercommit: 1, sampleK: 3 },
-      watcher: { intervalMs: 500, gcIntervalMs: 10_000 },
+      watcher: { intervalMs: 500, gcIntervalMs: 10_000, orphanGraceMs: 0 },
       events: { heartbeatMs: 1000, auditRetention: { maxRows: 10, maxAgeMs: 60_000 } },
     });
     const opts = platformOptions((await loadConfig({ env: {}, flags: { config: cfg } })).config);
@@ -102,6 +102,7 @@ describe('operator configuration: precedence', () => {
     assert.deepEqual(opts.placement, { cpuOvercommit: 4, memoryOvercommit: 1, sampleK: 3 });
     assert.equal(opts.watchIntervalMs, 500);
     assert.equal(opts.gcIntervalMs, 10_000);
+    assert.equal(opts.orphanGraceMs, 0, 'a grace of 0 (destroyed at first sight) is kept, not taken for unset');
     assert.deepEqual(opts.watch, { heartbeatMs: 1000, auditRetention: { maxRows: 10, maxAgeMs: 60_000 } });
   });
 

@@ -248,6 +248,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(Object.keys(placement).length > 0 ? { placement } : {}),
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
+    ...(watcher.orphanGraceMs !== undefined ? { orphanGraceMs: watcher.orphanGraceMs } : {}),
     ...(watcher.abandonedStoppingMs !== undefined ? { abandonedStoppingMs: watcher.abandonedStoppingMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),

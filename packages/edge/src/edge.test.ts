@@ -11,7 +11,7 @@ import type { BackendKind, FileStat, LayerInfo, RaisedEvent, SandboxClaim, Sandb
 import type { Backend, BackendCreateRequest, BackendPauseResult, BackendResumeResult, BackendSandbox, PauseFacet, SandboxAgent } from './backend.js';
 import type { CallRunner } from './backends/fncall/index.js';
 import type { AgentProcess } from './chronus/client.js';
-import { Edge } from './edge.js';
+import { Edge, MAX_HELD_EVENTS } from './edge.js';
 import { Cgroups } from './host/cgroups.js';
 import { LayerStore } from './layers/index.js';
 import { NodeNetwork } from './net/network.js';
@@ -449,5 +449,62 @@ describe('Edge state machine (fake backend)', () => {
     assert.equal((paused?.data as { reason?: string } | undefined)?.reason, 'idle');
     assert.ok(events.some((e) => e.kind === 'sandbox.resumed' && e.sandboxId === sb.id));
     await edge.destroy(sb.id);
+  });
+});
+
+describe('events raised while nobody subscribes', () => {
+  /** A backend that recovers one sandbox whose watched paths cannot be followed (its writable layer is gone). */
+  class AdoptingBackend extends FakeBackend {
+    readonly writableLayer = { upperDir: (id: string): string => path.join(os.tmpdir(), 'dsec-edge-unit-no-such-dir', id, 'upper') };
+    override async recover(): Promise<BackendSandbox[]> {
+      const spec: SandboxSpec = { ...SPEC, protect: { watch: ['/etc'] } };
+      return [{ id: 'unit-adopted', backend: this.kind, spec, layers: [], createdAt: new Date(0).toISOString() }];
+    }
+  }
+
+  test('what the edge raises while it opens (adoption) reaches its first subscriber; later ones get no replay; the hold is bounded', async () => {
+    const home = await mkdtemp(path.join(os.tmpdir(), 'dsec-edge-unit-'));
+    const edge = new Edge({
+      home,
+      nodeName: 'held',
+      layers: new AnyLayers({ root: path.join(home, 'layers') }),
+      cgroups: new Cgroups('v2', 'dsec-unit-never-touched'),
+      runtimeNs: { destroy: async () => undefined },
+      backends: [new AdoptingBackend()],
+      calls,
+      network: new NodeNetwork({}, { home, nflogBinary: '/nonexistent', netlinkBinary: '/nonexistent', raise: () => undefined }),
+      kernelLog: false,
+    });
+    try {
+      await edge.adopt(0);
+      assert.ok(
+        (await edge.list()).some((s) => s.id === 'unit-adopted'),
+        'the sandbox was adopted',
+      );
+      const first: RaisedEvent[] = [];
+      const offFirst = edge.onEvent((ev) => first.push(ev));
+      assert.deepEqual(
+        first.map((e) => [e.kind, e.sandboxId, e.node]),
+        [['protected-path.write', 'unit-adopted', 'held']],
+        'the refusal raised at adoption, before anyone subscribed, is handed over on subscribing',
+      );
+      assert.ok(first[0]?.at && Date.parse(first[0].at) > 0, 'with the time it was raised');
+      const second: string[] = [];
+      const offSecond = edge.onEvent((ev) => second.push(ev.kind));
+      assert.deepEqual(second, [], 'handed over once, not to every subscriber');
+      offFirst();
+      offSecond();
+
+      // Nobody subscribed (a remote node between sessions): held, the newest MAX_HELD_EVENTS of them.
+      for (let i = 0; i < MAX_HELD_EVENTS + 5; i++) edge.raise({ kind: 'egress.denied', severity: 'info', sandboxId: 'unit-adopted', message: `denied ${i}` });
+      const next: string[] = [];
+      edge.onEvent((ev) => next.push(ev.message));
+      assert.equal(next.length, MAX_HELD_EVENTS);
+      assert.equal(next[0], 'denied 5', 'the oldest went');
+      assert.equal(next.at(-1), `denied ${MAX_HELD_EVENTS + 4}`);
+    } finally {
+      await edge.close();
+      await rm(home, { recursive: true, force: true });
+    }
   });
 });

@@ -63,6 +63,12 @@ export const PAUSE_DRAIN_TIMEOUT_MS = 10_000;
 /** How often a stream cut by a pause to a file looks whether its sandbox runs again. */
 const RUNNING_AGAIN_POLL_MS = 250;
 
+/**
+ * Events an edge keeps while nobody subscribes (those raised while it opens, adopting the
+ * sandboxes of a previous run; a remote node's between two sessions): the oldest go past this.
+ */
+export const MAX_HELD_EVENTS = 1000;
+
 interface Entry {
   record: BackendSandbox;
   backend: Backend;
@@ -91,6 +97,8 @@ export class Edge extends SandboxCalls implements EdgeClient {
   /** Ids being created (their folders and cgroups exist before they are in `sandboxes`). */
   private readonly creating = new Set<string>();
   private readonly eventSinks = new Set<EventSink>();
+  /** Events raised while {@link eventSinks} was empty, for the next subscriber (at most {@link MAX_HELD_EVENTS}). */
+  private readonly heldEvents: RaisedEvent[] = [];
   /** Sandbox ids by the host uid their user namespace starts at (to attribute kernel records). */
   private readonly idBases = new Map<number, string>();
   /** Seccomp denials and watched-path changes, raised as events. */
@@ -163,19 +171,32 @@ export class Edge extends SandboxCalls implements EdgeClient {
 
   /** Opens the node: prepares the host, builds its backends, finds sandboxes that survived a restart. */
   static async open(opts: EdgeOptions): Promise<Edge> {
-    // Backends raise through the edge, which exists only once they do.
-    let raise: EventSink = () => undefined;
+    // Backends raise through the edge, which exists only once they do: what they raise before
+    // is raised by the edge once it exists (and held there for its first subscriber).
+    const early: RaisedEvent[] = [];
+    let raise: EventSink = (ev) => void early.push(ev);
     const edge = new Edge(await openParts(opts, (ev) => raise(ev)));
     raise = (ev) => edge.raise(ev);
-    for (const backend of edge.backends.values()) {
+    for (const ev of early) edge.raise(ev);
+    await edge.adopt(opts.counterScanMs ?? DEFAULT_COUNTER_SCAN_MS);
+    return edge;
+  }
+
+  /**
+   * Takes up the sandboxes its backends recover (a restart), removes what a crashed edge left
+   * and nothing adopted, then starts the monitor scanning every `counterScanMs`. Run once, by
+   * `open` (unit tests call it on an edge of fakes). What it raises is held for the first subscriber.
+   */
+  async adopt(counterScanMs: number): Promise<void> {
+    for (const backend of this.backends.values()) {
       for (const record of await backend.recover()) {
         const { paused, ...rest } = record;
-        edge.register(rest, backend, paused ? 'paused' : 'running');
+        this.register(rest, backend, paused ? 'paused' : 'running');
         try {
-          edge.track(rest, backend);
+          this.track(rest, backend);
         } catch (err) {
           // One sandbox whose protected paths cannot be followed (a watch that fails) does not stop the node.
-          edge.raise({
+          this.raise({
             kind: 'protected-path.write',
             severity: 'warning',
             sandboxId: record.id,
@@ -183,11 +204,11 @@ export class Edge extends SandboxCalls implements EdgeClient {
             data: { unreadable: true },
           });
         }
-        await edge.network
+        await this.network
           .recover(record.id, record.spec.network, () => netnsOf(backend, record.id))
           .catch((err: unknown) => {
             // Its network cannot be put back: it keeps none (closed), and the failure is told.
-            edge.raise({
+            this.raise({
               kind: 'sandbox.lost',
               severity: 'warning',
               sandboxId: record.id,
@@ -197,15 +218,14 @@ export class Edge extends SandboxCalls implements EdgeClient {
       }
     }
     // Saved network policies of sandboxes that did not survive (an edge killed mid-teardown).
-    await edge.network.forgetSavedExcept((id) => edge.sandboxes.has(id));
+    await this.network.forgetSavedExcept((id) => this.sandboxes.has(id));
+    // Lazy layers whose server died while this edge was down: their sandboxes cannot read them.
+    await this.loseLayerUsers(this.layers.takeLostLayers());
     // What a crashed edge left behind and recovery did not adopt: containers without a
     // folder, cgroups without a container, stale layer mounts. No call pool runs yet, so
     // function-call sandboxes left behind go too.
-    // Lazy layers whose server died while this edge was down: their sandboxes cannot read them.
-    await edge.loseLayerUsers(edge.layers.takeLostLayers());
-    edge.lastStartGarbage = await edge.collectGarbage({ calls: true });
-    edge.monitor.start(opts.counterScanMs ?? DEFAULT_COUNTER_SCAN_MS);
-    return edge;
+    this.lastStartGarbage = await this.collectGarbage({ calls: true });
+    this.monitor.start(counterScanMs);
   }
 
   /** What this node offers to the scheduler. */
@@ -248,25 +268,31 @@ export class Edge extends SandboxCalls implements EdgeClient {
     return { ...(await this.cgroups.parentUsage()), sandboxes: this.sandboxes.size };
   }
 
-  /** Subscribes to the events this node raises; returns the unsubscribe function. */
+  /**
+   * Subscribes to the events this node raises; returns the unsubscribe function. The events
+   * raised while nobody subscribed (at open, adopting sandboxes; between a remote node's
+   * sessions) are handed to this first subscriber after them, before `onEvent` returns.
+   */
   onEvent(sink: EventSink): () => void {
     this.eventSinks.add(sink);
+    for (const ev of this.heldEvents.splice(0)) deliver(sink, ev);
     return () => this.eventSinks.delete(sink);
   }
 
-  /** Raises an event to every subscriber (node name and time filled in). Never throws. */
+  /**
+   * Raises an event to every subscriber (node name and time filled in); with none, holds it for
+   * the next (the newest {@link MAX_HELD_EVENTS}). Never throws.
+   */
   raise(ev: RaisedEvent): void {
     // A backend that lost a sandbox (a microVM whose QEMU died) has removed it: the node forgets it too.
     if (ev.kind === 'sandbox.lost' && ev.sandboxId && ev.data?.backend !== undefined) void this.forgetLost(ev.sandboxId);
     if (ev.kind === 'layer.server-lost') void this.loseLayerUsers(this.layers.takeLostLayers());
     const full: RaisedEvent = { ...ev, node: ev.node ?? this.nodeName, at: ev.at ?? new Date().toISOString() };
-    for (const sink of this.eventSinks) {
-      try {
-        sink(full);
-      } catch {
-        // A sink's failure is its own; the node carries on.
-      }
+    if (this.eventSinks.size === 0) {
+      if (this.heldEvents.push(full) > MAX_HELD_EVENTS) this.heldEvents.shift();
+      return;
     }
+    for (const sink of this.eventSinks) deliver(sink, full);
   }
 
   /** A new sandbox id that names this node. */
@@ -894,4 +920,13 @@ function inTurn(e: Entry, pack: () => Promise<LayerInfo>): Promise<LayerInfo> {
   const run = (e.snapshotting ?? Promise.resolve()).then(pack, pack);
   e.snapshotting = run.catch(() => undefined);
   return run;
+}
+
+/** Hands an event to one subscriber. Never throws. */
+function deliver(sink: EventSink, ev: RaisedEvent): void {
+  try {
+    sink(ev);
+  } catch {
+    // A sink's failure is its own; the node carries on.
+  }
 }

@@ -1,4 +1,4 @@
-export { Edge, PAUSE_DRAIN_TIMEOUT_MS } from './edge.js';
+export { Edge, MAX_HELD_EVENTS, PAUSE_DRAIN_TIMEOUT_MS } from './edge.js';
 export type { EdgeParts, ExecOptions, PauseResult, ResumeResult } from './edge-options.js';
 export { DEFAULT_MAX_SANDBOXES } from './edge-options.js';
 export type { EdgeOptions } from './edge-options.js';

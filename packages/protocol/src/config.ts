@@ -226,13 +226,18 @@ export const DsecConfigSchema = z.strictObject({
       idleMemoryShare: share.optional(),
     })
     .default({}),
-  /** The watcher's passes (watcher defaults `DEFAULT_WATCH_INTERVAL_MS`, `DEFAULT_GC_INTERVAL_MS`). */
+  /** The watcher's passes (watcher defaults `DEFAULT_WATCH_INTERVAL_MS`, `DEFAULT_GC_INTERVAL_MS`, `DEFAULT_ORPHAN_GRACE_MS`). */
   watcher: z
     .strictObject({
       /** Interval of the reconcile pass, in ms. */
       intervalMs: positiveInt.optional(),
       /** Interval of the node garbage collection, in ms. */
       gcIntervalMs: positiveInt.optional(),
+      /**
+       * How long a sandbox a node runs without a record may stay so before it is destroyed, in ms
+       * (watcher `DEFAULT_ORPHAN_GRACE_MS`, 5 s); 0 destroys it at first sight.
+       */
+      orphanGraceMs: durationMs.optional(),
       /** How long a `stopping` row no process here tears down waits before the lease pass finishes it, in ms (apiserver `ABANDONED_STOPPING_MS`). */
       abandonedStoppingMs: positiveInt.optional(),
     })

@@ -1,4 +1,11 @@
-export { Watcher, DEFAULT_WATCH_INTERVAL_MS, DEFAULT_GC_INTERVAL_MS, DEFAULT_MAINTENANCE_INTERVAL_MS } from './watcher.js';
+export {
+  Watcher,
+  DEFAULT_WATCH_INTERVAL_MS,
+  DEFAULT_GC_INTERVAL_MS,
+  DEFAULT_MAINTENANCE_INTERVAL_MS,
+  DEFAULT_LOST_AFTER_MS,
+  DEFAULT_ORPHAN_GRACE_MS,
+} from './watcher.js';
 export type { WatchedNode, WatchedSandbox, WatcherOptions, WatcherTarget } from './watcher.js';
 export {
   EventHub,

@@ -1,4 +1,5 @@
-// The watcher's expiry pass against an in-memory control plane (our own WatcherTarget).
+// The watcher's passes (expiry, reconcile, orphans, garbage collection) against an in-memory
+// control plane (our own WatcherTarget).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { RaisedEvent } from '@dsec/protocol';
@@ -76,10 +77,10 @@ test('reconcile: past the bound, each pass compares a share of the nodes in turn
   const t = target(rows, nodes);
   const lost: string[] = [];
   t.markLost = async (id) => void lost.push(id);
-  const watcher = new Watcher(t, { reconcileRowsPerPass: 6, lostAfterMs: 20 });
+  const watcher = new Watcher(t, { reconcileRowsPerPass: 6, lostAfterMs: 20, orphanGraceMs: 20 });
   await watcher.pass();
   assert.deepEqual(t.asked, [['a', 'b', 'c', 'd']], 'nodes not seen yet count no records: the first pass takes them all');
-  assert.deepEqual(destroyed, ['d-orphan']);
+  assert.deepEqual(destroyed, [], 'an orphan seen once: not destroyed yet');
   assert.deepEqual(lost, [], 'missing once: not lost yet');
   for (let i = 0; i < 2; i++) {
     await new Promise((r) => setTimeout(r, 30));
@@ -94,6 +95,7 @@ test('reconcile: past the bound, each pass compares a share of the nodes in turn
     'then two nodes (six records) a pass, in turn',
   );
   assert.deepEqual(lost, ['b-2'], 'lost on the next visit of its node');
+  assert.deepEqual(destroyed, ['d-orphan'], 'the orphan destroyed on the next visit of its node');
 });
 
 test('garbage collection visits every node, whatever share of them a pass reconciles', async () => {
@@ -125,4 +127,43 @@ test('garbage collection visits every node, whatever share of them a pass reconc
     'reconcile takes two nodes a pass once their records are known',
   );
   assert.deepEqual(collected, ['a', 'b', 'c', 'd', 'a', 'b', 'c', 'd', 'a', 'b', 'c', 'd'], 'each pass collects on all four');
+});
+
+test('orphans: one seen once survives; seen again after the grace it is destroyed; one whose record came during the grace is kept', async () => {
+  const future = new Date(Date.now() + 600_000).toISOString();
+  const rows: WatchedSandbox[] = [];
+  let onNode = ['edge-made', 'racing-create'];
+  const destroyed: string[] = [];
+  const node: WatchedNode = {
+    name: 'n',
+    sandboxIds: async () => [...onNode],
+    destroyOrphan: async (id) => {
+      destroyed.push(id);
+      onNode = onNode.filter((x) => x !== id);
+    },
+  };
+  const watcher = new Watcher(target(rows, [node]), { orphanGraceMs: 40 });
+  await watcher.pass();
+  await watcher.pass();
+  assert.deepEqual(destroyed, [], 'within the grace: nothing is destroyed, however many passes see it');
+  // The create pipeline's record arrives during the grace (rows come before sandboxes; a slow store may not).
+  rows.push({ id: 'racing-create', node: 'n', state: 'creating', expiresAt: future });
+  await new Promise((r) => setTimeout(r, 50));
+  await watcher.pass();
+  assert.deepEqual(destroyed, ['edge-made'], 'past the grace: the one still without a record goes, the one now known stays');
+  assert.deepEqual(onNode, ['racing-create']);
+  // Its record gone later (deleted while the node kept it): a new grace starts from then.
+  rows.length = 0;
+  await watcher.pass();
+  assert.deepEqual(destroyed, ['edge-made'], 'known once: its grace starts again when its record goes');
+  await new Promise((r) => setTimeout(r, 50));
+  await watcher.pass();
+  assert.deepEqual(destroyed, ['edge-made', 'racing-create']);
+});
+
+test('orphans: a grace of 0 destroys at first sight', async () => {
+  const destroyed: string[] = [];
+  const node: WatchedNode = { name: 'n', sandboxIds: async () => ['x'], destroyOrphan: async (id) => void destroyed.push(id) };
+  await new Watcher(target([], [node]), { orphanGraceMs: 0 }).pass();
+  assert.deepEqual(destroyed, ['x']);
 });

@@ -1,7 +1,7 @@
 // The watcher: polls nodes for health, destroys sandboxes whose lifetime has elapsed, enforces
 // leases (idle timeouts, lost owners: the control plane's pass, run from here), and reconciles
 // the control plane's records with what the nodes actually run (orphans on a node are
-// destroyed; records whose sandbox vanished are marked lost). It raises lease.exceeded for an
+// destroyed once seen again after a grace; records whose sandbox vanished are marked lost). It raises lease.exceeded for an
 // elapsed lifetime and sandbox.lost (idle and owner lease.exceeded come from the control
 // plane's lease pass), collects what crashed edges left on their nodes, and runs the
 // maintenance of the event and audit stores (retention, rules written by other replicas).
@@ -18,6 +18,14 @@ export const DEFAULT_MAINTENANCE_INTERVAL_MS = 10_000;
  * reconciled a share of its nodes per pass, in turn (every node within a few passes).
  */
 export const DEFAULT_RECONCILE_ROWS_PER_PASS = 2000;
+/** Default time a sandbox must be missing from its node before it is marked lost (creation races). */
+export const DEFAULT_LOST_AFTER_MS = 5000;
+/**
+ * Default time a sandbox a node runs without a record must stay so before it is destroyed (a few
+ * passes): a sandbox made at the node beside the control plane (a benchmark's, an operator's)
+ * is not destroyed at first sight.
+ */
+export const DEFAULT_ORPHAN_GRACE_MS = 5000;
 
 /** A sandbox as the control plane records it. */
 export interface WatchedSandbox {
@@ -34,7 +42,7 @@ export interface WatchedNode {
   name: string;
   /** Ids of the sandboxes the node runs; rejects when the node is unreachable. */
   sandboxIds(): Promise<string[]>;
-  /** Destroys a sandbox the control plane does not know. */
+  /** Destroys a sandbox the control plane has not known for the orphan grace. */
   destroyOrphan(id: string): Promise<void>;
   /** Removes what no live sandbox owns on the node (containers, cgroups, mounts); returns how many things went. */
   collectGarbage?(): Promise<number>;
@@ -62,8 +70,10 @@ export interface WatcherTarget {
 export interface WatcherOptions {
   intervalMs?: number;
   log?: (line: string) => void;
-  /** A sandbox must be missing this long before it is marked lost (creation races). */
+  /** A sandbox must be missing this long before it is marked lost (creation races). Default {@link DEFAULT_LOST_AFTER_MS}. */
   lostAfterMs?: number;
+  /** A sandbox a node runs without a record is destroyed when seen so again this long after it was first. Default {@link DEFAULT_ORPHAN_GRACE_MS}. */
+  orphanGraceMs?: number;
   /** Interval of garbage collection on the nodes. Default {@link DEFAULT_GC_INTERVAL_MS}. */
   gcIntervalMs?: number;
   /** Interval of {@link WatcherTarget.maintain}. Default {@link DEFAULT_MAINTENANCE_INTERVAL_MS}. */
@@ -78,6 +88,8 @@ export class Watcher {
   private running: Promise<void> | undefined;
   /** Sandboxes missing from their node, by id: the node and since when. */
   private readonly missingSince = new Map<string, { node: string; since: number }>();
+  /** Sandboxes a node runs without a record, by id: the node and since when. */
+  private readonly orphanSince = new Map<string, { node: string; since: number }>();
   /** Records each node held at its last reconcile (what a pass's share is measured by). */
   private readonly recordsOn = new Map<string, number>();
   /** Where the next pass's share of the nodes starts. */
@@ -167,7 +179,7 @@ export class Watcher {
   private share(all: WatchedNode[]): WatchedNode[] {
     const names = new Set(all.map((n) => n.name));
     for (const name of this.recordsOn.keys()) if (!names.has(name)) this.recordsOn.delete(name);
-    for (const [id, m] of this.missingSince) if (!names.has(m.node)) this.missingSince.delete(id);
+    for (const seen of [this.missingSince, this.orphanSince]) for (const [id, m] of seen) if (!names.has(m.node)) seen.delete(id);
     const bound = this.o.reconcileRowsPerPass ?? DEFAULT_RECONCILE_ROWS_PER_PASS;
     const out: WatchedNode[] = [];
     let rows = 0;
@@ -220,14 +232,27 @@ export class Watcher {
     }
   }
 
-  /** Compares what a node runs with its records: orphans destroyed, sandboxes missing too long lost. */
+  /**
+   * Compares what a node runs with its records: orphans (run, no record) destroyed when seen
+   * again after the orphan grace, sandboxes missing too long lost. The records were read after
+   * the node answered, so a sandbox whose record came during the grace is known by now and kept.
+   */
   private async reconcile(node: WatchedNode, running: Set<string>, records: readonly WatchedSandbox[], log: (line: string) => void): Promise<void> {
     const known = new Set(records.map((s) => s.id));
     for (const [id, m] of this.missingSince) if (m.node === node.name && !known.has(id)) this.missingSince.delete(id);
-    for (const id of running) {
-      if (!known.has(id)) await node.destroyOrphan(id).catch((err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`));
-    }
+    for (const [id, m] of this.orphanSince) if (m.node === node.name && (known.has(id) || !running.has(id))) this.orphanSince.delete(id);
     const now = Date.now();
+    for (const id of running) {
+      if (known.has(id)) continue;
+      const since = this.orphanSince.get(id)?.since ?? now;
+      this.orphanSince.set(id, { node: node.name, since });
+      if (now - since < (this.o.orphanGraceMs ?? DEFAULT_ORPHAN_GRACE_MS)) continue;
+      log(`watcher: destroying ${id} on ${node.name}: it has run without a record for ${now - since} ms`);
+      await node.destroyOrphan(id).then(
+        () => this.orphanSince.delete(id),
+        (err: unknown) => log(`watcher: orphan ${id}: ${(err as Error).message}`),
+      );
+    }
     for (const s of records) {
       if ((s.state !== 'running' && s.state !== 'paused') || running.has(s.id)) {
         this.missingSince.delete(s.id);
@@ -235,7 +260,7 @@ export class Watcher {
       }
       const since = this.missingSince.get(s.id)?.since ?? now;
       this.missingSince.set(s.id, { node: node.name, since });
-      if (now - since >= (this.o.lostAfterMs ?? 5000)) {
+      if (now - since >= (this.o.lostAfterMs ?? DEFAULT_LOST_AFTER_MS)) {
         this.missingSince.delete(s.id);
         const marked = await this.target.markLost(s.id).then(
           () => true,
