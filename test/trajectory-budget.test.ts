@@ -10,7 +10,7 @@
 // sets the budgets through the configuration's variables (`DSEC_LIMIT_TRAJECTORY_BYTES_*`, to a
 // real `dsec up`) to 100 kB and 1 MB, with 30,000-byte writes (~40 kB stored). DSEC_LONG=1
 // (`npm run test:long`) runs the same at the defaults (2 GiB per tenant, 8 GiB in all): 1 MiB
-// writes, 46 to a trajectory under its own 64 MiB, ~1,540 of them in 34 red sandboxes. The
+// writes, 47 to a trajectory under its own 64 MiB, ~1,540 of them in 34 red sandboxes. The
 // counts below are computed from what one step stores.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
