@@ -2,6 +2,7 @@
 // `crun exec`'s pipe, for one checkout's builds (run it for two checkouts in turn, alternating).
 // Root, under the e2e lock: flock /tmp/dsec-e2e.lock node bench/scripts/exec-ab.mjs <checkout> exec 400
 //                       flock /tmp/dsec-e2e.lock node bench/scripts/exec-ab.mjs <checkout> stream 512
+// (stream also prints the CPU this process spent per MiB streamed through the SDK.)
 import path from 'node:path';
 import { cp } from 'node:fs/promises';
 import { performance } from 'node:perf_hooks';
@@ -68,12 +69,17 @@ try {
     const peers = await Peers.open(path.join(dir, 'peers'), rootfs);
     const crunId = await peers.crunStartIdle();
     const res = { dsec: [], crun: [] };
+    // CPU of this process (client, apiserver and edge; not the agent) per MiB streamed through the SDK.
+    let cpuUs = 0;
     for (let r = 0; r < 3; r++) {
       let t = performance.now();
       let bytes = 0;
+      const c = process.cpuUsage();
       const h = await sb.spawn(argv);
       for await (const ev of h) if (ev.stream === 'stdout') bytes += ev.data.length;
       await h.wait();
+      const used = process.cpuUsage(c);
+      cpuUs += used.user + used.system;
       if (bytes !== size) throw new Error('dsec bytes ' + bytes);
       res.dsec.push(size / 1e3 / (performance.now() - t));
       t = performance.now();
@@ -83,7 +89,7 @@ try {
       res.crun.push(size / 1e3 / (performance.now() - t));
     }
     console.log(
-      `RESULT ${checkout} stream MB/s dsec ${res.dsec.map((x) => x.toFixed(0)).join(',')} crun ${res.crun.map((x) => x.toFixed(0)).join(',')} ratio ${(q(res.dsec, 0.5) / q(res.crun, 0.5)).toFixed(2)}`,
+      `RESULT ${checkout} stream MB/s dsec ${res.dsec.map((x) => x.toFixed(0)).join(',')} crun ${res.crun.map((x) => x.toFixed(0)).join(',')} ratio ${(q(res.dsec, 0.5) / q(res.crun, 0.5)).toFixed(2)} | CPU us/MiB dsec ${(cpuUs / (3 * (size / 2 ** 20))).toFixed(0)}`,
     );
     await peers.crunDelete(crunId);
   }

@@ -179,7 +179,9 @@ export class Attachment {
   private consume(ev: OutputEvent): void {
     const end = ev.kind === 'data' ? ev.offset + ev.data.length : ev.offset + ev.bytes;
     this.consumed[ev.stream] = Math.max(this.consumed[ev.stream], end);
-    if (this.consumed[ev.stream] - this.acked[ev.stream] >= this.windowBytes / 4) {
+    // Once half the window is consumed: each ACK is a write that wakes the agent, and the other
+    // half keeps the agent sending while the ACK travels.
+    if (this.consumed[ev.stream] - this.acked[ev.stream] >= this.windowBytes / 2) {
       this.acked[ev.stream] = this.consumed[ev.stream];
       this.client.send(T.ACK, 0, [[F.PROC, this.proc], [F.STREAM, ev.stream === 'stdout' ? 1 : 2], [F.OFFSET, this.acked[ev.stream]]]);
     }

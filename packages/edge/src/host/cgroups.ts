@@ -2,7 +2,7 @@
 // pause and resume. crun creates and removes the cgroups; edge reads them, changes only the
 // freezer and (while paused) the memory controller's reclaim settings, and checks that none are
 // left behind. Works with cgroup v1 (including this machine's hybrid layout) and v2.
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readSync } from 'node:fs';
 import { mkdir, readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -110,8 +110,66 @@ async function prefetchRanges(pid: number): Promise<Array<[bigint, bigint]>> {
   return out;
 }
 
+/** Sandboxes whose counter files stay open between reads (the most recently read ones). */
+const MAX_HELD_SANDBOXES = 256;
+
+/**
+ * Counter files read on the exec path (OOM kills, refused forks, tasks), held open per sandbox
+ * and read again from offset 0: one system call a read instead of readFileSync's five. A file of
+ * a removed cgroup fails its read (ENODEV), also when a cgroup of the same path was made since
+ * (a restarted sandbox): it is then opened anew. At most {@link MAX_HELD_SANDBOXES} sandboxes
+ * hold files; the least recently read gives its files back first.
+ */
+class HeldCounterFiles {
+  /** Open files per sandbox id, least recently read first. */
+  private readonly held = new Map<string, Map<string, number>>();
+  private readonly buf = Buffer.alloc(4096);
+
+  /** The text of `file` of sandbox `id` now; undefined when it cannot be read. */
+  read(id: string, file: string): string | undefined {
+    let files = this.held.get(id);
+    if (files) this.held.delete(id);
+    else {
+      files = new Map();
+      if (this.held.size >= MAX_HELD_SANDBOXES) this.release(this.held.keys().next().value as string);
+    }
+    this.held.set(id, files);
+    for (let attempt = 0; attempt < 2; attempt++) {
+      let fd = files.get(file);
+      if (fd === undefined) {
+        try {
+          fd = openSync(file, 'r');
+        } catch {
+          return undefined;
+        }
+        files.set(file, fd);
+      }
+      try {
+        return this.buf.toString('latin1', 0, readSync(fd, this.buf, 0, this.buf.length, 0));
+      } catch {
+        closeSync(fd);
+        files.delete(file);
+      }
+    }
+    return undefined;
+  }
+
+  /** Closes a sandbox's files (its cgroup goes). */
+  release(id: string): void {
+    for (const fd of this.held.get(id)?.values() ?? []) closeSync(fd);
+    this.held.delete(id);
+  }
+
+  /** Closes every file held. */
+  close(): void {
+    for (const id of [...this.held.keys()]) this.release(id);
+  }
+}
+
 /** Access to the cgroups of sandboxes under one parent (`/dsec` by default). */
 export class Cgroups {
+  private readonly counterFiles = new HeldCounterFiles();
+
   constructor(
     readonly mode: CgroupMode,
     readonly parent: string = 'dsec',
@@ -174,15 +232,11 @@ export class Cgroups {
     return (await readKeyed(path.join(this.dir('memory', id), 'memory.oom_control'))).get('oom_kill') ?? 0;
   }
 
-  /** OOM kills so far, read synchronously (a few microseconds; used on the exec path). */
+  /** OOM kills so far, read synchronously (a few microseconds, from a held file; used on the exec path). */
   oomKillsSync(id: string): number {
     const file = this.mode === 'v2' ? path.join(this.dir('', id), 'memory.events') : path.join(this.dir('memory', id), 'memory.oom_control');
-    try {
-      const m = /^oom_kill (\d+)$/m.exec(readFileSync(file, 'utf8'));
-      return m ? Number(m[1]) : 0;
-    } catch {
-      return 0;
-    }
+    const m = /^oom_kill (\d+)$/m.exec(this.counterFiles.read(id, file) ?? '');
+    return m ? Number(m[1]) : 0;
   }
 
   private async usage(id: string): Promise<{ usageBytes: number; swapBytes: number }> {
@@ -325,12 +379,8 @@ export class Cgroups {
   /** Times a fork failed in a sandbox because of its pids limit (the `max` of pids.events). */
   pidsLimitHitsSync(id: string): number {
     const file = path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.events');
-    try {
-      const m = /^max (\d+)$/m.exec(readFileSync(file, 'utf8'));
-      return m ? Number(m[1]) : 0;
-    } catch {
-      return 0;
-    }
+    const m = /^max (\d+)$/m.exec(this.counterFiles.read(id, file) ?? '');
+    return m ? Number(m[1]) : 0;
   }
 
   /** {@link pidsLimitHitsSync}, read without blocking (the periodic scan over every sandbox). */
@@ -342,11 +392,7 @@ export class Cgroups {
 
   /** Tasks in a sandbox's cgroup now (0 when it has none). */
   pidsCurrentSync(id: string): number {
-    try {
-      return Number(readFileSync(path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.current'), 'utf8').trim()) || 0;
-    } catch {
-      return 0;
-    }
+    return Number(this.counterFiles.read(id, path.join(this.mode === 'v2' ? this.dir('', id) : this.dir('pids', id), 'pids.current'))?.trim()) || 0;
   }
 
   /** Host pids of the processes in a sandbox's cgroup. */
@@ -470,8 +516,14 @@ export class Cgroups {
     return procs;
   }
 
+  /** Closes the counter files held open for the exec path's reads (the node's backends close). */
+  closeCounterFiles(): void {
+    this.counterFiles.close();
+  }
+
   /** Removes a sandbox's (empty) cgroups that the runtime left behind. */
   async remove(id: string): Promise<void> {
+    this.counterFiles.release(id);
     // One rmdir per hierarchy, all at once (one gone already is ENOENT, ignored): no stat first.
     await Promise.all(this.dirsOf(id).map((d) => rmdir(d).catch(() => undefined)));
   }

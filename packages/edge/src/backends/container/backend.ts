@@ -561,6 +561,7 @@ export class ContainerBackend implements Backend {
 
   async close(): Promise<void> {
     for (const id of [...this.agents.keys()]) this.dropAgent(id);
+    this.o.cgroups.closeCounterFiles();
   }
 }
 
