@@ -249,6 +249,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(watcher.intervalMs !== undefined ? { watchIntervalMs: watcher.intervalMs } : {}),
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
     ...(watcher.abandonedStoppingMs !== undefined ? { abandonedStoppingMs: watcher.abandonedStoppingMs } : {}),
+    ...(watcher.goneReplicaMs !== undefined ? { goneReplicaMs: watcher.goneReplicaMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
     ...(config.db !== undefined ? { db: config.db } : {}),
