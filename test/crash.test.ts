@@ -445,6 +445,36 @@ const PASS_MS = 250;
 const PG_QUICK_STEPS: readonly CrashStep[] = ['create.node', 'delete.node'];
 const pgRuns: CrashRun[] = LONG ? runs : PG_QUICK_STEPS.map((step) => ({ step }));
 
+/** An edge-less `dsec apiserver` child on `home`, once it listens: its process, its stderr so far, and its exit. */
+async function startReplica(
+  home: string,
+  args: string[],
+): Promise<{ child: ChildProcessWithoutNullStreams; url: string; stderr: () => string; exited: Promise<void> }> {
+  const child = spawn(process.execPath, [CLI, 'apiserver', '--home', home, '--addr', '127.0.0.1:0', ...args], {
+    env: { PATH: process.env.PATH ?? '' },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  let stdout = '';
+  child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+  child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  try {
+    await settles('the replica listens', async () => (/listening on/.test(stdout) ? undefined : `not yet: ${stderr}`), START_TIMEOUT_MS);
+  } catch (err) {
+    child.kill('SIGKILL');
+    throw err;
+  }
+  return { child, url: /listening on (http:\/\/\S+)/.exec(stdout)![1]!, stderr: () => stderr, exited };
+}
+
+/** How long a replica with work on the store may show no session before the survivor settles it (short for the tests; the default is 10 s). */
+const GONE_MS = 1500;
+/** Kill points of a create on a replica that dies beside a live one: its reservation alone, and its row with the sandbox on its node (the rest under DSEC_LONG=1). */
+const GONE_STEPS: readonly CrashStep[] = LONG
+  ? ['create.reserved', 'create.row', 'create.node', 'pause.pausing', 'pause.node', 'delete.stopping']
+  : ['create.reserved', 'create.node'];
+
 describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, () => {
   let pg: TestPostgres | undefined;
   let dir = '';
@@ -521,21 +551,15 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
         assert.equal(await used(), 1);
 
         // A replica without the dead platform's node: the sandbox's node is gone for it.
-        replica = spawn(process.execPath, [CLI, 'apiserver', '--home', replicaHome, '--addr', '127.0.0.1:0', ...args], {
-          env: { PATH: process.env.PATH ?? '' },
-          stdio: ['pipe', 'pipe', 'pipe'],
-        });
-        let stderr = '';
-        let stdout = '';
-        replica.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
-        replica.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
-        const exited = new Promise<void>((resolve) => replica!.once('exit', () => resolve()));
-        await settles('the replica listens', async () => (/listening on/.test(stdout) ? undefined : `not yet: ${stderr}`), START_TIMEOUT_MS);
+        const started_ = await startReplica(replicaHome, args);
+        replica = started_.child;
+        const { exited } = started_;
+        const stderr = (): string => started_.stderr();
         const started = Date.now();
         await settles('the row is finished', async () => ((await row()) === undefined ? undefined : `still ${await row()}`), ABANDONED_MS + 10_000);
         const took = Date.now() - started;
         assert.ok(took >= ABANDONED_MS - PASS_MS, `finished after ${took} ms: not before its bound (${ABANDONED_MS} ms)`);
-        assert.match(stderr, new RegExp(`finished the abandoned delete of ${id}`));
+        assert.match(stderr(), new RegExp(`finished the abandoned delete of ${id}`));
         assert.equal(await used(), 0, 'its quota is back');
         // More passes give nothing back twice.
         await new Promise((resolve) => setTimeout(resolve, 4 * PASS_MS));
@@ -557,6 +581,75 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
       }
     },
   );
+
+  for (const step of GONE_STEPS) {
+    test(`a replica killed at ${step} beside a live one: the live one settles its work within seconds`, { timeout: 300_000 }, async () => {
+      const db = `gone_${step.replace('.', '_')}`;
+      const url = await pg!.createDatabase(db);
+      const home = await freshHome('dsec-crash-gone-');
+      const replicaHome = await mkdtemp(path.join(dir, 'replica-'));
+      const goneConfig = path.join(replicaHome, 'config.json');
+      await writeFile(goneConfig, JSON.stringify({ watcher: { intervalMs: PASS_MS, goneReplicaMs: GONE_MS } }));
+      const args = ['--db', url, '--config', goneConfig];
+      let survivor: Awaited<ReturnType<typeof startReplica>> | undefined;
+      try {
+        // The platform (with its node) first: it makes the admin key; the survivor starts beside it.
+        const armed = await up(home, { args, env: { [CRASH_AT_ENV]: step } });
+        survivor = await startReplica(replicaHome, args);
+        const admin = new Api(armed.url, armed.apiKey);
+        // A pause or a delete needs a sandbox first (the armed platform dies at its first create otherwise).
+        const kept = step.startsWith('create.') ? undefined : ((await admin.ok('POST', '/v1/sandboxes', BUSYBOX)).body.id as string);
+        const rows = async (): Promise<Array<{ id: string; state: string }>> => (await pg!.query('SELECT id, state FROM sandboxes ORDER BY id', db)).rows;
+        const used = async (): Promise<number> =>
+          Number((await pg!.query(`SELECT used_sandboxes FROM projects WHERE id = '${ROOT_PROJECT_ID}'`, db)).rows[0].used_sandboxes);
+        if (!kept) await admin.call('POST', '/v1/sandboxes', BUSYBOX).catch(() => undefined);
+        else if (step.startsWith('pause.')) await admin.call('POST', `/v1/sandboxes/${kept}/pause`).catch(() => undefined);
+        else await admin.call('DELETE', `/v1/sandboxes/${kept}`).catch(() => undefined);
+        assert.equal((await armed.exited).signal, 'SIGKILL', armed.stderr());
+        const left = await rows();
+        assert.ok(
+          step === 'create.reserved' ? (await used()) > left.length : left.some((r) => r.state !== 'running'),
+          `work left: ${JSON.stringify(left)}, used ${await used()}`,
+        );
+
+        // The survivor (which does not reach the dead platform's node) settles it: usage equals
+        // the rows, none left transitional, every listed sandbox deletable through it.
+        const settledBy = Date.now() + GONE_MS + 10_000;
+        await settles(
+          "the survivor settles the dead replica's work",
+          async () => {
+            const now = await rows();
+            if (now.some((r) => !['running', 'paused', 'failed', 'lost'].includes(r.state))) return `rows ${JSON.stringify(now)}`;
+            return (await used()) === now.length ? undefined : `used ${await used()} for ${now.length} rows`;
+          },
+          settledBy - Date.now(),
+        );
+        assert.match(survivor.stderr(), /settled the work of gone replica/);
+        const api = new Api(survivor.url, armed.apiKey);
+        for (const s of await listAll(api)) assert.ok(['running', 'paused', 'failed', 'lost'].includes(s.state), `${s.id} is ${s.state}`);
+        // More passes change nothing (given back once).
+        const settledUsage = await used();
+        await new Promise((resolve) => setTimeout(resolve, 4 * PASS_MS));
+        assert.equal(await used(), settledUsage, 'given back once');
+        for (const s of await listAll(api)) await api.ok('DELETE', `/v1/sandboxes/${s.id}`);
+        assert.equal(await used(), 0);
+        survivor.child.kill('SIGTERM');
+        await survivor.exited;
+
+        // The platform again, on its home: its node's sandboxes have no row and go.
+        const again = await up(home, { args });
+        try {
+          const ids = [...(kept ? [kept] : []), ...left.map((r) => r.id), ...(await readdir(path.join(home, 'node', 'sandboxes')).catch(() => [] as string[]))];
+          await settles('nothing of any sandbox is left on the host', () => strandedObjects(home, ids, new Set()), HOST_SETTLE_MS);
+        } finally {
+          assert.equal(await stop(again, 'SIGTERM'), 0, again.stderr());
+        }
+      } finally {
+        survivor?.child.kill('SIGKILL');
+        await removeHome(home, ['--db', url]);
+      }
+    });
+  }
 
   describe('a crash at any point loses nothing and strands nothing', { concurrency: false }, () =>
     crashWalk(pgRuns, () => ({ pg: pg!, args: ['--db', pg!.url(CRASH_DB), '--config', config] })),

@@ -29,7 +29,7 @@ import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
 import type { NodeRegistry } from './nodes.js';
-import { reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
+import { GoneReplicas, reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
 import { createServices } from './services/index.js';
@@ -70,6 +70,8 @@ export interface ControlPlaneOptions {
   orphanGraceMs?: number;
   /** How long the lease pass waits before it finishes a `stopping` row no teardown here owns (default `ABANDONED_STOPPING_MS`). */
   abandonedStoppingMs?: number;
+  /** How long a replica with work on a shared store shows no session before the lease pass settles its work (default `GONE_REPLICA_MS`). */
+  goneReplicaMs?: number;
   /** Limits and retention of the trajectory log. */
   trajectory?: TrajectoryOptions;
   /** Events, audit and rules: heartbeats, queues, rate limits, retention. */
@@ -185,7 +187,8 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     closers.unshift(() => services.lifecycle.teardownsIdle());
     // Alone on the store: what a crash of the previous process cut short is settled against the
     // nodes before anything is served or charged. Replicas beside others reconcile a node when
-    // its session opens, and finish abandoned deletes in the lease pass.
+    // its session opens, and settle a gone replica's work (GoneReplicas) and abandoned deletes
+    // in the lease pass.
     if (alone) {
       const reconciled = await reconcileAtStart({
         store,
@@ -273,6 +276,20 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
+    // Replicas on a shared store: the work of one that died beside the others is settled here.
+    const goneReplicas = store.shared
+      ? new GoneReplicas(
+          {
+            store,
+            nodes,
+            log,
+            toSandbox: (row) => services.lifecycle.toSandbox(row),
+            rowEvents: services.lifecycle.rowEvents,
+          },
+          (row) => services.lifecycle.settledElsewhere(row),
+          o.goneReplicaMs,
+        )
+      : undefined;
     const watcher = new Watcher(
       {
         // A node whose session is down is the node port's to judge (unreachable, lost).
@@ -299,9 +316,11 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
         markLost: async (id) => {
           if (!(await services.nodeAdmin.sandboxLost(id))) throw new Error(`sandbox ${id} is no longer on its node`);
         },
-        // Leases, then deletes a dead replica left `stopping` (finished after a bound, see lifecycle.ts).
+        // Leases, then the work of replicas that are gone (reconcile.ts), then deletes a dead
+        // replica left `stopping` on a store that does not say whose (see lifecycle.ts).
         leases: async () => {
           await services.lifecycle.enforceLeases(log);
+          await goneReplicas?.pass();
           await services.lifecycle.finishAbandonedStopping(log, Date.now(), o.abandonedStoppingMs);
         },
         raise: watch.events.ingest,

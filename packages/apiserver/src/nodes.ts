@@ -40,8 +40,12 @@ export interface NodeSessionInfo {
 /** Registry of nodes with their allocation (requested CPU and memory of their sandboxes). */
 export class NodeRegistry {
   private readonly nodes = new Map<string, NodeEntry>();
-  /** Per node, the `stopping` rows its last recount counted (their teardown gives them back). */
-  private readonly recountedStopping = new Map<string, Set<string>>();
+  /**
+   * Per node, the `stopping` and `creating` rows its last recount counted: another process's
+   * work under way, whose share the process that finishes it here gives back (a teardown, the
+   * abandoned-delete pass, the settling of a gone replica's rows).
+   */
+  private readonly recountedInFlight = new Map<string, Set<string>>();
 
   /** Adds the in-process node. */
   add(client: EdgeClient): NodeEntry {
@@ -127,15 +131,22 @@ export class NodeRegistry {
   }
 
   /**
-   * Whether the node's last recount counted the `stopping` row `id` (forgotten here): a
-   * teardown that would not give its share back otherwise (a `lost` row's, an abandoned one's)
-   * gives it back when this says so.
+   * Whether the node's last recount counted the `stopping` or `creating` row `id` (forgotten
+   * here): a teardown or settle that would not give its share back otherwise (a `lost` row's, an
+   * abandoned one's, a gone replica's) gives it back when this says so.
    */
-  takeRecountedStopping(name: string, id: string): boolean {
-    const ids = this.recountedStopping.get(name);
+  takeRecounted(name: string, id: string): boolean {
+    const ids = this.recountedInFlight.get(name);
     if (!ids?.delete(id)) return false;
-    if (ids.size === 0) this.recountedStopping.delete(name);
+    if (ids.size === 0) this.recountedInFlight.delete(name);
     return true;
+  }
+
+  /** Records that a recount at start charged the node for the `stopping` and `creating` rows `ids` (see {@link takeRecounted}). */
+  markRecounted(name: string, ids: Iterable<string>): void {
+    const set = new Set(ids);
+    if (set.size > 0) this.recountedInFlight.set(name, set);
+    else this.recountedInFlight.delete(name);
   }
 
   /**
@@ -149,18 +160,18 @@ export class NodeRegistry {
 
   /**
    * Sets a node's allocation (and spread counts) outright (recounted from the store when its
-   * session opens); `stopping` names the `stopping` rows counted in it.
+   * session opens, or at start); `inFlight` names the `stopping` and `creating` rows counted in it.
    */
   setAllocated(
     name: string,
     allocated: NodeView['allocated'],
     spreads?: ReadonlyMap<string, number>,
     microvmMemoryMiB?: number,
-    stopping?: Iterable<string>,
+    inFlight?: Iterable<string>,
   ): void {
     const n = this.nodes.get(name);
     if (!n) return;
-    if (stopping) this.recountedStopping.set(name, new Set(stopping));
+    if (inFlight) this.recountedInFlight.set(name, new Set(inFlight));
     n.allocated = { ...allocated };
     if (microvmMemoryMiB !== undefined) n.microvmMemoryMiB = microvmMemoryMiB;
     if (spreads) {

@@ -141,16 +141,16 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
   }
 }
 
-/**
- * Reconciles the store with its nodes at start. Only for a store that this process alone
- * serves (SQLite, or PostgreSQL while this replica holds the replicas' lock alone:
- * PostgresListener.joinReplicas): another replica's requests under way would look like crashes here.
- */
-export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileReport> {
-  const { store, nodes, log } = d;
-  const report: ReconcileReport = { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, idempotencySettled: [], trajectories: 0 };
-  const views = new Map<string, { client: EdgeClient; sandboxes: Map<string, EdgeSandbox> }>();
-  for (const n of nodes.all()) {
+function emptyReport(): ReconcileReport {
+  return { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, idempotencySettled: [], trajectories: 0 };
+}
+
+type NodeViews = Map<string, { client: EdgeClient; sandboxes: Map<string, EdgeSandbox> }>;
+
+/** What each node runs, by sandbox id; a node that does not answer is reported unreachable. */
+async function nodeViews(of: ReturnType<NodeRegistry['all']>, report: ReconcileReport, log: (line: string) => void): Promise<NodeViews> {
+  const views: NodeViews = new Map();
+  for (const n of of) {
     try {
       views.set(n.name, { client: n.client, sandboxes: new Map((await n.client.list()).map((s) => [s.id, s])) });
     } catch (err) {
@@ -158,27 +158,97 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
       log(`dsec: reconcile: node ${n.name} did not answer: ${(err as Error).message}`);
     }
   }
-  const known = new Set<string>();
-  for (const row of await store.allSandboxes()) {
-    known.add(row.id);
+  return views;
+}
+
+/** Settles each row against its node's view (rows on nodes without a view are left as they are). */
+async function settleRows(d: ReconcileDeps, rows: readonly SandboxTable[], views: NodeViews, report: ReconcileReport): Promise<void> {
+  for (const row of rows) {
     const view = views.get(row.node);
     if (!view) continue;
     try {
-      const to = await settleRow(store, view.client, row, view.sandboxes.get(row.id));
+      const to = await settleRow(d.store, view.client, row, view.sandboxes.get(row.id));
       if (to) {
         report.settled.push({ id: row.id, from: row.state, to });
         await raiseSettled(d, row, to);
       }
     } catch (err) {
       // The node refused (it will be retried by a delete): the row stays deletable.
-      log(`dsec: reconcile: ${row.id} (${row.state}): ${(err as Error).message}`);
-      if (!['failed', 'lost'].includes(row.state) && (await store.sandboxOnly(row.id))) {
-        await store.setSandboxState(row.id, 'failed');
-        report.settled.push({ id: row.id, from: row.state, to: 'failed' });
-        await raiseSettled(d, row, 'failed');
-      }
+      d.log(`dsec: reconcile: ${row.id} (${row.state}): ${(err as Error).message}`);
+      await failRow(d, row, report);
     }
   }
+}
+
+/** A row that could not be settled becomes `failed`: listed, and deletable. */
+async function failRow(d: ReconcileDeps, row: SandboxTable, report: ReconcileReport): Promise<void> {
+  if (!['failed', 'lost'].includes(row.state) && (await d.store.sandboxOnly(row.id))) {
+    await d.store.setSandboxState(row.id, 'failed');
+    report.settled.push({ id: row.id, from: row.state, to: 'failed' });
+    await raiseSettled(d, row, 'failed');
+  }
+}
+
+/** What {@link reconcileGoneReplica} did: the rows it settled and the reservations it gave back. */
+export interface GoneReplicaReport {
+  settled: SettledRow[];
+  released: Array<{ projectId: string; released: Reservation }>;
+  unreachable: string[];
+}
+
+/**
+ * Settles the work of a replica that is gone (no session on the shared store), beside the live
+ * ones: each row it left `creating`, `pausing`, `resuming` or `stopping` is settled against its
+ * node as the start-up reconcile settles it (a create rolled back, a delete finished, a pause or
+ * resume driven to `running`); on a node this replica does not reach, a create or delete is
+ * finished in the store alone (the node destroys the sandbox, row-less, when its session opens
+ * or it starts again) and a pause or resume becomes `failed` (deletable). Its reservations
+ * without a row are given back (once, whichever replica gets there first). `onDeleted` is told
+ * of each row it deleted (the caller's node allocation). Only the rows still tagged with that
+ * replica and still in their state are moved: a live replica's work is never touched.
+ */
+export async function reconcileGoneReplica(
+  d: ReconcileDeps,
+  replica: string,
+  onDeleted: (row: SandboxTable) => void = () => undefined,
+): Promise<GoneReplicaReport> {
+  const rows = await d.store.inFlightRowsOf(replica);
+  const report = emptyReport();
+  const names = new Set(rows.map((r) => r.node));
+  const views = await nodeViews(
+    d.nodes.all().filter((n) => names.has(n.name) && n.state === 'ready'),
+    report,
+    d.log,
+  );
+  await settleRows(d, rows, views, report);
+  for (const row of rows) {
+    if (views.has(row.node)) continue;
+    if (row.state === 'creating' || row.state === 'stopping') {
+      if (await d.store.deleteSandbox(row)) {
+        report.settled.push({ id: row.id, from: row.state, to: 'deleted' });
+        await raiseSettled(d, row, 'deleted');
+      }
+    } else {
+      await failRow(d, row, report);
+    }
+  }
+  for (const s of report.settled) if (s.to === 'deleted') onDeleted(rows.find((r) => r.id === s.id)!);
+  const released = await d.store.releaseReplicaReservations(replica);
+  return { settled: report.settled, released, unreachable: report.unreachable };
+}
+
+/**
+ * Reconciles the store with its nodes at start. Only for a store that this process alone
+ * serves (SQLite, or PostgreSQL while this replica holds the replicas' lock alone:
+ * PostgresListener.joinReplicas): another replica's requests under way would look like crashes here.
+ */
+export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileReport> {
+  const { store, nodes, log } = d;
+  const report = emptyReport();
+  const views = await nodeViews(nodes.all(), report, log);
+  const rows = await store.allSandboxes();
+  await settleRows(d, rows, views, report);
+  const known = new Set(rows.map((r) => r.id));
   for (const [name, view] of views) {
     for (const id of view.sandboxes.keys()) {
       if (known.has(id)) continue;
@@ -203,4 +273,52 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
   report.trajectories = await store.endOrphanTrajectories(new Date().toISOString());
   report.usage = await store.recomputeUsage();
   return report;
+}
+
+/** How long a replica with work on a shared store may show no session before its work is settled (ms). */
+export const GONE_REPLICA_MS = 10_000;
+
+/**
+ * The lease pass's watch over the other replicas of a shared store: a replica that has work on
+ * the store (rows it left in a transitional state, reservations without rows) and no session on
+ * the database for {@link GONE_REPLICA_MS} (every session of a replica carries its tag, and its
+ * listening connection stays open as long as it runs, reconnecting within a second when it
+ * drops) is gone, and its work is settled ({@link reconcileGoneReplica}). The first-missing times
+ * live in memory: a restarted replica waits the bound again.
+ */
+export class GoneReplicas {
+  private readonly missing = new Map<string, number>();
+
+  constructor(
+    private readonly d: ReconcileDeps,
+    /** Told of each row the settle deleted (the node's share of it, when this replica counted it). */
+    private readonly onDeleted: (row: SandboxTable) => void,
+    private readonly boundMs = GONE_REPLICA_MS,
+  ) {}
+
+  /** One pass; returns the replicas whose work it settled. */
+  async pass(now = Date.now()): Promise<string[]> {
+    const gone = new Set(await this.d.store.replicasWithoutSessions());
+    for (const tag of this.missing.keys()) if (!gone.has(tag)) this.missing.delete(tag);
+    const settled: string[] = [];
+    for (const tag of gone) {
+      const since = this.missing.get(tag);
+      if (since === undefined) this.missing.set(tag, now);
+      if (since === undefined || now - since < this.boundMs) continue;
+      try {
+        const r = await reconcileGoneReplica(this.d, tag, this.onDeleted);
+        this.missing.delete(tag);
+        settled.push(tag);
+        const parts = [
+          ...r.settled.map((s) => `${s.id} ${s.from} -> ${s.to}`),
+          ...r.released.map((x) => `${x.released.sandboxes} reserved without a row given back to ${x.projectId}`),
+          ...(r.unreachable.length ? [`nodes not reached: ${r.unreachable.join(', ')}`] : []),
+        ];
+        this.d.log(`dsec: settled the work of gone replica ${tag}: ${parts.join('; ') || 'nothing left'}`);
+      } catch (err) {
+        this.d.log(`dsec: settling the work of gone replica ${tag}: ${(err as Error).message}`);
+      }
+    }
+    return settled;
+  }
 }

@@ -250,6 +250,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(watcher.gcIntervalMs !== undefined ? { gcIntervalMs: watcher.gcIntervalMs } : {}),
     ...(watcher.orphanGraceMs !== undefined ? { orphanGraceMs: watcher.orphanGraceMs } : {}),
     ...(watcher.abandonedStoppingMs !== undefined ? { abandonedStoppingMs: watcher.abandonedStoppingMs } : {}),
+    ...(watcher.goneReplicaMs !== undefined ? { goneReplicaMs: watcher.goneReplicaMs } : {}),
     ...(Object.keys(trajectory).length > 0 ? { trajectory } : {}),
     ...(Object.keys(events).length > 0 ? { watch: events } : {}),
     ...(config.db !== undefined ? { db: config.db } : {}),

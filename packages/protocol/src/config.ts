@@ -240,6 +240,8 @@ export const DsecConfigSchema = z.strictObject({
       orphanGraceMs: durationMs.optional(),
       /** How long a `stopping` row no process here tears down waits before the lease pass finishes it, in ms (apiserver `ABANDONED_STOPPING_MS`). */
       abandonedStoppingMs: positiveInt.optional(),
+      /** How long a replica with work on the store shows no database session before a live replica settles its work, in ms (apiserver `GONE_REPLICA_MS`). */
+      goneReplicaMs: positiveInt.optional(),
     })
     .default({}),
   /** Limits and retention of trajectories (apiserver defaults `DEFAULT_TRAJECTORY_*`). */

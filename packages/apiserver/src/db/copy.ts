@@ -30,7 +30,7 @@ const TABLES: ReadonlyArray<{ name: keyof Tables; key: string[] }> = [
 ];
 
 /** Tables that are not copied: rate buckets refill by themselves; WebSocket tickets live 30 s. */
-const NOT_COPIED = ['rate_buckets', 'ws_tickets'];
+const NOT_COPIED = ['rate_buckets', 'ws_tickets', 'replica_reservations'];
 
 /** Rows read and written per statement. */
 const COPY_BATCH = 500;

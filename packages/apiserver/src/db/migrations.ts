@@ -6,6 +6,7 @@ import { migration0010EndpointTokens } from './migration-0010-endpoint-tokens.js
 import { migration0012Tenants } from './migration-0012-tenants.js';
 import { migration0023Cell } from './migration-0023-cell.js';
 import { migration0026CellLeases } from './migration-0026-cell-leases.js';
+import { migration0027ReplicaWork } from './migration-0027-replica-work.js';
 import { migration0018LiveWsTickets } from '../ws-tickets.js';
 
 const migrations: Record<string, Migration> = {
@@ -275,6 +276,7 @@ const migrations: Record<string, Migration> = {
   '0018_live_ws_tickets': migration0018LiveWsTickets,
   '0023_cell': migration0023Cell,
   '0026_cell_leases': migration0026CellLeases,
+  '0027_replica_work': migration0027ReplicaWork,
 };
 
 /** The migrations of the state store, in order. */

@@ -34,6 +34,8 @@ export class SandboxInserts {
   constructor(
     private readonly db: Kysely<Database>,
     private readonly bind: BindIdempotencyKey,
+    /** Run in each transaction that writes rows, after them (the store's accounting of reservations turned into rows). */
+    private readonly onWrite: (tx: Transaction<Database>, rows: readonly SandboxTable[]) => Promise<void> = async () => undefined,
   ) {}
 
   /** Inserts a row (and its labels, and binds its key); resolves once it is committed. */
@@ -116,6 +118,10 @@ export class SandboxInserts {
         .execute();
     }
     for (const g of group) if (g.idempotencyKey !== undefined) await this.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
+    await this.onWrite(
+      tx,
+      group.map((g) => g.row),
+    );
     const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
     for (let i = 0; i < labels.length; i += LABELS_PER_STATEMENT) {
       await tx

@@ -58,6 +58,21 @@ export interface SandboxTable {
    * a string (bigint); nothing reads it but the pass's query.
    */
   lease_check_ms?: number | string | null | undefined;
+  /**
+   * The session tag of the replica that last put the row in a transitional state (migration
+   * 0027_replica_work); null on one-process stores. A live replica settles the row when that
+   * replica is gone (reconcile.ts, reconcileGoneReplica).
+   */
+  replica?: string | null | undefined;
+}
+
+/** Quota one replica reserved for a project and has not yet turned into rows or given back. */
+export interface ReplicaReservationTable {
+  replica: string;
+  project_id: string;
+  sandboxes: number;
+  cpu: number;
+  memory_mib: number;
 }
 
 /** An owner session: a client that keeps its sandboxes by heartbeating. */
@@ -275,4 +290,5 @@ export interface Database {
   rules: RuleTable;
   rate_buckets: RateBucketTable;
   trajectory_seqs: TrajectorySeqTable;
+  replica_reservations: ReplicaReservationTable;
 }

@@ -133,6 +133,9 @@ const LIST_CHUNK_MAX = 2000;
  */
 const LIST_CHUNKS_PER_PAGE = 4;
 
+/** Transitional states: a row in one is some process's work under way (tagged with its replica on shared stores). */
+export const IN_FLIGHT_STATES = ['creating', 'pausing', 'resuming', 'stopping'];
+
 /** How long the outcome of a transaction whose COMMIT went unanswered is waited for (ms). */
 const COMMIT_VERIFY_MS = 10_000;
 
@@ -163,7 +166,7 @@ export class StateStore {
     opts: StoreOpenOptions,
   ) {
     this.shared = opts.shared ?? false;
-    this.inserts = new SandboxInserts(db, bindIdempotencyKey);
+    this.inserts = new SandboxInserts(db, bindIdempotencyKey, (tx, rows) => this.reservationsBecameRows(tx, rows));
     this.reservations = new WriteGroups<Reservation, undefined>((projectId, rs) => this.reserveMany(projectId, rs));
     this.transitions = new WriteGroups((key, ids) => this.transitionMany(ids, ...(JSON.parse(key) as [string[], string])));
     this.catalog = new CatalogCache(this.shared);
@@ -416,7 +419,10 @@ export class StateStore {
       const sum = sumOf(rs);
       let fitted = 0;
       while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
-      if (fitted === chain.length) return rs.map(() => undefined);
+      if (fitted === chain.length) {
+        await this.holdReservation(tx, projectId, sum, 1);
+        return rs.map(() => undefined);
+      }
       for (const id of chain.slice(0, fitted)) await this.addUsage(tx, id, sum, -1, false);
       const out: Array<DsecError | undefined> = [];
       // Usage only grows within the transaction: a request no smaller than one refused is refused too.
@@ -444,6 +450,7 @@ export class StateStore {
         refused.push({ r, err });
         out.push(err);
       }
+      await this.holdReservation(tx, projectId, sumOf(rs.filter((_, i) => !out[i])), 1);
       return out;
     });
   }
@@ -490,9 +497,99 @@ export class StateStore {
     }
   }
 
+  /** Gives back a reservation that no row holds (a create that failed or was refused a node) to its project and ancestors. */
+  async unreserve(projectId: string, r: Reservation): Promise<void> {
+    if (!this.sessionTag) return this.release(this.db, projectId, r);
+    await this.db.transaction().execute(async (tx) => {
+      await this.release(tx, projectId, r);
+      await this.holdReservation(tx, projectId, r, -1);
+    });
+  }
+
   /** Returns a reservation to a project and its ancestors. */
-  async unreserve(projectId: string, r: Reservation, tx: Kysely<Database> | Transaction<Database> = this.db): Promise<void> {
-    for (const id of await this.ancestry(projectId, tx)) await this.addUsage(tx, id, r, -1, false);
+  private async release(db: Kysely<Database> | Transaction<Database>, projectId: string, r: Reservation): Promise<void> {
+    for (const id of await this.ancestry(projectId, db)) await this.addUsage(db, id, r, -1, false);
+  }
+
+  /**
+   * Adds (`sign` 1) or removes (-1) quota this replica holds for a project without a row
+   * (`replica_reservations`, shared stores only): what it reserved, less what became rows or
+   * went back. A replica that dies leaves it there for {@link releaseReplicaReservations}.
+   */
+  private async holdReservation(tx: Transaction<Database>, projectId: string, r: Reservation, sign: 1 | -1): Promise<void> {
+    const replica = this.sessionTag;
+    if (!replica || r.sandboxes === 0) return;
+    const d = { sandboxes: sign * r.sandboxes, cpu: sign * r.cpu, memory_mib: sign * r.memoryMiB };
+    await tx
+      .insertInto('replica_reservations')
+      .values({ replica, project_id: projectId, ...d })
+      .onConflict((oc) =>
+        oc.columns(['replica', 'project_id']).doUpdateSet((eb) => ({
+          sandboxes: eb('replica_reservations.sandboxes', '+', d.sandboxes),
+          cpu: eb('replica_reservations.cpu', '+', d.cpu),
+          memory_mib: eb('replica_reservations.memory_mib', '+', d.memory_mib),
+        })),
+      )
+      .execute();
+  }
+
+  /** Rows written by this replica: the reservations of its creates are held by them now, not by the replica. */
+  private async reservationsBecameRows(tx: Transaction<Database>, rows: readonly SandboxTable[]): Promise<void> {
+    if (!this.sessionTag) return;
+    const byProject = new Map<string, Reservation[]>();
+    for (const row of rows) {
+      if (row.state !== 'creating') continue;
+      (byProject.get(row.project_id) ?? byProject.set(row.project_id, []).get(row.project_id)!).push({ sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib });
+    }
+    for (const [projectId, rs] of byProject) await this.holdReservation(tx, projectId, sumOf(rs), -1);
+  }
+
+  /**
+   * Gives back, once, the quota that replica `replica` (gone) reserved and never turned into
+   * rows: its `replica_reservations` are deleted and returned in one transaction (two replicas
+   * settling the same gone one give it back once). Returns the projects and what each got back.
+   */
+  async releaseReplicaReservations(replica: string): Promise<Array<{ projectId: string; released: Reservation }>> {
+    return this.db.transaction().execute(async (tx) => {
+      const held = await tx.deleteFrom('replica_reservations').where('replica', '=', replica).returningAll().execute();
+      const out: Array<{ projectId: string; released: Reservation }> = [];
+      for (const h of held) {
+        const released = { sandboxes: Number(h.sandboxes), cpu: Number(h.cpu), memoryMiB: Number(h.memory_mib) };
+        if (released.sandboxes <= 0) continue;
+        await this.release(tx, h.project_id, released);
+        out.push({ projectId: h.project_id, released });
+      }
+      return out;
+    });
+  }
+
+  /**
+   * Replicas that have work on the store (rows in a transitional state they put there, or
+   * reservations without rows) and no session on the database now: gone. PostgreSQL only (every
+   * session of a replica carries its tag in `application_name`, postgres.ts); none elsewhere.
+   */
+  async replicasWithoutSessions(): Promise<string[]> {
+    if (!this.shared) return [];
+    const tagged = await this.db
+      .selectFrom('sandboxes')
+      .select('replica')
+      .distinct()
+      .where('replica', 'is not', null)
+      .where('state', 'in', IN_FLIGHT_STATES)
+      .execute();
+    const holding = await this.db.selectFrom('replica_reservations').select('replica').distinct().where('sandboxes', '>', 0).execute();
+    const tags = new Set([...tagged.map((r) => r.replica!), ...holding.map((r) => r.replica)]);
+    tags.delete(this.sessionTag ?? '');
+    if (tags.size === 0) return [];
+    const live = await sql<{ application_name: string }>`SELECT DISTINCT application_name FROM pg_stat_activity
+      WHERE datname = current_database() AND application_name LIKE 'dsec-%'`.execute(this.db);
+    const seen = new Set(live.rows.map((r) => r.application_name.split(' ')[1]));
+    return [...tags].filter((t) => !seen.has(t));
+  }
+
+  /** The rows that replica `replica` left in a transitional state. */
+  async inFlightRowsOf(replica: string): Promise<SandboxTable[]> {
+    return this.db.selectFrom('sandboxes').selectAll().where('replica', '=', replica).where('state', 'in', IN_FLIGHT_STATES).execute();
   }
 
   /** Adds `sign * r` to one project's usage; with `withinQuota`, only if it stays within; true when applied. */
@@ -560,14 +657,19 @@ export class StateStore {
    */
   async insertSandbox(row: SandboxTable, labels: Record<string, string>, idempotencyKey?: string): Promise<void> {
     // Grouped with the other inserts under way: one transaction and multi-row INSERTs for all.
-    await this.inserts.insert({ row, labels, idempotencyKey });
+    await this.inserts.insert({ row: this.sessionTag && row.state === 'creating' ? { ...row, replica: this.sessionTag } : row, labels, idempotencyKey });
+  }
+
+  /** The `replica` column a move to `state` writes: this replica's tag for a transitional state (shared stores). */
+  private replicaOf(state: string): { replica?: string } {
+    return this.sessionTag && IN_FLIGHT_STATES.includes(state) ? { replica: this.sessionTag } : {};
   }
 
   /** Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it); true when it moved. */
   async transitionSandbox(id: string, from: string[], to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
     const res = await this.db
       .updateTable('sandboxes')
-      .set({ ...leaseCheckReset(also), state: to })
+      .set({ ...leaseCheckReset(also), state: to, ...this.replicaOf(to) })
       .where('id', '=', id)
       .where('state', 'in', from)
       .executeTakeFirst();
@@ -588,7 +690,7 @@ export class StateStore {
     for (let i = 0; i < ids.length; i += 500) {
       const rows = await this.db
         .updateTable('sandboxes')
-        .set({ state: to })
+        .set({ state: to, ...this.replicaOf(to) })
         .where('id', 'in', ids.slice(i, i + 500))
         .where('state', 'in', from)
         .returning('id')
@@ -796,6 +898,8 @@ export class StateStore {
           .execute();
         changed.push({ projectId: p.id, before, after });
       }
+      // Usage is what the rows hold: no replica holds a reservation without a row any more.
+      await tx.deleteFrom('replica_reservations').execute();
       return changed;
     });
   }
@@ -808,8 +912,19 @@ export class StateStore {
     return this.db.transaction().execute(async (tx) => {
       const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).executeTakeFirst();
       if (Number(res.numDeletedRows) !== 1) return false;
-      await this.unreserve(row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, tx);
+      await this.release(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib });
       return true;
+    });
+  }
+
+  /**
+   * Deletes the `creating` row of a create that failed on its node, keeping its reservation:
+   * the create gives that back itself ({@link unreserve}), as one that never wrote a row.
+   */
+  async deleteCreatingRow(row: Pick<SandboxTable, 'id' | 'project_id' | 'cpu' | 'memory_mib'>): Promise<void> {
+    await this.db.transaction().execute(async (tx) => {
+      const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).where('state', '=', 'creating').executeTakeFirst();
+      if (Number(res.numDeletedRows) === 1) await this.holdReservation(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, 1);
     });
   }
 

@@ -142,4 +142,20 @@ describe('abandoned `stopping` rows', () => {
     assert.equal(node.allocated.memoryMiB, 0);
     assert.equal(node.allocated.cpu, 0);
   });
+
+  test('the recount at start counts `stopping` rows as recounted: the pass that finishes an abandoned one gives its share back', async () => {
+    const node = h.services.nodes.get(h.edge.nodeName)!;
+    const left = await create();
+    assert.equal(await h.store.transitionSandbox(left, ['running'], 'stopping'), true);
+    // A restart: the allocation is rebuilt from the rows alone.
+    h.services.nodes.setAllocated(node.name, { cpu: 0, memoryMiB: 0, sandboxes: 0 }, new Map(), 0, []);
+    await h.services.lifecycle.loadAllocations();
+    assert.equal(node.allocated.sandboxes, 1, 'the row being deleted still holds the node');
+    assert.ok(node.allocated.memoryMiB > 0 && node.allocated.cpu > 0);
+    const t0 = Date.now();
+    await h.services.lifecycle.finishAbandonedStopping(undefined, t0, 10);
+    assert.deepEqual(await h.services.lifecycle.finishAbandonedStopping(undefined, t0 + 10, 10), [left]);
+    // Before the fix the share stayed: 1 sandbox and its memory counted on the node for good.
+    assert.deepEqual(node.allocated, { cpu: 0, memoryMiB: 0, sandboxes: 0 });
+  });
 });

@@ -400,7 +400,7 @@ export class CreatePipeline {
       await this.nodeCreate(node, item.spec, id, signal);
     } catch (err) {
       this.chargeNode(node, item, -1);
-      await this.d.store.db.deleteFrom('sandboxes').where('id', '=', id).execute();
+      await this.d.store.deleteCreatingRow(row);
       if (err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
       throw err;
     }

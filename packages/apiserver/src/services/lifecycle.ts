@@ -137,8 +137,11 @@ export class LifecycleService {
   /**
    * Rebuilds node allocations from the stored sandboxes (after a restart). A pause or resume
    * that a crash interrupted is settled by what the node reports (and raises its row event).
+   * The `stopping` and `creating` rows it counts are remembered as counted (another process's,
+   * or a crashed one's, work under way): whoever finishes one here gives its share back.
    */
   async loadAllocations(): Promise<void> {
+    const inFlight = new Map<string, string[]>();
     const onNodes = new Map<string, string>();
     for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
     for (const row of await this.d.store.allSandboxes()) {
@@ -151,8 +154,12 @@ export class LifecycleService {
       }
       // A lost sandbox holds nothing on its node (every path that marks one lost released it).
       if (row.state === 'lost') continue;
-      this.d.nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row), row.backend);
+      if (row.state === 'stopping' || row.state === 'creating') (inFlight.get(row.node) ?? inFlight.set(row.node, []).get(row.node)!).push(row.id);
+      // One paused before its delete holds no CPU (as its teardown counts it).
+      const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
+      this.d.nodes.charge(row.node, paused ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row), row.backend);
     }
+    for (const [node, ids] of inFlight) this.d.nodes.markRecounted(node, ids);
   }
 
   /** The API's view of a row. */
@@ -568,7 +575,7 @@ export class LifecycleService {
       }
       // A paused sandbox already gave its CPU back; a lost one gave back everything when it was
       // lost, unless a recount since counted it again as `stopping`.
-      const recounted = nodes.takeRecountedStopping(row.node, row.id);
+      const recounted = nodes.takeRecounted(row.node, row.id);
       if (from !== 'lost' || recounted) {
         const paused = from === 'paused' || (from === 'lost' && !!row.paused_at);
         nodes.charge(row.node, paused ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
@@ -580,6 +587,21 @@ export class LifecycleService {
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.counters.sandboxesDestroyed++;
+    this.d.onCapacityFreed();
+  }
+
+  /**
+   * A row another process had under way (`creating`, `stopping`) was deleted by a settle here
+   * (reconcile.ts, a gone replica's work): its share of the node goes back when this replica's
+   * recount counted it, and what this process kept about it is forgotten.
+   */
+  settledElsewhere(row: SandboxTable): void {
+    const { nodes } = this.d;
+    if (nodes.takeRecounted(row.node, row.id))
+      nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+    this.stoppingSeen.delete(row.id);
+    this.d.activity.forget(row.id);
+    this.d.trajectory.end(row.id);
     this.d.onCapacityFreed();
   }
 
@@ -624,7 +646,7 @@ export class LifecycleService {
         }
         this.stoppingSeen.delete(row.id);
         if (!(await store.deleteSandbox(row))) continue;
-        if (nodes.takeRecountedStopping(row.node, row.id))
+        if (nodes.takeRecounted(row.node, row.id))
           nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
         finished.push(row.id);
         log(`dsec: finished the abandoned delete of ${row.id} (stopping for ${now - seen} ms or more)`);

@@ -236,8 +236,9 @@ export class NodeService {
   }
 
   /**
-   * A node's session opened: its allocation is recounted from the store (`stopping` rows
-   * included: their teardowns are still running on it), and every sandbox it
+   * A node's session opened: its allocation is recounted from the store (`stopping` and
+   * `creating` rows included: their teardowns and creates are under way on it, and are
+   * remembered as counted here), and every sandbox it
    * runs that the store does not place there alive (lost meanwhile, replayed, deleted) is
    * destroyed on it, so nothing runs twice. Rows it no longer has are left to the watcher.
    */
@@ -263,12 +264,12 @@ export class NodeService {
     const allocated = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
     let microvmMemoryMiB = 0;
     const spreads = new Map<string, number>();
-    const stopping: string[] = [];
+    const inFlight: string[] = [];
     for (const row of rows.values()) {
       // A `stopping` row's sandbox holds its node until its teardown ends (whoever deletes the
       // row gives its share back); one paused before its delete holds no CPU.
       if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating' && row.state !== 'stopping') continue;
-      if (row.state === 'stopping') stopping.push(row.id);
+      if (row.state === 'stopping' || row.state === 'creating') inFlight.push(row.id);
       const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
       allocated.cpu += paused ? 0 : this.d.lifecycle.cpuCharge(row);
       allocated.memoryMiB += row.memory_mib;
@@ -277,7 +278,7 @@ export class NodeService {
       const spread = this.d.lifecycle.spreadOf(row);
       if (spread !== undefined) spreads.set(spread, (spreads.get(spread) ?? 0) + 1);
     }
-    this.d.nodes.setAllocated(n.name, allocated, spreads, microvmMemoryMiB, stopping);
+    this.d.nodes.setAllocated(n.name, allocated, spreads, microvmMemoryMiB, inFlight);
     return { destroyed };
   }
 
