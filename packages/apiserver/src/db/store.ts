@@ -918,12 +918,13 @@ export class StateStore {
   }
 
   /**
-   * Deletes the `creating` row of a create that failed on its node, keeping its reservation:
-   * the create gives that back itself ({@link unreserve}), as one that never wrote a row.
+   * Deletes the row of a create that failed (on its node or in a store write), keeping its
+   * reservation: the create gives that back itself ({@link unreserve}), as one that never wrote a row.
    */
-  async deleteCreatingRow(row: Pick<SandboxTable, 'id' | 'project_id' | 'cpu' | 'memory_mib'>): Promise<void> {
+  async deleteFailedCreateRow(row: Pick<SandboxTable, 'id' | 'project_id' | 'cpu' | 'memory_mib'>): Promise<void> {
     await this.db.transaction().execute(async (tx) => {
-      const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).where('state', '=', 'creating').executeTakeFirst();
+      // By id, whatever its state: its move to running may have committed with its answer lost.
+      const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).executeTakeFirst();
       if (Number(res.numDeletedRows) === 1) await this.holdReservation(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, 1);
     });
   }

@@ -1,8 +1,12 @@
 // Which node creates share a createMany message: a node answers a group once all its items
-// settle, and the message has a frame limit, so only small container creates are grouped.
+// settle, and the message has a frame limit, so only small container creates are grouped. A
+// create whose store write fails gives back everything it held.
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
+import { after, before, describe, test } from 'node:test';
+import { sql } from 'kysely';
 import type { SandboxSpec } from '@dsec/protocol';
+import { harness } from '../testing/harness.js';
+import type { Harness } from '../testing/harness.js';
 import { groupable } from './create-pipeline.js';
 
 const base: SandboxSpec = { image: { base: `sha256:${'a'.repeat(64)}` } };
@@ -15,4 +19,42 @@ test('small container creates are grouped; VM boots, forks with memory and large
   assert.equal(groupable({ ...base, backend: 'microvm', memoryOf: 'sb-source' }), false);
   // An env of 128 KiB: 500 such items would make a frame beyond the node protocol's 64 MiB.
   assert.equal(groupable({ ...base, env: { BIG: 'x'.repeat(128 * 1024) } }), false);
+});
+
+describe('a create whose store write fails', () => {
+  let h: Harness;
+  before(async () => {
+    h = await harness();
+  });
+  after(async () => h.close());
+
+  /** What the create held, each of which must be given back. */
+  const held = async () => ({
+    nodeSandboxes: h.nodes.get(h.edge.nodeName)!.allocated.sandboxes,
+    usedSandboxes: (await h.store.project(h.admin.projectId))?.used_sandboxes,
+    rows: (await h.store.db.selectFrom('sandboxes').select('id').execute()).length,
+    onNode: h.edge.sandboxes.size,
+  });
+  const nothing = { nodeSandboxes: 0, usedSandboxes: 0, rows: 0, onNode: 0 };
+  const create = () => h.services.sandboxes.create(h.admin, { image: { base: 'busybox' }, labels: { job: 'undo' } });
+
+  test('gives back the node charge, the quota, the row and the node sandbox, whichever write failed', async () => {
+    // A real failure of the database, not a stand-in: triggers that refuse the writes.
+    await sql`CREATE TRIGGER refuse_insert BEFORE INSERT ON sandboxes BEGIN SELECT RAISE(ABORT, 'insert refused by the test'); END`.execute(h.store.db);
+    await assert.rejects(create(), /insert refused by the test/);
+    assert.deepEqual(await held(), nothing, 'the insert failed: nothing held');
+    await sql`DROP TRIGGER refuse_insert`.execute(h.store.db);
+
+    // The row is written and the node creates the sandbox; moving it to running fails.
+    await sql`CREATE TRIGGER refuse_running BEFORE UPDATE OF state ON sandboxes WHEN NEW.state = 'running' BEGIN SELECT RAISE(ABORT, 'running refused by the test'); END`.execute(
+      h.store.db,
+    );
+    await assert.rejects(create(), /running refused by the test/);
+    assert.deepEqual(await held(), nothing, 'the state move failed: nothing held, the node sandbox destroyed');
+    await sql`DROP TRIGGER refuse_running`.execute(h.store.db);
+
+    const sb = await create();
+    assert.equal(sb.state, 'running');
+    assert.deepEqual(await held(), { nodeSandboxes: 1, usedSandboxes: 1, rows: 1, onNode: 1 });
+  });
 });

@@ -394,21 +394,27 @@ export class CreatePipeline {
       paused_at: null,
       pause_reason: null,
     };
-    await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
-    crashPoint('create.row');
+    let onNode = false;
     try {
+      await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
+      crashPoint('create.row');
       await this.nodeCreate(node, item.spec, id, signal);
+      onNode = true;
+      crashPoint('create.node');
+      row.state = pool ? POOLED_STATE : 'running';
+      // Grouped with the other creates finishing now: one UPDATE for all of them.
+      await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state);
+      crashPoint('create.running');
     } catch (err) {
+      // Whichever step failed, nothing of this create stays: the node's charge, the sandbox on
+      // its node, the row (deleted by id even when its insert failed: an insert whose answer was
+      // lost may have committed).
       this.chargeNode(node, item, -1);
-      await this.d.store.deleteCreatingRow(row);
-      if (err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
+      if (onNode) await node.client.destroy(id).catch(() => undefined);
+      await this.d.store.deleteFailedCreateRow(row);
+      if (!onNode && err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
       throw err;
     }
-    crashPoint('create.node');
-    row.state = pool ? POOLED_STATE : 'running';
-    // Grouped with the other creates finishing now: one UPDATE for all of them.
-    await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state);
-    crashPoint('create.running');
     if (pool) return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
     this.openTrajectory(row, item);
     const sandbox = this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });

@@ -15,6 +15,8 @@ export interface Harness {
   services: Services;
   store: StateStore;
   edge: FakeEdge;
+  /** The node registry the fake node is in (its charges). */
+  nodes: NodeRegistry;
   /** The admin key's secret (for HTTP tests). */
   adminKey: string;
   admin: Principal;
@@ -45,6 +47,7 @@ export async function harness(deps: Partial<Omit<ServiceDeps, 'store' | 'auth' |
     services,
     store,
     edge,
+    nodes,
     adminKey,
     admin,
     raised,
