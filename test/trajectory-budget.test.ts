@@ -141,23 +141,51 @@ describe('trajectory byte budgets', () => {
         redLive.push(...ids);
         await Promise.all(ids.map((id, j) => bigSteps(id, plan[i + j]!)));
       }
+      const needsSandbox = (): boolean => {
+        const id = redLive[redLive.length - 1];
+        return id === undefined || (steps.get(id) ?? 0) >= perSandbox;
+      };
       const bigStep = async (): Promise<string> => {
-        let id = redLive[redLive.length - 1];
-        if (id === undefined || steps.get(id)! >= perSandbox) redLive.push((id = await sandbox(red.key)));
+        if (needsSandbox()) redLive.push(await sandbox(red.key));
+        const id = redLive[redLive.length - 1]!;
         await bigSteps(id, 1);
         return id;
       };
+      // `step` is a whole trajectory (its header and one step): what a step alone adds is measured
+      // on a live one, and red's use is summed from what is stored, so that the step that must
+      // evict is exactly the first that does not fit.
+      const spare = await sandbox(red.key);
+      const header = (await trajectory(red.key, spare)).body.bytes as number;
+      redLive.push(spare);
+      const stepOnly = ((await trajectory(red.key, redLive[0]!)).body.bytes - header) / steps.get(redLive[0]!)!;
+      const stored = async (): Promise<number> => {
+        let sum = 0;
+        for (const id of redLive) sum += (await trajectory(red.key, id)).body.bytes as number;
+        return sum;
+      };
+      /** Big steps while the next one (and the header of a sandbox it may need) still fits. */
+      const fillUp = async (besides: number): Promise<void> => {
+        while ((await stored()) + besides + stepOnly + (needsSandbox() ? header : 0) <= PER_TENANT) await bigStep();
+      };
+      await fillUp(step);
       assert.equal((await trajectory(red.key, redDone)).status, 200, 'the finished trajectory stays while the budget holds it');
+      const before = await stored();
       await bigStep();
-      assert.equal((await trajectory(red.key, redDone)).status, 404, "red's finished trajectory was evicted first");
+      assert.equal(
+        (await trajectory(red.key, redDone)).status,
+        404,
+        `red's finished trajectory was evicted first (live ${before} + finished ${step} + step ${stepOnly} + header ${header} over ${PER_TENANT})`,
+      );
       for (const id of redLive) {
         const live = await trajectory(red.key, id);
         assert.equal(live.status, 200);
-        assert.equal(live.body.steps, steps.get(id));
+        assert.equal(live.body.steps, steps.get(id) ?? 0);
         assert.equal(live.body.truncated, false);
       }
 
-      // No finished trajectory of red is left: the next big step cuts the live trajectory it grows.
+      // No finished trajectory of red is left: once the live ones fill the budget, the next big
+      // step cuts the live trajectory it grows.
+      await fillUp(0);
       const cutId = await bigStep();
       await exec(red.key, cutId, { cmd: 'echo after-the-cut' });
       const cut = await trajectory(red.key, cutId);
