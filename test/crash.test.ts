@@ -11,8 +11,9 @@
 // in-process node reaches under the same workload) and random points (>= 30 runs). The same walk
 // runs on PostgreSQL (`dsec up --db`, a cluster of the test's own: 2 kill points in `npm test`,
 // all of them under DSEC_LONG=1), beside a COMMIT whose answer a proxy drops under a grouped
-// reservation, and a delete abandoned by a killed platform that an edge-less replica's lease
-// pass finishes. Needs root.
+// reservation, a delete abandoned by a killed platform that an edge-less replica's lease
+// pass finishes, and a platform killed mid pool claim beside a live replica (the claim and its
+// idempotency key settled by the replica; the platform restarted beside it clears its node). Needs root.
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
@@ -650,6 +651,68 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
       }
     });
   }
+
+  test(
+    'a platform killed at claim.node beside a live replica: the claim and its key settle with its work, and its restart beside the replica clears its node',
+    // ~114 s on the loaded 2-core machine, over the suite's budget: DSEC_LONG=1 only.
+    { timeout: 300_000, skip: !LONG && 'DSEC_LONG=1 only' },
+    async () => {
+      const db = 'gone_claim';
+      const url = await pg!.createDatabase(db);
+      const home = await freshHome('dsec-crash-claim-');
+      const replicaHome = await mkdtemp(path.join(dir, 'replica-'));
+      const goneConfig = path.join(replicaHome, 'config.json');
+      await writeFile(goneConfig, JSON.stringify({ watcher: { intervalMs: PASS_MS, goneReplicaMs: GONE_MS } }));
+      const args = ['--db', url, '--config', goneConfig];
+      const count = async (where: string): Promise<number> => (await pg!.query(`SELECT count(*)::int AS n FROM ${where}`, db)).rows[0].n as number;
+      const key = { 'idempotency-key': 'claim-1' };
+      let survivor: Awaited<ReturnType<typeof startReplica>> | undefined;
+      try {
+        const armed = await up(home, { args, env: { [CRASH_AT_ENV]: 'claim.node' } });
+        survivor = await startReplica(replicaHome, args);
+        const admin = new Api(armed.url, armed.apiKey);
+        await admin.ok('PUT', `/v1/pools/${POOL}`, { spec: BUSYBOX, size: 1 });
+        await settles('the pool is ready', async () => ((await count(`sandboxes WHERE state = 'pooled'`)) === 1 ? undefined : 'not yet'), SETTLE_MS);
+        const member = (await pg!.query(`SELECT id FROM sandboxes WHERE state = 'pooled'`, db)).rows[0].id as string;
+        // The claim reaches the node, and the platform dies before its row says so.
+        await admin.call('POST', '/v1/sandboxes', BUSYBOX, key).catch(() => undefined);
+        assert.equal((await armed.exited).signal, 'SIGKILL', armed.stderr());
+
+        // The survivor (without the dead platform's node) settles the claim as a create cut short,
+        // and the key that waited on it: no row of the member, no pending key, usage equal to the rows.
+        await settles(
+          "the survivor settles the dead platform's claim and key",
+          async () => {
+            const left = await count(`sandboxes WHERE id = '${member}'`);
+            const pending = await count(`idempotency_keys WHERE state = 'pending'`);
+            const used = Number((await pg!.query(`SELECT used_sandboxes FROM projects WHERE id = '${ROOT_PROJECT_ID}'`, db)).rows[0].used_sandboxes);
+            const rows = await count('sandboxes');
+            return left === 0 && pending === 0 && used === rows ? undefined : `member rows ${left}, pending keys ${pending}, used ${used} for ${rows} rows`;
+          },
+          GONE_MS + 10_000,
+        );
+
+        // Restarted beside the live survivor: its node's sandbox without a row goes at its start.
+        const again = await up(home, { args });
+        try {
+          assert.match(again.stderr(), new RegExp(`reconciled at start: .*orphans destroyed: [^;]*${member}`));
+          await settles('nothing of the claimed sandbox is left on the host', () => strandedObjects(home, [member], new Set()), HOST_SETTLE_MS);
+          // The retried create gets one new sandbox, and the key keeps it.
+          const api = new Api(again.url, armed.apiKey);
+          const made = (await api.ok('POST', '/v1/sandboxes', BUSYBOX, key)).body.id as string;
+          assert.notEqual(made, member);
+          assert.equal((await api.ok('POST', '/v1/sandboxes', BUSYBOX, key)).body.id, made);
+          await api.ok('DELETE', `/v1/pools/${POOL}`, undefined, {}, [204, 404]);
+          await api.ok('DELETE', `/v1/sandboxes/${made}`);
+        } finally {
+          assert.equal(await stop(again, 'SIGTERM'), 0, again.stderr());
+        }
+      } finally {
+        survivor?.child.kill('SIGKILL');
+        await removeHome(home, ['--db', url]);
+      }
+    },
+  );
 
   describe('a crash at any point loses nothing and strands nothing', { concurrency: false }, () =>
     crashWalk(pgRuns, () => ({ pg: pg!, args: ['--db', pg!.url(CRASH_DB), '--config', config] })),

@@ -2,8 +2,9 @@
 // completes must not let a retry with the same key make a second sandbox. A real platform
 // (`dsec up` as a child process) is killed by its own kill point (DSEC_TEST_CRASH_AT) once the
 // sandbox runs on its node and its row says so (`create.running`), and once a warm pool's member
-// has been handed over on its node (`claim.node`); restarted on the same home, the retry with
-// the same key gets that very sandbox, and the project has one sandbox, not two. Needs root.
+// has been handed over on its node and its row says so (`claim.running`); restarted on the same
+// home, the retry with the same key gets that very sandbox, and the project has one sandbox, not
+// two. (A claim cut before its row runs, `claim.node`, is rolled back as a create is: crash.test.ts.) Needs root.
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import { CRASH_AT_ENV } from '@dsec/apiserver';
@@ -94,8 +95,8 @@ describe('a retry after a crash gets the sandbox its key already made', { concur
     await retry(body, 'crash-create-1');
   });
 
-  test('SIGKILL once a pool member is handed over (claim.node), then a retry with the same key', { timeout: 240_000 }, async () => {
-    const node = await armed('claim.node');
+  test('SIGKILL once a pool member is handed over (claim.running), then a retry with the same key', { timeout: 240_000 }, async () => {
+    const node = await armed('claim.running');
     const pool = await call(node, 'PUT', '/v1/pools/warm', { spec: BUSYBOX, size: 1 });
     assert.equal(pool.status, 200, JSON.stringify(pool.body));
     const until = Date.now() + 120_000;

@@ -6,7 +6,8 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import Database from 'better-sqlite3';
 import { sql } from 'kysely';
-import { ROOT_PROJECT_ID, StateStore, WatchStore, WsTickets } from '@dsec/apiserver';
+import { NodeRegistry, ROOT_PROJECT_ID, StateStore, WatchStore, WsTickets, reconcileGoneReplica, reconcileOwnNodes } from '@dsec/apiserver';
+import { FakeEdge } from '@dsec/apiserver/testing';
 import { postgresSkipReason, startTestPostgres } from './helpers/postgres.js';
 import type { TestPostgres } from './helpers/postgres.js';
 
@@ -372,6 +373,76 @@ describe('state store: PostgreSQL', { skip }, () => {
         assert.equal(most, 1);
       } finally {
         await a.close();
+        await b.close();
+      }
+    });
+
+    it("a gone replica's work: its rows on a node another starts with are settled at that start, orphans go, a claim and keys settle with its work", async () => {
+      const url = await fresh();
+      const a = await StateStore.openPostgres(url);
+      const b = await StateStore.openPostgres(url);
+      const edge = new FakeEdge('n1');
+      const nodes = new NodeRegistry();
+      nodes.add(edge);
+      try {
+        for (const id of ['sbx-pausing', 'sbx-claimed', 'sbx-live', 'sbx-kept', 'sbx-orphan']) await edge.create({ image: { base: 'busybox' } }, { id });
+        // Replica a's work under way: a pause (the node paused it), a pool claim (the node not yet told), a create whose
+        // key recorded its sandbox (the row stands), a create that died before its row.
+        await a.insertSandbox(sandboxRow('sbx-pausing', ROOT_PROJECT_ID), {});
+        assert.equal(await a.transitionSandbox('sbx-pausing', ['running'], 'pausing'), true);
+        await edge.pause('sbx-pausing');
+        const { row: pool } = await a.putPool({
+          projectId: ROOT_PROJECT_ID,
+          name: 'p',
+          spec: '{}',
+          resolved: '{}',
+          specKey: 'sk',
+          size: 1,
+          idleTimeoutMs: 60_000,
+          maxPools: 5,
+        });
+        await a.insertSandbox(sandboxRow('sbx-claimed', ROOT_PROJECT_ID, { state: 'pooled', pool_id: pool.id }), {});
+        const t = new Date().toISOString();
+        const claimed = await a.claimPooled({
+          projectId: ROOT_PROJECT_ID,
+          specKey: 'sk',
+          spec: '{}',
+          labels: {},
+          createdAt: t,
+          expiresAt: t,
+          lease: '{}',
+          ownerId: null,
+        });
+        assert.deepEqual([claimed?.state, claimed?.replica], ['creating', a.sessionTag], 'a claim is in flight, and whose');
+        for (const key of ['stands', 'died']) await a.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key, requestHash: 'h', ttlMs: 60_000 });
+        await a.insertSandbox(sandboxRow('sbx-kept', ROOT_PROJECT_ID), {}, 'stands');
+        // Replica b's own create under way on the same node: never touched.
+        await b.insertSandbox(sandboxRow('sbx-live', ROOT_PROJECT_ID, { state: 'creating' }), {});
+        await a.close();
+        assert.deepEqual(await b.replicasWithoutSessions(), [a.sessionTag]);
+
+        const deps = { store: b, nodes, log: () => undefined };
+        const start = await reconcileOwnNodes(deps);
+        assert.deepEqual(
+          Object.fromEntries(start.settled.map((s) => [s.id, s.to])),
+          { 'sbx-pausing': 'running', 'sbx-claimed': 'deleted' },
+          'settled at the start, against the node',
+        );
+        assert.deepEqual(start.orphans, ['sbx-orphan']);
+        assert.equal(edge.sandboxes.get('sbx-pausing')?.state, 'running');
+        assert.deepEqual([...edge.sandboxes.keys()].sort(), ['sbx-kept', 'sbx-live', 'sbx-pausing']);
+        assert.equal((await b.sandboxOnly('sbx-live'))?.state, 'creating', "a live replica's create is left to it");
+
+        const gone = await reconcileGoneReplica(deps, a.sessionTag!);
+        assert.equal(gone.idempotencyKeys, 1);
+        assert.deepEqual(gone.idempotencySettled, ['stands -> sbx-kept']);
+        // A retry with either key: the standing sandbox, or a create anew; never a second sandbox.
+        const stands = await b.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key: 'stands', requestHash: 'h', ttlMs: 60_000 });
+        assert.deepEqual(stands.owned ? undefined : [stands.row.state, stands.row.sandbox_id], ['done', 'sbx-kept']);
+        assert.equal((await b.acquireIdempotencyKey({ projectId: ROOT_PROJECT_ID, key: 'died', requestHash: 'h', ttlMs: 60_000 })).owned, true);
+        assert.deepEqual(await b.replicasWithoutSessions(), [], 'nothing of it left');
+      } finally {
+        await a.close().catch(() => undefined);
         await b.close();
       }
     });

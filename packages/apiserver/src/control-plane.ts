@@ -29,7 +29,8 @@ import { IDEMPOTENCY_PENDING_STALE_MS } from './idempotency.js';
 import { ACTIVITY_FLUSH_INTERVAL_MS, leaseOf } from './leases.js';
 import { Metrics } from './metrics.js';
 import type { NodeRegistry } from './nodes.js';
-import { GoneReplicas, reconcileAtStart, reconcileSummary, reconcileWasClean } from './reconcile.js';
+import { GoneReplicas, reconcileAtStart, reconcileOwnNodes, reconcileSummary, reconcileWasClean } from './reconcile.js';
+import type { ReconcileDeps } from './reconcile.js';
 import { Placement } from './scheduler.js';
 import type { PlacementOptions } from './scheduler.js';
 import { createServices } from './services/index.js';
@@ -186,20 +187,15 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     // Deletes already answered finish their teardown before the nodes and the store close.
     closers.unshift(() => services.lifecycle.teardownsIdle());
     // Alone on the store: what a crash of the previous process cut short is settled against the
-    // nodes before anything is served or charged. Replicas beside others reconcile a node when
-    // its session opens, and settle a gone replica's work (GoneReplicas) and abandoned deletes
-    // in the lease pass.
-    if (alone) {
-      const reconciled = await reconcileAtStart({
-        store,
-        nodes,
-        log,
-        toSandbox: (row) => services.lifecycle.toSandbox(row),
-        rowEvents: services.lifecycle.rowEvents,
-      });
-      if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
-    }
-    await services.lifecycle.loadAllocations();
+    // nodes before anything is served or charged. Beside others: the nodes this process reaches
+    // from the start (its built-in one) are reconciled for the work of gone replicas (its own
+    // previous life) and their sandboxes without rows; a joining node is reconciled when its
+    // session opens; a gone replica's other work (GoneReplicas) and abandoned deletes are the
+    // lease pass's.
+    const reconcileDeps: ReconcileDeps = { store, nodes, log, toSandbox: (row) => services.lifecycle.toSandbox(row), rowEvents: services.lifecycle.rowEvents };
+    const reconciled = alone ? await reconcileAtStart(reconcileDeps) : await reconcileOwnNodes(reconcileDeps);
+    if (!reconcileWasClean(reconciled)) log(reconcileSummary(reconciled));
+    await services.lifecycle.loadAllocations(alone);
     // Alone: a key still pending belongs to a request that died with the previous process.
     // Beside other replicas: one may be running that request; only a key pending far too long is dead.
     await store.settlePendingIdempotencyKeys(new Date(Date.now() - (alone ? 0 : IDEMPOTENCY_PENDING_STALE_MS)).toISOString());
@@ -277,19 +273,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
     // Replicas on a shared store: the work of one that died beside the others is settled here.
-    const goneReplicas = store.shared
-      ? new GoneReplicas(
-          {
-            store,
-            nodes,
-            log,
-            toSandbox: (row) => services.lifecycle.toSandbox(row),
-            rowEvents: services.lifecycle.rowEvents,
-          },
-          (row) => services.lifecycle.settledElsewhere(row),
-          o.goneReplicaMs,
-        )
-      : undefined;
+    const goneReplicas = store.shared ? new GoneReplicas(reconcileDeps, (row) => services.lifecycle.settledElsewhere(row), o.goneReplicaMs) : undefined;
     const watcher = new Watcher(
       {
         // A node whose session is down is the node port's to judge (unreachable, lost).

@@ -26,7 +26,7 @@ describe('reconcile at start (fake node, real store)', () => {
 
   test('rows a crash left in every transitional state end final, orphans go, usage and keys are recomputed', async () => {
     const { store, edge } = h;
-    const [creating, stopping, pausing, resuming, vanished, paused, claimed, kept] = await Promise.all(Array.from({ length: 8 }, () => create()));
+    const [creating, stopping, pausing, resuming, vanished, paused, kept] = await Promise.all(Array.from({ length: 7 }, () => create()));
     // A crash in each pipeline leaves the row where that pipeline was.
     await store.setSandboxState(creating!, 'creating');
     await store.setSandboxState(stopping!, 'stopping');
@@ -36,12 +36,6 @@ describe('reconcile at start (fake node, real store)', () => {
     await edge.pause(resuming!);
     await store.setSandboxState(paused!, 'paused');
     edge.sandboxes.delete(vanished!);
-    // A pool claim committed in the store, not yet on the node: the row has labels the node lacks.
-    await store.db
-      .updateTable('sandboxes')
-      .set({ spec: JSON.stringify({ ...JSON.parse((await store.sandboxOnly(claimed!))!.spec), labels: { by: 'claim' } }) })
-      .where('id', '=', claimed!)
-      .execute();
     // A sandbox on the node with no row (its row's insert never committed), and a pooled row whose node lost it.
     await edge.create({ image: { base: 'busybox' } }, { id: 'node-orphan' });
     const pooled = await create();
@@ -80,7 +74,6 @@ describe('reconcile at start (fake node, real store)', () => {
         [resuming!]: 'sandbox.state-changed running resuming',
         [vanished!]: 'sandbox.state-changed lost running',
         [paused!]: 'sandbox.state-changed running paused',
-        [claimed!]: 'sandbox.created',
       },
       'every settled row but the pool member raises its event',
     );
@@ -90,7 +83,6 @@ describe('reconcile at start (fake node, real store)', () => {
     assert.equal(to.get(resuming!), 'running');
     assert.equal(to.get(vanished!), 'lost');
     assert.equal(to.get(paused!), 'running', 'the node runs it: the row follows');
-    assert.equal(to.get(claimed!), 'running (claim finished)');
     assert.equal(to.get(pooled), 'deleted');
     assert.equal(to.has(kept!), false, 'a consistent row is left alone');
     assert.deepEqual(report.orphans, ['node-orphan']);
@@ -172,9 +164,26 @@ describe('reconcile at start (fake node, real store)', () => {
     await h.edge.pause(pausing);
     await h.store.setSandboxState(resuming, 'resuming');
     const mark = h.raised.length;
-    await h.services.lifecycle.loadAllocations();
+    await h.services.lifecycle.loadAllocations(true);
     const events = h.raised.slice(mark).map((e) => `${e.sandboxId} ${e.kind} ${String(e.data?.['state'])} ${String(e.data?.['from'])}`);
     assert.deepEqual(events.sort(), [`${pausing} sandbox.state-changed paused pausing`, `${resuming} sandbox.state-changed running resuming`].sort());
     for (const id of [pausing, resuming]) await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(id))!);
+  });
+
+  test('beside live replicas, loading the allocations leaves a pause or resume under way to its replica', async () => {
+    const [pausing, resuming] = [await create(), await create()];
+    await h.store.setSandboxState(pausing, 'pausing');
+    await h.edge.pause(pausing);
+    await h.store.setSandboxState(resuming, 'resuming');
+    const mark = h.raised.length;
+    await h.services.lifecycle.loadAllocations(false);
+    assert.deepEqual(h.raised.slice(mark), [], 'no row event');
+    assert.equal((await h.store.sandboxOnly(pausing))?.state, 'pausing', 'not driven to a final state');
+    assert.equal((await h.store.sandboxOnly(resuming))?.state, 'resuming');
+    assert.equal(h.edge.sandboxes.get(pausing)?.state, 'paused', 'not resumed on its node');
+    for (const id of [pausing, resuming]) {
+      await h.store.setSandboxState(id, 'running');
+      await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(id))!);
+    }
   });
 });

@@ -5,13 +5,13 @@
 // sandboxes are let go, and every project's usage is recomputed from the rows that remain.
 // Each row it settles raises its row event, as the services do, so live lists follow.
 import { DsecError } from '@dsec/protocol';
-import type { EdgeClient, EdgeSandbox, Sandbox, SandboxClaim } from '@dsec/protocol';
+import type { EdgeClient, EdgeSandbox, Sandbox } from '@dsec/protocol';
 import type { SandboxTable } from './db/schema.js';
+import { IN_FLIGHT_STATES } from './db/store.js';
 import type { Reservation, StateStore } from './db/store.js';
 import type { NodeRegistry } from './nodes.js';
 import { POOLED_STATE } from './pools.js';
 import { PAUSING, RESUMING } from './services/common.js';
-import type { StoredSpec } from './services/common.js';
 import type { SandboxRowEvents } from './services/sandbox-events.js';
 
 /** What {@link reconcileAtStart} works on. */
@@ -69,12 +69,6 @@ export function reconcileSummary(r: ReconcileReport): string {
   return `dsec: reconciled at start: ${parts.join('; ')}`;
 }
 
-function sameRecord(a: Record<string, string> | undefined, b: Record<string, string> | undefined): boolean {
-  const ea = Object.entries(a ?? {}).sort(([x], [y]) => x.localeCompare(y));
-  const eb = Object.entries(b ?? {}).sort(([x], [y]) => x.localeCompare(y));
-  return JSON.stringify(ea) === JSON.stringify(eb);
-}
-
 /** Destroys a sandbox on its node; one the node no longer has is fine. */
 async function destroyOnNode(client: EdgeClient, id: string): Promise<void> {
   try {
@@ -85,13 +79,10 @@ async function destroyOnNode(client: EdgeClient, id: string): Promise<void> {
 }
 
 /** Raises the row event of a row settled `to` (as {@link settleRow} names it); pool members raise none. */
-async function raiseSettled(d: ReconcileDeps, row: SandboxTable, to: string): Promise<void> {
+function raiseSettled(d: ReconcileDeps, row: SandboxTable, to: string): void {
   if (!d.rowEvents || row.pool_id !== null) return;
-  if (to === 'deleted') return d.rowEvents.deleted(row, row.state);
-  if (to === 'lost' || to === 'running' || to === 'failed') return d.rowEvents.stateChanged(row, to, row.state);
-  // A pool claim cut short before its sandbox was announced: it is the caller's now.
-  const claimed = to === 'running (claim finished)' && d.toSandbox ? await d.store.sandbox(row.id) : undefined;
-  if (claimed && d.toSandbox) d.rowEvents.created(d.toSandbox(claimed), claimed.labels);
+  if (to === 'deleted') d.rowEvents.deleted(row, row.state);
+  else if (to === 'lost' || to === 'running' || to === 'failed') d.rowEvents.stateChanged(row, to, row.state);
 }
 
 /**
@@ -103,8 +94,9 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
   switch (row.state) {
     case 'creating':
     case 'stopping':
-      // A create cut short is rolled back (its caller never got the sandbox: a retry with the
-      // same idempotency key makes a new one); a delete cut short is finished.
+      // A create (or a pool claim: `creating` until its node handed it over) cut short is
+      // rolled back (its caller never got the sandbox: a retry with the same idempotency key
+      // makes a new one); a delete cut short is finished.
       if (onNode) await destroyOnNode(client, row.id);
       await store.deleteSandbox(row);
       return 'deleted';
@@ -120,15 +112,9 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
       // A pause cut short is undone (its caller saw no answer; an idle or owner pause comes
       // again on the next lease pass); a resume cut short is finished. Either way: running.
       if (onNode.state === 'paused' && row.state !== 'paused') await client.resume(row.id, { reason: 'reconcile' });
-      if (row.state !== 'running') await store.transitionSandbox(row.id, [row.state], 'running', running);
-      // A warm pool's member claimed in the store but not yet on its node: the claim finishes.
-      const spec = JSON.parse(row.spec) as StoredSpec;
-      if (!sameRecord(spec.env, onNode.spec.env) || !sameRecord(spec.labels, onNode.spec.labels)) {
-        const claim: SandboxClaim = { ...(spec.env ? { env: spec.env } : {}), ...(spec.labels ? { labels: spec.labels } : {}) };
-        await client.claim(row.id, claim);
-        return row.state === 'running' ? 'running (claim finished)' : 'running';
-      }
-      return row.state === 'running' ? undefined : 'running';
+      if (row.state === 'running') return undefined;
+      await store.transitionSandbox(row.id, [row.state], 'running', running);
+      return 'running';
     }
     case POOLED_STATE:
       if (onNode) return undefined;
@@ -145,7 +131,12 @@ function emptyReport(): ReconcileReport {
   return { settled: [], orphans: [], unreachable: [], usage: [], idempotencyKeys: 0, idempotencySettled: [], trajectories: 0 };
 }
 
-type NodeViews = Map<string, { client: EdgeClient; sandboxes: Map<string, EdgeSandbox> }>;
+/** A node's client and what it runs, by sandbox id. */
+interface NodeView {
+  client: EdgeClient;
+  sandboxes: Map<string, EdgeSandbox>;
+}
+type NodeViews = Map<string, NodeView>;
 
 /** What each node runs, by sandbox id; a node that does not answer is reported unreachable. */
 async function nodeViews(of: ReturnType<NodeRegistry['all']>, report: ReconcileReport, log: (line: string) => void): Promise<NodeViews> {
@@ -170,7 +161,7 @@ async function settleRows(d: ReconcileDeps, rows: readonly SandboxTable[], views
       const to = await settleRow(d.store, view.client, row, view.sandboxes.get(row.id));
       if (to) {
         report.settled.push({ id: row.id, from: row.state, to });
-        await raiseSettled(d, row, to);
+        raiseSettled(d, row, to);
       }
     } catch (err) {
       // The node refused (it will be retried by a delete): the row stays deletable.
@@ -185,15 +176,48 @@ async function failRow(d: ReconcileDeps, row: SandboxTable, report: ReconcileRep
   if (!['failed', 'lost'].includes(row.state) && (await d.store.sandboxOnly(row.id))) {
     await d.store.setSandboxState(row.id, 'failed');
     report.settled.push({ id: row.id, from: row.state, to: 'failed' });
-    await raiseSettled(d, row, 'failed');
+    raiseSettled(d, row, 'failed');
   }
 }
 
-/** What {@link reconcileGoneReplica} did: the rows it settled and the reservations it gave back. */
+/** Destroys the sandboxes `view` runs that are not in `known` (no row); reported as orphans. */
+async function destroyOrphans(d: ReconcileDeps, name: string, view: NodeView, known: Set<string>, report: ReconcileReport): Promise<void> {
+  for (const id of view.sandboxes.keys()) {
+    if (known.has(id)) continue;
+    try {
+      await destroyOnNode(view.client, id);
+      report.orphans.push(id);
+    } catch (err) {
+      d.log(`dsec: reconcile: orphan ${id} on ${name}: ${(err as Error).message}`);
+    }
+  }
+}
+
+/**
+ * Settles pending idempotency keys created before `before` whose request died (with `replica`,
+ * only that gone replica's), once the rows are settled: a key whose sandbox stands is done with
+ * it (its first reply recorded), so that a retry gets that sandbox and not a second one; the
+ * others go (a retry creates anew).
+ */
+async function settleKeys(d: ReconcileDeps, report: ReconcileReport, before: string, replica?: string): Promise<void> {
+  const keys = await d.store.settlePendingIdempotencyKeys(before, replica);
+  report.idempotencyKeys = keys.dropped;
+  for (const k of keys.settled) {
+    report.idempotencySettled.push(`${k.key} -> ${k.sandbox_id}`);
+    const row = d.toSandbox && k.sandbox_id ? await d.store.sandbox(k.sandbox_id) : undefined;
+    if (row && d.toSandbox) await d.store.setIdempotencyResponse(k.project_id, k.key, JSON.stringify(d.toSandbox(row)));
+  }
+}
+
+/** What {@link reconcileGoneReplica} did: the rows it settled, the reservations it gave back, its idempotency keys. */
 export interface GoneReplicaReport {
   settled: SettledRow[];
   released: Array<{ projectId: string; released: Reservation }>;
   unreachable: string[];
+  /** Its pending keys without a standing sandbox: dropped. */
+  idempotencyKeys: number;
+  /** Its pending keys settled with their sandbox (`key -> sandbox id`). */
+  idempotencySettled: string[];
 }
 
 /**
@@ -203,7 +227,8 @@ export interface GoneReplicaReport {
  * resume driven to `running`); on a node this replica does not reach, a create or delete is
  * finished in the store alone (the node destroys the sandbox, row-less, when its session opens
  * or it starts again) and a pause or resume becomes `failed` (deletable). Its reservations
- * without a row are given back (once, whichever replica gets there first). `onDeleted` is told
+ * without a row are given back (once, whichever replica gets there first), and its pending
+ * idempotency keys settled as the start-up reconcile settles them. `onDeleted` is told
  * of each row it deleted (the caller's node allocation). Only the rows still tagged with that
  * replica and still in their state are moved: a live replica's work is never touched.
  */
@@ -226,7 +251,7 @@ export async function reconcileGoneReplica(
     if (row.state === 'creating' || row.state === 'stopping') {
       if (await d.store.deleteSandbox(row)) {
         report.settled.push({ id: row.id, from: row.state, to: 'deleted' });
-        await raiseSettled(d, row, 'deleted');
+        raiseSettled(d, row, 'deleted');
       }
     } else {
       await failRow(d, row, report);
@@ -234,7 +259,41 @@ export async function reconcileGoneReplica(
   }
   for (const s of report.settled) if (s.to === 'deleted') onDeleted(rows.find((r) => r.id === s.id)!);
   const released = await d.store.releaseReplicaReservations(replica);
-  return { settled: report.settled, released, unreachable: report.unreachable };
+  await settleKeys(d, report, new Date().toISOString(), replica);
+  return {
+    settled: report.settled,
+    released,
+    unreachable: report.unreachable,
+    idempotencyKeys: report.idempotencyKeys,
+    idempotencySettled: report.idempotencySettled,
+  };
+}
+
+/**
+ * The start of a replica beside live ones (a shared store), for the nodes it reaches from the
+ * start (a `dsec up --db` platform's built-in node, which no other replica reaches): the rows on
+ * them that a replica without a session on the store left in a transitional state (this node's
+ * own previous life, killed) are settled against the node at once, as {@link reconcileGoneReplica}
+ * settles them, and every sandbox a node runs without a row is destroyed (a row is written before
+ * its sandbox is made, and the node is listed before the rows are read: no create under way is
+ * taken for an orphan). Rows of live replicas, and untagged ones, are left as they are; the
+ * rest of a gone replica's work (reservations, keys, rows on other nodes) is the lease pass's.
+ */
+export async function reconcileOwnNodes(d: ReconcileDeps): Promise<ReconcileReport> {
+  const report = emptyReport();
+  const views = await nodeViews(
+    d.nodes.all().filter((n) => n.state === 'ready'),
+    report,
+    d.log,
+  );
+  if (views.size === 0) return report;
+  const gone = new Set(await d.store.replicasWithoutSessions());
+  const rows = (await d.store.allSandboxes()).filter((r) => views.has(r.node));
+  const theirs = rows.filter((r) => !!r.replica && gone.has(r.replica) && IN_FLIGHT_STATES.includes(r.state));
+  await settleRows(d, theirs, views, report);
+  const known = new Set(rows.map((r) => r.id));
+  for (const [name, view] of views) await destroyOrphans(d, name, view, known, report);
+  return report;
 }
 
 /**
@@ -249,27 +308,10 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
   const rows = await store.allSandboxes();
   await settleRows(d, rows, views, report);
   const known = new Set(rows.map((r) => r.id));
-  for (const [name, view] of views) {
-    for (const id of view.sandboxes.keys()) {
-      if (known.has(id)) continue;
-      try {
-        await destroyOnNode(view.client, id);
-        report.orphans.push(id);
-      } catch (err) {
-        log(`dsec: reconcile: orphan ${id} on ${name}: ${(err as Error).message}`);
-      }
-    }
-  }
+  for (const [name, view] of views) await destroyOrphans(d, name, view, known, report);
   // This process is the only apiserver: a key still pending belongs to a request that died with
-  // the previous one. One whose sandbox stands (the rows are settled above) is done with it, so
-  // that a retry gets that sandbox and not a second one; the others go (a retry creates anew).
-  const keys = await store.settlePendingIdempotencyKeys(new Date().toISOString());
-  report.idempotencyKeys = keys.dropped;
-  for (const k of keys.settled) {
-    report.idempotencySettled.push(`${k.key} -> ${k.sandbox_id}`);
-    const row = d.toSandbox && k.sandbox_id ? await store.sandbox(k.sandbox_id) : undefined;
-    if (row && d.toSandbox) await store.setIdempotencyResponse(k.project_id, k.key, JSON.stringify(d.toSandbox(row)));
-  }
+  // the previous one (the rows are settled above).
+  await settleKeys(d, report, new Date().toISOString());
   report.trajectories = await store.endOrphanTrajectories(new Date().toISOString());
   report.usage = await store.recomputeUsage();
   return report;
@@ -280,7 +322,8 @@ export const GONE_REPLICA_MS = 10_000;
 
 /**
  * The lease pass's watch over the other replicas of a shared store: a replica that has work on
- * the store (rows it left in a transitional state, reservations without rows) and no session on
+ * the store (rows it left in a transitional state, reservations without rows, pending
+ * idempotency keys) and no session on
  * the database for {@link GONE_REPLICA_MS} (every session of a replica carries its tag, and its
  * listening connection stays open as long as it runs, reconnecting within a second when it
  * drops) is gone, and its work is settled ({@link reconcileGoneReplica}). The first-missing times
@@ -312,6 +355,8 @@ export class GoneReplicas {
         const parts = [
           ...r.settled.map((s) => `${s.id} ${s.from} -> ${s.to}`),
           ...r.released.map((x) => `${x.released.sandboxes} reserved without a row given back to ${x.projectId}`),
+          ...(r.idempotencyKeys ? [`${r.idempotencyKeys} pending idempotency keys dropped`] : []),
+          ...(r.idempotencySettled.length ? [`idempotency keys settled with their sandbox: ${r.idempotencySettled.join(', ')}`] : []),
           ...(r.unreachable.length ? [`nodes not reached: ${r.unreachable.join(', ')}`] : []),
         ];
         this.d.log(`dsec: settled the work of gone replica ${tag}: ${parts.join('; ') || 'nothing left'}`);

@@ -25,9 +25,10 @@ export const CRASH_STEPS = [
   'pause.node',
   'resume.resuming',
   'resume.node',
-  // a warm pool's claim: row taken from the pool, node handed over
+  // a warm pool's claim: row taken from the pool (`creating`), node handed over, row running
   'claim.row',
   'claim.node',
+  'claim.running',
   // snapshot: layer packed on the node, snapshot recorded, layer registered
   'snapshot.node',
   'snapshot.row',

@@ -7,6 +7,7 @@ import { migration0012Tenants } from './migration-0012-tenants.js';
 import { migration0023Cell } from './migration-0023-cell.js';
 import { migration0026CellLeases } from './migration-0026-cell-leases.js';
 import { migration0027ReplicaWork } from './migration-0027-replica-work.js';
+import { migration0028ReplicaKeys } from './migration-0028-replica-keys.js';
 import { migration0018LiveWsTickets } from '../ws-tickets.js';
 
 const migrations: Record<string, Migration> = {
@@ -277,6 +278,7 @@ const migrations: Record<string, Migration> = {
   '0023_cell': migration0023Cell,
   '0026_cell_leases': migration0026CellLeases,
   '0027_replica_work': migration0027ReplicaWork,
+  '0028_replica_keys': migration0028ReplicaKeys,
 };
 
 /** The migrations of the state store, in order. */

@@ -139,6 +139,11 @@ export interface IdempotencyKeyTable {
   response: string | null;
   created_at: string;
   expires_at: string;
+  /**
+   * The session tag of the replica whose request holds the key while it is pending (migration
+   * 0028_replica_keys); null on one-process stores. Settled with that replica's work when it is gone.
+   */
+  replica?: string | null | undefined;
 }
 
 /** The record of one sandbox's life: its resolved spec and step counters. */

@@ -564,8 +564,8 @@ export class StateStore {
   }
 
   /**
-   * Replicas that have work on the store (rows in a transitional state they put there, or
-   * reservations without rows) and no session on the database now: gone. PostgreSQL only (every
+   * Replicas that have work on the store (rows in a transitional state they put there,
+   * reservations without rows, or pending idempotency keys) and no session on the database now: gone. PostgreSQL only (every
    * session of a replica carries its tag in `application_name`, postgres.ts); none elsewhere.
    */
   async replicasWithoutSessions(): Promise<string[]> {
@@ -578,7 +578,14 @@ export class StateStore {
       .where('state', 'in', IN_FLIGHT_STATES)
       .execute();
     const holding = await this.db.selectFrom('replica_reservations').select('replica').distinct().where('sandboxes', '>', 0).execute();
-    const tags = new Set([...tagged.map((r) => r.replica!), ...holding.map((r) => r.replica)]);
+    const keys = await this.db
+      .selectFrom('idempotency_keys')
+      .select('replica')
+      .distinct()
+      .where('state', '=', 'pending')
+      .where('replica', 'is not', null)
+      .execute();
+    const tags = new Set([...tagged.map((r) => r.replica!), ...holding.map((r) => r.replica), ...keys.map((r) => r.replica!)]);
     tags.delete(this.sessionTag ?? '');
     if (tags.size === 0) return [];
     const live = await sql<{ application_name: string }>`SELECT DISTINCT application_name FROM pg_stat_activity
@@ -1173,8 +1180,9 @@ export class StateStore {
 
   /**
    * Claims a ready member (the oldest) of a project's pools whose spec hashes to `specKey`, in one
-   * transaction: the row leaves its pool and becomes the claimer's (`running`, its spec, labels,
-   * lease, owner and lifetime). Undefined when none is ready; a miss counts as use of the matching pools (an
+   * transaction: the row leaves its pool and becomes the claimer's (`creating` until its node has
+   * handed it over: a claim cut short is a create cut short, tagged with this replica; its spec,
+   * labels, lease, owner and lifetime). Undefined when none is ready; a miss counts as use of the matching pools (an
    * idle pool wakes up and refills).
    */
   async claimPooled(c: {
@@ -1211,7 +1219,8 @@ export class StateStore {
         const row = await tx
           .updateTable('sandboxes')
           .set({
-            state: 'running',
+            state: 'creating',
+            ...this.replicaOf('creating'),
             pool_id: null,
             spec: c.spec,
             created_at: c.createdAt,
@@ -1273,6 +1282,8 @@ export class StateStore {
           response: null,
           created_at: t.toISOString(),
           expires_at: new Date(t.getTime() + k.ttlMs).toISOString(),
+          // Whose request holds it: settled with that replica's work if it dies (reconcile.ts).
+          ...(this.sessionTag ? { replica: this.sessionTag } : {}),
         })
         .onConflict((oc) => oc.columns(['project_id', 'key']).doNothing())
         .executeTakeFirst();
@@ -1301,15 +1312,17 @@ export class StateStore {
    * Settles pending keys created before `before` (their request died with its server): a key
    * that recorded a sandbox still standing in its project (not a pool's, not half made or half
    * deleted) is done with that sandbox, so that a retry gets it instead of a second one; every
-   * other such key is dropped (a retry creates anew). Returns the keys settled and the number dropped.
+   * other such key is dropped (a retry creates anew). With `replica`, only the keys that replica
+   * (gone) holds. Returns the keys settled and the number dropped.
    */
-  async settlePendingIdempotencyKeys(before: string): Promise<{ settled: IdempotencyKeyTable[]; dropped: number }> {
+  async settlePendingIdempotencyKeys(before: string, replica?: string): Promise<{ settled: IdempotencyKeyTable[]; dropped: number }> {
     return this.db.transaction().execute(async (tx) => {
       const settled = await tx
         .updateTable('idempotency_keys')
         .set({ state: 'done' })
         .where('state', '=', 'pending')
         .where('created_at', '<', before)
+        .$if(replica !== undefined, (q) => q.where('replica', '=', replica!))
         .where((eb) =>
           eb.exists(
             eb
@@ -1323,7 +1336,12 @@ export class StateStore {
         )
         .returningAll()
         .execute();
-      const res = await tx.deleteFrom('idempotency_keys').where('state', '=', 'pending').where('created_at', '<', before).executeTakeFirst();
+      const res = await tx
+        .deleteFrom('idempotency_keys')
+        .where('state', '=', 'pending')
+        .where('created_at', '<', before)
+        .$if(replica !== undefined, (q) => q.where('replica', '=', replica!))
+        .executeTakeFirst();
       return { settled, dropped: Number(res.numDeletedRows) };
     });
   }

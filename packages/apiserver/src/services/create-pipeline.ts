@@ -468,7 +468,9 @@ export class CreatePipeline {
 
   /**
    * Claims a ready sandbox from one of the project's pools whose spec matches, in one
-   * transaction, and hands it over on its node (env, labels). Undefined when none is ready.
+   * transaction, and hands it over on its node (env, labels); the row is `creating` until then,
+   * so that a claim cut short by a crash is rolled back as a create is (reconcile.ts), by the
+   * start-up reconcile or, beside live replicas, with the dead replica's work. Undefined when none is ready.
    * `key`: the pending idempotency key this create holds (it records the claimed id in the claim's transaction).
    */
   async claimFromPool(projectId: string, item: CreateItem, key?: string): Promise<Sandbox | undefined> {
@@ -493,6 +495,10 @@ export class CreatePipeline {
       if (!node) throw new DsecError('UNAVAILABLE', `node ${row.node} is not reachable`);
       await node.client.claim(row.id, { ...(item.req.env ? { env: item.req.env } : {}), ...(item.req.labels ? { labels } : {}) });
       crashPoint('claim.node');
+      // Settled meanwhile (this replica was taken for gone): the row is no longer this claim's.
+      if (!(await this.d.store.transitionSandboxGrouped(row.id, ['creating'], 'running'))) throw new Error(`claimed ${row.id} was settled elsewhere`);
+      row.state = 'running';
+      crashPoint('claim.running');
     } catch {
       // The member cannot be handed over (its node or sandbox is gone, or it was used): it is
       // dropped, and this create goes on without the pool. Nobody has seen its id yet.

@@ -135,17 +135,20 @@ export class LifecycleService {
   }
 
   /**
-   * Rebuilds node allocations from the stored sandboxes (after a restart). A pause or resume
-   * that a crash interrupted is settled by what the node reports (and raises its row event).
-   * The `stopping` and `creating` rows it counts are remembered as counted (another process's,
-   * or a crashed one's, work under way): whoever finishes one here gives its share back.
+   * Rebuilds node allocations from the stored sandboxes (after a restart). With `settle` (a
+   * process alone on its store: what is in flight was cut short by a crash), a pause or resume
+   * that a crash interrupted is settled by what the node reports (and raises its row event);
+   * beside live replicas one may be under way there, and is counted as it stands (a gone
+   * replica's is settled by the lease pass, reconcile.ts). The `stopping` and `creating` rows
+   * it counts are remembered as counted (another process's, or a crashed one's, work under
+   * way): whoever finishes one here gives its share back.
    */
-  async loadAllocations(): Promise<void> {
+  async loadAllocations(settle: boolean): Promise<void> {
     const inFlight = new Map<string, string[]>();
     const onNodes = new Map<string, string>();
-    for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
+    if (settle) for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
     for (const row of await this.d.store.allSandboxes()) {
-      if (row.state === PAUSING || row.state === RESUMING) {
+      if (settle && (row.state === PAUSING || row.state === RESUMING)) {
         const actual = onNodes.get(row.id) === 'paused' ? 'paused' : 'running';
         if (await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {})) {
           if (row.pool_id === null) this.rowEvents.stateChanged(row, actual, row.state);
