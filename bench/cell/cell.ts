@@ -8,7 +8,7 @@
 // through the HTTP API and list/filter queries, and samples the apiserver's RSS.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -189,13 +189,17 @@ async function cpuSeconds(pid: number): Promise<number> {
   return f ? (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK : 0;
 }
 
-/** CPU seconds of PostgreSQL: the postmaster (with the backends it reaped) and its live backends. */
+/**
+ * CPU seconds of PostgreSQL: the postmaster (with the backends it reaped) and its live backends
+ * (its children, from /proc/<pid>/task/<pid>/children: a scan of /proc would read every
+ * process of a busy machine at each sample).
+ */
 async function postgresCpuSeconds(postmaster: number): Promise<number> {
   let total = await cpuSeconds(postmaster);
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    const f = await statFields(Number(entry));
-    if (f && Number(f[1]) === postmaster) total += (Number(f[11]) + Number(f[12])) / CLK_TCK;
+  const children = await readFile(`/proc/${postmaster}/task/${postmaster}/children`, 'utf8').catch(() => '');
+  for (const pid of children.split(' ').filter(Boolean)) {
+    const f = await statFields(Number(pid));
+    if (f) total += (Number(f[11]) + Number(f[12])) / CLK_TCK;
   }
   return total;
 }
