@@ -2,7 +2,7 @@
 // PostgreSQL of the test's own, four simulated nodes in two processes joined over mutual TLS
 // with single-use tokens, filled to 60 sandboxes through batch and single creates with list
 // queries between. Checks that every create landed (the store holds them all, spread over the
-// nodes) and that the figures come back; no speed is asserted. Also: the simulated node is
+// nodes) and that the figures come back (the CPU of each part among them); no speed is asserted. Also: the simulated node is
 // reachable from the testing entry point only. Needs root (PostgreSQL runs as its own user).
 import assert from 'node:assert/strict';
 import path from 'node:path';
@@ -21,6 +21,7 @@ interface CellModule {
     storeMiB: number;
     batchPerSecond: number;
     nodesUsed: number;
+    busy: Record<'batch' | 'singles', { apiserver: number; postgres: number; nodes: number; load: number }>;
   }>;
 }
 
@@ -52,6 +53,11 @@ describe('simulated cell', { skip, timeout: 120_000 }, () => {
     );
     assert.ok(r.stages.every((s) => s.singleCreated === 2 && s.rssMiB > 0 && Number.isFinite(s.listP99)));
     assert.ok(r.storeMiB > 0 && r.batchPerSecond > 0);
+    // The CPU of each part was found (the apiserver, PostgreSQL's backends, the node processes).
+    for (const phase of ['batch', 'singles'] as const) {
+      const b = r.busy[phase];
+      assert.ok(b.apiserver > 0 && b.postgres > 0 && b.nodes >= 0 && b.load > 0, `${phase}: ${JSON.stringify(b)}`);
+    }
   });
 
   test('the simulated node is a test tool: not on the main entry point, not a backend a spec can name', async () => {

@@ -38,7 +38,11 @@ export interface CellOptions {
   batchConcurrency: number;
   /** Single creates timed per stage (of the ten). */
   singlesPerStage: number;
-  /** Single creates in flight at once (each worker with its own API key). */
+  /**
+   * Single creates in flight at once. Each worker has its own API key: the keys are the root
+   * project's, each with its own rate bucket (`limits.requestsPerSecondPerTenant`, 100/s, burst
+   * 1,000), so the per-key limit binds only above 100 creates/s a worker.
+   */
   singleConcurrency: number;
   /** List/filter queries timed per stage. */
   listsPerStage: number;
@@ -56,6 +60,19 @@ export interface CellOptions {
   profileDir?: string;
 }
 
+/**
+ * CPU used during a phase, in cores (CPU seconds per second of the phase): what bounds a figure
+ * on a machine the whole cell shares.
+ */
+export interface CellBusy {
+  apiserver: number;
+  postgres: number;
+  /** The edge processes (simulated nodes). */
+  nodes: number;
+  /** This process: the load generator. */
+  load: number;
+}
+
 /** Figures of one of the ten stages. */
 export interface CellStage {
   /** Sandboxes in the cell when the stage ended. */
@@ -70,6 +87,8 @@ export interface CellStage {
   listP99: number;
   rssMiB: number;
   failures: number;
+  /** CPU of each part during the stage's batch creates and during its single creates. */
+  busy: { batch: CellBusy; singles: CellBusy };
 }
 
 /** What a cell run measured. */
@@ -92,6 +111,8 @@ export interface CellReport {
   nodesUsed: number;
   perNodeMax: number;
   perNodeMin: number;
+  /** CPU of each part over all the batch creates and over all the single creates. */
+  busy: { batch: CellBusy; singles: CellBusy };
   /** Last tenth's single-create p50 over the first's. */
   fillCostRatio: number;
   failures: number;
@@ -153,6 +174,36 @@ async function rssMiB(pid: number): Promise<number> {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
+/** Clock ticks a second of /proc/<pid>/stat's times (USER_HZ, 100 on Linux). */
+const CLK_TCK = 100;
+
+/** A process's fields of /proc/<pid>/stat after its command (the first is the state), or undefined when it is gone. */
+async function statFields(pid: number): Promise<string[] | undefined> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  return stat ? stat.slice(stat.lastIndexOf(')') + 2).split(' ') : undefined;
+}
+
+/** CPU seconds (user and system) of a process and of its children it has waited for. */
+async function cpuSeconds(pid: number): Promise<number> {
+  const f = await statFields(pid);
+  return f ? (Number(f[11]) + Number(f[12]) + Number(f[13]) + Number(f[14])) / CLK_TCK : 0;
+}
+
+/**
+ * CPU seconds of PostgreSQL: the postmaster (with the backends it reaped) and its live backends
+ * (its children, from /proc/<pid>/task/<pid>/children: a scan of /proc would read every
+ * process of a busy machine at each sample).
+ */
+async function postgresCpuSeconds(postmaster: number): Promise<number> {
+  let total = await cpuSeconds(postmaster);
+  const children = await readFile(`/proc/${postmaster}/task/${postmaster}/children`, 'utf8').catch(() => '');
+  for (const pid of children.split(' ').filter(Boolean)) {
+    const f = await statFields(Number(pid));
+    if (f) total += (Number(f[11]) + Number(f[12])) / CLK_TCK;
+  }
+  return total;
+}
+
 /**
  * Writes PostgreSQL's statements of the cell's database: the 40 costliest by total time, then
  * the 40 most frequent (each statement is a round trip, and on a loaded machine the round trips
@@ -184,6 +235,22 @@ async function writeStatements(pg: { query(sql: string, database?: string): Prom
     );
   }
   await writeFile(file, `${lines.join('\n')}\n`);
+}
+
+function noBusy(): CellBusy {
+  return { apiserver: 0, postgres: 0, nodes: 0, load: 0 };
+}
+
+/** CPU seconds over a phase's milliseconds, as cores. */
+function perSecond(t: { ms: number; cpu: CellBusy }): CellBusy {
+  const out = noBusy();
+  for (const k of Object.keys(out) as Array<keyof CellBusy>) out[k] = t.cpu[k] / (t.ms / 1000);
+  return out;
+}
+
+/** `api 0.93 pg 0.21 nodes 0.30 load 0.25` (cores). */
+export function busyText(b: CellBusy): string {
+  return `api ${b.apiserver.toFixed(2)} pg ${b.postgres.toFixed(2)} nodes ${b.nodes.toFixed(2)} load ${b.load.toFixed(2)}`;
 }
 
 /** An empty tar archive (two zero blocks): the cell's base layer. */
@@ -251,6 +318,35 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     const startS = (nowMs() - t0) / 1000;
     log(`cell: ready in ${startS.toFixed(1)} s`);
 
+    // CPU of each part, sampled around each phase.
+    // The checkpointer lives as long as the server: its parent is the postmaster.
+    const checkpointer = Number((await pg.query(`SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'`)).rows[0]!.pid);
+    const postmaster = Number((await statFields(checkpointer))?.[1]);
+    const sample = async (): Promise<{ at: number; cpu: CellBusy }> => {
+      const own = process.cpuUsage();
+      return {
+        at: nowMs(),
+        cpu: {
+          apiserver: await cpuSeconds(api.child.pid!),
+          postgres: await postgresCpuSeconds(postmaster),
+          nodes: (await Promise.all(hosts.map((h) => cpuSeconds(h.child.pid!)))).reduce((a, b) => a + b, 0),
+          load: (own.user + own.system) / 1e6,
+        },
+      };
+    };
+    const busyTotals = { batch: { ms: 0, cpu: noBusy() }, singles: { ms: 0, cpu: noBusy() } };
+    const busyOf = (a: { at: number; cpu: CellBusy }, b: { at: number; cpu: CellBusy }, phase: 'batch' | 'singles'): CellBusy => {
+      const ms = b.at - a.at;
+      const t = busyTotals[phase];
+      t.ms += ms;
+      const out = noBusy();
+      for (const k of Object.keys(out) as Array<keyof CellBusy>) {
+        t.cpu[k] += b.cpu[k] - a.cpu[k];
+        out[k] = (b.cpu[k] - a.cpu[k]) / (ms / 1000);
+      }
+      return out;
+    };
+
     const headers = (key: string): Record<string, string> => ({ authorization: `Bearer ${key}`, 'content-type': 'application/json' });
     const spec = (job: number): object => ({ image: { base: 'cellbase' }, labels: { job: `j${job}` } });
     let failures = 0;
@@ -268,6 +364,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       const singles = Math.min(o.singlesPerStage, perStage);
       // Batches: the stage's share less its singles, split over the batch workers.
       let toBatch = perStage - singles;
+      const sb = await sample();
       const tb = nowMs();
       let batched = 0;
       await Promise.all(
@@ -295,6 +392,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         }),
       );
       const batchMs = nowMs() - tb;
+      const batchBusy = busyOf(sb, await sample(), 'batch');
       batchTime += batchMs;
       batchTotal += batched;
       created += batched;
@@ -302,6 +400,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       // Single creates through the HTTP API, each worker with its own key.
       const lat: number[] = [];
       let next = 0;
+      const ss = await sample();
       const ts = nowMs();
       await Promise.all(
         Array.from({ length: o.singleConcurrency }, async (_, w) => {
@@ -322,6 +421,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         }),
       );
       const singleMs = nowMs() - ts;
+      const singlesBusy = busyOf(ss, await sample(), 'singles');
       singleTime += singleMs;
       job++;
       allSingles.push(...lat);
@@ -351,10 +451,11 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         listP99: percentile(lists, 99),
         rssMiB: rss,
         failures,
+        busy: { batch: batchBusy, singles: singlesBusy },
       };
       stages.push(s);
       log(
-        `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB`,
+        `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB; cores batch ${busyText(batchBusy)}, singles ${busyText(singlesBusy)}`,
       );
     }
     log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);
@@ -384,6 +485,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       singleP99: percentile(allSingles, 99),
       listP99: percentile(allLists, 99),
       rssMiB: peakRss,
+      busy: { batch: perSecond(busyTotals.batch), singles: perSecond(busyTotals.singles) },
       storeMiB: Number(size.rows[0]!.bytes) / 1048576,
       sandboxRows: Number(rows.rows[0]!.n),
       nodesUsed: perNode.length,

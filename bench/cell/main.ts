@@ -8,7 +8,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { CONTAINER_DELAYS } from '@dsec/apiserver/testing';
 import { lineChart } from '../lib/svg.js';
-import { REPO, cellSkipReason, runCell } from './cell.js';
+import { REPO, busyText, cellSkipReason, runCell } from './cell.js';
 import type { CellReport } from './cell.js';
 
 /** Markers of the cell's section in docs/benchmarks.md. */
@@ -22,8 +22,8 @@ const { values } = parseArgs({
     'edge-processes': { type: 'string', default: '4' },
     'batch-size': { type: 'string', default: '1000' },
     'batch-concurrency': { type: 'string', default: '4' },
-    singles: { type: 'string', default: '300' },
-    concurrency: { type: 'string', default: '16' },
+    singles: { type: 'string', default: '1000' },
+    concurrency: { type: 'string', default: '64' },
     lists: { type: 'string', default: '100' },
     'node-cpu': { type: 'string', default: '64' },
     'node-memory-gib': { type: 'string', default: '256' },
@@ -58,7 +58,7 @@ function section(r: CellReport, command: string, date: string): string {
     CELL_BEGIN,
     '## Simulated cell (`npm run cell`)',
     '',
-    `The real \`dsec apiserver\` on PostgreSQL (Debian's server, its own cluster on loopback started by the test fixture: \`synchronous_commit=on\`, but \`fsync=off\`, so commits do not wait for a disk) and ${o.nodes} simulated nodes in ${o.edgeProcesses} processes, each node joined with its own single-use token and certificate and holding its own session on the node port (HTTP/2 in mutual TLS, the edge wire protocol). A simulated node keeps its sandboxes as records and answers with the delays measured on the container backend (create ${CONTAINER_DELAYS.create} ms, destroy ${CONTAINER_DELAYS.destroy} ms, exec ${CONTAINER_DELAYS.exec} ms: \`dsec edge\` rows above), each node ${o.sim.capacity?.cpu ?? 64} cores, ${((o.sim.capacity?.memoryMiB ?? 262_144) / 1024).toFixed(0)} GiB, with the default placement settings. Sandboxes are API defaults (1 core, 512 MiB). The cell fills to ${o.sandboxes.toLocaleString('en')} sandboxes in ten stages: each stage creates its share through batch creates (${o.batchSize} items, ${o.batchConcurrency} in flight), then ${o.singlesPerStage} single creates through the HTTP API (${o.singleConcurrency} in flight, a key each), then ${o.listsPerStage} list/filter queries (one job's label, first page of 100). Everything (PostgreSQL, apiserver, nodes, load) runs on one machine.`,
+    `The real \`dsec apiserver\` on PostgreSQL (Debian's server, its own cluster on loopback started by the test fixture: \`synchronous_commit=on\`, but \`fsync=off\`, so commits do not wait for a disk) and ${o.nodes} simulated nodes in ${o.edgeProcesses} processes, each node joined with its own single-use token and certificate and holding its own session on the node port (HTTP/2 in mutual TLS, the edge wire protocol). A simulated node keeps its sandboxes as records and answers with the delays measured on the container backend (create ${CONTAINER_DELAYS.create} ms, destroy ${CONTAINER_DELAYS.destroy} ms, exec ${CONTAINER_DELAYS.exec} ms: \`dsec edge\` rows above), each node ${o.sim.capacity?.cpu ?? 64} cores, ${((o.sim.capacity?.memoryMiB ?? 262_144) / 1024).toFixed(0)} GiB, with the default placement settings. Sandboxes are API defaults (1 core, 512 MiB). The cell fills to ${o.sandboxes.toLocaleString('en')} sandboxes in ten stages: each stage creates its share through batch creates (${o.batchSize} items, ${o.batchConcurrency} in flight), then ${o.singlesPerStage} single creates through the HTTP API (${o.singleConcurrency} in flight, each worker with its own API key of the root project, so each has its own rate bucket of 100 requests/s and the per-key limit does not bind), then ${o.listsPerStage} list/filter queries (one job's label, first page of 100). Everything (PostgreSQL, apiserver, nodes, load) runs on one machine; the load generator is the bench's own process, apart from the apiserver's and the nodes'. The "cores" rows are the CPU each part used during the phase (CPU seconds per second, from /proc): where their sum reaches the machine's cores, the machine bounds the figure, not a part.`,
     '',
     `**Scale.** The issue's targets are for 160 nodes and 380,000 live sandboxes on a control plane of its own; this run is ${o.nodes} nodes and ${o.sandboxes.toLocaleString('en')} sandboxes on the ${os.cpus().length}-core machine below, shared with the load generator, the nodes and PostgreSQL (and, when it ran, other work). Figures are what this machine gave, not what the design allows.`,
     '',
@@ -75,6 +75,13 @@ function section(r: CellReport, command: string, date: string): string {
     '|---|---|---|---|',
     ...targets(r).map(([f, v, t, ok]) => `| ${f} | ${v} | ${t} | ${ok ? 'yes' : '**no**'} |`),
     `| single create p50 | ${fmt(r.singleP50)} ms | | |`,
+    '',
+    '| cores used (CPU s/s) | apiserver | PostgreSQL | nodes | load generator |',
+    '|---|---|---|---|---|',
+    ...(['batch', 'singles'] as const).map(
+      (ph) =>
+        `| during ${ph === 'batch' ? 'batch' : 'single'} creates | ${fmt(r.busy[ph].apiserver, 2)} | ${fmt(r.busy[ph].postgres, 2)} | ${fmt(r.busy[ph].nodes, 2)} | ${fmt(r.busy[ph].load, 2)} |`,
+    ),
     '',
     '| stage | sandboxes | batch placements/s | single creates/s | single p50 ms | single p99 ms | list p50 ms | list p99 ms | apiserver RSS MiB |',
     '|---|---|---|---|---|---|---|---|---|',
@@ -115,6 +122,7 @@ const report = await runCell({
   log: (line) => process.stderr.write(`${line}\n`),
   ...(values.profile ? { profileDir: values.profile } : {}),
 });
+process.stdout.write(`cores during batch creates: ${busyText(report.busy.batch)}\ncores during single creates: ${busyText(report.busy.singles)}\n`);
 for (const [f, v, t, ok] of targets(report)) process.stdout.write(`${ok ? 'met ' : 'MISS'}  ${f}: ${v} (target ${t})\n`);
 await mkdir(path.join(REPO, 'bench', 'results'), { recursive: true });
 await writeFile(path.join(REPO, 'bench', 'results', `cell-${date.replace(/[:.]/g, '-')}.json`), JSON.stringify({ date, command, ...report }, null, 2));

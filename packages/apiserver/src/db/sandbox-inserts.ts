@@ -118,10 +118,6 @@ export class SandboxInserts {
         .execute();
     }
     for (const g of group) if (g.idempotencyKey !== undefined) await this.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
-    await this.onWrite(
-      tx,
-      group.map((g) => g.row),
-    );
     const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
     for (let i = 0; i < labels.length; i += LABELS_PER_STATEMENT) {
       await tx
@@ -129,5 +125,11 @@ export class SandboxInserts {
         .values(labels.slice(i, i + LABELS_PER_STATEMENT))
         .execute();
     }
+    // Last: on a shared store this takes the replica's reservation row of the project, which
+    // every reservation of the project takes too; held from here to the COMMIT only.
+    await this.onWrite(
+      tx,
+      group.map((g) => g.row),
+    );
   }
 }
