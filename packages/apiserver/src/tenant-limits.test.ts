@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { DsecError, LimitsConfigSchema, checkConfig, fairShare, pastHighWater, resolveLimits } from '@dsec/protocol';
+import { DsecError, LimitsConfigSchema, checkConfig, fairShare, newcomerReserve, pastHighWater, resolveLimits } from '@dsec/protocol';
 import { tenantOfAncestry } from './auth.js';
 import { AuthFailureGate, TenantSlots, clientAddress } from './tenant-limits.js';
 import type { AuthFailureEntry } from './tenant-limits.js';
@@ -63,39 +63,87 @@ test('fair share: the node cap among the holders and one to come, at least 1; ap
   assert.equal(fairShare(32, 2), 10);
   assert.equal(fairShare(64, 4), 12);
   assert.equal(fairShare(3, 5), 1);
-  for (const [nodeMax, holders] of [
-    [32, 2],
-    [64, 4],
-    [512, 7],
-  ] as const) {
-    assert.ok(holders * fairShare(nodeMax, holders) < nodeMax, 'the holders leave a slot free');
-  }
   assert.equal(pastHighWater(16, 32), false);
   assert.equal(pastHighWater(17, 32), true);
-  // Default transfers (16 per tenant, 32 per node): red fills its own 16, blue reaches its share
-  // of 10, and green, holding none, still gets slots until the node's cap.
+  assert.equal(newcomerReserve(32), 4);
+  assert.equal(newcomerReserve(4), 1);
+  // Default transfers (16 per tenant, 32 per node): red fills its own 16 (a lone tenant gets half
+  // the node), red2 reaches its share of 10, and green stops where the newcomers' reserve of 4
+  // begins (28 in use).
   const slots = new TenantSlots(resolveLimits());
   const red = Array.from({ length: 16 }, () => slots.acquire('transfer', 'red', 'n1'));
-  const blue = Array.from({ length: 10 }, () => slots.acquire('transfer', 'blue', 'n1'));
-  assert.throws(() => slots.acquire('transfer', 'blue', 'n1'), refusedWith('transfersPerNode'));
-  // Blue's share on another node is its own.
-  slots.acquire('transfer', 'blue', 'n2')();
-  const green = [slots.acquire('transfer', 'green', 'n1')];
-  // Green grows within its share among three (8), and the node's 32 stop it at 6.
-  for (let i = 0; i < 5; i++) green.push(slots.acquire('transfer', 'green', 'n1'));
+  assert.throws(() => new TenantSlots(resolveLimits({ transfersPerTenant: 32 })).acquire('transfer', 'red', 'n1', 17), refusedWith('transfersPerNode'));
+  const red2 = Array.from({ length: 10 }, () => slots.acquire('transfer', 'red2', 'n1'));
+  assert.throws(() => slots.acquire('transfer', 'red2', 'n1'), refusedWith('transfersPerNode'));
+  // Red2's share on another node is its own.
+  slots.acquire('transfer', 'red2', 'n2')();
+  // Green's first grant is held to its share too (8 among three and one to come): a batch of 9 is refused whole.
+  assert.throws(() => slots.acquire('transfer', 'green', 'n1', 9), refusedWith('transfersPerNode'));
+  const green = [slots.acquire('transfer', 'green', 'n1'), slots.acquire('transfer', 'green', 'n1')];
   assert.throws(() => slots.acquire('transfer', 'green', 'n1'), refusedWith('transfersPerNode'));
-  assert.throws(() => slots.acquire('transfer', 'yellow', 'n1'), refusedWith('transfersPerNode'));
-  // Blue lets go of everything: it no longer counts among the holders, and green's share grows to 10.
-  for (const r of blue) r();
-  for (let i = 0; i < 4; i++) green.push(slots.acquire('transfer', 'green', 'n1'));
+  // Tenants holding none still get one slot each (main: yellow was refused), until four hold the reserve.
+  const newcomers = ['yellow', 'cyan', 'magenta', 'black'].map((t) => slots.acquire('transfer', t, 'n1'));
+  assert.throws(() => slots.acquire('transfer', 'white', 'n1'), refusedWith('transfersPerNode'));
+  // Red2 lets go of everything: it no longer counts among the holders; green grows to its share
+  // among the six holders and one to come (4).
+  for (const r of red2) r();
+  for (let i = 0; i < 2; i++) green.push(slots.acquire('transfer', 'green', 'n1'));
   assert.throws(() => slots.acquire('transfer', 'green', 'n1'), refusedWith('transfersPerNode'));
-  assert.equal(slots.inUse('transfer', 'green'), 10);
-  // A batch takes its slots at once: a tenant holding none gets the whole batch if the node has room.
+  assert.equal(slots.inUse('transfer', 'green'), 4);
+  for (const r of [...red, ...green, ...newcomers]) r();
+  // A batch takes its slots at once or not at all; a newcomer's batch must leave the reserve (8 of 64).
   const calls = new TenantSlots(resolveLimits());
-  for (const t of ['a', 'b', 'c', 'd']) calls.acquire('call', t, 'n1', 8);
+  for (const t of ['a', 'b', 'c']) calls.acquire('call', t, 'n1', 16);
+  calls.acquire('call', 'd', 'n1', 8);
   assert.throws(() => calls.acquire('call', 'd', 'n1', 8), refusedWith('callSlotsPerNode'));
-  calls.acquire('call', 'e', 'n1', 8);
-  for (const r of [...red, ...green]) r();
+  assert.throws(() => calls.acquire('call', 'e', 'n1', 8), refusedWith('callSlotsPerNode'));
+  calls.acquire('call', 'e', 'n1');
+});
+
+test('fair share: whatever grants and releases come first, a tenant holding none gets a slot unless the reserve is held by as many tenants', () => {
+  // A seeded generator (mulberry32), so that a failure repeats.
+  let seed = 0x5eed;
+  const random = (): number => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  for (const [tenantMax, nodeMax] of [
+    [16, 32],
+    [16, 64],
+    [2, 4],
+    [5, 7],
+    [64, 512],
+  ] as const) {
+    const slots = new TenantSlots(resolveLimits({ transfersPerTenant: tenantMax, transfersPerNode: nodeMax }));
+    const held = new Map<string, Array<{ count: number; release: () => void }>>();
+    const holding = (): string[] => [...held].filter(([, g]) => g.length > 0).map(([t]) => t);
+    for (let step = 0; step < 1000; step++) {
+      // Few tenants and large grants, so that the holders fill the node as far as they may.
+      const tenant = `t${Math.floor(random() * 5)}`;
+      const grants = held.get(tenant) ?? [];
+      held.set(tenant, grants);
+      if (random() < 0.2 && grants.length > 0) {
+        grants.splice(Math.floor(random() * grants.length), 1)[0]!.release();
+      } else {
+        const count = random() < 0.5 ? tenantMax : 1 + Math.floor(random() * tenantMax);
+        try {
+          grants.push({ count, release: slots.acquire('transfer', tenant, 'n1', count) });
+        } catch (err) {
+          assert.ok(err instanceof DsecError && err.code === 'LIMIT_EXCEEDED', String(err));
+        }
+      }
+      const used = [...held.values()].flat().reduce((n, g) => n + g.count, 0);
+      const holders = holding().length;
+      assert.ok(used - holders <= nodeMax - newcomerReserve(nodeMax), `step ${step}: ${used} in use by ${holders} tenants`);
+      if (holders < newcomerReserve(nodeMax)) {
+        // A tenant that holds none on the node gets one slot there.
+        slots.acquire('transfer', 'newcomer', 'n1')();
+      }
+    }
+    for (const g of [...held.values()].flat()) g.release();
+  }
 });
 
 test('slots: run() releases after a failure', async () => {

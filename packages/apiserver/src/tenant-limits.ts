@@ -4,7 +4,7 @@
 // per tenant and per replica), and the gate that rate-limits failed
 // authentications by source before they reach the audit trail.
 import { isIP } from 'node:net';
-import { fairShare, limitExceeded, pastHighWater } from '@dsec/protocol';
+import { fairShare, limitExceeded, newcomerReserve, pastHighWater, reserveAllows } from '@dsec/protocol';
 import type { LimitName, TenantLimits } from '@dsec/protocol';
 
 /** Work that holds a slot while it runs. */
@@ -26,10 +26,13 @@ const SLOT_RETRY_MS = 1000;
 
 /**
  * Counts running work per tenant and per node; a slot past either limit is refused (429). A
- * node's cap is shared fairly: once more than half of it would be in use, a tenant that already
- * holds slots on the node grows only within its fair share (protocol's `fairShare`), so the
- * tenants holding slots leave room for one that holds none. Every check and count is O(1) and
- * synchronous, so concurrent requests never see each other half-counted.
+ * node's cap is shared fairly: once more than half of it would be in use, every tenant (one
+ * taking its first slots too) holds at most its fair share after the grant (protocol's
+ * `fairShare`); and every grant leaves the newcomers' reserve free unless it is one slot for a
+ * tenant holding none there (`reserveAllows`). So a tenant that holds nothing on a node gets a
+ * slot there unless `newcomerReserve(nodeMax)` tenants already hold slots on it. A batch is
+ * granted whole or refused whole. Every check and count is O(1) and synchronous, so concurrent
+ * requests never see each other half-counted.
  */
 export class TenantSlots {
   private readonly used = new Map<string, number>();
@@ -59,8 +62,9 @@ export class TenantSlots {
     if (nodeUsed + count > nodeMax) {
       throw limitExceeded(l.node, nodeMax, `${holder} runs ${nodeUsed} ${l.what}; ${count} more is too many`, SLOT_RETRY_MS);
     }
-    if (held > 0 && pastHighWater(nodeUsed + count, nodeMax)) {
-      const holders = this.used.get(holdersKey) ?? 1;
+    // The tenants holding slots on the node once this grant is made (the asker among them).
+    const holders = (this.used.get(holdersKey) ?? 0) + (held === 0 ? 1 : 0);
+    if (pastHighWater(nodeUsed + count, nodeMax)) {
       const share = fairShare(nodeMax, holders);
       if (held + count > share) {
         throw limitExceeded(
@@ -70,6 +74,15 @@ export class TenantSlots {
           SLOT_RETRY_MS,
         );
       }
+    }
+    if (!reserveAllows(nodeUsed + count, nodeMax, held, count)) {
+      const reserve = newcomerReserve(nodeMax);
+      throw limitExceeded(
+        l.node,
+        nodeMax,
+        `${holder} runs ${nodeUsed} ${l.what}; ${count} more would leave fewer than the ${reserve} kept for tenants holding none there (tenant ${tenantId} holds ${held})`,
+        SLOT_RETRY_MS,
+      );
     }
     if (held === 0) this.add(holdersKey, 1);
     this.add(tenantKey, count);

@@ -26,11 +26,13 @@ export {
   DEFAULT_TRANSFERS_PER_TENANT,
   DEFAULT_WS_STDIN_BUFFER_BYTES,
   fairShare,
+  newcomerReserve,
   LIMIT_NAMES,
   LimitsConfigSchema,
   limitExceeded,
   MAX_UPLOAD_BYTES,
   pastHighWater,
+  reserveAllows,
   resolveLimits,
 } from './limits.js';
 export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';

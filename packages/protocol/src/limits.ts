@@ -170,7 +170,7 @@ export function resolveLimits(config: LimitsConfig | undefined = {}): TenantLimi
 
 /**
  * Whether a node-wide slot cap applies its fair share: once a grant would put more than half of
- * `nodeMax` slots in use, a tenant that already holds some may grow only within its fair share.
+ * `nodeMax` slots in use, a tenant may hold only its fair share after the grant.
  */
 export function pastHighWater(nodeUsedAfter: number, nodeMax: number): boolean {
   return 2 * nodeUsedAfter > nodeMax;
@@ -178,11 +178,32 @@ export function pastHighWater(nodeUsedAfter: number, nodeMax: number): boolean {
 
 /**
  * A tenant's fair share of a node-wide cap of `nodeMax` slots held by `holders` tenants (the
- * asker included): the cap divided among them and one tenant yet to come, at least 1. Because
- * the holders together stay below the cap, a tenant that holds nothing still gets a slot.
+ * asker included, also when this grant is its first): the cap divided among them and one tenant
+ * yet to come, at least 1. A tenant alone on a node thus holds at most `floor(nodeMax / 2)`.
  */
 export function fairShare(nodeMax: number, holders: number): number {
   return Math.max(1, Math.floor(nodeMax / (holders + 1)));
+}
+
+/**
+ * The slots of a node-wide cap kept for tenants that hold none there: an eighth of the cap, at
+ * least 1. A grant may use them only when it is one slot for a tenant that held none on the
+ * node (`reserveAllows`).
+ */
+export function newcomerReserve(nodeMax: number): number {
+  return Math.max(1, Math.floor(nodeMax / 8));
+}
+
+/**
+ * Whether a grant of `count` slots keeps the newcomers' reserve: it leaves `newcomerReserve`
+ * slots free, or it is a single slot for a tenant that held none (`heldBefore` 0). Hence, at
+ * every moment, slots in use minus tenants holding slots is at most `nodeMax - reserve` (a
+ * reserve slot adds one to both; a release takes at least as many slots as holders away), so
+ * a tenant that holds none is refused its first slot by the node's cap only when at least
+ * `newcomerReserve(nodeMax)` tenants hold slots there.
+ */
+export function reserveAllows(nodeUsedAfter: number, nodeMax: number, heldBefore: number, count: number): boolean {
+  return nodeUsedAfter <= nodeMax - newcomerReserve(nodeMax) || (heldBefore === 0 && count === 1);
 }
 
 /** The 429 of a limit: names it (`limit`) and its value (`max`); `retryAfterMs` when waiting helps. */

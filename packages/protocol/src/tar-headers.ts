@@ -1,7 +1,7 @@
 // Bounds on the extended headers of untrusted tars (PAX records, GNU long names), shared by every
 // extractor of tars a tenant sends (the node's layer extractor, the apiserver's directory upload).
 // tar-stream holds each extended header whole in memory (up to its own 4 MiB) and copies a global
-// PAX header's records into every later entry; these bounds keep both small.
+// PAX header's records into each later entry that has its own PAX header; these bounds keep both small.
 
 /** Bytes of extended headers (and padding) in front of one tar entry. */
 export const MAX_TAR_EXTENDED_HEADER_BYTES = 1024 * 1024;

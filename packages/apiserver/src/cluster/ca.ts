@@ -30,10 +30,12 @@ const CERT_DAYS = 825;
 const NODE_EXTENSIONS_FILE = 'node-ext.cnf';
 
 /**
- * openssl's refusals of a CSR (one it cannot read, one whose self-signature does not verify),
+ * openssl's refusals of a CSR (one it cannot read, one whose key it cannot unpack, one whose
+ * self-signature does not verify or names an unknown algorithm),
  * as opposed to failures of the CA itself (its key unreadable).
  */
-const CSR_REFUSED = /unable to load certificate request|self-signature (did not match|verify failure)/i;
+const CSR_REFUSED =
+  /unable to load certificate request|self-signature (did not match|verify failure)|error while verifying certificate request self-signature|error unpacking public key from CSR/i;
 
 /** The cluster CA and the node port's server certificate. */
 export class ClusterCa {
