@@ -25,7 +25,7 @@ interface TargetResult {
   measured: string;
 }
 interface TargetsModule {
-  checkTargets(rows: readonly Row[]): TargetResult[];
+  checkTargets: (rows: readonly Row[]) => TargetResult[];
 }
 
 /** The dsec rows of a density run that held `n` of `asked` sandboxes. */
