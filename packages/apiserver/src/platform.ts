@@ -42,6 +42,8 @@ export interface PlatformOptions extends ControlPlaneOptions {
   zramSwapMiB?: number;
   /** A user namespace per container sandbox (default true). */
   userNamespaces?: boolean;
+  /** Most sandboxes the node admits (EdgeOptions.maxSandboxes). Default `DEFAULT_MAX_SANDBOXES`. */
+  maxSandboxes?: number;
   /** Runs microVM sandboxes beside containers (EdgeOptions.microvm). Default off. */
   microvm?: MicrovmBackendConfig;
   /** Runs full-VM sandboxes beside containers (EdgeOptions.vm). Default off. */
@@ -125,6 +127,7 @@ export async function startPlatform(opts: PlatformOptions = {}): Promise<Platfor
     // One machine-wide cache of built layers: the fncall runtimes' and E2B's `base`.
     ...(opts.calls?.runtimeCache !== undefined ? { machineCacheDir: opts.calls.runtimeCache } : {}),
     ...(zramSwapMiB !== undefined ? { zramSwapMiB } : {}),
+    ...(opts.maxSandboxes !== undefined ? { maxSandboxes: opts.maxSandboxes } : {}),
   });
   const closers: Array<() => Promise<void> | void> = [() => edge.close()];
   try {

@@ -238,6 +238,7 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
     ...(node.agentBinary !== undefined ? { agentBinary: node.agentBinary } : {}),
     ...(node.userNamespaces !== undefined ? { userNamespaces: node.userNamespaces } : {}),
     ...(node.zramSwapMiB ? { zramSwapMiB: node.zramSwapMiB } : {}),
+    ...(node.maxSandboxes !== undefined ? { maxSandboxes: node.maxSandboxes } : {}),
     ...(node.network !== undefined ? { network: node.network } : {}),
     ...(node.registry !== undefined ? { registry: node.registry } : {}),
     ...(node.pullFrom !== undefined ? { pullFrom: node.pullFrom } : {}),
@@ -267,6 +268,14 @@ export function platformOptions(config: DsecConfig): PlatformOptions {
 /** What `startApiserver` is given for a configuration: the control plane's part, no node. */
 export function replicaOptions(config: DsecConfig): ReplicaOptions {
   if (config.db === undefined) throw new ConfigError('config: db: dsec apiserver needs the PostgreSQL URL of the shared store (--db or $DSEC_DB)');
-  const { edgeWire: _edgeWire, agentBinary: _agent, userNamespaces: _userns, zramSwapMiB: _zram, network: _network, ...rest } = platformOptions(config);
+  const {
+    edgeWire: _edgeWire,
+    agentBinary: _agent,
+    userNamespaces: _userns,
+    zramSwapMiB: _zram,
+    maxSandboxes: _max,
+    network: _network,
+    ...rest
+  } = platformOptions(config);
   return { ...rest, db: config.db };
 }

@@ -174,6 +174,8 @@ export const NodeConfigSchema = z.strictObject({
   userNamespaces: z.boolean({ error: 'not true or false' }).optional(),
   /** Size in MiB of a zram swap device for paused sandboxes' memory. Default none (0: none). */
   zramSwapMiB: nonNegativeInt.optional(),
+  /** Most sandboxes the node admits. Default the edge's `DEFAULT_MAX_SANDBOXES`. */
+  maxSandboxes: positiveInt.optional(),
   /** Sandbox networking. */
   network: NetworkConfigSchema.optional(),
   /** Layers pushed to and pulled from an OCI registry. Default none (layers live on the node only). */
