@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
 import { describe, test } from 'node:test';
 import tar from 'tar-stream';
-import { DsecError, MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS } from '@dsec/protocol';
+import { DsecError, MAX_TAR_BYTES_BETWEEN_ENTRIES, MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS } from '@dsec/protocol';
 import type { EdgeClient, FileStat } from '@dsec/protocol';
 import { downloadTar, MAX_TAR_DOWNLOAD_BYTES, uploadTar } from './tar-files.js';
 
@@ -62,29 +62,47 @@ async function tarWithPax(content: string, pax: Record<string, string>): Promise
 }
 
 describe('tar upload', () => {
-  test('PAX headers: a small one passes; over 1 MiB or with too many records is 400 naming the body and the PAX header', async () => {
-    const written = new Map<string, string>();
-    const edge = {
-      mkdir: () => Promise.resolve(),
-      writeFile: (_id: string, p: string, data: Buffer) => {
-        written.set(p, data.toString());
-        return Promise.resolve();
-      },
-    } as unknown as EdgeClient;
-    const upload = async (body: Buffer): Promise<unknown> => uploadTar(edge, 'sb', '/work', Readable.from([body]), MAX_TAR_DOWNLOAD_BYTES);
-    assert.deepEqual(await upload(await tarWithPax('small', { comment: 'ok' })), { files: 1 });
-    assert.equal(written.get('/work/f'), 'small');
-    const refused = (pattern: RegExp) => (err: unknown) => {
-      assert.ok(err instanceof DsecError, String(err));
-      assert.equal(err.status, 400);
-      assert.equal(err.details.field, 'body');
-      assert.match(err.message, /PAX extended header/);
-      assert.match(err.message, pattern);
-      return true;
-    };
-    await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(MAX_TAR_EXTENDED_HEADER_BYTES + 1000) })), refused(/bytes/));
-    await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(5 * 1024 * 1024) })), refused(/bytes/));
-    const many = Object.fromEntries(Array.from({ length: MAX_TAR_PAX_RECORDS + 1 }, (_, i) => [`k${i}`, 'v']));
-    await assert.rejects(upload(await tarWithPax('x', many)), refused(/records/));
-  });
+  test(
+    'PAX headers: a small one passes; over 1 MiB, with too many records or never reaching an entry is 400 naming the body and the PAX header',
+    { timeout: 30_000 },
+    async () => {
+      const written = new Map<string, string>();
+      const edge = {
+        mkdir: () => Promise.resolve(),
+        writeFile: (_id: string, p: string, data: Buffer) => {
+          written.set(p, data.toString());
+          return Promise.resolve();
+        },
+      } as unknown as EdgeClient;
+      const upload = async (body: Buffer): Promise<unknown> => uploadTar(edge, 'sb', '/work', Readable.from([body]), MAX_TAR_DOWNLOAD_BYTES);
+      assert.deepEqual(await upload(await tarWithPax('small', { comment: 'ok' })), { files: 1 });
+      assert.equal(written.get('/work/f'), 'small');
+      const refused = (pattern: RegExp) => (err: unknown) => {
+        assert.ok(err instanceof DsecError, String(err));
+        assert.equal(err.status, 400);
+        assert.equal(err.details.field, 'body');
+        assert.match(err.message, /PAX extended header/);
+        assert.match(err.message, pattern);
+        return true;
+      };
+      await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(MAX_TAR_EXTENDED_HEADER_BYTES + 1000) })), refused(/bytes/));
+      await assert.rejects(upload(await tarWithPax('x', { comment: 'c'.repeat(5 * 1024 * 1024) })), refused(/bytes/));
+      const many = Object.fromEntries(Array.from({ length: MAX_TAR_PAX_RECORDS + 1 }, (_, i) => [`k${i}`, 'v']));
+      await assert.rejects(upload(await tarWithPax('x', many)), refused(/records/));
+      // A run of extended headers that never reaches an entry: refused after a bounded read.
+      const whole = await tarWithPax('x', { comment: 'c'.repeat(256 * 1024) });
+      const part = whole.subarray(0, whole.length - 4 * 512);
+      let sent = 0;
+      const endless = Readable.from(
+        (function* () {
+          for (;;) {
+            sent += part.length;
+            yield part;
+          }
+        })(),
+      );
+      await assert.rejects(uploadTar(edge, 'sb', '/work', endless, MAX_TAR_DOWNLOAD_BYTES), refused(/no tar entry after them/));
+      assert.ok(sent <= MAX_TAR_BYTES_BETWEEN_ENTRIES + 4 * part.length, `${sent} bytes read`);
+    },
+  );
 });

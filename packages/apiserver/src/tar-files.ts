@@ -1,10 +1,10 @@
 // Directory upload and download as tar, through the sandbox's agent (paths resolve inside the
 // sandbox, so a symlink in the archive or the tree can never reach the host).
 import path from 'node:path';
-import { PassThrough, Readable } from 'node:stream';
+import { PassThrough, Readable, Transform } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
-import { DsecError, invalidArgument, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
+import { DsecError, invalidArgument, tarBytesBetweenEntriesFault, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
 import type { EdgeClient } from '@dsec/protocol';
 
 /** Largest tar a directory download produces. */
@@ -87,12 +87,23 @@ export async function uploadTar(
   await edge.mkdir(id, dir, call);
   // Iterate as soon as the stream is piped: entries must not arrive before the loop runs.
   const extract = tar.extract();
-  input.pipe(extract);
-  input.on('error', (err) => extract.destroy(err));
-  let files = 0;
   // Where the previous entry's data ended: what lies between it and an entry's header block are
   // that entry's extended headers.
   let previousEnd = 0;
+  // What reaches the parser (after gunzip), refused when it runs on past the extended headers'
+  // bound with no entry: each header is checked only once its entry arrives.
+  let consumed = 0;
+  const guard = new Transform({
+    transform(chunk: Buffer, _enc, cb) {
+      consumed += chunk.length;
+      const fault = tarBytesBetweenEntriesFault(consumed, previousEnd);
+      cb(fault ? invalidArgument('body', fault) : null, fault ? undefined : chunk);
+    },
+  });
+  input.pipe(guard).pipe(extract);
+  input.on('error', (err) => guard.destroy(err));
+  guard.on('error', (err) => extract.destroy(err));
+  let files = 0;
   try {
     for await (const entry of extract) {
       const h = entry.header as tar.Header & { byteOffset?: number };

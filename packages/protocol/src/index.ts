@@ -37,7 +37,14 @@ export {
 } from './limits.js';
 export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';
 export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
-export { MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS, tarExtendedHeaderFault, tarHeaderOverflowFault } from './tar-headers.js';
+export {
+  MAX_TAR_BYTES_BETWEEN_ENTRIES,
+  MAX_TAR_EXTENDED_HEADER_BYTES,
+  MAX_TAR_PAX_RECORDS,
+  tarBytesBetweenEntriesFault,
+  tarExtendedHeaderFault,
+  tarHeaderOverflowFault,
+} from './tar-headers.js';
 export type { TarEntryHeader } from './tar-headers.js';
 export { DEFAULT_LAYER_TAG, normalizeLayerName } from './layer-names.js';
 export {

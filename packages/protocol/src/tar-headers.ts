@@ -8,6 +8,23 @@ export const MAX_TAR_EXTENDED_HEADER_BYTES = 1024 * 1024;
 /** PAX records (the global header's and the entry's own together) one tar entry may carry. */
 export const MAX_TAR_PAX_RECORDS = 1000;
 
+/**
+ * Bytes a tar stream may run past the end of its last entry's data with no next entry yet: the
+ * extended headers' bound, the next entry's own header block, and what the streams on the way
+ * buffer (a few chunks; 1 MiB is ample). Past it the stream is a run of extended headers that
+ * never reaches an entry (each one under tar-stream's own cap, so only this bound stops it).
+ */
+export const MAX_TAR_BYTES_BETWEEN_ENTRIES = MAX_TAR_EXTENDED_HEADER_BYTES + 512 + 1024 * 1024;
+
+/**
+ * Why a tar stream that has handed `consumed` bytes to the parser, its last entry's data ending at
+ * `lastEnd`, is refused, or undefined. Checked on every chunk, before the parser sees it.
+ */
+export function tarBytesBetweenEntriesFault(consumed: number, lastEnd: number): string | undefined {
+  if (consumed - lastEnd <= MAX_TAR_BYTES_BETWEEN_ENTRIES) return undefined;
+  return `PAX extended headers over ${MAX_TAR_EXTENDED_HEADER_BYTES} bytes with no tar entry after them (${consumed - lastEnd} bytes past the last entry)`;
+}
+
 /** What tar-stream reports for one extended header over its own 4 MiB cap. */
 const TAR_STREAM_HEADER_OVERFLOW = 'Header exceeds max size';
 

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { test } from 'node:test';
 import tar from 'tar-stream';
-import { isDsecError, MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS } from '@dsec/protocol';
+import { isDsecError, MAX_TAR_BYTES_BETWEEN_ENTRIES, MAX_TAR_EXTENDED_HEADER_BYTES, MAX_TAR_PAX_RECORDS } from '@dsec/protocol';
 import { TarExtractor } from './tar-extract.js';
 
 /** A tar of one file `name` holding `content`, with the PAX records `pax`. */
@@ -53,4 +53,29 @@ test('PAX headers: a long name passes; over 1 MiB (also over tar-stream 4 MiB) o
   await assert.rejects(extractInto(huge), refusedPax(new RegExp(`over ${MAX_TAR_EXTENDED_HEADER_BYTES} bytes`)));
   const many = Object.fromEntries(Array.from({ length: MAX_TAR_PAX_RECORDS + 1 }, (_, i) => [`k${i}`, 'v']));
   await assert.rejects(extractInto(await tarWithPax('f', 'x', many)), refusedPax(/records/));
+});
+
+/** The extended header (its block and records) in front of the one entry of a {@link tarWithPax} tar. */
+async function paxHeaderAlone(records: Record<string, string>): Promise<Buffer> {
+  const whole = await tarWithPax('f', 'x', records);
+  // The entry's header block, its one data block and the two end blocks follow the PAX header.
+  return whole.subarray(0, whole.length - 4 * 512);
+}
+
+test('extended headers that never reach an entry are refused after a bounded read, not parsed for ever', { timeout: 30_000 }, async () => {
+  const part = await paxHeaderAlone({ comment: 'c'.repeat(256 * 1024) });
+  let sent = 0;
+  const endless = (async function* () {
+    for (;;) {
+      sent += part.length;
+      yield part;
+    }
+  })();
+  const dest = await mkdtemp(join(tmpdir(), 'dsec-tar-extract-test-'));
+  try {
+    await assert.rejects(new TarExtractor(dest, { whiteouts: 'record' }).extract(endless), refusedPax(/no tar entry after them/));
+  } finally {
+    await rm(dest, { recursive: true, force: true });
+  }
+  assert.ok(sent <= MAX_TAR_BYTES_BETWEEN_ENTRIES + 4 * part.length, `${sent} bytes read`);
 });

@@ -12,7 +12,7 @@ import { pipeline } from 'node:stream/promises';
 import { createGunzip } from 'node:zlib';
 import tar from 'tar-stream';
 import type { Header } from 'tar-stream';
-import { DsecError, isDsecError, limitExceeded, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
+import { DsecError, isDsecError, limitExceeded, tarBytesBetweenEntriesFault, tarExtendedHeaderFault, tarHeaderOverflowFault } from '@dsec/protocol';
 import type { LimitName } from '@dsec/protocol';
 import { lsetxattr, mkWhiteout, OVERLAY_OPAQUE_XATTR } from '../sys/linux.js';
 
@@ -116,13 +116,15 @@ export class TarExtractor {
     signal?.throwIfAborted();
     this.touched = new Set(['']);
     const source = await openDecompressed(input);
-    const counter = new ByteCounter();
+    let lastEnd = 0;
+    // Counts what reaches the parser, and refuses a run of extended headers that never reaches an
+    // entry before the parser buffers it (each header is checked only once its entry arrives).
+    const counter = new ByteCounter((bytes) => tarBytesBetweenEntriesFault(bytes, lastEnd));
     const extract = tar.extract();
     let streamError: unknown;
     const piped = pipeline([source.stream, ...source.transforms, counter, extract], signal ? { signal } : {}).catch((err: unknown) => {
       streamError ??= err;
     });
-    let lastEnd = 0;
     try {
       for await (const entry of extract) {
         const header = entry.header as Header & { byteOffset?: number };
@@ -394,10 +396,16 @@ class HandlerError extends Error {
   }
 }
 
+/** Counts the bytes passing; `fault` (given the count) refuses the stream with a LAYER_INVALID. */
 class ByteCounter extends Transform {
   bytes = 0;
+  constructor(private readonly fault: (bytes: number) => string | undefined) {
+    super();
+  }
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
     this.bytes += chunk.length;
+    const fault = this.fault(this.bytes);
+    if (fault) return cb(invalid(fault));
     cb(null, chunk);
   }
 }
