@@ -238,7 +238,7 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
       assert.deepEqual(report.settled, [{ id: left, from: 'pausing', to: 'failed' }]);
       assert.equal(await row(retaken), 'pausing live', 'the live pause is not failed');
       assert.equal(await row(deleting), 'stopping live', 'the live delete keeps its row');
-      assert.equal(await row(left), 'failed gone');
+      assert.equal(await row(left), 'failed null', 'out of an in-flight state, untagged');
     } finally {
       await cleanUp([retaken, left, deleting]);
     }
@@ -252,7 +252,7 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
       const report = await settle(() => tag(retaken, 'pausing', 'live').then(() => undefined), true);
       assert.deepEqual(report.settled, [{ id: left, from: 'resuming', to: 'running' }]);
       assert.equal(await row(retaken), 'pausing live');
-      assert.equal(await row(left), 'running gone');
+      assert.equal(await row(left), 'running null');
     } finally {
       await cleanUp([retaken, left]);
     }

@@ -531,6 +531,9 @@ export class StateStore {
         })),
       )
       .execute();
+    // One that holds no sandbox any more goes (what CPU a float sum left is no reservation).
+    if (sign === -1)
+      await tx.deleteFrom('replica_reservations').where('replica', '=', replica).where('project_id', '=', projectId).where('sandboxes', '<=', 0).execute();
   }
 
   /** Rows written by this replica: the reservations of its creates are held by them now, not by the replica. */
@@ -667,9 +670,13 @@ export class StateStore {
     await this.inserts.insert({ row: this.sessionTag && row.state === 'creating' ? { ...row, replica: this.sessionTag } : row, labels, idempotencyKey });
   }
 
-  /** The `replica` column a move to `state` writes: this replica's tag for a transitional state (shared stores). */
-  private replicaOf(state: string): { replica?: string } {
-    return this.sessionTag && IN_FLIGHT_STATES.includes(state) ? { replica: this.sessionTag } : {};
+  /**
+   * The `replica` column a move to `state` writes: this replica's tag for a transitional state
+   * (shared stores), none out of one (the row leaves the partial index `sandboxes_replica`).
+   */
+  private replicaOf(state: string): { replica?: string | null } {
+    if (!IN_FLIGHT_STATES.includes(state)) return { replica: null };
+    return this.sessionTag ? { replica: this.sessionTag } : {};
   }
 
   /**
@@ -879,7 +886,11 @@ export class StateStore {
   }
 
   async setSandboxState(id: string, state: string): Promise<void> {
-    await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
+    await this.db
+      .updateTable('sandboxes')
+      .set({ state, ...this.replicaOf(state) })
+      .where('id', '=', id)
+      .execute();
   }
 
   /**
