@@ -100,7 +100,13 @@ export interface ControlPlaneStart extends ControlPlaneOptions {
   log: (line: string) => void;
   store: StateStore;
   nodes: NodeRegistry;
-  /** PostgreSQL URL of a shared store: this replica listens there for the others' announcements. */
+  /**
+   * PostgreSQL URL of a shared store: this replica listens there for the others' announcements,
+   * and its listening connection is the session that shows it alive to them (its pool's sessions
+   * close when idle). Without it a replica on a shared store settles no gone replica's work, and
+   * may itself be taken for gone while idle: every replica of a shared store must set it (the
+   * `dsec up --db` platform and `dsec apiserver --db` do).
+   */
   listenUrl?: string;
   /** Runs once the services exist and before the API listens (the built-in base of a node). */
   prepare?: (services: Services, watch: WatchService) => Promise<void>;
@@ -272,8 +278,9 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
     const actual = server.address() as AddressInfo;
     const url = `http://${host.includes(':') ? `[${host}]` : host}:${actual.port}`;
 
-    // Replicas on a shared store: the work of one that died beside the others is settled here.
-    const goneReplicas = store.shared ? new GoneReplicas(reconcileDeps, (row) => services.lifecycle.settledElsewhere(row), o.goneReplicaMs) : undefined;
+    // Replicas on a shared store: the work of one that died beside the others is settled here,
+    // by a replica whose listening connection shows it alive (see `listenUrl`).
+    const goneReplicas = replicas ? new GoneReplicas(reconcileDeps, (row) => services.lifecycle.settledElsewhere(row), o.goneReplicaMs) : undefined;
     const watcher = new Watcher(
       {
         // A node whose session is down is the node port's to judge (unreachable, lost).

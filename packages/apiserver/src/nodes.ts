@@ -142,6 +142,15 @@ export class NodeRegistry {
     return true;
   }
 
+  /**
+   * Forgets that the node's last recount counted row `id`: its create finished (it holds the
+   * node as any sandbox does now, and is given back as one) or it was marked lost (which gave its
+   * share back): a later teardown must not give it back a second time.
+   */
+  forgetRecounted(name: string, id: string): void {
+    this.takeRecounted(name, id);
+  }
+
   /** Records that a recount at start charged the node for the `stopping` and `creating` rows `ids` (see {@link takeRecounted}). */
   markRecounted(name: string, ids: Iterable<string>): void {
     const set = new Set(ids);

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import { hashOf } from './idempotency.js';
-import { reconcileAtStart, reconcileWasClean } from './reconcile.js';
+import { reconcileAtStart, reconcileGoneReplica, reconcileWasClean } from './reconcile.js';
 import { harness } from './testing/harness.js';
 import type { Harness } from './testing/harness.js';
 
@@ -184,6 +184,77 @@ describe('reconcile at start (fake node, real store)', () => {
     for (const id of [pausing, resuming]) {
       await h.store.setSandboxState(id, 'running');
       await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(id))!);
+    }
+  });
+});
+
+describe("a gone replica's work, settled beside live replicas (fake node, real store)", () => {
+  let h: Harness;
+  before(async () => {
+    h = await harness();
+  });
+  after(async () => h.close());
+
+  const create = async () => (await h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } })).id;
+  const tag = (id: string, state: string, replica: string) => h.store.db.updateTable('sandboxes').set({ state, replica }).where('id', '=', id).execute();
+  const row = async (id: string) => {
+    const r = await h.store.sandboxOnly(id);
+    return `${r?.state} ${r?.replica}`;
+  };
+  /** Settles replica `gone`'s work while `between` runs when its node is listed (after the rows were read). */
+  const settle = async (between: () => Promise<void>, reachable: boolean) => {
+    const list = h.edge.list.bind(h.edge);
+    h.edge.list = async () => {
+      await between();
+      if (!reachable) throw new Error('unreachable');
+      return list();
+    };
+    try {
+      return await reconcileGoneReplica({ store: h.store, nodes: h.services.nodes, log: () => undefined }, 'gone');
+    } finally {
+      h.edge.list = list;
+    }
+  };
+  const cleanUp = async (ids: string[]) => {
+    for (const id of ids) {
+      if (!(await h.store.sandboxOnly(id))) continue;
+      await h.store.db.updateTable('sandboxes').set({ state: 'running', replica: null }).where('id', '=', id).execute();
+      await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(id))!);
+    }
+  };
+
+  test('on a node it does not reach, a row a live replica took up again after the read is left alone', async () => {
+    const [retaken, left, deleting] = [await create(), await create(), await create()];
+    await tag(retaken, 'pausing', 'gone');
+    await tag(left, 'pausing', 'gone');
+    await tag(deleting, 'creating', 'gone');
+    try {
+      // A live replica settled `retaken` (running) and its user paused it again; `deleting` was
+      // settled and is being deleted by that replica: both now tagged with the live one.
+      const report = await settle(async () => {
+        await tag(retaken, 'pausing', 'live');
+        await tag(deleting, 'stopping', 'live');
+      }, false);
+      assert.deepEqual(report.settled, [{ id: left, from: 'pausing', to: 'failed' }]);
+      assert.equal(await row(retaken), 'pausing live', 'the live pause is not failed');
+      assert.equal(await row(deleting), 'stopping live', 'the live delete keeps its row');
+      assert.equal(await row(left), 'failed null', 'out of an in-flight state, untagged');
+    } finally {
+      await cleanUp([retaken, left, deleting]);
+    }
+  });
+
+  test('on a node it reaches, a row a live replica took up again after the read is left alone', async () => {
+    const [retaken, left] = [await create(), await create()];
+    await tag(retaken, 'resuming', 'gone');
+    await tag(left, 'resuming', 'gone');
+    try {
+      const report = await settle(() => tag(retaken, 'pausing', 'live').then(() => undefined), true);
+      assert.deepEqual(report.settled, [{ id: left, from: 'resuming', to: 'running' }]);
+      assert.equal(await row(retaken), 'pausing live');
+      assert.equal(await row(left), 'running null');
+    } finally {
+      await cleanUp([retaken, left]);
     }
   });
 });

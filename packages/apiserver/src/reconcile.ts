@@ -86,8 +86,17 @@ function raiseSettled(d: ReconcileDeps, row: SandboxTable, to: string): void {
 }
 
 /**
+ * Moves a row from the state and replica tag it was read with to `to`; false when it has moved
+ * since (another replica took it up again): it is left alone.
+ */
+function moveAsRead(store: StateStore, row: SandboxTable, to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
+  return store.transitionSandbox(row.id, [row.state], to, also, row.replica ?? null);
+}
+
+/**
  * Settles one row against its node's view (`onNode` undefined: the node does not run it).
- * Returns the state the row was left in, `deleted`, or undefined when it was already final.
+ * Returns the state the row was left in, `deleted`, or undefined when it was already final or
+ * had moved since it was read (each write is guarded by the state and replica tag read).
  */
 async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTable, onNode: EdgeSandbox | undefined): Promise<string | undefined> {
   const running = { paused_at: null, pause_reason: null };
@@ -98,29 +107,23 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
       // rolled back (its caller never got the sandbox: a retry with the same idempotency key
       // makes a new one); a delete cut short is finished.
       if (onNode) await destroyOnNode(client, row.id);
-      await store.deleteSandbox(row);
-      return 'deleted';
+      return (await store.deleteSandbox(row, true)) ? 'deleted' : undefined;
     case PAUSING:
     case RESUMING:
     case 'running':
     case 'paused': {
-      if (!onNode) {
-        await store.transitionSandbox(row.id, [row.state], 'lost');
-        return 'lost';
-      }
+      if (!onNode) return (await moveAsRead(store, row, 'lost')) ? 'lost' : undefined;
       if (row.state === 'paused' && onNode.state === 'paused') return undefined;
       // A pause cut short is undone (its caller saw no answer; an idle or owner pause comes
       // again on the next lease pass); a resume cut short is finished. Either way: running.
       if (onNode.state === 'paused' && row.state !== 'paused') await client.resume(row.id, { reason: 'reconcile' });
       if (row.state === 'running') return undefined;
-      await store.transitionSandbox(row.id, [row.state], 'running', running);
-      return 'running';
+      return (await moveAsRead(store, row, 'running', running)) ? 'running' : undefined;
     }
     case POOLED_STATE:
       if (onNode) return undefined;
       // Nobody has seen a pool member's id: one its node lost simply goes.
-      await store.deleteSandbox(row);
-      return 'deleted';
+      return (await store.deleteSandbox(row, true)) ? 'deleted' : undefined;
     default:
       // failed, lost: final already, and deletable.
       return undefined;
@@ -171,10 +174,13 @@ async function settleRows(d: ReconcileDeps, rows: readonly SandboxTable[], views
   }
 }
 
-/** A row that could not be settled becomes `failed`: listed, and deletable. */
+/**
+ * A row that could not be settled becomes `failed`: listed, and deletable. Only while it is
+ * still in the state and tagged with the replica it was read with: a row another replica took up
+ * again since (a pause of a live replica) is left alone.
+ */
 async function failRow(d: ReconcileDeps, row: SandboxTable, report: ReconcileReport): Promise<void> {
-  if (!['failed', 'lost'].includes(row.state) && (await d.store.sandboxOnly(row.id))) {
-    await d.store.setSandboxState(row.id, 'failed');
+  if (!['failed', 'lost'].includes(row.state) && (await moveAsRead(d.store, row, 'failed'))) {
     report.settled.push({ id: row.id, from: row.state, to: 'failed' });
     raiseSettled(d, row, 'failed');
   }
@@ -249,7 +255,7 @@ export async function reconcileGoneReplica(
   for (const row of rows) {
     if (views.has(row.node)) continue;
     if (row.state === 'creating' || row.state === 'stopping') {
-      if (await d.store.deleteSandbox(row)) {
+      if (await d.store.deleteSandbox(row, true)) {
         report.settled.push({ id: row.id, from: row.state, to: 'deleted' });
         raiseSettled(d, row, 'deleted');
       }

@@ -60,8 +60,8 @@ export interface SandboxTable {
   lease_check_ms?: number | string | null | undefined;
   /**
    * The session tag of the replica that last put the row in a transitional state (migration
-   * 0027_replica_work); null on one-process stores. A live replica settles the row when that
-   * replica is gone (reconcile.ts, reconcileGoneReplica).
+   * 0027_replica_work), cleared when the row leaves it; null on one-process stores. A live
+   * replica settles the row when that replica is gone (reconcile.ts, reconcileGoneReplica).
    */
   replica?: string | null | undefined;
 }

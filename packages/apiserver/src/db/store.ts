@@ -531,6 +531,9 @@ export class StateStore {
         })),
       )
       .execute();
+    // One that holds no sandbox any more goes (what CPU a float sum left is no reservation).
+    if (sign === -1)
+      await tx.deleteFrom('replica_reservations').where('replica', '=', replica).where('project_id', '=', projectId).where('sandboxes', '<=', 0).execute();
   }
 
   /** Rows written by this replica: the reservations of its creates are held by them now, not by the replica. */
@@ -667,19 +670,33 @@ export class StateStore {
     await this.inserts.insert({ row: this.sessionTag && row.state === 'creating' ? { ...row, replica: this.sessionTag } : row, labels, idempotencyKey });
   }
 
-  /** The `replica` column a move to `state` writes: this replica's tag for a transitional state (shared stores). */
-  private replicaOf(state: string): { replica?: string } {
-    return this.sessionTag && IN_FLIGHT_STATES.includes(state) ? { replica: this.sessionTag } : {};
+  /**
+   * The `replica` column a move to `state` writes: this replica's tag for a transitional state
+   * (shared stores), none out of one (the row leaves the partial index `sandboxes_replica`).
+   */
+  private replicaOf(state: string): { replica?: string | null } {
+    if (!IN_FLIGHT_STATES.includes(state)) return { replica: null };
+    return this.sessionTag ? { replica: this.sessionTag } : {};
   }
 
-  /** Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it); true when it moved. */
-  async transitionSandbox(id: string, from: string[], to: string, also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {}): Promise<boolean> {
-    const res = await this.db
+  /**
+   * Moves a sandbox to `to` only if it is in one of `from` (setting `also` with it) and, with
+   * `tagged` given, only while its `replica` column is `tagged` (null: untagged); true when it moved.
+   */
+  async transitionSandbox(
+    id: string,
+    from: string[],
+    to: string,
+    also: Partial<Omit<SandboxTable, 'id' | 'state'>> = {},
+    tagged?: string | null,
+  ): Promise<boolean> {
+    let q = this.db
       .updateTable('sandboxes')
       .set({ ...leaseCheckReset(also), state: to, ...this.replicaOf(to) })
       .where('id', '=', id)
-      .where('state', 'in', from)
-      .executeTakeFirst();
+      .where('state', 'in', from);
+    if (tagged !== undefined) q = q.where((eb) => (tagged === null ? eb('replica', 'is', null) : eb('replica', '=', tagged)));
+    const res = await q.executeTakeFirst();
     return Number(res.numUpdatedRows) === 1;
   }
 
@@ -869,7 +886,11 @@ export class StateStore {
   }
 
   async setSandboxState(id: string, state: string): Promise<void> {
-    await this.db.updateTable('sandboxes').set({ state }).where('id', '=', id).execute();
+    await this.db
+      .updateTable('sandboxes')
+      .set({ state, ...this.replicaOf(state) })
+      .where('id', '=', id)
+      .execute();
   }
 
   /**
@@ -913,11 +934,18 @@ export class StateStore {
 
   /**
    * Deletes a sandbox's row and returns its reservation to the quota, in one transaction. True
-   * when this call deleted the row (a row already gone returns nothing to the quota).
+   * when this call deleted the row (a row already gone returns nothing to the quota). With
+   * `asRead`, only a row still in `row`'s state and tagged with `row`'s replica is deleted (a
+   * row another replica moved since it was read is left alone).
    */
-  async deleteSandbox(row: SandboxTable): Promise<boolean> {
+  async deleteSandbox(row: SandboxTable, asRead = false): Promise<boolean> {
     return this.db.transaction().execute(async (tx) => {
-      const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).executeTakeFirst();
+      let q = tx.deleteFrom('sandboxes').where('id', '=', row.id);
+      if (asRead) {
+        const tag = row.replica ?? null;
+        q = q.where('state', '=', row.state).where((eb) => (tag === null ? eb('replica', 'is', null) : eb('replica', '=', tag)));
+      }
+      const res = await q.executeTakeFirst();
       if (Number(res.numDeletedRows) !== 1) return false;
       await this.release(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib });
       return true;

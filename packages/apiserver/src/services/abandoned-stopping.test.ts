@@ -158,4 +158,40 @@ describe('abandoned `stopping` rows', () => {
     // Before the fix the share stayed: 1 sandbox and its memory counted on the node for good.
     assert.deepEqual(node.allocated, { cpu: 0, memoryMiB: 0, sandboxes: 0 });
   });
+
+  test('a create in flight at a recount, then lost, gives its share back once when deleted', async () => {
+    const node = h.services.nodes.get(h.edge.nodeName)!;
+    const other = await create();
+    const original = h.edge.create.bind(h.edge);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    let started!: () => void;
+    const inFlight = new Promise<void>((r) => (started = r));
+    h.edge.create = async (spec, opts) => {
+      started();
+      await held;
+      return original(spec, opts);
+    };
+    let id: string;
+    try {
+      const creating = create();
+      await inFlight;
+      // The node's session opens while the create is under way: its `creating` row is counted.
+      await h.services.nodeAdmin.reconcile(node);
+      assert.equal(node.allocated.sandboxes, 2);
+      release();
+      id = await creating;
+    } finally {
+      release();
+      h.edge.create = original;
+    }
+    const one = { cpu: node.allocated.cpu / 2, memoryMiB: node.allocated.memoryMiB / 2, sandboxes: 1 };
+    // The watcher finds it missing from its node: lost, its share given back.
+    assert.equal(await h.services.nodeAdmin.sandboxLost(id), true);
+    assert.deepEqual(node.allocated, one);
+    await h.services.lifecycle.destroy(h.admin, id, { wait: true });
+    assert.deepEqual(node.allocated, one, 'the lost row gave nothing back a second time');
+    await h.services.lifecycle.destroy(h.admin, other, { wait: true });
+    assert.deepEqual(node.allocated, { cpu: 0, memoryMiB: 0, sandboxes: 0 });
+  });
 });

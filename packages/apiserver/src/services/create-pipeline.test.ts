@@ -57,4 +57,47 @@ describe('a create whose store write fails', () => {
     assert.equal(sb.state, 'running');
     assert.deepEqual(await held(), { nodeSandboxes: 1, usedSandboxes: 1, rows: 1, onNode: 1 });
   });
+
+  test("on a shared store, a replica's reservations without a row come back to nothing on every path", async () => {
+    // Each create reserves (+1 for this replica), its row takes the reservation over (-1), a
+    // failed create's row deleted hands it back (+1) and the give-back ends it (-1).
+    const reservations = () => h.store.db.selectFrom('replica_reservations').selectAll().execute();
+    const setQuota = (n: number) => h.store.db.updateTable('projects').set({ quota_sandboxes: n }).where('id', '=', h.admin.projectId).execute();
+    const quota = (await h.store.project(h.admin.projectId))!.quota_sandboxes;
+    h.store.sessionTag = 'replica-under-test';
+    try {
+      await sql`CREATE TRIGGER refuse_insert BEFORE INSERT ON sandboxes BEGIN SELECT RAISE(ABORT, 'insert refused by the test'); END`.execute(h.store.db);
+      await assert.rejects(create(), /insert refused by the test/);
+      await sql`DROP TRIGGER refuse_insert`.execute(h.store.db);
+      assert.deepEqual(await reservations(), [], 'the insert failed');
+
+      h.edge.failNext.set('create', new Error('node refused by the test'));
+      await assert.rejects(create(), /node refused by the test/);
+      assert.deepEqual(await reservations(), [], 'the node refused');
+
+      await sql`CREATE TRIGGER refuse_running BEFORE UPDATE OF state ON sandboxes WHEN NEW.state = 'running' BEGIN SELECT RAISE(ABORT, 'running refused by the test'); END`.execute(
+        h.store.db,
+      );
+      await assert.rejects(create(), /running refused by the test/);
+      await sql`DROP TRIGGER refuse_running`.execute(h.store.db);
+      assert.deepEqual(await reservations(), [], 'the move to running failed');
+
+      await setQuota((await h.store.project(h.admin.projectId))!.used_sandboxes);
+      await assert.rejects(create(), (err: Error & { code?: string }) => err.code === 'QUOTA_EXCEEDED');
+      await setQuota(quota);
+      assert.deepEqual(await reservations(), [], 'the quota refused');
+
+      const sb = await create();
+      assert.equal((await h.store.sandboxOnly(sb.id))?.replica, null, 'running: no replica tag');
+      assert.deepEqual(await reservations(), [], 'the row holds the reservation');
+      await h.services.lifecycle.destroy(h.admin, sb.id, { wait: true });
+      assert.deepEqual(await reservations(), []);
+    } finally {
+      h.store.sessionTag = undefined;
+      await sql`DROP TRIGGER IF EXISTS refuse_insert`.execute(h.store.db);
+      await sql`DROP TRIGGER IF EXISTS refuse_running`.execute(h.store.db);
+      await setQuota(quota);
+      h.edge.failNext.delete('create');
+    }
+  });
 });

@@ -404,12 +404,14 @@ export class CreatePipeline {
       row.state = pool ? POOLED_STATE : 'running';
       // Grouped with the other creates finishing now: one UPDATE for all of them.
       await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state);
+      this.d.nodes.forgetRecounted(node.name, id);
       crashPoint('create.running');
     } catch (err) {
       // Whichever step failed, nothing of this create stays: the node's charge, the sandbox on
       // its node, the row (deleted by id even when its insert failed: an insert whose answer was
       // lost may have committed).
       this.chargeNode(node, item, -1);
+      this.d.nodes.forgetRecounted(node.name, id);
       if (onNode) await node.client.destroy(id).catch(() => undefined);
       await this.d.store.deleteFailedCreateRow(row);
       if (!onNode && err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
@@ -497,6 +499,7 @@ export class CreatePipeline {
       crashPoint('claim.node');
       // Settled meanwhile (this replica was taken for gone): the row is no longer this claim's.
       if (!(await this.d.store.transitionSandboxGrouped(row.id, ['creating'], 'running'))) throw new Error(`claimed ${row.id} was settled elsewhere`);
+      this.d.nodes.forgetRecounted(row.node, row.id);
       row.state = 'running';
       crashPoint('claim.running');
     } catch {

@@ -177,6 +177,7 @@ export class NodeService {
     // A node speaks only for its own sandboxes.
     if (!row || !ON_NODE_STATES.includes(row.state) || (node !== undefined && row.node !== node)) return false;
     if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return false;
+    this.d.nodes.forgetRecounted(row.node, row.id);
     if (row.pool_id === null) this.d.lifecycle.rowEvents.stateChanged(row, 'lost', row.state);
     this.d.nodes.charge(
       row.node,
@@ -207,6 +208,7 @@ export class NodeService {
     for (const row of await this.store.sandboxesOn(name)) {
       if (![...ON_NODE_STATES, 'creating'].includes(row.state)) continue;
       if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
+      this.d.nodes.forgetRecounted(name, row.id);
       if (row.pool_id === null) this.d.lifecycle.rowEvents.stateChanged(row, 'lost', row.state);
       this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
       this.raise({
