@@ -95,8 +95,10 @@ export async function uploadTar(
   let consumed = 0;
   const guard = new Transform({
     transform(chunk: Buffer, _enc, cb) {
-      consumed += chunk.length;
+      // Judged on what the parser was handed before this chunk (one large chunk of a valid tar
+      // is not a run of headers).
       const fault = tarBytesBetweenEntriesFault(consumed, previousEnd);
+      consumed += chunk.length;
       cb(fault ? invalidArgument('body', fault) : null, fault ? undefined : chunk);
     },
   });

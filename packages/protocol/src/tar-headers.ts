@@ -18,7 +18,8 @@ export const MAX_TAR_BYTES_BETWEEN_ENTRIES = MAX_TAR_EXTENDED_HEADER_BYTES + 512
 
 /**
  * Why a tar stream that has handed `consumed` bytes to the parser, its last entry's data ending at
- * `lastEnd`, is refused, or undefined. Checked on every chunk, before the parser sees it.
+ * `lastEnd`, is refused, or undefined. Checked before each chunk is handed on (so the parser holds
+ * at most the bound and one chunk).
  */
 export function tarBytesBetweenEntriesFault(consumed: number, lastEnd: number): string | undefined {
   if (consumed - lastEnd <= MAX_TAR_BYTES_BETWEEN_ENTRIES) return undefined;

@@ -955,12 +955,16 @@ export class StateStore {
   /**
    * Deletes the row of a create that failed (on its node or in a store write), keeping its
    * reservation: the create gives that back itself ({@link unreserve}), as one that never wrote a row.
+   * False when there was no row (its insert failed, or another replica settled it and gave the
+   * reservation back with it).
    */
-  async deleteFailedCreateRow(row: Pick<SandboxTable, 'id' | 'project_id' | 'cpu' | 'memory_mib'>): Promise<void> {
-    await this.db.transaction().execute(async (tx) => {
+  async deleteFailedCreateRow(row: Pick<SandboxTable, 'id' | 'project_id' | 'cpu' | 'memory_mib'>): Promise<boolean> {
+    return this.db.transaction().execute(async (tx) => {
       // By id, whatever its state: its move to running may have committed with its answer lost.
       const res = await tx.deleteFrom('sandboxes').where('id', '=', row.id).executeTakeFirst();
-      if (Number(res.numDeletedRows) === 1) await this.holdReservation(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, 1);
+      if (Number(res.numDeletedRows) !== 1) return false;
+      await this.holdReservation(tx, row.project_id, { sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib }, 1);
+      return true;
     });
   }
 

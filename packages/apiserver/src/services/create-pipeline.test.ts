@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { sql } from 'kysely';
+import { DsecError } from '@dsec/protocol';
 import type { SandboxSpec } from '@dsec/protocol';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
@@ -56,6 +57,26 @@ describe('a create whose store write fails', () => {
     const sb = await create();
     assert.equal(sb.state, 'running');
     assert.deepEqual(await held(), { nodeSandboxes: 1, usedSandboxes: 1, rows: 1, onNode: 1 });
+  });
+
+  test('a create whose row another replica settled meanwhile fails, its node sandbox destroyed and its quota given back once', async () => {
+    const before = await held();
+    // What a live replica does to the work of one it takes for gone: the row deleted and its
+    // reservation given back, here the moment the insert commits.
+    await sql`CREATE TRIGGER settle_elsewhere AFTER INSERT ON sandboxes BEGIN
+      DELETE FROM sandboxes WHERE id = NEW.id;
+      UPDATE projects SET used_sandboxes = used_sandboxes - 1, used_cpu = used_cpu - NEW.cpu, used_memory_mib = used_memory_mib - NEW.memory_mib WHERE id = NEW.project_id;
+    END`.execute(h.store.db);
+    try {
+      await assert.rejects(h.services.sandboxes.create(h.admin, { image: { base: 'busybox' } }), (err: unknown) => {
+        assert.ok(err instanceof DsecError && err.code === 'UNAVAILABLE', String(err));
+        assert.match(err.message, /settled by another replica/);
+        return true;
+      });
+    } finally {
+      await sql`DROP TRIGGER settle_elsewhere`.execute(h.store.db);
+    }
+    assert.deepEqual(await held(), before, 'no sandbox answered without a row, and the quota not given back twice');
   });
 
   test("on a shared store, a replica's reservations without a row come back to nothing on every path", async () => {

@@ -348,7 +348,7 @@ export class CreatePipeline {
       }
     } catch (err) {
       this.d.counters.sandboxCreateFailures++;
-      await this.d.store.unreserve(projectId, ticket.reservation);
+      if (!(err instanceof SettledElsewhere)) await this.d.store.unreserve(projectId, ticket.reservation);
       this.d.onCapacityFreed();
       throw err;
     }
@@ -395,15 +395,20 @@ export class CreatePipeline {
       pause_reason: null,
     };
     let onNode = false;
+    let inserted = false;
     try {
       await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
+      inserted = true;
       crashPoint('create.row');
       await this.nodeCreate(node, item.spec, id, signal);
       onNode = true;
       crashPoint('create.node');
       row.state = pool ? POOLED_STATE : 'running';
       // Grouped with the other creates finishing now: one UPDATE for all of them.
-      await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state);
+      // Settled meanwhile (this replica was taken for gone): the row is no longer this create's.
+      if (!(await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state))) {
+        throw new DsecError('UNAVAILABLE', `sandbox ${id}: its create was settled by another replica meanwhile; create it again`);
+      }
       this.d.nodes.forgetRecounted(node.name, id);
       crashPoint('create.running');
     } catch (err) {
@@ -413,7 +418,9 @@ export class CreatePipeline {
       this.chargeNode(node, item, -1);
       this.d.nodes.forgetRecounted(node.name, id);
       if (onNode) await node.client.destroy(id).catch(() => undefined);
-      await this.d.store.deleteFailedCreateRow(row);
+      const deleted = await this.d.store.deleteFailedCreateRow(row);
+      // Its row was written and is gone: whoever settled it gave the reservation back with it.
+      if (inserted && !deleted) throw new SettledElsewhere(id, err);
       if (!onNode && err instanceof DsecError && err.code === 'CAPACITY_EXHAUSTED') return undefined;
       throw err;
     }
@@ -451,7 +458,7 @@ export class CreatePipeline {
       return created;
     } catch (err) {
       this.d.counters.sandboxCreateFailures++;
-      await this.d.store.unreserve(projectId, ticket.reservation);
+      if (!(err instanceof SettledElsewhere)) await this.d.store.unreserve(projectId, ticket.reservation);
       this.d.onCapacityFreed();
       throw err;
     }
@@ -524,5 +531,15 @@ export class CreatePipeline {
     }
     await this.d.store.deleteSandbox(row);
     this.d.onCapacityFreed();
+  }
+}
+
+/**
+ * A create whose row another replica settled while it ran (this replica was taken for gone): the
+ * reservation went back with the row, so the create must not give it back again.
+ */
+class SettledElsewhere extends DsecError {
+  constructor(id: string, cause: unknown) {
+    super('UNAVAILABLE', `sandbox ${id}: its create was settled by another replica meanwhile; create it again`, {}, { cause });
   }
 }

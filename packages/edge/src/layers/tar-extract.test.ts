@@ -47,6 +47,8 @@ function refusedPax(pattern: RegExp): (err: unknown) => boolean {
 
 test('PAX headers: a long name passes; over 1 MiB (also over tar-stream 4 MiB) or too many records is LAYER_INVALID naming the header', async () => {
   assert.equal(await extractInto(await tarWithPax(`${'d'.repeat(150)}/f`, 'long', { comment: 'ok' })), 'long');
+  // A valid tar handed over in one chunk bigger than the bound between entries.
+  assert.equal(await extractInto(await tarWithPax('f', 'x'.repeat(3 * 1024 * 1024), {})), 'x'.repeat(3 * 1024 * 1024));
   const big = await tarWithPax('f', 'x', { comment: 'c'.repeat(MAX_TAR_EXTENDED_HEADER_BYTES + 1000) });
   await assert.rejects(extractInto(big), refusedPax(new RegExp(`over ${MAX_TAR_EXTENDED_HEADER_BYTES}`)));
   const huge = await tarWithPax('f', 'x', { comment: 'c'.repeat(5 * 1024 * 1024) });

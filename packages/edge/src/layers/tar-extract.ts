@@ -403,9 +403,11 @@ class ByteCounter extends Transform {
     super();
   }
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
-    this.bytes += chunk.length;
+    // Judged on what the parser was handed before this chunk: one large chunk of a valid tar
+    // (its entries not parsed yet) is not taken for a run of headers.
     const fault = this.fault(this.bytes);
     if (fault) return cb(invalid(fault));
+    this.bytes += chunk.length;
     cb(null, chunk);
   }
 }
