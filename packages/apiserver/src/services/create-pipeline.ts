@@ -407,7 +407,7 @@ export class CreatePipeline {
       // Grouped with the other creates finishing now: one UPDATE for all of them.
       // Settled meanwhile (this replica was taken for gone): the row is no longer this create's.
       if (!(await this.d.store.transitionSandboxGrouped(id, ['creating'], row.state))) {
-        throw new DsecError('UNAVAILABLE', `sandbox ${id}: its create was settled by another replica meanwhile; create it again`);
+        throw new DsecError('UNAVAILABLE', settledElsewhere(id));
       }
       this.d.nodes.forgetRecounted(node.name, id);
       crashPoint('create.running');
@@ -540,6 +540,11 @@ export class CreatePipeline {
  */
 class SettledElsewhere extends DsecError {
   constructor(id: string, cause: unknown) {
-    super('UNAVAILABLE', `sandbox ${id}: its create was settled by another replica meanwhile; create it again`, {}, { cause });
+    super('UNAVAILABLE', settledElsewhere(id), {}, { cause });
   }
+}
+
+/** Why a create whose row another replica settled meanwhile fails. */
+function settledElsewhere(id: string): string {
+  return `sandbox ${id}: its create was settled by another replica meanwhile; create it again`;
 }
