@@ -1,9 +1,10 @@
 // The plans PostgreSQL picks for the list's statements in a cell: the test PostgreSQL
 // (test/helpers/postgres.ts, as `npm run cell` starts it), the schema `dsec apiserver --db`
 // migrates, N sandboxes of the root project with a `job` label each (500 a job), then
-// EXPLAIN (ANALYZE, BUFFERS) of the label list's page read, its labels' read and the pools'
-// pass, before and after ANALYZE. Needs root (PostgreSQL runs as its own user); run it under
-// the test lock.
+// EXPLAIN (ANALYZE, BUFFERS) of the label list's page read and its labels' read (as an
+// `IN (...)` of the page's ids, as they were, and by lateral lookups of an array, as the store
+// reads them now) and the pools' pass, before and after ANALYZE. Needs root (PostgreSQL runs
+// as its own user); run it under the test lock.
 //   node bench/dist/cell/explain-list.js [--sandboxes 6000]
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -51,12 +52,16 @@ try {
            '[]', 1, 512, now()::text, now()::text, now()::text
       FROM generate_series(1, ${sandboxes}) g`);
   await q(`INSERT INTO sandbox_labels (sandbox_id, key, value) SELECT id, 'job', 'j' || substring(spec from '"job":"j([0-9]+)"') FROM sandboxes`);
-  const ids = (await q(`SELECT sandbox_id FROM sandbox_labels WHERE key = 'job' AND value = 'j3' ORDER BY sandbox_id LIMIT 101`)).rows
-    .map((r) => `'${String(r.sandbox_id)}'`)
-    .join(', ');
+  const page = (await q(`SELECT sandbox_id FROM sandbox_labels WHERE key = 'job' AND value = 'j3' ORDER BY sandbox_id LIMIT 101`)).rows.map((r) =>
+    String(r.sandbox_id),
+  );
+  const ids = page.map((id) => `'${id}'`).join(', ');
+  const array = `'{${page.join(',')}}'::text[]`;
   const statements = {
-    'page read': `select * from sandboxes where project_id in ('${project}') and id in (${ids}) and state != 'stopping' and pool_id is null`,
-    "the page's labels": `select * from sandbox_labels where sandbox_id in (${ids})`,
+    'page read, id in (...) (before)': `select * from sandboxes where project_id in ('${project}') and id in (${ids}) and state != 'stopping' and pool_id is null`,
+    'page read, ids by lateral lookup (StateStore.sandboxesByIds)': `select sandboxes.* from unnest(${array}) as page inner join lateral (select * from sandboxes where sandboxes.id = page.page offset 0) as sandboxes on true where project_id in ('${project}') and state != 'stopping' and pool_id is null order by id limit 100`,
+    "the page's labels, sandbox_id in (...) (before)": `select * from sandbox_labels where sandbox_id in (${ids})`,
+    "the page's labels by lateral lookup (StateStore.labelsByIds)": `select labels.* from unnest(${array}) as page inner join lateral (select * from sandbox_labels where sandbox_labels.sandbox_id = page.page offset 0) as labels on true`,
     "the pools' pass": `select pool_id, state, count(*) as n from sandboxes where pool_id is not null group by pool_id, state`,
   };
   for (const analyzed of [false, true]) {

@@ -15,6 +15,7 @@ import type {
   OwnerTable,
   PoolTable,
   ProjectTable,
+  SandboxLabelTable,
   SandboxTable,
   SnapshotTable,
   TrajectoryStepTable,
@@ -712,10 +713,13 @@ export class StateStore {
   private async transitionMany(ids: readonly string[], from: string[], to: string): Promise<boolean[]> {
     const moved = new Set<string>();
     for (let i = 0; i < ids.length; i += 500) {
+      const some = ids.slice(i, i + 500);
       const rows = await this.db
         .updateTable('sandboxes')
         .set({ state: to, ...this.replicaOf(to) })
-        .where('id', 'in', ids.slice(i, i + 500))
+        // PostgreSQL: the ids as one array parameter, not up to 500 of them (each a parameter to
+        // encode, send and plan anew with every statement).
+        .where((eb) => (this.shared ? eb('id', '=', sql<string>`any(${some}::text[])`) : eb('id', 'in', some)))
         .where('state', 'in', from)
         .returning('id')
         .execute();
@@ -1011,8 +1015,7 @@ export class StateStore {
     const [first, ...others] = q.labels;
     // Every condition but the first label's, on sandboxes (all of them without `ids`), after `after`.
     const filtered = (ids?: readonly string[], after = q.after): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> => {
-      let query = this.db.selectFrom('sandboxes').selectAll().where('project_id', 'in', q.projectIds);
-      if (ids) query = query.where('id', 'in', ids);
+      let query = (ids ? this.sandboxesByIds(ids) : this.db.selectFrom('sandboxes').selectAll()).where('project_id', 'in', q.projectIds);
       for (const [key, value] of ids ? others : q.labels) {
         query = query.where((eb) =>
           eb.exists(
@@ -1068,20 +1071,41 @@ export class StateStore {
         chunk = Math.min(chunk * 2, LIST_CHUNK_MAX);
       }
     }
-    const labelRows = rows.length
-      ? await this.db
-          .selectFrom('sandbox_labels')
-          .selectAll()
-          .where(
-            'sandbox_id',
-            'in',
-            rows.map((r) => r.id),
-          )
-          .execute()
-      : [];
+    const labelRows = rows.length ? await this.labelsByIds(rows.map((r) => r.id)) : [];
     const byId = new Map<string, Record<string, string>>();
     for (const l of labelRows) (byId.get(l.sandbox_id) ?? byId.set(l.sandbox_id, {}).get(l.sandbox_id)!)[l.key] = l.value;
     return rows.map((r) => ({ ...r, labels: byId.get(r.id) ?? {} }));
+  }
+
+  /**
+   * The sandbox rows of `ids`, each looked up by its primary key. On PostgreSQL an `id IN (...)`
+   * of a page's ids is a bitmap of the project's index or a scan of the whole table (at a few
+   * thousand rows the planner costs 101 probes as much as reading every page), so the ids come
+   * from an array, each joined to its row by a lateral lookup (`OFFSET 0` keeps it one: the
+   * planner may not turn it into a join of its choosing): O(page) whatever the table's size.
+   */
+  private sandboxesByIds(ids: readonly string[]): SelectQueryBuilder<Database, 'sandboxes', SandboxTable> {
+    if (!this.shared) return this.db.selectFrom('sandboxes').selectAll().where('id', 'in', ids);
+    return this.db
+      .selectFrom(sql<{ page: string }>`unnest(${ids}::text[])`.as('page'))
+      .innerJoinLateral(
+        (eb) => eb.selectFrom('sandboxes').selectAll().whereRef('sandboxes.id', '=', sql.ref<string>('page.page')).offset(0).as('sandboxes'),
+        (join) => join.onTrue(),
+      )
+      .selectAll('sandboxes');
+  }
+
+  /** The labels of the sandboxes `ids`, looked up by key as {@link sandboxesByIds} looks up rows. */
+  private async labelsByIds(ids: readonly string[]): Promise<SandboxLabelTable[]> {
+    if (!this.shared) return this.db.selectFrom('sandbox_labels').selectAll().where('sandbox_id', 'in', ids).execute();
+    return this.db
+      .selectFrom(sql<{ page: string }>`unnest(${ids}::text[])`.as('page'))
+      .innerJoinLateral(
+        (eb) => eb.selectFrom('sandbox_labels').selectAll().whereRef('sandbox_labels.sandbox_id', '=', sql.ref<string>('page.page')).offset(0).as('labels'),
+        (join) => join.onTrue(),
+      )
+      .selectAll('labels')
+      .execute();
   }
 
   /** Every sandbox row. */

@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { DsecError } from '@dsec/protocol';
+import type { EdgeCallOptions, EdgeSandbox, SandboxSpec } from '@dsec/protocol';
+import { FakeEdge } from '../testing/fake-edge.js';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
 
@@ -174,5 +176,44 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
     assert.equal((await sandboxes.get(h.admin, sb.id)).state, 'paused');
     assert.equal(h.edge.sandboxes.get(sb.id)?.state, 'paused', 'the node was not asked to resume it');
     await lifecycle.destroy(h.admin, sb.id);
+  });
+});
+
+describe('batch creates over several nodes', () => {
+  /** A node that counts the creates it runs at once (each takes 5 ms). */
+  class CountingEdge extends FakeEdge {
+    running = 0;
+    most = 0;
+    override async create(spec: SandboxSpec, opts: EdgeCallOptions & { id?: string } = {}): Promise<EdgeSandbox> {
+      this.most = Math.max(this.most, ++this.running);
+      try {
+        await new Promise((r) => setTimeout(r, 5));
+        return await super.create(spec, opts);
+      } finally {
+        this.running--;
+      }
+    }
+  }
+
+  test('a batch runs its concurrency on each node at once, never more on one node', async () => {
+    const a = new CountingEdge('a');
+    const b = new CountingEdge('b');
+    const h = await harness();
+    try {
+      // The harness's own node leaves: the batch goes to a and b.
+      h.nodes.remove(h.edge.nodeName);
+      for (const e of [a, b]) {
+        for (const l of h.edge.layerInfos.values()) e.layerInfos.set(l.digest, l);
+        h.nodes.add(e);
+      }
+      const spec = { image: { base: 'busybox' }, resources: { cpu: 0.1, memoryMiB: 32 } };
+      const result = await h.services.sandboxes.createBatch(h.admin, { spec, count: 40 }, { concurrency: 3 });
+      assert.equal(result.created, 40);
+      assert.ok(a.sandboxes.size > 0 && b.sandboxes.size > 0, `spread over both nodes (${a.sandboxes.size} and ${b.sandboxes.size})`);
+      assert.equal(a.most, 3, 'node a ran 3 creates at once, no more');
+      assert.equal(b.most, 3, 'node b ran 3 creates at once, no more');
+    } finally {
+      await h.close();
+    }
   });
 });

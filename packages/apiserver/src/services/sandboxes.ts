@@ -34,7 +34,10 @@ import { OWNER_GONE_REASONS } from './lifecycle.js';
 import type { LifecycleService } from './lifecycle.js';
 import type { OwnerService } from './owners.js';
 
-/** Creates of one batch that run at once (the node's cores, not the batch size, set the pace). */
+/**
+ * Creates of one batch that run at once on each node (a node's cores, not the batch's size, set
+ * the pace): a batch spread over many nodes runs this many on each of them.
+ */
 export const DEFAULT_BATCH_CONCURRENCY = 16;
 
 /** Options of {@link SandboxService.create}. */
@@ -53,7 +56,7 @@ export interface CreateBatchOptions {
   idempotencyKey?: string | undefined;
   /** Called with each item as it finishes (in completion order). */
   onItem?: (item: BatchItemResult) => void;
-  /** Creates that run at once; default {@link DEFAULT_BATCH_CONCURRENCY}. */
+  /** Creates that run at once on each node; default {@link DEFAULT_BATCH_CONCURRENCY}. */
   concurrency?: number;
   /** Called once the batch as a whole is accepted (before any item is created). */
   onStart?: () => void;
@@ -77,6 +80,8 @@ export interface SandboxServiceDeps {
 interface BatchTask {
   run(): Promise<void>;
   cancel(): Promise<void>;
+  /** The node it was placed on; none for an item still to be admitted (or waiting on its key). */
+  node?: string;
 }
 
 /** Sandboxes: create, batch, read, list, update. */
@@ -119,7 +124,7 @@ export class SandboxService {
   /**
    * Creates many sandboxes in one request, each with its own result: validation per item,
    * claims from pools, quota for the rest in one transaction, placement in one pass over the
-   * nodes, then the creates with bounded concurrency. Items refused for capacity fail alone
+   * nodes, then the creates with bounded concurrency on each node. Items refused for capacity fail alone
    * (or wait, if the batch asks to); a failed item leaves nothing behind. `items` that failed
    * their schema arrive as errors in `invalid` (index -> error), the others parsed.
    */
@@ -178,6 +183,7 @@ export class SandboxService {
     const cancelled = (): DsecError => new DsecError('CANCELLED', 'the request was cancelled before this item was created');
     /** A task for one item whose key (if any) is held: through the whole pipeline, or with a ticket. */
     const held = (index: number, item: CreateItem, ticket?: Ticket): BatchTask => ({
+      ...(ticket ? { node: ticket.node.name } : {}),
       run: async () => {
         try {
           finish(index, { sandbox: await pipeline.createHeld(projectId, item, admission, signal, itemKey(index), ticket) });
@@ -276,8 +282,16 @@ export class SandboxService {
       finish(f.index, { error: f.refusal });
     }
 
-    // The creates, a few at a time; after a cancel the rest are given back unstarted.
-    await forEachBounded(tasks, opts.concurrency ?? DEFAULT_BATCH_CONCURRENCY, (t) => (signal?.aborted ? t.cancel() : t.run()));
+    // The creates, a few at a time on each node (the items still to be admitted a few at a time
+    // together); after a cancel the rest are given back unstarted.
+    const lanes = new Map<string, BatchTask[]>();
+    for (const t of tasks) {
+      const lane = lanes.get(t.node ?? '');
+      if (lane) lane.push(t);
+      else lanes.set(t.node ?? '', [t]);
+    }
+    const limit = opts.concurrency ?? DEFAULT_BATCH_CONCURRENCY;
+    await Promise.all([...lanes.values()].map((lane) => forEachBounded(lane, limit, (t) => (signal?.aborted ? t.cancel() : t.run()))));
     const created = results.filter((r) => r.sandbox).length;
     return { items: results, created, failed: count - created };
   }
