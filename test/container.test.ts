@@ -232,6 +232,10 @@ describe('container sandboxes', () => {
       assert.equal((await run('dd if=/dev/zero of=/dev/shm/kept bs=1M count=4 2>/dev/null')).exitCode, 0);
       const used = (await node.edge.stats(sb.id)).diskUsedBytes;
       assert.ok(used - before >= 4 * 1024 * 1024, `disk use went from ${before} to ${used} bytes with 4 MiB in /dev/shm`);
+      // Beside the upper directory, not in it: snapshots and diffs do not see /dev.
+      const upper = node.edge.upperDir(sb.id);
+      assert.equal(await stat(path.join(upper, 'dev/shm/kept')).catch(() => 'absent'), 'absent');
+      assert.equal((await stat(path.join(upper, '../dev/shm/kept'))).size, 4 * 1024 * 1024);
       const flood = await run('dd if=/dev/zero of=/dev/flood bs=1M count=32');
       assert.notEqual(flood.exitCode, 0);
       assert.match(flood.stderr, /No space left/);
