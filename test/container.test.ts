@@ -218,6 +218,44 @@ describe('container sandboxes', () => {
     }
   });
 
+  test('a sandbox has six superblocks of its own: /dev and /dev/shm are folders of its writable tmpfs (inside its disk limit), masked directories bind an empty directory of the node', async () => {
+    const sb = await node.edge.create({ image: { base: 'busybox' }, resources: { diskMiB: 16 } });
+    try {
+      const run = (cmd: string) => node.edge.exec(sb.id, { cmd });
+      const devices = await run('echo x > /dev/null && head -c 3 /dev/zero | wc -c && stat -c %a /dev/shm /dev && ls /dev/pts/ptmx');
+      assert.equal(devices.stdout, '3\n1777\n755\n/dev/pts/ptmx\n', devices.stderr);
+      const masked = await run(
+        'for d in /proc/acpi /sys/firmware /sys/fs/cgroup; do ls -A $d | wc -l; done; touch /sys/firmware/x 2>/dev/null || echo refused',
+      );
+      assert.equal(masked.stdout, '0\n0\n0\nrefused\n', 'masked directories are empty and read-only');
+      const before = (await node.edge.stats(sb.id)).diskUsedBytes;
+      assert.equal((await run('dd if=/dev/zero of=/dev/shm/kept bs=1M count=4 2>/dev/null')).exitCode, 0);
+      const used = (await node.edge.stats(sb.id)).diskUsedBytes;
+      assert.ok(used - before >= 4 * 1024 * 1024, `disk use went from ${before} to ${used} bytes with 4 MiB in /dev/shm`);
+      // Beside the upper directory, not in it: snapshots and diffs do not see /dev.
+      const upper = node.edge.upperDir(sb.id);
+      assert.equal(await stat(path.join(upper, 'dev/shm/kept')).catch(() => 'absent'), 'absent');
+      assert.equal((await stat(path.join(upper, '../dev/shm/kept'))).size, 4 * 1024 * 1024);
+      const flood = await run('dd if=/dev/zero of=/dev/flood bs=1M count=32');
+      assert.notEqual(flood.exitCode, 0);
+      assert.match(flood.stderr, /No space left/);
+      // Its own file systems: those of its PID 1's mountinfo that the host's lacks (the agent's
+      // tmpfs, the layers and devtmpfs are shared), plus the writable tmpfs on the host.
+      const pid = (await readFile(`/sys/fs/cgroup/memory/${node.cgroupParent}/${sb.id}/cgroup.procs`, 'utf8')).split('\n')[0];
+      const fields = (line: string) => [line.split(' ')[2], line.split(' - ')[1]?.split(' ')[0]];
+      const host = new Set((await readFile('/proc/self/mountinfo', 'utf8')).split('\n').map((l) => fields(l)[0]));
+      const own = new Map(
+        (await readFile(`/proc/${pid}/mountinfo`, 'utf8'))
+          .split('\n')
+          .filter((l) => l && !host.has(fields(l)[0]))
+          .map(fields) as Array<[string, string]>,
+      );
+      assert.deepEqual([...own.values()].sort(), ['devpts', 'mqueue', 'overlay', 'proc', 'sysfs']);
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
+  });
+
   test('hardening: masked /proc, no cgroupfs, seccomp, no capabilities beyond the default set, agent not dumpable', async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' } });
     try {

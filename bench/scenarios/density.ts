@@ -1,7 +1,7 @@
 // Density: fill the node with idle sandboxes, measure host memory per sandbox (MemAvailable and
 // cgroup accounting), create latency as the node fills, and the time to destroy them all; the
 // same for podman up to a cap.
-import { readFile } from 'node:fs/promises';
+import { readFile, readdir } from 'node:fs/promises';
 import { Sandbox } from '@dsec/sdk';
 import type { DsecClient } from '@dsec/sdk';
 import { IDLE_RESOURCES, retryRateLimited } from '../lib/platform.js';
@@ -21,9 +21,43 @@ const PODMAN_CAP = 300;
 /** Fill levels at which create latency is probed. */
 const MARKS = [0, 0.25, 0.5, 0.75, 1];
 
-async function memAvailableKiB(): Promise<number> {
-  const m = /MemAvailable:\s+(\d+)/.exec(await readFile('/proc/meminfo', 'utf8'));
+async function meminfoKiB(field: string): Promise<number> {
+  const m = new RegExp(`${field}:\\s+(\\d+)`).exec(await readFile('/proc/meminfo', 'utf8'));
   return Number(m?.[1] ?? 0);
+}
+
+const memAvailableKiB = (): Promise<number> => meminfoKiB('MemAvailable');
+
+/** The file systems (major:minor, field 3) of a mountinfo. */
+function devices(mountinfo: string): Set<string> {
+  return new Set(mountinfo.split('\n').map((l) => l.split(' ')[2] ?? ''));
+}
+
+/**
+ * Superblocks and memory cgroups one dsec sandbox holds. Superblocks: the file systems in its
+ * PID 1's mountinfo that the host's has none of (the agent's tmpfs, the layers' EROFS and
+ * devtmpfs are shared), plus its writable tmpfs on the host. Each registers a memcg-aware
+ * shrinker, whose map every memory cgroup of the host keeps a share of (bench/notes/density.md).
+ */
+async function sandboxKernelObjects(id: string): Promise<{ superblocks: number; memoryCgroups: number } | undefined> {
+  const v2 = await readFile('/sys/fs/cgroup/cgroup.controllers').then(
+    () => true,
+    () => false,
+  );
+  // The bench's node uses the default cgroup parent, `dsec`.
+  const memory = v2 ? `/sys/fs/cgroup/dsec/${id}` : `/sys/fs/cgroup/memory/dsec/${id}`;
+  const procs = await readFile(`${memory}/cgroup.procs`, 'utf8').catch(() => '');
+  const pid = procs.split('\n').find((l) => l !== '');
+  if (pid === undefined) return undefined;
+  const host = devices(await readFile('/proc/self/mountinfo', 'utf8'));
+  const own = [...devices(await readFile(`/proc/${pid}/mountinfo`, 'utf8'))].filter((d) => d !== '' && !host.has(d));
+  const countDirs = async (dir: string): Promise<number> => {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    let n = 1;
+    for (const e of entries) if (e.isDirectory()) n += await countDirs(`${dir}/${e.name}`);
+    return n;
+  };
+  return { superblocks: own.length + 1, memoryCgroups: await countDirs(memory) };
 }
 
 /** How one system is filled. */
@@ -36,6 +70,8 @@ interface Filler<H> {
   destroyAll(handles: H[]): Promise<void>;
   /** Memory charged to the sandboxes' cgroups, when known. */
   cgroupBytes(handles: H[]): Promise<number | undefined>;
+  /** Superblocks and memory cgroups of one sandbox, when known. */
+  kernelObjects?(handle: H): Promise<{ superblocks: number; memoryCgroups: number } | undefined>;
 }
 
 async function fill<H>(ctx: ScenarioContext, f: Filler<H>, target: number, concurrency: number, deadlineMs: number, probes: number): Promise<void> {
@@ -43,6 +79,7 @@ async function fill<H>(ctx: ScenarioContext, f: Filler<H>, target: number, concu
   const handles: H[] = [];
   await sleep(1000);
   const before = await memAvailableKiB();
+  const slabBefore = await meminfoKiB('SUnreclaim');
   const t0 = nowMs();
   // Why the fill stopped short of the target, when it did: the node's limit is what is measured,
   // so a refused or failed create ends the fill and the figures are taken at the count reached.
@@ -88,8 +125,10 @@ async function fill<H>(ctx: ScenarioContext, f: Filler<H>, target: number, concu
   const fillS = (nowMs() - t0) / 1000;
   await sleep(2000);
   const after = await memAvailableKiB();
+  const slabAfter = await meminfoKiB('SUnreclaim');
   const n = handles.length;
   const hostMiB = (before - after) / 1024 / n;
+  const objects = handles[0] !== undefined ? await f.kernelObjects?.(handles[0]) : undefined;
   const cg = await f.cgroupBytes(handles);
   const cgMiB = cg === undefined ? undefined : cg / 1048576 / n;
   // At 100%: a few more on the full node, removed right after.
@@ -109,6 +148,18 @@ async function fill<H>(ctx: ScenarioContext, f: Filler<H>, target: number, concu
     note: `filled in ${fillS.toFixed(1)} s${stopped !== undefined ? ` (${stopped})` : ''}`,
   });
   rows.push({ scenario: 'density', metric: 'host memory per sandbox (MemAvailable delta)', system: f.system, unit: 'MiB', value: hostMiB });
+  rows.push({
+    scenario: 'density',
+    metric: 'unreclaimable slab per sandbox (SUnreclaim delta)',
+    system: f.system,
+    unit: 'MiB',
+    value: (slabAfter - slabBefore) / 1024 / n,
+    note: `SUnreclaim ${(slabAfter / 1048576).toFixed(2)} GiB at ${n} (${(slabBefore / 1048576).toFixed(2)} GiB before)`,
+  });
+  if (objects) {
+    rows.push({ scenario: 'density', metric: 'superblocks per sandbox', system: f.system, unit: 'superblocks', value: objects.superblocks, compare: false });
+    rows.push({ scenario: 'density', metric: 'memory cgroups per sandbox', system: f.system, unit: 'cgroups', value: objects.memoryCgroups, compare: false });
+  }
   if (cgMiB !== undefined) {
     rows.push({ scenario: 'density', metric: 'memory per sandbox charged to its cgroups', system: f.system, unit: 'MiB', value: cgMiB });
     rows.push({
@@ -150,7 +201,10 @@ export const densityScenario: Scenario = {
     '2 s after it (no caches dropped), divided by the count; it includes everything the node spends: chronus, the',
     'tmpfs and overlay mounts, crun state, kernel objects and the growth of the platform process. "Charged to its',
     "cgroups\" sums the sandboxes' memory.usage_in_bytes; the difference is the host's cost beyond the agent's",
-    'own processes. Create latency (create + first exec of `true`) is probed with a few sequential creates at',
+    'own processes. The unreclaimable slab per sandbox is the rise of SUnreclaim over the same span; superblocks per',
+    "sandbox count the file systems in one sandbox's PID 1 mountinfo that the host's mountinfo lacks, plus its writable",
+    'tmpfs (each registers a memcg-aware shrinker, whose map every memory cgroup of the host keeps a share of); memory',
+    'cgroups per sandbox count its memory cgroup and any below it. Create latency (create + first exec of `true`) is probed with a few sequential creates at',
     '0/25/50/75/100% fill. podman is filled with `podman run -d ... sleep` (its probe is `podman run -d`, no exec)',
     `at concurrency 4 up to ${PODMAN_CAP} containers (a cap, for time: each costs ~0.25 s), within a time bound.`,
     `The fill stops early, and says why, at a time bound, when MemAvailable falls under ${MEM_FLOOR_KIB / 1048576} GiB (the machine is shared), or at`,
@@ -185,6 +239,7 @@ export const densityScenario: Scenario = {
           await pool(sbs.length, 8, (i) => retryRateLimited(() => sbs[i]!.kill({ wait: false })));
           await ctx.bench.platform.services.lifecycle.teardownsIdle();
         },
+        kernelObjects: (sb) => sandboxKernelObjects(sb.id),
         async cgroupBytes(sbs) {
           let sum = 0;
           for (const sb of sbs) sum += (await edge.stats(sb.id)).memoryBytes;

@@ -15,6 +15,13 @@
  * appears owned by the sandbox's host uid base), and the upper directory belongs to that base,
  * so root inside the sandbox owns its files and is nobody on the host.
  *
+ * With --rw, /dev and /dev/shm are folders of the same tmpfs (beside the upper directory, so
+ * outside snapshots and diffs), bound over the root's /dev and /dev/shm in the private namespace:
+ * what a sandbox keeps there counts in its disk limit, and they cost no superblock of their own
+ * (every superblock registers a shrinker, whose map every memory cgroup of the host keeps a share
+ * of: bench/notes/density.md). crun finds /dev without a mount of its own in the config and
+ * creates the device nodes there as it would in a tmpfs.
+ *
  * Without --rw the root is the read-only overlay of the lower directories alone (function-call
  * sandboxes: one pre-created sandbox per call, writable only in the tmpfs mounts crun adds).
  *
@@ -228,6 +235,50 @@ static void bind_onto_itself(int fd, int readonly, const char *what)
 	if (move_mount(tree, "", fd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
 		die("move_mount onto", what);
 	close(tree);
+}
+
+/* Binds a clone of the mount at `src` onto `target` (an O_PATH fd), with flags set and cleared. */
+static void bind_at(const char *src, int target, uint64_t set, uint64_t clear, const char *what)
+{
+	int tree = open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+	if (tree < 0)
+		die("open_tree", src);
+	struct mount_attr attr = {.attr_set = set, .attr_clr = clear};
+	if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+		die("mount_setattr", src);
+	if (move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+		die("move_mount onto", what);
+	close(tree);
+}
+
+/*
+ * Binds the writable tmpfs's `dev` folder over the root's /dev (made when the image has none;
+ * a symlink there is refused) and its `dev/shm` folder over /dev/shm. /dev keeps nodev in a user
+ * namespace, where crun binds the host's device nodes in; outside one crun makes them with mknod,
+ * so there /dev allows device nodes (the sandbox cannot make any: no CAP_MKNOD).
+ */
+static void bind_dev(const char *rootfs, const char *dev, const char *shm, int userns)
+{
+	int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (rootfd < 0)
+		die("open", rootfs);
+	int fd = open_beneath(rootfd, "dev", 1);
+	if (fd < 0 && errno == ENOENT) {
+		if (mkdirat(rootfd, "dev", 0755) < 0 && errno != EEXIST)
+			die("mkdir /dev in", rootfs);
+		fd = open_beneath(rootfd, "dev", 1);
+	}
+	if (fd < 0)
+		die("open /dev (a directory, not a symbolic link) in", rootfs);
+	bind_at(dev, fd, MOUNT_ATTR_NOSUID, userns ? 0 : MOUNT_ATTR_NODEV, "/dev");
+	close(fd);
+	/* Reopened through the new mount: the folder made below. */
+	fd = open_beneath(rootfd, "dev/shm", 1);
+	if (fd < 0)
+		die("open /dev/shm in", rootfs);
+	bind_at(shm, fd, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC, 0, "/dev/shm");
+	close(fd);
+	close(rootfd);
 }
 
 struct pins {
@@ -486,19 +537,26 @@ static int launch_main(int argc, char **argv)
 	if (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0))
 		usage();
 
-	char upper[4096], work[4096], opts[16384], lowers[8192];
+	char upper[4096], work[4096], dev[4096], shm[4096], opts[16384], lowers[8192];
 	if (rw) {
 		if (mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs) < 0)
 			die("mount tmpfs on", rw);
 		if (snprintf(upper, sizeof upper, "%s/upper", rw) >= (int)sizeof upper ||
-		    snprintf(work, sizeof work, "%s/work", rw) >= (int)sizeof work)
+		    snprintf(work, sizeof work, "%s/work", rw) >= (int)sizeof work ||
+		    snprintf(dev, sizeof dev, "%s/dev", rw) >= (int)sizeof dev ||
+		    snprintf(shm, sizeof shm, "%s/dev/shm", rw) >= (int)sizeof shm)
 			die("path too long", rw);
 		if (mkdir(upper, 0755) < 0)
 			die("mkdir", upper);
 		if (mkdir(work, 0700) < 0)
 			die("mkdir", work);
-		/* The root directory of the sandbox is the upper directory's: its root owns it. */
-		if (chown(upper, (uid_t)uid, (gid_t)gid) < 0)
+		if (mkdir(dev, 0755) < 0)
+			die("mkdir", dev);
+		if (mkdir(shm, 01777) < 0 || chmod(shm, 01777) < 0)
+			die("mkdir", shm);
+		/* The root directory of the sandbox is the upper directory's: its root owns it, and /dev. */
+		if (chown(upper, (uid_t)uid, (gid_t)gid) < 0 || chown(dev, (uid_t)uid, (gid_t)gid) < 0 ||
+		    chown(shm, (uid_t)uid, (gid_t)gid) < 0)
 			die("chown", upper);
 	}
 	int userns = idmap ? userns_fd(uid, gid, count) : -1;
@@ -563,6 +621,8 @@ static int launch_main(int argc, char **argv)
 			close(ro[k]);
 		close(hostns);
 	}
+	if (rw)
+		bind_dev(rootfs, dev, shm, idmap != NULL);
 
 	/*
 	 * A login uid of the sandbox's own: the kernel's audit records (seccomp denials among them)

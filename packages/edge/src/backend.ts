@@ -343,6 +343,8 @@ export interface BackendHost {
   agentBinary: string;
   /** The copy of chronus that sandboxes bind, on a mount of its own (host/agent-mount.ts): their mountinfo shows no host path. */
   sandboxAgent: string;
+  /** An empty read-only directory on the same mount, bound over the directories sandboxes must not see (host/agent-mount.ts). */
+  sandboxMaskDir: string;
   /** Marks the node's sandboxes without naming a host path (the source of their root overlay; host/agent-mount.ts). */
   nodeMark: string;
   /** Raises a node event (backends report forged agent messages and the like). */

@@ -62,7 +62,7 @@ export async function prepareHost(opts: {
   });
   await layers.init();
   const cgroups = new Cgroups(mode, opts.cgroupParent);
-  const sandboxAgent = await prepareAgentMount(opts.home, opts.agentBinary);
+  const agentMount = await prepareAgentMount(opts.home, opts.agentBinary);
   return {
     home: opts.home,
     runDir: runDirFor(opts.home),
@@ -70,7 +70,8 @@ export async function prepareHost(opts: {
     layers,
     cgroups,
     agentBinary: opts.agentBinary,
-    sandboxAgent,
+    sandboxAgent: agentMount.agent,
+    sandboxMaskDir: agentMount.maskDir,
     nodeMark: nodeMarkFor(opts.home),
     raise: opts.raise,
     launcher: new LaunchServer(path.join(path.dirname(path.resolve(opts.agentBinary)), 'dsec-launch')),

@@ -74,6 +74,8 @@ export interface ContainerBackendOptions {
   cgroups: Cgroups;
   /** Host path of the static chronus binary. */
   agentBinary: string;
+  /** Empty read-only directory bound over masked directories (`BackendHost.sandboxMaskDir`). */
+  maskDir: string;
   outputCapBytes?: number;
   crunBinary?: string;
   /**
@@ -262,6 +264,8 @@ export class ContainerBackend implements Backend {
         spec: req.spec,
         rootfs: p.rootfs,
         agentBinary: this.o.agentBinary,
+        maskDir: this.o.maskDir,
+        writableDev: true,
         cgroupsPath: this.o.cgroups.pathFor(req.id),
         outputCapBytes: this.o.outputCapBytes ?? DEFAULT_OUTPUT_CAP_BYTES,
         hostNofileHard: this.hostNofileHard,

@@ -1,5 +1,6 @@
 // Writes the OCI runtime config of a container sandbox: chronus as PID 1 with the agent socket
 // inherited as fd 3, Docker-like hardening, and the sandbox's resource limits.
+import { statSync } from 'node:fs';
 import { DEFAULT_CPU, DEFAULT_MEMORY_MIB, DEFAULT_OPEN_FILES, DEFAULT_PIDS } from '@dsec/protocol';
 import type { SandboxSpec } from '@dsec/protocol';
 import type { IdRange } from '../../host/id-ranges.js';
@@ -48,6 +49,19 @@ export const MASKED_PATHS = [
   '/sys/fs/cgroup',
 ];
 
+/**
+ * The masked paths that are directories on this kernel, each bound from the node's empty
+ * read-only directory instead of crun's tmpfs per directory (a superblock, and so a shrinker,
+ * per directory per sandbox: see bench/notes/density.md). Files stay in maskedPaths (crun binds
+ * /dev/null over them); paths this kernel lacks are left to crun, which skips them. Read once:
+ * the set of /proc and /sys directories does not change while the node runs.
+ */
+let maskedDirs: Set<string> | undefined;
+function maskedDirectories(): Set<string> {
+  maskedDirs ??= new Set(MASKED_PATHS.filter((p) => statSync(p, { throwIfNoEntry: false })?.isDirectory() === true));
+  return maskedDirs;
+}
+
 /** /proc paths mounted read-only. */
 export const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys'];
 
@@ -57,6 +71,14 @@ export interface OciConfigOptions {
   spec: SandboxSpec;
   rootfs: string;
   agentBinary: string;
+  /** Host path of an empty read-only directory (`BackendHost.sandboxMaskDir`), bound over masked directories. */
+  maskDir: string;
+  /**
+   * /dev and /dev/shm are folders of the sandbox's writable tmpfs that dsec-launch binds (container
+   * sandboxes: inside `diskMiB`, and no tmpfs of their own); without it they are tmpfs mounts of
+   * their own (call sandboxes, whose root has no writable layer).
+   */
+  writableDev?: boolean;
   cgroupsPath: string;
   outputCapBytes: number;
   /** Hard RLIMIT_NOFILE of the host: a sandbox may not ask for more. */
@@ -90,6 +112,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     idMappings.uidMappings = [{ containerID: 0, hostID: o.idRange.uid, size: o.idRange.size }];
     idMappings.gidMappings = [{ containerID: 0, hostID: o.idRange.gid, size: o.idRange.size }];
   }
+  const masked = maskedDirectories();
   const seccomp =
     o.seccomp ??
     defaultSeccompProfile({
@@ -124,11 +147,13 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     hostname: o.spec.hostname ?? 'sandbox',
     mounts: [
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
-      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+      ...(o.writableDev ? [] : [{ destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] }]),
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'] },
-      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
+      ...(o.writableDev ? [] : [{ destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] }]),
+      // The ipc namespace's own mqueue superblock (the kernel makes it with the namespace).
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      ...[...masked].map((destination) => ({ destination, type: 'bind', source: o.maskDir, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] })),
       { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: o.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
     ],
     linux: {
@@ -142,7 +167,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
         pids: { limit: r.pids ?? DEFAULT_PIDS },
       },
       seccomp,
-      maskedPaths: MASKED_PATHS,
+      maskedPaths: MASKED_PATHS.filter((p) => !masked.has(p)),
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
     },

@@ -21,6 +21,7 @@ export interface FnCallConfigOptions {
   id: string;
   rootfs: string;
   agentBinary: string;
+  maskDir: string;
   cgroupsPath: string;
   memoryMiB: number;
   outputCapBytes: number;
@@ -42,6 +43,7 @@ export function buildFnCallConfig(o: FnCallConfigOptions): Record<string, unknow
     spec,
     rootfs: o.rootfs,
     agentBinary: o.agentBinary,
+    maskDir: o.maskDir,
     cgroupsPath: o.cgroupsPath,
     outputCapBytes: o.outputCapBytes,
     hostNofileHard: o.hostNofileHard,

@@ -46,6 +46,7 @@ export function fncallRunner(config: FnCallRunnerConfig = {}): CallRunnerFactory
       layers: host.layers,
       cgroups: host.cgroups,
       agentBinary: host.sandboxAgent,
+      maskDir: host.sandboxMaskDir,
       launcher: host.launcher,
       resetBinary: config.reuse === false ? undefined : path.join(path.dirname(path.resolve(host.agentBinary)), 'dsec-fnreset'),
       runtimeNsFile: host.runtimeNs.nsFile,

@@ -74,6 +74,8 @@ export interface FnCallRunnerOptions {
   cgroups: Cgroups;
   /** Host path of the chronus copy sandboxes bind (`BackendHost.sandboxAgent`). */
   agentBinary: string;
+  /** Empty read-only directory bound over masked directories (`BackendHost.sandboxMaskDir`). */
+  maskDir: string;
   /** The node's launch server (`BackendHost.launcher`, shared with the container backend; closed by the edge). */
   launcher: LaunchServer;
   /** Host path of dsec-fnreset (the reset between calls); none: each sandbox serves one call. */
@@ -421,6 +423,7 @@ export class FnCallRunner implements EdgeCalls {
         id,
         rootfs,
         agentBinary: this.o.agentBinary,
+        maskDir: this.o.maskDir,
         cgroupsPath: this.o.cgroups.pathFor(id),
         memoryMiB: DEFAULT_CALL_MEMORY_MIB,
         outputCapBytes: AGENT_OUTPUT_CAP_BYTES,
