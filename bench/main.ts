@@ -2,6 +2,7 @@
 // side in one run; prints a table, writes JSON to bench/results/, regenerates docs/benchmarks.md.
 // Usage: node bench/dist/main.js [--quick] [--only create,exec,...] [--density N] [--no-docs]
 //        node bench/dist/main.js --render bench/results/<file>.json   (docs from a saved run)
+import os from 'node:os';
 import { cp, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -157,6 +158,7 @@ async function main(): Promise<number> {
     report.scenarios.push(entry);
     progress(`scenario ${s.name}`);
     const t0 = nowMs();
+    const loadBefore = await loadAverage();
     try {
       await s.run({ quick, density, bench, peers, dir, cacheDir: CACHE_DIR, record: (r) => rows.push(r), note: (n) => notes.push(n) });
     } catch (err) {
@@ -164,6 +166,10 @@ async function main(): Promise<number> {
       entry.error = (err as Error).stack ?? String(err);
       progress(`scenario ${s.name} FAILED: ${entry.error}`);
     }
+    // Other work on a shared machine moves absolute figures: say how busy it was.
+    notes.push(
+      `Load average (1 min) of the machine: ${loadBefore} when this scenario began, ${await loadAverage()} when it ended (${os.cpus().length} cores).`,
+    );
     progress(`scenario ${s.name} took ${((nowMs() - t0) / 1000).toFixed(1)} s`);
   }
   report.notes.push(`RATE_LIMITED answers during the run (retried after Retry-After): ${rateLimitedHits}.`);
@@ -193,6 +199,11 @@ async function writeDocs(report: RunReport): Promise<void> {
   const cell = /<!-- cell:begin[\s\S]*?<!-- cell:end -->/.exec(await readFile(page, 'utf8').catch(() => ''))?.[0];
   await writeFile(page, markdown(report, extra, charts) + (cell ? `\n${cell}\n` : ''));
   progress(`wrote docs/benchmarks.md and ${charts.length} charts in docs/benchmarks/`);
+}
+
+/** The 1-minute load average, as /proc/loadavg gives it. */
+async function loadAverage(): Promise<string> {
+  return (await readFile('/proc/loadavg', 'utf8')).split(' ')[0] ?? '?';
 }
 
 let code = 1;
