@@ -280,7 +280,7 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
 
     // Replicas on a shared store: the work of one that died beside the others is settled here,
     // by a replica whose listening connection shows it alive (see `listenUrl`).
-    const goneReplicas = replicas ? new GoneReplicas(reconcileDeps, (row) => services.lifecycle.settledElsewhere(row), o.goneReplicaMs) : undefined;
+    const goneReplicas = replicas ? new GoneReplicas(reconcileDeps, (row, to) => services.lifecycle.settledElsewhere(row, to), o.goneReplicaMs) : undefined;
     const watcher = new Watcher(
       {
         // A node whose session is down is the node port's to judge (unreachable, lost).
@@ -308,11 +308,13 @@ export async function startControlPlane(o: ControlPlaneStart): Promise<ControlPl
           if (!(await services.nodeAdmin.sandboxLost(id))) throw new Error(`sandbox ${id} is no longer on its node`);
         },
         // Leases, then the work of replicas that are gone (reconcile.ts), then deletes a dead
-        // replica left `stopping` on a store that does not say whose (see lifecycle.ts).
+        // replica left `stopping` on a store that does not say whose (see lifecycle.ts), then the
+        // shares of rows in flight that another replica ended without this one.
         leases: async () => {
           await services.lifecycle.enforceLeases(log);
           await goneReplicas?.pass();
           await services.lifecycle.finishAbandonedStopping(log, Date.now(), o.abandonedStoppingMs);
+          await services.lifecycle.giveBackEndedElsewhere();
         },
         raise: watch.events.ingest,
         maintain: () => watch.maintain(),

@@ -62,7 +62,7 @@ export type { Principal } from './auth.js';
 export { Placement, DEFAULT_CPU_OVERCOMMIT, DEFAULT_MEMORY_OVERCOMMIT, DEFAULT_SAMPLE_K, BEST_EFFORT_CPU_FACTOR } from './scheduler.js';
 export type { NodeView, PlacementOptions, PlacementRequest } from './scheduler.js';
 export { NodeRegistry } from './nodes.js';
-export type { NodeEntry } from './nodes.js';
+export type { NodeEntry, NodeShare } from './nodes.js';
 export { Metrics } from './metrics.js';
 export type { ControlPlaneGauges } from './metrics.js';
 export { openApiDocument } from './openapi.js';

@@ -28,6 +28,16 @@ export interface NodeEntry extends NodeView {
   lastReport?: { report: NodeUsageReport; at: number } | undefined;
 }
 
+/** One sandbox's share of its node's allocation, as {@link NodeRegistry.charge} counts it. */
+export interface NodeShare {
+  /** CPU charged (none while paused). */
+  cpu: number;
+  memoryMiB: number;
+  /** Its spread label (`key=value`), if any. */
+  spread?: string | undefined;
+  backend?: string | undefined;
+}
+
 /** What a remote node's session brings. */
 export interface NodeSessionInfo {
   address: string | null;
@@ -41,11 +51,12 @@ export interface NodeSessionInfo {
 export class NodeRegistry {
   private readonly nodes = new Map<string, NodeEntry>();
   /**
-   * Per node, the `stopping` and `creating` rows its last recount counted: another process's
-   * work under way, whose share the process that finishes it here gives back (a teardown, the
-   * abandoned-delete pass, the settling of a gone replica's rows).
+   * Per node, the `stopping` and `creating` rows its last recount counted, with the share each
+   * was counted for: another process's work under way, whose share the process that finishes it
+   * here gives back (a teardown, the abandoned-delete pass, the settling of a gone replica's
+   * rows), or the lease pass once another replica deleted its row ({@link giveBackRecounted}).
    */
-  private readonly recountedInFlight = new Map<string, Set<string>>();
+  private readonly recountedInFlight = new Map<string, Map<string, NodeShare>>();
 
   /** Adds the in-process node. */
   add(client: EdgeClient): NodeEntry {
@@ -136,10 +147,33 @@ export class NodeRegistry {
    * abandoned one's, a gone replica's) gives it back when this says so.
    */
   takeRecounted(name: string, id: string): boolean {
-    const ids = this.recountedInFlight.get(name);
-    if (!ids?.delete(id)) return false;
-    if (ids.size === 0) this.recountedInFlight.delete(name);
+    return this.takeShare(name, id) !== undefined;
+  }
+
+  /** The recounted `stopping` and `creating` rows, by node (see {@link takeRecounted}). */
+  recounted(): Array<{ node: string; id: string }> {
+    return [...this.recountedInFlight].flatMap(([node, ids]) => [...ids.keys()].map((id) => ({ node, id })));
+  }
+
+  /**
+   * Gives back the share the node's last recount counted for row `id` (forgotten here), when it
+   * still holds it: the row went without this process seeing it go (another replica deleted it).
+   * False when it was not counted, or was taken meanwhile.
+   */
+  giveBackRecounted(name: string, id: string): boolean {
+    const share = this.takeShare(name, id);
+    if (!share) return false;
+    this.charge(name, share.cpu, share.memoryMiB, -1, share.spread, share.backend);
     return true;
+  }
+
+  private takeShare(name: string, id: string): NodeShare | undefined {
+    const shares = this.recountedInFlight.get(name);
+    const share = shares?.get(id);
+    if (!shares || !share) return undefined;
+    shares.delete(id);
+    if (shares.size === 0) this.recountedInFlight.delete(name);
+    return share;
   }
 
   /**
@@ -151,10 +185,9 @@ export class NodeRegistry {
     this.takeRecounted(name, id);
   }
 
-  /** Records that a recount at start charged the node for the `stopping` and `creating` rows `ids` (see {@link takeRecounted}). */
-  markRecounted(name: string, ids: Iterable<string>): void {
-    const set = new Set(ids);
-    if (set.size > 0) this.recountedInFlight.set(name, set);
+  /** Records that a recount at start charged the node for the `stopping` and `creating` rows `shares` (by id; see {@link takeRecounted}). */
+  markRecounted(name: string, shares: ReadonlyMap<string, NodeShare>): void {
+    if (shares.size > 0) this.recountedInFlight.set(name, new Map(shares));
     else this.recountedInFlight.delete(name);
   }
 
@@ -169,18 +202,19 @@ export class NodeRegistry {
 
   /**
    * Sets a node's allocation (and spread counts) outright (recounted from the store when its
-   * session opens, or at start); `inFlight` names the `stopping` and `creating` rows counted in it.
+   * session opens, or at start); `inFlight` names the `stopping` and `creating` rows counted in
+   * it, with the share each was counted for.
    */
   setAllocated(
     name: string,
     allocated: NodeView['allocated'],
     spreads?: ReadonlyMap<string, number>,
     microvmMemoryMiB?: number,
-    inFlight?: Iterable<string>,
+    inFlight?: ReadonlyMap<string, NodeShare>,
   ): void {
     const n = this.nodes.get(name);
     if (!n) return;
-    if (inFlight) this.recountedInFlight.set(name, new Set(inFlight));
+    if (inFlight) this.markRecounted(name, inFlight);
     n.allocated = { ...allocated };
     if (microvmMemoryMiB !== undefined) n.microvmMemoryMiB = microvmMemoryMiB;
     if (spreads) {

@@ -2,7 +2,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { ROOT_PROJECT_ID } from './db/store.js';
 import { hashOf } from './idempotency.js';
-import { reconcileAtStart, reconcileGoneReplica, reconcileWasClean } from './reconcile.js';
+import { NodeRegistry } from './nodes.js';
+import { GoneReplicas, reconcileAtStart, reconcileGoneReplica, reconcileOwnNodes, reconcileWasClean } from './reconcile.js';
 import { harness } from './testing/harness.js';
 import type { Harness } from './testing/harness.js';
 
@@ -241,6 +242,129 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
       assert.equal(await row(left), 'failed null', 'out of an in-flight state, untagged');
     } finally {
       await cleanUp([retaken, left, deleting]);
+    }
+  });
+
+  /** The fake node's allocation, and what its rows hold (as a recount counts them). */
+  const allocation = async () => {
+    const node = h.nodes.get(h.edge.nodeName)!;
+    const held = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
+    for (const r of await h.services.nodeAdmin.store.sandboxesOn(node.name)) {
+      if (!['running', 'paused', 'pausing', 'resuming', 'creating', 'stopping'].includes(r.state)) continue;
+      const share = h.services.lifecycle.shareOf(r);
+      held.cpu += share.cpu;
+      held.memoryMiB += share.memoryMiB;
+      held.sandboxes += 1;
+    }
+    return { node, held };
+  };
+
+  test("a start beside live replicas settles a gone replica's rows on its own node against it, destroys orphans, leaves the rest", async () => {
+    const [pausing, claimed, mine, untagged, kept] = [await create(), await create(), await create(), await create(), await create()];
+    await tag(pausing, 'pausing', 'gone');
+    await h.edge.pause(pausing);
+    // A create (a pool claim is one too) the gone replica had under way.
+    await tag(claimed, 'creating', 'gone');
+    // This process's own create under way, and an untagged one: not a gone replica's.
+    await tag(mine, 'creating', 'self');
+    await h.store.db.updateTable('sandboxes').set({ state: 'creating' }).where('id', '=', untagged).execute();
+    await h.edge.create({ image: { base: 'busybox' } }, { id: 'sbx-orphan' });
+    h.store.sessionTag = 'self';
+    try {
+      assert.deepEqual(await h.store.replicasWithoutSessions(), ['gone']);
+      const report = await reconcileOwnNodes({ store: h.store, nodes: h.services.nodes, log: () => undefined });
+      assert.deepEqual(Object.fromEntries(report.settled.map((s) => [s.id, `${s.from} -> ${s.to}`])), {
+        [pausing]: 'pausing -> running',
+        [claimed]: 'creating -> deleted',
+      });
+      assert.deepEqual(report.orphans, ['sbx-orphan']);
+      assert.equal(h.edge.sandboxes.get(pausing)?.state, 'running', 'the pause cut short is undone on the node');
+      assert.deepEqual([...h.edge.sandboxes.keys()].sort(), [pausing, mine, untagged, kept].sort());
+      assert.equal(await row(mine), 'creating self', "this process's create is left to it");
+      assert.equal(await row(untagged), 'creating null');
+      assert.equal(await row(kept), 'running null');
+      assert.equal(await row(pausing), 'running null');
+      assert.deepEqual(await h.store.replicasWithoutSessions(), [], 'nothing of the gone replica left');
+    } finally {
+      h.store.sessionTag = undefined;
+      await cleanUp([pausing, claimed, mine, untagged, kept]);
+    }
+  });
+
+  test("settling a gone replica's rows on a node this replica reaches gives their shares back: the node holds what its rows hold", async () => {
+    const [kept, vanished, rolled] = [await create(), await create(), await create()];
+    await tag(vanished, 'pausing', 'gone');
+    h.edge.sandboxes.delete(vanished);
+    await tag(rolled, 'creating', 'gone');
+    try {
+      // The node's session opens here after the gone replica held it: its allocation is recounted.
+      const { node } = await allocation();
+      await h.services.nodeAdmin.reconcile(node);
+      assert.equal(node.allocated.sandboxes, 3);
+      const gone = new GoneReplicas(
+        { store: h.store, nodes: h.services.nodes, log: () => undefined },
+        (r, to) => h.services.lifecycle.settledElsewhere(r, to),
+        1000,
+      );
+      const t0 = Date.now();
+      assert.deepEqual(await gone.pass(t0), [], 'first seen: not yet');
+      assert.deepEqual(await gone.pass(t0 + 1000), ['gone']);
+      assert.equal(await row(vanished), 'lost null');
+      assert.equal(await h.store.sandboxOnly(rolled), undefined);
+      const { held } = await allocation();
+      assert.deepEqual(held.sandboxes, 1);
+      // Before the fix the lost row's share stayed: 2 sandboxes counted against 1.
+      assert.deepEqual(node.allocated, held);
+      // Deleting the lost row gives nothing back a second time.
+      await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(vanished))!);
+      assert.deepEqual(node.allocated, held);
+    } finally {
+      await cleanUp([kept, vanished, rolled]);
+    }
+  });
+
+  test("a gone replica's rows settled by a replica without the node: the one that reaches it gives their shares back in its lease pass", async () => {
+    const [kept, deleting, rolled] = [await create(), await create(), await create()];
+    await tag(deleting, 'stopping', 'gone');
+    await tag(rolled, 'creating', 'gone');
+    try {
+      const { node } = await allocation();
+      await h.services.nodeAdmin.reconcile(node);
+      assert.equal(node.allocated.sandboxes, 3);
+      // Another replica, which does not reach the node, settles them in the store alone.
+      const elsewhere = await reconcileGoneReplica({ store: h.store, nodes: new NodeRegistry(), log: () => undefined }, 'gone');
+      assert.deepEqual(elsewhere.settled.map((x) => x.to).sort(), ['deleted', 'deleted']);
+      assert.equal(node.allocated.sandboxes, 3, 'nothing here saw them go');
+      assert.deepEqual((await h.services.lifecycle.giveBackEndedElsewhere()).sort(), [deleting, rolled].sort());
+      const { held } = await allocation();
+      assert.deepEqual(node.allocated, held);
+      assert.equal(held.sandboxes, 1);
+      assert.deepEqual(await h.services.lifecycle.giveBackEndedElsewhere(), [], 'once');
+      assert.deepEqual(h.services.nodes.recounted(), []);
+    } finally {
+      await cleanUp([kept, deleting, rolled]);
+    }
+  });
+
+  test('a row a live replica took up again between the read and the settle is not acted on at its node', async () => {
+    const [paused, finished] = [await create(), await create()];
+    await tag(paused, 'pausing', 'gone');
+    await h.edge.pause(paused);
+    await tag(finished, 'creating', 'gone');
+    try {
+      // A live replica pauses `paused` again; `finished`'s replica, only cut off, finished its create.
+      const report = await settle(async () => {
+        await tag(paused, 'pausing', 'live');
+        await h.store.db.updateTable('sandboxes').set({ state: 'running', replica: null }).where('id', '=', finished).execute();
+      }, true);
+      assert.deepEqual(report.settled, []);
+      // Before the fix the settle resumed the live pause on the node and destroyed the finished sandbox.
+      assert.equal(h.edge.sandboxes.get(paused)?.state, 'paused', 'not resumed under the live pause');
+      assert.equal(h.edge.sandboxes.has(finished), true, 'not destroyed');
+      assert.equal(await row(paused), 'pausing live');
+      assert.equal(await row(finished), 'running null');
+    } finally {
+      await cleanUp([paused, finished]);
     }
   });
 

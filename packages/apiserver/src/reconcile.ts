@@ -94,20 +94,39 @@ function moveAsRead(store: StateStore, row: SandboxTable, to: string, also: Part
 }
 
 /**
+ * Takes a row up as this process's work in the in-flight state `to` (as {@link moveAsRead}):
+ * the row as it now stands (tagged with this process where the store tags), or undefined.
+ */
+async function takeAsRead(store: StateStore, row: SandboxTable, to: string): Promise<SandboxTable | undefined> {
+  if (!(await moveAsRead(store, row, to))) return undefined;
+  return { ...row, state: to, replica: store.sessionTag ?? row.replica };
+}
+
+/**
  * Settles one row against its node's view (`onNode` undefined: the node does not run it).
  * Returns the state the row was left in, `deleted`, or undefined when it was already final or
- * had moved since it was read (each write is guarded by the state and replica tag read).
+ * had moved since it was read. Each write is guarded by the state and replica tag read, and
+ * comes before what it asks of the node: a process that lost the row to another (a live replica
+ * took it up again) never acts on its sandbox.
  */
-async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTable, onNode: EdgeSandbox | undefined): Promise<string | undefined> {
+async function settleRow(
+  store: StateStore,
+  client: EdgeClient,
+  row: SandboxTable,
+  onNode: EdgeSandbox | undefined,
+  log: (line: string) => void,
+): Promise<string | undefined> {
   const running = { paused_at: null, pause_reason: null };
   switch (row.state) {
     case 'creating':
     case 'stopping':
       // A create (or a pool claim: `creating` until its node handed it over) cut short is
       // rolled back (its caller never got the sandbox: a retry with the same idempotency key
-      // makes a new one); a delete cut short is finished.
-      if (onNode) await destroyOnNode(client, row.id);
-      return (await store.deleteSandbox(row, true)) ? 'deleted' : undefined;
+      // makes a new one); a delete cut short is finished. A sandbox whose destroy fails after
+      // its row went runs without a row: the watcher destroys it as an orphan.
+      if (!(await store.deleteSandbox(row, true))) return undefined;
+      if (onNode) await destroyOnNode(client, row.id).catch((err: unknown) => log(`dsec: reconcile: destroying ${row.id}: ${(err as Error).message}`));
+      return 'deleted';
     case PAUSING:
     case RESUMING:
     case 'running':
@@ -116,7 +135,23 @@ async function settleRow(store: StateStore, client: EdgeClient, row: SandboxTabl
       if (row.state === 'paused' && onNode.state === 'paused') return undefined;
       // A pause cut short is undone (its caller saw no answer; an idle or owner pause comes
       // again on the next lease pass); a resume cut short is finished. Either way: running.
-      if (onNode.state === 'paused' && row.state !== 'paused') await client.resume(row.id, { reason: 'reconcile' });
+      if (onNode.state === 'paused' && row.state === 'running') {
+        // Only at a start alone (a running row is nobody's work under way).
+        await client.resume(row.id, { reason: 'reconcile' });
+        return undefined;
+      }
+      if (onNode.state === 'paused' && row.state !== 'paused') {
+        // Taken up as this process's resume first, then resumed on its node, then running.
+        const taken = await takeAsRead(store, row, RESUMING);
+        if (!taken) return undefined;
+        try {
+          await client.resume(row.id, { reason: 'reconcile' });
+        } catch (err) {
+          log(`dsec: reconcile: ${row.id} (${row.state}): ${(err as Error).message}`);
+          return (await moveAsRead(store, taken, 'failed')) ? 'failed' : undefined;
+        }
+        return (await moveAsRead(store, taken, 'running', running)) ? 'running' : undefined;
+      }
       if (row.state === 'running') return undefined;
       return (await moveAsRead(store, row, 'running', running)) ? 'running' : undefined;
     }
@@ -161,7 +196,7 @@ async function settleRows(d: ReconcileDeps, rows: readonly SandboxTable[], views
     const view = views.get(row.node);
     if (!view) continue;
     try {
-      const to = await settleRow(d.store, view.client, row, view.sandboxes.get(row.id));
+      const to = await settleRow(d.store, view.client, row, view.sandboxes.get(row.id), d.log);
       if (to) {
         report.settled.push({ id: row.id, from: row.state, to });
         raiseSettled(d, row, to);
@@ -234,14 +269,15 @@ export interface GoneReplicaReport {
  * finished in the store alone (the node destroys the sandbox, row-less, when its session opens
  * or it starts again) and a pause or resume becomes `failed` (deletable). Its reservations
  * without a row are given back (once, whichever replica gets there first), and its pending
- * idempotency keys settled as the start-up reconcile settles them. `onDeleted` is told
- * of each row it deleted (the caller's node allocation). Only the rows still tagged with that
- * replica and still in their state are moved: a live replica's work is never touched.
+ * idempotency keys settled as the start-up reconcile settles them. `onSettled` is told
+ * of each row it settled, as read, and where to (the caller's node allocation: a deleted or lost
+ * row's share goes back). Only the rows still tagged with that replica and still in their state
+ * are moved: a live replica's work is never touched.
  */
 export async function reconcileGoneReplica(
   d: ReconcileDeps,
   replica: string,
-  onDeleted: (row: SandboxTable) => void = () => undefined,
+  onSettled: (row: SandboxTable, to: string) => void = () => undefined,
 ): Promise<GoneReplicaReport> {
   const rows = await d.store.inFlightRowsOf(replica);
   const report = emptyReport();
@@ -263,7 +299,8 @@ export async function reconcileGoneReplica(
       await failRow(d, row, report);
     }
   }
-  for (const s of report.settled) if (s.to === 'deleted') onDeleted(rows.find((r) => r.id === s.id)!);
+  const byId = new Map(rows.map((r) => [r.id, r]));
+  for (const s of report.settled) onSettled(byId.get(s.id)!, s.to);
   const released = await d.store.releaseReplicaReservations(replica);
   await settleKeys(d, report, new Date().toISOString(), replica);
   return {
@@ -340,8 +377,8 @@ export class GoneReplicas {
 
   constructor(
     private readonly d: ReconcileDeps,
-    /** Told of each row the settle deleted (the node's share of it, when this replica counted it). */
-    private readonly onDeleted: (row: SandboxTable) => void,
+    /** Told of each row the settle moved, as read, and where to (the node's share of a deleted or lost one, when this replica counted it). */
+    private readonly onSettled: (row: SandboxTable, to: string) => void,
     private readonly boundMs = GONE_REPLICA_MS,
   ) {}
 
@@ -355,7 +392,7 @@ export class GoneReplicas {
       if (since === undefined) this.missing.set(tag, now);
       if (since === undefined || now - since < this.boundMs) continue;
       try {
-        const r = await reconcileGoneReplica(this.d, tag, this.onDeleted);
+        const r = await reconcileGoneReplica(this.d, tag, this.onSettled);
         this.missing.delete(tag);
         settled.push(tag);
         const parts = [

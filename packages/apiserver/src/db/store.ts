@@ -569,11 +569,12 @@ export class StateStore {
 
   /**
    * Replicas that have work on the store (rows in a transitional state they put there,
-   * reservations without rows, or pending idempotency keys) and no session on the database now: gone. PostgreSQL only (every
-   * session of a replica carries its tag in `application_name`, postgres.ts); none elsewhere.
+   * reservations without rows, or pending idempotency keys) and no session on the database now:
+   * gone. On PostgreSQL every session of a replica carries its tag in `application_name`
+   * (postgres.ts); a store of one process (SQLite) has no session of another, and holds tags only
+   * where one was set (tests): every tag but this process's is a gone one's.
    */
   async replicasWithoutSessions(): Promise<string[]> {
-    if (!this.shared) return [];
     const tagged = await this.db
       .selectFrom('sandboxes')
       .select('replica')
@@ -591,7 +592,7 @@ export class StateStore {
       .execute();
     const tags = new Set([...tagged.map((r) => r.replica!), ...holding.map((r) => r.replica), ...keys.map((r) => r.replica!)]);
     tags.delete(this.sessionTag ?? '');
-    if (tags.size === 0) return [];
+    if (tags.size === 0 || !this.shared) return [...tags];
     const live = await sql<{ application_name: string }>`SELECT DISTINCT application_name FROM pg_stat_activity
       WHERE datname = current_database() AND application_name LIKE 'dsec-%'`.execute(this.db);
     const seen = new Set(live.rows.map((r) => r.application_name.split(' ')[1]));
@@ -781,6 +782,20 @@ export class StateStore {
   /** Sandboxes in one of the given states. */
   async sandboxesInStates(states: string[]): Promise<SandboxTable[]> {
     return this.db.selectFrom('sandboxes').selectAll().where('state', 'in', states).execute();
+  }
+
+  /** The state of each of these sandboxes that has a row, by id. */
+  async sandboxStates(ids: readonly string[]): Promise<Map<string, string>> {
+    const out = new Map<string, string>();
+    for (let i = 0; i < ids.length; i += 500) {
+      const rows = await this.db
+        .selectFrom('sandboxes')
+        .select(['id', 'state'])
+        .where('id', 'in', ids.slice(i, i + 500))
+        .execute();
+      for (const r of rows) out.set(r.id, r.state);
+    }
+    return out;
   }
 
   /** Sandboxes of an owner. */

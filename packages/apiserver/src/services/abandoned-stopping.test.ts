@@ -148,7 +148,7 @@ describe('abandoned `stopping` rows', () => {
     const left = await create();
     assert.equal(await h.store.transitionSandbox(left, ['running'], 'stopping'), true);
     // A restart: the allocation is rebuilt from the rows alone.
-    h.services.nodes.setAllocated(node.name, { cpu: 0, memoryMiB: 0, sandboxes: 0 }, new Map(), 0, []);
+    h.services.nodes.setAllocated(node.name, { cpu: 0, memoryMiB: 0, sandboxes: 0 }, new Map(), 0, new Map());
     await h.services.lifecycle.loadAllocations(true);
     assert.equal(node.allocated.sandboxes, 1, 'the row being deleted still holds the node');
     assert.ok(node.allocated.memoryMiB > 0 && node.allocated.cpu > 0);

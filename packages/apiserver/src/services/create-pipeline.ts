@@ -528,6 +528,8 @@ export class CreatePipeline {
     if (node) {
       await node.client.destroy(row.id).catch(() => undefined);
       this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
+      // Given back here: a recount that counted the claim (`creating`) must not give it back again.
+      this.d.nodes.forgetRecounted(row.node, row.id);
     }
     await this.d.store.deleteSandbox(row);
     this.d.onCapacityFreed();

@@ -9,7 +9,7 @@ import type { OwnerTable, SandboxTable } from '../db/schema.js';
 import type { StateStore } from '../db/store.js';
 import { leaseOf, nextLeaseCheckMs, renewSpanMs } from '../leases.js';
 import type { ActivityTracker, PauseReason } from '../leases.js';
-import type { NodeRegistry } from '../nodes.js';
+import type { NodeRegistry, NodeShare } from '../nodes.js';
 import { POOLED_STATE } from '../pools.js';
 import { spreadOf } from '../scheduler.js';
 import type { Placement } from '../scheduler.js';
@@ -135,6 +135,15 @@ export class LifecycleService {
   }
 
   /**
+   * A row's share of its node as a recount counts it: a paused sandbox, or one paused before its
+   * delete, holds no CPU.
+   */
+  shareOf(row: SandboxTable): NodeShare {
+    const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
+    return { cpu: paused ? 0 : this.cpuCharge(row), memoryMiB: row.memory_mib, spread: this.spreadOf(row), backend: row.backend };
+  }
+
+  /**
    * Rebuilds node allocations from the stored sandboxes (after a restart). With `settle` (a
    * process alone on its store: what is in flight was cut short by a crash), a pause or resume
    * that a crash interrupted is settled by what the node reports (and raises its row event);
@@ -144,7 +153,7 @@ export class LifecycleService {
    * way): whoever finishes one here gives its share back.
    */
   async loadAllocations(settle: boolean): Promise<void> {
-    const inFlight = new Map<string, string[]>();
+    const inFlight = new Map<string, Map<string, NodeShare>>();
     const onNodes = new Map<string, string>();
     if (settle) for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
     for (const row of await this.d.store.allSandboxes()) {
@@ -157,12 +166,12 @@ export class LifecycleService {
       }
       // A lost sandbox holds nothing on its node (every path that marks one lost released it).
       if (row.state === 'lost') continue;
-      if (row.state === 'stopping' || row.state === 'creating') (inFlight.get(row.node) ?? inFlight.set(row.node, []).get(row.node)!).push(row.id);
       // One paused before its delete holds no CPU (as its teardown counts it).
-      const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
-      this.d.nodes.charge(row.node, paused ? 0 : this.cpuCharge(row), row.memory_mib, 1, this.spreadOf(row), row.backend);
+      const share = this.shareOf(row);
+      if (row.state === 'stopping' || row.state === 'creating') (inFlight.get(row.node) ?? inFlight.set(row.node, new Map()).get(row.node)!).set(row.id, share);
+      this.d.nodes.charge(row.node, share.cpu, share.memoryMiB, 1, share.spread, share.backend);
     }
-    for (const [node, ids] of inFlight) this.d.nodes.markRecounted(node, ids);
+    for (const [node, shares] of inFlight) this.d.nodes.markRecounted(node, shares);
   }
 
   /** The API's view of a row. */
@@ -594,18 +603,56 @@ export class LifecycleService {
   }
 
   /**
-   * A row another process had under way (`creating`, `stopping`) was deleted by a settle here
-   * (reconcile.ts, a gone replica's work): its share of the node goes back when this replica's
-   * recount counted it, and what this process kept about it is forgotten.
+   * A row another process had under way was settled `to` here (reconcile.ts, a gone replica's
+   * work), `row` as it was read. Deleted (a `creating` or `stopping` row): its share of the node
+   * goes back when this replica's recount counted it, and what this process kept about it is
+   * forgotten. Lost (a `pausing` or `resuming` row its node no longer runs): its share goes back
+   * as any lost sandbox's does (the recount counted it as on its node; a node this replica does
+   * not reach holds no share here).
    */
-  settledElsewhere(row: SandboxTable): void {
+  settledElsewhere(row: SandboxTable, to: string): void {
     const { nodes } = this.d;
+    if (to === 'lost') {
+      nodes.forgetRecounted(row.node, row.id);
+      nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+      return;
+    }
+    if (to !== 'deleted') return;
     if (nodes.takeRecounted(row.node, row.id))
       nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
     this.stoppingSeen.delete(row.id);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
     this.d.onCapacityFreed();
+  }
+
+  /**
+   * The lease pass's look at the `creating` and `stopping` rows this replica's recount counted
+   * (another process's work under way on a node this replica reaches): a row deleted since
+   * without this process taking it (another replica finished the delete, rolled the create back,
+   * or settled a gone replica's row without reaching the node) gives its counted share back
+   * here, so the node's allocation converges to its rows without waiting for the node's next
+   * recount; a row whose work finished (out of those states) is forgotten as counted, as its own
+   * create or loss would forget it. Every path of this process that deletes such a row takes it
+   * first (or runs in this same pass); a row is only given back while still counted. Returns the
+   * ids whose share went back.
+   */
+  async giveBackEndedElsewhere(): Promise<string[]> {
+    const { nodes, store } = this.d;
+    const counted = nodes.recounted();
+    if (counted.length === 0) return [];
+    const states = await store.sandboxStates(counted.map((c) => c.id));
+    const given: string[] = [];
+    for (const { node, id } of counted) {
+      const state = states.get(id);
+      if (state === undefined) {
+        if (nodes.giveBackRecounted(node, id)) given.push(id);
+      } else if (state !== 'creating' && state !== 'stopping') {
+        nodes.forgetRecounted(node, id);
+      }
+    }
+    if (given.length > 0) this.d.onCapacityFreed();
+    return given;
   }
 
   /**

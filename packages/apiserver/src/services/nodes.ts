@@ -12,7 +12,7 @@ import type { StateStore } from '../db/store.js';
 import { cpuPercentBetween, readMachineUse } from '../machine-use.js';
 import type { MachineUse } from '../machine-use.js';
 import { accelFields } from '../nodes.js';
-import type { NodeEntry, NodeRegistry } from '../nodes.js';
+import type { NodeEntry, NodeRegistry, NodeShare } from '../nodes.js';
 import type { Placement } from '../scheduler.js';
 import type { ServiceSinks, StoredSpec } from './common.js';
 import { PAUSING, RESUMING, abortableSleep } from './common.js';
@@ -266,19 +266,18 @@ export class NodeService {
     const allocated = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
     let microvmMemoryMiB = 0;
     const spreads = new Map<string, number>();
-    const inFlight: string[] = [];
+    const inFlight = new Map<string, NodeShare>();
     for (const row of rows.values()) {
       // A `stopping` row's sandbox holds its node until its teardown ends (whoever deletes the
       // row gives its share back); one paused before its delete holds no CPU.
       if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating' && row.state !== 'stopping') continue;
-      if (row.state === 'stopping' || row.state === 'creating') inFlight.push(row.id);
-      const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
-      allocated.cpu += paused ? 0 : this.d.lifecycle.cpuCharge(row);
-      allocated.memoryMiB += row.memory_mib;
+      const share = this.d.lifecycle.shareOf(row);
+      if (row.state === 'stopping' || row.state === 'creating') inFlight.set(row.id, share);
+      allocated.cpu += share.cpu;
+      allocated.memoryMiB += share.memoryMiB;
       allocated.sandboxes += 1;
       if (row.backend === 'microvm' || row.backend === 'vm') microvmMemoryMiB += row.memory_mib;
-      const spread = this.d.lifecycle.spreadOf(row);
-      if (spread !== undefined) spreads.set(spread, (spreads.get(spread) ?? 0) + 1);
+      if (share.spread !== undefined) spreads.set(share.spread, (spreads.get(share.spread) ?? 0) + 1);
     }
     this.d.nodes.setAllocated(n.name, allocated, spreads, microvmMemoryMiB, inFlight);
     return { destroyed };
