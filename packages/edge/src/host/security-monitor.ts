@@ -19,8 +19,9 @@ export const EVENTS_PER_WINDOW = 20;
 /** Length of a rate-limit window. */
 export const EVENT_WINDOW_MS = 10_000;
 /**
- * An adopted sandbox's refusal log is read, and any sandbox's protected-path server first checked,
- * this long after it is followed: an edge that just started has its subscribers by then.
+ * An adopted sandbox's refusal log is read, and its protected-path server first checked, this long
+ * after it is followed: an edge that just started has its subscribers by then. A new sandbox's
+ * server is checked at once (a death right after the create is restarted as soon as any other).
  */
 const FOLLOW_GRACE_MS = 2_000;
 /** Servers checked per poll at most, in turn. */
@@ -106,7 +107,7 @@ export class SecurityMonitor {
    * `protected-path.server-gone`.
    */
   followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck, restart?: () => Promise<void>): void {
-    const from = Date.now() + FOLLOW_GRACE_MS;
+    const from = fromStart ? Date.now() : Date.now() + FOLLOW_GRACE_MS;
     if (fromStart) this.refusals.add(sandboxId, log, true);
     else this.adopted.set(sandboxId, { log, from });
     if (serving) this.servers.set(sandboxId, { serving, from, restarts: [], ...(restart ? { restart } : {}) });
