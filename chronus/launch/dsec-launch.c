@@ -37,22 +37,26 @@
  * read-only bind is covered by a FUSE mount that dsec-rofs serves from it, which refuses every
  * change as the bind would and logs it to --protect-log FILE (required with --protect), for edge
  * to raise: a write refused by the bind itself would leave no trace (see serve_protected).
+ * With --reprotect a server that died is replaced in a running sandbox (see reprotect_main).
  *
  * With --serve it stays running and launches on request instead (edge starts one per process):
  * a fork of this small static process costs a fraction of a fork of edge's large Node process,
  * which also blocks edge's event loop for its duration. Requests come on stdin, framed as
  * u32 length (little endian), then the payload: u32 request id, a type byte, and for 'R' (run)
- * NUL-terminated strings: the log file, the agent socket path, then the launch arguments as on
- * the command line. The child opens /dev/null as stdin, the log (append, created 0600) as stdout
- * and stderr, creates the agent's listening unix socket as fd 3, closes every other descriptor
- * and launches exactly as a separate dsec-launch would. 'K' (kill) sends SIGKILL to the request's
- * child while it has not been reaped (its pid cannot have been reused). Each child's end is
- * answered on stdout as a line "E <id> <status>" (the exit code, or 128 + the signal), and a
- * refused request as "F <id> <errno>". The server exits when stdin closes or its parent dies.
+ * NUL-terminated strings: the log file, the agent socket path (empty: none), then the launch
+ * arguments as on the command line. The child opens /dev/null as stdin, the log (append, created
+ * 0600) as stdout and stderr, creates the agent's listening unix socket as fd 3 (/dev/null when
+ * none is named), closes every other descriptor and launches exactly as a separate dsec-launch
+ * would. 'K' (kill) sends SIGKILL to the request's child while it has not been reaped (its pid
+ * cannot have been reused). Each child's end is answered on stdout as a line "E <id> <status>"
+ * (the exit code, or 128 + the signal), and a refused request as "F <id> <errno>". The server
+ * exits when stdin closes or its parent dies.
  *
  * usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR --lower DIRS
  *                    [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]... [--protect-log FILE]
  *                    [--loginuid N] -- CMD ARGS...
+ *        dsec-launch --reprotect PID:START --upper DIR --lower DIRS [--idmap UID:GID:COUNT]
+ *                    --protect PATH... --protect-log FILE
  *        dsec-launch --serve
  */
 #include <errno.h>
@@ -68,6 +72,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/statfs.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -99,7 +104,9 @@ static void __attribute__((noreturn)) usage(void)
 {
 	fprintf(stderr, "usage: dsec-launch [--ns FILE] [--rw DIR --tmpfs OPTS] --rootfs DIR"
 			" --lower DIRS [--idmap UID:GID:COUNT] [--source NAME] [--protect PATH]..."
-			" [--protect-log FILE] [--loginuid N] -- CMD ARGS...\n");
+			" [--protect-log FILE] [--loginuid N] -- CMD ARGS...\n"
+			"       dsec-launch --reprotect PID:START --upper DIR --lower DIRS [--idmap UID:GID:COUNT]"
+			" --protect PATH... --protect-log FILE\n");
 	exit(2);
 }
 
@@ -366,27 +373,36 @@ static int protect(int rootfd, const char *path, uid_t owner, gid_t group, struc
 	}
 }
 
-/* Writes "<pid> <start time>\n" of this process to `log`.pid; -1 with errno on failure. */
-static int record_server(const char *log)
+/* Start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks); 0 when it cannot be read. */
+static unsigned long long start_time(const char *pid)
 {
-	char file[4200], stat[1024], line[64];
-	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	char file[64], stat[1024];
+	snprintf(file, sizeof file, "/proc/%s/stat", pid);
+	int fd = open(file, O_RDONLY | O_CLOEXEC);
 	ssize_t got = fd < 0 ? -1 : read(fd, stat, sizeof stat - 1);
 	if (fd >= 0)
 		close(fd);
 	if (got <= 0)
-		return -1;
+		return 0;
 	stat[got] = '\0';
 	/* Fields from the state on (the 3rd), after the command name, which may hold spaces. */
 	char *f = strrchr(stat, ')');
 	for (int k = 3; f && k <= 22; k++)
 		f = strchr(f + 1, ' ');
-	if (f == NULL || snprintf(file, sizeof file, "%s.pid", log) >= (int)sizeof file) {
+	return f ? strtoull(f + 1, NULL, 10) : 0;
+}
+
+/* Writes "<pid> <start time>\n" of this process to `log`.pid; -1 with errno on failure. */
+static int record_server(const char *log)
+{
+	char file[4200], line[64];
+	unsigned long long started = start_time("self");
+	if (started == 0 || snprintf(file, sizeof file, "%s.pid", log) >= (int)sizeof file) {
 		errno = EINVAL;
 		return -1;
 	}
-	int len = snprintf(line, sizeof line, "%d %llu\n", (int)getpid(), strtoull(f + 1, NULL, 10));
-	fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	int len = snprintf(line, sizeof line, "%d %llu\n", (int)getpid(), started);
+	int fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -1;
 	int ok = write(fd, line, (size_t)len) == len;
@@ -395,35 +411,47 @@ static int record_server(const char *log)
 }
 
 /*
- * Covers each read-only bind with a FUSE mount served by dsec-rofs (beside this binary), which
- * answers reads from the bind and refuses and logs (to `log`) every change: the kernel refuses a
- * write to the bind itself before anything could report it. The server is moved to `hostns`
- * first, so that it holds none of the sandbox's mount namespaces: it ends with their mounts. It
- * runs in a session of its own (a terminal or a process group that ends does not end it), and
- * records "<pid> <start time>" (field 22 of /proc/<pid>/stat) in `log`.pid, for an edge that
- * restarts to tell whether it still serves. Returns once the server has mounted every session
- * (it writes one byte on the sync pipe); a server that cannot start or mount is a failed launch
- * (nothing would answer the mounts), one that dies later leaves them answering ENOTCONN.
+ * What serve_protected needs that is named by a path in the host's namespaces (the server's
+ * binary, /dev/fuse): opened before a restart enters the sandbox's mount namespace.
  */
-static void serve_protected(int hostns, const char *log, int n, const int *ro, const char **paths)
+static void open_server(char *server, size_t size, int n, int *fuse)
 {
-	char *args[MAX_PROTECT + 4], spec[MAX_PROTECT][4200], logarg[16], readyarg[16], server[4096];
-	ssize_t len = readlink("/proc/self/exe", server, sizeof server - 16);
+	ssize_t len = readlink("/proc/self/exe", server, size - 16);
 	if (len < 0)
 		die("readlink", "/proc/self/exe");
 	server[len] = '\0';
 	strcpy(strrchr(server, '/') + 1, "dsec-rofs");
+	for (int k = 0; k < n; k++) {
+		fuse[k] = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+		if (fuse[k] < 0)
+			die("open", "/dev/fuse");
+	}
+}
+
+/*
+ * Covers each read-only bind (`onto`) with a FUSE mount served by dsec-rofs (beside this binary),
+ * which answers reads from `ro` (the bind itself at a launch, a read-only view of the same tree
+ * at a restart, see reprotect_main) and refuses and logs (to `log`) every change: the kernel
+ * refuses a write to the bind itself before anything could report it. `server` and `fuse` come
+ * from open_server. The server is moved to `hostns` first, so that it holds none of the
+ * sandbox's mount namespaces: it ends with their mounts. It runs in a session of its own (a
+ * terminal or a process group that ends does not end it), and records "<pid> <start time>"
+ * (field 22 of /proc/<pid>/stat) in `log`.pid, for an edge that restarts to tell whether it
+ * still serves. Returns once the server has mounted every session (it writes one byte on the
+ * sync pipe); a server that cannot start or mount is a failed launch (nothing would answer the
+ * mounts), one that dies later leaves them answering ENOTCONN.
+ */
+static void serve_protected(int hostns, const char *log, int n, const int *ro, const int *onto, const int *fuse, char *server,
+			    const char **paths)
+{
+	char *args[MAX_PROTECT + 4], spec[MAX_PROTECT][4200], logarg[16], readyarg[16];
 	args[0] = server;
 	args[1] = logarg;
 	args[2] = readyarg;
-	int fuse[MAX_PROTECT];
 	for (int k = 0; k < n; k++) {
 		struct stat st;
 		if (fstat(ro[k], &st) < 0)
 			die("stat", paths[k]);
-		fuse[k] = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-		if (fuse[k] < 0)
-			die("open", "/dev/fuse");
 		char fdopt[16], rootmode[16];
 		snprintf(fdopt, sizeof fdopt, "%d", fuse[k]);
 		snprintf(rootmode, sizeof rootmode, "%o", st.st_mode & S_IFMT);
@@ -442,7 +470,7 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 		int mnt = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
 		if (mnt < 0)
 			die("fsmount", paths[k]);
-		if (move_mount(mnt, "", ro[k], "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+		if (move_mount(mnt, "", onto[k], "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
 			die("move_mount fuse onto", paths[k]);
 		close(mnt);
 		close(fs);
@@ -495,10 +523,99 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 		close(fuse[k]);
 }
 
+/*
+ * --reprotect PID:START: serves again the protected paths of the running sandbox whose PID 1 is
+ * PID (started at START, in clock ticks: a reused pid is refused) after their server died. Its
+ * FUSE mounts answer ENOTCONN and cannot be unmounted: in the sandbox's mount namespace, owned
+ * by its user namespace, every mount copied in is locked (not even root may uncover what lies
+ * beneath), and the read-only binds beneath them cannot be reached any more. So a new FUSE mount
+ * is stacked on each dead one, served from a read-only view of the same tree: a detached
+ * overlay of the sandbox's upper directory (as its top lower layer) over its layers, idmapped
+ * as at the launch. Nothing beneath a protected path changed since the launch (its server
+ * refused every change), so the view holds what the bind held. Fail closed throughout: a dead
+ * mount answers ENOTCONN until the new one covers it, and the new one waits for its server;
+ * no path is ever writable. A path whose mount still answers is left alone (a failure).
+ */
+static int reprotect_main(const char *target, const char *upper, const char *lower, const char *idmap, const char *log, int n,
+			  const char **paths)
+{
+	char pid[16];
+	unsigned long long started;
+	unsigned long uid = 0, gid = 0, count = 0;
+	if (!upper || !lower || !log || n == 0 || sscanf(target, "%15[0-9]:%llu", pid, &started) != 2 ||
+	    (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0)))
+		usage();
+	int pidfd = (int)syscall(SYS_pidfd_open, atoi(pid), 0);
+	if (pidfd < 0)
+		die("pidfd_open", pid);
+	if (start_time(pid) != started) {
+		errno = ESRCH;
+		die("sandbox process", pid);
+	}
+	int hostns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+	if (hostns < 0)
+		die("open", "/proc/self/ns/mnt");
+	/* The layers' idmapped clones are mounted in a namespace of this process's own. */
+	int userns = idmap ? userns_fd(uid, gid, count) : -1;
+	if (unshare(CLONE_NEWNS) < 0)
+		die("unshare", "CLONE_NEWNS");
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die("make-rprivate", "/");
+	if (userns >= 0) {
+		idmap_lowers(lower, userns);
+		close(userns);
+	}
+	char layers[16384] = "", lowers[8192];
+	append_fd_path(layers, sizeof layers, "", upper);
+	lower_fd_paths(lower, lowers, sizeof lowers);
+	size_t len = strlen(layers);
+	if (snprintf(layers + len, sizeof layers - len, ":%s", lowers) >= (int)(sizeof layers - len))
+		die("overlay options too long for", upper);
+	int fs = fsopen("overlay", FSOPEN_CLOEXEC);
+	if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "source", "dsec-protect", 0) < 0 ||
+	    fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", layers, 0) < 0 || fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+		die("overlay view of", upper);
+	int view = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+	if (view < 0)
+		die("fsmount", "overlay view");
+	close(fs);
+	int ro[MAX_PROTECT], onto[MAX_PROTECT];
+	for (int k = 0; k < n; k++) {
+		struct stat st;
+		ro[k] = open_beneath(view, paths[k] + 1, 0);
+		if (ro[k] < 0 || fstat(ro[k], &st) < 0)
+			die("open in the view", paths[k]);
+		if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+			bad_protect(paths[k], "is neither a directory nor a regular file");
+	}
+	char server[4096];
+	int fuse[MAX_PROTECT];
+	open_server(server, sizeof server, n, fuse);
+	/* The sandbox's mount namespace: its root is the sandbox's root. */
+	if (setns(pidfd, CLONE_NEWNS) < 0)
+		die("setns", pid);
+	int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0)
+		die("open", "/");
+	for (int k = 0; k < n; k++) {
+		struct statfs sf;
+		onto[k] = open_beneath(root, paths[k] + 1, 0);
+		if (onto[k] < 0)
+			die("open", paths[k]);
+		if (fstatfs(onto[k], &sf) == 0 || errno != ENOTCONN) {
+			fprintf(stderr, "dsec-launch: protect %s: its mount is not a dead server's\n", paths[k]);
+			exit(EXIT_FAILED);
+		}
+	}
+	serve_protected(hostns, log, n, ro, onto, fuse, server, paths);
+	return 0;
+}
+
 static int launch_main(int argc, char **argv)
 {
 	const char *ns = NULL, *rw = NULL, *tmpfs = NULL, *rootfs = NULL, *lower = NULL;
 	const char *idmap = NULL, *loginuid = NULL, *source = "overlay", *protect_log = NULL;
+	const char *reprotect = NULL, *upper_dir = NULL;
 	const char *protected[MAX_PROTECT];
 	int nprotected = 0;
 	int i = 1;
@@ -524,11 +641,17 @@ static int launch_main(int argc, char **argv)
 			source = v;
 		else if (!strcmp(a, "--protect-log"))
 			protect_log = v;
+		else if (!strcmp(a, "--reprotect"))
+			reprotect = v;
+		else if (!strcmp(a, "--upper"))
+			upper_dir = v;
 		else if (!strcmp(a, "--protect") && nprotected < MAX_PROTECT)
 			protected[nprotected++] = v;
 		else
 			usage();
 	}
+	if (reprotect)
+		return reprotect_main(reprotect, upper_dir, lower, idmap, protect_log, nprotected, protected);
 	if (i >= argc - 1 || !rootfs || !lower || !rw != !tmpfs || (nprotected > 0 && !protect_log))
 		usage();
 	char **cmd = &argv[i + 1];
@@ -616,7 +739,10 @@ static int launch_main(int argc, char **argv)
 		for (int k = 0; k < nprotected; k++)
 			ro[k] = protect(rootfd, protected[k], (uid_t)uid, (gid_t)gid, &pins);
 		close(rootfd);
-		serve_protected(hostns, protect_log, nprotected, ro, protected);
+		char server[4096];
+		int fuse[MAX_PROTECT];
+		open_server(server, sizeof server, nprotected, fuse);
+		serve_protected(hostns, protect_log, nprotected, ro, ro, fuse, server, protected);
 		for (int k = 0; k < nprotected; k++)
 			close(ro[k]);
 		close(hostns);
@@ -708,7 +834,8 @@ static void __attribute__((noreturn)) run_child(pid_t server, const char *log, c
 		_exit(EXIT_FAILED);
 	/* Kept above 3 until the dup2s below, whatever numbers they got. */
 	int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
-	int listenfd = listen_unix(sock);
+	/* No socket named (a restart of a protected-path server, say): fd 3 is /dev/null. */
+	int listenfd = sock[0] ? listen_unix(sock) : open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (nul < 0 || listenfd < 0) {
 		dprintf(logfd, "dsec-launch: agent socket %s: %s\n", sock, strerror(errno));
 		_exit(EXIT_FAILED);

@@ -23,7 +23,8 @@
 // namespace (dsec-launch moves it there before the exec), not the sandbox's, so it holds no
 // reference to the sandbox's mounts but the read-only binds it serves: when the sandbox's mount
 // namespaces are gone the kernel ends each connection (ENODEV) and the server exits. If it dies
-// first, the sandbox's protected paths answer ENOTCONN: nothing can be written there still. It
+// first, the sandbox's protected paths answer ENOTCONN (nothing can be written there still) until
+// edge starts a new server over them (dsec-launch --reprotect). It
 // ignores SIGHUP, SIGINT and SIGPIPE (dsec-launch starts it in a session of its own): a terminal
 // or a process group that ends does not end it.
 //

@@ -7,6 +7,7 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, readlink, rm, writeFile } fro
 import os from 'node:os';
 import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
+import { MAX_SERVER_RESTARTS } from '@dsec/edge';
 import { REPO_ROOT } from '../helpers/node.js';
 import {
   mountinfoHostPathLines,
@@ -361,7 +362,7 @@ describe('the grader and the toolchain', () => {
     }
   });
 
-  test("a sandbox's protected-path server cannot stall another's, ends with its sandbox, and if killed leaves the paths unwritable", async () => {
+  test("a sandbox's protected-path server cannot stall another's and ends with its sandbox", async () => {
     const live = [await protectedTaskSandbox(), await protectedTaskSandbox()];
     const [a, b] = live as [string, string];
     try {
@@ -375,11 +376,6 @@ describe('the grader and the toolchain', () => {
       } finally {
         process.kill(server, 'SIGCONT');
       }
-      // Killed: fail closed, nothing can be written there (and nothing read: ENOTCONN).
-      process.kill(server, 'SIGKILL');
-      const w = await sec.sh(a, `echo 'echo PASS' > ${GRADER}; cat ${GRADER}`);
-      assert.notEqual(w.exitCode, 0);
-      assert.match(w.stderr, /not connected/i);
       // b's server goes with b.
       const bServer = await rofsServerOf(b);
       live.pop();
@@ -387,6 +383,76 @@ describe('the grader and the toolchain', () => {
       assert.ok(await exited(bServer), "b's server exits with b");
     } finally {
       for (const id of live) await sec.edge.destroy(id);
+    }
+  });
+
+  test('a killed protected-path server is restarted: the grader is readable again within 2 s and writes are still refused and raised; past 3 restarts a minute it stays gone', async (t) => {
+    const id = await protectedTaskSandbox();
+    try {
+      for (let kill = 1; kill <= MAX_SERVER_RESTARTS; kill++) {
+        const server = await rofsServerOf(id);
+        const since = sec.events.events.length;
+        const killedAt = Date.now();
+        process.kill(server, 'SIGKILL');
+        // Fail closed meanwhile: whether it answers "not connected" or its new server refuses.
+        assert.notEqual((await sec.sh(id, `echo 'echo PASS' > ${GRADER}`)).exitCode, 0, `a write right after kill ${kill}`);
+        const deadline = Date.now() + 2_000;
+        let r = await sec.sh(id, `cat ${GRADER}`);
+        while (r.stdout !== RUNNER && Date.now() < deadline) {
+          await new Promise((res) => setTimeout(res, 50));
+          r = await sec.sh(id, `cat ${GRADER}`);
+        }
+        assert.equal(r.stdout, RUNNER, `after kill ${kill} the grader is readable again within 2 s (${r.stderr.trim()})`);
+        t.diagnostic(`kill ${kill}: the grader readable again after ${Date.now() - killedAt} ms`);
+        await sec.events.waitFor('protected-path.server-restarted', id, { restarts: kill, limit: MAX_SERVER_RESTARTS }, 2_000);
+        assert.notEqual(await rofsServerOf(id), server, 'a new server');
+        const written = sec.events.events.length;
+        assert.notEqual((await sec.sh(id, `echo 'echo PASS' > ${GRADER}`)).exitCode, 0, `a write after restart ${kill}`);
+        await refusal(id, GRADER, 'open-write', written);
+        assert.equal(await grade(id), UNSOLVED);
+        assert.ok(!sec.events.events.slice(since).some((e) => e.kind === 'protected-path.server-gone' && e.sandboxId === id));
+      }
+      // The 4th death within the minute is raised and left: the paths answer "not connected".
+      process.kill(await rofsServerOf(id), 'SIGKILL');
+      const gone = await sec.events.waitFor('protected-path.server-gone', id, {}, 2_000);
+      assert.equal(gone.severity, 'critical');
+      assert.match(String(gone.data?.why), new RegExp(`restarted ${MAX_SERVER_RESTARTS} times`));
+      const r = await sec.sh(id, `cat ${GRADER}; echo 'echo PASS' > ${GRADER}`);
+      assert.notEqual(r.exitCode, 0);
+      assert.match(r.stderr, /not connected/i);
+      assert.equal(sec.events.events.filter((e) => e.kind === 'protected-path.server-restarted' && e.sandboxId === id).length, MAX_SERVER_RESTARTS);
+    } finally {
+      await sec.edge.destroy(id);
+    }
+  });
+
+  test('FIFOs made in the writable layer survive a snapshot; restored under a protected tree, one carries data and a reader waiting on it holds up neither the listing nor the grader', async () => {
+    const source = await protectedTaskSandbox();
+    let restored: string | undefined;
+    try {
+      const made = await sec.sh(source, 'mkfifo /project/pipe && mkdir -p /root/spool && mkfifo -m 600 /root/spool/pipe');
+      assert.equal(made.exitCode, 0, made.stderr);
+      const layer = await sec.edge.snapshot(source);
+      restored = await sec.sandbox({ image: TASK_IMAGE, snapshots: [layer.digest], protect: { readOnly: ['/project'] } });
+      const kinds = await sec.sh(restored, 'stat -c "%n %F %a" /project/pipe /root/spool/pipe');
+      assert.equal(kinds.stdout, '/project/pipe fifo 644\n/root/spool/pipe fifo 600\n', kinds.stderr);
+      // Each carries data from a writer to a reader in the sandbox (the protected one too: a
+      // pipe's data is not a change to the tree).
+      for (const fifo of ['/project/pipe', '/root/spool/pipe']) {
+        const r = await sec.sh(restored, `timeout 5 cat ${fifo} > /tmp/got & echo through > ${fifo}; wait; cat /tmp/got`, { timeoutMs: 10_000 });
+        assert.equal(r.stdout, 'through\n', `${fifo}: ${r.stderr}`);
+      }
+      // A reader left waiting on the protected FIFO: the tree and the grader still answer.
+      await (await sec.edge.spawn(restored, { cmd: 'cat /project/pipe' })).detach();
+      const started = Date.now();
+      const listing = await sec.sh(restored, 'ls /project', { timeoutMs: 10_000 });
+      assert.equal(listing.exitCode, 0, listing.stderr);
+      assert.match(listing.stdout, /^pipe$/m);
+      assert.equal(await grade(restored), UNSOLVED);
+      assert.ok(Date.now() - started < 2_000, 'the listing and the grader answer while a reader waits on the FIFO');
+    } finally {
+      if (restored) await sec.edge.destroy(restored);
+      await sec.edge.destroy(source);
     }
   });
 });

@@ -184,6 +184,11 @@ export interface ProtectedPathFacet {
    * none was recorded (launched before servers were recorded, or no paths served).
    */
   serving(id: string): boolean | undefined;
+  /**
+   * Starts a new server for the sandbox's paths after its server died, its mounts covering the
+   * dead ones (which answer ENOTCONN until then: nothing is ever writable there).
+   */
+  restart(id: string): Promise<void>;
 }
 
 /** A guest's upper directory read out into a host folder for a snapshot (see {@link GuestLayerFacet}). */

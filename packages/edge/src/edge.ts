@@ -369,7 +369,13 @@ export class Edge extends SandboxCalls implements EdgeClient {
     // A new log is read from its start; an adopted one from where the previous edge raised it to.
     const served = backend.protectedPaths;
     if (record.spec.protect?.readOnly?.length && served) {
-      this.security.followRefusals(record.id, served.refusalLog(record.id), created, () => served.serving(record.id));
+      this.security.followRefusals(
+        record.id,
+        served.refusalLog(record.id),
+        created,
+        () => served.serving(record.id),
+        () => served.restart(record.id),
+      );
     }
   }
 

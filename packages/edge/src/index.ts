@@ -47,6 +47,7 @@ export type { CgroupMode, CgroupStats, MemorySettings, PrefetchResult, ReclaimRe
 export { ZramSwap, ZRAM_MARKER_DIR, MAX_ZRAM_SWAP_MIB } from './host/swap.js';
 export type { ZramSwapOptions } from './host/swap.js';
 export { DEFAULT_ID_RANGE, checkIdShift, withShiftedView } from './host/idmap.js';
+export { MAX_SERVER_RESTARTS, RESTART_WINDOW_MS } from './host/security-monitor.js';
 export type { IdShift } from './host/idmap.js';
 export { LayerRegistry, LayerStore, layerTag, parseImageRef, RegistryClient } from './layers/index.js';
 export { buildThroughCache } from './layers/machine-cache.js';

@@ -20,6 +20,8 @@ export const EVENT_KINDS = [
   'protected-path.write',
   // the server of a sandbox's read-only protected paths is gone: they answer ENOTCONN (container)
   'protected-path.server-gone',
+  // ... and a new one serves them (the edge restarted it, a bounded number of times)
+  'protected-path.server-restarted',
   'seccomp.denied',
   'pids.limit-hit',
   'oom.kill',

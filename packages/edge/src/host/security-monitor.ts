@@ -1,9 +1,9 @@
 // Turns what the kernel reports about sandboxes into events: seccomp denials (from the audit
 // netlink group), changes under watched paths (fanotify on the writable layers) and changes to
-// read-only protected paths their server refused (its log), and that server's death. One poll loop
-// per node reads them all
-// without blocking; events are rate-limited per sandbox so that a sandbox that
-// loops on a refused call cannot flood the event stream (what was dropped is counted).
+// read-only protected paths their server refused (its log), and that server's death (restarted,
+// a bounded number of times). One poll loop per node reads them all without blocking; events
+// are rate-limited per sandbox so that a sandbox that loops on a refused call cannot flood the
+// event stream (what was dropped is counted).
 import { readFileSync } from 'node:fs';
 import type { RaisedEvent } from '@dsec/protocol';
 import { ID_RANGE_SIZE, ID_RANGE_START, slotOfHostId } from './id-ranges.js';
@@ -19,8 +19,9 @@ export const EVENTS_PER_WINDOW = 20;
 /** Length of a rate-limit window. */
 export const EVENT_WINDOW_MS = 10_000;
 /**
- * An adopted sandbox's refusal log is read, and any sandbox's protected-path server first checked,
- * this long after it is followed: an edge that just started has its subscribers by then.
+ * An adopted sandbox's refusal log is read, and its protected-path server first checked, this long
+ * after it is followed: an edge that just started has its subscribers by then. A new sandbox's
+ * server is checked at once (a death right after the create is restarted as soon as any other).
  */
 const FOLLOW_GRACE_MS = 2_000;
 /** Servers checked per poll at most, in turn. */
@@ -28,6 +29,21 @@ const SERVERS_PER_POLL = 32;
 
 /** Whether a sandbox's protected-path server still runs; undefined when that cannot be told. */
 export type ServerCheck = () => boolean | undefined;
+/** Restarts of one sandbox's protected-path server within {@link RESTART_WINDOW_MS}; past them it stays gone. */
+export const MAX_SERVER_RESTARTS = 3;
+/** The window {@link MAX_SERVER_RESTARTS} counts in. */
+export const RESTART_WINDOW_MS = 60_000;
+
+/** A sandbox's protected-path server as the monitor checks it. */
+interface Served {
+  serving: ServerCheck;
+  /** Starts a new server after this one died (rejects when it cannot). */
+  restart?: () => Promise<void>;
+  /** When it may first be checked. */
+  from: number;
+  /** When it was restarted, within the last window. */
+  restarts: number[];
+}
 /** Records or fanotify events handled per poll (the rest wait for the next one). */
 const MAX_PER_POLL = 4096;
 
@@ -55,7 +71,9 @@ export class SecurityMonitor {
   private readonly watcher = new UpperWatcher();
   private readonly refusals = new RefusedWriteLogs();
   /** The protected-path servers still to be checked, with when they may first be. */
-  private readonly servers = new Map<string, { serving: ServerCheck; from: number }>();
+  private readonly servers = new Map<string, Served>();
+  /** The servers being restarted (checked again once they serve). */
+  private readonly restarting = new Map<string, Served>();
   /** Adopted sandboxes' refusal logs, read once their grace has passed. */
   private readonly adopted = new Map<string, { log: string; from: number }>();
   private readonly windows = new Map<string, Window>();
@@ -83,13 +101,16 @@ export class SecurityMonitor {
    * Reads the log of the changes to a sandbox's read-only protected paths that their server
    * refused, from its start or (an adopted sandbox) from where the previous edge raised it to,
    * and checks (`serving`) that their server still runs: once it is gone the paths answer
-   * ENOTCONN, which is raised once as `protected-path.server-gone`.
+   * ENOTCONN until `restart` has a new one serving them, which is raised as
+   * `protected-path.server-restarted`. Past {@link MAX_SERVER_RESTARTS} in
+   * {@link RESTART_WINDOW_MS}, or when a restart fails, they stay so: raised once as
+   * `protected-path.server-gone`.
    */
-  followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck): void {
-    const from = Date.now() + FOLLOW_GRACE_MS;
+  followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck, restart?: () => Promise<void>): void {
+    const from = fromStart ? Date.now() : Date.now() + FOLLOW_GRACE_MS;
     if (fromStart) this.refusals.add(sandboxId, log, true);
     else this.adopted.set(sandboxId, { log, from });
-    if (serving) this.servers.set(sandboxId, { serving, from });
+    if (serving) this.servers.set(sandboxId, { serving, from, restarts: [], ...(restart ? { restart } : {}) });
   }
 
   /** Stops watching a sandbox and forgets its rate-limit state. */
@@ -98,6 +119,7 @@ export class SecurityMonitor {
     this.refusals.remove(sandboxId);
     this.adopted.delete(sandboxId);
     this.servers.delete(sandboxId);
+    this.restarting.delete(sandboxId);
     for (const key of this.windows.keys()) if (key.startsWith(`${sandboxId} `)) this.windows.delete(key);
   }
 
@@ -197,9 +219,12 @@ export class SecurityMonitor {
     }
   }
 
-  /** Checks the next few protected-path servers; one that is gone is raised, and not checked again. */
+  /**
+   * Checks the next few protected-path servers; one that is gone is restarted (within its
+   * budget), or raised and not checked again.
+   */
   private pollServers(now: number): void {
-    const due: Array<[string, { serving: ServerCheck; from: number }]> = [];
+    const due: Array<[string, Served]> = [];
     for (const entry of this.servers) {
       if (due.length >= SERVERS_PER_POLL) break;
       if (now >= entry[1].from) due.push(entry);
@@ -211,13 +236,44 @@ export class SecurityMonitor {
         this.servers.set(sandboxId, s);
         continue;
       }
-      this.o.raise({
-        kind: 'protected-path.server-gone',
-        severity: 'critical',
-        sandboxId,
-        message: 'the server of the read-only protected paths is gone: they answer "not connected" (nothing can be written there, nor read)',
-      });
+      s.restarts = s.restarts.filter((t) => now - t < RESTART_WINDOW_MS);
+      if (!s.restart || s.restarts.length >= MAX_SERVER_RESTARTS) {
+        this.serverGone(sandboxId, s.restart ? `restarted ${s.restarts.length} times in ${RESTART_WINDOW_MS / 1000} s, not again` : undefined);
+        continue;
+      }
+      s.restarts.push(now);
+      this.restarting.set(sandboxId, s);
+      s.restart().then(
+        () => {
+          if (this.restarting.get(sandboxId) !== s) return; // forgotten meanwhile
+          this.restarting.delete(sandboxId);
+          this.servers.set(sandboxId, s);
+          this.o.raise({
+            kind: 'protected-path.server-restarted',
+            severity: 'warning',
+            sandboxId,
+            message: `the server of the read-only protected paths died and was restarted (${s.restarts.length} of ${MAX_SERVER_RESTARTS} in ${RESTART_WINDOW_MS / 1000} s)`,
+            data: { restarts: s.restarts.length, limit: MAX_SERVER_RESTARTS },
+          });
+        },
+        (err: unknown) => {
+          if (this.restarting.get(sandboxId) !== s) return;
+          this.restarting.delete(sandboxId);
+          this.serverGone(sandboxId, `its restart failed: ${err instanceof Error ? err.message : String(err)}`);
+        },
+      );
     }
+  }
+
+  /** Raises a server that is gone for good: its paths answer ENOTCONN until the sandbox is recreated. */
+  private serverGone(sandboxId: string, why: string | undefined): void {
+    this.o.raise({
+      kind: 'protected-path.server-gone',
+      severity: 'critical',
+      sandboxId,
+      message: `the server of the read-only protected paths is gone${why ? ` (${why})` : ''}: they answer "not connected" (nothing can be written there, nor read)`,
+      ...(why ? { data: { why } } : {}),
+    });
   }
 
   /** Which sandbox a process belongs to: its login uid, its uid's range, or its live cgroup. */

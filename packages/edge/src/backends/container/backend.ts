@@ -27,7 +27,7 @@ import type { IdRange, IdRanges } from '../../host/id-ranges.js';
 import { MNT, umount, mountsUnder } from '../../sys/linux.js';
 import { buildOciConfig } from './bundle.js';
 import type { SeccompProfile } from './seccomp.js';
-import { Crun, processStartTime } from './crun.js';
+import { Crun, processRunning, processStartTime } from './crun.js';
 import type { LaunchServer } from './launcher.js';
 import { SeccompCache } from './seccomp-cache.js';
 
@@ -36,6 +36,8 @@ export interface LayerMounter {
   /** Mounts a layer once per node (reference counted) and returns its directory. */
   acquire(digest: string): Promise<string>;
   release(digest: string): Promise<void>;
+  /** The directory of a layer while it is acquired (what `acquire` returned). */
+  mountDir(digest: string): string;
 }
 
 /** Default bytes of output chronus keeps per stream. */
@@ -148,8 +150,9 @@ export class ContainerBackend implements Backend {
         return undefined;
       }
       const [pid, start] = text.trim().split(' ').map(Number);
-      return pid !== undefined && pid > 0 && processStartTime(pid) === start;
+      return pid !== undefined && pid > 0 && start !== undefined && processRunning(pid, start);
     },
+    restart: (id) => this.restartProtectedServer(id),
   };
   /** crun gives every container a network namespace of its own. */
   readonly network: NetworkFacet = this;
@@ -317,6 +320,39 @@ export class ContainerBackend implements Backend {
       }
       await this.o.cgroups.remove(req.id);
       throw err;
+    }
+  }
+
+  /**
+   * A new server for a running sandbox's read-only protected paths, its FUSE mounts stacked on
+   * the dead ones inside the sandbox's mount namespace (dsec-launch --reprotect).
+   */
+  private async restartProtectedServer(id: string): Promise<void> {
+    const p = this.paths(id);
+    const record = JSON.parse(await readFile(p.record, 'utf8')) as BackendSandbox;
+    const paths = readOnlyPaths(record.spec.protect?.readOnly ?? []);
+    const init = await this.crun.initProcess(id);
+    if (paths.length === 0 || !init?.startTime) throw new DsecError('SANDBOX_NOT_RUNNING', `sandbox ${id} is not running`, { sandboxId: id });
+    const lowers = (record.layers ?? []).map((l) => this.o.layers.mountDir(l.digest)).reverse();
+    const code = await this.launcher.run({
+      log: p.log,
+      socket: '',
+      args: [
+        '--reprotect',
+        `${init.pid}:${init.startTime}`,
+        '--upper',
+        p.upper,
+        '--lower',
+        lowers.join(':'),
+        ...(record.idRange ? ['--idmap', `${record.idRange.uid}:${record.idRange.gid}:${record.idRange.size}`] : []),
+        ...paths.flatMap((q) => ['--protect', q]),
+        '--protect-log',
+        p.refused,
+      ],
+    });
+    if (code !== 0) {
+      const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim().split('\n').slice(-2).join('; ');
+      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the protected-path server could not be restarted: ${detail || `exit ${code}`}`, { sandboxId: id });
     }
   }
 

@@ -1,9 +1,10 @@
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { openSync, readlinkSync, writeSync, closeSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { openSync, readFileSync, readlinkSync, writeSync, closeSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { test } from 'node:test';
 import { EXEC_SEALS, sealsOf } from '../../sys/linux.js';
-import { Crun, sealedExecutable } from './crun.js';
+import { Crun, processRunning, processStartTime, sealedExecutable } from './crun.js';
 
 test('crun runs from a sealed memfd copy made once per process', async () => {
   const exe = sealedExecutable('crun');
@@ -29,4 +30,28 @@ test('crun runs from a sealed memfd copy made once per process', async () => {
 
 test('a binary that is not there is run by its name (the spawn error names it)', () => {
   assert.equal(sealedExecutable('dsec-no-such-runtime'), 'dsec-no-such-runtime');
+});
+
+test('a zombie not reaped yet is not running (a killed protected-path server stays one a while)', async (t) => {
+  // The shell's background child exits; the shell then becomes a sleep that never reaps it.
+  const parent = spawn('sh', ['-c', 'sleep 0 & exec sleep 30'], { stdio: 'ignore' });
+  t.after(() => parent.kill('SIGKILL'));
+  const pid = parent.pid ?? 0;
+  const state = (p: number) => {
+    const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+    return stat.charAt(stat.lastIndexOf(')') + 2);
+  };
+  let zombie = 0;
+  for (let i = 0; i < 200 && !zombie; i++) {
+    const child = Number(readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(' ')[0]);
+    if (child > 0 && state(child) === 'Z') zombie = child;
+    else await sleep(10);
+  }
+  assert.ok(zombie > 0, 'the zombie appeared');
+  const zombieStart = processStartTime(zombie);
+  assert.ok(zombieStart !== undefined, 'a zombie still has a start time');
+  assert.equal(processRunning(zombie, zombieStart), false);
+  const parentStart = processStartTime(pid) ?? 0;
+  assert.equal(processRunning(pid, parentStart), true);
+  assert.equal(processRunning(pid, parentStart + 1), false, 'another start time: a reused pid');
 });

@@ -218,6 +218,12 @@ function procStat(pid: number): { state: string; startTime: number } | undefined
   return { state: fields[0] ?? '', startTime: Number(fields[19]) };
 }
 
+/** Whether process `pid`, started at `startTime` (clock ticks), still runs: neither gone nor a zombie not reaped yet. */
+export function processRunning(pid: number, startTime: number): boolean {
+  const st = procStat(pid);
+  return st !== undefined && st.startTime === startTime && st.state !== 'Z' && st.state !== 'X';
+}
+
 /** A process's start time (field 22 of /proc/<pid>/stat, in clock ticks); undefined when it is gone. */
 export function processStartTime(pid: number): number | undefined {
   const value = procStat(pid)?.startTime;

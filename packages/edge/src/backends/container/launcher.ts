@@ -13,7 +13,7 @@ import { CRUN_TIMEOUT_MS } from './crun.js';
 export interface LaunchRequest {
   /** Log file (created 0600, appended): the launcher's, crun's and the container's stdout and stderr. */
   log: string;
-  /** Path of the agent's listening unix socket, made by the launcher and passed as fd 3. */
+  /** Path of the agent's listening unix socket, made by the launcher and passed as fd 3 (empty: none, fd 3 is /dev/null). */
   socket: string;
   /** dsec-launch's arguments (`--rootfs ... -- crun ...`), without the program name. */
   args: string[];
