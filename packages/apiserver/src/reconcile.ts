@@ -123,7 +123,8 @@ async function settleRow(
       // A create (or a pool claim: `creating` until its node handed it over) cut short is
       // rolled back (its caller never got the sandbox: a retry with the same idempotency key
       // makes a new one); a delete cut short is finished. A sandbox whose destroy fails after
-      // its row went runs without a row: the watcher destroys it as an orphan.
+      // its row went runs without a row: the watcher destroys it as an orphan (its node share went
+      // with the row, so until then the node holds one more than its count).
       if (!(await store.deleteSandbox(row, true))) return undefined;
       if (onNode) await destroyOnNode(client, row.id).catch((err: unknown) => log(`dsec: reconcile: destroying ${row.id}: ${(err as Error).message}`));
       return 'deleted';

@@ -1,5 +1,5 @@
-// Two shapes of "not everything at once": a bounded number of tasks in flight, and tasks of one
-// key run one after another.
+// Three shapes of "not everything at once": a bounded number of tasks in flight (over a list, or
+// across callers through a semaphore), and tasks of one key run one after another.
 
 /**
  * Runs `task` for every item with at most `limit` in flight, in item order. `stop` is asked
@@ -45,5 +45,23 @@ export class KeyedSerialQueue {
   /** Settles when every task of `key` queued so far has settled. */
   async idle(key: string): Promise<void> {
     await this.tails.get(key);
+  }
+}
+
+/** A counting semaphore: at most `limit` of the functions given to {@link run} run at once, the rest wait in order. */
+export class Limiter {
+  private active = 0;
+  private readonly queue: Array<() => void> = [];
+  constructor(private readonly limit: number) {}
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.active >= this.limit) await new Promise<void>((r) => this.queue.push(r));
+    else this.active++;
+    try {
+      return await fn();
+    } finally {
+      const next = this.queue.shift();
+      if (next) next();
+      else this.active--;
+    }
   }
 }

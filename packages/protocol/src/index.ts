@@ -36,7 +36,7 @@ export {
   resolveLimits,
 } from './limits.js';
 export type { LimitName, LimitsConfig, TenantLimits } from './limits.js';
-export { forEachBounded, KeyedSerialQueue } from './concurrency.js';
+export { forEachBounded, KeyedSerialQueue, Limiter } from './concurrency.js';
 export {
   MAX_TAR_BYTES_BETWEEN_ENTRIES,
   MAX_TAR_EXTENDED_HEADER_BYTES,

@@ -5,6 +5,7 @@ import type { EdgeCallOptions, EdgeSandbox, SandboxSpec } from '@dsec/protocol';
 import { FakeEdge } from '../testing/fake-edge.js';
 import { harness } from '../testing/harness.js';
 import type { Harness } from '../testing/harness.js';
+import { BATCH_CREATES_IN_FLIGHT } from './sandboxes.js';
 
 describe('sandboxes and their lifecycle (fake node, real store)', () => {
   let h: Harness;
@@ -180,17 +181,21 @@ describe('sandboxes and their lifecycle (fake node, real store)', () => {
 });
 
 describe('batch creates over several nodes', () => {
+  /** Creates running at once on all counting nodes. */
+  const all = { running: 0, most: 0 };
   /** A node that counts the creates it runs at once (each takes 5 ms). */
   class CountingEdge extends FakeEdge {
     running = 0;
     most = 0;
     override async create(spec: SandboxSpec, opts: EdgeCallOptions & { id?: string } = {}): Promise<EdgeSandbox> {
       this.most = Math.max(this.most, ++this.running);
+      all.most = Math.max(all.most, ++all.running);
       try {
         await new Promise((r) => setTimeout(r, 5));
         return await super.create(spec, opts);
       } finally {
         this.running--;
+        all.running--;
       }
     }
   }
@@ -212,6 +217,27 @@ describe('batch creates over several nodes', () => {
       assert.ok(a.sandboxes.size > 0 && b.sandboxes.size > 0, `spread over both nodes (${a.sandboxes.size} and ${b.sandboxes.size})`);
       assert.equal(a.most, 3, 'node a ran 3 creates at once, no more');
       assert.equal(b.most, 3, 'node b ran 3 creates at once, no more');
+    } finally {
+      await h.close();
+    }
+  });
+
+  test('the placed creates of a batch over many nodes stay under the replica-wide bound', async () => {
+    const nodes = Array.from({ length: 20 }, (_, i) => new CountingEdge(`n${i}`));
+    const h = await harness();
+    try {
+      h.nodes.remove(h.edge.nodeName);
+      for (const e of nodes) {
+        for (const l of h.edge.layerInfos.values()) e.layerInfos.set(l.digest, l);
+        h.nodes.add(e);
+      }
+      all.most = 0;
+      // 20 nodes x 16 on each could be 320 at once.
+      const spec = { image: { base: 'busybox' }, resources: { cpu: 0.1, memoryMiB: 32 } };
+      const result = await h.services.sandboxes.createBatch(h.admin, { spec, count: 400 }, { concurrency: 16 });
+      assert.equal(result.created, 400);
+      assert.ok(all.most <= BATCH_CREATES_IN_FLIGHT, `${all.most} creates ran at once, bound ${BATCH_CREATES_IN_FLIGHT}`);
+      assert.ok(nodes.every((n) => n.most <= 16));
     } finally {
       await h.close();
     }

@@ -1,6 +1,6 @@
 // Sandboxes as a resource: create (one, or a batch with per-item results), read, list, update
 // (lease, owner), stats. The create path itself is the CreatePipeline's.
-import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE, forEachBounded } from '@dsec/protocol';
+import { DsecError, invalidArgument, DEFAULT_PAGE_SIZE, forEachBounded, Limiter } from '@dsec/protocol';
 import type {
   SandboxStatsSample,
   BatchItemResult,
@@ -39,6 +39,12 @@ import type { OwnerService } from './owners.js';
  * the pace): a batch spread over many nodes runs this many on each of them.
  */
 export const DEFAULT_BATCH_CONCURRENCY = 16;
+/**
+ * Placed creates of all batches that run at once in this replica: a batch spread over hundreds of
+ * nodes (16 on each) would otherwise start thousands of pipelines from one request. Creates still
+ * waiting for admission do not count (they wait on capacity, not on work this replica does).
+ */
+export const BATCH_CREATES_IN_FLIGHT = 256;
 
 /** Options of {@link SandboxService.create}. */
 export interface CreateSandboxOptions {
@@ -86,6 +92,9 @@ interface BatchTask {
 
 /** Sandboxes: create, batch, read, list, update. */
 export class SandboxService {
+  /** Bounds the placed creates of all batches at once ({@link BATCH_CREATES_IN_FLIGHT}). */
+  private readonly placedCreates = new Limiter(BATCH_CREATES_IN_FLIGHT);
+
   constructor(private readonly d: SandboxServiceDeps) {}
 
   /**
@@ -291,7 +300,8 @@ export class SandboxService {
       else lanes.set(t.node ?? '', [t]);
     }
     const limit = opts.concurrency ?? DEFAULT_BATCH_CONCURRENCY;
-    await Promise.all([...lanes.values()].map((lane) => forEachBounded(lane, limit, (t) => (signal?.aborted ? t.cancel() : t.run()))));
+    const step = (t: BatchTask): Promise<void> => (signal?.aborted ? t.cancel() : t.run());
+    await Promise.all([...lanes].map(([node, lane]) => forEachBounded(lane, limit, (t) => (node ? this.placedCreates.run(() => step(t)) : step(t)))));
     const created = results.filter((r) => r.sandbox).length;
     return { items: results, created, failed: count - created };
   }

@@ -21,6 +21,7 @@ import {
   forEachBounded,
   imageLayers,
   invalidArgument,
+  Limiter,
 } from '@dsec/protocol';
 import type { CallBatchItem, CallBatchRequest, CallBatchResult, CallRequest, CallResult, CallStepResult, EdgeCalls, LayerInfo } from '@dsec/protocol';
 import { ChronusClient } from '../../chronus/client.js';
@@ -141,24 +142,6 @@ interface PoolEntry {
   root: RootMount;
   /** When the pool last served a call that could run in a warm python3 (0: never): while that is recent, its sandboxes get one after each reset. */
   lastWarmCallAt: number;
-}
-
-/** A counting semaphore. */
-class Limiter {
-  private active = 0;
-  private readonly queue: Array<() => void> = [];
-  constructor(private readonly limit: number) {}
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.active >= this.limit) await new Promise<void>((r) => this.queue.push(r));
-    else this.active++;
-    try {
-      return await fn();
-    } finally {
-      const next = this.queue.shift();
-      if (next) next();
-      else this.active--;
-    }
-  }
 }
 
 /**
