@@ -1,7 +1,7 @@
 // End-to-end tests of the edge core: real crun sandboxes on EROFS layers with chronus as PID 1.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { mkdir, mkdtemp, readFile, rm, stat, writeFile, readdir } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile, readdir } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
@@ -218,7 +218,7 @@ describe('container sandboxes', () => {
     }
   });
 
-  test('a sandbox has six superblocks of its own: /dev and /dev/shm are folders of its writable tmpfs (inside its disk limit), masked directories bind an empty directory of the node', async () => {
+  test('a sandbox has six superblocks of its own: /dev and /dev/shm are folders of its writable tmpfs (inside its disk limit), masked directories bind an empty directory of that tmpfs', async () => {
     const sb = await node.edge.create({ image: { base: 'busybox' }, resources: { diskMiB: 16 } });
     try {
       const run = (cmd: string) => node.edge.exec(sb.id, { cmd });
@@ -244,13 +244,13 @@ describe('container sandboxes', () => {
       const pid = (await readFile(`/sys/fs/cgroup/memory/${node.cgroupParent}/${sb.id}/cgroup.procs`, 'utf8')).split('\n')[0];
       const fields = (line: string) => [line.split(' ')[2], line.split(' - ')[1]?.split(' ')[0]];
       const host = new Set((await readFile('/proc/self/mountinfo', 'utf8')).split('\n').map((l) => fields(l)[0]));
-      const own = new Map(
-        (await readFile(`/proc/${pid}/mountinfo`, 'utf8'))
-          .split('\n')
-          .filter((l) => l && !host.has(fields(l)[0]))
-          .map(fields) as Array<[string, string]>,
-      );
+      const mountinfo = (await readFile(`/proc/${pid}/mountinfo`, 'utf8')).split('\n');
+      const own = new Map(mountinfo.filter((l) => l && !host.has(fields(l)[0])).map(fields) as Array<[string, string]>);
       assert.deepEqual([...own.values()].sort(), ['devpts', 'mqueue', 'overlay', 'proc', 'sysfs']);
+      // The masked directory binds the sandbox's own empty folder (no other sandbox's opens or locks
+      // show there): the superblock of its /dev, at /mask.
+      const at = (point: string) => mountinfo.find((l) => l.split(' ')[4] === point)?.split(' ');
+      assert.deepEqual(at('/sys/firmware')?.slice(2, 4), [at('/dev')?.[2], '/mask']);
     } finally {
       await node.edge.destroy(sb.id);
     }
@@ -463,7 +463,31 @@ describe('container sandboxes', () => {
       async () => node.edge.create(parsed.sandbox({ image: {} })),
       (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image.base',
     );
+    // An image whose /dev is a symbolic link cannot be a root: the caller's error, naming image.
+    const devLink = path.join(scratch, 'dev-link');
+    await mkdir(devLink);
+    await symlink('tmp', path.join(devLink, 'dev'));
+    await node.edge.layers.build({ type: 'dir', path: devLink }, { kind: 'toolkit', name: 'dev-link' });
+    await assert.rejects(
+      node.edge.create({ image: { base: 'busybox', toolkits: ['dev-link'] } }),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT') && e.details.field === 'image' && /\/dev is a symbolic link/.test(e.message),
+    );
     assert.deepEqual(await readdir(path.join(node.home, 'sandboxes')), []);
     assert.deepEqual(await node.edge.list(), []);
+  });
+
+  test('an image without /dev gets one owned by the sandbox root', async () => {
+    const bare = path.join(scratch, 'bare');
+    await mkdir(path.join(bare, 'etc'), { recursive: true });
+    await node.edge.layers.build({ type: 'dir', path: bare }, { kind: 'base', name: 'bare' });
+    const sb = await node.edge.create({ image: { base: 'bare' } });
+    try {
+      const dev = await stat(path.join(node.edge.upperDir(sb.id), 'dev'));
+      const range = node.edge.idRange(sb.id);
+      assert.ok(range, 'the test node runs sandboxes in user namespaces');
+      assert.deepEqual([dev.uid, dev.gid], [range.uid, range.gid]);
+    } finally {
+      await node.edge.destroy(sb.id);
+    }
   });
 });

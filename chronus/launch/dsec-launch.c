@@ -20,7 +20,10 @@
  * what a sandbox keeps there counts in its disk limit, and they cost no superblock of their own
  * (every superblock registers a shrinker, whose map every memory cgroup of the host keeps a share
  * of: bench/notes/density.md). crun finds /dev without a mount of its own in the config and
- * creates the device nodes there as it would in a tmpfs.
+ * creates the device nodes there as it would in a tmpfs. An image whose /dev is not a directory
+ * is refused (exit 4, "image: ..."). The tmpfs also holds `mask`, an empty directory that the
+ * config binds read-only over the masked /proc and /sys directories: each sandbox its own (no
+ * sandbox can watch or lock another's), in no superblock of its own either.
  *
  * Without --rw the root is the read-only overlay of the lower directories alone (function-call
  * sandboxes: one pre-created sandbox per call, writable only in the tmpfs mounts crun adds).
@@ -84,9 +87,10 @@
 #define MAX_PINNED 1024
 #define MAX_LOWERS 64
 
-/* Exit codes edge tells apart: a bad protected path is the caller's error, not the node's. */
+/* Exit codes edge tells apart: a bad protected path or image is the caller's error, not the node's. */
 #define EXIT_FAILED 125
 #define EXIT_BAD_PROTECT 3
+#define EXIT_BAD_IMAGE 4
 
 static void __attribute__((noreturn)) die(const char *what, const char *arg)
 {
@@ -98,6 +102,12 @@ static void __attribute__((noreturn)) bad_protect(const char *path, const char *
 {
 	fprintf(stderr, "dsec-launch: protect %s: %s\n", path, why);
 	exit(EXIT_BAD_PROTECT);
+}
+
+static void __attribute__((noreturn)) bad_image(const char *why)
+{
+	fprintf(stderr, "dsec-launch: image: %s\n", why);
+	exit(EXIT_BAD_IMAGE);
 }
 
 static void __attribute__((noreturn)) usage(void)
@@ -259,12 +269,13 @@ static void bind_at(const char *src, int target, uint64_t set, uint64_t clear, c
 }
 
 /*
- * Binds the writable tmpfs's `dev` folder over the root's /dev (made when the image has none;
- * a symlink there is refused) and its `dev/shm` folder over /dev/shm. /dev keeps nodev in a user
- * namespace, where crun binds the host's device nodes in; outside one crun makes them with mknod,
- * so there /dev allows device nodes (the sandbox cannot make any: no CAP_MKNOD).
+ * Binds the writable tmpfs's `dev` folder over the root's /dev (made, owned by the sandbox's
+ * root, when the image has none; an image whose /dev is a symlink or not a directory is refused)
+ * and its `dev/shm` folder over /dev/shm. /dev keeps nodev in a user namespace, where crun binds
+ * the host's device nodes in; outside one crun makes them with mknod, so there /dev allows device
+ * nodes (the sandbox cannot make any: no CAP_MKNOD).
  */
-static void bind_dev(const char *rootfs, const char *dev, const char *shm, int userns)
+static void bind_dev(const char *rootfs, const char *dev, const char *shm, int userns, uid_t owner, gid_t group)
 {
 	int rootfd = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (rootfd < 0)
@@ -273,10 +284,14 @@ static void bind_dev(const char *rootfs, const char *dev, const char *shm, int u
 	if (fd < 0 && errno == ENOENT) {
 		if (mkdirat(rootfd, "dev", 0755) < 0 && errno != EEXIST)
 			die("mkdir /dev in", rootfs);
+		if (fchownat(rootfd, "dev", owner, group, AT_SYMLINK_NOFOLLOW) < 0)
+			die("chown /dev in", rootfs);
 		fd = open_beneath(rootfd, "dev", 1);
 	}
+	if (fd < 0 && (errno == ELOOP || errno == ENOTDIR || errno == EXDEV))
+		bad_image("/dev is a symbolic link or not a directory");
 	if (fd < 0)
-		die("open /dev (a directory, not a symbolic link) in", rootfs);
+		die("open /dev in", rootfs);
 	bind_at(dev, fd, MOUNT_ATTR_NOSUID, userns ? 0 : MOUNT_ATTR_NODEV, "/dev");
 	close(fd);
 	/* Reopened through the new mount: the folder made below. */
@@ -660,14 +675,15 @@ static int launch_main(int argc, char **argv)
 	if (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0))
 		usage();
 
-	char upper[4096], work[4096], dev[4096], shm[4096], opts[16384], lowers[8192];
+	char upper[4096], work[4096], dev[4096], shm[4096], mask[4096], opts[16384], lowers[8192];
 	if (rw) {
 		if (mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs) < 0)
 			die("mount tmpfs on", rw);
 		if (snprintf(upper, sizeof upper, "%s/upper", rw) >= (int)sizeof upper ||
 		    snprintf(work, sizeof work, "%s/work", rw) >= (int)sizeof work ||
 		    snprintf(dev, sizeof dev, "%s/dev", rw) >= (int)sizeof dev ||
-		    snprintf(shm, sizeof shm, "%s/dev/shm", rw) >= (int)sizeof shm)
+		    snprintf(shm, sizeof shm, "%s/dev/shm", rw) >= (int)sizeof shm ||
+		    snprintf(mask, sizeof mask, "%s/mask", rw) >= (int)sizeof mask)
 			die("path too long", rw);
 		if (mkdir(upper, 0755) < 0)
 			die("mkdir", upper);
@@ -677,6 +693,9 @@ static int launch_main(int argc, char **argv)
 			die("mkdir", dev);
 		if (mkdir(shm, 01777) < 0 || chmod(shm, 01777) < 0)
 			die("mkdir", shm);
+		/* The host's root owns it (nobody in the sandbox): read-only past its bind's flag too. */
+		if (mkdir(mask, 0555) < 0)
+			die("mkdir", mask);
 		/* The root directory of the sandbox is the upper directory's: its root owns it, and /dev. */
 		if (chown(upper, (uid_t)uid, (gid_t)gid) < 0 || chown(dev, (uid_t)uid, (gid_t)gid) < 0 ||
 		    chown(shm, (uid_t)uid, (gid_t)gid) < 0)
@@ -748,7 +767,7 @@ static int launch_main(int argc, char **argv)
 		close(hostns);
 	}
 	if (rw)
-		bind_dev(rootfs, dev, shm, idmap != NULL);
+		bind_dev(rootfs, dev, shm, idmap != NULL, (uid_t)uid, (gid_t)gid);
 
 	/*
 	 * A login uid of the sandbox's own: the kernel's audit records (seccomp denials among them)

@@ -348,7 +348,7 @@ export interface BackendHost {
   agentBinary: string;
   /** The copy of chronus that sandboxes bind, on a mount of its own (host/agent-mount.ts): their mountinfo shows no host path. */
   sandboxAgent: string;
-  /** An empty read-only directory on the same mount, bound over the directories sandboxes must not see (host/agent-mount.ts). */
+  /** An empty read-only directory on the same mount, bound over the directories call sandboxes must not see (host/agent-mount.ts; container sandboxes bind one of their own). */
   sandboxMaskDir: string;
   /** Marks the node's sandboxes without naming a host path (the source of their root overlay; host/agent-mount.ts). */
   nodeMark: string;

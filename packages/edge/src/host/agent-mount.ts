@@ -2,9 +2,10 @@
 // node's home. A bind mount shows, in the sandbox's /proc/self/mountinfo, the path of its source
 // inside the source's file system: binding chronus from the repository or /usr/lib showed that
 // host path to every sandbox; bound from this tmpfs it shows `/chronus` on `dsec-agent`. The same
-// tmpfs holds an empty directory that sandboxes bind over their masked directories (`/proc/acpi`,
-// `/sys/firmware`, ...): one superblock for the node instead of a tmpfs per masked directory per
-// sandbox (every superblock costs each memory cgroup of the host a share of its shrinker map).
+// tmpfs holds an empty directory that call sandboxes, which have no writable tmpfs, bind over their
+// masked directories (`/proc/acpi`, `/sys/firmware`, ...): one superblock for the node instead of a
+// tmpfs per masked directory per sandbox (every superblock costs each memory cgroup of the host a
+// share of its shrinker map). Container sandboxes bind a folder of their own writable tmpfs.
 import { createHash } from 'node:crypto';
 import { chmod, copyFile, mkdir } from 'node:fs/promises';
 import path from 'node:path';
@@ -19,7 +20,7 @@ const AGENT_MOUNT_MIB = 16;
 export interface AgentMount {
   /** The copy of chronus. */
   agent: string;
-  /** An empty directory (mode 0555), bound read-only over each masked directory. */
+  /** An empty directory (mode 0555), bound read-only over each masked directory of a call sandbox. */
   maskDir: string;
 }
 

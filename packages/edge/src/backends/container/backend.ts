@@ -76,8 +76,6 @@ export interface ContainerBackendOptions {
   cgroups: Cgroups;
   /** Host path of the static chronus binary. */
   agentBinary: string;
-  /** Empty read-only directory bound over masked directories (`BackendHost.sandboxMaskDir`). */
-  maskDir: string;
   outputCapBytes?: number;
   crunBinary?: string;
   /**
@@ -102,12 +100,19 @@ const ROFS_SERVER = `${REFUSAL_LOG}.pid`;
 
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
+/** Exit status of dsec-launch when the image cannot be a root (its /dev is a symlink or a file). */
+const LAUNCH_EXIT_BAD_IMAGE = 4;
 
 interface Paths {
   dir: string;
   rw: string;
   upper: string;
   work: string;
+  /**
+   * An empty directory of the writable tmpfs (made by dsec-launch, outside the upper directory),
+   * bound read-only over the masked directories: each sandbox its own, in no new superblock.
+   */
+  mask: string;
   rootfs: string;
   socket: string;
   record: string;
@@ -189,6 +194,7 @@ export class ContainerBackend implements Backend {
       rw: path.join(this.o.writableDir, id),
       upper: path.join(this.o.writableDir, id, 'upper'),
       work: path.join(this.o.writableDir, id, 'work'),
+      mask: path.join(this.o.writableDir, id, 'mask'),
       rootfs: path.join(this.o.rootsDir, id),
       socket: path.join(dir, 'agent.sock'),
       record: path.join(dir, 'sandbox.json'),
@@ -267,7 +273,7 @@ export class ContainerBackend implements Backend {
         spec: req.spec,
         rootfs: p.rootfs,
         agentBinary: this.o.agentBinary,
-        maskDir: this.o.maskDir,
+        maskDir: p.mask,
         writableDev: true,
         cgroupsPath: this.o.cgroups.pathFor(req.id),
         outputCapBytes: this.o.outputCapBytes ?? DEFAULT_OUTPUT_CAP_BYTES,
@@ -303,6 +309,8 @@ export class ContainerBackend implements Backend {
         const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim();
         const refused = /^dsec-launch: protect (.*)$/m.exec(detail);
         if (code === LAUNCH_EXIT_BAD_PROTECT && refused) throw invalidArgument('protect.readOnly', refused[1] ?? 'cannot be protected');
+        const badImage = /^dsec-launch: image: (.*)$/m.exec(detail);
+        if (code === LAUNCH_EXIT_BAD_IMAGE && badImage) throw invalidArgument('image', badImage[1] ?? 'cannot be a sandbox root');
         const why = detail ? detail.split('\n').slice(-3).join('; ') : `exit ${code}`;
         throw new DsecError('BACKEND_FAILED', `create ${req.id}: crun run failed: ${why}`, { sandboxId: req.id });
       }

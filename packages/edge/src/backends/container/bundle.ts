@@ -49,17 +49,25 @@ export const MASKED_PATHS = [
   '/sys/fs/cgroup',
 ];
 
+/** The masked paths as this kernel has them now: see {@link splitMaskedPaths}. */
+export interface MaskedPathsSplit {
+  /** Directories, each bound read-only from an empty directory. */
+  dirs: string[];
+  /** Files (crun binds /dev/null over them) and paths this kernel lacks (crun skips them): crun's maskedPaths. */
+  others: string[];
+}
+
 /**
- * The masked paths that are directories on this kernel, each bound from the node's empty
- * read-only directory instead of crun's tmpfs per directory (a superblock, and so a shrinker,
- * per directory per sandbox: see bench/notes/density.md). Files stay in maskedPaths (crun binds
- * /dev/null over them); paths this kernel lacks are left to crun, which skips them. Read once:
- * the set of /proc and /sys directories does not change while the node runs.
+ * Splits `paths` into directories, bound from an empty directory instead of crun's tmpfs per
+ * directory (a superblock, and so a shrinker, per directory per sandbox: see
+ * bench/notes/density.md), and the rest, left to crun's maskedPaths. Read at every create (a stat
+ * per path): a directory that disappears while the node runs (/proc/asound after rmmod, a
+ * powercap zone) must not stay a bind destination, which crun cannot make in procfs or sysfs.
  */
-let maskedDirs: Set<string> | undefined;
-function maskedDirectories(): Set<string> {
-  maskedDirs ??= new Set(MASKED_PATHS.filter((p) => statSync(p, { throwIfNoEntry: false })?.isDirectory() === true));
-  return maskedDirs;
+export function splitMaskedPaths(paths: readonly string[]): MaskedPathsSplit {
+  const split: MaskedPathsSplit = { dirs: [], others: [] };
+  for (const p of paths) (statSync(p, { throwIfNoEntry: false })?.isDirectory() ? split.dirs : split.others).push(p);
+  return split;
 }
 
 /** /proc paths mounted read-only. */
@@ -71,7 +79,11 @@ export interface OciConfigOptions {
   spec: SandboxSpec;
   rootfs: string;
   agentBinary: string;
-  /** Host path of an empty read-only directory (`BackendHost.sandboxMaskDir`), bound over masked directories. */
+  /**
+   * Host path (as crun sees it) of an empty directory bound read-only over masked directories:
+   * a folder of the sandbox's writable tmpfs (container sandboxes, each its own) or the node's
+   * (`BackendHost.sandboxMaskDir`, call sandboxes).
+   */
   maskDir: string;
   /**
    * /dev and /dev/shm are folders of the sandbox's writable tmpfs that dsec-launch binds (container
@@ -112,7 +124,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
     idMappings.uidMappings = [{ containerID: 0, hostID: o.idRange.uid, size: o.idRange.size }];
     idMappings.gidMappings = [{ containerID: 0, hostID: o.idRange.gid, size: o.idRange.size }];
   }
-  const masked = maskedDirectories();
+  const masked = splitMaskedPaths(MASKED_PATHS);
   const seccomp =
     o.seccomp ??
     defaultSeccompProfile({
@@ -153,7 +165,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
       // The ipc namespace's own mqueue superblock (the kernel makes it with the namespace).
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
-      ...[...masked].map((destination) => ({ destination, type: 'bind', source: o.maskDir, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] })),
+      ...masked.dirs.map((destination) => ({ destination, type: 'bind', source: o.maskDir, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] })),
       { destination: AGENT_PATH_IN_SANDBOX, type: 'bind', source: o.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
     ],
     linux: {
@@ -167,7 +179,7 @@ export function buildOciConfig(o: OciConfigOptions): Record<string, unknown> {
         pids: { limit: r.pids ?? DEFAULT_PIDS },
       },
       seccomp,
-      maskedPaths: MASKED_PATHS.filter((p) => !masked.has(p)),
+      maskedPaths: masked.others,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
     },

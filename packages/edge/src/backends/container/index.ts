@@ -43,7 +43,6 @@ export function containerBackend(config: ContainerBackendConfig = {}): BackendFa
       layers: host.layers,
       cgroups: host.cgroups,
       agentBinary: host.sandboxAgent,
-      maskDir: host.sandboxMaskDir,
       ...(config.outputCapBytes !== undefined ? { outputCapBytes: config.outputCapBytes } : {}),
       ...(config.userNamespaces !== false ? { idRanges: new IdRanges(host.home) } : {}),
       ...(config.seccompProfile ? { seccompProfile: config.seccompProfile } : {}),
