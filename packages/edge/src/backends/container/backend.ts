@@ -102,6 +102,8 @@ const ROFS_SERVER = `${REFUSAL_LOG}.pid`;
 
 /** Exit status of dsec-launch when a protected path cannot be protected (a symlink, a device). */
 const LAUNCH_EXIT_BAD_PROTECT = 3;
+/** Exit status of `dsec-launch --reprotect` when it will not: another process, or a mount that still answers. */
+const LAUNCH_EXIT_REFUSED = 4;
 
 interface Paths {
   dir: string;
@@ -352,7 +354,15 @@ export class ContainerBackend implements Backend {
     });
     if (code !== 0) {
       const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim().split('\n').slice(-2).join('; ');
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the protected-path server could not be restarted: ${detail || `exit ${code}`}`, { sandboxId: id });
+      // A refusal is final (CONFLICT); anything else, a killed launch included, may pass.
+      const refused = code === LAUNCH_EXIT_REFUSED || code === LAUNCH_EXIT_BAD_PROTECT;
+      throw new DsecError(
+        refused ? 'CONFLICT' : 'BACKEND_FAILED',
+        `sandbox ${id}: the protected-path server could not be restarted: ${detail || `exit ${code}`}`,
+        {
+          sandboxId: id,
+        },
+      );
     }
   }
 
