@@ -91,6 +91,8 @@
 #define EXIT_FAILED 125
 #define EXIT_BAD_PROTECT 3
 #define EXIT_BAD_IMAGE 4
+/* --reprotect will not: the sandbox is not the one named, or a mount still answers (a retry would not either). */
+#define EXIT_REFUSED 5
 
 static void __attribute__((noreturn)) die(const char *what, const char *arg)
 {
@@ -108,6 +110,12 @@ static void __attribute__((noreturn)) bad_image(const char *why)
 {
 	fprintf(stderr, "dsec-launch: image: %s\n", why);
 	exit(EXIT_BAD_IMAGE);
+}
+
+static void __attribute__((noreturn)) refuse(const char *what, const char *why)
+{
+	fprintf(stderr, "dsec-launch: %s %s\n", what, why);
+	exit(EXIT_REFUSED);
 }
 
 static void __attribute__((noreturn)) usage(void)
@@ -496,10 +504,18 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
 	int sync[2];
 	if (pipe2(sync, O_CLOEXEC) < 0)
 		die("pipe", NULL);
+	pid_t launcher = getpid();
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork", server);
 	if (pid == 0) {
+		/*
+		 * It dies with this launcher until it serves (dsec-rofs clears that before its ready
+		 * byte): a launch killed meanwhile (edge's timeout) must not leave the new mounts held
+		 * by a server that never answers; without one they answer ENOTCONN.
+		 */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != launcher)
+			_exit(EXIT_FAILED);
 		/* The log is opened in the host's namespace, as edge names it. */
 		int err = 0, logfd = -1;
 		if (setsid() < 0 || setns(hostns, CLONE_NEWNS) < 0 ||
@@ -549,7 +565,8 @@ static void serve_protected(int hostns, const char *log, int n, const int *ro, c
  * as at the launch. Nothing beneath a protected path changed since the launch (its server
  * refused every change), so the view holds what the bind held. Fail closed throughout: a dead
  * mount answers ENOTCONN until the new one covers it, and the new one waits for its server;
- * no path is ever writable. A path whose mount still answers is left alone (a failure).
+ * no path is ever writable. A path whose mount still answers is left alone, and a sandbox
+ * process that is not PID:START is not touched: both exit EXIT_REFUSED (a retry would be too).
  */
 static int reprotect_main(const char *target, const char *upper, const char *lower, const char *idmap, const char *log, int n,
 			  const char **paths)
@@ -561,12 +578,12 @@ static int reprotect_main(const char *target, const char *upper, const char *low
 	    (idmap && (sscanf(idmap, "%lu:%lu:%lu", &uid, &gid, &count) != 3 || count == 0)))
 		usage();
 	int pidfd = (int)syscall(SYS_pidfd_open, atoi(pid), 0);
+	if (pidfd < 0 && errno == ESRCH)
+		refuse(pid, "is not running");
 	if (pidfd < 0)
 		die("pidfd_open", pid);
-	if (start_time(pid) != started) {
-		errno = ESRCH;
-		die("sandbox process", pid);
-	}
+	if (start_time(pid) != started)
+		refuse(pid, "is another process than the sandbox's");
 	int hostns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
 	if (hostns < 0)
 		die("open", "/proc/self/ns/mnt");
@@ -617,10 +634,8 @@ static int reprotect_main(const char *target, const char *upper, const char *low
 		onto[k] = open_beneath(root, paths[k] + 1, 0);
 		if (onto[k] < 0)
 			die("open", paths[k]);
-		if (fstatfs(onto[k], &sf) == 0 || errno != ENOTCONN) {
-			fprintf(stderr, "dsec-launch: protect %s: its mount is not a dead server's\n", paths[k]);
-			exit(EXIT_FAILED);
-		}
+		if (fstatfs(onto[k], &sf) == 0 || errno != ENOTCONN)
+			refuse(paths[k], "is served still (its mount is not a dead server's)");
 	}
 	serve_protected(hostns, log, n, ro, onto, fuse, server, paths);
 	return 0;

@@ -29,7 +29,8 @@
 // or a process group that ends does not end it.
 //
 // Once every session is mounted it writes one byte to <ready-fd> and closes it: dsec-launch
-// waits for that byte (end of file: the server failed, and so does the launch).
+// waits for that byte (end of file: the server failed, and so does the launch). Until then it is
+// killed with the launcher (its parent-death signal, cleared just before the byte).
 //
 // Usage: dsec-rofs <log-fd> <ready-fd> <fuse-fd>:<dir-fd>:<path> ...
 #define FUSE_USE_VERSION 312
@@ -44,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -467,6 +469,11 @@ int main(int argc, char **argv) {
       return 1;
     }
     pfd[i] = (struct pollfd){.fd = fuse_session_fd(m->se), .events = POLLIN};
+  }
+  /* Serving: from now on it outlives the launcher that started it (it died with it until here). */
+  if (prctl(PR_SET_PDEATHSIG, 0) < 0) {
+    fprintf(stderr, "dsec-rofs: cannot outlive the launcher: %s\n", strerror(errno));
+    return 1;
   }
   while (write(ready_fd, "r", 1) < 0 && errno == EINTR)
     ;

@@ -186,7 +186,10 @@ export interface ProtectedPathFacet {
   serving(id: string): boolean | undefined;
   /**
    * Starts a new server for the sandbox's paths after its server died, its mounts covering the
-   * dead ones (which answer ENOTCONN until then: nothing is ever writable there).
+   * dead ones (which answer ENOTCONN until then: nothing is ever writable there). Rejects with a
+   * 4xx DsecError when it refuses (the sandbox is not running, or a mount still answers): a
+   * retry would be refused too; any other rejection (a launcher timeout, a fork that failed) may
+   * pass.
    */
   restart(id: string): Promise<void>;
 }

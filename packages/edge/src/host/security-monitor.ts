@@ -1,10 +1,12 @@
 // Turns what the kernel reports about sandboxes into events: seccomp denials (from the audit
 // netlink group), changes under watched paths (fanotify on the writable layers) and changes to
 // read-only protected paths their server refused (its log), and that server's death (restarted,
-// a bounded number of times). One poll loop per node reads them all without blocking; events
+// at most MAX_SERVER_RESTARTS times a minute and MAX_SERVER_RESTARTS_EVER times in all, a few at
+// a time on the node). One poll loop per node reads them all without blocking; events
 // are rate-limited per sandbox so that a sandbox that loops on a refused call cannot flood the
 // event stream (what was dropped is counted).
 import { readFileSync } from 'node:fs';
+import { DsecError } from '@dsec/protocol';
 import type { RaisedEvent } from '@dsec/protocol';
 import { ID_RANGE_SIZE, ID_RANGE_START, slotOfHostId } from './id-ranges.js';
 import { AuditNetlinkReader, isExpectedRefusal, KmsgReader, parseSeccompRecord } from './seccomp-audit.js';
@@ -33,16 +35,30 @@ export type ServerCheck = () => boolean | undefined;
 export const MAX_SERVER_RESTARTS = 3;
 /** The window {@link MAX_SERVER_RESTARTS} counts in. */
 export const RESTART_WINDOW_MS = 60_000;
+/**
+ * Restarts of one sandbox's protected-path server in its life; past them it stays gone. Each one
+ * stacks a FUSE mount per path on the dead ones, held until the sandbox ends.
+ */
+export const MAX_SERVER_RESTARTS_EVER = 10;
+/** Restarts running at once on the node (a dsec-launch each); the other dead servers wait their turn. */
+export const MAX_RESTARTS_IN_FLIGHT = 4;
+/** Wait before the retry of a restart that failed and may not fail again; doubled at each failure. */
+export const RESTART_RETRY_MS = 1_000;
 
 /** A sandbox's protected-path server as the monitor checks it. */
 interface Served {
   serving: ServerCheck;
-  /** Starts a new server after this one died (rejects when it cannot). */
+  /** Starts a new server after this one died (see ProtectedPathFacet.restart: a 4xx is a refusal). */
   restart?: () => Promise<void>;
-  /** When it may first be checked. */
+  /** When it may next be checked. */
   from: number;
-  /** When it was restarted, within the last window. */
+  /** When it was restarted (each try), within the last window. */
   restarts: number[];
+  /** Restarts tried in its life. */
+  tries: number;
+  /** Tries that failed in a row, and why the last one did. */
+  failures: number;
+  failed?: string;
 }
 /** Records or fanotify events handled per poll (the rest wait for the next one). */
 const MAX_PER_POLL = 4096;
@@ -57,6 +73,8 @@ export interface SecurityMonitorOptions {
   cgroupParent: string;
   /** Whether to read the kernel log (default true). */
   kernelLog?: boolean;
+  /** The clock, in ms (default Date.now). */
+  now?: () => number;
 }
 
 interface Window {
@@ -74,13 +92,17 @@ export class SecurityMonitor {
   private readonly servers = new Map<string, Served>();
   /** The servers being restarted (checked again once they serve). */
   private readonly restarting = new Map<string, Served>();
+  /** Restarts not settled yet, those of sandboxes forgotten meanwhile included (their dsec-launch runs still). */
+  private inFlight = 0;
   /** Adopted sandboxes' refusal logs, read once their grace has passed. */
   private readonly adopted = new Map<string, { log: string; from: number }>();
   private readonly windows = new Map<string, Window>();
   private readonly timer: NodeJS.Timeout;
   private overflowReported = false;
+  private readonly now: () => number;
 
   constructor(private readonly o: SecurityMonitorOptions) {
+    this.now = o.now ?? Date.now;
     // Every record from the audit group; the rate-limited kernel log only where it cannot be joined.
     this.kmsg = o.kernelLog === false ? undefined : (AuditNetlinkReader.open() ?? KmsgReader.open());
     this.timer = setInterval(() => this.poll(), SECURITY_POLL_MS);
@@ -102,15 +124,17 @@ export class SecurityMonitor {
    * refused, from its start or (an adopted sandbox) from where the previous edge raised it to,
    * and checks (`serving`) that their server still runs: once it is gone the paths answer
    * ENOTCONN until `restart` has a new one serving them, which is raised as
-   * `protected-path.server-restarted`. Past {@link MAX_SERVER_RESTARTS} in
-   * {@link RESTART_WINDOW_MS}, or when a restart fails, they stay so: raised once as
-   * `protected-path.server-gone`.
+   * `protected-path.server-restarted`. At most {@link MAX_RESTARTS_IN_FLIGHT} restarts run at
+   * once on the node; one that failed is tried again after {@link RESTART_RETRY_MS} (doubled at
+   * each failure). Past {@link MAX_SERVER_RESTARTS} tries in {@link RESTART_WINDOW_MS} or
+   * {@link MAX_SERVER_RESTARTS_EVER} in all, or when a restart refuses, they stay so: raised once
+   * as `protected-path.server-gone`.
    */
   followRefusals(sandboxId: string, log: string, fromStart: boolean, serving?: ServerCheck, restart?: () => Promise<void>): void {
-    const from = fromStart ? Date.now() : Date.now() + FOLLOW_GRACE_MS;
+    const from = fromStart ? this.now() : this.now() + FOLLOW_GRACE_MS;
     if (fromStart) this.refusals.add(sandboxId, log, true);
     else this.adopted.set(sandboxId, { log, from });
-    if (serving) this.servers.set(sandboxId, { serving, from, restarts: [], ...(restart ? { restart } : {}) });
+    if (serving) this.servers.set(sandboxId, { serving, from, restarts: [], tries: 0, failures: 0, ...(restart ? { restart } : {}) });
   }
 
   /** Stops watching a sandbox and forgets its rate-limit state. */
@@ -128,10 +152,10 @@ export class SecurityMonitor {
     try {
       this.pollKernelLog();
       this.pollWatches();
-      this.followAdopted(Date.now());
+      this.followAdopted(this.now());
       this.pollRefusals();
-      this.pollServers(Date.now());
-      this.flushWindows(Date.now());
+      this.pollServers(this.now());
+      this.flushWindows(this.now());
     } catch {
       // A failure to read is retried on the next tick; the node carries on.
     }
@@ -220,8 +244,9 @@ export class SecurityMonitor {
   }
 
   /**
-   * Checks the next few protected-path servers; one that is gone is restarted (within its
-   * budget), or raised and not checked again.
+   * Checks the next few protected-path servers; one that is gone is restarted (within its budget,
+   * when fewer than {@link MAX_RESTARTS_IN_FLIGHT} run: else it waits), or raised and not checked
+   * again.
    */
   private pollServers(now: number): void {
     const due: Array<[string, Served]> = [];
@@ -237,32 +262,63 @@ export class SecurityMonitor {
         continue;
       }
       s.restarts = s.restarts.filter((t) => now - t < RESTART_WINDOW_MS);
-      if (!s.restart || s.restarts.length >= MAX_SERVER_RESTARTS) {
-        this.serverGone(sandboxId, s.restart ? `restarted ${s.restarts.length} times in ${RESTART_WINDOW_MS / 1000} s, not again` : undefined);
+      const spent =
+        s.tries >= MAX_SERVER_RESTARTS_EVER
+          ? `${s.tries} times in all`
+          : s.restarts.length >= MAX_SERVER_RESTARTS
+            ? `${s.restarts.length} times in ${RESTART_WINDOW_MS / 1000} s`
+            : undefined;
+      if (!s.restart || spent) {
+        this.serverGone(sandboxId, s.restart ? `restarted ${spent}, not again${s.failed ? ` (the last restart failed: ${s.failed})` : ''}` : undefined);
         continue;
       }
-      s.restarts.push(now);
-      this.restarting.set(sandboxId, s);
-      s.restart().then(
-        () => {
-          if (this.restarting.get(sandboxId) !== s) return; // forgotten meanwhile
-          this.restarting.delete(sandboxId);
-          this.servers.set(sandboxId, s);
-          this.o.raise({
-            kind: 'protected-path.server-restarted',
-            severity: 'warning',
-            sandboxId,
-            message: `the server of the read-only protected paths died and was restarted (${s.restarts.length} of ${MAX_SERVER_RESTARTS} in ${RESTART_WINDOW_MS / 1000} s)`,
-            data: { restarts: s.restarts.length, limit: MAX_SERVER_RESTARTS },
-          });
-        },
-        (err: unknown) => {
-          if (this.restarting.get(sandboxId) !== s) return;
-          this.restarting.delete(sandboxId);
-          this.serverGone(sandboxId, `its restart failed: ${err instanceof Error ? err.message : String(err)}`);
-        },
-      );
+      if (this.inFlight >= MAX_RESTARTS_IN_FLIGHT) {
+        this.servers.set(sandboxId, s); // its turn comes when one settles
+        continue;
+      }
+      this.startRestart(sandboxId, s, s.restart, now);
     }
+  }
+
+  /** Runs one restart: raised once it serves, tried again later when it failed, raised gone when it refused. */
+  private startRestart(sandboxId: string, s: Served, restart: () => Promise<void>, now: number): void {
+    s.restarts.push(now);
+    s.tries++;
+    this.restarting.set(sandboxId, s);
+    this.inFlight++;
+    const settled = (): boolean => {
+      this.inFlight--;
+      if (this.restarting.get(sandboxId) !== s) return false; // forgotten meanwhile
+      this.restarting.delete(sandboxId);
+      return true;
+    };
+    restart().then(
+      () => {
+        if (!settled()) return;
+        s.failures = 0;
+        delete s.failed;
+        this.servers.set(sandboxId, s);
+        this.o.raise({
+          kind: 'protected-path.server-restarted',
+          severity: 'warning',
+          sandboxId,
+          message: `the server of the read-only protected paths died and was restarted (${s.restarts.length} of ${MAX_SERVER_RESTARTS} in ${RESTART_WINDOW_MS / 1000} s, ${s.tries} of ${MAX_SERVER_RESTARTS_EVER} in all)`,
+          data: { restarts: s.restarts.length, limit: MAX_SERVER_RESTARTS, tries: s.tries, lifetimeLimit: MAX_SERVER_RESTARTS_EVER },
+        });
+      },
+      (err: unknown) => {
+        if (!settled()) return;
+        const why = err instanceof Error ? err.message : String(err);
+        if (err instanceof DsecError && err.status < 500) {
+          this.serverGone(sandboxId, `its restart was refused: ${why}`);
+          return;
+        }
+        // Checked again after the wait: still dead, it is tried again within its budget.
+        s.failed = why;
+        s.from = this.now() + RESTART_RETRY_MS * 2 ** s.failures++;
+        this.servers.set(sandboxId, s);
+      },
+    );
   }
 
   /** Raises a server that is gone for good: its paths answer ENOTCONN until the sandbox is recreated. */
@@ -296,7 +352,7 @@ export class SecurityMonitor {
   /** Raises within the sandbox's budget for the kind (and `subject`, when given); beyond it, counts. */
   private emit(sandboxId: string, ev: RaisedEvent, subject?: string): void {
     const key = subject === undefined ? `${sandboxId} ${ev.kind}` : `${sandboxId} ${ev.kind} ${subject}`;
-    const now = Date.now();
+    const now = this.now();
     let w = this.windows.get(key);
     if (!w || now - w.start >= EVENT_WINDOW_MS) {
       if (w) this.flushOne(key, w);
@@ -342,7 +398,6 @@ export class SecurityMonitor {
   }
 }
 
-/** The event for a sandbox whose refused writes cannot be read (they are refused still, and not raised). */
 /** Hits on one path of one sandbox merged into one, with the distinct operations in order. */
 function byPath<T extends { sandboxId: string; path: string; op: string }>(hits: readonly T[]): Array<T & { ops: string[] }> {
   const merged = new Map<string, T & { ops: string[] }>();
@@ -355,6 +410,7 @@ function byPath<T extends { sandboxId: string; path: string; op: string }>(hits:
   return [...merged.values()];
 }
 
+/** The event for a sandbox whose refused writes cannot be read (they are refused still, and not raised). */
 function unreadableRefusals(sandboxId: string, err: unknown): RaisedEvent {
   return {
     kind: 'protected-path.write',

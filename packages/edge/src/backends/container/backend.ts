@@ -102,6 +102,8 @@ const ROFS_SERVER = `${REFUSAL_LOG}.pid`;
 const LAUNCH_EXIT_BAD_PROTECT = 3;
 /** Exit status of dsec-launch when the image cannot be a root (its /dev is a symlink or a file). */
 const LAUNCH_EXIT_BAD_IMAGE = 4;
+/** Exit status of `dsec-launch --reprotect` when it will not: another process, or a mount that still answers. */
+const LAUNCH_EXIT_REFUSED = 5;
 
 interface Paths {
   dir: string;
@@ -360,7 +362,15 @@ export class ContainerBackend implements Backend {
     });
     if (code !== 0) {
       const detail = (await readFile(p.log, 'utf8').catch(() => '')).trim().split('\n').slice(-2).join('; ');
-      throw new DsecError('BACKEND_FAILED', `sandbox ${id}: the protected-path server could not be restarted: ${detail || `exit ${code}`}`, { sandboxId: id });
+      // A refusal is final (CONFLICT); anything else, a killed launch included, may pass.
+      const refused = code === LAUNCH_EXIT_REFUSED || code === LAUNCH_EXIT_BAD_PROTECT;
+      throw new DsecError(
+        refused ? 'CONFLICT' : 'BACKEND_FAILED',
+        `sandbox ${id}: the protected-path server could not be restarted: ${detail || `exit ${code}`}`,
+        {
+          sandboxId: id,
+        },
+      );
     }
   }
 
