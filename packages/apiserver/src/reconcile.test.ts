@@ -250,7 +250,7 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
     const node = h.nodes.get(h.edge.nodeName)!;
     const held = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
     for (const r of await h.services.nodeAdmin.store.sandboxesOn(node.name)) {
-      if (!['running', 'paused', 'pausing', 'resuming', 'creating', 'stopping'].includes(r.state)) continue;
+      if (r.state === 'lost') continue;
       const share = h.services.lifecycle.shareOf(r);
       held.cpu += share.cpu;
       held.memoryMiB += share.memoryMiB;
@@ -258,6 +258,33 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
     }
     return { node, held };
   };
+
+  test("a node's session recounts it as the start does: a pool's member and a failed row are counted and kept, a lost one destroyed", async () => {
+    const [kept, pooled, failed, lost] = [await create(), await create(), await create(), await create()];
+    const t = new Date().toISOString();
+    const pool = { id: 'pool-recount', project_id: h.admin.projectId, name: 'recount', spec: '{}', resolved: '{}', spec_key: 'recount', size: 1, idle_timeout_ms: 60_000, last_used_at: t, created_at: t, updated_at: t };
+    await h.store.db.insertInto('pools').values(pool).execute();
+    await h.store.db.updateTable('sandboxes').set({ state: 'pooled', pool_id: pool.id }).where('id', '=', pooled).execute();
+    await h.store.db.updateTable('sandboxes').set({ state: 'failed' }).where('id', '=', failed).execute();
+    await h.store.db.updateTable('sandboxes').set({ state: 'lost' }).where('id', '=', lost).execute();
+    try {
+      const { node, held } = await allocation();
+      await h.services.nodeAdmin.reconcile(node);
+      assert.deepEqual(node.allocated, held);
+      assert.equal(held.sandboxes, 3, 'the running, pooled and failed rows');
+      assert.ok(h.edge.sandboxes.has(pooled), "the pool's member is not destroyed (before: destroyed, its row still pooled)");
+      assert.ok(h.edge.sandboxes.has(failed), 'the failed one waits for its delete');
+      assert.equal(h.edge.sandboxes.has(lost), false, 'a lost one may run elsewhere: destroyed');
+      // Deleting the failed row gives its share back once: the node holds what its rows hold
+      // (before: the failed row was not counted, and its delete took the running one's share).
+      await h.services.lifecycle.destroyRow((await h.store.sandboxOnly(failed))!);
+      assert.deepEqual(node.allocated, (await allocation()).held);
+    } finally {
+      await h.store.db.updateTable('sandboxes').set({ pool_id: null }).where('id', '=', pooled).execute();
+      await h.store.db.deleteFrom('pools').where('id', '=', pool.id).execute();
+      await cleanUp([kept, pooled, failed, lost]);
+    }
+  });
 
   test("a start beside live replicas settles a gone replica's rows on its own node against it, destroys orphans, leaves the rest", async () => {
     const [pausing, claimed, mine, untagged, kept] = [await create(), await create(), await create(), await create(), await create()];

@@ -238,11 +238,12 @@ export class NodeService {
   }
 
   /**
-   * A node's session opened: its allocation is recounted from the store (`stopping` and
-   * `creating` rows included: their teardowns and creates are under way on it, and are
-   * remembered as counted here), and every sandbox it
-   * runs that the store does not place there alive (lost meanwhile, replayed, deleted) is
-   * destroyed on it, so nothing runs twice. Rows it no longer has are left to the watcher.
+   * A node's session opened: its allocation is recounted from the store as the start counts it
+   * (every row placed there but a lost one: pool members and failed rows too, whose deletes give
+   * a share back; `stopping` and `creating` rows are remembered as counted here, their teardowns
+   * and creates being under way on it), and every sandbox it runs that the store does not place
+   * there (lost meanwhile, replayed elsewhere, deleted) is destroyed on it, so nothing runs
+   * twice. Rows it no longer has are left to the watcher.
    */
   async reconcile(n: NodeEntry): Promise<{ destroyed: string[] }> {
     const onNode = await n.client.list();
@@ -257,7 +258,9 @@ export class NodeService {
           .catch((err: unknown) => this.d.sinks.log(`nodes: ${n.name}: resuming ${s.id}: ${(err as Error).message}`));
         continue;
       }
-      if (row && (ON_NODE_STATES.includes(row.state) || row.state === 'creating' || row.state === 'stopping')) continue;
+      // Kept: every sandbox whose row places it here and is not lost (a pool's member, a failed
+      // one its owner still deletes, a create or delete under way); a lost one may run elsewhere.
+      if (row && row.state !== 'lost') continue;
       await n.client.destroy(s.id).then(
         () => destroyed.push(s.id),
         (err: unknown) => this.d.sinks.log(`nodes: ${n.name}: destroying ${s.id}: ${(err as Error).message}`),
@@ -268,9 +271,11 @@ export class NodeService {
     const spreads = new Map<string, number>();
     const inFlight = new Map<string, NodeShare>();
     for (const row of rows.values()) {
-      // A `stopping` row's sandbox holds its node until its teardown ends (whoever deletes the
-      // row gives its share back); one paused before its delete holds no CPU.
-      if (!ON_NODE_STATES.includes(row.state) && row.state !== 'creating' && row.state !== 'stopping') continue;
+      // Counted as the start counts them (`LifecycleService.loadAllocations`): every row but a lost
+      // one, whose deletes give a share back. A `stopping` row's sandbox holds its node until its
+      // teardown ends (whoever deletes the row gives its share back); one paused before its delete
+      // holds no CPU.
+      if (row.state === 'lost') continue;
       const share = this.d.lifecycle.shareOf(row);
       if (row.state === 'stopping' || row.state === 'creating') inFlight.set(row.id, share);
       allocated.cpu += share.cpu;
