@@ -262,7 +262,19 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
   test("a node's session recounts it as the start does: a pool's member and a failed row are counted and kept, a lost one destroyed", async () => {
     const [kept, pooled, failed, lost] = [await create(), await create(), await create(), await create()];
     const t = new Date().toISOString();
-    const pool = { id: 'pool-recount', project_id: h.admin.projectId, name: 'recount', spec: '{}', resolved: '{}', spec_key: 'recount', size: 1, idle_timeout_ms: 60_000, last_used_at: t, created_at: t, updated_at: t };
+    const pool = {
+      id: 'pool-recount',
+      project_id: h.admin.projectId,
+      name: 'recount',
+      spec: '{}',
+      resolved: '{}',
+      spec_key: 'recount',
+      size: 1,
+      idle_timeout_ms: 60_000,
+      last_used_at: t,
+      created_at: t,
+      updated_at: t,
+    };
     await h.store.db.insertInto('pools').values(pool).execute();
     await h.store.db.updateTable('sandboxes').set({ state: 'pooled', pool_id: pool.id }).where('id', '=', pooled).execute();
     await h.store.db.updateTable('sandboxes').set({ state: 'failed' }).where('id', '=', failed).execute();
