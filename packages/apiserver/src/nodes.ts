@@ -141,6 +141,11 @@ export class NodeRegistry {
     n.allocated.sandboxes = Math.max(0, n.allocated.sandboxes + sign);
   }
 
+  /** {@link charge} of one sandbox's share. */
+  chargeShare(name: string, share: NodeShare, sign: 1 | -1): void {
+    this.charge(name, share.cpu, share.memoryMiB, sign, share.spread, share.backend);
+  }
+
   /**
    * Whether the node's last recount counted the `stopping` or `creating` row `id` (forgotten
    * here): a teardown or settle that would not give its share back otherwise (a `lost` row's, an
@@ -157,13 +162,14 @@ export class NodeRegistry {
 
   /**
    * Gives back the share the node's last recount counted for row `id` (forgotten here), when it
-   * still holds it: the row went without this process seeing it go (another replica deleted it).
-   * False when it was not counted, or was taken meanwhile.
+   * still holds it: the row's work ended in a settle or the abandoned-delete pass here, or went
+   * without this process seeing it go (another replica deleted it). False when it was not
+   * counted, or was taken meanwhile.
    */
   giveBackRecounted(name: string, id: string): boolean {
     const share = this.takeShare(name, id);
     if (!share) return false;
-    this.charge(name, share.cpu, share.memoryMiB, -1, share.spread, share.backend);
+    this.chargeShare(name, share, -1);
     return true;
   }
 

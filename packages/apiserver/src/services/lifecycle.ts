@@ -169,7 +169,7 @@ export class LifecycleService {
       // One paused before its delete holds no CPU (as its teardown counts it).
       const share = this.shareOf(row);
       if (row.state === 'stopping' || row.state === 'creating') (inFlight.get(row.node) ?? inFlight.set(row.node, new Map()).get(row.node)!).set(row.id, share);
-      this.d.nodes.charge(row.node, share.cpu, share.memoryMiB, 1, share.spread, share.backend);
+      this.d.nodes.chargeShare(row.node, share, 1);
     }
     for (const [node, shares] of inFlight) this.d.nodes.markRecounted(node, shares);
   }
@@ -614,12 +614,11 @@ export class LifecycleService {
     const { nodes } = this.d;
     if (to === 'lost') {
       nodes.forgetRecounted(row.node, row.id);
-      nodes.charge(row.node, row.state === 'paused' ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+      nodes.chargeShare(row.node, this.shareOf(row), -1);
       return;
     }
     if (to !== 'deleted') return;
-    if (nodes.takeRecounted(row.node, row.id))
-      nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+    nodes.giveBackRecounted(row.node, row.id);
     this.stoppingSeen.delete(row.id);
     this.d.activity.forget(row.id);
     this.d.trajectory.end(row.id);
@@ -696,8 +695,7 @@ export class LifecycleService {
         }
         this.stoppingSeen.delete(row.id);
         if (!(await store.deleteSandbox(row))) continue;
-        if (nodes.takeRecounted(row.node, row.id))
-          nodes.charge(row.node, row.paused_at ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+        nodes.giveBackRecounted(row.node, row.id);
         finished.push(row.id);
         log(`dsec: finished the abandoned delete of ${row.id} (stopping for ${now - seen} ms or more)`);
         if (row.pool_id === null) this.rowEvents.deleted(row, 'stopping');

@@ -210,7 +210,7 @@ export class NodeService {
       if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
       this.d.nodes.forgetRecounted(name, row.id);
       if (row.pool_id === null) this.d.lifecycle.rowEvents.stateChanged(row, 'lost', row.state);
-      this.d.nodes.charge(name, row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
+      this.d.nodes.chargeShare(name, this.d.lifecycle.shareOf(row), -1);
       this.raise({
         kind: 'sandbox.lost',
         severity: 'warning',
