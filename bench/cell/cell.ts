@@ -8,7 +8,7 @@
 // through the HTTP API and list/filter queries, and samples the apiserver's RSS.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -58,6 +58,12 @@ export interface CellOptions {
    * `pg-statements.txt`. None: no profile.
    */
   profileDir?: string;
+  /**
+   * With `profileDir`: also a heap snapshot of the apiserver once the cell is full
+   * (`apiserver.heapsnapshot`, V8's format; `node bench/dist/cell/heap-summary.js <file>` sums it by
+   * constructor). Large: about twice the apiserver's heap.
+   */
+  heapSnapshot?: boolean;
 }
 
 /**
@@ -165,6 +171,31 @@ async function stop(p: Proc | undefined): Promise<void> {
   const t = setTimeout(() => p.child.kill('SIGKILL'), 15_000);
   await exited;
   clearTimeout(t);
+}
+
+/**
+ * Has the apiserver write a heap snapshot (SIGUSR2, `--heapsnapshot-signal`) and waits for it:
+ * V8 writes it on the main thread, so the process answers `/healthz` again once it is written.
+ */
+async function heapSnapshot(api: Proc, apiUrl: string, dir: string, log: (line: string) => void): Promise<void> {
+  const before = new Set(await readdir(dir));
+  log('cell: writing the apiserver heap snapshot');
+  api.child.kill('SIGUSR2');
+  const until = nowMs() + 600_000;
+  for (;;) {
+    if (nowMs() > until) throw new Error('the apiserver heap snapshot was not written within 10 minutes');
+    await new Promise((r) => setTimeout(r, 500));
+    const made = (await readdir(dir)).find((f) => f.endsWith('.heapsnapshot') && !before.has(f));
+    if (!made) continue;
+    const ok = await fetch(`${apiUrl}/healthz`, { signal: AbortSignal.timeout(2_000) }).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (!ok) continue;
+    await rename(path.join(dir, made), path.join(dir, 'apiserver.heapsnapshot'));
+    log(`cell: heap snapshot in ${path.join(dir, 'apiserver.heapsnapshot')}`);
+    return;
+  }
 }
 
 /** Resident memory of a process, MiB. */
@@ -286,6 +317,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     const home = path.join(dir, 'home');
     log('cell: starting dsec apiserver');
     const profile = o.profileDir ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(o.profileDir)] : [];
+    if (o.profileDir && o.heapSnapshot) profile.push('--heapsnapshot-signal=SIGUSR2', '--diagnostic-dir', path.resolve(o.profileDir));
     const api = start([...profile, CLI, 'apiserver', '--db', db, '--home', home, '--addr', '127.0.0.1:0', '--node-addr', '127.0.0.1:0', '--quiet']);
     cleanups.unshift(() => stop(api));
     const apiUrl = (await waitFor(api, /listening on (http:\/\/\S+)/, 'dsec apiserver'))[1]!;
@@ -464,6 +496,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
     const perNode = spread.rows.map((row) => Number(row.n));
     if (o.profileDir) await writeStatements(pg, path.join(o.profileDir, 'pg-statements.txt'));
+    if (o.profileDir && o.heapSnapshot) await heapSnapshot(api, apiUrl, o.profileDir, log);
     const first = stages[0]!.singleP50;
     const last = stages[stages.length - 1]!.singleP50;
     return {

@@ -29,6 +29,7 @@ const { values } = parseArgs({
     'node-memory-gib': { type: 'string', default: '256' },
     'no-docs': { type: 'boolean', default: false },
     profile: { type: 'string' },
+    'heap-snapshot': { type: 'boolean', default: false },
   },
 });
 
@@ -96,6 +97,10 @@ function section(r: CellReport, command: string, date: string): string {
   return lines.join('\n');
 }
 
+if (values['heap-snapshot'] && !values.profile) {
+  process.stderr.write('npm run cell: --heap-snapshot needs --profile <dir> (the snapshot is written there)\n');
+  process.exit(2);
+}
 const reason = await cellSkipReason();
 if (reason) {
   process.stderr.write(`npm run cell: cannot run here: ${reason}\n`);
@@ -121,6 +126,7 @@ const report = await runCell({
   sim: { capacity: { cpu: int('node-cpu'), memoryMiB: int('node-memory-gib') * 1024 } },
   log: (line) => process.stderr.write(`${line}\n`),
   ...(values.profile ? { profileDir: values.profile } : {}),
+  heapSnapshot: values['heap-snapshot'],
 });
 process.stdout.write(`cores during batch creates: ${busyText(report.busy.batch)}\ncores during single creates: ${busyText(report.busy.singles)}\n`);
 for (const [f, v, t, ok] of targets(report)) process.stdout.write(`${ok ? 'met ' : 'MISS'}  ${f}: ${v} (target ${t})\n`);

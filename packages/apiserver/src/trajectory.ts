@@ -91,8 +91,12 @@ interface LogState {
   truncated: boolean;
   /** A byte budget stopped the recording: nothing more is stored. */
   cut: boolean;
-  /** Steps of running commands already counted, with their stored size. */
-  provisional: Map<number, number>;
+  /**
+   * Steps of running commands already counted, with their stored size; made by the first such
+   * step (most sandboxes' logs never have one: an empty map for each would cost ~290 bytes a
+   * sandbox on a control plane holding hundreds of thousands).
+   */
+  provisional: Map<number, number> | undefined;
   /** The sandbox is gone: the state is dropped after each late step. */
   ended: boolean;
 }
@@ -148,7 +152,7 @@ export class TrajectoryLog {
       storedBytes: 0,
       truncated: false,
       cut: false,
-      provisional: new Map(),
+      provisional: undefined,
       ended: false,
     });
     this.headers.set(h.sandboxId, headerRow(h));
@@ -162,7 +166,7 @@ export class TrajectoryLog {
     if (st) {
       // Commands still running may yet report their end; the state goes with the last of them.
       st.ended = true;
-      if (st.provisional.size === 0) this.states.delete(sandboxId);
+      if (!st.provisional) this.states.delete(sandboxId);
     }
     this.schedule();
   }
@@ -211,8 +215,8 @@ export class TrajectoryLog {
   abandoned(rec: ExecRecording): void {
     const st = this.states.get(rec.sandboxId);
     if (!st) return;
-    st.provisional.delete(rec.seq);
-    if (st.ended && st.provisional.size === 0) this.states.delete(rec.sandboxId);
+    if (st.provisional?.delete(rec.seq) && st.provisional.size === 0) st.provisional = undefined;
+    if (st.ended && !st.provisional) this.states.delete(rec.sandboxId);
   }
 
   /** @internal */
@@ -235,7 +239,7 @@ export class TrajectoryLog {
     }
     if (st.cut) return;
     let json = JSON.stringify(step);
-    const counted = st.provisional.get(step.seq);
+    const counted = st.provisional?.get(step.seq);
     const isNew = counted === undefined;
     if (isNew && st.steps >= this.maxSteps) {
       st.truncated = true;
@@ -255,8 +259,8 @@ export class TrajectoryLog {
     }
     st.bytes += json.length - (counted ?? 0);
     if (isNew) st.steps++;
-    if (provisional) st.provisional.set(step.seq, json.length);
-    else st.provisional.delete(step.seq);
+    if (provisional) (st.provisional ??= new Map()).set(step.seq, json.length);
+    else if (st.provisional?.delete(step.seq) && st.provisional.size === 0) st.provisional = undefined;
     this.steps.set(`${sandboxId}/${step.seq}`, {
       sandbox_id: sandboxId,
       seq: step.seq,
@@ -271,7 +275,7 @@ export class TrajectoryLog {
   private touched(sandboxId: string, st: LogState): void {
     this.dirty.set(sandboxId, st);
     // A late step of a gone sandbox: its counters travel with the batch; nothing stays here.
-    if (st.ended && st.provisional.size === 0) this.states.delete(sandboxId);
+    if (st.ended && !st.provisional) this.states.delete(sandboxId);
     this.schedule(this.steps.size >= FLUSH_BATCH_STEPS);
   }
 
@@ -296,7 +300,7 @@ export class TrajectoryLog {
           storedBytes: row.bytes,
           truncated: row.truncated === 1,
           cut: row.cut_at !== null,
-          provisional: new Map(),
+          provisional: undefined,
           ended: row.ended_at !== null,
         };
         this.states.set(sandboxId, st);
@@ -352,7 +356,7 @@ export class TrajectoryLog {
           for (const id of cut) {
             const st = dirty.get(id)!;
             Object.assign(st, { steps: st.storedSteps, bytes: st.storedBytes, truncated: true, cut: true });
-            st.provisional.clear();
+            st.provisional = undefined;
             if (st.ended) this.states.delete(id);
             cuts.push({ sandboxId: id, at });
           }
