@@ -2,10 +2,16 @@
 // PostgreSQL of the test's own, four simulated nodes in two processes joined over mutual TLS
 // with single-use tokens, filled to 60 sandboxes through batch and single creates with list
 // queries between. Checks that every create landed (the store holds them all, spread over the
-// nodes) and that the figures come back (the CPU of each part among them); no speed is asserted. Also: the simulated node is
+// nodes) and that the figures come back (the CPU of each part among them); no speed is asserted.
+// The run is profiled (`--profile --heap-snapshot`): the apiserver's CPU profile, PostgreSQL's
+// statements and a heap snapshot that `heap-summary` reads. Also: the simulated node is
 // reachable from the testing entry point only. Needs root (PostgreSQL runs as its own user).
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { pathToFileURL } from 'node:url';
 import { describe, test } from 'node:test';
 import { BackendKindSchema } from '@dsec/protocol';
@@ -28,10 +34,14 @@ interface CellModule {
 const skip = postgresSkipReason();
 
 describe('simulated cell', { skip, timeout: 120_000 }, () => {
-  test('fills a cell of four simulated nodes through batch and single creates', async () => {
+  test('fills a cell of four simulated nodes through batch and single creates, profiled', async (t) => {
     const { runCell } = (await import(pathToFileURL(path.join(REPO_ROOT, 'bench/dist/cell/cell.js')).href)) as CellModule;
     const lines: string[] = [];
+    const profileDir = await mkdtemp(path.join(os.tmpdir(), 'dsec-cell-profile-'));
+    t.after(() => rm(profileDir, { recursive: true, force: true }));
     const r = await runCell({
+      profileDir,
+      heapSnapshot: true,
       nodes: 4,
       sandboxes: 60,
       edgeProcesses: 2,
@@ -58,6 +68,21 @@ describe('simulated cell', { skip, timeout: 120_000 }, () => {
       const b = r.busy[phase];
       assert.ok(b.apiserver > 0 && b.postgres > 0 && b.nodes >= 0 && b.load > 0, `${phase}: ${JSON.stringify(b)}`);
     }
+    // The profile: the CPU profile, the statements (the sandbox insert among them), the heap.
+    const files = await readdir(profileDir);
+    assert.ok(
+      files.some((f) => f.endsWith('.cpuprofile')),
+      files.join(', '),
+    );
+    assert.match(await readFile(path.join(profileDir, 'pg-statements.txt'), 'utf8'), /insert into "sandboxes"/i);
+    const { stdout } = await promisify(execFile)(process.execPath, [
+      path.join(REPO_ROOT, 'bench/dist/cell/heap-summary.js'),
+      path.join(profileDir, 'apiserver.heapsnapshot'),
+      '--top',
+      '5',
+    ]);
+    assert.match(stdout, /apiserver\.heapsnapshot: [\d,]+ objects, [\d.]+ MiB/);
+    assert.equal(stdout.trim().split('\n').length, 2 + 5, stdout);
   });
 
   test('the simulated node is a test tool: not on the main entry point, not a backend a spec can name', async () => {
