@@ -441,6 +441,12 @@ describe('service routes', () => {
     const metrics = (await call('GET', '/metrics', { key: null })).body.toString();
     assert.match(metrics, /dsec_http_requests_total\{method="POST",route="\/v1\/sandboxes",status="201"\} \d+/);
     assert.match(metrics, /dsec_sandboxes_created_total \d+/);
+    // The process's own figures: memory (the heap's use within what it reserved), CPU, loop delay.
+    const gauge = (name: string): number => Number(new RegExp(`^${name} (\\S+)$`, 'm').exec(metrics)?.[1]);
+    assert.ok(gauge('process_resident_memory_bytes') > gauge('nodejs_heap_used_bytes'), metrics);
+    assert.ok(gauge('nodejs_heap_used_bytes') > 0 && gauge('nodejs_heap_used_bytes') <= gauge('nodejs_heap_total_bytes'));
+    assert.ok(gauge('process_cpu_seconds_total') > 0);
+    assert.match(metrics, /^nodejs_eventloop_delay_seconds\{quantile="0\.99"\} [\d.]+$/m);
     const doc = (await call('GET', '/v1/openapi.json', { key: null })).body;
     assert.equal(doc.openapi, '3.1.0');
     assert.ok(doc.paths['/v1/sandboxes'].post.requestBody.content['application/json'].schema.properties.image);

@@ -1,5 +1,6 @@
 // Prometheus text-format metrics of the API, the control plane, the node and the watcher.
 import os from 'node:os';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { SandboxStateSchema } from '@dsec/protocol';
 import { DENIAL_KINDS } from '@dsec/watcher';
 import type { AdmissionQueue } from './admission.js';
@@ -28,6 +29,9 @@ export class Metrics {
   private readonly execLatency = { buckets: EXEC_BUCKETS_MS.map(() => 0), sum: 0, count: 0 };
   /** Things removed by the watcher's garbage collection, read at render time. */
   garbageCollected: () => number = () => 0;
+  /** The event loop's delays (10 ms resolution), from the first render on, reset at each. */
+  private readonly loopDelay = monitorEventLoopDelay({ resolution: 10 });
+  private loopDelayOn = false;
 
   constructor(
     private readonly cp?: ControlPlaneGauges,
@@ -60,7 +64,7 @@ export class Metrics {
 
   /** The text exposition. */
   async render(): Promise<string> {
-    const out: string[] = [];
+    const out: string[] = this.processLines();
     out.push('# HELP dsec_http_requests_total HTTP requests by route and status.', '# TYPE dsec_http_requests_total counter');
     for (const [k, v] of this.requests) out.push(`dsec_http_requests_total{${k}} ${v}`);
     out.push('# HELP dsec_http_request_duration_ms HTTP request latency.', '# TYPE dsec_http_request_duration_ms histogram');
@@ -114,6 +118,42 @@ export class Metrics {
     }
     if (this.watch) out.push(...(await this.watchMetrics(this.watch)));
     return out.join('\n') + '\n';
+  }
+
+  /**
+   * This process: resident memory, CPU time, the V8 heap (used and reserved: their gap is what the
+   * garbage collector has not yet given back), memory outside it, and the event loop's delay
+   * since the last render (what a request waits before its handler runs).
+   */
+  private processLines(): string[] {
+    // Sampled only once something scrapes (its timer does not keep the process alive).
+    if (!this.loopDelayOn) this.loopDelayOn = this.loopDelay.enable();
+    const mem = process.memoryUsage();
+    const cpu = process.cpuUsage();
+    const delay = this.loopDelay.count > 0 ? this.loopDelay.percentile(99) / 1e9 : 0;
+    const max = this.loopDelay.count > 0 ? this.loopDelay.max / 1e9 : 0;
+    this.loopDelay.reset();
+    return [
+      '# HELP process_resident_memory_bytes Resident memory of this process.',
+      '# TYPE process_resident_memory_bytes gauge',
+      `process_resident_memory_bytes ${mem.rss}`,
+      '# HELP process_cpu_seconds_total CPU time of this process (user and system).',
+      '# TYPE process_cpu_seconds_total counter',
+      `process_cpu_seconds_total ${((cpu.user + cpu.system) / 1e6).toFixed(3)}`,
+      '# HELP nodejs_heap_used_bytes V8 heap in use (live objects and garbage not yet collected).',
+      '# TYPE nodejs_heap_used_bytes gauge',
+      `nodejs_heap_used_bytes ${mem.heapUsed}`,
+      '# HELP nodejs_heap_total_bytes V8 heap reserved.',
+      '# TYPE nodejs_heap_total_bytes gauge',
+      `nodejs_heap_total_bytes ${mem.heapTotal}`,
+      '# HELP nodejs_external_memory_bytes Memory outside the V8 heap held by JavaScript objects (buffers included).',
+      '# TYPE nodejs_external_memory_bytes gauge',
+      `nodejs_external_memory_bytes ${mem.external}`,
+      '# HELP nodejs_eventloop_delay_seconds Event loop delay since the previous scrape (p99 and max).',
+      '# TYPE nodejs_eventloop_delay_seconds gauge',
+      `nodejs_eventloop_delay_seconds{quantile="0.99"} ${delay.toFixed(4)}`,
+      `nodejs_eventloop_delay_seconds{quantile="1"} ${max.toFixed(4)}`,
+    ];
   }
 
   private async watchMetrics(w: WatchService): Promise<string[]> {
