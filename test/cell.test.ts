@@ -22,7 +22,7 @@ interface CellModule {
   runCell: (o: Record<string, unknown>) => Promise<{
     sandboxRows: number;
     failures: number;
-    stages: Array<{ filled: number; singleCreated: number; rssMiB: number; listP99: number }>;
+    stages: Array<{ filled: number; singleCreated: number; rssMiB: number; heapUsedMiB: number; heapTotalMiB: number; listP99: number }>;
     rssMiB: number;
     storeMiB: number;
     batchPerSecond: number;
@@ -62,6 +62,11 @@ describe('simulated cell', { skip, timeout: 120_000 }, () => {
       Array.from({ length: 10 }, (_, i) => 6 * (i + 1)),
     );
     assert.ok(r.stages.every((s) => s.singleCreated === 2 && s.rssMiB > 0 && Number.isFinite(s.listP99)));
+    // The apiserver's heap, from its /metrics: in use within what is reserved, within its RSS.
+    assert.ok(
+      r.stages.every((s) => s.heapUsedMiB > 0 && s.heapUsedMiB <= s.heapTotalMiB && s.heapTotalMiB < s.rssMiB),
+      JSON.stringify(r.stages),
+    );
     assert.ok(r.storeMiB > 0 && r.batchPerSecond > 0);
     // The CPU of each part was found (the apiserver, PostgreSQL's backends, the node processes).
     for (const phase of ['batch', 'singles'] as const) {

@@ -92,6 +92,12 @@ export interface CellStage {
   listP50: number;
   listP99: number;
   rssMiB: number;
+  /**
+   * The apiserver's V8 heap at the stage's end (its /metrics): in use (live objects and garbage
+   * not yet collected) and reserved. RSS beyond the reserved heap is code, buffers and native.
+   */
+  heapUsedMiB: number;
+  heapTotalMiB: number;
   failures: number;
   /** CPU of each part during the stage's batch creates and during its single creates. */
   busy: { batch: CellBusy; singles: CellBusy };
@@ -196,6 +202,16 @@ async function heapSnapshot(api: Proc, apiUrl: string, dir: string, log: (line: 
     log(`cell: heap snapshot in ${path.join(dir, 'apiserver.heapsnapshot')}`);
     return;
   }
+}
+
+/** The apiserver's V8 heap in use and reserved, MiB, from its /metrics (NaN when not there). */
+async function heapMiB(apiUrl: string): Promise<{ used: number; total: number }> {
+  const text = await fetch(`${apiUrl}/metrics`, { signal: AbortSignal.timeout(30_000) }).then(
+    (r) => r.text(),
+    () => '',
+  );
+  const gauge = (name: string): number => Number(new RegExp(`^${name} (\\d+)$`, 'm').exec(text)?.[1] ?? NaN) / 1048576;
+  return { used: gauge('nodejs_heap_used_bytes'), total: gauge('nodejs_heap_total_bytes') };
 }
 
 /** Resident memory of a process, MiB. */
@@ -471,6 +487,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       allLists.push(...lists);
       const rss = await rssMiB(api.child.pid!);
       peakRss = Math.max(peakRss, rss);
+      const heap = await heapMiB(apiUrl);
       const s: CellStage = {
         filled: created,
         batchCreated: batched,
@@ -482,12 +499,14 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         listP50: percentile(lists, 50),
         listP99: percentile(lists, 99),
         rssMiB: rss,
+        heapUsedMiB: heap.used,
+        heapTotalMiB: heap.total,
         failures,
         busy: { batch: batchBusy, singles: singlesBusy },
       };
       stages.push(s);
       log(
-        `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB; cores batch ${busyText(batchBusy)}, singles ${busyText(singlesBusy)}`,
+        `cell: stage ${stage + 1}/10: ${created} sandboxes; batch ${s.batchPerSecond.toFixed(0)}/s; single ${s.singlePerSecond.toFixed(0)}/s p50 ${s.singleP50.toFixed(1)} p99 ${s.singleP99.toFixed(1)} ms; list p99 ${s.listP99.toFixed(1)} ms; rss ${rss.toFixed(0)} MiB (heap ${heap.used.toFixed(0)} of ${heap.total.toFixed(0)}); cores batch ${busyText(batchBusy)}, singles ${busyText(singlesBusy)}`,
       );
     }
     log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);

@@ -84,11 +84,11 @@ function section(r: CellReport, command: string, date: string): string {
         `| during ${ph === 'batch' ? 'batch' : 'single'} creates | ${fmt(r.busy[ph].apiserver, 2)} | ${fmt(r.busy[ph].postgres, 2)} | ${fmt(r.busy[ph].nodes, 2)} | ${fmt(r.busy[ph].load, 2)} |`,
     ),
     '',
-    '| stage | sandboxes | batch placements/s | single creates/s | single p50 ms | single p99 ms | list p50 ms | list p99 ms | apiserver RSS MiB |',
-    '|---|---|---|---|---|---|---|---|---|',
+    '| stage | sandboxes | batch placements/s | single creates/s | single p50 ms | single p99 ms | list p50 ms | list p99 ms | apiserver RSS MiB | its heap in use / reserved MiB |',
+    '|---|---|---|---|---|---|---|---|---|---|',
     ...r.stages.map(
       (s, i) =>
-        `| ${i + 1} | ${s.filled} | ${fmt(s.batchPerSecond, 0)} | ${fmt(s.singlePerSecond, 0)} | ${fmt(s.singleP50)} | ${fmt(s.singleP99)} | ${fmt(s.listP50)} | ${fmt(s.listP99)} | ${fmt(s.rssMiB, 0)} |`,
+        `| ${i + 1} | ${s.filled} | ${fmt(s.batchPerSecond, 0)} | ${fmt(s.singlePerSecond, 0)} | ${fmt(s.singleP50)} | ${fmt(s.singleP99)} | ${fmt(s.listP50)} | ${fmt(s.listP99)} | ${fmt(s.rssMiB, 0)} | ${fmt(s.heapUsedMiB, 0)} / ${fmt(s.heapTotalMiB, 0)} |`,
     ),
     '',
     '![Cost per create as the cell fills](benchmarks/cell.svg)',
