@@ -64,6 +64,24 @@ export interface CellOptions {
    * constructor). Large: about twice the apiserver's heap.
    */
   heapSnapshot?: boolean;
+  /**
+   * Once the cell is full, stop the apiserver (SIGTERM) and start it again on the same store,
+   * home and ports: how long it takes to serve again and to have every node back, and its
+   * memory meanwhile (a replica restarted in a full cell).
+   */
+  restart?: boolean;
+}
+
+/** A restart of the apiserver in the full cell ({@link CellOptions.restart}). */
+export interface CellRestart {
+  /** Seconds from the new process's start to its API listening. */
+  listeningS: number;
+  /** Seconds from its start to every node `ready` again (their sessions reopened). */
+  nodesReadyS: number;
+  /** Seconds from its start to a single create answered 201. */
+  firstCreateS: number;
+  /** Largest RSS of the new process until then (MiB, sampled every 100 ms). */
+  rssPeakMiB: number;
 }
 
 /**
@@ -130,6 +148,8 @@ export interface CellReport {
   failures: number;
   /** Seconds to start the cell (PostgreSQL, apiserver, nodes joined). */
   startS: number;
+  /** The apiserver's restart in the full cell, when asked for. */
+  restart?: CellRestart;
   durationS: number;
 }
 
@@ -334,7 +354,20 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
     log('cell: starting dsec apiserver');
     const profile = o.profileDir ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(o.profileDir)] : [];
     if (o.profileDir && o.heapSnapshot) profile.push('--heapsnapshot-signal=SIGUSR2', '--diagnostic-dir', path.resolve(o.profileDir));
-    const api = start([...profile, CLI, 'apiserver', '--db', db, '--home', home, '--addr', '127.0.0.1:0', '--node-addr', '127.0.0.1:0', '--quiet']);
+    const apiArgs = (addr: string, nodeAddr: string): string[] => [
+      CLI,
+      'apiserver',
+      '--db',
+      db,
+      '--home',
+      home,
+      '--addr',
+      addr,
+      '--node-addr',
+      nodeAddr,
+      '--quiet',
+    ];
+    let api = start([...profile, ...apiArgs('127.0.0.1:0', '127.0.0.1:0')]);
     cleanups.unshift(() => stop(api));
     const apiUrl = (await waitFor(api, /listening on (http:\/\/\S+)/, 'dsec apiserver'))[1]!;
     const nodeUrl = (await waitFor(api, /nodes join on (https:\/\/\S+)/, 'dsec apiserver'))[1]!;
@@ -510,6 +543,35 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       );
     }
     log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);
+    let restart: CellRestart | undefined;
+    if (o.restart) {
+      log('cell: restarting the apiserver');
+      await stop(api);
+      const began = nowMs();
+      api = start(apiArgs(new URL(apiUrl).host, new URL(nodeUrl).host));
+      const pid = api.child.pid!;
+      let rssPeak = 0;
+      const sampler = setInterval(() => void rssMiB(pid).then((m) => (rssPeak = Math.max(rssPeak, Number.isFinite(m) ? m : 0))), 100);
+      try {
+        await waitFor(api, /listening on (http:\/\/\S+)/, 'dsec apiserver (restarted)');
+        const listeningS = (nowMs() - began) / 1000;
+        const until = Date.now() + START_TIMEOUT_MS;
+        while ((await admin.nodes.list()).filter((n) => n.state === 'ready').length < o.nodes) {
+          if (Date.now() > until) throw new Error('the nodes did not all come back after the apiserver restarted');
+          await new Promise((r) => setTimeout(r, 200));
+        }
+        const nodesReadyS = (nowMs() - began) / 1000;
+        const res = await fetch(`${apiUrl}/v1/sandboxes`, { method: 'POST', headers: headers(keys[0]!), body: JSON.stringify(spec(0)) });
+        await res.arrayBuffer();
+        if (res.status !== 201) throw new Error(`a create after the restart answered ${res.status}`);
+        restart = { listeningS, nodesReadyS, firstCreateS: (nowMs() - began) / 1000, rssPeakMiB: Math.max(rssPeak, await rssMiB(pid)) };
+      } finally {
+        clearInterval(sampler);
+      }
+      log(
+        `cell: restarted: listening in ${restart.listeningS.toFixed(1)} s, every node ready in ${restart.nodesReadyS.toFixed(1)} s, a create answered in ${restart.firstCreateS.toFixed(1)} s; RSS peak ${restart.rssPeakMiB.toFixed(0)} MiB`,
+      );
+    }
     const size = await pg.query(`SELECT pg_database_size('dsec_cell') AS bytes`);
     const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
     const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
@@ -546,6 +608,7 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       fillCostRatio: last / first,
       failures,
       startS,
+      ...(restart ? { restart } : {}),
       durationS: (nowMs() - t0) / 1000,
     };
   } finally {

@@ -30,6 +30,7 @@ const { values } = parseArgs({
     'no-docs': { type: 'boolean', default: false },
     profile: { type: 'string' },
     'heap-snapshot': { type: 'boolean', default: false },
+    restart: { type: 'boolean', default: false },
   },
 });
 
@@ -71,6 +72,11 @@ function section(r: CellReport, command: string, date: string): string {
     `| sandboxes | ${r.sandboxRows.toLocaleString('en')} rows in the store; ${r.failures} failed creates or queries |`,
     `| store size | ${fmt(r.storeMiB)} MiB (pg_database_size) |`,
     `| spread | ${r.nodesUsed} of ${o.nodes} nodes hold sandboxes, ${r.perNodeMin} to ${r.perNodeMax} each |`,
+    ...(r.restart
+      ? [
+          `| apiserver restarted in the full cell | listening in ${fmt(r.restart.listeningS)} s, every node ready in ${fmt(r.restart.nodesReadyS)} s, a create answered in ${fmt(r.restart.firstCreateS)} s; RSS peak ${fmt(r.restart.rssPeakMiB, 0)} MiB |`,
+        ]
+      : []),
     '',
     '| figure | this run | target (380,000 sandboxes) | met |',
     '|---|---|---|---|',
@@ -127,6 +133,7 @@ const report = await runCell({
   log: (line) => process.stderr.write(`${line}\n`),
   ...(values.profile ? { profileDir: values.profile } : {}),
   heapSnapshot: values['heap-snapshot'],
+  restart: values.restart,
 });
 process.stdout.write(`cores during batch creates: ${busyText(report.busy.batch)}\ncores during single creates: ${busyText(report.busy.singles)}\n`);
 for (const [f, v, t, ok] of targets(report)) process.stdout.write(`${ok ? 'met ' : 'MISS'}  ${f}: ${v} (target ${t})\n`);
