@@ -513,8 +513,12 @@ describe('on PostgreSQL', { skip: postgresSkipReason(), concurrency: false }, ()
       };
       // The server committed; its answer never came: the reservation stands, and its callers hold it.
       const cutAfter = cutter.arm('after-commit');
+      cutter.statements.length = 0;
       assert.deepEqual(await group(), [true, true, true], 'the committed group is answered as admitted');
       await cutAfter;
+      // The transaction's id came from the replica's reservation row, not from a statement of its own.
+      assert.equal(cutter.statements.filter((q) => /returning txid_current\(\)/i.test(q)).length, 1, cutter.statements.join('\n'));
+      assert.ok(!cutter.statements.some((q) => /^\s*select txid_current\(\)/i.test(q)), cutter.statements.join('\n'));
       assert.equal(await used(), 0, 'given back by the callers that held it: nothing left counted');
       // The COMMIT never reached the server: nothing was reserved, and every caller is refused.
       const cutBefore = cutter.arm('before-commit');

@@ -8,7 +8,7 @@ import Database from 'better-sqlite3';
 import { sql } from 'kysely';
 import { NodeRegistry, ROOT_PROJECT_ID, StateStore, WatchStore, WsTickets, reconcileGoneReplica, reconcileOwnNodes } from '@dsec/apiserver';
 import { FakeEdge } from '@dsec/apiserver/testing';
-import { postgresSkipReason, startTestPostgres } from './helpers/postgres.js';
+import { postgresSkipReason, startCommitCutter, startTestPostgres } from './helpers/postgres.js';
 import type { TestPostgres } from './helpers/postgres.js';
 
 const QUOTA = { sandboxes: 10, cpu: 100, memoryMiB: 100_000 };
@@ -321,6 +321,63 @@ describe('state store: PostgreSQL', { skip }, () => {
       } finally {
         await a.close();
         await b.close();
+      }
+    });
+
+    it("a create's writes: a reservation is four statements, its id from the reservation row; rows, labels, keys and the row's take-back are one", async () => {
+      const url = await fresh();
+      const proxy = await startCommitCutter(server!.port);
+      const s = await StateStore.openPostgres(proxy.url(url.slice(url.lastIndexOf('/') + 1)));
+      const heads = (): string[] => proxy.statements.splice(0).map((q) => q.trim().split(/\s+/).slice(0, 3).join(' ').toLowerCase());
+      try {
+        const prj = await s.createProject({ name: 'trips', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+        const r = { sandboxes: 1, cpu: 0.1, memoryMiB: 256 };
+        const held = async (): Promise<unknown[]> =>
+          (await s.db.selectFrom('replica_reservations').select(['sandboxes', 'memory_mib']).where('project_id', '=', prj.id).execute()).map((h) => [
+            Number(h.sandboxes),
+            Number(h.memory_mib),
+          ]);
+        assert.deepEqual((await s.acquireIdempotencyKey({ projectId: prj.id, key: 'k1', requestHash: 'h', ttlMs: 60_000 })).owned, true);
+        await s.ancestry(prj.id); // read once, then kept
+        heads();
+        await Promise.all([s.reserve(prj.id, r), s.reserve(prj.id, r), s.reserve(prj.id, r)]);
+        // One group: BEGIN, the project and its parent, the replica's row (answering the transaction's id), COMMIT.
+        assert.deepEqual(heads(), ['begin', 'update "projects" set', 'update "projects" set', 'insert into "replica_reservations"', 'commit']);
+        assert.deepEqual(await held(), [[3, 768]]);
+        const creating = (id: string) => sandboxRow(id, prj.id, { state: 'creating', cpu: 0.1 });
+        heads();
+        await Promise.all([s.insertSandbox(creating('trip-1'), { job: 'a', n: '1' }, 'k1'), s.insertSandbox(creating('trip-2'), { job: 'a' })]);
+        assert.deepEqual(heads(), ['with rows_in as'], 'one statement');
+        assert.deepEqual((await s.sandbox('trip-1'))?.labels, { job: 'a', n: '1' });
+        assert.deepEqual((await s.sandbox('trip-2'))?.labels, { job: 'a' });
+        assert.equal((await s.sandboxOnly('trip-1'))?.replica, s.sessionTag);
+        assert.equal((await s.db.selectFrom('idempotency_keys').select('sandbox_id').where('key', '=', 'k1').executeTakeFirst())?.sandbox_id, 'trip-1');
+        assert.deepEqual(await held(), [[1, 256]], 'the rows hold two of the three');
+        // The last one's row: the replica's row holds nothing and goes, in the same statement (float CPU residue or not).
+        heads();
+        await s.insertSandbox(creating('trip-3'), {});
+        assert.deepEqual(heads(), ['with rows_in as']);
+        assert.deepEqual(await held(), []);
+        // A reservation given back: BEGIN, the two projects, the row taken back (deleted at zero), COMMIT.
+        await s.reserve(prj.id, r);
+        heads();
+        await s.unreserve(prj.id, r);
+        assert.deepEqual(heads(), ['begin', 'update "projects" set', 'update "projects" set', 'with held_gone as', 'commit']);
+        assert.deepEqual(await held(), []);
+        assert.equal((await s.project(prj.id))!.used_sandboxes, 3);
+        // A group with a row that cannot be written: that one fails alone, the others are written whole.
+        await Promise.all([s.reserve(prj.id, r), s.reserve(prj.id, r)]);
+        const results = await Promise.allSettled([s.insertSandbox(creating('trip-1'), { job: 'dup' }), s.insertSandbox(creating('trip-4'), { job: 'b' })]);
+        assert.deepEqual(
+          results.map((x) => x.status),
+          ['rejected', 'fulfilled'],
+        );
+        assert.deepEqual((await s.sandbox('trip-4'))?.labels, { job: 'b' });
+        assert.deepEqual((await s.sandbox('trip-1'))?.labels, { job: 'a', n: '1' }, 'the refused one changed nothing');
+        assert.deepEqual(await held(), [[1, 256]], 'the refused row still held by the replica');
+      } finally {
+        await s.close();
+        await proxy.close();
       }
     });
 

@@ -201,6 +201,8 @@ export type CommitCut = 'before-commit' | 'after-commit';
 export interface CommitCutter {
   /** URL of `database` through the proxy. */
   url(database: string): string;
+  /** The text of every statement the clients sent through the proxy, in order (a simple query or a parse); the test may empty it. */
+  statements: string[];
   /**
    * Cuts the next COMMIT that passes: `before-commit` closes both ends instead of forwarding it
    * (the server rolls back); `after-commit` forwards it and closes both ends when the server
@@ -217,6 +219,7 @@ export interface CommitCutter {
  */
 export async function startCommitCutter(port: number): Promise<CommitCutter> {
   let armed: { cut: CommitCut; done: () => void } | undefined;
+  const statements: string[] = [];
   const sockets = new Set<net.Socket>();
   const server = net.createServer((client) => {
     const upstream = net.connect(port, '127.0.0.1');
@@ -241,8 +244,17 @@ export async function startCommitCutter(port: number): Promise<CommitCutter> {
         if (pending.length < size) return;
         const message = pending.subarray(0, size);
         pending = pending.subarray(size);
-        if (!started) started = true;
-        else if (armed && (message[0] === 0x51 || message[0] === 0x50) && /^\0*\s*commit\b/i.test(message.subarray(5).toString('latin1'))) {
+        if (!started) {
+          started = true;
+          upstream.write(message);
+          continue;
+        }
+        if (message[0] === 0x51 || message[0] === 0x50) {
+          // `Q`: the query; `P`: the statement's name, then the query (each NUL-terminated).
+          const body = message.subarray(5).toString('utf8');
+          statements.push((message[0] === 0x51 ? body : body.slice(body.indexOf('\0') + 1)).split('\0')[0]!);
+        }
+        if (armed && (message[0] === 0x51 || message[0] === 0x50) && /^\0*\s*commit\b/i.test(message.subarray(5).toString('latin1'))) {
           const { cut: where, done } = armed;
           armed = undefined;
           if (where === 'before-commit') {
@@ -270,6 +282,7 @@ export async function startCommitCutter(port: number): Promise<CommitCutter> {
   const proxyPort = (server.address() as net.AddressInfo).port;
   return {
     url: (database) => `postgres://dsec@127.0.0.1:${proxyPort}/${database}`,
+    statements,
     arm: (cut) => new Promise<void>((done) => (armed = { cut, done })),
     async close() {
       for (const s of sockets) s.destroy();

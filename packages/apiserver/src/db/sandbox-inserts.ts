@@ -1,11 +1,14 @@
 // Sandbox rows written in groups: every insert asked for while the previous group is being
-// written (or in the same turn of the event loop) goes into the next group, which is one
-// transaction with one multi-row INSERT for the rows and one for their labels. A batch create's
+// written (or in the same turn of the event loop) goes into the next group. A batch create's
 // items, and concurrent single creates, so cost a few statements together instead of a
-// transaction each. Each caller's promise settles when its row is committed (the create
-// pipeline's order holds: the row is written before the node is asked); a group that fails is
-// written again row by row, so that one bad row fails alone.
-import type { Kysely, Transaction } from 'kysely';
+// transaction each. On PostgreSQL a group is one statement (data-modifying CTEs: the rows, their
+// labels, their idempotency keys and whatever the store adds, from JSON parameters): one round
+// trip, atomic on its own. The embedded SQLite store, whose round trips cost nothing, writes a
+// group in one transaction of multi-row INSERTs. Each caller's promise settles when its row is
+// committed (the create pipeline's order holds: the row is written before the node is asked); a
+// group that fails is written again row by row, so that one bad row fails alone.
+import { sql } from 'kysely';
+import type { Kysely, RawBuilder, Transaction } from 'kysely';
 import type { Database, SandboxTable } from './schema.js';
 import { WriteGroups } from './write-groups.js';
 
@@ -25,6 +28,19 @@ export interface SandboxInsert {
 /** Binds an idempotency key to a sandbox id inside a transaction. */
 export type BindIdempotencyKey = (tx: Transaction<Database>, projectId: string, key: string, sandboxId: string) => Promise<void>;
 
+/** What a group's write does besides its rows and labels: the store's part. */
+export interface SandboxInsertsOptions {
+  /** Binds an idempotency key (the transaction's path). */
+  bind: BindIdempotencyKey;
+  /** Run in each transaction that writes rows, after them (the store's accounting of reservations turned into rows). */
+  afterRows: (tx: Transaction<Database>, rows: readonly SandboxTable[]) => Promise<void>;
+  /**
+   * Given: a group is one statement (PostgreSQL), and these further CTEs (`name AS (...)`, names
+   * other than the rows', labels' and keys') do in it what `afterRows` does. Absent: a transaction.
+   */
+  alsoInStatement?: ((rows: readonly SandboxTable[]) => Array<RawBuilder<unknown>>) | undefined;
+}
+
 /** Groups sandbox inserts into multi-row statements (one writer per store). */
 export class SandboxInserts {
   private readonly groups = new WriteGroups<SandboxInsert, void>((_key, group) => this.writeGroup(group), Number.MAX_SAFE_INTEGER);
@@ -33,9 +49,7 @@ export class SandboxInserts {
 
   constructor(
     private readonly db: Kysely<Database>,
-    private readonly bind: BindIdempotencyKey,
-    /** Run in each transaction that writes rows, after them (the store's accounting of reservations turned into rows). */
-    private readonly onWrite: (tx: Transaction<Database>, rows: readonly SandboxTable[]) => Promise<void> = async () => undefined,
+    private readonly opts: SandboxInsertsOptions,
   ) {}
 
   /** Inserts a row (and its labels, and binds its key); resolves once it is committed. */
@@ -45,7 +59,7 @@ export class SandboxInserts {
 
   private async writeGroup(group: readonly SandboxInsert[]): Promise<Array<undefined | Error>> {
     try {
-      await this.db.transaction().execute((tx) => this.write(tx, group));
+      await this.write(group);
       this.written.groups++;
       this.written.rows += group.length;
       return group.map(() => undefined);
@@ -94,7 +108,7 @@ export class SandboxInserts {
     const out = new Map<SandboxInsert, Error | undefined>();
     for (const p of group) {
       try {
-        await this.db.transaction().execute((tx) => this.write(tx, [p]));
+        await this.write([p]);
         out.set(p, undefined);
       } catch (err) {
         out.set(p, err instanceof Error ? err : new Error(String(err)));
@@ -103,22 +117,55 @@ export class SandboxInserts {
     return out;
   }
 
-  private async write(tx: Transaction<Database>, group: readonly SandboxInsert[]): Promise<void> {
-    // One statement's rows must name the same columns: a column some row leaves out is NULL.
-    const columns = new Set(group.flatMap((g) => Object.keys(g.row)));
-    const rows = group.map((g) => {
-      const row: Record<string, unknown> = {};
-      for (const c of columns) row[c] = (g.row as unknown as Record<string, unknown>)[c] ?? null;
-      return row as unknown as SandboxTable;
-    });
+  /** Writes a group whole or not at all. */
+  private async write(group: readonly SandboxInsert[]): Promise<void> {
+    const rows = sameColumns(group);
+    const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
+    if (!this.opts.alsoInStatement) {
+      await this.db.transaction().execute((tx) => this.writeIn(tx, group, rows, labels));
+      return;
+    }
+    // Each part reads its JSON parameter as typed records: the rows as the table's row type
+    // (only the columns given are written, the others keep their defaults).
+    const columns = sql.join(Object.keys(rows[0]!).map((c) => sql.id(c)));
+    const keys = group.flatMap((g) => (g.idempotencyKey === undefined ? [] : [{ project_id: g.row.project_id, key: g.idempotencyKey, sandbox_id: g.row.id }]));
+    const parts = [
+      sql`rows_in AS (INSERT INTO sandboxes (${columns})
+        SELECT ${columns} FROM jsonb_populate_recordset(NULL::sandboxes, ${JSON.stringify(rows)}::jsonb))`,
+      ...(labels.length === 0
+        ? []
+        : [
+            sql`labels_in AS (INSERT INTO sandbox_labels (sandbox_id, key, value)
+              SELECT sandbox_id, key, value FROM jsonb_to_recordset(${JSON.stringify(labels)}::jsonb) AS l(sandbox_id text, key text, value text))`,
+          ]),
+      ...(keys.length === 0
+        ? []
+        : [
+            sql`keys_bound AS (UPDATE idempotency_keys k SET sandbox_id = b.sandbox_id
+              FROM jsonb_to_recordset(${JSON.stringify(keys)}::jsonb) AS b(project_id text, key text, sandbox_id text)
+              WHERE k.project_id = b.project_id AND k.key = b.key AND k.state = 'pending')`,
+          ]),
+      ...this.opts.alsoInStatement(rows),
+    ];
+    // Every data-modifying CTE runs to completion whatever the outer query reads; the labels'
+    // foreign key is checked at the statement's end, when the rows are there.
+    await sql`WITH ${sql.join(parts)} SELECT 1`.execute(this.db);
+  }
+
+  /** The group in a transaction: multi-row INSERTs, the keys bound, then `afterRows`. */
+  private async writeIn(
+    tx: Transaction<Database>,
+    group: readonly SandboxInsert[],
+    rows: readonly SandboxTable[],
+    labels: ReadonlyArray<{ sandbox_id: string; key: string; value: string }>,
+  ): Promise<void> {
     for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
       await tx
         .insertInto('sandboxes')
         .values(rows.slice(i, i + ROWS_PER_STATEMENT))
         .execute();
     }
-    for (const g of group) if (g.idempotencyKey !== undefined) await this.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
-    const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
+    for (const g of group) if (g.idempotencyKey !== undefined) await this.opts.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
     for (let i = 0; i < labels.length; i += LABELS_PER_STATEMENT) {
       await tx
         .insertInto('sandbox_labels')
@@ -127,9 +174,16 @@ export class SandboxInserts {
     }
     // Last: on a shared store this takes the replica's reservation row of the project, which
     // every reservation of the project takes too; held from here to the COMMIT only.
-    await this.onWrite(
-      tx,
-      group.map((g) => g.row),
-    );
+    await this.opts.afterRows(tx, rows);
   }
+}
+
+/** The group's rows with the same columns (one statement's rows must name the same): a column some row leaves out is NULL. */
+function sameColumns(group: readonly SandboxInsert[]): SandboxTable[] {
+  const columns = new Set(group.flatMap((g) => Object.keys(g.row)));
+  return group.map((g) => {
+    const row: Record<string, unknown> = {};
+    for (const c of columns) row[c] = (g.row as unknown as Record<string, unknown>)[c] ?? null;
+    return row as unknown as SandboxTable;
+  });
 }

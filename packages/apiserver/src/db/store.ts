@@ -4,7 +4,7 @@
 // section per table, and splitting it would split that shape.
 import { randomBytes } from 'node:crypto';
 import { Kysely, Migrator, sql } from 'kysely';
-import type { CompiledQuery, Dialect, SelectQueryBuilder, Transaction } from 'kysely';
+import type { CompiledQuery, Dialect, RawBuilder, SelectQueryBuilder, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
 import type { Quota, Role } from '@dsec/protocol';
 import type {
@@ -167,7 +167,12 @@ export class StateStore {
     opts: StoreOpenOptions,
   ) {
     this.shared = opts.shared ?? false;
-    this.inserts = new SandboxInserts(db, bindIdempotencyKey, (tx, rows) => this.reservationsBecameRows(tx, rows));
+    this.inserts = new SandboxInserts(db, {
+      bind: bindIdempotencyKey,
+      afterRows: (tx, rows) => this.reservationsBecameRows(tx, rows),
+      // PostgreSQL: a group is one statement, the replica's reservation row taken back in it.
+      alsoInStatement: this.shared ? (rows) => this.reservationsBecameRowsSql(rows) : undefined,
+    });
     this.reservations = new WriteGroups<Reservation, undefined>((projectId, rs) => this.reserveMany(projectId, rs));
     this.transitions = new WriteGroups((key, ids) => this.transitionMany(ids, ...(JSON.parse(key) as [string[], string])));
     this.catalog = new CatalogCache(this.shared);
@@ -420,10 +425,7 @@ export class StateStore {
       const sum = sumOf(rs);
       let fitted = 0;
       while (fitted < chain.length && (await this.addUsage(tx, chain[fitted]!, sum, 1, true))) fitted++;
-      if (fitted === chain.length) {
-        await this.holdReservation(tx, projectId, sum, 1);
-        return rs.map(() => undefined);
-      }
+      if (fitted === chain.length) return { value: rs.map(() => undefined), xid: await this.holdReservation(tx, projectId, sum, 1) };
       for (const id of chain.slice(0, fitted)) await this.addUsage(tx, id, sum, -1, false);
       const out: Array<DsecError | undefined> = [];
       // Usage only grows within the transaction: a request no smaller than one refused is refused too.
@@ -451,31 +453,32 @@ export class StateStore {
         refused.push({ r, err });
         out.push(err);
       }
-      await this.holdReservation(tx, projectId, sumOf(rs.filter((_, i) => !out[i])), 1);
-      return out;
+      return { value: out, xid: await this.holdReservation(tx, projectId, sumOf(rs.filter((_, i) => !out[i])), 1) };
     });
   }
 
   /**
    * Runs `fn` in a transaction whose outcome is known even when the COMMIT's answer is not. On
    * PostgreSQL the answer can be lost after the server committed (the connection or the server
-   * process died, the client gave up): the transaction's id, taken first, is then asked of the
-   * server on another connection, and a committed transaction answers as if the COMMIT had (a
-   * reservation that counted is held by its caller, who gives it back, instead of being left
-   * counted with no sandbox). An aborted one, or one whose fate cannot be read (the database
-   * unreachable), fails as before; the next start-up reconcile recomputes usage from the rows.
-   * SQLite is embedded: its commit answers or the process is gone.
+   * process died, the client gave up): the transaction's id is then asked of the server on
+   * another connection, and a committed transaction answers as if the COMMIT had (a reservation
+   * that counted is held by its caller, who gives it back, instead of being left counted with no
+   * sandbox). An aborted one, or one whose fate cannot be read (the database unreachable), fails
+   * as before; the next start-up reconcile recomputes usage from the rows. `fn` gives the id
+   * from a statement it runs anyway (the replica's reservation row answers it: no round trip of
+   * its own); only when it has none (it wrote no such row) is it read before the COMMIT. SQLite
+   * is embedded: its commit answers or the process is gone.
    */
-  private async verifiedTransaction<T>(fn: (tx: Transaction<Database>) => Promise<T>): Promise<T> {
-    if (!this.shared) return this.db.transaction().execute(fn);
+  private async verifiedTransaction<T>(fn: (tx: Transaction<Database>) => Promise<{ value: T; xid: string | undefined }>): Promise<T> {
+    if (!this.shared) return (await this.db.transaction().execute(fn)).value;
     let xid: string | undefined;
     let done: { value: T } | undefined;
     try {
       return await this.db.transaction().execute(async (tx) => {
-        xid = (await sql<{ xid: string }>`SELECT txid_current()::text AS xid`.execute(tx)).rows[0]!.xid;
-        const value = await fn(tx);
-        done = { value };
-        return value;
+        const out = await fn(tx);
+        xid = out.xid ?? (await sql<{ xid: string }>`SELECT txid_current()::text AS xid`.execute(tx)).rows[0]!.xid;
+        done = { value: out.value };
+        return out.value;
       });
     } catch (err) {
       // Failed before the COMMIT was sent: the transaction is rolled back, nothing to verify.
@@ -515,13 +518,21 @@ export class StateStore {
   /**
    * Adds (`sign` 1) or removes (-1) quota this replica holds for a project without a row
    * (`replica_reservations`, shared stores only): what it reserved, less what became rows or
-   * went back. A replica that dies leaves it there for {@link releaseReplicaReservations}.
+   * went back. A replica that dies leaves it there for {@link releaseReplicaReservations}. A row
+   * that holds no sandbox any more goes (what CPU a float sum left is no reservation). On
+   * PostgreSQL one statement each way; an addition answers the transaction's id
+   * ({@link verifiedTransaction}).
    */
-  private async holdReservation(tx: Transaction<Database>, projectId: string, r: Reservation, sign: 1 | -1): Promise<void> {
+  private async holdReservation(tx: Transaction<Database>, projectId: string, r: Reservation, sign: 1 | -1): Promise<string | undefined> {
     const replica = this.sessionTag;
-    if (!replica || r.sandboxes === 0) return;
+    if (!replica || r.sandboxes === 0) return undefined;
+    if (sign === -1 && this.shared) {
+      const [gone, kept] = this.takeBackHeld(replica, [{ projectId, r }]);
+      await sql`WITH ${gone} ${kept}`.execute(tx);
+      return undefined;
+    }
     const d = { sandboxes: sign * r.sandboxes, cpu: sign * r.cpu, memory_mib: sign * r.memoryMiB };
-    await tx
+    const upsert = tx
       .insertInto('replica_reservations')
       .values({ replica, project_id: projectId, ...d })
       .onConflict((oc) =>
@@ -530,22 +541,53 @@ export class StateStore {
           cpu: eb('replica_reservations.cpu', '+', d.cpu),
           memory_mib: eb('replica_reservations.memory_mib', '+', d.memory_mib),
         })),
-      )
-      .execute();
-    // One that holds no sandbox any more goes (what CPU a float sum left is no reservation).
+      );
+    if (this.shared) return (await upsert.returning(sql<string>`txid_current()::text`.as('xid')).executeTakeFirstOrThrow()).xid;
+    await upsert.execute();
     if (sign === -1)
       await tx.deleteFrom('replica_reservations').where('replica', '=', replica).where('project_id', '=', projectId).where('sandboxes', '<=', 0).execute();
+    return undefined;
   }
 
-  /** Rows written by this replica: the reservations of its creates are held by them now, not by the replica. */
-  private async reservationsBecameRows(tx: Transaction<Database>, rows: readonly SandboxTable[]): Promise<void> {
-    if (!this.sessionTag) return;
+  /**
+   * PostgreSQL: the two parts of one statement that take `held` back from this replica's
+   * reservation rows: `held_gone AS (...)` deletes each row that holds no more than it gives back,
+   * then the UPDATE (`held_kept AS (...)` with `asCte`) takes it from the others. No row is
+   * written twice in the statement: the update skips the projects whose row went. A row that
+   * another transaction of this replica brings down to zero meanwhile may stay at zero; every
+   * reader ignores rows that hold no sandbox.
+   */
+  private takeBackHeld(replica: string, held: ReadonlyArray<{ projectId: string; r: Reservation }>, asCte = false) {
+    const h = sql`unnest(${held.map((x) => x.projectId)}::text[], ${held.map((x) => x.r.sandboxes)}::int[], ${held.map((x) => x.r.cpu)}::float8[], ${held.map((x) => x.r.memoryMiB)}::int[]) AS h(project_id, sandboxes, cpu, memory_mib)`;
+    const gone = sql`held_gone AS (DELETE FROM replica_reservations r USING ${h}
+      WHERE r.replica = ${replica} AND r.project_id = h.project_id AND r.sandboxes <= h.sandboxes RETURNING r.project_id)`;
+    const update = sql`UPDATE replica_reservations r
+      SET sandboxes = r.sandboxes - h.sandboxes, cpu = r.cpu - h.cpu, memory_mib = r.memory_mib - h.memory_mib
+      FROM ${h} WHERE r.replica = ${replica} AND r.project_id = h.project_id AND h.project_id NOT IN (SELECT project_id FROM held_gone)`;
+    return [gone, asCte ? sql`held_kept AS (${update})` : update] as const;
+  }
+
+  /** What the rows of this replica's creates (state `creating`) hold for each project, from its reservations. */
+  private heldByRows(rows: readonly SandboxTable[]): Array<{ projectId: string; r: Reservation }> {
     const byProject = new Map<string, Reservation[]>();
     for (const row of rows) {
       if (row.state !== 'creating') continue;
       (byProject.get(row.project_id) ?? byProject.set(row.project_id, []).get(row.project_id)!).push({ sandboxes: 1, cpu: row.cpu, memoryMiB: row.memory_mib });
     }
-    for (const [projectId, rs] of byProject) await this.holdReservation(tx, projectId, sumOf(rs), -1);
+    return [...byProject].map(([projectId, rs]) => ({ projectId, r: sumOf(rs) }));
+  }
+
+  /** Rows written by this replica: the reservations of its creates are held by them now, not by the replica. */
+  private async reservationsBecameRows(tx: Transaction<Database>, rows: readonly SandboxTable[]): Promise<void> {
+    if (!this.sessionTag) return;
+    for (const { projectId, r } of this.heldByRows(rows)) await this.holdReservation(tx, projectId, r, -1);
+  }
+
+  /** {@link reservationsBecameRows} as parts of the insert's one statement (PostgreSQL). */
+  private reservationsBecameRowsSql(rows: readonly SandboxTable[]): RawBuilder<unknown>[] {
+    const held = this.heldByRows(rows);
+    if (!this.sessionTag || held.length === 0) return [];
+    return [...this.takeBackHeld(this.sessionTag, held, true)];
   }
 
   /**
