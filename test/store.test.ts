@@ -173,6 +173,32 @@ function storeSuite(open: () => Promise<StateStore>): void {
     assert.equal((await store.sandboxOnly('gr-2'))!.state, 'running');
   });
 
+  it("reads what a node's share needs of its rows, without their specs; counts a node's rows by state", async () => {
+    const prj = await store.createProject({ name: 'shares', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const spec = (o: object): string => JSON.stringify({ image: { base: 'b' }, ...o });
+    await store.insertSandbox(
+      sandboxRow('sh-1', prj.id, { node: 'sh-a', spec: spec({ labels: { 'dsec.spread-by': 'job', job: 'j1' }, resources: { cpuClass: 'best-effort' } }) }),
+      {},
+    );
+    await store.insertSandbox(sandboxRow('sh-2', prj.id, { node: 'sh-a', state: 'paused', paused_at: new Date().toISOString(), spec: spec({}) }), {});
+    await store.insertSandbox(sandboxRow('sh-3', prj.id, { node: 'sh-b', spec: spec({ labels: {} }) }), {});
+    const shares = new Map((await store.sandboxShares('sh-a')).map((r) => [r.id, r]));
+    assert.deepEqual([...shares.keys()].sort(), ['sh-1', 'sh-2']);
+    const one = shares.get('sh-1')!;
+    assert.equal(one.cpu_class, 'best-effort');
+    assert.deepEqual(JSON.parse(one.labels!), { 'dsec.spread-by': 'job', job: 'j1' });
+    assert.equal('spec' in one, false);
+    const two = shares.get('sh-2')!;
+    assert.deepEqual([two.state, two.cpu_class, two.labels, typeof two.paused_at], ['paused', null, null, 'string']);
+    assert.equal((await store.sandboxShares()).filter((r) => r.id.startsWith('sh-')).length, 3);
+    assert.deepEqual(await store.sandboxStatesOn('sh-a'), { running: 1, paused: 1 });
+    assert.deepEqual(
+      (await store.sandboxesOnNodes(['sh-b', 'sh-none'])).map((r) => r.id),
+      ['sh-3'],
+    );
+    assert.deepEqual(await store.sandboxesOnNodes([]), []);
+  });
+
   it('hands one idempotency key to one request', async () => {
     const prj = await store.createProject({ name: 'idem', parentId: ROOT_PROJECT_ID, quota: QUOTA });
     const k = { projectId: prj.id, key: 'k1', requestHash: 'h', ttlMs: 60_000 };

@@ -332,7 +332,7 @@ export async function reconcileOwnNodes(d: ReconcileDeps): Promise<ReconcileRepo
   );
   if (views.size === 0) return report;
   const gone = new Set(await d.store.replicasWithoutSessions());
-  const rows = (await d.store.allSandboxes()).filter((r) => views.has(r.node));
+  const rows = await d.store.sandboxesOnNodes([...views.keys()]);
   const theirs = rows.filter((r) => !!r.replica && gone.has(r.replica) && IN_FLIGHT_STATES.includes(r.state));
   await settleRows(d, theirs, views, report);
   const known = new Set(rows.map((r) => r.id));
@@ -349,7 +349,9 @@ export async function reconcileAtStart(d: ReconcileDeps): Promise<ReconcileRepor
   const { store, nodes, log } = d;
   const report = emptyReport();
   const views = await nodeViews(nodes.all(), report, log);
-  const rows = await store.allSandboxes();
+  // Only the rows of nodes reached now: a row elsewhere is neither settled nor an orphan's match
+  // here (its node's session-open recount does that), and a cell's store holds hundreds of thousands.
+  const rows = await store.sandboxesOnNodes([...views.keys()]);
   await settleRows(d, rows, views, report);
   const known = new Set(rows.map((r) => r.id));
   for (const [name, view] of views) await destroyOrphans(d, name, view, known, report);

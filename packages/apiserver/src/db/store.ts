@@ -125,6 +125,18 @@ function leaseCheckReset<T extends Partial<SandboxTable>>(set: T): T {
 export type SandboxSummary = Pick<SandboxTable, 'id' | 'node' | 'state' | 'created_at' | 'expires_at' | 'lease'>;
 const SUMMARY_COLUMNS = ['id', 'node', 'state', 'created_at', 'expires_at', 'lease'] as const;
 
+/**
+ * A row as its node's share counts it (`LifecycleService.shareOf`): without the spec, layers or
+ * lease, whose JSON is most of a row; the two parts of the spec a share needs taken out of it by
+ * the database. What a start and a node's session-open recount read of every row.
+ */
+export type SandboxShareRow = Pick<SandboxTable, 'id' | 'node' | 'state' | 'backend' | 'cpu' | 'memory_mib' | 'pool_id' | 'paused_at'> & {
+  /** `spec.resources.cpuClass`; null when the spec has none. */
+  cpu_class: string | null;
+  /** `spec.labels` as JSON; null when the spec has none. */
+  labels: string | null;
+};
+
 /** Sandbox ids read at most at once from a label's index by a filtered list. */
 const LIST_CHUNK_MAX = 2000;
 /**
@@ -1168,6 +1180,46 @@ export class StateStore {
   /** Every sandbox row. */
   async allSandboxes(): Promise<SandboxTable[]> {
     return this.db.selectFrom('sandboxes').selectAll().execute();
+  }
+
+  /** Every sandbox row placed on one of these nodes (through the index by node). */
+  async sandboxesOnNodes(nodes: readonly string[]): Promise<SandboxTable[]> {
+    const out: SandboxTable[] = [];
+    for (let i = 0; i < nodes.length; i += 500)
+      out.push(
+        ...(await this.db
+          .selectFrom('sandboxes')
+          .selectAll()
+          .where('node', 'in', nodes.slice(i, i + 500))
+          .execute()),
+      );
+    return out;
+  }
+
+  /**
+   * What a node's share needs of every row ({@link SandboxShareRow}), of one node or all. At a
+   * cell's scale (hundreds of thousands of rows) a full read of every row costs the replica a copy
+   * of every spec in memory at once; this is about a tenth of it.
+   */
+  async sandboxShares(node?: string): Promise<SandboxShareRow[]> {
+    const cpuClass = this.shared ? sql<string | null>`(spec::json)->'resources'->>'cpuClass'` : sql<string | null>`json_extract(spec, '$.resources.cpuClass')`;
+    const labels = this.shared ? sql<string | null>`((spec::json)->'labels')::text` : sql<string | null>`json_extract(spec, '$.labels')`;
+    let q = this.db
+      .selectFrom('sandboxes')
+      .select(['id', 'node', 'state', 'backend', 'cpu', 'memory_mib', 'pool_id', 'paused_at', cpuClass.as('cpu_class'), labels.as('labels')]);
+    if (node !== undefined) q = q.where('node', '=', node);
+    return q.execute();
+  }
+
+  /** How many rows of node `name` are in each state (through the index by node). */
+  async sandboxStatesOn(name: string): Promise<Record<string, number>> {
+    const rows = await this.db
+      .selectFrom('sandboxes')
+      .select(['state', (eb) => eb.fn.countAll<number | string>().as('n')])
+      .where('node', '=', name)
+      .groupBy('state')
+      .execute();
+    return Object.fromEntries(rows.map((r) => [r.state, Number(r.n)]));
   }
 
   /**

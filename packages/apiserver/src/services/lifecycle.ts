@@ -6,7 +6,7 @@ import { requireRole } from '../auth.js';
 import type { Principal } from '../auth.js';
 import { crashPoint } from '../crash-points.js';
 import type { OwnerTable, SandboxTable } from '../db/schema.js';
-import type { StateStore } from '../db/store.js';
+import type { SandboxShareRow, StateStore } from '../db/store.js';
 import { leaseOf, nextLeaseCheckMs, renewSpanMs } from '../leases.js';
 import type { ActivityTracker, PauseReason } from '../leases.js';
 import type { NodeRegistry, NodeShare } from '../nodes.js';
@@ -138,9 +138,21 @@ export class LifecycleService {
    * A row's share of its node as a recount counts it: a paused sandbox, or one paused before its
    * delete, holds no CPU.
    */
-  shareOf(row: SandboxTable): NodeShare {
+  shareOf(row: SandboxTable | SandboxShareRow): NodeShare {
     const paused = row.state === 'paused' || (row.state === 'stopping' && !!row.paused_at);
-    return { cpu: paused ? 0 : this.cpuCharge(row), memoryMiB: row.memory_mib, spread: this.spreadOf(row), backend: row.backend };
+    // A full row's spec is parsed once; a share row has its two parts already.
+    let labels: Record<string, string> | undefined;
+    let cpuClass: string | null | undefined;
+    if ('spec' in row) {
+      const spec = JSON.parse(row.spec) as SandboxSpec;
+      labels = spec.labels;
+      cpuClass = spec.resources?.cpuClass;
+    } else {
+      labels = row.labels ? (JSON.parse(row.labels) as Record<string, string>) : undefined;
+      cpuClass = row.cpu_class;
+    }
+    const cpu = paused ? 0 : this.d.placement.cpuCharge({ cpu: row.cpu, cpuClass: cpuClass === 'best-effort' ? 'best-effort' : 'latency-sensitive' });
+    return { cpu, memoryMiB: row.memory_mib, spread: spreadOf(labels), backend: row.backend };
   }
 
   /**
@@ -154,16 +166,18 @@ export class LifecycleService {
    */
   async loadAllocations(settle: boolean): Promise<void> {
     const inFlight = new Map<string, Map<string, NodeShare>>();
-    const onNodes = new Map<string, string>();
-    if (settle) for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
-    for (const row of await this.d.store.allSandboxes()) {
-      if (settle && (row.state === PAUSING || row.state === RESUMING)) {
+    if (settle) {
+      const onNodes = new Map<string, string>();
+      for (const n of this.d.nodes.all()) for (const s of await n.client.list()) onNodes.set(s.id, s.state);
+      for (const row of await this.d.store.sandboxesInStates([PAUSING, RESUMING])) {
         const actual = onNodes.get(row.id) === 'paused' ? 'paused' : 'running';
         if (await this.d.store.transitionSandbox(row.id, [row.state], actual, actual === 'running' ? { paused_at: null, pause_reason: null } : {})) {
           if (row.pool_id === null) this.rowEvents.stateChanged(row, actual, row.state);
         }
-        row.state = actual;
       }
+    }
+    // What each row's share needs, not the rows in full (a cell's replica holds hundreds of thousands).
+    for (const row of await this.d.store.sandboxShares()) {
       // A lost sandbox holds nothing on its node (every path that marks one lost released it).
       if (row.state === 'lost') continue;
       // One paused before its delete holds no CPU (as its teardown counts it).

@@ -247,7 +247,8 @@ export class NodeService {
    */
   async reconcile(n: NodeEntry): Promise<{ destroyed: string[] }> {
     const onNode = await n.client.list();
-    const rows = new Map((await this.store.sandboxesOn(n.name)).map((r) => [r.id, r]));
+    // What each row's share needs, not the rows in full: every node of a restarted replica recounts at once.
+    const rows = new Map((await this.d.store.sandboxShares(n.name)).map((r) => [r.id, r]));
     const destroyed: string[] = [];
     for (const s of onNode) {
       const row = rows.get(s.id);
@@ -341,8 +342,7 @@ export class NodeService {
       sandboxes: null,
     };
     if (!operator) return n.healthy && n.client.layers.cacheStats ? { ...view, layerCache: null } : view;
-    const counts: Record<string, number> = {};
-    for (const r of await this.store.sandboxesOn(n.name)) counts[r.state] = (counts[r.state] ?? 0) + 1;
+    const counts = await this.d.store.sandboxStatesOn(n.name);
     return {
       ...view,
       allocatable: this.d.placement.allocatable(n),
