@@ -22,9 +22,10 @@ function nodeOf(c: Context): { incoming?: IncomingMessage; outgoing?: ServerResp
  * request first, about a twentieth of a millisecond per request.
  */
 export function requestHeader(c: Context, name: string): string | undefined {
-  const incoming = nodeOf(c).incoming;
-  if (!incoming) return c.req.header(name);
-  return incoming.headersDistinct[name.toLowerCase()]?.join(', ');
+  // node:http's requests have `headersDistinct`; anything else (an HTTP/2 request) goes the fetch way.
+  const distinct = nodeOf(c).incoming?.headersDistinct as Record<string, string[] | undefined> | undefined;
+  if (!distinct) return c.req.header(name);
+  return distinct[name.toLowerCase()]?.join(', ');
 }
 
 const signals = new WeakMap<ServerResponse, AbortSignal>();
