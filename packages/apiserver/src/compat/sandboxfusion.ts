@@ -11,7 +11,7 @@ import type { CallRequest, CallResult, CallRuntime, CallStepResult } from '@dsec
 import type { Principal } from '../auth.js';
 import { router } from '../http/env.js';
 import type { RouterDeps } from '../http/env.js';
-import { jsonBody } from '../http/validate.js';
+import { jsonBody, requestSignal } from '../http/validate.js';
 import type { CallService } from '../services/calls.js';
 
 /** Memory limit of a call that asks for none (`memory_limit_MB` -1, SandboxFusion's default). */
@@ -166,7 +166,7 @@ export function sandboxFusionRoutes({ services: { calls }, metrics }: RouterDeps
   const r = router();
   for (const base of ['/sandboxfusion', '/sandboxfusion/t/:token']) {
     r.post(`${base}/run_code`, jsonBody(RunCodeRequestSchema), async (c) => {
-      const reply = await runCode(calls, c.get('principal'), c.get('body'), c.req.raw.signal);
+      const reply = await runCode(calls, c.get('principal'), c.get('body'), requestSignal(c));
       metrics.calls++;
       return c.json(reply);
     });

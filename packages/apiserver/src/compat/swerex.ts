@@ -18,7 +18,7 @@ import type { Services } from '../services/index.js';
 import type { CommandTarget } from '../services/commands.js';
 import { ansiQuote, BashSession, MAX_INLINE_COMMAND, promptOf, SessionGone, SessionTimeout } from './swerex-session.js';
 import { readZip } from './zip.js';
-import { limitedBody, readJson } from '../http/validate.js';
+import { limitedBody, readJson, requestHeader } from '../http/validate.js';
 
 /** Largest upload (the multipart body is read whole). */
 export const SWEREX_MAX_UPLOAD_BYTES = 256 * 1_048_576;
@@ -400,7 +400,7 @@ export async function swerexModel<S extends z.ZodType>(c: Context, schema: S): P
 export async function swerexUploadForm(c: Context): Promise<FormData> {
   const chunks: Buffer[] = [];
   for await (const chunk of limitedBody(c, SWEREX_MAX_UPLOAD_BYTES, 'uploads')) chunks.push(chunk);
-  const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': c.req.header('content-type') ?? '' } });
+  const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': requestHeader(c, 'content-type') ?? '' } });
   // undici's parser, as envd's uploads (e2b/envd.ts): the body is bounded above.
   // eslint-disable-next-line @typescript-eslint/no-deprecated
   return whole.formData().catch(() => {
@@ -416,7 +416,7 @@ export function swerexRoutes({ services }: RouterDeps) {
   const handle = (run: (c: Context, p: Principal, t: CommandTarget & { node: string }) => Promise<unknown>) => async (c: Context) => {
     const p = c.get('principal') as Principal;
     const t = await swerex.target(p, c.req.param('id') ?? '');
-    const reply = await swerex.once(t.sandboxId, c.req.method === 'POST' ? c.req.header('x-request-id') : undefined, async () => {
+    const reply = await swerex.once(t.sandboxId, c.req.method === 'POST' ? requestHeader(c, 'x-request-id') : undefined, async () => {
       try {
         return { status: 200, body: await run(c, p, t) };
       } catch (err) {

@@ -5,6 +5,7 @@
 import type { Context } from 'hono';
 import { DsecError, invalidArgument } from '@dsec/protocol';
 import { CONNECT_STATUS, connectErrorBody } from './errors.js';
+import { requestHeader } from '../http/validate.js';
 
 /** Most bytes of one request message (requests are small: paths, commands, stdin pieces). */
 export const MAX_CONNECT_REQUEST_BYTES = 16 * 1024 * 1024;
@@ -12,7 +13,7 @@ const END_STREAM = 0x02;
 
 /** Reads the request body, refused past {@link MAX_CONNECT_REQUEST_BYTES}. */
 async function readBody(c: Context): Promise<Buffer> {
-  if (Number(c.req.header('content-length') ?? 0) > MAX_CONNECT_REQUEST_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', 'request message too large');
+  if (Number(requestHeader(c, 'content-length') ?? 0) > MAX_CONNECT_REQUEST_BYTES) throw new DsecError('PAYLOAD_TOO_LARGE', 'request message too large');
   const body = c.req.raw.body as unknown as AsyncIterable<Uint8Array> | null;
   const chunks: Buffer[] = [];
   let size = 0;
@@ -39,14 +40,14 @@ function parseJson(text: string): Record<string, unknown> {
 
 /** The message of a unary request (`application/json`). */
 export async function unaryRequest(c: Context): Promise<Record<string, unknown>> {
-  const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
+  const type = (requestHeader(c, 'content-type') ?? '').split(';')[0]!.trim();
   if (type !== 'application/json') throw invalidArgument('content-type', `unary calls take application/json (the JSON codec), not ${type || 'nothing'}`);
   return parseJson((await readBody(c)).toString('utf8'));
 }
 
 /** The one message of a server-streaming request (`application/connect+json`, enveloped). */
 export async function streamRequest(c: Context): Promise<Record<string, unknown>> {
-  const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
+  const type = (requestHeader(c, 'content-type') ?? '').split(';')[0]!.trim();
   if (type !== 'application/connect+json') throw invalidArgument('content-type', `streaming calls take application/connect+json, not ${type || 'nothing'}`);
   const body = await readBody(c);
   if (body.length < 5) throw invalidArgument('body', 'no envelope');
@@ -124,7 +125,7 @@ export function streamReply(produce: AsyncGenerator<object>, log?: (line: string
 
 /** The call's deadline (`Connect-Timeout-Ms`), in ms; undefined when none. */
 export function deadlineMs(c: Context): number | undefined {
-  const raw = c.req.header('connect-timeout-ms');
+  const raw = requestHeader(c, 'connect-timeout-ms');
   if (raw === undefined) return undefined;
   if (!/^\d{1,10}$/.test(raw)) throw invalidArgument('connect-timeout-ms', 'not a positive integer');
   const n = Number(raw);
@@ -133,6 +134,6 @@ export function deadlineMs(c: Context): number | undefined {
 
 /** The keepalive interval the client asks for (`Keepalive-Ping-Interval`, seconds), in ms. */
 export function keepaliveMs(c: Context): number {
-  const raw = Number(c.req.header('keepalive-ping-interval') ?? 50);
+  const raw = Number(requestHeader(c, 'keepalive-ping-interval') ?? 50);
   return Number.isFinite(raw) && raw >= 1 ? Math.min(raw, 3600) * 1000 : 50_000;
 }

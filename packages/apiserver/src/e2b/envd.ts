@@ -13,7 +13,7 @@ import type { Principal } from '../auth.js';
 import type { Services } from '../services/index.js';
 import type { CommandTarget } from '../services/commands.js';
 import type { SandboxRow } from '../services/common.js';
-import { MAX_UPLOAD_BYTES, limitedBody } from '../http/validate.js';
+import { limitedBody, MAX_UPLOAD_BYTES, requestHeader, requestSignal } from '../http/validate.js';
 import { CutStream, deadlineMs, keepaliveMs } from './connect.js';
 import { ConnectError, E2bError } from './errors.js';
 import { NO_TOKEN, TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
@@ -187,8 +187,8 @@ export class Envd {
    */
   async target(c: Context, signed?: { op: 'read' | 'write' }): Promise<EnvdTarget> {
     // Behind a per-sandbox host name (`49983-<id>.<domain>`, ports.ts) the Host names the sandbox.
-    const byHost = hostTarget(c.req.header('host'), this.domain);
-    let id = c.req.header('e2b-sandbox-id') ?? (byHost?.port === ENVD_PORT ? byHost.sandboxId : undefined);
+    const byHost = hostTarget(requestHeader(c, 'host'), this.domain);
+    let id = requestHeader(c, 'e2b-sandbox-id') ?? (byHost?.port === ENVD_PORT ? byHost.sandboxId : undefined);
     const signature = signed ? c.req.query('signature') : undefined;
     if (id === undefined && signature !== undefined) {
       // Signed URLs come without headers: the signature names the sandbox through its token.
@@ -213,7 +213,7 @@ export class Envd {
     const token = row.labels[TOKEN_LABEL];
     if (token === undefined) throw failed(new E2bError(401, `sandbox ${id} was not created through the E2B API`));
     if (token !== NO_TOKEN) {
-      if (!tokenMatches(token, c.req.header('x-access-token')) && !(signed && this.signatureValid(c, signed.op, token))) {
+      if (!tokenMatches(token, requestHeader(c, 'x-access-token')) && !(signed && this.signatureValid(c, signed.op, token))) {
         if (signature !== undefined) throw failed(new E2bError(401, 'invalid or expired signature'));
         throw failed(new E2bError(401, 'missing or wrong X-Access-Token'));
       }
@@ -256,7 +256,7 @@ export class Envd {
     let name: string | undefined;
     if (fromQuery) name = c.req.query('username') || undefined;
     else {
-      const m = /^Basic\s+(\S+)$/i.exec(c.req.header('authorization') ?? '');
+      const m = /^Basic\s+(\S+)$/i.exec(requestHeader(c, 'authorization') ?? '');
       if (m) name = Buffer.from(m[1]!, 'base64').toString('utf8').split(':')[0] || undefined;
     }
     return this.users.user(t, name);
@@ -316,9 +316,9 @@ export class Envd {
       throw err;
     });
     if (st.type === 'dir') throw new E2bError(400, `path ${abs} is a directory`);
-    const data = Buffer.from(await this.services.slots.run('transfer', t.p.tenantId, t.node, () => this.services.files.read(t, abs, {}, c.req.raw.signal)));
+    const data = Buffer.from(await this.services.slots.run('transfer', t.p.tenantId, t.node, () => this.services.files.read(t, abs, {}, requestSignal(c))));
     const headers: Record<string, string> = { 'content-type': 'application/octet-stream' };
-    if (/\bgzip\b/.test(c.req.header('accept-encoding') ?? '') && data.length > 0) {
+    if (/\bgzip\b/.test(requestHeader(c, 'accept-encoding') ?? '') && data.length > 0) {
       const z = gzipSync(data);
       return new Response(z, { status: 200, headers: { ...headers, 'content-encoding': 'gzip', 'content-length': String(z.length) } });
     }
@@ -330,16 +330,16 @@ export class Envd {
     const t = await this.target(c, { op: 'write' });
     const user = await this.userOf(c, t, true);
     const metadata = metadataFromHeaders(c.req.header());
-    if (Number(c.req.header('content-length') ?? 0) > MAX_UPLOAD_BYTES)
+    if (Number(requestHeader(c, 'content-length') ?? 0) > MAX_UPLOAD_BYTES)
       throw new DsecError('PAYLOAD_TOO_LARGE', `uploads are limited to ${MAX_UPLOAD_BYTES} bytes`);
-    const type = (c.req.header('content-type') ?? '').split(';')[0]!.trim();
+    const type = (requestHeader(c, 'content-type') ?? '').split(';')[0]!.trim();
     const queryPath = c.req.query('path');
     const written: Array<Record<string, unknown>> = [];
     const write = async (abs: string, body: AsyncIterable<Uint8Array>): Promise<void> => {
       const parents = await this.missingParents(t, abs);
       if (parents.length > 0) await this.services.files.mkdir(t, parents[parents.length - 1]!);
       await this.services.slots.run('transfer', t.p.tenantId, t.node, () =>
-        this.services.files.write(t, abs, body, { limitBytes: MAX_UPLOAD_BYTES, mode: 0o644 }, c.req.raw.signal),
+        this.services.files.write(t, abs, body, { limitBytes: MAX_UPLOAD_BYTES, mode: 0o644 }, requestSignal(c)),
       );
       await this.chown(t, user, [...parents, abs]);
       await replaceFileMetadata(this.services, t, abs, metadata);
@@ -349,7 +349,7 @@ export class Envd {
       // Multipart bodies are parsed whole (bounded); large files go raw (octet-stream, streamed).
       const chunks: Buffer[] = [];
       for await (const chunk of limitedBody(c, MAX_MULTIPART_BYTES, 'multipart uploads')) chunks.push(chunk);
-      const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': c.req.header('content-type') ?? '' } });
+      const whole = new Response(Buffer.concat(chunks), { headers: { 'content-type': requestHeader(c, 'content-type') ?? '' } });
       // undici's parser: bounded above, and the only multipart parser among the dependencies.
       // eslint-disable-next-line @typescript-eslint/no-deprecated
       const form = await whole.formData().catch(() => {
@@ -373,7 +373,7 @@ export class Envd {
     } else {
       if (!queryPath) throw invalidArgument('path', 'required for a raw upload');
       let body: AsyncIterable<Uint8Array> = limitedBody(c, MAX_UPLOAD_BYTES, 'uploads');
-      if ((c.req.header('content-encoding') ?? '').trim() === 'gzip') body = Readable.from(body).pipe(createGunzip());
+      if ((requestHeader(c, 'content-encoding') ?? '').trim() === 'gzip') body = Readable.from(body).pipe(createGunzip());
       await write(resolvePath(queryPath, user), body);
     }
     return new Response(JSON.stringify(written), { status: 200, headers: { 'content-type': 'application/json' } });
@@ -499,7 +499,7 @@ export class Envd {
     // Audited as /v1 exec is: the command, and its exit status once it ends.
     c.set('auditExec', { command: commandSummary(spec), exitCode: run });
     // A reader that goes leaves the process running (E2B's disconnect); it can reconnect.
-    c.req.raw.signal.addEventListener('abort', () => void run.leave(), { once: true });
+    requestSignal(c).addEventListener('abort', () => void run.leave(), { once: true });
     const config = { cmd, args: args as string[], envs, ...(cwd ? { cwd } : {}) };
     this.startedOf(t.sandboxId).set(run.process.osPid, { pid: run.pid, osPid: run.process.osPid, config, ...(tag !== undefined ? { tag } : {}) });
     return this.withKeepalive(
@@ -512,7 +512,7 @@ export class Envd {
       }.call(this),
       keepaliveMs(c),
       { event: { keepalive: {} } },
-      c.req.raw.signal,
+      requestSignal(c),
     );
   }
 
@@ -521,8 +521,8 @@ export class Envd {
     const { pid, osPid } = await this.dsecPid(t, obj(req.process, 'process'));
     const info = (await this.services.commands.processes(t)).find((p) => p.pid === pid);
     const from = { stdout: info?.stdoutBytes ?? 0, stderr: info?.stderrBytes ?? 0 };
-    const out = await this.services.commands.output(t, pid, from, c.req.raw.signal);
-    c.req.raw.signal.addEventListener('abort', () => out.detach(), { once: true });
+    const out = await this.services.commands.output(t, pid, from, requestSignal(c));
+    requestSignal(c).addEventListener('abort', () => out.detach(), { once: true });
     return this.withKeepalive(
       async function* (this: Envd): AsyncGenerator<object> {
         try {
@@ -534,7 +534,7 @@ export class Envd {
       }.call(this),
       keepaliveMs(c),
       { event: { keepalive: {} } },
-      c.req.raw.signal,
+      requestSignal(c),
     );
   }
 
@@ -737,7 +737,7 @@ export class Envd {
     const recursive = req.recursive === true;
     const withEntry = req.includeEntry === true;
     let last = await this.tree(t, abs, recursive);
-    const signal = c.req.raw.signal;
+    const signal = requestSignal(c);
     return this.withKeepalive(
       async function* (this: Envd): AsyncGenerator<object> {
         yield { start: {} };
@@ -755,7 +755,7 @@ export class Envd {
       }.call(this),
       keepaliveMs(c),
       { keepalive: {} },
-      c.req.raw.signal,
+      requestSignal(c),
     );
   }
 }

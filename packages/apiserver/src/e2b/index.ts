@@ -21,6 +21,7 @@ import {
 import { E2bError, e2bErrorResponse } from './errors.js';
 import { Envd } from './envd.js';
 import { TemplateResolver } from './templates.js';
+import { requestHeader, requestSignal } from '../http/validate.js';
 
 /** Options of {@link mountE2b}. */
 export interface E2bOptions {
@@ -50,7 +51,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
 
   // Control plane: the key in X-API-KEY (or Authorization: Bearer), audited as /v1 calls are.
   const auth = async (c: Context<Env>, next: () => Promise<void>): Promise<Response | void> => {
-    const key = c.req.header('x-api-key');
+    const key = requestHeader(c, 'x-api-key');
     const mw = authAndAudit(
       (header, cachedOnly) => services.iam.authenticate(key !== undefined ? `Bearer ${key}` : header, cachedOnly),
       opts.watch,
@@ -79,7 +80,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
 
   for (const route of ['/sandboxes', '/sandboxes/*', '/v2/sandboxes', '/v2/sandboxes/*', '/snapshots', '/templates/*']) app.use(route, auth);
   const create = wrap(async (c) => {
-    const body = await control.create(p(c), await e2bBody(c.req.raw, NewSandboxSchema), c.req.raw.signal);
+    const body = await control.create(p(c), await e2bBody(c.req.raw, NewSandboxSchema), requestSignal(c));
     envd.remember(body.sandboxID as string, body.envdAccessToken as string | null);
     return json(body, 201);
   });
@@ -137,7 +138,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
   );
   app.post(
     '/sandboxes/:id/snapshots',
-    wrap(async (c) => json(await control.snapshot(p(c), id(c), (await e2bBody(c.req.raw, SnapshotBodySchema)).name, c.req.raw.signal), 201)),
+    wrap(async (c) => json(await control.snapshot(p(c), id(c), (await e2bBody(c.req.raw, SnapshotBodySchema)).name, requestSignal(c)), 201)),
   );
   app.get(
     '/snapshots',
@@ -155,7 +156,7 @@ export function mountE2b(app: Hono<Env>, deps: RouterDeps, opts: E2bOptions = {}
   );
   app.post(
     '/sandboxes/:id/fork',
-    wrap(async (c) => json(await control.fork(p(c), id(c), await e2bBody(c.req.raw, ForkBodySchema), c.req.raw.signal), 201)),
+    wrap(async (c) => json(await control.fork(p(c), id(c), await e2bBody(c.req.raw, ForkBodySchema), requestSignal(c)), 201)),
   );
   app.get(
     '/sandboxes/:id/metrics',

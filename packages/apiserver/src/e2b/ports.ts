@@ -23,6 +23,7 @@ import type { WatchService } from '../watch.js';
 import { AddressBuckets } from './envd.js';
 import { E2bError, e2bErrorResponse } from './errors.js';
 import { HTTPS_PORTS_LABEL, MASK_HOST_LABEL, TOKEN_LABEL, TRAFFIC_TOKEN_LABEL, sandboxPrincipal, tokenMatches } from './sandboxes.js';
+import { requestHeader, requestSignal } from '../http/validate.js';
 
 /** envd's port: host names with it are the data plane, not a proxied port. */
 export const ENVD_PORT = 49983;
@@ -232,13 +233,13 @@ export class SandboxPorts {
   /** Hono middleware: host-named port traffic is proxied here; envd's port and every other request go on. */
   middleware(): MiddlewareHandler<Env> {
     return async (c, next) => {
-      const m = hostTarget(c.req.header('host'), this.domain);
+      const m = hostTarget(requestHeader(c, 'host'), this.domain);
       if (!m || m.port === ENVD_PORT) return next();
       const start = performance.now();
       let res: Response;
       let p: Principal | undefined;
       try {
-        const t = await this.target(m, (n) => c.req.header(n), c.get('clientAddress'));
+        const t = await this.target(m, (n) => requestHeader(c, n), c.get('clientAddress'));
         p = t.p;
         res = await this.forward(c, t);
       } catch (err) {
@@ -390,7 +391,7 @@ export class SandboxPorts {
         // input was written: EPIPE) is the port's failure, as E2B's proxy says it: 502.
         reject(new E2bError(502, `port ${t.port} of sandbox ${t.sandboxId}: ${err.message}`));
       });
-      c.req.raw.signal.addEventListener('abort', () => relay.destroy(), { once: true });
+      requestSignal(c).addEventListener('abort', () => relay.destroy(), { once: true });
       if (body) Readable.fromWeb(body as never).pipe(req);
       else req.end();
     });

@@ -39,6 +39,7 @@ import { execFastPath } from './exec-fast-path.js';
 import { LiveStreams } from './streams.js';
 import type { LiveStreamOptions } from './streams.js';
 import type { RawRequestHandler } from './exec-fast-path.js';
+import { requestHeader } from './validate.js';
 
 export { MAX_JSON_BYTES, MAX_UPLOAD_BYTES } from './validate.js';
 
@@ -82,7 +83,9 @@ export function createApp(services: Services, metrics: Metrics, log: (line: stri
   const trusted = new TrustedProxies(opts.trustedProxies ?? []);
   app.use('*', async (c, next) => {
     const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
-    c.set('clientAddress', trusted.clientAddress(incoming?.socket.remoteAddress ?? '', c.req.header('x-forwarded-for')));
+    // As above: the context of a '*' middleware is typed with `any` inside.
+    // eslint-disable-next-line @typescript-eslint/no-unsafe-argument
+    c.set('clientAddress', trusted.clientAddress(incoming?.socket.remoteAddress ?? '', requestHeader(c, 'x-forwarded-for')));
     await next();
   });
 

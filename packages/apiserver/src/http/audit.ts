@@ -6,6 +6,7 @@ import type { AuthRequest, Principal } from '../auth.js';
 import type { AuthFailureEntry, AuthFailureGate } from '../tenant-limits.js';
 import type { WatchService } from '../watch.js';
 import { toDsecError } from './errors.js';
+import { requestHeader } from './validate.js';
 
 /** A streamed command's exit status, told once (null when its stream ends first). */
 export interface SettlingExit {
@@ -107,7 +108,7 @@ export function authAndAudit(
         const gate = failures.gate;
         try {
           principal = await authenticate(
-            c.req.header('authorization'),
+            requestHeader(c, 'authorization'),
             gate.blocked(source) ? { refuse: () => gate.refusal(source) } : undefined,
             authRequest(c),
           );
@@ -118,7 +119,7 @@ export function authAndAudit(
           (err as Record<symbol, unknown>)[AUDITED] = true;
           throw err;
         }
-      } else principal = await authenticate(c.req.header('authorization'), undefined, authRequest(c));
+      } else principal = await authenticate(requestHeader(c, 'authorization'), undefined, authRequest(c));
       c.set('principal', principal);
       await next();
     } catch (err) {
@@ -131,7 +132,7 @@ export function authAndAudit(
 
 /** The request as credential hooks see it. */
 function authRequest(c: Context): AuthRequest {
-  return { path: c.req.path, header: (name) => c.req.header(name) };
+  return { path: c.req.path, header: (name) => requestHeader(c, name) };
 }
 
 /** The audit entry of a source's collapsed failed authentications. */

@@ -11,6 +11,7 @@ import { jsonEvent } from '../services/commands.js';
 import type { Env } from './env.js';
 import { STREAM_REPLICA } from '../tenant-limits.js';
 import type { TenantSlots } from '../tenant-limits.js';
+import { requestHeader, requestSignal } from './validate.js';
 
 /** An ndjson HTTP response from events; a reader that leaves runs `onCancel`. */
 export function ndjsonResponse(events: AsyncIterable<object>, onCancel: () => void = () => undefined, status = 200): Response {
@@ -43,7 +44,7 @@ export function wantsFollow(accept: string | undefined): boolean {
  * for {@link FOLLOW_MEDIA_TYPE}.
  */
 export async function followOr<E extends Env>(c: Context<E>, streams: LiveStreams, load: () => Promise<object>): Promise<Response> {
-  if (wantsFollow(c.req.header('accept'))) return streams.follow(c.get('principal'), c.req.raw.signal, load);
+  if (wantsFollow(requestHeader(c, 'accept'))) return streams.follow(c.get('principal'), requestSignal(c), load);
   return c.json(await load());
 }
 

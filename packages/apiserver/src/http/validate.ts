@@ -3,7 +3,7 @@
 // get typed values (`c.get('body')`, `c.get('query')`).
 import type { Context } from 'hono';
 import { createMiddleware } from 'hono/factory';
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { DsecError, invalidArgument, MAX_UPLOAD_BYTES, parseOrThrow } from '@dsec/protocol';
 import type { z } from 'zod';
 
@@ -11,9 +11,51 @@ import type { z } from 'zod';
 export const MAX_JSON_BYTES = 32 * 1024 * 1024;
 export { MAX_UPLOAD_BYTES };
 
+/** Node's request and response under a context (none under `app.request()`, as in tests). */
+function nodeOf(c: Context): { incoming?: IncomingMessage; outgoing?: ServerResponse } {
+  return (c.env as { incoming?: IncomingMessage; outgoing?: ServerResponse } | undefined) ?? {};
+}
+
+/**
+ * A request header, as `c.req.header(name)` gives it (repeated ones joined by `, `). Read from
+ * Node's request where there is one: `c.req.header` builds a fetch `Headers` of the whole
+ * request first, about a twentieth of a millisecond per request.
+ */
+export function requestHeader(c: Context, name: string): string | undefined {
+  // node:http's requests have `headersDistinct`; anything else (an HTTP/2 request) goes the fetch way.
+  const distinct = nodeOf(c).incoming?.headersDistinct as Record<string, string[] | undefined> | undefined;
+  if (!distinct) return c.req.header(name);
+  return distinct[name.toLowerCase()]?.join(', ');
+}
+
+const signals = new WeakMap<ServerResponse, AbortSignal>();
+
+/**
+ * The request's abort signal, as `c.req.raw.signal`: aborted when the client goes before its
+ * answer is sent (or its request failed). Made from Node's response where there is one:
+ * `c.req.raw` builds a whole fetch `Request` (headers, body stream, signal), about a fifth of a
+ * millisecond per request.
+ */
+export function requestSignal(c: Context): AbortSignal {
+  const { incoming, outgoing } = nodeOf(c);
+  if (!incoming || !outgoing) return c.req.raw.signal;
+  let signal = signals.get(outgoing);
+  if (signal) return signal;
+  const controller = new AbortController();
+  signal = controller.signal;
+  signals.set(outgoing, signal);
+  const settle = (): void => {
+    if (incoming.errored) controller.abort(incoming.errored.toString());
+    else if (!outgoing.writableFinished) controller.abort('Client connection prematurely closed.');
+  };
+  if (outgoing.closed) settle();
+  else outgoing.once('close', settle);
+  return signal;
+}
+
 /** Reads a JSON body of at most {@link MAX_JSON_BYTES}; an empty body is `{}`. */
 export async function readJson(c: Context): Promise<unknown> {
-  const incoming = (c.env as { incoming?: IncomingMessage } | undefined)?.incoming;
+  const incoming = nodeOf(c).incoming;
   // Node's request read directly: the web-stream view of it costs a quarter of a millisecond per request.
   if (incoming) return readIncomingJson(incoming);
   const chunks: Buffer[] = [];
@@ -47,7 +89,7 @@ function parseJsonText(text: string): unknown {
 /** The request body as chunks, refused past `limit` bytes whether or not a length was sent. */
 export async function* limitedBody(c: Context, limit: number, what: string): AsyncGenerator<Buffer> {
   const tooLarge = (): DsecError => new DsecError('PAYLOAD_TOO_LARGE', `${what} are limited to ${limit} bytes`);
-  if (Number(c.req.header('content-length') ?? 0) > limit) throw tooLarge();
+  if (Number(requestHeader(c, 'content-length') ?? 0) > limit) throw tooLarge();
   const body = c.req.raw.body as unknown as AsyncIterable<Uint8Array> | null;
   if (!body) return;
   let size = 0;
@@ -76,7 +118,7 @@ export function queryObject(c: Context, repeatable: readonly string[] = ['label'
 
 /** True when the client asked for an ndjson stream. */
 export function wantsNdjson(c: Context): boolean {
-  return (c.req.header('accept') ?? '').includes('application/x-ndjson');
+  return (requestHeader(c, 'accept') ?? '').includes('application/x-ndjson');
 }
 
 /** Parses the JSON body with `schema`; the handler reads it as `c.get('body')`. */

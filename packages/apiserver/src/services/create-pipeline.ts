@@ -70,6 +70,16 @@ export interface CreateItem {
   poolKey: string;
   /** Hash of the whole request: idempotency keys match on it. */
   requestHash: string;
+  /**
+   * Worked out once per item (a batch's `spec` is one item for all of its creates): the row's
+   * spec JSON ({@link rowSpecOf}), its layers (and their JSON), the lease's JSON, and whether
+   * its node create may share a createMany message ({@link groupable}).
+   */
+  rowSpec: string;
+  layers: string[];
+  layersJson: string;
+  leaseJson: string;
+  groupable: boolean;
 }
 
 /** Capacity held for one create: its quota reservation and a charge on its node. */
@@ -121,8 +131,13 @@ export function capacityError(item: CreateItem): DsecError {
 }
 
 /** The sandbox spec JSON kept in a row: the request with its backend and granted resources. */
-function rowSpecOf(item: CreateItem): string {
-  return JSON.stringify({ ...item.req, backend: item.backend, resources: item.resources, ...(item.spec.protect ? { protect: item.spec.protect } : {}) });
+function rowSpecOf(req: SandboxRequest, backend: BackendKind, resources: GrantedResources, spec: SandboxSpec): string {
+  return JSON.stringify({ ...req, backend, resources, ...(spec.protect ? { protect: spec.protect } : {}) });
+}
+
+/** The layers a sandbox of `spec` is made of, base first. */
+function layersOf(spec: SandboxSpec): string[] {
+  return [spec.image.base, spec.image.workspace, ...(spec.image.toolkits ?? []), ...(spec.snapshots ?? [])].filter((l): l is string => Boolean(l));
 }
 
 /**
@@ -140,6 +155,20 @@ const MAX_GROUPED_SPEC_BYTES = 64 * 1024;
 export function groupable(spec: SandboxSpec): boolean {
   if ((spec.backend ?? 'container') !== 'container' || spec.memoryOf !== undefined) return false;
   return Buffer.byteLength(JSON.stringify(spec)) <= MAX_GROUPED_SPEC_BYTES;
+}
+
+/** Random bytes for sandbox ids, drawn from the CSPRNG 4 KiB at a time (512 ids a call into OpenSSL, not one each). */
+const idEntropy = { bytes: Buffer.alloc(0), at: 0 };
+
+/** A new sandbox's id on `node`: the node's name and 8 random bytes in hex. */
+function newSandboxId(node: string): string {
+  if (idEntropy.at + 8 > idEntropy.bytes.length) {
+    idEntropy.bytes = randomBytes(4096);
+    idEntropy.at = 0;
+  }
+  const suffix = idEntropy.bytes.toString('hex', idEntropy.at, idEntropy.at + 8);
+  idEntropy.at += 8;
+  return `${node}-${suffix}`;
 }
 
 /** One node create waiting for its node's next createMany message. */
@@ -173,8 +202,9 @@ export class CreatePipeline {
    * the node's client takes many at once, else alone. A grouped create whose request was
    * cancelled meanwhile is destroyed on the node again.
    */
-  private async nodeCreate(node: NodeEntry, spec: SandboxSpec, id: string, signal: AbortSignal | undefined): Promise<void> {
-    if (!node.client.createMany || !groupable(spec)) {
+  private async nodeCreate(node: NodeEntry, item: CreateItem, id: string, signal: AbortSignal | undefined): Promise<void> {
+    const spec = item.spec;
+    if (!node.client.createMany || !item.groupable) {
       await node.client.create(spec, signal ? { id, signal } : { id });
       return;
     }
@@ -233,7 +263,21 @@ export class CreatePipeline {
     const rest: Record<string, unknown> = { ...req };
     for (const f of CLAIM_FIELDS) delete rest[f];
     const poolKey = hashOf({ ...rest, backend, image, resources: spec.resources });
-    return { req, spec, resources, backend, lease, poolKey, requestHash };
+    const layers = layersOf(spec);
+    return {
+      req,
+      spec,
+      resources,
+      backend,
+      lease,
+      poolKey,
+      requestHash,
+      rowSpec: rowSpecOf(req, backend, resources, spec),
+      layers,
+      layersJson: JSON.stringify(layers),
+      leaseJson: JSON.stringify(lease),
+      groupable: groupable(spec),
+    };
   }
 
   /** Creates one item whose idempotency key (if any) the caller holds; completes or releases it. */
@@ -367,7 +411,7 @@ export class CreatePipeline {
     pool?: PoolTable,
     key?: string,
   ): Promise<Sandbox | undefined> {
-    const id = `${node.name}-${randomBytes(8).toString('hex')}`;
+    const id = newSandboxId(node.name);
     const createdAt = new Date();
     const lifetimeMs = pool ? MAX_SANDBOX_TIMEOUT_MS : item.lease.maxLifetimeMs;
     const row: SandboxTable = {
@@ -376,10 +420,8 @@ export class CreatePipeline {
       node: node.name,
       backend: item.backend,
       state: 'creating',
-      spec: rowSpecOf(item),
-      layers: JSON.stringify(
-        [item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean),
-      ),
+      spec: item.rowSpec,
+      layers: item.layersJson,
       cpu: item.resources.cpu,
       memory_mib: item.resources.memoryMiB,
       created_at: createdAt.toISOString(),
@@ -387,7 +429,7 @@ export class CreatePipeline {
       pool_id: pool?.id ?? null,
       // A pool's member gets its lease and owner when it is claimed.
       owner_id: pool ? null : (item.req.owner ?? null),
-      lease: pool ? null : JSON.stringify(item.lease),
+      lease: pool ? null : item.leaseJson,
       last_active_at: createdAt.toISOString(),
       // The lease pass need not look at it before its idle timeout can be due.
       lease_check_ms: pool ? null : nextLeaseCheckMs(item.lease, createdAt.getTime()),
@@ -400,7 +442,7 @@ export class CreatePipeline {
       await this.d.store.insertSandbox(row, item.req.labels ?? {}, key);
       inserted = true;
       crashPoint('create.row');
-      await this.nodeCreate(node, item.spec, id, signal);
+      await this.nodeCreate(node, item, id, signal);
       onNode = true;
       crashPoint('create.node');
       row.state = pool ? POOLED_STATE : 'running';
@@ -425,7 +467,7 @@ export class CreatePipeline {
       throw err;
     }
     if (pool) return this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
-    this.openTrajectory(row, item);
+    this.openTrajectory(row, item, item.layers);
     const sandbox = this.d.lifecycle.toSandbox({ ...row, labels: item.req.labels ?? {} });
     this.d.lifecycle.rowEvents.created(sandbox, item.req.labels ?? {});
     return sandbox;
@@ -439,13 +481,12 @@ export class CreatePipeline {
    * conflict).
    */
   async createMemoryFork(projectId: string, item: CreateItem, source: SandboxTable, admission: Admission, signal: AbortSignal | undefined): Promise<Sandbox> {
-    const layers = [item.spec.image.base, item.spec.image.workspace, ...(item.spec.image.toolkits ?? []), ...(item.spec.snapshots ?? [])].filter(Boolean);
-    if (JSON.stringify(layers) !== source.layers) {
+    if (item.layersJson !== source.layers) {
       throw new DsecError('CONFLICT', `sandbox ${source.id}: its image now resolves to other layers; a fork with memory needs the source's own`, {
         sandboxId: source.id,
       });
     }
-    const fork: CreateItem = { ...item, spec: { ...item.spec, memoryOf: source.id } };
+    const fork: CreateItem = { ...item, spec: { ...item.spec, memoryOf: source.id }, groupable: false };
     const ticket = await this.d.admission.admit(projectId, () => this.reserveAndPlace(projectId, fork, source), {
       wait: admission.wait,
       timeoutMs: admission.timeoutMs,
@@ -465,12 +506,12 @@ export class CreatePipeline {
   }
 
   /** Starts the trajectory of a sandbox its caller now holds (created, or claimed from a pool). */
-  private openTrajectory(row: SandboxTable, item: CreateItem): void {
+  private openTrajectory(row: SandboxTable, item: CreateItem, layers: string[]): void {
     this.d.trajectory.open({
       sandboxId: row.id,
       projectId: row.project_id,
       spec: trajectorySpec(item.req, item.spec),
-      layers: JSON.parse(row.layers) as string[],
+      layers,
       createdAt: row.created_at,
     });
   }
@@ -488,11 +529,11 @@ export class CreatePipeline {
     const row = await this.d.store.claimPooled({
       projectId,
       specKey: item.poolKey,
-      spec: rowSpecOf(item),
+      spec: item.rowSpec,
       labels,
       createdAt: now.toISOString(),
       expiresAt: new Date(now.getTime() + item.lease.maxLifetimeMs).toISOString(),
-      lease: JSON.stringify(item.lease),
+      lease: item.leaseJson,
       ownerId: item.req.owner ?? null,
       idempotencyKey: key,
     });
@@ -516,7 +557,8 @@ export class CreatePipeline {
       return undefined;
     }
     this.d.counters.poolClaims++;
-    this.openTrajectory(row, item);
+    // A member's row keeps the layers it was made of (the same digests: its pool's key matched).
+    this.openTrajectory(row, item, JSON.parse(row.layers) as string[]);
     const sandbox = this.d.lifecycle.toSandbox({ ...row, labels });
     this.d.lifecycle.rowEvents.created(sandbox, labels);
     return sandbox;

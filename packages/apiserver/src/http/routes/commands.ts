@@ -9,7 +9,7 @@ import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { execStreamResponse, followOr, wantsExecFrames } from '../streams.js';
 import type { AuditExec } from '../audit.js';
-import { MAX_JSON_BYTES, jsonBody, limitedBody, pidParam, query, wantsNdjson } from '../validate.js';
+import { jsonBody, limitedBody, MAX_JSON_BYTES, pidParam, query, requestHeader, requestSignal, wantsNdjson } from '../validate.js';
 
 /** Commands and processes. */
 export function commandRoutes(deps: RouterDeps) {
@@ -20,9 +20,9 @@ export function commandRoutes(deps: RouterDeps) {
   };
   return router()
     .post('/sandboxes/:id/exec', jsonBody(ExecRequestSchema), async (c) => {
-      const accept = c.req.header('accept');
+      const accept = requestHeader(c, 'accept');
       const streamed = wantsNdjson(c) || wantsExecFrames(accept);
-      const started = await runExec(deps, c.get('principal'), c.req.param('id'), c.get('body'), streamed, (a) => c.set('auditExec', a), c.req.raw.signal);
+      const started = await runExec(deps, c.get('principal'), c.req.param('id'), c.get('body'), streamed, (a) => c.set('auditExec', a), requestSignal(c));
       if ('result' in started) return c.json(started.result);
       const { cmd } = started;
       // A reader that leaves early leaves the command running: the recording reads on alone.
@@ -33,21 +33,21 @@ export function commandRoutes(deps: RouterDeps) {
       // reaches its node through the node's current session.
       return followOr(c, deps.streams, async () => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        return { items: await commands.processes(t, c.req.raw.signal), nextCursor: null };
+        return { items: await commands.processes(t, requestSignal(c)), nextCursor: null };
       });
     })
     .get('/sandboxes/:id/processes/:pid/output', query(OutputQuerySchema), async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
       const q = c.get('query');
-      const out = await commands.output(t, pidParam(c), { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 }, c.req.raw.signal);
-      return execStreamResponse(c.req.header('accept'), out.events, out.detach);
+      const out = await commands.output(t, pidParam(c), { stdout: q.from ?? 0, stderr: q.fromStderr ?? 0 }, requestSignal(c));
+      return execStreamResponse(requestHeader(c, 'accept'), out.events, out.detach);
     })
     .post('/sandboxes/:id/processes/:pid/stdin', async (c) => {
       const t = await target(c.get('principal'), c.req.param('id'));
       const pid = pidParam(c);
       const chunks: Buffer[] = [];
       for await (const chunk of limitedBody(c, MAX_JSON_BYTES, 'stdin writes')) chunks.push(chunk);
-      await commands.writeStdin(t, pid, Buffer.concat(chunks), c.req.query('eof') === 'true', c.req.raw.signal);
+      await commands.writeStdin(t, pid, Buffer.concat(chunks), c.req.query('eof') === 'true', requestSignal(c));
       return c.body(null, 204);
     })
     .post('/sandboxes/:id/processes/:pid/signal', jsonBody(SignalRequestSchema), async (c) => {

@@ -6,7 +6,7 @@ import type { Principal } from '../../auth.js';
 import type { RouteOptions } from '../../services/lifecycle.js';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { MAX_UPLOAD_BYTES, jsonBody, query, uploadBody } from '../validate.js';
+import { jsonBody, MAX_UPLOAD_BYTES, query, requestSignal, uploadBody } from '../validate.js';
 
 /** Files of sandboxes. */
 export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps) {
@@ -33,7 +33,7 @@ export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps
               append: q.append === 'true',
               limitBytes: MAX_UPLOAD_BYTES,
             },
-            c.req.raw.signal,
+            requestSignal(c),
           ),
         );
         return c.body(null, 204);
@@ -42,38 +42,38 @@ export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps
         const p = c.get('principal');
         const t = await target(p, c.req.param('id'), 'viewer');
         const q = c.get('query');
-        const data = await transfer(p, t, () => files.read(t, q.path, { offset: q.offset, length: q.length }, c.req.raw.signal));
+        const data = await transfer(p, t, () => files.read(t, q.path, { offset: q.offset, length: q.length }, requestSignal(c)));
         return c.body(new Uint8Array(data), 200, { 'content-type': 'application/octet-stream' });
       })
       .delete('/sandboxes/:id/files', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const q = c.get('query');
-        await files.remove(t, q.path, q.recursive === 'true', c.req.raw.signal);
+        await files.remove(t, q.path, q.recursive === 'true', requestSignal(c));
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files/list', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        return c.json({ items: await files.list(t, c.get('query').path, c.req.raw.signal), nextCursor: null });
+        return c.json({ items: await files.list(t, c.get('query').path, requestSignal(c)), nextCursor: null });
       })
       .get('/sandboxes/:id/files/stat', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer');
-        return c.json(await files.stat(t, c.get('query').path, c.req.raw.signal));
+        return c.json(await files.stat(t, c.get('query').path, requestSignal(c)));
       })
       .post('/sandboxes/:id/files/mkdir', path, async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
-        await files.mkdir(t, c.get('query').path, c.req.raw.signal);
+        await files.mkdir(t, c.get('query').path, requestSignal(c));
         return c.body(null, 204);
       })
       .post('/sandboxes/:id/files/rename', jsonBody(RenameRequestSchema), async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'));
         const { from, to } = c.get('body');
-        await files.rename(t, from, to, c.req.raw.signal);
+        await files.rename(t, from, to, requestSignal(c));
         return c.body(null, 204);
       })
       .put('/sandboxes/:id/files/tar', path, async (c) => {
         const p = c.get('principal');
         const t = await target(p, c.req.param('id'));
-        await transfer(p, t, () => files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES, c.req.raw.signal));
+        await transfer(p, t, () => files.uploadTar(t, c.get('query').path, uploadBody(c), MAX_UPLOAD_BYTES, requestSignal(c)));
         return c.body(null, 204);
       })
       .get('/sandboxes/:id/files/tar', path, async (c) => {
@@ -81,7 +81,7 @@ export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps
         const t = await target(p, c.req.param('id'), 'viewer');
         // The slot is held until the tar stream ends (or its reader goes).
         const release = slots.acquire('transfer', p.tenantId, t.node);
-        const stream = await files.downloadTar(t, c.get('query').path, c.req.raw.signal).catch((err: unknown) => {
+        const stream = await files.downloadTar(t, c.get('query').path, requestSignal(c)).catch((err: unknown) => {
           release();
           throw err;
         });
@@ -103,13 +103,13 @@ export function fileRoutes({ services: { lifecycle, files, slots } }: RouterDeps
               ...(q.limit !== undefined ? { limit: q.limit } : {}),
               ...(q.cursor !== undefined ? { cursor: q.cursor } : {}),
             },
-            c.req.raw.signal,
+            requestSignal(c),
           ),
         );
       })
       .post('/sandboxes/:id/verify', jsonBody(VerifyRequestSchema), async (c) => {
         const t = await target(c.get('principal'), c.req.param('id'), 'viewer', { paused: 'allow' });
-        return c.json(await files.verify(t, c.get('body'), c.req.raw.signal));
+        return c.json(await files.verify(t, c.get('body'), requestSignal(c)));
       })
   );
 }

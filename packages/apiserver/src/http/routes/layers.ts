@@ -18,14 +18,14 @@ import { router } from '../env.js';
 import type { Env, RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
 import { AsyncQueue, followOr, ndjsonResponse } from '../streams.js';
-import { jsonBody, query, uploadBody, wantsNdjson } from '../validate.js';
+import { jsonBody, query, requestSignal, uploadBody, wantsNdjson } from '../validate.js';
 
 /** Layers. */
 export function layerRoutes({ services: { layers }, log, streams }: RouterDeps) {
   /** A long build (Debian, image pull): the layer as JSON, or with `Accept: application/x-ndjson` its progress lines first. */
   const buildResponse = async <E extends Env>(c: Context<E>, source: LayerBuildSource, kind: BuildableLayerKind, name: string | undefined) => {
     const p = c.get('principal');
-    const build = (onProgress: (m: string) => void) => layers.build(p, source, { kind, onProgress, signal: c.req.raw.signal }, name ?? null);
+    const build = (onProgress: (m: string) => void) => layers.build(p, source, { kind, onProgress, signal: requestSignal(c) }, name ?? null);
     if (!wantsNdjson(c)) return c.json(await build(() => undefined), 201);
     const events = new AsyncQueue<object>();
     build((message) => events.push({ type: 'progress', message }))
@@ -72,7 +72,7 @@ export function layerRoutes({ services: { layers }, log, streams }: RouterDeps) 
       // Not `/layers/{ref}/disk`: a ref may hold `/`, so that path would hide a layer named `x/disk`.
       .get('/disk-images/:ref{.+}', async (c) => {
         const format = parseOrThrow(z.enum(['raw', 'qcow2']).default('raw'), c.req.query('format'), 'query.format');
-        const chunks = await layers.exportDisk(c.get('principal'), c.req.param('ref'), format, c.req.raw.signal);
+        const chunks = await layers.exportDisk(c.get('principal'), c.req.param('ref'), format, requestSignal(c));
         return new Response(Readable.toWeb(Readable.from(chunks)) as ReadableStream, {
           status: 200,
           headers: { 'content-type': 'application/octet-stream', 'content-disposition': `attachment; filename="disk.${format === 'raw' ? 'img' : 'qcow2'}"` },

@@ -3,7 +3,7 @@
 import { DEFAULT_USAGE_STREAM_INTERVAL_MS, DrainRequestSchema, JoinTokenRequestSchema, UsageStreamQuerySchema, parseOrThrow } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { jsonBody, queryObject, wantsNdjson } from '../validate.js';
+import { jsonBody, queryObject, requestSignal, wantsNdjson } from '../validate.js';
 
 /** Nodes. */
 export function nodeRoutes({ services: { nodeAdmin }, streams }: RouterDeps) {
@@ -12,7 +12,7 @@ export function nodeRoutes({ services: { nodeAdmin }, streams }: RouterDeps) {
       if (!wantsNdjson(c)) return c.json({ items: await nodeAdmin.list(c.get('principal')), nextCursor: null });
       // The nodes' allocation and use, pushed: one line now and one per interval.
       const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
-      return streams.samples(c.get('principal'), c.req.raw.signal, (signal) =>
+      return streams.samples(c.get('principal'), requestSignal(c), (signal) =>
         nodeAdmin.usageStream(c.get('principal'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
       );
     })

@@ -23,11 +23,11 @@ import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { toDsecError } from '../errors.js';
 import { ndjsonResponse } from '../streams.js';
-import { jsonBody, query, queryObject, wantsNdjson } from '../validate.js';
+import { jsonBody, query, queryObject, requestHeader, requestSignal, wantsNdjson } from '../validate.js';
 
 /** The `Idempotency-Key` header, validated when sent; read as `c.get('idempotencyKey')`. */
 const idempotencyKey = createMiddleware<{ Variables: { idempotencyKey: string | undefined } }>(async (c, next) => {
-  const raw = c.req.header(IDEMPOTENCY_KEY_HEADER);
+  const raw = requestHeader(c, IDEMPOTENCY_KEY_HEADER);
   c.set('idempotencyKey', raw === undefined ? undefined : parseOrThrow(IdempotencyKeySchema, raw, IDEMPOTENCY_KEY_HEADER));
   await next();
 });
@@ -56,7 +56,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams
       .post('/sandboxes', idempotencyKey, jsonBody(CreateSandboxRequestSchema), async (c) => {
         let replayed = false;
         refuseReservedLabels(c.get('body').labels);
-        const opts = { signal: c.req.raw.signal, idempotencyKey: c.get('idempotencyKey'), onReplay: () => (replayed = true) };
+        const opts = { signal: requestSignal(c), idempotencyKey: c.get('idempotencyKey'), onReplay: () => (replayed = true) };
         const sandbox = await sandboxes.create(c.get('principal'), c.get('body'), opts);
         return c.json(sandbox, 201, replayed ? { 'idempotent-replayed': 'true' } : {});
       })
@@ -65,7 +65,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams
         const p = c.get('principal');
         refuseReservedLabels(c.get('body').spec?.labels, 'spec.labels');
         const { batch, invalid } = batchItems(c.get('body'));
-        const opts = { signal: c.req.raw.signal, idempotencyKey: c.get('idempotencyKey') };
+        const opts = { signal: requestSignal(c), idempotencyKey: c.get('idempotencyKey') };
         if (!wantsNdjson(c)) return c.json(await sandboxes.createBatch(p, batch, opts, invalid));
         return ndjsonResponse(await batchEvents(sandboxes, p, batch, invalid, opts, log));
       })
@@ -74,7 +74,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams
       .delete('/sandboxes/:id', async (c) => {
         // `Prefer: respond-async` (RFC 7240): 202 once the row is durably `stopping`, the
         // teardown behind the answer; without it, 204 once the sandbox is gone.
-        const respondAsync = prefersRespondAsync(c.req.header('prefer'));
+        const respondAsync = prefersRespondAsync(requestHeader(c, 'prefer'));
         await lifecycle.destroy(c.get('principal'), c.req.param('id'), { wait: !respondAsync });
         return respondAsync ? c.body(null, 202, { 'preference-applied': 'respond-async' }) : c.body(null, 204);
       })
@@ -90,7 +90,7 @@ export function sandboxRoutes({ services: { sandboxes, lifecycle }, log, streams
       .get('/sandboxes/:id/stats', async (c) => {
         if (!wantsNdjson(c)) return c.json(await sandboxes.stats(c.get('principal'), c.req.param('id')));
         const { intervalMs } = parseOrThrow(UsageStreamQuerySchema, queryObject(c), 'query');
-        return streams.samples(c.get('principal'), c.req.raw.signal, (signal) =>
+        return streams.samples(c.get('principal'), requestSignal(c), (signal) =>
           sandboxes.statsStream(c.get('principal'), c.req.param('id'), intervalMs ?? DEFAULT_USAGE_STREAM_INTERVAL_MS, signal),
         );
       })

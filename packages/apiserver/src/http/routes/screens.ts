@@ -3,13 +3,13 @@
 import { ScreenInputRequestSchema } from '@dsec/protocol';
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
-import { jsonBody } from '../validate.js';
+import { jsonBody, requestSignal } from '../validate.js';
 
 /** Screens of VMs. */
 export function screenRoutes({ services: { screens } }: RouterDeps) {
   return router()
     .get('/sandboxes/:id/screen', async (c) => {
-      const shot = await screens.capture(c.get('principal'), c.req.param('id'), c.req.raw.signal);
+      const shot = await screens.capture(c.get('principal'), c.req.param('id'), requestSignal(c));
       return c.body(new Uint8Array(shot.png), 200, {
         'content-type': 'image/png',
         'cache-control': 'no-store',
@@ -18,6 +18,6 @@ export function screenRoutes({ services: { screens } }: RouterDeps) {
       });
     })
     .post('/sandboxes/:id/input', jsonBody(ScreenInputRequestSchema), async (c) =>
-      c.json(await screens.input(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal)),
+      c.json(await screens.input(c.get('principal'), c.req.param('id'), c.get('body'), requestSignal(c))),
     );
 }

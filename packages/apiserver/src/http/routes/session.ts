@@ -2,6 +2,7 @@
 // WebSocket, ws-tickets.ts): what a browser client (the dashboard, docs/dashboard.md) needs.
 import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
+import { requestHeader } from '../validate.js';
 
 /** The calling key, and WebSocket tickets. */
 export function sessionRoutes({ services: { iam } }: RouterDeps) {
@@ -13,6 +14,6 @@ export function sessionRoutes({ services: { iam } }: RouterDeps) {
       })
       // The middleware has authenticated the header: the ticket stands for that key (checked
       // again, revoked or not, at redemption on whichever replica the WebSocket reaches).
-      .post('/ws-tickets', async (c) => c.json(await iam.issueWsTicket(c.get('principal'), c.req.header('authorization')), 201))
+      .post('/ws-tickets', async (c) => c.json(await iam.issueWsTicket(c.get('principal'), requestHeader(c, 'authorization')), 201))
   );
 }

@@ -6,17 +6,17 @@ import { router } from '../env.js';
 import type { RouterDeps } from '../env.js';
 import { publicError } from '../errors.js';
 import { AsyncQueue, followOr, ndjsonResponse } from '../streams.js';
-import { jsonBody, query, wantsNdjson } from '../validate.js';
+import { jsonBody, query, requestSignal, wantsNdjson } from '../validate.js';
 
 /** Snapshots, forks, trajectories and replay. */
 export function snapshotRoutes({ services: { snapshots, trajectories }, log, streams }: RouterDeps) {
   return router()
     .post('/sandboxes/:id/snapshot', jsonBody(SnapshotRequestSchema), async (c) =>
-      c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201),
+      c.json(await snapshots.snapshot(c.get('principal'), c.req.param('id'), c.get('body'), requestSignal(c)), 201),
     )
     .post('/sandboxes/:id/fork', jsonBody(ForkRequestSchema), async (c) => {
       refuseReservedLabels(c.get('body').labels);
-      return c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), c.req.raw.signal), 201);
+      return c.json(await snapshots.fork(c.get('principal'), c.req.param('id'), c.get('body'), requestSignal(c)), 201);
     })
     .get('/sandboxes/:id/trajectory', query(TrajectoryQuerySchema), async (c) =>
       followOr(c, streams, () => trajectories.get(c.get('principal'), c.req.param('id'), c.get('query'))),
@@ -24,7 +24,7 @@ export function snapshotRoutes({ services: { snapshots, trajectories }, log, str
     .post('/sandboxes/:id/replay', jsonBody(ReplayRequestSchema), async (c) => {
       const p = c.get('principal');
       const id = c.req.param('id');
-      if (!wantsNdjson(c)) return c.json(await trajectories.replay(p, id, c.get('body'), c.req.raw.signal), 201);
+      if (!wantsNdjson(c)) return c.json(await trajectories.replay(p, id, c.get('body'), requestSignal(c)), 201);
       // Progress as it happens: the new sandbox first, then each step, then the result.
       const events = new AsyncQueue<ReplayEvent>();
       const done = new AbortController();

@@ -4,22 +4,22 @@ import type { WatchService } from '../../watch.js';
 import { router } from '../env.js';
 import { wantsFollow } from '../streams.js';
 import type { LiveStreams } from '../streams.js';
-import { jsonBody, query } from '../validate.js';
+import { jsonBody, query, requestHeader, requestSignal } from '../validate.js';
 
 /** Events, the audit trail and run-time rules. */
 export function watchRoutes(watch: WatchService, streams: LiveStreams) {
   return router()
     .get('/events', query(ListEventsQuerySchema, []), async (c) => {
       const p = c.get('principal');
-      if ((c.req.header('accept') ?? '').includes('text/event-stream')) {
-        return streams.open(p, c.req.raw.signal, () => watch.streamEvents(p, c.get('query'), c.req.header('last-event-id'), c.req.raw.signal));
+      if ((requestHeader(c, 'accept') ?? '').includes('text/event-stream')) {
+        return streams.open(p, requestSignal(c), () => watch.streamEvents(p, c.get('query'), requestHeader(c, 'last-event-id'), requestSignal(c)));
       }
       return c.json(await watch.listEvents(p, c.get('query')));
     })
     .get('/audit', query(ListAuditQuerySchema, []), async (c) => {
       const p = c.get('principal');
-      if (wantsFollow(c.req.header('accept'))) return streams.follow(p, c.req.raw.signal, () => watch.listAudit(p, c.get('query')));
-      if ((c.req.header('accept') ?? '').includes('application/x-ndjson')) return watch.exportAudit(p, c.get('query'));
+      if (wantsFollow(requestHeader(c, 'accept'))) return streams.follow(p, requestSignal(c), () => watch.listAudit(p, c.get('query')));
+      if ((requestHeader(c, 'accept') ?? '').includes('application/x-ndjson')) return watch.exportAudit(p, c.get('query'));
       return c.json(await watch.listAudit(p, c.get('query')));
     })
     .post('/rules', jsonBody(CreateRuleRequestSchema), async (c) => c.json(await watch.createRule(c.get('principal'), c.get('body')), 201))
