@@ -543,6 +543,12 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
       );
     }
     log(`cell: measured in ${((nowMs() - t0) / 1000).toFixed(1)} s`);
+    const size = await pg.query(`SELECT pg_database_size('dsec_cell') AS bytes`);
+    const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
+    const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
+    const perNode = spread.rows.map((row) => Number(row.n));
+    if (o.profileDir) await writeStatements(pg, path.join(o.profileDir, 'pg-statements.txt'));
+    if (o.profileDir && o.heapSnapshot) await heapSnapshot(api, apiUrl, o.profileDir, log);
     let restart: CellRestart | undefined;
     if (o.restart) {
       log('cell: restarting the apiserver');
@@ -572,12 +578,6 @@ export async function runCell(o: CellOptions): Promise<CellReport> {
         `cell: restarted: listening in ${restart.listeningS.toFixed(1)} s, every node ready in ${restart.nodesReadyS.toFixed(1)} s, a create answered in ${restart.firstCreateS.toFixed(1)} s; RSS peak ${restart.rssPeakMiB.toFixed(0)} MiB`,
       );
     }
-    const size = await pg.query(`SELECT pg_database_size('dsec_cell') AS bytes`);
-    const rows = await pg.query(`SELECT count(*) AS n FROM sandboxes`, 'dsec_cell');
-    const spread = await pg.query(`SELECT count(*) AS n FROM sandboxes GROUP BY node`, 'dsec_cell');
-    const perNode = spread.rows.map((row) => Number(row.n));
-    if (o.profileDir) await writeStatements(pg, path.join(o.profileDir, 'pg-statements.txt'));
-    if (o.profileDir && o.heapSnapshot) await heapSnapshot(api, apiUrl, o.profileDir, log);
     const first = stages[0]!.singleP50;
     const last = stages[stages.length - 1]!.singleP50;
     return {
