@@ -199,6 +199,29 @@ function storeSuite(open: () => Promise<StateStore>): void {
     assert.deepEqual(await store.sandboxesOnNodes([]), []);
   });
 
+  it('writes a group of rows too large for one statement (megabytes of spec each) whole', async () => {
+    const prj = await store.createProject({ name: 'big-specs', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const spec = (i: number): string => JSON.stringify({ image: { base: 'b' }, env: { BIG: String(i).repeat(6 * 1024 * 1024) } });
+    await Promise.all([1, 2, 3].map((i) => store.insertSandbox(sandboxRow(`big-spec-${i}`, prj.id, { spec: spec(i) }), { n: String(i) })));
+    for (const i of [1, 2, 3]) {
+      const row = (await store.sandbox(`big-spec-${i}`))!;
+      assert.equal(row.spec, spec(i));
+      assert.deepEqual(row.labels, { n: String(i) });
+    }
+  });
+
+  it('reads the shares of rows whose spec holds an escaped NUL or unpaired surrogate (written before the API refused them)', async () => {
+    const prj = await store.createProject({ name: 'shares-odd', parentId: ROOT_PROJECT_ID, quota: QUOTA });
+    const spec = JSON.stringify({ image: { base: 'b' }, env: { A: 'x\ud800', B: 'a\u0000b' }, labels: { job: 'j' }, resources: { cpuClass: 'best-effort' } });
+    await store.insertSandbox(sandboxRow('odd-1', prj.id, { node: 'odd-n', spec }), {});
+    await store.insertSandbox(sandboxRow('odd-2', prj.id, { node: 'odd-n', spec: JSON.stringify({ image: { base: 'b' } }) }), {});
+    const shares = new Map((await store.sandboxShares('odd-n')).map((r) => [r.id, r]));
+    assert.equal(shares.get('odd-1')?.cpu_class, 'best-effort');
+    assert.deepEqual(JSON.parse(shares.get('odd-1')!.labels!), { job: 'j' });
+    assert.deepEqual([shares.get('odd-2')?.cpu_class, shares.get('odd-2')?.labels], [null, null]);
+    assert.ok((await store.sandboxShares()).some((r) => r.id === 'odd-1'));
+  });
+
   it('hands one idempotency key to one request', async () => {
     const prj = await store.createProject({ name: 'idem', parentId: ROOT_PROJECT_ID, quota: QUOTA });
     const k = { projectId: prj.id, key: 'k1', requestHash: 'h', ttlMs: 60_000 };

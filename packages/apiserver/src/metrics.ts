@@ -9,6 +9,8 @@ import type { NodeRegistry } from './nodes.js';
 import type { PlatformCounters } from './services/common.js';
 import type { WatchService } from './watch.js';
 
+/** The event loop delay's window restarts at most this often (ms). */
+const LOOP_DELAY_WINDOW_MS = 60_000;
 const BUCKETS_MS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 5000];
 /** Buckets of the exec latency histogram (a `true` takes about a millisecond). */
 const EXEC_BUCKETS_MS = [0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10_000, 60_000];
@@ -29,9 +31,13 @@ export class Metrics {
   private readonly execLatency = { buckets: EXEC_BUCKETS_MS.map(() => 0), sum: 0, count: 0 };
   /** Things removed by the watcher's garbage collection, read at render time. */
   garbageCollected: () => number = () => 0;
-  /** The event loop's delays (10 ms resolution), from the first render on, reset at each. */
+  /**
+   * The event loop's delays (10 ms resolution), from the first render on, over a window reset
+   * at most once a minute (not at each render: several scrapers each see the whole window).
+   */
   private readonly loopDelay = monitorEventLoopDelay({ resolution: 10 });
   private loopDelayOn = false;
+  private loopDelaySince = 0;
 
   constructor(
     private readonly cp?: ControlPlaneGauges,
@@ -132,7 +138,10 @@ export class Metrics {
     const cpu = process.cpuUsage();
     const delay = this.loopDelay.count > 0 ? this.loopDelay.percentile(99) / 1e9 : 0;
     const max = this.loopDelay.count > 0 ? this.loopDelay.max / 1e9 : 0;
-    this.loopDelay.reset();
+    if (Date.now() - this.loopDelaySince >= LOOP_DELAY_WINDOW_MS) {
+      this.loopDelay.reset();
+      this.loopDelaySince = Date.now();
+    }
     return [
       '# HELP process_resident_memory_bytes Resident memory of this process.',
       '# TYPE process_resident_memory_bytes gauge',
@@ -149,7 +158,7 @@ export class Metrics {
       '# HELP nodejs_external_memory_bytes Memory outside the V8 heap held by JavaScript objects (buffers included).',
       '# TYPE nodejs_external_memory_bytes gauge',
       `nodejs_external_memory_bytes ${mem.external}`,
-      '# HELP nodejs_eventloop_delay_seconds Event loop delay since the previous scrape (p99 and max).',
+      '# HELP nodejs_eventloop_delay_seconds Event loop delay over the current window (p99 and max; the window restarts at most once a minute).',
       '# TYPE nodejs_eventloop_delay_seconds gauge',
       `nodejs_eventloop_delay_seconds{quantile="0.99"} ${delay.toFixed(4)}`,
       `nodejs_eventloop_delay_seconds{quantile="1"} ${max.toFixed(4)}`,

@@ -14,6 +14,11 @@ import { WriteGroups } from './write-groups.js';
 
 /** Rows per INSERT statement (17 columns: well under SQLite's and PostgreSQL's bound on parameters). */
 const ROWS_PER_STATEMENT = 200;
+/**
+ * About this many bytes of rows at most in one statement (specs can be large: an `env` of
+ * megabytes): a larger group is written in a transaction of statements each under it.
+ */
+const STATEMENT_BYTES = 16 * 1024 * 1024;
 /** Labels per INSERT statement (3 columns). */
 const LABELS_PER_STATEMENT = 1000;
 
@@ -121,7 +126,7 @@ export class SandboxInserts {
   private async write(group: readonly SandboxInsert[]): Promise<void> {
     const rows = sameColumns(group);
     const labels = group.flatMap((g) => Object.entries(g.labels).map(([key, value]) => ({ sandbox_id: g.row.id, key, value })));
-    if (!this.opts.alsoInStatement) {
+    if (!this.opts.alsoInStatement || rowBytes(rows) > STATEMENT_BYTES) {
       await this.db.transaction().execute((tx) => this.writeIn(tx, group, rows, labels));
       return;
     }
@@ -159,11 +164,18 @@ export class SandboxInserts {
     rows: readonly SandboxTable[],
     labels: ReadonlyArray<{ sandbox_id: string; key: string; value: string }>,
   ): Promise<void> {
-    for (let i = 0; i < rows.length; i += ROWS_PER_STATEMENT) {
+    for (let i = 0; i < rows.length;) {
+      // Up to ROWS_PER_STATEMENT rows and STATEMENT_BYTES (at least one row) a statement.
+      let n = 1;
+      for (let bytes = rowBytes([rows[i]!]); n < ROWS_PER_STATEMENT && i + n < rows.length; n++) {
+        bytes += rowBytes([rows[i + n]!]);
+        if (bytes > STATEMENT_BYTES) break;
+      }
       await tx
         .insertInto('sandboxes')
-        .values(rows.slice(i, i + ROWS_PER_STATEMENT))
+        .values(rows.slice(i, i + n))
         .execute();
+      i += n;
     }
     for (const g of group) if (g.idempotencyKey !== undefined) await this.opts.bind(tx, g.row.project_id, g.idempotencyKey, g.row.id);
     for (let i = 0; i < labels.length; i += LABELS_PER_STATEMENT) {
@@ -176,6 +188,13 @@ export class SandboxInserts {
     // every reservation of the project takes too; held from here to the COMMIT only.
     await this.opts.afterRows(tx, rows);
   }
+}
+
+/** About what rows weigh in a statement (their JSON columns; the rest is small). */
+function rowBytes(rows: readonly SandboxTable[]): number {
+  let bytes = 0;
+  for (const r of rows) bytes += 256 + r.spec.length + r.layers.length + (r.lease?.length ?? 0);
+  return bytes;
 }
 
 /** The group's rows with the same columns (one statement's rows must name the same): a column some row leaves out is NULL. */

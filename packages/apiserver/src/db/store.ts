@@ -6,7 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { Kysely, Migrator, sql } from 'kysely';
 import type { CompiledQuery, Dialect, RawBuilder, SelectQueryBuilder, Transaction } from 'kysely';
 import { DsecError } from '@dsec/protocol';
-import type { Quota, Role } from '@dsec/protocol';
+import type { Quota, Role, SandboxSpec } from '@dsec/protocol';
 import type {
   ApiKeyTable,
   Database,
@@ -1204,11 +1204,24 @@ export class StateStore {
   async sandboxShares(node?: string): Promise<SandboxShareRow[]> {
     const cpuClass = this.shared ? sql<string | null>`(spec::json)->'resources'->>'cpuClass'` : sql<string | null>`json_extract(spec, '$.resources.cpuClass')`;
     const labels = this.shared ? sql<string | null>`((spec::json)->'labels')::text` : sql<string | null>`json_extract(spec, '$.labels')`;
-    let q = this.db
-      .selectFrom('sandboxes')
-      .select(['id', 'node', 'state', 'backend', 'cpu', 'memory_mib', 'pool_id', 'paused_at', cpuClass.as('cpu_class'), labels.as('labels')]);
+    const columns = ['id', 'node', 'state', 'backend', 'cpu', 'memory_mib', 'pool_id', 'paused_at'] as const;
+    let q = this.db.selectFrom('sandboxes').select([...columns, cpuClass.as('cpu_class'), labels.as('labels')]);
     if (node !== undefined) q = q.where('node', '=', node);
-    return q.execute();
+    try {
+      return await q.execute();
+    } catch (err) {
+      // A spec PostgreSQL will not read as JSON (an escaped NUL or unpaired surrogate, written
+      // before the API refused them: JavaScript's JSON keeps both): the specs are read and parsed
+      // here instead, slower but whole. SQLite's json_extract reads them.
+      const code = (err as { code?: unknown }).code;
+      if (!this.shared || typeof code !== 'string' || !code.startsWith('22')) throw err;
+      let full = this.db.selectFrom('sandboxes').select([...columns, 'spec']);
+      if (node !== undefined) full = full.where('node', '=', node);
+      return (await full.execute()).map(({ spec, ...row }) => {
+        const parsed = JSON.parse(spec) as SandboxSpec;
+        return { ...row, cpu_class: parsed.resources?.cpuClass ?? null, labels: parsed.labels ? JSON.stringify(parsed.labels) : null };
+      });
+    }
   }
 
   /** How many rows of node `name` are in each state (through the index by node). */

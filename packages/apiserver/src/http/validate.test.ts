@@ -1,12 +1,14 @@
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
-import type { Server } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
 import { connect } from 'node:net';
 import type { AddressInfo, Socket } from 'node:net';
+import { Readable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { getRequestListener } from '@hono/node-server';
 import { Hono } from 'hono';
-import { requestHeader, requestSignal } from './validate.js';
+import { DsecError } from '@dsec/protocol';
+import { readIncomingJson, requestHeader, requestSignal } from './validate.js';
 
 /** Sends raw HTTP/1.1 bytes; resolves with the socket once they are written. */
 async function rawRequest(port: number, text: string): Promise<Socket> {
@@ -78,5 +80,31 @@ describe("headers and the abort signal read from Node's request (real HTTP)", ()
     const app = new Hono();
     app.get('/', (c) => c.json({ same: requestSignal(c) === c.req.raw.signal, header: requestHeader(c, 'x-a') ?? null }));
     assert.deepEqual(await (await app.request('/', { headers: { 'x-a': 'v' } })).json(), { same: true, header: 'v' });
+  });
+});
+
+describe('JSON bodies: strings the store cannot keep are refused', () => {
+  /** A request whose body is `text`, as Node gives it. */
+  const request = (text: string): IncomingMessage => Object.assign(Readable.from([Buffer.from(text)]), { headers: {} }) as unknown as IncomingMessage;
+  const refused = async (text: string, field: string): Promise<void> => {
+    await assert.rejects(readIncomingJson(request(text)), (err: unknown) => {
+      assert.ok(err instanceof DsecError && err.code === 'INVALID_ARGUMENT', String(err));
+      assert.equal(err.details?.field, field);
+      return true;
+    });
+  };
+
+  test('a NUL or an unpaired surrogate, in a value or a key, is a 400 naming where it is', async () => {
+    await refused('{"env":{"A":"x\\ud800"}}', 'env.A');
+    await refused('{"env":{"A":"\\udc00y"}}', 'env.A');
+    await refused('{"labels":{"k":"a\\u0000b"}}', 'labels.k');
+    await refused('{"command":["sh","-c","\\u0000"]}', 'command[2]');
+    await refused('{"env":{"\\u0000":"x"}}', 'env');
+    await refused('"\\ud800"', 'body');
+  });
+
+  test('a surrogate pair, other escapes and an escaped backslash before a u are kept', async () => {
+    assert.deepEqual(await readIncomingJson(request('{"a":"\\ud83d\\ude00","b":"\\u00e9\\n","c":"\\\\u0000"}')), { a: '\u{1F600}', b: 'é\n', c: '\\u0000' });
+    assert.deepEqual(await readIncomingJson(request('{"a":[1,{"b":null}]}')), { a: [1, { b: null }] });
   });
 });

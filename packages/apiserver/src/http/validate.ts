@@ -79,10 +79,44 @@ export async function readIncomingJson(incoming: IncomingMessage): Promise<unkno
 
 function parseJsonText(text: string): unknown {
   if (text.trim() === '') return {};
+  let value: unknown;
   try {
-    return JSON.parse(text);
+    value = JSON.parse(text);
   } catch {
     throw invalidArgument('body', 'not valid JSON');
+  }
+  // Only a `\u` escape makes a NUL or an unpaired surrogate (raw bytes decode to U+FFFD): a body
+  // without one needs no walk.
+  if (text.includes('\\u')) refuseUnstorableStrings(value);
+  return value;
+}
+
+/** A NUL character, or a UTF-16 surrogate without its pair. */
+// eslint-disable-next-line no-control-regex -- NUL is what it looks for
+const UNSTORABLE = /\u0000|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/**
+ * Refuses a body with a string (or key) that holds a NUL character or an unpaired UTF-16
+ * surrogate: PostgreSQL keeps neither in text nor in JSON, and no command, path, label or
+ * variable needs one. 400 naming where it is (`env.A`, `labels`...).
+ */
+function refuseUnstorableStrings(root: unknown): void {
+  // Iterative: a body may nest deeper than the stack.
+  const stack: Array<{ value: unknown; path: string }> = [{ value: root, path: '' }];
+  for (let next = stack.pop(); next; next = stack.pop()) {
+    const { value, path } = next;
+    const at = path === '' ? 'body' : path;
+    if (typeof value === 'string') {
+      if (UNSTORABLE.test(value)) throw invalidArgument(at, 'holds a NUL character or an unpaired UTF-16 surrogate');
+    } else if (Array.isArray(value)) {
+      value.forEach((v, i) => stack.push({ value: v, path: `${path}[${i}]` }));
+    } else if (value !== null && typeof value === 'object') {
+      for (const [k, v] of Object.entries(value)) {
+        const kPath = path === '' ? k : `${path}.${k}`;
+        if (UNSTORABLE.test(k)) throw invalidArgument(path === '' ? 'body' : path, 'has a key that holds a NUL character or an unpaired UTF-16 surrogate');
+        stack.push({ value: v, path: kPath });
+      }
+    }
   }
 }
 
