@@ -69,8 +69,9 @@ export function framedTransport(duplex: ByteDuplex): Transport {
   let head: { textBytes: number; count: number } | undefined;
   let lengths: number[] | undefined;
   let bodyBytes = 0;
-  const readFrames = (): void => {
-    while (!closed) {
+  /** Takes every whole frame out of the queue; throws when the peer broke the framing. */
+  const readFrames = (out: Array<[string, FrameParts]>): void => {
+    for (;;) {
       if (!head) {
         if (queued < HEAD_BYTES) return;
         const b = take(HEAD_BYTES);
@@ -89,19 +90,26 @@ export function framedTransport(duplex: ByteDuplex): Transport {
       const parts = lengths.map((n) => take(n));
       head = undefined;
       lengths = undefined;
-      if (receiver) receiver(text, parts);
-      else early.push([text, parts]);
+      out.push([text, parts]);
     }
   };
   duplex.on('data', (chunk) => {
     if (closed) return;
     queue.push(chunk);
     queued += chunk.length;
+    const frames: Array<[string, FrameParts]> = [];
+    let broken: Error | undefined;
     try {
-      readFrames();
+      readFrames(frames);
     } catch (err) {
-      duplex.destroy(new Error(`the peer broke the framing: ${err instanceof Error ? err.message : String(err)}`));
+      broken = err instanceof Error ? err : new Error(String(err));
     }
+    for (const [text, parts] of frames) {
+      if (closed) return;
+      if (receiver) receiver(text, parts);
+      else early.push([text, parts]);
+    }
+    if (broken !== undefined) duplex.destroy(new Error(`the peer broke the framing: ${broken.message}`));
   });
   duplex.on('error', (err) => ended(err));
   duplex.on('end', () => ended());
