@@ -21,6 +21,7 @@ export const MAX_WIRE_FRAME_BYTES = 64 * 1024 * 1024;
 
 /** Bytes of a frame's fixed head: the text's length and the number of parts (u32 big-endian each). */
 const HEAD_BYTES = 8;
+const NO_BYTES = Buffer.alloc(0);
 
 /**
  * A Transport of length-prefixed frames over `duplex`; the duplex's end or error closes it.
@@ -45,7 +46,7 @@ export function framedTransport(duplex: ByteDuplex): Transport {
   const queue: Buffer[] = [];
   let queued = 0;
   const take = (n: number): Buffer => {
-    if (n === 0) return Buffer.alloc(0);
+    if (n === 0) return NO_BYTES;
     queued -= n;
     const first = queue[0] as Buffer;
     if (first.length >= n) {
