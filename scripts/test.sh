@@ -73,7 +73,7 @@ else
 fi
 # The end-to-end tests that go through the HTTP API, the SDK or the CLI, once more with the
 # control plane reaching its edge through the edge wire protocol (every call, stream and event
-# encoded as text frames over a loopback transport): proof that EdgeClient can cross a wire.
+# encoded as frames over a loopback transport): proof that EdgeClient can cross a wire.
 # Files that also drive Edge directly run only their platform suites (--test-name-pattern).
 echo "dsec: API-level end-to-end tests through the edge wire protocol (DSEC_EDGE_WIRE=loopback)"
 export DSEC_EDGE_WIRE=loopback

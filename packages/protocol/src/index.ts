@@ -413,7 +413,7 @@ export type { WireEdgeClientOptions } from './edge-wire/client.js';
 export { serveEdge } from './edge-wire/server.js';
 export type { EdgeServer, ServeEdgeOptions } from './edge-wire/server.js';
 export { loopbackTransport } from './edge-wire/transport.js';
-export type { Transport } from './edge-wire/transport.js';
+export type { FrameParts, Transport } from './edge-wire/transport.js';
 export { EdgeWireModeSchema, edgeThroughWire, loopbackEdge } from './edge-wire/loopback.js';
 export type { EdgeWireMode, WiredEdge } from './edge-wire/loopback.js';
 
@@ -473,8 +473,8 @@ export type {
   NodeJoinResponse,
   NodeState,
 } from './nodes.js';
-export { lineTransport } from './edge-wire/line-transport.js';
-export type { ByteDuplex } from './edge-wire/line-transport.js';
+export { MAX_WIRE_FRAME_BYTES, framedTransport } from './edge-wire/framed-transport.js';
+export type { ByteDuplex } from './edge-wire/framed-transport.js';
 export {
   MAX_DNS_LABEL_LENGTH,
   MAX_DNS_NAME_LENGTH,

@@ -2,7 +2,7 @@
 // mutual TLS with the cluster CA. Without a client certificate only the CA and the join (a
 // single-use token plus a CSR) are served; a session needs a certificate of a member node that
 // was not removed, and an edge wire version this control plane speaks. Each session is one
-// HTTP/2 stream of newline-delimited edge wire frames; the control plane is the wire client and
+// HTTP/2 stream of length-prefixed edge wire frames; the control plane is the wire client and
 // puts the session's EdgeClient into the node registry. A session that ends makes the node
 // `unreachable`; one that does not come back within the lost grace makes it `lost`.
 import { X509Certificate } from 'node:crypto';
@@ -25,7 +25,7 @@ import {
   NodeJoinRequestSchema,
   SANDBOX_ROW_EVENT_KINDS,
   WireEdgeClient,
-  lineTransport,
+  framedTransport,
   parseJoinToken,
   parseOrThrow,
 } from '@dsec/protocol';
@@ -225,19 +225,19 @@ export class NodePort implements NodeMembership {
     const heartbeatMs = Math.max(100, Math.min(5000, Math.floor(this.unreachableAfterMs / 3)));
     stream.respond({
       ':status': 200,
-      'content-type': 'application/x-ndjson',
+      'content-type': 'application/octet-stream',
       [NODE_LOST_AFTER_HEADER]: String(this.lostAfterMs),
       [NODE_UNREACHABLE_AFTER_HEADER]: String(this.unreachableAfterMs),
       [NODE_HEARTBEAT_HEADER]: String(heartbeatMs),
     });
-    const transport = lineTransport(stream);
+    const transport = framedTransport(stream);
     let heardAt = Date.now();
     const heard: Transport = {
-      send: (f) => transport.send(f),
+      send: (f, parts) => transport.send(f, parts),
       onFrame: (r) =>
-        transport.onFrame((f) => {
+        transport.onFrame((f, parts) => {
           heardAt = Date.now();
-          r(f);
+          r(f, parts);
         }),
       onClose: (l) => transport.onClose(l),
       close: (e) => transport.close(e),

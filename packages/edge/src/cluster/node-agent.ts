@@ -24,7 +24,7 @@ import {
   NODE_JOIN_PATHS,
   NODE_SESSION_HTTP2,
   NodeJoinResponseSchema,
-  lineTransport,
+  framedTransport,
   parseJoinToken,
   parseOrThrow,
   serveEdge,
@@ -158,7 +158,7 @@ export class NodeAgent {
       this.lostAfterMs = positive(headers[NODE_LOST_AFTER_HEADER]) ?? this.lostAfterMs;
       this.unreachableAfterMs = positive(headers[NODE_UNREACHABLE_AFTER_HEADER]) ?? this.unreachableAfterMs;
       const heartbeatMs = positive(headers[NODE_HEARTBEAT_HEADER]) ?? Math.max(200, Math.floor(this.unreachableAfterMs / 3));
-      const transport = lineTransport(req);
+      const transport = framedTransport(req);
       const served = serveEdge(this.o.edge, transport, { heartbeatMs, log: this.log });
       this.lastUpAt = Date.now();
       this.frozen = false;

@@ -34,9 +34,9 @@ import type { ClientFrame, ServerFrame } from './frames.js';
 import { EDGE_WIRE_VERSION, MAX_UPLOAD_CHUNK_BYTES, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeServerFrame, encodeFrame } from './frames.js';
 import { SUBSCRIBE_METHOD } from './methods.js';
 import type { StreamMethodName, WireMethodName } from './methods.js';
-import type { Transport } from './transport.js';
+import type { FrameParts, Transport } from './transport.js';
 import type { WireError, WireValue } from './values.js';
-import { decodeValue, encodeValue, fromWireError, toBase64, toWireError } from './values.js';
+import { decodeValue, encodeValue, fromWireError, toWireError } from './values.js';
 
 /** Options of {@link WireEdgeClient.connect}. */
 export interface WireEdgeClientOptions {
@@ -120,7 +120,7 @@ export class WireEdgeClient implements EdgeClient {
       input: (id, actions, o) => this.call('screen.input', [id, actions], { signal: o?.signal }),
       connect: (id, o) => this.call('screen.connect', [id], { signal: o?.signal, stream: true }),
     };
-    transport.onFrame((text) => this.receive(text));
+    transport.onFrame((text, parts) => this.receive(text, parts));
     transport.onClose((err) => this.connectionEnded(err));
   }
 
@@ -306,9 +306,10 @@ export class WireEdgeClient implements EdgeClient {
     const { signal } = extras;
     if (signal?.aborted) return Promise.reject(abortReason(signal));
     let wireArgs: WireValue[];
+    const parts: Uint8Array[] = [];
     try {
       while (args.length > 0 && args[args.length - 1] === undefined) args.pop();
-      wireArgs = args.map(encodeValue);
+      wireArgs = args.map((a) => encodeValue(a, parts));
     } catch (err) {
       return Promise.reject(new DsecError('INVALID_ARGUMENT', `${method}: ${err instanceof Error ? err.message : String(err)}`));
     }
@@ -334,9 +335,9 @@ export class WireEdgeClient implements EdgeClient {
       if (extras.onOutput) frame.output = true;
       if (extras.onProgress) frame.progress = true;
       if (extras.upload) frame.upload = true;
-      this.send(frame);
+      this.send(frame, parts);
       if (extras.upload) {
-        const upload = new Upload(id, extras.upload, (f) => this.send(f));
+        const upload = new Upload(id, extras.upload, (f, p) => this.send(f, p));
         this.uploads.set(id, upload);
         void upload.run();
       }
@@ -344,19 +345,20 @@ export class WireEdgeClient implements EdgeClient {
   }
 
   /** Sends a frame; a frame sent after the loss goes nowhere (the loss already rejected its call). */
-  private send(frame: ClientFrame): void {
-    if (!this.lost) this.transport.send(encodeFrame(frame));
+  private send(frame: ClientFrame, parts?: FrameParts): void {
+    if (!this.lost) this.transport.send(encodeFrame(frame), parts);
   }
 
-  private receive(text: string): void {
+  private receive(text: string, parts: FrameParts): void {
     this.heard();
-    let frame: ServerFrame;
     try {
-      frame = decodeServerFrame(text);
+      this.handle(decodeServerFrame(text), parts);
     } catch (err) {
       this.log(`edge-wire: refused a frame from the edge: ${err instanceof Error ? err.message : String(err)}`);
-      return;
     }
+  }
+
+  private handle(frame: ServerFrame, parts: FrameParts): void {
     switch (frame.t) {
       case 'hello':
         if (frame.version !== EDGE_WIRE_VERSION) {
@@ -384,7 +386,16 @@ export class WireEdgeClient implements EdgeClient {
           );
           this.streams.set(frame.id, s);
           p.resolve(s);
-        } else p.resolve(decodeValue(frame.value));
+        } else {
+          let value: unknown;
+          try {
+            value = decodeValue(frame.value, parts);
+          } catch (err) {
+            p.reject(err as Error);
+            return;
+          }
+          p.resolve(value);
+        }
         return;
       }
       case 'error': {
@@ -397,14 +408,14 @@ export class WireEdgeClient implements EdgeClient {
         return;
       }
       case 'output': {
-        const ev = decodeValue(frame.event) as OutputEvent;
+        const ev = decodeValue(frame.event, parts) as OutputEvent;
         const s = this.streams.get(frame.id);
         if (s) s.push(ev);
         else this.callback(() => this.pending.get(frame.id)?.onOutput?.(ev));
         return;
       }
       case 'exit':
-        this.streams.get(frame.id)?.exit(frame.exit === undefined ? undefined : (decodeValue(frame.exit) as ExitInfo), frame.error);
+        this.streams.get(frame.id)?.exit(frame.exit === undefined ? undefined : (decodeValue(frame.exit, parts) as ExitInfo), frame.error);
         return;
       case 'end':
         this.streams.get(frame.id)?.end(frame.error ? fromWireError(frame.error) : undefined);
@@ -414,7 +425,10 @@ export class WireEdgeClient implements EdgeClient {
         return;
       case 'event': {
         const sink = this.subscriptions.get(frame.id);
-        if (sink) this.callback(() => sink(decodeValue(frame.event) as RaisedEvent));
+        if (sink) {
+          const ev = decodeValue(frame.event, parts) as RaisedEvent;
+          this.callback(() => sink(ev));
+        }
         return;
       }
       case 'credit':
@@ -610,7 +624,7 @@ class Upload {
   constructor(
     private readonly id: number,
     private readonly body: AsyncIterable<Uint8Array>,
-    private readonly send: (frame: ClientFrame) => void,
+    private readonly send: (frame: ClientFrame, parts: FrameParts) => void,
   ) {}
 
   grant(n: number): void {
@@ -633,14 +647,14 @@ class Upload {
           }
           if (this.stopped) return;
           this.credit--;
-          this.send({ t: 'chunk', id: this.id, data: toBase64(chunk.subarray(off, off + MAX_UPLOAD_CHUNK_BYTES)) });
+          this.send({ t: 'chunk', id: this.id }, [chunk.subarray(off, off + MAX_UPLOAD_CHUNK_BYTES)]);
         }
         if (this.stopped) return;
       }
-      if (!this.stopped) this.send({ t: 'chunk-end', id: this.id });
+      if (!this.stopped) this.send({ t: 'chunk-end', id: this.id }, []);
     } catch (err) {
       // The body failed on this side (too large, the request went away): the build fails with it.
-      if (!this.stopped) this.send({ t: 'chunk-end', id: this.id, error: toWireError(err, noop) });
+      if (!this.stopped) this.send({ t: 'chunk-end', id: this.id, error: toWireError(err, noop) }, []);
     }
   }
 }

@@ -1,7 +1,7 @@
 // The frames of the edge wire protocol: what a control plane (the client) and an edge (the
-// server) send each other over one ordered, reliable duplex of text frames (a WebSocket, an
-// HTTP/2 stream, a pipe). Every frame is one JSON object; `t` says what it is and `id` which
-// call it belongs to. docs/edge-wire.md describes the exchange.
+// server) send each other over one ordered, reliable duplex of frames (an HTTP/2 stream, a
+// pipe). Every frame is one JSON object, with the bytes of its values beside it as raw parts;
+// `t` says what it is and `id` which call it belongs to. docs/edge-wire.md describes the exchange.
 import { z } from 'zod';
 import type { NodeCapacity } from '../edge-client.js';
 import { parseOrThrow } from '../parse.js';
@@ -9,7 +9,7 @@ import { BackendKindSchema } from '../resources.js';
 import type { WireError, WireValue } from './values.js';
 
 /** Version of the frames below; a client refuses a server that says another. */
-export const EDGE_WIRE_VERSION = 2;
+export const EDGE_WIRE_VERSION = 3;
 /** Output events a server may send on a process stream before the client grants more. */
 export const STREAM_WINDOW_EVENTS = 64;
 /** Upload chunks a client may send on a layer build before the server grants more. */
@@ -27,8 +27,8 @@ export type ClientFrame =
   | { t: 'cancel'; id: number }
   /** Grants `n` more output events on process stream `id`. */
   | { t: 'credit'; id: number; n: number }
-  /** A piece of the upload of call `id`, base64. */
-  | { t: 'chunk'; id: number; data: string }
+  /** A piece of the upload of call `id`: the frame's one part. */
+  | { t: 'chunk'; id: number }
   /** The upload of call `id` is complete, or failed on the client's side. */
   | { t: 'chunk-end'; id: number; error?: WireError };
 
@@ -72,7 +72,7 @@ const ClientFrameSchema = z.discriminatedUnion('t', [
   }),
   z.object({ t: z.literal('cancel'), id }),
   z.object({ t: z.literal('credit'), id, n: z.number().int().min(1).max(1_000_000) }),
-  z.object({ t: z.literal('chunk'), id, data: z.string().max(Math.ceil(MAX_UPLOAD_CHUNK_BYTES / 3) * 4) }),
+  z.object({ t: z.literal('chunk'), id }),
   z.object({ t: z.literal('chunk-end'), id, error: wireError.optional() }),
 ]);
 

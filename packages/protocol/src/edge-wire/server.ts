@@ -4,12 +4,20 @@
 import { DsecError } from '../errors.js';
 import type { EdgeClient, ProcessStream } from '../edge-client.js';
 import type { ClientFrame, ServerFrame } from './frames.js';
-import { DEFAULT_HEARTBEAT_MS, EDGE_WIRE_VERSION, STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS, decodeClientFrame, encodeFrame } from './frames.js';
+import {
+  DEFAULT_HEARTBEAT_MS,
+  EDGE_WIRE_VERSION,
+  MAX_UPLOAD_CHUNK_BYTES,
+  STREAM_WINDOW_EVENTS,
+  UPLOAD_WINDOW_CHUNKS,
+  decodeClientFrame,
+  encodeFrame,
+} from './frames.js';
 import type { CallContext, StreamMethodName, WireMethodName } from './methods.js';
 import { STREAM_METHODS, SUBSCRIBE_METHOD, WIRE_METHODS, parseArgs } from './methods.js';
-import type { Transport } from './transport.js';
-import type { WireError } from './values.js';
-import { decodeValue, encodeValue, fromBase64, fromWireError, toWireError } from './values.js';
+import type { FrameParts, Transport } from './transport.js';
+import type { WireError, WireValue } from './values.js';
+import { decodeValue, encodeValue, fromWireError, toWireError } from './values.js';
 
 /** Options of {@link serveEdge}. */
 export interface ServeEdgeOptions {
@@ -51,8 +59,14 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
 
-  const send = (frame: ServerFrame): void => {
-    if (open) transport.send(encodeFrame(frame));
+  const send = (frame: ServerFrame, parts?: FrameParts): void => {
+    if (open) transport.send(encodeFrame(frame), parts);
+  };
+  /** Sends the frame `make` builds around values encoded with this frame's parts. */
+  const sendWith = (make: (encode: (v: unknown) => WireValue) => ServerFrame): void => {
+    const parts: Uint8Array[] = [];
+    const frame = make((v) => encodeValue(v, parts));
+    send(frame, parts);
   };
   const sendError = (id: number, err: unknown): void => send({ t: 'error', id, error: toWireError(err, log) });
 
@@ -68,7 +82,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
   const heartbeat = heartbeatMs > 0 ? setInterval(beat, heartbeatMs) : undefined;
   (heartbeat as { unref?: () => void } | undefined)?.unref?.();
 
-  transport.onFrame((text) => {
+  transport.onFrame((text, parts) => {
     let frame: ClientFrame;
     try {
       frame = decodeClientFrame(text);
@@ -80,7 +94,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
     }
     switch (frame.t) {
       case 'call':
-        onCall(frame);
+        onCall(frame, parts);
         return;
       case 'cancel': {
         calls.get(frame.id)?.abort.abort(new DsecError('CANCELLED', 'cancelled by the caller'));
@@ -100,9 +114,17 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
         }
         return;
       }
-      case 'chunk':
-        calls.get(frame.id)?.upload?.push(fromBase64(frame.data));
+      case 'chunk': {
+        const data = parts[0];
+        if (parts.length !== 1 || !data || data.byteLength > MAX_UPLOAD_CHUNK_BYTES) {
+          const err = new DsecError('INVALID_ARGUMENT', `an upload chunk is one part of at most ${MAX_UPLOAD_CHUNK_BYTES} bytes`, { field: 'frame.data' });
+          log(`edge-wire: refused a frame: ${err.message}`);
+          sendError(frame.id, err);
+          return;
+        }
+        calls.get(frame.id)?.upload?.push(data);
         return;
+      }
       case 'chunk-end':
         calls.get(frame.id)?.upload?.end(frame.error);
         return;
@@ -125,7 +147,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
     resolveClosed();
   });
 
-  function onCall(frame: Extract<ClientFrame, { t: 'call' }>): void {
+  function onCall(frame: Extract<ClientFrame, { t: 'call' }>, parts: FrameParts): void {
     const { id, method } = frame;
     if (calls.has(id) || streams.has(id) || subscriptions.has(id)) {
       sendError(id, new DsecError('CONFLICT', `call id ${id} is in use`));
@@ -138,7 +160,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
           edge.onEvent((event) => {
             // A sink must not throw: an event with no wire form is logged, not sent.
             try {
-              send({ t: 'event', id, event: encodeValue(event) });
+              sendWith((encode) => ({ t: 'event', id, event: encode(event) }));
             } catch (err) {
               log(`edge-wire: event ${event.kind} not sent: ${err instanceof Error ? err.message : String(err)}`);
             }
@@ -152,7 +174,11 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
     const streamOp = Object.hasOwn(STREAM_METHODS, method) ? STREAM_METHODS[method as StreamMethodName] : undefined;
     if (streamOp) {
       void settle(id, async () => {
-        const args = parseArgs(method, streamOp.args, frame.args.map(decodeValue));
+        const args = parseArgs(
+          method,
+          streamOp.args,
+          frame.args.map((a) => decodeValue(a, parts)),
+        );
         const s = streams.get(args[0] as number);
         if (!s) throw new DsecError('PROCESS_NOT_FOUND', 'the process stream has ended');
         if (method === 'process.detach') {
@@ -174,12 +200,16 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
     calls.set(id, { abort, upload });
     const ctx: CallContext = {};
     if (frame.signal) ctx.signal = abort.signal;
-    if (frame.output) ctx.onOutput = (ev) => send({ t: 'output', id, event: encodeValue(ev) });
+    if (frame.output) ctx.onOutput = (ev) => sendWith((encode) => ({ t: 'output', id, event: encode(ev) }));
     if (frame.progress) ctx.onProgress = (line) => send({ t: 'progress', id, line });
     if (upload) ctx.upload = upload;
     void (async () => {
       try {
-        const args = parseArgs(method, m.args, frame.args.map(decodeValue));
+        const args = parseArgs(
+          method,
+          m.args,
+          frame.args.map((a) => decodeValue(a, parts)),
+        );
         const value = await m.run(edge, args, ctx);
         if (m.stream) {
           const stream = value as ProcessStream;
@@ -196,7 +226,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
           openStream(id, stream);
           send({ t: 'reply', id, value: { pid: stream.pid, osPid: stream.osPid } });
           void pump(id, streams.get(id) as OpenStream);
-        } else send({ t: 'reply', id, value: encodeValue(value) });
+        } else sendWith((encode) => ({ t: 'reply', id, value: encode(value) }));
       } catch (err) {
         const cancelled = abort.signal.aborted && !(err instanceof DsecError);
         sendError(id, cancelled ? abort.signal.reason : err);
@@ -209,7 +239,8 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
 
   async function settle(id: number, fn: () => Promise<unknown>): Promise<void> {
     try {
-      send({ t: 'reply', id, value: encodeValue(await fn()) });
+      const value = await fn();
+      sendWith((encode) => ({ t: 'reply', id, value: encode(value) }));
     } catch (err) {
       sendError(id, err);
     }
@@ -247,7 +278,7 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
         const r = await it.next();
         if (r.done) break;
         s.credit--;
-        send({ t: 'output', id, event: encodeValue(r.value) });
+        sendWith((encode) => ({ t: 'output', id, event: encode(r.value) }));
       }
     } catch (err) {
       // A stream that was asked to stop may end any way it likes: that is the detach.

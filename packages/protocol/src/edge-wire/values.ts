@@ -13,13 +13,19 @@ export interface WireError {
   details?: Record<string, WireValue>;
 }
 
-// A one-key object with one of these keys is a tag: `{$b: base64}` is a Uint8Array, `{$u: 0}` is
-// undefined (in an array: arguments keep their positions), `{$o: {...}}` is a plain object
-// that happens to have one key named like a tag.
+// A one-key object with one of these keys is a tag: `{$p: i}` is a Uint8Array, the frame's part
+// `i` (its bytes travel raw beside the JSON); `{$b: base64}` is a Uint8Array where there are no
+// parts (an error's details) or a frame has its fill of them; `{$u: 0}` is undefined (in an
+// array: arguments keep their positions), `{$o: {...}}` is a plain object that happens to have
+// one key named like a tag.
+const PART = '$p';
 const BYTES = '$b';
 const UNDEFINED = '$u';
 const LITERAL = '$o';
-const TAGS = new Set([BYTES, UNDEFINED, LITERAL]);
+const TAGS = new Set([PART, BYTES, UNDEFINED, LITERAL]);
+
+/** Byte parts one frame carries at most; bytes beyond travel as base64 in its text. */
+export const MAX_FRAME_PARTS = 1024;
 // Objects whose fields are not their meaning: JSON would turn them into `{}` and hide a bug.
 const NO_WIRE_FORM: Array<abstract new (...args: never[]) => object> = [Map, Set, WeakMap, WeakSet, Promise, Error, ArrayBuffer, DataView, RegExp, AbortSignal];
 
@@ -45,50 +51,68 @@ export function fromBase64(text: string): Uint8Array {
   return out;
 }
 
+/** `bytes` as a Buffer where there is one (what the in-process edge hands out), without a copy. */
+function asBuffer(bytes: Uint8Array): Uint8Array {
+  const B = (globalThis as { Buffer?: typeof Buffer }).Buffer;
+  return B && !(bytes instanceof B) ? B.from(bytes.buffer, bytes.byteOffset, bytes.byteLength) : bytes;
+}
+
 /**
  * Turns a value into JSON-safe data. Functions, AbortSignals, maps, errors, symbols and bigints
  * have no wire form: the caller strips them first (a method's codec does), so meeting one is a
- * bug (throws). Other class instances travel as their own fields, as with JSON.stringify.
+ * bug (throws). Other class instances travel as their own fields, as with JSON.stringify. With
+ * `parts` (the frame's), bytes are appended there and referred to by index; without, base64.
  */
-export function encodeValue(value: unknown): WireValue {
+export function encodeValue(value: unknown, parts?: Uint8Array[]): WireValue {
   if (value === null || typeof value === 'boolean' || typeof value === 'string') return value;
   if (typeof value === 'number') {
     if (!Number.isFinite(value)) throw new TypeError(`cannot send ${value} over the wire`);
     return value;
   }
   if (value === undefined) return { [UNDEFINED]: 0 };
-  if (value instanceof Uint8Array) return { [BYTES]: toBase64(value) };
-  if (Array.isArray(value)) return value.map(encodeValue);
+  if (value instanceof Uint8Array) {
+    if (parts && parts.length < MAX_FRAME_PARTS) return { [PART]: parts.push(value) - 1 };
+    return { [BYTES]: toBase64(value) };
+  }
+  if (Array.isArray(value)) return value.map((v) => encodeValue(v, parts));
   if (typeof value === 'object' && !ArrayBuffer.isView(value) && !NO_WIRE_FORM.some((T) => value instanceof T)) {
     // As JSON.stringify would: a value's own toJSON (a Date's ISO string), else its own fields.
     const toJSON = (value as { toJSON?: unknown }).toJSON;
-    if (typeof toJSON === 'function' && !isPlain(value)) return encodeValue((toJSON as () => unknown).call(value));
+    if (typeof toJSON === 'function' && !isPlain(value)) return encodeValue((toJSON as () => unknown).call(value), parts);
     const out: Record<string, WireValue> = {};
-    for (const [k, v] of Object.entries(value)) if (v !== undefined) out[k] = encodeValue(v);
+    for (const [k, v] of Object.entries(value)) if (v !== undefined) out[k] = encodeValue(v, parts);
     const keys = Object.keys(out);
     return keys.length === 1 && TAGS.has(keys[0] as string) ? { [LITERAL]: out } : out;
   }
   throw new TypeError(`cannot send a ${describe(value)} over the wire`);
 }
 
-/** The inverse of {@link encodeValue}. */
-export function decodeValue(value: unknown): unknown {
+/**
+ * The inverse of {@link encodeValue}, with the parts of the frame the value came in. A part the
+ * frame does not carry is INVALID_ARGUMENT.
+ */
+export function decodeValue(value: unknown, parts: readonly Uint8Array[] = []): unknown {
   if (value === null || typeof value !== 'object') return value;
-  if (Array.isArray(value)) return value.map(decodeValue);
+  if (Array.isArray(value)) return value.map((v) => decodeValue(v, parts));
   const obj = value as Record<string, unknown>;
   const keys = Object.keys(obj);
   if (keys.length === 1) {
     const key = keys[0] as string;
+    if (key === PART) {
+      const part = typeof obj[PART] === 'number' ? parts[obj[PART]] : undefined;
+      if (!part) throw new DsecError('INVALID_ARGUMENT', `bytes ${JSON.stringify(obj[PART])}: the frame carries ${parts.length} part(s)`, { field: 'frame' });
+      return asBuffer(part);
+    }
     if (key === BYTES && typeof obj[BYTES] === 'string') return fromBase64(obj[BYTES]);
     if (key === UNDEFINED) return undefined;
-    if (key === LITERAL && isObject(obj[LITERAL])) return decodeFields(obj[LITERAL]);
+    if (key === LITERAL && isObject(obj[LITERAL])) return decodeFields(obj[LITERAL], parts);
   }
-  return decodeFields(obj);
+  return decodeFields(obj, parts);
 }
 
-function decodeFields(obj: Record<string, unknown>): Record<string, unknown> {
+function decodeFields(obj: Record<string, unknown>, parts: readonly Uint8Array[]): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(obj)) out[k] = decodeValue(v);
+  for (const [k, v] of Object.entries(obj)) out[k] = decodeValue(v, parts);
   return out;
 }
 

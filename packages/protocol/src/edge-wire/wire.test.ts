@@ -9,20 +9,20 @@ import { FakeEdge, FakeProcess } from './fake-edge.js';
 import { STREAM_WINDOW_EVENTS, UPLOAD_WINDOW_CHUNKS } from './frames.js';
 import { edgeThroughWire, loopbackEdge } from './loopback.js';
 import { serveEdge } from './server.js';
-import type { Transport } from './transport.js';
+import type { FrameParts, Transport } from './transport.js';
 import { loopbackTransport } from './transport.js';
 import { INTERNAL_MESSAGE, decodeValue, encodeValue, fromWireError, toWireError } from './values.js';
 
 /** A fake edge served over a loopback pair; every frame each way is kept. */
 async function connect(
   opts: { heartbeatMs?: number } = {},
-): Promise<{ fake: FakeEdge; client: WireEdgeClient; logs: string[]; frames: string[]; serverEnd: Transport; clientEnd: Transport }> {
+): Promise<{ fake: FakeEdge; client: WireEdgeClient; logs: string[]; frames: Array<[string, FrameParts]>; serverEnd: Transport; clientEnd: Transport }> {
   const fake = new FakeEdge();
   const [clientEnd, serverEnd] = loopbackTransport();
-  const frames: string[] = [];
+  const frames: Array<[string, FrameParts]> = [];
   const tap = (t: Transport): Transport => ({
     ...t,
-    send: (f) => (frames.push(f), t.send(f)),
+    send: (f, parts) => (frames.push([f, parts ?? []]), t.send(f, parts)),
     onFrame: (r) => t.onFrame(r),
     onClose: (l) => t.onClose(l),
     close: (e) => t.close(e),
@@ -55,6 +55,20 @@ describe('values', () => {
     assert.deepEqual(back.e, { $u: 0, other: 1 });
     assert.ok(back.f instanceof Uint8Array);
     assert.equal(text(back.f), 'hi');
+  });
+
+  test("with a frame's parts, bytes travel beside the JSON; a part the frame lacks is refused", () => {
+    const parts: Uint8Array[] = [];
+    const v = { out: new Uint8Array([1, 2]), lit: { $p: 3 } };
+    const text = JSON.stringify(encodeValue(v, parts));
+    assert.equal(text, '{"out":{"$p":0},"lit":{"$o":{"$p":3}}}');
+    const back = decodeValue(JSON.parse(text), parts) as typeof v;
+    assert.deepEqual([...back.out], [1, 2]);
+    assert.deepEqual(back.lit, { $p: 3 });
+    assert.throws(
+      () => decodeValue({ $p: 1 }, parts),
+      (e: unknown) => isDsecError(e, 'INVALID_ARGUMENT'),
+    );
   });
 
   test('what has no wire form is refused', () => {
@@ -240,7 +254,7 @@ describe('WireEdgeClient over serveEdge', () => {
     client.close();
   });
 
-  test('a frame that is not one, or a method that does not exist, gets INVALID_ARGUMENT', async () => {
+  test('a frame that is not one, a method that does not exist or an upload chunk without its bytes gets INVALID_ARGUMENT', async () => {
     const fake = new FakeEdge();
     const [c, s] = loopbackTransport();
     serveEdge(fake, s, { heartbeatMs: 0 });
@@ -249,6 +263,7 @@ describe('WireEdgeClient over serveEdge', () => {
     c.send('{"t":"call","id":7,"method":"create"}');
     c.send('{"t":"call","id":8,"method":"format","args":[]}');
     c.send('not json');
+    c.send('{"t":"chunk","id":9}');
     await tick();
     const errors = got.filter((f): f is { t: 'error'; id: number; error: { code: string } } => (f as { t: string }).t === 'error');
     assert.deepEqual(
@@ -256,6 +271,7 @@ describe('WireEdgeClient over serveEdge', () => {
       [
         [7, 'INVALID_ARGUMENT'],
         [8, 'INVALID_ARGUMENT'],
+        [9, 'INVALID_ARGUMENT'],
       ],
     );
     c.close();
@@ -502,12 +518,14 @@ describe('WireEdgeClient over serveEdge', () => {
     await assert.rejects(on.client.stats('abc'), (e: unknown) => isDsecError(e, 'UNAVAILABLE'));
   });
 
-  test('frames are JSON text', async () => {
+  test('frames are JSON text; bytes travel beside it as parts', async () => {
     const { client, frames } = await connect();
-    await client.writeFile('sb', '/x', new Uint8Array([1]));
+    await client.writeFile('sb', '/x', new Uint8Array([1, 2]));
     assert.ok(frames.length >= 3);
-    for (const f of frames) assert.equal(typeof JSON.parse(f), 'object');
-    assert.ok(frames.some((f) => f.includes('"$b":"AQ=="')));
+    for (const [f] of frames) assert.equal(typeof JSON.parse(f), 'object');
+    const call = frames.find(([f]) => f.includes('"writeFile"'));
+    assert.ok(call?.[0].includes('{"$p":0}'), call?.[0]);
+    assert.deepEqual([...(call?.[1][0] ?? [])], [1, 2]);
     client.close();
   });
 });
