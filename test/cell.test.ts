@@ -79,7 +79,7 @@ describe('simulated cell', { skip, timeout: 120_000 }, () => {
       files.some((f) => f.endsWith('.cpuprofile')),
       files.join(', '),
     );
-    assert.match(await readFile(path.join(profileDir, 'pg-statements.txt'), 'utf8'), /insert into "sandboxes"/i);
+    assert.match(await readFile(path.join(profileDir, 'pg-statements.txt'), 'utf8'), /insert into "?sandboxes"? /i);
     const { stdout } = await promisify(execFile)(process.execPath, [
       path.join(REPO_ROOT, 'bench/dist/cell/heap-summary.js'),
       path.join(profileDir, 'apiserver.heapsnapshot'),
