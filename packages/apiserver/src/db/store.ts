@@ -766,10 +766,8 @@ export class StateStore {
 
   /** Moves sandboxes from one of `from` to `to`; per id, true when it moved. */
   private async transitionMany(ids: readonly string[], from: string[], to: string): Promise<boolean[]> {
-    const moved = new Set<string>();
-    for (let i = 0; i < ids.length; i += 500) {
-      const some = ids.slice(i, i + 500);
-      const rows = await this.db
+    const rows = await perChunk(ids, (some) =>
+      this.db
         .updateTable('sandboxes')
         .set({ state: to, ...this.replicaOf(to) })
         // PostgreSQL: the ids as one array parameter, not up to 500 of them (each a parameter to
@@ -777,9 +775,9 @@ export class StateStore {
         .where((eb) => (this.shared ? eb('id', '=', sql<string>`any(${some}::text[])`) : eb('id', 'in', some)))
         .where('state', 'in', from)
         .returning('id')
-        .execute();
-      for (const r of rows) moved.add(r.id);
-    }
+        .execute(),
+    );
+    const moved = new Set(rows.map((r) => r.id));
     return ids.map((id) => moved.has(id));
   }
 
@@ -790,13 +788,10 @@ export class StateStore {
 
   /** Records API activity of sandboxes (many at once: the activity tracker's flush). */
   async touchSandboxes(ids: string[], at: string): Promise<void> {
-    for (let i = 0; i < ids.length; i += 500) {
-      await this.db
-        .updateTable('sandboxes')
-        .set({ last_active_at: at })
-        .where('id', 'in', ids.slice(i, i + 500))
-        .execute();
-    }
+    await perChunk(ids, async (some) => {
+      await this.db.updateTable('sandboxes').set({ last_active_at: at }).where('id', 'in', some).execute();
+      return [];
+    });
   }
 
   /**
@@ -821,15 +816,16 @@ export class StateStore {
    */
   async deferLeaseChecks(groups: ReadonlyArray<{ at: number; lease: string | null; ids: readonly string[] }>): Promise<void> {
     for (const g of groups) {
-      for (let i = 0; i < g.ids.length; i += 500) {
+      await perChunk(g.ids, async (some) => {
         await this.db
           .updateTable('sandboxes')
           .set({ lease_check_ms: g.at })
-          .where('id', 'in', g.ids.slice(i, i + 500))
+          .where('id', 'in', some)
           .where('state', '=', 'running')
           .where((eb) => (g.lease === null ? eb('lease', 'is', null) : eb('lease', '=', g.lease)))
           .execute();
-      }
+        return [];
+      });
     }
   }
 
@@ -840,16 +836,8 @@ export class StateStore {
 
   /** The state of each of these sandboxes that has a row, by id. */
   async sandboxStates(ids: readonly string[]): Promise<Map<string, string>> {
-    const out = new Map<string, string>();
-    for (let i = 0; i < ids.length; i += 500) {
-      const rows = await this.db
-        .selectFrom('sandboxes')
-        .select(['id', 'state'])
-        .where('id', 'in', ids.slice(i, i + 500))
-        .execute();
-      for (const r of rows) out.set(r.id, r.state);
-    }
-    return out;
+    const rows = await perChunk(ids, (some) => this.db.selectFrom('sandboxes').select(['id', 'state']).where('id', 'in', some).execute());
+    return new Map(rows.map((r) => [r.id, r.state]));
   }
 
   /** Sandboxes of an owner. */
@@ -868,17 +856,7 @@ export class StateStore {
   }
 
   async ownersByIds(ids: string[]): Promise<OwnerTable[]> {
-    if (ids.length === 0) return [];
-    const out: OwnerTable[] = [];
-    for (let i = 0; i < ids.length; i += 500)
-      out.push(
-        ...(await this.db
-          .selectFrom('owners')
-          .selectAll()
-          .where('id', 'in', ids.slice(i, i + 500))
-          .execute()),
-      );
-    return out;
+    return perChunk(ids, (some) => this.db.selectFrom('owners').selectAll().where('id', 'in', some).execute());
   }
 
   /** Active owners whose last heartbeat is older than their grace. */
@@ -1184,16 +1162,7 @@ export class StateStore {
 
   /** Every sandbox row placed on one of these nodes (through the index by node). */
   async sandboxesOnNodes(nodes: readonly string[]): Promise<SandboxTable[]> {
-    const out: SandboxTable[] = [];
-    for (let i = 0; i < nodes.length; i += 500)
-      out.push(
-        ...(await this.db
-          .selectFrom('sandboxes')
-          .selectAll()
-          .where('node', 'in', nodes.slice(i, i + 500))
-          .execute()),
-      );
-    return out;
+    return perChunk(nodes, (some) => this.db.selectFrom('sandboxes').selectAll().where('node', 'in', some).execute());
   }
 
   /**
@@ -1240,16 +1209,7 @@ export class StateStore {
    * node): what the watcher compares with those nodes in a pass.
    */
   async sandboxSummaries(nodes: readonly string[]): Promise<SandboxSummary[]> {
-    const out: SandboxSummary[] = [];
-    for (let i = 0; i < nodes.length; i += 500)
-      out.push(
-        ...(await this.db
-          .selectFrom('sandboxes')
-          .select(SUMMARY_COLUMNS)
-          .where('node', 'in', nodes.slice(i, i + 500))
-          .execute()),
-      );
-    return out;
+    return perChunk(nodes, (some) => this.db.selectFrom('sandboxes').select(SUMMARY_COLUMNS).where('node', 'in', some).execute());
   }
 
   /** The same of the sandboxes whose lifetime ended by `at` (through the index by expiry): the watcher's expiry pass. */
@@ -1815,6 +1775,16 @@ async function bindIdempotencyKey(tx: Transaction<Database>, projectId: string, 
     .where('key', '=', key)
     .where('state', '=', 'pending')
     .execute();
+}
+
+/** Keys given to one statement at most (each an `IN` parameter): statements stay bounded. */
+const KEYS_PER_STATEMENT = 500;
+
+/** Runs `fn` over `keys`, {@link KEYS_PER_STATEMENT} at a time in order, and joins what each gives. */
+async function perChunk<K, R>(keys: readonly K[], fn: (chunk: K[]) => Promise<readonly R[]>): Promise<R[]> {
+  const out: R[] = [];
+  for (let i = 0; i < keys.length; i += KEYS_PER_STATEMENT) out.push(...(await fn(keys.slice(i, i + KEYS_PER_STATEMENT))));
+  return out;
 }
 
 function quotaError(row: ProjectTable | undefined, r: Reservation): DsecError {
