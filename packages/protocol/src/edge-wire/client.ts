@@ -335,7 +335,14 @@ export class WireEdgeClient implements EdgeClient {
       if (extras.onOutput) frame.output = true;
       if (extras.onProgress) frame.progress = true;
       if (extras.upload) frame.upload = true;
-      this.send(frame, parts);
+      try {
+        this.send(frame, parts);
+      } catch (err) {
+        // Too large for one message (PAYLOAD_TOO_LARGE): this call fails, the session stays.
+        this.pending.get(id)?.reject(err instanceof Error ? err : new Error(String(err)));
+        this.pending.delete(id);
+        return;
+      }
       if (extras.upload) {
         const upload = new Upload(id, extras.upload, (f, p) => this.send(f, p));
         this.uploads.set(id, upload);

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { EventEmitter } from 'node:events';
 import http2 from 'node:http2';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import type { TestContext } from 'node:test';
+import { DsecError } from '../errors.js';
 import { NODE_SESSION_HTTP2 } from '../nodes.js';
 import { WireEdgeClient } from './client.js';
 import { FakeEdge } from './fake-edge.js';
@@ -115,4 +117,90 @@ test('over HTTP/2 with the node session windows, a reader that stops reading sto
   const data = randomBytes(200 * 1024);
   await wire.writeFile('sb', '/f', data);
   assert.ok(Buffer.from(await wire.readFile('sb', '/f')).equals(data));
+});
+
+/** A byte stream whose reads the test hands in, chunk by chunk; what is written is kept. */
+class ChunkedDuplex extends EventEmitter {
+  readonly written: Buffer[] = [];
+  destroyed: Error | undefined;
+  write(chunk: Uint8Array): boolean {
+    this.written.push(Buffer.from(chunk));
+    return true;
+  }
+  cork(): void {}
+  uncork(): void {}
+  end(): void {
+    this.emit('end');
+  }
+  destroy(err?: Error): void {
+    this.destroyed = err;
+    this.emit('close');
+  }
+}
+
+/** The bytes of one frame as framedTransport writes it. */
+function frameBytes(text: string, parts: FrameParts): Buffer {
+  const out = new ChunkedDuplex();
+  framedTransport(out).send(text, parts);
+  return Buffer.concat(out.written);
+}
+
+test('a frame that comes a byte at a time arrives whole; small parts do not keep the reads they came in', async () => {
+  const big = randomBytes(256 * 1024);
+  const bytes = frameBytes('{"t":"x"}', [big, Buffer.from('tiny')]);
+  const duplex = new ChunkedDuplex();
+  const got = received(framedTransport(duplex));
+  for (let i = 0; i < bytes.length; i++) duplex.emit('data', bytes.subarray(i, i + 1));
+  assert.equal(got.length, 1);
+  assert.equal(got[0]![0], '{"t":"x"}');
+  assert.ok(Buffer.from(got[0]![1][0]!).equals(big));
+  assert.equal(Buffer.from(got[0]![1][1]!).toString(), 'tiny');
+  // A whole frame inside one 64 KiB read: its small part is its own copy, not a view of the read.
+  const read = Buffer.alloc(64 * 1024);
+  const small = frameBytes('{"t":"y"}', [Buffer.from('0123456789')]);
+  small.copy(read);
+  duplex.emit('data', read.subarray(0, small.length));
+  const part = got[1]![1][0]!;
+  assert.equal(Buffer.from(part).toString(), '0123456789');
+  assert.ok(part.buffer.byteLength < read.length, `a 10-byte part holds ${part.buffer.byteLength} bytes`);
+});
+
+test('a stream that ends inside a frame is a failure, not a graceful close', async () => {
+  const duplex = new ChunkedDuplex();
+  const transport = framedTransport(duplex);
+  received(transport);
+  const closed = new Promise<Error | undefined>((resolve) => transport.onClose(resolve));
+  duplex.emit('data', frameBytes('{"t":"x"}', [Buffer.alloc(100)]).subarray(0, 50));
+  duplex.emit('end');
+  assert.match(String((await closed)?.message), /ended inside a frame/);
+});
+
+test('a message larger than the protocol carries is refused whole when sent, and the session stays', async () => {
+  const duplex = new ChunkedDuplex();
+  const transport = framedTransport(duplex);
+  const huge = Buffer.alloc(MAX_WIRE_FRAME_BYTES);
+  assert.throws(
+    () => transport.send('{"t":"reply"}', [huge]),
+    (err: unknown) => err instanceof DsecError && err.code === 'PAYLOAD_TOO_LARGE',
+  );
+  assert.equal(duplex.written.length, 0, 'nothing of it was written');
+  transport.send('{"t":"next"}', []);
+  assert.equal(duplex.written.length, 1);
+  assert.equal(duplex.destroyed, undefined);
+});
+
+test('an edge whose reply is too large for one message fails that call alone', async (t) => {
+  const { client, server } = await h2Stream(t);
+  const fake = new FakeEdge();
+  serveEdge(fake, framedTransport(client), { heartbeatMs: 0 });
+  const wire = await WireEdgeClient.connect(framedTransport(server));
+  t.after(() => wire.close());
+  fake.files.set('/big', new Uint8Array(MAX_WIRE_FRAME_BYTES + 1));
+  await assert.rejects(wire.readFile('sb', '/big'), { code: 'PAYLOAD_TOO_LARGE' });
+  // The node's session carries on: the next call is answered.
+  fake.files.set('/small', Buffer.from('ok'));
+  assert.equal(Buffer.from(await wire.readFile('sb', '/small')).toString(), 'ok');
+  // And a call too large to send fails alone, before anything of it is sent.
+  await assert.rejects(wire.writeFile('sb', '/huge', new Uint8Array(MAX_WIRE_FRAME_BYTES + 1)), { code: 'PAYLOAD_TOO_LARGE' });
+  assert.equal(Buffer.from(await wire.readFile('sb', '/small')).toString(), 'ok');
 });

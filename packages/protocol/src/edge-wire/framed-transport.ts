@@ -1,6 +1,7 @@
 // The edge wire over a byte stream (an HTTP/2 stream inside mutual TLS between machines): each
 // frame is its length-prefixed JSON text followed by its byte parts, raw. An output event or a
 // file's bytes cross as they are, not as base64 inside the JSON (docs/edge-wire.md, "Framing").
+import { DsecError } from '../errors.js';
 import type { FrameParts, Transport } from './transport.js';
 import { MAX_FRAME_PARTS } from './values.js';
 
@@ -18,6 +19,12 @@ export interface ByteDuplex {
 
 /** Largest frame accepted from the peer, text and parts together (a large file's reply). */
 export const MAX_WIRE_FRAME_BYTES = 64 * 1024 * 1024;
+
+/**
+ * A part smaller than this that is a view of a larger read is copied out of it: an output event
+ * kept in a slow reader's queue must not keep the whole read (64 KiB) alive.
+ */
+const COPY_PART_BELOW = 16 * 1024;
 
 /** Bytes of a frame's fixed head: the text's length and the number of parts (u32 big-endian each). */
 const HEAD_BYTES = 8;
@@ -42,7 +49,10 @@ export function framedTransport(duplex: ByteDuplex): Transport {
     for (const l of closeListeners.splice(0)) l(err);
   };
 
-  // What has arrived and not yet been taken, in order; a part inside one read is a view of it.
+  // What has arrived and not yet been taken, in order: only the heads of frames wait here (at most
+  // 8 + 4 x MAX_FRAME_PARTS bytes), and whole frames inside one read, which are taken at once. A
+  // frame that spans reads is copied into a body of its own as its bytes come: a peer sending a
+  // frame a byte at a time costs its size, not a buffer object per byte.
   const queue: Buffer[] = [];
   let queued = 0;
   const take = (n: number): Buffer => {
@@ -66,10 +76,26 @@ export function framedTransport(duplex: ByteDuplex): Transport {
     }
     return out;
   };
-  // The frame being read: its head once that came, then its part lengths and its body's size.
+  // The frame being read: its head once that came, then its part lengths and its body's size;
+  // `body` while its bytes span reads.
   let head: { textBytes: number; count: number } | undefined;
   let lengths: number[] | undefined;
   let bodyBytes = 0;
+  let body: Buffer | undefined;
+  let bodyAt = 0;
+  /** The frame whose text and parts are `bytes` (its body), in order. */
+  const frameOf = (bytes: Buffer): [string, FrameParts] => {
+    const h = head as { textBytes: number };
+    const text = decoder.decode(bytes.subarray(0, h.textBytes));
+    let at = h.textBytes;
+    const parts = (lengths as number[]).map((n) => {
+      const part = bytes.subarray(at, (at += n));
+      return part.length < COPY_PART_BELOW && part.buffer.byteLength > 2 * part.length ? Buffer.from(part) : part;
+    });
+    head = undefined;
+    lengths = undefined;
+    return [text, parts];
+  };
   /** Takes every whole frame out of the queue; throws when the peer broke the framing. */
   const readFrames = (out: Array<[string, FrameParts]>): void => {
     for (;;) {
@@ -86,24 +112,39 @@ export function framedTransport(duplex: ByteDuplex): Transport {
         bodyBytes = lengths.reduce((sum, n) => sum + n, head.textBytes);
         if (bodyBytes > MAX_WIRE_FRAME_BYTES) throw new Error(`a frame of ${bodyBytes} bytes (at most ${MAX_WIRE_FRAME_BYTES})`);
       }
-      if (queued < bodyBytes) return;
-      const text = decoder.decode(take(head.textBytes));
-      const parts = lengths.map((n) => take(n));
-      head = undefined;
-      lengths = undefined;
-      out.push([text, parts]);
+      if (queued < bodyBytes) {
+        // Its body spans reads: what came of it is copied into a body of its own, the rest follows.
+        body = Buffer.allocUnsafe(bodyBytes);
+        bodyAt = 0;
+        for (const b of queue.splice(0)) bodyAt += b.copy(body, bodyAt);
+        queued = 0;
+        return;
+      }
+      out.push(frameOf(take(bodyBytes)));
     }
   };
   duplex.on('data', (chunk) => {
     if (closed) return;
-    queue.push(chunk);
-    queued += chunk.length;
     const frames: Array<[string, FrameParts]> = [];
+    let rest: Buffer = chunk;
+    if (body) {
+      const k = chunk.copy(body, bodyAt);
+      bodyAt += k;
+      if (bodyAt < body.length) return;
+      const whole = body;
+      body = undefined;
+      frames.push(frameOf(whole));
+      rest = chunk.subarray(k);
+    }
     let broken: Error | undefined;
-    try {
-      readFrames(frames);
-    } catch (err) {
-      broken = err instanceof Error ? err : new Error(String(err));
+    if (rest.length > 0) {
+      queue.push(rest);
+      queued += rest.length;
+      try {
+        readFrames(frames);
+      } catch (err) {
+        broken = err instanceof Error ? err : new Error(String(err));
+      }
     }
     for (const [text, parts] of frames) {
       if (closed) return;
@@ -113,13 +154,19 @@ export function framedTransport(duplex: ByteDuplex): Transport {
     if (broken !== undefined) duplex.destroy(new Error(`the peer broke the framing: ${broken.message}`));
   });
   duplex.on('error', (err) => ended(err));
-  duplex.on('end', () => ended());
+  // An end inside a frame is the peer's failure, not a graceful close.
+  duplex.on('end', () => ended(head || body || queued > 0 ? new Error('the stream ended inside a frame') : undefined));
   duplex.on('close', () => ended(closeError ?? new Error('the stream closed')));
 
   return {
     send(frame: string, parts: FrameParts = []): void {
       if (closed) return;
       const textBytes = Buffer.byteLength(frame);
+      // Refused here, whole, rather than sent for the peer to cut the session over (which would
+      // end every call and stream of the node, not this one).
+      const total = parts.reduce((sum, p) => sum + p.byteLength, textBytes);
+      if (total > MAX_WIRE_FRAME_BYTES)
+        throw new DsecError('PAYLOAD_TOO_LARGE', `a message of ${total} bytes: the node protocol carries at most ${MAX_WIRE_FRAME_BYTES}`);
       const head = Buffer.allocUnsafe(HEAD_BYTES + 4 * parts.length + textBytes);
       head.writeUInt32BE(textBytes, 0);
       head.writeUInt32BE(parts.length, 4);

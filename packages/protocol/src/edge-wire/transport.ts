@@ -11,7 +11,8 @@ export type FrameParts = readonly Uint8Array[];
 export interface Transport {
   /**
    * Sends one frame. The parts are sent as they are: the sender does not change them afterwards.
-   * After close it does nothing (the sender learns of the loss from onClose).
+   * After close it does nothing (the sender learns of the loss from onClose). A frame larger
+   * than the transport carries is refused with PAYLOAD_TOO_LARGE, nothing of it sent.
    */
   send(frame: string, parts?: FrameParts): void;
   /** Sets the receiver of incoming frames; frames that came before it are delivered to it. */
