@@ -82,6 +82,12 @@ function abortReason(signal: AbortSignal): Error {
  * server's hello (so construction is `await WireEdgeClient.connect(transport)`); `capacity()`
  * then returns what the latest heartbeat said.
  */
+/**
+ * Output events of one stream held unread at most: the edge sends against credit (a window of
+ * STREAM_WINDOW_EVENTS), so more means the edge ignores it, and its session is cut.
+ */
+const MAX_UNREAD_EVENTS = 2 * STREAM_WINDOW_EVENTS;
+
 export class WireEdgeClient implements EdgeClient {
   readonly layers: EdgeLayers;
   readonly calls: EdgeCalls;
@@ -417,6 +423,12 @@ export class WireEdgeClient implements EdgeClient {
       case 'output': {
         const ev = decodeValue(frame.event, parts) as OutputEvent;
         const s = this.streams.get(frame.id);
+        if (s && s.unread >= MAX_UNREAD_EVENTS) {
+          // The edge sends a stream's output only against credit: one that does not is cut off,
+          // rather than queued here without bound.
+          this.transport.close(new Error(`stream ${frame.id}: the edge sent more output than its credit allows`));
+          return;
+        }
         if (s) s.push(ev);
         else this.callback(() => this.pending.get(frame.id)?.onOutput?.(ev));
         return;
@@ -510,6 +522,11 @@ class WireProcessStream implements ProcessStream {
     });
     // A caller that only reads the output must not crash the process when the stream is lost.
     this.exited.catch(noop);
+  }
+
+  /** Events received and not yet read. */
+  get unread(): number {
+    return this.queue.length;
   }
 
   push(ev: OutputEvent): void {

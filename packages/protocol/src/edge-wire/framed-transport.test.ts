@@ -11,10 +11,10 @@ import { WireEdgeClient } from './client.js';
 import { FakeEdge } from './fake-edge.js';
 import type { FakeProcess } from './fake-edge.js';
 import { MAX_WIRE_FRAME_BYTES, framedTransport } from './framed-transport.js';
-import { STREAM_WINDOW_EVENTS } from './frames.js';
+import { EDGE_WIRE_VERSION, STREAM_WINDOW_EVENTS, encodeFrame } from './frames.js';
 import { serveEdge } from './server.js';
 import type { FrameParts, Transport } from './transport.js';
-import { MAX_FRAME_PARTS } from './values.js';
+import { MAX_FRAME_PARTS, encodeValue } from './values.js';
 
 /** Both ends of one HTTP/2 stream on loopback (cleartext: TLS adds nothing to the framing), with the node session's windows. */
 async function h2Stream(t: TestContext): Promise<{ client: http2.ClientHttp2Stream; server: http2.ServerHttp2Stream }> {
@@ -203,4 +203,31 @@ test('an edge whose reply is too large for one message fails that call alone', a
   // And a call too large to send fails alone, before anything of it is sent.
   await assert.rejects(wire.writeFile('sb', '/huge', new Uint8Array(MAX_WIRE_FRAME_BYTES + 1)), { code: 'PAYLOAD_TOO_LARGE' });
   assert.equal(Buffer.from(await wire.readFile('sb', '/small')).toString(), 'ok');
+});
+
+test('an edge that sends a stream more output than its credit allows is cut off, not queued without bound', async (t) => {
+  const { client, server } = await h2Stream(t);
+  const rogue = framedTransport(client);
+  let spawned = false;
+  rogue.onFrame((text) => {
+    const frame = JSON.parse(text) as { t: string; id: number };
+    // Answers the first call (the spawn) and nothing after.
+    if (frame.t !== 'call' || spawned) return;
+    spawned = true;
+    rogue.send(encodeFrame({ t: 'reply', id: frame.id, value: { pid: 1, osPid: 1 } }));
+    // Far past the window, with nobody reading.
+    for (let i = 0; i < 10 * STREAM_WINDOW_EVENTS; i++) {
+      const parts: Uint8Array[] = [];
+      rogue.send(encodeFrame({ t: 'output', id: frame.id, event: encodeValue({ kind: 'data', fd: 1, data: Buffer.from('x') }, parts) }), parts);
+    }
+  });
+  rogue.send(encodeFrame({ t: 'hello', version: EDGE_WIRE_VERSION, nodeName: 'rogue', capacity: new FakeEdge().capacity(), heartbeatMs: 0 }));
+  const wire = await WireEdgeClient.connect(framedTransport(server));
+  t.after(() => wire.close());
+  await wire.spawn('sb', { cmd: 'yes' });
+  // The next call is never answered: it fails with the session's loss, which names the cause.
+  await assert.rejects(
+    wire.list(),
+    (err: unknown) => err instanceof DsecError && err.code === 'UNAVAILABLE' && /more output than its credit/.test(err.message),
+  );
 });
