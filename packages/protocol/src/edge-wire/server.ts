@@ -119,7 +119,13 @@ export function serveEdge(edge: EdgeClient, transport: Transport, opts: ServeEdg
         if (parts.length !== 1 || !data || data.byteLength > MAX_UPLOAD_CHUNK_BYTES) {
           const err = new DsecError('INVALID_ARGUMENT', `an upload chunk is one part of at most ${MAX_UPLOAD_CHUNK_BYTES} bytes`, { field: 'frame.data' });
           log(`edge-wire: refused a frame: ${err.message}`);
-          sendError(frame.id, err);
+          // The upload ends with the error and its call is stopped: the call's own reply (the
+          // error) is then the one the client gets, and nothing waits for chunks that will not come.
+          const call = calls.get(frame.id);
+          if (call) {
+            call.upload?.end(toWireError(err, log));
+            call.abort.abort(err);
+          } else sendError(frame.id, err);
           return;
         }
         calls.get(frame.id)?.upload?.push(data);

@@ -277,6 +277,24 @@ describe('WireEdgeClient over serveEdge', () => {
     c.close();
   });
 
+  test('a bad chunk of an upload under way ends the upload and its call, answered once with the refusal', async () => {
+    const fake = new FakeEdge();
+    const [c, s] = loopbackTransport();
+    serveEdge(fake, s, { heartbeatMs: 0 });
+    const got: Array<{ t: string; id?: number; error?: { code: string } }> = [];
+    c.onFrame((f) => got.push(JSON.parse(f)));
+    c.send('{"t":"call","id":10,"method":"layers.build","args":[{"type":"tar","upload":true},{}],"upload":true}');
+    await tick();
+    c.send('{"t":"chunk","id":10}');
+    for (let i = 0; i < 20 && !got.some((f) => f.id === 10 && f.t !== 'credit'); i++) await tick();
+    const answers = got.filter((f) => f.id === 10 && f.t !== 'credit');
+    assert.deepEqual(
+      answers.map((f) => [f.t, f.error?.code]),
+      [['error', 'INVALID_ARGUMENT']],
+    );
+    c.close();
+  });
+
   test('exec output reaches onOutput in order, before the result', async () => {
     const { client } = await connect();
     const seen: OutputEvent[] = [];
