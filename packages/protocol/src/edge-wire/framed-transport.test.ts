@@ -10,7 +10,7 @@ import { NODE_SESSION_HTTP2 } from '../nodes.js';
 import { WireEdgeClient } from './client.js';
 import { FakeEdge } from './fake-edge.js';
 import type { FakeProcess } from './fake-edge.js';
-import { MAX_WIRE_FRAME_BYTES, framedTransport } from './framed-transport.js';
+import { MAX_UNSENT_BYTES, MAX_WIRE_FRAME_BYTES, framedTransport } from './framed-transport.js';
 import { EDGE_WIRE_VERSION, STREAM_WINDOW_EVENTS, encodeFrame } from './frames.js';
 import { serveEdge } from './server.js';
 import type { FrameParts, Transport } from './transport.js';
@@ -230,4 +230,17 @@ test('an edge that sends a stream more output than its credit allows is cut off,
     wire.list(),
     (err: unknown) => err instanceof DsecError && err.code === 'UNAVAILABLE' && /more output than its credit/.test(err.message),
   );
+});
+
+test('a peer that stops taking what is sent is cut off once too much waits for it', async () => {
+  const duplex = new ChunkedDuplex();
+  const transport = framedTransport(duplex);
+  const closed = new Promise<Error | undefined>((resolve) => transport.onClose(resolve));
+  transport.send('{"t":"a"}', []);
+  assert.equal(duplex.destroyed, undefined);
+  // What a Node stream reports when its peer takes nothing.
+  Object.defineProperty(duplex, 'writableLength', { value: MAX_UNSENT_BYTES + 1 });
+  transport.send('{"t":"b"}', []);
+  assert.match(String((duplex.destroyed as Error | undefined)?.message), /has not taken/);
+  assert.ok(await closed);
 });

@@ -7,6 +7,8 @@ import { MAX_FRAME_PARTS } from './values.js';
 
 /** What {@link framedTransport} needs of a byte stream (a Node Duplex such as an HTTP/2 stream has it). */
 export interface ByteDuplex {
+  /** Bytes written and not yet taken by the peer (a Node Writable's count). */
+  readonly writableLength?: number;
   write(chunk: Uint8Array): unknown;
   cork(): void;
   uncork(): void;
@@ -25,6 +27,13 @@ export const MAX_WIRE_FRAME_BYTES = 64 * 1024 * 1024;
  * kept in a slow reader's queue must not keep the whole read (64 KiB) alive.
  */
 const COPY_PART_BELOW = 16 * 1024;
+
+/**
+ * Bytes written and not yet taken by the peer at most: a session whose peer stops reading is cut
+ * (its calls fail as the session's loss does) rather than buffering calls, file bytes and events
+ * without bound. Four of the largest frames.
+ */
+export const MAX_UNSENT_BYTES = 4 * MAX_WIRE_FRAME_BYTES;
 
 /** Bytes of a frame's fixed head: the text's length and the number of parts (u32 big-endian each). */
 const HEAD_BYTES = 8;
@@ -167,6 +176,10 @@ export function framedTransport(duplex: ByteDuplex): Transport {
       const total = parts.reduce((sum, p) => sum + p.byteLength, textBytes);
       if (total > MAX_WIRE_FRAME_BYTES)
         throw new DsecError('PAYLOAD_TOO_LARGE', `a message of ${total} bytes: the node protocol carries at most ${MAX_WIRE_FRAME_BYTES}`);
+      if ((duplex.writableLength ?? 0) > MAX_UNSENT_BYTES) {
+        duplex.destroy(new Error(`the peer has not taken ${duplex.writableLength} bytes sent to it`));
+        return;
+      }
       const head = Buffer.allocUnsafe(HEAD_BYTES + 4 * parts.length + textBytes);
       head.writeUInt32BE(textBytes, 0);
       head.writeUInt32BE(parts.length, 4);
