@@ -71,7 +71,6 @@ export function registerEdge(program: Command): void {
         }
         agent = await NodeAgent.start({ edge, url: flags.join, home, name, ...(flags.token ? { token: flags.token } : {}), log });
         await Promise.race([agent.ready, agent.done]);
-        process.stdout.write(`node ${name} joined ${flags.join}\n`);
         const refused = agent.done.then(
           () => undefined,
           (err: unknown) => (err instanceof Error ? err : new Error(String(err))),
@@ -86,6 +85,8 @@ export function registerEdge(program: Command): void {
           process.on('SIGINT', stop);
           process.on('SIGTERM', stop);
         });
+        // Said once the signals are listened for: whoever reads it may signal at once.
+        process.stdout.write(`node ${name} joined ${flags.join}\n`);
         const err = await Promise.race([refused, stopped]);
         if (err) throw err;
       } finally {

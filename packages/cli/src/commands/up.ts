@@ -30,7 +30,10 @@ function configOptions(cmd: Command): Command {
     .option('--node-addr <host:port>', 'take nodes on other machines on this node port, mutual TLS (default $DSEC_NODE_ADDR, else none; docs/deploy.md)');
 }
 
-/** Waits for SIGINT or SIGTERM. */
+/**
+ * Waits for SIGINT or SIGTERM, listening from the call on (a process without a listener dies of
+ * the signal at once, so call it before saying the process is ready).
+ */
 function untilSignal(): Promise<void> {
   return new Promise<void>((resolve) => {
     const stop = (sig: NodeJS.Signals): void => {
@@ -79,6 +82,8 @@ export function registerUp(program: Command): void {
       const prebuild = flags.prebuild !== false;
       const calls = upCalls(opts.calls, prebuild);
       const platform = await startPlatform({ ...opts, calls, e2b: { ...opts.e2b, buildBase: prebuild && flags.e2bBase !== false }, log });
+      // Listened for before the line that says it listens: whoever reads it may signal at once.
+      const signalled = untilSignal();
       process.stdout.write(`dsec is listening on ${platform.url}\n`);
       if (platform.nodeUrl) process.stdout.write(`nodes join on ${platform.nodeUrl}\n`);
       if (platform.adminKey) {
@@ -86,7 +91,7 @@ export function registerUp(program: Command): void {
       } else {
         process.stdout.write(`admin key: ${platform.adminKeyFile}\n`);
       }
-      await untilSignal();
+      await signalled;
       // --clean removes everything; a plain stop leaves running sandboxes to the next start (and
       // the edge releases the node's mounts itself when none is left).
       if (flags.clean) await platform.shutdown();
@@ -102,12 +107,13 @@ export function registerUp(program: Command): void {
       const { startApiserver } = await import('@dsec/apiserver');
       const log = flags.quiet ? () => undefined : (line: string) => process.stderr.write(`${line}\n`);
       const replica = await startApiserver({ ...options, log });
+      const signalled = untilSignal();
       process.stdout.write(`dsec apiserver is listening on ${replica.url}\n`);
       if (replica.nodeUrl) process.stdout.write(`nodes join on ${replica.nodeUrl}\n`);
       if (replica.adminKey) {
         process.stdout.write(`admin key (shown once, also written to ${replica.adminKeyFile}):\n${replica.adminKey}\n`);
       }
-      await untilSignal();
+      await signalled;
       await replica.close();
     });
 
