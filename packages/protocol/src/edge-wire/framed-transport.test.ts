@@ -244,3 +244,15 @@ test('a peer that stops taking what is sent is cut off once too much waits for i
   assert.match(String((duplex.destroyed as Error | undefined)?.message), /has not taken/);
   assert.ok(await closed);
 });
+
+test('text that is not UTF-8 in a frame spread over reads cuts the peer off, and throws nothing', async () => {
+  const bytes = frameBytes('{"t":"abc"}', [Buffer.alloc(1000)]);
+  // The text's first byte made a lone continuation byte: not UTF-8.
+  bytes[4 * 3] = 0x80;
+  const duplex = new ChunkedDuplex();
+  const got = received(framedTransport(duplex));
+  duplex.emit('data', bytes.subarray(0, 20));
+  duplex.emit('data', bytes.subarray(20));
+  assert.equal(got.length, 0);
+  assert.match(String(duplex.destroyed?.message), /broke the framing/);
+});

@@ -135,25 +135,26 @@ export function framedTransport(duplex: ByteDuplex): Transport {
   duplex.on('data', (chunk) => {
     if (closed) return;
     const frames: Array<[string, FrameParts]> = [];
-    let rest: Buffer = chunk;
-    if (body) {
-      const k = chunk.copy(body, bodyAt);
-      bodyAt += k;
-      if (bodyAt < body.length) return;
-      const whole = body;
-      body = undefined;
-      frames.push(frameOf(whole));
-      rest = chunk.subarray(k);
-    }
     let broken: Error | undefined;
-    if (rest.length > 0) {
-      queue.push(rest);
-      queued += rest.length;
-      try {
-        readFrames(frames);
-      } catch (err) {
-        broken = err instanceof Error ? err : new Error(String(err));
+    // Whatever the peer sent (text that is not UTF-8 too) cuts it off: nothing throws out of here.
+    try {
+      let rest: Buffer = chunk;
+      if (body) {
+        const k = chunk.copy(body, bodyAt);
+        bodyAt += k;
+        if (bodyAt < body.length) return;
+        const whole = body;
+        body = undefined;
+        frames.push(frameOf(whole));
+        rest = chunk.subarray(k);
       }
+      if (rest.length > 0) {
+        queue.push(rest);
+        queued += rest.length;
+        readFrames(frames);
+      }
+    } catch (err) {
+      broken = err instanceof Error ? err : new Error(String(err));
     }
     for (const [text, parts] of frames) {
       if (closed) return;
