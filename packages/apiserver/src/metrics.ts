@@ -129,7 +129,7 @@ export class Metrics {
   /**
    * This process: resident memory, CPU time, the V8 heap (used and reserved: their gap is what the
    * garbage collector has not yet given back), memory outside it, and the event loop's delay
-   * since the last render (what a request waits before its handler runs).
+   * over its window (what a request waits before its handler runs).
    */
   private processLines(): string[] {
     // Sampled only once something scrapes (its timer does not keep the process alive).

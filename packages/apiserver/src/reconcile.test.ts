@@ -249,7 +249,7 @@ describe("a gone replica's work, settled beside live replicas (fake node, real s
   const allocation = async () => {
     const node = h.nodes.get(h.edge.nodeName)!;
     const held = { cpu: 0, memoryMiB: 0, sandboxes: 0 };
-    for (const r of await h.services.nodeAdmin.store.sandboxesOn(node.name)) {
+    for (const r of await h.store.sandboxesOnNodes([node.name])) {
       if (r.state === 'lost') continue;
       const share = h.services.lifecycle.shareOf(r);
       held.cpu += share.cpu;

@@ -215,7 +215,7 @@ export class TrajectoryLog {
   abandoned(rec: ExecRecording): void {
     const st = this.states.get(rec.sandboxId);
     if (!st) return;
-    if (st.provisional?.delete(rec.seq) && st.provisional.size === 0) st.provisional = undefined;
+    forgetProvisional(st, rec.seq);
     if (st.ended && !st.provisional) this.states.delete(rec.sandboxId);
   }
 
@@ -260,7 +260,7 @@ export class TrajectoryLog {
     st.bytes += json.length - (counted ?? 0);
     if (isNew) st.steps++;
     if (provisional) (st.provisional ??= new Map()).set(step.seq, json.length);
-    else if (st.provisional?.delete(step.seq) && st.provisional.size === 0) st.provisional = undefined;
+    else forgetProvisional(st, step.seq);
     this.steps.set(`${sandboxId}/${step.seq}`, {
       sandbox_id: sandboxId,
       seq: step.seq,
@@ -419,6 +419,11 @@ export class TrajectoryLog {
     this.timer = undefined;
     await this.flush().catch(() => undefined);
   }
+}
+
+/** Forgets a running step's count; the map goes with its last entry. */
+function forgetProvisional(st: LogState, seq: number): void {
+  if (st.provisional?.delete(seq) && st.provisional.size === 0) st.provisional = undefined;
 }
 
 function headerRow(h: TrajectoryHeader): TrajectoryTable {

@@ -3,7 +3,7 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Kysely } from 'kysely';
 import { DsecError } from '@dsec/protocol';
-import type { Database, NodeTable, SandboxTable } from '../db/schema.js';
+import type { Database, NodeTable } from '../db/schema.js';
 
 function hashSecret(secret: string): string {
   return createHash('sha256').update(secret).digest('hex');
@@ -95,10 +95,5 @@ export class NodeStore {
   /** Revokes a node: its certificate is refused from now on. */
   async revoke(name: string): Promise<void> {
     await this.db.updateTable('nodes').set({ revoked_at: new Date().toISOString() }).where('name', '=', name).where('revoked_at', 'is', null).execute();
-  }
-
-  /** Every sandbox row placed on node `name`. */
-  async sandboxesOn(name: string): Promise<SandboxTable[]> {
-    return this.db.selectFrom('sandboxes').selectAll().where('node', '=', name).execute();
   }
 }

@@ -569,7 +569,7 @@ export class CreatePipeline {
     const node = this.d.nodes.get(row.node);
     if (node) {
       await node.client.destroy(row.id).catch(() => undefined);
-      this.d.nodes.charge(row.node, this.d.lifecycle.cpuCharge(row), row.memory_mib, -1, this.d.lifecycle.spreadOf(row), row.backend);
+      this.d.nodes.chargeShare(row.node, this.d.lifecycle.shareOf(row), -1);
       // Given back here: a recount that counted the claim (`creating`) must not give it back again.
       this.d.nodes.forgetRecounted(row.node, row.id);
     }

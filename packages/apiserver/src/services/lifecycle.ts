@@ -123,11 +123,6 @@ export class LifecycleService {
     this.rowEvents = new SandboxRowEvents(d.sinks);
   }
 
-  /** The label a row is spread by over the nodes (anti-affinity), if any. */
-  spreadOf(row: SandboxTable): string | undefined {
-    return spreadOf((JSON.parse(row.spec) as SandboxSpec).labels);
-  }
-
   /** The CPU a row charges its node (best-effort sandboxes charge less). */
   cpuCharge(row: SandboxTable): number {
     const spec = JSON.parse(row.spec) as SandboxSpec;
@@ -604,7 +599,8 @@ export class LifecycleService {
       const recounted = nodes.takeRecounted(row.node, row.id);
       if (from !== 'lost' || recounted) {
         const paused = from === 'paused' || (from === 'lost' && !!row.paused_at);
-        nodes.charge(row.node, paused ? 0 : this.cpuCharge(row), row.memory_mib, -1, this.spreadOf(row), row.backend);
+        const share = this.shareOf(row);
+        nodes.chargeShare(row.node, paused ? { ...share, cpu: 0 } : share, -1);
       }
     }
     crashPoint('delete.node');

@@ -140,7 +140,7 @@ export class NodeService {
     await this.cordon(p, name, true);
     const result: DrainResult = { node: name, replayed: [], failed: [] };
     if (!replay) return result;
-    for (const row of await this.store.sandboxesOn(name)) {
+    for (const row of await this.d.store.sandboxesOnNodes([name])) {
       if (row.pool_id !== null || !ON_NODE_STATES.includes(row.state)) continue;
       try {
         const to = await this.replay(row);
@@ -179,14 +179,7 @@ export class NodeService {
     if (!(await this.d.store.transitionSandbox(row.id, [row.state], 'lost'))) return false;
     this.d.nodes.forgetRecounted(row.node, row.id);
     if (row.pool_id === null) this.d.lifecycle.rowEvents.stateChanged(row, 'lost', row.state);
-    this.d.nodes.charge(
-      row.node,
-      row.state === 'paused' ? 0 : this.d.lifecycle.cpuCharge(row),
-      row.memory_mib,
-      -1,
-      this.d.lifecycle.spreadOf(row),
-      row.backend,
-    );
+    this.d.nodes.chargeShare(row.node, this.d.lifecycle.shareOf(row), -1);
     return true;
   }
 
@@ -205,7 +198,7 @@ export class NodeService {
    */
   async nodeLost(name: string, why: 'lost' | 'removed'): Promise<void> {
     const { store, sinks } = this.d;
-    for (const row of await this.store.sandboxesOn(name)) {
+    for (const row of await this.d.store.sandboxesOnNodes([name])) {
       if (![...ON_NODE_STATES, 'creating'].includes(row.state)) continue;
       if (!(await store.transitionSandbox(row.id, [row.state], 'lost'))) continue;
       this.d.nodes.forgetRecounted(name, row.id);

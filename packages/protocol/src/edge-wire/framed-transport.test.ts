@@ -41,6 +41,16 @@ async function h2Stream(t: TestContext): Promise<{ client: http2.ClientHttp2Stre
   return { client, server: await accepted };
 }
 
+/** A FakeEdge served over one HTTP/2 stream with the node session's windows, and its wire client (closed after the test). */
+async function servedOverH2(t: TestContext): Promise<{ fake: FakeEdge; wire: WireEdgeClient }> {
+  const { client, server } = await h2Stream(t);
+  const fake = new FakeEdge();
+  serveEdge(fake, framedTransport(client), { heartbeatMs: 0 });
+  const wire = await WireEdgeClient.connect(framedTransport(server));
+  t.after(() => wire.close());
+  return { fake, wire };
+}
+
 const received = (t: Transport): Array<[string, FrameParts]> => {
   const got: Array<[string, FrameParts]> = [];
   t.onFrame((f, parts) => got.push([f, parts]));
@@ -96,11 +106,7 @@ test('a peer that breaks the framing is cut off', async (t) => {
 });
 
 test('over HTTP/2 with the node session windows, a reader that stops reading stops the edge pulling output', async (t) => {
-  const { client, server } = await h2Stream(t);
-  const fake = new FakeEdge();
-  serveEdge(fake, framedTransport(client), { heartbeatMs: 0 });
-  const wire = await WireEdgeClient.connect(framedTransport(server));
-  t.after(() => wire.close());
+  const { fake, wire } = await servedOverH2(t);
   const stream = await wire.spawn('sb', { cmd: 'yes', env: { CHUNKS: '5000' } });
   const proc = fake.procs.get(stream.pid) as FakeProcess;
   await until(() => proc.pulled >= STREAM_WINDOW_EVENTS, 'the first window');
@@ -190,11 +196,7 @@ test('a message larger than the protocol carries is refused whole when sent, and
 });
 
 test('an edge whose reply is too large for one message fails that call alone', async (t) => {
-  const { client, server } = await h2Stream(t);
-  const fake = new FakeEdge();
-  serveEdge(fake, framedTransport(client), { heartbeatMs: 0 });
-  const wire = await WireEdgeClient.connect(framedTransport(server));
-  t.after(() => wire.close());
+  const { fake, wire } = await servedOverH2(t);
   fake.files.set('/big', new Uint8Array(MAX_WIRE_FRAME_BYTES + 1));
   await assert.rejects(wire.readFile('sb', '/big'), { code: 'PAYLOAD_TOO_LARGE' });
   // The node's session carries on: the next call is answered.
